@@ -689,15 +689,13 @@ def default_decode_max_bs(gpu_memory_mib: Optional[int], tp_size: int) -> int:
     return 512
 
 
-def default_mem_fraction_static(m: MemoryArgs) -> float:
-    """SGLang 0.5.23's default ``mem_fraction_static`` for DeepSeek-V4 (fraction, 3 decimals).
+def reserved_mb(m: MemoryArgs, floor: bool = True) -> float:
+    """MB SGLang 0.5.23 keeps outside ``mem_fraction_static`` for activations and CUDA graphs.
 
     reserved_MB = 512 + 1.5*act_tokens + tp*pp/8*1024 + reserve_for_graph, floored at 10240 MB
-    above 60 GiB of GPU memory, plus 2048 MB for DeepEP with decode graphs; then
-    ``round((gpu - reserved)/gpu, 3)`` (sglang 0.5.23: ``srt/arg_groups/memory_hook.py:47-355``;
-    reference §3.1). Returns 0.95 when the GPU memory is unknown."""
-    if m.gpu_memory_mib is None:
-        return 0.95
+    above 60 GiB of GPU memory (``floor``), plus 2048 MB for DeepEP with decode graphs
+    (sglang 0.5.23: ``srt/arg_groups/memory_hook.py:47-355``, ``reserve_for_graph_mb``;
+    reference §3.1). The prefill-graph term is 0: DSV4 disables the prefill CUDA graph."""
     gpu = m.gpu_memory_mib
     chunked = m.chunked_prefill_size or default_chunked_prefill_size(gpu)
     max_bs = m.cuda_graph_max_bs or default_decode_max_bs(gpu, m.tp_size)
@@ -718,11 +716,20 @@ def default_mem_fraction_static(m: MemoryArgs) -> float:
         if max_bs > 300:
             reserve_graph += 1.5 * max_bs * attn_dp
     reserved = 512 + 1.5 * act + m.tp_size * m.pp_size / 8 * 1024 + reserve_graph
-    if gpu > 60 * 1024:
+    if floor and gpu is not None and gpu > 60 * 1024:
         reserved = max(reserved, 10240)
     if m.moe_a2a_backend == "deepep" and graph_on and not_prefill:
         reserved += 2048
-    return round((gpu - reserved) / gpu, 3)
+    return reserved
+
+
+def default_mem_fraction_static(m: MemoryArgs) -> float:
+    """SGLang 0.5.23's default ``mem_fraction_static`` for DeepSeek-V4 (fraction, 3 decimals):
+    ``round((gpu_MiB - reserved_mb) / gpu_MiB, 3)``, 0.95 when the GPU memory is unknown
+    (sglang 0.5.23: ``srt/arg_groups/memory_hook.py``; reference §3.1)."""
+    if m.gpu_memory_mib is None:
+        return 0.95
+    return round((m.gpu_memory_mib - reserved_mb(m)) / m.gpu_memory_mib, 3)
 
 
 def available_bytes_from_memory(free_before_load_gib: float, free_before_kv_gib: float,
@@ -742,7 +749,7 @@ def min_viable_mem_fraction_static(free_before_load_gib: float, free_before_kv_g
 __all__ = [
     "GIB", "CapacityError", "ModelGeometry", "PoolInputs", "PoolSizes", "Configurator",
     "Allocation", "allocated_bytes", "max_concurrent_requests", "MemoryArgs",
-    "default_mem_fraction_static", "default_chunked_prefill_size", "default_decode_max_bs",
+    "default_mem_fraction_static", "reserved_mb", "default_chunked_prefill_size", "default_decode_max_bs",
     "available_bytes_from_memory", "min_viable_mem_fraction_static", "pp_layer_range",
     "page_bytes", "indexer_bytes_per_slot", "replace", "field",
 ]

@@ -1,0 +1,314 @@
+"""Profiles: the deployment description every dsv4ctl command reads (``profiles/*.yaml``).
+
+Structure is validated with JSON Schema (``PROFILE_SCHEMA``); cross-references and topology
+(hosts named by groups, GPU indices, tp×pp(×dp) = GPUs) are checked after. Every error is one
+line ``file:line: field: message`` (exit 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import jsonschema
+
+from .errors import InputError
+from .yamlpos import Positions, dotted, load_yaml
+
+ROLES = ("prefill", "decode", "colocated", "router")
+
+_num = {"type": "number", "minimum": 0}
+_pos_int = {"type": "integer", "minimum": 1}
+PROFILE_SCHEMA: dict = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "model", "hosts", "groups"],
+    "properties": {
+        "version": {"const": 1},
+        "name": {"type": "string", "minLength": 1},
+        "description": {"type": "string"},
+        "model": {"type": "string", "minLength": 1},
+        "sglang": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "version": {"type": "string"},
+                "tree": {"type": ["string", "null"]},
+                "base_ref": {"type": ["string", "null"]},
+                "series": {"type": ["string", "null"]},
+                "index_k_dtype": {"enum": ["fp8", "bf16", "fp4"]},
+                "index_k_accounting": {"enum": ["fp8", "exact"]},
+                "python": {"type": "string"},
+            },
+        },
+        "deploy": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "root": {"type": "string"},
+                "keep_releases": _pos_int,
+                "service": {"enum": ["auto", "systemd", "launcher"]},
+                "health_timeout_s": _num,
+                "python": {"type": "string"},
+            },
+        },
+        "check": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "concurrency": {"oneOf": [_pos_int, {"type": "array", "items": _pos_int, "minItems": 1}]},
+                "max_corruption": {"type": "number", "minimum": 0, "maximum": 1},
+                "turns": _pos_int,
+                "stall_timeout_s": _num,
+            },
+        },
+        "hosts": {
+            "type": "array", "minItems": 1,
+            "items": {
+                "type": "object", "additionalProperties": False,
+                "required": ["name", "address"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "address": {"type": "string", "minLength": 1},
+                    "ssh": {
+                        "type": "object", "additionalProperties": False,
+                        "properties": {
+                            "user": {"type": "string"},
+                            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                            "key": {"type": ["string", "null"]},
+                            "jump": {"type": ["string", "null"]},
+                            "known_hosts": {"type": ["string", "null"]},
+                        },
+                    },
+                    "local": {"type": "boolean"},
+                    "gpus": {
+                        "type": "object", "additionalProperties": False,
+                        "required": ["count", "memory_mib"],
+                        "properties": {
+                            "model": {"type": "string"},
+                            "count": _pos_int,
+                            "memory_mib": _pos_int,
+                        },
+                    },
+                    "ram_gib": _num,
+                    "root": {"type": "string"},
+                },
+            },
+        },
+        "groups": {
+            "type": "array", "minItems": 1,
+            "items": {
+                "type": "object", "additionalProperties": False,
+                "required": ["name", "role", "host"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                    "role": {"enum": list(ROLES)},
+                    "host": {"type": "string"},
+                    "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "tp": _pos_int, "dp": _pos_int, "ep": _pos_int, "pp": _pos_int,
+                    "dp_attention": {"type": "boolean"},
+                    "serve_config": {"type": "string"},
+                    "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                    "env": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}},
+                    "memory": {
+                        "type": "object", "additionalProperties": False,
+                        "properties": {
+                            "free_gib_before_load": _num,
+                            "weights_gib_per_rank": _num,
+                            "other_gib": _num,
+                        },
+                    },
+                    "prefill": {"type": "array", "items": {"type": "string"}},
+                    "decode": {"type": "array", "items": {"type": "string"}},
+                    "workers": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+
+
+@dataclass
+class Host:
+    """One SSH-reachable GPU host. ``gpu_memory_mib`` is nvidia-smi's memory.total (MiB)."""
+
+    name: str
+    address: str
+    user: Optional[str] = None
+    port: int = 22
+    key: Optional[str] = None
+    jump: Optional[str] = None
+    known_hosts: Optional[str] = None
+    local: bool = False
+    gpu_model: Optional[str] = None
+    gpu_count: int = 0
+    gpu_memory_mib: Optional[int] = None
+    ram_gib: Optional[float] = None
+    root: Optional[str] = None
+
+
+@dataclass
+class Memory:
+    """Measured inputs (GiB): free before weight load (P), weights per rank (W), other resident."""
+
+    free_gib_before_load: Optional[float] = None
+    weights_gib_per_rank: Optional[float] = None
+    other_gib: float = 0.0
+
+
+@dataclass
+class Group:
+    """A serving group: one SGLang server (or the router) on ``gpus`` of ``host``."""
+
+    name: str
+    role: str
+    host: str
+    gpus: list[int] = field(default_factory=list)
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    pp: int = 1
+    dp_attention: bool = False
+    serve_config: Optional[Path] = None
+    port: Optional[int] = None
+    env: dict[str, str] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory)
+    prefill: list[str] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    line: int = 1
+
+    @property
+    def is_server(self) -> bool:
+        """True for SGLang servers (everything but the router)."""
+        return self.role != "router"
+
+    @property
+    def attn_dp_size(self) -> int:
+        """Attention DP size SGLang uses for pool sizing (dp with --enable-dp-attention, else 1)."""
+        return self.dp if self.dp_attention else 1
+
+
+@dataclass
+class Profile:
+    """A loaded, validated profile. Relative paths are resolved against the profile's folder."""
+
+    path: Path
+    name: str
+    model: str
+    hosts: dict[str, Host]
+    groups: list[Group]
+    sglang: dict[str, Any]
+    deploy: dict[str, Any]
+    check: dict[str, Any]
+    positions: Positions
+    raw: dict
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def group(self, name: str) -> Group:
+        """The group called ``name``; InputError listing the names otherwise."""
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise InputError(f"{self.path}: no group {name!r} (groups: {', '.join(g.name for g in self.groups)})")
+
+    def servers(self) -> list[Group]:
+        """Groups that run an SGLang server (not the router)."""
+        return [g for g in self.groups if g.is_server]
+
+    @property
+    def index_k_dtype(self) -> str:
+        return self.sglang.get("index_k_dtype", "fp8")
+
+    @property
+    def index_k_accounting(self) -> str:
+        return self.sglang.get("index_k_accounting", "fp8")
+
+
+def _fail(pos: Positions, path: tuple, msg: str) -> InputError:
+    return InputError(f"{pos.where(path)}: {dotted(path)}: {msg}")
+
+
+def load_profile(path: Path | str) -> Profile:
+    """Load and validate a profile file. Raises InputError (exit 2) naming file:line and field."""
+    path = Path(path)
+    data, pos = load_yaml(path)
+    if data is None:
+        raise InputError(f"{path}:1: empty profile")
+    if not isinstance(data, dict):
+        raise InputError(f"{path}:1: a profile must be a mapping")
+    validator = jsonschema.Draft202012Validator(PROFILE_SCHEMA)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (pos.line(tuple(e.absolute_path)), list(e.absolute_path)))
+    if errors:
+        e = errors[0]
+        p = tuple(e.absolute_path)
+        if e.validator == "additionalProperties":
+            extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
+            p = p + (extra[0],)
+            raise _fail(pos, p, "unknown field")
+        if e.validator == "required":
+            raise _fail(pos, p, e.message.replace("is a required property", "is required"))
+        raise _fail(pos, p, e.message)
+
+    hosts: dict[str, Host] = {}
+    for i, h in enumerate(data["hosts"]):
+        if h["name"] in hosts:
+            raise _fail(pos, ("hosts", i, "name"), f"duplicate host name {h['name']!r}")
+        ssh = h.get("ssh", {})
+        gpus = h.get("gpus", {})
+        hosts[h["name"]] = Host(
+            name=h["name"], address=h["address"], user=ssh.get("user"), port=ssh.get("port", 22),
+            key=ssh.get("key"), jump=ssh.get("jump"), known_hosts=ssh.get("known_hosts"),
+            local=h.get("local", False), gpu_model=gpus.get("model"), gpu_count=gpus.get("count", 0),
+            gpu_memory_mib=gpus.get("memory_mib"), ram_gib=h.get("ram_gib"), root=h.get("root"))
+
+    groups: list[Group] = []
+    names: set[str] = set()
+    used: dict[tuple[str, int], str] = {}
+    for i, g in enumerate(data["groups"]):
+        gp = ("groups", i)
+        if g["name"] in names:
+            raise _fail(pos, gp + ("name",), f"duplicate group name {g['name']!r}")
+        names.add(g["name"])
+        if g["host"] not in hosts:
+            raise _fail(pos, gp + ("host",), f"unknown host {g['host']!r} (hosts: {', '.join(hosts)})")
+        host = hosts[g["host"]]
+        grp = Group(
+            name=g["name"], role=g["role"], host=g["host"], gpus=list(g.get("gpus", [])),
+            tp=g.get("tp", 1), dp=g.get("dp", 1), ep=g.get("ep", 1), pp=g.get("pp", 1),
+            dp_attention=g.get("dp_attention", False),
+            serve_config=(path.parent / g["serve_config"]) if g.get("serve_config") else None,
+            port=g.get("port"), env={k: str(v) for k, v in g.get("env", {}).items()},
+            memory=Memory(**g.get("memory", {})), prefill=list(g.get("prefill", [])),
+            decode=list(g.get("decode", [])), workers=list(g.get("workers", [])),
+            line=pos.line(gp))
+        if grp.is_server:
+            if not grp.gpus:
+                raise _fail(pos, gp + ("gpus",), "a server group needs GPU indices")
+            if len(set(grp.gpus)) != len(grp.gpus):
+                raise _fail(pos, gp + ("gpus",), "GPU index listed twice")
+            for gi in grp.gpus:
+                if host.gpu_count and gi >= host.gpu_count:
+                    raise _fail(pos, gp + ("gpus",), f"GPU {gi} outside host {host.name}'s {host.gpu_count} GPUs")
+                if (host.name, gi) in used:
+                    raise _fail(pos, gp + ("gpus",), f"GPU {gi} of {host.name} already used by group {used[(host.name, gi)]!r}")
+                used[(host.name, gi)] = grp.name
+            need = grp.tp * grp.pp * (1 if grp.dp_attention else grp.dp)
+            if need != len(grp.gpus):
+                what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
+                raise _fail(pos, gp + ("tp",),
+                            f"{what} = {need} does not match the {len(grp.gpus)} GPUs of the group")
+            if grp.dp_attention and grp.tp % grp.dp:
+                raise _fail(pos, gp + ("dp",), f"dp {grp.dp} must divide tp {grp.tp} with dp_attention")
+            if not host.gpu_memory_mib:
+                raise _fail(pos, ("hosts", list(hosts).index(host.name), "gpus"),
+                            "memory_mib is required for hosts that run server groups")
+        groups.append(grp)
+    for i, g in enumerate(groups):
+        for key in ("prefill", "decode", "workers"):
+            for ref in getattr(g, key):
+                if ref not in names or ref == g.name:
+                    raise _fail(pos, ("groups", i, key), f"unknown group {ref!r}")
+    return Profile(path=path, name=data["name"], model=data["model"], hosts=hosts, groups=groups,
+                   sglang=dict(data.get("sglang", {})), deploy=dict(data.get("deploy", {})),
+                   check=dict(data.get("check", {})), positions=pos, raw=data)
