@@ -510,13 +510,12 @@ class Configurator:
         fixed = self.c128_state_fixed_bytes(self.mrr_req) + self.swa_fixed_bytes()
         avail_tok = max(available_bytes - fixed, 0)
         full = int(avail_tok / self.bytes_per_full_token) // P * P
-        if full <= 0:
-            if self.swa_cap_tokens is not None:
-                raise CapacityError(
-                    f"The DSV4 SWA pool cap ({self.swa_cap_tokens} tokens) leaves no room for the full "
-                    "KV pool. Reduce --max-running-requests or increase --mem-fraction-static.")
-            raise CapacityError("Not enough memory. Please try to increase --mem-fraction-static.")
-        return full, fixed
+        if full <= 0 and self.swa_cap_tokens is not None:
+            raise CapacityError(
+                f"The DSV4 SWA pool cap ({self.swa_cap_tokens} tokens) leaves no room for the full "
+                "KV pool. Reduce --max-running-requests or increase --mem-fraction-static.")
+        # Ratio mode with full == 0 fails in _compute_dsv4_sizes (SWA floor), as in SGLang.
+        return max(full, 0), fixed
 
     def finalize(self, sizes: dict, available_bytes: int, fixed: int) -> PoolSizes:
         """Final mrr (``resolve_max_num_reqs``) and c128 state (``finalize_with_max_running_requests``)."""

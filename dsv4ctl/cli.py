@@ -1,0 +1,75 @@
+"""dsv4ctl command line: parse, call a core, render. Heavy modules are imported inside commands.
+
+Exit codes: 0 ok · 1 negative verdict (plan does not fit, gate failed, rolled back) ·
+2 bad input (nothing changed) · 3 remote/service failure · 130 interrupted."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from . import __version__
+from .errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError
+
+app = typer.Typer(
+    name="dsv4ctl",
+    help="Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
+         "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
+         "2 bad input (nothing changed), 3 remote or service failure, 130 interrupted.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dsv4ctl {__version__} (SGLang 0.5.23)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Ops toolkit for DeepSeek-V4 on SGLang 0.5.23."""
+
+
+def _register() -> None:
+    from .commands import plan as plan_cmd
+    app.command("plan")(plan_cmd.plan)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code."""
+    from .render import error_line
+    try:
+        app(args=argv, standalone_mode=False)
+    except DsvError as e:
+        error_line(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        return EXIT_INTERRUPTED
+    except typer.Exit as e:
+        return e.exit_code
+    except SystemExit as e:  # pragma: no cover
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    except Exception as e:  # click usage errors
+        import click
+        if isinstance(e, click.exceptions.Abort):
+            error_line("aborted")
+            return EXIT_INTERRUPTED
+        if isinstance(e, click.ClickException):
+            e.show()
+            return EXIT_USAGE
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""``dsv4ctl plan``: thin CLI over :mod:`dsv4ctl.plan`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..errors import VerdictError
+from ..render import console, dump_json, markdown_table, rich_table
+
+METRICS = [
+    ("GPUs", lambda g, r, rs: ",".join(str(x["gpu"]) for x in rs) if all(x["gpu"] is not None for x in rs) else "-"),
+    ("pp / dp rank", lambda g, r, rs: f"{r['pp_rank']} / {r['dp_rank']}"),
+    ("layers", lambda g, r, rs: f"{r['layers'][0]}..{r['layers'][1] - 1}"),
+    ("available GiB", lambda g, r, rs: f"{r['available_bytes'] / 2**30:.3f}"),
+    ("bytes per full token", lambda g, r, rs: f"{r['bytes_per_full_token']:.2f}"),
+    ("fixed GiB", lambda g, r, rs: f"{r['fixed_bytes'] / 2**30:.3f}"),
+    ("full tokens", lambda g, r, rs: f"{r['full_max_total_num_tokens']:,}"),
+    ("SWA tokens", lambda g, r, rs: f"{r['swa_max_total_num_tokens']:,} ({r['swa_mode']})"),
+    ("c4 tokens", lambda g, r, rs: f"{r['c4_max_total_num_tokens']:,}"),
+    ("c128 tokens", lambda g, r, rs: f"{r['c128_max_total_num_tokens']:,}"),
+    ("c4 / c128 state rows", lambda g, r, rs: f"{r['c4_state_pool_size']:,} / {r['c128_state_pool_size']:,}"),
+    ("max running requests", lambda g, r, rs: r["max_running_requests"]),
+    ("GiB SWA / c4 / c128", lambda g, r, rs: "{swa_latent} / {c4_latent} / {c128_latent}".format(**r["pools_gib"])),
+    ("GiB states c4 / c128", lambda g, r, rs: f"{r['pools_gib']['c4_attn_state'] + r['pools_gib']['c4_index_state']:.3f} / {r['pools_gib']['c128_state']}"),
+    ("index-K", lambda g, r, rs: f"{r['index_k']['dtype']}, {r['index_k']['accounting']} accounting"),
+    ("index-K GiB budget -> real", lambda g, r, rs: f"{r['index_k']['budget_gib']} -> {r['index_k']['real_gib']}"),
+    ("index-K over-commit GiB", lambda g, r, rs: r["index_k"]["overcommit_gib"]),
+    ("full tokens, exact accounting", lambda g, r, rs: f"{r['index_k']['exact']['full_max_total_num_tokens']:,}"),
+    ("allocated GiB (real)", lambda g, r, rs: r["allocated_gib"]),
+    ("headroom GiB", lambda g, r, rs: r["headroom_gib"]),
+    ("max requests @ context", lambda g, r, rs: f"{r['max_concurrent_requests']} @ {g['context_length']:,}"),
+]
+
+
+def _columns(doc: dict) -> list[tuple[str, dict, dict, list]]:
+    """One column per group and set of identical ranks: (title, group, rank, ranks)."""
+    cols = []
+    for g in doc["groups"]:
+        seen: dict = {}
+        for r in g["ranks"]:
+            key = tuple((k, str(v)) for k, v in r.items() if k not in ("rank", "gpu", "tp_rank"))
+            seen.setdefault(key, []).append(r)
+        for rs in seen.values():
+            label = f"ranks {rs[0]['rank']}-{rs[-1]['rank']}" if len(rs) > 1 else f"rank {rs[0]['rank']}"
+            cols.append((f"{g['name']} {label}", g, rs[0], rs))
+    return cols
+
+
+def _table(doc: dict) -> tuple[list[str], list[list]]:
+    cols = _columns(doc)
+    headers = ["per rank"] + [c[0] for c in cols]
+    rows = [[name] + [fn(g, r, rs) for _, g, r, rs in cols] for name, fn in METRICS]
+    return headers, rows
+
+
+def _notes(doc: dict) -> list[tuple[str, str, str]]:
+    out = []
+    for g in doc["groups"]:
+        out += [("error", g["name"], m) for m in g["errors"]]
+        out += [("fix", g["name"], m) for m in g["fixes"]]
+        out += [("warning", g["name"], m) for m in g["warnings"]]
+    return out
+
+
+def plan(
+    profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (default: the embedded dsv4-flash-8xb200-pd)."),
+    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+                                   help="What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16, SGLANG_DSV4_KV_LAYOUT=v41, available_bytes=...). Repeatable."),
+    group: list[str] = typer.Option([], "--group", "-g", help="Only these server groups. Repeatable."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/1 JSON document."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
+) -> None:
+    """Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K sizing.
+
+    Exit 0 when every group fits, 1 when a group does not (the fix is printed), 2 on bad input."""
+    from ..plan import build_plan, parse_set
+    from ..profile import load_profile
+    from ..resources import resolve_profile
+
+    prof = load_profile(resolve_profile(profile))
+    report = build_plan(prof, parse_set(set_), group or None)
+    doc = report.to_dict()
+    if as_json:
+        print(dump_json(doc))
+    elif markdown:
+        print(f"## dsv4ctl plan: {doc['profile']} ({doc['model']}, SGLang {doc['sglang_version']})\n")
+        print(markdown_table(*_table(doc)))
+        notes = _notes(doc)
+        if notes:
+            print()
+            for kind, g, m in notes:
+                print(f"- **{kind}** `{g}`: {m}")
+    else:
+        con = console()
+        headers, rows = _table(doc)
+        con.print(rich_table(f"dsv4ctl plan: {doc['profile']} · {doc['model']} · SGLang {doc['sglang_version']}",
+                             headers, rows, right=range(1, len(headers))))
+        for g in doc["groups"]:
+            mi = g["memory_inputs"]
+            con.print(f"[bold]{g['name']}[/]: tp{g['tp']} dp{g['dp']}{' (dp-attention)' if g['dp_attention'] else ''} "
+                      f"pp{g['pp']} · mem_fraction_static {g['mem_fraction_static']} ({g['mem_fraction_static_source']}) · "
+                      f"free before load {mi['free_gib_before_load']} GiB · weights {mi['weights_gib_per_rank']} GiB/rank")
+        for kind, g, m in _notes(doc):
+            style = {"error": "bold red", "fix": "green", "warning": "yellow"}[kind]
+            con.print(f"[{style}]{kind}[/] {g}: {m}")
+    if not report.ok:
+        raise VerdictError("plan: " + "; ".join(f"{g.group.name}: {g.errors[0]}" for g in report.groups if g.errors))

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build .venv-oracle: CPU torch 2.13.0 + sglang 0.5.23 (no deps) + the 47 pinned packages the
+# configurator and argument pipeline import (tests/oracle/requirements.txt). Python 3.11 only.
+# Idempotent: a complete environment is left as it is.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=.venv-oracle
+if [ -f "$V/.complete" ]; then exit 0; fi
+PY=$(command -v python3.11 || true)
+if [ -z "$PY" ]; then echo "oracle-env.sh: python3.11 is required for the sglang 0.5.23 wheel" >&2; exit 2; fi
+rm -rf "$V"
+"$PY" -m venv "$V"
+q() { "$V/bin/pip" install -q "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
+q "torch==2.13.0"
+q --no-deps "sglang==0.5.23"
+q --no-deps -r tests/oracle/requirements.txt
+"$V/bin/python" -c 'import torch, sglang' >/dev/null
+touch "$V/.complete"

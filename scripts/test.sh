@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine, set-up included:
+#   system packages (openssh-server/-client, rsync, git) when missing, the .venv with dsv4ctl and
+#   its test extras, and the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a
+#   reference by the oracle, patch and argument-table tests. Arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+command -v git >/dev/null 2>&1 || need+=(git)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+PY=$(command -v python3.11 || command -v python3)
+if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
+.venv/bin/pip install -q -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c 'import dsv4ctl, pytest' >/dev/null
+
+if [ -z "${DSV4CTL_SKIP_ORACLE:-}" ]; then
+  bash scripts/oracle-env.sh
+fi
+exec .venv/bin/python -m pytest "$@"
