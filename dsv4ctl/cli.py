@@ -36,9 +36,19 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Ops toolkit for DeepSeek-V4 on SGLang 0.5.23."""
 
 
+# Command modules under dsv4ctl/commands/, in --help order. Each defines ``register(app)``;
+# a module that is not (yet) in the tree is skipped, an import error inside one is raised.
+COMMAND_MODULES = ("plan", "patch", "deploy", "config", "hicache", "check", "runbook")
+
+
 def _register() -> None:
-    from .commands import plan as plan_cmd
-    app.command("plan")(plan_cmd.plan)
+    import importlib
+    import importlib.util
+    for name in COMMAND_MODULES:
+        mod_name = f"{__package__}.commands.{name}"
+        if importlib.util.find_spec(mod_name) is None:
+            continue
+        importlib.import_module(mod_name).register(app)
 
 
 _register()

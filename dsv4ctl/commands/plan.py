@@ -107,3 +107,8 @@ def plan(
             con.print(f"[{style}]{kind}[/] {g}: {m}")
     if not report.ok:
         raise VerdictError("plan: " + "; ".join(f"{g.group.name}: {g.errors[0]}" for g in report.groups if g.errors))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan`` to the root app."""
+    app.command("plan")(plan)
