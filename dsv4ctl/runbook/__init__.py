@@ -1,0 +1,1 @@
+"""Runbooks: playbook engine, built-in actions, incident reports."""

@@ -1,0 +1,307 @@
+"""Runbook engine: ordered steps of dsv4ctl's own actions, conditions on earlier results,
+confirmation before mutating steps, dry-run, resume from the failed step, repeat caps, and a
+timeline for the incident report. No general-purpose scripting: conditions are a tiny
+comparison language (:func:`parse_condition`), actions come from a registry.
+
+Playbook shape (``playbooks/*.yaml``, validated by ``PLAYBOOK_SCHEMA``)::
+
+    name: toolcall-corruption
+    description: ...
+    steps:
+      - id: measure
+        action: check.load
+        args: {concurrency: 60}
+      - id: mitigate
+        action: hicache.off
+        when: measure.corruption_upper > 0.01
+        repeat: {max: 3, until: "remeasure.ok == true"}   # optional
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import jsonschema
+
+from ..errors import InputError
+
+PLAYBOOK_SCHEMA: dict = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "steps"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]*$"},
+        "description": {"type": "string"},
+        "steps": {
+            "type": "array", "minItems": 1,
+            "items": {
+                "type": "object", "additionalProperties": False,
+                "required": ["id", "action"],
+                "properties": {
+                    "id": {"type": "string", "pattern": "^[a-z0-9_]+$"},
+                    "action": {"type": "string"},
+                    "description": {"type": "string"},
+                    "args": {"type": "object"},
+                    "when": {"type": "string"},
+                    "stage": {"type": "string"},
+                    "repeat": {
+                        "type": "object", "additionalProperties": False, "required": ["max"],
+                        "properties": {"max": {"type": "integer", "minimum": 1, "maximum": 20},
+                                       "until": {"type": "string"}},
+                    },
+                    "continue_on_failure": {"type": "boolean"},
+                },
+            },
+        },
+    },
+}
+
+_COND = re.compile(
+    r"^\s*(?P<ref>[a-z0-9_]+(?:\.[A-Za-z0-9_]+)+)\s*"
+    r"(?P<op>==|!=|>=|<=|>|<)\s*(?P<lit>-?\d+(?:\.\d+)?(?:e-?\d+)?|true|false|null|'[^']*'|\"[^\"]*\")\s*$")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``step.field[.sub] OP literal``."""
+
+    ref: tuple[str, ...]
+    op: str
+    value: Any
+
+
+def _literal(s: str) -> Any:
+    if s in ("true", "false"):
+        return s == "true"
+    if s == "null":
+        return None
+    if s[0] in "'\"":
+        return s[1:-1]
+    return float(s) if any(c in s for c in ".e") else int(s)
+
+
+def parse_condition(text: str) -> list[list[Comparison]]:
+    """Parse ``a.b > 1 and c.ok == true or d.ran == false`` into OR-of-AND comparisons.
+
+    Raises InputError naming the bad clause. Only dotted references, the six comparison
+    operators and literals (numbers, true/false/null, quoted strings) are allowed."""
+    alts = []
+    for alt in re.split(r"\s+or\s+", text.strip()):
+        clauses = []
+        for clause in re.split(r"\s+and\s+", alt):
+            m = _COND.match(clause)
+            if not m:
+                raise InputError(f"condition {text!r}: cannot parse {clause!r} "
+                                 "(expected step.field OP literal, joined by and/or)")
+            clauses.append(Comparison(tuple(m["ref"].split(".")), m["op"], _literal(m["lit"])))
+        alts.append(clauses)
+    return alts
+
+
+def _lookup(results: dict[str, dict], ref: tuple[str, ...]) -> Any:
+    cur: Any = results.get(ref[0])
+    if cur is None:
+        # a step that did not run: only .ran is defined (False)
+        return False if ref[1:] == ("ran",) else None
+    for part in ref[1:]:
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def evaluate(cond: list[list[Comparison]], results: dict[str, dict]) -> bool:
+    """Evaluate a parsed condition against earlier step results (missing values compare False)."""
+    ops: dict[str, Callable[[Any, Any], bool]] = {
+        "==": lambda a, b: a == b, "!=": lambda a, b: a != b, ">": lambda a, b: a > b,
+        "<": lambda a, b: a < b, ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+
+    def one(c: Comparison) -> bool:
+        v = _lookup(results, c.ref)
+        if v is None and c.op not in ("==", "!="):
+            return False
+        try:
+            return ops[c.op](v, c.value)
+        except TypeError:
+            return False
+    return any(all(one(c) for c in alt) for alt in cond)
+
+
+@dataclass
+class Action:
+    """A built-in action. ``run(ctx, args) -> result dict`` (must contain ``ok``);
+    ``describe(ctx, args) -> list of lines`` says what it would do (dry-run, confirmation)."""
+
+    name: str
+    mutating: bool
+    run: Callable[[Any, dict], dict]
+    describe: Callable[[Any, dict], list[str]]
+
+
+@dataclass
+class Step:
+    id: str
+    action: str
+    args: dict
+    when: Optional[str]
+    repeat_max: int
+    until: Optional[str]
+    continue_on_failure: bool
+    description: str = ""
+
+
+@dataclass
+class Playbook:
+    name: str
+    description: str
+    steps: list[Step]
+
+
+def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Playbook:
+    """Validate a parsed playbook against the schema, the action registry and the conditions."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: a playbook must be a mapping")
+    errs = sorted(jsonschema.Draft202012Validator(PLAYBOOK_SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errs:
+        e = errs[0]
+        path = ".".join(map(str, e.absolute_path)) or "(root)"
+        raise InputError(f"{where}: {path}: {e.message}")
+    steps, seen = [], set()
+    for i, s in enumerate(data["steps"]):
+        if s["id"] in seen:
+            raise InputError(f"{where}: steps[{i}].id: duplicate step id {s['id']!r}")
+        if s["action"] not in actions:
+            raise InputError(f"{where}: steps[{i}].action: unknown action {s['action']!r} "
+                             f"(built-in: {', '.join(sorted(actions))})")
+        for key in ("when",):
+            if s.get(key):
+                for alt in parse_condition(s[key]):
+                    for c in alt:
+                        if c.ref[0] not in seen:
+                            raise InputError(f"{where}: steps[{i}].{key}: refers to {c.ref[0]!r}, "
+                                             "which is not an earlier step")
+        seen.add(s["id"])
+        rep = s.get("repeat", {})
+        if rep.get("until"):
+            parse_condition(rep["until"])
+        steps.append(Step(id=s["id"], action=s["action"], args=dict(s.get("args", {})), when=s.get("when"),
+                          repeat_max=rep.get("max", 1), until=rep.get("until"),
+                          continue_on_failure=s.get("continue_on_failure", False),
+                          description=s.get("description", "")))
+    return Playbook(name=data["name"], description=data.get("description", ""), steps=steps)
+
+
+@dataclass
+class Event:
+    """One timeline entry of a run."""
+
+    step: str
+    action: str
+    status: str             # ran | skipped | failed | dry-run | declined | resumed
+    started: float
+    ended: float
+    attempt: int = 1
+    result: dict = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(step=self.step, action=self.action, status=self.status, attempt=self.attempt,
+                    started=self.started, ended=self.ended, result=self.result, lines=self.lines)
+
+
+@dataclass
+class RunState:
+    """What a run has done so far; saved after every step so a failed run can resume."""
+
+    playbook: str
+    run_id: str
+    results: dict[str, dict] = field(default_factory=dict)
+    done: list[str] = field(default_factory=list)
+    timeline: list[Event] = field(default_factory=list)
+    failed_step: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return dict(playbook=self.playbook, run_id=self.run_id, results=self.results, done=self.done,
+                    failed_step=self.failed_step, timeline=[e.to_dict() for e in self.timeline])
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunState":
+        st = cls(playbook=d["playbook"], run_id=d["run_id"], results=d.get("results", {}),
+                 done=list(d.get("done", [])), failed_step=d.get("failed_step"))
+        st.timeline = [Event(**{k: v for k, v in e.items()}) for e in d.get("timeline", [])]
+        return st
+
+
+def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState, *,
+            dry_run: bool = False, confirm: Callable[[Step, list[str]], bool] = lambda s, l: True,
+            save: Callable[[RunState], None] = lambda s: None,
+            clock: Callable[[], float] = time.time) -> RunState:
+    """Run ``pb``'s steps in order, skipping steps already in ``state.done`` (resume).
+
+    * ``when`` false → the step is skipped (recorded).
+    * Mutating steps need ``confirm(step, lines)`` to return True (``--yes`` passes a
+      function that always does); a declined step stops the run without failing it.
+    * ``repeat: {max, until}`` re-runs a step until the condition holds, at most ``max`` times.
+    * A failed step (``ok`` False or an exception) stops the run unless ``continue_on_failure``;
+      ``state.failed_step`` names it and a later call resumes there.
+    * ``dry_run`` runs nothing: each step's ``describe`` lines are recorded, conditions on
+      unknown results are shown as such.
+    """
+    state.failed_step = None
+    for step in pb.steps:
+        if step.id in state.done:
+            continue
+        action = actions[step.action]
+        t0 = clock()
+        if dry_run:
+            lines = action.describe(ctx, step.args)
+            if step.when:
+                lines = [f"only if {step.when}"] + lines
+            state.timeline.append(Event(step.id, step.action, "dry-run", t0, t0, lines=lines))
+            continue
+        if step.when and not evaluate(parse_condition(step.when), state.results):
+            state.results[step.id] = {"ran": False, "ok": True}
+            state.done.append(step.id)
+            state.timeline.append(Event(step.id, step.action, "skipped", t0, clock(),
+                                        lines=[f"condition false: {step.when}"]))
+            save(state)
+            continue
+        if action.mutating:
+            lines = action.describe(ctx, step.args)
+            if not confirm(step, lines):
+                state.timeline.append(Event(step.id, step.action, "declined", t0, clock(), lines=lines))
+                save(state)
+                return state
+        attempt = 0
+        while True:
+            attempt += 1
+            t0 = clock()
+            try:
+                result = dict(action.run(ctx, step.args))
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001 - recorded in the timeline, the run stops
+                result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            result.setdefault("ok", False)
+            result["ran"] = True
+            result["attempts"] = attempt
+            state.results[step.id] = result
+            ok = bool(result["ok"])
+            state.timeline.append(Event(step.id, step.action, "ran" if ok else "failed", t0, clock(),
+                                        attempt=attempt, result=result))
+            save(state)
+            if step.until and attempt < step.repeat_max and not evaluate(parse_condition(step.until), state.results):
+                continue
+            if not step.until and not ok and attempt < step.repeat_max:
+                continue
+            break
+        if not ok and not step.continue_on_failure:
+            state.failed_step = step.id
+            save(state)
+            return state
+        state.done.append(step.id)
+        save(state)
+    return state

@@ -1,0 +1,130 @@
+"""The runbook engine's rules: conditions, confirmation, dry-run, resume, repeat caps."""
+
+import pytest
+
+from dsv4ctl.errors import InputError
+from dsv4ctl.runbook.engine import (Action, RunState, evaluate, execute, load_playbook_data,
+                                    parse_condition)
+
+
+class Recorder:
+    """Records which actions ran and returns scripted results (the engine's unit under test
+    is the sequencing, not the actions)."""
+
+    def __init__(self, scripted):
+        self.scripted = {k: list(v) for k, v in scripted.items()}
+        self.calls = []
+
+    def actions(self):
+        def make(name, mutating):
+            def run(ctx, args):
+                self.calls.append((name, args))
+                seq = self.scripted.get(name)
+                if seq:
+                    r = seq.pop(0)
+                    if isinstance(r, Exception):
+                        raise r
+                    return r
+                return {"ok": True}
+            return Action(name, mutating, run, lambda ctx, args: [f"{name} {args}"])
+        return {"measure": make("measure", False), "mitigate": make("mitigate", True),
+                "note": make("note", False)}
+
+
+PB = {
+    "name": "toy",
+    "steps": [
+        {"id": "m1", "action": "measure", "args": {"c": 60}},
+        {"id": "fix", "action": "mitigate", "when": "m1.upper > 0.01"},
+        {"id": "m2", "action": "measure", "when": "fix.ran == true"},
+        {"id": "rec", "action": "note"},
+    ],
+}
+
+
+def test_condition_language():
+    res = {"m": {"upper": 0.05, "ok": False, "name": "x"}}
+    assert evaluate(parse_condition("m.upper > 0.01"), res)
+    assert not evaluate(parse_condition("m.upper <= 0.01"), res)
+    assert evaluate(parse_condition("m.ok == false and m.name == 'x'"), res)
+    assert evaluate(parse_condition("m.upper < 0 or m.ok == false"), res)
+    assert evaluate(parse_condition("z.ran == false"), res)        # never ran
+    assert not evaluate(parse_condition("m.missing > 1"), res)
+    for bad in ("__import__('os')", "m.upper >", "m > 1", "m.upper ~ 1", "m.upper > 1; x"):
+        with pytest.raises(InputError):
+            parse_condition(bad)
+
+
+def test_mitigation_runs_only_over_the_gate():
+    # a measurement over the gate is data (ok: the check ran), not a failed step
+    r = Recorder({"measure": [{"ok": True, "passed": False, "upper": 0.18},
+                              {"ok": True, "passed": True, "upper": 0.004}]})
+    acts = r.actions()
+    st = execute(load_playbook_data(PB, "toy.yaml", acts), acts, None, RunState("toy", "r1"))
+    assert [c[0] for c in r.calls] == ["measure", "mitigate", "measure", "note"]
+    assert st.failed_step is None
+    assert (st.results["m1"]["upper"], st.results["m2"]["upper"]) == (0.18, 0.004)
+
+
+def test_a_step_that_cannot_run_stops_the_run():
+    r = Recorder({"measure": [{"ok": False, "error": "connection refused"}]})
+    acts = r.actions()
+    st = execute(load_playbook_data(PB, "toy.yaml", acts), acts, None, RunState("toy", "r1"))
+    assert st.failed_step == "m1" and [c[0] for c in r.calls] == ["measure"]
+
+
+def test_failed_step_stops_and_resume_continues_there():
+    pb = dict(PB, steps=[dict(PB["steps"][0], continue_on_failure=True), *PB["steps"][1:]])
+    r = Recorder({"measure": [{"ok": False, "upper": 0.2}, {"ok": True, "upper": 0.0}],
+                  "mitigate": [RuntimeError("ssh: connection refused"), {"ok": True}]})
+    acts = r.actions()
+    book = load_playbook_data(pb, "toy.yaml", acts)
+    st = execute(book, acts, None, RunState("toy", "r1"))
+    assert st.failed_step == "fix" and st.done == ["m1"]
+    assert "connection refused" in st.results["fix"]["error"]
+    st = execute(book, acts, None, RunState.from_dict(st.to_dict()))      # resume
+    assert st.failed_step is None and st.done == ["m1", "fix", "m2", "rec"]
+    assert [c[0] for c in r.calls] == ["measure", "mitigate", "mitigate", "measure", "note"]
+
+
+def test_skip_when_under_gate_and_dry_run_runs_nothing():
+    r = Recorder({"measure": [{"ok": True, "upper": 0.004}]})
+    acts = r.actions()
+    book = load_playbook_data(PB, "toy.yaml", acts)
+    st = execute(book, acts, None, RunState("toy", "r1"))
+    assert [e.status for e in st.timeline] == ["ran", "skipped", "skipped", "ran"]
+    r2 = Recorder({})
+    acts2 = r2.actions()
+    st = execute(load_playbook_data(PB, "toy.yaml", acts2), acts2, None, RunState("toy", "r2"), dry_run=True)
+    assert r2.calls == [] and [e.status for e in st.timeline] == ["dry-run"] * 4
+    assert st.timeline[1].lines[0] == "only if m1.upper > 0.01"
+
+
+def test_declined_confirmation_stops_before_mutating():
+    r = Recorder({"measure": [{"ok": True, "upper": 0.5}]})
+    acts = r.actions()
+    st = execute(load_playbook_data(PB, "toy.yaml", acts), acts, None, RunState("toy", "r1"),
+                 confirm=lambda step, lines: False)
+    assert [c[0] for c in r.calls] == ["measure"]
+    assert st.timeline[-1].status == "declined" and "fix" not in st.done
+
+
+def test_repeat_until_is_capped():
+    pb = {"name": "rep", "steps": [{"id": "m", "action": "measure",
+                                    "repeat": {"max": 3, "until": "m.upper < 0.01"}}]}
+    r = Recorder({"measure": [{"ok": True, "upper": 0.2}] * 5})
+    acts = r.actions()
+    st = execute(load_playbook_data(pb, "rep.yaml", acts), acts, None, RunState("rep", "r"))
+    assert len(r.calls) == 3 and st.results["m"]["attempts"] == 3
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"name": "x", "steps": [{"id": "a", "action": "shell"}]}, "unknown action 'shell'"),
+    ({"name": "x", "steps": [{"id": "a", "action": "note", "when": "b.ok == true"}]}, "not an earlier step"),
+    ({"name": "x", "steps": [{"id": "a", "action": "note"}, {"id": "a", "action": "note"}]}, "duplicate"),
+    ({"name": "x", "steps": [{"id": "a", "action": "note", "run": "rm -rf /"}]}, "Additional properties"),
+    ({"name": "x", "steps": []}, "should be non-empty"),
+])
+def test_playbook_validation(bad, msg):
+    with pytest.raises(InputError, match=msg):
+        load_playbook_data(bad, "x.yaml", Recorder({}).actions())
