@@ -1,0 +1,129 @@
+"""``dsv4ctl runbook list|show|run``: drive incident mitigation from playbooks/*.yaml."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import InputError, VerdictError
+
+runbook_app = typer.Typer(help="Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--resume.",
+                          no_args_is_help=True)
+
+
+def _state_root() -> Path:
+    return Path(os.environ.get("DSV4CTL_STATE_DIR", Path.home() / ".local" / "state" / "dsv4ctl")) / "runs"
+
+
+def _playbook_path(name: str) -> Path:
+    from ..resources import shipped_dir
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or "/" in name:
+        return p
+    return shipped_dir("playbooks") / f"{name}.yaml"
+
+
+def _load(name: str, actions):
+    from ..runbook.engine import load_playbook_data
+    from ..yamlpos import load_yaml
+    path = _playbook_path(name)
+    data, _ = load_yaml(path)
+    return load_playbook_data(data, str(path), actions)
+
+
+@runbook_app.command("list")
+def list_() -> None:
+    """List the shipped runbooks."""
+    from ..resources import shipped_dir
+    from ..yamlpos import load_yaml
+    for p in sorted(shipped_dir("playbooks").glob("*.yaml")):
+        data, _ = load_yaml(p)
+        print(f"{p.stem:24} {(data or {}).get('description', '').splitlines()[0] if data else ''}")
+
+
+@runbook_app.command("show")
+def show(name: str = typer.Argument(..., help="Runbook name or playbook path.")) -> None:
+    """Print a runbook's steps with their conditions."""
+    from ..runbook.actions import builtin_actions
+    pb = _load(name, builtin_actions())
+    print(f"{pb.name}: {pb.description}")
+    for i, s in enumerate(pb.steps, 1):
+        cond = f"  [only if {s.when}]" if s.when else ""
+        rep = f"  [repeat ≤{s.repeat_max}{' until ' + s.until if s.until else ''}]" if s.repeat_max > 1 else ""
+        print(f"{i:2}. {s.id:16} {s.action:16} {json.dumps(s.args) if s.args else ''}{cond}{rep}")
+
+
+@runbook_app.command("run")
+def run(
+    name: str = typer.Argument(..., help="Runbook name (playbooks/NAME.yaml) or a playbook path."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile path or shipped name (default: the embedded one)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before mutating steps."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and what it would do; change nothing anywhere."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Resume run ID from its failed (or declined) step."),
+    report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where the run's state and incident report go (default: $DSV4CTL_STATE_DIR/runs/ID)."),
+) -> None:
+    """Run a runbook step by step. Exit 0 completed, 1 a step failed or was declined, 2 bad input."""
+    from ..profile import load_profile
+    from ..resources import resolve_profile
+    from ..runbook.actions import RunContext, builtin_actions
+    from ..runbook.engine import RunState, execute
+    from ..runbook.report import incident_document, incident_markdown
+
+    actions = builtin_actions()
+    pb = _load(name, actions)
+    prof = load_profile(resolve_profile(profile))
+    if resume:
+        run_dir = report_dir or _state_root() / resume
+        state_file = run_dir / "state.json"
+        if not state_file.is_file():
+            raise InputError(f"--resume {resume}: no run state at {state_file}")
+        state = RunState.from_dict(json.loads(state_file.read_text()))
+        if state.playbook != pb.name:
+            raise InputError(f"--resume {resume}: that run is of runbook {state.playbook!r}, not {pb.name!r}")
+    else:
+        run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{pb.name}"
+        run_dir = report_dir or _state_root() / run_id
+        state = RunState(pb.name, run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_file = run_dir / "state.json"
+
+    def save(st: RunState) -> None:
+        if dry_run:
+            return
+        tmp = state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st.to_dict(), indent=2, default=str))
+        tmp.replace(state_file)
+
+    def confirm(step, lines) -> bool:
+        if yes:
+            return True
+        if not os.isatty(0):
+            raise InputError(f"step {step.id} ({step.action}) changes things; confirm interactively or pass --yes")
+        print(f"step {step.id}: {step.action}")
+        for line in lines:
+            print(f"  {line}")
+        return typer.confirm("run it?", default=False)
+
+    ctx = RunContext(profile=prof, run_dir=run_dir)
+    state = execute(pb, actions, ctx, state, dry_run=dry_run, confirm=confirm, save=save)
+    doc = incident_document(state, who=getpass.getuser(), profile=prof.name, dry_run=dry_run)
+    for e in state.timeline[-len(pb.steps):] if dry_run else []:
+        print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))
+    if not dry_run:
+        (run_dir / "incident.json").write_text(json.dumps(doc, indent=2, default=str))
+        (run_dir / "incident.md").write_text(incident_markdown(doc))
+        print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
+    if not doc["completed"] and not dry_run:
+        where = state.failed_step or "a declined step"
+        raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with --resume {state.run_id}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``runbook`` group to the root app."""
+    app.add_typer(runbook_app, name="runbook")

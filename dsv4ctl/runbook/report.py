@@ -1,0 +1,59 @@
+"""Incident reports of runbook runs: a JSON document (``dsv4ctl.incident/1``) and Markdown."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from typing import Any
+
+from ..render import markdown_table
+from .engine import RunState
+
+SCHEMA = "dsv4ctl.incident/1"
+
+
+def _ts(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _short(result: dict) -> str:
+    keys = [k for k in result if k not in ("ran", "attempts", "details", "lines")]
+    parts = []
+    for k in keys[:6]:
+        v = result[k]
+        if isinstance(v, float):
+            v = round(v, 4)
+        if isinstance(v, (dict, list)):
+            v = json.dumps(v)[:60]
+        parts.append(f"{k}={v}")
+    return ", ".join(parts)
+
+
+def incident_document(state: RunState, *, who: str, profile: str, dry_run: bool,
+                      before: Any = None, after: Any = None) -> dict:
+    """The JSON incident report: who ran which playbook on which profile, the timeline with
+    UTC timestamps, every step's result, and the state before and after (as collected)."""
+    return dict(schema=SCHEMA, playbook=state.playbook, run_id=state.run_id, who=who,
+                profile=profile, dry_run=dry_run, failed_step=state.failed_step,
+                completed=state.failed_step is None and not any(e.status == "declined" for e in state.timeline),
+                state_before=before, state_after=after,
+                timeline=[e.to_dict() for e in state.timeline], results=state.results)
+
+
+def incident_markdown(doc: dict) -> str:
+    """Render :func:`incident_document` as Markdown for humans."""
+    out = [f"# Incident report: {doc['playbook']} ({doc['run_id']})", "",
+           f"- who: {doc['who']}", f"- profile: {doc['profile']}",
+           f"- dry run: {'yes' if doc['dry_run'] else 'no'}",
+           f"- outcome: {'completed' if doc['completed'] else 'stopped at ' + str(doc['failed_step'] or 'a declined step')}",
+           "", "## Timeline", ""]
+    rows = []
+    for e in doc["timeline"]:
+        dur = round(e["ended"] - e["started"], 1)
+        detail = _short(e["result"]) if e["result"] else "; ".join(e["lines"])
+        rows.append([_ts(e["started"]), e["step"], e["action"], e["status"] + (f" (try {e['attempt']})" if e["attempt"] > 1 else ""), f"{dur}s", detail])
+    out.append(markdown_table(["UTC", "step", "action", "status", "took", "result"], rows))
+    for label, key in (("State before", "state_before"), ("State after", "state_after")):
+        if doc.get(key) is not None:
+            out += ["", f"## {label}", "", "```json", json.dumps(doc[key], indent=2, default=str), "```"]
+    return "\n".join(out) + "\n"
