@@ -1,0 +1,65 @@
+"""The shipped SGLang 0.5.23 argument table vs the real parser (oracle) and its own shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import ORACLE_PY, REPO, oracle_available
+
+TABLE = REPO / "dsv4ctl" / "data" / "server_args-0.5.23.json"
+GEN = REPO / "scripts" / "gen_server_args.py"
+
+
+@pytest.mark.oracle
+@pytest.mark.skipif(not oracle_available(), reason="needs .venv-oracle (bash scripts/oracle-env.sh)")
+def test_table_matches_real_0523_parser():
+    p = subprocess.run([str(ORACLE_PY), "-W", "ignore", str(GEN), "--stdout"], capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    live = json.loads(p.stdout)
+    shipped = json.loads(TABLE.read_text())
+    assert live["sglang_version"] == "0.5.23"
+    live_by = {a["name"]: a for a in live["arguments"]}
+    shipped_by = {a["name"]: a for a in shipped["arguments"]}
+    assert sorted(live_by) == sorted(shipped_by)
+    for name, a in live_by.items():
+        assert shipped_by[name] == a, name
+    # byte-for-byte: the generator is re-runnable and deterministic
+    assert p.stdout == TABLE.read_text()
+
+
+@pytest.mark.oracle
+@pytest.mark.skipif(not oracle_available(), reason="needs .venv-oracle (bash scripts/oracle-env.sh)")
+def test_generator_check_mode_detects_drift(tmp_path):
+    stale = tmp_path / "t.json"
+    doc = json.loads(TABLE.read_text())
+    doc["arguments"] = [a for a in doc["arguments"] if a["name"] != "hicache-ratio"]
+    stale.write_text(json.dumps(doc))
+    p = subprocess.run([str(ORACLE_PY), "-W", "ignore", str(GEN), "--check", "--out", str(stale)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 1
+    assert "differs" in p.stderr
+
+
+def test_shipped_table_facts():
+    """Facts of the reference (ops §1.2, §2.1) the table must carry."""
+    doc = json.loads(TABLE.read_text())
+    assert doc["schema"] == "dsv4ctl.server_args/1" and doc["sglang_version"] == "0.5.23"
+    by = {a["name"]: a for a in doc["arguments"]}
+    assert by["enable-hierarchical-cache"]["aliases"] == ["enable-hicache"]
+    assert by["enable-hierarchical-cache"]["config"] == "store_true"
+    assert by["hicache-ratio"]["type"] == "float" and by["hicache-ratio"]["default"] is None
+    assert by["hicache-size"]["type"] == "int" and by["hicache-size"]["default"] == 0
+    assert by["hicache-mem-layout"]["choices"] == ["layer_first", "page_first", "page_first_direct",
+                                                   "page_first_kv_split", "page_head"]
+    assert by["hicache-io-backend"]["choices"] == ["direct", "kernel", "kernel_ascend"]
+    assert by["hicache-write-policy"]["default"] == "write_through"
+    assert by["enable-fused-qk-norm-rope"]["config"] == "unsupported"   # BooleanOptionalAction
+    assert by["enable-dp-attention"]["config"] == "unsupported"         # DeprecatedStoreTrueAction
+    assert set(by["ep-size"]["aliases"]) == {"expert-parallel-size", "ep"}
+    assert "deepseekv4" in by["tool-call-parser"]["choices"]
+    assert "deepseek-v4" in by["reasoning-parser"]["choices"]
+    assert by["cuda-graph-bs-decode"]["nargs"] == "+" and by["cuda-graph-bs-decode"]["type"] == "int"
