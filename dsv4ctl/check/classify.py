@@ -1,0 +1,356 @@
+"""Pure classification of one chat-completion turn against DeepSeek-V4 tool-call correctness.
+
+No I/O. The load driver and the smoke checks feed this module what they received on the wire
+(an SSE byte stream or a JSON body) and get back a :class:`Verdict`.
+
+What counts as corrupted follows the client-side view of SGLang 0.5.23 with
+``--tool-call-parser deepseekv4`` (reference ``sglang-0.5.23-ops.md`` §5.3-5.4, verified there
+against deepseek-recipe 0.2.0; SGLang files ``srt/entrypoints/openai/serving_deepseek_recipe.py``
+and ``srt/parser/deepseek_recipe_output.py``):
+
+* DSML markup (``<｜DSML｜tool_calls>`` … with U+FF5C bars) or V3.1 tool tokens in ``content``:
+  the parser did not turn the block into ``tool_calls`` (field report T1, incident of issue 6);
+* ``<think>`` / ``</think>`` in ``content`` (field report T4);
+* ``finish_reason == "length"`` while a call was required or open (truncated arguments);
+* no ``tool_calls`` on a turn that requires one;
+* ``arguments`` not JSON, ``{}`` for a tool with required parameters, or arguments that do not
+  match the tool's JSON schema (required fields, types, enums), or an undeclared tool name;
+* no progress within the stall timeout (stuck, field report P1) and HTTP / protocol errors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+# --- markers (U+FF5C FULLWIDTH VERTICAL LINE, U+2581 LOWER ONE EIGHTH BLOCK) -------------------
+BAR = "\uff5c"
+DSML_MARK = f"{BAR}DSML{BAR}"                  # <｜DSML｜tool_calls>, <｜DSML｜invoke …>, V4.1 "<｜DSML｜ calls>"
+LEGACY_TOOL_MARKS = (f"<{BAR}tool\u2581calls\u2581begin{BAR}>", f"<{BAR}tool\u2581call\u2581begin{BAR}>",
+                     f"<{BAR}tool\u2581sep{BAR}>")   # V3.1 tokens (field report T1)
+THINK_MARKS = ("<think>", "</think>")
+
+# --- classes, in precedence order (the first flag present is the turn's class) -----------------
+OK = "ok"
+HTTP_ERROR = "http_error"
+STUCK = "stuck"
+DSML_IN_CONTENT = "dsml_in_content"
+THINK_IN_CONTENT = "think_in_content"
+LENGTH_MID_CALL = "length_mid_call"
+NO_TOOL_CALL = "no_tool_call"
+ARGS_NOT_JSON = "args_not_json"
+EMPTY_ARGS = "empty_args"
+ARGS_SCHEMA = "args_schema"
+
+CLASSES = (HTTP_ERROR, STUCK, DSML_IN_CONTENT, THINK_IN_CONTENT, LENGTH_MID_CALL, NO_TOOL_CALL,
+           ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA)
+"""Every corruption class, in precedence order."""
+
+DESCRIPTIONS = {
+    OK: "valid",
+    HTTP_ERROR: "HTTP or protocol error",
+    STUCK: "no progress within the stall timeout",
+    DSML_IN_CONTENT: "DSML tool-call markup in content",
+    THINK_IN_CONTENT: "reasoning tags in content",
+    LENGTH_MID_CALL: "finish_reason length mid-call",
+    NO_TOOL_CALL: "no tool_calls where the turn requires one",
+    ARGS_NOT_JSON: "arguments not JSON",
+    EMPTY_ARGS: "{} for a tool with required parameters",
+    ARGS_SCHEMA: "arguments do not match the tool's schema",
+}
+
+
+class ProtocolError(ValueError):
+    """The bytes on the wire are not a valid OpenAI chat completion / SSE stream."""
+
+
+@dataclass
+class ToolCall:
+    """One assembled tool call: ``arguments`` is the raw JSON string the server sent."""
+
+    index: int
+    id: Optional[str]
+    name: Optional[str]
+    arguments: str = ""
+
+
+@dataclass
+class TurnResult:
+    """What a client received for one turn (the input of :func:`classify`).
+
+    ``http_status`` is None when no response arrived (connection error, stall); ``error`` a
+    one-line description of a transport or protocol failure; ``stalled`` True when the driver gave
+    up after the stall timeout."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    http_status: Optional[int] = 200
+    error: Optional[str] = None
+    stalled: bool = False
+    response_id: Optional[str] = None
+    usage: Optional[dict] = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``cls`` = the first class of ``flags`` in :data:`CLASSES` order (``ok`` when none);
+    ``reason`` is one line for humans."""
+
+    cls: str
+    flags: tuple[str, ...]
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.cls == OK
+
+
+# --- SSE -------------------------------------------------------------------------------------
+class SSEDecoder:
+    """Incremental Server-Sent-Events decoder: bytes in, ``data`` payload strings out.
+
+    Follows the WHATWG event-stream rules that matter for SGLang's ``/v1/chat/completions``:
+    events end at a blank line; lines end with LF, CRLF or CR; ``data:`` lines of one event are
+    joined with LF; one optional space after the colon is dropped; ``:`` comment lines and other
+    fields are ignored. Bytes may be split anywhere (also inside a UTF-8 sequence)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Feed raw bytes; return the payloads of the events completed by them."""
+        self._buf += chunk
+        out: list[str] = []
+        while True:
+            i = self._buf.find(b"\n")
+            j = self._buf.find(b"\r")
+            if i < 0 and j < 0:
+                break
+            if j >= 0 and (i < 0 or j < i):
+                if j == len(self._buf) - 1:      # a CR at the end may be the first half of CRLF
+                    break
+                end, nxt = j, j + (2 if self._buf[j + 1:j + 2] == b"\n" else 1)
+            else:
+                end, nxt = i, i + 1
+            line = self._buf[:end].decode("utf-8", errors="strict")
+            self._buf = self._buf[nxt:]
+            if not line:
+                if self._data:
+                    out.append("\n".join(self._data))
+                    self._data = []
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            if name == "data":
+                self._data.append(value[1:] if value.startswith(" ") else value)
+        return out
+
+    def close(self) -> list[str]:
+        """End of stream: an event without its final blank line is still delivered."""
+        out = self.feed(b"\n\n") if self._buf else []
+        if self._data:
+            out.append("\n".join(self._data))
+            self._data = []
+        return out
+
+
+class StreamAssembler:
+    """Assembles OpenAI ``chat.completion.chunk`` objects into one :class:`TurnResult`.
+
+    Tool calls are assembled per ``index`` (SGLang 0.5.23 streams the first piece of a call with
+    ``id``, ``index``, ``function.name`` and ``arguments: ""``, later pieces carry argument
+    fragments for the same index; ``chat_encoding_adapters.token_output_sse_chunks``). Content
+    and reasoning are concatenated, so markup split across chunks is seen whole."""
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, ToolCall] = {}
+        self._args: dict[int, list[str]] = {}
+        self.finish_reason: Optional[str] = None
+        self.done = False
+        self.response_id: Optional[str] = None
+        self.usage: Optional[dict] = None
+        self.chunks = 0
+
+    def feed_payload(self, payload: str) -> None:
+        """One SSE ``data`` payload (a JSON chunk or ``[DONE]``). ProtocolError if malformed."""
+        if payload.strip() == "[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(payload)
+        except ValueError as e:
+            raise ProtocolError(f"SSE data is not JSON: {payload[:80]!r}") from e
+        self.feed_chunk(obj)
+
+    def feed_chunk(self, obj: Any) -> None:
+        """One decoded chunk object. An ``error`` object raises ProtocolError."""
+        if not isinstance(obj, dict):
+            raise ProtocolError("SSE chunk is not a JSON object")
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            raise ProtocolError(f"server error in stream: {str(msg)[:120]}")
+        self.chunks += 1
+        if self.response_id is None:
+            self.response_id = obj.get("id")
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for ch in obj.get("choices") or ():
+            if ch.get("index", 0) != 0:
+                continue
+            delta = ch.get("delta") or {}
+            if delta.get("content"):
+                self._content.append(delta["content"])
+            if delta.get("reasoning_content"):
+                self._reasoning.append(delta["reasoning_content"])
+            for tc in delta.get("tool_calls") or ():
+                idx = tc.get("index")
+                if not isinstance(idx, int):
+                    raise ProtocolError("tool_calls delta without an integer index")
+                fn = tc.get("function") or {}
+                call = self._calls.get(idx)
+                if call is None:
+                    call = self._calls[idx] = ToolCall(index=idx, id=tc.get("id"), name=fn.get("name"))
+                    self._args[idx] = []
+                else:
+                    if tc.get("id") and not call.id:
+                        call.id = tc["id"]
+                    if fn.get("name") and not call.name:
+                        call.name = fn["name"]
+                a = fn.get("arguments")
+                if a:
+                    self._args[idx].append(a if isinstance(a, str) else json.dumps(a))
+            if ch.get("finish_reason"):
+                self.finish_reason = ch["finish_reason"]
+
+    def result(self, *, require_done: bool = True) -> TurnResult:
+        """The assembled turn. ProtocolError if the stream ended without ``data: [DONE]``."""
+        if require_done and not self.done:
+            raise ProtocolError("stream ended without data: [DONE]")
+        calls = []
+        for idx in sorted(self._calls):
+            c = self._calls[idx]
+            c.arguments = "".join(self._args[idx])
+            calls.append(c)
+        return TurnResult(content="".join(self._content), reasoning="".join(self._reasoning),
+                          tool_calls=calls, finish_reason=self.finish_reason,
+                          response_id=self.response_id, usage=self.usage)
+
+
+def parse_completion(body: Any) -> TurnResult:
+    """A non-streaming ``chat.completion`` JSON object → TurnResult (ProtocolError if malformed).
+
+    ``message.tool_calls[].function.arguments`` is kept as sent (a string; an object is
+    re-serialised)."""
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
+        if isinstance(body, dict) and "error" in body:
+            err = body["error"]
+            raise ProtocolError(f"server error: {str(err.get('message') if isinstance(err, dict) else err)[:120]}")
+        raise ProtocolError("response has no choices")
+    ch = body["choices"][0]
+    msg = ch.get("message") or {}
+    calls = []
+    for i, tc in enumerate(msg.get("tool_calls") or ()):
+        fn = tc.get("function") or {}
+        a = fn.get("arguments")
+        calls.append(ToolCall(index=tc.get("index", i) if isinstance(tc.get("index", i), int) else i,
+                              id=tc.get("id"), name=fn.get("name"),
+                              arguments=a if isinstance(a, str) else ("" if a is None else json.dumps(a))))
+    return TurnResult(content=msg.get("content") or "", reasoning=msg.get("reasoning_content") or "",
+                      tool_calls=calls, finish_reason=ch.get("finish_reason"),
+                      response_id=body.get("id"), usage=body.get("usage"))
+
+
+# --- schema checks ----------------------------------------------------------------------------
+class ToolSpec:
+    """A declared tool: ``name`` and its JSON-schema ``parameters`` (validator compiled once)."""
+
+    def __init__(self, name: str, parameters: Optional[dict]):
+        import jsonschema
+        self.name = name
+        self.parameters = parameters or {"type": "object", "properties": {}}
+        self.required = tuple(self.parameters.get("required") or ())
+        self._validator = jsonschema.Draft202012Validator(self.parameters)
+
+    def first_error(self, value: Any) -> Optional[str]:
+        """The first schema violation of ``value`` as one line, or None."""
+        for err in self._validator.iter_errors(value):
+            where = ".".join(str(p) for p in err.absolute_path)
+            return f"{where + ': ' if where else ''}{err.message}"[:160]
+        return None
+
+
+def tool_specs(tools: Iterable[dict]) -> dict[str, ToolSpec]:
+    """OpenAI ``tools`` (``[{"type": "function", "function": {name, parameters}}]``) → specs by name."""
+    out = {}
+    for t in tools:
+        fn = t.get("function", t)
+        out[fn["name"]] = ToolSpec(fn["name"], fn.get("parameters"))
+    return out
+
+
+def _contains_any(text: str, marks: Iterable[str]) -> Optional[str]:
+    for m in marks:
+        if m in text:
+            return m
+    return None
+
+
+def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec]) -> Verdict:
+    """Classify one turn. ``requires_tool``: the workload required at least one tool call.
+
+    Returns a Verdict whose ``flags`` lists every class that applies, in :data:`CLASSES` order,
+    and whose ``cls`` is the first (``ok`` if none). An HTTP/protocol error or a stall
+    short-circuits (the body is not judged)."""
+    if turn.stalled:
+        return Verdict(STUCK, (STUCK,), turn.error or "no progress within the stall timeout")
+    if turn.error or turn.http_status != 200:
+        why = turn.error or f"HTTP {turn.http_status}"
+        return Verdict(HTTP_ERROR, (HTTP_ERROR,), why)
+
+    flags: dict[str, str] = {}
+    mark = _contains_any(turn.content, (DSML_MARK,) + LEGACY_TOOL_MARKS)
+    if mark:
+        flags[DSML_IN_CONTENT] = f"{mark!r} in content"
+    tmark = _contains_any(turn.content, THINK_MARKS)
+    if tmark:
+        flags[THINK_IN_CONTENT] = f"{tmark!r} in content"
+    if turn.finish_reason == "length" and (turn.tool_calls or requires_tool or mark):
+        flags[LENGTH_MID_CALL] = ("finish_reason length with "
+                                  + (f"{len(turn.tool_calls)} tool call(s)" if turn.tool_calls else "no tool call"))
+    if requires_tool and not turn.tool_calls:
+        flags[NO_TOOL_CALL] = f"no tool_calls (finish_reason {turn.finish_reason})"
+    for c in turn.tool_calls:
+        label = f"call {c.index} {c.name!r}"
+        try:
+            args = json.loads(c.arguments) if c.arguments.strip() else None
+        except ValueError:
+            flags.setdefault(ARGS_NOT_JSON, f"{label}: arguments not JSON: {c.arguments[:60]!r}")
+            continue
+        spec = tools.get(c.name or "")
+        if args is None:
+            flags.setdefault(ARGS_NOT_JSON, f"{label}: empty arguments string")
+            continue
+        if not isinstance(args, dict):
+            flags.setdefault(ARGS_SCHEMA, f"{label}: arguments are {type(args).__name__}, not an object")
+            continue
+        if spec is None:
+            flags.setdefault(ARGS_SCHEMA, f"{label}: tool not declared in the request")
+            continue
+        if not args and spec.required:
+            flags.setdefault(EMPTY_ARGS, f"{label}: {{}} but requires {', '.join(spec.required)}")
+            continue
+        err = spec.first_error(args)
+        if err:
+            flags.setdefault(ARGS_SCHEMA, f"{label}: {err}")
+    if not flags:
+        return Verdict(OK, (), "ok")
+    ordered = tuple(c for c in CLASSES if c in flags)
+    return Verdict(ordered[0], ordered, flags[ordered[0]])

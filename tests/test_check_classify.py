@@ -1,0 +1,359 @@
+"""dsv4ctl.check.classify and dsv4ctl.check.stats: pure cores, exhaustively."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsv4ctl.check import classify as C
+from dsv4ctl.check import stats as S
+
+BAR = "\uff5c"
+DSML_BLOCK = (f"\n\n<{BAR}DSML{BAR}tool_calls>\n<{BAR}DSML{BAR}invoke name=\"get_weather\">\n"
+              f"<{BAR}DSML{BAR}parameter name=\"city\" string=\"true\">San Francisco</{BAR}DSML{BAR}parameter>\n"
+              f"</{BAR}DSML{BAR}invoke>\n</{BAR}DSML{BAR}tool_calls>")
+TOOLS = C.tool_specs([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city"],
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                       "unit": {"type": "string", "enum": ["c", "f"]}}}}},
+    {"type": "function", "function": {"name": "list_files", "parameters": {"type": "object", "properties": {}}}},
+])
+
+
+def call(args: str, name: str = "get_weather", index: int = 0) -> C.ToolCall:
+    return C.ToolCall(index=index, id=f"call_{index}", name=name, arguments=args)
+
+
+def verdict(**kw) -> C.Verdict:
+    requires = kw.pop("requires_tool", True)
+    return C.classify(C.TurnResult(**kw), requires_tool=requires, tools=TOOLS)
+
+
+# --- classify: one test per class, plus precedence ------------------------------------------
+def test_valid_tool_call_is_ok():
+    v = verdict(tool_calls=[call('{"city": "San Francisco", "days": 3}')], finish_reason="tool_calls")
+    assert (v.cls, v.flags, v.ok) == ("ok", (), True)
+
+
+def test_valid_answer_turn_without_tool_is_ok():
+    v = verdict(content="Here is the summary.", finish_reason="stop", requires_tool=False)
+    assert v.ok
+
+
+def test_dsml_markup_in_content_is_the_incident_class():
+    # reference §5.4: raw markup leaks into content, no tool_calls, finish_reason stop
+    v = verdict(content=DSML_BLOCK, finish_reason="stop")
+    assert v.cls == C.DSML_IN_CONTENT
+    assert v.flags == (C.DSML_IN_CONTENT, C.NO_TOOL_CALL)
+    assert "DSML" in v.reason
+
+
+def test_dsml_in_content_flags_even_when_no_tool_required():
+    v = verdict(content="sure" + DSML_BLOCK, finish_reason="stop", requires_tool=False)
+    assert v.flags == (C.DSML_IN_CONTENT,)
+
+
+def test_ascii_bar_lookalike_is_not_markup():
+    v = verdict(content="<|DSML|tool_calls> is how the docs spell it", requires_tool=False)
+    assert v.ok
+
+
+def test_v31_tool_tokens_in_content_count_as_markup():
+    # field report T1 synthetic input
+    content = (f"<{BAR}tool\u2581calls\u2581begin{BAR}><{BAR}tool\u2581call\u2581begin{BAR}>function"
+               f"<{BAR}tool\u2581sep{BAR}>get_weather\n```json\n{{\"city\":\"X\"}}\n```")
+    v = verdict(content=content, finish_reason="stop")
+    assert v.cls == C.DSML_IN_CONTENT
+
+
+@pytest.mark.parametrize("tag", ["<think>", "</think>"])
+def test_think_tags_in_content(tag):
+    v = verdict(content=f"... the hook runs before render {tag} React was gebraten ...",
+                requires_tool=False, finish_reason="stop")
+    assert (v.cls, v.flags) == (C.THINK_IN_CONTENT, (C.THINK_IN_CONTENT,))
+
+
+def test_think_tag_in_reasoning_content_is_fine():
+    v = verdict(reasoning="<think>plan</think>", content="done", requires_tool=False)
+    assert v.ok
+
+
+def test_no_tool_call_where_required():
+    v = verdict(content="I would call get_weather now.", finish_reason="stop")
+    assert (v.cls, v.flags) == (C.NO_TOOL_CALL, (C.NO_TOOL_CALL,))
+    assert "finish_reason stop" in v.reason
+
+
+def test_length_mid_call_with_truncated_arguments():
+    # reference §5.4: tool_calls present with truncated arguments, finish_reason length
+    v = verdict(tool_calls=[call('{"city": "San Fr')], finish_reason="length")
+    assert v.cls == C.LENGTH_MID_CALL
+    assert v.flags == (C.LENGTH_MID_CALL, C.ARGS_NOT_JSON)
+
+
+def test_length_without_tool_call_where_required():
+    # field report T4: finish_reason length with zero tool calls
+    v = verdict(content="## Fixed Config\n| Column | B\n" * 5, finish_reason="length")
+    assert v.flags == (C.LENGTH_MID_CALL, C.NO_TOOL_CALL)
+
+
+def test_length_on_answer_turn_is_not_mid_call():
+    v = verdict(content="long prose", finish_reason="length", requires_tool=False)
+    assert v.ok
+
+
+def test_arguments_not_json():
+    # reference §5.4: string="false" value that is not JSON
+    v = verdict(tool_calls=[call('{"city": "San Francisco", "days": three days}')], finish_reason="tool_calls")
+    assert (v.cls, v.flags) == (C.ARGS_NOT_JSON, (C.ARGS_NOT_JSON,))
+
+
+def test_empty_arguments_string_is_not_json():
+    assert verdict(tool_calls=[call("")]).cls == C.ARGS_NOT_JSON
+
+
+def test_empty_object_for_tool_with_required_parameters():
+    # reference §5.4: JSON-body invoke -> arguments "{}"
+    v = verdict(tool_calls=[call("{}")], finish_reason="tool_calls")
+    assert (v.cls, v.flags) == (C.EMPTY_ARGS, (C.EMPTY_ARGS,))
+    assert "city" in v.reason
+
+
+def test_empty_object_for_zero_argument_tool_is_ok():
+    assert verdict(tool_calls=[call("{}", name="list_files")]).ok
+
+
+@pytest.mark.parametrize("args,needle", [
+    ('{"days": 3}', "'city' is a required property"),
+    ('{"city": 7}', "city: 7 is not of type 'string'"),
+    ('{"city": "X", "days": "3"}', "days: '3' is not of type 'integer'"),
+    ('{"city": "X", "unit": "kelvin"}', "unit: 'kelvin' is not one of ['c', 'f']"),
+])
+def test_arguments_against_schema(args, needle):
+    v = verdict(tool_calls=[call(args)])
+    assert v.cls == C.ARGS_SCHEMA
+    assert needle in v.reason
+
+
+def test_arguments_not_an_object():
+    v = verdict(tool_calls=[call("[1, 2]")])
+    assert v.cls == C.ARGS_SCHEMA and "list" in v.reason
+
+
+def test_undeclared_tool_name():
+    v = verdict(tool_calls=[call('{"x": 1}', name="rm_rf")])
+    assert v.cls == C.ARGS_SCHEMA and "not declared" in v.reason
+
+
+def test_second_call_is_checked_too():
+    v = verdict(tool_calls=[call('{"city": "A"}'), call("{}", index=1)])
+    assert v.cls == C.EMPTY_ARGS and "call 1" in v.reason
+
+
+def test_stuck_and_http_error_short_circuit():
+    assert verdict(stalled=True, http_status=None, content=DSML_BLOCK).cls == C.STUCK
+    v = verdict(http_status=503, content=DSML_BLOCK)
+    assert (v.cls, v.flags, v.reason) == (C.HTTP_ERROR, (C.HTTP_ERROR,), "HTTP 503")
+    v = verdict(http_status=None, error="connection reset")
+    assert (v.cls, v.reason) == (C.HTTP_ERROR, "connection reset")
+
+
+def test_every_class_has_a_description():
+    assert set(C.DESCRIPTIONS) == set(C.CLASSES) | {C.OK}
+
+
+# --- SSE decoding and stream assembly --------------------------------------------------------
+def sse(chunks: list[dict], done: bool = True, eol: str = "\n") -> bytes:
+    out = "".join(f"data: {json.dumps(c, ensure_ascii=False)}{eol}{eol}" for c in chunks)
+    if done:
+        out += f"data: [DONE]{eol}{eol}"
+    return out.encode()
+
+
+def chunk(delta: dict | None = None, finish: str | None = None, cid: str = "chatcmpl-1") -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"reasoning_content": None, **(delta or {})},
+                         "logprobs": None, "finish_reason": finish, "matched_stop": None}]}
+
+
+STREAM_CALL = [
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"tool_calls": [{"id": "call_ab", "index": 0, "type": "function",
+                           "function": {"name": "get_weather", "arguments": ""}}]}),
+    *[chunk({"tool_calls": [{"index": 0, "type": "function", "function": {"arguments": p}}]})
+      for p in ["{", '"city"', ": ", '"', "San Franci", 'sco"', "}"]],
+    chunk({"tool_calls": [{"id": "call_cd", "index": 1, "type": "function",
+                           "function": {"name": "list_files", "arguments": ""}}]}),
+    chunk({"tool_calls": [{"index": 1, "type": "function", "function": {"arguments": "{}"}}]}),
+    chunk({}, finish="tool_calls"),
+]
+
+
+def assemble(raw: bytes, splits: list[int] | None = None, require_done: bool = True) -> C.TurnResult:
+    dec, asm = C.SSEDecoder(), C.StreamAssembler()
+    cuts = sorted(set(splits or [])) + [len(raw)]
+    prev = 0
+    for c in cuts:
+        for p in dec.feed(raw[prev:c]):
+            asm.feed_payload(p)
+        prev = c
+    for p in dec.close():
+        asm.feed_payload(p)
+    return asm.result(require_done=require_done)
+
+
+def test_stream_tool_calls_assembled_per_index():
+    r = assemble(sse(STREAM_CALL))
+    assert [(c.index, c.id, c.name, c.arguments) for c in r.tool_calls] == [
+        (0, "call_ab", "get_weather", '{"city": "San Francisco"}'), (1, "call_cd", "list_files", "{}")]
+    assert r.finish_reason == "tool_calls" and r.response_id == "chatcmpl-1"
+    assert C.classify(r, requires_tool=True, tools=TOOLS).ok
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(sse(STREAM_CALL, eol="\r\n"))), max_size=12),
+       st.sampled_from(["\n", "\r\n", "\r"]))
+def test_any_byte_split_and_line_ending_gives_the_same_turn(splits, eol):
+    raw = sse(STREAM_CALL, eol=eol)
+    r = assemble(raw, [s for s in splits if s <= len(raw)])
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [
+        ("get_weather", '{"city": "San Francisco"}'), ("list_files", "{}")]
+
+
+def test_markup_split_across_sse_chunks_is_detected():
+    pieces = [DSML_BLOCK[i:i + 3] for i in range(0, len(DSML_BLOCK), 3)]   # no chunk holds a whole tag
+    assert not any(C.DSML_MARK in p for p in pieces)
+    raw = sse([chunk({"role": "assistant", "content": ""})] + [chunk({"content": p}) for p in pieces]
+              + [chunk({}, finish="stop")])
+    r = assemble(raw, splits=list(range(0, len(raw), 7)))
+    v = C.classify(r, requires_tool=True, tools=TOOLS)
+    assert v.flags == (C.DSML_IN_CONTENT, C.NO_TOOL_CALL)
+
+
+def test_utf8_bar_split_inside_a_multibyte_sequence():
+    raw = sse([chunk({"content": DSML_BLOCK}), chunk({}, finish="stop")])
+    i = raw.index(BAR.encode()) + 1          # cut inside the 3-byte U+FF5C
+    assert assemble(raw, [i]).content == DSML_BLOCK
+
+
+def test_sse_comments_multiline_data_and_missing_final_blank_line():
+    dec = C.SSEDecoder()
+    assert dec.feed(b": keep-alive\n\ndata: a\ndata: b\nevent: x\n\nda") == ["a\nb"]
+    assert dec.feed(b"ta:no-space\n") == []
+    assert dec.close() == ["no-space"]
+
+
+def test_stream_without_done_is_a_protocol_error():
+    with pytest.raises(C.ProtocolError, match=r"\[DONE\]"):
+        assemble(sse(STREAM_CALL, done=False))
+
+
+def test_stream_garbage_and_error_objects():
+    asm = C.StreamAssembler()
+    with pytest.raises(C.ProtocolError, match="not JSON"):
+        asm.feed_payload("{oops")
+    with pytest.raises(C.ProtocolError, match="boom"):
+        asm.feed_payload(json.dumps({"error": {"message": "boom"}}))
+    with pytest.raises(C.ProtocolError, match="index"):
+        asm.feed_chunk(chunk({"tool_calls": [{"function": {"name": "x"}}]}))
+
+
+def test_usage_chunk_and_other_choice_indices_ignored():
+    asm = C.StreamAssembler()
+    other = chunk({"content": "other choice"})
+    other["choices"][0]["index"] = 1
+    asm.feed_chunk(other)
+    asm.feed_chunk({"id": "x", "choices": [], "usage": {"prompt_tokens": 5}})
+    asm.feed_payload("[DONE]")
+    r = asm.result()
+    assert (r.content, r.usage) == ("", {"prompt_tokens": 5})
+
+
+def test_parse_non_streaming_completion():
+    body = {"id": "chatcmpl-9", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": [
+            {"id": "call_x", "index": 0, "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+    r = C.parse_completion(body)
+    assert (r.tool_calls[0].name, r.tool_calls[0].arguments, r.finish_reason, r.response_id) == (
+        "get_weather", '{"city": "Paris"}', "tool_calls", "chatcmpl-9")
+    body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    assert json.loads(C.parse_completion(body).tool_calls[0].arguments) == {"city": "Paris"}
+    with pytest.raises(C.ProtocolError, match="no choices"):
+        C.parse_completion({"choices": []})
+    with pytest.raises(C.ProtocolError, match="bad request"):
+        C.parse_completion({"error": {"message": "bad request"}})
+
+
+# --- stats ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("k,n,lo,hi", [
+    # Newcombe (1998), Statistics in Medicine 17:857, Table II, method 3 (Wilson score)
+    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718),
+])
+def test_wilson_matches_newcombe_table(k, n, lo, hi):
+    a, b = S.wilson(k, n)
+    assert (round(a, 4), round(b, 4)) == (lo, hi)
+
+
+def test_wilson_edges_and_errors():
+    assert S.wilson(0, 0) == (0.0, 1.0)
+    assert S.wilson(5, 5)[1] == 1.0
+    assert S.wilson(0, 10)[1] == pytest.approx(S.z_value() ** 2 / (10 + S.z_value() ** 2))
+    assert S.z_value(0.95) == pytest.approx(1.959964, abs=1e-6)
+    for bad in [(-1, 3), (4, 3), (0, -1)]:
+        with pytest.raises(ValueError):
+            S.wilson(*bad)
+    with pytest.raises(ValueError):
+        S.z_value(1.0)
+
+
+def test_gate_needs_enough_turns_at_zero_failures():
+    # 0 failures pass a 1 % gate only with n >= 381 (upper bound z²/(n+z²) <= 0.01)
+    assert S.wilson(0, 380)[1] > 0.01 >= S.wilson(0, 381)[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2000), st.integers(1, 2000))
+def test_wilson_contains_the_point_estimate(k, n):
+    k = min(k, n)
+    lo, hi = S.wilson(k, n)
+    assert 0 <= lo <= k / n <= hi <= 1
+
+
+@pytest.mark.parametrize("a,b,lo,hi", [
+    # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10
+    ((56, 70), (48, 80), 0.0524, 0.3339), ((9, 10), (3, 10), 0.1705, 0.8090),
+])
+def test_newcombe_difference_interval(a, b, lo, hi):
+    d, x, y = S.newcombe_diff(*a, *b)
+    assert d == pytest.approx(a[0] / a[1] - b[0] / b[1])
+    assert (round(x, 4), round(y, 4)) == (lo, hi)
+    with pytest.raises(ValueError):
+        S.newcombe_diff(1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("t,p", [
+    ((8, 10, 1, 6), 0.034965),       # SciPy docs example fisher_exact([[8, 2], [1, 5]])
+    ((3, 4, 1, 4), 0.485714),        # Fisher's lady tasting tea
+    ((0, 100, 0, 100), 1.0),
+    ((72, 480, 0, 480), 0.0),
+])
+def test_fisher_exact(t, p):
+    assert S.fisher_exact(*t) == pytest.approx(p, abs=1e-6)
+    with pytest.raises(ValueError):
+        S.fisher_exact(5, 4, 0, 1)
+
+
+def test_percentile_linear():
+    assert S.percentile([], 50) is None
+    assert S.percentile([3, 1, 2], 50) == 2
+    assert S.percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)
+    assert S.percentile([5], 99) == 5
+    with pytest.raises(ValueError):
+        S.percentile([1], 101)
