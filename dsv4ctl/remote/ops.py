@@ -1,0 +1,91 @@
+"""Operations: actions (printed by --dry-run, executed by the real run), atomic writes, audit log."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .parallel import HostResult, run_parallel
+from .transport import Transport, q
+
+
+@dataclass
+class Action:
+    """One change on one host. ``summary`` is what ``--dry-run`` prints; ``fn(transport)`` does it.
+
+    ``cmd`` (optional) is the exact shell command, shown by ``--dry-run --verbose``."""
+
+    host: str
+    summary: str
+    fn: Callable[[Transport], Any] = field(repr=False)
+    cmd: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.host}: {self.summary}"
+
+
+def describe_actions(actions: list[Action]) -> list[str]:
+    """The ``--dry-run`` lines of an action list, grouped by host in first-seen order."""
+    hosts: dict[str, list[str]] = {}
+    for a in actions:
+        hosts.setdefault(a.host, []).append(a.describe())
+    return [line for lines in hosts.values() for line in lines]
+
+
+def run_actions(transports: dict[str, Transport], actions: list[Action], *,
+                timeout: float | None = None) -> dict[str, HostResult]:
+    """Execute actions: hosts in parallel, each host's actions in order, stopping that host at
+    its first failure. Returns {host: HostResult(value=[results])} for hosts with actions."""
+    per_host: dict[str, list[Action]] = {}
+    for a in actions:
+        per_host.setdefault(a.host, []).append(a)
+
+    def body(t: Transport):
+        return [a.fn(t) for a in per_host[t.name]]
+
+    return run_parallel({h: transports[h] for h in per_host}, body, timeout=timeout)
+
+
+def who() -> str:
+    """``user@machine`` of the operator (for locks and the audit log)."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int = 0o644,
+                 timeout: float | None = 60) -> None:
+    """Write ``data`` to ``path`` on the host atomically: a temp file in the same folder,
+    fsync, chmod, then ``mv -f`` (rename(2)); readers see the old or the new file, never a
+    part. Parent folders are created. RemoteError on failure (the temp file is removed)."""
+    if isinstance(data, str):
+        data = data.encode()
+    d = os.path.dirname(path) or "."
+    cmd = (f"set -e; mkdir -p {q(d)}; t=$(mktemp {q(path)}.tmp.XXXXXX); "
+           f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; chmod {mode:o} \"$t\"; "
+           f"sync \"$t\" 2>/dev/null || true; mv -f \"$t\" {q(path)}; trap - EXIT")
+    t.run(cmd, input=data, timeout=timeout)
+
+
+def append_jsonl(t: Transport, path: str, record: dict, *, timeout: float | None = 30) -> None:
+    """Append one JSON object as one line to ``path`` on the host (O_APPEND; the file is created
+    if missing, never rewritten). Records must not contain secrets."""
+    line = json.dumps(record, sort_keys=False, default=str, separators=(",", ":")) + "\n"
+    d = os.path.dirname(path) or "."
+    t.run(f"mkdir -p {q(d)} && cat >> {q(path)}", input=line.encode(), timeout=timeout)
+
+
+def read_text(t: Transport, path: str, *, default: str | None = None, timeout: float | None = 30) -> str | None:
+    """Contents of ``path`` on the host, or ``default`` when it does not exist (a fact, no change)."""
+    res = t.run(f"if [ -e {q(path)} ]; then cat {q(path)}; else exit 44; fi", timeout=timeout, check=False)
+    if res.code == 44:
+        return default
+    if res.code != 0:
+        raise t.fail(res, f"read {path}")
+    return res.out

@@ -1,0 +1,220 @@
+"""SSH transport on fabric/paramiko: ~/.ssh/config and ssh-agent honoured, jump host, host keys
+verified against known_hosts (unknown refused unless accept-new, changed always refused)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..errors import RemoteError
+from .transport import CmdResult, Transport, q
+
+_KH_LOCK = threading.Lock()
+
+
+def fingerprint(key) -> str:
+    """OpenSSH-style ``SHA256:…`` fingerprint of a paramiko PKey."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The known_hosts host field OpenSSH and paramiko use: ``addr`` or ``[addr]:port``."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _policy(name: str, known_hosts: Path, accept_new: bool):
+    import paramiko
+
+    class Policy(paramiko.MissingHostKeyPolicy):
+        """Unknown key: refuse, or with accept-new append it to known_hosts (OpenSSH accept-new)."""
+
+        def missing_host_key(self, client, hostname, key):
+            if not accept_new:
+                raise RemoteError(
+                    f"{name}: unknown host key {key.get_name()} {fingerprint(key)} for {hostname} "
+                    f"(not in {known_hosts}); verify it and add it, or pass --accept-new-host-keys")
+            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+            with _KH_LOCK:
+                known_hosts.parent.mkdir(parents=True, exist_ok=True)
+                with open(known_hosts, "a") as f:
+                    f.write(line)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return Policy()
+
+
+class SSHTransport(Transport):
+    """One SSH host. The connection opens on first use; commands run over exec channels.
+
+    ``known_hosts`` defaults to ``~/.ssh/known_hosts``. ``jump`` is another SSHTransport (its
+    connection is the ProxyJump hop) or None. ``user``/``port``/``key`` None → ~/.ssh/config,
+    then OpenSSH defaults; keys from ssh-agent are tried too."""
+
+    def __init__(self, name: str, address: str, *, user: str | None = None, port: int | None = None,
+                 key: str | None = None, jump: "SSHTransport | None" = None,
+                 known_hosts: str | None = None, accept_new_host_keys: bool = False,
+                 connect_timeout: float = 10.0):
+        self.name = name
+        self.address = address
+        self.user = user
+        self.port = port
+        self.key = os.path.expanduser(key) if key else None
+        self.jump = jump
+        self.known_hosts = Path(os.path.expanduser(known_hosts or "~/.ssh/known_hosts"))
+        self.accept_new = accept_new_host_keys
+        self.connect_timeout = connect_timeout
+        self._conn = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_host(cls, host, *, accept_new_host_keys=False, connect_timeout=10.0, hosts=None):
+        """From a profile Host; ``ssh.jump`` is a profile host name or ``[user@]addr[:port]``."""
+        jump = None
+        if host.jump:
+            if hosts and host.jump in hosts:
+                jump = cls.from_host(hosts[host.jump], accept_new_host_keys=accept_new_host_keys,
+                                     connect_timeout=connect_timeout, hosts=None)
+            else:
+                spec = host.jump
+                user, _, rest = spec.rpartition("@")
+                addr, _, port = rest.partition(":")
+                jump = cls(f"{host.name}-jump", addr, user=user or host.user, port=int(port) if port else None,
+                           key=host.key, known_hosts=host.known_hosts,
+                           accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout)
+        return cls(host.name, host.address, user=host.user, port=host.port, key=host.key, jump=jump,
+                   known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys,
+                   connect_timeout=connect_timeout)
+
+    # -- connection -------------------------------------------------------------------------
+    def _connection(self):
+        """The fabric Connection, host-key policy installed (not yet opened)."""
+        from fabric import Connection
+        kw = {}
+        if self.key:
+            kw["key_filename"] = [self.key]
+        gw = self.jump._connection() if self.jump else None
+        c = Connection(self.address, user=self.user, port=self.port, connect_kwargs=kw,
+                       gateway=gw, connect_timeout=int(self.connect_timeout))
+        if self.known_hosts.exists():
+            c.client.load_host_keys(str(self.known_hosts))
+        c.client.set_missing_host_key_policy(_policy(self.name, self.known_hosts, self.accept_new))
+        return c
+
+    def open(self):
+        """Connect (idempotent). RemoteError naming the host on any failure."""
+        import paramiko
+        with self._lock:
+            if self._conn is not None and self._conn.is_connected:
+                return self._conn
+            c = self._connection()
+            try:
+                c.open()
+            except RemoteError:
+                raise
+            except paramiko.BadHostKeyException as e:
+                raise RemoteError(
+                    f"{self.name}: host key for {e.hostname} CHANGED (got {fingerprint(e.key)}, "
+                    f"known_hosts {self.known_hosts} has {fingerprint(e.expected_key)}): refusing to "
+                    f"connect; if the change is expected, remove the old entry from known_hosts")
+            except paramiko.AuthenticationException as e:
+                raise RemoteError(f"{self.name}: SSH authentication failed for {c.user}@{self.address}:{c.port}: {e}")
+            except Exception as e:  # socket errors, timeouts, gateway failures
+                raise RemoteError(f"{self.name}: cannot connect to {self.address}:{c.port}: "
+                                  f"{type(e).__name__}: {e}".rstrip(": "))
+            self._conn = c
+            return c
+
+    def close(self):
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except Exception:
+                    pass
+                self._conn = None
+        if self.jump:
+            self.jump.close()
+
+    # -- commands ---------------------------------------------------------------------------
+    def run(self, cmd, *, input=None, timeout=None, check=True):
+        conn = self.open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+        try:
+            chan = conn.client.get_transport().open_session(timeout=self.connect_timeout)
+            chan.settimeout(0.2)
+            chan.exec_command(cmd)
+            if input:
+                chan.settimeout(timeout)
+                chan.sendall(input)
+                chan.settimeout(0.2)
+            chan.shutdown_write()
+            while True:
+                got = False
+                while chan.recv_ready():
+                    out += chan.recv(65536); got = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536); got = True
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not got and chan.eof_received:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    chan.close()
+                    raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
+                if not got:
+                    try:
+                        data = chan.recv(65536)
+                    except TimeoutError:
+                        continue
+                    except Exception as e:
+                        if "timed out" in str(e).lower() or type(e).__name__ == "timeout":
+                            continue
+                        raise
+                    if data:
+                        out += data
+                    elif chan.exit_status_ready():
+                        continue
+                    elif not conn.client.get_transport().is_active():
+                        raise EOFError("connection closed")
+            code = chan.recv_exit_status()
+            chan.close()
+        except RemoteError:
+            raise
+        except Exception as e:
+            self._conn = None
+            raise RemoteError(f"{self.name}: SSH connection lost while running "
+                              f"{cmd.splitlines()[0][:60]!r}: {type(e).__name__}: {e}".rstrip(": "))
+        if code == -1:
+            self._conn = None
+            raise RemoteError(f"{self.name}: SSH connection lost while running {cmd.splitlines()[0][:60]!r}")
+        res = CmdResult(self.name, cmd, code, bytes(out), bytes(err))
+        if check and code != 0:
+            raise self.fail(res, cmd.splitlines()[0][:80])
+        return res
+
+    # -- rsync ------------------------------------------------------------------------------
+    def ssh_argv(self) -> list[str]:
+        """The OpenSSH client command line (for rsync -e) with the same identity, port, jump and
+        strict known_hosts checking (the key was verified/accepted by paramiko already)."""
+        c = self.open()
+        argv = ["ssh", "-p", str(c.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", f"ConnectTimeout={int(self.connect_timeout)}",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+        if self.key:
+            argv += ["-i", self.key]
+        if self.jump:
+            j = " ".join(q(a) for a in self.jump.ssh_argv())
+            argv += ["-o", f"ProxyCommand={j} -W %h:%p {self.jump.login()}"]
+        return argv
+
+    def login(self) -> str:
+        c = self.open()
+        return f"{c.user}@{c.host}" if c.user else c.host
+
+    def rsync_dest(self, path):
+        return ["-e", " ".join(q(a) for a in self.ssh_argv())], f"{self.login()}:{path}"

@@ -1,0 +1,1 @@
+"""Real OpenSSH sshd processes for the remote/deploy tests (see harness.py)."""

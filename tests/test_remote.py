@@ -1,0 +1,241 @@
+"""Remote layer against real OpenSSH sshd processes (tests/sshd/harness.py) and the local machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.errors import RemoteError
+from dsv4ctl.remote import (Action, LocalTransport, append_jsonl, atomic_write, describe_actions,
+                            read_text, run_actions, run_parallel)
+from dsv4ctl.remote.ssh import SSHTransport, fingerprint
+from tests.sshd import harness
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+
+pytestmark = pytest.mark.sshd
+
+
+def ssh_for(c, h, **kw) -> SSHTransport:
+    kw.setdefault("known_hosts", str(c.known_hosts))
+    return SSHTransport(h.name, h.address, user=c.user, port=h.port, key=str(c.user_key), **kw)
+
+
+# -- local transport ---------------------------------------------------------------------------
+
+def test_local_run_input_and_errors(tmp_path):
+    t = LocalTransport("here")
+    assert t.run("echo hi; echo err >&2").out == "hi\n"
+    assert t.run("cat", input=b"abc").stdout == b"abc"
+    r = t.run("exit 7", check=False)
+    assert r.code == 7
+    with pytest.raises(RemoteError, match=r"^here: .*: boom$"):
+        t.run("echo boom >&2; exit 3")
+    with pytest.raises(RemoteError, match="here: timed out after 0.3 s"):
+        t.run("sleep 5", timeout=0.3)
+
+
+def test_atomic_write_and_audit_local(tmp_path):
+    t = LocalTransport("here")
+    p = tmp_path / "sub" / "f.yaml"
+    atomic_write(t, str(p), "a: 1\n", mode=0o600)
+    assert p.read_text() == "a: 1\n"
+    assert oct(p.stat().st_mode & 0o777) == "0o600"
+    ino = p.stat().st_ino
+    atomic_write(t, str(p), b"a: 2\n")
+    assert p.read_text() == "a: 2\n"
+    assert p.stat().st_ino != ino  # replaced by rename, not rewritten in place
+    assert list(p.parent.iterdir()) == [p]  # no temp file left
+    log = tmp_path / "audit.jsonl"
+    append_jsonl(t, str(log), {"who": "x", "what": "deploy", "n": 1})
+    append_jsonl(t, str(log), {"who": "y", "what": "rollback", "n": 2})
+    lines = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert lines == [{"who": "x", "what": "deploy", "n": 1}, {"who": "y", "what": "rollback", "n": 2}]
+    assert read_text(t, str(tmp_path / "missing"), default="D") == "D"
+    assert read_text(t, str(p)) == "a: 2\n"
+
+
+def test_atomic_write_failure_leaves_old_file(tmp_path):
+    t = LocalTransport("here")
+    p = tmp_path / "f"
+    p.write_text("old")
+    os.chmod(tmp_path, 0o500)
+    try:
+        if os.geteuid() == 0:
+            pytest.skip("root ignores directory permissions")
+        with pytest.raises(RemoteError):
+            atomic_write(t, str(p), "new")
+    finally:
+        os.chmod(tmp_path, 0o700)
+    assert p.read_text() == "old"
+
+
+def test_actions_describe_and_run_stop_at_first_failure(tmp_path):
+    ts = {"a": LocalTransport("a"), "b": LocalTransport("b")}
+    fa, fb = tmp_path / "a", tmp_path / "b"
+    acts = [
+        Action("a", f"write {fa}", lambda t: t.run(f"echo 1 > {fa}")),
+        Action("b", "fail", lambda t: t.run("false")),
+        Action("b", f"write {fb}", lambda t: t.run(f"echo 1 > {fb}")),
+        Action("a", "echo", lambda t: t.run("echo ok").out.strip()),
+    ]
+    assert describe_actions(acts) == [f"a: write {fa}", "a: echo", "b: fail", f"b: write {fb}"]
+    res = run_actions(ts, acts)
+    assert res["a"].ok and res["a"].value[1] == "ok" and fa.exists()
+    assert not res["b"].ok and res["b"].error.startswith("b: ") and not fb.exists()
+
+
+# -- SSH transport -----------------------------------------------------------------------------
+
+def test_ssh_parallel_all_hosts(live_cluster):
+    c = live_cluster
+    ts = {h.name: ssh_for(c, h) for h in c.hosts}
+    res = run_parallel(ts, lambda t: t.run("echo $SSH_CONNECTION; cat", input=b"in").out, timeout=30)
+    assert list(res) == ["h0", "h1", "h2", "h3"]
+    for h in c.hosts:
+        r = res[h.name]
+        assert r.ok, r.error
+        conn, data = r.value.split("\n", 1)
+        assert conn.split()[2:] == [h.address, str(h.port)]
+        assert data == "in"
+    r = ts["h1"].run("echo x >&2; exit 5", check=False)
+    assert (r.code, r.err) == (5, "x\n")
+    with pytest.raises(RemoteError, match="^h1: .*: x$"):
+        ts["h1"].run("echo x >&2; exit 5")
+    for t in ts.values():
+        t.close()
+
+
+def test_parallel_per_host_timeout_and_errors(live_cluster):
+    c = live_cluster
+    ts = {h.name: ssh_for(c, h) for h in c.hosts[:3]}
+
+    def body(t):
+        if t.name == "h0":
+            t.run("sleep 20")
+        if t.name == "h1":
+            t.run("echo nope >&2; exit 2")
+        return t.run("hostname").code
+
+    t0 = time.monotonic()
+    res = run_parallel(ts, body, timeout=2)
+    assert time.monotonic() - t0 < 8
+    assert not res["h0"].ok and res["h0"].error == "h0: timed out after 2 s"
+    assert not res["h1"].ok and res["h1"].error.endswith(": nope") and res["h1"].error.startswith("h1: ")
+    assert res["h2"].ok and res["h2"].value == 0
+
+
+def test_unknown_host_key_refused_then_accept_new(live_cluster, tmp_path):
+    c = live_cluster
+    h = c.hosts[1]
+    kh = tmp_path / "kh"
+    with pytest.raises(RemoteError) as e:
+        ssh_for(c, h, known_hosts=str(kh)).run("true")
+    assert "h1: unknown host key ssh-ed25519" in str(e.value)
+    assert "--accept-new-host-keys" in str(e.value)
+    assert not kh.exists()
+    # the fingerprint printed is the real one of the host key
+    fp = subprocess.run(["ssh-keygen", "-lf", str(h.host_key) + ".pub"], capture_output=True, text=True).stdout.split()[1]
+    assert fp in str(e.value)
+    t = ssh_for(c, h, known_hosts=str(kh), accept_new_host_keys=True)
+    assert t.run("echo ok").out == "ok\n"
+    line = kh.read_text().strip()
+    assert line == f"[{h.address}]:{h.port} " + " ".join(h.host_pub.split()[:2])
+    # now known: a plain connection works, and OpenSSH accepts the file paramiko wrote
+    assert ssh_for(c, h, known_hosts=str(kh)).run("echo ok2").out == "ok2\n"
+    p = subprocess.run(["ssh", "-p", str(h.port), "-i", str(c.user_key), "-o", "BatchMode=yes",
+                        "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={kh}",
+                        f"{c.user}@{h.address}", "echo viassh"], capture_output=True, text=True, timeout=20)
+    assert p.stdout == "viassh\n", p.stderr
+
+
+def test_changed_host_key_always_refused(live_cluster, tmp_path):
+    c = live_cluster
+    h = c.hosts[2]
+    other = tmp_path / "other"
+    harness.keygen(other)
+    kh = tmp_path / "kh"
+    kh.write_text(f"[{h.address}]:{h.port} " + " ".join(Path(str(other) + ".pub").read_text().split()[:2]) + "\n")
+    before = kh.read_text()
+    for accept in (False, True):
+        with pytest.raises(RemoteError) as e:
+            ssh_for(c, h, known_hosts=str(kh), accept_new_host_keys=accept).run("true")
+        assert "h2: host key for" in str(e.value) and "CHANGED" in str(e.value)
+    assert kh.read_text() == before
+
+
+def test_jump_host(live_cluster):
+    c = live_cluster
+    j, h = c.hosts[0], c.hosts[3]
+    t = ssh_for(c, h, jump=ssh_for(c, j))
+    out = t.run("echo $SSH_CONNECTION").out.split()
+    assert out[2:] == [h.address, str(h.port)]
+    # rsync goes through the same jump (OpenSSH ProxyCommand with strict host keys)
+    args, dest = t.rsync_dest("/tmp/dsv4ctl-jump-test/")
+    assert "ProxyCommand=" in " ".join(args) and dest.endswith(f"@{h.address}:/tmp/dsv4ctl-jump-test/")
+    t.close()
+    # with the jump host down the target cannot be reached: the path really goes through it
+    j.kill()
+    with pytest.raises(RemoteError, match="^h3: cannot connect"):
+        ssh_for(c, h, jump=ssh_for(c, j), connect_timeout=3).run("true")
+
+
+def test_ssh_config_and_agent(live_cluster, tmp_path, monkeypatch):
+    """~/.ssh/config supplies HostName/Port/User; the key comes from ssh-agent only."""
+    c = live_cluster
+    h = c.hosts[1]
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host gpu-box\n  HostName {h.address}\n  Port {h.port}\n  User {c.user}\n")
+    agent = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True).stdout
+    env = dict(x.split("=", 1) for x in agent.replace(";", "\n").split() if "=" in x)
+    try:
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("SSH_AUTH_SOCK", env["SSH_AUTH_SOCK"])
+        t = SSHTransport("box", "gpu-box", known_hosts=str(c.known_hosts))
+        with pytest.raises(RemoteError, match="authentication failed|cannot connect"):
+            t.run("true")  # no key anywhere yet
+        subprocess.run(["ssh-add", str(c.user_key)], env=dict(os.environ, SSH_AUTH_SOCK=env["SSH_AUTH_SOCK"]),
+                       check=True, capture_output=True)
+        t = SSHTransport("box", "gpu-box", known_hosts=str(c.known_hosts))
+        assert t.run("echo $SSH_CONNECTION").out.split()[2:] == [h.address, str(h.port)]
+        t.close()
+    finally:
+        os.kill(int(env["SSH_AGENT_PID"]), 15)
+
+
+def test_remote_atomic_write_audit_and_rsync(live_cluster, tmp_path):
+    c = live_cluster
+    h = c.hosts[0]
+    t = ssh_for(c, h)
+    target = tmp_path / "remote" / "cfg.yaml"
+    atomic_write(t, str(target), "port: 1\n")
+    assert target.read_text() == "port: 1\n"
+    append_jsonl(t, str(tmp_path / "remote" / "audit.jsonl"), {"what": "x"})
+    assert json.loads((tmp_path / "remote" / "audit.jsonl").read_text()) == {"what": "x"}
+    assert read_text(t, str(target)) == "port: 1\n"
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_text("data")
+    args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
+    subprocess.run(["rsync", "-a", *args, f"{src}/", dest], check=True, capture_output=True, timeout=30)
+    assert (tmp_path / "dst" / "d" / "f").read_text() == "data"
+
+
+def test_connection_lost_is_remote_error(live_cluster):
+    c = live_cluster
+    h = c.hosts[2]
+    t = ssh_for(c, h)
+    assert t.run("true").code == 0
+    import threading
+    threading.Timer(0.5, h.kill).start()
+    with pytest.raises(RemoteError, match="^h2: SSH connection lost"):
+        t.run("sleep 10", timeout=20)
+    with pytest.raises(RemoteError, match="^h2: cannot connect"):
+        ssh_for(c, h, connect_timeout=2).run("true")
