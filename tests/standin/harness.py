@@ -1,0 +1,85 @@
+"""Start the stand-in server as a real process on 127.0.0.1 for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+SERVE_CONFIG = {
+    "model-path": "deepseek-ai/DeepSeek-V4-Flash",
+    "served-model-name": "deepseek-v4-flash",
+    "host": "0.0.0.0",
+    "port": 30000,
+    "tp-size": 4,
+    "reasoning-parser": "deepseek-v4",
+    "tool-call-parser": "deepseekv4",
+    "enable-metrics": True,
+    "enable-cache-report": True,
+}
+"""A minimal SGLang 0.5.23 serve config for DeepSeek-V4 (HiCache off)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, **changes) -> Path:
+    """Write SERVE_CONFIG with ``changes`` (dashed keys given with underscores; None removes)."""
+    cfg = dict(SERVE_CONFIG)
+    for k, v in changes.items():
+        k = k.replace("_", "-")
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def standin(config: Path, *flags: str, port: int | None = None, timeout: float = 20.0) -> Iterator[str]:
+    """Run ``python -m tests.standin.server --config CONFIG --host 127.0.0.1 --port P FLAGS``;
+    yield its base URL once ``/health`` answers 200; terminate it afterwards."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "tests.standin.server", "--config", str(config), "--host", "127.0.0.1",
+           "--port", str(port), *flags]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"stand-in exited {proc.returncode}: {proc.stdout.read()}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("stand-in did not become healthy")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()

@@ -1,0 +1,434 @@
+"""STAND-IN SGLang 0.5.23 / DeepSeek-V4 HTTP server (aiohttp) for tests, benchmarks and launcher
+dry runs. Not SGLang: no model runs; a scripted "model" writes DSML and the 0.5.23 output-parser
+behaviour is mirrored by :mod:`tests.standin.dsml`.
+
+CLI (stable; the release launcher starts it)::
+
+    python -m tests.standin.server --config serve.yaml [--port N] [--host H]
+        [--seed S] [--ttft-ms 20] [--itl-ms 2] [--stuck-rate 0.0] [--corruption-scale 1.0]
+
+The serve config is a real SGLang ``--config`` YAML (dashed keys, read like SGLang: CLI flags win).
+Keys it honours: ``served-model-name``/``model-path``, ``host``, ``port``, ``tool-call-parser``
+(without it DSML is not parsed and lands in ``content``), ``reasoning-parser``,
+``enable-hierarchical-cache`` (alias ``enable-hicache``; the corruption switch),
+``enable-metrics`` (``/metrics`` exists only with it), ``enable-cache-report``
+(``usage.prompt_tokens_details.cached_tokens``), ``stream-interval``, ``disaggregation-mode``
+and the HiCache flags (reported in ``/server_info``). Other keys are reported, not used.
+
+Corruption model (the issue-6 incident): with HiCache on, a turn is corrupted with probability
+:func:`corruption_probability` of the effective in-flight concurrency (the larger of the current
+in-flight count and its peak over the last second, sampled after the TTFT, when the request is in
+the decode batch); 0 with HiCache off. Draws use error diffusion (an accumulator), so the observed
+rate tracks the probability closely and tests are not flaky. ``--stuck-rate`` wedges that fraction
+of requests after the response headers (streaming: after the role chunk), as a decode request
+stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import dsml
+
+VERSION = "0.5.23"
+READY_LINE = "The server is fired up and ready to roll!"   # SGLang's ready log line
+
+DEFAULTS: dict[str, Any] = {
+    "model_path": "deepseek-ai/DeepSeek-V4-Flash", "served_model_name": None, "host": "127.0.0.1",
+    "port": 30000, "tp_size": 1, "dp_size": 1, "page_size": 256, "kv_cache_dtype": "fp8_e4m3",
+    "attention_backend": "dsv4", "max_running_requests": 256, "stream_interval": 1,
+    "tool_call_parser": None, "reasoning_parser": None, "disaggregation_mode": "null",
+    "enable_hierarchical_cache": False, "hicache_ratio": None, "hicache_write_policy": "write_through",
+    "hicache_io_backend": "kernel", "hicache_mem_layout": "page_first", "hicache_storage_backend": None,
+    "enable_metrics": False, "enable_cache_report": False,
+}
+
+
+def corruption_probability(concurrency: float, hicache: bool, scale: float = 1.0) -> float:
+    """P(turn corrupted) at ``concurrency`` in-flight requests (incident shape, issue 6):
+    0 without HiCache or at ≤ 8; linear 0 → 15 % from 8 to 40; 15 % from 40 to 70; linear to
+    18 % at 80; 18 % above. ``scale`` multiplies the result (capped at 1)."""
+    if not hicache or concurrency <= 8:
+        return 0.0
+    if concurrency < 40:
+        p = 0.15 * (concurrency - 8) / 32
+    elif concurrency <= 70:
+        p = 0.15
+    elif concurrency < 80:
+        p = 0.15 + 0.03 * (concurrency - 70) / 10
+    else:
+        p = 0.18
+    return min(1.0, p * scale)
+
+
+class Diffuser:
+    """Error-diffusion Bernoulli draws: ``draw(p)`` is True about a fraction p of the time,
+    deterministically (accumulates p, fires when the sum reaches 1)."""
+
+    def __init__(self, start: float = 0.5):
+        self.acc = start
+
+    def draw(self, p: float) -> bool:
+        if p <= 0:
+            return False
+        self.acc += p
+        if self.acc >= 1.0:
+            self.acc -= 1.0
+            return True
+        return False
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Resolved server args: DEFAULTS < YAML (dashed keys → underscores, aliases resolved)."""
+    from dsv4ctl.serveconfig import read_serve_config
+    raw, _ = read_serve_config(path)
+    args = dict(DEFAULTS)
+    args.update({k.replace("-", "_"): v for k, v in raw.items()})
+    if not args["served_model_name"]:
+        args["served_model_name"] = args["model_path"]
+    return args
+
+
+class StandIn:
+    """State of one stand-in server: in-flight counts, draws, prefix cache, Prometheus registry."""
+
+    def __init__(self, args: dict[str, Any], *, seed: int = 0, ttft_ms: float = 20.0, itl_ms: float = 2.0,
+                 stuck_rate: float = 0.0, corruption_scale: float = 1.0, launch_command: str = ""):
+        self.args = args
+        self.model = str(args["served_model_name"])
+        self.hicache = bool(args["enable_hierarchical_cache"])
+        self.ttft = ttft_ms / 1000
+        self.itl = itl_ms / 1000
+        self.stream_interval = max(1, int(args.get("stream_interval") or 1))
+        self.stuck_rate = stuck_rate
+        self.scale = corruption_scale
+        self.rng = random.Random(seed)
+        self.corrupt = Diffuser()
+        self.stuck = Diffuser()
+        self.inflight = 0
+        self.wedged = 0
+        self._peak = 0
+        self._peak_t = 0.0
+        self.prefix: dict[int, int] = {}
+        self.launch_command = launch_command
+        self.started = time.time()
+        self.wedge_event = asyncio.Event()
+        disable_created_metrics()   # SGLang's /metrics has no *_created series
+        r = self.registry = CollectorRegistry()
+        labels = {"model_name": self.model, "engine_type": "unified" if args["disaggregation_mode"] in (None, "null")
+                  else str(args["disaggregation_mode"]), "tp_rank": "0", "pp_rank": "0"}
+        self.labels = labels
+        names = list(labels)
+        self.m_running = Gauge("sglang:num_running_reqs", "running requests", names, registry=r).labels(**labels)
+        self.m_queue = Gauge("sglang:num_queue_reqs", "queued requests", names, registry=r).labels(**labels)
+        self.m_transfer = Gauge("sglang:num_decode_transfer_queue_reqs", "decode transfer queue", names,
+                                registry=r).labels(**labels)
+        self.m_token_usage = Gauge("sglang:token_usage", "token usage", names, registry=r).labels(**labels)
+        self.m_hit = Gauge("sglang:cache_hit_rate", "cache hit rate", names, registry=r).labels(**labels)
+        self.m_requests = Counter("sglang:num_requests", "requests", names + ["is_streaming"], registry=r)
+        self.m_aborted = Counter("sglang:num_aborted_requests", "aborted", names, registry=r).labels(**labels)
+        self.m_transfer_failed = Counter("sglang:num_transfer_failed_reqs", "transfer failed", names,
+                                         registry=r).labels(**labels)
+        self.m_prompt = Counter("sglang:prompt_tokens", "prompt tokens", names, registry=r).labels(**labels)
+        self.m_gen = Counter("sglang:generation_tokens", "generation tokens", names, registry=r).labels(**labels)
+        self.m_cached = Counter("sglang:cached_tokens", "cached tokens", names + ["cache_source"], registry=r)
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    # --- load accounting -------------------------------------------------------------------
+    def enter(self) -> None:
+        self.inflight += 1
+        now = time.monotonic()
+        if self.inflight >= self._peak or now - self._peak_t > 1.0:
+            self._peak, self._peak_t = self.inflight, now
+        self.m_running.set(self.inflight - self.wedged)
+        self.m_token_usage.set(min(1.0, self.inflight / 256))
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        self.m_running.set(self.inflight - self.wedged)
+        self.m_token_usage.set(min(1.0, self.inflight / 256))
+
+    def effective_concurrency(self) -> int:
+        recent = self._peak if time.monotonic() - self._peak_t <= 1.0 else 0
+        return max(self.inflight, recent)
+
+    # --- prompt accounting (prefix cache) ---------------------------------------------------
+    def prompt_tokens(self, messages: list) -> tuple[int, int]:
+        """(prompt tokens, cached tokens): ~4 characters per token; the cached part is the
+        longest message prefix seen before (a radix cache over whole messages)."""
+        h, total, cached = 0, 0, 0
+        for m in messages:
+            piece = json.dumps(m, sort_keys=True, ensure_ascii=False)
+            total += max(1, len(piece) // 4)
+            h = hash((h, piece))
+            if h in self.prefix:
+                cached = total
+            else:
+                self.prefix[h] = total
+        if len(self.prefix) > 200_000:
+            self.prefix.clear()
+        self._prompt_total += total
+        self._cached_total += cached
+        self.m_prompt.inc(total)
+        self.m_cached.labels(**self.labels, cache_source="device").inc(cached)
+        self.m_hit.set(self._cached_total / self._prompt_total if self._prompt_total else 0)
+        return total, cached
+
+    # --- the model ----------------------------------------------------------------------------
+    def generate(self, body: dict, corrupt: bool) -> tuple[list[dsml.Tok], Optional[str]]:
+        """(tokens, corruption kind or None) for the request's last instruction."""
+        tools = {t.get("function", {}).get("name"): t.get("function", {}).get("parameters")
+                 for t in body.get("tools") or () if isinstance(t, dict)}
+        last = body["messages"][-1]
+        text = last.get("content") if isinstance(last, dict) else ""
+        text = text if isinstance(text, str) else json.dumps(text)
+        m = dsml.CALL_RE.search(text)
+        if m:
+            params = tools.get(m.group(1)) or {}
+            kind = dsml.corruption_kind(self.rng, params, True) if corrupt else None
+            return dsml.call_tokens(m.group(1), params, kind), kind
+        m = dsml.ANSWER_RE.search(text)
+        if m:
+            kind = dsml.corruption_kind(self.rng, None, False) if corrupt else None
+            return dsml.answer_tokens(int(m.group(1)), kind), kind
+        kind = "think_leak" if corrupt else None
+        return dsml.text_tokens("OK." if not corrupt else "OK </think> done."), kind
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"object": "error", "message": message, "type": "BadRequestError",
+                              "param": None, "code": status}, status=status)
+
+
+def _chunk(rid: str, created: int, model: str, delta: dict, finish: Optional[str] = None,
+           usage: Optional[dict] = None) -> bytes:
+    obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                        "matched_stop": None}]}
+    if usage is not None:
+        obj["usage"] = usage
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def make_app(state: StandIn) -> web.Application:
+    """The aiohttp application serving SGLang's endpoints for ``state``."""
+    app = web.Application(client_max_size=64 * 2**20)
+    a = state.args
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": state.model, "object": "model", "created": int(state.started), "owned_by": "sglang",
+            "root": state.model, "max_model_len": 1048576}]})
+
+    async def model_one(request: web.Request) -> web.Response:
+        if request.match_info["mid"] != state.model:
+            return web.json_response({"error": {"message": f"The model '{request.match_info['mid']}' does not exist",
+                                                "type": "NotFoundError", "code": "model_not_found"}}, status=404)
+        return await models(request)
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response({**a, "version": VERSION, "launch_command": state.launch_command,
+                                  "frontend": "standin", "startup_time": state.started,
+                                  "internal_states": [{**{k: a[k] for k in ("tp_size", "dp_size", "page_size")},
+                                                       "disaggregation_mode": a["disaggregation_mode"],
+                                                       "effective_max_running_requests_per_dp": a["max_running_requests"],
+                                                       "last_gen_throughput": 0.0}]})
+
+    async def model_info(request: web.Request) -> web.Response:
+        return web.json_response({"model_path": a["model_path"], "served_model_name": state.model,
+                                  "tool_call_parser": a["tool_call_parser"], "reasoning_parser": a["reasoning_parser"],
+                                  "disaggregation_mode": a["disaggregation_mode"], "is_generation": True,
+                                  "architectures": ["DeepseekV4ForCausalLM"]})
+
+    async def metrics(request: web.Request) -> web.Response:
+        if not a["enable_metrics"]:
+            return web.Response(status=404, text="Not Found")
+        return web.Response(body=generate_latest(state.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def flush_cache(request: web.Request) -> web.Response:
+        if state.inflight:
+            return web.Response(status=400, text="Flush cache failed: requests are running")
+        state.prefix.clear()
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details.")
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return _error(400, "messages: a non-empty list is required")
+        stream = bool(body.get("stream"))
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        created = int(time.time())
+        state.m_requests.labels(**state.labels, is_streaming=str(stream).lower()).inc()
+        state.enter()
+        resp: Optional[web.StreamResponse] = None
+        try:
+            prompt, cached = state.prompt_tokens(body["messages"])
+            if stream:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                await resp.prepare(request)
+                await resp.write(_chunk(rid, created, state.model,
+                                        {"role": "assistant", "content": "", "reasoning_content": None}))
+            if state.stuck.draw(state.stuck_rate):
+                state.wedged += 1
+                state.m_transfer.set(state.wedged)
+                state.m_running.set(state.inflight - state.wedged)
+                try:
+                    await state.wedge_event.wait()      # never set: a receiver stuck in Transferring
+                finally:
+                    state.wedged -= 1
+                    state.m_transfer.set(state.wedged)
+                    state.m_aborted.inc()
+                    state.m_transfer_failed.inc()
+            await asyncio.sleep(state.ttft)
+            corrupt = state.corrupt.draw(corruption_probability(state.effective_concurrency(), state.hicache,
+                                                                 state.scale))
+            tokens, kind = state.generate(body, corrupt)
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 4096
+            finish = "stop"
+            if kind == "truncated" or len(tokens) > max_tokens:
+                tokens, finish = tokens[:max_tokens], "length"
+            tool_choice = body.get("tool_choice", "auto")
+            parse = bool(a["tool_call_parser"]) and bool(body.get("tools")) and tool_choice != "none" and not (
+                (body.get("response_format") or {}).get("type") in ("json_object", "json_schema"))
+            state.m_gen.inc(len(tokens))
+            usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens), "total_tokens": prompt + len(tokens)}
+            if a["enable_cache_report"]:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            if not stream:
+                if tokens:
+                    await asyncio.sleep(state.itl * len(tokens))
+                content, calls = dsml.parse_all(tokens, parse)
+                tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "index": c["index"], "type": "function",
+                               "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+                if tool_calls and finish == "stop":
+                    finish = "tool_calls"
+                return web.json_response({
+                    "id": rid, "object": "chat.completion", "created": created, "model": state.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
+                                                         "reasoning_content": None,
+                                                         "tool_calls": tool_calls or None},
+                                 "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+                    "usage": usage}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+            parser = dsml.DSMLParser(parse)
+            had_calls = False
+            k = state.stream_interval
+            for i in range(0, len(tokens), k):
+                await asyncio.sleep(state.itl * len(tokens[i:i + k]))
+                out = []
+                content = []
+                calls = []
+                for t in tokens[i:i + k]:
+                    d = parser.feed(t)
+                    content.append(d.content)
+                    calls += d.calls
+                text = "".join(content)
+                if text:
+                    out.append(_chunk(rid, created, state.model, {"reasoning_content": None, "content": text}))
+                for idx, name, args in calls:
+                    had_calls = True
+                    tc = {"id": f"call_{uuid.uuid4().hex[:24]}" if name is not None else None, "index": idx,
+                          "type": "function", "function": {"name": name, "arguments": args}}
+                    out.append(_chunk(rid, created, state.model, {"role": None, "content": None,
+                                                                  "reasoning_content": None, "tool_calls": [tc]}))
+                if out:
+                    await resp.write(b"".join(out))
+            tail = parser.flush().content
+            if tail:
+                await resp.write(_chunk(rid, created, state.model, {"reasoning_content": None, "content": tail}))
+            if had_calls and finish == "stop":
+                finish = "tool_calls"
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            await resp.write(_chunk(rid, created, state.model, {"reasoning_content": None}, finish))
+            if include_usage:
+                await resp.write(b"data: " + json.dumps({"id": rid, "object": "chat.completion.chunk",
+                                                         "created": created, "model": state.model,
+                                                         "choices": [], "usage": usage}).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        finally:
+            state.leave()
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{mid}", model_one)
+    app.router.add_get("/server_info", server_info)
+    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/model_info", model_info)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/flush_cache", flush_cache)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Parse the CLI (module docstring), serve until SIGINT/SIGTERM. Exit 2 on a bad config."""
+    ap = argparse.ArgumentParser(prog="python -m tests.standin.server",
+                                 description="STAND-IN SGLang 0.5.23 DeepSeek-V4 server (tests only; no model).")
+    ap.add_argument("--config", required=True, help="SGLang --config serve YAML")
+    ap.add_argument("--host", default=None, help="bind address (default: the config's host, else 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=None, help="port (default: the config's port, else 30000)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the corruption-kind draws")
+    ap.add_argument("--ttft-ms", type=float, default=20.0, help="time to first token (ms)")
+    ap.add_argument("--itl-ms", type=float, default=2.0, help="inter-token latency (ms)")
+    ap.add_argument("--stuck-rate", type=float, default=0.0, help="fraction of requests that wedge forever")
+    ap.add_argument("--corruption-scale", type=float, default=1.0, help="multiplies the corruption curve")
+    ns = ap.parse_args(argv)
+    from dsv4ctl.errors import DsvError
+    try:
+        args = load_config(Path(ns.config))
+    except DsvError as e:
+        print(f"standin: error: {e}", file=sys.stderr)
+        return 2
+    if ns.host:
+        args["host"] = ns.host
+    if ns.port:
+        args["port"] = ns.port
+    launch = " ".join(["python", "-m", "tests.standin.server"] + (argv if argv is not None else sys.argv[1:]))
+
+    async def run() -> None:
+        state = StandIn(args, seed=ns.seed, ttft_ms=ns.ttft_ms, itl_ms=ns.itl_ms, stuck_rate=ns.stuck_rate,
+                        corruption_scale=ns.corruption_scale, launch_command=launch)
+        runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, args["host"], int(args["port"]), backlog=1024)
+        await site.start()
+        print(f"standin: serving {state.model} on http://{args['host']}:{args['port']} "
+              f"(hicache={'on' if state.hicache else 'off'}, tool-call-parser={args['tool_call_parser']})", flush=True)
+        print(READY_LINE, flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sys.exit(main())
