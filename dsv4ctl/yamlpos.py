@@ -69,7 +69,8 @@ def load_yaml(path: Path) -> tuple[Any, Positions]:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read ({e})") from None
-    loader = yaml.SafeLoader(text)
+    # libyaml's loader when built (5-8x faster; same nodes, marks and safe constructors).
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
         node = loader.get_single_node()
         if node is None:

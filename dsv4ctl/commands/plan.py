@@ -66,9 +66,9 @@ def _notes(doc: dict) -> list[tuple[str, str, str]]:
 
 def plan(
     profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (default: the embedded dsv4-flash-8xb200-pd)."),
-    set_: list[str] = typer.Option([], "--set", "-s", metavar="KEY=VALUE",
+    set_: Optional[list[str]] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
                                    help="What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16, SGLANG_DSV4_KV_LAYOUT=v41, available_bytes=...). Repeatable."),
-    group: list[str] = typer.Option([], "--group", "-g", help="Only these server groups. Repeatable."),
+    group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
@@ -80,7 +80,7 @@ def plan(
     from ..resources import resolve_profile
 
     prof = load_profile(resolve_profile(profile))
-    report = build_plan(prof, parse_set(set_), group or None)
+    report = build_plan(prof, parse_set(list(set_ or ())), list(group or ()) or None)
     doc = report.to_dict()
     if as_json:
         print(dump_json(doc))

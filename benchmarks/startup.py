@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Start-up benchmark: wall time of ``dsv4ctl --help`` and ``dsv4ctl plan`` against the
+baseline ``python -c "import typer"``, measured in this one process run, printed as ratios.
+
+Target (issue 2): both ratios <= 2.0. Runs are interleaved (baseline, help, plan, baseline, ...)
+so that load from other processes hits all alike; the ratio uses the medians (the minimum
+ratio is printed too). Every run is a fresh interpreter with stdout to /dev/null.
+
+Conditions are those of an installed dsv4ctl: bytecode caching on (a ``PYTHONDONTWRITEBYTECODE``
+in the environment is dropped; .pyc files go to a throw-away ``PYTHONPYCACHEPREFIX``, so nothing
+is written into the checkout) and the profile-validation cache in a throw-away
+``DSV4CTL_CACHE_DIR``, warmed by the first run like an operator's second ``plan``. The row
+"plan, cold validation cache" gives every run an empty cache (jsonschema imported and run).
+
+    .venv/bin/python benchmarks/startup.py              # 15 runs each
+    .venv/bin/python benchmarks/startup.py -n 30 --check  # exit 1 when a median ratio > 2.0
+    .venv/bin/python benchmarks/startup.py --imports    # + what the plan run imports (-X importtime)
+
+The CLI is run the way a user runs it: the ``dsv4ctl`` console script next to the interpreter
+(``python -m dsv4ctl.cli`` when there is none)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = 2.0
+REPO = Path(__file__).resolve().parent.parent
+# Modules whose cumulative import time --imports reports for the plan run.
+WATCH = ("typer", "rich.console", "rich.table", "yaml", "jsonschema", "pydantic", "typer._adapters",
+         "typer.rich_utils", "dsv4ctl.profile", "dsv4ctl.plan", "dsv4ctl.capacity")
+
+
+def cli_argv(python: str) -> list[str]:
+    """argv prefix that runs dsv4ctl with ``python``: its console script, else ``-m dsv4ctl.cli``."""
+    script = Path(python).parent / "dsv4ctl"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [python, "-m", "dsv4ctl.cli"]
+
+
+COLD = "dsv4ctl plan, cold validation cache"
+
+
+def commands(python: str) -> dict[str, list[str]]:
+    """The measured commands, by label (the first is the baseline)."""
+    cli = cli_argv(python)
+    return {
+        "baseline: python -c 'import typer'": [python, "-c", "import typer"],
+        "dsv4ctl --help": cli + ["--help"],
+        "dsv4ctl plan": cli + ["plan"],
+        COLD: cli + ["plan"],
+    }
+
+
+def run_once(argv: list[str], env: dict) -> float:
+    """Wall seconds of one run; RuntimeError when it exits non-zero (a broken CLI is no benchmark)."""
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.decode()[-500:]}")
+    return dt
+
+
+def measure(python: str, runs: int, tmp: Path) -> dict[str, list[float]]:
+    """Interleaved runs (one warm-up each, not counted): label -> wall seconds per run."""
+    env = dict(os.environ, COLUMNS="120", NO_COLOR="1", PYTHONPYCACHEPREFIX=str(tmp / "pyc"),
+               DSV4CTL_CACHE_DIR=str(tmp / "cache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cmds = commands(python)
+
+    def env_for(label: str, i: int) -> dict:
+        if label != COLD:
+            return env
+        return dict(env, DSV4CTL_CACHE_DIR=str(tmp / f"cold-{i}"))
+
+    for label, argv in cmds.items():
+        run_once(argv, env_for(label, -1))
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for i in range(runs):
+        for label, argv in cmds.items():
+            times[label].append(run_once(argv, env_for(label, i)))
+    return times
+
+
+def import_costs(python: str, tmp: Path) -> list[tuple[str, float]]:
+    """Cumulative import time (ms) of WATCH modules in one cold-cache ``dsv4ctl plan`` run
+    (-X importtime; bytecode already cached by :func:`measure`)."""
+    argv = [python, "-X", "importtime", "-m", "dsv4ctl.cli", "plan"]
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp / "pyc"), DSV4CTL_CACHE_DIR=str(tmp / "cold-x"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    cum: dict[str, float] = {}
+    for line in p.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, c, name = line.split("|")
+        name = name.strip()
+        if name in WATCH and c.strip().isdigit():
+            cum[name] = int(c) / 1000
+    return [(m, cum[m]) for m in WATCH if m in cum]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", "--runs", type=int, default=15, help="measured runs per command (default 15)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the dsv4ctl install")
+    ap.add_argument("--check", action="store_true", help=f"exit 1 when a median ratio exceeds {TARGET}")
+    ap.add_argument("--imports", action="store_true", help="also print import costs of the plan run")
+    a = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="dsv4ctl-startup-") as tmp:
+        return report(a, Path(tmp))
+
+
+def report(a: argparse.Namespace, tmp: Path) -> int:
+    """Measure, print the table and the verdict; the exit code for --check."""
+    times = measure(a.python, a.runs, tmp)
+    labels = list(times)
+    base = labels[0]
+    bmed, bmin = statistics.median(times[base]), min(times[base])
+    print(f"start-up, {a.runs} interleaved runs each ({a.python})")
+    print(f"{'command':40} {'median ms':>10} {'min ms':>8} {'ratio (median)':>15} {'ratio (min)':>12}")
+    worst = 0.0
+    for label in labels:
+        med, mn = statistics.median(times[label]), min(times[label])
+        r, rmin = med / bmed, mn / bmin
+        if label not in (base, COLD):  # the cold row is shown, not judged
+            worst = max(worst, r)
+        print(f"{label:40} {med * 1000:10.1f} {mn * 1000:8.1f} {r:15.2f} {rmin:12.2f}")
+    verdict = "ok" if worst <= TARGET else "MISSED"
+    print(f"target: ratio <= {TARGET}: {verdict} (worst median ratio {worst:.2f})")
+    if a.imports:
+        print("cumulative import ms, one cold-cache `dsv4ctl plan` run (-X importtime; absent = not imported):")
+        for mod, ms in import_costs(a.python, tmp):
+            print(f"  {mod:24} {ms:8.1f}")
+    return 1 if a.check and worst > TARGET else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
