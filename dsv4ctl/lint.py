@@ -1,0 +1,425 @@
+"""Serve-config lint for SGLang 0.5.23 serving DeepSeek-V4: pure rules over parsed inputs.
+
+Every rule has an id, a severity and a source (``RULES``). Generic rules check each key against
+the argument table extracted from the real 0.5.23 parser (:mod:`dsv4ctl.argtable`); DSV4 rules
+encode the ops reference (``sglang-0.5.23-ops.md`` §1.2, §2, §3, §5.1, §8) and the field reports
+(H5). Inputs are plain data built by :mod:`dsv4ctl.configs`; nothing here reads files."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .argtable import ConvertError, Table, convert
+
+GIB = 1024 ** 3
+HICACHE_HOST_RESERVE_GIB = 10.0   # sglang 0.5.23 srt/mem_cache/pool_host/base.py HICACHE_HOST_MEMORY_RESERVE_BYTES
+HICACHE_HOST_FRACTION = 0.8       # default --hicache-host-memory-fraction (srt/arg_groups/fields/memory.py)
+DSV4_HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")   # memory_pool_host.py DeepSeekV4PagedHostPool
+DSV4_KV_DTYPES = ("auto", "fp8_e4m3", "bfloat16", "bf16")
+PAGE_FIRST_DIRECT_LIMIT_GIB = 256.0   # field report H5 (sglang PR #26691 review)
+
+# id: (name, severity, what it checks, source)
+RULES: dict[str, tuple[str, str, str, str]] = {
+    "SGL001": ("unknown-key", "error", "every key is a long option of the 0.5.23 server (dashes, no abbreviation)", "ops §1.2; server_args.py"),
+    "SGL002": ("abbreviated-key", "warning", "a key that only works as an argparse prefix abbreviation", "ops §1.2"),
+    "SGL003": ("unsupported-in-config", "error", "BooleanOptionalAction/deprecated flags are rejected in --config YAML", "ops §1.2; server_args_config_parser.py"),
+    "SGL004": ("invalid-value", "error", "the value passes the argument's type, choices and arity", "server_args.py (argparse)"),
+    "SGL005": ("null-value", "warning", "null becomes the string 'None'; omit the key", "ops §1.2"),
+    "SGL006": ("flag-false", "info", "false on a store_true flag is omitted; it cannot switch a flag off", "ops §1.2"),
+    "SGL007": ("duplicate-argument", "error", "one argument given under two spellings", "ops §1.2 (argparse keeps the last)"),
+    "DSV101": ("hicache-needs-radix", "error", "HiCache needs the radix cache; exclusive with LMCache / the external linker", "ops §2.2; kv_cache_hook.py, hicache_hook.py"),
+    "DSV102": ("hicache-ratio-required", "error", "DSV4 HiCache needs an explicit hicache-ratio (no auto-sizing)", "ops §2.3; hicache_auto_size.py"),
+    "DSV103": ("hicache-size-rejected", "error", "DSV4 HiCache rejects hicache-size > 0", "ops §2.3; hybrid_pool_assembler.py"),
+    "DSV104": ("hicache-layout", "error", "DSV4 host pools accept layer_first, page_first, page_first_direct only", "ops §2.3; memory_pool_host.py"),
+    "DSV105": ("hicache-normalised", "warning", "SGLang rewrites the layout / io backend at start-up", "ops §2.2; hicache_hook.py"),
+    "DSV106": ("hicache-on-decode", "error", "no HiCache on a 0.5.23 DSV4 decode server", "ops §2.4, §8.3"),
+    "DSV107": ("pd-mismatch", "error", "prefill and decode of a PD pair agree on page size, KV dtype, fp4 indexer, KV layout, parsers, allocation policy", "ops §1.3, §3.3"),
+    "DSV108": ("dsv4-parsers", "error", "tool-call-parser deepseekv4 and reasoning-parser deepseek-v4 are set", "ops §5.1, §8.5"),
+    "DSV109": ("hicache-host-ram", "error", "all HiCache host pools of a host fit its RAM after SGLang's 10 GiB reserve", "pool_host/base.py, hybrid_pool_assembler.py"),
+    "DSV110": ("hicache-host-ram-headroom", "warning", "host pools stay within 0.8 of RAM after the reserve (SGLang's own auto-sizing share)", "hicache_auto_size.py"),
+    "DSV111": ("index-k-ungated", "error", "bf16 index-K + HiCache on a tree whose index-K read is not gated on the layer transfer", "deepseek_v4_memory_pool.py (get_index_k_with_scale_buffer)"),
+    "DSV112": ("index-k-gating-unknown", "warning", "bf16 index-K + HiCache and no tree to check the gating on", "profile sglang.tree / --tree"),
+    "DSV113": ("role-mode-mismatch", "error", "disaggregation-mode matches the group's role", "ops §3.1"),
+    "DSV114": ("buffer-only-storage", "error", "buffer_only host memory mode needs a storage backend and is not for decode", "ops §2.2; hicache_hook.py"),
+    "DSV115": ("hicache-host-fraction", "error", "hicache-host-memory-fraction in (0, 1]", "ops §2.2; hicache_hook.py"),
+    "DSV116": ("page-first-direct-large-pool", "warning", "page_first_direct host pools past 256 GiB per rank crash without the alignment fix", "field report H5"),
+    "DSV117": ("dsv4-kv-dtype", "error", "DSV4 accepts kv-cache-dtype fp8_e4m3 or bfloat16 only", "ops §7.1; model_overrides/deepseek_v4.py"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule hit at ``file:line`` (1-based)."""
+
+    rule: str
+    severity: str
+    file: str
+    line: int
+    message: str
+    group: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return RULES[self.rule][0]
+
+    def format(self) -> str:
+        """``file:line: severity RULE name: message``"""
+        return f"{self.file}:{self.line}: {self.severity} {self.rule} {self.name}: {self.message}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["name"] = self.name
+        return d
+
+
+@dataclass
+class ServeConfig:
+    """A parsed serve config: raw YAML ``data`` (as PyYAML/sglang load it) and key → line."""
+
+    path: str
+    data: dict
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def line(self, key: Optional[str]) -> int:
+        return self.lines.get(key, 1) if key is not None else 1
+
+
+@dataclass
+class GroupInput:
+    """One server group. ``rank_device_gib``: per rank, the device KV pool GiB the plan allocates
+    (``allocated_gib`` of :func:`dsv4ctl.plan.build_plan`); None when the plan is unavailable."""
+
+    name: str
+    role: str
+    host: str
+    config: Optional[ServeConfig]
+    env: dict[str, str] = field(default_factory=dict)
+    rank_device_gib: Optional[list[float]] = None
+
+
+@dataclass
+class LintInput:
+    """Everything the rules look at. ``gating`` is a :class:`dsv4ctl.treegate.GatingVerdict` or None
+    when no tree was given; ``index_k_dtype`` comes from the profile (``sglang.index_k_dtype``)."""
+
+    groups: list[GroupInput]
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    host_ram_gib: dict[str, Optional[float]] = field(default_factory=dict)
+    index_k_dtype: str = "fp8"
+    dsv4: bool = True
+    gating: Any = None
+    tree: Optional[str] = None
+    plan_error: Optional[str] = None
+
+
+@dataclass
+class Resolved:
+    """Values of one config after argparse: ``args`` by dest (defaults filled in), ``given`` dest → key."""
+
+    args: dict[str, Any]
+    given: dict[str, str]
+
+
+def _f(rule: str, cfg: ServeConfig, key: Optional[str], msg: str, group: Optional[str] = None,
+       severity: Optional[str] = None) -> Finding:
+    return Finding(rule, severity or RULES[rule][1], cfg.path, cfg.line(key), msg, group)
+
+
+def check_keys(cfg: ServeConfig, table: Table, group: Optional[str] = None) -> tuple[list[Finding], Resolved]:
+    """Generic rules SGL001-SGL007 for one config, and its values resolved as argparse would."""
+    out: list[Finding] = []
+    args = {a.dest: a.default for a in table.args}
+    given: dict[str, str] = {}
+    for raw_key, value in cfg.data.items():
+        key = str(raw_key)
+        arg = table.get(key)
+        if arg is None:
+            pref = table.prefix_matches(key) if "_" not in key else []
+            if len(pref) == 1:
+                arg = table.get(pref[0])
+                out.append(_f("SGL002", cfg, key, f"{key}: only works as an abbreviation of --{pref[0]}; "
+                                                 f"write {pref[0]}", group))
+            else:
+                hint = ""
+                if "_" in key and table.get(key.replace("_", "-")):
+                    hint = f" (SGLang --config keys use dashes: {key.replace('_', '-')})"
+                else:
+                    close = difflib.get_close_matches(key, list(table.by_key), n=1, cutoff=0.75)
+                    if close:
+                        hint = f" (did you mean {close[0]}?)"
+                    elif len(pref) > 1:
+                        hint = f" (ambiguous abbreviation of {', '.join(pref[:4])})"
+                out.append(_f("SGL001", cfg, key, f"{key}: not an SGLang {table.version} server argument{hint}", group))
+                continue
+        if arg.config == "unsupported":
+            out.append(_f("SGL003", cfg, key, f"{key}: SGLang rejects {arg.action} flags in --config "
+                                             f"(pass --{arg.name} / --no-{arg.name} on the command line)"
+                          if arg.action == "BooleanOptionalAction" else
+                          f"{key}: SGLang rejects {arg.action} flags in --config (pass it on the command line)", group))
+            continue
+        if arg.dest in given:
+            out.append(_f("SGL007", cfg, key, f"{key}: {arg.name} already given as {given[arg.dest]}", group))
+            continue
+        if value is None:
+            try:
+                convert(arg, "None")
+                out.append(_f("SGL005", cfg, key, f"{key}: null is passed as the string 'None'; leave the key out", group))
+            except ConvertError as e:
+                out.append(_f("SGL004", cfg, key, f"{key}: null becomes 'None': {e}", group))
+                continue
+        if value is False and arg.config == "store_true":
+            out.append(_f("SGL006", cfg, key, f"{key}: false is omitted (the flag stays at its default "
+                                             f"{arg.default!r}; a true on the command line still wins)", group))
+        try:
+            v = convert(arg, value)
+        except ConvertError as e:
+            out.append(_f("SGL004", cfg, key, f"{key}: {e}", group))
+            continue
+        given[arg.dest] = key
+        if v is not None:
+            args[arg.dest] = v
+    return out, Resolved(args=args, given=given)
+
+
+def _hicache_on(r: Resolved) -> bool:
+    return bool(r.args.get("enable_hierarchical_cache"))
+
+
+def _key(r: Resolved, dest: str, fallback: Optional[str] = None) -> Optional[str]:
+    return r.given.get(dest, r.given.get(fallback) if fallback else None)
+
+
+def normalised_hicache(args: dict) -> tuple[str, str, list[str]]:
+    """(layout, io backend, notes) after SGLang 0.5.23's normalisations, in its order
+    (``hicache_hook.py``: resolve_layout_io_compatibility, resolve_storage_layout_compatibility,
+    resolve_unified_memory_layout_io)."""
+    layout, io = args.get("hicache_mem_layout", "page_first"), args.get("hicache_io_backend", "kernel")
+    notes = []
+    if layout == "page_first_direct" and io == "kernel":
+        io = "direct"
+        notes.append("hicache-io-backend kernel does not support page_first_direct: SGLang switches io to direct")
+    if layout == "page_first" and io == "direct":
+        layout = "page_first_direct"
+        notes.append("hicache-mem-layout page_first with io direct: SGLang switches the layout to page_first_direct")
+    storage = args.get("hicache_storage_backend")
+    if storage in ("mooncake", "npu_memcache") and layout == "layer_first" and not (
+            storage == "mooncake" and (args.get("dcp_size") or 1) > 1):
+        new = {"direct": "page_first_direct", "kernel": "page_first"}.get(io, layout)
+        if new != layout:
+            notes.append(f"storage {storage} does not support layer_first: SGLang switches the layout to {new}")
+            layout = new
+    if args.get("enable_unified_memory") and layout == "page_first_direct":
+        layout, io = "page_first", "kernel"
+        notes.append("enable-unified-memory with page_first_direct: SGLang switches to page_first + kernel io")
+    return layout, io, notes
+
+
+def _mode(g: GroupInput, r: Resolved) -> Optional[str]:
+    m = r.args.get("disaggregation_mode")
+    if m in (None, "null"):
+        return g.role if g.role in ("prefill", "decode") else None
+    return m
+
+
+def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
+    """DSV4 rules of one group (DSV101-DSV106, DSV108, DSV111-DSV117)."""
+    cfg = g.config
+    assert cfg is not None
+    a = r.args
+    out: list[Finding] = []
+    hk = _key(r, "enable_hierarchical_cache")
+    mode = _mode(g, r)
+    file_mode = a.get("disaggregation_mode")
+    if g.role in ("prefill", "decode") and file_mode not in (None, "null") and file_mode != g.role:
+        out.append(_f("DSV113", cfg, _key(r, "disaggregation_mode"),
+                      f"disaggregation-mode {file_mode} but the profile's group {g.name!r} is a {g.role} group", g.name))
+    if g.role in ("prefill", "decode") and file_mode in (None, "null"):
+        out.append(_f("DSV113", cfg, None, f"no disaggregation-mode: the profile's group {g.name!r} is a {g.role} "
+                                           f"group (set disaggregation-mode: {g.role})", g.name))
+    frac = a.get("hicache_host_memory_fraction")
+    if frac is not None and not 0 < frac <= 1:
+        out.append(_f("DSV115", cfg, _key(r, "hicache_host_memory_fraction"),
+                      f"hicache-host-memory-fraction {frac} must be in (0, 1]", g.name))
+    if inp.dsv4:
+        kvd = a.get("kv_cache_dtype", "auto")
+        if kvd not in DSV4_KV_DTYPES:
+            out.append(_f("DSV117", cfg, _key(r, "kv_cache_dtype"),
+                          f"kv-cache-dtype {kvd}: DeepSeek-V4 accepts fp8_e4m3 or bfloat16 (auto = fp8_e4m3)", g.name))
+        for dest, want in (("tool_call_parser", "deepseekv4"), ("reasoning_parser", "deepseek-v4")):
+            have = a.get(dest)
+            name = dest.replace("_", "-")
+            if have is None:
+                out.append(_f("DSV108", cfg, None, f"{name} is not set: clients get raw DSML/think text "
+                                                   f"(set {name}: {want})", g.name))
+            elif have not in (want, "auto"):
+                out.append(_f("DSV108", cfg, _key(r, dest), f"{name} {have}: DeepSeek-V4 needs {want}", g.name))
+    if not _hicache_on(r):
+        return out
+    if a.get("disable_radix_cache"):
+        out.append(_f("DSV101", cfg, _key(r, "disable_radix_cache"),
+                      "enable-hierarchical-cache and disable-radix-cache are mutually exclusive (HiCache needs the radix cache)", g.name))
+    if a.get("enable_lmcache"):
+        out.append(_f("DSV101", cfg, _key(r, "enable_lmcache"), "HiCache and enable-lmcache are mutually exclusive", g.name))
+    if a.get("enable_unified_cache_external_linker"):
+        out.append(_f("DSV101", cfg, _key(r, "enable_unified_cache_external_linker"),
+                      "HiCache and enable-unified-cache-external-linker are mutually exclusive", g.name))
+    if mode == "decode":
+        out.append(_f("DSV106", cfg, hk, f"HiCache on decode group {g.name!r}: not usable for DeepSeek-V4 in "
+                                         f"SGLang 0.5.23 (decode radix cache is off; enable HiCache on prefill only)", g.name))
+    if a.get("hicache_host_memory_mode") == "buffer_only":
+        if a.get("hicache_storage_backend") is None:
+            out.append(_f("DSV114", cfg, _key(r, "hicache_host_memory_mode"),
+                          "hicache-host-memory-mode buffer_only requires hicache-storage-backend", g.name))
+        if mode == "decode":
+            out.append(_f("DSV114", cfg, _key(r, "hicache_host_memory_mode"),
+                          "hicache-host-memory-mode buffer_only is not supported on decode", g.name))
+    if inp.dsv4:
+        if a.get("hicache_ratio") is None:
+            out.append(_f("DSV102", cfg, hk, "DeepSeek-V4 HiCache needs an explicit hicache-ratio "
+                                             "(auto-sizing does not support DeepSeekV4TokenToKVPool)", g.name))
+        if (a.get("hicache_size") or 0) > 0:
+            out.append(_f("DSV103", cfg, _key(r, "hicache_size"),
+                          "DeepSeek V4 HiCache does not support hicache-size; use hicache-ratio", g.name))
+        layout, io, notes = normalised_hicache(a)
+        for n in notes:
+            out.append(_f("DSV105", cfg, _key(r, "hicache_mem_layout", "hicache_io_backend") or hk, n, g.name))
+        if layout not in DSV4_HOST_LAYOUTS:
+            out.append(_f("DSV104", cfg, _key(r, "hicache_mem_layout") or hk,
+                          f"hicache-mem-layout {layout}: DeepSeek-V4 host pools accept {', '.join(DSV4_HOST_LAYOUTS)}", g.name))
+        ratio = a.get("hicache_ratio")
+        if layout == "page_first_direct" and ratio and g.rank_device_gib:
+            worst = max(g.rank_device_gib) * ratio
+            if worst > PAGE_FIRST_DIRECT_LIMIT_GIB:
+                out.append(_f("DSV116", cfg, _key(r, "hicache_mem_layout") or hk,
+                              f"page_first_direct host pool {worst:.1f} GiB per rank > {PAGE_FIRST_DIRECT_LIMIT_GIB:.0f} GiB: "
+                              f"crashes past 256 GiB without the host-registration alignment fix", g.name))
+        if inp.index_k_dtype == "bf16":
+            v = inp.gating
+            if v is None:
+                out.append(_f("DSV112", cfg, hk, "bf16 index-K with HiCache: cannot check that the index-K read waits "
+                                                 "for the HiCache layer transfer (give sglang.tree or --tree)", g.name))
+            elif v.gated is None:
+                out.append(_f("DSV111", cfg, hk, f"bf16 index-K with HiCache on tree {inp.tree}: {v.summary()}", g.name))
+            elif not v.gated:
+                p = v.problems[0]
+                out.append(_f("DSV111", cfg, hk, f"bf16 index-K with HiCache on a tree whose index-K read is not gated "
+                                                 f"on the HiCache layer transfer: {inp.tree}/{p}"
+                                                 f" (turn HiCache off: dsv4ctl hicache off --group {g.name}, "
+                                                 f"or restore wait_layer_transfer)", g.name))
+    return out
+
+
+PD_KEYS = (
+    ("page_size", "page-size"),
+    ("kv_cache_dtype", "kv-cache-dtype"),
+    ("enable_deepseek_v4_fp4_indexer", "enable-deepseek-v4-fp4-indexer"),
+    ("dsv4_attn_backend", "dsv4-attn-backend"),
+    ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_KV_LAYOUT"),
+    ("SGLANG_DSV4_COMPRESSED_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT"),
+    ("tool_call_parser", "tool-call-parser"),
+    ("reasoning_parser", "reasoning-parser"),
+    ("disaggregation_decode_allocation_policy", "disaggregation-decode-allocation-policy"),
+)
+
+
+def pd_value(dest: str, g: GroupInput, r: Resolved) -> Any:
+    """The value a PD handshake compares, with DSV4's resolutions (ops §2.3, §7.1): page 256,
+    kv dtype auto → fp8_e4m3 (bf16 = bfloat16), attention backend auto → flashmla, KV layout
+    env default v4, compressed layout auto, parser auto → the DSV4 parser."""
+    a = r.args
+    if dest.startswith("SGLANG_"):
+        return str(g.env.get(dest, "v4" if dest == "SGLANG_DSV4_KV_LAYOUT" else "auto")).lower()
+    v = a.get(dest)
+    if dest == "page_size":
+        return v if v is not None else 256
+    if dest == "kv_cache_dtype":
+        return {"auto": "fp8_e4m3", "bf16": "bfloat16"}.get(v, v)
+    if dest == "dsv4_attn_backend":
+        return "flashmla" if v in (None, "auto") else v
+    if dest == "tool_call_parser":
+        return "deepseekv4" if v == "auto" else v
+    if dest == "reasoning_parser":
+        return "deepseek-v4" if v == "auto" else v
+    return v
+
+
+def check_pair(p: GroupInput, rp: Resolved, d: GroupInput, rd: Resolved) -> list[Finding]:
+    """DSV107: the settings a PD pair must share (ops §1.3 "Keep P and D identical", §3.3)."""
+    out = []
+    for dest, label in PD_KEYS:
+        pv, dv = pd_value(dest, p, rp), pd_value(dest, d, rd)
+        if pv != dv:
+            where = "profile env" if dest.startswith("SGLANG_") else None
+            msg = (f"{label}: prefill {p.name!r} has {pv!r}, decode {d.name!r} has {dv!r}"
+                   f"{' (' + where + ')' if where else ''}; a PD pair must agree")
+            if rd.given.get(dest):
+                cfg, key = d.config, rd.given[dest]
+            elif rp.given.get(dest):
+                cfg, key = p.config, rp.given[dest]
+            else:
+                cfg, key = d.config, None
+            out.append(_f("DSV107", cfg, key, msg, d.name))
+    return out
+
+
+def check_host_ram(inp: LintInput, resolved: dict[str, Resolved]) -> list[Finding]:
+    """DSV109/DSV110: per host, Σ over HiCache ranks of ratio × the rank's device pool GiB
+    (plan ``allocated_gib``; host pages = device pages × ratio, hybrid_pool_assembler.py
+    ``_deepseek_v4_num_host_pages``) against RAM − 10 GiB (error) and 0.8 × that (warning)."""
+    out = []
+    by_host: dict[str, list[tuple[GroupInput, float]]] = {}
+    for g in inp.groups:
+        r = resolved.get(g.name)
+        if r is None or not _hicache_on(r) or not r.args.get("hicache_ratio") or not g.rank_device_gib:
+            continue
+        by_host.setdefault(g.host, []).append((g, r.args["hicache_ratio"] * sum(g.rank_device_gib)))
+    for host, items in by_host.items():
+        ram = inp.host_ram_gib.get(host)
+        if ram is None:
+            continue
+        total = sum(x for _, x in items)
+        usable = ram - HICACHE_HOST_RESERVE_GIB
+        parts = ", ".join(f"{g.name} {x:.1f}" for g, x in items)
+        g0 = items[0][0]
+        ratio_key = resolved[g0.name].given.get("hicache_ratio")
+        if total > usable:
+            out.append(_f("DSV109", g0.config, ratio_key,
+                          f"host {host}: HiCache host pools {total:.1f} GiB ({parts}) exceed its {ram:g} GiB RAM "
+                          f"minus SGLang's {HICACHE_HOST_RESERVE_GIB:g} GiB reserve ({usable:.1f} GiB)", g0.name))
+        elif total > usable * HICACHE_HOST_FRACTION:
+            out.append(_f("DSV110", g0.config, ratio_key,
+                          f"host {host}: HiCache host pools {total:.1f} GiB ({parts}) leave less than "
+                          f"{1 - HICACHE_HOST_FRACTION:.0%} of {usable:.1f} GiB for the rest of the host", g0.name))
+    return out
+
+
+def lint(inp: LintInput, table: Table) -> list[Finding]:
+    """All findings for the groups of ``inp``, sorted by file and line. Pure."""
+    out: list[Finding] = []
+    resolved: dict[str, Resolved] = {}
+    by_name = {g.name: g for g in inp.groups}
+    for g in inp.groups:
+        if g.config is None:
+            continue
+        f, r = check_keys(g.config, table, g.name)
+        out += f
+        resolved[g.name] = r
+        out += check_group(g, r, inp)
+    for pn, dn in inp.pairs:
+        if pn in resolved and dn in resolved:
+            out += check_pair(by_name[pn], resolved[pn], by_name[dn], resolved[dn])
+    out += check_host_ram(inp, resolved)
+    seen = set()
+    uniq = []
+    for f in out:
+        if f not in seen:
+            seen.add(f)
+            uniq.append(f)
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(uniq, key=lambda f: (f.file, f.line, order[f.severity], f.rule))
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]

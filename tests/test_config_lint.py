@@ -1,0 +1,195 @@
+"""Each lint rule with a failing and a passing serve config (pure rules, real argument table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4ctl.argtable import ConvertError, convert, load_table
+from dsv4ctl.configs import parse_config_text
+from dsv4ctl.lint import RULES, GroupInput, LintInput, lint, normalised_hicache
+from dsv4ctl.treegate import GatingVerdict, Site
+
+T = load_table()
+
+PREFILL = """\
+model-path: deepseek-ai/DeepSeek-V4-Flash   # checkpoint
+tp-size: 4
+disaggregation-mode: prefill
+enable-hierarchical-cache: true
+hicache-ratio: 2.0
+hicache-write-policy: write_through
+hicache-io-backend: kernel
+hicache-mem-layout: page_first
+reasoning-parser: deepseek-v4
+tool-call-parser: deepseekv4
+"""
+DECODE = """\
+model-path: deepseek-ai/DeepSeek-V4-Flash
+tp-size: 4
+disaggregation-mode: decode
+reasoning-parser: deepseek-v4
+tool-call-parser: deepseekv4
+"""
+
+
+def edit(text: str, **kv) -> str:
+    """Replace/append/remove (value None) keys given with underscores for dashes."""
+    lines = text.splitlines()
+    for k, v in kv.items():
+        k = k.replace("_", "-")
+        idx = [i for i, l in enumerate(lines) if l.split(":")[0] == k]
+        new = None if v is None else f"{k}: {v}"
+        if idx:
+            if new is None:
+                del lines[idx[0]]
+            else:
+                lines[idx[0]] = new
+        elif new is not None:
+            lines.append(new)
+    return "\n".join(lines) + "\n"
+
+
+def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=("bf16"), gating=None,
+        env_p=None, env_d=None, raw_prefill=None):
+    pc = parse_config_text(prefill, "prefill.yaml") if raw_prefill is None else raw_prefill
+    groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools)),
+              GroupInput("decode", "decode", "h0", parse_config_text(decode, "decode.yaml"), env=env_d or {},
+                         rank_device_gib=list(pools))]
+    inp = LintInput(groups=groups, pairs=[("prefill", "decode")], host_ram_gib={"h0": ram},
+                    index_k_dtype=dkv, gating=gating, tree="/t" if gating else None)
+    return lint(inp, T)
+
+
+def rules(findings):
+    return {f.rule for f in findings}
+
+
+GATED = GatingVerdict(gated=True, pool_file="p.py")
+
+
+def test_base_pair_is_clean():
+    assert run(gating=GATED) == []
+
+
+# (rule, failing (prefill, decode) edits, passing edits)
+CASES = [
+    ("SGL001", dict(p=dict(model_path=None, **{"tp_size": None}), extra_p="model_path: x\n"), dict()),
+    ("SGL001", dict(extra_p="hicache-ratioo: 2\n"), dict()),
+    ("SGL002", dict(extra_p="watchdog: 900\n"), dict(extra_p="watchdog-timeout: 900\n")),
+    ("SGL003", dict(extra_p="enable-fused-qk-norm-rope: true\n"), dict()),
+    ("SGL003", dict(extra_p="enable-dp-attention: true\n"), dict()),
+    ("SGL004", dict(p=dict(hicache_ratio="two")), dict(p=dict(hicache_ratio=3))),
+    ("SGL004", dict(p=dict(hicache_write_policy="write_sometimes")), dict(p=dict(hicache_write_policy="write_back"))),
+    ("SGL004", dict(p=dict(tp_size="[4, 8]")), dict()),
+    ("SGL004", dict(extra_p="trust-remote-code: yes please\n"), dict(extra_p="trust-remote-code: true\n")),
+    ("SGL004", dict(extra_p="hicache-storage-backend: null\n"), dict()),
+    ("SGL005", dict(extra_p="served-model-name: null\n"), dict(extra_p="served-model-name: v4\n")),
+    ("SGL006", dict(extra_p="trust-remote-code: false\n"), dict(extra_p="trust-remote-code: true\n")),
+    ("SGL007", dict(extra_p="enable-hicache: true\n"), dict()),
+    ("DSV101", dict(extra_p="disable-radix-cache: true\n"), dict(extra_p="disable-radix-cache: false\n")),
+    ("DSV101", dict(extra_p="enable-lmcache: true\n"), dict()),
+    ("DSV102", dict(p=dict(hicache_ratio=None)), dict()),
+    ("DSV103", dict(extra_p="hicache-size: 100\n"), dict(extra_p="hicache-size: 0\n")),
+    ("DSV104", dict(p=dict(hicache_mem_layout="page_head")), dict(p=dict(hicache_mem_layout="layer_first"))),
+    ("DSV104", dict(p=dict(hicache_mem_layout="page_first_kv_split")), dict(p=dict(hicache_mem_layout="page_first_direct", hicache_io_backend="direct"))),
+    ("DSV105", dict(p=dict(hicache_mem_layout="page_first_direct")), dict(p=dict(hicache_mem_layout="page_first_direct", hicache_io_backend="direct"))),
+    ("DSV105", dict(p=dict(hicache_io_backend="direct")), dict()),
+    ("DSV105", dict(p=dict(hicache_mem_layout="layer_first"), extra_p="hicache-storage-backend: mooncake\n"),
+     dict(p=dict(hicache_mem_layout="layer_first"), extra_p="hicache-storage-backend: file\n")),
+    ("DSV106", dict(extra_d="enable-hierarchical-cache: true\nhicache-ratio: 2\n"), dict(extra_d="enable-hierarchical-cache: false\n")),
+    ("DSV107", dict(extra_d="page-size: 64\n"), dict(extra_d="page-size: 256\n")),
+    ("DSV107", dict(extra_p="kv-cache-dtype: bfloat16\n"), dict(extra_p="kv-cache-dtype: fp8_e4m3\n")),
+    ("DSV107", dict(extra_p="enable-deepseek-v4-fp4-indexer: true\n"), dict(extra_p="enable-deepseek-v4-fp4-indexer: true\n", extra_d="enable-deepseek-v4-fp4-indexer: true\n")),
+    ("DSV107", dict(env_p={"SGLANG_DSV4_KV_LAYOUT": "v41"}), dict(env_p={"SGLANG_DSV4_KV_LAYOUT": "v41"}, env_d={"SGLANG_DSV4_KV_LAYOUT": "V41"})),
+    ("DSV107", dict(extra_d="dsv4-attn-backend: flashmla_mega\n"), dict(extra_d="dsv4-attn-backend: flashmla\n")),
+    ("DSV107", dict(d=dict(tool_call_parser="deepseekv41")), dict(d=dict(tool_call_parser="auto"))),
+    ("DSV108", dict(p=dict(tool_call_parser=None)), dict(p=dict(tool_call_parser="auto"), d=dict(tool_call_parser="auto"))),
+    ("DSV108", dict(p=dict(reasoning_parser="deepseek-v41"), d=dict(reasoning_parser="deepseek-v41")), dict()),
+    ("DSV109", dict(ram=900.0), dict(ram=1400.0)),
+    ("DSV110", dict(ram=1000.0), dict(ram=1400.0)),
+    ("DSV111", dict(gating=GatingVerdict(gated=False, pool_file="p.py", problems=[Site("p.py", 7, "no wait")])), dict(gating=GATED)),
+    ("DSV111", dict(gating=GatingVerdict(gated=False, pool_file="p.py", problems=[Site("p.py", 7, "no wait")])), dict(dkv="fp8", gating=GatingVerdict(gated=False, pool_file="p.py", problems=[Site("p.py", 7, "x")]))),
+    ("DSV112", dict(gating=None), dict(gating=None, dkv="fp8")),
+    ("DSV113", dict(p=dict(disaggregation_mode="decode")), dict()),
+    ("DSV113", dict(p=dict(disaggregation_mode=None)), dict()),
+    ("DSV114", dict(extra_p="hicache-host-memory-mode: buffer_only\n"), dict(extra_p="hicache-host-memory-mode: buffer_only\nhicache-storage-backend: file\n")),
+    ("DSV115", dict(extra_p="hicache-host-memory-fraction: 1.5\n"), dict(extra_p="hicache-host-memory-fraction: 1.0\n")),
+    ("DSV116", dict(p=dict(hicache_mem_layout="page_first_direct", hicache_io_backend="direct", hicache_ratio=2.5), ram=4096.0),
+     dict(p=dict(hicache_mem_layout="page_first", hicache_ratio=2.5), ram=4096.0)),
+    ("DSV117", dict(extra_p="kv-cache-dtype: fp8_e5m2\n", extra_d="kv-cache-dtype: fp8_e5m2\n"),
+     dict(extra_p="kv-cache-dtype: bf16\n", extra_d="kv-cache-dtype: bfloat16\n")),
+]
+
+
+def _build(spec):
+    spec = dict(spec)
+    p = edit(PREFILL, **spec.pop("p", {})) + spec.pop("extra_p", "")
+    d = edit(DECODE, **spec.pop("d", {})) + spec.pop("extra_d", "")
+    spec.setdefault("gating", GATED)
+    return run(p, d, **spec)
+
+
+@pytest.mark.parametrize("rule,bad,good", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_rule_fails_and_passes(rule, bad, good):
+    fb = _build(bad)
+    assert rule in rules(fb), [f.format() for f in fb]
+    hit = next(f for f in fb if f.rule == rule)
+    assert hit.severity == RULES[rule][1]
+    assert hit.line >= 1 and hit.file in ("prefill.yaml", "decode.yaml")
+    fg = _build(good)
+    assert rule not in rules(fg), [f.format() for f in fg]
+
+
+def test_every_rule_has_a_failing_case():
+    assert {c[0] for c in CASES} == set(RULES)
+
+
+def test_findings_name_the_line_of_the_key():
+    text = PREFILL + "hicache-size: 64\n"
+    f = next(f for f in run(text, gating=GATED) if f.rule == "DSV103")
+    assert (f.file, f.line) == ("prefill.yaml", 11)
+    assert f.format() == ("prefill.yaml:11: error DSV103 hicache-size-rejected: DeepSeek V4 HiCache does not "
+                          "support hicache-size; use hicache-ratio")
+
+
+def test_underscore_key_hint_and_unknown_suggestion():
+    fs = run(PREFILL + "mem_fraction_static: 0.8\nhicache-ratoi: 2\n", gating=GATED)
+    msgs = [f.message for f in fs if f.rule == "SGL001"]
+    assert "mem_fraction_static: not an SGLang 0.5.23 server argument (SGLang --config keys use dashes: mem-fraction-static)" in msgs
+    assert any("did you mean hicache-ratio?" in m for m in msgs)
+
+
+def test_host_ram_numbers():
+    # 2.0 x 4 ranks x 120 GiB = 960 GiB of host pools; 900 GiB RAM - 10 GiB reserve = 890
+    f = next(f for f in run(ram=900.0, gating=GATED) if f.rule == "DSV109")
+    assert "960.0 GiB" in f.message and "890.0 GiB" in f.message
+    # 1000 - 10 = 990 usable; 0.8 x 990 = 792 < 960 -> headroom warning only
+    assert rules(run(ram=1000.0, gating=GATED)) == {"DSV110"}
+
+
+def test_normalisation_order_matches_hicache_hook():
+    assert normalised_hicache({"hicache_mem_layout": "page_first_direct", "hicache_io_backend": "kernel"})[:2] == ("page_first_direct", "direct")
+    assert normalised_hicache({"hicache_mem_layout": "page_first", "hicache_io_backend": "direct"})[:2] == ("page_first_direct", "direct")
+    assert normalised_hicache({"hicache_mem_layout": "layer_first", "hicache_io_backend": "direct",
+                               "hicache_storage_backend": "mooncake"})[:2] == ("page_first_direct", "direct")
+    assert normalised_hicache({"hicache_mem_layout": "page_first_direct", "hicache_io_backend": "direct",
+                               "enable_unified_memory": True})[:2] == ("page_first", "kernel")
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("tp-size", 4, 4), ("tp-size", "4", 4), ("mem-fraction-static", 0.85, 0.85),
+    ("cuda-graph-bs-decode", [1, 2, 4], [1, 2, 4]), ("enable-hierarchical-cache", True, True),
+    ("enable-hierarchical-cache", False, None), ("hicache-storage-backend-extra-config", {"a": 1}, '{"a": 1}'),
+    ("trust-remote-code", True, True), ("hicache-write-policy", "write_back", "write_back"),
+])
+def test_convert_like_sglang(key, value, expect):
+    assert convert(T.get(key), value) == expect
+
+
+@pytest.mark.parametrize("key,value", [
+    ("tp-size", 4.5), ("tp-size", [4, 8]), ("enable-hierarchical-cache", "yes"), ("hicache-io-backend", "dma"),
+    ("page-size", None), ("cuda-graph-bs-decode", ["x"]),
+])
+def test_convert_rejects_like_sglang(key, value):
+    with pytest.raises(ConvertError):
+        convert(T.get(key), value)
