@@ -1,0 +1,277 @@
+"""Changing a tree: every change is first a list of :class:`Action` (printed by ``--dry-run``),
+then executed. Apply and revert restore the tree exactly when git stops on a conflict."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import DsvError, InputError, VerdictError
+from .diffparse import failing_hunks, parse_files, subject
+from .gitio import Git, last_line
+from .series import Entry, Series, format_entry, parse_series, series_identity
+from .tree import SeriesStatus, TreeState, match_series, patch_ids_of_files, read_tree
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a change. ``kind``: ``skip`` (nothing to do), ``am`` (apply a series patch),
+    ``revert`` (git revert a commit), ``write`` (create a file), ``append`` (add a series line)."""
+
+    kind: str
+    target: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        verb = {"skip": "skip", "am": "git am -3", "revert": "git revert", "write": "write",
+                "append": "append to series"}[self.kind]
+        return f"{verb} {self.target}" + (f"  ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class LoadedSeries:
+    """A series with its directory, patch texts and patch-ids."""
+
+    dir: Path
+    series: Series
+    texts: dict[str, str]
+    ids: dict[str, str]
+
+    @property
+    def identity(self) -> str:
+        return series_identity(self.series, self.ids)
+
+    def path(self, e: Entry) -> Path:
+        return self.dir / e.name
+
+
+def load_series(directory: Path | str) -> LoadedSeries:
+    """Read ``DIR/series`` and its patch files. InputError (exit 2) when the directory, the
+    series file or a listed patch is missing, or a patch has no diff."""
+    d = Path(directory).expanduser()
+    sf = d / "series"
+    if not sf.is_file():
+        raise InputError(f"{d}: no series file (expected {sf})")
+    series = parse_series(sf.read_text(), path=str(sf), dirname=d.resolve().name)
+    texts = {}
+    for e in series.entries:
+        p = d / e.name
+        if not p.is_file():
+            raise InputError(f"{sf}:{e.line}: {e.name}: no such file in {d}")
+        texts[e.name] = p.read_text()
+        if not parse_files(texts[e.name]):
+            raise InputError(f"{sf}:{e.line}: {e.name}: not a git-format patch (no diff)")
+    ids = patch_ids_of_files([d / e.name for e in series.entries])
+    for e in series.entries:
+        if e.name not in ids:
+            raise InputError(f"{sf}:{e.line}: {e.name}: git patch-id found no change in it")
+    return LoadedSeries(dir=d, series=series, texts=texts, ids=ids)
+
+
+def series_status(ls: LoadedSeries, state: TreeState) -> SeriesStatus:
+    """Which patches of ``ls`` the tree has (by patch-id)."""
+    return match_series(ls.ids, [e.name for e in ls.series.entries], state.commits)
+
+
+# -- apply ---------------------------------------------------------------------------------
+
+
+def plan_apply(ls: LoadedSeries, state: TreeState) -> list[Action]:
+    """Actions that bring ``state`` to the whole series applied: ``skip`` for patches already
+    there, ``am`` for the others, in series order. Pure. InputError when the tree is not clean
+    or its version is not the series base."""
+    _require_clean(state, "apply")
+    if state.version and state.version != ls.series.version:
+        raise InputError(f"{state.tree}: tree is SGLang {state.version}, the series is for "
+                         f"{ls.series.base} ({ls.series.path})")
+    st = series_status(ls, state)
+    out = []
+    for e, s in zip(ls.series.entries, st.entries):
+        if s.state == "applied":
+            out.append(Action("skip", e.name, f"already applied as {s.commit[:12]}"))
+        else:
+            out.append(Action("am", e.name, subject(ls.texts[e.name])
+                              + (" (re-apply: was reverted)" if s.state == "reverted" else "")))
+    return out
+
+
+def _require_clean(state: TreeState, what: str) -> None:
+    if state.operation:
+        raise InputError(f"{state.tree}: a git {state.operation} is in progress; finish or abort it before {what}")
+    changed = [ln[3:] for ln in state.dirty if not ln.startswith("??")]
+    if changed:
+        more = f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise InputError(f"{state.tree}: uncommitted changes in {', '.join(changed[:3])}{more}; "
+                         f"commit or stash them before {what}")
+
+
+@dataclass
+class ApplyResult:
+    applied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    head_before: str = ""
+    head_after: str = ""
+
+
+def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Action]) -> ApplyResult:
+    """Run ``git am -3`` with every ``am`` action's patch (one mbox on stdin, one am session).
+
+    On failure the am session is aborted and the tree checked back to ``state.head`` with the
+    same status as before; then VerdictError (exit 1) names the patch, file and hunk. Raises
+    DsvError if the tree could not be restored (never expected; the message says how to)."""
+    todo = [a.target for a in actions if a.kind == "am"]
+    res = ApplyResult(skipped=[a.target for a in actions if a.kind == "skip"], head_before=state.head)
+    if not todo:
+        res.head_after = state.head
+        return res
+    mbox = "".join(ls.texts[n] if ls.texts[n].endswith("\n") else ls.texts[n] + "\n" for n in todo)
+    r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
+    if r.ok:
+        res.applied = todo
+        res.head_after = git.out("rev-parse", "HEAD")
+        return res
+    # Which patch stopped the session, and where.
+    text = r.out + "\n" + r.err
+    m = re.search(r"Patch failed at (\d+)", text)
+    failed = todo[int(m.group(1)) - 1] if m and 0 < int(m.group(1)) <= len(todo) else todo[0]
+    stop_head = git.out("rev-parse", "HEAD")
+    conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
+    _restore(git, state, "am")
+    where = explain_conflict(git, stop_head, ls.texts[failed], conflicted)
+    where = where or last_line(text)
+    raise VerdictError(f"{state.tree}: patch {failed} does not apply: {where}; "
+                       f"tree restored to {state.head[:12]}")
+
+
+def explain_conflict(git: Git, rev: str, patch_text: str, conflicted: list[str]) -> str:
+    """``FILE hunk #N (@@ ... @@)`` for the first hunk of ``patch_text`` that does not fit the file
+    at ``rev``; files missing at ``rev`` are named as such. '' when nothing can be pinned."""
+    files = parse_files(patch_text)
+    order = sorted(files, key=lambda f: (f.path not in conflicted,))
+    for fp in order:
+        if not fp.hunks:
+            continue
+        r = git.run("show", f"{rev}:{fp.old_path}", check=False)
+        if not r.ok:
+            if all(h.old_start == 0 for h in fp.hunks):
+                continue  # a new file
+            return f"{fp.path}: file does not exist in the tree"
+        bad = failing_hunks(r.out, fp)
+        if bad:
+            h = bad[0]
+            return f"{fp.path} hunk #{h.index} {h.header.split(' @@')[0]} @@ (line {h.old_start})"
+    if conflicted:
+        return f"{conflicted[0]}: merge conflict"
+    return ""
+
+
+def _restore(git: Git, state: TreeState, op: str) -> None:
+    """Abort the git ``op`` session and prove the tree is back at ``state`` (HEAD and status)."""
+    git.run(op, "--abort", check=False)
+    head = git.run("rev-parse", "HEAD", check=False).out.strip()
+    if head != state.head:
+        git.run("reset", "--hard", "-q", state.head, check=False)
+    status = git.run("status", "--porcelain=v1", "--untracked-files=normal", check=False).out
+    now = [ln for ln in status.splitlines() if ln.strip()]
+    head = git.run("rev-parse", "HEAD", check=False).out.strip()
+    if head != state.head or now != state.dirty:
+        raise DsvError(f"{state.tree}: git {op} failed and the tree could not be restored to "
+                       f"{state.head[:12]}; run 'git -C {state.tree} {op} --abort'")
+
+
+# -- revert --------------------------------------------------------------------------------
+
+
+def plan_revert(git: Git, state: TreeState, commits: list[str]) -> list[Action]:
+    """One ``revert`` action per commit (newest first as given). InputError for an unknown
+    commit, a commit not in HEAD's history, or a dirty tree."""
+    _require_clean(state, "revert")
+    out = []
+    for c in commits:
+        r = git.run("rev-parse", "--verify", "-q", f"{c}^{{commit}}", check=False)
+        if not r.ok:
+            raise InputError(f"{state.tree}: {c}: no such commit")
+        sha = r.out.strip()
+        if not git.run("merge-base", "--is-ancestor", sha, state.head, check=False).ok:
+            raise InputError(f"{state.tree}: {c} is not in the history of HEAD")
+        if any(x.reverts == sha for x in state.commits):
+            raise InputError(f"{state.tree}: {c} is already reverted")
+        out.append(Action("revert", sha, git.out("log", "-1", "--format=%s", sha)))
+    return out
+
+
+def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[str]:
+    """``git revert --no-edit`` each commit (one sequence). Restores the tree on a conflict and
+    raises VerdictError naming the commit and file. Returns the new commits' shas."""
+    shas = [a.target for a in actions if a.kind == "revert"]
+    if not shas:
+        return []
+    r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
+    if not r.ok:
+        conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
+        current = git.run("rev-parse", "-q", "--verify", "REVERT_HEAD", check=False).out.strip()
+        _restore(git, state, "revert")
+        what = f"in {conflicted[0]}" if conflicted else last_line(r.err or r.out)
+        raise VerdictError(f"{state.tree}: revert of {(current or shas[0])[:12]} conflicts {what}; "
+                           f"tree restored to {state.head[:12]}")
+    return git.out("rev-list", "--reverse", f"{state.head}..HEAD").split()
+
+
+# -- export --------------------------------------------------------------------------------
+
+
+def plan_export(git: Git, rng: str, series_dir: Path, facts: dict[str, str],
+                ls: Optional[LoadedSeries]) -> tuple[list[Action], dict[str, str]]:
+    """Actions turning the commits of ``rng`` (``A..B`` or one commit) into series entries in
+    ``series_dir``: ``write`` a numbered patch file per commit and ``append`` its series line;
+    ``skip`` commits whose patch-id the series already has. Returns the actions and the patch
+    texts to write, keyed by file name."""
+    if ".." not in rng:
+        rng = f"{rng}^!"
+    r = git.run("rev-list", "--reverse", "--no-merges", rng, check=False)
+    if not r.ok:
+        raise InputError(f"{git.where}: bad range {rng!r}: {last_line(r.err)}")
+    shas = r.out.split()
+    if not shas:
+        raise InputError(f"{git.where}: range {rng!r} has no commits")
+    have = set(ls.ids.values()) if ls else set()
+    n = len(ls.series.entries) if ls else 0
+    actions, texts = [], {}
+    for sha in shas:
+        text = git.out("format-patch", "-1", "--stdout", "--no-signature", "--no-stat", sha) + "\n"
+        pid = git.run("patch-id", "--stable", input=text).out.split()
+        subj = subject(text)
+        if pid and pid[0] in have:
+            actions.append(Action("skip", sha[:12], f"{subj}: already in the series"))
+            continue
+        n += 1
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", subj).strip("-")[:52].rstrip("-") or "patch"
+        name = f"{n:04d}-{slug}.patch"
+        texts[name] = text
+        actions.append(Action("write", str(series_dir / name), f"{sha[:12]} {subj}"))
+        actions.append(Action("append", format_entry(name, facts, f"from {sha[:12]}: {subj}")))
+    return actions, texts
+
+
+def execute_export(series_dir: Path, actions: list[Action], texts: dict[str, str],
+                   base: Optional[str]) -> None:
+    """Write the patch files, then the series lines (a new series file starts with a header and
+    ``base`` line). The series file is replaced atomically."""
+    series_dir.mkdir(parents=True, exist_ok=True)
+    for a in actions:
+        if a.kind == "write":
+            p = Path(a.target)
+            tmp = p.with_suffix(".tmp")
+            tmp.write_text(texts[p.name])
+            tmp.replace(p)
+    sf = series_dir / "series"
+    old = sf.read_text() if sf.exists() else (
+        f"# patch series (dsv4ctl patch export)\n" + (f"base {base}\n" if base else ""))
+    if old and not old.endswith("\n"):
+        old += "\n"
+    new = old + "".join(a.target + "\n" for a in actions if a.kind == "append")
+    tmp = sf.with_name(".series.tmp")
+    tmp.write_text(new)
+    tmp.replace(sf)

@@ -1,0 +1,195 @@
+"""Reading an SGLang tree's patch state (never changes the tree).
+
+:func:`read_tree` gathers the facts with git; :func:`match_series` (pure) decides which series
+patches are applied by comparing ``git patch-id --stable`` values, not commit messages — a patch
+re-applied with another subject, author or line offsets is still recognised."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import InputError
+from .gitio import Git, Runner, local_runner
+from .series import Series
+
+_REVERT_RE = re.compile(r"This reverts commit ([0-9a-f]{40})")
+_VERSION_RE = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""")
+VERSION_FILES = ("python/sglang/_version.py", "sglang/_version.py", "python/sglang/version.py",
+                 "sglang/version.py")
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A commit between the base and HEAD: ``sha``, ``subject``, ``patch_id`` (None for merges
+    and empty commits), ``reverts`` (sha named by git revert's "This reverts commit" line)."""
+
+    sha: str
+    subject: str
+    patch_id: Optional[str] = None
+    reverts: Optional[str] = None
+
+
+@dataclass
+class TreeState:
+    """What ``patch status`` reports about a tree."""
+
+    tree: str
+    version: Optional[str]
+    base_ref: str
+    base_commit: str
+    head: str
+    branch: Optional[str]
+    commits: list[Commit]
+    dirty: list[str]                 # porcelain lines: "XY path"
+    operation: Optional[str] = None  # "am" / "rebase" / "merge" / "revert" / "cherry-pick" in progress
+
+    @property
+    def clean(self) -> bool:
+        """No tracked change and no half-done git operation (untracked files are allowed)."""
+        return self.operation is None and not any(not ln.startswith("??") for ln in self.dirty)
+
+
+@dataclass
+class EntryStatus:
+    name: str
+    state: str                       # "applied" | "reverted" | "missing"
+    commit: Optional[str] = None
+    reverted_by: Optional[str] = None
+
+
+@dataclass
+class SeriesStatus:
+    """Series patches by state, plus local commits that are not series patches."""
+
+    entries: list[EntryStatus]
+    extra: list[Commit] = field(default_factory=list)       # local commits outside the series
+    reverts: list[Commit] = field(default_factory=list)     # reverts of commits not in the series
+
+    @property
+    def applied(self) -> list[str]:
+        return [e.name for e in self.entries if e.state == "applied"]
+
+    @property
+    def complete(self) -> bool:
+        return all(e.state == "applied" for e in self.entries)
+
+
+def match_series(series_ids: dict[str, str], order: list[str], commits: list[Commit]) -> SeriesStatus:
+    """Match series patches (``name → patch-id``, in series ``order``) with ``commits`` (oldest
+    first). A patch is *applied* when a commit has its patch-id and no later commit reverts it,
+    *reverted* when that commit was reverted, else *missing*. Pure."""
+    by_pid: dict[str, list[Commit]] = {}
+    for c in commits:
+        if c.patch_id:
+            by_pid.setdefault(c.patch_id, []).append(c)
+    reverted = {c.reverts: c for c in commits if c.reverts}
+    entries, used = [], set()
+    for name in order:
+        pid = series_ids.get(name)
+        cands = by_pid.get(pid, []) if pid else []
+        live = [c for c in cands if c.sha not in reverted]
+        if live:
+            entries.append(EntryStatus(name, "applied", commit=live[-1].sha))
+        elif cands:
+            entries.append(EntryStatus(name, "reverted", commit=cands[-1].sha,
+                                       reverted_by=reverted[cands[-1].sha].sha))
+        else:
+            entries.append(EntryStatus(name, "missing"))
+        used.update(c.sha for c in cands)
+        used.update(reverted[c.sha].sha for c in cands if c.sha in reverted)
+    extra = [c for c in commits if c.sha not in used and not c.reverts]
+    reverts = [c for c in commits if c.sha not in used and c.reverts]
+    return SeriesStatus(entries=entries, extra=extra, reverts=reverts)
+
+
+def patch_ids_of_files(paths: list[Path], runner: Runner = local_runner) -> dict[str, str]:
+    """``git patch-id --stable`` of each patch file, keyed by file name. Files whose diff is empty
+    get no id. Runs git locally (patch files are local even for a remote tree)."""
+    out: dict[str, str] = {}
+    for p in paths:
+        code, stdout, stderr = runner(["git", "patch-id", "--stable"], p.read_bytes())
+        if code != 0:
+            raise InputError(f"{p}: git patch-id failed: {stderr.decode(errors='replace').strip()}")
+        words = stdout.decode().split()
+        if words:
+            out[p.name] = words[0]
+    return out
+
+
+def _detect_operation(git: Git) -> Optional[str]:
+    for ref, name in (("MERGE_HEAD", "merge"), ("REVERT_HEAD", "revert"),
+                      ("CHERRY_PICK_HEAD", "cherry-pick"), ("REBASE_HEAD", "rebase")):
+        if git.run("rev-parse", "-q", "--verify", ref, check=False).ok:
+            return name
+    if git.run("am", "--show-current-patch=raw", check=False).ok:
+        return "am"
+    return None
+
+
+def tree_version(git: Git, rev: str = "HEAD") -> Optional[str]:
+    """The SGLang version of ``rev``: ``__version__`` in ``python/sglang/_version.py`` (a wheel-built
+    tree), else the nearest ``vX.Y.Z`` tag (an upstream checkout). None when neither exists."""
+    for path in VERSION_FILES:
+        r = git.run("show", f"{rev}:{path}", check=False)
+        if r.ok:
+            m = _VERSION_RE.search(r.out)
+            if m:
+                return m.group(1)
+    r = git.run("describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", rev, check=False)
+    if r.ok and r.out.strip():
+        return r.out.strip()[1:]
+    return None
+
+
+def read_tree(git: Git, base: Optional[str] = None) -> TreeState:
+    """Read a tree's state. ``base``: the pristine ref (default ``v<version>``).
+
+    Raises InputError when the path is not a git work tree, has no commit, or the base cannot be
+    found or is not an ancestor of HEAD."""
+    r = git.run("rev-parse", "--is-inside-work-tree", check=False)
+    if not r.ok or r.out.strip() != "true":
+        raise InputError(f"{git.where}: not a git work tree")
+    r = git.run("rev-parse", "--verify", "-q", "HEAD", check=False)
+    if not r.ok:
+        raise InputError(f"{git.where}: the repository has no commit")
+    head = r.out.strip()
+    branch = git.run("symbolic-ref", "-q", "--short", "HEAD", check=False).out.strip() or None
+    version = tree_version(git)
+    base_ref = base or (f"v{version}" if version else None)
+    if base_ref is None:
+        raise InputError(f"{git.where}: cannot tell the SGLang version (no python/sglang/_version.py, "
+                         "no vX.Y.Z tag); pass --base REF")
+    r = git.run("rev-parse", "--verify", "-q", f"{base_ref}^{{commit}}", check=False)
+    if not r.ok:
+        raise InputError(f"{git.where}: base {base_ref!r} not found; pass --base REF (the pristine "
+                         f"SGLang {version or ''} commit or tag)")
+    base_commit = r.out.strip()
+    if not git.run("merge-base", "--is-ancestor", base_commit, head, check=False).ok:
+        raise InputError(f"{git.where}: base {base_ref} is not an ancestor of HEAD")
+    log = git.out("log", "--reverse", "--format=%H%x1f%P%x1f%s%x1f%b%x1e", f"{base_commit}..{head}")
+    raw = []
+    for rec in log.split("\x1e"):
+        rec = rec.strip("\n")
+        if not rec:
+            continue
+        sha, parents, subj, body = (rec.split("\x1f") + ["", "", ""])[:4]
+        m = _REVERT_RE.search(body)
+        raw.append((sha, len(parents.split()) > 1, subj, m.group(1) if m else None))
+    pids: dict[str, str] = {}
+    if raw:
+        diff = git.run("log", "--reverse", "-p", "--no-merges", "--no-color", "--no-ext-diff",
+                       "--format=commit %H", f"{base_commit}..{head}").out
+        for line in git.run("patch-id", "--stable", input=diff).out.splitlines():
+            words = line.split()
+            if len(words) == 2:
+                pids[words[1]] = words[0]
+    commits = [Commit(sha=s, subject=subj, patch_id=None if merge else pids.get(s), reverts=rv)
+               for s, merge, subj, rv in raw]
+    status = git.run("status", "--porcelain=v1", "--untracked-files=normal").out
+    dirty = [ln for ln in status.splitlines() if ln.strip()]
+    return TreeState(tree=git.where, version=version, base_ref=base_ref, base_commit=base_commit,
+                     head=head, branch=branch, commits=commits, dirty=dirty,
+                     operation=_detect_operation(git))
