@@ -71,6 +71,7 @@ def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
         out = conf.calculate_pool_sizes(available_bytes, page_size)
         out.max_running_requests = min(max(1, max_running_requests), out.full_max_total_num_tokens // 2)
         out = pc.DSV4PoolConfigurator(kvc).finalize_with_max_running_requests(out)
+    log.removeHandler(cap)
     return dict(sglang_file=sglang.__file__,
                 bytes_per_full_token=conf.bytes_per_full_token,
                 indexer_bytes_per_token=conf.indexer_bytes_per_token,
