@@ -12,6 +12,8 @@ command -v ssh >/dev/null 2>&1 || need+=(openssh-client)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v git >/dev/null 2>&1 || need+=(git)
+command -v zsh >/dev/null 2>&1 || need+=(zsh)     # completion syntax/behaviour tests (~8 s apt)
+command -v fish >/dev/null 2>&1 || need+=(fish)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
