@@ -177,6 +177,7 @@ class StreamAssembler:
         self.response_id: Optional[str] = None
         self.usage: Optional[dict] = None
         self.chunks = 0
+        self.pieces = 0          # deltas that carried content, reasoning or a tool-call piece
 
     def feed_payload(self, payload: str) -> None:
         """One SSE ``data`` payload (a JSON chunk or ``[DONE]``). ProtocolError if malformed."""
@@ -206,6 +207,8 @@ class StreamAssembler:
             if ch.get("index", 0) != 0:
                 continue
             delta = ch.get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+                self.pieces += 1
             if delta.get("content"):
                 self._content.append(delta["content"])
             if delta.get("reasoning_content"):

@@ -1,0 +1,212 @@
+"""Async load driver for ``dsv4ctl check load`` (aiohttp; imported only by the command).
+
+One asyncio task per concurrent session; each sends its turns back to back (no think time), reads
+the answer (SSE or JSON), classifies it with :mod:`.classify` and hands a per-turn record to a
+callback. "No progress within the stall timeout" is aiohttp's ``sock_read`` timeout: no byte of
+the response (headers or body) for ``stall_timeout`` seconds → the turn is ``stuck``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import aiohttp
+
+from . import classify as C
+from .workload import TOOLS, Session, body_bytes
+
+JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+
+
+class ConnectError(Exception):
+    """The target cannot be reached at all (connection refused, DNS, TLS)."""
+
+
+@dataclass
+class LevelRun:
+    """Records and timing of one concurrency level against one URL."""
+
+    url: str
+    concurrency: int
+    target: int
+    records: list[dict] = field(default_factory=list)
+    itl_gaps: list[float] = field(default_factory=list)
+    started: float = 0.0
+    duration_s: float = 0.0
+    metrics_before: Optional[dict] = None
+    metrics_after: Optional[dict] = None
+
+
+def make_client(concurrency: int, stall_timeout: float) -> aiohttp.ClientSession:
+    """A client session sized for ``concurrency`` keep-alive connections; ``stall_timeout`` is the
+    per-read timeout (seconds)."""
+    conn = aiohttp.TCPConnector(limit=max(concurrency, 1) + 8, limit_per_host=0, ttl_dns_cache=300)
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(
+        total=None, sock_connect=min(10.0, stall_timeout), sock_read=stall_timeout))
+
+
+async def fetch_json(http: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> tuple[int, Any]:
+    """GET ``url``: (status, parsed JSON or text). Raises ConnectError when unreachable."""
+    try:
+        async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            text = await r.text()
+            try:
+                return r.status, json.loads(text)
+            except ValueError:
+                return r.status, text
+    except aiohttp.ClientConnectorError as e:
+        raise ConnectError(f"cannot connect to {url}: {e.os_error.strerror or e.os_error}") from e
+    except (aiohttp.ClientOSError, aiohttp.InvalidURL) as e:
+        raise ConnectError(f"cannot connect to {url}: {e}") from e
+    except asyncio.TimeoutError as e:
+        raise ConnectError(f"no answer from {url} within {timeout:g} s") from e
+
+
+async def discover_model(http: aiohttp.ClientSession, base: str) -> str:
+    """The first model id of ``GET base/v1/models``. ConnectError if unreachable or not a model list."""
+    status, doc = await fetch_json(http, base + "/v1/models")
+    try:
+        if status != 200:
+            raise KeyError
+        return str(doc["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        raise ConnectError(f"{base}/v1/models: HTTP {status}, no model listed") from None
+
+
+async def scrape_metrics(http: aiohttp.ClientSession, base: str) -> Optional[dict[str, float]]:
+    """``GET base/metrics`` summed per sample name over labels (the ``cached_tokens_total``
+    ``cache_source="total"`` sample is left out of the sum). None if not served (no
+    ``--enable-metrics``) or unreachable."""
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        async with http.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                return None
+            text = await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+    out: dict[str, float] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.labels.get("cache_source") == "total":
+                    continue
+                out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    except ValueError:
+        return None
+    return out
+
+
+async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bool) -> tuple[C.TurnResult, dict]:
+    """Send one turn; return what arrived and timings {ttft_s, e2e_s, gaps, chunks}.
+
+    Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult."""
+    t0 = time.perf_counter()
+    timing: dict[str, Any] = {"ttft_s": None, "e2e_s": None, "gaps": [], "chunks": 0}
+    try:
+        async with http.post(url, data=body_bytes(body), headers=JSON_HEADERS) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200]
+                timing["e2e_s"] = time.perf_counter() - t0
+                return C.TurnResult(http_status=resp.status, error=f"HTTP {resp.status}: {text.strip()}"), timing
+            if not stream:
+                raw = await resp.read()
+                timing["e2e_s"] = time.perf_counter() - t0     # no first token to time without SSE
+                try:
+                    return C.parse_completion(json.loads(raw)), timing
+                except ValueError as e:     # ProtocolError is a ValueError, as is a JSON error
+                    return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
+            dec, asm = C.SSEDecoder(), C.StreamAssembler()
+            last = None
+            seen = 0
+            try:
+                async for data in resp.content.iter_any():
+                    for p in dec.feed(data):
+                        asm.feed_payload(p)
+                    if asm.pieces > seen:
+                        now = time.perf_counter()
+                        if timing["ttft_s"] is None:
+                            timing["ttft_s"] = now - t0
+                        elif last is not None:
+                            timing["gaps"].append(now - last)
+                        last = now
+                        seen = asm.pieces
+                for p in dec.close():
+                    asm.feed_payload(p)
+                timing["chunks"] = asm.chunks
+                timing["e2e_s"] = time.perf_counter() - t0
+                return asm.result(), timing
+            except (C.ProtocolError, UnicodeDecodeError) as e:
+                timing["e2e_s"] = time.perf_counter() - t0
+                return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
+    except asyncio.TimeoutError:
+        timing["e2e_s"] = time.perf_counter() - t0
+        return C.TurnResult(http_status=None, stalled=True,
+                            error=f"no progress for {http.timeout.sock_read:g} s"), timing
+    except aiohttp.ClientError as e:
+        timing["e2e_s"] = time.perf_counter() - t0
+        return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
+
+
+async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurrency: int, turns: int,
+                    target: int, stream: str = "mixed", answer_words: int = 150,
+                    on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
+                    label: str = "") -> LevelRun:
+    """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
+    turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
+    ``records`` are the per-turn records (schema in docs/check.md). Request ids are
+    ``dsv4ctl-<run_id><label>-c<concurrency>-s<session>-t<turn>-<n>`` (sent as SGLang's ``rid``)."""
+    endpoint = url.rstrip("/") + "/v1/chat/completions"
+    specs = C.tool_specs(TOOLS)
+    level = LevelRun(url=url, concurrency=concurrency, target=target)
+    run_id = run_id or uuid.uuid4().hex[:8]
+    issued = 0
+    next_sid = concurrency
+
+    async def worker(w: int) -> None:
+        nonlocal issued, next_sid
+        sid = w
+        while issued < target:
+            s = Session(sid=sid, turns=turns, answer_words=answer_words,
+                        stream=stream == "on" or (stream == "mixed" and sid % 2 == 0))
+            while not s.done and issued < target:
+                issued += 1
+                spec = s.spec()
+                rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"
+                t_start = time.time()
+                result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream)
+                v = C.classify(result, requires_tool=spec.requires_tool, tools=specs)
+                rec = {
+                    "run": run_id, "url": url, "concurrency": concurrency, "session": sid, "turn": spec.index,
+                    "rid": rid, "response_id": result.response_id, "stream": s.stream,
+                    "requires_tool": spec.requires_tool, "tool": spec.tool, "class": v.cls,
+                    "flags": list(v.flags), "reason": v.reason, "http_status": result.http_status,
+                    "finish_reason": result.finish_reason,
+                    "tool_calls": [{"name": c.name, "arguments": c.arguments[:300]} for c in result.tool_calls],
+                    "t_start": round(t_start, 6),
+                    "ttft_s": None if timing["ttft_s"] is None else round(timing["ttft_s"], 6),
+                    "e2e_s": None if timing["e2e_s"] is None else round(timing["e2e_s"], 6),
+                    "chunks": timing["chunks"],
+                    "completion_tokens": (result.usage or {}).get("completion_tokens"),
+                    "cached_tokens": ((result.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
+                }
+                if not v.ok and result.content:
+                    rec["content_excerpt"] = result.content[:300]
+                level.records.append(rec)
+                level.itl_gaps.extend(timing["gaps"])
+                if on_record:
+                    on_record(rec)
+                s.advance(result, v.ok)
+            sid = next_sid
+            next_sid += 1
+
+    level.started = time.time()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    level.duration_s = time.perf_counter() - t0
+    return level

@@ -1,0 +1,281 @@
+"""``dsv4ctl check smoke`` and ``dsv4ctl check load``: thin CLI over :mod:`dsv4ctl.check`.
+
+Exit codes (issue 6): 0 pass, 1 a check or the corruption gate failed, 2 usage or connection error.
+aiohttp, rich and jsonschema are imported inside the commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Tuple
+
+import typer
+
+from ..errors import EXIT_USAGE, DsvError, InputError, VerdictError
+from ..render import console, dump_json, markdown_table, rich_table
+
+check_app = typer.Typer(help="Tool-call correctness checks: smoke (endpoints) and load (corruption gate).",
+                        no_args_is_help=True)
+
+
+def _profile_targets(profile: str):
+    from ..check.targets import from_profile
+    from ..profile import load_profile
+    from ..resources import resolve_profile
+    prof = load_profile(resolve_profile(profile))
+    return prof, from_profile(prof)
+
+
+def _parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)") from None
+    if not levels or any(x < 1 for x in levels):
+        raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)")
+    return levels
+
+
+def _connect_error(e: Exception) -> DsvError:
+    return DsvError(str(e), exit_code=EXIT_USAGE)
+
+
+@check_app.command("smoke")
+def smoke(
+    url: Optional[str] = typer.Argument(None, help="Server or router URL (http://host:port)."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile: workers from its server groups, entry = its router."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds without progress before a probe fails."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
+) -> None:
+    """/health on every worker, /v1/models, /server_info (version, parsers, disaggregation, HiCache as
+    running), one chat and one tool-call completion (JSON and SSE) through the entry URL.
+
+    Exit 0 all pass, 1 a check failed, 2 usage error or the entry URL unreachable."""
+    import asyncio
+
+    from ..check.smoke import Worker, run_smoke
+    from ..check.targets import normalize_url
+
+    if (url is None) == (profile is None):
+        raise InputError("check smoke: give a URL or --profile (not both)")
+    if profile:
+        _, t = _profile_targets(profile)
+        entry, workers = t.entry, t.workers
+    else:
+        entry = normalize_url(url)
+        workers = [Worker(name=entry, url=entry)]
+    lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout))
+    doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
+           "checks": lines}
+    headers = ["check", "target", "status", "reason"]
+    rows = [[x["check"], x["target"], x["status"], x["reason"]] for x in lines]
+    if as_json:
+        print(dump_json(doc))
+    elif markdown:
+        print(f"## dsv4ctl check smoke: {entry}\n")
+        print(markdown_table(headers, rows))
+    else:
+        con = console()
+        t = rich_table(f"dsv4ctl check smoke: {entry}", headers, [])
+        for r in rows:
+            style = {"pass": "green", "fail": "bold red", "skip": "yellow"}[r[2]]
+            t.add_row(r[0], r[1], f"[{style}]{r[2]}[/]", r[3])
+        con.print(t)
+    if not reachable:
+        raise DsvError(f"check smoke: {entry} unreachable", exit_code=EXIT_USAGE)
+    if not doc["pass"]:
+        failed = [f"{x['check']} {x['target']}: {x['reason']}" for x in lines if x["status"] == "fail"]
+        raise VerdictError(f"check smoke: {len(failed)} check(s) failed: {failed[0]}")
+
+
+@check_app.command("load")
+def load(
+    url: Optional[str] = typer.Argument(None, help="Server or router URL (http://host:port)."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile: traffic to its router; /metrics from its servers; defaults from its check: section."),
+    compare: Optional[Tuple[str, str]] = typer.Option(None, "--compare", metavar="URL_A URL_B",
+                                                      help="Run the same load against two URLs (e.g. HiCache on vs off) and test the difference."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Concurrent sessions, or a sweep 1,20,40,60,80 (default 64)."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="Turns per session (default 8; the last is a long answer)."),
+    min_requests: Optional[int] = typer.Option(None, "--min-requests", help="Turns per level at least (default: enough for 0 failures to pass the gate, 381 at 1 %)."),
+    stream: str = typer.Option("mixed", "--stream", help="on | off | mixed (even sessions stream)."),
+    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="Seconds without a byte before a turn is stuck (default 60)."),
+    max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (default 0.01)."),
+    records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
+    metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
+    answer_words: int = typer.Option(150, "--answer-words", help="Length of the final long answer turn (words)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.load/1 JSON document."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
+) -> None:
+    """N concurrent multi-turn agent sessions with tools; every turn classified; corruption rate per
+    class and level with a 95 % Wilson interval; gate on its upper bound.
+
+    Exit 0 gate passed, 1 gate failed, 2 usage or connection error."""
+    import asyncio
+
+    from ..check import report as R
+    from ..check.targets import normalize_url
+
+    sources = sum(x is not None for x in (url, profile, compare))
+    if sources != 1:
+        raise InputError("check load: give exactly one of URL, --profile, --compare URL_A URL_B")
+    defaults: dict = {}
+    metric_urls: Optional[list[str]] = None
+    if profile:
+        prof, t = _profile_targets(profile)
+        defaults = prof.check
+        urls = [t.entry]
+        metric_urls = [w.url for w in t.workers]
+    elif compare:
+        urls = [normalize_url(compare[0]), normalize_url(compare[1])]
+        if urls[0] == urls[1]:
+            raise InputError("--compare needs two different URLs")
+    else:
+        urls = [normalize_url(url)]
+    conc = defaults.get("concurrency", 64)
+    levels = _parse_levels(concurrency if concurrency is not None else
+                           (",".join(map(str, conc)) if isinstance(conc, list) else str(conc)))
+    turns = turns if turns is not None else int(defaults.get("turns", 8))
+    max_c = max_corruption if max_corruption is not None else float(defaults.get("max_corruption", 0.01))
+    stall = stall_timeout if stall_timeout is not None else float(defaults.get("stall_timeout_s", 60.0))
+    if turns < 1:
+        raise InputError("--turns must be >= 1")
+    if not 0 <= max_c < 1:
+        raise InputError("--max-corruption must be in [0, 1)")
+    if stall <= 0:
+        raise InputError("--stall-timeout must be > 0")
+    if stream not in ("on", "off", "mixed"):
+        raise InputError(f"--stream {stream!r}: expected on, off or mixed")
+    if answer_words < 1:
+        raise InputError("--answer-words must be >= 1")
+    if min_requests is None:
+        min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
+    elif min_requests < 0:
+        raise InputError("--min-requests must be >= 0")
+    rec_file = None
+    if records is not None:
+        try:
+            rec_file = open(records, "w", encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"--records {records}: {e.strerror}") from None
+    settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
+                "stall_timeout_s": stall, "answer_words": answer_words, "records": str(records) if records else None}
+    try:
+        doc = asyncio.run(_run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
+                                    metrics, metric_urls, rec_file, progress, settings))
+    finally:
+        if rec_file:
+            rec_file.close()
+    _print_load(doc, as_json, markdown)
+    if not doc["pass"]:
+        bad = [lv for lv in doc["levels"] if not lv["pass"]][0]
+        raise VerdictError(
+            f"check load: gate failed at {bad['url']} c={bad['concurrency']}: corruption {R.fmt_pct(bad['rate'])} "
+            f"(95 % Wilson upper bound {R.fmt_pct(bad['wilson95'][1])} > {R.fmt_pct(max_c)}, {bad['corrupted']}/{bad['turns']})")
+
+
+async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model, metrics,
+                    metric_urls, rec_file, progress, settings) -> dict:
+    import json
+    import uuid
+
+    from ..check import driver as D
+    from ..check import report as R
+
+    run_id = uuid.uuid4().hex[:8]
+    targets = {c: max(c * turns, min_requests) for c in levels}
+    bad = 0
+
+    def on_record(rec: dict) -> None:
+        nonlocal bad
+        if rec["class"] != "ok":
+            bad += 1
+        if rec_file:
+            rec_file.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        if prog is not None:
+            prog.update(task, advance=1, bad=bad)
+
+    summaries: list[dict] = []
+    comparisons: list[dict] = []
+    prog = task = None
+    try:
+        async with D.make_client(max(levels), stall) as http:
+            models = {}
+            for u in urls:
+                try:
+                    models[u] = model or await D.discover_model(http, u)
+                except D.ConnectError as e:
+                    raise _connect_error(e) from None
+            if progress:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+                prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("corrupted {task.fields[bad]}"), TimeElapsedColumn(),
+                                console=console(stderr=True), transient=False)
+                task = prog.add_task("check load", total=sum(targets.values()) * len(urls), bad=0)
+                prog.start()
+            for c in levels:
+                pair = []
+                for i, u in enumerate(urls):
+                    scrape = metric_urls if metric_urls is not None else [u]
+                    before = await _scrape(http, scrape) if metrics else None
+                    if prog is not None:
+                        prog.update(task, description=f"{u} c={c}")
+                    lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
+                                           on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "")
+                    after = await _scrape(http, scrape) if metrics else None
+                    s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
+                                          itl_gaps=lv.itl_gaps, max_corruption=max_c,
+                                          metrics=R.metrics_delta(before, after))
+                    summaries.append(s)
+                    pair.append(s)
+                if len(pair) == 2:
+                    comparisons.append(R.compare_levels(pair[0], pair[1]))
+    finally:
+        if prog is not None:
+            prog.stop()
+    settings = dict(settings, run_id=run_id, models=models)
+    return R.build_doc(summaries, max_corruption=max_c, settings=settings, comparisons=comparisons)
+
+
+async def _scrape(http, urls: list[str]):
+    from ..check.driver import scrape_metrics
+    total: dict = {}
+    for u in urls:
+        m = await scrape_metrics(http, u)
+        if m is None:
+            return None
+        for k, v in m.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
+    from ..check import report as R
+    if as_json:
+        print(dump_json(doc))
+        return
+    tables = [("corruption per level", R.level_rows(doc)), ("classes", R.class_rows(doc))]
+    if doc["comparisons"]:
+        tables.append(("A/B comparison (A = first URL)", R.compare_rows(doc)))
+    tables.append(("/metrics over each level", R.metric_rows(doc)))
+    verdict = (f"gate (95 % Wilson upper bound <= {R.fmt_pct(doc['max_corruption'])}): "
+               + ("pass" if doc["pass"] else "FAIL"))
+    if markdown:
+        print(f"## dsv4ctl check load (run {doc['settings']['run_id']})\n")
+        for title, (h, rows) in tables:
+            if rows:
+                print(f"### {title}\n\n{markdown_table(h, rows)}\n")
+        print(f"**{verdict}**")
+        return
+    con = console()
+    for title, (h, rows) in tables:
+        if rows:
+            con.print(rich_table(f"dsv4ctl check load: {title}", h, rows))
+    con.print(f"[{'green' if doc['pass'] else 'bold red'}]{verdict}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``check`` group (smoke, load) to the root app."""
+    app.add_typer(check_app, name="check")
