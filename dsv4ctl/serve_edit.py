@@ -1,0 +1,272 @@
+"""Round-trip editing of SGLang ``--config`` serve configs: only the edited lines change.
+
+A serve config is a flat YAML mapping of dashed server-argument keys (ops reference §1.2).
+ruamel.yaml composes the document and gives every key and value its exact start/end position;
+an edit rewrites only the lines of the keys it sets, removes or adds, and every other byte of
+the file (comments, blank lines, key order, quoting, ``---``, CRLF line ends) is kept as it was.
+New values are rendered by ruamel.yaml's emitter (quoting, floats, flow lists). A full ruamel
+``dump`` is not used on purpose: it re-indents sequences, drops ``---``, normalises flow spacing,
+``~``/``null`` and CRLF, and moves comment lines that follow a deleted key.
+
+After every edit the new text is parsed again (PyYAML, the parser sglang 0.5.23 uses) and must
+equal the old mapping with exactly the requested changes; otherwise the edit is refused.
+
+Pure: text in, text out. Reading and writing files is the caller's job."""
+
+from __future__ import annotations
+
+import difflib
+import io
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from .errors import InputError
+
+
+class _Remove:
+    def __repr__(self) -> str:
+        return "REMOVE"
+
+
+REMOVE = _Remove()
+"""Sentinel value of a :class:`Change` that deletes the key."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """Set ``key`` to ``value`` (or delete it with :data:`REMOVE`).
+
+    ``key`` is a canonical dashed name; ``spellings`` are the names the file may use for it
+    (aliases, e.g. ``enable-hicache``); an existing spelling is edited in place. A new key is
+    inserted after the last entry whose key is in ``after`` (else after the last entry)."""
+
+    key: str
+    value: Any
+    spellings: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+
+
+@dataclass
+class Entry:
+    """One top-level ``key: value`` of the file. Lines are 0-based; ``last`` is inclusive."""
+
+    key: str
+    first: int
+    last: int
+    value_line: int
+    value_col: int
+    value_end_line: int
+    value_end_col: int
+    key_end_col: int = 0
+    empty: bool = False
+
+
+@dataclass
+class Doc:
+    """Composed view of a serve config text."""
+
+    lines: list[str] = field(default_factory=list)   # with their line ends
+    entries: list[Entry] = field(default_factory=list)
+    indent: int = 0
+    newline: str = "\n"
+
+
+def _yaml_rt():
+    from ruamel.yaml import YAML
+    y = YAML(typ="rt")
+    y.width = 1 << 16
+    y.default_flow_style = False
+    return y
+
+
+def _syntax_error(label: str, e: Exception) -> InputError:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line = mark.line + 1 if mark is not None else 1
+    what = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
+    return InputError(f"{label}:{line}: YAML syntax error: {what}")
+
+
+def compose(text: str, label: str) -> Doc:
+    """Positions of the top-level entries of ``text``.
+
+    Raises InputError (``label:line``) for a YAML syntax error or a root that is not a mapping."""
+    from ruamel.yaml.error import YAMLError
+    from ruamel.yaml.nodes import MappingNode
+    try:
+        node = _yaml_rt().compose(text)
+    except YAMLError as e:
+        raise _syntax_error(label, e) from None
+    lines = text.splitlines(keepends=True)
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    doc = Doc(lines=lines, newline=newline)
+    if node is None:
+        return doc
+    if not isinstance(node, MappingNode):
+        raise InputError(f"{label}:{node.start_mark.line + 1}: a serve config must be a mapping of server arguments")
+    for i, (k, v) in enumerate(node.value):
+        first = k.start_mark.line
+        end_line = v.end_mark.line if v.end_mark.column > 0 else v.end_mark.line - 1
+        last = min(max(first, end_line), len(lines) - 1)
+        while last > first and _is_trailer(lines, last):
+            last -= 1
+        doc.entries.append(Entry(key=str(k.value), first=first, last=last, value_line=v.start_mark.line,
+                                 value_col=v.start_mark.column, value_end_line=v.end_mark.line,
+                                 value_end_col=v.end_mark.column, key_end_col=k.end_mark.column,
+                                 empty=(getattr(v, "tag", None) is not None and str(getattr(v.tag, "value", v.tag)).endswith(":null")
+                                        and v.value in ("", None) and v.start_mark.index == v.end_mark.index)))
+        if i == 0:
+            doc.indent = k.start_mark.column
+    return doc
+
+
+def _is_trailer(lines: list[str], i: int) -> bool:
+    s = lines[i].strip() if 0 <= i < len(lines) else ""
+    return not s or s.startswith("#")
+
+
+def render_value(value: Any) -> str:
+    """``value`` as ruamel.yaml writes it on one line (``2.0``, ``'true'``, ``[a, b]``)."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    if value is None:
+        return "null"
+    y = _yaml_rt()
+    if isinstance(value, list):
+        v = CommentedSeq(value)
+        v.fa.set_flow_style()
+    elif isinstance(value, dict):
+        v = CommentedMap(value)
+        v.fa.set_flow_style()
+    else:
+        v = value
+    buf = io.StringIO()
+    y.dump({"k": v}, buf)
+    out = buf.getvalue()
+    assert out.startswith("k:"), out
+    body = out[2:].strip()
+    if "\n" in body:
+        raise InputError(f"value {value!r} cannot be written on one line")
+    if body.endswith("..."):
+        body = body[:-3].rstrip()
+    return body
+
+
+def _find(doc: Doc, names: Sequence[str]) -> Optional[int]:
+    for i, e in enumerate(doc.entries):
+        if e.key in names:
+            return i
+    return None
+
+
+def _replace_value(doc: Doc, e: Entry, key: str, text: str) -> list[str]:
+    """The new lines of entry ``e`` with its value replaced by ``text``."""
+    nl = doc.newline
+    line = doc.lines[e.first]
+    if e.empty and e.last == e.first:       # "key:" with no value, maybe a comment after it
+        body = line.rstrip("\r\n")
+        colon = body.index(":", e.key_end_col)
+        head, rest = body[:colon + 1], body[colon + 1:]
+        comment = rest.lstrip(" ")
+        if comment.startswith("#"):
+            col = colon + 1 + (len(rest) - len(comment))
+            gap = max(1, col - (len(head) + 1 + len(text)))
+            return [f"{head} {text}{' ' * gap}{comment}{nl}"]
+        return [f"{head} {text}{nl}"]
+    single = e.value_line == e.first and e.last == e.first and (
+        e.value_end_line == e.first or (e.value_end_line == e.first + 1 and e.value_end_col == 0))
+    if single and e.value_col > 0:
+        body = line.rstrip("\r\n")
+        end_col = e.value_end_col if e.value_end_line == e.first else len(body)
+        if e.value_col == end_col:          # empty value: "key:" (possibly with a comment)
+            head = body[:e.value_col].rstrip()
+            rest = body[len(head):]
+            tail = rest.lstrip(" ")
+            if tail.startswith("#"):
+                return [f"{head} {text} {tail}{nl}"]
+            return [f"{head} {text}{nl}"]
+        head, rest = body[:e.value_col], body[end_col:]
+        if rest.strip().startswith("#"):
+            comment = rest.lstrip(" ")
+            col = end_col + (len(rest) - len(comment))
+            gap = max(1, col - (len(head) + len(text)))
+            rest = " " * gap + comment
+        return [head + text + rest + nl]
+    indent = " " * doc.indent
+    return [f"{indent}{key}: {text}{nl}"]
+
+
+def apply_change(text: str, change: Change, label: str) -> str:
+    """Apply one change to ``text``; see :func:`apply_changes`."""
+    doc = compose(text, label)
+    names = (change.key,) + tuple(s for s in change.spellings if s != change.key)
+    idx = _find(doc, names)
+    lines = list(doc.lines)
+    if change.value is REMOVE:
+        if idx is None:
+            return text
+        e = doc.entries[idx]
+        del lines[e.first:e.last + 1]
+        return "".join(lines)
+    rendered = render_value(change.value)
+    if idx is not None:
+        e = doc.entries[idx]
+        lines[e.first:e.last + 1] = _replace_value(doc, e, e.key, rendered)
+        return "".join(lines)
+    new_line = f"{' ' * doc.indent}{change.key}: {rendered}{doc.newline}"
+    anchor = None
+    for i, e in enumerate(doc.entries):
+        if e.key in change.after:
+            anchor = i
+    if anchor is None and doc.entries:
+        anchor = len(doc.entries) - 1
+    if anchor is None:
+        at = len(lines)
+    else:
+        at = doc.entries[anchor].last + 1
+    if at > 0 and at == len(lines) and lines and not lines[-1].endswith(("\n", "\r")):
+        lines[-1] += doc.newline
+    lines.insert(at, new_line)
+    return "".join(lines)
+
+
+def _safe_load(text: str, label: str) -> dict:
+    import yaml
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        raise _syntax_error(label, e) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{label}:1: a serve config must be a mapping of server arguments")
+    return data
+
+
+def apply_changes(text: str, changes: Sequence[Change], label: str) -> str:
+    """``text`` with ``changes`` applied in order; every line not edited is kept byte for byte.
+
+    Raises InputError (``label:line``) for a YAML syntax error or a non-mapping root, and when the
+    result would not parse to exactly the old mapping plus the changes."""
+    before = _safe_load(text, label)
+    expected = dict(before)
+    out = text
+    for ch in changes:
+        out = apply_change(out, ch, label)
+        names = (ch.key,) + tuple(ch.spellings)
+        present = [k for k in expected if k in names]
+        if ch.value is REMOVE:
+            for k in present:
+                expected.pop(k)
+        elif present:
+            expected[present[0]] = ch.value
+        else:
+            expected[ch.key] = ch.value
+    after = _safe_load(out, label)
+    if after != expected:
+        raise InputError(f"{label}: refusing the edit: the result would not parse to the intended values")
+    return out
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    """A unified diff ``a/path`` → ``b/path`` (empty when nothing changed)."""
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=f"a/{path}", tofile=f"b/{path}"))

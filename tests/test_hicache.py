@@ -1,0 +1,173 @@
+"""``dsv4ctl hicache on|off|status`` on local serve configs; status against stand-in servers over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tests.standin.harness import free_port, standin
+
+SRC = REPO / "profiles" / "dsv4-flash-8xb200-pd"
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A copy of the default profile: host 127.0.0.1, groups on free ports, configs in tmp."""
+    shutil.copytree(SRC, tmp_path / "cfg")
+    ports = {"prefill": free_port(), "decode": free_port()}
+    text = (REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml").read_text()
+    text = (text.replace("series: ../patches/sglang-0.5.23", "series: null")
+                .replace("address: 10.0.0.10", "address: 127.0.0.1")
+                .replace("dsv4-flash-8xb200-pd/", "cfg/")
+                .replace("    serve_config: cfg/prefill.yaml\n", f"    serve_config: cfg/prefill.yaml\n    port: {ports['prefill']}\n")
+                .replace("    serve_config: cfg/decode.yaml\n", f"    serve_config: cfg/decode.yaml\n    port: {ports['decode']}\n"))
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    return dict(profile=p, prefill=tmp_path / "cfg" / "prefill.yaml", decode=tmp_path / "cfg" / "decode.yaml",
+                ports=ports)
+
+
+def test_off_then_on_restores_the_file_byte_for_byte(site):
+    orig = site["prefill"].read_bytes()
+    r = run_cli("hicache", "off", str(site["profile"]))
+    assert r.code == 0, r.err
+    assert "-enable-hierarchical-cache: true\n+enable-hierarchical-cache: false\n" in r.out
+    after_off = site["prefill"].read_bytes()
+    assert after_off == orig.replace(b"enable-hierarchical-cache: true", b"enable-hierarchical-cache: false")
+    assert site["decode"].read_bytes() == (SRC / "decode.yaml").read_bytes()
+    r = run_cli("hicache", "on", str(site["profile"]))
+    assert r.code == 0, r.err
+    assert "-enable-hierarchical-cache: false\n+enable-hierarchical-cache: true\n" in r.out
+    assert site["prefill"].read_bytes() == orig
+    r = run_cli("hicache", "on", str(site["profile"]))
+    assert r.code == 0 and "HiCache already on, unchanged" in r.out
+
+
+def test_on_with_options_edits_in_place_and_keeps_comments(site):
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "1.5",
+                "--write-policy", "write_back", "--storage-backend", "file", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["schema"] == "dsv4ctl.hicache-edit/1" and doc["groups"][0]["written"] is True
+    new = site["prefill"].read_text()
+    assert ("hicache-ratio: 1.5             # required explicitly for DSV4 (no auto-sizing, no --hicache-size)\n"
+            "hicache-write-policy: write_back\nhicache-io-backend: kernel\nhicache-mem-layout: page_first\n"
+            "hicache-storage-backend: file\nreasoning-parser: deepseek-v4\n") in new
+    old_lines = (SRC / "prefill.yaml").read_text().splitlines()
+    new_lines = new.splitlines()
+    assert [l for l in old_lines if not l.startswith(("hicache-ratio", "hicache-write-policy"))] == \
+           [l for l in new_lines if not l.startswith(("hicache-ratio", "hicache-write-policy", "hicache-storage-backend"))]
+
+
+def test_on_for_a_file_without_hicache_appends_explicit_ratio(site):
+    # a colocated-style config without any HiCache key: decode file with the role changed is a lint
+    # error, so use a prefill file stripped of its HiCache lines
+    text = "".join(l for l in (SRC / "prefill.yaml").read_text().splitlines(keepends=True)
+                   if not l.startswith(("enable-hierarchical-cache", "hicache-")))
+    site["prefill"].write_text(text)
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill")
+    assert r.code == 0, r.err
+    assert site["prefill"].read_text() == text + "enable-hierarchical-cache: true\nhicache-ratio: 2.0\n"
+    r = run_cli("hicache", "off", str(site["profile"]), "-g", "prefill")
+    assert site["prefill"].read_text() == text + "enable-hierarchical-cache: false\nhicache-ratio: 2.0\n"
+
+
+def test_dry_run_writes_nothing(site):
+    before = site["prefill"].read_bytes(), site["prefill"].stat().st_mtime_ns
+    r = run_cli("hicache", "off", str(site["profile"]), "--dry-run")
+    assert r.code == 0
+    assert "+enable-hierarchical-cache: false" in r.out and "dry run: would write 1 file(s)" in r.out
+    assert (site["prefill"].read_bytes(), site["prefill"].stat().st_mtime_ns) == before
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["on", "-g", "decode"], "error DSV106 hicache-on-decode"),
+    (["on", "--mem-layout", "page_head"], "error DSV104 hicache-layout"),
+    (["on", "--mem-layout", "diagonal"], "--mem-layout: invalid choice: 'diagonal'"),
+    (["on", "--ratio", "-1", "--storage-backend", "nfs"], "--storage-backend: invalid choice: 'nfs'"),
+    (["on", "-g", "router"], "router"),
+    (["on", "-g", "nope"], "no group 'nope'"),
+])
+def test_rejected_edits_exit_2_and_touch_nothing(site, args, msg):
+    snap = {k: site[k].read_bytes() for k in ("prefill", "decode")}
+    r = run_cli("hicache", *args[:1], str(site["profile"]), *args[1:])
+    assert r.code == 2, (r.out, r.err)
+    assert r.err.startswith("dsv4ctl: error: ") and r.err.count("\n") == 1
+    if msg:
+        assert msg in r.err
+    assert {k: site[k].read_bytes() for k in ("prefill", "decode")} == snap
+
+
+def test_bad_files_exit_2(site):
+    site["prefill"].write_text(site["prefill"].read_text() + "hicache-ratio: [2\n")
+    r = run_cli("hicache", "off", str(site["profile"]))
+    assert r.code == 2 and f"{site['prefill']}:" in r.err and "YAML syntax error" in r.err
+    site["prefill"].write_text((SRC / "prefill.yaml").read_text() + "hicache-ratoi: 2\n")
+    snap = site["prefill"].read_bytes()
+    r = run_cli("hicache", "off", str(site["profile"]))
+    assert r.code == 2 and "SGL001 unknown-key: hicache-ratoi" in r.err
+    assert site["prefill"].read_bytes() == snap
+    site["prefill"].unlink()
+    r = run_cli("hicache", "off", str(site["profile"]))
+    assert r.code == 2 and r.err.strip().endswith("prefill.yaml: no such file")
+
+
+def test_ungated_tree_blocks_on_but_not_off(site, tmp_path):
+    sgl = REPO / ".venv-oracle" / "lib" / "python3.11" / "site-packages" / "sglang"
+    pool = sgl / "srt" / "mem_cache" / "deepseek_v4_memory_pool.py"
+    if not pool.is_file():
+        pytest.skip("needs the sglang 0.5.23 source in .venv-oracle")
+    tree = tmp_path / "tree" / "sglang" / "srt" / "mem_cache"
+    tree.mkdir(parents=True)
+    wait = ("    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:\n"
+            "        self.wait_layer_transfer(layer_id)\n")
+    (tree / pool.name).write_text(pool.read_text().replace(wait, wait.splitlines(keepends=True)[0]))
+    r = run_cli("hicache", "off", str(site["profile"]), "--tree", str(tmp_path / "tree"))
+    assert r.code == 0, r.err
+    r = run_cli("hicache", "on", str(site["profile"]), "--tree", str(tmp_path / "tree"))
+    assert r.code == 2 and "DSV111 index-k-ungated" in r.err
+    assert b"enable-hierarchical-cache: false" in site["prefill"].read_bytes()
+    r = run_cli("hicache", "on", str(site["profile"]), "--tree", str(sgl))
+    assert r.code == 0, r.err
+
+
+def _info(url):
+    with urllib.request.urlopen(url + "/server_info", timeout=5) as r:
+        return json.load(r)
+
+
+def test_status_against_running_standin_servers(site):
+    p, d = site["ports"]["prefill"], site["ports"]["decode"]
+    with standin(site["prefill"], port=p) as purl, standin(site["decode"], port=d) as durl:
+        assert _info(purl)["enable_hierarchical_cache"] is True and _info(durl)["enable_hierarchical_cache"] is False
+        r = run_cli("hicache", "status", str(site["profile"]), "--json")
+        assert r.code == 0, r.err
+        doc = r.json()
+        assert doc["schema"] == "dsv4ctl.hicache-status/1"
+        pre, dec = doc["groups"]
+        assert pre["url"] == purl and pre["match"] is True
+        assert pre["file_says"] == {"enable_hierarchical_cache": True, "hicache_ratio": 2.0,
+                                    "hicache_write_policy": "write_through", "hicache_io_backend": "kernel",
+                                    "hicache_mem_layout": "page_first", "hicache_storage_backend": None}
+        assert pre["server_says"] == pre["file_says"]
+        assert dec["file_says"]["enable_hierarchical_cache"] is False and dec["match"] is True
+        # the file changes, the server is not restarted: flagged, exit 1
+        assert run_cli("hicache", "off", str(site["profile"]), "-g", "prefill").code == 0
+        r = run_cli("hicache", "status", str(site["profile"]))
+        assert r.code == 1
+        assert "DIFFERS: HiCache: file off, server on" in r.out
+        assert r.err.startswith("dsv4ctl: error: hicache status: 1 group(s) differ")
+        r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "3")
+        r = run_cli("hicache", "status", str(site["profile"]), "--json")
+        assert r.code == 1
+        assert r.json()["groups"][0]["differences"] == ["hicache-ratio: file 3.0, server 2.0"]
+    # servers gone: exit 3, the table still printed
+    r = run_cli("hicache", "status", str(site["profile"]), "--timeout", "2")
+    assert r.code == 3 and "unreachable" in r.out and r.err.startswith("dsv4ctl: error: hicache status: prefill")
+    r = run_cli("hicache", "status", str(site["profile"]), "--no-server", "--markdown")
+    assert r.code == 0 and "| prefill | prefill | b200-0 | on ratio 3.0 write_through page_first/kernel | - | not queried |" in r.out
