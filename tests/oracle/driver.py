@@ -1,0 +1,265 @@
+"""The CPU oracle: SGLang 0.5.23's own DeepSeek-V4 pool sizing and argument resolution, run on CPU.
+
+Runs only in ``.venv-oracle`` (``bash scripts/oracle-env.sh``), from the repository root::
+
+    .venv-oracle/bin/python -m tests.oracle.driver < cases.json > results.json
+
+stdin: ``{"cases": [case, ...]}``; stdout: ``{"sglang_version", "torch_version", "results"}``
+with one result per case, in order. Environment switches (``SGLANG_DSV4_*``,
+``SGLANG_OPT_USE_ONLINE_COMPRESS``, ...) are read from the process environment, some of them at
+import time (the online-c128 ring size is a module constant of ``deepseek_v4_memory_pool``), so
+every case in one run must want the same environment: :mod:`tests.oracle.runner` batches cases by
+environment, one subprocess per batch.
+
+Two kinds of case (see ``docs/oracle.md`` for the schema):
+
+* ``"pool"``: one DeepSeek-V4 server group. Per PP stage the real ``DSV4PoolConfigurator``
+  (``srt/model_executor/pool_configurator.py``) sizes the pools; the real
+  ``KVCacheConfigurator.config_from_budget``, ``_apply_token_constraints`` and
+  ``resolve_max_num_reqs`` (``srt/mem_cache/kv_cache_configurator.py``) apply
+  ``--max-total-tokens``, the PP MIN and the final max_running_requests, then
+  ``finalize_with_max_running_requests`` sizes the c128 state, exactly the sequence of
+  ``_resolve_memory_pool_config``. The layer slice comes from the real ``get_pp_indices``; the
+  page layouts (and SGLang's refusals of a layout the GPU or backend cannot use) from the real
+  ``select_dsv4_kv_layout`` / ``resolve_compressed_kv_layout`` that the pool builder calls.
+* ``"resolve"``: the real ``ServerArgs`` resolution pipeline (capacity reference §5.4) with the
+  GPU memory size injected, returning ``mem_fraction_static``, chunked prefill, decode
+  ``max_bs`` and the other DeepSeek-V4 defaults.
+
+What is replaced, and why (everything else is SGLang's code):
+
+* ``KVCacheConfigurator`` is a ``SimpleNamespace`` with exactly the attributes the code reads
+  (reference §5.3); building the real one needs a loaded model.
+* The PP all-reduce MIN in ``_apply_token_constraints`` (a torch.distributed collective) is
+  replaced by the MIN over the stages' own results computed in a first pass, and the server
+  args are published with ``pp_size=1`` so the real function does not call the collective.
+* ``torch.cuda.is_available`` / ``get_device_capability`` / ``torch.version.cuda`` report an
+  SM100 GPU while a case with ``sm100`` runs (the V4.1 layouts assert SM100/SM103).
+* ``bf16`` index-K: ``get_dsv4_indexer_bytes_per_token`` returns ``2*d`` for the non-fp4 case
+  (reference §5.3 ``patch_bf16_index_k``); upstream 0.5.23 has no bf16 C4 indexer.
+* torchvision is stubbed (:mod:`tests.oracle.tv_stub`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+from tests.oracle import tv_stub
+
+tv_stub.install()
+
+import sglang  # noqa: E402
+import torch  # noqa: E402
+from sglang.srt.distributed.utils import get_pp_indices  # noqa: E402
+from sglang.srt.mem_cache.deepseek_v4_memory_pool import (  # noqa: E402
+    resolve_compressed_kv_layout,
+    select_dsv4_kv_layout,
+)
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
+from sglang.srt.model_executor import pool_configurator as pc  # noqa: E402
+from sglang.srt.runtime_context import get_context  # noqa: E402
+
+from tests.oracle.runner import DEFAULT_SERVER_ARGS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "dsv4ctl" / "data" / "models"
+
+POOL_FIELDS = ("full_max_total_num_tokens", "swa_max_total_num_tokens", "c4_max_total_num_tokens",
+               "c128_max_total_num_tokens", "c4_state_pool_size", "c128_state_pool_size")
+
+
+def model_config(name: str) -> dict:
+    """The shipped ``config.json`` of ``deepseek-v4-flash`` / ``deepseek-v4-pro``."""
+    return json.loads((MODELS / f"{name}.json").read_text())
+
+
+def _spec(algo):
+    return NS(is_none=lambda: algo is None, is_eagle=lambda: algo == "EAGLE",
+              is_dspark=lambda: algo == "DSPARK", is_dflash_family=lambda: False)
+
+
+def _kvc(cfg: dict, layers: tuple[int, int], pp_size: int, pp_rank: int, attn_dp_size: int,
+         page_size: int, spec_algo):
+    """Stand-in for ``KVCacheConfigurator`` with the attributes the pool-sizing code reads."""
+    model = NS(qk_nope_head_dim=cfg["head_dim"] - cfg["qk_rope_head_dim"],
+               qk_rope_head_dim=cfg["qk_rope_head_dim"], index_head_dim=cfg["index_head_dim"],
+               context_len=cfg["max_position_embeddings"], compress_ratios=cfg["compress_ratios"],
+               window_size=cfg["sliding_window"], num_hidden_layers=cfg["num_hidden_layers"],
+               hf_config=NS(architectures=cfg.get("architectures") or ["DeepseekV4ForCausalLM"],
+                            kv_source_layer_ids=cfg.get("kv_source_layer_ids") or []))
+    return NS(kv_cache_dtype_str="fp8_e4m3", model_config=model, spec_algorithm=_spec(spec_algo),
+              layer_info=NS(start_layer=layers[0], end_layer=layers[1]), pp_size=pp_size,
+              pp_group=NS(rank_in_group=pp_rank) if pp_size > 1 else None,
+              sliding_window_size=cfg["sliding_window"], page_size=page_size,
+              attn_dp_size=attn_dp_size, spec_aux_config=None, is_draft_worker=False,
+              is_hybrid_swa=True, mambaish_config=None)
+
+
+@contextlib.contextmanager
+def sm100(enabled: bool):
+    """Make torch report an SM100 (Blackwell) CUDA device while the block runs."""
+    if not enabled:
+        yield
+        return
+    saved = (torch.cuda.is_available, torch.cuda.get_device_capability, torch.version.cuda)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda device=None: (10, 0)
+    torch.version.cuda = "12.9"
+    try:
+        yield
+    finally:
+        torch.cuda.is_available, torch.cuda.get_device_capability, torch.version.cuda = saved
+
+
+@contextlib.contextmanager
+def index_k(dtype: str):
+    """``bf16``: price the non-fp4 C4 indexer at ``2*d`` bytes (reference §5.3)."""
+    if dtype == "fp8":
+        yield
+        return
+    if dtype != "bf16":
+        raise ValueError(f"index_k {dtype!r} not in fp8|bf16")
+    orig = pc.get_dsv4_indexer_bytes_per_token
+    pc.get_dsv4_indexer_bytes_per_token = (
+        lambda d, use_fp4_indexer=False: orig(d, use_fp4_indexer) if use_fp4_indexer else 2 * d)
+    try:
+        yield
+    finally:
+        pc.get_dsv4_indexer_bytes_per_token = orig
+
+
+def run_pool_case(case: dict) -> dict:
+    """Size one server group's pools with SGLang's code; one dict per PP stage under ``stages``."""
+    cfg = model_config(case["model"])
+    pp = case.get("pp_size", 1)
+    dp = case.get("attn_dp_size", 1)
+    avail = case["available_bytes"]
+    avails = list(avail) if isinstance(avail, list) else [avail] * pp
+    if len(avails) != pp:
+        raise ValueError("available_bytes must be one int or one per PP stage")
+    fields = {k: v for k, v in {**DEFAULT_SERVER_ARGS, **case.get("server_args", {})}.items()
+              if v is not None}
+    page = fields["page_size"]
+    spec_algo = fields.get("speculative_algorithm")
+    real_constraints = KVCacheConfigurator._apply_token_constraints
+    with sm100(case.get("sm100", True)), index_k(case.get("index_k", "fp8")), \
+            get_context().override_server_args(**fields):
+        kvcs = []
+        for r in range(pp):
+            kvc = _kvc(cfg, get_pp_indices(cfg["num_hidden_layers"], r, pp), pp, r, dp, page,
+                       spec_algo)
+            kvc._apply_token_constraints = functools.partial(real_constraints, kvc)
+            kvcs.append(kvc)
+        # Pass 1: what each stage contributes to the all-reduce MIN (its own constrained value).
+        local = [KVCacheConfigurator.config_from_budget(k, a).max_total_num_tokens
+                 for k, a in zip(kvcs, avails)]
+        pp_min = min(local)
+        stages = []
+        for r, (kvc, a) in enumerate(zip(kvcs, avails)):
+            if pp > 1:
+                kvc._apply_token_constraints = (
+                    lambda tokens, k=kvc: min(real_constraints(k, tokens), pp_min))
+            conf = pc.create_memory_pool_configurator(kvc)
+            if type(conf) is not pc.DSV4PoolConfigurator:
+                raise TypeError(f"SGLang chose {type(conf).__name__}, not DSV4PoolConfigurator")
+            mrr_req = conf._resolve_max_running_requests_per_worker(a)
+            unconstrained = conf.calculate_pool_sizes(a, page).full_max_total_num_tokens
+            # _resolve_memory_pool_config (kv_cache_configurator.py:3174)
+            config = KVCacheConfigurator.config_from_budget(kvc, a)
+            config.max_running_requests = KVCacheConfigurator.resolve_max_num_reqs(
+                kvc, config.max_total_num_tokens)
+            config = pc.create_memory_pool_configurator(kvc).finalize_with_max_running_requests(config)
+            stage = dict(
+                pp_rank=r, layers=[kvc.layer_info.start_layer, kvc.layer_info.end_layer],
+                available_bytes=a,
+                bytes_per_full_token=conf.bytes_per_full_token,
+                bytes_per_swa_token=conf.bytes_per_swa_token,
+                c128_state_fixed_bytes=conf._get_c128_state_fixed_bytes(mrr_req),
+                swa_fixed_bytes=conf._get_swa_fixed_bytes(),
+                swa_cap_tokens=conf.swa_cap_tokens,
+                ring_sizes={str(k): v for k, v in sorted(conf.ring_sizes.items())},
+                unconstrained_full_tokens=unconstrained,
+            )
+            stage.update({f: getattr(config, f) for f in POOL_FIELDS})
+            stage["max_total_num_tokens"] = config.max_total_num_tokens
+            stage["max_running_requests"] = config.max_running_requests
+            stages.append(stage)
+        # _build_dsv4_kv_pool (kv_cache_configurator.py:2098) then selects the page layout, which
+        # is where SGLang refuses a layout / backend / GPU mismatch the sizing did not look at.
+        layout, option = select_dsv4_kv_layout()
+        trtllm = fields.get("dsv4_attn_backend") == "trtllm"
+        compressed = None if trtllm else {
+            str(r): resolve_compressed_kv_layout(layout, r, option).value for r in (4, 128)}
+    return {"kv_layout": layout.value, "compressed_kv_layouts": compressed, "stages": stages}
+
+
+def run_resolve_case(case: dict) -> dict:
+    """SGLang's argument resolution for a DeepSeek-V4 model on a GPU of ``gpu_memory_mib`` MiB."""
+    import sglang.srt.arg_groups.memory_hook as memory_hook
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import ServerArgs
+
+    model_dir = tempfile.mkdtemp(prefix="dsv4ctl-oracle-model-")
+    try:
+        shutil.copy(MODELS / f"{case['model']}.json", Path(model_dir) / "config.json")
+        gpu = case["gpu_memory_mib"]
+        saved = memory_hook.get_device_memory_capacity
+        memory_hook.get_device_memory_capacity = lambda device=None: gpu
+        try:
+            sa = ServerArgs(model_path=model_dir, device="cuda", skip_tokenizer_init=True,
+                            **case.get("server_args", {}))
+            sa.resolve_once()
+        finally:
+            memory_hook.get_device_memory_capacity = saved
+        names = ("page_size", "kv_cache_dtype", "swa_full_tokens_ratio",
+                 "_swa_full_tokens_ratio_explicitly_set", "max_running_requests",
+                 "chunked_prefill_size", "mem_fraction_static", "dsv4_attn_backend",
+                 "disaggregation_decode_extra_slots")
+        out = {n: resolution_result(sa, n) for n in names}
+        out["decode_max_bs"] = resolution_result(sa, "cuda_graph_config").decode.max_bs
+        return out
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
+def run_case(case: dict) -> dict:
+    """One case; SGLang's refusal (exception or assertion) becomes ``{"error": "Type: msg"}``."""
+    try:
+        if case.get("kind", "pool") == "resolve":
+            out = run_resolve_case(case)
+        else:
+            out = run_pool_case(case)
+    except (AssertionError, RuntimeError, ValueError) as e:
+        out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    return {"id": case.get("id"), **out}
+
+
+def main() -> int:
+    cases = json.load(sys.stdin)["cases"]
+    # SGLang and its dependencies print to stdout; keep fd 1 for the JSON answer only.
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    # Pool cases first: argument resolution leaves state behind (published defaults) that a
+    # later override_server_args must not see.
+    order = sorted(range(len(cases)), key=lambda i: cases[i].get("kind", "pool") == "resolve")
+    results: list = [None] * len(cases)
+    for i in order:
+        results[i] = run_case(cases[i])
+    json.dump({"sglang_version": sglang.__version__, "torch_version": torch.__version__,
+               "results": results}, answer)
+    answer.write("\n")
+    answer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
