@@ -149,7 +149,7 @@ class GroupInputs:
 
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
-                  overrides: dict[str, Any]) -> GroupInputs:
+                  overrides: dict[str, Any], tree_idx: Optional[dict] = None) -> GroupInputs:
     """Resolve a server group's inputs: serve config < profile < ``--set`` overrides.
 
     Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
@@ -232,8 +232,9 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     ratio_explicit = args.get("_swa_full_tokens_ratio_explicitly_set")
     if ratio_explicit is None:
         ratio_explicit = model.model_type == "deepseek_v4" or "swa_full_tokens_ratio" in args
-    idx_dtype = args.get("index_k_dtype", profile.index_k_dtype)
-    idx_acc = args.get("index_k_accounting", profile.index_k_accounting)
+    tree_idx = tree_idx or {}   # from the series applied to sglang.tree (dsv4ctl.patches.planfacts)
+    idx_dtype = args.get("index_k_dtype", tree_idx.get("index_k_dtype", profile.index_k_dtype))
+    idx_acc = args.get("index_k_accounting", tree_idx.get("index_k_accounting", profile.index_k_accounting))
     part = args.get("SGLANG_PP_LAYER_PARTITION")
     pp_partition = None
     if part:
@@ -378,6 +379,7 @@ class GroupPlan:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
+    index_k_source: str = "profile"
 
     def ranks(self) -> list[dict]:
         """Every GPU rank: rank, gpu, tp/pp/dp rank and that rank's pool numbers."""
@@ -408,7 +410,8 @@ class GroupPlan:
                                available_bytes_override=gi.available_bytes_override,
                                estimated=gi.estimated),
             server_args={k: v for k, v in asdict(gi.pool).items()},
-            ranks=self.ranks(), warnings=self.warnings, errors=self.errors, fixes=self.fixes)
+            ranks=self.ranks(), warnings=self.warnings, errors=self.errors, fixes=self.fixes,
+            index_k_source=self.index_k_source)
 
 
 def _stage_numbers(gp: GroupPlan, st: StagePlan) -> dict:
@@ -468,16 +471,21 @@ def _suggest_mfs(model, gi: GroupInputs, target_headroom: int) -> Optional[float
     return None
 
 
-def plan_group(profile: Profile, group: Group, model, facts, overrides: dict) -> GroupPlan:
-    """Plan one server group; capacity errors become plan errors (verdict), not exceptions."""
-    gi = resolve_group(profile, group, model, facts, overrides)
+def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None) -> GroupPlan:
+    """Plan one server group; capacity errors become plan errors (verdict), not exceptions.
+    ``tree``: :class:`dsv4ctl.patches.planfacts.TreeFacts` of ``sglang.tree``, or None."""
+    tree_idx, tree_notes = tree.for_env(group.env) if tree else ({}, [])
+    gi = resolve_group(profile, group, model, facts, overrides, tree_idx)
+    source = "--set" if {"index_k_dtype", "index_k_accounting"} & set(overrides) else (
+        tree.source(tree_idx) if tree_idx else "profile")
     try:
         stages = plan_stages(model, gi)
     except CapacityError as e:
-        gp = GroupPlan(group=group, inputs=gi, stages=[])
+        gp = GroupPlan(group=group, inputs=gi, stages=[], index_k_source=source)
         gp.errors.append(str(e))
         return gp
-    gp = GroupPlan(group=group, inputs=gi, stages=stages)
+    gp = GroupPlan(group=group, inputs=gi, stages=stages, index_k_source=source)
+    gp.warnings.extend(tree_notes)
     for note in gi.estimated:
         gp.warnings.append(f"estimated input: {note}; measure it for an exact plan")
     st = min(stages, key=lambda s: s.headroom_bytes)
@@ -543,5 +551,7 @@ def build_plan(profile: Profile, overrides: Optional[dict] = None,
         for g in selected:
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no KV pools")
+    from .patches.planfacts import tree_facts
+    tree = tree_facts(profile.sglang, profile.base_dir)
     return PlanReport(profile=profile, model=model,
-                      groups=[plan_group(profile, g, model, facts, overrides) for g in selected])
+                      groups=[plan_group(profile, g, model, facts, overrides, tree) for g in selected])

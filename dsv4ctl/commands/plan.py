@@ -71,6 +71,8 @@ def plan(
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
+    from_log: Optional[str] = typer.Option(None, "--from-log", metavar="FILE",
+                                           help="Compare a server's start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the plan, per pool; exit 1 on a difference."),
 ) -> None:
     """Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K sizing.
 
@@ -82,6 +84,9 @@ def plan(
     prof = load_profile(resolve_profile(profile))
     report = build_plan(prof, parse_set(list(set_ or ())), list(group or ()) or None)
     doc = report.to_dict()
+    if from_log:
+        from .planlog import from_log as compare_log
+        return compare_log(doc, from_log, as_json, markdown)
     if as_json:
         print(dump_json(doc))
     elif markdown:
