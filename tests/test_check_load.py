@@ -83,14 +83,14 @@ def test_gate_passes_with_hicache_off_and_renders(servers):
     assert "corruption per level" in r.out
 
 
-@pytest.mark.parametrize("limit,code", [("0.17", 1), ("0.19", 0)])
+@pytest.mark.parametrize("limit,code", [("0.165", 1), ("0.2", 0)])
 def test_gate_is_on_the_wilson_upper_bound(servers, limit, code):
-    # 72/480 = 15 % is under 17 %, but its upper bound (18.47 %) is not
+    # about 72/480 = 15 % is under 16.5 %, but its upper bound (about 18.5 %) is not
     r = run_cli("check", "load", servers["on"], "-c", "60", *COMMON, "--max-corruption", limit, "--json",
                 "--no-progress")
-    assert r.code == code, r.err
+    assert r.code == code, (r.err, r.out[-3000:])
     lv = r.json()["levels"][0]
-    assert lv["rate"] < 0.17 < lv["wilson95"][1] < 0.19
+    assert lv["rate"] < 0.165 < lv["wilson95"][1] < 0.2
 
 
 def test_stuck_transfers_are_detected(tmp_path):

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import random
+import signal
 import sys
 import time
 import uuid
@@ -119,8 +121,7 @@ class StandIn:
         self.stuck = Diffuser()
         self.inflight = 0
         self.wedged = 0
-        self._peak = 0
-        self._peak_t = 0.0
+        self._window: collections.deque = collections.deque()   # (time, in-flight), decreasing in-flight
         self.prefix: dict[int, int] = {}
         self.launch_command = launch_command
         self.started = time.time()
@@ -150,9 +151,10 @@ class StandIn:
     # --- load accounting -------------------------------------------------------------------
     def enter(self) -> None:
         self.inflight += 1
-        now = time.monotonic()
-        if self.inflight >= self._peak or now - self._peak_t > 1.0:
-            self._peak, self._peak_t = self.inflight, now
+        w = self._window
+        while w and w[-1][1] <= self.inflight:
+            w.pop()
+        w.append((time.monotonic(), self.inflight))
         self.m_running.set(self.inflight - self.wedged)
         self.m_token_usage.set(min(1.0, self.inflight / 256))
 
@@ -162,8 +164,11 @@ class StandIn:
         self.m_token_usage.set(min(1.0, self.inflight / 256))
 
     def effective_concurrency(self) -> int:
-        recent = self._peak if time.monotonic() - self._peak_t <= 1.0 else 0
-        return max(self.inflight, recent)
+        """max(in-flight now, the in-flight peak of the last second): a sliding-window maximum."""
+        w, old = self._window, time.monotonic() - 1.0
+        while w and w[0][0] < old:
+            w.popleft()
+        return max(self.inflight, w[0][1] if w else 0)
 
     # --- prompt accounting (prefix cache) ---------------------------------------------------
     def prompt_tokens(self, messages: list) -> tuple[int, int]:
@@ -409,26 +414,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     async def run() -> None:
         state = StandIn(args, seed=ns.seed, ttft_ms=ns.ttft_ms, itl_ms=ns.itl_ms, stuck_rate=ns.stuck_rate,
                         corruption_scale=ns.corruption_scale, launch_command=launch)
-        runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, args["host"], int(args["port"]), backlog=1024)
         await site.start()
         print(f"standin: serving {state.model} on http://{args['host']}:{args['port']} "
               f"(hicache={'on' if state.hicache else 'off'}, tool-call-parser={args['tool_call_parser']})", flush=True)
         print(READY_LINE, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
         finally:
             await runner.cleanup()
 
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(run())
     return 0
 
 
 if __name__ == "__main__":
-    import signal
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     sys.exit(main())

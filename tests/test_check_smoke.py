@@ -1,0 +1,144 @@
+"""``dsv4ctl check smoke`` and profile targets, end to end against stand-in servers over real HTTP."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from dsv4ctl.check.smoke import Worker, judge_server_info
+from tests.conftest import run_cli
+from tests.standin.harness import free_port, standin, write_config
+
+FAST = ("--ttft-ms", "1", "--itl-ms", "0")
+
+
+def statuses(doc: dict) -> dict:
+    return {(c["check"], c["target"]): c["status"] for c in doc["checks"]}
+
+
+def test_smoke_url_all_pass(tmp_path):
+    cfg = write_config(tmp_path / "s.yaml", enable_hierarchical_cache=True, hicache_ratio=2.0,
+                       disaggregation_mode="prefill")
+    with standin(cfg, *FAST) as url:
+        r = run_cli("check", "smoke", url, "--json")
+        assert r.code == 0, r.err
+        doc = r.json()
+        assert doc["pass"] and [c["check"] for c in doc["checks"]] == [
+            "health", "models", "server_info", "chat", "tool_call", "tool_call_stream"]
+        assert all(c["status"] == "pass" for c in doc["checks"])
+        info = [c for c in doc["checks"] if c["check"] == "server_info"][0]
+        assert info["reason"] == ("0.5.23, parsers deepseekv4/deepseek-v4, disaggregation prefill, "
+                                  "HiCache on (ratio 2.0, write_through)")
+        tc = [c for c in doc["checks"] if c["check"] == "tool_call_stream"][0]
+        assert tc["reason"].startswith("read_file(") and tc["detail"]["rid"].startswith("dsv4ctl-smoke-")
+        r = run_cli("check", "smoke", url, "--markdown")
+        assert r.code == 0 and "| tool_call | " + url + " | pass |" in r.out
+        r = run_cli("check", "smoke", url)
+        assert r.code == 0 and "dsv4ctl check smoke" in r.out
+
+
+def test_smoke_without_tool_call_parser_fails(tmp_path):
+    # field report T1 / reference §8.5: no parser → raw DSML in content, no tool_calls
+    cfg = write_config(tmp_path / "s.yaml", tool_call_parser=None)
+    with standin(cfg, *FAST) as url:
+        r = run_cli("check", "smoke", url, "--json")
+        assert r.code == 1
+        doc = r.json()
+        st = statuses(doc)
+        assert st[("health", url)] == "pass" and st[("chat", url)] == "pass"
+        assert st[("server_info", url)] == "fail" and st[("tool_call", url)] == "fail"
+        reasons = {c["check"]: c["reason"] for c in doc["checks"]}
+        assert "tool_call_parser None, expected 'deepseekv4'" in reasons["server_info"]
+        assert reasons["tool_call"].startswith("dsml_in_content:")
+        assert reasons["tool_call_stream"].startswith("dsml_in_content:")
+        assert r.err.startswith("dsv4ctl: error: check smoke: 3 check(s) failed: server_info")
+
+
+def test_smoke_unreachable_and_usage_exit_2():
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = run_cli("check", "smoke", dead)
+    assert r.code == 2 and r.err.strip().endswith(f"check smoke: {dead} unreachable")
+    assert "fail" in r.out and "Traceback" not in r.err
+    r = run_cli("check", "smoke")
+    assert r.code == 2 and "give a URL or --profile" in r.err
+    r = run_cli("check", "smoke", "ftp://x")
+    assert r.code == 2 and "must start with http://" in r.err
+
+
+def test_judge_server_info_pure():
+    good = {"version": "0.5.23", "tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4",
+            "disaggregation_mode": "null", "enable_hierarchical_cache": False}
+    assert judge_server_info(good, Worker("w", "u"))["status"] == "pass"
+    assert judge_server_info(good, Worker("w", "u", hicache_configured=False))["status"] == "pass"
+    r = judge_server_info(good, Worker("w", "u", hicache_configured=True))
+    assert r["status"] == "fail" and r["reason"] == "HiCache running off but the serve config says on"
+    r = judge_server_info({**good, "version": "0.5.22", "reasoning_parser": None}, Worker("w", "u"))
+    assert r["reason"] == "version '0.5.22', expected 0.5.23; reasoning_parser None, expected 'deepseek-v4'"
+    assert judge_server_info([], Worker("w", "u"))["status"] == "fail"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """Three stand-ins as a PD deployment: prefill (HiCache on), decode, and one as the router."""
+    d = tmp_path_factory.mktemp("pd")
+    pp, dp, rp = free_port(), free_port(), free_port()
+    pcfg = write_config(d / "prefill.yaml", port=pp, disaggregation_mode="prefill", enable_hierarchical_cache=True,
+                        hicache_ratio=2.0)
+    dcfg = write_config(d / "decode.yaml", port=dp, disaggregation_mode="decode")
+    rcfg = write_config(d / "router.yaml", port=rp)
+    write_config(d / "decode-claims-hicache.yaml", port=dp, disaggregation_mode="decode", enable_hierarchical_cache=True)
+    profile = textwrap.dedent(f"""\
+        version: 1
+        name: standin-pd
+        model: deepseek-v4-flash
+        check: {{concurrency: 8, turns: 2, max_corruption: 0.1}}
+        hosts:
+          - name: local
+            address: 127.0.0.1
+            gpus: {{model: NVIDIA B200, count: 8, memory_mib: 183359}}
+        groups:
+          - {{name: prefill, role: prefill, host: local, gpus: [0, 1, 2, 3], tp: 4, serve_config: prefill.yaml}}
+          - {{name: decode, role: decode, host: local, gpus: [4, 5, 6, 7], tp: 4, serve_config: DECODE}}
+          - {{name: router, role: router, host: local, port: {rp}, prefill: [prefill], decode: [decode]}}
+        """)
+    (d / "pd.yaml").write_text(profile.replace("DECODE", "decode.yaml"))
+    (d / "pd-mismatch.yaml").write_text(profile.replace("DECODE", "decode-claims-hicache.yaml"))
+    with standin(pcfg, *FAST, port=pp), standin(dcfg, *FAST, port=dp), standin(rcfg, *FAST, port=rp) as router:
+        yield {"dir": d, "router": router, "prefill": f"http://127.0.0.1:{pp}", "decode": f"http://127.0.0.1:{dp}"}
+
+
+def test_smoke_profile(deployment):
+    r = run_cli("check", "smoke", "--profile", str(deployment["dir"] / "pd.yaml"), "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["entry"] == deployment["router"]
+    st = statuses(doc)
+    assert st == {("health", "prefill"): "pass", ("health", "decode"): "pass", ("models", deployment["router"]): "pass",
+                  ("server_info", "prefill"): "pass", ("server_info", "decode"): "pass",
+                  ("chat", deployment["router"]): "pass", ("tool_call", deployment["router"]): "pass",
+                  ("tool_call_stream", deployment["router"]): "pass"}
+    infos = {c["target"]: c["detail"] for c in doc["checks"] if c["check"] == "server_info"}
+    assert (infos["prefill"]["enable_hierarchical_cache"], infos["decode"]["enable_hierarchical_cache"]) == (True, False)
+    assert infos["decode"]["disaggregation_mode"] == "decode"
+
+
+def test_smoke_profile_hicache_mismatch(deployment):
+    r = run_cli("check", "smoke", "--profile", str(deployment["dir"] / "pd-mismatch.yaml"), "--json")
+    assert r.code == 1
+    bad = [c for c in r.json()["checks"] if c["status"] == "fail"]
+    assert [(c["check"], c["target"], c["reason"]) for c in bad] == [
+        ("server_info", "decode", "HiCache running off but the serve config says on")]
+
+
+def test_load_profile_uses_router_and_profile_defaults(deployment):
+    r = run_cli("check", "load", "--profile", str(deployment["dir"] / "pd.yaml"), "--min-requests", "40",
+                "--answer-words", "20", "--json", "--no-progress")
+    assert r.code == 0, r.err                    # 0/40 passes the profile's 10 % gate
+    doc = r.json()
+    assert doc["settings"]["urls"] == [deployment["router"]] and doc["max_corruption"] == 0.1
+    lv = doc["levels"][0]
+    assert (lv["concurrency"], lv["turns"], lv["corrupted"]) == (8, 40, 0)
+    # /metrics are scraped from the prefill and decode servers (which got none of the router's traffic)
+    assert lv["metrics"].get("sglang:num_requests_total", 0) == 0
+    assert lv["metrics"]["sglang:num_aborted_requests_total"] == 0 and "sglang:num_running_reqs" in lv["metrics"]
