@@ -106,7 +106,7 @@ def write_local(path: Path, text: str) -> None:
 
 
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
-            tree, dry_run, as_json) -> None:
+            tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None) -> None:
     from ..hicache import Options
     from ..profile import load_profile
     from ..resources import resolve_profile
@@ -118,6 +118,9 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     opts = Options(ratio=ratio, write_policy=write_policy, io_backend=io_backend, mem_layout=mem_layout,
                    storage_backend=storage_backend)
     edits = prepare_edits(prof, groups, action, opts, tree)
+    if remote:
+        _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout)
+        return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run:
         for e in changed:
@@ -140,6 +143,68 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
         print(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
 
 
+def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout) -> None:
+    """``--remote``: the live files on the hosts (backup, atomic write, restart, health, audit), then
+    the profile's local copies (so the next deploy keeps the setting)."""
+    from .. import hicache_remote as hr
+    from ..remote import connect, describe_actions
+
+    hosts = sorted({g.host for g in groups})
+    transports = {h: connect(prof.hosts[h], hosts=prof.hosts) for h in hosts}
+    try:
+        redits = hr.plan_remote(prof, groups, action, opts, tree, transports)
+        acts = hr.actions(prof, redits)
+        if not as_json:
+            for e in redits:
+                if e.new == e.old:
+                    print(f"{e.group}: {e.host}:{e.path}: HiCache already {action}, unchanged")
+                else:
+                    print(e.diff, end="")
+                    for f in e.findings:
+                        print(f.format())
+            if dry_run:
+                for line in describe_actions(acts):
+                    print(f"dry run: {line}")
+                for e in redits:
+                    if e.new != e.old:
+                        print(f"dry run: wait for {e.url}/health, append to {e.host}:{e.root}/audit.jsonl")
+        timeout = health_timeout if health_timeout is not None else float(prof.deploy.get("health_timeout_s", 900))
+        err = None
+        if not dry_run:
+            try:
+                hr.apply_remote(prof, redits, transports, action, timeout, log=(lambda s: None) if as_json else print)
+            except DsvError as e:
+                err = e
+        changed_local = [e for e in local_edits if e.new != e.old]
+        if not dry_run and err is None:
+            for e in changed_local:
+                write_local(e.path, e.new)
+        if as_json:
+            print(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run, remote=True,
+                                 groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
+                                              written=(e.new != e.old) and not dry_run and not e.rolled_back and err is None,
+                                              backup=e.backup if e.new != e.old else None, diff=e.diff,
+                                              restart=e.restart, healthy=e.healthy, rolled_back=e.rolled_back,
+                                              findings=[f.to_dict() for f in e.findings]) for e in redits],
+                                 local=[dict(group=e.group, file=str(e.path), changed=e.new != e.old, diff=e.diff)
+                                        for e in local_edits])))
+        else:
+            for e in changed_local:
+                print(e.diff, end="")
+            if not dry_run and err is None:
+                done = [e for e in redits if e.new != e.old]
+                for e in done:
+                    how = (e.restart or {}).get("how", "?")
+                    print(f"{e.host}: {e.group}: wrote {e.path} (backup {e.backup}), restarted ({how}), healthy")
+                if changed_local:
+                    print(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
+        if err is not None:
+            raise err
+    finally:
+        for t in transports.values():
+            t.close()
+
+
 def _opts_doc():
     return dict(
         group=typer.Option([], "--group", "-g", help="Groups to edit (default: on → prefill/colocated groups, off → all server groups). Repeatable."),
@@ -156,24 +221,32 @@ _PROFILE = typer.Argument(None, help="Profile path or shipped name (default: the
 _TREE = typer.Option(None, "--tree", help="SGLang tree for the index-K gating check (default: the profile's sglang.tree).")
 _DRY = typer.Option(False, "--dry-run", help="Print the diff and lint result; write nothing.")
 _JSON = typer.Option(False, "--json", help="Print the dsv4ctl.hicache-edit/1 JSON document.")
+_REMOTE = typer.Option(False, "--remote", help="Edit the live files on the groups' hosts (<root>/current/configs/G.yaml): "
+                                              "backup, atomic write, restart, wait for /health, audit log; then the local copies.")
+_HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900).")
 
 
 def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio: Optional[float] = _O["ratio"],
        write_policy: Optional[str] = _O["write_policy"], io_backend: Optional[str] = _O["io_backend"],
        mem_layout: Optional[str] = _O["mem_layout"], storage_backend: Optional[str] = _O["storage_backend"],
-       tree: Optional[str] = _TREE, dry_run: bool = _DRY, as_json: bool = _JSON) -> None:
+       tree: Optional[str] = _TREE, dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
+       health_timeout: Optional[float] = _HEALTH) -> None:
     """Turn HiCache on in the selected groups' serve configs (diff printed, linted before writing).
 
-    Exit 0 written (or nothing to do), 2 bad input or a lint error (nothing written)."""
-    _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run, as_json)
+    Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
+    2 bad input or a lint error (nothing written), 3 a host step failed."""
+    _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run,
+            as_json, remote, health_timeout)
 
 
 def off(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], tree: Optional[str] = _TREE,
-        dry_run: bool = _DRY, as_json: bool = _JSON) -> None:
+        dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
+        health_timeout: Optional[float] = _HEALTH) -> None:
     """Turn HiCache off (``enable-hierarchical-cache: false``; other hicache-* keys are kept, inert).
 
-    Exit 0 written (or nothing to do), 2 bad input or a lint error (nothing written)."""
-    _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json)
+    Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
+    2 bad input or a lint error (nothing written), 3 a host step failed."""
+    _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout)
 
 
 def group_url(prof, g, cfg_data: dict) -> str:
