@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -19,16 +20,24 @@ WAIT = ("    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Ten
 BACKEND = "srt/layers/attention/deepseek_v4_backend.py"
 
 
+@functools.lru_cache(maxsize=1)
+def _index_k_files() -> tuple[Path, ...]:
+    out = []
+    for p in SGLANG.rglob("*.py"):
+        text = p.read_text(errors="replace")
+        if p.relative_to(SGLANG).as_posix() == POOL_MODULE or any(w in text for w in READ_METHODS + READ_ATTRS):
+            out.append(p)
+    return tuple(out)
+
+
 def slim_copy(dst: Path) -> Path:
     """A copy of the real 0.5.23 package holding every file that names an index-K read (the
     files the analysis reads), as a git-checkout layout ``python/sglang/...``."""
     pkg = dst / "python" / "sglang"
-    for p in SGLANG.rglob("*.py"):
-        text = p.read_text(errors="replace")
-        if p.relative_to(SGLANG).as_posix() == POOL_MODULE or any(w in text for w in READ_METHODS + READ_ATTRS):
-            out = pkg / p.relative_to(SGLANG)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(p, out)
+    for p in _index_k_files():
+        out = pkg / p.relative_to(SGLANG)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, out)
     return dst
 
 
