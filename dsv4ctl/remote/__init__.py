@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from .transport import CmdResult, LocalTransport, Transport, q
 from .parallel import HostResult, run_parallel
-from .ops import Action, append_jsonl, atomic_write, describe_actions, read_text, run_actions, who
+from .ops import (Action, append_jsonl, append_jsonl_cmd, atomic_write, atomic_write_cmd, describe_actions,
+                  read_text, run_actions, who)
 
 
 def connect(host, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
@@ -36,4 +37,5 @@ def connect(host, *, accept_new_host_keys: bool = False, connect_timeout: float 
 
 
 __all__ = ["Transport", "CmdResult", "LocalTransport", "connect", "q", "HostResult", "run_parallel",
-           "Action", "run_actions", "describe_actions", "atomic_write", "append_jsonl", "read_text", "who"]
+           "Action", "run_actions", "describe_actions", "atomic_write", "append_jsonl",
+           "atomic_write_cmd", "append_jsonl_cmd", "read_text", "who"]

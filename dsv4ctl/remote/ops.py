@@ -59,6 +59,15 @@ def who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def atomic_write_cmd(path: str, mode: int = 0o644) -> str:
+    """The shell command :func:`atomic_write` runs (data on stdin), for composing one round
+    trip out of several steps. Runs in a subshell; exit non-zero on failure."""
+    d = os.path.dirname(path) or "."
+    return (f"(set -e; mkdir -p {q(d)}; t=$(mktemp {q(path)}.tmp.XXXXXX); "
+            f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; chmod {mode:o} \"$t\"; "
+            f"sync \"$t\" 2>/dev/null || true; mv -f \"$t\" {q(path)}; trap - EXIT)")
+
+
 def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int = 0o644,
                  timeout: float | None = 60) -> None:
     """Write ``data`` to ``path`` on the host atomically: a temp file in the same folder,
@@ -66,11 +75,14 @@ def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int = 0o64
     part. Parent folders are created. RemoteError on failure (the temp file is removed)."""
     if isinstance(data, str):
         data = data.encode()
+    t.run(atomic_write_cmd(path, mode), input=data, timeout=timeout)
+
+
+def append_jsonl_cmd(path: str, record: dict) -> str:
+    """The shell command appending ``record`` as one JSON line to ``path`` (no stdin needed)."""
+    line = json.dumps(record, sort_keys=False, default=str, separators=(",", ":"))
     d = os.path.dirname(path) or "."
-    cmd = (f"set -e; mkdir -p {q(d)}; t=$(mktemp {q(path)}.tmp.XXXXXX); "
-           f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; chmod {mode:o} \"$t\"; "
-           f"sync \"$t\" 2>/dev/null || true; mv -f \"$t\" {q(path)}; trap - EXIT")
-    t.run(cmd, input=data, timeout=timeout)
+    return f"(mkdir -p {q(d)} && printf '%s\\n' {q(line)} >> {q(path)})"
 
 
 def append_jsonl(t: Transport, path: str, record: dict, *, timeout: float | None = 30) -> None:

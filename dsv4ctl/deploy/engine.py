@@ -1,0 +1,839 @@
+"""Deploy / rollback orchestration over :mod:`dsv4ctl.remote`.
+
+Phases (each a list of :class:`~dsv4ctl.remote.Action` that ``--dry-run`` prints):
+
+1. **lock** every host (``mkdir <root>/.lock``; a held lock fails fast naming the holder);
+2. **push** the release to ``releases/.incoming-<id>`` (rsync ``--link-dest`` against the
+   host's releases, else hard-link copy + changed files), verify the manifest on the host,
+   rename to ``releases/<id>`` — a host only ever holds complete releases under that name;
+3. **activate** every host: ``previous``/``current`` symlinks switched by rename(2), groups
+   restarted through the service backend;
+4. **gate**: every worker's ``/health``, then a 1-token chat completion through the router;
+   on failure (or interrupt) every switched host goes back to its previous release;
+5. **finish**: state (good/failed), prune to ``keep_releases``, audit line, unlock.
+
+A push failure on any host stops the deploy before any host is switched, so all hosts stay on
+the same (old) release."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import DsvError, InputError, RemoteError, VerdictError
+from ..release import Release, build_release, manifest_diff, release_id, series_patches, sha256_file
+from ..remote import (Action, Transport, append_jsonl, append_jsonl_cmd, atomic_write, atomic_write_cmd, connect,
+                      q, read_text, run_parallel, who)
+from . import health
+from .layout import (DEFAULT_LAUNCH, HostFacts, Paths, STATE_SCHEMA, choose_rollback_target, facts_command,
+                     lock_text, parse_facts, read_facts, render_launch, select_prune)
+from .service import backend, log_tail_cmd
+from .verify import SCRIPT as VERIFY_SCRIPT
+
+SERVER_ROLES = ("prefill", "decode", "colocated")
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class Options:
+    """Knobs shared by deploy / rollback / releases."""
+
+    dry_run: bool = False
+    accept_new_host_keys: bool = False
+    health_timeout: float | None = None
+    break_lock: bool = False
+    connect_timeout: float = 10.0
+    host_timeout: float | None = 3600.0
+    cache: Path | None = None
+    log: Callable[[str], None] = lambda s: None
+    progress: Callable[[str, int, int], None] | None = None   # (host, bytes_done_pct, 100)
+
+
+# -- the profile's view ------------------------------------------------------------------------
+
+def _serve_config_value(path: Path | None, key: str):
+    if not path:
+        return None
+    from ..serveconfig import read_serve_config
+    cfg, _ = read_serve_config(path)
+    return cfg.get(key)
+
+
+def group_port(g) -> int:
+    """A group's HTTP port: ``port`` in the profile, else the serve config's ``port``, else
+    SGLang's default 30000 (router: 8000)."""
+    if g.port:
+        return int(g.port)
+    v = _serve_config_value(g.serve_config, "port")
+    if v is not None:
+        return int(v)
+    return 8000 if g.role == "router" else 30000
+
+
+def launch_spec(profile) -> dict:
+    """{group: {role, host, port, cmd (template), env, model, router_args}} written to the
+    release's ``launch.json``. Template precedence: group ``launch`` > ``deploy.launch[role]``
+    > ``deploy.launch.server|router`` > built-in (``python -m sglang.launch_server --config``;
+    ``python -m sglang_router.launch_router --pd-disaggregation --prefill URL BOOTSTRAP
+    --decode URL``, ops reference §1.1, §3.4)."""
+    launch = profile.deploy.get("launch", {}) or {}
+    spec = {}
+    groups = {g.name: g for g in profile.groups}
+    for g in profile.groups:
+        kind = "router" if g.role == "router" else "server"
+        tmpl = g.launch or launch.get(g.role) or launch.get(kind) or DEFAULT_LAUNCH[kind]
+        s = {"role": g.role, "host": g.host, "port": group_port(g), "cmd": tmpl, "env": dict(g.env),
+             "model": str(_serve_config_value(g.serve_config, "served-model-name") or "default")}
+        if g.role == "router":
+            words = []
+            addr = lambda n: profile.hosts[groups[n].host].address  # noqa: E731
+            if g.prefill or g.decode:
+                words.append("--pd-disaggregation")
+                for n in g.prefill:
+                    boot = _serve_config_value(groups[n].serve_config, "disaggregation-bootstrap-port")
+                    words += ["--prefill", f"http://{addr(n)}:{group_port(groups[n])}", str(boot or "none")]
+                for n in g.decode:
+                    words += ["--decode", f"http://{addr(n)}:{group_port(groups[n])}"]
+            for n in g.workers:
+                words += ["--worker-urls", f"http://{addr(n)}:{group_port(groups[n])}"]
+            s["router_args"] = words
+            s["model"] = next((spec[n]["model"] for n in g.decode + g.workers if n in spec), "default")
+        spec[g.name] = s
+    return spec
+
+
+def release_inputs(profile, tree: str | None, base_ref: str | None, patches: list[str] | None):
+    """(tree, base_ref, patch paths, {group: serve config bytes}, launch spec) from the profile
+    and CLI overrides. InputError for missing pieces."""
+    sg = profile.sglang
+    if tree:
+        tree_p = Path(os.path.expanduser(tree))          # CLI: relative to the working directory
+    elif sg.get("tree"):
+        tree_p = profile.base_dir / os.path.expanduser(sg["tree"])  # profile: relative to the profile
+    else:
+        raise InputError(f"{profile.path}: sglang.tree: no SGLang git checkout given (set it or pass --tree)")
+    base_ref = base_ref or sg.get("base_ref") or "HEAD"
+    series = sg.get("series")
+    series_p = (profile.base_dir / series) if series and not patches else None
+    pl = series_patches(series_p if series_p and series_p.exists() else None,
+                        [Path(p) for p in patches] if patches else None)
+    configs = {}
+    for g in profile.servers():
+        if g.serve_config:
+            if not g.serve_config.is_file():
+                raise InputError(f"{profile.path}: group {g.name}: serve config {g.serve_config} not found")
+            configs[g.name] = g.serve_config.read_bytes()
+    return tree_p, base_ref, pl, configs, launch_spec(profile)
+
+
+# -- site: transports, paths, facts ------------------------------------------------------------
+
+@dataclass
+class Site:
+    profile: object
+    opts: Options
+    transports: dict[str, Transport] = field(default_factory=dict)
+    paths: dict[str, Paths] = field(default_factory=dict)
+    python: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    token: str = ""
+    unlocked: set = field(default_factory=set)
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.transports)
+
+    def close(self):
+        for t in self.transports.values():
+            t.close()
+
+
+def open_site(profile, opts: Options) -> Site:
+    """Transports (not yet connected) and deploy roots for every profile host."""
+    s = Site(profile, opts)
+    droot = profile.deploy.get("root", "/srv/dsv4ctl")
+    for name, h in profile.hosts.items():
+        s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
+                                     connect_timeout=opts.connect_timeout, hosts=profile.hosts)
+        s.paths[name] = Paths((h.root or droot).rstrip("/"))
+        s.python[name] = profile.deploy.get("python", "python3")
+    return s
+
+
+def _raise_failed(res: dict, what: str, cls=RemoteError):
+    bad = [r for r in res.values() if not r.ok]
+    if bad:
+        raise cls(f"{what} failed on {len(bad)} host(s): " + "; ".join(r.error for r in bad))
+
+
+def gather_facts(site: Site) -> dict[str, HostFacts]:
+    """Read every host's facts in parallel; RemoteError naming each failing host."""
+    res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
+                       timeout=site.opts.connect_timeout + 60)
+    _raise_failed(res, "reading host state")
+    site.facts = {h: r.value for h, r in res.items()}
+    return site.facts
+
+
+# -- lock / audit / state ----------------------------------------------------------------------
+
+def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
+    """Take every host's lock (mkdir is atomic) and read its facts in the same round trip.
+    A held lock → RemoteError naming its holder; locks taken so far are released.
+    ``--break-lock`` removes a stale lock first (audited with the old holder)."""
+    site.token = secrets.token_hex(8)
+    holder = {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": site.token}
+
+    def lock(t: Transport):
+        p = site.paths[t.name]
+        pre = ""
+        if site.opts.break_lock:
+            old = read_text(t, f"{p.lock}/holder.json")
+            rec = {"ts": now_iso(), "who": who(), "host": t.name, "action": "break-lock", "result": "ok",
+                   "detail": f"removed lock held by {_holder_public(old)}"}
+            pre = f"if [ -d {q(p.lock)} ]; then rm -rf {q(p.lock)} && {append_jsonl_cmd(p.audit, rec)}; fi; "
+        r = t.run(f"{pre}mkdir -p {q(p.releases)} && if mkdir {q(p.lock)} 2>/dev/null; then "
+                  f"printf %s {q(json.dumps(holder))} > {q(p.lock + '/holder.json')}; else "
+                  f"cat {q(p.lock + '/holder.json')} 2>/dev/null || echo '{{}}'; exit 75; fi; "
+                  + facts_command(p.root), check=False, timeout=120)
+        if r.code == 75:
+            try:
+                h = json.loads(r.out or "{}")
+            except ValueError:
+                h = {}
+            raise RemoteError(f"{t.name}: deploy lock {p.lock} held by {lock_text(h)}; "
+                              f"wait for it, or break a stale lock with --break-lock")
+        if r.code != 0:
+            raise t.fail(r, f"lock {p.lock}")
+        return parse_facts(t.name, p.root, r.out)
+
+    res = run_parallel(site.transports, lock, timeout=site.opts.connect_timeout + 120)
+    if not all(r.ok for r in res.values()):
+        release_locks(site, [h for h, r in res.items() if r.ok])
+        _raise_failed(res, "locking")
+    site.facts = {h: r.value for h, r in res.items()}
+    return site.facts
+
+
+def _holder_public(text: str | None) -> str:
+    try:
+        h = json.loads(text or "{}")
+    except ValueError:
+        return "unreadable holder"
+    return lock_text(h)
+
+
+def release_locks(site: Site, hosts: list[str] | None = None) -> None:
+    """Drop the locks this run holds (only when the token matches); best effort."""
+    hs = [h for h in (hosts if hosts is not None else site.hosts) if h not in getattr(site, "unlocked", set())]
+    if not hs:
+        return
+
+    def unlock(t):
+        p = site.paths[t.name]
+        t.run(f"grep -q {q(site.token)} {q(p.lock + '/holder.json')} 2>/dev/null && rm -rf {q(p.lock)} || true",
+              timeout=30)
+    run_parallel({h: site.transports[h] for h in hs}, unlock, timeout=60)
+
+
+def audit(site: Site, hosts, record: dict) -> None:
+    """Append ``record`` (+ ts, who, host) to each host's audit log; best effort."""
+    def body(t):
+        append_jsonl(t, site.paths[t.name].audit, {"ts": now_iso(), "who": who(), "host": t.name, **record})
+    run_parallel({h: site.transports[h] for h in hosts}, body, timeout=60)
+
+
+def save_state(t: Transport, site: Site) -> None:
+    f = site.facts[t.name]
+    f.state["schema"] = STATE_SCHEMA
+    atomic_write(t, site.paths[t.name].state, json.dumps(f.state, indent=1, sort_keys=True) + "\n")
+
+
+def set_release_state(t: Transport, site: Site, rid: str, **kv) -> None:
+    site.facts[t.name].state.setdefault("releases", {}).setdefault(rid, {}).update(kv)
+    save_state(t, site)
+
+
+# -- push --------------------------------------------------------------------------------------
+
+_RSYNC_PROCS: set = set()
+_RSYNC_LOCK = threading.Lock()
+
+
+def parse_rsync_stats(text: str) -> dict:
+    """{bytes_sent, bytes_received, files_transferred, total_size} from ``rsync --stats`` (pure)."""
+    def num(label):
+        m = re.search(rf"^{label}: ([\d,.]+)", text, re.M)
+        return int(m.group(1).replace(",", "").replace(".", "")) if m else 0
+    return {"bytes_sent": num("Total bytes sent"), "bytes_received": num("Total bytes received"),
+            "files_transferred": num(r"Number of regular files transferred"),
+            "total_size": num("Total file size")}
+
+
+def link_bases(f: HostFacts, rid: str, limit: int = 19) -> list[str]:
+    """Release ids to hard-link unchanged files from: current, previous, then newest others."""
+    order = [r for r in (f.current, f.previous) if r and r in f.releases and r != rid]
+    others = sorted((r for r in f.releases if r not in order and r != rid), key=lambda r: f.when(r), reverse=True)
+    return (order + others)[:limit]
+
+
+def state_doc(f: HostFacts) -> bytes:
+    f.state["schema"] = STATE_SCHEMA
+    return (json.dumps(f.state, indent=1, sort_keys=True) + "\n").encode()
+
+
+def push_host(t: Transport, site: Site, rel: Release) -> dict:
+    """Put ``rel`` into ``releases/<id>`` on one host (delta), verified. Returns push stats.
+
+    Round trips: [stale incoming removal] + rsync + one command that verifies the manifest,
+    renames ``.incoming-<id>`` to ``<id>`` and records the push in ``state.json``."""
+    f, p = site.facts[t.name], site.paths[t.name]
+    t0 = time.monotonic()
+    if rel.id in f.releases:
+        return {"skipped": True, "bytes_sent": 0, "files_transferred": 0, "seconds": 0.0, "hashed": 0}
+    inc = p.incoming(rel.id)
+    bases = link_bases(f, rel.id)
+    stale = [x for x in f.incoming if x != rel.id]
+    if stale:
+        t.run("; ".join(f"rm -rf {q(p.incoming(x))}" for x in stale), timeout=300)
+    use_rsync = f.rsync and os.environ.get("DSV4CTL_PUSH", "rsync") != "copy"
+    stats = _push_rsync(t, site, rel, inc, bases) if use_rsync else _push_copy(t, site, rel, inc, bases)
+    st = f.state.setdefault("releases", {})
+    before = dict(st.get(rel.id, {}))
+    st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
+    final = p.release(rel.id)
+    cmd = (f"{q(site.python[t.name])} -c {q(VERIFY_SCRIPT)} {q(inc)} " + " ".join(q(p.release(b)) for b in bases)
+           + f" && {{ [ ! -e {q(final)} ] && mv -T {q(inc)} {q(final)} || [ -f {q(final + '/RELEASE.json')} ]; }}"
+           + f" && {atomic_write_cmd(p.state)}")
+    r = t.run(cmd, input=state_doc(f), timeout=1800, check=False)
+    if before:
+        st[rel.id] = before
+    else:
+        st.pop(rel.id, None)
+    lines = r.out.strip().splitlines()
+    try:
+        v = json.loads(lines[0]) if lines else None
+    except ValueError:
+        v = None
+    if v is not None and not v["ok"]:
+        raise RemoteError(f"{t.name}: release {rel.id} failed manifest verification "
+                          f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})")
+    if r.code != 0 or v is None:
+        raise t.fail(r, f"verifying/placing release {rel.id}")
+    st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
+    f.releases[rel.id] = rel.meta
+    stats.update(skipped=False, seconds=round(time.monotonic() - t0, 3), hashed=v["hashed"], link_dest=bases)
+    return stats
+
+
+def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str]) -> dict:
+    p = site.paths[t.name]
+    extra, dest = t.rsync_dest(inc + "/")
+    import shlex
+    argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", "--no-inc-recursive",
+            *shlex.split(os.environ.get("DSV4CTL_RSYNC_ARGS", "")),
+            *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    with _RSYNC_LOCK:
+        _RSYNC_PROCS.add(proc)
+    err_buf: list[bytes] = []
+    et = threading.Thread(target=lambda: err_buf.append(proc.stderr.read()), daemon=True)
+    et.start()
+    out = bytearray()
+    buf = b""
+    try:
+        while True:
+            chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(65536)
+            if not chunk:
+                break
+            out += chunk
+            buf = (buf + chunk)[-512:]
+            if site.opts.progress:
+                m = list(re.finditer(rb"\s(\d{1,3})%\s", buf))
+                if m:
+                    site.opts.progress(t.name, int(m[-1].group(1)), 100)
+        code = proc.wait()
+        et.join(5)
+    finally:
+        with _RSYNC_LOCK:
+            _RSYNC_PROCS.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+    if code != 0:
+        err = (b"".join(err_buf)).decode("utf-8", "replace").strip().splitlines()
+        msg = next((ln for ln in err if "No space left" in ln), None) or (err[0] if err else f"exit {code}")
+        raise RemoteError(f"{t.name}: pushing release {rel.id} with rsync failed (exit {code}): {msg.strip()}")
+    if site.opts.progress:
+        site.opts.progress(t.name, 100, 100)
+    stats = parse_rsync_stats(out.decode("utf-8", "replace"))
+    stats["method"] = "rsync"
+    return stats
+
+
+def _push_copy(t: Transport, site: Site, rel: Release, inc: str, bases: list[str]) -> dict:
+    """No rsync on the host: hard-link copy of the newest release, then a tar of the files that
+    differ from its manifest (the others stay hard links)."""
+    import io
+    import tarfile
+    p = site.paths[t.name]
+    old_files: dict = {}
+    if bases:
+        txt = read_text(t, p.release(bases[0]) + "/MANIFEST.json", default="{}")
+        old_files = json.loads(txt or "{}").get("files", {})
+        t.run(f"rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)}", timeout=600)
+    else:
+        t.run(f"rm -rf {q(inc)} && mkdir -p {q(inc)}", timeout=60)
+    d = manifest_diff(old_files, rel.files)
+    drop = d["removed"] + d["changed"] + ["MANIFEST.json", "RELEASE.json"] + list(rel.links)
+    if drop:
+        t.run(f"cd {q(inc)} && xargs -0 rm -f", input=b"\0".join(x.encode() for x in drop), timeout=600)
+    send = d["added"] + d["changed"] + ["MANIFEST.json", "RELEASE.json"] + list(rel.links)
+    bio = io.BytesIO()
+    with tarfile.open(fileobj=bio, mode="w") as tf:
+        for rel_path in send:
+            tf.add(str(rel.path / rel_path), arcname=rel_path, recursive=False)
+    data = bio.getvalue()
+    t.run(f"tar -x -C {q(inc)} -f -", input=data, timeout=3600)
+    return {"method": "copy", "bytes_sent": len(data), "files_transferred": len(send), "total_size": rel.bytes}
+
+
+def kill_rsyncs() -> None:
+    """Terminate rsync children (on interrupt)."""
+    with _RSYNC_LOCK:
+        for pr in list(_RSYNC_PROCS):
+            try:
+                pr.send_signal(signal.SIGTERM)
+            except Exception:
+                pass
+
+
+def cleanup_incoming(site: Site, rid: str) -> None:
+    """Remove ``releases/.incoming-<id>`` on every host (best effort)."""
+    run_parallel(site.transports, lambda t: t.run(f"rm -rf {q(site.paths[t.name].incoming(rid))}", timeout=300),
+                 timeout=330)
+
+
+# -- activation --------------------------------------------------------------------------------
+
+def host_groups(spec: dict, host: str) -> list[str]:
+    """Groups of ``spec`` on ``host``, servers first then the router (start order)."""
+    gs = [g for g, s in spec.items() if s["host"] == host]
+    return sorted(gs, key=lambda g: (spec[g]["role"] == "router", list(spec).index(g)))
+
+
+def start_command(site: Site, host: str, rid: str, group: str, s: dict) -> str:
+    p = site.paths[host]
+    rd = p.release(rid)
+    values = {"python": site.python[host], "release": rd, "tree": f"{rd}/tree",
+              "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
+              "address": site.profile.hosts[host].address,
+              "router_args": " ".join(q(w) for w in s.get("router_args", []))}
+    return render_launch(s["cmd"], values)
+
+
+def switch_cmd(p: Paths, rid: str | None, prev: str | None) -> str:
+    """Atomic switch: ``previous`` then ``current`` re-pointed by rename of a fresh symlink
+    (``rid`` None removes ``current``: nothing was active before the first deploy)."""
+    parts = [f"cd {q(p.root)}"]
+    if prev:
+        parts.append(f"ln -sfn releases/{q(prev)} .previous.tmp && mv -T .previous.tmp previous")
+    else:
+        parts.append("rm -f previous")
+    if rid:
+        parts.append(f"ln -sfn releases/{q(rid)} .current.tmp && mv -T .current.tmp current")
+    else:
+        parts.append("rm -f current")
+    return " && ".join(parts)
+
+
+def read_spec(t: Transport, site: Site, rid: str) -> dict:
+    txt = read_text(t, site.paths[t.name].release(rid) + "/launch.json", default=None)
+    if txt is None:
+        raise RemoteError(f"{t.name}: release {rid} has no launch.json")
+    return json.loads(txt)
+
+
+def activate_cmd(site: Site, host: str, rid: str | None, prev: str | None,
+                 spec: dict | None, stop_spec: dict | None) -> str:
+    """One shell command: stop this host's groups of ``stop_spec`` ∪ ``spec`` (router first),
+    switch ``current``/``previous`` atomically, start the groups of ``spec`` (servers first)."""
+    f, p = site.facts[host], site.paths[host]
+    svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+    spec = spec or {}
+    stop = set(host_groups(stop_spec or {}, host)) | set(host_groups(spec, host))
+    role = lambda g: (spec.get(g) or (stop_spec or {}).get(g) or {}).get("role")  # noqa: E731
+    parts = [svc.stop_cmd(p, g) for g in sorted(stop, key=lambda g: (role(g) != "router", g))]
+    parts.append(switch_cmd(p, rid, prev))
+    if rid:
+        for g in host_groups(spec, host):
+            s_ = spec[g]
+            parts.append(svc.start_cmd(p, g, rid, start_command(site, host, rid, g, s_), s_.get("env", {})))
+    return " && ".join(f"( {x} )" for x in parts)
+
+
+def activate_host(t: Transport, site: Site, rid: str | None, prev: str | None,
+                  spec: dict | None, stop_spec: dict | None) -> None:
+    """Run :func:`activate_cmd` on the host (one round trip)."""
+    t.run(activate_cmd(site, t.name, rid, prev, spec, stop_spec), timeout=300)
+    site.facts[t.name].current, site.facts[t.name].previous = rid, prev
+
+
+def stop_all(site: Site, spec_by_host: dict[str, dict]) -> None:
+    def body(t):
+        f, p = site.facts[t.name], site.paths[t.name]
+        svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+        for g in host_groups(spec_by_host.get(t.name) or {}, t.name):
+            t.run(svc.stop_cmd(p, g), timeout=120)
+    run_parallel(site.transports, body, timeout=300)
+
+
+def health_targets(site: Site, spec: dict) -> tuple[list, list, str]:
+    """(worker targets, chat targets, model) for a launch spec: workers are server groups, chat
+    goes through the router group(s), or through decode/colocated groups when there is none."""
+    workers, routers = [], []
+    for g, s in spec.items():
+        h = s["host"]
+        url = f"http://{site.profile.hosts[h].address}:{s['port']}"
+        t, p, f = site.transports[h], site.paths[h], site.facts[h]
+        svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+        alive_cmd = svc.alive_cmd(p, g)
+        alive = (lambda t=t, c=alive_cmd: t.run(c, check=False, timeout=30).code == 0)
+        tgt = health.Target(h, g, url, alive)
+        (routers if s["role"] == "router" else workers).append(tgt)
+    chat = routers or [w for w in workers if spec[w.group]["role"] in ("decode", "colocated")]
+    model = next((spec[c.group]["model"] for c in chat), "default")
+    return workers, chat, model
+
+
+def log_tail(site: Site, host: str, group: str, n: int = 8) -> list[str]:
+    try:
+        r = site.transports[host].run(log_tail_cmd(site.paths[host], group, n), check=False, timeout=30)
+        return [ln for ln in r.out.splitlines() if ln.strip() and not ln.startswith("=== dsv4ctl start")]
+    except DsvError:
+        return []
+
+
+def failure_text(site: Site, fails: list) -> str:
+    out = []
+    for fl in fails:
+        tail = log_tail(site, fl.host, fl.group)
+        out.append(f"host {fl.host} group {fl.group}: {fl.reason}; last log lines: "
+                   + (" | ".join(tail[-5:]) if tail else "(empty log)"))
+    return "; ".join(out)
+
+
+def health_timeout(site: Site) -> float:
+    if site.opts.health_timeout is not None:
+        return site.opts.health_timeout
+    return float(site.profile.deploy.get("health_timeout_s", 900))
+
+
+def switch_with_gate(site: Site, target: dict[str, str], *, what: str,
+                     spec: dict | None = None) -> tuple[bool, str, dict]:
+    """Activate ``target`` {host: rid} on all hosts, then run the health gate. On any failure or
+    interrupt every switched host is put back (``current``/``previous`` as before, groups
+    restarted on the old release). Returns (ok, failure text, {host: old current})."""
+    old = {h: (site.facts[h].current, site.facts[h].previous) for h in site.hosts}
+    specs: dict[str, dict] = {}
+    old_specs: dict[str, dict | None] = {}
+
+    def prep(t):
+        rid = target[t.name]
+        specs[t.name] = spec if spec is not None else read_spec(t, site, rid)
+        old_specs[t.name] = site.facts[t.name].current_launch
+    _raise_failed(run_parallel(site.transports, prep, timeout=120), "reading launch specs")
+    switched: list[str] = []
+    lock = threading.Lock()
+
+    def act(t):
+        h = t.name
+        rid = target[h]
+        oc = old[h][0]
+        prev = oc if oc and oc != rid else old[h][1]
+        try:
+            activate_host(t, site, rid, prev, specs[h], old_specs[h])
+        finally:
+            with lock:
+                switched.append(h)
+    try:
+        res = run_parallel(site.transports, act, timeout=site.opts.host_timeout)
+        bad = [r for r in res.values() if not r.ok]
+        if bad:
+            reason = "activation failed: " + "; ".join(r.error for r in bad)
+        else:
+            spec = next(iter(specs.values()))
+            workers, chat, model = health_targets(site, spec)
+            site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
+                          f"(timeout {health_timeout(site):g} s)")
+            fails = health.gate(workers, chat, health_timeout(site), model)
+            if not fails:
+                return True, "", {h: o[0] for h, o in old.items()}
+            reason = failure_text(site, fails)
+    except BaseException:
+        _revert(site, switched, old, old_specs, specs)
+        raise
+    _revert(site, switched, old, old_specs, specs)
+    ospec = next((v for v in old_specs.values() if v), None)
+    if ospec:
+        workers, chat, model = health_targets(site, ospec)
+        fails = health.gate(workers, chat, health_timeout(site), model)
+        reason += (" (the previous release is healthy again)" if not fails else
+                   f" (after rolling back, still unhealthy: {failure_text(site, fails)})")
+    return False, reason, {h: o[0] for h, o in old.items()}
+
+
+def _revert(site, switched, old, old_specs, specs):
+    site.opts.log(f"rolling back {', '.join(sorted(switched)) or 'no host'} to the previous release")
+
+    def back(t):
+        oc, op = old[t.name]
+        activate_host(t, site, oc, op, old_specs.get(t.name), specs.get(t.name))
+    res = run_parallel({h: site.transports[h] for h in switched}, back, timeout=site.opts.host_timeout)
+    bad = [r.error for r in res.values() if not r.ok]
+    if bad:
+        site.opts.log("rollback failed on: " + "; ".join(bad))
+    return res
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+def plan_lines(site: Site, rel_id: str, n_files: int, nbytes: int, what: str = "deploy") -> list[str]:
+    """The ``--dry-run`` lines: every action per host in execution order."""
+    acts: list[Action] = []
+    noop = lambda t: None  # noqa: E731
+    spec = launch_spec(site.profile)
+    for h in site.hosts:
+        f, p = site.facts[h], site.paths[h]
+        svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+        acts.append(Action(h, f"lock {p.lock}" + (" (breaking the current lock first)" if site.opts.break_lock else ""), noop))
+        if rel_id in f.releases:
+            acts.append(Action(h, f"release {rel_id} already present: no push", noop))
+        else:
+            bases = link_bases(f, rel_id)
+            how = "rsync" if f.rsync else "hard-link copy + changed files"
+            acts.append(Action(h, f"push {rel_id} ({n_files} files, {nbytes / 2**20:.1f} MiB) to "
+                                  f"{p.incoming(rel_id)} with {how}"
+                                  + (f", reusing {', '.join(bases)}" if bases else ""), noop))
+            acts.append(Action(h, f"verify the manifest on the host, rename to {p.release(rel_id)}", noop))
+        acts.append(Action(h, f"switch {p.current}: {f.current or '(none)'} -> {rel_id} "
+                              f"(previous -> {f.current if f.current and f.current != rel_id else f.previous or '(none)'})", noop))
+        for g in host_groups(spec, h):
+            s = spec[g]
+            cmd = start_command(site, h, rel_id, g, s)
+            acts.append(Action(h, f"restart {g} ({svc.name}): {cmd}", noop))
+    lines = [a.describe() for a in acts]
+    for g, s in spec.items():
+        url = f"http://{site.profile.hosts[s['host']].address}:{s['port']}"
+        if s["role"] == "router":
+            lines.append(f"gate: POST {url}/v1/chat/completions (max_tokens 1) after the workers are healthy")
+        else:
+            lines.append(f"gate: GET {url}/health (group {g}, timeout {health_timeout(site):g} s)")
+    lines.append("on gate failure or interrupt: every switched host back to its previous release, restarted")
+    lines.append(f"on success: mark {rel_id} good, prune to keep_releases="
+                 f"{site.profile.deploy.get('keep_releases', 5)}, append to each audit.jsonl, unlock")
+    return lines
+
+
+def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) -> dict:
+    """Build, push, activate, gate. Returns a report dict (``dsv4ctl.deploy/1``).
+
+    Raises InputError (bad inputs, nothing changed), RemoteError (a host failed before any
+    switch, or locks), VerdictError (the gate failed; every host was rolled back)."""
+    t_start = time.monotonic()
+    tree_p, base_ref, pl, configs, spec = release_inputs(profile, tree, base_ref, patches)
+    site = open_site(profile, opts)
+    try:
+        if opts.dry_run:
+            from ..release import resolve_base
+            import hashlib
+            commit = resolve_base(tree_p, base_ref)
+            rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
+                             {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec)
+            gather_facts(site)
+            return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid,
+                    "actions": plan_lines(site, rid, 0, 0)}
+        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who())
+        opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
+                 f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
+        acquire_locks(site, f"deploy {rel.id}")
+        try:
+            return _deploy_locked(site, rel, t_start)
+        finally:
+            release_locks(site)
+    finally:
+        site.close()
+
+
+def close_out(site: Site, record: dict, *, state: dict | None = None, prune: int | None = None,
+              cleanup: str | None = None, hosts: list[str] | None = None,
+              per_host: dict[str, dict] | None = None) -> dict[str, list[str]]:
+    """The last round trip of a run, per host: remove ``cleanup``'s incoming folder, prune to
+    ``prune`` releases, apply ``state`` {rid: fields} to state.json (atomic), append ``record``
+    to the audit log, drop the lock. Returns {host: pruned ids}; failures are logged, not raised."""
+    hs = hosts if hosts is not None else site.hosts
+
+    def body(t):
+        f, p = site.facts[t.name], site.paths[t.name]
+        parts, gone = [], []
+        if cleanup:
+            parts.append(f"rm -rf {q(p.incoming(cleanup))}")
+        for rid, kv in (state or {}).items():
+            f.state.setdefault("releases", {}).setdefault(rid, {}).update(kv)
+        if prune:
+            gone = select_prune(f, prune)
+            for r in gone:
+                trash = p.releases + "/.trash-" + r
+                parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
+                f.releases.pop(r, None)
+                f.state.get("releases", {}).pop(r, None)
+        rec = {"ts": now_iso(), "who": who(), "host": t.name, **record, **(per_host or {}).get(t.name, {})}
+        if prune is not None:
+            rec["pruned"] = gone
+        parts.append(atomic_write_cmd(p.state))
+        parts.append(append_jsonl_cmd(p.audit, rec))
+        parts.append(f"(grep -q {q(site.token)} {q(p.lock + '/holder.json')} 2>/dev/null && rm -rf {q(p.lock)} || true)")
+        t.run(" && ".join(parts), input=state_doc(f), timeout=900)
+        return gone
+    res = run_parallel({h: site.transports[h] for h in hs}, body, timeout=960)
+    for r in res.values():
+        if not r.ok:
+            site.opts.log(f"warning: {r.error}")
+    site.unlocked = set(h for h, r in res.items() if r.ok) | getattr(site, "unlocked", set())
+    return {h: (r.value if r.ok else []) for h, r in res.items()}
+
+
+def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
+    opts = site.opts
+    report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
+              "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
+              "hosts": {h: {"from": site.facts[h].current} for h in site.hosts}}
+    old_current = {h: site.facts[h].current for h in site.hosts}
+    base_rec = {"action": "deploy", "release": rel.id}
+    if all(c == rel.id and site.facts[h].good(c) for h, c in old_current.items()):
+        opts.log(f"{rel.id} is already the active, good release on every host: nothing to do")
+        close_out(site, {**base_rec, "result": "ok", "detail": "already active"},
+                  per_host={h: {"from": rel.id} for h in site.hosts})
+        report.update(result="ok", unchanged=True, seconds=round(time.monotonic() - t_start, 3))
+        for h in site.hosts:
+            report["hosts"][h].update(push={"skipped": True, "bytes_sent": 0, "files_transferred": 0}, pruned=[])
+        return report
+    frm = {h: {"from": c} for h, c in old_current.items()}
+    # push
+    try:
+        t0 = time.monotonic()
+        res = run_parallel(site.transports, lambda t: push_host(t, site, rel), timeout=opts.host_timeout)
+        report["push_seconds"] = round(time.monotonic() - t0, 3)
+        bad = [r for r in res.values() if not r.ok]
+        if bad:
+            why = "; ".join(r.error for r in bad)
+            close_out(site, {**base_rec, "result": "failed", "detail": "push: " + why[:1500]}, cleanup=rel.id,
+                      per_host=frm)
+            raise RemoteError(f"deploy of {rel.id} stopped before any host was switched: push failed on {why}")
+        for h, r in res.items():
+            report["hosts"][h]["push"] = r.value
+            opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
+                                 f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
+                                 f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+    except KeyboardInterrupt:
+        kill_rsyncs()
+        close_out(site, {**base_rec, "result": "interrupted", "detail": "interrupted during push; no host switched"},
+                  cleanup=rel.id, per_host=frm)
+        raise
+    # activate + gate
+    spec = json.loads((rel.path / "launch.json").read_text())
+    try:
+        ok, why, old = switch_with_gate(site, {h: rel.id for h in site.hosts}, what="deploy", spec=spec)
+    except KeyboardInterrupt:
+        close_out(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"},
+                  state={rel.id: {"state": "failed", "failed_at": now_iso()}}, per_host=frm)
+        raise
+    if not ok:
+        close_out(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]},
+                  state={rel.id: {"state": "failed", "failed_at": now_iso()}}, per_host=frm)
+        back = sorted({o or "(none)" for o in old_current.values()})
+        raise VerdictError(f"deploy of {rel.id} rolled back to {', '.join(back)} on all hosts "
+                           f"({', '.join(site.hosts)}): {why}")
+    keep = int(site.profile.deploy.get("keep_releases", 5))
+    pruned = close_out(site, {**base_rec, "result": "ok"},
+                       state={rel.id: {"state": "good", "activated_at": now_iso(), "activated_by": who()}},
+                       prune=keep, per_host=frm)
+    for h in site.hosts:
+        report["hosts"][h]["pruned"] = pruned.get(h, [])
+    report["result"] = "ok"
+    report["seconds"] = round(time.monotonic() - t_start, 3)
+    return report
+
+
+def releases(profile, opts: Options) -> dict:
+    """Per host: every complete release with base, patches, when, who, state (a fact)."""
+    site = open_site(profile, opts)
+    try:
+        facts = gather_facts(site)
+    finally:
+        site.close()
+    out = {"schema": "dsv4ctl.releases/1", "hosts": {}}
+    for h, f in facts.items():
+        rows = []
+        for rid in sorted(f.releases, key=lambda r: (f.when(r), r), reverse=True):
+            m = f.releases[rid]
+            st = f.state.get("releases", {}).get(rid, {})
+            rows.append({"id": rid, "base_ref": m.get("base_ref"), "base_commit": m.get("base_commit"),
+                         "patches": [p["name"] for p in m.get("patches", [])],
+                         "when": f.when(rid), "who": st.get("activated_by") or st.get("pushed_by") or m.get("built_by"),
+                         "state": f.release_state(rid), "recorded_state": st.get("state")})
+        out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
+                           "lock": f.lock and lock_text(f.lock), "releases": rows}
+    return out
+
+
+def rollback(profile, opts: Options, to: str | None = None) -> dict:
+    """Activate an older release on every host (default: the newest good one present on all),
+    with the same gate; a failing gate puts the hosts back where they were (exit 3)."""
+    site = open_site(profile, opts)
+    try:
+        facts = gather_facts(site)
+        target = choose_rollback_target(facts, to)
+        if opts.dry_run:
+            lines = []
+            for h in site.hosts:
+                f, p = facts[h], site.paths[h]
+                lines.append(f"{h}: lock {p.lock}")
+                lines.append(f"{h}: switch {p.current}: {f.current or '(none)'} -> {target} (previous -> {f.current})")
+                lines.append(f"{h}: restart this host's groups from {p.release(target)}/launch.json")
+            lines.append("gate: every worker's /health, then a 1-token chat completion through the router")
+            lines.append("on gate failure or interrupt: every host back to its current release")
+            return {"schema": "dsv4ctl.rollback/1", "dry_run": True, "release": target, "actions": lines}
+        acquire_locks(site, f"rollback to {target}")
+        try:
+            target = choose_rollback_target(site.facts, to)
+            old_current = {h: site.facts[h].current for h in site.hosts}
+            rec = {"action": "rollback", "release": target}
+            try:
+                ok, why, old = switch_with_gate(site, {h: target for h in site.hosts}, what="rollback")
+            except KeyboardInterrupt:
+                close_out(site, {**rec, "result": "interrupted", "detail": "hosts put back"})
+                raise
+            if not ok:
+                close_out(site, {**rec, "result": "failed", "detail": why[:2000]})
+                raise RemoteError(f"rollback to {target} failed its health gate; hosts put back on "
+                                  f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}")
+            close_out(site, {**rec, "result": "ok"},
+                      state={target: {"state": "good", "activated_at": now_iso(), "activated_by": who()}})
+            return {"schema": "dsv4ctl.rollback/1", "release": target, "result": "ok",
+                    "hosts": {h: {"from": old_current[h], "to": target} for h in site.hosts}}
+        finally:
+            release_locks(site)
+    finally:
+        site.close()

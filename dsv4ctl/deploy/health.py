@@ -1,0 +1,96 @@
+"""Health gate over HTTP (aiohttp): each worker's ``GET /health`` (200 = healthy, 503 while
+starting; SGLang 0.5.23 ``srt/entrypoints/http_server.py``, ops reference §4.1), then a 1-token
+chat completion ``POST /v1/chat/completions`` through the router (ops reference §3.4, §4.1:
+PD workers must be reached through the router)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Target:
+    """One serving group to wait for. ``alive()`` → False when its process has exited."""
+
+    host: str
+    group: str
+    url: str
+    alive: Callable[[], bool] | None = None
+
+
+@dataclass
+class Failure:
+    host: str
+    group: str
+    reason: str
+
+
+async def _wait_one(session, t: Target, deadline: float, poll: float, loop) -> Failure | None:
+    import aiohttp
+    last = "no answer"
+    next_alive = time.monotonic() + 1.0
+    while True:
+        try:
+            async with session.get(t.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                if r.status == 200:
+                    return None
+                last = f"/health answered {r.status}"
+        except Exception as e:
+            last = f"/health: {type(e).__name__}"
+        now = time.monotonic()
+        if t.alive is not None and now >= next_alive:
+            next_alive = now + 1.0
+            try:
+                ok = await loop.run_in_executor(None, t.alive)
+            except Exception as e:
+                return Failure(t.host, t.group, f"cannot check the process: {e}")
+            if not ok:
+                return Failure(t.host, t.group, "server process exited")
+        if now >= deadline:
+            return Failure(t.host, t.group, f"not healthy after the health timeout ({last})")
+        await asyncio.sleep(poll)
+
+
+async def _chat(session, t: Target, deadline: float, model: str, poll: float) -> Failure | None:
+    import aiohttp
+    body = {"model": model, "messages": [{"role": "user", "content": "ping"}],
+            "max_tokens": 1, "temperature": 0, "stream": False}
+    last = "no answer"
+    while True:
+        try:
+            async with session.post(t.url + "/v1/chat/completions", json=body,
+                                    timeout=aiohttp.ClientTimeout(total=30)) as r:
+                if r.status == 200:
+                    doc = await r.json(content_type=None)
+                    if doc.get("choices"):
+                        return None
+                    last = "chat completion without choices"
+                else:
+                    last = f"chat completion answered {r.status}: {(await r.text())[:120]}"
+        except Exception as e:
+            last = f"chat completion: {type(e).__name__}: {e}"
+        if time.monotonic() >= deadline:
+            return Failure(t.host, t.group, last)
+        await asyncio.sleep(poll)
+
+
+def gate(workers: list[Target], chat: list[Target], timeout: float, model: str = "default",
+         poll: float = 0.25) -> list[Failure]:
+    """Wait until every worker's /health is 200 (or its process exits, or ``timeout`` s pass),
+    then one 1-token chat completion through each ``chat`` target (the router). [] = healthy."""
+    async def main():
+        import aiohttp
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as s:
+            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop) for t in workers)) if f]
+            if fails:
+                return fails
+            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop) for t in chat)) if f]
+            if fails:  # the router's own /health first
+                return fails
+            return [f for f in await asyncio.gather(*(_chat(s, t, deadline, model, poll) for t in chat)) if f]
+    return asyncio.run(main())

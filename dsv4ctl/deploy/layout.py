@@ -1,0 +1,195 @@
+"""Host layout, facts (read-only state of one host) and the pure decisions made from them."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+from ..remote import Transport, q
+
+STATE_SCHEMA = "dsv4ctl.deploy-state/1"
+
+
+@dataclass
+class Paths:
+    """Absolute paths of one host's deploy root."""
+
+    root: str
+
+    @property
+    def releases(self) -> str: return f"{self.root}/releases"
+    def release(self, rid: str) -> str: return f"{self.root}/releases/{rid}"
+    def incoming(self, rid: str) -> str: return f"{self.root}/releases/.incoming-{rid}"
+    @property
+    def current(self) -> str: return f"{self.root}/current"
+    @property
+    def previous(self) -> str: return f"{self.root}/previous"
+    @property
+    def state(self) -> str: return f"{self.root}/state.json"
+    @property
+    def audit(self) -> str: return f"{self.root}/audit.jsonl"
+    @property
+    def lock(self) -> str: return f"{self.root}/.lock"
+    def pidfile(self, group: str) -> str: return f"{self.root}/run/{group}.pid"
+    def logfile(self, group: str) -> str: return f"{self.root}/logs/{group}.log"
+
+
+@dataclass
+class HostFacts:
+    """What one host has: complete releases (id → RELEASE.json), current/previous ids, the
+    state file, the lock holder (None when free), whether rsync and systemd are present."""
+
+    host: str
+    root: str
+    releases: dict[str, dict] = field(default_factory=dict)
+    current: str | None = None
+    previous: str | None = None
+    state: dict = field(default_factory=lambda: {"schema": STATE_SCHEMA, "releases": {}})
+    lock: dict | None = None
+    rsync: bool = False
+    systemd: bool = False
+    incoming: list[str] = field(default_factory=list)
+    current_launch: dict | None = None
+
+    def release_state(self, rid: str) -> str:
+        """active / previous / good / failed / pushed."""
+        if rid == self.current:
+            return "active"
+        if rid == self.previous:
+            return "previous"
+        return self.state.get("releases", {}).get(rid, {}).get("state", "pushed")
+
+    def good(self, rid: str) -> bool:
+        return self.state.get("releases", {}).get(rid, {}).get("state") == "good"
+
+    def when(self, rid: str) -> str:
+        """Newest of activated_at / pushed_at / built_at (ISO 8601 UTC) for ordering."""
+        s = self.state.get("releases", {}).get(rid, {})
+        return s.get("activated_at") or s.get("pushed_at") or self.releases.get(rid, {}).get("built_at", "")
+
+
+def facts_command(root: str) -> str:
+    """One shell command printing every fact of a host in ``@section`` blocks (read-only)."""
+    r = q(root)
+    return f"""R={r}
+echo @current; readlink "$R/current" 2>/dev/null || true
+echo @previous; readlink "$R/previous" 2>/dev/null || true
+echo @state; cat "$R/state.json" 2>/dev/null; echo
+echo @lock; if [ -d "$R/.lock" ]; then cat "$R/.lock/holder.json" 2>/dev/null || echo '{{}}'; echo; fi
+echo @rsync; command -v rsync >/dev/null 2>&1 && echo yes || true
+echo @systemd; [ -d /run/systemd/system ] && echo yes || true
+echo @launch; cat "$R/current/launch.json" 2>/dev/null; echo
+echo @incoming; ls -1a "$R/releases" 2>/dev/null | grep '^\\.incoming-' || true
+for d in "$R"/releases/r*/; do
+  if [ -f "$d/RELEASE.json" ] && [ -f "$d/MANIFEST.json" ]; then echo @release; cat "$d/RELEASE.json"; echo; fi
+done
+echo @end"""
+
+
+def parse_facts(host: str, root: str, text: str) -> HostFacts:
+    """HostFacts from the output of :func:`facts_command` (pure). Unreadable JSON → RuntimeError."""
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("@") and line[1:].isalpha():
+            sections.append((line[1:], []))
+        elif sections:
+            sections[-1][1].append(line)
+    f = HostFacts(host, root)
+    for name, lines in sections:
+        body = "\n".join(lines).strip()
+        if name in ("current", "previous") and body:
+            setattr(f, name, body.rstrip("/").rsplit("/", 1)[-1])
+        elif name == "state" and body:
+            st = json.loads(body)
+            st.setdefault("releases", {})
+            f.state = st
+        elif name == "lock" and body:
+            try:
+                f.lock = json.loads(body)
+            except ValueError:
+                f.lock = {"raw": body[:200]}
+        elif name == "rsync":
+            f.rsync = body == "yes"
+        elif name == "systemd":
+            f.systemd = body == "yes"
+        elif name == "launch" and body:
+            f.current_launch = json.loads(body)
+        elif name == "incoming" and body:
+            f.incoming = [x[len(".incoming-"):] for x in body.split()]
+        elif name == "release" and body:
+            meta = json.loads(body)
+            f.releases[meta["id"]] = meta
+    return f
+
+
+def read_facts(t: Transport, root: str) -> HostFacts:
+    """Facts of the host behind ``t`` (no change)."""
+    return parse_facts(t.name, root, t.run(facts_command(root), timeout=60).out)
+
+
+def lock_text(holder: dict | None) -> str:
+    if not holder:
+        return "unknown holder"
+    if "who" not in holder:
+        return "unknown holder (holder.json unreadable)"
+    return f"{holder.get('who')} ({holder.get('what', '?')}, pid {holder.get('pid', '?')}, since {holder.get('since', '?')})"
+
+
+def select_prune(facts: HostFacts, keep: int, protect: set[str] = frozenset()) -> list[str]:
+    """Release ids to delete so at most ``keep`` remain: oldest first by :meth:`HostFacts.when`,
+    never ``current``, ``previous`` or ``protect``."""
+    keep = max(1, keep)
+    ids = sorted(facts.releases, key=lambda r: (facts.when(r), r), reverse=True)
+    fixed = {facts.current, facts.previous} | set(protect)
+    kept = [r for r in ids if r in fixed]
+    out = []
+    for r in ids:
+        if r in fixed:
+            continue
+        if len(kept) < keep:
+            kept.append(r)
+        else:
+            out.append(r)
+    return sorted(out)
+
+
+def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None) -> str:
+    """The release ``rollback`` activates: ``to`` (must be complete on every host), else the
+    newest release that is *good* on every host it is on, present on all hosts, and not the
+    current one everywhere. InputError when there is none (nothing changes)."""
+    hosts = list(facts)
+    common = set.intersection(*(set(f.releases) for f in facts.values())) if facts else set()
+    if to is not None:
+        missing = [h for h in hosts if to not in facts[h].releases]
+        if missing:
+            raise InputError(f"release {to} is not present on {', '.join(missing)} (see dsv4ctl releases)")
+        return to
+    currents = {f.current for f in facts.values()}
+    cands = [r for r in common if currents != {r} and all(f.good(r) for f in facts.values())]
+    if not cands:
+        raise InputError("no good release other than the current one is present on every host "
+                         "(see dsv4ctl releases; pass --to ID)")
+    return max(cands, key=lambda r: (max(facts[h].when(r) for h in hosts), r))
+
+
+# -- launch commands ---------------------------------------------------------------------------
+
+DEFAULT_LAUNCH = {
+    "server": "env PYTHONPATH={tree}/python {python} -m sglang.launch_server --config {config} --port {port}",
+    "router": "{python} -m sglang_router.launch_router {router_args} --host 0.0.0.0 --port {port}",
+}
+
+
+def render_launch(template: str, values: dict) -> str:
+    """Fill ``{name}`` placeholders of a launch template (values are shell-quoted, except
+    ``router_args`` which is already a list of quoted words). InputError for an unknown name."""
+    qv = {k: (v if k == "router_args" else shlex.quote(str(v))) for k, v in values.items()}
+    try:
+        return template.format(**qv)
+    except (KeyError, IndexError) as e:
+        raise InputError(f"launch command {template!r}: unknown placeholder {e} "
+                         f"(known: {', '.join(sorted(values))})")
+    except ValueError as e:
+        raise InputError(f"launch command {template!r}: {e}")

@@ -1,0 +1,302 @@
+"""Releases: immutable, content-addressed SGLang trees + serve configs, built locally.
+
+A release is a folder::
+
+    tree/            the SGLang source at the base commit with the patch series applied
+    configs/G.yaml   the rendered serve config of every server group G
+    launch.json      per group: the launch command template, port, env (the service backend reads it)
+    MANIFEST.json    {path: [sha256, size, exec]} for every regular file, {path: target} for links
+    RELEASE.json     id, base ref/commit, patches, configs, built when/by, file count, bytes
+
+The id is ``r`` + 12 hex of sha256 over (base commit, each patch's name and sha256, each
+config's group and sha256, launch spec): the same inputs always give the same id, any change
+gives a new one. File mtimes are derived from content (``content_mtime``) so rsync's quick
+check (size + mtime) reuses every unchanged file with ``--link-dest`` across rebuilds, even
+though ``git archive`` stamps every file with the commit time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InputError
+
+MTIME_BASE = 1_500_000_000  # 2017-07-14; content mtimes live in [base, base + 2**30)
+
+
+# -- pure core ---------------------------------------------------------------------------------
+
+def release_id(base_commit: str, patches: list[tuple[str, str]], configs: dict[str, str],
+               launch: dict | None = None) -> str:
+    """``r`` + 12 hex digits of sha256 over the canonical JSON of the inputs.
+
+    ``patches`` is [(name, sha256)] in series order; ``configs`` {group: sha256 of the rendered
+    serve config}; ``launch`` the launch spec (JSON-able). Order of ``configs`` keys is irrelevant."""
+    doc = {"base": base_commit, "patches": [list(p) for p in patches],
+           "configs": dict(sorted(configs.items())), "launch": launch or {}}
+    return "r" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def content_mtime(sha256_hex: str) -> int:
+    """Deterministic mtime (s since epoch) of a file from its content hash: equal content →
+    equal mtime, so rsync's size+mtime quick check recognises unchanged files across builds."""
+    return MTIME_BASE + int(sha256_hex[:8], 16) % (1 << 30)
+
+
+def parse_series(text: str) -> list[str]:
+    """Patch names from a quilt-style ``series`` file: one per line, ``#`` comments, blank lines
+    skipped, options after the name (``-p1``) ignored."""
+    out = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append(line.split()[0])
+    return out
+
+
+def manifest_diff(old: dict, new: dict) -> dict[str, list[str]]:
+    """{added, changed, removed, same}: paths of two ``MANIFEST.json['files']`` maps."""
+    a = sorted(p for p in new if p not in old)
+    r = sorted(p for p in old if p not in new)
+    c = sorted(p for p in new if p in old and old[p] != new[p])
+    s = sorted(p for p in new if p in old and old[p] == new[p])
+    return {"added": a, "changed": c, "removed": r, "same": s}
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+def series_patches(series: Path | None, patches: list[Path] | None = None) -> list[Path]:
+    """The patch files of a series: explicit ``patches`` win; else ``series/series`` order;
+    else ``series/*.patch`` sorted. InputError for a missing file or folder."""
+    if patches:
+        for p in patches:
+            if not Path(p).is_file():
+                raise InputError(f"{p}: patch file not found")
+        return [Path(p) for p in patches]
+    if series is None:
+        return []
+    series = Path(series)
+    if not series.exists():
+        raise InputError(f"{series}: patch series folder not found")
+    if series.is_file():
+        names = parse_series(series.read_text())
+        base = series.parent
+    elif (series / "series").is_file():
+        names = parse_series((series / "series").read_text())
+        base = series
+    else:
+        return sorted(series.glob("*.patch"))
+    out = []
+    for n in names:
+        if not (base / n).is_file():
+            raise InputError(f"{base / 'series'}: patch {n!r} listed but not found")
+        out.append(base / n)
+    return out
+
+
+def _git(tree: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, **kw)
+
+
+def resolve_base(tree: Path, ref: str) -> str:
+    """The full commit id of ``ref`` in the git checkout ``tree``; InputError otherwise."""
+    tree = Path(tree)
+    if not tree.is_dir():
+        raise InputError(f"{tree}: SGLang tree not found")
+    p = _git(tree, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", text=True)
+    if p.returncode != 0:
+        if _git(tree, "rev-parse", "--git-dir").returncode != 0:
+            raise InputError(f"{tree}: not a git checkout (sglang.tree must be a git checkout)")
+        raise InputError(f"{tree}: base ref {ref!r} is not a commit")
+    return p.stdout.strip()
+
+
+@dataclass
+class Release:
+    """A built release in the local cache (``path``)."""
+
+    id: str
+    path: Path
+    meta: dict
+    files: dict = field(default_factory=dict)
+    links: dict = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(v[1] for v in self.files.values())
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_release(path: Path) -> Release:
+    meta = json.loads((path / "RELEASE.json").read_text())
+    man = json.loads((path / "MANIFEST.json").read_text())
+    return Release(meta["id"], path, meta, man["files"], man.get("links", {}))
+
+
+def default_cache() -> Path:
+    """``$DSV4CTL_CACHE`` or ``$XDG_CACHE_HOME/dsv4ctl`` or ``~/.cache/dsv4ctl`` + ``/releases``."""
+    base = os.environ.get("DSV4CTL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv4ctl")
+    return Path(base) / "releases"
+
+
+def patch_paths(text: str) -> set[str]:
+    """Paths a unified/git patch touches (``a/``/``b/`` prefixes stripped; /dev/null dropped)."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith(("--- ", "+++ ")):
+            p = line[4:].split("\t", 1)[0].strip()
+            if p != "/dev/null":
+                out.add(p[2:] if p[:2] in ("a/", "b/") else p)
+        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            out.add(line.split(" ", 2)[2].strip())
+    return out
+
+
+def _scan(root: Path, rels=None) -> tuple[dict, dict]:
+    """(files, links) of ``root`` (or only the paths ``rels``): sha256/size/exec, content mtimes set."""
+    files, links = {}, {}
+    if rels is None:
+        rels = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            for fn in filenames:
+                rels.append(str((Path(dirpath) / fn).relative_to(root)))
+    for rel in rels:
+        full = root / rel
+        if full.is_symlink():
+            links[rel] = os.readlink(full)
+            continue
+        if not full.is_file():
+            continue
+        digest = sha256_file(full)
+        st = full.stat()
+        files[rel] = [digest, st.st_size, bool(st.st_mode & 0o111)]
+        m = content_mtime(digest)
+        os.utime(full, (m, m))
+    return files, links
+
+
+def export_base(tree: Path, commit: str, cache: Path) -> Path:
+    """``git archive`` of ``commit`` once per commit into ``cache/../exports/<commit>/`` with
+    content mtimes and a hash table (``hashes.json``); releases hard-link from it."""
+    exp = cache.parent / "exports" / commit
+    if (exp / "hashes.json").is_file():
+        return exp
+    tmp = exp.parent / f".tmp-{commit}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "tree").mkdir(parents=True)
+    try:
+        arch = subprocess.Popen(["git", "-C", str(tree), "archive", "--format=tar", commit], stdout=subprocess.PIPE)
+        tar = subprocess.run(["tar", "-x", "-C", str(tmp / "tree")], stdin=arch.stdout, capture_output=True)
+        arch.stdout.close()
+        if arch.wait() != 0 or tar.returncode != 0:
+            raise InputError(f"{tree}: git archive {commit[:12]} failed: {tar.stderr.decode().strip()}")
+        files, links = _scan(tmp / "tree")
+        (tmp / "hashes.json").write_text(json.dumps({"files": files, "links": links}))
+        try:
+            os.rename(tmp, exp)
+        except OSError:
+            if not (exp / "hashes.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return exp
+
+
+def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
+                  launch: dict, *, cache: Path | None = None, who: str = "") -> Release:
+    """Build (or reuse from ``cache``) the release for these inputs; returns it.
+
+    ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able).
+    Steps: resolve the base commit; export it once (:func:`export_base`); hard-link the export
+    into a new folder; break the links of the files the patches touch and ``git apply`` each
+    patch in order (an InputError names the patch that does not apply); re-hash only touched
+    files; write configs, launch.json, MANIFEST.json, RELEASE.json; rename the folder into
+    place (a partial build is never visible). Cost after the first build of a base: one
+    hard-link copy plus the patched files."""
+    cache = Path(cache or default_cache())
+    commit = resolve_base(tree, base_ref)
+    pinfo = [(p.name, sha256_file(p)) for p in patches]
+    chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
+    rid = release_id(commit, pinfo, chash, launch)
+    final = cache / rid
+    if (final / "RELEASE.json").is_file():
+        return load_release(final)
+    cache.mkdir(parents=True, exist_ok=True)
+    exp = export_base(tree, commit, cache)
+    tmp = cache / f".build-{rid}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        r = subprocess.run(["cp", "-al", str(exp / "tree"), str(tmp / "tree")], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise InputError(f"{tmp}: cannot hard-link the base export: {r.stderr.strip()}")
+        base = json.loads((exp / "hashes.json").read_text())
+        files, links = dict(base["files"]), dict(base.get("links", {}))
+        touched: set[str] = set()
+        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp))
+        for p in patches:
+            paths = patch_paths(Path(p).read_text(errors="replace"))
+            for rel in paths:
+                f = tmp / "tree" / rel
+                if f.is_file() and not f.is_symlink():
+                    data = f.read_bytes()
+                    mode = f.stat().st_mode
+                    f.unlink()
+                    f.write_bytes(data)
+                    os.chmod(f, mode)
+            touched |= paths
+            r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(Path(p).resolve())],
+                               cwd=tmp / "tree", env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                msg = (r.stderr.strip().splitlines() or ["does not apply"])[0]
+                raise InputError(f"{p}: patch does not apply to {base_ref} ({commit[:12]}): {msg}")
+        tf, tl = _scan(tmp / "tree", sorted(touched))
+        for rel in touched:
+            files.pop(rel, None)
+            links.pop(rel, None)
+        files.update(tf)
+        links.update(tl)
+        files = {"tree/" + k: v for k, v in files.items()}
+        links = {"tree/" + k: v for k, v in links.items()}
+        (tmp / "configs").mkdir()
+        for g, b in configs.items():
+            (tmp / "configs" / f"{g}.yaml").write_bytes(b)
+        (tmp / "launch.json").write_text(json.dumps(launch, indent=2, sort_keys=True) + "\n")
+        xf, _ = _scan(tmp, ["launch.json"] + [f"configs/{g}.yaml" for g in configs])
+        files.update(xf)
+        meta = {"schema": "dsv4ctl.release/1", "id": rid, "base_ref": base_ref, "base_commit": commit,
+                "patches": [{"name": n, "sha256": h} for n, h in pinfo],
+                "configs": {g: chash[g] for g in sorted(chash)}, "groups": sorted(launch),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "built_by": who,
+                "files": len(files), "bytes": sum(v[1] for v in files.values())}
+        (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": links}, sort_keys=True))
+        (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
+        for extra in ("MANIFEST.json", "RELEASE.json"):  # content mtimes: same size ≠ same file
+            m = content_mtime(sha256_file(tmp / extra))
+            os.utime(tmp / extra, (m, m))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "RELEASE.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load_release(final)

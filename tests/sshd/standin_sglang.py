@@ -1,0 +1,96 @@
+"""A minimal **stand-in** for an SGLang 0.5.23 server / router, started by the deploy launcher.
+
+A GPU SGLang server cannot run here; this speaks the parts of its wire format the deploy gate
+uses (ops reference §4.1): ``GET /health`` (200 empty body when healthy, 503 while starting),
+``GET /v1/models``, ``POST /v1/chat/completions`` (OpenAI chat, non-streaming). With
+``--router URL`` it acts as the router: chat requests are forwarded to the worker URL.
+
+Test knobs, read from the ``--config`` YAML (so a release's serve config decides):
+``standin-startup-s`` (503 for that long), ``standin-never-healthy`` (503 forever),
+``standin-crash`` (print the message to stderr as SGLang would log a fatal error, exit 1).
+
+    python -m tests.sshd.standin_sglang --config X.yaml --host 127.0.0.2 --port 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import yaml
+from aiohttp import ClientSession, web
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--router", action="append", default=[], help="worker URL (router mode)")
+    a = ap.parse_args(argv)
+    cfg = {}
+    if a.config:
+        with open(a.config) as f:
+            cfg = yaml.safe_load(f) or {}
+    model = cfg.get("served-model-name") or cfg.get("model-path") or "default"
+    print(f"stand-in: server_args model={model} port={a.port} config={a.config}", flush=True)
+    if cfg.get("standin-crash"):
+        print("Loading safetensors checkpoint shards:   0% Completed | 0/64", flush=True)
+        print(f"RuntimeError: {cfg['standin-crash']}", file=sys.stderr, flush=True)
+        return 1
+    t0 = time.monotonic()
+    startup = float(cfg.get("standin-startup-s", 0))
+    never = bool(cfg.get("standin-never-healthy"))
+
+    def healthy() -> bool:
+        return not never and time.monotonic() - t0 >= startup
+
+    async def health(req):
+        if a.router or healthy():
+            return web.Response(status=200)
+        return web.Response(status=503)
+
+    async def models(req):
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "created": int(t0),
+                                                               "owned_by": "sglang", "root": model}]})
+
+    async def chat(req):
+        body = await req.json()
+        if a.router:
+            async with ClientSession() as s:
+                async with s.post(a.router[0] + "/v1/chat/completions", json=body) as r:
+                    return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+        if not healthy():
+            return web.json_response({"object": "error", "message": "server not ready", "code": 503}, status=503)
+        n = int(body.get("max_tokens") or 16)
+        prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        return web.json_response({
+            "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"[:max(1, n)],
+                                                 "reasoning_content": None, "tool_calls": None},
+                         "logprobs": None, "finish_reason": "length", "matched_stop": None}],
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + 1, "completion_tokens": 1,
+                      "prompt_tokens_details": None}})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+
+    async def on_start(app):
+        async def ready():
+            while not (a.router or healthy()):
+                await asyncio.sleep(0.05)
+            print("The server is fired up and ready to roll!", flush=True)
+        if not never:
+            app["ready"] = asyncio.create_task(ready())
+    app.on_startup.append(on_start)
+    web.run_app(app, host=a.host, port=a.port, print=None, handle_signals=True, shutdown_timeout=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

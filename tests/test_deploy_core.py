@@ -1,0 +1,240 @@
+"""Pure cores of releases and deploys: ids, manifests, facts parsing, pruning, rollback choice,
+launch rendering, rsync stats; plus the local build and the launcher on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.deploy.engine import launch_spec, parse_rsync_stats, switch_cmd
+from dsv4ctl.deploy.layout import (HostFacts, Paths, choose_rollback_target, facts_command, parse_facts,
+                                   render_launch, select_prune)
+from dsv4ctl.deploy.service import Launcher, Systemd, backend, log_tail_cmd
+from dsv4ctl.errors import InputError
+from dsv4ctl.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, parse_series, patch_paths,
+                             release_id, series_patches)
+from dsv4ctl.remote import LocalTransport
+from tests.sshd.world import git, make_patch, make_tree
+
+
+def test_release_id_is_deterministic_and_input_sensitive():
+    a = release_id("c1", [("p1", "h1")], {"decode": "x", "prefill": "y"})
+    assert a == release_id("c1", [("p1", "h1")], {"prefill": "y", "decode": "x"})  # config order irrelevant
+    assert a.startswith("r") and len(a) == 13
+    others = {release_id("c2", [("p1", "h1")], {"decode": "x", "prefill": "y"}),
+              release_id("c1", [("p1", "h2")], {"decode": "x", "prefill": "y"}),
+              release_id("c1", [], {"decode": "x", "prefill": "y"}),
+              release_id("c1", [("p1", "h1")], {"decode": "z", "prefill": "y"}),
+              release_id("c1", [("p1", "h1")], {"decode": "x", "prefill": "y"}, {"decode": {"port": 1}})}
+    assert a not in others and len(others) == 5
+
+
+def test_content_mtime():
+    assert content_mtime("00000000ff") == MTIME_BASE
+    assert content_mtime("ffffffff") == MTIME_BASE + 0xFFFFFFFF % (1 << 30)
+    assert content_mtime("abc12345" + "0" * 56) == content_mtime("abc12345" + "f" * 56)
+
+
+def test_parse_series_and_patch_paths():
+    assert parse_series("# c\n0001-a.patch\n\n0002-b.patch -p1 # x\n") == ["0001-a.patch", "0002-b.patch"]
+    text = ("diff --git a/x/y.py b/x/y.py\n--- a/x/y.py\n+++ b/x/y.py\n@@ -1 +1 @@\n-a\n+b\n"
+            "diff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n"
+            "diff --git a/o.py b/n.py\nsimilarity index 100%\nrename from o.py\nrename to n.py\n")
+    assert patch_paths(text) == {"x/y.py", "new.py", "o.py", "n.py"}
+
+
+def test_series_patches(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "b.patch").write_text("")
+    (tmp_path / "s" / "a.patch").write_text("")
+    assert [p.name for p in series_patches(tmp_path / "s")] == ["a.patch", "b.patch"]
+    (tmp_path / "s" / "series").write_text("b.patch\na.patch\n")
+    assert [p.name for p in series_patches(tmp_path / "s")] == ["b.patch", "a.patch"]
+    (tmp_path / "s" / "series").write_text("c.patch\n")
+    with pytest.raises(InputError, match="patch 'c.patch' listed but not found"):
+        series_patches(tmp_path / "s")
+    with pytest.raises(InputError, match="patch file not found"):
+        series_patches(None, [tmp_path / "nope.patch"])
+    assert series_patches(None) == []
+
+
+def test_manifest_diff():
+    old = {"a": ["1", 1, False], "b": ["2", 1, False], "c": ["3", 1, False]}
+    new = {"a": ["1", 1, False], "b": ["9", 1, False], "d": ["4", 1, False]}
+    assert manifest_diff(old, new) == {"added": ["d"], "changed": ["b"], "removed": ["c"], "same": ["a"]}
+
+
+def test_build_release_local(tmp_path):
+    tree = make_tree(tmp_path / "t", files=5)
+    patch = make_patch(tree, tmp_path / "0001.patch")
+    cache = tmp_path / "cache"
+    cfg = {"decode": b"port: 1\n"}
+    r0 = build_release(tree, "v0.5.23", [], cfg, {"decode": {"cmd": "x"}}, cache=cache, who="me")
+    r1 = build_release(tree, "v0.5.23", [patch], cfg, {"decode": {"cmd": "x"}}, cache=cache, who="me")
+    assert r0.id != r1.id
+    assert (r1.path / "tree/python/sglang/srt/mem_cache.py").read_text() == "INDEX_K_BYTES = 256\n"
+    assert (r0.path / "tree/python/sglang/srt/mem_cache.py").read_text() == "INDEX_K_BYTES = 132\n"
+    # the patched file got its own inode (the base export is untouched); the others are shared
+    st0 = (r0.path / "tree/python/sglang/srt/mod001.py").stat()
+    st1 = (r1.path / "tree/python/sglang/srt/mod001.py").stat()
+    assert st0.st_ino == st1.st_ino
+    assert (r0.path / "tree/python/sglang/srt/mem_cache.py").stat().st_ino != \
+           (r1.path / "tree/python/sglang/srt/mem_cache.py").stat().st_ino
+    d = manifest_diff(r0.files, r1.files)
+    assert d["changed"] == ["tree/python/sglang/srt/mem_cache.py"] and not d["added"] and not d["removed"]
+    assert r1.links == {"tree/python/sglang/srt/alias.py": "mod000.py"}
+    assert r1.meta["patches"][0]["name"] == "0001.patch" and r1.meta["base_ref"] == "v0.5.23"
+    assert r1.meta["base_commit"] == git(tree, "rev-parse", "HEAD").strip()
+    assert (r1.path / "configs/decode.yaml").read_bytes() == b"port: 1\n"
+    m = (r1.path / "tree/python/sglang/srt/mem_cache.py").stat().st_mtime
+    assert int(m) == content_mtime(r1.files["tree/python/sglang/srt/mem_cache.py"][0])
+    # same inputs: same id, cached
+    assert build_release(tree, "v0.5.23", [patch], cfg, {"decode": {"cmd": "x"}}, cache=cache).path == r1.path
+    bad = tmp_path / "bad.patch"
+    bad.write_text(patch.read_text().replace("INDEX_K_BYTES = 132", "NOPE = 0"))
+    with pytest.raises(InputError, match=r"bad.patch: patch does not apply to v0.5.23"):
+        build_release(tree, "v0.5.23", [bad], cfg, {}, cache=cache)
+    assert not [p for p in cache.iterdir() if p.name.startswith(".build")]
+    with pytest.raises(InputError, match="base ref 'v9' is not a commit"):
+        build_release(tree, "v9", [], cfg, {}, cache=cache)
+    with pytest.raises(InputError, match="not a git checkout"):
+        build_release(tmp_path, "HEAD", [], cfg, {}, cache=cache)
+
+
+def _facts_text(current="r1", previous="r0", state=None, lock=None, releases=("r0", "r1")):
+    out = ["@current", f"releases/{current}" if current else "", "@previous", f"releases/{previous}" if previous else "",
+           "@state", json.dumps(state or {"releases": {}}), "@lock"]
+    if lock:
+        out.append(json.dumps(lock))
+    out += ["@rsync", "yes", "@systemd", "", "@launch", json.dumps({"decode": {"port": 1}}), "@incoming", ".incoming-r9"]
+    for r in releases:
+        out += ["@release", json.dumps({"id": r, "built_at": "2026-01-01T00:00:0%sZ" % r[-1]}, indent=2)]
+    out.append("@end")
+    return "\n".join(out) + "\n"
+
+
+def test_parse_facts():
+    f = parse_facts("h", "/r", _facts_text(lock={"who": "a@b", "what": "deploy r1", "pid": 3, "since": "t"}))
+    assert (f.current, f.previous, f.rsync, f.systemd) == ("r1", "r0", True, False)
+    assert set(f.releases) == {"r0", "r1"} and f.incoming == ["r9"]
+    assert f.lock["who"] == "a@b" and f.current_launch == {"decode": {"port": 1}}
+    assert f.release_state("r1") == "active" and f.release_state("r0") == "previous"
+    empty = parse_facts("h", "/r", "@current\n@previous\n@state\n@lock\n@rsync\n@systemd\n@launch\n@incoming\n@end\n")
+    assert (empty.current, empty.lock, empty.releases, empty.rsync) == (None, None, {}, False)
+
+
+def test_facts_command_runs_locally(tmp_path):
+    root = tmp_path / "root"
+    (root / "releases" / "rA").mkdir(parents=True)
+    (root / "releases" / "rA" / "RELEASE.json").write_text(json.dumps({"id": "rA"}))
+    (root / "releases" / "rA" / "MANIFEST.json").write_text("{}")
+    (root / "releases" / "rB").mkdir()
+    (root / "releases" / "rB" / "RELEASE.json").write_text(json.dumps({"id": "rB"}))  # no manifest: incomplete
+    (root / "releases" / ".incoming-rC").mkdir()
+    os.symlink("releases/rA", root / "current")
+    f = parse_facts("l", str(root), LocalTransport("l").run(facts_command(str(root))).out)
+    assert f.current == "rA" and f.previous is None and list(f.releases) == ["rA"] and f.incoming == ["rC"]
+
+
+def _hf(ids, current=None, previous=None, states=None, when=None):
+    f = HostFacts("h", "/r", releases={i: {"id": i} for i in ids}, current=current, previous=previous)
+    f.state = {"releases": {i: {"state": (states or {}).get(i, "good"), "activated_at": (when or {}).get(i, f"2026-01-0{n + 1}")}
+                            for n, i in enumerate(ids)}}
+    return f
+
+
+def test_select_prune():
+    f = _hf(["r1", "r2", "r3", "r4", "r5"], current="r5", previous="r1")
+    assert select_prune(f, 3) == ["r2", "r3"]   # keeps current, previous (old but protected) and r4
+    assert select_prune(f, 10) == []
+    assert select_prune(f, 1) == ["r2", "r3", "r4"]  # never current or previous
+
+
+def test_choose_rollback_target():
+    a = _hf(["r1", "r2", "r3"], current="r3", previous="r2", states={"r2": "failed"})
+    b = _hf(["r1", "r2", "r3"], current="r3", previous="r2")
+    assert choose_rollback_target({"a": a, "b": b}) == "r1"   # r2 failed on a
+    b2 = _hf(["r2", "r3"], current="r3")
+    a2 = _hf(["r1", "r2", "r3"], current="r3")
+    assert choose_rollback_target({"a": a2, "b": b2}) == "r2"  # r1 not on b
+    with pytest.raises(InputError, match="release r1 is not present on b"):
+        choose_rollback_target({"a": a2, "b": b2}, "r1")
+    assert choose_rollback_target({"a": a2, "b": b2}, "r3") == "r3"
+    with pytest.raises(InputError, match="no good release"):
+        choose_rollback_target({"a": _hf(["r3"], current="r3")})
+
+
+def test_render_launch():
+    v = {"python": "/usr/bin/python3", "config": "/r/a b.yaml", "port": 30000, "router_args": "--decode 'http://x:1'"}
+    assert render_launch("{python} -m sglang.launch_server --config {config} --port {port}", v) == \
+        "/usr/bin/python3 -m sglang.launch_server --config '/r/a b.yaml' --port 30000"
+    assert render_launch("r {router_args}", v) == "r --decode 'http://x:1'"
+    with pytest.raises(InputError, match="unknown placeholder 'nope'"):
+        render_launch("{nope}", v)
+
+
+def test_parse_rsync_stats():
+    text = ("Number of files: 10,500 (reg: 10,000, dir: 500)\nNumber of regular files transferred: 1\n"
+            "Total file size: 232,000,000 bytes\nTotal bytes sent: 123,456\nTotal bytes received: 2,048\n")
+    assert parse_rsync_stats(text) == {"bytes_sent": 123456, "bytes_received": 2048, "files_transferred": 1,
+                                       "total_size": 232000000}
+
+
+def test_launch_spec_defaults_from_the_shipped_profile():
+    from dsv4ctl.profile import load_profile
+    from dsv4ctl.resources import default_profile_path
+    spec = launch_spec(load_profile(default_profile_path()))
+    assert spec["prefill"]["port"] == 30000 and spec["decode"]["port"] == 30001 and spec["router"]["port"] == 8000
+    assert spec["prefill"]["cmd"].startswith("env PYTHONPATH={tree}/python {python} -m sglang.launch_server --config {config}")
+    assert spec["router"]["router_args"] == ["--pd-disaggregation", "--prefill", "http://10.0.0.10:30000", "8998",
+                                             "--decode", "http://10.0.0.10:30001"]
+    assert spec["decode"]["model"] == "deepseek-v4-flash" and spec["router"]["model"] == "deepseek-v4-flash"
+
+
+def test_switch_cmd_is_atomic_rename(tmp_path):
+    t = LocalTransport("l")
+    p = Paths(str(tmp_path))
+    for r in ("r1", "r2"):
+        (tmp_path / "releases" / r).mkdir(parents=True)
+    t.run(switch_cmd(p, "r1", None))
+    assert os.readlink(tmp_path / "current") == "releases/r1" and not (tmp_path / "previous").exists()
+    t.run(switch_cmd(p, "r2", "r1"))
+    assert os.readlink(tmp_path / "current") == "releases/r2" and os.readlink(tmp_path / "previous") == "releases/r1"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["current", "previous", "releases"]  # no temp links left
+    t.run(switch_cmd(p, None, None))
+    assert not (tmp_path / "current").is_symlink()
+
+
+def test_launcher_start_stop_and_log_tail(tmp_path):
+    t = LocalTransport("l")
+    p = Paths(str(tmp_path))
+    (tmp_path / "releases" / "r1").mkdir(parents=True)
+    L = Launcher(stop_timeout=2)
+    t.run(L.start_cmd(p, "g", "r1", "echo started $FOO; pwd; sleep 30", {"FOO": "bar"}))
+    pid = int((tmp_path / "run" / "g.pid").read_text())
+    assert t.run(L.alive_cmd(p, "g"), check=False).code == 0
+    time.sleep(0.3)
+    tail = t.run(log_tail_cmd(p, "g", 5)).out.splitlines()
+    assert tail[0].startswith("=== dsv4ctl start g release r1 at ") and tail[1:] == ["started bar", str(tmp_path / "releases" / "r1")]
+    t.run(L.stop_cmd(p, "g"))
+    assert not (tmp_path / "run" / "g.pid").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert t.run(L.alive_cmd(p, "g"), check=False).code != 0
+    # a second start appends; the tail only shows the last start
+    t.run(L.start_cmd(p, "g", "r1", "echo second; exit 3", {}))
+    time.sleep(0.3)
+    assert t.run(log_tail_cmd(p, "g", 5)).out.splitlines()[1:] == ["second", "=== dsv4ctl: g exited with status 3"]
+    assert t.run(L.alive_cmd(p, "g"), check=False).code != 0
+
+
+def test_systemd_unit_and_backend_choice():
+    u = Systemd().unit_text(Paths("/srv/d"), "decode", "r1", "python3 -m x --config /srv/d/c.yaml", {"A": "1"})
+    assert "WorkingDirectory=/srv/d/releases/r1" in u and "ExecStart=/bin/sh -c 'python3 -m x --config /srv/d/c.yaml'" in u
+    assert "StandardOutput=append:/srv/d/logs/decode.log" in u and "Environment=A=1" in u
+    assert backend("auto", True).name == "systemd" and backend("auto", False).name == "launcher"
+    assert backend("launcher", True).name == "launcher" and backend("systemd", False).name == "systemd"
