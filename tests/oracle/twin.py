@@ -39,6 +39,12 @@ def pool_inputs(case: dict) -> cap.PoolInputs:
         return default if value is None else value
 
     idx = case.get("index_k", "fp8")
+    if idx == "bf16" and sa.get("enable_deepseek_v4_fp4_indexer"):
+        # The oracle's bf16 patch prices 2*d whenever the configurator asks for the non-fp4
+        # formula, which on NVIDIA is always; dsv4ctl's exact accounting prices the fp4 buffer
+        # the flag selects. Upstream 0.5.23 has no bf16 indexer, so neither is SGLang's answer.
+        raise ValueError(f"{case.get('id')}: bf16 index-K with the fp4 indexer flag is outside "
+                         "the oracle's domain")
     return cap.PoolInputs(
         page_size=arg("page_size", DEFAULTS.page_size),
         max_running_requests=arg("max_running_requests", DEFAULTS.max_running_requests),
