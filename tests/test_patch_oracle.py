@@ -5,36 +5,18 @@ exactly the stock fp8 numbers. Patch (b)'s DSV4_POOL_PLAN line carries the same 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 
 from dsv4ctl import capacity as cap
 from dsv4ctl.models import load_model
 from dsv4ctl.poollog import parse_log
-from dsv4ctl.resources import MODELS_DIR
-from tests.conftest import run_cli
-from tests.patchoracle.trees import ENV, ORACLE_PY, REPO, fresh_tree
+from tests.patchoracle.fixtures import (BYTES_CASES, FLASH_BYTES, drive, model_config,  # noqa: F401
+                                        oracle_runs, patched_tree)
+from tests.patchoracle.trees import ORACLE_PY, REPO
 
 pytestmark = [pytest.mark.oracle,
               pytest.mark.skipif(not ORACLE_PY.exists(), reason="needs .venv-oracle (bash scripts/oracle-env.sh)")]
-
-FLASH_BYTES = 138_484_778_008      # capacity reference §4 worked example (8xB200 Flash TP8)
-PRO_BYTES = 48_569_637_666
-CASES = [("deepseek-v4-flash", FLASH_BYTES), ("deepseek-v4-pro", PRO_BYTES),
-         ("deepseek-v4-flash", 20 * 2**30 + 12345)]
-
-
-def drive(pythonpath: str, cases: list[dict]) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONWARNINGS": "ignore"}
-    env.pop("SGLANG_DSV4_INDEX_K_DTYPE", None)
-    p = subprocess.run([str(ORACLE_PY), "-m", "tests.patchoracle.driver"], cwd=REPO, env=env,
-                       input=json.dumps(cases), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+CASES = BYTES_CASES
 
 
 def predicted(model: str, avail: int, **inputs) -> cap.PoolSizes:
@@ -49,22 +31,14 @@ def as_pools(s: cap.PoolSizes) -> dict:
                 max_running_requests=s.max_running_requests)
 
 
-def cfg(model: str) -> str:
-    return str(MODELS_DIR / f"{model}.json")
-
-
-@pytest.fixture(scope="module")
-def patched_results(tmp_path_factory):
-    tree = fresh_tree(tmp_path_factory.mktemp("oracle") / "sglang")
-    r = run_cli("patch", "apply", str(tree), env=ENV, timeout=300)
-    assert r.code == 0, r.err
-    cases = []
+@pytest.fixture
+def patched_results(patched_tree, oracle_runs):
+    """(tree, results) in the order: per case bf16 then off, then the int8 case."""
+    res = []
     for model, avail in CASES:
-        cases.append(dict(config=cfg(model), available_bytes=avail, env={"SGLANG_DSV4_INDEX_K_DTYPE": "bf16"}))
-        cases.append(dict(config=cfg(model), available_bytes=avail, env={}))
-    cases.append(dict(config=cfg("deepseek-v4-flash"), available_bytes=FLASH_BYTES,
-                      env={"SGLANG_DSV4_INDEX_K_DTYPE": "int8"}))
-    return tree, drive(f"{tree}/python:{REPO}", cases)
+        res += [oracle_runs[(model, avail, "bf16")], oracle_runs[(model, avail, "off")]]
+    res.append(oracle_runs[("deepseek-v4-flash", FLASH_BYTES, "int8")])
+    return patched_tree, res
 
 
 def test_patched_configurator_runs_from_the_patched_tree(patched_results):
@@ -125,7 +99,7 @@ def test_pool_plan_line_carries_the_final_sizes(patched_results):
 
 def test_pristine_sglang_ignores_the_switch():
     """Without the series the switch does not exist: the installed (pristine) 0.5.23 budgets fp8."""
-    (got,) = drive(str(REPO), [dict(config=cfg("deepseek-v4-flash"), available_bytes=FLASH_BYTES,
+    (got,) = drive(str(REPO), [dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES,
                                     env={"SGLANG_DSV4_INDEX_K_DTYPE": "bf16"})])
     assert "site-packages/sglang" in got["sglang_file"]
     want = predicted("deepseek-v4-flash", FLASH_BYTES, index_k_dtype="bf16", index_k_accounting="fp8")

@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import DEFAULT_PROFILE, run_cli
-from tests.patchoracle.trees import ENV, ORACLE_PY, REPO, SERIES, fresh_tree, git
+from tests.patchoracle.fixtures import FLASH_BYTES, oracle_runs, patched_tree  # noqa: F401
+from tests.patchoracle.trees import ENV, SERIES, fresh_tree
 
-FLASH_BYTES = 138_484_778_008
 PATCH_A = "0001-dsv4-bf16-index-k-exact-accounting.patch"
 
 
@@ -32,11 +29,9 @@ def profile(tmp: Path, tree: str | None, env: dict, name: str = "p.yaml") -> Pat
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("plan")
-    tree = fresh_tree(d / "sglang")
-    assert run_cli("patch", "apply", str(tree), env=ENV, timeout=300).code == 0
-    return d
+def patched(patched_tree) -> Path:
+    """The directory holding the session's patched tree (as ``sglang``)."""
+    return patched_tree.parent
 
 
 def plan(p: Path, *args):
@@ -83,19 +78,10 @@ def test_bad_tree_is_input_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def real_lines(patched) -> dict:
-    if not ORACLE_PY.exists():
-        pytest.skip("needs .venv-oracle (bash scripts/oracle-env.sh)")
-    cfg = str(REPO / "dsv4ctl/data/models/deepseek-v4-flash.json")
-    cases = [dict(config=cfg, available_bytes=FLASH_BYTES, env={"SGLANG_DSV4_INDEX_K_DTYPE": "bf16"}),
-             dict(config=cfg, available_bytes=FLASH_BYTES, env={})]
-    env = {**os.environ, "PYTHONPATH": f"{patched}/sglang/python:{REPO}", "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([str(ORACLE_PY), "-m", "tests.patchoracle.driver"], cwd=REPO, env=env,
-                       input=json.dumps(cases), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    bf16, fp8 = json.loads(p.stdout.strip().splitlines()[-1])
-    return dict(bf16=bf16["log"], fp8=fp8["log"])
+def real_lines(oracle_runs) -> dict:
+    """Log lines the patched configurator printed for Flash at FLASH_BYTES, switch on and off."""
+    return dict(bf16=oracle_runs[("deepseek-v4-flash", FLASH_BYTES, "bf16")]["log"],
+                fp8=oracle_runs[("deepseek-v4-flash", FLASH_BYTES, "off")]["log"])
 
 
 def server_log(lines: list[str], keep=lambda ln: True) -> str:

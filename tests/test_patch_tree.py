@@ -203,3 +203,22 @@ def test_transport_runner_reads_the_same_state(tree):
     assert remote.tree == f"b200-0:{tree}"
     assert (remote.head, remote.base_commit, remote.version, remote.dirty) == (
         local.head, local.base_commit, local.version, local.dirty)
+
+
+def test_half_done_git_operation_is_reported_and_blocks_apply(tree):
+    p = tree / POOL
+    p.write_text(p.read_text().replace("    return index_head_dim + index_head_dim // 128 * 4\n",
+                                       "    return index_head_dim + (index_head_dim // 128) * 4\n", 1))
+    git(tree, "commit", "-qam", "local: parenthesise")
+    import subprocess
+    am = subprocess.run(["git", "-C", str(tree), "am", str(SERIES / "0001-dsv4-bf16-index-k-exact-accounting.patch")],
+                        capture_output=True, text=True)
+    assert am.returncode != 0                        # the user's own am stopped half-way
+    st = cli("patch", "status", str(tree), "--json").json()
+    assert st["operation"] == "am"
+    before = snapshot(tree)
+    r = cli("patch", "apply", str(tree))
+    assert r.code == 2 and "a git am is in progress; finish or abort it before apply" in r.err
+    assert snapshot(tree) == before
+    git(tree, "am", "--abort")
+    assert cli("patch", "status", str(tree), "--json").json()["operation"] is None

@@ -119,13 +119,16 @@ def patch_ids_of_files(paths: list[Path], runner: Runner = local_runner) -> dict
     return out
 
 
-def _detect_operation(git: Git) -> Optional[str]:
-    for ref, name in (("MERGE_HEAD", "merge"), ("REVERT_HEAD", "revert"),
-                      ("CHERRY_PICK_HEAD", "cherry-pick"), ("REBASE_HEAD", "rebase")):
-        if git.run("rev-parse", "-q", "--verify", ref, check=False).ok:
+_OPERATIONS = (("in the middle of an am session", "am"), ("currently reverting", "revert"),
+               ("currently cherry-picking", "cherry-pick"), ("currently rebasing", "rebase"),
+               ("rebase in progress", "rebase"), ("still merging", "merge"), ("unmerged paths", "merge"))
+
+
+def operation_in_progress(long_status: str) -> Optional[str]:
+    """The git operation a ``git status`` (long format, LC_ALL=C) says is in progress, or None."""
+    for needle, name in _OPERATIONS:
+        if needle in long_status:
             return name
-    if git.run("am", "--show-current-patch=raw", check=False).ok:
-        return "am"
     return None
 
 
@@ -192,4 +195,4 @@ def read_tree(git: Git, base: Optional[str] = None) -> TreeState:
     dirty = [ln for ln in status.splitlines() if ln.strip()]
     return TreeState(tree=git.where, version=version, base_ref=base_ref, base_commit=base_commit,
                      head=head, branch=branch, commits=commits, dirty=dirty,
-                     operation=_detect_operation(git))
+                     operation=operation_in_progress(git.run("status", check=False).out))

@@ -1,0 +1,63 @@
+"""Session fixtures shared by the patch test modules (import them into a test module):
+one pristine sglang 0.5.23 tree with the shipped series applied through the CLI, and one run of
+SGLang's real configurator from it (``driver.py``) over every case the modules check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import run_cli
+
+from .trees import ENV, ORACLE_PY, REPO, fresh_tree
+
+FLASH_BYTES = 138_484_778_008      # capacity reference §4 worked example (8xB200 Flash TP8)
+PRO_BYTES = 48_569_637_666
+BYTES_CASES = [("deepseek-v4-flash", FLASH_BYTES), ("deepseek-v4-pro", PRO_BYTES),
+               ("deepseek-v4-flash", 20 * 2**30 + 12345)]
+BF16 = {"SGLANG_DSV4_INDEX_K_DTYPE": "bf16"}
+
+
+def model_config(model: str) -> str:
+    return str(REPO / "dsv4ctl" / "data" / "models" / f"{model}.json")
+
+
+def drive(pythonpath: str, cases: list[dict]) -> list[dict]:
+    """Run ``tests.patchoracle.driver`` under ``.venv-oracle`` with ``pythonpath`` first."""
+    env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONWARNINGS": "ignore"}
+    env.pop("SGLANG_DSV4_INDEX_K_DTYPE", None)
+    p = subprocess.run([str(ORACLE_PY), "-m", "tests.patchoracle.driver"], cwd=REPO, env=env,
+                       input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def patched_tree(tmp_path_factory):
+    """A fresh pristine tree with ``patches/sglang-0.5.23`` applied by ``dsv4ctl patch apply``.
+    Tests must not change it."""
+    tree = fresh_tree(tmp_path_factory.mktemp("patched") / "sglang")
+    r = run_cli("patch", "apply", str(tree), env=ENV, timeout=300)
+    assert r.code == 0, r.err
+    return tree
+
+
+@pytest.fixture(scope="session")
+def oracle_runs(patched_tree):
+    """``{(model, available_bytes, switch): result}`` from the patched tree's real configurator;
+    ``switch`` is "bf16", "off" or "int8" (the last: Flash only, an invalid value)."""
+    if not ORACLE_PY.exists():
+        pytest.skip("needs .venv-oracle (bash scripts/oracle-env.sh)")
+    keys, cases = [], []
+    for model, avail in BYTES_CASES:
+        for switch, env in (("bf16", BF16), ("off", {})):
+            keys.append((model, avail, switch))
+            cases.append(dict(config=model_config(model), available_bytes=avail, env=env))
+    keys.append(("deepseek-v4-flash", FLASH_BYTES, "int8"))
+    cases.append(dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES,
+                      env={"SGLANG_DSV4_INDEX_K_DTYPE": "int8"}))
+    return dict(zip(keys, drive(f"{patched_tree}/python:{REPO}", cases)))
