@@ -83,6 +83,16 @@ def test_matrix_covers_the_required_configurations():
     assert len({c["output"]["mem_fraction_static"] for c in resolve}) >= 8
 
 
+def test_matrix_check_names_what_changed():
+    live = copy.deepcopy(MATRIX)
+    assert matrix.compare(MATRIX, live) == ""
+    live["cases"][3]["output"]["stages"][0]["c4_state_pool_size"] += 8
+    assert matrix.compare(MATRIX, live) == f"sglang 0.5.23 -> 0.5.23; cases: {CASES[3]['id']}"
+    live = copy.deepcopy(MATRIX)
+    live["sglang_version"] = "0.5.24"
+    assert matrix.compare(MATRIX, live) == "sglang 0.5.23 -> 0.5.24; cases: metadata"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_capacity_reproduces_sglang_exactly(case):
     """Every stored field: bytes per full/SWA token (float ==), fixed bytes, rings, the PP

@@ -237,6 +237,17 @@ def _summary(doc: dict) -> str:
             f"by SGLang), sglang {doc['sglang_version']}")
 
 
+def compare(stored: dict, live: dict) -> str:
+    """'' when the stored matrix document equals the live one, else what differs (one line)."""
+    if stored == live:
+        return ""
+    old = {c["id"]: c for c in stored.get("cases", [])}
+    new = {c["id"]: c for c in live.get("cases", [])}
+    changed = [i for i in new if old.get(i) != new[i]] + [i for i in old if i not in new]
+    return (f"sglang {stored.get('sglang_version')} -> {live.get('sglang_version')}; "
+            f"cases: {', '.join(changed) or 'metadata'}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.oracle.matrix", description=__doc__.split("\n")[0])
     g = ap.add_mutually_exclusive_group()
@@ -254,13 +265,9 @@ def main(argv=None) -> int:
         tmp.replace(args.write)
         print(f"oracle: wrote {args.write}", file=sys.stderr)
     elif args.check:
-        stored = json.loads(Path(args.check).read_text())
-        if stored != json.loads(text):
-            old = {c["id"]: c for c in stored.get("cases", [])}
-            changed = [c["id"] for c in doc["cases"] if old.get(c["id"]) != c]
-            print(f"oracle: {args.check} differs from the live oracle "
-                  f"(sglang {stored.get('sglang_version')} -> {doc['sglang_version']}; "
-                  f"cases: {', '.join(changed) or 'metadata'})", file=sys.stderr)
+        problem = compare(json.loads(Path(args.check).read_text()), json.loads(text))
+        if problem:
+            print(f"oracle: {args.check} differs from the live oracle ({problem})", file=sys.stderr)
             return 1
         print(f"oracle: {args.check} matches the live oracle", file=sys.stderr)
     else:
