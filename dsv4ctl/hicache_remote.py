@@ -15,10 +15,13 @@ A change is a list of :class:`~dsv4ctl.remote.Action` per host (``--dry-run`` pr
    environment (read from ``/proc/<pid>``), a new pid file written; or ``systemctl restart``;
 4. (operator side) wait for ``GET /health`` = 200 on the group's port, SGLang's readiness probe
    (ops reference §4.1);
-5. append one record to ``<root>/audit.jsonl`` (no secrets: paths, hashes, pids, verdict).
+5. append one record to ``<root>/audit.jsonl`` in the deploy schema (``ts``, ``who``, ``host``,
+   ``action``, ``result``, ``detail``) plus paths, hashes and pids (no secrets).
+
+A host whose deploy lock ``<root>/.lock`` is held is refused before anything is read or written.
 
 When a group does not become healthy its backup is written back and it is restarted again (the
-verdict is "rolled back", exit 1)."""
+result is ``rolled-back``, exit 1)."""
 
 from __future__ import annotations
 
@@ -197,6 +200,7 @@ def plan_remote(prof, groups, action: str, opts, tree: Optional[str], transports
         root = host_root(prof, host)
         path = live_config(root, g.name)
         label = f"{g.host}:{path}"
+        check_unlocked(transports[g.host], root)
         text = read_text(transports[g.host], path, default=None)
         if text is None:
             raise InputError(f"{label}: no such file on the host (deploy a release first)")
@@ -241,13 +245,28 @@ def actions(prof, edits: list[RemoteEdit], stop_timeout: float = 30.0) -> list:
     return out
 
 
-def audit_record(action: str, e: RemoteEdit, verdict: str) -> dict:
-    """One audit-log line for a group's edit (no secrets: paths, hashes, pids, verdict)."""
+def audit_record(action: str, e: RemoteEdit, result: str, detail: str = "") -> dict:
+    """One audit-log line for a group's edit, in the deploy audit schema (``ts``, ``who``, ``host``,
+    ``action``, ``result``, ``detail``; docs/deploy.md) plus the edit's facts. No secrets."""
     from .remote import who
-    return {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(), "what": f"hicache {action}",
-            "group": e.group, "host": e.host, "file": e.path, "backup": e.backup,
-            "sha256_before": sha256(e.old), "sha256_after": sha256(e.new), "restart": e.restart,
-            "healthy": e.healthy, "verdict": verdict}
+    return {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(), "host": e.host,
+            "action": f"hicache-{action}", "result": result, "detail": detail, "group": e.group, "file": e.path,
+            "backup": e.backup, "sha256_before": sha256(e.old), "sha256_after": sha256(e.new),
+            "restart": e.restart, "healthy": e.healthy}
+
+
+def check_unlocked(t, root: str) -> None:
+    """RemoteError when a deploy holds the host's lock (``<root>/.lock``, docs/deploy.md)."""
+    from .remote import q
+    res = t.run(f"if [ -d {q(root + '/.lock')} ]; then cat {q(root + '/.lock/holder.json')} 2>/dev/null || echo '{{}}'; "
+                f"exit 45; fi", check=False, timeout=30)
+    if res.code == 45:
+        try:
+            h = json.loads(res.out or "{}")
+        except ValueError:
+            h = {}
+        raise RemoteError(f"{t.name}: {root} is locked by {h.get('who', 'an unknown holder')} "
+                          f"({h.get('what', 'deploy')}); try again when it is done")
 
 
 def apply_remote(prof, edits: list[RemoteEdit], transports: dict, action: str, health_timeout: float,
@@ -268,16 +287,16 @@ def apply_remote(prof, edits: list[RemoteEdit], transports: dict, action: str, h
     for e in changed:
         if e.host in failed_hosts:
             t = transports[e.host]
-            verdict = "failed, old file restored"
+            result, detail = "failed", "old file restored"
             try:    # put the old file back; restart again only if the failed step came before the restart
                 if read_back(t, e.path) != e.old:
                     atomic_write(t, e.path, e.old)
                     if e.restart is not None:
                         e.restart = run_restart(t, py, e.root, e.group, stop_timeout)
             except RemoteError as x:
-                verdict = f"failed, restore incomplete: {x}"
+                detail = f"restore incomplete: {x}"
             try:
-                append_jsonl(t, f"{e.root}/audit.jsonl", audit_record(action, e, verdict))
+                append_jsonl(t, f"{e.root}/audit.jsonl", audit_record(action, e, result, detail))
             except RemoteError:
                 pass
     if failed_hosts:
@@ -289,14 +308,14 @@ def apply_remote(prof, edits: list[RemoteEdit], transports: dict, action: str, h
     for e in changed:
         e.healthy = health[e.group] is None
         t = transports[e.host]
-        verdict = "applied"
+        result, detail = "ok", ""
         if not e.healthy:
             bad.append((e, health[e.group]))
             atomic_write(t, e.path, e.old)
             e.restart = run_restart(t, py, e.root, e.group, stop_timeout)
             e.rolled_back = True
-            verdict = f"rolled back ({health[e.group]})"
-        append_jsonl(t, f"{e.root}/audit.jsonl", audit_record(action, e, verdict))
+            result, detail = "rolled-back", health[e.group]
+        append_jsonl(t, f"{e.root}/audit.jsonl", audit_record(action, e, result, detail))
     if bad:
         e, why = bad[0]
         raise VerdictError(f"hicache {action}: {e.group} on {e.host}: {why}; the old file was restored and the "

@@ -125,8 +125,8 @@ def test_remote_off_then_on_restores_bytes_and_restarts(world):
     assert pid1 != pid0 and not _alive(pid0) and _alive(pid1)
     assert _info(world["url"])["enable_hierarchical_cache"] is False
     (rec,) = _audit(world["root"])
-    assert rec["what"] == "hicache off" and rec["group"] == "prefill" and rec["host"] == "h0"
-    assert rec["verdict"] == "applied" and rec["healthy"] is True
+    assert rec["action"] == "hicache-off" and rec["group"] == "prefill" and rec["host"] == "h0"
+    assert rec["result"] == "ok" and rec["healthy"] is True and rec["ts"].endswith("Z")
     assert rec["sha256_before"] == hashlib.sha256(orig).hexdigest()
     assert rec["restart"] == {"how": "launcher", "old_pid": pid0, "new_pid": pid1}
     assert Path(rec["backup"]).read_bytes() == orig
@@ -143,7 +143,7 @@ def test_remote_off_then_on_restores_bytes_and_restarts(world):
     pid2 = int(world["pidfile"].read_text())
     assert pid2 not in (pid0, pid1) and not _alive(pid1)
     assert _info(world["url"])["enable_hierarchical_cache"] is True
-    assert [a["what"] for a in _audit(world["root"])] == ["hicache off", "hicache on"]
+    assert [a["action"] for a in _audit(world["root"])] == ["hicache-off", "hicache-on"]
 
 
 def test_remote_unhealthy_group_is_rolled_back(world, tmp_path):
@@ -166,7 +166,7 @@ def test_remote_unhealthy_group_is_rolled_back(world, tmp_path):
     _wait_health(world["url"])
     assert _info(world["url"])["enable_hierarchical_cache"] is True
     (rec,) = _audit(world["root"])
-    assert rec["verdict"].startswith("rolled back") and rec["healthy"] is False
+    assert rec["result"] == "rolled-back" and rec["healthy"] is False and "not healthy after 2 s" in rec["detail"]
 
 
 def test_remote_group_not_running_exit_3_file_restored(world):
@@ -180,7 +180,7 @@ def test_remote_group_not_running_exit_3_file_restored(world):
     assert "restart prefill: group prefill is not running under dsv4ctl here" in r.err
     assert world["live"].read_bytes() == orig and world["local"].read_bytes() == orig
     (rec,) = _audit(world["root"])
-    assert rec["verdict"] == "failed, old file restored"
+    assert (rec["result"], rec["detail"]) == ("failed", "old file restored")
     world["pidfile"].write_text(str(pid0))
 
 
@@ -188,3 +188,12 @@ def test_remote_missing_live_file_exit_2(world):
     world["live"].unlink()
     r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote")
     assert r.code == 2 and r.err.strip().endswith("no such file on the host (deploy a release first)")
+
+
+def test_remote_refuses_while_a_deploy_holds_the_lock(world):
+    orig = world["live"].read_bytes()
+    (world["root"] / ".lock").mkdir()
+    (world["root"] / ".lock" / "holder.json").write_text('{"who": "ops@box", "what": "deploy"}')
+    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote")
+    assert r.code == 3 and "is locked by ops@box (deploy)" in r.err
+    assert world["live"].read_bytes() == orig and not (world["root"] / "audit.jsonl").exists()
