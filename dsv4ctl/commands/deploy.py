@@ -25,6 +25,20 @@ def _profile(arg):
     return load_profile(resolve_profile(arg))
 
 
+class _Interrupted:
+    """Turn KeyboardInterrupt into DsvError(exit 130): typer maps a bare KeyboardInterrupt to an
+    exit code that ``cli.main`` does not see when ``standalone_mode=False``."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, e, tb):
+        if et is KeyboardInterrupt:
+            from ..errors import EXIT_INTERRUPTED, DsvError
+            raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from e
+        return False
+
+
 def _sigterm_as_interrupt():
     import signal
 
@@ -82,7 +96,7 @@ def deploy(
     from ..deploy import engine
     p = _profile(profile)
     _sigterm_as_interrupt()
-    with _Progress() as prog:
+    with _Interrupted(), _Progress() as prog:
         opts = _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=prog)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None)
@@ -118,8 +132,9 @@ def rollback(
     from ..deploy import engine
     p = _profile(profile)
     _sigterm_as_interrupt()
-    rep = engine.rollback(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                                   break_lock=break_lock), to=to)
+    with _Interrupted():
+        rep = engine.rollback(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
+                                       break_lock=break_lock), to=to)
     if as_json:
         print(dump_json(rep))
     elif dry_run:
