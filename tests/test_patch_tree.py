@@ -222,3 +222,16 @@ def test_half_done_git_operation_is_reported_and_blocks_apply(tree):
     assert snapshot(tree) == before
     git(tree, "am", "--abort")
     assert cli("patch", "status", str(tree), "--json").json()["operation"] is None
+
+
+def test_pristine_tree_is_the_wheel_at_its_tag(tree, tmp_path):
+    from dsv4ctl.patches.pristine import build_tree, find_wheel
+    from tests.patchoracle.trees import CACHE
+    assert git(tree, "rev-parse", "HEAD") == git(tree, "rev-parse", "v0.5.23^{commit}")
+    assert git(tree, "log", "--format=%s").startswith("sglang 0.5.23 (from sglang-0.5.23-")
+    assert (tree / "python/sglang/srt/model_executor/pool_configurator.py").is_file()
+    assert not list((tree / "python/sglang/srt/mem_cache").glob("__pycache__"))
+    assert "__version__ = version = '0.5.23'" in (tree / "python/sglang/_version.py").read_text()
+    # same wheel, same commit id: a rebuild reproduces the cached repository exactly
+    again = build_tree(find_wheel("sglang", "0.5.23", CACHE / "wheels"), tmp_path / "again")
+    assert git(again, "rev-parse", "HEAD") == git(tree, "rev-parse", "HEAD")

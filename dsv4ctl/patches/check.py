@@ -53,7 +53,7 @@ def check_series(ls: LoadedSeries, package: str, version: str, workdir: Optional
     tree = pristine_tree(package, version, workdir / f"{package}-{version}", cache)
     git = Git(str(tree))
     state = read_tree(git, base=f"v{version}")
-    execute_apply(git, ls, state, plan_apply(ls, state))
+    execute_apply(git, ls, state, plan_apply(ls, state, any_version=True))
     after = read_tree(git, base=f"v{version}")
     st = series_status(ls, after)
     patches, errors = [], []

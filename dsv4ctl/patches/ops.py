@@ -78,12 +78,13 @@ def series_status(ls: LoadedSeries, state: TreeState) -> SeriesStatus:
 # -- apply ---------------------------------------------------------------------------------
 
 
-def plan_apply(ls: LoadedSeries, state: TreeState) -> list[Action]:
+def plan_apply(ls: LoadedSeries, state: TreeState, any_version: bool = False) -> list[Action]:
     """Actions that bring ``state`` to the whole series applied: ``skip`` for patches already
     there, ``am`` for the others, in series order. Pure. InputError when the tree is not clean
-    or its version is not the series base."""
+    or (unless ``any_version``, as ``patch check --base`` uses it) its version is not the
+    series base."""
     _require_clean(state, "apply")
-    if state.version and state.version != ls.series.version:
+    if not any_version and state.version and state.version != ls.series.version:
         raise InputError(f"{state.tree}: tree is SGLang {state.version}, the series is for "
                          f"{ls.series.base} ({ls.series.path})")
     st = series_status(ls, state)

@@ -102,4 +102,9 @@ def pristine_tree(package: str, version: str, dest: Path, cache: Optional[Path] 
                        capture_output=True, text=True, env={**os.environ, **GIT_ENV})
     if p.returncode != 0:
         raise DsvError(f"git clone {ref}: {p.stderr.strip()}")
+    head, tag = (subprocess.run(["git", "-C", str(dest), "rev-parse", r], capture_output=True, text=True).stdout.strip()
+                 for r in ("HEAD", f"v{version}^{{commit}}"))
+    if not head or head != tag:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise DsvError(f"{ref}: the cached pristine tree has commits after v{version}; delete it to rebuild")
     return dest
