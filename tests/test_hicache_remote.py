@@ -131,8 +131,11 @@ def test_remote_off_then_on_restores_bytes_and_restarts(world):
     assert rec["restart"] == {"how": "launcher", "old_pid": pid0, "new_pid": pid1}
     assert Path(rec["backup"]).read_bytes() == orig
     assert "=== dsv4ctl restart prefill (hicache)" in (world["root"] / "logs" / "prefill.log").read_text()
-    r = run_cli("hicache", "status", str(world["profile"]), "-g", "prefill")
-    assert r.code == 0 and "match" in r.out
+    r = run_cli("hicache", "status", str(world["profile"]), "-g", "prefill", "--remote", "--json")
+    assert r.code == 0, r.err
+    (st,) = r.json()["groups"]
+    assert st["file"] == f"h0:{world['live']}" and st["match"] is True
+    assert st["file_says"]["enable_hierarchical_cache"] is False and st["server_says"]["enable_hierarchical_cache"] is False
 
     r = run_cli("hicache", "on", str(world["profile"]), "-g", "prefill", "--remote", "--json")
     assert r.code == 0, r.err

@@ -278,6 +278,7 @@ def status(profile: Optional[str] = _PROFILE,
            group: list[str] = typer.Option([], "--group", "-g", help="Only these groups. Repeatable."),
            timeout: float = typer.Option(5.0, "--timeout", help="Seconds per /server_info request."),
            no_server: bool = typer.Option(False, "--no-server", help="Only what the files say; query no server."),
+           remote: bool = typer.Option(False, "--remote", help="Read the live files on the hosts (<root>/current/configs/G.yaml) instead of the profile's copies."),
            as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.hicache-status/1 JSON document."),
            markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
     """Per group: HiCache as the serve config says (resolved like SGLang) and as the running server's
@@ -297,15 +298,34 @@ def status(profile: Optional[str] = _PROFILE,
     groups = select_groups(prof, group, "status")
     table = load_table()
     rows: list[GroupStatus] = []
+    texts: dict[str, tuple[str, str]] = {}
+    if remote:
+        from .. import hicache_remote as hr
+        from ..remote import connect, read_text
+        for h in sorted({g.host for g in groups}):
+            t = connect(prof.hosts[h], hosts=prof.hosts)
+            try:
+                for g in groups:
+                    if g.host == h:
+                        path = hr.live_config(hr.host_root(prof, prof.hosts[h]), g.name)
+                        text = read_text(t, path, default=None)
+                        if text is None:
+                            raise InputError(f"{h}:{path}: no such file on the host (deploy a release first)")
+                        texts[g.name] = (text, f"{h}:{path}")
+            finally:
+                t.close()
     for g in groups:
-        if g.serve_config is None:
+        if g.name in texts:
+            cfg = parse_config_text(texts[g.name][0], texts[g.name][1])
+        elif g.serve_config is None:
             raise InputError(f"{prof.path}: group {g.name}: no serve_config")
-        cfg = parse_config_text(read_config_text(g.serve_config), str(g.serve_config))
+        else:
+            cfg = parse_config_text(read_config_text(g.serve_config), str(g.serve_config))
         findings, resolved = check_keys(cfg, table, g.name)
         bad = [f for f in findings if f.severity == "error"]
         if bad:
             raise InputError(bad[0].format())
-        rows.append(GroupStatus(g.name, g.role, g.host, str(g.serve_config),
+        rows.append(GroupStatus(g.name, g.role, g.host, cfg.path,
                                 None if no_server else group_url(prof, g, cfg.data), file_view(resolved.args)))
     if not no_server:
         got = asyncio.run(_fetch_all({r.group: r.url for r in rows}, timeout))
