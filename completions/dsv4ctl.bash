@@ -11,9 +11,11 @@ _dsv4ctl_w3=''
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan patch config runbook' ;;
+    '') echo 'plan deploy rollback releases patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
+    'hicache') echo 'on off status' ;;
+    'check') echo 'smoke load' ;;
     'runbook') echo 'list show run' ;;
   esac
 }
@@ -22,7 +24,10 @@ _dsv4ctl_subs() {
 _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
-    'plan') echo '-s --set -g --group --json --markdown -h --help' ;;
+    'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --json -h --help' ;;
+    'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --json -h --help' ;;
+    'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -31,6 +36,13 @@ _dsv4ctl_opts() {
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
+    'hicache') echo '-h --help' ;;
+    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -h --help' ;;
+    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -h --help' ;;
+    'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
+    'check') echo '-h --help' ;;
+    'check smoke') echo '-p --profile --model --timeout --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --no-progress --progress --json --markdown -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;
@@ -43,6 +55,13 @@ _dsv4ctl_optkind() {
   case "$1|$2" in
     'plan|-s'|'plan|--set') echo wn:w1 ;;
     'plan|-g'|'plan|--group') echo any ;;
+    'plan|--from-log') echo file ;;
+    'deploy|--tree') echo dir ;;
+    'deploy|--base') echo any ;;
+    'deploy|--patch') echo any ;;
+    'deploy|--health-timeout') echo any ;;
+    'rollback|--to') echo any ;;
+    'rollback|--health-timeout') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -62,6 +81,33 @@ _dsv4ctl_optkind() {
     'patch export|--fact') echo any ;;
     'config lint|-g'|'config lint|--group') echo any ;;
     'config lint|--tree') echo dir ;;
+    'hicache on|-g'|'hicache on|--group') echo any ;;
+    'hicache on|--ratio') echo any ;;
+    'hicache on|--write-policy') echo any ;;
+    'hicache on|--io-backend') echo any ;;
+    'hicache on|--mem-layout') echo any ;;
+    'hicache on|--storage-backend') echo any ;;
+    'hicache on|--tree') echo dir ;;
+    'hicache on|--health-timeout') echo any ;;
+    'hicache off|-g'|'hicache off|--group') echo any ;;
+    'hicache off|--tree') echo dir ;;
+    'hicache off|--health-timeout') echo any ;;
+    'hicache status|-g'|'hicache status|--group') echo any ;;
+    'hicache status|--timeout') echo any ;;
+    'check smoke|-p'|'check smoke|--profile') echo yaml:w2 ;;
+    'check smoke|--model') echo any ;;
+    'check smoke|--timeout') echo any ;;
+    'check load|-p'|'check load|--profile') echo yaml:w2 ;;
+    'check load|--compare') echo any ;;
+    'check load|-c'|'check load|--concurrency') echo any ;;
+    'check load|--turns') echo any ;;
+    'check load|--min-requests') echo any ;;
+    'check load|--stream') echo any ;;
+    'check load|--stall-timeout') echo any ;;
+    'check load|--max-corruption') echo any ;;
+    'check load|--records') echo file ;;
+    'check load|--model') echo any ;;
+    'check load|--answer-words') echo any ;;
     'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
@@ -72,11 +118,19 @@ _dsv4ctl_optkind() {
 _dsv4ctl_argkind() {
   case "$1|$2" in
     'plan|0') echo yaml:w2 ;;
+    'deploy|0') echo yaml:w2 ;;
+    'rollback|0') echo yaml:w2 ;;
+    'releases|0') echo yaml:w2 ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;
     'patch export|0') echo any ;;
     'config lint|0') echo yaml:w2 ;;
+    'hicache on|0') echo yaml:w2 ;;
+    'hicache off|0') echo yaml:w2 ;;
+    'hicache status|0') echo yaml:w2 ;;
+    'check smoke|0') echo any ;;
+    'check load|0') echo any ;;
     'runbook show|0') echo yaml:w3 ;;
     'runbook run|0') echo yaml:w3 ;;
   esac

@@ -10,11 +10,15 @@ set -g __dsv4ctl_w3
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan patch config runbook
+            echo plan deploy rollback releases patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
             echo lint
+        case 'hicache'
+            echo on off status
+        case 'check'
+            echo smoke load
         case 'runbook'
             echo list show run
     end
@@ -24,7 +28,11 @@ end
 function __dsv4ctl_takes_value
     switch $argv[1]
         case 'plan'
-            contains -- $argv[2] -s --set -g --group
+            contains -- $argv[2] -s --set -g --group --from-log
+        case 'deploy'
+            contains -- $argv[2] --tree --base --patch --health-timeout
+        case 'rollback'
+            contains -- $argv[2] --to --health-timeout
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -37,6 +45,16 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --series --tree --fact
         case 'config lint'
             contains -- $argv[2] -g --group --tree
+        case 'hicache on'
+            contains -- $argv[2] -g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --health-timeout
+        case 'hicache off'
+            contains -- $argv[2] -g --group --tree --health-timeout
+        case 'hicache status'
+            contains -- $argv[2] -g --group --timeout
+        case 'check smoke'
+            contains -- $argv[2] -p --profile --model --timeout
+        case 'check load'
+            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --max-corruption --records --model --answer-words
         case 'runbook run'
             contains -- $argv[2] -p --profile --resume --report-dir
         case '*'
@@ -119,8 +137,13 @@ end
 complete -c dsv4ctl -f
 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K s...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs), push it to every host...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'check' -d 'Tool-call correctness checks: smoke (endpoints) and load (corruption gate).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'runbook' -d 'Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l version -d 'Print the version and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l install-completion -d 'Install completion for the current shell.'
@@ -130,8 +153,32 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.plan/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Local SGLang git checkout (default: sglang.tree).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l base -r -f -d 'Base ref (default: sglang.base_ref).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l patch -r -f -d 'Patch file, in order (repeatable; default: sglang.series).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l dry-run -d 'Print the actions per host; change nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l accept-new-host-keys -d 'Add unknown SSH host keys to known_hosts (like OpenSSH accept-new); changed k...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l health-timeout -r -f -d 'Seconds to wait for health (default: deploy.health_timeout_s).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l json -d 'Print the dsv4ctl.deploy/1 JSON report.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'deploy\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l to -r -f -d 'Release id (default: the newest good release present on all hosts).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l dry-run -d 'Print the actions per host; change nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l health-timeout -r -f -d 'Seconds to wait for health.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l json -d 'Print JSON.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'rollback\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l json -d 'Print the dsv4ctl.releases/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'releases\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'
@@ -181,6 +228,64 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l json -d 'Print the dsv4
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config lint\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'on' -d 'Turn HiCache on in the selected groups\' serve configs (diff printed, linted b...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'off' -d 'Turn HiCache off (enable-hierarchical-cache: false; other hicache-* keys are...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'status' -d 'Per group: HiCache as the serve config says (resolved like SGLang) and as the...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l ratio -r -f -d 'hicache-ratio: host pool / device pool (DSV4 needs it explicit; default 2.0 w...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l write-policy -r -f -d 'hicache-write-policy: write_back, write_through, write_through_selective.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l io-backend -r -f -d 'hicache-io-backend: direct, kernel, kernel_ascend.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l mem-layout -r -f -d 'hicache-mem-layout (DSV4: layer_first, page_first, page_first_direct).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l storage-backend -r -f -d 'hicache-storage-backend (L3), e.g. file, mooncake.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Edit the live files on the groups\' hosts (<root>/current/configs/G.yaml): bac...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache on\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Edit the live files on the groups\' hosts (<root>/current/configs/G.yaml): bac...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache off\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s g -l group -r -f -d 'Only these groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l timeout -r -f -d 'Seconds per /server_info request.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l no-server -d 'Only what the files say; query no server.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l remote -d 'Read the live files on the hosts (<root>/current/configs/G.yaml) instead of t...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l json -d 'Print the dsv4ctl.hicache-status/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache status\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'smoke' -d '/health on every worker, /v1/models, /server_info (version, parsers, disaggre...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'load' -d 'N concurrent multi-turn agent sessions with tools; every turn classified; cor...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile: workers from its server groups, entry = its router.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l timeout -r -f -d 'Seconds without progress before a probe fails.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l json -d 'Print the dsv4ctl.check.smoke/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile: traffic to its router; /metrics from its servers; defaults from its...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l compare -r -f -d 'Run the same load against two URLs (e.g. HiCache on vs off) and test the diff...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -s c -l concurrency -r -f -d 'Concurrent sessions, or a sweep 1,20,40,60,80 (default 64).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l turns -r -f -d 'Turns per session (default 8; the last is a long answer).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l min-requests -r -f -d 'Turns per level at least (default: enough for 0 failures to pass the gate, 38...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l stream -r -f -d 'on | off | mixed (even sessions stream).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l stall-timeout -r -f -d 'Seconds without a byte before a turn is stuck (default 60).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l max-corruption -r -f -d 'Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (def...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l records -r -F -d 'Write per-turn records (JSONL, with request ids) here.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l metrics -l no-metrics -d 'Scrape /metrics before and after each level.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l answer-words -r -f -d 'Length of the final long answer turn (words).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l no-progress -l progress -d 'Progress bar on stderr.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l json -d 'Print the dsv4ctl.check.load/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'list' -d 'List the shipped runbooks.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'show' -d 'Print a runbook\'s steps with their conditions.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'run' -d 'Run a runbook step by step. Exit 0 completed, 1 a step failed or was declined...'

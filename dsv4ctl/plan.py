@@ -157,6 +157,10 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     args: dict[str, Any] = {}
     where = {}
     if group.serve_config is not None:
+        if not group.serve_config.is_file():
+            gi = profile.groups.index(group)
+            raise InputError(f"{profile.positions.where(('groups', gi, 'serve_config'))}: "
+                             f"groups[{gi}].serve_config: no such file {group.serve_config}")
         sc, pos = read_serve_config(group.serve_config)
         for key, value in sc.items():
             if key in SERVE_KEYS:
@@ -167,7 +171,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
             "enable_dp_attention": group.dp_attention}
     for k, v in topo.items():
         if k in args and args[k] != v and k not in overrides:
-            raise InputError(f"{where[k]}: {k.replace('_', '-')} {args[k]} disagrees with the profile's "
+            raise InputError(f"{where[k]}: {k.replace('_', '-')}: {args[k]} disagrees with the profile's "
                              f"group {group.name!r} ({k.split('_')[0] if k != 'enable_dp_attention' else 'dp_attention'}: {v})")
         args[k] = v
     env: dict[str, Any] = {}
@@ -543,8 +547,14 @@ def build_plan(profile: Profile, overrides: Optional[dict] = None,
 
     ``overrides`` come from :func:`parse_set`. Raises InputError for bad input (exit 2)."""
     overrides = dict(overrides or {})
-    model_ref = overrides.pop("model", profile.model)
-    model, facts = load_model(model_ref, profile.base_dir)
+    if "model" in overrides:
+        model_ref, where = overrides.pop("model"), "--set model"
+    else:
+        model_ref, where = profile.model, f"{profile.positions.where(('model',))}: model"
+    try:
+        model, facts = load_model(model_ref, profile.base_dir)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
     selected = profile.servers()
     if groups:
         selected = [profile.group(n) for n in groups]

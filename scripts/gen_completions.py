@@ -8,7 +8,7 @@ The tree is ``typer.main.get_command(dsv4ctl.cli.app)``: every (non-hidden) comm
 sub-command, its options (flags vs options taking a value), its positional arguments, click
 choices, and value completions: profile arguments/options complete ``*.yaml``/``*.yml`` files,
 folders and the shipped profile names; runbook names the shipped playbooks; path-typed and
-tree/series parameters complete files or folders; ``plan --set`` completes the what-if keys
+tree/series parameters (and metavars FILE/PATH/DIR) complete files or folders; ``plan --set`` completes the what-if keys
 (``dsv4ctl.plan.SET_KEYS``) followed by ``=``. tests/test_completions.py regenerates the scripts
 in memory and fails when the committed files differ."""
 
@@ -64,9 +64,10 @@ def _value_kind(path: tuple[str, ...], param) -> Kind:
         return {"kind": "words", "words": [str(c) for c in choices]}
     if t.name in ("boolean",):
         return {"kind": "words", "words": ["true", "false"]}
-    if param.name in DIR_PARAMS:
+    metavar = (getattr(param, "metavar", None) or "").upper()
+    if param.name in DIR_PARAMS or metavar in ("DIR", "FOLDER", "DIRECTORY"):
         return {"kind": "dir"}
-    if param.name in FILE_PARAMS or t.name == "filename":
+    if param.name in FILE_PARAMS or t.name == "filename" or metavar in ("FILE", "PATH"):
         return {"kind": "file"}
     if t.name == "path" or type(t).__name__.endswith("Path"):
         if getattr(t, "dir_okay", True) and not getattr(t, "file_okay", True):

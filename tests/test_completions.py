@@ -196,7 +196,9 @@ def test_bash_completes_commands_options_keys_and_profiles(fresh):
     top = [s["path"][-1] for s in gen.build_model()["subs"]]
     assert bash_complete("dsv4ctl ", script) == top
     assert bash_complete("dsv4ctl pl", script) == ["plan"]
-    assert bash_complete("dsv4ctl plan --", script) == ["--set", "--group", "--json", "--markdown", "--help"]
+    longs = [x for o in _node(gen.build_model(), "plan")["options"] for x in o["names"] if x.startswith("--")]
+    assert longs[:4] == ["--set", "--group", "--json", "--markdown"] and longs[-1] == "--help"
+    assert bash_complete("dsv4ctl plan --", script) == longs
     assert bash_complete("dsv4ctl plan --set mem_", script) == ["mem_fraction_static="]
     assert bash_complete("dsv4ctl plan -s index_k_", script) == ["index_k_accounting=", "index_k_dtype="]
     assert bash_complete("dsv4ctl plan --set index_k_dtype=", script) == []
@@ -235,7 +237,8 @@ def test_fish_completes_commands_options_keys_and_profiles(fresh):
     top = sorted(s["path"][-1] for s in gen.build_model()["subs"])
     assert sorted(fish_complete("dsv4ctl ", script)) == top
     assert fish_complete("dsv4ctl pl", script) == ["plan"]
-    assert sorted(fish_complete("dsv4ctl plan --", script)) == ["--group", "--help", "--json", "--markdown", "--set"]
+    longs = [x for o in _node(gen.build_model(), "plan")["options"] for x in o["names"] if x.startswith("--")]
+    assert sorted(fish_complete("dsv4ctl plan --", script)) == sorted(longs)
     assert fish_complete("dsv4ctl plan --set mem_", script) == ["mem_fraction_static="]
     assert fish_complete("dsv4ctl plan --set index_k_dtype=", script) == []
     assert sorted(fish_complete("dsv4ctl plan --group decode profiles/dsv4", script)) == [
@@ -248,6 +251,20 @@ def test_zsh_completes_commands_options_keys_and_profiles(fresh):
     script = fresh / "_dsv4ctl"
     top = sorted(s["path"][-1] for s in gen.build_model()["subs"])
     assert sorted(set(zsh_complete("dsv4ctl ", script))) == top
-    assert sorted(set(zsh_complete("dsv4ctl plan --", script))) == ["--group", "--help", "--json", "--markdown", "--set"]
+    longs = [x for o in _node(gen.build_model(), "plan")["options"] for x in o["names"] if x.startswith("--")]
+    assert sorted(set(zsh_complete("dsv4ctl plan --", script))) == sorted(longs)
     assert zsh_complete("dsv4ctl plan --set mem_", script) == ["mem_fraction_static"]  # "=" is compadd's suffix
     assert sorted(set(zsh_complete("dsv4ctl plan dsv4-", script))) == ["dsv4-flash-8xb200-pd"]
+
+
+@pytest.mark.parametrize("shell,render,argv", [
+    ("bash", "render_bash", ["-n"]), ("zsh", "render_zsh", ["-n"]), ("fish", "render_fish", ["--no-execute"])])
+def test_help_with_quotes_brackets_and_colons_stays_valid(tmp_path, shell, render, argv):
+    """The toy CLI's help text has ' [ ] : characters that each shell's quoting must survive."""
+    exe = _need(shell)
+    script = tmp_path / f"toy.{shell}"
+    script.write_text(getattr(gen, render)(gen.build_model(typer.main.get_command(_toy_app()))))
+    p = subprocess.run([exe, *argv, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    if shell != "bash":  # the bash script carries no help text
+        assert "Colour" in script.read_text() and "sic" in script.read_text()

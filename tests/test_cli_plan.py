@@ -1,0 +1,311 @@
+"""``dsv4ctl plan`` through the real CLI: the default profile's numbers, the JSON schema of the
+README ("plan JSON"), Markdown and table output, the failing-headroom verdict with its fixes,
+PP / DP / DP-attention what-ifs, model what-ifs, and bad ``--set`` / ``--group`` input.
+
+Expected numbers come from the formulas of the capacity reference (§2.6-§2.8, §3.2; SGLang
+0.5.23 ``pool_configurator.py`` / ``kv_cache_configurator.py``) or from its oracle fixtures
+(§4 worked example, §5.5: printed by the real SGLang 0.5.23 configurator)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from tests.conftest import DEFAULT_PROFILE, run_cli
+
+GIB = 2**30
+PAGE = 256
+FLASH_BPFT_FP8 = 7086.75      # reference §4 / §5.5 (oracle)
+FLASH_N128 = 20
+FLASH_LAYERS = 43
+
+TOP_KEYS = ["schema", "sglang_version", "profile", "profile_path", "model", "ok", "groups"]
+GROUP_KEYS = ["name", "role", "host", "tp", "dp", "pp", "ep", "dp_attention", "mem_fraction_static",
+              "mem_fraction_static_source", "context_length", "gpu_memory_mib", "activation_reserve_gib",
+              "memory_inputs", "server_args", "ranks", "warnings", "errors", "fixes"]
+RANK_KEYS = ["rank", "gpu", "tp_rank", "pp_rank", "dp_rank", "layers", "available_bytes", "bytes_per_full_token",
+             "bytes_per_swa_token", "fixed_bytes", "full_max_total_num_tokens", "swa_max_total_num_tokens",
+             "c4_max_total_num_tokens", "c128_max_total_num_tokens", "c4_state_pool_size", "c128_state_pool_size",
+             "max_running_requests", "swa_mode", "pools_gib", "allocated_gib", "index_k_gib", "index_k",
+             "req_to_token_gib", "headroom_gib", "max_concurrent_requests"]
+INDEX_K_KEYS = ["dtype", "accounting", "budget_bytes_per_slot", "real_bytes_per_slot", "budget_gib", "real_gib",
+                "overcommit_gib", "exact"]
+POOL_FIELDS = ["full_max_total_num_tokens", "swa_max_total_num_tokens", "c4_max_total_num_tokens",
+               "c128_max_total_num_tokens", "c4_state_pool_size", "c128_state_pool_size"]
+
+
+def plan_json(*args: str, code: int = 0) -> dict:
+    r = run_cli("plan", "--json", *args)
+    assert r.code == code, (r.code, r.err)
+    return r.json()
+
+
+def group(doc: dict, name: str) -> dict:
+    return next(g for g in doc["groups"] if g["name"] == name)
+
+
+def pools(rank: dict) -> list[int]:
+    return [rank[k] for k in POOL_FIELDS]
+
+
+@pytest.fixture(scope="module")
+def default_doc() -> dict:
+    return plan_json()
+
+
+# ---------------------------------------------------------------------------- default profile
+def test_default_profile_json_has_the_documented_schema(default_doc):
+    d = default_doc
+    for keys, obj in ((TOP_KEYS, d), (GROUP_KEYS, d["groups"][0]), (RANK_KEYS, d["groups"][0]["ranks"][0]),
+                      (INDEX_K_KEYS, d["groups"][0]["ranks"][0]["index_k"])):
+        missing = [k for k in keys if k not in obj]
+        assert missing == []
+    assert list(d)[:len(TOP_KEYS)] == TOP_KEYS
+    assert d["schema"] == "dsv4ctl.plan/1" and d["sglang_version"] == "0.5.23"
+    assert d["profile"] == "dsv4-flash-8xb200-pd" and d["profile_path"] == str(DEFAULT_PROFILE)
+    assert d["model"] == "deepseek-v4-flash" and d["ok"] is True
+    assert [g["name"] for g in d["groups"]] == ["prefill", "decode"]          # the router has no pools
+    for g, gpus in zip(d["groups"], ([0, 1, 2, 3], [4, 5, 6, 7])):
+        assert (g["tp"], g["dp"], g["pp"], g["dp_attention"]) == (4, 1, 1, False)
+        assert [r["gpu"] for r in g["ranks"]] == gpus
+        assert [(r["rank"], r["tp_rank"], r["pp_rank"], r["dp_rank"]) for r in g["ranks"]] == [
+            (i, i, 0, 0) for i in range(4)]
+        assert all(r["layers"] == [0, FLASH_LAYERS] for r in g["ranks"])
+        assert g["errors"] == [] and g["fixes"] == []
+
+
+def test_default_decode_numbers_follow_sglang_formulas(default_doc):
+    """Decode: mfs 0.885 from its serve config, P 177 GiB, W 43.66 GiB, mrr 128, bf16 index-K on
+    fp8 accounting (SGLang budgets the fp8 132 B/slot)."""
+    g = group(default_doc, "decode")
+    assert g["mem_fraction_static"] == 0.885 and g["mem_fraction_static_source"] == "serve config"
+    r = g["ranks"][0]
+    # §3.2: available = (P - W - other) - P * (1 - mfs)
+    assert r["available_bytes"] == int((177.0 - 43.66 - 0.0 - 177.0 * (1 - 0.885)) * GIB) == 121_316_719_984
+    # §2.6/§2.7: slots = mrr + 1 = 129; c128 rows = ceil((129*128 + 128 + 1) / 128) * 128; 2H*fp32*n128
+    slots = 128 + 1
+    rows = math.ceil((slots * 128 + 128 + 1) / 128) * 128
+    assert r["fixed_bytes"] == rows * 1024 * 4 * FLASH_N128 == 1_373_634_560
+    assert r["bytes_per_full_token"] == FLASH_BPFT_FP8
+    # §2.8: full = int((avail - fixed) / bpft), page floor; swa/c4/c128/states from full
+    full = int((r["available_bytes"] - r["fixed_bytes"]) / FLASH_BPFT_FP8) // PAGE * PAGE
+    swa = int(full * 0.1) // PAGE * PAGE
+    assert pools(r) == [full, swa, full // 4, full // 128, swa // PAGE * 8, slots * 128]
+    assert r["full_max_total_num_tokens"] == 16_924_928
+    assert r["max_running_requests"] == 128 and r["swa_mode"] == "ratio"
+    ik = r["index_k"]
+    assert (ik["dtype"], ik["accounting"], ik["budget_bytes_per_slot"], ik["real_bytes_per_slot"]) == ("bf16", "fp8", 132, 256)
+    assert ik["real_gib"] > ik["budget_gib"] and ik["overcommit_gib"] == pytest.approx(ik["real_gib"] - ik["budget_gib"], abs=0.002)
+    # §4: exact accounting prices the bf16 slot: bpft + n4 * 124 / 4
+    assert ik["exact"]["bytes_per_full_token"] == FLASH_BPFT_FP8 + 21 * 124 / 4 == 7737.75
+    assert ik["exact"]["full_max_total_num_tokens"] == int((r["available_bytes"] - r["fixed_bytes"]) / 7737.75) // PAGE * PAGE
+    assert 0 < r["headroom_gib"] < g["activation_reserve_gib"]
+    # every TP rank holds the same replica (§3.3)
+    assert all(pools(x) == pools(r) for x in g["ranks"])
+
+
+def test_default_prefill_numbers(default_doc):
+    g = group(default_doc, "prefill")
+    r = g["ranks"][0]
+    assert g["mem_fraction_static"] == 0.87
+    assert r["available_bytes"] == int((177.0 - 43.66 - 177.0 * (1 - 0.87)) * GIB)
+    assert r["fixed_bytes"] == 2_715_811_840                     # mrr 256: the §2.7 TP8 figure (oracle)
+    assert r["full_max_total_num_tokens"] == int((r["available_bytes"] - 2_715_811_840) / FLASH_BPFT_FP8) // PAGE * PAGE
+    assert r["full_max_total_num_tokens"] == 16_333_312
+    assert g["server_args"]["chunked_prefill_size"] == 8192 and g["server_args"]["disaggregation_mode"] == "prefill"
+    assert any("9.903 GiB per rank over budget" in w for w in g["warnings"])
+
+
+def test_default_table_and_markdown_show_the_same_numbers():
+    r = run_cli("plan")
+    assert r.code == 0, r.err
+    assert "prefill ranks 0-3" in r.out and "decode ranks 0-3" in r.out
+    assert "16,924,928" in r.out and "16,333,312" in r.out
+    assert "mem_fraction_static 0.885 (serve config)" in r.out
+
+    m = run_cli("plan", "--markdown")
+    assert m.code == 0, m.err
+    lines = m.out.splitlines()
+    assert lines[0] == "## dsv4ctl plan: dsv4-flash-8xb200-pd (deepseek-v4-flash, SGLang 0.5.23)"
+    assert "| per rank | prefill ranks 0-3 | decode ranks 0-3 |" in lines
+    assert "| full tokens | 16,333,312 | 16,924,928 |" in lines
+    assert "| GPUs | 0,1,2,3 | 4,5,6,7 |" in lines
+    assert any(ln.startswith("- **warning** `decode`: index-K is bf16 (256 B/slot)") for ln in lines)
+
+    g = run_cli("plan", "--markdown", "-g", "decode")
+    assert "| per rank | decode ranks 0-3 |" in g.out and "prefill" not in g.out
+
+
+# ------------------------------------------------------------------------ verdict and fixes
+def test_overcommit_beyond_headroom_exits_1_and_prints_working_fixes():
+    r = run_cli("plan", "--set", "mem_fraction_static=0.95", "-g", "decode")
+    assert r.code == 1
+    err = r.err.splitlines()
+    assert len(err) == 1 and err[0].startswith("dsv4ctl: error: plan: decode: index-K is bf16 (256 B/slot) but SGLang budgets 132 B/slot")
+    assert "exceeds it: the pools do not fit" in err[0] and "Traceback" not in r.err
+    assert "fix decode: apply the index-K sizing patch (index_k_accounting: exact)" in r.out
+
+    d = plan_json("--set", "mem_fraction_static=0.95", "-g", "decode", code=1)
+    g = group(d, "decode")
+    assert d["ok"] is False and len(g["errors"]) == 1
+    rank = g["ranks"][0]
+    fixes = g["fixes"]
+    assert fixes[0] == (f"apply the index-K sizing patch (index_k_accounting: exact): full tokens "
+                        f"{rank['full_max_total_num_tokens']:,} -> {rank['index_k']['exact']['full_max_total_num_tokens']:,}")
+    assert fixes[2] == "or store index-K in fp8 (index_k_dtype: fp8)"
+    mfs = float(fixes[1].split("set mem-fraction-static: ")[1].split(" ")[0])
+    assert fixes[1] == f"set mem-fraction-static: {mfs} (from 0.95) in the serve config"
+    assert 0.885 < mfs < 0.95
+    # each fix really makes the plan pass
+    for fix in (["--set", f"mem_fraction_static={mfs}"],
+                ["--set", "mem_fraction_static=0.95", "--set", "index_k_accounting=exact"],
+                ["--set", "mem_fraction_static=0.95", "--set", "index_k_dtype=fp8"]):
+        ok = plan_json(*fix, "-g", "decode")
+        assert ok["ok"] is True, fix
+    # the suggestion restores the headroom SGLang intended at 0.95 (named in the error), and is
+    # the largest 3-decimal value that does
+    intended = float(g["errors"][0].split("taken from the ")[1].split(" GiB headroom")[0])
+    assert group(plan_json("--set", f"mem_fraction_static={mfs}", "-g", "decode"), "decode")["ranks"][0]["headroom_gib"] >= intended - 0.001
+    above = group(plan_json("--set", f"mem_fraction_static={mfs + 0.001:.3f}", "-g", "decode"), "decode")
+    assert above["ranks"][0]["headroom_gib"] < intended
+
+
+# ------------------------------------------------------------------------------- what-ifs
+def test_dp_attention_what_if_has_one_rank_per_dp_rank():
+    d = plan_json("--set", "enable_dp_attention=true", "--set", "dp_size=4", "-g", "decode")
+    g = group(d, "decode")
+    assert (g["tp"], g["dp"], g["dp_attention"]) == (4, 4, True)
+    assert [(r["gpu"], r["tp_rank"], r["pp_rank"], r["dp_rank"]) for r in g["ranks"]] == [
+        (4, 0, 0, 0), (5, 1, 0, 1), (6, 2, 0, 2), (7, 3, 0, 3)]
+    r = g["ranks"][0]
+    assert r["max_running_requests"] == 128 // 4                     # §2.6: mrr // attn_dp
+    # decode with mrr_req <= 32: 2 * 32 extra slots (pd_disaggregation_hook.py)
+    slots = 32 + 1 + 64
+    assert r["c128_state_pool_size"] == slots * 128
+    assert g["server_args"]["attn_dp_size"] == 4
+
+
+def test_dp_without_attention_replicates_tp_groups():
+    d = plan_json("--set", "tp_size=2", "--set", "dp_size=2", "-g", "decode")
+    g = group(d, "decode")
+    assert [(r["gpu"], r["tp_rank"], r["pp_rank"], r["dp_rank"]) for r in g["ranks"]] == [
+        (4, 0, 0, 0), (5, 1, 0, 0), (6, 0, 0, 1), (7, 1, 0, 1)]
+    assert len({tuple(pools(r)) for r in g["ranks"]}) == 1
+
+
+@pytest.mark.parametrize("pp,tp,layers", [
+    (2, 2, [[0, 21], [21, 43]]),                               # §2.1: the last rem stages get one more layer
+    (4, 1, [[0, 10], [10, 21], [21, 32], [32, 43]]),
+])
+def test_pp_what_if_slices_layers_and_takes_the_min(pp, tp, layers):
+    d = plan_json("--set", f"pp_size={pp}", "--set", f"tp_size={tp}", "-g", "decode")
+    g = group(d, "decode")
+    assert len(g["ranks"]) == pp * tp
+    assert [r["pp_rank"] for r in g["ranks"]] == [s for s in range(pp) for _ in range(tp)]
+    assert [r["tp_rank"] for r in g["ranks"]] == list(range(tp)) * pp
+    assert all(r["dp_rank"] == 0 for r in g["ranks"])
+    assert [g["ranks"][s * tp]["layers"] for s in range(pp)] == layers
+    assert len({r["full_max_total_num_tokens"] for r in g["ranks"]}) == 1     # PP MIN (§2.8)
+
+
+def test_pp2_stage1_matches_the_oracle_fixture():
+    """§5.5: Flash PP=2 stage 1 (layers 21..42) on 138,484,778,008 B: bpft 3685.0, full 37,175,296
+    on its own; under the PP MIN the plan can only be lower or equal."""
+    d = plan_json("--set", "pp_size=2", "--set", "tp_size=2", "--set", "available_bytes=138484778008",
+                  "--set", "index_k_dtype=fp8", "--set", "max_running_requests=256", "-g", "prefill")
+    st1 = [r for r in group(d, "prefill")["ranks"] if r["pp_rank"] == 1][0]
+    assert st1["layers"] == [21, 43] and st1["bytes_per_full_token"] == 3685.0
+    assert st1["full_max_total_num_tokens"] <= 37_175_296
+
+
+@pytest.mark.parametrize("args,bpft,expected", [
+    # §5.5 oracle rows (TP8 defaults: mrr 256, page 256, swa ratio 0.1)
+    (["--set", "available_bytes=138484778008", "--set", "index_k_dtype=fp8"], 7086.75,
+     [19_158_016, 1_915_648, 4_789_504, 149_672, 59_864, 32_896]),
+    (["--set", "available_bytes=138484778008", "--set", "index_k_accounting=exact"], 7737.75,
+     [17_546_240, 1_754_624, 4_386_560, 137_080, 54_832, 32_896]),
+    (["--set", "model=deepseek-v4-pro", "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8"], 10115.25,
+     [4_385_280, 438_528, 1_096_320, 34_260, 13_704, 32_896]),
+    (["--set", "model=deepseek-v4-pro", "--set", "available_bytes=48569637666", "--set", "index_k_accounting=exact"], 11045.25,
+     [4_016_128, 401_408, 1_004_032, 31_376, 12_544, 32_896]),
+    (["--set", "available_bytes=138484778008", "--set", "index_k_dtype=fp8",
+      "--set", "SGLANG_DSV4_COMPRESS_STATE_DTYPE=bf16"], 6750.75,
+     [20_312_832, 2_031_104, 5_078_208, 158_694, 63_472, 32_896]),
+    (["--set", "available_bytes=138484778008", "--set", "index_k_dtype=fp8",
+      "--set", "SGLANG_OPT_USE_ONLINE_COMPRESS=1"], 7086.75,
+     [19_536_640, 1_953_536, 4_884_160, 152_630, 61_048, 257]),
+    (["--set", "model=pro", "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8",
+      "--set", "swa_full_tokens_ratio=0.075"], 8983.125,
+     [4_937_984, 370_176, 1_234_496, 38_578, 11_568, 32_896]),
+], ids=["flash-fp8", "flash-bf16-exact", "pro-fp8", "pro-bf16-exact", "flash-bf16-state", "flash-online-c128",
+        "pro-swa-0.075"])
+def test_model_and_switch_what_ifs_match_sglang_oracle(args, bpft, expected):
+    d = plan_json(*args, "-g", "prefill")
+    r = group(d, "prefill")["ranks"][0]
+    assert r["bytes_per_full_token"] == bpft
+    assert pools(r) == expected
+    assert r["max_running_requests"] == 256
+
+
+def test_available_bytes_from_memory_matches_the_worked_example():
+    """§4 worked example: TP8, mfs 0.852, P 177 GiB, W 21.83 GiB -> 138,484,778,008 B and, with
+    fp8 index-K, the oracle's 19,158,016 full tokens; 8 ranks (4 beyond the group's GPUs)."""
+    d = plan_json("--set", "tp_size=8", "--set", "mem_fraction_static=0.852", "--set", "free_gib_before_load=177.0",
+                  "--set", "weights_gib_per_rank=21.83", "--set", "index_k_dtype=fp8", "-g", "prefill")
+    g = group(d, "prefill")
+    assert len(g["ranks"]) == 8 and [r["gpu"] for r in g["ranks"]][4:] == [None] * 4
+    r = g["ranks"][0]
+    assert r["available_bytes"] == 138_484_778_008
+    assert r["full_max_total_num_tokens"] == 19_158_016
+
+
+def test_model_what_if_by_name_alias_and_config_path(tmp_path):
+    pro = plan_json("--set", "model=deepseek-v4-pro", "-g", "decode")
+    assert pro["model"] == "deepseek-v4-pro"
+    assert group(pro, "decode")["ranks"][0]["layers"] == [0, 61]
+    assert group(pro, "decode")["ranks"][0]["bytes_per_full_token"] == 10115.25
+    alias = plan_json("--set", "model=deepseek-ai/DeepSeek-V4-Pro", "-g", "decode")
+    assert pools(group(alias, "decode")["ranks"][0]) == pools(group(pro, "decode")["ranks"][0])
+    # any local config.json: the shipped Flash config copied elsewhere plans like Flash
+    from dsv4ctl.resources import MODELS_DIR
+    cfg = tmp_path / "flash" / "config.json"
+    cfg.parent.mkdir()
+    shutil.copy(MODELS_DIR / "deepseek-v4-flash.json", cfg)
+    by_path = plan_json("--set", f"model={cfg}", "-g", "decode")
+    by_dir = plan_json("--set", f"model={cfg.parent}", "-g", "decode")
+    flash = plan_json("-g", "decode")
+    assert by_path["model"] == str(cfg)
+    for doc in (by_path, by_dir):
+        assert pools(group(doc, "decode")["ranks"][0]) == pools(group(flash, "decode")["ranks"][0])
+
+
+def test_profile_given_by_shipped_name_and_path_agree(default_doc):
+    by_name = plan_json("dsv4-flash-8xb200-pd")
+    by_path = plan_json(str(DEFAULT_PROFILE))
+    assert by_name["groups"] == by_path["groups"] == default_doc["groups"]
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("args,expected", [
+    (["--set", "mem-fraction-static=0.9"], "--set mem-fraction-static: unknown key (did you mean mem_fraction_static?); known: "),
+    (["--set", "nokey"], "--set 'nokey': expected KEY=VALUE"),
+    (["--set", "tp_size=four"], "--set tp_size: expected an integer, got 'four'"),
+    (["--set", "page_size=-256"], "--set page_size: must be >= 0, got -256"),
+    (["--set", "mem_fraction_static=lots"], "--set mem_fraction_static: expected a number, got 'lots'"),
+    (["--set", "enable_dp_attention=maybe"], "--set enable_dp_attention: expected a boolean, got 'maybe'"),
+    (["--set", "mem_fraction_static=1.5"], "group prefill: mem_fraction_static must be in (0, 1), got 1.5"),
+    (["--set", "index_k_dtype=fp16"], "group prefill: index_k_dtype 'fp16' not in ('fp8', 'bf16', 'fp4')"),
+    (["--set", "model=deepseek-v4-mega"], "--set model: unknown model 'deepseek-v4-mega': not a shipped model "
+                                          "(deepseek-v4-flash, deepseek-v4-pro) and no config.json at "),
+    (["-g", "nosuch"], f"{DEFAULT_PROFILE}: no group 'nosuch' (groups: prefill, decode, router)"),
+    (["-g", "router"], "group 'router' is the router: it has no KV pools"),
+], ids=["dashed-key", "no-equals", "bad-int", "negative", "bad-float", "bad-bool", "mfs-range", "bad-dtype",
+        "unknown-model", "unknown-group", "router-group"])
+def test_bad_set_or_group_is_one_line_exit_2(args, expected):
+    r = run_cli("plan", *args)
+    assert r.code == 2 and r.out == "" and "Traceback" not in r.err
+    lines = r.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dsv4ctl: error: " + expected), lines
