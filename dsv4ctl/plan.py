@@ -21,6 +21,9 @@ SCHEMA = "dsv4ctl.plan/1"
 SGLANG_VERSION = "0.5.23"
 # GiB a B200-class GPU has in use before weight load (CUDA context, NCCL): 179.06 - 177.0 (⚠).
 PRELOAD_USED_GIB = 2.06
+# Largest tp/dp/pp size accepted (a plan lists every rank; 1024 GPUs per group is far beyond
+# any DSV4 deployment and keeps a typo from allocating millions of rank entries).
+MAX_PARALLEL = 1024
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off", ""}
@@ -184,8 +187,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
 
     tp, dp, pp = args["tp_size"], args["dp_size"], args["pp_size"]
     for k in ("tp_size", "dp_size", "pp_size"):
-        if args[k] < 1:
-            raise InputError(f"{k} must be >= 1, got {args[k]}")
+        if not 1 <= args[k] <= MAX_PARALLEL:
+            raise InputError(f"{k} must be within 1..{MAX_PARALLEL}, got {args[k]}")
     dpa = args["enable_dp_attention"]
     if dpa and tp % dp:
         raise InputError(f"group {group.name}: dp_size {dp} must divide tp_size {tp} with enable_dp_attention")
