@@ -63,6 +63,141 @@ def _plan_run(ctx: RunContext, args: dict) -> dict:
     return {"ok": True, "fits": report.ok, "groups": groups}
 
 
+def _cli_argv(ctx: RunContext, base: list[str], args: dict, flags: dict[str, str],
+              positional: tuple[str, ...] = ()) -> list[str]:
+    """Build ``dsv4ctl`` argv from playbook args: ``flags`` maps arg name → option; lists repeat
+    the option; True booleans become bare flags; ``positional`` args come first."""
+    argv = list(base)
+    for name in positional:
+        v = args.get(name)
+        if v is None:
+            continue
+        argv += [str(x) for x in v] if isinstance(v, list) else [str(v)]
+    for name, opt in flags.items():
+        v = args.get(name)
+        if v is None or v is False:
+            continue
+        if v is True:
+            argv.append(opt)
+        elif isinstance(v, list):
+            if opt in ("--concurrency", "-c"):
+                argv += [opt, ",".join(map(str, v))]
+            else:
+                for x in v:
+                    argv += [opt, str(x)]
+        else:
+            argv += [opt, str(v)]
+    unknown = sorted(set(args) - set(flags) - set(positional))
+    if unknown:
+        raise InputError(f"{' '.join(base)}: unknown argument(s) {', '.join(unknown)}")
+    return argv
+
+
+def _run_cli(ctx: RunContext, argv: list[str], evidence: str) -> tuple[int, Any, str]:
+    """Run ``dsv4ctl ARGV`` (a child process of the same installation); keep its output as
+    evidence in the run folder; return (exit code, parsed JSON or None, last stderr line)."""
+    import json
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True)
+    (ctx.run_dir / f"{evidence}.out").write_text(proc.stdout)
+    (ctx.run_dir / f"{evidence}.err").write_text(proc.stderr)
+    try:
+        doc = json.loads(proc.stdout) if proc.stdout.strip().startswith(("{", "[")) else None
+    except ValueError:
+        doc = None
+    err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    return proc.returncode, doc, err
+
+
+def _profile_args(ctx: RunContext) -> list[str]:
+    return [str(ctx.profile.path)]
+
+
+_LOAD_FLAGS = {"concurrency": "--concurrency", "turns": "--turns", "max_corruption": "--max-corruption",
+               "stream": "--stream", "stall_timeout": "--stall-timeout", "min_requests": "--min-requests",
+               "answer_words": "--answer-words", "model": "--model"}
+
+
+def _check_load_argv(ctx: RunContext, args: dict) -> list[str]:
+    a = dict(args)
+    url = a.pop("url", None)
+    a.setdefault("concurrency", ctx.profile.check.get("concurrency", 64))
+    a.setdefault("max_corruption", ctx.profile.check.get("max_corruption", 0.01))
+    base = ["check", "load"] + ([url] if url else ["--profile", str(ctx.profile.path)])
+    return _cli_argv(ctx, base, a, _LOAD_FLAGS) + ["--json", "--no-progress"]
+
+
+def _check_load_run(ctx: RunContext, args: dict) -> dict:
+    n = sum(1 for _ in ctx.run_dir.glob("check-load*.out"))
+    name = f"check-load-{n + 1}"
+    argv = _check_load_argv(ctx, args) + ["--records", str(ctx.run_dir / f"{name}.jsonl")]
+    code, doc, err = _run_cli(ctx, argv, name)
+    if code not in (0, 1) or not isinstance(doc, dict):
+        return {"ok": False, "error": err or f"check load exited {code}"}
+    levels = doc.get("levels", [])
+    worst = max(levels, key=lambda lv: lv["wilson95"][1]) if levels else {"wilson95": [None, None]}
+    return {"ok": True, "passed": code == 0, "corruption_rate": worst.get("rate"),
+            "corruption_upper": worst["wilson95"][1], "concurrency": worst.get("concurrency"),
+            "stuck": sum(lv.get("stuck", 0) for lv in levels),
+            "turns": sum(lv.get("turns", 0) for lv in levels), "evidence": f"{name}.out"}
+
+
+def _check_smoke_run(ctx: RunContext, args: dict) -> dict:
+    a = dict(args)
+    url = a.pop("url", None)
+    base = ["check", "smoke"] + ([url] if url else ["--profile", str(ctx.profile.path)])
+    code, doc, err = _run_cli(ctx, _cli_argv(ctx, base, a, {"model": "--model", "timeout": "--timeout"}) + ["--json"], "check-smoke")
+    if code not in (0, 1):
+        return {"ok": False, "error": err or f"check smoke exited {code}"}
+    return {"ok": True, "passed": code == 0, "evidence": "check-smoke.out"}
+
+
+_HICACHE_FLAGS = {"groups": "--group", "ratio": "--ratio", "write_policy": "--write-policy",
+                  "io_backend": "--io-backend", "mem_layout": "--mem-layout",
+                  "storage_backend": "--storage-backend", "remote": "--remote",
+                  "health_timeout": "--health-timeout", "tree": "--tree"}
+
+
+def _hicache(state: str):
+    def argv(ctx: RunContext, args: dict) -> list[str]:
+        flags = _HICACHE_FLAGS if state == "on" else {k: v for k, v in _HICACHE_FLAGS.items()
+                                                      if k in ("groups", "remote", "health_timeout", "tree")}
+        return _cli_argv(ctx, ["hicache", state] + _profile_args(ctx), args, flags)
+
+    def run(ctx: RunContext, args: dict) -> dict:
+        code, doc, err = _run_cli(ctx, argv(ctx, args) + ["--json"], f"hicache-{state}")
+        return {"ok": code == 0, "error": err} if code else {"ok": True, "hicache": state}
+
+    def describe(ctx: RunContext, args: dict) -> list[str]:
+        code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"hicache-{state}-dry-run")
+        out = (ctx.run_dir / f"hicache-{state}-dry-run.out").read_text().splitlines()
+        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([err] if code else [])
+    return run, describe
+
+
+def _patch(verb: str):
+    def argv(ctx: RunContext, args: dict) -> list[str]:
+        a = dict(args)
+        tree = a.pop("tree", None) or ctx.profile.sglang.get("tree")
+        if not tree:
+            raise InputError(f"patch.{verb}: no tree (args.tree or the profile's sglang.tree)")
+        tree_p = Path(tree)
+        if not tree_p.is_absolute():
+            tree_p = ctx.profile.base_dir / tree_p
+        flags = {"series": "--series"} if verb == "apply" else {}
+        pos = ("commits",) if verb == "revert" else ()
+        return _cli_argv(ctx, ["patch", verb, str(tree_p)], a, flags, positional=pos)
+
+    def run(ctx: RunContext, args: dict) -> dict:
+        code, _, err = _run_cli(ctx, argv(ctx, args), f"patch-{verb}")
+        return {"ok": code == 0, **({"error": err} if code else {})}
+
+    def describe(ctx: RunContext, args: dict) -> list[str]:
+        return [f"dsv4ctl {' '.join(argv(ctx, args))}"]
+    return run, describe
+
+
 def _describe(fmt: str) -> Callable[[RunContext, dict], list[str]]:
     return lambda ctx, args: [fmt.format(args=args)]
 
@@ -74,5 +209,15 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
         "wait": Action("wait", False, _wait_run, lambda ctx, a: [f"wait {_wait_seconds(a):g} s"]),
         "plan": Action("plan", False, _plan_run, _describe("plan the profile's groups with overrides {args}")),
     }
+    acts["check.load"] = Action("check.load", False, _check_load_run,
+                                lambda ctx, a: [f"dsv4ctl {' '.join(_check_load_argv(ctx, a))}"])
+    acts["check.smoke"] = Action("check.smoke", False, _check_smoke_run,
+                                 lambda ctx, a: [f"dsv4ctl check smoke --profile {ctx.profile.path}"])
+    for state in ("on", "off"):
+        run, describe = _hicache(state)
+        acts[f"hicache.{state}"] = Action(f"hicache.{state}", True, run, describe)
+    for verb in ("apply", "revert"):
+        run, describe = _patch(verb)
+        acts[f"patch.{verb}"] = Action(f"patch.{verb}", True, run, describe)
     acts.update(extra or {})
     return acts

@@ -1,0 +1,68 @@
+"""Runbook check actions against the SGLang stand-in over real HTTP: a corrupted server trips the
+gate and the mitigation branch runs; the evidence (JSON, per-turn records) lands in the run dir."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """The stand-in SGLang DSV4 server (tests/standin), HiCache on: corrupts ~15 % at 60 sessions."""
+    port = _free_port()
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("served-model-name: deepseek-v4-flash\ntool-call-parser: deepseekv4\n"
+                   "reasoning-parser: deepseek-v4\nenable-hierarchical-cache: true\nhicache-ratio: 2.0\n")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.standin.server", "--config", str(cfg),
+                             "--port", str(port), "--ttft-ms", "2", "--itl-ms", "0"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_gate_failure_drives_the_mitigation_branch(cli, tmp_path, standin):
+    pb = tmp_path / "measure.yaml"
+    pb.write_text(f"""\
+name: measure
+steps:
+  - id: measure
+    action: check.load
+    args: {{url: "{standin}", concurrency: 60, turns: 3, min_requests: 240, answer_words: 20}}
+  - id: mitigate
+    action: note
+    when: measure.passed == false and measure.corruption_upper > 0.01
+    args: {{text: over the gate}}
+""")
+    run = tmp_path / "run"
+    r = cli("runbook", "run", str(pb), "--report-dir", str(run), timeout=300)
+    assert r.code == 0, r.err
+    doc = json.loads((run / "incident.json").read_text())
+    m = doc["results"]["measure"]
+    assert m["passed"] is False and m["concurrency"] == 60 and m["turns"] >= 240
+    assert 0.05 < m["corruption_rate"] < 0.30 and m["corruption_upper"] > 0.01
+    assert doc["results"]["mitigate"]["ran"] is True
+    records = (run / "check-load-1.jsonl").read_text().splitlines()
+    assert len(records) == m["turns"]
+    load = json.loads((run / "check-load-1.out").read_text())
+    assert load["schema"] == "dsv4ctl.check.load/1" and load["pass"] is False
