@@ -142,3 +142,23 @@ def test_load_profile_uses_router_and_profile_defaults(deployment):
     # /metrics are scraped from the prefill and decode servers (which got none of the router's traffic)
     assert lv["metrics"].get("sglang:num_requests_total", 0) == 0
     assert lv["metrics"]["sglang:num_aborted_requests_total"] == 0 and "sglang:num_running_reqs" in lv["metrics"]
+
+
+def test_api_key_is_sent_and_never_printed(tmp_path):
+    key = "s3cret-token-1234"
+    cfg = write_config(tmp_path / "s.yaml", api_key=key)
+    with standin(cfg, *FAST) as url:
+        r = run_cli("check", "smoke", url, "--json")
+        assert r.code == 1
+        st = statuses(r.json())
+        assert st[("health", url)] == "pass" and st[("models", url)] == "fail"     # /health stays open
+        r = run_cli("check", "smoke", url, "--json", env={"DSV4CTL_API_KEY": key})
+        assert r.code == 0, r.out
+        assert key not in r.out and key not in r.err
+        r = run_cli("check", "load", url, "-c", "4", "--turns", "2", "--min-requests", "8", "--max-corruption", "0.9",
+                    "--records", str(tmp_path / "r.jsonl"), "--json", env={"DSV4CTL_API_KEY": key})
+        assert r.code == 0, r.err
+        assert r.json()["levels"][0]["turns"] == 8
+        assert key not in r.out + r.err + (tmp_path / "r.jsonl").read_text()
+        r = run_cli("check", "load", url, "-c", "4", "--no-progress")
+        assert r.code == 2 and "HTTP 401" in r.err

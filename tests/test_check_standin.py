@@ -107,6 +107,8 @@ def test_corruption_curve_and_diffuser():
     assert [corruption_probability(n, True) for n in (1, 8, 24, 40, 60, 70, 75, 80, 200)] == pytest.approx(
         [0, 0, 0.075, 0.15, 0.15, 0.15, 0.165, 0.18, 0.18])
     assert corruption_probability(60, False) == 0
+    assert corruption_probability(60, True, scale=2.0) == pytest.approx(0.30)
+    assert corruption_probability(200, True, scale=10.0) == 1.0
     d = Diffuser()
     assert sum(d.draw(0.15) for _ in range(1000)) in (150, 151)
     assert not any(Diffuser().draw(0.0) for _ in range(100))

@@ -118,36 +118,34 @@ class SSEDecoder:
     fields are ignored. Bytes may be split anywhere (also inside a UTF-8 sequence)."""
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = b""           # an incomplete last line
+        self._after_cr = False    # the previous chunk ended in CR: a leading LF is its CRLF half
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[str]:
         """Feed raw bytes; return the payloads of the events completed by them."""
-        self._buf += chunk
+        if not chunk:
+            return []
+        if self._after_cr:
+            self._after_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._after_cr = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = (self._buf + chunk).split(b"\n") if self._buf else chunk.split(b"\n")
+        self._buf = lines.pop()
         out: list[str] = []
-        while True:
-            i = self._buf.find(b"\n")
-            j = self._buf.find(b"\r")
-            if i < 0 and j < 0:
-                break
-            if j >= 0 and (i < 0 or j < i):
-                if j == len(self._buf) - 1:      # a CR at the end may be the first half of CRLF
-                    break
-                end, nxt = j, j + (2 if self._buf[j + 1:j + 2] == b"\n" else 1)
-            else:
-                end, nxt = i, i + 1
-            line = self._buf[:end].decode("utf-8", errors="strict")
-            self._buf = self._buf[nxt:]
+        data = self._data
+        for line in lines:
             if not line:
-                if self._data:
-                    out.append("\n".join(self._data))
-                    self._data = []
-                continue
-            if line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            if name == "data":
-                self._data.append(value[1:] if value.startswith(" ") else value)
+                if data:
+                    out.append("\n".join(data))
+                    data.clear()
+            elif line[:4] == b"data" and (len(line) == 4 or line[4:5] == b":"):
+                v = line[5:]
+                data.append((v[1:] if v[:1] == b" " else v).decode("utf-8"))
+            # comment lines (":...") and other fields (event:, id:, retry:) are ignored
         return out
 
     def close(self) -> list[str]:

@@ -42,11 +42,17 @@ class LevelRun:
     metrics_after: Optional[dict] = None
 
 
-def make_client(concurrency: int, stall_timeout: float) -> aiohttp.ClientSession:
+def auth_headers(api_key: Optional[str]) -> dict:
+    """``Authorization: Bearer <key>`` for servers started with ``--api-key`` (SGLang
+    ``srt/utils/auth.py``; /health and /metrics stay open); {} without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def make_client(concurrency: int, stall_timeout: float, api_key: Optional[str] = None) -> aiohttp.ClientSession:
     """A client session sized for ``concurrency`` keep-alive connections; ``stall_timeout`` is the
-    per-read timeout (seconds)."""
+    per-read timeout (seconds); ``api_key`` is sent as a bearer token."""
     conn = aiohttp.TCPConnector(limit=max(concurrency, 1) + 8, limit_per_host=0, ttl_dns_cache=300)
-    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(
+    return aiohttp.ClientSession(connector=conn, headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(
         total=None, sock_connect=min(10.0, stall_timeout), sock_read=stall_timeout))
 
 

@@ -68,12 +68,13 @@ def judge_server_info(info: Any, worker: Worker) -> dict:
 
 
 async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] = None,
-                    timeout: float = 60.0) -> tuple[list[dict], bool]:
-    """All smoke lines and whether the entry URL was reachable at all."""
+                    timeout: float = 60.0, api_key: Optional[str] = None) -> tuple[list[dict], bool]:
+    """All smoke lines and whether the entry URL was reachable at all. ``api_key``: bearer token."""
+    from .driver import auth_headers
     out: list[dict] = []
     specs = C.tool_specs(TOOLS)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
-                                                                   sock_read=timeout)) as http:
+    async with aiohttp.ClientSession(headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=10, sock_read=timeout)) as http:
         for w in workers:
             try:
                 status, _ = await fetch_json(http, w.url + "/health", timeout=timeout)

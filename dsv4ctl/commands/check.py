@@ -45,6 +45,8 @@ def smoke(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile: workers from its server groups, entry = its router."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds without progress before a probe fails."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
+                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
@@ -65,7 +67,7 @@ def smoke(
     else:
         entry = normalize_url(url)
         workers = [Worker(name=entry, url=entry)]
-    lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout))
+    lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
            "checks": lines}
     headers = ["check", "target", "status", "reason"]
@@ -106,6 +108,8 @@ def load(
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     answer_words: int = typer.Option(150, "--answer-words", help="Length of the final long answer turn (words)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
+                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.load/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
@@ -164,7 +168,7 @@ def load(
                 "stall_timeout_s": stall, "answer_words": answer_words, "records": str(records) if records else None}
     try:
         doc = asyncio.run(_run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
-                                    metrics, metric_urls, rec_file, progress, settings))
+                                    metrics, metric_urls, rec_file, progress, settings, api_key))
     finally:
         if rec_file:
             rec_file.close()
@@ -177,7 +181,7 @@ def load(
 
 
 async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model, metrics,
-                    metric_urls, rec_file, progress, settings) -> dict:
+                    metric_urls, rec_file, progress, settings, api_key=None) -> dict:
     import json
     import uuid
 
@@ -201,7 +205,7 @@ async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_wor
     comparisons: list[dict] = []
     prog = task = None
     try:
-        async with D.make_client(max(levels), stall) as http:
+        async with D.make_client(max(levels), stall, api_key) as http:
             models = {}
             for u in urls:
                 try:

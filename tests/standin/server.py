@@ -13,7 +13,8 @@ Keys it honours: ``served-model-name``/``model-path``, ``host``, ``port``, ``too
 ``enable-hierarchical-cache`` (alias ``enable-hicache``; the corruption switch),
 ``enable-metrics`` (``/metrics`` exists only with it), ``enable-cache-report``
 (``usage.prompt_tokens_details.cached_tokens``), ``stream-interval``, ``disaggregation-mode``
-and the HiCache flags (reported in ``/server_info``). Other keys are reported, not used.
+and the HiCache flags (reported in ``/server_info``), ``api-key`` (bearer token required as SGLang
+does, except on /health, /ready, /metrics). Other keys are reported, not used.
 
 Corruption model (the issue-6 incident): with HiCache on, a turn is corrupted with probability
 :func:`corruption_probability` of the effective in-flight concurrency (the larger of the current
@@ -54,7 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "tool_call_parser": None, "reasoning_parser": None, "disaggregation_mode": "null",
     "enable_hierarchical_cache": False, "hicache_ratio": None, "hicache_write_policy": "write_through",
     "hicache_io_backend": "kernel", "hicache_mem_layout": "page_first", "hicache_storage_backend": None,
-    "enable_metrics": False, "enable_cache_report": False,
+    "enable_metrics": False, "enable_cache_report": False, "api_key": None,
 }
 
 
@@ -230,8 +231,19 @@ def _chunk(rid: str, created: int, model: str, delta: dict, finish: Optional[str
 
 def make_app(state: StandIn) -> web.Application:
     """The aiohttp application serving SGLang's endpoints for ``state``."""
-    app = web.Application(client_max_size=64 * 2**20)
     a = state.args
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        # SGLang srt/utils/auth.py: with --api-key every endpoint but /health*, /ready*, /metrics*
+        # needs "Authorization: Bearer <key>"; otherwise 401 {"error": "Unauthorized"}.
+        key = a.get("api_key")
+        if key and not request.path.startswith(("/health", "/ready", "/metrics")):
+            if request.headers.get("Authorization", "") != f"Bearer {key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[auth])
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -248,7 +260,7 @@ def make_app(state: StandIn) -> web.Application:
         return await models(request)
 
     async def server_info(request: web.Request) -> web.Response:
-        return web.json_response({**a, "version": VERSION, "launch_command": state.launch_command,
+        return web.json_response({**{k: v for k, v in a.items() if k != "api_key"}, "version": VERSION, "launch_command": state.launch_command,
                                   "frontend": "standin", "startup_time": state.started,
                                   "internal_states": [{**{k: a[k] for k in ("tp_size", "dp_size", "page_size")},
                                                        "disaggregation_mode": a["disaggregation_mode"],
