@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
+from tests.conftest import run_cli as _run_cli
+
+
+def run_cli(*args, **kw):
+    kw.setdefault("timeout", 400)      # SSH + restart + /health on a loaded 2-core CI runner
+    return _run_cli(*args, **kw)
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401  (fixtures)
 from tests.standin.harness import free_port
 
@@ -84,19 +90,30 @@ def world(live_cluster, tmp_path):
     log = open(root / "logs" / "prefill.log", "ab")
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    (root / "run" / "prefill.pid").write_text(str(proc.pid))
-    url = f"http://{h.address}:{port}"
-    _wait_health(url)
-    w = dict(profile=pfile, root=root, live=root / "current" / "configs" / "prefill.yaml", url=url,
-             local=local / "prefill.yaml", pidfile=root / "run" / "prefill.pid", host=h, proc=proc)
-    yield w
-    for pid in {proc.pid, int((root / "run" / "prefill.pid").read_text() or 0)} if (root / "run" / "prefill.pid").exists() else {proc.pid}:
-        try:
-            os.killpg(pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.wait(timeout=10)
-    log.close()
+    pidfile = root / "run" / "prefill.pid"
+    pidfile.write_text(str(proc.pid))
+    started = {proc.pid}
+    try:
+        url = f"http://{h.address}:{port}"
+        _wait_health(url, timeout=90)
+        w = dict(profile=pfile, root=root, live=root / "current" / "configs" / "prefill.yaml", url=url,
+                 local=local / "prefill.yaml", pidfile=pidfile, host=h, proc=proc, started=started)
+        yield w
+    finally:
+        # every stand-in this test started: the first one and each one a restart wrote to the pid file
+        if pidfile.exists() and pidfile.read_text().strip():
+            started.add(int(pidfile.read_text()))
+        for line in (root / "audit.jsonl").read_text().splitlines() if (root / "audit.jsonl").exists() else []:
+            pid = ((json.loads(line).get("restart") or {}).get("new_pid"))
+            if pid:
+                started.add(pid)
+        for pid in started:
+            try:
+                os.killpg(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait(timeout=30)
+        log.close()
 
 
 def _audit(root: Path) -> list[dict]:
@@ -115,7 +132,7 @@ def test_remote_off_then_on_restores_bytes_and_restarts(world):
     assert "dry run: h0: restart group prefill" in r.out
     assert world["live"].read_bytes() == orig and int(world["pidfile"].read_text()) == pid0
 
-    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote", "--health-timeout", "30")
+    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote", "--health-timeout", "120")
     assert r.code == 0, (r.out, r.err)
     assert "-enable-hierarchical-cache: true\n+enable-hierarchical-cache: false\n" in r.out
     assert f"h0: prefill: wrote {world['live']}" in r.out and "restarted (launcher), healthy" in r.out
@@ -166,7 +183,7 @@ def test_remote_unhealthy_group_is_rolled_back(world, tmp_path):
     assert world["local"].read_bytes() == orig                              # local copy untouched
     pid2 = int(world["pidfile"].read_text())
     assert pid2 != pid0 and _alive(pid2)                                    # restarted twice, running the old file
-    _wait_health(world["url"])
+    _wait_health(world["url"], timeout=90)
     assert _info(world["url"])["enable_hierarchical_cache"] is True
     (rec,) = _audit(world["root"])
     assert rec["result"] == "rolled-back" and rec["healthy"] is False and "not healthy after 2 s" in rec["detail"]
