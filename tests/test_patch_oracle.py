@@ -105,3 +105,21 @@ def test_pristine_sglang_ignores_the_switch():
     want = predicted("deepseek-v4-flash", FLASH_BYTES, index_k_dtype="bf16", index_k_accounting="fp8")
     assert got["indexer_bytes_per_token"] == 132 and got["full"] == want.full_max_total_num_tokens == 19_158_016
     assert not [ln for ln in got["log"] if ln.startswith("DSV4_POOL_PLAN")]
+
+
+def test_indexer_pool_allocates_what_the_configurator_budgets(oracle_runs):
+    """Budget == allocation, both from SGLang's own code: the real DeepSeekV4IndexerPool built on
+    CPU at the configurator's size holds 256 B per slot with the switch (132 B without), exactly
+    the bytes dsv4ctl.capacity.allocated_bytes reports for that dtype."""
+    from tests.patchoracle.fixtures import SMALL_BYTES
+    geom, _ = load_model("deepseek-v4-flash")
+    for switch, dtype, acc, idx in (("bf16", "bf16", "exact", 256), ("off", "fp8", "fp8", 132)):
+        got = oracle_runs[("deepseek-v4-flash", SMALL_BYTES, switch)]
+        conf = cap.Configurator(geom, cap.PoolInputs(index_k_dtype=dtype, index_k_accounting=acc))
+        sizes = conf.calculate_pool_sizes(SMALL_BYTES)
+        assert {k: got[k] for k in as_pools(sizes)} == as_pools(sizes)
+        pool = got["indexer_pool"]
+        assert pool["bytes_per_token"] == got["indexer_bytes_per_token"] == idx
+        assert (pool["layers"], pool["page_bytes"]) == (21, 64 * idx)
+        assert pool["pages"] == -(-(sizes.c128_max_total_num_tokens * 32 + 256) // 64)
+        assert pool["bytes"] == cap.allocated_bytes(conf, sizes, idx).c4_index_k

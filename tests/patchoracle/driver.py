@@ -4,7 +4,9 @@ Usage (under ``.venv-oracle/bin/python``, from the repository root)::
 
     PYTHONPATH=TREE/python:. python -m tests.patchoracle.driver < cases.json
 
-``cases.json`` is a list of ``{"config": PATH, "available_bytes": INT, "env": {NAME: VALUE}}``.
+``cases.json`` is a list of ``{"config": PATH, "available_bytes": INT, "env": {NAME: VALUE},
+"indexer_pool": BOOL}`` (the last: also build the real C4 ``DeepSeekV4IndexerPool`` on CPU at the
+resulting size and report its bytes).
 ``env`` is applied to ``os.environ`` before each case (SGLang reads ``SGLANG_DSV4_INDEX_K_DTYPE``
 at call time). Prints a JSON list, one object per case: where ``sglang`` was imported from, the
 configurator's ``bytes_per_full_token`` and the final ``MemoryPoolConfig`` sizes (after
@@ -41,8 +43,25 @@ def _spec(algo):
               is_dspark=lambda: algo == "DSPARK", is_dflash_family=lambda: False)
 
 
+def _indexer_pool(cfg: dict, out, page_size: int) -> dict:
+    """Build SGLang's real ``DeepSeekV4IndexerPool`` on CPU the way ``DeepSeekV4TokenToKVPool``
+    does for the C4 indexer (size = c4 logical slots = c128 * 32, pages of page_size / 4 slots, one
+    reserved global page) and report what it allocated."""
+    import torch
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4IndexerPool
+    n4 = sum(1 for r in cfg["compress_ratios"][:cfg["num_hidden_layers"]] if r == 4)
+    pool = DeepSeekV4IndexerPool(out.c128_max_total_num_tokens * 32, page_size // 4, torch.uint8,
+                                 cfg["index_head_dim"], n4, "cpu", False, use_fp4_indexer=False,
+                                 global_page_size=page_size)
+    bufs = pool.index_k_with_scale_buffer
+    return dict(layers=len(bufs), pages=bufs[0].shape[0], page_bytes=bufs[0].shape[1],
+                bytes_per_token=pool.get_bytes_per_token(),
+                bytes=sum(b.numel() * b.element_size() for b in bufs))
+
+
 def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
-               max_running_requests: int = 256, chunked_prefill_size: int = 16384) -> dict:
+               max_running_requests: int = 256, chunked_prefill_size: int = 16384,
+               indexer_pool: bool = False) -> dict:
     """Pool sizes from the real configurator of whatever ``sglang`` is first on sys.path."""
     tv_stub.install()
     import sglang
@@ -72,7 +91,8 @@ def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
         out.max_running_requests = min(max(1, max_running_requests), out.full_max_total_num_tokens // 2)
         out = pc.DSV4PoolConfigurator(kvc).finalize_with_max_running_requests(out)
     log.removeHandler(cap)
-    return dict(sglang_file=sglang.__file__,
+    pool = _indexer_pool(cfg, out, page_size) if indexer_pool else None
+    return dict(sglang_file=sglang.__file__, indexer_pool=pool,
                 bytes_per_full_token=conf.bytes_per_full_token,
                 indexer_bytes_per_token=conf.indexer_bytes_per_token,
                 full=out.full_max_total_num_tokens, swa=out.swa_max_total_num_tokens,
@@ -88,7 +108,8 @@ def main(argv: list[str]) -> int:
         saved = {k: os.environ.get(k) for k in case.get("env", {})}
         os.environ.update(case.get("env", {}))
         try:
-            out.append(pool_sizes(case["config"], int(case["available_bytes"])))
+            out.append(pool_sizes(case["config"], int(case["available_bytes"]),
+                                  indexer_pool=bool(case.get("indexer_pool"))))
         except Exception as e:  # reported per case, the test decides
             out.append({"error": f"{type(e).__name__}: {e}"})
         finally:

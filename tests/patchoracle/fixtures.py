@@ -19,6 +19,7 @@ PRO_BYTES = 48_569_637_666
 BYTES_CASES = [("deepseek-v4-flash", FLASH_BYTES), ("deepseek-v4-pro", PRO_BYTES),
                ("deepseek-v4-flash", 20 * 2**30 + 12345)]
 BF16 = {"SGLANG_DSV4_INDEX_K_DTYPE": "bf16"}
+SMALL_BYTES = 3 * 2**30 + 777      # Flash: ~0.47 GiB for tokens after the 2.53 GiB c128 state
 
 
 def model_config(model: str) -> str:
@@ -57,6 +58,10 @@ def oracle_runs(patched_tree):
         for switch, env in (("bf16", BF16), ("off", {})):
             keys.append((model, avail, switch))
             cases.append(dict(config=model_config(model), available_bytes=avail, env=env))
+    for switch, env in (("bf16", BF16), ("off", {})):      # small enough to allocate on CPU
+        keys.append(("deepseek-v4-flash", SMALL_BYTES, switch))
+        cases.append(dict(config=model_config("deepseek-v4-flash"), available_bytes=SMALL_BYTES,
+                          env=env, indexer_pool=True))
     keys.append(("deepseek-v4-flash", FLASH_BYTES, "int8"))
     cases.append(dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES,
                       env={"SGLANG_DSV4_INDEX_K_DTYPE": "int8"}))
