@@ -6,7 +6,7 @@
 
 _dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set available_bytes chunked_prefill_size context_length cuda_graph_max_bs disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_memory_mib index_k_accounting index_k_dtype max_running_requests max_total_tokens mem_fraction_static model moe_a2a_backend other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
 _dsv4ctl_w2='dsv4-flash-8xb200-pd'
-_dsv4ctl_w3=''
+_dsv4ctl_w3='toolcall-corruption'
 
 # sub-commands of a command path
 _dsv4ctl_subs() {
@@ -41,8 +41,8 @@ _dsv4ctl_opts() {
     'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -h --help' ;;
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
-    'check smoke') echo '-p --profile --model --timeout --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --no-progress --progress --json --markdown -h --help' ;;
+    'check smoke') echo '-p --profile --model --timeout --api-key --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --no-progress --progress --api-key --json --markdown -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;
@@ -97,6 +97,7 @@ _dsv4ctl_optkind() {
     'check smoke|-p'|'check smoke|--profile') echo yaml:w2 ;;
     'check smoke|--model') echo any ;;
     'check smoke|--timeout') echo any ;;
+    'check smoke|--api-key') echo any ;;
     'check load|-p'|'check load|--profile') echo yaml:w2 ;;
     'check load|--compare') echo any ;;
     'check load|-c'|'check load|--concurrency') echo any ;;
@@ -108,6 +109,7 @@ _dsv4ctl_optkind() {
     'check load|--records') echo file ;;
     'check load|--model') echo any ;;
     'check load|--answer-words') echo any ;;
+    'check load|--api-key') echo any ;;
     'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;

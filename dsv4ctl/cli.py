@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code."""
     from .render import error_line
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, standalone_mode=False, prog_name="dsv4ctl")
     except DsvError as e:
         error_line(str(e))
         return e.exit_code
@@ -70,13 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except SystemExit as e:  # pragma: no cover
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    except Exception as e:  # click usage errors
-        import click
-        if isinstance(e, click.exceptions.Abort):
+    except Exception as e:  # click usage errors; typer vendors click (typer._click), so no `import click`
+        if isinstance(e, typer.Abort):
             error_line("aborted")
             return EXIT_INTERRUPTED
-        if isinstance(e, click.ClickException):
-            e.show()
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # click.ClickException
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            error_line(f"{where}{e.format_message()}{hint}")
             return EXIT_USAGE
         raise
     return 0

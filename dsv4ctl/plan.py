@@ -59,8 +59,8 @@ def _float(key: str, v: Any, minimum: float = 0.0) -> float:
         x = float(v)
     except (TypeError, ValueError):
         raise InputError(f"{key}: expected a number, got {v!r}") from None
-    if x != x or x < minimum:
-        raise InputError(f"{key}: must be a number >= {minimum}, got {v!r}")
+    if x != x or x < minimum or x == float("inf"):
+        raise InputError(f"{key}: must be a finite number >= {minimum}, got {v!r}")
     return x
 
 
@@ -289,6 +289,16 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
             raise InputError(f"group {group.name}: host {host.name} has no gpus.memory_mib")
         p_gib = round(gpu_mib / 1024 - PRELOAD_USED_GIB, 3)
         estimated.append(f"free_gib_before_load={p_gib} (GPU memory - {PRELOAD_USED_GIB} GiB)")
+    if p_gib <= 0:
+        if "free_gib_before_load" in overrides:
+            src = "--set free_gib_before_load"
+        elif mem.free_gib_before_load is not None:
+            gidx = profile.groups.index(group)
+            src = (f"{profile.positions.where(('groups', gidx, 'memory', 'free_gib_before_load'))}: "
+                   f"groups[{gidx}].memory.free_gib_before_load")
+        else:
+            src = f"group {group.name}: free_gib_before_load (estimated from gpu_memory_mib {gpu_mib})"
+        raise InputError(f"{src}: must be > 0 GiB, got {p_gib}")
     w_gib = args.get("weights_gib_per_rank", mem.weights_gib_per_rank)
     if w_gib is None:
         if facts.checkpoint_gib is None:

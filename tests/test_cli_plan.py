@@ -300,12 +300,24 @@ def test_profile_given_by_shipped_name_and_path_agree(default_doc):
     (["--set", "index_k_dtype=fp16"], "group prefill: index_k_dtype 'fp16' not in ('fp8', 'bf16', 'fp4')"),
     (["--set", "model=deepseek-v4-mega"], "--set model: unknown model 'deepseek-v4-mega': not a shipped model "
                                           "(deepseek-v4-flash, deepseek-v4-pro) and no config.json at "),
+    (["--set", "weights_gib_per_rank=inf"], "--set weights_gib_per_rank: must be a finite number >= 0.0, got 'inf'"),
+    (["--set", "free_gib_before_load=0"], "--set free_gib_before_load: must be > 0 GiB, got 0.0"),
     (["-g", "nosuch"], f"{DEFAULT_PROFILE}: no group 'nosuch' (groups: prefill, decode, router)"),
+    (["--bogus"], "dsv4ctl plan: No such option: --bogus (see 'dsv4ctl plan --help')"),
+    (["a.yaml", "b.yaml"], "dsv4ctl plan: Got unexpected extra argument(s) (b.yaml) (see 'dsv4ctl plan --help')"),
     (["-g", "router"], "group 'router' is the router: it has no KV pools"),
 ], ids=["dashed-key", "no-equals", "bad-int", "negative", "bad-float", "bad-bool", "mfs-range", "bad-dtype",
-        "unknown-model", "unknown-group", "router-group"])
+        "unknown-model", "infinite", "zero-free-memory", "unknown-group", "unknown-option", "extra-argument",
+        "router-group"])
 def test_bad_set_or_group_is_one_line_exit_2(args, expected):
     r = run_cli("plan", *args)
     assert r.code == 2 and r.out == "" and "Traceback" not in r.err
     lines = r.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dsv4ctl: error: " + expected), lines
+
+
+def test_unknown_command_is_a_one_line_usage_error():
+    r = run_cli("plna")
+    assert r.code == 2 and r.out == "" and "Traceback" not in r.err
+    assert r.err.splitlines() == [
+        "dsv4ctl: error: dsv4ctl: No such command 'plna'. Did you mean 'plan'? (see 'dsv4ctl --help')"]

@@ -67,6 +67,8 @@ PROFILE_CASES = [
     ("zero-gpu-count", "count: 8,", "count: 0,", "count: 0", "hosts[0].gpus.count: 0 is less than the minimum of 1"),
     ("negative-free-memory", "free_gib_before_load: 177.0   #", "free_gib_before_load: -177.0   #", "-177.0",
      "groups[0].memory.free_gib_before_load: -177.0 is less than the minimum of 0"),
+    ("zero-free-memory", "free_gib_before_load: 177.0   #", "free_gib_before_load: 0   #", "free_gib_before_load: 0 ",
+     "groups[0].memory.free_gib_before_load: must be > 0 GiB, got 0"),
     ("negative-weights", "weights_gib_per_rank: 43.66\n", "weights_gib_per_rank: -1\n", "weights_gib_per_rank: -1",
      "groups[1].memory.weights_gib_per_rank: -1 is less than the minimum of 0"),
     ("negative-tp", "    tp: 4\n    serve_config: dsv4-flash-8xb200-pd/decode", "    tp: -4\n    serve_config: dsv4-flash-8xb200-pd/decode",
