@@ -33,13 +33,17 @@ MTIME_BASE = 1_500_000_000  # 2017-07-14; content mtimes live in [base, base + 2
 # -- pure core ---------------------------------------------------------------------------------
 
 def release_id(base_commit: str, patches: list[tuple[str, str]], configs: dict[str, str],
-               launch: dict | None = None) -> str:
+               launch: dict | None = None, series_identity: str | None = None) -> str:
     """``r`` + 12 hex digits of sha256 over the canonical JSON of the inputs.
 
     ``patches`` is [(name, sha256)] in series order; ``configs`` {group: sha256 of the rendered
-    serve config}; ``launch`` the launch spec (JSON-able). Order of ``configs`` keys is irrelevant."""
+    serve config}; ``launch`` the launch spec (JSON-able); ``series_identity`` the patch
+    series identity of :func:`dsv4ctl.patches.series.series_identity` when the patches come
+    from a ``series`` file. Order of ``configs`` keys is irrelevant."""
     doc = {"base": base_commit, "patches": [list(p) for p in patches],
            "configs": dict(sorted(configs.items())), "launch": launch or {}}
+    if series_identity:
+        doc["series"] = series_identity
     return "r" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -219,7 +223,8 @@ def export_base(tree: Path, commit: str, cache: Path) -> Path:
 
 
 def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
-                  launch: dict, *, cache: Path | None = None, who: str = "") -> Release:
+                  launch: dict, *, cache: Path | None = None, who: str = "",
+                  series_identity: str | None = None) -> Release:
     """Build (or reuse from ``cache``) the release for these inputs; returns it.
 
     ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able).
@@ -233,7 +238,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
     commit = resolve_base(tree, base_ref)
     pinfo = [(p.name, sha256_file(p)) for p in patches]
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
-    rid = release_id(commit, pinfo, chash, launch)
+    rid = release_id(commit, pinfo, chash, launch, series_identity)
     final = cache / rid
     if (final / "RELEASE.json").is_file():
         return load_release(final)
@@ -281,7 +286,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         xf, _ = _scan(tmp, ["launch.json"] + [f"configs/{g}.yaml" for g in configs])
         files.update(xf)
         meta = {"schema": "dsv4ctl.release/1", "id": rid, "base_ref": base_ref, "base_commit": commit,
-                "patches": [{"name": n, "sha256": h} for n, h in pinfo],
+                "patches": [{"name": n, "sha256": h} for n, h in pinfo], "series_identity": series_identity,
                 "configs": {g: chash[g] for g in sorted(chash)}, "groups": sorted(launch),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "built_by": who,
                 "files": len(files), "bytes": sum(v[1] for v in files.values())}

@@ -202,3 +202,30 @@ def test_bad_inputs_exit_2(world):
     r = cli(w, "deploy", "--patch", "/nonexistent.patch")
     assert r.code == 2 and "/nonexistent.patch: patch file not found" in r.err
     assert not any(p.exists() for p in w.roots.values())
+
+
+def test_push_without_rsync_on_the_host(live_cluster, tmp_path):
+    """The no-rsync path (hard-link copy of the newest release + a tar of changed files) gives
+    the same complete, verified releases with unchanged files shared."""
+    w = World(live_cluster, tmp_path, nhosts=3)
+    env = {"DSV4CTL_PUSH": "copy"}
+    try:
+        r = run_cli("deploy", "--json", str(w.profile), env={**w.env(), **env}, timeout=180)
+        assert r.code == 0, r.err
+        a = r.json()
+        assert all(h["push"]["method"] == "copy" for h in a["hosts"].values())
+        r = run_cli("deploy", "--json", "--patch", str(w.patch), str(w.profile), env={**w.env(), **env}, timeout=180)
+        assert r.code == 0, r.err
+        b = r.json()
+        for h, hr in b["hosts"].items():
+            # mem_cache.py, MANIFEST.json, RELEASE.json and the tree's one symlink (links are re-sent)
+            assert hr["push"]["files_transferred"] == 4
+            w.assert_complete(h)
+            same = "tree/python/sglang/srt/mod003.py"
+            root = w.roots[h]
+            assert (root / "releases" / a["release"] / same).stat().st_ino == \
+                   (root / "releases" / b["release"] / same).stat().st_ino
+            assert os.readlink(root / "releases" / b["release"] / "tree/python/sglang/srt/alias.py") == "mod000.py"
+        assert serving(w)
+    finally:
+        w.stop_services()

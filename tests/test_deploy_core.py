@@ -238,3 +238,37 @@ def test_systemd_unit_and_backend_choice():
     assert "StandardOutput=append:/srv/d/logs/decode.log" in u and "Environment=A=1" in u
     assert backend("auto", True).name == "systemd" and backend("auto", False).name == "launcher"
     assert backend("launcher", True).name == "launcher" and backend("systemd", False).name == "systemd"
+
+
+def test_series_folder_identity_goes_into_the_release(tmp_path):
+    """A series folder with a ``series`` file (dsv4ctl.patches format) gives the patch order and
+    the series identity; changing only a fact of the series changes the release id."""
+    import yaml
+    from dsv4ctl.deploy.engine import release_inputs
+    from dsv4ctl.profile import load_profile
+    tree = make_tree(tmp_path / "t", files=3)
+    sdir = tmp_path / "series" / "sglang-0.5.23"
+    sdir.mkdir(parents=True)
+    make_patch(tree, sdir / "0001-index-k.patch")
+    (sdir / "series").write_text("base sglang==0.5.23\n0001-index-k.patch  index_k_dtype=bf16  # why\n")
+    (tmp_path / "decode.yaml").write_text("port: 30001\n")
+    prof = {"name": "p", "model": "deepseek-v4-flash",
+            "sglang": {"tree": str(tree), "base_ref": "v0.5.23", "series": str(sdir)},
+            "hosts": [{"name": "l", "address": "127.0.0.1", "local": True, "root": str(tmp_path / "root"),
+                       "gpus": {"count": 1, "memory_mib": 1000}}],
+            "groups": [{"name": "decode", "role": "decode", "host": "l", "gpus": [0], "serve_config": "decode.yaml"}]}
+    pf = tmp_path / "p.yaml"
+    pf.write_text(yaml.safe_dump(prof))
+    tree_p, base, pl, configs, spec, ident = release_inputs(load_profile(pf), None, None, None)
+    assert [p.name for p in pl] == ["0001-index-k.patch"] and ident.startswith("sha256:")
+    assert configs == {"decode": b"port: 30001\n"} and spec["decode"]["port"] == 30001
+    r = build_release(tree_p, base, pl, configs, spec, cache=tmp_path / "c", series_identity=ident)
+    assert r.meta["series_identity"] == ident
+    assert (r.path / "tree/python/sglang/srt/mem_cache.py").read_text() == "INDEX_K_BYTES = 256\n"
+    (sdir / "series").write_text("base sglang==0.5.23\n0001-index-k.patch  index_k_dtype=fp8\n")
+    ident2 = release_inputs(load_profile(pf), None, None, None)[5]
+    assert ident2 != ident
+    assert build_release(tree_p, base, pl, configs, spec, cache=tmp_path / "c", series_identity=ident2).id != r.id
+    (sdir / "series").write_text("base sglang==0.5.23\n0009-missing.patch\n")
+    with pytest.raises(InputError, match="0009-missing.patch: no such file"):
+        release_inputs(load_profile(pf), None, None, None)

@@ -239,3 +239,20 @@ def test_connection_lost_is_remote_error(live_cluster):
         t.run("sleep 10", timeout=20)
     with pytest.raises(RemoteError, match="^h2: cannot connect"):
         ssh_for(c, h, connect_timeout=2).run("true")
+
+
+def test_profile_jump_names_another_host(live_cluster):
+    """``ssh.jump`` naming another profile host: connect() goes through that host."""
+    from dsv4ctl.profile import Host
+    from dsv4ctl.remote import connect
+    c = live_cluster
+    j, h = c.hosts[1], c.hosts[2]
+    hosts = {n.name: Host(n.name, n.address, user=c.user, port=n.port, key=str(c.user_key),
+                          known_hosts=str(c.known_hosts)) for n in (j, h)}
+    hosts[h.name].jump = j.name
+    t = connect(hosts[h.name], hosts=hosts)
+    assert t.jump is not None and t.jump.address == j.address
+    assert t.run("echo $SSH_CONNECTION").out.split()[2:] == [h.address, str(h.port)]
+    t.close()
+    local = connect(Host("me", "127.0.0.1", local=True))
+    assert local.is_local and local.run("echo hi").out == "hi\n"

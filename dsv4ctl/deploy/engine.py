@@ -115,8 +115,10 @@ def launch_spec(profile) -> dict:
 
 
 def release_inputs(profile, tree: str | None, base_ref: str | None, patches: list[str] | None):
-    """(tree, base_ref, patch paths, {group: serve config bytes}, launch spec) from the profile
-    and CLI overrides. InputError for missing pieces."""
+    """(tree, base_ref, patch paths, {group: serve config bytes}, launch spec, series identity)
+    from the profile and CLI overrides. A series folder with a ``series`` file is read with
+    :func:`dsv4ctl.patches.ops.load_series` (validated; its identity goes into the release id).
+    InputError for missing pieces."""
     sg = profile.sglang
     if tree:
         tree_p = Path(os.path.expanduser(tree))          # CLI: relative to the working directory
@@ -127,15 +129,21 @@ def release_inputs(profile, tree: str | None, base_ref: str | None, patches: lis
     base_ref = base_ref or sg.get("base_ref") or "HEAD"
     series = sg.get("series")
     series_p = (profile.base_dir / series) if series and not patches else None
-    pl = series_patches(series_p if series_p and series_p.exists() else None,
-                        [Path(p) for p in patches] if patches else None)
+    ident = None
+    if series_p is not None and (series_p / "series").is_file():
+        from ..patches.ops import load_series      # the patch series with its identity
+        ls = load_series(series_p)
+        pl, ident = [ls.path(e) for e in ls.series.entries], ls.identity
+    else:
+        pl = series_patches(series_p if series_p and series_p.exists() else None,
+                            [Path(p) for p in patches] if patches else None)
     configs = {}
     for g in profile.servers():
         if g.serve_config:
             if not g.serve_config.is_file():
                 raise InputError(f"{profile.path}: group {g.name}: serve config {g.serve_config} not found")
             configs[g.name] = g.serve_config.read_bytes()
-    return tree_p, base_ref, pl, configs, launch_spec(profile)
+    return tree_p, base_ref, pl, configs, launch_spec(profile), ident
 
 
 # -- site: transports, paths, facts ------------------------------------------------------------
@@ -342,7 +350,7 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
     p = site.paths[t.name]
     extra, dest = t.rsync_dest(inc + "/")
     import shlex
-    argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", "--no-inc-recursive",
+    argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2",
             *shlex.split(os.environ.get("DSV4CTL_RSYNC_ARGS", "")),
             *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -652,7 +660,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) ->
     Raises InputError (bad inputs, nothing changed), RemoteError (a host failed before any
     switch, or locks), VerdictError (the gate failed; every host was rolled back)."""
     t_start = time.monotonic()
-    tree_p, base_ref, pl, configs, spec = release_inputs(profile, tree, base_ref, patches)
+    tree_p, base_ref, pl, configs, spec, ident = release_inputs(profile, tree, base_ref, patches)
     site = open_site(profile, opts)
     try:
         if opts.dry_run:
@@ -660,11 +668,13 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) ->
             import hashlib
             commit = resolve_base(tree_p, base_ref)
             rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
-                             {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec)
+                             {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec, ident)
             gather_facts(site)
             return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid,
                     "actions": plan_lines(site, rid, 0, 0)}
-        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who())
+        t_build = time.monotonic()
+        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident)
+        opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
         acquire_locks(site, f"deploy {rel.id}")
@@ -718,6 +728,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
     opts = site.opts
     report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
               "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
+              "build_seconds": getattr(opts, "build_seconds", None),
               "hosts": {h: {"from": site.facts[h].current} for h in site.hosts}}
     old_current = {h: site.facts[h].current for h in site.hosts}
     base_rec = {"action": "deploy", "release": rel.id}
@@ -753,6 +764,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
         raise
     # activate + gate
     spec = json.loads((rel.path / "launch.json").read_text())
+    t_act = time.monotonic()
     try:
         ok, why, old = switch_with_gate(site, {h: rel.id for h in site.hosts}, what="deploy", spec=spec)
     except KeyboardInterrupt:
@@ -765,6 +777,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
         back = sorted({o or "(none)" for o in old_current.values()})
         raise VerdictError(f"deploy of {rel.id} rolled back to {', '.join(back)} on all hosts "
                            f"({', '.join(site.hosts)}): {why}")
+    report["activate_seconds"] = round(time.monotonic() - t_act, 3)
     keep = int(site.profile.deploy.get("keep_releases", 5))
     pruned = close_out(site, {**base_rec, "result": "ok"},
                        state={rel.id: {"state": "good", "activated_at": now_iso(), "activated_by": who()}},

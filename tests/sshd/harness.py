@@ -176,6 +176,9 @@ def start_cluster(base: Path, n: int = 4) -> Cluster:
             "MaxStartups 100:30:200",
             "MaxSessions 100",
             "LogLevel ERROR",
+            # the simulated hosts share this machine's root account: keep its interactive ~/.bashrc
+            # (pyenv init, with a global rehash lock) out of every remote command, as on a clean host
+            "SetEnv SHLVL=1",
             "Subsystem sftp internal-sftp",
         ]) + "\n")
         h.start()
