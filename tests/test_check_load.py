@@ -134,3 +134,29 @@ def test_usage_and_connection_errors_exit_2(tmp_path):
         assert r.code == 2, (args, r.out, r.err)
         assert r.err.startswith("dsv4ctl: error: ") and needle in r.err, (args, r.err)
         assert "Traceback" not in r.err
+
+
+def test_interrupt_exits_130_and_keeps_records(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    cfg = write_config(tmp_path / "serve.yaml")
+    with standin(cfg, *FAST, "--stuck-rate", "0.5") as url:
+        rec = tmp_path / "r.jsonl"
+        p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "check", "load", url, "-c", "4", "--turns", "2",
+                              "--stall-timeout", "60", "--records", str(rec), "--no-progress"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, NO_COLOR="1"),
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not rec.exists() or not rec.read_text()):
+            time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 130, err
+        assert err.strip().endswith(f"dsv4ctl: error: interrupted (records so far in {rec})") and "Traceback" not in err
+        assert all(json.loads(x)["class"] == "ok" for x in rec.read_text().splitlines())

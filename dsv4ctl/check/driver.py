@@ -162,11 +162,12 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
 async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurrency: int, turns: int,
                     target: int, stream: str = "mixed", answer_words: int = 150,
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
-                    label: str = "") -> LevelRun:
+                    label: str = "", stop: Optional[Callable[[], bool]] = None) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
-    ``dsv4ctl-<run_id><label>-c<concurrency>-s<session>-t<turn>-<n>`` (sent as SGLang's ``rid``)."""
+    ``dsv4ctl-<run_id><label>-c<concurrency>-s<session>-t<turn>-<n>`` (sent as SGLang's ``rid``).
+    ``stop()`` returning True makes every worker stop before its next turn (interrupts)."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     specs = C.tool_specs(TOOLS)
     level = LevelRun(url=url, concurrency=concurrency, target=target)
@@ -177,10 +178,10 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     async def worker(w: int) -> None:
         nonlocal issued, next_sid
         sid = w
-        while issued < target:
+        while issued < target and not (stop and stop()):
             s = Session(sid=sid, turns=turns, answer_words=answer_words,
                         stream=stream == "on" or (stream == "mixed" and sid % 2 == 0))
-            while not s.done and issued < target:
+            while not s.done and issued < target and not (stop and stop()):
                 issued += 1
                 spec = s.spec()
                 rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"

@@ -102,10 +102,12 @@ def build_doc(levels: Sequence[dict], *, max_corruption: float, settings: dict,
 
 
 def fmt_pct(x: Optional[float], digits: int = 2) -> str:
+    """A fraction as a percentage string (``0.15`` → ``15.00 %``); ``-`` for None."""
     return "-" if x is None else f"{100 * x:.{digits}f} %"
 
 
 def fmt_ms(x: Optional[float]) -> str:
+    """Seconds as milliseconds with one decimal; ``-`` for None."""
     return "-" if x is None else f"{1000 * x:.1f}"
 
 
@@ -136,6 +138,7 @@ def class_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def compare_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """The A/B table: one row per concurrency level."""
     headers = ["conc", "rate A", "rate B", "A − B", "95 % CI (Newcombe)", "Fisher p", "significant"]
     rows = [[str(c["concurrency"]), fmt_pct(c["rate_a"]), fmt_pct(c["rate_b"]), fmt_pct(c["difference"]),
              f"{fmt_pct(c['difference_ci95'][0])} – {fmt_pct(c['difference_ci95'][1])}",
@@ -144,6 +147,7 @@ def compare_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def metric_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """The /metrics table: one row per (URL, level, metric) that was scraped."""
     headers = ["url", "conc", "metric", "value"]
     rows = []
     for lv in doc["levels"]:

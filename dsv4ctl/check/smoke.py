@@ -39,6 +39,7 @@ class Worker:
 
 
 def line(check: str, target: str, status: str, reason: str, **detail: Any) -> dict:
+    """One smoke line: ``status`` is pass / fail / skip; ``detail`` carries what was observed."""
     return {"check": check, "target": target, "status": status, "reason": reason, "detail": detail}
 
 

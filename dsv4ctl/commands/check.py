@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 import typer
 
-from ..errors import EXIT_USAGE, DsvError, InputError, VerdictError
+from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError, InputError, VerdictError
 from ..render import console, dump_json, markdown_table, rich_table
 
 check_app = typer.Typer(help="Tool-call correctness checks: smoke (endpoints) and load (corruption gate).",
@@ -67,7 +67,10 @@ def smoke(
     else:
         entry = normalize_url(url)
         workers = [Worker(name=entry, url=entry)]
-    lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
+    try:
+        lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
+    except KeyboardInterrupt:
+        raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from None
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
            "checks": lines}
     headers = ["check", "target", "status", "reason"]
@@ -161,7 +164,7 @@ def load(
     rec_file = None
     if records is not None:
         try:
-            rec_file = open(records, "w", encoding="utf-8")
+            rec_file = open(records, "w", encoding="utf-8", buffering=1)   # line-buffered: records survive a crash
         except OSError as e:
             raise InputError(f"--records {records}: {e.strerror}") from None
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
@@ -169,6 +172,11 @@ def load(
     try:
         doc = asyncio.run(_run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
                                     metrics, metric_urls, rec_file, progress, settings, api_key))
+    except KeyboardInterrupt:
+        # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
+        # non-standalone mode, which the CLI entry point does not pass on
+        raise DsvError("interrupted" + (f" (records so far in {records})" if records else ""),
+                       exit_code=EXIT_INTERRUPTED) from None
     finally:
         if rec_file:
             rec_file.close()
@@ -191,6 +199,22 @@ async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_wor
     run_id = uuid.uuid4().hex[:8]
     targets = {c: max(c * turns, min_requests) for c in levels}
     bad = 0
+    # Ctrl-C: stop every session before its next turn and cancel what is in flight (aiohttp may
+    # turn the cancellation of a read into a timeout, so the flag is what ends the run).
+    import asyncio
+    import signal
+    interrupted = False
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        main_task.cancel()
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
+        pass
 
     def on_record(rec: dict) -> None:
         nonlocal bad
@@ -227,7 +251,10 @@ async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_wor
                     if prog is not None:
                         prog.update(task, description=f"{u} c={c}")
                     lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
-                                           on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "")
+                                           on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
+                                           stop=lambda: interrupted)
+                    if interrupted:
+                        raise KeyboardInterrupt
                     after = await _scrape(http, scrape) if metrics else None
                     s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
                                           itl_gaps=lv.itl_gaps, max_corruption=max_c,
@@ -236,7 +263,15 @@ async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_wor
                     pair.append(s)
                 if len(pair) == 2:
                     comparisons.append(R.compare_levels(pair[0], pair[1]))
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
     finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
         if prog is not None:
             prog.stop()
     settings = dict(settings, run_id=run_id, models=models)
