@@ -574,7 +574,9 @@ def build_plan(profile: Profile, overrides: Optional[dict] = None,
         for g in selected:
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no KV pools")
-    from .patches.planfacts import tree_facts
-    tree = tree_facts(profile.sglang, profile.base_dir)
+    tree = None
+    if profile.sglang.get("tree"):  # imported only when needed: start-up (benchmarks/startup.py)
+        from .patches.planfacts import tree_facts
+        tree = tree_facts(profile.sglang, profile.base_dir)
     return PlanReport(profile=profile, model=model,
                       groups=[plan_group(profile, g, model, facts, overrides, tree) for g in selected])

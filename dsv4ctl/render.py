@@ -35,7 +35,7 @@ def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
 def console(stderr: bool = False):
     """A rich Console on stdout (or stderr)."""
     from rich.console import Console
-    return Console(stderr=stderr, highlight=False, soft_wrap=False,
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, emoji=False,  # no ":name:" rewriting
                    width=None if sys.stdout.isatty() else 200)
 
 

@@ -69,6 +69,8 @@ def test_plan_json_imports_no_heavy_module(tmp_path):
     assert rc == 0
     assert "dsv4ctl.capacity" in mods and "yaml" in mods
     assert loaded(mods, HEAVY + SLOW) == []
+    # the default profile has no sglang.tree: the patch-series reader is not needed
+    assert loaded(mods, ("dsv4ctl.patches",)) == []
 
 
 def test_plan_validates_with_jsonschema_once_per_profile_content(tmp_path):
