@@ -83,7 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=256)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--ttft-ms", default="20")
     ap.add_argument("--itl-ms", default="2")
     a = ap.parse_args()
@@ -93,7 +93,8 @@ def main() -> int:
         cfg = write_config(Path(d) / "serve.yaml", enable_metrics=True)
         with standin(cfg, "--ttft-ms", a.ttft_ms, "--itl-ms", a.itl_ms) as url:
             base, cand = [], []
-            asyncio.run(raw_loop(url, 16, 2, "deepseek-v4-flash"))      # warm-up
+            asyncio.run(raw_loop(url, 16, 2, "deepseek-v4-flash"))      # warm-up of both clients
+            check_load(url, 16, 2)
             ratios = []
             for r in range(a.rounds):
                 def run_raw():
