@@ -12,17 +12,17 @@ import typer
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError
 
-app = typer.Typer(
-    name="dsv4ctl",
-    help="Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
-         "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
-         "2 bad input (nothing changed), 3 remote or service failure, 130 interrupted.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain click help: rich help imports ~110 ms (benchmarks/startup.py)
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
+        "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
+        "2 bad input (nothing changed), 3 remote or service failure, 130 interrupted.")
+
+# Command modules under dsv4ctl/commands/, in --help order. Each defines ``register(app)``;
+# a module that is not in the tree is skipped, an import error inside one is raised.
+COMMAND_MODULES = ("plan", "patch", "deploy", "config", "hicache", "check", "runbook")
+# Top-level command name -> the module that registers it (for the start-up fast path).
+COMMAND_OWNER = {"plan": "plan", "patch": "patch", "deploy": "deploy", "rollback": "deploy",
+                 "releases": "deploy", "config": "config", "hicache": "hicache", "check": "check",
+                 "runbook": "runbook"}
 
 
 def _version(value: bool) -> None:
@@ -31,35 +31,53 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Ops toolkit for DeepSeek-V4 on SGLang 0.5.23."""
 
 
-# Command modules under dsv4ctl/commands/, in --help order. Each defines ``register(app)``;
-# a module that is not (yet) in the tree is skipped, an import error inside one is raised.
-COMMAND_MODULES = ("plan", "patch", "deploy", "config", "hicache", "check", "runbook")
-
-
-def _register() -> None:
+def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
+    """The typer app with the commands of ``modules`` (default: all of them)."""
     import importlib
     import importlib.util
-    for name in COMMAND_MODULES:
+    application = typer.Typer(
+        name="dsv4ctl", help=HELP, no_args_is_help=True, add_completion=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,  # plain click help: rich help imports ~110 ms (benchmarks/startup.py)
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    application.callback()(_root)
+    for name in modules:
         mod_name = f"{__package__}.commands.{name}"
         if importlib.util.find_spec(mod_name) is None:
             continue
-        importlib.import_module(mod_name).register(app)
+        importlib.import_module(mod_name).register(application)
+    return application
 
 
-_register()
+def modules_for(argv: list[str]) -> tuple[str, ...]:
+    """Only the module that owns the command being run (``dsv4ctl plan ...`` imports the plan
+    command alone, which keeps start-up fast); every module for help, completion or a typo."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    owner = COMMAND_OWNER.get(first or "")
+    return (owner,) if owner else COMMAND_MODULES
+
+
+def __getattr__(name: str):
+    # ``dsv4ctl.cli.app`` (completions generator, tests): the full app, built on first access.
+    if name == "app":
+        value = build_app()
+        globals()["app"] = value
+        return value
+    raise AttributeError(name)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code."""
     from .render import error_line
     try:
-        app(args=argv, standalone_mode=False, prog_name="dsv4ctl")
+        args = sys.argv[1:] if argv is None else argv
+        build_app(modules_for(args))(args=args, standalone_mode=False, prog_name="dsv4ctl")
     except DsvError as e:
         error_line(str(e))
         return e.exit_code
