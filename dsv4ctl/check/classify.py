@@ -61,6 +61,9 @@ DESCRIPTIONS = {
 }
 
 
+_raw_decode = json.JSONDecoder().raw_decode
+
+
 class ProtocolError(ValueError):
     """The bytes on the wire are not a valid OpenAI chat completion / SSE stream."""
 
@@ -179,57 +182,73 @@ class StreamAssembler:
 
     def feed_payload(self, payload: str) -> None:
         """One SSE ``data`` payload (a JSON chunk or ``[DONE]``). ProtocolError if malformed."""
-        if payload.strip() == "[DONE]":
-            self.done = True
-            return
         try:
-            obj = json.loads(payload)
+            obj, end = _raw_decode(payload)
         except ValueError as e:
+            if payload.strip() == "[DONE]":
+                self.done = True
+                return
             raise ProtocolError(f"SSE data is not JSON: {payload[:80]!r}") from e
+        if end != len(payload) and payload[end:].strip():
+            raise ProtocolError(f"SSE data is not JSON: {payload[:80]!r}")
         self.feed_chunk(obj)
 
     def feed_chunk(self, obj: Any) -> None:
         """One decoded chunk object. An ``error`` object raises ProtocolError."""
-        if not isinstance(obj, dict):
-            raise ProtocolError("SSE chunk is not a JSON object")
-        if "error" in obj and "choices" not in obj:
-            err = obj["error"]
-            msg = err.get("message") if isinstance(err, dict) else err
-            raise ProtocolError(f"server error in stream: {str(msg)[:120]}")
+        try:
+            choices = obj["choices"]
+        except (KeyError, TypeError):
+            if not isinstance(obj, dict):
+                raise ProtocolError("SSE chunk is not a JSON object") from None
+            if "error" in obj:
+                err = obj["error"]
+                msg = err.get("message") if isinstance(err, dict) else err
+                raise ProtocolError(f"server error in stream: {str(msg)[:120]}") from None
+            choices = None
         self.chunks += 1
         if self.response_id is None:
             self.response_id = obj.get("id")
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        for ch in obj.get("choices") or ():
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage
+        for ch in choices or ():
             if ch.get("index", 0) != 0:
                 continue
-            delta = ch.get("delta") or {}
-            if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
-                self.pieces += 1
-            if delta.get("content"):
-                self._content.append(delta["content"])
-            if delta.get("reasoning_content"):
-                self._reasoning.append(delta["reasoning_content"])
-            for tc in delta.get("tool_calls") or ():
-                idx = tc.get("index")
-                if not isinstance(idx, int):
-                    raise ProtocolError("tool_calls delta without an integer index")
-                fn = tc.get("function") or {}
-                call = self._calls.get(idx)
-                if call is None:
-                    call = self._calls[idx] = ToolCall(index=idx, id=tc.get("id"), name=fn.get("name"))
-                    self._args[idx] = []
-                else:
-                    if tc.get("id") and not call.id:
-                        call.id = tc["id"]
-                    if fn.get("name") and not call.name:
-                        call.name = fn["name"]
-                a = fn.get("arguments")
-                if a:
-                    self._args[idx].append(a if isinstance(a, str) else json.dumps(a))
-            if ch.get("finish_reason"):
-                self.finish_reason = ch["finish_reason"]
+            delta = ch.get("delta")
+            if delta:
+                content = delta.get("content")
+                reasoning = delta.get("reasoning_content")
+                tcs = delta.get("tool_calls")
+                if content or reasoning or tcs:
+                    self.pieces += 1
+                    if content:
+                        self._content.append(content)
+                    if reasoning:
+                        self._reasoning.append(reasoning)
+                    if tcs:
+                        self._feed_tool_calls(tcs)
+            fr = ch.get("finish_reason")
+            if fr:
+                self.finish_reason = fr
+
+    def _feed_tool_calls(self, tcs: list) -> None:
+        for tc in tcs:
+            idx = tc.get("index")
+            if not isinstance(idx, int):
+                raise ProtocolError("tool_calls delta without an integer index")
+            fn = tc.get("function") or {}
+            call = self._calls.get(idx)
+            if call is None:
+                call = self._calls[idx] = ToolCall(index=idx, id=tc.get("id"), name=fn.get("name"))
+                self._args[idx] = []
+            else:
+                if tc.get("id") and not call.id:
+                    call.id = tc["id"]
+                if fn.get("name") and not call.name:
+                    call.name = fn["name"]
+            a = fn.get("arguments")
+            if a:
+                self._args[idx].append(a if isinstance(a, str) else json.dumps(a))
 
     def result(self, *, require_done: bool = True) -> TurnResult:
         """The assembled turn. ProtocolError if the stream ended without ``data: [DONE]``."""
