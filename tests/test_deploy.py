@@ -201,6 +201,8 @@ def test_bad_inputs_exit_2(world):
     assert r.code == 2 and "base ref 'v9.9.9' is not a commit" in r.err
     r = cli(w, "deploy", "--patch", "/nonexistent.patch")
     assert r.code == 2 and "/nonexistent.patch: patch file not found" in r.err
+    r = run_cli("deploy", str(w.profile), env={**w.env(), "DSV4CTL_RSYNC_ARGS": "--bwlimit=9m --inplace"})
+    assert r.code == 2 and "DSV4CTL_RSYNC_ARGS: --inplace is not allowed" in r.err
     assert not any(p.exists() for p in w.roots.values())
 
 

@@ -346,13 +346,68 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
     return stats
 
 
+def rsync_user_args() -> list[str]:
+    """Extra rsync options from ``DSV4CTL_RSYNC_ARGS`` (e.g. ``--bwlimit=50m``). InputError for
+    options that write in place: releases share files by hard link."""
+    import shlex
+    user = shlex.split(os.environ.get("DSV4CTL_RSYNC_ARGS", ""))
+    unsafe = [a for a in user if a.split("=")[0] in ("--inplace", "--append", "--append-verify", "--link-dest",
+                                                      "--files-from", "--delete-before")]
+    if unsafe:
+        raise InputError(f"DSV4CTL_RSYNC_ARGS: {unsafe[0]} is not allowed (releases share files by hard link)")
+    return user
+
+
+def _base_manifest(t: Transport, site: Site, rid: str) -> dict | None:
+    """Files of release ``rid`` (local cache first, else the host's MANIFEST.json)."""
+    from ..release import default_cache
+    local = Path(site.opts.cache or default_cache()) / rid / "MANIFEST.json"
+    try:
+        if local.is_file():
+            return json.loads(local.read_text())
+        txt = read_text(t, site.paths[t.name].release(rid) + "/MANIFEST.json")
+        return json.loads(txt) if txt else None
+    except (ValueError, DsvError):
+        return None
+
+
 def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str]) -> dict:
+    """rsync into ``inc``. With a previous release on the host whose manifest is known: the
+    host hard-links it (``cp -al``), removes what the new release drops, and rsync gets only
+    the changed paths (``--files-from``; it writes new files and renames them over the links,
+    so the old release is never modified) — no whole-tree file list crosses. Otherwise a full
+    rsync with ``--link-dest`` against the host's releases."""
+    import shlex
+    import tempfile
     p = site.paths[t.name]
     extra, dest = t.rsync_dest(inc + "/")
-    import shlex
-    argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2",
-            *shlex.split(os.environ.get("DSV4CTL_RSYNC_ARGS", "")),
-            *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
+    user = rsync_user_args()
+    listfile = None
+    old = _base_manifest(t, site, bases[0]) if bases else None
+    if old is not None:
+        d = manifest_diff(old.get("files", {}), rel.files)
+        links_changed = [k for k, v in rel.links.items() if old.get("links", {}).get(k) != v]
+        gone = d["removed"] + [k for k in old.get("links", {}) if k not in rel.links or k in links_changed]
+        send = d["added"] + d["changed"] + links_changed + ["MANIFEST.json", "RELEASE.json"]
+        # MANIFEST.json/RELEASE.json stay as delta bases: rsync replaces files by rename, never in place
+        t.run(f"rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)} && cd {q(inc)} && xargs -0 -r rm -f",
+              input=b"\0".join(x.encode() for x in gone), timeout=900)
+        fd, listfile = tempfile.mkstemp(prefix="dsv4ctl-files-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(b"\0".join(x.encode() for x in send))
+        argv = ["rsync", "-a", "--stats", "--info=progress2", "--from0", f"--files-from={listfile}",
+                *user, *extra, f"{rel.path}/", dest]
+    else:
+        argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user,
+                *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
+    try:
+        return _run_rsync(t, site, rel, argv)
+    finally:
+        if listfile:
+            os.unlink(listfile)
+
+
+def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     with _RSYNC_LOCK:
         _RSYNC_PROCS.add(proc)
@@ -660,6 +715,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) ->
     Raises InputError (bad inputs, nothing changed), RemoteError (a host failed before any
     switch, or locks), VerdictError (the gate failed; every host was rolled back)."""
     t_start = time.monotonic()
+    rsync_user_args()
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(profile, tree, base_ref, patches)
     site = open_site(profile, opts)
     try:
