@@ -686,8 +686,8 @@ def plan_lines(site: Site, rel_id: str, n_files: int, nbytes: int, what: str = "
         else:
             bases = link_bases(f, rel_id)
             how = "rsync" if f.rsync else "hard-link copy + changed files"
-            acts.append(Action(h, f"push {rel_id} ({n_files} files, {nbytes / 2**20:.1f} MiB) to "
-                                  f"{p.incoming(rel_id)} with {how}"
+            size = f" ({n_files} files, {nbytes / 2**20:.1f} MiB)" if n_files else ""
+            acts.append(Action(h, f"push {rel_id}{size} to {p.incoming(rel_id)} with {how}"
                                   + (f", reusing {', '.join(bases)}" if bases else ""), noop))
             acts.append(Action(h, f"verify the manifest on the host, rename to {p.release(rel_id)}", noop))
         acts.append(Action(h, f"switch {p.current}: {f.current or '(none)'} -> {rel_id} "
