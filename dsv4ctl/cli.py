@@ -77,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     from .render import error_line
     try:
         args = sys.argv[1:] if argv is None else argv
-        build_app(modules_for(args))(args=args, standalone_mode=False, prog_name="dsv4ctl")
+        result = build_app(modules_for(args))(args=args, standalone_mode=False, prog_name="dsv4ctl")
+        if isinstance(result, int) and not isinstance(result, bool) and result:
+            # typer turns Ctrl-C into a returned 130 in non-standalone mode
+            if result == EXIT_INTERRUPTED:
+                error_line("interrupted")
+            return result
     except DsvError as e:
         error_line(str(e))
         return e.exit_code
