@@ -119,6 +119,13 @@ def run(
         (run_dir / "incident.json").write_text(json.dumps(doc, indent=2, default=str))
         (run_dir / "incident.md").write_text(incident_markdown(doc))
         print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
+        if ctx.touched_hosts:
+            from ..runbook.actions import audit_touched
+            rec = {"action": f"runbook-{pb.name}", "result": "completed" if doc["completed"] else "stopped",
+                   "detail": state.failed_step or "", "run_id": state.run_id,
+                   "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
+            for w in audit_touched(ctx, rec):
+                print(f"warning: {w}")
     if not doc["completed"] and not dry_run:
         where = state.failed_step or "a declined step"
         raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with --resume {state.run_id}")

@@ -26,6 +26,14 @@ class RunContext:
     say: Callable[[str], None] = print
     sleep: Callable[[float], None] = time.sleep
     extra: dict = field(default_factory=dict)
+    touched_hosts: set = field(default_factory=set)   # hosts a mutating step changed (audit)
+
+    def groups(self, args: dict) -> list:
+        """The server groups named by ``args.groups`` (default: all server groups)."""
+        names = args.get("groups")
+        if not names:
+            return self.profile.servers()
+        return [self.profile.group(n) for n in names]
 
 
 def _note_run(ctx: RunContext, args: dict) -> dict:
@@ -167,6 +175,8 @@ def _hicache(state: str):
 
     def run(ctx: RunContext, args: dict) -> dict:
         code, doc, err = _run_cli(ctx, argv(ctx, args) + ["--json"], f"hicache-{state}")
+        if args.get("remote"):
+            ctx.touched_hosts.update(g.host for g in ctx.groups(args))
         return {"ok": code == 0, "error": err} if code else {"ok": True, "hicache": state}
 
     def describe(ctx: RunContext, args: dict) -> list[str]:
@@ -198,6 +208,103 @@ def _patch(verb: str):
     return run, describe
 
 
+def _restart_describe(ctx: RunContext, args: dict) -> list[str]:
+    from ..hicache_remote import host_root
+    out = []
+    for g in ctx.groups(args):
+        host = ctx.profile.hosts[g.host]
+        out.append(f"{host.name}: restart group {g.name} in place ({host_root(ctx.profile, host)}/run/{g.name}.pid), "
+                   f"wait for /health, audit")
+    return out
+
+
+def _restart_run(ctx: RunContext, args: dict) -> dict:
+    """Restart the groups in place on their hosts (the deploy launcher or systemd unit), wait for
+    /health, and append an audit record per group."""
+    from ..check.targets import from_profile
+    from ..hicache_remote import check_unlocked, host_root, run_restart, wait_health
+    from ..remote import append_jsonl, connect, who
+    groups = ctx.groups(args)
+    timeout = float(args.get("health_timeout", ctx.profile.deploy.get("health_timeout_s", 900)))
+    py = ctx.profile.deploy.get("python", "python3")
+    urls = {w.name: w.url for w in from_profile(ctx.profile).workers}
+    transports = {}
+    try:
+        done = {}
+        for g in groups:
+            host = ctx.profile.hosts[g.host]
+            t = transports.get(host.name) or connect(host, hosts=ctx.profile.hosts)
+            transports[host.name] = t
+            root = host_root(ctx.profile, host)
+            check_unlocked(t, root)
+            done[g.name] = (t, root, run_restart(t, py, root, g.name))
+            ctx.touched_hosts.add(host.name)
+        health = wait_health({g.name: urls[g.name] for g in groups}, timeout)
+        for g in groups:
+            t, root, info = done[g.name]
+            append_jsonl(t, f"{root}/audit.jsonl", {
+                "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(), "host": t.name,
+                "action": "service-restart", "result": "ok" if health[g.name] is None else "unhealthy",
+                "detail": health[g.name] or "", "group": g.name})
+    finally:
+        for t in transports.values():
+            t.close()
+    bad = {k: v for k, v in health.items() if v}
+    return {"ok": not bad, "groups": [g.name for g in groups],
+            **({"error": "; ".join(f"{k}: {v}" for k, v in bad.items())} if bad else {})}
+
+
+_DEPLOY_FLAGS = {"tree": "--tree", "base": "--base", "patch": "--patch", "health_timeout": "--health-timeout",
+                 "accept_new_host_keys": "--accept-new-host-keys", "break_lock": "--break-lock"}
+
+
+def _deploy_like(verb: str):
+    flags = dict(_DEPLOY_FLAGS, **({"to": "--to"} if verb == "rollback" else {}))
+    if verb == "rollback":
+        for k in ("tree", "base", "patch"):
+            flags.pop(k)
+
+    def argv(ctx: RunContext, args: dict) -> list[str]:
+        return _cli_argv(ctx, [verb] + _profile_args(ctx), args, flags)
+
+    def run(ctx: RunContext, args: dict) -> dict:
+        code, doc, err = _run_cli(ctx, argv(ctx, args) + ["--json"], verb)
+        ctx.touched_hosts.update(ctx.profile.hosts)
+        out = {"ok": code == 0}
+        if isinstance(doc, dict):
+            out["release"] = doc.get("release") or doc.get("to") or doc.get("id")
+        if code:
+            out["error"] = err or f"{verb} exited {code}"
+        return out
+
+    def describe(ctx: RunContext, args: dict) -> list[str]:
+        code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"{verb}-dry-run")
+        out = (ctx.run_dir / f"{verb}-dry-run.out").read_text().splitlines()
+        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([err] if code else [])
+    return run, describe
+
+
+def audit_touched(ctx: RunContext, record: dict) -> list[str]:
+    """Append ``record`` (plus ts/who/host) to ``<root>/audit.jsonl`` on every host a mutating
+    step touched. Returns one warning line per host that could not be reached."""
+    from ..hicache_remote import host_root
+    from ..remote import append_jsonl, connect, who
+    warnings = []
+    for name in sorted(ctx.touched_hosts):
+        host = ctx.profile.hosts[name]
+        try:
+            t = connect(host, hosts=ctx.profile.hosts)
+            try:
+                append_jsonl(t, f"{host_root(ctx.profile, host)}/audit.jsonl",
+                             {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(),
+                              "host": name, **record})
+            finally:
+                t.close()
+        except Exception as e:  # noqa: BLE001 - the local report is kept; say which host missed it
+            warnings.append(f"{name}: audit record not written ({e})")
+    return warnings
+
+
 def _describe(fmt: str) -> Callable[[RunContext, dict], list[str]]:
     return lambda ctx, args: [fmt.format(args=args)]
 
@@ -219,5 +326,9 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
     for verb in ("apply", "revert"):
         run, describe = _patch(verb)
         acts[f"patch.{verb}"] = Action(f"patch.{verb}", True, run, describe)
+    acts["service.restart"] = Action("service.restart", True, _restart_run, _restart_describe)
+    for verb in ("deploy", "rollback"):
+        run, describe = _deploy_like(verb)
+        acts[verb] = Action(verb, True, run, describe)
     acts.update(extra or {})
     return acts
