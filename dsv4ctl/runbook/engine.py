@@ -257,7 +257,10 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
         action = actions[step.action]
         t0 = clock()
         if dry_run:
-            lines = action.describe(ctx, step.args)
+            try:
+                lines = action.describe(ctx, step.args)
+            except InputError as e:     # e.g. no tree configured: the real run would stop here
+                lines = [f"would stop: {e}"]
             if step.when:
                 lines = [f"only if {step.when}"] + lines
             state.timeline.append(Event(step.id, step.action, "dry-run", t0, t0, lines=lines))
