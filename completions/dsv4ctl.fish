@@ -5,7 +5,7 @@
 
 set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'available_bytes' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'model' 'moe_a2a_backend' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
 set -g __dsv4ctl_w2 'dsv4-flash-8xb200-pd'
-set -g __dsv4ctl_w3 'toolcall-corruption'
+set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transfer-wedge'
 
 function __dsv4ctl_subs
     switch $argv[1]
