@@ -24,6 +24,8 @@ PRELOAD_USED_GIB = 2.06
 # Largest tp/dp/pp size accepted (a plan lists every rank; 1024 GPUs per group is far beyond
 # any DSV4 deployment and keeps a typo from allocating millions of rank entries).
 MAX_PARALLEL = 1024
+# What-if keys that change the weight bytes per rank (a measured figure no longer applies).
+WEIGHT_TOPOLOGY_KEYS = ("model", "tp_size", "pp_size", "dp_size", "enable_dp_attention")
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off", ""}
@@ -300,6 +302,12 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
             src = f"group {group.name}: free_gib_before_load (estimated from gpu_memory_mib {gpu_mib})"
         raise InputError(f"{src}: must be > 0 GiB, got {p_gib}")
     w_gib = args.get("weights_gib_per_rank", mem.weights_gib_per_rank)
+    topology_changed = sorted(k for k in WEIGHT_TOPOLOGY_KEYS if k in overrides)
+    if "weights_gib_per_rank" not in overrides and mem.weights_gib_per_rank is not None and topology_changed:
+        # the measured figure belongs to the profile's model and topology, not to the what-if
+        w_gib = None
+        estimated.append(f"measured weights_gib_per_rank ({mem.weights_gib_per_rank}) ignored: "
+                         f"--set {', '.join(topology_changed)} changes the weights per rank")
     if w_gib is None:
         if facts.checkpoint_gib is None:
             raise InputError(f"group {group.name}: memory.weights_gib_per_rank is required for a custom model")
@@ -355,6 +363,10 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
     if avail <= 0:
         free_before_kv = gi.free_gib_before_load - gi.weights_gib_per_rank - gi.other_gib
         need = cap.min_viable_mem_fraction_static(gi.free_gib_before_load, free_before_kv)
+        if need >= 1:
+            raise CapacityError(
+                f"the weights ({gi.weights_gib_per_rank} GiB per rank) and other memory do not fit in "
+                f"{gi.free_gib_before_load} GiB free per GPU: use more GPUs per group (tp/pp) or larger GPUs")
         raise CapacityError(
             f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}. "
             f"Raise --mem-fraction-static above {need}")
@@ -561,13 +573,17 @@ def build_plan(profile: Profile, overrides: Optional[dict] = None,
     ``overrides`` come from :func:`parse_set`. Raises InputError for bad input (exit 2)."""
     overrides = dict(overrides or {})
     if "model" in overrides:
-        model_ref, where = overrides.pop("model"), "--set model"
+        model_ref, where = overrides["model"], "--set model"
     else:
         model_ref, where = profile.model, f"{profile.positions.where(('model',))}: model"
     try:
         model, facts = load_model(model_ref, profile.base_dir)
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
+    if "model" in overrides:
+        base, _ = load_model(profile.model, profile.base_dir)
+        if cap.replace(base, name="") == cap.replace(model, name=""):
+            overrides.pop("model")      # the same model by another name: measured weights still apply
     selected = profile.servers()
     if groups:
         selected = [profile.group(n) for n in groups]

@@ -263,11 +263,11 @@ def test_available_bytes_from_memory_matches_the_worked_example():
 
 
 def test_model_what_if_by_name_alias_and_config_path(tmp_path):
-    pro = plan_json("--set", "model=deepseek-v4-pro", "-g", "decode")
+    pro = plan_json("--set", "model=deepseek-v4-pro", "--set", "weights_gib_per_rank=43.66", "-g", "decode")
     assert pro["model"] == "deepseek-v4-pro"
     assert group(pro, "decode")["ranks"][0]["layers"] == [0, 61]
     assert group(pro, "decode")["ranks"][0]["bytes_per_full_token"] == 10115.25
-    alias = plan_json("--set", "model=deepseek-ai/DeepSeek-V4-Pro", "-g", "decode")
+    alias = plan_json("--set", "model=deepseek-ai/DeepSeek-V4-Pro", "--set", "weights_gib_per_rank=43.66", "-g", "decode")
     assert pools(group(alias, "decode")["ranks"][0]) == pools(group(pro, "decode")["ranks"][0])
     # any local config.json: the shipped Flash config copied elsewhere plans like Flash
     from dsv4ctl.resources import MODELS_DIR

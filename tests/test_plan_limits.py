@@ -8,3 +8,18 @@ def test_topology_bounds(cli, item):
     r = cli("plan", "--set", item, timeout=30)
     assert r.code == 2
     assert "must be within 1..1024" in r.err and r.err.count("\n") == 1
+
+
+def test_what_if_topology_ignores_the_measured_weights(cli):
+    import json
+    r = cli("plan", "--json", "-g", "decode", "--set", "tp_size=8")
+    g = json.loads(r.out)["groups"][0]
+    # 149 GiB Flash checkpoint / 8 ranks + 3 GiB replicated, instead of the TP4 measurement 43.66
+    assert g["memory_inputs"]["weights_gib_per_rank"] == round(149.0 / 8 + 3.0, 3)
+    assert any("measured weights_gib_per_rank (43.66) ignored" in w for w in g["warnings"])
+
+
+def test_pro_on_tp4_b200_does_not_fit_and_says_why(cli):
+    r = cli("plan", "-g", "prefill", "--set", "model=deepseek-v4-pro")
+    assert r.code == 1
+    assert "do not fit in 177.0 GiB free per GPU" in r.err and "above 1." not in r.err

@@ -100,7 +100,8 @@ def plan(
     else:
         con = console()
         headers, rows = _table(doc)
-        con.print(rich_table(f"dsv4ctl plan: {doc['profile']} · {doc['model']} · SGLang {doc['sglang_version']}",
+        if len(headers) > 1:    # groups that failed before sizing have no rank columns
+            con.print(rich_table(f"dsv4ctl plan: {doc['profile']} · {doc['model']} · SGLang {doc['sglang_version']}",
                              headers, rows, right=range(1, len(headers))))
         for g in doc["groups"]:
             mi = g["memory_inputs"]
