@@ -13,7 +13,7 @@ Each round runs both back to back against the same server process (the order alt
 rounds, so drifting background load on a shared machine hits both alike); the verdict is the
 median over rounds of candidate req/s ÷ baseline req/s (the ratio of medians is printed too). Usage::
 
-    .venv/bin/python benchmarks/check_load.py [--sessions 256] [--turns 4] [--rounds 3]
+    .venv/bin/python benchmarks/check_load.py [--sessions 256] [--turns 2] [--rounds 11]
         [--ttft-ms 20] [--itl-ms 2]
 """
 
@@ -82,8 +82,8 @@ def check_load(url: str, sessions: int, turns: int) -> tuple[int, float, int, fl
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=256)
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--ttft-ms", default="20")
     ap.add_argument("--itl-ms", default="2")
     a = ap.parse_args()

@@ -198,12 +198,28 @@ def assemble(raw: bytes, splits: list[int] | None = None, require_done: bool = T
     cuts = sorted(set(splits or [])) + [len(raw)]
     prev = 0
     for c in cuts:
-        for p in dec.feed(raw[prev:c]):
-            asm.feed_payload(p)
+        asm.feed_payloads(dec.feed(raw[prev:c]))
         prev = c
-    for p in dec.close():
-        asm.feed_payload(p)
+    asm.feed_payloads(dec.close())
     return asm.result(require_done=require_done)
+
+
+@pytest.mark.parametrize("payloads,error", [
+    (['{"choices": []}', '{"choices": []}', "[DONE]"], None),
+    (['{"choices": []}', "{oops"], "not JSON"),
+    (['{"choices": []},{"choices": []}', '{"choices": []}'], "not JSON"),     # two values in one payload
+    (['{"choices": [', "]}"], "not JSON"),                                     # one value over two payloads
+    (['{"choices": []}', "[DONE]", '{"choices": []}'], None),                 # [DONE] not last: parsed alone
+    (["1", "2"], "not a JSON object"),
+])
+def test_batched_payloads_are_as_strict_as_single_ones(payloads, error):
+    asm = C.StreamAssembler()
+    if error:
+        with pytest.raises(C.ProtocolError, match=error):
+            asm.feed_payloads(payloads)
+    else:
+        asm.feed_payloads(payloads)
+        assert asm.done and asm.chunks == len(payloads) - 1
 
 
 def test_stream_tool_calls_assembled_per_index():

@@ -193,6 +193,32 @@ class StreamAssembler:
             raise ProtocolError(f"SSE data is not JSON: {payload[:80]!r}")
         self.feed_chunk(obj)
 
+    def feed_payloads(self, payloads: list[str]) -> None:
+        """Several payloads at once (one network read): parsed with a single ``json.loads`` of
+        ``[p1,p2,...]`` when that gives exactly one value per payload (a trailing ``[DONE]`` is
+        taken off first); otherwise each payload is parsed alone, so errors are exactly those of
+        :meth:`feed_payload`."""
+        if len(payloads) < 2:
+            for p in payloads:
+                self.feed_payload(p)
+            return
+        ps, done = payloads, False
+        if ps[-1].strip() == "[DONE]":
+            ps, done = ps[:-1], True
+        try:
+            objs = json.loads("[" + ",".join(ps) + "]")
+            batched = len(objs) == len(ps)
+        except ValueError:
+            batched = False
+        if not batched:
+            for p in payloads:
+                self.feed_payload(p)
+            return
+        for obj in objs:
+            self.feed_chunk(obj)
+        if done:
+            self.done = True
+
     def feed_chunk(self, obj: Any) -> None:
         """One decoded chunk object. An ``error`` object raises ProtocolError."""
         try:

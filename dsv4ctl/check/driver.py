@@ -132,8 +132,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
             seen = 0
             try:
                 async for data in resp.content.iter_any():
-                    for p in dec.feed(data):
-                        asm.feed_payload(p)
+                    asm.feed_payloads(dec.feed(data))
                     if asm.pieces > seen:
                         now = time.perf_counter()
                         if timing["ttft_s"] is None:
@@ -142,8 +141,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                             timing["gaps"].append(now - last)
                         last = now
                         seen = asm.pieces
-                for p in dec.close():
-                    asm.feed_payload(p)
+                asm.feed_payloads(dec.close())
                 timing["chunks"] = asm.chunks
                 timing["e2e_s"] = time.perf_counter() - t0
                 return asm.result(), timing
