@@ -520,7 +520,17 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     st = min(stages, key=lambda s: s.headroom_bytes)
     over = st.alloc_real.c4_index_k - st.alloc_budget.c4_index_k
     dtype = cap.index_k_dtype_of(st.conf.inputs)
-    if over > 0:
+    if st.headroom_budgeted_bytes < 0:
+        # nothing to do with index-K: the budget itself leaves no room (req_to_token, weights, mfs)
+        gp.errors.append(f"the pools as SGLang budgets them, the weights and req_to_token "
+                         f"({_gib(st.req_to_token_bytes)} GiB) exceed the GPU by {_gib(-st.headroom_budgeted_bytes)} GiB")
+        m = _suggest_mfs(model, gi, 0) if gi.available_bytes_override is None else None
+        if m is not None:
+            gp.fixes.append(f"set mem-fraction-static: {m} (from {gi.mem_fraction_static}) in the serve config")
+        if st.req_to_token_bytes > GIB:
+            gp.fixes.append("or lower context-length / max-running-requests (req_to_token is "
+                            f"{_gib(st.req_to_token_bytes)} GiB)")
+    elif over > 0:
         msg = (f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
                f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(over)} GiB per rank over budget, "
                f"taken from the {_gib(st.headroom_budgeted_bytes)} GiB headroom")
@@ -542,8 +552,6 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     if 0 <= st.headroom_bytes < reserve * GIB / 2:
         gp.warnings.append(f"headroom {_gib(st.headroom_bytes)} GiB after allocation is under half of SGLang's "
                            f"own activation/CUDA-graph estimate ({reserve} GiB, memory_hook.py): OOM likely under load")
-    if st.headroom_bytes < 0 and over <= st.headroom_budgeted_bytes:
-        gp.errors.append(f"the pools, weights and req_to_token exceed the GPU: headroom {_gib(st.headroom_bytes)} GiB")
     return gp
 
 

@@ -23,3 +23,17 @@ def test_pro_on_tp4_b200_does_not_fit_and_says_why(cli):
     r = cli("plan", "-g", "prefill", "--set", "model=deepseek-v4-pro")
     assert r.code == 1
     assert "do not fit in 177.0 GiB free per GPU" in r.err and "above 1." not in r.err
+
+
+@pytest.mark.parametrize("sets,gib", [
+    (["index_k_accounting=exact", "max_running_requests=4096", "mem_fraction_static=0.95"], "7.168"),
+    (["index_k_dtype=fp8", "context_length=100000000"], "27.715"),
+])
+def test_negative_headroom_without_index_k_overshoot_does_not_fit(cli, sets, gib):
+    args = ["plan", "-g", "decode"]
+    for s in sets:
+        args += ["--set", s]
+    r = cli(*args)
+    assert r.code == 1
+    assert f"exceed the GPU by {gib} GiB" in r.err
+    assert "set mem-fraction-static:" in r.out
