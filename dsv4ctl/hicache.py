@@ -72,6 +72,13 @@ def changes_for(action: str, data: dict, opts: Options, table: Table, label: str
     wanted = dict(opts.given())
     if "hicache-ratio" not in wanted and data.get("hicache-ratio") is None:
         wanted["hicache-ratio"] = DEFAULT_RATIO
+    ratio = wanted.get("hicache-ratio")
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and not 0 < ratio < float("inf"):
+        # SGLang 0.5.23 does not check the ratio itself (srt/arg_groups/hicache_hook.py
+        # handle_hicache_ratio_default only checks --hicache-host-memory-fraction in (0, 1]); the host
+        # pool is sized int(device_capacity_tokens * hicache_ratio) (srt/mem_cache/pool_host/base.py),
+        # so a ratio <= 0 gives an empty or negative host pool: refuse it here.
+        raise InputError(f"--ratio: hicache-ratio must be > 0 (host pool = ratio x device pool), got {ratio:g}")
     for key, value in wanted.items():
         arg = table.get(key)
         try:

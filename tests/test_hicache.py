@@ -89,7 +89,11 @@ def test_dry_run_writes_nothing(site):
     (["on", "-g", "decode"], "error DSV106 hicache-on-decode"),
     (["on", "--mem-layout", "page_head"], "error DSV104 hicache-layout"),
     (["on", "--mem-layout", "diagonal"], "--mem-layout: invalid choice: 'diagonal'"),
-    (["on", "--ratio", "-1", "--storage-backend", "nfs"], "--storage-backend: invalid choice: 'nfs'"),
+    (["on", "--ratio", "1", "--storage-backend", "nfs"], "--storage-backend: invalid choice: 'nfs'"),
+    (["on", "--ratio", "-1"], "--ratio: hicache-ratio must be > 0 (host pool = ratio x device pool), got -1"),
+    (["on", "--ratio", "0"], "--ratio: hicache-ratio must be > 0 (host pool = ratio x device pool), got 0"),
+    (["on", "--ratio", "inf"], "--ratio: hicache-ratio must be > 0"),
+    (["on", "--ratio", "nan"], "--ratio: hicache-ratio must be > 0"),
     (["on", "-g", "router"], "router"),
     (["on", "-g", "nope"], "no group 'nope'"),
 ])
