@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -25,9 +25,10 @@ _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
-    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --json -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --json -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --json -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
+    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -60,8 +61,17 @@ _dsv4ctl_optkind() {
     'deploy|--base') echo any ;;
     'deploy|--patch') echo any ;;
     'deploy|--health-timeout') echo any ;;
+    'deploy|--canary') echo any ;;
+    'deploy|--concurrency') echo any ;;
+    'deploy|--max-corruption') echo any ;;
+    'deploy|--turns') echo any ;;
+    'deploy|--min-requests') echo any ;;
     'rollback|--to') echo any ;;
     'rollback|--health-timeout') echo any ;;
+    'promote|--concurrency') echo any ;;
+    'promote|--max-corruption') echo any ;;
+    'promote|--turns') echo any ;;
+    'promote|--min-requests') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -123,6 +133,8 @@ _dsv4ctl_argkind() {
     'deploy|0') echo yaml:w2 ;;
     'rollback|0') echo yaml:w2 ;;
     'releases|0') echo yaml:w2 ;;
+    'promote|0') echo any ;;
+    'promote|1') echo yaml:w2 ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;

@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transf
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases patch config hicache check runbook
+            echo plan deploy rollback releases promote patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -30,9 +30,11 @@ function __dsv4ctl_takes_value
         case 'plan'
             contains -- $argv[2] -s --set -g --group --from-log
         case 'deploy'
-            contains -- $argv[2] --tree --base --patch --health-timeout
+            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests
         case 'rollback'
             contains -- $argv[2] --to --health-timeout
+        case 'promote'
+            contains -- $argv[2] --concurrency --max-corruption --turns --min-requests
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -140,6 +142,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs), push it to every host...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running release good by hand after check smoke + check load (the pro...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
@@ -163,6 +166,12 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l dry-run -d 'Print the action
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l accept-new-host-keys -d 'Add unknown SSH host keys to known_hosts (like OpenSSH accept-new); changed k...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l health-timeout -r -f -d 'Seconds to wait for health (default: deploy.health_timeout_s).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l promote -d 'Promotion pipeline: preflight (config lint + plan), push, canary, check smoke...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l canary -r -f -d 'With --promote: GROUP or HOST switched first (default: the decode group\'s hos...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l concurrency -r -f -d 'With --promote: load gate concurrency (default: check.concurrency).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l max-corruption -r -f -d 'With --promote: gate on the 95 % Wilson upper bound (default: check.max_corru...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l turns -r -f -d 'With --promote: turns per load session (default: check.turns).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l min-requests -r -f -d 'With --promote: turns per load level at least (default: check load\'s).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l json -d 'Print the dsv4ctl.deploy/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'deploy\' 0' -f -a '(__dsv4ctl_yaml w2)'
@@ -179,6 +188,16 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l json -d 'Print the dsv4ctl
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'releases\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l concurrency -r -f -d 'Load gate concurrency (default: check.concurrency).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l max-corruption -r -f -d 'Gate on the 95 % Wilson upper bound (default: check.max_corruption).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l turns -r -f -d 'Turns per load session (default: check.turns).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l min-requests -r -f -d 'Turns per load level at least.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l dry-run -d 'Print the steps; run and change nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l json -d 'Print the dsv4ctl.promote/1 JSON report.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'promote\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'

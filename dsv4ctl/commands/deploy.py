@@ -86,24 +86,32 @@ def deploy(
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys to known_hosts (like OpenSSH accept-new); changed keys are always refused."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s)."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    promote: bool = typer.Option(False, "--promote", help="Promotion pipeline: preflight (config lint + plan), push, canary, check smoke, check load (the profile's check: gate), the rest, mark good."),
+    canary: Optional[str] = typer.Option(None, "--canary", help="With --promote: GROUP or HOST switched first (default: the decode group's host, else the first server group's)."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="With --promote: load gate concurrency (default: check.concurrency)."),
+    max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="With --promote: gate on the 95 % Wilson upper bound (default: check.max_corruption)."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="With --promote: turns per load session (default: check.turns)."),
+    min_requests: Optional[int] = typer.Option(None, "--min-requests", help="With --promote: turns per load level at least (default: check load's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.deploy/1 JSON report."),
 ) -> None:
     """Build a release (base + patch series + serve configs), push it to every host (delta),
     switch `current` atomically, restart, gate on health; roll back automatically on failure.
 
-    Exit 0 deployed · 1 rolled back (names host, group, last log lines) · 2 bad input ·
-    3 SSH/lock/push failure (no host switched) · 130 interrupted (hosts rolled back)."""
+    Exit 0 deployed · 1 rolled back (names host, group, last log lines; with --promote: the
+    failing check, evidence kept) or the preflight plan failed · 2 bad input (or a preflight lint
+    error) · 3 SSH/lock/push failure (no host switched) · 130 interrupted (hosts rolled back)."""
     from ..deploy import engine
+    po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
     p = _profile(profile)
     _sigterm_as_interrupt()
     with _Interrupted(), _Progress() as prog:
         opts = _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=prog)
-        rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None)
+        rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        print(f"dry run: deploy {rep['release']} (nothing changed)")
+        print(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)")
         for line in rep["actions"]:
             print(f"  {line}")
     else:
@@ -115,6 +123,72 @@ def deploy(
                          ",".join(r.get("pruned") or []) or "-"])
         console().print(rich_table(f"deployed {rep['release']} in {rep['seconds']:.1f} s",
                                    ["host", "from", "to", "bytes sent", "pruned"], rows, right=(3,)))
+        if po:
+            pr = rep["promotion"]
+            print(f"promoted {rep['release']}: canary {', '.join(pr['canary'])}; "
+                  + ", ".join(f"check {c['check']} pass" for c in pr["checks"])
+                  + f"; marked good; evidence in {pr['evidence']}")
+
+
+def _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests):
+    from ..errors import InputError
+    extra = {"--canary": canary, "--concurrency": concurrency, "--max-corruption": max_corruption,
+             "--turns": turns, "--min-requests": min_requests}
+    if not promote:
+        used = [k for k, v in extra.items() if v is not None]
+        if used:
+            raise InputError(f"{used[0]} needs --promote")
+        return None
+    if turns is not None and turns < 1:
+        raise InputError("--turns must be >= 1")
+    if max_corruption is not None and not 0 <= max_corruption < 1:
+        raise InputError("--max-corruption must be in [0, 1)")
+    if min_requests is not None and min_requests < 0:
+        raise InputError("--min-requests must be >= 0")
+    if concurrency is not None:
+        try:
+            ok = all(int(x) >= 1 for x in concurrency.split(","))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"--concurrency {concurrency!r}: expected N or N,N,... (positive integers)")
+    from ..deploy.promote import PromoteOptions
+    return PromoteOptions(canary=canary, concurrency=concurrency, max_corruption=max_corruption, turns=turns,
+                          min_requests=min_requests)
+
+
+def promote(
+    release: str = typer.Argument(..., help="Release id (the active release on every host)."),
+    profile: Optional[str] = _P,
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", help="Load gate concurrency (default: check.concurrency)."),
+    max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="Gate on the 95 % Wilson upper bound (default: check.max_corruption)."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="Turns per load session (default: check.turns)."),
+    min_requests: Optional[int] = typer.Option(None, "--min-requests", help="Turns per load level at least."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; run and change nothing."),
+    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
+    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.promote/1 JSON report."),
+) -> None:
+    """Mark the running release good by hand after check smoke + check load (the profile's gate)
+    against the running deployment; the check reports are kept as evidence.
+
+    Exit 0 marked good · 1 a check failed (not marked; evidence kept) · 2 not the active release
+    on every host / bad input · 3 SSH or lock failure."""
+    from ..deploy.promote import promote_by_hand
+    po = _promote_opts(True, None, concurrency, max_corruption, turns, min_requests)
+    p = _profile(profile)
+    with _Interrupted():
+        rep = promote_by_hand(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, break_lock=break_lock),
+                              release, po)
+    if as_json:
+        print(dump_json(rep))
+    elif dry_run:
+        print(f"dry run: promote {release} (nothing run, nothing changed)")
+        for line in rep["actions"]:
+            print(f"  {line}")
+    else:
+        print(f"promoted {release} on {', '.join(rep['hosts'])}: "
+              + ", ".join(f"check {c['check']} pass" for c in rep["checks"]) + f"; evidence in {rep['evidence']}")
 
 
 def rollback(
@@ -178,3 +252,4 @@ def register(app: typer.Typer) -> None:
     app.command("deploy")(deploy)
     app.command("rollback")(rollback)
     app.command("releases")(releases)
+    app.command("promote")(promote)

@@ -562,12 +562,16 @@ def stop_all(site: Site, spec_by_host: dict[str, dict]) -> None:
     run_parallel(site.transports, body, timeout=300)
 
 
-def health_targets(site: Site, spec: dict) -> tuple[list, list, str]:
+def health_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tuple[list, list, str]:
     """(worker targets, chat targets, model) for a launch spec: workers are server groups, chat
-    goes through the router group(s), or through decode/colocated groups when there is none."""
+    goes through the router group(s), or through decode/colocated groups when there is none.
+    ``hosts``: only the groups on these hosts (a promotion canary: the other hosts still run the
+    old release, or nothing yet)."""
     workers, routers = [], []
     for g, s in spec.items():
         h = s["host"]
+        if hosts is not None and h not in hosts:
+            continue
         url = f"http://{site.profile.hosts[h].address}:{s['port']}"
         t, p, f = site.transports[h], site.paths[h], site.facts[h]
         svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
@@ -604,11 +608,14 @@ def health_timeout(site: Site) -> float:
 
 
 def switch_with_gate(site: Site, target: dict[str, str], *, what: str,
-                     spec: dict | None = None) -> tuple[bool, str, dict]:
-    """Activate ``target`` {host: rid} on all hosts, then run the health gate. On any failure or
-    interrupt every switched host is put back (``current``/``previous`` as before, groups
-    restarted on the old release). Returns (ok, failure text, {host: old current})."""
-    old = {h: (site.facts[h].current, site.facts[h].previous) for h in site.hosts}
+                     spec: dict | None = None, hosts: list[str] | None = None) -> tuple[bool, str, dict]:
+    """Activate ``target`` {host: rid} on ``hosts`` (default: all), then run the health gate
+    (every worker of the launch spec, then a chat completion). On any failure or interrupt every
+    switched host is put back (``current``/``previous`` as before, groups restarted on the old
+    release). Returns (ok, failure text, {host: old current})."""
+    hosts = list(hosts) if hosts is not None else site.hosts
+    sel = {h: site.transports[h] for h in hosts}
+    old = {h: (site.facts[h].current, site.facts[h].previous) for h in hosts}
     specs: dict[str, dict] = {}
     old_specs: dict[str, dict | None] = {}
 
@@ -616,7 +623,7 @@ def switch_with_gate(site: Site, target: dict[str, str], *, what: str,
         rid = target[t.name]
         specs[t.name] = spec if spec is not None else read_spec(t, site, rid)
         old_specs[t.name] = site.facts[t.name].current_launch
-    _raise_failed(run_parallel(site.transports, prep, timeout=120), "reading launch specs")
+    _raise_failed(run_parallel(sel, prep, timeout=120), "reading launch specs")
     switched: list[str] = []
     lock = threading.Lock()
 
@@ -631,13 +638,13 @@ def switch_with_gate(site: Site, target: dict[str, str], *, what: str,
             with lock:
                 switched.append(h)
     try:
-        res = run_parallel(site.transports, act, timeout=site.opts.host_timeout)
+        res = run_parallel(sel, act, timeout=site.opts.host_timeout)
         bad = [r for r in res.values() if not r.ok]
         if bad:
             reason = "activation failed: " + "; ".join(r.error for r in bad)
         else:
             spec = next(iter(specs.values()))
-            workers, chat, model = health_targets(site, spec)
+            workers, chat, model = health_targets(site, spec, hosts if len(hosts) < len(site.hosts) else None)
             site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
                           f"(timeout {health_timeout(site):g} s)")
             fails = health.gate(workers, chat, health_timeout(site), model)
@@ -709,14 +716,23 @@ def plan_lines(site: Site, rel_id: str, n_files: int, nbytes: int, what: str = "
     return lines
 
 
-def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) -> dict:
+def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, promote=None) -> dict:
     """Build, push, activate, gate. Returns a report dict (``dsv4ctl.deploy/1``).
 
-    Raises InputError (bad inputs, nothing changed), RemoteError (a host failed before any
-    switch, or locks), VerdictError (the gate failed; every host was rolled back)."""
+    ``promote`` (a :class:`dsv4ctl.deploy.promote.PromoteOptions`) turns on the promotion
+    pipeline of :mod:`dsv4ctl.deploy.promote`: preflight before anything, then canary, checks,
+    the rest, ``good``. Raises InputError (bad inputs, nothing changed), RemoteError (a host
+    failed before any switch, or locks), VerdictError (the gate, a preflight plan or a promotion
+    check failed; every switched host was rolled back)."""
     t_start = time.monotonic()
     rsync_user_args()
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(profile, tree, base_ref, patches)
+    pre = None
+    if promote is not None:
+        from . import promote as P
+        promote.canary_hosts = P.choose_canary(profile, promote.canary)
+        pre = P.preflight(profile)
+        opts.log(f"preflight: {pre['summary']}")
     site = open_site(profile, opts)
     try:
         if opts.dry_run:
@@ -726,6 +742,9 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) ->
             rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
                              {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec, ident)
             gather_facts(site)
+            if promote is not None:
+                return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid, "promote": True,
+                        "actions": P.pipeline_lines(site, rid, promote, pre)}
             return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid,
                     "actions": plan_lines(site, rid, 0, 0)}
         t_build = time.monotonic()
@@ -735,7 +754,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None) ->
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
         acquire_locks(site, f"deploy {rel.id}")
         try:
-            return _deploy_locked(site, rel, t_start)
+            return _deploy_locked(site, rel, t_start, promote, pre)
         finally:
             release_locks(site)
     finally:
@@ -780,7 +799,7 @@ def close_out(site: Site, record: dict, *, state: dict | None = None, prune: int
     return {h: (r.value if r.ok else []) for h, r in res.items()}
 
 
-def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
+def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, pre: dict | None = None) -> dict:
     opts = site.opts
     report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
               "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
@@ -788,7 +807,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
               "hosts": {h: {"from": site.facts[h].current} for h in site.hosts}}
     old_current = {h: site.facts[h].current for h in site.hosts}
     base_rec = {"action": "deploy", "release": rel.id}
-    if all(c == rel.id and site.facts[h].good(c) for h, c in old_current.items()):
+    if all(c == rel.id and site.facts[h].good(c) for h, c in old_current.items()) and promote is None:
         opts.log(f"{rel.id} is already the active, good release on every host: nothing to do")
         close_out(site, {**base_rec, "result": "ok", "detail": "already active"},
                   per_host={h: {"from": rel.id} for h in site.hosts})
@@ -820,6 +839,9 @@ def _deploy_locked(site: Site, rel: Release, t_start: float) -> dict:
         raise
     # activate + gate
     spec = json.loads((rel.path / "launch.json").read_text())
+    if promote is not None:
+        from .promote import promote_locked
+        return promote_locked(site, rel, spec, promote, pre, report, frm, t_start)
     t_act = time.monotonic()
     try:
         ok, why, old = switch_with_gate(site, {h: rel.id for h in site.hosts}, what="deploy", spec=spec)

@@ -1,0 +1,109 @@
+"""A promotion test world: two real sshd hosts, each running one colocated group served by the
+SGLang DSV4 **stand-in** of tests/standin (the one that corrupts tool calls with HiCache on at
+high concurrency), started by the deploy launcher from the release's serve config."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.sshd.harness import Cluster, free_port
+from tests.sshd.world import REPO, make_tree
+
+STANDIN = (f"env PYTHONPATH={REPO} {{python}} -m tests.standin.server --config {{config}} --host {{address}} "
+           f"--port {{port}} --ttft-ms 2 --itl-ms 0")
+
+SERVE = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "deepseek-v4-flash",
+         "host": "0.0.0.0", "tp-size": 8, "reasoning-parser": "deepseek-v4", "tool-call-parser": "deepseekv4",
+         "enable-metrics": True}
+
+
+class PromoteWorld:
+    """Profile with groups ``a`` (colocated, h0) and ``b`` (colocated, h1); ``hicache(on)``
+    rewrites both serve configs (a new release id on the next deploy)."""
+
+    def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None):
+        self.c = cluster
+        self.tmp = tmp
+        self.hosts = cluster.hosts[:2]
+        self.tree = make_tree(tmp / "sglang", files=8)
+        self.cache = tmp / "cache"
+        self.cfgdir = tmp / "profile"
+        self.cfgdir.mkdir()
+        self.roots = {h.name: tmp / "roots" / h.name for h in self.hosts}
+        self.ports = {"a": free_port(self.hosts[0].address), "b": free_port(self.hosts[1].address)}
+        self.check = check or {"concurrency": 60, "max_corruption": 0.01, "turns": 2, "stall_timeout_s": 20}
+        self.hicache(False)
+
+    def hicache(self, on: bool) -> None:
+        for g in ("a", "b"):
+            cfg = dict(SERVE, port=self.ports[g])
+            if on:
+                cfg.update({"enable-hierarchical-cache": True, "hicache-ratio": 2.0})
+            (self.cfgdir / f"{g}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        h = self.hosts
+        prof = {
+            "version": 1, "name": "promote-test", "model": "deepseek-v4-flash",
+            "sglang": {"version": "0.5.23", "tree": str(self.tree), "base_ref": "v0.5.23", "series": None},
+            "deploy": {"root": "/nonexistent", "keep_releases": 5, "service": "launcher", "health_timeout_s": 30,
+                       "python": sys.executable, "launch": {"server": STANDIN}},
+            "check": self.check,
+            "hosts": [self.c.host_yaml(x, self.roots[x.name]) for x in h],
+            "groups": [
+                {"name": "a", "role": "colocated", "host": h[0].name, "gpus": list(range(8)), "tp": 8,
+                 "serve_config": "a.yaml"},
+                {"name": "b", "role": "colocated", "host": h[1].name, "gpus": list(range(8)), "tp": 8,
+                 "serve_config": "b.yaml"},
+            ],
+        }
+        self.profile = self.cfgdir / "profile.yaml"
+        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+    def env(self) -> dict:
+        return {"DSV4CTL_CACHE": str(self.cache), "DSV4CTL_CACHE_DIR": str(self.tmp / "pcache")}
+
+    def current(self, host: str) -> str | None:
+        p = self.roots[host] / "current"
+        return os.readlink(p).rsplit("/", 1)[-1] if p.is_symlink() else None
+
+    def currents(self) -> dict:
+        return {h: self.current(h) for h in self.roots}
+
+    def state(self, host: str) -> dict:
+        return json.loads((self.roots[host] / "state.json").read_text())
+
+    def audit(self, host: str) -> list[dict]:
+        p = self.roots[host] / "audit.jsonl"
+        return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+    def running_config(self, host: str) -> str:
+        """The serve config the host's server process was started with (from its command line)."""
+        root = self.roots[host]
+        for pf in (root / "run").glob("*.pid"):
+            pid = int(pf.read_text())
+            for child in [pid] + _children(pid):
+                try:
+                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"tests.standin.server" in argv:
+                    return argv[argv.index(b"--config") + 1].decode()
+        return ""
+
+    def stop_services(self) -> None:
+        for r in self.roots.values():
+            for pf in (r / "run").glob("*.pid") if (r / "run").exists() else []:
+                try:
+                    os.killpg(int(pf.read_text()), signal.SIGKILL)
+                except (ProcessLookupError, ValueError, PermissionError):
+                    pass
+
+
+def _children(pid: int) -> list[int]:
+    from tests.sshd.harness import descendants
+    return descendants(pid)

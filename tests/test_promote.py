@@ -1,0 +1,187 @@
+"""deploy --promote / promote ID end to end: two real OpenSSH sshd hosts, real rsync, the deploy
+launcher starting the SGLang DSV4 stand-in of tests/standin (corrupts ~15 % of tool calls at ≥40
+in flight with HiCache on, none with it off), the real check smoke / check load over HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.promote_world import PromoteWorld
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture
+def world(live_cluster, tmp_path):
+    w = PromoteWorld(live_cluster, tmp_path)
+    yield w
+    w.stop_services()
+
+
+def cli(w: PromoteWorld, *args, timeout=300):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
+
+
+def starts(w: PromoteWorld, host: str, group: str) -> list[str]:
+    """Release ids the launcher started ``group`` from on ``host``, in order (its log headers)."""
+    log = w.roots[host] / "logs" / f"{group}.log"
+    return [ln.split(" release ")[1].split()[0] for ln in log.read_text().splitlines()
+            if ln.startswith(f"=== dsv4ctl start {group} release ")] if log.exists() else []
+
+
+def evidence(w: PromoteWorld, host_root, rid: str) -> list:
+    d = host_root / "evidence" / rid
+    return sorted(d.iterdir()) if d.exists() else []
+
+
+def test_preflight_errors_stop_before_any_host(world):
+    w = world
+    cfg = w.cfgdir / "a.yaml"
+    good = cfg.read_text()
+    cfg.write_text(good + "enable-hierarchical-cachee: true\n")      # a typo: SGLang would refuse it
+    r = cli(w, "deploy", "--promote")
+    assert r.code == 2, r.err
+    assert "preflight: config lint:" in r.err and "enable-hierarchical-cachee" in r.err
+    assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
+    cfg.write_text(good + "max-running-requests: 100000\n")         # lints, but the SWA pool cannot fit
+    r = cli(w, "deploy", "--promote")
+    assert r.code == 1, r.err
+    assert "preflight: plan:" in r.err and "nothing touched" in r.err
+    assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
+    r = cli(w, "deploy", "--canary", "a")
+    assert r.code == 2 and "--canary needs --promote" in r.err
+
+
+def test_first_deploy_dry_run_every_host_is_the_canary_and_nothing_changes(world):
+    w = world
+    r = cli(w, "deploy", "--promote", "--dry-run")
+    assert r.code == 0, r.err
+    out = r.out
+    assert out.startswith("dry run: deploy --promote r")
+    assert "preflight: config lint ok (0 warning(s)), plan ok (2 group(s) fit)" in out
+    assert "first deploy (no host runs a release): every host is the canary" in out
+    assert f"h0: [canary] switch {w.roots['h0']}/current: (none) -> " in out
+    assert f"h1: [canary] switch {w.roots['h1']}/current: (none) -> " in out and "[rest]" not in out
+    assert "[canary] load gate: concurrency 60, turns 2, 95 % Wilson upper bound of the corruption rate <= 0.01" in out
+    assert "tests.standin.server" in out
+    assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
+
+
+def dry_run_after_deploy(w: PromoteWorld, good: str):
+    """deploy --promote --dry-run on a deployed world: canary, checks, then the rest; no change."""
+    before = {h: (w.currents()[h], (w.roots[h] / "state.json").read_text()) for h in w.roots}
+    n_cache = len(list((w.cache / "releases").iterdir()))
+    r = cli(w, "deploy", "--promote", "--dry-run")
+    assert r.code == 0, r.err
+    out = r.out
+    i_canary = out.index(f"h0: [canary] switch {w.roots['h0']}/current: {good} -> ")
+    url_a = f"http://{w.hosts[0].address}:{w.ports['a']}"
+    i_smoke = out.index(f"[canary] dsv4ctl check smoke {url_a} --json")
+    i_load = out.index(f"[canary] dsv4ctl check load {url_a} --json --no-progress --concurrency 60 "
+                       f"--max-corruption 0.01 --turns 2")
+    i_rest = out.index(f"h1: [rest] switch {w.roots['h1']}/current: {good} -> ")
+    i_all = out.index(f"[rest] dsv4ctl check smoke --profile {w.profile} --json")
+    assert i_canary < i_smoke < i_load < i_rest < i_all
+    # a canary that is not the check entry (group a): checked directly at its URL with the profile's gate
+    r = cli(w, "deploy", "--promote", "--dry-run", "--canary", "b", "--concurrency", "7")
+    assert r.code == 0, r.err
+    assert "h1: [canary] switch" in r.out and "h0: [rest] switch" in r.out
+    assert (f"[canary] dsv4ctl check load http://{w.hosts[1].address}:{w.ports['b']} --json --no-progress "
+            f"--concurrency 7 --max-corruption 0.01 --turns 2") in r.out
+    assert {h: (w.currents()[h], (w.roots[h] / "state.json").read_text()) for h in w.roots} == before
+    assert len(list((w.cache / "releases").iterdir())) == n_cache
+
+
+def test_promotion_gate_rollback_then_good_release(world):
+    w = world
+    # 1. HiCache off: the gate passes at concurrency 60, the release is marked good
+    r = cli(w, "deploy", "--promote", "--json")
+    assert r.code == 0, r.err
+    rep = r.json()
+    good = rep["release"]
+    assert w.currents() == {"h0": good, "h1": good}
+    pr = rep["promotion"]
+    assert pr["canary"] == ["h0", "h1"] and pr["rest"] == []          # first deploy: all hosts are the canary
+    assert [(c["check"], c["passed"]) for c in pr["checks"]] == [("smoke", True), ("load", True)]
+    load = json.loads((w.cache / "evidence" / good).glob("*/load.json").__next__().read_text())
+    assert load["schema"] == "dsv4ctl.check.load/1" and load["pass"] is True
+    lv = load["levels"][0]
+    assert lv["concurrency"] == 60 and lv["turns"] >= 381 and lv["corrupted"] == 0
+    for h in ("h0", "h1"):
+        st = w.state(h)["releases"][good]
+        assert st["state"] == "good" and st["promoted_at"] and st["evidence"].startswith(f"evidence/{good}/")
+        files = {p.name for p in evidence(w, w.roots[h], good)[0].iterdir()}
+        assert {"smoke.json", "load.json", "summary.json"} <= files
+        assert w.audit(h)[-1]["result"] == "ok" and w.audit(h)[-1]["promote"] is True
+    assert starts(w, "h0", "a") == [good] and starts(w, "h1", "b") == [good]
+    dry_run_after_deploy(w, good)
+
+    # 2. HiCache on: the canary fails check load at concurrency 60 -> rolled back, evidence kept, exit 1
+    w.hicache(True)
+    r = cli(w, "deploy", "--promote")
+    assert r.code == 1, r.err
+    bad = next(x for x in (w.cache / "releases").iterdir() if x.name.startswith("r") and x.name != good).name
+    assert f"deploy --promote of {bad}: check load failed: check load: gate failed at" in r.err
+    assert f"c=60" in r.err and f"rolled back h0 to {good}; h1 never switched" in r.err
+    assert w.currents() == {"h0": good, "h1": good}
+    assert starts(w, "h0", "a") == [good, bad, good]     # canary switched, then put back
+    assert starts(w, "h1", "b") == [good]                # the rest never saw the bad release
+    assert w.running_config("h0").endswith(f"releases/{good}/configs/a.yaml")
+    edir = next((w.cache / "evidence" / bad).iterdir())
+    load = json.loads((edir / "load.json").read_text())
+    assert load["pass"] is False and load["levels"][0]["concurrency"] == 60
+    assert load["levels"][0]["rate"] > 0.05                            # ~15 % at 60 in flight
+    assert json.loads((edir / "smoke.json").read_text())["pass"] is True
+    summary = json.loads((edir / "summary.json").read_text())
+    assert summary["result"] == "rolled-back" and summary["failed"] == "check load"
+    for h in ("h0", "h1"):
+        st = w.state(h)["releases"][bad]
+        assert st["state"] == "failed" and st["failed_check"] == "check load"
+        hosted = evidence(w, w.roots[h], bad)[0]
+        assert json.loads((hosted / "load.json").read_text()) == load
+        a = w.audit(h)[-1]
+        assert (a["action"], a["result"], a["release"], a["failed_check"]) == ("deploy", "rolled-back", bad, "check load")
+    r = cli(w, "releases", "--json")
+    rows = {x["id"]: x for x in r.json()["hosts"]["h1"]["releases"]}
+    assert rows[good]["state"] == "active" and rows[good]["recorded_state"] == "good"
+    assert rows[bad]["state"] == "failed"
+
+    # 3. the bad release forced in without checks, then promoted by hand: the same gate fails, marked failed
+    r = cli(w, "deploy")
+    assert r.code == 0, r.err
+    assert w.currents() == {"h0": bad, "h1": bad}
+    r = cli(w, "promote", bad)
+    assert r.code == 1, r.err
+    assert f"promote {bad}: check load failed: check load: gate failed at" in r.err
+    assert all(w.state(h)["releases"][bad]["state"] == "failed" for h in ("h0", "h1"))
+    assert w.audit("h0")[-1]["action"] == "promote" and w.audit("h0")[-1]["result"] == "failed"
+
+    # 4. rollback's default is the newest good release: the promoted one
+    r = cli(w, "rollback", "--dry-run")
+    assert r.code == 0, r.err
+    assert r.out.startswith(f"dry run: rollback to {good}")
+    r = cli(w, "rollback")
+    assert r.code == 0, r.err
+    assert w.currents() == {"h0": good, "h1": good}
+
+    # 5. promote by hand: only the active release, judged against its own serve configs;
+    #    dry run runs nothing; a pass marks it good again
+    r = cli(w, "promote", bad)
+    assert r.code == 2 and f"promote {bad}: not the active release on h0 (active: {good})" in r.err
+    r = cli(w, "promote", good)                     # the profile still has HiCache on
+    assert r.code == 2 and f"promote {good}: the profile's serve config of group(s) a, b differs" in r.err
+    w.hicache(False)
+    n_ev = len(list((w.cache / "evidence" / good).iterdir()))
+    r = cli(w, "promote", good, "--dry-run")
+    assert r.code == 0, r.err
+    assert f"dsv4ctl check load --profile {w.profile} --json --no-progress" in r.out
+    assert len(list((w.cache / "evidence" / good).iterdir())) == n_ev
+    r = cli(w, "promote", good, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["result"] == "good" and [c["passed"] for c in doc["checks"]] == [True, True]
+    assert all(w.state(h)["releases"][good].get("promoted_by") for h in ("h0", "h1"))
