@@ -520,7 +520,7 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     st = min(stages, key=lambda s: s.headroom_bytes)
     over = st.alloc_real.c4_index_k - st.alloc_budget.c4_index_k
     dtype = cap.index_k_dtype_of(st.conf.inputs)
-    if st.headroom_budgeted_bytes < 0:
+    if st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None:
         # nothing to do with index-K: the budget itself leaves no room (req_to_token, weights, mfs)
         gp.errors.append(f"the pools as SGLang budgets them, the weights and req_to_token "
                          f"({_gib(st.req_to_token_bytes)} GiB) exceed the GPU by {_gib(-st.headroom_budgeted_bytes)} GiB")
