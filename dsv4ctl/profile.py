@@ -7,6 +7,7 @@ line ``file:line: field: message`` (exit 2)."""
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 from dataclasses import dataclass, field
@@ -18,8 +19,13 @@ from .yamlpos import Positions, dotted, load_yaml
 
 ROLES = ("prefill", "decode", "colocated", "router")
 
-_num = {"type": "number", "minimum": 0}
+# Finite non-negative numbers (seconds, fractions); ``number`` excludes NaN/inf (see _validator).
+_num = {"type": "number", "minimum": 0, "maximum": 1e9}
+# GiB of memory: 100000 GiB per GPU or host is far beyond any hardware (typo / 1e300 guard).
+MAX_GIB = 100000
+_gib = {"type": "number", "minimum": 0, "maximum": MAX_GIB}
 _pos_int = {"type": "integer", "minimum": 1}
+_par = {"type": "integer", "minimum": 1, "maximum": 1024}   # tp/dp/ep/pp sizes
 PROFILE_SCHEMA: dict = {
     "type": "object",
     "additionalProperties": False,
@@ -86,10 +92,10 @@ PROFILE_SCHEMA: dict = {
                         "properties": {
                             "model": {"type": "string"},
                             "count": _pos_int,
-                            "memory_mib": _pos_int,
+                            "memory_mib": {"type": "integer", "minimum": 1, "maximum": MAX_GIB * 1024},
                         },
                     },
-                    "ram_gib": _num,
+                    "ram_gib": _gib,
                     "root": {"type": "string"},
                 },
             },
@@ -104,7 +110,7 @@ PROFILE_SCHEMA: dict = {
                     "role": {"enum": list(ROLES)},
                     "host": {"type": "string"},
                     "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                    "tp": _pos_int, "dp": _pos_int, "ep": _pos_int, "pp": _pos_int,
+                    "tp": _par, "dp": _par, "ep": _par, "pp": _par,
                     "dp_attention": {"type": "boolean"},
                     "serve_config": {"type": "string"},
                     "port": {"type": "integer", "minimum": 1, "maximum": 65535},
@@ -112,9 +118,9 @@ PROFILE_SCHEMA: dict = {
                     "memory": {
                         "type": "object", "additionalProperties": False,
                         "properties": {
-                            "free_gib_before_load": _num,
-                            "weights_gib_per_rank": _num,
-                            "other_gib": _num,
+                            "free_gib_before_load": _gib,
+                            "weights_gib_per_rank": _gib,
+                            "other_gib": _gib,
                         },
                     },
                     "prefill": {"type": "array", "items": {"type": "string"}},
@@ -251,10 +257,29 @@ def _validated_marker(data: Any) -> Optional[Path]:
     if d is None:
         return None
     try:
-        blob = json.dumps([PROFILE_SCHEMA, data], sort_keys=True, default=repr).encode()
+        blob = json.dumps([_VALIDATOR_VERSION, PROFILE_SCHEMA, data], sort_keys=True, default=repr).encode()
     except (TypeError, ValueError):
         return None
     return d / "valid-profiles" / hashlib.sha256(blob).hexdigest()
+
+
+# Bumped whenever _validator's type rules change (invalidates the validated-profile cache).
+_VALIDATOR_VERSION = "strict-types-1"
+
+
+def _validator():
+    """Draft 2020-12 validator whose ``integer`` is a real int (not bool, not ``4.0``) and whose
+    ``number`` is a finite int/float (not bool, NaN or ±inf): jsonschema's defaults accept
+    ``4.0`` as an integer and NaN passes ``minimum``."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({
+        "integer": lambda _c, x: isinstance(x, int) and not isinstance(x, bool),
+        "number": lambda _c, x: (isinstance(x, int) and not isinstance(x, bool))
+        or (isinstance(x, float) and math.isfinite(x)),
+    })
+    return jsonschema.validators.extend(base, type_checker=checker)(PROFILE_SCHEMA)
 
 
 def _validate_schema(data: Any, pos: Positions) -> None:
@@ -266,9 +291,7 @@ def _validate_schema(data: Any, pos: Positions) -> None:
     marker = _validated_marker(data)
     if marker is not None and marker.exists():
         return
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(PROFILE_SCHEMA)
+    validator = _validator()
     errors = sorted(validator.iter_errors(data), key=lambda e: (pos.line(tuple(e.absolute_path)), list(e.absolute_path)))
     if errors:
         e = errors[0]
@@ -279,6 +302,8 @@ def _validate_schema(data: Any, pos: Positions) -> None:
             raise _fail(pos, p, "unknown field")
         if e.validator == "required":
             raise _fail(pos, p, e.message.replace("is a required property", "is required"))
+        if e.validator == "type" and isinstance(e.instance, float) and not math.isfinite(e.instance):
+            raise _fail(pos, p, f"must be a finite number, got {e.instance!r}")
         raise _fail(pos, p, e.message)
     if marker is not None:
         try:

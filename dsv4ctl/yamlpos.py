@@ -9,6 +9,14 @@ import yaml
 
 from .errors import InputError
 
+# Largest YAML file read (bytes): profiles and serve configs are a few KiB.
+MAX_YAML_BYTES = 16 * 1024 * 1024
+# Alias uses (``*name``) allowed per document: a few are normal (shared env blocks); a
+# "billion laughs" document needs thousands to expand exponentially.
+MAX_ALIASES = 100
+# Values (scalars, mappings, sequences) built per document after alias expansion.
+MAX_NODES = 200_000
+
 
 class Positions:
     """Line numbers (1-based) of YAML values, keyed by their path tuple (``("groups", 0, "tp")``)."""
@@ -39,32 +47,73 @@ def dotted(path: tuple) -> str:
     return out or "(root)"
 
 
-def _construct(node: yaml.Node, path: tuple, pos: Positions, loader: yaml.SafeLoader) -> Any:
-    pos.lines[path] = node.start_mark.line + 1
+class _Budget:
+    """Alias/recursion bookkeeping of one :func:`load_yaml` call."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()      # ids of collection nodes already constructed
+        self.active: set[int] = set()    # ids of the collection nodes being constructed (ancestors)
+        self.aliases = 0
+        self.nodes = 0
+
+
+def _construct(node: yaml.Node, path: tuple, pos: Positions, loader: yaml.SafeLoader,
+               budget: _Budget) -> Any:
+    line = node.start_mark.line + 1
+    pos.lines[path] = line
+    budget.nodes += 1
+    if budget.nodes > MAX_NODES:
+        raise InputError(f"{pos.file}:{line}: {dotted(path)}: document expands to more than "
+                         f"{MAX_NODES} values (YAML aliases?)")
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        nid = id(node)
+        if nid in budget.active:
+            raise InputError(f"{pos.file}:{line}: {dotted(path)}: recursive YAML alias")
+        if nid in budget.seen:
+            budget.aliases += 1
+            if budget.aliases > MAX_ALIASES:
+                raise InputError(f"{pos.file}:{line}: {dotted(path)}: more than {MAX_ALIASES} "
+                                 "YAML alias uses (billion-laughs guard)")
+        budget.seen.add(nid)
+        budget.active.add(nid)
+        try:
+            return _construct_collection(node, path, pos, loader, budget)
+        finally:
+            budget.active.discard(nid)
+    return loader.construct_object(node, deep=True)
+
+
+def _construct_collection(node: yaml.Node, path: tuple, pos: Positions, loader: yaml.SafeLoader,
+                          budget: _Budget) -> Any:
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         for knode, vnode in node.value:
+            if not isinstance(knode, yaml.ScalarNode):
+                raise InputError(f"{pos.file}:{knode.start_mark.line + 1}: mapping keys must be scalars")
             key = loader.construct_object(knode, deep=True)
             if not isinstance(key, (str, int, float, bool)) or key is None:
                 raise InputError(f"{pos.file}:{knode.start_mark.line + 1}: mapping keys must be scalars")
             if key in out:
                 raise InputError(f"{pos.file}:{knode.start_mark.line + 1}: {dotted(path + (key,))}: duplicate key")
-            out[key] = _construct(vnode, path + (key,), pos, loader)
+            out[key] = _construct(vnode, path + (key,), pos, loader, budget)
             pos.lines[path + (key,)] = knode.start_mark.line + 1
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, path + (i,), pos, loader) for i, v in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    return [_construct(v, path + (i,), pos, loader, budget) for i, v in enumerate(node.value)]
 
 
 def load_yaml(path: Path) -> tuple[Any, Positions]:
     """Parse ``path`` (safe YAML) and return ``(data, positions)``.
 
     Raises InputError (exit 2) with ``file:line`` for a missing file, a syntax error or a
-    duplicate key."""
+    duplicate key, a file over MAX_YAML_BYTES, more than MAX_ALIASES alias uses, more than
+    MAX_NODES values after alias expansion or a recursive alias (``a: &a [*a]``)."""
     pos = Positions(str(path))
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+        if len(raw) > MAX_YAML_BYTES:
+            raise InputError(f"{path}:1: file larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
+        text = raw.decode()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -75,12 +124,14 @@ def load_yaml(path: Path) -> tuple[Any, Positions]:
         node = loader.get_single_node()
         if node is None:
             return None, pos
-        return _construct(node, (), pos, loader), pos
+        return _construct(node, (), pos, loader, _Budget()), pos
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
         raise InputError(f"{path}:{line}: YAML syntax error: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
         raise InputError(f"{path}: YAML error: {e}") from None
+    except RecursionError:
+        raise InputError(f"{path}:1: YAML nesting too deep") from None
     finally:
         loader.dispose()
