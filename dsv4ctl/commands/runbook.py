@@ -83,14 +83,37 @@ def run(
         state_file = run_dir / "state.json"
         if not state_file.is_file():
             raise InputError(f"--resume {resume}: no run state at {state_file}")
-        state = RunState.from_dict(json.loads(state_file.read_text()))
+        try:
+            saved = json.loads(state_file.read_text())
+        except (OSError, ValueError) as e:
+            raise InputError(f"--resume {resume}: {state_file}: unreadable run state ({e})") from None
+        if not isinstance(saved, dict):
+            raise InputError(f"--resume {resume}: {state_file}: not a runbook run state")
+        try:
+            state = RunState.from_dict(saved)
+        except InputError as e:
+            raise InputError(f"--resume {resume}: {state_file}: {e}") from None
         if state.playbook != pb.name:
             raise InputError(f"--resume {resume}: that run is of runbook {state.playbook!r}, not {pb.name!r}")
     else:
         run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{pb.name}"
         run_dir = report_dir or _state_root() / run_id
         state = RunState(pb.name, run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    scratch = None
+    if dry_run:
+        # evidence of what the steps would do goes to a scratch folder that is removed: a dry
+        # run leaves nothing behind (no state, no report, no run folder)
+        import tempfile
+        scratch = tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-")
+        run_dir = Path(scratch.name)
+    else:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            probe = run_dir / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise InputError(f"run folder {run_dir}: not writable ({e.strerror or e})") from None
     state_file = run_dir / "state.json"
 
     def save(st: RunState) -> None:
@@ -111,7 +134,11 @@ def run(
         return typer.confirm("run it?", default=False)
 
     ctx = RunContext(profile=prof, run_dir=run_dir)
-    state = execute(pb, actions, ctx, state, dry_run=dry_run, confirm=confirm, save=save)
+    try:
+        state = execute(pb, actions, ctx, state, dry_run=dry_run, confirm=confirm, save=save)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     doc = incident_document(state, who=getpass.getuser(), profile=prof.name, dry_run=dry_run)
     for e in state.timeline[-len(pb.steps):] if dry_run else []:
         print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))

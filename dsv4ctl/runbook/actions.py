@@ -314,7 +314,7 @@ def _describe(fmt: str) -> Callable[[RunContext, dict], list[str]]:
 def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Action]:
     """The action registry: note, wait, plan, plus the remote/check actions when present."""
     acts = {
-        "note": Action("note", False, _note_run, _describe("record a note: {args[text]}")),
+        "note": Action("note", False, _note_run, lambda ctx, a: [f"record a note: {a.get('text', '')}"]),
         "wait": Action("wait", False, _wait_run, lambda ctx, a: [f"wait {_wait_seconds(a):g} s"]),
         "plan": Action("plan", False, _plan_run, _describe("plan the profile's groups with overrides {args}")),
     }

@@ -28,6 +28,20 @@ import jsonschema
 
 from ..errors import InputError
 
+MAX_STEPS = 100
+MAX_ARGS_DEPTH = 8
+
+
+def _depth(x: Any, d: int = 0) -> int:
+    if d > MAX_ARGS_DEPTH:
+        return d
+    if isinstance(x, dict):
+        return max([_depth(v, d + 1) for v in x.values()] or [d + 1])
+    if isinstance(x, list):
+        return max([_depth(v, d + 1) for v in x] or [d + 1])
+    return d
+
+
 PLAYBOOK_SCHEMA: dict = {
     "type": "object",
     "additionalProperties": False,
@@ -36,7 +50,7 @@ PLAYBOOK_SCHEMA: dict = {
         "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]*$"},
         "description": {"type": "string"},
         "steps": {
-            "type": "array", "minItems": 1,
+            "type": "array", "minItems": 1, "maxItems": MAX_STEPS,
             "items": {
                 "type": "object", "additionalProperties": False,
                 "required": ["id", "action"],
@@ -164,6 +178,9 @@ def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Pla
     """Validate a parsed playbook against the schema, the action registry and the conditions."""
     if not isinstance(data, dict):
         raise InputError(f"{where}: a playbook must be a mapping")
+    for i, st in enumerate(data.get("steps") or [] if isinstance(data.get("steps"), list) else []):
+        if isinstance(st, dict) and _depth(st.get("args")) > MAX_ARGS_DEPTH:
+            raise InputError(f"{where}: steps[{i}].args: nested deeper than {MAX_ARGS_DEPTH} levels")
     errs = sorted(jsonschema.Draft202012Validator(PLAYBOOK_SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errs:
         e = errs[0]
@@ -186,7 +203,11 @@ def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Pla
         seen.add(s["id"])
         rep = s.get("repeat", {})
         if rep.get("until"):
-            parse_condition(rep["until"])
+            for alt in parse_condition(rep["until"]):
+                for c in alt:
+                    if c.ref[0] not in seen:
+                        raise InputError(f"{where}: steps[{i}].repeat.until: refers to {c.ref[0]!r}, "
+                                         "which is not this or an earlier step")
         steps.append(Step(id=s["id"], action=s["action"], args=dict(s.get("args", {})), when=s.get("when"),
                           repeat_max=rep.get("max", 1), until=rep.get("until"),
                           continue_on_failure=s.get("continue_on_failure", False),
@@ -229,6 +250,14 @@ class RunState:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunState":
+        """Rebuild a saved state; InputError when it is not one."""
+        try:
+            return cls._from_dict(d)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise InputError(f"not a runbook run state ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "RunState":
         st = cls(playbook=d["playbook"], run_id=d["run_id"], results=d.get("results", {}),
                  done=list(d.get("done", [])), failed_step=d.get("failed_step"))
         st.timeline = [Event(**{k: v for k, v in e.items()}) for e in d.get("timeline", [])]
