@@ -128,7 +128,11 @@ def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Ac
         res.head_after = state.head
         return res
     mbox = "".join(ls.texts[n] if ls.texts[n].endswith("\n") else ls.texts[n] + "\n" for n in todo)
-    r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
+    try:
+        r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
+    except KeyboardInterrupt:
+        _restore_after_interrupt(git, state, "am")
+        raise
     if r.ok:
         res.applied = todo
         res.head_after = git.out("rev-parse", "HEAD")
@@ -166,6 +170,17 @@ def explain_conflict(git: Git, rev: str, patch_text: str, conflicted: list[str])
     if conflicted:
         return f"{conflicted[0]}: merge conflict"
     return ""
+
+
+def _restore_after_interrupt(git: Git, state: TreeState, op: str) -> None:
+    """Ctrl-C during ``git op``: git got the SIGINT too and may have stopped mid-session; put the
+    tree back exactly (a second Ctrl-C during the restore is ignored until it is done)."""
+    import signal
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _restore(git, state, op)
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _restore(git: Git, state: TreeState, op: str) -> None:
@@ -209,7 +224,11 @@ def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[st
     shas = [a.target for a in actions if a.kind == "revert"]
     if not shas:
         return []
-    r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
+    try:
+        r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
+    except KeyboardInterrupt:
+        _restore_after_interrupt(git, state, "revert")
+        raise
     if not r.ok:
         conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
         current = git.run("rev-parse", "-q", "--verify", "REVERT_HEAD", check=False).out.strip()
