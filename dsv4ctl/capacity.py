@@ -84,23 +84,50 @@ class ModelGeometry:
         mt = cfg.get("model_type", "deepseek_v4")
         if not str(mt).startswith("deepseek_v4"):
             raise CapacityError(f"model config {name}: model_type {mt!r} is not a DeepSeek-V4 model")
-        ratios = tuple(int(r) for r in cfg["compress_ratios"])
-        n = int(cfg["num_hidden_layers"])
-        if n <= 0 or len(ratios) < n:
+
+        def bad(key: str, msg: str) -> CapacityError:
+            return CapacityError(f"model config {name}: {key}: {msg}")
+
+        def whole(key: str, v, minimum: int = 1, maximum: int = 1 << 40) -> int:
+            # JSON ints only: bool, 4.7, NaN, Infinity, "128" and null are rejected (SGLang
+            # reads these fields as Python ints; a float would fail inside torch).
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(key, f"expected an integer, got {v!r}")
+            if not minimum <= v <= maximum:
+                raise bad(key, f"must be within {minimum}..{maximum}, got {v}")
+            return v
+
+        n = whole("num_hidden_layers", cfg["num_hidden_layers"], 1, 100_000)
+        raw = cfg["compress_ratios"]
+        if not isinstance(raw, list):
+            raise bad("compress_ratios", f"expected a list of integers, got {raw!r}")
+        ratios = tuple(whole(f"compress_ratios[{i}]", r, 0, 1 << 20) for i, r in enumerate(raw))
+        if len(ratios) < n:
             raise CapacityError(
                 f"model config {name}: compress_ratios has {len(ratios)} entries, "
                 f"num_hidden_layers is {n}")
         for r in ratios[:n]:
             if r not in (0, 1, 2, 4, 128):
                 raise CapacityError(f"model config {name}: Unsupported compression ratio: {r}")
+        head_dim = whole("head_dim", cfg["head_dim"], 1, 1 << 20)
+        rope = whole("qk_rope_head_dim", cfg["qk_rope_head_dim"], 0, 1 << 20)
+        if head_dim <= rope:
+            raise bad("head_dim", f"{head_dim} must exceed qk_rope_head_dim {rope} "
+                                  "(qk_nope_head_dim = head_dim - qk_rope_head_dim)")
+        kv_src = cfg.get("kv_source_layer_ids")
+        if kv_src is None:
+            kv_src = []
+        if not isinstance(kv_src, list):
+            raise bad("kv_source_layer_ids", f"expected a list of layer ids, got {kv_src!r}")
+        kv_ids = tuple(whole(f"kv_source_layer_ids[{i}]", x, 0, n - 1) for i, x in enumerate(kv_src))
         return cls(
             name=name, model_type=str(mt), num_hidden_layers=n, compress_ratios=ratios,
-            qk_nope_head_dim=int(cfg["head_dim"]) - int(cfg["qk_rope_head_dim"]),
-            qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-            index_head_dim=int(cfg["index_head_dim"]),
-            sliding_window=int(cfg["sliding_window"]),
-            context_len=int(cfg["max_position_embeddings"]),
-            kv_source_layer_ids=tuple(int(x) for x in cfg.get("kv_source_layer_ids") or ()),
+            qk_nope_head_dim=head_dim - rope,
+            qk_rope_head_dim=rope,
+            index_head_dim=whole("index_head_dim", cfg["index_head_dim"], 1, 1 << 20),
+            sliding_window=whole("sliding_window", cfg["sliding_window"], 1, 1 << 30),
+            context_len=whole("max_position_embeddings", cfg["max_position_embeddings"], 1, 1 << 40),
+            kv_source_layer_ids=kv_ids,
         )
 
 

@@ -38,6 +38,8 @@ ALIASES = {
 # Replicated (non-sharded) weight GiB per rank added to checkpoint/(tp*pp) in the estimate.
 # Calibrated on the third-party B200 TP8 figures (Flash 21.83, Pro 105.57 GiB/rank), ⚠.
 REPLICATED_WEIGHTS_GIB = 3.0
+# Largest config.json read (bytes); published DSV4 configs are ~2 KiB.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
 def shipped_names() -> list[str]:
@@ -47,7 +49,9 @@ def shipped_names() -> list[str]:
 
 def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry, ModelFacts]:
     """Resolve a shipped name (``deepseek-v4-flash``, ``flash``, ``deepseek-ai/DeepSeek-V4-Pro``)
-    or a path to a ``config.json`` (relative to ``base_dir``). Raises InputError (exit 2)."""
+    or a path to a ``config.json`` (relative to ``base_dir``). Raises InputError (exit 2) for an
+    unknown name, a file over MAX_CONFIG_BYTES, invalid JSON or an invalid field
+    (:meth:`ModelGeometry.from_config`)."""
     key = ALIASES.get(ref.lower(), ref.lower())
     if key in SHIPPED:
         cfg = json.loads((MODELS_DIR / f"{key}.json").read_text())
@@ -65,9 +69,13 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
             f"unknown model {ref!r}: not a shipped model ({', '.join(shipped_names())}) "
             f"and no config.json at {path}")
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not a readable config.json ({e})") from None
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise InputError(f"{path}: config.json larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
+        cfg = json.loads(raw.decode())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InputError(f"{path}: not a readable config.json ({type(e).__name__}: {e})") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: config.json must be a JSON object")
     try:

@@ -89,3 +89,67 @@ def test_yaml_file_size_cap(tmp_path):
     with open(prof, "wb") as f:
         f.write(b"# " + b"x" * (16 * 1024 * 1024) + b"\n")
     assert one_error(plan(prof)) == f"{prof}:1: file larger than 16 MiB"
+
+
+# --- 3: config.json -------------------------------------------------------------------------
+
+FLASH = json.loads((Path(__file__).parent.parent / "dsv4ctl/data/models/deepseek-v4-flash.json").read_text())
+
+
+def _with_config(tmp_path: Path, mutate) -> tuple[Path, Path, str]:
+    prof = copy_profile(tmp_path)
+    cfg = dict(FLASH)
+    mutate(cfg)
+    cp = tmp_path / "config.json"
+    cp.write_text(json.dumps(cfg))   # allow_nan: NaN/Infinity written as JSON does
+    text = edit(prof, "model: deepseek-v4-flash ", "model: config.json ")
+    return prof, cp, text
+
+
+def _set(key, value):
+    def m(cfg):
+        cfg[key] = value
+    return m
+
+
+CONFIG_CASES = [
+    ("ratios-int", _set("compress_ratios", 4), "compress_ratios: expected a list of integers, got 4"),
+    ("ratios-null", _set("compress_ratios", None), "compress_ratios: expected a list of integers, got None"),
+    ("ratios-str", _set("compress_ratios", "4,128"), "compress_ratios: expected a list of integers, got '4,128'"),
+    ("ratios-x", _set("compress_ratios", ["x"] * 44), "compress_ratios[0]: expected an integer, got 'x'"),
+    ("ratios-float", _set("compress_ratios", [4.7] * 44), "compress_ratios[0]: expected an integer, got 4.7"),
+    ("head-nan", _set("head_dim", float("nan")), "head_dim: expected an integer, got nan"),
+    ("head-inf", _set("head_dim", float("inf")), "head_dim: expected an integer, got inf"),
+    ("head-lt-rope", _set("head_dim", 32),
+     "head_dim: 32 must exceed qk_rope_head_dim 64 (qk_nope_head_dim = head_dim - qk_rope_head_dim)"),
+    ("index-neg", _set("index_head_dim", -128), "index_head_dim: must be within 1..1048576, got -128"),
+    ("index-zero", _set("index_head_dim", 0), "index_head_dim: must be within 1..1048576, got 0"),
+    ("window-zero", _set("sliding_window", 0), "sliding_window: must be within 1..1073741824, got 0"),
+    ("kvsrc-int", _set("kv_source_layer_ids", 5), "kv_source_layer_ids: expected a list of layer ids, got 5"),
+    ("kvsrc-str", _set("kv_source_layer_ids", ["a"]), "kv_source_layer_ids[0]: expected an integer, got 'a'"),
+    ("kvsrc-range", _set("kv_source_layer_ids", [43]), "kv_source_layer_ids[0]: must be within 0..42, got 43"),
+    ("layers-bool", _set("num_hidden_layers", True), "num_hidden_layers: expected an integer, got True"),
+]
+
+
+@pytest.mark.parametrize("case,mutate,msg", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_json(tmp_path, case, mutate, msg):
+    prof, cp, text = _with_config(tmp_path, mutate)
+    err = one_error(plan(prof))
+    assert err == f"{prof}:{line_of(text, 'model: config.json')}: model: model config {cp}: {msg}"
+
+
+def test_config_json_size_cap(tmp_path):
+    prof, cp, text = _with_config(tmp_path, lambda c: None)
+    with open(cp, "ab") as f:
+        f.write(b" " * (16 * 1024 * 1024))
+    err = one_error(plan(prof))
+    assert err == f"{prof}:{line_of(text, 'model: config.json')}: model: {cp}: config.json larger than 16 MiB"
+
+
+def test_from_config_accepts_shipped_configs():
+    from dsv4ctl.capacity import ModelGeometry
+    g = ModelGeometry.from_config(FLASH, "flash")
+    assert (g.num_hidden_layers, g.qk_nope_head_dim, g.index_head_dim, g.sliding_window) == (43, 448, 128, 128)
+    g = ModelGeometry.from_config(dict(FLASH, kv_source_layer_ids=[0, 42]), "flash")
+    assert g.kv_source_layer_ids == (0, 42)
