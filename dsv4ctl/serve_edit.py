@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -266,7 +267,110 @@ def apply_changes(text: str, changes: Sequence[Change], label: str) -> str:
     return out
 
 
-def unified_diff(old: str, new: str, path: str) -> str:
-    """A unified diff ``a/path`` → ``b/path`` (empty when nothing changed)."""
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+def unified_diff(old: str, new: str, path: str, mask: bool = True) -> str:
+    """A unified diff ``a/path`` → ``b/path`` (empty when nothing changed).
+
+    With ``mask`` (the default) the values of secret-looking keys are shown as ``***``
+    (:func:`redact`); the files themselves keep the real values."""
+    out = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                       fromfile=f"a/{path}", tofile=f"b/{path}"))
+    return redact(out, diff=True) if mask else out
+
+
+_SECRET_NAME = re.compile(r"(secret|password|passwd|credential)|((^|[-_.])(api[-_]?key|access[-_]?key|private[-_]?key"
+                          r"|auth[-_]?key|token|pwd))$", re.I)
+_LINE = re.compile(r"^(?P<pre>\s*)(?P<q>[\"']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>[ \t]*:)(?P<val>(?:[ \t].*)?)$")
+_INNER = re.compile(r"(?P<q>\\?[\"']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>\s*:\s*)"
+                    r"(?P<val>\\\"(?:[^\\]|\\[^\"])*?\\\"|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^,}\]\s]+)")
+MASK = "***"
+
+
+def is_secret_key(name: str) -> bool:
+    """True for a key whose value must not be shown: ``api-key``, ``admin-api-key``,
+    ``ssl-keyfile-password``, anything with secret/password/credential, or ending in
+    ``token``/``access-key``/``private-key`` (``max-total-tokens``, ``routing-key`` are not secret)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def _mask_inner(val: str) -> str:
+    def sub(m: re.Match) -> str:
+        if not is_secret_key(m.group("key")):
+            return m.group(0)
+        v = m.group("val")
+        q = '\\"' if v.startswith('\\"') else (v[0] if v[0] in "\"'" else "")
+        return f"{m.group('q')}{m.group('key')}{m.group('q')}{m.group('sep')}{q}{MASK}{q}"
+    return _INNER.sub(sub, val)
+
+
+def redact(text: str, diff: bool = False) -> str:
+    """``text`` (YAML lines, or a unified diff of them with ``diff``) with the values of secret keys
+    replaced by ``***``: top-level ``api-key: X`` → ``api-key: ***`` (a block value on the following
+    more-indented lines is masked too) and secret keys inside inline JSON/flow mappings
+    (``hicache-storage-backend-extra-config: '{"secret_key": "X"}'`` → ``"secret_key": "***"``)."""
+    out = []
+    block = None      # indent of a secret key whose value continues on the next lines
+    for raw in text.splitlines(keepends=True):
+        body = raw.rstrip("\r\n")
+        nl = raw[len(body):]
+        pre = ""
+        if diff and body[:1] in ("-", "+", " ") and not body.startswith(("--- ", "+++ ")):
+            pre, body = body[0], body[1:]
+        elif diff:
+            out.append(raw)
+            block = None
+            continue
+        if block is not None:
+            ind = len(body) - len(body.lstrip(" "))
+            if body.strip() and ind > block:
+                out.append(pre + " " * ind + MASK + nl)
+                continue
+            if body.strip():
+                block = None
+        m = _LINE.match(body)
+        if m and is_secret_key(m.group("key")):
+            val = m.group("val").strip()
+            if not val or val[0] in "|>" or val.startswith("#"):
+                block = len(m.group("pre"))
+                out.append(pre + body + nl)
+            else:
+                out.append(pre + body[:m.start("val")] + " " + MASK + nl)
+            continue
+        if m and m.group("val").strip():
+            # skip the value's first character (a YAML quote or "{"): the inner pairs are masked
+            cut = m.start("val") + (len(m.group("val")) - len(m.group("val").lstrip())) + 1
+            out.append(pre + body[:cut] + _mask_inner(body[cut:]) + nl)
+            continue
+        out.append(pre + _mask_inner(body) + nl)
+    return "".join(out)
+
+
+def secret_values(data: Any) -> set[str]:
+    """The values (as strings, 4+ characters) of secret keys in a parsed serve config, including
+    secret keys inside JSON-string values such as ``hicache-storage-backend-extra-config``; used to
+    scrub any output that could echo them (:func:`scrub`)."""
+    import json
+    out: set[str] = set()
+
+    def walk(obj: Any, secret: bool) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, secret or is_secret_key(str(k)))
+        elif isinstance(obj, list):
+            for v in obj:
+                walk(v, secret)
+        elif isinstance(obj, str) and not secret and obj.lstrip().startswith(("{", "[")):
+            try:
+                walk(json.loads(obj), False)
+            except ValueError:
+                pass
+        elif secret and obj is not None and not isinstance(obj, bool) and len(str(obj)) >= 4:
+            out.add(str(obj))
+    walk(data, False)
+    return out
+
+
+def scrub(text: str, secrets: set[str]) -> str:
+    """``text`` with every occurrence of the given secret values replaced by ``***``."""
+    for v in sorted(secrets, key=len, reverse=True):
+        text = text.replace(v, MASK)
+    return text

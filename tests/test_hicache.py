@@ -175,3 +175,109 @@ def test_status_against_running_standin_servers(site):
     assert r.code == 3 and "unreachable" in r.out and r.err.startswith("dsv4ctl: error: hicache status: prefill")
     r = run_cli("hicache", "status", str(site["profile"]), "--no-server", "--markdown")
     assert r.code == 0 and "| prefill | prefill | b200-0 | on ratio 3.0 write_through page_first/kernel | - | not queried |" in r.out
+
+
+# --- adversarial-review fixes: secrets, all-or-nothing writes, symlinks, exact bytes -------------
+
+SECRETS = ("SUPERSECRET1", "ADMINSECRET2", "S3SECRETKEY", "PWSECRET4")
+
+
+def _add_secrets(path: Path) -> None:
+    """Secret keys around the enable line, so they are diff context lines."""
+    on = "enable-hierarchical-cache: true\n"
+    path.write_text(path.read_text().replace(on, "ssl-keyfile-password: PWSECRET4\n" + on
+                    + "api-key: SUPERSECRET1\nadmin-api-key: 'ADMINSECRET2'   # rotate monthly\n"
+                    + "hicache-storage-backend-extra-config: '{\"master_server_address\": \"10.0.0.5:50051\", "
+                    + "\"secret_key\": \"S3SECRETKEY\"}'\n"))
+
+
+@pytest.mark.parametrize("extra", [["--dry-run"], ["--dry-run", "--json"], [], ["--json"]])
+def test_secrets_never_appear_in_output_but_stay_in_the_file(site, extra):
+    _add_secrets(site["prefill"])
+    r = run_cli("hicache", "off", str(site["profile"]), *extra)
+    assert r.code == 0, r.err
+    for s in SECRETS:
+        assert s not in r.out and s not in r.err
+    diff = r.json()["groups"][0]["diff"] if "--json" in extra else r.out
+    assert " api-key: ***\n" in diff and " admin-api-key: ***\n" in diff
+    assert '"master_server_address": "10.0.0.5:50051", "secret_key": "***"' in diff
+    assert " ssl-keyfile-password: ***\n" in diff
+    text = site["prefill"].read_text()
+    assert all(s in text for s in SECRETS)       # the file keeps the real values
+    assert ("enable-hierarchical-cache: false" in text) == ("--dry-run" not in extra)
+
+
+def test_secret_in_a_lint_error_message_is_masked(site):
+    _add_secrets(site["prefill"])
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--mem-layout", "page_head")
+    assert r.code == 2 and "DSV104" in r.err
+    for s in SECRETS:
+        assert s not in r.out and s not in r.err
+
+
+def _two_folder_site(site, tmp_path):
+    """decode.yaml moved to its own folder and given HiCache keys, so `off` must change both files."""
+    d2 = tmp_path / "dec"
+    d2.mkdir()
+    dec = d2 / "decode.yaml"
+    dec.write_text(site["decode"].read_text() + "enable-hicache: true\nhicache-ratio: 1.0\n"
+                   + "# " + "x" * 6000 + "\n")
+    site["decode"].unlink()
+    site["profile"].write_text(site["profile"].read_text().replace("serve_config: cfg/decode.yaml",
+                                                                   f"serve_config: {dec}"))
+    return dec
+
+
+def test_off_is_all_or_nothing_when_one_file_cannot_be_written(site, tmp_path):
+    """A write that fails for the second file (here: the file-size limit makes writing decode.yaml's
+    6 kB temp file fail with EFBIG, which works as root too) leaves both files untouched."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    dec = _two_folder_site(site, tmp_path)
+    before = {p: p.read_bytes() for p in (site["prefill"], dec)}
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "hicache", "off", str(site["profile"])], cwd=REPO,
+                       env=dict(os.environ, COLUMNS="200", NO_COLOR="1"), capture_output=True, text=True,
+                       preexec_fn=limit, timeout=120)
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    assert p.stderr.startswith("dsv4ctl: error: ") and p.stderr.count("\n") == 1, p.stderr
+    assert "Traceback" not in p.stderr and "no file was changed" in p.stderr and "decode.yaml" in p.stderr
+    assert {p_: p_.read_bytes() for p_ in before} == before
+    assert sorted(x.name for x in site["prefill"].parent.iterdir()) == ["prefill.yaml"]   # no temp left
+    assert sorted(x.name for x in dec.parent.iterdir()) == ["decode.yaml"]
+    r = run_cli("hicache", "off", str(site["profile"]))        # without the limit both are written
+    assert r.code == 0, r.err
+    assert b"enable-hierarchical-cache: false" in site["prefill"].read_bytes()
+    assert b"enable-hicache: false" in dec.read_bytes()
+
+
+@pytest.mark.skipif(__import__("os").geteuid() == 0, reason="root ignores folder permissions")
+def test_off_is_all_or_nothing_with_a_read_only_folder(site, tmp_path):
+    dec = _two_folder_site(site, tmp_path)
+    before = {p: p.read_bytes() for p in (site["prefill"], dec)}
+    dec.parent.chmod(0o555)
+    try:
+        r = run_cli("hicache", "off", str(site["profile"]))
+    finally:
+        dec.parent.chmod(0o755)
+    assert r.code == 3 and "Traceback" not in r.err and "no file was changed" in r.err
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_symlinked_config_is_written_through_to_its_target(site, tmp_path):
+    real = tmp_path / "real" / "prefill.yaml"
+    real.parent.mkdir()
+    site["prefill"].rename(real)
+    real.chmod(0o640)
+    site["prefill"].symlink_to(real)
+    orig = real.read_bytes()
+    r = run_cli("hicache", "off", str(site["profile"]), "-g", "prefill")
+    assert r.code == 0, r.err
+    assert site["prefill"].is_symlink() and site["prefill"].resolve() == real
+    assert real.read_bytes() == orig.replace(b"enable-hierarchical-cache: true", b"enable-hierarchical-cache: false")
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert sorted(x.name for x in real.parent.iterdir()) == ["prefill.yaml"]

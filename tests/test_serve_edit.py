@@ -136,3 +136,42 @@ def test_property_result_parses_to_intended_mapping(ops):
     for l in TEXT.splitlines():
         if l.startswith("#"):
             assert l in new.splitlines()
+
+
+# --- secrets are masked in everything dsv4ctl prints ------------------------------------------
+
+from dsv4ctl.serve_edit import is_secret_key, redact, scrub, secret_values  # noqa: E402
+
+
+@pytest.mark.parametrize("name,secret", [
+    ("api-key", True), ("admin-api-key", True), ("ssl-keyfile-password", True), ("hf_token", True),
+    ("secret_key", True), ("access_key", True), ("aws-credentials", True), ("max-total-tokens", False),
+    ("routing-key", False), ("ssl-keyfile", False), ("tokenizer-path", False), ("hicache-ratio", False),
+])
+def test_is_secret_key(name, secret):
+    assert is_secret_key(name) is secret
+
+
+def test_redact_masks_values_lines_blocks_and_inner_json():
+    text = ('api-key: SUPERSECRET1\n"admin-api-key": "A D M" # c\r\nmax-total-tokens: 100\n'
+            "hicache-storage-backend-extra-config: '{\"master\": \"m:1\", \"secret_key\": \"S3\", \"n\": 1}'\n"
+            'x: "{\\"access_key\\": \\"ESC\\", \\"a\\": 1}"\nssl-keyfile-password: |\n  BLOCK1\n  BLOCK2\nport: 1')
+    assert redact(text) == (
+        'api-key: ***\n"admin-api-key": ***\r\nmax-total-tokens: 100\n'
+        "hicache-storage-backend-extra-config: '{\"master\": \"m:1\", \"secret_key\": \"***\", \"n\": 1}'\n"
+        'x: "{\\"access_key\\": \\"***\\", \\"a\\": 1}"\nssl-keyfile-password: |\n  ***\n  ***\nport: 1')
+
+
+def test_unified_diff_masks_context_and_changed_lines():
+    old = "api-key: OLDSECRET\nenable-hicache: true\n"
+    new = "api-key: NEWSECRET\nenable-hicache: false\n"
+    d = unified_diff(old, new, "p.yaml")
+    assert "SECRET" not in d and "-api-key: ***\n-enable-hicache: true\n+api-key: ***\n" in d
+    assert "OLDSECRET" in unified_diff(old, new, "p.yaml", mask=False)
+
+
+def test_secret_values_and_scrub():
+    data = {"api-key": "SUPERSECRET1", "port": 30000, "x": "abc",
+            "hicache-storage-backend-extra-config": '{"secret_key": "S3KEY", "master": "m:1"}'}
+    assert secret_values(data) == {"SUPERSECRET1", "S3KEY"}
+    assert scrub("key SUPERSECRET1 and S3KEY; m:1", secret_values(data)) == "key *** and ***; m:1"

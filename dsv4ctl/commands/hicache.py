@@ -28,6 +28,7 @@ class Edit:
     new: str
     diff: str
     findings: list
+    secrets: frozenset = frozenset()
 
 
 def select_groups(prof, names: list[str], action: str):
@@ -50,21 +51,22 @@ def prepare_edits(prof, groups, action: str, opts, tree: Optional[str]) -> list[
     Raises InputError (exit 2) for a missing file, a YAML error, a bad option value, or a lint
     error in an edited file (the first error, one line)."""
     from ..argtable import load_table
-    from ..configs import build_input, parse_config_text, read_config_text, restrict
+    from ..configs import build_input, parse_config_text, restrict
     from ..hicache import changes_for
     from ..lint import lint
-    from ..serve_edit import apply_changes, unified_diff
+    from ..serve_edit import apply_changes, secret_values, unified_diff
 
     table = load_table()
     edits: list[Edit] = []
     for g in groups:
         if g.serve_config is None:
             raise InputError(f"{prof.path}: group {g.name}: no serve_config")
-        old = read_config_text(g.serve_config)
+        old = read_exact(g.serve_config)
         cfg = parse_config_text(old, str(g.serve_config))
         changes = changes_for(action, cfg.data, opts, table, str(g.serve_config))
         new = apply_changes(old, changes, str(g.serve_config)) if changes else old
-        edits.append(Edit(g.name, g.serve_config, old, new, unified_diff(old, new, _rel(g.serve_config)), []))
+        edits.append(Edit(g.name, g.serve_config, old, new, unified_diff(old, new, _rel(g.serve_config)), [],
+                          frozenset(secret_values(cfg.data))))
     changed = [e for e in edits if e.new != e.old]
     if changed:
         inp = build_input(prof, None, tree, texts={e.group: e.new for e in changed})
@@ -73,8 +75,10 @@ def prepare_edits(prof, groups, action: str, opts, tree: Optional[str]) -> list[
             e.findings = [f for f in findings if f.file == str(e.path) or f.group == e.group]
         errs = [f for f in findings if f.severity == "error"]
         if errs:
-            raise InputError(f"hicache {action}: not written: {errs[0].format()}"
-                             + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""))
+            from ..serve_edit import scrub
+            raise InputError(scrub(f"hicache {action}: not written: {errs[0].format()}"
+                                   + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""),
+                                   set().union(*(e.secrets for e in edits))))
     return edits
 
 
@@ -85,24 +89,89 @@ def _rel(p: Path) -> str:
         return str(p).lstrip("/")
 
 
-def write_local(path: Path, text: str) -> None:
-    """Atomic local write: a temp file in the same folder, fsync, keep the mode, rename."""
+def read_exact(path: Path) -> str:
+    """A local serve config's text exactly as stored: bytes decoded as UTF-8 with no newline
+    translation, so CRLF/CR line ends and a missing final newline survive an edit.
+
+    InputError (exit 2) for a missing/unreadable file, a bad suffix or bytes that are not UTF-8."""
+    from ..configs import check_suffix
     path = Path(path)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    check_suffix(path)
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a serve config") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def write_all(files: list[tuple[Path, str]]) -> None:
+    """Write several local files as one step: all or nothing.
+
+    Each target is resolved first (a symlinked serve config is written through to its target; the
+    link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
+    and gives it the target's mode; any failure removes every temp file and raises DsvError (exit 3,
+    no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs the
+    folders; if a rename fails, the files already renamed get their old bytes back the same way."""
+    staged: list[tuple[Path, str, bytes]] = []      # (target, temp path, old bytes)
+    try:
+        for path, text in files:
+            target = Path(os.path.realpath(path))
+            st = target.stat()
+            old = target.read_bytes()
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            staged.append((target, tmp, old))
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, st.st_mode & 0o7777)
+    except OSError as e:
+        _unlink_all(t for _, t, _ in staged)
+        where = e.filename or (staged[-1][0] if staged else (files[0][0] if files else "?"))
+        raise DsvError(f"{where}: cannot write ({e.strerror or e}); no file was changed", EXIT_REMOTE) from None
+    done: list[tuple[Path, bytes]] = []
+    try:
+        for target, tmp, old in staged:
+            os.replace(tmp, target)
+            done.append((target, old))
+    except OSError as e:
+        _unlink_all(t for _, t, _ in staged[len(done):])
+        for target, old in done:
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(old)
+                os.replace(tmp, target)
+            except OSError:
+                pass
+        raise DsvError(f"{e.filename or '?'}: rename failed ({e.strerror or e}); files put back", EXIT_REMOTE) from None
+    for d in {t.parent for t, _ in done}:
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
             pass
-        raise
+
+
+def _unlink_all(paths) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def write_local(path: Path, text: str) -> None:
+    """Atomic local write of one file (see :func:`write_all`)."""
+    write_all([(Path(path), text)])
 
 
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
@@ -118,29 +187,29 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     opts = Options(ratio=ratio, write_policy=write_policy, io_backend=io_backend, mem_layout=mem_layout,
                    storage_backend=storage_backend)
     edits = prepare_edits(prof, groups, action, opts, tree)
+    out = _printer(set().union(*(e.secrets for e in edits)))
     if remote:
         _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout)
         return
     changed = [e for e in edits if e.new != e.old]
-    if not dry_run:
-        for e in changed:
-            write_local(e.path, e.new)
+    if not dry_run and changed:
+        write_all([(e.path, e.new) for e in changed])
     if as_json:
-        print(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run,
+        out(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run,
                              groups=[dict(group=e.group, file=str(e.path), changed=e.new != e.old,
                                           written=(e.new != e.old) and not dry_run, diff=e.diff,
                                           findings=[f.to_dict() for f in e.findings]) for e in edits])))
         return
     for e in edits:
         if e.new == e.old:
-            print(f"{e.group}: {e.path}: HiCache already {action}, unchanged")
+            out(f"{e.group}: {e.path}: HiCache already {action}, unchanged")
             continue
-        print(e.diff, end="" if e.diff.endswith("\n") else "\n")
+        out(e.diff, end="" if e.diff.endswith("\n") else "\n")
         for f in e.findings:
-            print(f.format())
+            out(f.format())
     if changed:
         verb = "dry run: would write" if dry_run else "wrote"
-        print(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
+        out(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
 
 
 def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout) -> None:
@@ -153,34 +222,34 @@ def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, hea
     transports = {h: connect(prof.hosts[h], hosts=prof.hosts) for h in hosts}
     try:
         redits = hr.plan_remote(prof, groups, action, opts, tree, transports)
+        out = _printer(set().union(*(e.secrets for e in local_edits), *(_secrets_of(e.old) for e in redits)))
         acts = hr.actions(prof, redits)
         if not as_json:
             for e in redits:
                 if e.new == e.old:
-                    print(f"{e.group}: {e.host}:{e.path}: HiCache already {action}, unchanged")
+                    out(f"{e.group}: {e.host}:{e.path}: HiCache already {action}, unchanged")
                 else:
-                    print(e.diff, end="")
+                    out(e.diff, end="")
                     for f in e.findings:
-                        print(f.format())
+                        out(f.format())
             if dry_run:
                 for line in describe_actions(acts):
-                    print(f"dry run: {line}")
+                    out(f"dry run: {line}")
                 for e in redits:
                     if e.new != e.old:
-                        print(f"dry run: wait for {e.url}/health, append to {e.host}:{e.root}/audit.jsonl")
+                        out(f"dry run: wait for {e.url}/health, append to {e.host}:{e.root}/audit.jsonl")
         timeout = health_timeout if health_timeout is not None else float(prof.deploy.get("health_timeout_s", 900))
         err = None
         if not dry_run:
             try:
-                hr.apply_remote(prof, redits, transports, action, timeout, log=(lambda s: None) if as_json else print)
+                hr.apply_remote(prof, redits, transports, action, timeout, log=(lambda s: None) if as_json else out)
             except DsvError as e:
                 err = e
         changed_local = [e for e in local_edits if e.new != e.old]
-        if not dry_run and err is None:
-            for e in changed_local:
-                write_local(e.path, e.new)
+        if not dry_run and err is None and changed_local:
+            write_all([(e.path, e.new) for e in changed_local])
         if as_json:
-            print(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run, remote=True,
+            out(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run, remote=True,
                                  groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
                                               written=(e.new != e.old) and not dry_run and not e.rolled_back and err is None,
                                               backup=e.backup if e.new != e.old else None, diff=e.diff,
@@ -190,19 +259,38 @@ def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, hea
                                         for e in local_edits])))
         else:
             for e in changed_local:
-                print(e.diff, end="")
+                out(e.diff, end="")
             if not dry_run and err is None:
                 done = [e for e in redits if e.new != e.old]
                 for e in done:
                     how = (e.restart or {}).get("how", "?")
-                    print(f"{e.host}: {e.group}: wrote {e.path} (backup {e.backup}), restarted ({how}), healthy")
+                    out(f"{e.host}: {e.group}: wrote {e.path} (backup {e.backup}), restarted ({how}), healthy")
                 if changed_local:
-                    print(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
+                    out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
         if err is not None:
             raise err
     finally:
         for t in transports.values():
             t.close()
+
+
+def _secrets_of(text: str) -> set[str]:
+    from ..serve_edit import secret_values
+    import yaml
+    try:
+        return secret_values(yaml.safe_load(text))
+    except yaml.YAMLError:
+        return set()
+
+
+def _printer(secrets: set[str]):
+    """``print`` that replaces the serve configs' secret values with ``***`` (diffs are already
+    masked line by line; this also covers findings, JSON and host output)."""
+    from ..serve_edit import scrub
+
+    def out(s: str = "", end: str = "\n") -> None:
+        print(scrub(s, secrets), end=end)
+    return out
 
 
 def _opts_doc():
