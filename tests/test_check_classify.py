@@ -373,3 +373,72 @@ def test_percentile_linear():
     assert S.percentile([5], 99) == 5
     with pytest.raises(ValueError):
         S.percentile([1], 101)
+
+
+# --- size limits and JSON shapes (hostile servers) ---------------------------------------------
+def test_sse_line_over_limit_is_a_protocol_error_without_keeping_it():
+    d = C.SSEDecoder()
+    assert d.feed(b"data: " + b"x" * (C.MAX_SSE_LINE - 6)) == []
+    with pytest.raises(C.ProtocolError, match=f"SSE line longer than {C.MAX_SSE_LINE} bytes"):
+        d.feed(b"xx")
+    # many data lines of one event that together exceed the limit
+    d = C.SSEDecoder()
+    line = b"data: " + b"y" * 1000 + b"\n"
+    with pytest.raises(C.ProtocolError, match="SSE event data longer than"):
+        for _ in range(C.MAX_SSE_LINE // 1000 + 2):
+            d.feed(line)
+    with pytest.raises(C.ProtocolError, match="not UTF-8"):
+        C.SSEDecoder().feed(b"data: \xff\xfe\n\n")
+
+
+def test_assembled_content_over_limit_is_a_protocol_error():
+    a = C.StreamAssembler()
+    piece = "z" * (1 << 20)
+    for _ in range(C.MAX_CONTENT >> 20):
+        a.feed_chunk({"choices": [{"index": 0, "delta": {"content": piece}}]})
+    with pytest.raises(C.ProtocolError, match=f"assembled response longer than {C.MAX_CONTENT} characters"):
+        a.feed_chunk({"choices": [{"index": 0, "delta": {"reasoning_content": "z"}}]})
+    a = C.StreamAssembler()
+    with pytest.raises(C.ProtocolError, match="assembled response longer"):
+        for i in range(C.MAX_CONTENT // 64 + 1):     # endless distinct tool-call indexes
+            a.feed_chunk({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i}]}}]})
+
+
+@pytest.mark.parametrize("chunk,msg", [
+    ({"choices": [None]}, "choices[] is NoneType, not an object"),
+    ({"choices": "x"}, "choices is str, not a list"),
+    ({"choices": [], "usage": "lots"}, "usage is str, not an object"),
+    ({"choices": [{"index": 0, "delta": {"content": ["a"]}}]}, "delta.content is list, not a string"),
+    ({"choices": [{"index": 0, "delta": "hi"}]}, "delta is str, not an object"),
+    ({"choices": [{"index": 0, "delta": {"tool_calls": [None]}}]}, "tool_calls[] is NoneType, not an object"),
+    ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": True}]}}]}, "without an integer index"),
+    ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": 5}}]}}]},
+     "function.name is int, not a string"),
+    ({"choices": [{"index": 0, "finish_reason": 7}]}, "finish_reason is int, not a string"),
+    ({"id": [1], "choices": []}, "id is list, not a string"),
+])
+def test_stream_chunks_of_the_wrong_shape_are_protocol_errors(chunk, msg):
+    with pytest.raises(C.ProtocolError) as e:
+        C.StreamAssembler().feed_chunk(chunk)
+    assert str(e.value).endswith(msg)
+
+
+@pytest.mark.parametrize("body,msg", [
+    ({"choices": [None]}, "choices[0] is NoneType, not an object"),
+    ({"choices": [{"message": "hi"}]}, "message is str, not an object"),
+    ({"choices": [{"message": {"content": "ok"}}], "usage": "lots"}, "usage is str, not an object"),
+    ({"choices": [{"message": {"content": ["a"]}}]}, "message.content is list, not a string"),
+    ({"choices": [{"message": {"tool_calls": {"a": 1}}}]}, "message.tool_calls is dict, not a list"),
+    ({"choices": [{"message": {"tool_calls": [{"function": {"name": 5}}]}}]}, "function.name is int, not a string"),
+    ({"choices": [{"message": {}, "finish_reason": 7}]}, "finish_reason is int, not a string"),
+])
+def test_completions_of_the_wrong_shape_are_protocol_errors(body, msg):
+    with pytest.raises(C.ProtocolError) as e:
+        C.parse_completion(body)
+    assert str(e.value) == msg
+
+
+def test_completion_with_good_usage_keeps_it():
+    r = C.parse_completion({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+                            "usage": {"completion_tokens": 3}})
+    assert (r.content, r.finish_reason, r.usage) == ("ok", "stop", {"completion_tokens": 3})

@@ -3,7 +3,10 @@
 One asyncio task per concurrent session; each sends its turns back to back (no think time), reads
 the answer (SSE or JSON), classifies it with :mod:`.classify` and hands a per-turn record to a
 callback. "No progress within the stall timeout" is aiohttp's ``sock_read`` timeout: no byte of
-the response (headers or body) for ``stall_timeout`` seconds → the turn is ``stuck``.
+the response (headers or body) for ``stall_timeout`` seconds → the turn is ``stuck``; so is a turn
+whose complete answer has not arrived within ``turn_timeout`` seconds (a server dripping bytes).
+Bodies are read with the size limits of :mod:`.classify` (``MAX_JSON_BODY``, ``MAX_SSE_LINE``,
+``MAX_CONTENT``); a response over a limit is a protocol error, never a MemoryError.
 """
 
 from __future__ import annotations
@@ -20,11 +23,29 @@ import aiohttp
 from . import classify as C
 from .workload import TOOLS, Session, body_bytes
 
+DEFAULT_TURN_TIMEOUT = 600.0     # seconds for one complete answer (``--turn-timeout``)
+
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
 
 
 class ConnectError(Exception):
     """The target cannot be reached at all (connection refused, DNS, TLS)."""
+
+
+class BadResponse(Exception):
+    """The target answered, but with a body over :data:`classify.MAX_JSON_BODY` bytes."""
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body of ``resp``, or C.ProtocolError as soon as it exceeds ``limit`` bytes
+    (nothing past the limit is kept in memory)."""
+    parts, n = [], 0
+    async for data in resp.content.iter_any():
+        n += len(data)
+        if n > limit:
+            raise C.ProtocolError(f"response body larger than {limit} bytes")
+        parts.append(data)
+    return b"".join(parts)
 
 
 @dataclass
@@ -57,10 +78,15 @@ def make_client(concurrency: int, stall_timeout: float, api_key: Optional[str] =
 
 
 async def fetch_json(http: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> tuple[int, Any]:
-    """GET ``url``: (status, parsed JSON or text). Raises ConnectError when unreachable."""
+    """GET ``url``: (status, parsed JSON or text; bytes that are not UTF-8 are replaced).
+    Raises ConnectError when unreachable or no complete answer within ``timeout`` seconds,
+    BadResponse for a body over ``C.MAX_JSON_BODY`` bytes."""
     try:
         async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            text = await r.text()
+            try:
+                text = (await read_capped(r, C.MAX_JSON_BODY)).decode("utf-8", "replace")
+            except C.ProtocolError as e:
+                raise BadResponse(f"{url}: {e}") from None
             try:
                 return r.status, json.loads(text)
             except ValueError:
@@ -93,8 +119,8 @@ async def scrape_metrics(http: aiohttp.ClientSession, base: str) -> Optional[dic
         async with http.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
                 return None
-            text = await r.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            text = (await read_capped(r, C.MAX_JSON_BODY)).decode("utf-8", "replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, C.ProtocolError):
         return None
     out: dict[str, float] = {}
     try:
@@ -103,29 +129,37 @@ async def scrape_metrics(http: aiohttp.ClientSession, base: str) -> Optional[dic
                 if s.labels.get("cache_source") == "total":
                     continue
                 out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    except ValueError:
+    except (ValueError, IndexError, TypeError, KeyError):
         return None
     return out
 
 
-async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bool) -> tuple[C.TurnResult, dict]:
+async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bool,
+                   turn_timeout: float = DEFAULT_TURN_TIMEOUT) -> tuple[C.TurnResult, dict]:
     """Send one turn; return what arrived and timings {ttft_s, e2e_s, gaps, chunks}.
 
-    Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult."""
+    Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult.
+    ``turn_timeout``: seconds for the complete answer (past it the turn is ``stalled``, even if
+    bytes keep trickling in); the session's ``sock_read`` timeout is the no-progress limit."""
     t0 = time.perf_counter()
     timing: dict[str, Any] = {"ttft_s": None, "e2e_s": None, "gaps": [], "chunks": 0}
+    sock_read = http.timeout.sock_read
     try:
-        async with http.post(url, data=body_bytes(body), headers=JSON_HEADERS) as resp:
+        async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=JSON_HEADERS) as resp:
             if resp.status != 200:
-                text = (await resp.text())[:200]
+                text = (await resp.content.read(4096)).decode("utf-8", "replace")[:200]
                 timing["e2e_s"] = time.perf_counter() - t0
                 return C.TurnResult(http_status=resp.status, error=f"HTTP {resp.status}: {text.strip()}"), timing
             if not stream:
-                raw = await resp.read()
+                try:
+                    raw = await read_capped(resp, C.MAX_JSON_BODY)
+                except C.ProtocolError as e:
+                    timing["e2e_s"] = time.perf_counter() - t0
+                    return C.TurnResult(http_status=200, error=f"protocol: {e}"), timing
                 timing["e2e_s"] = time.perf_counter() - t0     # no first token to time without SSE
                 try:
                     return C.parse_completion(json.loads(raw)), timing
-                except ValueError as e:     # ProtocolError is a ValueError, as is a JSON error
+                except (ValueError, RecursionError) as e:     # ProtocolError and JSON/UTF-8 errors are ValueErrors
                     return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
             dec, asm = C.SSEDecoder(), C.StreamAssembler()
             last = None
@@ -145,13 +179,14 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                 timing["chunks"] = asm.chunks
                 timing["e2e_s"] = time.perf_counter() - t0
                 return asm.result(), timing
-            except (C.ProtocolError, UnicodeDecodeError) as e:
+            except (ValueError, RecursionError) as e:     # ProtocolError, UnicodeDecodeError
                 timing["e2e_s"] = time.perf_counter() - t0
                 return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
     except asyncio.TimeoutError:
-        timing["e2e_s"] = time.perf_counter() - t0
-        return C.TurnResult(http_status=None, stalled=True,
-                            error=f"no progress for {http.timeout.sock_read:g} s"), timing
+        timing["e2e_s"] = e2e = time.perf_counter() - t0
+        why = (f"no complete answer within {turn_timeout:g} s" if e2e >= turn_timeout * 0.999
+               or sock_read is None else f"no progress for {sock_read:g} s")
+        return C.TurnResult(http_status=None, stalled=True, error=why), timing
     except aiohttp.ClientError as e:
         timing["e2e_s"] = time.perf_counter() - t0
         return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
@@ -160,12 +195,14 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
 async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurrency: int, turns: int,
                     target: int, stream: str = "mixed", answer_words: int = 150,
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
-                    label: str = "", stop: Optional[Callable[[], bool]] = None) -> LevelRun:
+                    label: str = "", stop: Optional[Callable[[], bool]] = None,
+                    turn_timeout: float = DEFAULT_TURN_TIMEOUT) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
     ``dsv4ctl-<run_id><label>-c<concurrency>-s<session>-t<turn>-<n>`` (sent as SGLang's ``rid``).
-    ``stop()`` returning True makes every worker stop before its next turn (interrupts)."""
+    ``stop()`` returning True makes every worker stop before its next turn (interrupts).
+    ``turn_timeout``: seconds for one complete answer (see :func:`run_turn`)."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     specs = C.tool_specs(TOOLS)
     level = LevelRun(url=url, concurrency=concurrency, target=target)
@@ -184,7 +221,7 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                 spec = s.spec()
                 rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"
                 t_start = time.time()
-                result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream)
+                result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream, turn_timeout)
                 v = C.classify(result, requires_tool=spec.requires_tool, tools=specs)
                 rec = {
                     "run": run_id, "url": url, "concurrency": concurrency, "session": sid, "turn": spec.index,

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import aiohttp
 
 from . import classify as C
-from .driver import ConnectError, fetch_json, run_turn
+from .driver import BadResponse, ConnectError, fetch_json, run_turn
 from .workload import TOOLS, Session
 
 EXPECT_VERSION = "0.5.23"
@@ -70,7 +70,9 @@ def judge_server_info(info: Any, worker: Worker) -> dict:
 
 async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] = None,
                     timeout: float = 60.0, api_key: Optional[str] = None) -> tuple[list[dict], bool]:
-    """All smoke lines and whether the entry URL was reachable at all. ``api_key``: bearer token."""
+    """All smoke lines and whether the entry URL was reachable at all. ``api_key``: bearer token.
+    ``timeout``: seconds for each probe's complete answer (also the no-progress limit); a body over
+    the size limits of :mod:`.classify` fails its line."""
     from .driver import auth_headers
     out: list[dict] = []
     specs = C.tool_specs(TOOLS)
@@ -81,12 +83,14 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                 status, _ = await fetch_json(http, w.url + "/health", timeout=timeout)
                 out.append(line("health", w.name, "pass" if status == 200 else "fail",
                                 "200" if status == 200 else f"HTTP {status}", url=w.url))
-            except ConnectError as e:
+            except (ConnectError, BadResponse) as e:
                 out.append(line("health", w.name, "fail", str(e), url=w.url))
         reachable = True
         try:
             status, doc = await fetch_json(http, entry + "/v1/models", timeout=timeout)
-            ids = [m.get("id") for m in (doc.get("data") or [])] if isinstance(doc, dict) else []
+            data = doc.get("data") if isinstance(doc, dict) else None
+            ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+                if isinstance(data, list) else []
             if status == 200 and ids:
                 out.append(line("models", entry, "pass", ", ".join(map(str, ids)), models=ids))
                 model = model or ids[0]
@@ -95,6 +99,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         except ConnectError as e:
             out.append(line("models", entry, "fail", str(e)))
             reachable = False
+        except BadResponse as e:
+            out.append(line("models", entry, "fail", str(e)))
         for w in workers:
             try:
                 info = None
@@ -107,7 +113,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                     out.append(line("server_info", w.name, "skip", f"no /server_info (HTTP {status})"))
                 else:
                     out.append(judge_server_info(info, w))
-            except ConnectError as e:
+            except (ConnectError, BadResponse) as e:
                 out.append(line("server_info", w.name, "fail", str(e)))
         if not reachable:
             return out, False
@@ -115,7 +121,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         model = model or "default"
         body = {"model": model, "messages": [{"role": "user", "content": "Reply with one short sentence."}],
                 "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"}
-        res, timing = await run_turn(http, url, body, False)
+        res, timing = await run_turn(http, url, body, False, timeout)
         v = C.classify(res, requires_tool=False, tools=specs)
         out.append(line("chat", entry, "pass" if v.ok else "fail",
                         f"{res.finish_reason}, {len(res.content)} chars, {timing['e2e_s']:.2f} s" if v.ok else
@@ -123,7 +129,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         for name, stream in (("tool_call", False), ("tool_call_stream", True)):
             s = Session(sid=0, turns=2, stream=stream)
             rid = f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"
-            res, timing = await run_turn(http, url, s.request(model, rid), stream)
+            res, timing = await run_turn(http, url, s.request(model, rid), stream, timeout)
             v = C.classify(res, requires_tool=True, tools=specs)
             ok = v.ok and res.finish_reason == "tool_calls"
             reason = (f"{res.tool_calls[0].name}({res.tool_calls[0].arguments[:60]}), finish_reason tool_calls"

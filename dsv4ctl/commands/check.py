@@ -35,6 +35,43 @@ def _parse_levels(text: str) -> list[int]:
     return levels
 
 
+def _positive_seconds(value: float, option: str) -> float:
+    """``value`` if it is a finite number > 0, else InputError naming ``option``."""
+    import math
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{option} {value!r}: expected a finite number of seconds > 0")
+    return value
+
+
+def _check_api_key(key: Optional[str]) -> None:
+    """A bearer token must be printable ASCII (it goes into an HTTP header); the key itself is
+    never echoed."""
+    if key is not None and not all(0x21 <= ord(c) <= 0x7e for c in key):
+        raise InputError("--api-key / DSV4CTL_API_KEY: must be printable ASCII without spaces or "
+                         "control characters (key not shown)")
+
+
+def _open_records(records: Path):
+    """Open ``records`` for line-buffered writing and prove a write goes through (a full disk or
+    /dev/full fails here, before any load is sent). InputError if not writable."""
+    import os
+    import stat
+    try:
+        f = open(records, "w", encoding="utf-8", buffering=1)   # line-buffered: records survive a crash
+    except OSError as e:
+        raise InputError(f"--records {records}: {e.strerror or e}") from None
+    try:
+        fd = f.fileno()
+        os.write(fd, b"\n")
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+    except OSError as e:
+        f.close()
+        raise InputError(f"--records {records}: not writable: {e.strerror or e}") from None
+    return f
+
+
 def _connect_error(e: Exception) -> DsvError:
     return DsvError(str(e), exit_code=EXIT_USAGE)
 
@@ -44,7 +81,7 @@ def smoke(
     url: Optional[str] = typer.Argument(None, help="Server or router URL (http://host:port)."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile: workers from its server groups, entry = its router."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Seconds without progress before a probe fails."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds for each probe's complete answer (and without progress) before it fails."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
                                           help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
@@ -61,6 +98,8 @@ def smoke(
 
     if (url is None) == (profile is None):
         raise InputError("check smoke: give a URL or --profile (not both)")
+    _positive_seconds(timeout, "--timeout")
+    _check_api_key(api_key)
     if profile:
         _, t = _profile_targets(profile)
         entry, workers = t.entry, t.workers
@@ -105,6 +144,7 @@ def load(
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="Turns per level at least (default: enough for 0 failures to pass the gate, 381 at 1 %)."),
     stream: str = typer.Option("mixed", "--stream", help="on | off | mixed (even sessions stream)."),
     stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="Seconds without a byte before a turn is stuck (default 60)."),
+    turn_timeout: float = typer.Option(600.0, "--turn-timeout", help="Seconds for one turn's complete answer before it is stuck."),
     max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (default 0.01)."),
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
@@ -151,8 +191,9 @@ def load(
         raise InputError("--turns must be >= 1")
     if not 0 <= max_c < 1:
         raise InputError("--max-corruption must be in [0, 1)")
-    if stall <= 0:
-        raise InputError("--stall-timeout must be > 0")
+    _positive_seconds(stall, "--stall-timeout")
+    _positive_seconds(turn_timeout, "--turn-timeout")
+    _check_api_key(api_key)
     if stream not in ("on", "off", "mixed"):
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")
     if answer_words < 1:
@@ -163,20 +204,19 @@ def load(
         raise InputError("--min-requests must be >= 0")
     rec_file = None
     if records is not None:
-        try:
-            rec_file = open(records, "w", encoding="utf-8", buffering=1)   # line-buffered: records survive a crash
-        except OSError as e:
-            raise InputError(f"--records {records}: {e.strerror}") from None
+        rec_file = _open_records(records)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
-                "stall_timeout_s": stall, "answer_words": answer_words, "records": str(records) if records else None}
+                "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "records": str(records) if records else None}
     try:
         doc = asyncio.run(_run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
-                                    metrics, metric_urls, rec_file, progress, settings, api_key))
+                                    metrics, metric_urls, rec_file, progress, settings, api_key, turn_timeout))
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
         # non-standalone mode, which the CLI entry point does not pass on
         raise DsvError("interrupted" + (f" (records so far in {records})" if records else ""),
                        exit_code=EXIT_INTERRUPTED) from None
+    except OSError as e:        # writing --records failed mid-run (disk full)
+        raise InputError(f"--records {records}: write failed: {e.strerror or e}") from None
     finally:
         if rec_file:
             rec_file.close()
@@ -189,7 +229,7 @@ def load(
 
 
 async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model, metrics,
-                    metric_urls, rec_file, progress, settings, api_key=None) -> dict:
+                    metric_urls, rec_file, progress, settings, api_key=None, turn_timeout=600.0) -> dict:
     import json
     import uuid
 
@@ -234,7 +274,7 @@ async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_wor
             for u in urls:
                 try:
                     models[u] = model or await D.discover_model(http, u)
-                except D.ConnectError as e:
+                except (D.ConnectError, D.BadResponse) as e:
                     raise _connect_error(e) from None
             if progress:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -252,7 +292,7 @@ async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_wor
                         prog.update(task, description=f"{u} c={c}")
                     lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
                                            on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
-                                           stop=lambda: interrupted)
+                                           stop=lambda: interrupted, turn_timeout=turn_timeout)
                     if interrupted:
                         raise KeyboardInterrupt
                     after = await _scrape(http, scrape) if metrics else None

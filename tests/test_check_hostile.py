@@ -1,0 +1,165 @@
+"""``dsv4ctl check smoke`` / ``check load`` against a hostile test server (tests/hostile/server.py,
+not a stand-in: a deliberately broken server on 127.0.0.1): over-size bodies, endless streams,
+dripped bytes and wrong JSON shapes are failed lines / classified turns, never a traceback, a
+MemoryError or a hang; bad options are one-line input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv4ctl.check import classify as C
+from tests.conftest import run_cli
+from tests.hostile.server import hostile_server
+
+LOAD = ("-c", "2", "--turns", "2", "--min-requests", "4", "--no-progress", "--json", "--no-metrics")
+
+
+@pytest.fixture(scope="module")
+def root():
+    with hostile_server() as url:
+        yield url
+
+
+def smoke(url: str, *extra: str):
+    r = run_cli("check", "smoke", url, "--json", *extra, timeout=60)
+    assert "Traceback" not in r.err and "MemoryError" not in r.err, r.err
+    return r, {c["check"]: c for c in r.json()["checks"]}
+
+
+def test_hostile_server_good_mode_passes_smoke(root):
+    # the control: the same server in its well-formed mode passes (the chat probes need SGLang tool
+    # calls, which this server does not make, so only the first four lines are judged)
+    r, lines = smoke(root + "/good")
+    assert [lines[k]["status"] for k in ("health", "models", "server_info", "chat")] == ["pass"] * 4
+
+
+@pytest.mark.parametrize("mode,chat,stream", [
+    ("flood", f"response body larger than {C.MAX_JSON_BODY} bytes",
+     f"assembled response longer than {C.MAX_CONTENT} characters"),
+    ("noline", f"response body larger than {C.MAX_JSON_BODY} bytes", f"SSE line longer than {C.MAX_SSE_LINE} bytes"),
+    ("hugejson", f"response body larger than {C.MAX_JSON_BODY} bytes", None),
+    ("nullchoice", "choices[0] is NoneType, not an object", "choices[] is NoneType, not an object"),
+    ("weird_types", "function.name is int, not a string", "delta.content is list, not a string"),
+])
+def test_smoke_oversized_and_malformed_answers_fail_their_lines(root, mode, chat, stream):
+    r, lines = smoke(root + "/" + mode)
+    assert r.code == 1 and r.err.startswith("dsv4ctl: error: check smoke: ")
+    assert lines["health"]["status"] == "pass" and lines["models"]["status"] == "pass"
+    assert lines["chat"]["status"] == "fail"
+    assert lines["chat"]["reason"] == "http_error: protocol: " + chat
+    if stream:
+        assert lines["tool_call_stream"]["reason"] == "http_error: protocol: " + stream
+
+
+def test_smoke_usage_of_wrong_type_is_a_protocol_error(root):
+    r, lines = smoke(root + "/usage_str")
+    assert lines["chat"]["status"] == "fail" and lines["chat"]["reason"] == \
+        "http_error: protocol: usage is str, not an object"
+    assert lines["tool_call_stream"]["reason"] == "http_error: protocol: usage is str, not an object"
+
+
+def test_smoke_oversized_get_documents_and_non_utf8_models(root):
+    r, lines = smoke(root + "/hugeinfo")
+    assert lines["server_info"]["status"] == "fail"
+    assert lines["server_info"]["reason"] == (f"{root}/hugeinfo/server_info: response body larger than "
+                                              f"{C.MAX_JSON_BODY} bytes")
+    r, lines = smoke(root + "/hugemodels")
+    assert r.code == 1 and lines["models"]["status"] == "fail"
+    assert lines["models"]["reason"].endswith(f"larger than {C.MAX_JSON_BODY} bytes")
+    r, lines = smoke(root + "/models_garbage")
+    assert r.code == 1 and lines["models"]["reason"] == "HTTP 200, no model listed"
+
+
+def test_smoke_timeout_is_a_total_per_probe(root):
+    # one byte every 0.2 s never trips a no-progress timeout; --timeout 1 bounds each probe
+    r, lines = smoke(root + "/drip", "--timeout", "1")
+    assert r.code == 1
+    for k in ("chat", "tool_call", "tool_call_stream"):
+        assert lines[k]["status"] == "fail"
+        assert lines[k]["reason"] == "stuck: no complete answer within 1 s"
+
+
+def load(url: str, tmp_path, *extra: str):
+    rec = tmp_path / "r.jsonl"
+    r = run_cli("check", "load", url, *LOAD, "--records", str(rec), *extra, timeout=90)
+    assert "Traceback" not in r.err and "MemoryError" not in r.err, r.err
+    return r, [json.loads(x) for x in rec.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode,reason", [
+    ("flood", None),
+    ("noline", None),
+    ("hugejson", None),
+    ("nullchoice", "protocol: choices"),
+    ("usage_str", "protocol: usage is str, not an object"),
+    ("weird_types", "protocol: "),
+])
+def test_load_classifies_hostile_answers_as_http_error(root, tmp_path, mode, reason):
+    r, recs = load(root + "/" + mode, tmp_path, "--stream", "mixed")
+    assert r.code == 1, r.err
+    lv = r.json()["levels"][0]
+    assert (lv["turns"], lv["corrupted"], lv["classes"]["http_error"]["count"]) == (4, 4, 4)
+    assert len(recs) == 4 and all(x["class"] == "http_error" for x in recs)
+    for x in recs:
+        if mode == "flood":
+            want = (f"protocol: assembled response longer than {C.MAX_CONTENT} characters" if x["stream"]
+                    else f"protocol: response body larger than {C.MAX_JSON_BODY} bytes")
+        elif mode in ("noline", "hugejson"):
+            want = (f"protocol: SSE line longer than {C.MAX_SSE_LINE} bytes" if x["stream"]
+                    else f"protocol: response body larger than {C.MAX_JSON_BODY} bytes")
+        else:
+            want = reason
+        assert x["reason"].startswith(want), x
+        assert x["completion_tokens"] is None
+
+
+def test_load_turn_timeout_catches_dripping_server(root, tmp_path):
+    r, recs = load(root + "/drip", tmp_path, "--stall-timeout", "2", "--turn-timeout", "1")
+    assert r.code == 1
+    doc = r.json()
+    assert doc["settings"]["turn_timeout_s"] == 1.0
+    lv = doc["levels"][0]
+    assert (lv["turns"], lv["stuck"], lv["classes"]["stuck"]["count"]) == (4, 4, 4)
+    assert all(x["reason"] == "no complete answer within 1 s" and 0.9 < x["e2e_s"] < 3 for x in recs)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("--stall-timeout", "nan"), "--stall-timeout nan: expected a finite number of seconds > 0"),
+    (("--stall-timeout", "inf"), "--stall-timeout inf: expected a finite number of seconds > 0"),
+    (("--stall-timeout", "0"), "--stall-timeout 0.0: expected a finite number of seconds > 0"),
+    (("--turn-timeout", "-1"), "--turn-timeout -1.0: expected a finite number of seconds > 0"),
+    (("--turn-timeout", "nan"), "--turn-timeout nan: expected a finite number of seconds > 0"),
+])
+def test_load_rejects_non_finite_timeouts(root, args, msg):
+    r = run_cli("check", "load", root + "/good", *LOAD, *args)
+    assert r.code == 2 and r.err.strip() == "dsv4ctl: error: " + msg
+
+
+def test_smoke_rejects_non_finite_timeout(root):
+    for v in ("nan", "inf", "-3"):
+        r = run_cli("check", "smoke", root + "/good", "--timeout", v)
+        assert r.code == 2 and "expected a finite number of seconds > 0" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("cmd", [("smoke",), ("load", "-c", "1", "--no-progress")])
+def test_api_key_with_control_characters_is_an_input_error(root, cmd):
+    secret = "s3cr3t\nInjected: yes"
+    r = run_cli("check", *cmd, root + "/good", "--api-key", secret)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "--api-key / DSV4CTL_API_KEY: must be printable ASCII" in r.err
+    assert "s3cr3t" not in r.err + r.out
+    r = run_cli("check", *cmd, root + "/good", env={"DSV4CTL_API_KEY": "k\u00e9y"})
+    assert r.code == 2 and "must be printable ASCII" in r.err and "k\u00e9y" not in r.err
+
+
+def test_unwritable_records_fail_before_the_load(root, tmp_path):
+    r = run_cli("check", "load", root + "/good", *LOAD, "--records", "/dev/full")
+    assert r.code == 2 and r.err.strip() == "dsv4ctl: error: --records /dev/full: not writable: No space left on device"
+    r = run_cli("check", "load", root + "/good", *LOAD, "--records", str(tmp_path / "no" / "dir.jsonl"))
+    assert r.code == 2 and "No such file or directory" in r.err and "Traceback" not in r.err
+    # a writable path starts empty (the write probe is taken back)
+    ok = tmp_path / "ok.jsonl"
+    run_cli("check", "load", root + "/nullchoice", *LOAD, "--records", str(ok))
+    assert ok.read_text().startswith("{") and len(ok.read_text().splitlines()) == 4
