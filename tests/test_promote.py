@@ -148,7 +148,11 @@ def test_promotion_gate_rollback_then_good_release(world):
     r = cli(w, "releases", "--json")
     rows = {x["id"]: x for x in r.json()["hosts"]["h1"]["releases"]}
     assert rows[good]["state"] == "active" and rows[good]["recorded_state"] == "good"
-    assert rows[bad]["state"] == "failed"
+    assert rows[bad]["state"] == "failed" and rows[bad]["failed_check"] == "check load"
+    assert rows[good]["promoted_at"] and rows[good]["evidence"].startswith(f"evidence/{good}/")
+    r = cli(w, "releases", "--markdown")
+    assert f"| h1 | {good} | active |" in r.out and r.out.split(f"| h1 | {good} |")[1].split("\n")[0].endswith("| promoted |")
+    assert r.out.split(f"| h0 | {bad} |")[1].split("\n")[0].endswith("| failed: check load |")
 
     # 3. the bad release forced in without checks, then promoted by hand: the same gate fails, marked failed
     r = cli(w, "deploy")
@@ -185,3 +189,43 @@ def test_promotion_gate_rollback_then_good_release(world):
     doc = r.json()
     assert doc["result"] == "good" and [c["passed"] for c in doc["checks"]] == [True, True]
     assert all(w.state(h)["releases"][good].get("promoted_by") for h in ("h0", "h1"))
+
+
+@pytest.fixture
+def pd_world(live_cluster, tmp_path):
+    w = PromoteWorld(live_cluster, tmp_path, pd=True, check={"concurrency": 40, "max_corruption": 0.01, "turns": 2})
+    yield w
+    w.stop_services()
+
+
+def test_pd_decode_canary_checked_through_the_router(pd_world):
+    w = pd_world
+    r = cli(w, "deploy", "--promote", "--json")
+    assert r.code == 0, r.err
+    first = r.json()["release"]
+    assert w.currents() == {"h0": first, "h1": first, "h2": first}
+    # a decode-only change: the decode group's host is the canary, checked through the router
+    cfg = w.cfgdir / "decode.yaml"
+    cfg.write_text(cfg.read_text() + "stream-interval: 2\n")
+    r = cli(w, "deploy", "--promote", "--json")
+    assert r.code == 0, r.err
+    rep = r.json()
+    new = rep["release"]
+    pr = rep["promotion"]
+    router = f"http://{w.hosts[2].address}:{w.ports['router']}"
+    assert pr["canary"] == ["h1"] and pr["rest"] == ["h0", "h2"] and pr["check_target"] == router
+    assert [(c["check"], c["target"], c["passed"]) for c in pr["checks"]] == [
+        ("smoke", router, True), ("load", router, True), ("smoke-all", "profile", True)]
+    load = json.loads(next((w.cache / "evidence" / new).iterdir()).joinpath("load.json").read_text())
+    assert load["levels"][0]["concurrency"] == 40 and load["levels"][0]["corrupted"] == 0
+    assert w.currents() == {"h0": new, "h1": new, "h2": new}
+    assert all(w.state(h)["releases"][new]["state"] == "good" for h in w.roots)
+    assert starts(w, "h1", "decode") == [first, new] and starts(w, "h0", "prefill") == [first, new]
+    # HiCache on the decode group: the preflight lint refuses it (DSV106); nothing touched
+    w.hicache(True, ("decode",))
+    n = len(list((w.cache / "releases").iterdir()))
+    r = cli(w, "deploy", "--promote")
+    assert r.code == 2 and "preflight: config lint:" in r.err and "DSV106" in r.err
+    assert len(list((w.cache / "releases").iterdir())) == n
+    assert w.currents() == {"h0": new, "h1": new, "h2": new}
+    assert starts(w, "h1", "decode") == [first, new]

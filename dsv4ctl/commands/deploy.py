@@ -225,20 +225,23 @@ def releases(
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.releases/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
-    """Per host: release id, base, patches, when, who, state (active / previous / good / failed / pushed)."""
+    """Per host: release id, base, patches, when, who, state (active / previous / good / failed / pushed),
+    checks (promoted, or the promotion check that failed)."""
     from ..deploy import engine
     rep = engine.releases(_profile(profile), _opts(accept_new_host_keys=accept_new))
     if as_json:
         print(dump_json(rep))
         return
-    headers = ["host", "release", "state", "base", "patches", "when", "who"]
+    headers = ["host", "release", "state", "base", "patches", "when", "who", "checks"]
     rows = []
     for h, hr in rep["hosts"].items():
         for r in hr["releases"]:
+            checks = (f"failed: {r['failed_check']}" if r.get("recorded_state") == "failed" and r.get("failed_check")
+                      else "promoted" if r.get("promoted_at") else "-")
             rows.append([h, r["id"], r["state"], f"{r['base_ref']} ({(r['base_commit'] or '')[:10]})",
-                         len(r["patches"]), r["when"], r["who"] or "-"])
+                         len(r["patches"]), r["when"], r["who"] or "-", checks])
         if not hr["releases"]:
-            rows.append([h, "-", "no releases", "", "", "", ""])
+            rows.append([h, "-", "no releases", "", "", "", "", ""])
     if markdown:
         print(markdown_table(headers, rows))
     else:

@@ -883,7 +883,9 @@ def releases(profile, opts: Options) -> dict:
             rows.append({"id": rid, "base_ref": m.get("base_ref"), "base_commit": m.get("base_commit"),
                          "patches": [p["name"] for p in m.get("patches", [])],
                          "when": f.when(rid), "who": st.get("activated_by") or st.get("pushed_by") or m.get("built_by"),
-                         "state": f.release_state(rid), "recorded_state": st.get("state")})
+                         "state": f.release_state(rid), "recorded_state": st.get("state"),
+                         "promoted_at": st.get("promoted_at"), "failed_check": st.get("failed_check"),
+                         "evidence": st.get("evidence")})
         out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
                            "lock": f.lock and lock_text(f.lock), "releases": rows}
     return out

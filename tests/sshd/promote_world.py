@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.sshd.harness import Cluster, free_port
-from tests.sshd.world import REPO, make_tree
+from tests.sshd.world import REPO, STANDIN as SSHD_STANDIN, make_tree
 
 STANDIN = (f"env PYTHONPATH={REPO} {{python}} -m tests.standin.server --config {{config}} --host {{address}} "
            f"--port {{port}} --ttft-ms 2 --itl-ms 0")
@@ -24,26 +24,34 @@ SERVE = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "de
 
 
 class PromoteWorld:
-    """Profile with groups ``a`` (colocated, h0) and ``b`` (colocated, h1); ``hicache(on)``
-    rewrites both serve configs (a new release id on the next deploy)."""
+    """Profile with groups ``a`` (colocated, h0) and ``b`` (colocated, h1); with ``pd``:
+    ``prefill`` (h0), ``decode`` (h1) and a ``router`` (h2, the tests/sshd stand-in router in
+    front of the decode group). ``hicache(on)`` rewrites the serve configs (a new release id on
+    the next deploy)."""
 
-    def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None):
+    def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None, pd: bool = False):
         self.c = cluster
         self.tmp = tmp
-        self.hosts = cluster.hosts[:2]
+        self.pd = pd
+        self.groups = ("prefill", "decode") if pd else ("a", "b")
+        self.hosts = cluster.hosts[:3 if pd else 2]
         self.tree = make_tree(tmp / "sglang", files=8)
         self.cache = tmp / "cache"
         self.cfgdir = tmp / "profile"
         self.cfgdir.mkdir()
         self.roots = {h.name: tmp / "roots" / h.name for h in self.hosts}
-        self.ports = {"a": free_port(self.hosts[0].address), "b": free_port(self.hosts[1].address)}
+        self.ports = {g: free_port(self.hosts[i].address) for i, g in enumerate(self.groups)}
+        if pd:
+            self.ports["router"] = free_port(self.hosts[2].address)
         self.check = check or {"concurrency": 60, "max_corruption": 0.01, "turns": 2, "stall_timeout_s": 20}
         self.hicache(False)
 
-    def hicache(self, on: bool) -> None:
-        for g in ("a", "b"):
+    def hicache(self, on: bool, groups: tuple[str, ...] | None = None) -> None:
+        for g in self.groups:
             cfg = dict(SERVE, port=self.ports[g])
-            if on:
+            if self.pd:
+                cfg.update({"disaggregation-mode": g, "disaggregation-bootstrap-port": 8998})
+            if on and (groups is None or g in groups):
                 cfg.update({"enable-hierarchical-cache": True, "hicache-ratio": 2.0})
             (self.cfgdir / f"{g}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         h = self.hosts
@@ -54,13 +62,15 @@ class PromoteWorld:
                        "python": sys.executable, "launch": {"server": STANDIN}},
             "check": self.check,
             "hosts": [self.c.host_yaml(x, self.roots[x.name]) for x in h],
-            "groups": [
-                {"name": "a", "role": "colocated", "host": h[0].name, "gpus": list(range(8)), "tp": 8,
-                 "serve_config": "a.yaml"},
-                {"name": "b", "role": "colocated", "host": h[1].name, "gpus": list(range(8)), "tp": 8,
-                 "serve_config": "b.yaml"},
-            ],
+            "groups": [{"name": g, "role": g if self.pd else "colocated", "host": h[i].name, "gpus": list(range(8)),
+                        "tp": 8, "serve_config": f"{g}.yaml"} for i, g in enumerate(self.groups)],
         }
+        if self.pd:
+            decode_url = f"http://{h[1].address}:{self.ports['decode']}"
+            prof["deploy"]["launch"]["router"] = (SSHD_STANDIN + " --host {address} --port {port} --router "
+                                                  + decode_url)
+            prof["groups"].append({"name": "router", "role": "router", "host": h[2].name,
+                                   "port": self.ports["router"], "prefill": ["prefill"], "decode": ["decode"]})
         self.profile = self.cfgdir / "profile.yaml"
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
 

@@ -3,7 +3,9 @@
 A GPU SGLang server cannot run here; this speaks the parts of its wire format the deploy gate
 uses (ops reference §4.1): ``GET /health`` (200 empty body when healthy, 503 while starting),
 ``GET /v1/models``, ``POST /v1/chat/completions`` (OpenAI chat, non-streaming). With
-``--router URL`` it acts as the router: chat requests are forwarded to the worker URL.
+``--router URL`` it acts as the router: ``/v1/models`` and chat requests are forwarded to the
+worker URL, the response streamed through (SSE included), so a router in front of the DSV4
+stand-in of tests/standin serves ``dsv4ctl check`` traffic.
 
 Test knobs, read from the ``--config`` YAML (so a release's serve config decides):
 ``standin-startup-s`` (503 for that long), ``standin-never-healthy`` (503 forever),
@@ -52,16 +54,29 @@ def main(argv=None) -> int:
             return web.Response(status=200)
         return web.Response(status=503)
 
+    async def forward(req, path):
+        """Router mode: pass the request to the worker, streaming the body through (SSE too)."""
+        async with ClientSession() as s:
+            async with s.request(req.method, a.router[0] + path, data=await req.read(),
+                                 headers={k: v for k, v in req.headers.items()
+                                          if k.lower() in ("content-type", "authorization")}) as r:
+                out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "")})
+                await out.prepare(req)
+                async for chunk in r.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+
     async def models(req):
+        if a.router:
+            return await forward(req, "/v1/models")
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "created": int(t0),
                                                                "owned_by": "sglang", "root": model}]})
 
     async def chat(req):
-        body = await req.json()
         if a.router:
-            async with ClientSession() as s:
-                async with s.post(a.router[0] + "/v1/chat/completions", json=body) as r:
-                    return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+            return await forward(req, "/v1/chat/completions")
+        body = await req.json()
         if not healthy():
             return web.json_response({"object": "error", "message": "server not ready", "code": 503}, status=503)
         n = int(body.get("max_tokens") or 16)
