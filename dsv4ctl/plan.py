@@ -24,6 +24,11 @@ PRELOAD_USED_GIB = 2.06
 # Largest tp/dp/pp size accepted (a plan lists every rank; 1024 GPUs per group is far beyond
 # any DSV4 deployment and keeps a typo from allocating millions of rank entries).
 MAX_PARALLEL = 1024
+# Largest number of ranks one group's plan lists: tp*pp*(dp unless dp-attention).
+MAX_RANKS = 1024
+# SGLang 0.5.23's --max-prefill-tokens default (srt/arg_groups/fields/schedule.py:71); the
+# activation estimate uses it when chunked prefill is disabled (memory_hook.py:304-307).
+DEFAULT_MAX_PREFILL_TOKENS = 16384
 # What-if keys that change the weight bytes per rank (a measured figure no longer applies).
 WEIGHT_TOPOLOGY_KEYS = ("model", "tp_size", "pp_size", "dp_size", "enable_dp_attention")
 
@@ -81,7 +86,7 @@ SET_KEYS: dict[str, str] = {
     "enable_dp_attention": "bool", "pp_size": "int", "page_size": "int",
     "swa_full_tokens_ratio": "float", "speculative_algorithm": "optstr",
     "speculative_num_draft_tokens": "int", "context_length": "int", "index_k_dtype": "str",
-    "index_k_accounting": "str", "chunked_prefill_size": "int", "max_total_tokens": "int",
+    "index_k_accounting": "str", "chunked_prefill_size": "chunk", "max_prefill_tokens": "int", "max_total_tokens": "int",
     "dsv4_attn_backend": "str", "enable_deepseek_v4_fp4_indexer": "bool",
     "disaggregation_mode": "optstr", "disaggregation_decode_extra_slots": "int",
     "disable_radix_cache": "bool", "disable_overlap_schedule": "bool", "swa_prefix_tails": "int",
@@ -122,6 +127,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 def _coerce(label: str, kind: str, value: Any) -> Any:
     if kind == "int":
         return _int(label, value)
+    if kind == "chunk":   # --chunked-prefill-size: -1 (or 0) disables chunked prefill in SGLang
+        return _int(label, value, minimum=-1)
     if kind == "float":
         return _float(label, value)
     if kind == "bool":
@@ -192,6 +199,21 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         if not 1 <= args[k] <= MAX_PARALLEL:
             raise InputError(f"{k} must be within 1..{MAX_PARALLEL}, got {args[k]}")
     dpa = args["enable_dp_attention"]
+    gidx = profile.groups.index(group)
+
+    def src(key: str, profile_path: tuple) -> str:
+        if key in overrides:
+            return f"--set {key}"
+        return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
+
+    n_ranks = tp * pp * (1 if dpa else dp)
+    if n_ranks > MAX_RANKS:
+        what = "tp_size*pp_size" if dpa else "tp_size*pp_size*dp_size"
+        raise InputError(f"group {group.name}: {what} = {n_ranks} ranks exceeds {MAX_RANKS} "
+                         "(a plan lists every rank)")
+    if pp > model.num_hidden_layers:
+        raise InputError(f"{src('pp_size', ('pp',))}: pp_size {pp} exceeds num_hidden_layers "
+                         f"{model.num_hidden_layers}")
     if dpa and tp % dp:
         raise InputError(f"group {group.name}: dp_size {dp} must divide tp_size {tp} with enable_dp_attention")
     gpu_mib = args.get("gpu_memory_mib", host.gpu_memory_mib)
@@ -210,6 +232,10 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         estimated.append("speculative_num_draft_tokens=4 (SGLang's EAGLE default for DSV4 is resolved at start-up)")
     user_mrr = args.get("max_running_requests")
     chunked_user = args.get("chunked_prefill_size")
+    max_prefill = args.get("max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS)
+    # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
+    # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
+    act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
     mfs_source = "serve config" if "mem_fraction_static" in where else "default (memory_hook.py)"
     if "mem_fraction_static" in overrides:
         mfs_source = "--set"
@@ -217,7 +243,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         gpu_memory_mib=gpu_mib, tp_size=tp, pp_size=pp, dp_size=dp, enable_dp_attention=dpa,
         disaggregation_mode=disagg, max_running_requests=user_mrr,
         speculative_num_draft_tokens=draft if spec_algo else None,
-        chunked_prefill_size=chunked_user, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
+        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
         disable_cuda_graph=args.get("disable_cuda_graph", False),
         moe_a2a_backend=args.get("moe_a2a_backend"))
     mfs = args.get("mem_fraction_static")
@@ -225,7 +251,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         mfs = cap.default_mem_fraction_static(mem_args)
     if not 0 < mfs < 1:
         raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
-    chunked = chunked_user or cap.default_chunked_prefill_size(gpu_mib)
+    chunked = chunked_user if chunked_user is not None else cap.default_chunked_prefill_size(gpu_mib)
     attn_dp = dp if dpa else 1
     if dpa and chunked > 0:
         chunked = chunked // dp
@@ -247,10 +273,18 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     part = args.get("SGLANG_PP_LAYER_PARTITION")
     pp_partition = None
     if part:
+        psrc = src("SGLANG_PP_LAYER_PARTITION", ("env", "SGLANG_PP_LAYER_PARTITION"))
         try:
             pp_partition = tuple(int(x) for x in str(part).split(","))
         except ValueError:
-            raise InputError(f"SGLANG_PP_LAYER_PARTITION {part!r}: expected comma-separated integers") from None
+            raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part!r}: expected comma-separated integers") from None
+        if any(x < 1 for x in pp_partition):
+            raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part}: every stage needs >= 1 layer")
+        try:
+            for r in range(pp):
+                cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
+        except CapacityError as e:
+            raise InputError(f"{psrc}: {e}") from None
     sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = cap.PoolInputs(
         page_size=args.get("page_size", 256),
@@ -594,7 +628,7 @@ def build_plan(profile: Profile, overrides: Optional[dict] = None,
             overrides.pop("model")      # the same model by another name: measured weights still apply
     selected = profile.servers()
     if groups:
-        selected = [profile.group(n) for n in groups]
+        selected = [profile.group(n) for n in dict.fromkeys(groups)]   # -g a -g a plans a once
         for g in selected:
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no KV pools")

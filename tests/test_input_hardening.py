@@ -153,3 +153,106 @@ def test_from_config_accepts_shipped_configs():
     assert (g.num_hidden_layers, g.qk_nope_head_dim, g.index_head_dim, g.sliding_window) == (43, 448, 128, 128)
     g = ModelGeometry.from_config(dict(FLASH, kv_source_layer_ids=[0, 42]), "flash")
     assert g.kv_source_layer_ids == (0, 42)
+
+
+# --- 5: PP topology is input, not a verdict ---------------------------------------------------
+
+@pytest.mark.parametrize("sets,msg", [
+    (["pp_size=44"], "--set pp_size: pp_size 44 exceeds num_hidden_layers 43"),
+    (["pp_size=2", "SGLANG_PP_LAYER_PARTITION=43"],
+     "--set SGLANG_PP_LAYER_PARTITION: SGLANG_PP_LAYER_PARTITION 43 must have 2 entries summing to "
+     "num_hidden_layers 43"),
+    (["pp_size=2", "SGLANG_PP_LAYER_PARTITION=0,43"],
+     "--set SGLANG_PP_LAYER_PARTITION: SGLANG_PP_LAYER_PARTITION 0,43: every stage needs >= 1 layer"),
+    (["pp_size=2", "SGLANG_PP_LAYER_PARTITION=-1,44"],
+     "--set SGLANG_PP_LAYER_PARTITION: SGLANG_PP_LAYER_PARTITION -1,44: every stage needs >= 1 layer"),
+    (["pp_size=2", "SGLANG_PP_LAYER_PARTITION=20,20"],
+     "--set SGLANG_PP_LAYER_PARTITION: SGLANG_PP_LAYER_PARTITION 20,20 must have 2 entries summing to "
+     "num_hidden_layers 43"),
+])
+def test_pp_inputs_exit_2(sets, msg):
+    from tests.conftest import DEFAULT_PROFILE
+    args = [a for s in sets for a in ("--set", s)]
+    assert one_error(run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", *args)) == msg
+
+
+def test_pp_partition_from_profile_env_names_the_line(tmp_path):
+    prof = copy_profile(tmp_path)
+    text = edit(prof, "    tp: 4\n    serve_config: dsv4-flash-8xb200-pd/decode.yaml",
+                "    tp: 4\n    env: {SGLANG_PP_LAYER_PARTITION: '0,43'}\n"
+                "    serve_config: dsv4-flash-8xb200-pd/decode.yaml")
+    err = one_error(plan(prof, "-g", "decode", "--set", "pp_size=2"))
+    assert err == (f"{prof}:{line_of(text, 'SGLANG_PP_LAYER_PARTITION')}: groups[1].env.SGLANG_PP_LAYER_PARTITION: "
+                   "SGLANG_PP_LAYER_PARTITION 0,43: every stage needs >= 1 layer")
+
+
+def test_valid_pp_partition_still_plans():
+    from tests.conftest import DEFAULT_PROFILE
+    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--json", "--set", "pp_size=2",
+                "--set", "SGLANG_PP_LAYER_PARTITION=21,22")
+    assert r.code in (0, 1), r.err
+    ranks = json.loads(r.out)["groups"][0]["ranks"]
+    assert sorted({tuple(x["layers"]) for x in ranks}) == [(0, 21), (21, 43)]
+
+
+# --- 6: rank count cap ----------------------------------------------------------------------
+
+def test_rank_product_capped():
+    from tests.conftest import DEFAULT_PROFILE
+    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--set", "tp_size=1024", "--set", "dp_size=1024",
+                timeout=20)
+    assert one_error(r) == ("group decode: tp_size*pp_size*dp_size = 1048576 ranks exceeds 1024 "
+                            "(a plan lists every rank)")
+
+
+def test_rank_product_with_dp_attention_counts_tp_pp():
+    from tests.conftest import DEFAULT_PROFILE
+    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--set", "tp_size=1024", "--set", "dp_size=8",
+                "--set", "enable_dp_attention=true", "--set", "pp_size=2", timeout=20)
+    assert one_error(r) == ("group decode: tp_size*pp_size = 2048 ranks exceeds 1024 "
+                            "(a plan lists every rank)")
+
+
+# --- 7: chunked prefill disabled ------------------------------------------------------------
+
+def _plan_json(prof: Path, *args: str) -> dict:
+    r = plan(prof, "-g", "prefill", "--json", *args)
+    assert r.code in (0, 1), r.err
+    return json.loads(r.out)["groups"][0]
+
+
+def test_chunked_prefill_disabled_uses_max_prefill_tokens(tmp_path):
+    prof = copy_profile(tmp_path)
+    sc = tmp_path / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    edit(sc, "chunked-prefill-size: 8192", "chunked-prefill-size: -1")
+    text = sc.read_text()
+    sc.write_text("\n".join(ln for ln in text.splitlines() if not ln.startswith("mem-fraction-static")) + "\n")
+    off = _plan_json(prof)
+    assert off["server_args"]["chunked_prefill_size"] == -1
+    assert off["mem_fraction_static_source"] == "default (memory_hook.py)"
+    # memory_hook.py:304-307: activation tokens = max(max_prefill_tokens (16384), 2048)
+    same = _plan_json(prof, "--set", "chunked_prefill_size=16384")
+    assert (off["mem_fraction_static"], off["activation_reserve_gib"]) == \
+        (same["mem_fraction_static"], same["activation_reserve_gib"])
+    big = _plan_json(prof, "--set", "max_prefill_tokens=32768")
+    big_chunk = _plan_json(prof, "--set", "chunked_prefill_size=32768")
+    assert big["activation_reserve_gib"] == big_chunk["activation_reserve_gib"] > off["activation_reserve_gib"]
+    assert big["mem_fraction_static"] == big_chunk["mem_fraction_static"] < off["mem_fraction_static"]
+    zero = _plan_json(prof, "--set", "chunked_prefill_size=0")
+    assert zero["server_args"]["chunked_prefill_size"] == 0
+    assert zero["activation_reserve_gib"] == off["activation_reserve_gib"]
+
+
+def test_chunked_prefill_below_minus_one_rejected():
+    from tests.conftest import DEFAULT_PROFILE
+    assert one_error(run_cli("plan", str(DEFAULT_PROFILE), "--set", "chunked_prefill_size=-2")) == \
+        "--set chunked_prefill_size: must be >= -1, got -2"
+
+
+# --- 9: duplicate -g ----------------------------------------------------------------------------
+
+def test_duplicate_group_planned_once():
+    from tests.conftest import DEFAULT_PROFILE
+    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "-g", "decode", "--json")
+    assert r.code in (0, 1), r.err
+    assert [g["name"] for g in json.loads(r.out)["groups"]] == ["decode"]
