@@ -60,6 +60,7 @@ class Entry:
     value_end_col: int
     key_end_col: int = 0
     empty: bool = False
+    alias: bool = False       # the value is an alias (``*name``): its node is the anchored one
 
 
 @dataclass
@@ -98,7 +99,7 @@ def compose(text: str, label: str) -> Doc:
     except YAMLError as e:
         raise _syntax_error(label, e) from None
     lines = text.splitlines(keepends=True)
-    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    newline = next((_ending(l) for l in lines if _ending(l)), "\n")
     doc = Doc(lines=lines, newline=newline)
     if node is None:
         return doc
@@ -114,7 +115,8 @@ def compose(text: str, label: str) -> Doc:
                                  value_col=v.start_mark.column, value_end_line=v.end_mark.line,
                                  value_end_col=v.end_mark.column, key_end_col=k.end_mark.column,
                                  empty=(getattr(v, "tag", None) is not None and str(getattr(v.tag, "value", v.tag)).endswith(":null")
-                                        and v.value in ("", None) and v.start_mark.index == v.end_mark.index)))
+                                        and v.value in ("", None) and v.start_mark.index == v.end_mark.index),
+                                 alias=v.start_mark.index < k.end_mark.index))
         if i == 0:
             doc.indent = k.start_mark.column
     return doc
@@ -158,12 +160,34 @@ def _find(doc: Doc, names: Sequence[str]) -> Optional[int]:
     return None
 
 
-def _replace_value(doc: Doc, e: Entry, key: str, text: str) -> list[str]:
-    """The new lines of entry ``e`` with its value replaced by ``text``."""
-    nl = doc.newline
+_BOOL_FAMILIES = {w: fam for fam in (("true", "false"), ("True", "False"), ("TRUE", "FALSE"), ("yes", "no"),
+                                      ("Yes", "No"), ("YES", "NO"), ("on", "off"), ("On", "Off"), ("ON", "OFF"))
+                  for w in fam}
+"""YAML 1.1 booleans as PyYAML (sglang 0.5.23's ``--config`` reader) resolves them; a toggle keeps
+the family the file uses (``yes`` → ``no`` → ``yes``), so off then on restores the bytes."""
+
+
+def _ending(line: str) -> str:
+    body = line.rstrip("\r\n")
+    return line[len(body):]
+
+
+def _replace_value(doc: Doc, e: Entry, key: str, text: str, value: Any = None, label: str = "") -> list[str]:
+    """The new lines of entry ``e`` with its value replaced by ``text``.
+
+    A one-line value (on the key's line or on the next line) is replaced in place: the key, its
+    quoting, anchors/tags before the value, the comment and the line's own ending stay. A boolean
+    keeps the spelling family of the old one (``True``/``False``, ``yes``/``no``) and the gap before
+    a comment (so toggles are reversible); other values keep the comment's column where they fit.
+    Raises InputError for an alias value (``*name``: the edit could not be undone byte for byte)."""
     line = doc.lines[e.first]
+    if e.alias:
+        raw = line.rstrip("\r\n")[e.key_end_col:].lstrip(" \t:").split(" ")[0]
+        raise InputError(f"{label}:{e.first + 1}: {key} is an alias ({raw}); "
+                         f"refusing to edit it (set the value on that line by hand)")
     if e.empty and e.last == e.first:       # "key:" with no value, maybe a comment after it
         body = line.rstrip("\r\n")
+        nl = _ending(line) or doc.newline
         colon = body.index(":", e.key_end_col)
         head, rest = body[:colon + 1], body[colon + 1:]
         comment = rest.lstrip(" ")
@@ -172,25 +196,37 @@ def _replace_value(doc: Doc, e: Entry, key: str, text: str) -> list[str]:
             gap = max(1, col - (len(head) + 1 + len(text)))
             return [f"{head} {text}{' ' * gap}{comment}{nl}"]
         return [f"{head} {text}{nl}"]
-    single = e.value_line == e.first and e.last == e.first and (
-        e.value_end_line == e.first or (e.value_end_line == e.first + 1 and e.value_end_col == 0))
-    if single and e.value_col > 0:
-        body = line.rstrip("\r\n")
-        end_col = e.value_end_col if e.value_end_line == e.first else len(body)
-        if e.value_col == end_col:          # empty value: "key:" (possibly with a comment)
-            head = body[:e.value_col].rstrip()
-            rest = body[len(head):]
-            tail = rest.lstrip(" ")
-            if tail.startswith("#"):
-                return [f"{head} {text} {tail}{nl}"]
-            return [f"{head} {text}{nl}"]
-        head, rest = body[:e.value_col], body[end_col:]
-        if rest.strip().startswith("#"):
+    vl = e.value_line
+    one_line = e.last == vl and (e.value_end_line == vl or (e.value_end_line == vl + 1 and e.value_end_col == 0))
+    if one_line and vl < len(doc.lines):
+        cur = doc.lines[vl]
+        body = cur.rstrip("\r\n")
+        nl = _ending(cur)
+        end_col = e.value_end_col if e.value_end_line == vl else len(body)
+        raw = body[e.value_col:end_col]
+        pre_len = 0
+        while raw[pre_len:pre_len + 1] in ("&", "!"):          # anchor / tag: keep them
+            sp = raw.find(" ", pre_len)
+            if sp < 0:
+                break
+            pre_len = sp + 1
+            while raw[pre_len:pre_len + 1] == " ":
+                pre_len += 1
+        start = e.value_col + pre_len
+        token = body[start:end_col]
+        if isinstance(value, bool) and token in _BOOL_FAMILIES:
+            text = _BOOL_FAMILIES[token][0 if value else 1]
+        head, rest = body[:start], body[end_col:]
+        if rest.strip().startswith("#") and not isinstance(value, bool):
             comment = rest.lstrip(" ")
             col = end_col + (len(rest) - len(comment))
             gap = max(1, col - (len(head) + len(text)))
             rest = " " * gap + comment
-        return [head + text + rest + nl]
+        new = head + text + rest + nl
+        if vl == e.first:
+            return [new]
+        return list(doc.lines[e.first:vl]) + [new]
+    nl = _ending(doc.lines[e.last]) or doc.newline
     indent = " " * doc.indent
     return [f"{indent}{key}: {text}{nl}"]
 
@@ -210,7 +246,7 @@ def apply_change(text: str, change: Change, label: str) -> str:
     rendered = render_value(change.value)
     if idx is not None:
         e = doc.entries[idx]
-        lines[e.first:e.last + 1] = _replace_value(doc, e, e.key, rendered)
+        lines[e.first:e.last + 1] = _replace_value(doc, e, e.key, rendered, change.value, label)
         return "".join(lines)
     new_line = f"{' ' * doc.indent}{change.key}: {rendered}{doc.newline}"
     anchor = None

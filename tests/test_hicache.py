@@ -281,3 +281,26 @@ def test_symlinked_config_is_written_through_to_its_target(site, tmp_path):
     assert real.read_bytes() == orig.replace(b"enable-hierarchical-cache: true", b"enable-hierarchical-cache: false")
     assert real.stat().st_mode & 0o777 == 0o640
     assert sorted(x.name for x in real.parent.iterdir()) == ["prefill.yaml"]
+
+
+def test_off_then_on_keeps_crlf_and_a_missing_final_newline_byte_for_byte(site):
+    orig = (SRC / "prefill.yaml").read_bytes().replace(b"\n", b"\r\n").rstrip(b"\r\n")
+    site["prefill"].write_bytes(orig)
+    r = run_cli("hicache", "off", str(site["profile"]), "-g", "prefill")
+    assert r.code == 0, r.err
+    off = site["prefill"].read_bytes()
+    assert off == orig.replace(b"enable-hierarchical-cache: true\r\n", b"enable-hierarchical-cache: false\r\n")
+    assert off.count(b"\r\n") == orig.count(b"\r\n") and off.count(b"\n") == off.count(b"\r\n")
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill")
+    assert r.code == 0, r.err
+    assert site["prefill"].read_bytes() == orig
+
+
+def test_alias_flag_is_refused_with_one_line_and_nothing_written(site):
+    text = site["prefill"].read_text().replace("enable-hierarchical-cache: true",
+                                               "x-on: &on true\nenable-hierarchical-cache: *on")
+    site["prefill"].write_text(text)
+    r = run_cli("hicache", "off", str(site["profile"]), "-g", "prefill")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "enable-hierarchical-cache is an alias (*on); refusing to edit it" in r.err
+    assert site["prefill"].read_text() == text

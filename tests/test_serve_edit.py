@@ -92,7 +92,7 @@ def test_alias_spelling_is_edited_in_place():
     text = "enable-hicache: true  # alias\nport: 1\n"
     new = apply_changes(text, [Change("enable-hierarchical-cache", False,
                                       spellings=("enable-hierarchical-cache", "enable-hicache"))], "x")
-    assert new == "enable-hicache: false # alias\nport: 1\n"
+    assert new == "enable-hicache: false  # alias\nport: 1\n"   # a toggle keeps the gap before the comment
 
 
 @pytest.mark.parametrize("value,text", [(2.0, "2.0"), ("true", "'true'"), ("x: y", "'x: y'"), (None, "null"),
@@ -175,3 +175,49 @@ def test_secret_values_and_scrub():
             "hicache-storage-backend-extra-config": '{"secret_key": "S3KEY", "master": "m:1"}'}
     assert secret_values(data) == {"SUPERSECRET1", "S3KEY"}
     assert scrub("key SUPERSECRET1 and S3KEY; m:1", secret_values(data)) == "key *** and ***; m:1"
+
+
+# --- off then on restores every form of the flag byte for byte -------------------------------
+
+ROUND_TRIP = {
+    "crlf": "# c\r\nport: 1\r\nenable-hierarchical-cache: true\r\nhicache-ratio: 2.0\r\n",
+    "cr-only": "port: 1\renable-hicache: true\rhicache-ratio: 2.0\r",
+    "no-final-newline": "port: 1\nhicache-ratio: 2.0\nenable-hierarchical-cache: true",
+    "yes": "enable-hicache: yes\nhicache-ratio: 2.0\n",
+    "True+comment": "enable-hicache: True   # on\nhicache-ratio: 2.0\n",
+    "ON": "enable-hicache: ON\nhicache-ratio: 2.0\n",
+    "anchor": "enable-hicache: &on true\nhicache-ratio: 2.0\n",
+    "tag": "enable-hicache: !!bool true\nhicache-ratio: 2.0\n",
+    "value-on-next-line": "enable-hicache:\n  true   # c\nhicache-ratio: 2.0\n",
+    "double-quoted-key": "\"enable-hierarchical-cache\": true # keep\nhicache-ratio: 2.0\n",
+    "single-quoted-key-crlf": "'enable-hicache':   true    # keep\r\nhicache-ratio: 2.0\r\n",
+}
+OFF = {"crlf": "enable-hierarchical-cache: false\r\n", "cr-only": "enable-hicache: false\r",
+       "no-final-newline": "enable-hierarchical-cache: false", "yes": "enable-hicache: no\n",
+       "True+comment": "enable-hicache: False   # on\n", "ON": "enable-hicache: OFF\n",
+       "anchor": "enable-hicache: &on false\n", "tag": "enable-hicache: !!bool false\n",
+       "value-on-next-line": "enable-hicache:\n  false   # c\n",
+       "double-quoted-key": "\"enable-hierarchical-cache\": false # keep\n",
+       "single-quoted-key-crlf": "'enable-hicache':   false    # keep\r\n"}
+
+
+def _toggle(text: str, action: str) -> str:
+    from dsv4ctl.argtable import load_table
+    from dsv4ctl.hicache import Options, changes_for
+    ch = changes_for(action, yaml.safe_load(text), Options(), load_table(), "x.yaml")
+    return apply_changes(text, ch, "x.yaml") if ch else text
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_TRIP))
+def test_off_then_on_is_byte_identical(name):
+    text = ROUND_TRIP[name]
+    off = _toggle(text, "off")
+    assert OFF[name] in off
+    assert yaml.safe_load(off)["hicache-ratio"] == 2.0 and not any(v is True for v in yaml.safe_load(off).values())
+    assert _toggle(off, "on") == text
+
+
+def test_alias_value_is_refused_not_rewritten():
+    text = "x-flag: &t true\nenable-hicache: *t\nhicache-ratio: 2.0\n"
+    with pytest.raises(InputError, match=r"x.yaml:2: enable-hicache is an alias \(\*t\); refusing to edit it"):
+        _toggle(text, "off")
