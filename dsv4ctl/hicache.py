@@ -72,8 +72,11 @@ def changes_for(action: str, data: dict, opts: Options, table: Table, label: str
     wanted = dict(opts.given())
     if "hicache-ratio" not in wanted and data.get("hicache-ratio") is None:
         wanted["hicache-ratio"] = DEFAULT_RATIO
-    ratio = wanted.get("hicache-ratio")
+    ratio = wanted.get("hicache-ratio", data.get("hicache-ratio"))
     if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and not 0 < ratio < float("inf"):
+        if "hicache-ratio" not in wanted:
+            raise InputError(f"{label}: hicache-ratio: {ratio:g} must be > 0 (host pool = ratio x device pool); "
+                             f"pass --ratio")
         # SGLang 0.5.23 does not check the ratio itself (srt/arg_groups/hicache_hook.py
         # handle_hicache_ratio_default only checks --hicache-host-memory-fraction in (0, 1]); the host
         # pool is sized int(device_capacity_tokens * hicache_ratio) (srt/mem_cache/pool_host/base.py),

@@ -304,3 +304,17 @@ def test_alias_flag_is_refused_with_one_line_and_nothing_written(site):
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert "enable-hierarchical-cache is an alias (*on); refusing to edit it" in r.err
     assert site["prefill"].read_text() == text
+
+
+@pytest.mark.parametrize("bad", ["0", "-1.5", "0.0"])
+def test_on_refuses_a_file_ratio_that_is_not_positive_unless_replaced(site, bad):
+    text = site["prefill"].read_text().replace("enable-hierarchical-cache: true", "enable-hierarchical-cache: false")
+    text = text.replace("hicache-ratio: 2.0 ", f"hicache-ratio: {bad}".ljust(len("hicache-ratio: 2.0 ")))
+    site["prefill"].write_text(text)
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "prefill.yaml: hicache-ratio: " in r.err and "must be > 0 (host pool = ratio x device pool); pass --ratio" in r.err
+    assert site["prefill"].read_text() == text
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "1.5")
+    assert r.code == 0, r.err
+    assert "enable-hierarchical-cache: true\nhicache-ratio: 1.5 " in site["prefill"].read_text()
