@@ -18,6 +18,7 @@ ATTN_CP, MOE_DP, TP, EP; only the parts whose size is > 1 are printed, DP always
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Optional
@@ -34,6 +35,26 @@ _SIZES_RE = re.compile(r"DSV4 pool sizes: full=(\d+), swa=(\d+), c4=(\d+), c128=
 _CALC_RE = re.compile(r"DSV4 memory calculation: (.*)$")
 _PLAN_RE = re.compile(r"DSV4_POOL_PLAN (\{.*\})\s*$")
 _GB_RE = re.compile(r"^([0-9.]+) GB$")
+
+
+class LogFormatError(ValueError):
+    """A pool line whose fields have the wrong type (``line`` 1-based, ``field`` the key)."""
+
+    def __init__(self, line: int, field: str, message: str):
+        super().__init__(f"{line}: {field}: {message}")
+        self.line, self.field, self.message = line, field, message
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(no: int, key: str, v, optional: bool = True) -> Optional[float]:
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise LogFormatError(no, key, f"expected a finite number, got {v!r}")
+    return v
 
 
 @dataclass
@@ -71,7 +92,9 @@ def parse_log(text: str) -> list[RankPools]:
     """One :class:`RankPools` per rank, in first-seen order. For each rank the *last* pool record
     wins (a ``--max-total-tokens`` or PP cap re-derives the sizes and logs them again), and a
     DSV4_POOL_PLAN record beats a stock "DSV4 pool sizes" record. Lines that merely mention the
-    markers without the expected fields are ignored."""
+    markers without the expected fields are ignored (a DSV4_POOL_PLAN line that is not JSON or
+    lacks a pool key). Raises :class:`LogFormatError` for a record with the fields but wrong
+    types (a string pool size, ``bytes_per_full_token=abc``)."""
     ranks: dict[tuple, RankPools] = {}
 
     def get(rank: dict) -> RankPools:
@@ -87,12 +110,19 @@ def parse_log(text: str) -> list[RankPools]:
                 doc = json.loads(m.group(1))
             except ValueError:
                 continue
-            if not all(isinstance(doc.get(p), int) for p in POOLS):
+            if not isinstance(doc, dict) or not all(p in doc for p in POOLS):
                 continue
+            for p in POOLS:
+                if not _is_int(doc[p]) or doc[p] < 0:
+                    raise LogFormatError(no, f"DSV4_POOL_PLAN.{p}", f"expected an integer >= 0, got {doc[p]!r}")
+            for k in ("available_bytes", "max_running_requests"):
+                if doc.get(k) is not None and not _is_int(doc[k]):
+                    raise LogFormatError(no, f"DSV4_POOL_PLAN.{k}", f"expected an integer, got {doc[k]!r}")
+            bpt = _number(no, "DSV4_POOL_PLAN.bytes_per_full_token", doc.get("bytes_per_full_token"))
             r = get(_rank(line, m.start()))
             r.pools = {p: doc[p] for p in POOLS}
             r.source, r.line = "DSV4_POOL_PLAN", no
-            r.bytes_per_full_token = doc.get("bytes_per_full_token", r.bytes_per_full_token)
+            r.bytes_per_full_token = bpt if bpt is not None else r.bytes_per_full_token
             r.available_bytes = doc.get("available_bytes")
             r.max_running_requests = doc.get("max_running_requests")
             continue
@@ -110,7 +140,11 @@ def parse_log(text: str) -> list[RankPools]:
             for part in m.group(1).split(", "):
                 k, _, v = part.partition("=")
                 if k == "bytes_per_full_token":
-                    r.bytes_per_full_token = float(v)
+                    try:
+                        x = float(v)
+                    except ValueError:
+                        raise LogFormatError(no, k, f"expected a number, got {v!r}") from None
+                    r.bytes_per_full_token = _number(no, k, x, optional=False)
                 elif k == "available_bytes" and _GB_RE.match(v):
                     r.available_gib = float(_GB_RE.match(v).group(1))
                 elif k == "full_token" and v.isdigit():

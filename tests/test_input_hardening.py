@@ -256,3 +256,35 @@ def test_duplicate_group_planned_once():
     r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "-g", "decode", "--json")
     assert r.code in (0, 1), r.err
     assert [g["name"] for g in json.loads(r.out)["groups"]] == ["decode"]
+
+
+# --- 8: plan --from-log with malformed pool lines --------------------------------------------
+
+from tests.test_patch_poollog import CALC, PLAN, SIZES  # noqa: E402  (real 0.5.23 line formats)
+
+
+@pytest.mark.parametrize("line,msg", [
+    (f"[t TP0] {CALC.replace('bytes_per_full_token=7737.75', 'bytes_per_full_token=abc')}",
+     "bytes_per_full_token: expected a number, got 'abc'"),
+    (f"[t TP0] {CALC.replace('bytes_per_full_token=7737.75', 'bytes_per_full_token=nan')}",
+     "bytes_per_full_token: expected a finite number, got nan"),
+    ("[t TP0] " + PLAN.replace('7737.75', '"7737.75"'),
+     "DSV4_POOL_PLAN.bytes_per_full_token: expected a finite number, got '7737.75'"),
+    ("[t TP0] " + PLAN.replace('"full":17546240', '"full":"17546240"'),
+     "DSV4_POOL_PLAN.full: expected an integer >= 0, got '17546240'"),
+    ("[t TP0] " + PLAN.replace('"available_bytes":138484778008', '"available_bytes":"x"'),
+     "DSV4_POOL_PLAN.available_bytes: expected an integer, got 'x'"),
+])
+def test_from_log_malformed_line_is_input_error(tmp_path, line, msg):
+    from tests.conftest import DEFAULT_PROFILE
+    log = tmp_path / "server.log"
+    log.write_text(f"[t TP0] {SIZES}\n{line}\n")
+    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--from-log", str(log))
+    assert one_error(r) == f"{log}:2: {msg}"
+
+
+def test_parse_log_raises_log_format_error_with_line():
+    from dsv4ctl.poollog import LogFormatError, parse_log
+    with pytest.raises(LogFormatError) as e:
+        parse_log("x\n\n[t TP1] " + PLAN.replace('"c4":4386560', '"c4":-1') + "\n")
+    assert (e.value.line, e.value.field, e.value.message) == (3, "DSV4_POOL_PLAN.c4", "expected an integer >= 0, got -1")

@@ -12,9 +12,13 @@ from ..render import console, dump_json, markdown_table, rich_table
 
 def log_report(doc: dict, text: str, log_name: str, groups: Optional[list[str]]) -> dict:
     """The ``dsv4ctl.plan-log/1`` document: ``doc`` is a ``dsv4ctl.plan/1`` plan, ``text`` the
-    log. Pure. InputError when the log has no DSV4 pool line or the group is ambiguous."""
-    from ..poollog import compare, match_rank, parse_log
-    records = parse_log(text)
+    log. Pure. InputError when the log has no DSV4 pool line, a pool line has malformed fields
+    (``LOG:LINE: FIELD: message``) or the group is ambiguous."""
+    from ..poollog import LogFormatError, compare, match_rank, parse_log
+    try:
+        records = parse_log(text)
+    except LogFormatError as e:
+        raise InputError(f"{log_name}:{e.line}: {e.field}: {e.message}") from None
     if not records:
         raise InputError(f"{log_name}: no 'DSV4 pool sizes' or 'DSV4_POOL_PLAN' line (SGLang 0.5.23 "
                          "logs them at start-up, before 'KV Cache is allocated')")
