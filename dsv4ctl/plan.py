@@ -14,7 +14,7 @@ from . import capacity as cap
 from .capacity import GIB, CapacityError
 from .errors import InputError
 from .models import REPLICATED_WEIGHTS_GIB, load_model
-from .profile import Group, Profile
+from .profile import MAX_GIB, Group, Profile
 from .serveconfig import read_serve_config
 
 SCHEMA = "dsv4ctl.plan/1"
@@ -59,7 +59,7 @@ def _int(key: str, v: Any, minimum: int = 0) -> int:
     return x
 
 
-def _float(key: str, v: Any, minimum: float = 0.0) -> float:
+def _float(key: str, v: Any, minimum: float = 0.0, maximum: float = float("inf")) -> float:
     try:
         if isinstance(v, bool):
             raise ValueError
@@ -68,6 +68,8 @@ def _float(key: str, v: Any, minimum: float = 0.0) -> float:
         raise InputError(f"{key}: expected a number, got {v!r}") from None
     if x != x or x < minimum or x == float("inf"):
         raise InputError(f"{key}: must be a finite number >= {minimum}, got {v!r}")
+    if x > maximum:
+        raise InputError(f"{key}: must be <= {maximum:g}, got {v!r}")
     return x
 
 
@@ -92,8 +94,8 @@ SET_KEYS: dict[str, str] = {
     "disable_radix_cache": "bool", "disable_overlap_schedule": "bool", "swa_prefix_tails": "int",
     "moe_a2a_backend": "optstr", "cuda_graph_max_bs": "int", "disable_cuda_graph": "bool",
     "_swa_full_tokens_ratio_explicitly_set": "bool",
-    "free_gib_before_load": "float", "weights_gib_per_rank": "float", "other_gib": "float",
-    "gpu_memory_mib": "int",
+    "free_gib_before_load": "gib", "weights_gib_per_rank": "gib", "other_gib": "gib",
+    "gpu_memory_mib": "mib",
     "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "bool",
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
     "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "bool", "SGLANG_PP_LAYER_PARTITION": "str",
@@ -131,6 +133,13 @@ def _coerce(label: str, kind: str, value: Any) -> Any:
         return _int(label, value, minimum=-1)
     if kind == "float":
         return _float(label, value)
+    if kind == "gib":     # memory in GiB: the profile schema's bound (profile.MAX_GIB)
+        return _float(label, value, maximum=MAX_GIB)
+    if kind == "mib":
+        x = _int(label, value, minimum=1)
+        if x > MAX_GIB * 1024:
+            raise InputError(f"{label}: must be <= {MAX_GIB * 1024}, got {x}")
+        return x
     if kind == "bool":
         return _bool(label, value)
     if kind == "optstr":

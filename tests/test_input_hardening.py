@@ -288,3 +288,17 @@ def test_parse_log_raises_log_format_error_with_line():
     with pytest.raises(LogFormatError) as e:
         parse_log("x\n\n[t TP1] " + PLAN.replace('"c4":4386560', '"c4":-1') + "\n")
     assert (e.value.line, e.value.field, e.value.message) == (3, "DSV4_POOL_PLAN.c4", "expected an integer >= 0, got -1")
+
+
+# --- 1 (what-ifs): --set memory values are bounded like the profile's --------------------------
+
+@pytest.mark.parametrize("item,msg", [
+    ("free_gib_before_load=1e300", "--set free_gib_before_load: must be <= 100000, got '1e300'"),
+    ("other_gib=1e300", "--set other_gib: must be <= 100000, got '1e300'"),
+    ("weights_gib_per_rank=inf", "--set weights_gib_per_rank: must be a finite number >= 0.0, got 'inf'"),
+    ("gpu_memory_mib=0", "--set gpu_memory_mib: must be >= 1, got 0"),
+    ("gpu_memory_mib=1000000000000", "--set gpu_memory_mib: must be <= 102400000, got 1000000000000"),
+])
+def test_set_memory_bounds(item, msg):
+    from tests.conftest import DEFAULT_PROFILE
+    assert one_error(run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--set", item)) == msg
