@@ -229,3 +229,31 @@ def test_pd_decode_canary_checked_through_the_router(pd_world):
     assert len(list((w.cache / "releases").iterdir())) == n
     assert w.currents() == {"h0": new, "h1": new, "h2": new}
     assert starts(w, "h1", "decode") == [first, new]
+
+
+def test_rest_failing_its_health_gate_rolls_the_canary_back_too(world):
+    w = world
+    r = cli(w, "deploy", "--promote", "--json", "--concurrency", "20", "--min-requests", "40",
+            "--max-corruption", "0.1")           # 0/40 passes at 10 % (Wilson upper bound 8.8 %)
+    assert r.code == 0, r.err
+    good = r.json()["release"]
+    # group b (h1, not the canary) gets a launch command that dies: the canary passes its checks,
+    # the rest fails its health gate -> both hosts back on the good release
+    import yaml
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["groups"][1]["launch"] = "sh -c 'echo RuntimeError: CUDA out of memory >&2; exit 1'"
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli(w, "deploy", "--promote", "--concurrency", "20", "--min-requests", "40",
+            "--max-corruption", "0.1")           # 0/40 passes at 10 % (Wilson upper bound 8.8 %)
+    assert r.code == 1, r.err
+    bad = next(x.name for x in (w.cache / "releases").iterdir() if x.name.startswith("r") and x.name != good)
+    assert f"deploy --promote of {bad}: health gate of the rest failed: host h1 group b:" in r.err
+    assert "CUDA out of memory" in r.err
+    assert f"rolled back h0, h1 to {good}" in r.err
+    assert w.currents() == {"h0": good, "h1": good}
+    assert starts(w, "h0", "a") == [good, bad, good] and starts(w, "h1", "b") == [good, bad, good]
+    edir = next((w.cache / "evidence" / bad).iterdir())
+    assert [c["passed"] for c in json.loads((edir / "summary.json").read_text())["checks"]] == [True, True]
+    for h in ("h0", "h1"):
+        assert w.state(h)["releases"][bad]["state"] == "failed"
+        assert w.state(h)["releases"][bad]["failed_check"] == "health gate of the rest"
