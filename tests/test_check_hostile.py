@@ -163,3 +163,10 @@ def test_unwritable_records_fail_before_the_load(root, tmp_path):
     ok = tmp_path / "ok.jsonl"
     run_cli("check", "load", root + "/nullchoice", *LOAD, "--records", str(ok))
     assert ok.read_text().startswith("{") and len(ok.read_text().splitlines()) == 4
+
+
+def test_load_rejects_a_model_id_that_is_not_a_string(root):
+    r = run_cli("check", "load", root + "/models_weird", *LOAD)
+    assert r.code == 2 and r.err.strip() == f"dsv4ctl: error: {root}/models_weird/v1/models: HTTP 200, no model listed"
+    r = run_cli("check", "load", root + "/hugemodels", *LOAD)
+    assert r.code == 2 and r.err.strip().endswith(f"larger than {C.MAX_JSON_BODY} bytes") and "Traceback" not in r.err

@@ -162,3 +162,14 @@ def test_api_key_is_sent_and_never_printed(tmp_path):
         assert key not in r.out + r.err + (tmp_path / "r.jsonl").read_text()
         r = run_cli("check", "load", url, "-c", "4", "--no-progress")
         assert r.code == 2 and "HTTP 401" in r.err
+
+
+def test_judge_server_info_cuts_long_server_values():
+    good = {"version": "0.5.23", "tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}
+    r = judge_server_info({**good, "version": "9" * 5000, "tool_call_parser": list(range(1000))}, Worker("w", "u"))
+    assert r["status"] == "fail"
+    assert r["reason"].startswith("version '" + "9" * 80 + "...', expected 0.5.23; tool_call_parser '[0, 1, 2")
+    assert len(r["reason"]) < 300 and len(r["detail"]["version"]) == 83
+    r = judge_server_info({**good, "enable_hierarchical_cache": True, "hicache_write_policy": "p" * 1000},
+                          Worker("w", "u"))
+    assert r["status"] == "pass" and r["reason"].endswith("(ratio None, " + "p" * 80 + "...)")

@@ -100,12 +100,16 @@ async def fetch_json(http: aiohttp.ClientSession, url: str, timeout: float = 10.
 
 
 async def discover_model(http: aiohttp.ClientSession, base: str) -> str:
-    """The first model id of ``GET base/v1/models``. ConnectError if unreachable or not a model list."""
+    """The first model id of ``GET base/v1/models``. ConnectError if unreachable or not a model
+    list (an id that is not a non-empty string included); BadResponse if over the size limit."""
     status, doc = await fetch_json(http, base + "/v1/models")
     try:
         if status != 200:
             raise KeyError
-        return str(doc["data"][0]["id"])
+        mid = doc["data"][0]["id"]
+        if not isinstance(mid, str) or not mid:
+            raise TypeError
+        return mid
     except (KeyError, IndexError, TypeError):
         raise ConnectError(f"{base}/v1/models: HTTP {status}, no model listed") from None
 

@@ -43,6 +43,17 @@ def line(check: str, target: str, status: str, reason: str, **detail: Any) -> di
     return {"check": check, "target": target, "status": status, "reason": reason, "detail": detail}
 
 
+def _short(v: Any, n: int = 80) -> Any:
+    """A server-reported value for a reason line: strings over ``n`` characters and containers are
+    cut to ``n`` characters (of their repr) with "..." appended; other values as they are."""
+    if isinstance(v, str):
+        return v if len(v) <= n else v[:n] + "..."
+    if isinstance(v, (list, dict)):
+        r = repr(v)
+        return v if len(r) <= n else r[:n] + "..."
+    return v
+
+
 def judge_server_info(info: Any, worker: Worker) -> dict:
     """Pure: the ``server_info`` line for one worker's decoded JSON."""
     if not isinstance(info, dict):
@@ -50,19 +61,20 @@ def judge_server_info(info: Any, worker: Worker) -> dict:
     detail = {k: info.get(k) for k in ("version", "tool_call_parser", "reasoning_parser", "disaggregation_mode",
                                       "enable_hierarchical_cache", "hicache_ratio", "hicache_write_policy",
                                       "hicache_storage_backend", "served_model_name")}
+    detail = {k: _short(v) for k, v in detail.items()}
     problems = []
     if info.get("version") != EXPECT_VERSION:
-        problems.append(f"version {info.get('version')!r}, expected {EXPECT_VERSION}")
+        problems.append(f"version {_short(info.get('version'))!r}, expected {EXPECT_VERSION}")
     for k, want in EXPECT.items():
         if info.get(k) != want:
-            problems.append(f"{k} {info.get(k)!r}, expected {want!r}")
+            problems.append(f"{k} {_short(info.get(k))!r}, expected {want!r}")
     running = bool(info.get("enable_hierarchical_cache"))
     if worker.hicache_configured is not None and running != worker.hicache_configured:
         problems.append(f"HiCache running {'on' if running else 'off'} but the serve config says "
                         f"{'on' if worker.hicache_configured else 'off'}")
     summary = (f"{info.get('version')}, parsers {info.get('tool_call_parser')}/{info.get('reasoning_parser')}, "
-               f"disaggregation {info.get('disaggregation_mode')}, HiCache {'on' if running else 'off'}"
-               + (f" (ratio {info.get('hicache_ratio')}, {info.get('hicache_write_policy')})" if running else ""))
+               f"disaggregation {_short(info.get('disaggregation_mode'))}, HiCache {'on' if running else 'off'}"
+               + (f" (ratio {_short(info.get('hicache_ratio'))}, {_short(info.get('hicache_write_policy'))})" if running else ""))
     if problems:
         return line("server_info", worker.name, "fail", "; ".join(problems), **detail)
     return line("server_info", worker.name, "pass", summary, **detail)

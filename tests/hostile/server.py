@@ -34,6 +34,7 @@ MODES = {
     "usage_str": 'chat: a valid answer with "usage": "lots" (SSE too)',
     "weird_types": "chat: content a list, name an int, finish_reason an int",
     "models_garbage": "/v1/models: bytes that are not UTF-8",
+    "models_weird": "/v1/models: a model id that is an object",
 }
 
 
@@ -68,6 +69,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     if rest == "/v1/models":
         if mode == "models_garbage":
             return web.Response(body=b"\x00\xff\xfe garbage", content_type="application/json")
+        if mode == "models_weird":
+            return web.json_response({"data": [{"id": {"nested": [1]}}]})
         if mode == "hugemodels":
             return await _big(request, b'{"data": [{"id": "', 20 * MIB, b'"}]}')
         return web.json_response({"object": "list", "data": [{"id": "m"}]})
