@@ -302,3 +302,27 @@ def test_parse_log_raises_log_format_error_with_line():
 def test_set_memory_bounds(item, msg):
     from tests.conftest import DEFAULT_PROFILE
     assert one_error(run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--set", item)) == msg
+
+
+# --- serve config and env numbers ------------------------------------------------------------
+
+@pytest.mark.parametrize("old,new,anchor,msg", [
+    ("mem-fraction-static: 0.885", "mem-fraction-static: .nan", "mem-fraction-static",
+     "mem-fraction-static: must be a finite number >= 0.0, got nan"),
+    ("max-running-requests: 128", "max-running-requests: 128.0", "max-running-requests",
+     "max-running-requests: expected an integer, got 128.0"),
+])
+def test_serve_config_numbers(tmp_path, old, new, anchor, msg):
+    prof = copy_profile(tmp_path)
+    sc = tmp_path / "dsv4-flash-8xb200-pd" / "decode.yaml"
+    text = edit(sc, old, new)
+    assert one_error(plan(prof, "-g", "decode")) == f"{sc}:{line_of(text, anchor)}: {msg}"
+
+
+def test_profile_env_nan(tmp_path):
+    prof = copy_profile(tmp_path)
+    text = edit(prof, "    tp: 4\n    serve_config: dsv4-flash-8xb200-pd/decode.yaml",
+                "    tp: 4\n    env: {SGLANG_SWA_EVICTION_INTERVAL: .nan}\n"
+                "    serve_config: dsv4-flash-8xb200-pd/decode.yaml")
+    assert one_error(plan(prof)) == (f"{prof}:{line_of(text, 'SGLANG_SWA_EVICTION_INTERVAL')}: "
+                                     "groups[1].env.SGLANG_SWA_EVICTION_INTERVAL: must be a finite number, got nan")
