@@ -257,3 +257,46 @@ def test_rest_failing_its_health_gate_rolls_the_canary_back_too(world):
     for h in ("h0", "h1"):
         assert w.state(h)["releases"][bad]["state"] == "failed"
         assert w.state(h)["releases"][bad]["failed_check"] == "health gate of the rest"
+
+
+def test_sigterm_during_check_load_puts_the_canary_back(world):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    w = world
+    r = cli(w, "deploy", "--promote", "--json", "--concurrency", "20", "--min-requests", "40",
+            "--max-corruption", "0.1")
+    assert r.code == 0, r.err
+    good = r.json()["release"]
+    w.hicache(True)
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", "--promote", "--turns", "400",
+                             "--concurrency", "4", str(w.profile)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, **w.env()))
+    err = ""
+    deadline = time.monotonic() + 120
+    while "check load: dsv4ctl check load" not in err and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        err += line
+    time.sleep(1.0)                                   # the load is running against the canary
+    proc.send_signal(signal.SIGTERM)
+    out, rest = proc.communicate(timeout=120)
+    err += rest
+    assert proc.returncode == 130, err
+    assert "dsv4ctl: error: interrupted" in err
+    assert w.currents() == {"h0": good, "h1": good}
+    bad = next(x.name for x in (w.cache / "releases").iterdir() if x.name.startswith("r") and x.name != good)
+    assert starts(w, "h0", "a")[-1] == good and starts(w, "h1", "b") == [good]
+    assert w.state("h0")["releases"][bad]["state"] == "failed"
+    assert w.audit("h0")[-1]["result"] == "interrupted"
+    assert not (w.roots["h0"] / ".lock").exists()
+    # the check child did not outlive the run
+    child = f"check load http://{w.hosts[0].address}:{w.ports['a']} --json"
+    assert f"dsv4ctl {child}" in err
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert child not in ps
