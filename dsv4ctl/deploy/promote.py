@@ -149,8 +149,7 @@ def check_verdict(kind: str, code: int, doc: dict | None, err: str) -> tuple[boo
 def pipeline_lines(site, rid: str, po: PromoteOptions, pre: dict | None) -> list[str]:
     """The ``--dry-run`` lines of ``deploy --promote``: preflight result, then every action per
     host in execution order (push, canary switch, checks, the rest, good)."""
-    from .engine import host_groups, launch_spec, link_bases, start_command
-    from .layout import Paths  # noqa: F401  (documentation: site.paths are Paths)
+    from .engine import health_timeout, host_groups, launch_spec, link_bases, start_command
     spec = launch_spec(site.profile)
     canary = first_deploy_canary(po.canary_hosts, {h: site.facts[h].current for h in site.hosts})
     rest = [h for h in site.hosts if h not in canary]
@@ -178,7 +177,7 @@ def pipeline_lines(site, rid: str, po: PromoteOptions, pre: dict | None) -> list
                 lines.append(f"{h}: [{name}] restart {grp}: {start_command(site, h, rid, grp, spec[grp])}")
         if hosts:
             lines.append(f"[{name}] gate: /health of every worker, then a 1-token chat completion "
-                         f"(timeout {site.opts.health_timeout or site.profile.deploy.get('health_timeout_s', 900):g} s)")
+                         f"(timeout {health_timeout(site):g} s)")
         if name == "rest" and hosts and url:
             lines.append(f"[rest] dsv4ctl {' '.join(check_argv('smoke', str(site.profile.path), po))}")
         if name == "canary":
