@@ -170,3 +170,25 @@ def test_load_rejects_a_model_id_that_is_not_a_string(root):
     assert r.code == 2 and r.err.strip() == f"dsv4ctl: error: {root}/models_weird/v1/models: HTTP 200, no model listed"
     r = run_cli("check", "load", root + "/hugemodels", *LOAD)
     assert r.code == 2 and r.err.strip().endswith(f"larger than {C.MAX_JSON_BODY} bytes") and "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("mode", ["flood", "noline"])
+def test_endless_answers_stay_within_a_small_address_space(root, mode):
+    # an endless stream used to grow the client until MemoryError; with the limits the real CLI
+    # finishes under a 400 MiB address-space cap (RLIMIT_AS) with every turn classified
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    cap = 400 << 20
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "check", "load", root + "/" + mode, "-c", "4",
+                        "--turns", "2", "--min-requests", "8", "--no-progress", "--json", "--no-metrics"],
+                       cwd=REPO, capture_output=True, text=True, preexec_fn=limit, timeout=60)
+    assert p.returncode == 1 and "MemoryError" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    lv = json.loads(p.stdout)["levels"][0]
+    assert (lv["turns"], lv["classes"]["http_error"]["count"]) == (8, 8)
