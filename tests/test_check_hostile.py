@@ -192,3 +192,21 @@ def test_endless_answers_stay_within_a_small_address_space(root, mode):
     assert p.returncode == 1 and "MemoryError" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
     lv = json.loads(p.stdout)["levels"][0]
     assert (lv["turns"], lv["classes"]["http_error"]["count"]) == (8, 8)
+
+
+def test_records_write_failing_mid_run_is_one_line_exit_2(root, tmp_path):
+    # the write probe passes, then the file hits RLIMIT_FSIZE (EFBIG; Python ignores SIGXFSZ)
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+    rec = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "check", "load", root + "/nullchoice", "-c", "2",
+                        "--turns", "2", "--min-requests", "40", "--no-progress", "--json", "--no-metrics",
+                        "--records", str(rec)], cwd=REPO, capture_output=True, text=True, preexec_fn=limit, timeout=60)
+    assert p.returncode == 2 and p.stderr == f"dsv4ctl: error: --records {rec}: write failed: File too large\n"
+    assert p.stdout == "" and rec.stat().st_size <= 3000

@@ -219,7 +219,10 @@ def load(
         raise InputError(f"--records {records}: write failed: {e.strerror or e}") from None
     finally:
         if rec_file:
-            rec_file.close()
+            try:
+                rec_file.close()
+            except OSError:     # line-buffered: only the part of a line that failed is lost
+                pass
     _print_load(doc, as_json, markdown)
     if not doc["pass"]:
         bad = [lv for lv in doc["levels"] if not lv["pass"]][0]
