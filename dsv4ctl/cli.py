@@ -21,7 +21,7 @@ HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hica
 COMMAND_MODULES = ("plan", "patch", "deploy", "config", "hicache", "check", "runbook")
 # Top-level command name -> the module that registers it (for the start-up fast path).
 COMMAND_OWNER = {"plan": "plan", "patch": "patch", "deploy": "deploy", "rollback": "deploy",
-                 "releases": "deploy", "config": "config", "hicache": "hicache", "check": "check",
+                 "releases": "deploy", "promote": "deploy", "config": "config", "hicache": "hicache", "check": "check",
                  "runbook": "runbook"}
 
 
