@@ -265,6 +265,9 @@ def _deploy_like(verb: str):
     if verb == "rollback":
         for k in ("tree", "base", "patch"):
             flags.pop(k)
+    else:
+        flags.update({"promote": "--promote", "canary": "--canary", "concurrency": "--concurrency",
+                      "max_corruption": "--max-corruption", "turns": "--turns", "min_requests": "--min-requests"})
 
     def argv(ctx: RunContext, args: dict) -> list[str]:
         return _cli_argv(ctx, [verb] + _profile_args(ctx), args, flags)
