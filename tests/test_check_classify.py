@@ -442,3 +442,15 @@ def test_completion_with_good_usage_keeps_it():
     r = C.parse_completion({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
                             "usage": {"completion_tokens": 3}})
     assert (r.content, r.finish_reason, r.usage) == ("ok", "stop", {"completion_tokens": 3})
+
+
+def test_too_many_content_chunks_is_a_protocol_error(monkeypatch):
+    # each piece is a kept string and an inter-token gap: tiny pieces must not dodge MAX_CONTENT
+    assert C.MAX_PIECES == 1 << 20
+    monkeypatch.setattr(C, "MAX_PIECES", 5)
+    a = C.StreamAssembler()
+    for _ in range(5):
+        a.feed_chunk({"choices": [{"index": 0, "delta": {"content": "ab"}}]})
+    a.feed_chunk({"choices": [{"index": 0, "delta": {}}]})          # no piece: not counted
+    with pytest.raises(C.ProtocolError, match="more than 5 content chunks in one response"):
+        a.feed_chunk({"choices": [{"index": 0, "delta": {"content": "ab"}}]})

@@ -74,6 +74,7 @@ class ProtocolError(ValueError):
 MAX_JSON_BODY = 16 << 20     # one non-streaming response body or GET document, bytes
 MAX_SSE_LINE = 1 << 20       # one SSE line, and one event's joined ``data`` payload, bytes
 MAX_CONTENT = 8 << 20        # assembled content + reasoning + tool-call arguments of one turn, characters
+MAX_PIECES = 1 << 20         # content-bearing SSE chunks of one turn (each is a kept string and an ITL gap)
 
 
 def _opt_str(v: Any, what: str) -> Optional[str]:
@@ -307,6 +308,8 @@ class StreamAssembler:
                 tcs = _opt_list(delta.get("tool_calls"), "delta.tool_calls")
                 if content or reasoning or tcs:
                     self.pieces += 1
+                    if self.pieces > MAX_PIECES:
+                        raise ProtocolError(f"more than {MAX_PIECES} content chunks in one response")
                     if content:
                         self._grow(len(content))
                         self._content.append(content)

@@ -6,7 +6,7 @@ callback. "No progress within the stall timeout" is aiohttp's ``sock_read`` time
 the response (headers or body) for ``stall_timeout`` seconds → the turn is ``stuck``; so is a turn
 whose complete answer has not arrived within ``turn_timeout`` seconds (a server dripping bytes).
 Bodies are read with the size limits of :mod:`.classify` (``MAX_JSON_BODY``, ``MAX_SSE_LINE``,
-``MAX_CONTENT``); a response over a limit is a protocol error, never a MemoryError.
+``MAX_CONTENT``, ``MAX_PIECES``); a response over a limit is a protocol error, never a MemoryError.
 """
 
 from __future__ import annotations
