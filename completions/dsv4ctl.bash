@@ -4,7 +4,7 @@
 # Install: `source completions/dsv4ctl.bash`, or copy it to
 # ~/.local/share/bash-completion/completions/dsv4ctl (bash-completion loads it on demand).
 
-_dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set available_bytes chunked_prefill_size context_length cuda_graph_max_bs disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_memory_mib index_k_accounting index_k_dtype max_running_requests max_total_tokens mem_fraction_static model moe_a2a_backend other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
+_dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set available_bytes chunked_prefill_size context_length cuda_graph_max_bs disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_memory_mib index_k_accounting index_k_dtype max_prefill_tokens max_running_requests max_total_tokens mem_fraction_static model moe_a2a_backend other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
 _dsv4ctl_w2='dsv4-flash-8xb200-pd'
 _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 
@@ -43,7 +43,7 @@ _dsv4ctl_opts() {
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --no-progress --progress --api-key --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --no-progress --progress --api-key --json --markdown -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;
@@ -115,6 +115,7 @@ _dsv4ctl_optkind() {
     'check load|--min-requests') echo any ;;
     'check load|--stream') echo any ;;
     'check load|--stall-timeout') echo any ;;
+    'check load|--turn-timeout') echo any ;;
     'check load|--max-corruption') echo any ;;
     'check load|--records') echo file ;;
     'check load|--model') echo any ;;

@@ -3,7 +3,7 @@
 
 # Install: copy to ~/.config/fish/completions/dsv4ctl.fish, or `source completions/dsv4ctl.fish`.
 
-set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'available_bytes' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'model' 'moe_a2a_backend' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
+set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'available_bytes' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_prefill_tokens' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'model' 'moe_a2a_backend' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
 set -g __dsv4ctl_w2 'dsv4-flash-8xb200-pd'
 set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transfer-wedge'
 
@@ -56,7 +56,7 @@ function __dsv4ctl_takes_value
         case 'check smoke'
             contains -- $argv[2] -p --profile --model --timeout --api-key
         case 'check load'
-            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --max-corruption --records --model --answer-words --api-key
+            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --model --answer-words --api-key
         case 'runbook run'
             contains -- $argv[2] -p --profile --resume --report-dir
         case '*'
@@ -285,7 +285,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'load' -d 'N concurrent mu
 complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile: workers from its server groups, entry = its router.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l timeout -r -f -d 'Seconds without progress before a probe fails.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l timeout -r -f -d 'Seconds for each probe\'s complete answer (and without progress) before it fails.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l api-key -r -f -d 'Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l json -d 'Print the dsv4ctl.check.smoke/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l markdown -d 'Print Markdown.'
@@ -297,6 +297,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l turns -r -f -d 'Turns pe
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l min-requests -r -f -d 'Turns per level at least (default: enough for 0 failures to pass the gate, 38...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l stream -r -f -d 'on | off | mixed (even sessions stream).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l stall-timeout -r -f -d 'Seconds without a byte before a turn is stuck (default 60).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l turn-timeout -r -f -d 'Seconds for one turn\'s complete answer before it is stuck.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l max-corruption -r -f -d 'Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (def...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l records -r -F -d 'Write per-turn records (JSONL, with request ids) here.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l metrics -l no-metrics -d 'Scrape /metrics before and after each level.'
