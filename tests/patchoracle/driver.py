@@ -21,10 +21,7 @@ import logging
 import sys
 from types import SimpleNamespace as NS
 
-try:  # the shared stand-in, when it has landed
-    from tests.oracle import tv_stub
-except ImportError:  # pragma: no cover
-    from tests.patchoracle import tv_stub
+from tests.oracle import tv_stub
 
 
 class _Capture(logging.Handler):
