@@ -54,12 +54,12 @@ def content_mtime(sha256_hex: str) -> int:
 
 
 def parse_series(text: str) -> list[str]:
-    """Patch names from a quilt-style ``series`` file: one per line, ``#`` comments, blank lines
-    skipped, options after the name (``-p1``) ignored."""
+    """Patch names from a ``series`` file (docs/patch.md): one per line, ``#`` comments, blank
+    lines and the ``base sglang==VERSION`` header skipped, facts/options after the name ignored."""
     out = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
-        if line:
+        if line and line.split()[0] != "base":
             out.append(line.split()[0])
     return out
 
