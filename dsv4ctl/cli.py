@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     from .render import error_line
     try:
         args = sys.argv[1:] if argv is None else argv
+        if not args:
+            args = ["--help"]       # bare `dsv4ctl`: the help, not a usage error
         result = build_app(modules_for(args))(args=args, standalone_mode=False, prog_name="dsv4ctl")
         if isinstance(result, int) and not isinstance(result, bool) and result:
             # typer turns Ctrl-C into a returned 130 in non-standalone mode
