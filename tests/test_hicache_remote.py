@@ -25,21 +25,10 @@ def run_cli(*args, **kw):
     return _run_cli(*args, **kw)
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401  (fixtures)
 from tests.standin.harness import free_port
+from tests.standin.harness import wait_health as _wait_health
 
 pytestmark = pytest.mark.sshd
 SRC = REPO / "profiles" / "dsv4-flash-8xb200-pd"
-
-
-def _wait_health(url: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} not healthy")
 
 
 def _info(url: str) -> dict:

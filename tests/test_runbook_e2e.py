@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401  (fixtures)
-from tests.standin.harness import free_port
+from tests.standin.harness import free_port, wait_health
 
 pytestmark = pytest.mark.sshd
 
@@ -42,18 +42,6 @@ enable-metrics: true
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.load(r)
-
-
-def _wait_health(url: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy")
 
 
 @pytest.fixture
@@ -91,7 +79,7 @@ def incident(live_cluster, tmp_path):
     (root / "run" / "prefill.pid").write_text(str(proc.pid))
     url = f"http://{h.address}:{port}"
     try:
-        _wait_health(url)
+        wait_health(url, timeout=90)
         yield dict(profile=pfile, root=root, url=url, live=root / "current" / "configs" / "prefill.yaml",
                    local=local / "prefill.yaml", runs=tmp_path / "runs")
     finally:

@@ -30,6 +30,19 @@ SERVE_CONFIG = {
 """A minimal SGLang 0.5.23 serve config for DeepSeek-V4 (HiCache off)."""
 
 
+def wait_health(url: str, timeout: float = 20) -> None:
+    """Poll ``url``/health until it answers 200; RuntimeError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} not healthy")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
