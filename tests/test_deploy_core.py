@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from dsv4ctl.deploy.engine import launch_spec, parse_rsync_stats, switch_cmd
 from dsv4ctl.deploy.layout import (HostFacts, Paths, choose_rollback_target, facts_command, parse_facts,
                                    render_launch, select_prune)
-from dsv4ctl.deploy.service import Launcher, Systemd, backend, log_tail_cmd
+from dsv4ctl.deploy.service import GROUP_RUNNING_FN, Launcher, Systemd, backend, log_tail_cmd
 from dsv4ctl.errors import InputError
 from dsv4ctl.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, parse_series, patch_paths,
                              release_id, series_patches)
@@ -222,14 +223,83 @@ def test_launcher_start_stop_and_log_tail(tmp_path):
     assert tail[0].startswith("=== dsv4ctl start g release r1 at ") and tail[1:] == ["started bar", str(tmp_path / "releases" / "r1")]
     t.run(L.stop_cmd(p, "g"))
     assert not (tmp_path / "run" / "g.pid").exists()
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    assert gone_or_zombie(pid)
     assert t.run(L.alive_cmd(p, "g"), check=False).code != 0
     # a second start appends; the tail only shows the last start
     t.run(L.start_cmd(p, "g", "r1", "echo second; exit 3", {}))
     time.sleep(0.3)
     assert t.run(log_tail_cmd(p, "g", 5)).out.splitlines()[1:] == ["second", "=== dsv4ctl: g exited with status 3"]
     assert t.run(L.alive_cmd(p, "g"), check=False).code != 0
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_group_running_ignores_zombies(shell):
+    """A process group whose only member is a zombie (exited, not yet reaped: what PID 1 in a
+    container leaves behind) is not running; a live member is; no group at all is not."""
+    check = lambda pgid: subprocess.run([shell, "-c", GROUP_RUNNING_FN + f" group_running {pgid}"]).returncode  # noqa: E731
+    live = subprocess.Popen(["sleep", "30"], process_group=0)
+    dead = subprocess.Popen(["true"], process_group=0)
+    try:
+        for _ in range(100):            # wait until `true` has exited (a zombie: nobody reaped it yet)
+            if gone_or_zombie(dead.pid):
+                break
+            time.sleep(0.02)
+        os.kill(dead.pid, 0)            # still exists as a zombie ...
+        assert check(dead.pid) == 1     # ... but does not count as running
+        assert check(live.pid) == 0
+    finally:
+        live.kill()
+        live.wait()
+        dead.wait()
+    assert check(dead.pid) == 1 and check(live.pid) == 1
+
+
+def test_launcher_stop_does_not_wait_for_zombies(tmp_path):
+    """The stand-in's wrapper shell and its server die together on SIGTERM; the server's zombie
+    waits for PID 1 to reap it. Stop returns without waiting out stop_timeout."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_CHILD_SUBREAPER = 36
+    # this test process adopts the orphans and does not reap them: a container's PID 1 that never does
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    members: list[int] = []
+    try:
+        t = LocalTransport("l")
+        p = Paths(str(tmp_path))
+        (tmp_path / "releases" / "r1").mkdir(parents=True)
+        L = Launcher(stop_timeout=20)
+        t.run(L.start_cmd(p, "g", "r1", "sleep 60 & sleep 60", {}))
+        pid = int((tmp_path / "run" / "g.pid").read_text())
+        time.sleep(0.2)
+        members = [int(d) for d in os.listdir("/proc") if d.isdigit() and _pgid(int(d)) == pid]
+        assert len(members) >= 3             # the wrapper shell, its subshell and the two sleeps
+        t0 = time.monotonic()
+        t.run(L.stop_cmd(p, "g"))
+        assert time.monotonic() - t0 < 10    # counting zombies would wait the full 20 s, then KILL
+        assert not (tmp_path / "run" / "g.pid").exists()
+        assert all(gone_or_zombie(m) for m in members)
+        assert any(gone_or_zombie(m) and os.path.exists(f"/proc/{m}") for m in members)  # zombies were there
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        for m in members:
+            try:
+                os.waitpid(m, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[2])
+    except (OSError, IndexError):
+        return None
 
 
 def test_systemd_unit_and_backend_choice():

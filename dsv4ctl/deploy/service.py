@@ -15,6 +15,15 @@ from ..remote import q
 from .layout import Paths
 
 
+#: ``group_running PGID``: exit 0 while a non-zombie process of process group PGID exists
+#: (reads ``/proc/*/stat``: state and pgrp follow the last ``") "``; without /proc, any member
+#: counts). POSIX sh, no forks.
+GROUP_RUNNING_FN = (  # "kill -SIG -PGID": dash has no "kill --"
+    'group_running() { kill -0 -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
+    'for s in /proc/[0-9]*/stat; do read -r l 2>/dev/null <"$s" || continue; l=${l##*") "}; '
+    'set -- "$1" $l; [ "$4" = "$1" ] && [ "$2" != Z ] && return 0; done; return 1; };')
+
+
 class Launcher:
     """Supervised launcher with pid and log files (hosts without systemd)."""
 
@@ -24,12 +33,15 @@ class Launcher:
         self.stop_timeout = stop_timeout
 
     def stop_cmd(self, p: Paths, group: str) -> str:
+        """SIGTERM to the group's process group, wait up to ``stop_timeout`` s while any member
+        is still running, then SIGKILL. Zombies do not count as running: a member whose parent
+        died first is only reaped by PID 1, which in a container may be slow or never."""
         pf = q(p.pidfile(group))
         n = max(1, int(self.stop_timeout * 10))
-        return (f"if [ -f {pf} ]; then pid=$(cat {pf}); "
-                f"kill -TERM -- -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null || true; "
-                f"i=0; while kill -0 -- -$pid 2>/dev/null && [ $i -lt {n} ]; do sleep 0.1; i=$((i+1)); done; "
-                f"kill -KILL -- -$pid 2>/dev/null || true; rm -f {pf}; fi")
+        return (f"if [ -f {pf} ]; then pid=$(cat {pf}); {GROUP_RUNNING_FN} "
+                f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null || true; "
+                f"i=0; while group_running $pid && [ $i -lt {n} ]; do sleep 0.1; i=$((i+1)); done; "
+                f"kill -KILL -$pid 2>/dev/null || true; rm -f {pf}; fi")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:
         pf, lf = q(p.pidfile(group)), q(p.logfile(group))
