@@ -228,6 +228,70 @@ def test_remote_atomic_write_audit_and_rsync(live_cluster, tmp_path):
     assert (tmp_path / "dst" / "d" / "f").read_text() == "data"
 
 
+def _mux_masters(path: str) -> list[int]:
+    """Pids of ssh processes whose command line names the control socket ``path``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if f"ControlPath={path}".encode() in open(f"/proc/{d}/cmdline", "rb").read():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def test_rsync_joins_the_master_connection(live_cluster, tmp_path):
+    """start_mux opens one OpenSSH master in a private folder; rsync's ssh joins it instead of
+    connecting by itself; close() ends the master and removes the folder."""
+    c = live_cluster
+    h = c.hosts[1]
+    t = ssh_for(c, h)
+    t.start_mux()
+    path = t._mux["path"]
+    args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
+    assert f"ControlPath={path}" in args[1] and "ControlMaster=no" in args[1]
+    assert os.path.exists(path) and _mux_masters(path)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("via the master")
+    # the master is the only route: a client that may not connect by itself still gets through
+    r = subprocess.run(["rsync", "-a", "-e", args[1] + " -o ConnectTimeout=1 -p 1", f"{src}/", dest],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "dst" / "f").read_text() == "via the master"
+    folder = os.path.dirname(path)
+    assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+    t.close()
+    assert not os.path.exists(folder)
+    for _ in range(50):
+        if not _mux_masters(path):
+            break
+        time.sleep(0.1)
+    assert not _mux_masters(path)
+    t.close()   # twice is fine
+
+
+def test_rsync_without_a_master_when_the_host_key_is_unknown(live_cluster, tmp_path):
+    """With --accept-new-host-keys and an unknown key the master (strict checking) cannot
+    start; rsync then connects by itself once paramiko has accepted the key."""
+    c = live_cluster
+    h = c.hosts[3]
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    t = ssh_for(c, h, known_hosts=str(kh), accept_new_host_keys=True)
+    t.start_mux()
+    assert t._mux_path() is None      # the master refused the unknown key and exited
+    t.run("true")                     # paramiko accepts and records the key
+    args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
+    assert "ControlPath" not in args[1]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_text("direct")
+    subprocess.run(["rsync", "-a", *args, f"{tmp_path / 'src'}/", dest], check=True, capture_output=True, timeout=30)
+    assert (tmp_path / "dst" / "f").read_text() == "direct"
+    t.close()
+
+
 def test_connection_lost_is_remote_error(live_cluster):
     c = live_cluster
     h = c.hosts[2]

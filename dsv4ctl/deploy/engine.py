@@ -17,12 +17,14 @@ the same (old) release."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import re
 import secrets
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -158,6 +160,8 @@ class Site:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     token: str = ""
     unlocked: set = field(default_factory=set)
+    manifests: dict = field(default_factory=dict)           # release id -> MANIFEST.json (local cache)
+    manifest_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def hosts(self) -> list[str]:
@@ -305,24 +309,30 @@ def state_doc(f: HostFacts) -> bytes:
 def push_host(t: Transport, site: Site, rel: Release) -> dict:
     """Put ``rel`` into ``releases/<id>`` on one host (delta), verified. Returns push stats.
 
-    Round trips: [stale incoming removal] + rsync + one command that verifies the manifest,
-    renames ``.incoming-<id>`` to ``<id>`` and records the push in ``state.json``."""
+    Round trips: the push (see :func:`_push_rsync`, :func:`_push_copy`), then one command that
+    merges a delta side folder, verifies the manifest, renames ``.incoming-<id>`` to ``<id>`` and
+    records the push in ``state.json``. Leftover ``.incoming-*`` folders of other runs are
+    removed by the push's first command."""
     f, p = site.facts[t.name], site.paths[t.name]
     t0 = time.monotonic()
     if rel.id in f.releases:
         return {"skipped": True, "bytes_sent": 0, "files_transferred": 0, "seconds": 0.0, "hashed": 0}
     inc = p.incoming(rel.id)
     bases = link_bases(f, rel.id)
-    stale = [x for x in f.incoming if x != rel.id]
-    if stale:
-        t.run("; ".join(f"rm -rf {q(p.incoming(x))}" for x in stale), timeout=300)
+    stale = " ".join(q(p.incoming(x)) for x in f.incoming if x != rel.id)
+    clean = f"rm -rf {stale} && " if stale else ""
     use_rsync = f.rsync and os.environ.get("DSV4CTL_PUSH", "rsync") != "copy"
-    stats = _push_rsync(t, site, rel, inc, bases) if use_rsync else _push_copy(t, site, rel, inc, bases)
+    side = None
+    if use_rsync:
+        stats, side = _push_rsync(t, site, rel, inc, bases, clean)
+    else:
+        stats = _push_copy(t, site, rel, inc, bases, clean)
     st = f.state.setdefault("releases", {})
     before = dict(st.get(rel.id, {}))
     st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
     final = p.release(rel.id)
-    cmd = (f"{q(site.python[t.name])} -c {q(VERIFY_SCRIPT)} {q(inc)} " + " ".join(q(p.release(b)) for b in bases)
+    cmd = (f"{q(site.python[t.name])} -S -c {q(VERIFY_SCRIPT)} {q(inc)} {q(side or '-')} "
+           + " ".join(q(p.release(b)) for b in bases)
            + f" && {{ [ ! -e {q(final)} ] && mv -T {q(inc)} {q(final)} || [ -f {q(final + '/RELEASE.json')} ]; }}"
            + f" && {atomic_write_cmd(p.state)}")
     r = t.run(cmd, input=state_doc(f), timeout=1800, check=False)
@@ -359,52 +369,74 @@ def rsync_user_args() -> list[str]:
 
 
 def _base_manifest(t: Transport, site: Site, rid: str) -> dict | None:
-    """Files of release ``rid`` (local cache first, else the host's MANIFEST.json)."""
+    """Files of release ``rid`` (local cache first, read once for all hosts; else the host's
+    MANIFEST.json). None when neither is readable."""
     from ..release import default_cache
     local = Path(site.opts.cache or default_cache()) / rid / "MANIFEST.json"
+    with site.manifest_lock:
+        if rid not in site.manifests and local.is_file():
+            try:
+                site.manifests[rid] = json.loads(local.read_text())
+            except ValueError:
+                pass
+        if rid in site.manifests:
+            return site.manifests[rid]
     try:
-        if local.is_file():
-            return json.loads(local.read_text())
         txt = read_text(t, site.paths[t.name].release(rid) + "/MANIFEST.json")
         return json.loads(txt) if txt else None
     except (ValueError, DsvError):
         return None
 
 
-def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str]) -> dict:
-    """rsync into ``inc``. With a previous release on the host whose manifest is known: the
-    host hard-links it (``cp -al``), removes what the new release drops, and rsync gets only
-    the changed paths (``--files-from``; it writes new files and renames them over the links,
-    so the old release is never modified) — no whole-tree file list crosses. Otherwise a full
-    rsync with ``--link-dest`` against the host's releases."""
-    import shlex
-    import tempfile
+def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str],
+                clean: str = "") -> tuple[dict, str | None]:
+    """rsync the release to the host. Returns (rsync stats, side folder to merge or None).
+
+    **Delta** (a previous release on the host whose manifest is known): two things run at once.
+    The host builds ``inc`` as a hard-link copy of that release (``cp -al``) minus the paths the
+    new release drops; meanwhile rsync sends only the changed paths (``--files-from``) into a
+    side folder ``inc.delta-<nonce>``, with the old release as ``--link-dest``, so each changed
+    file travels as rsync's delta against its old version. The verify step then renames the side
+    folder's files into ``inc``: no file of the old release is ever written, and no whole-tree
+    file list crosses the network.
+
+    **Full** (nothing to start from): one rsync of the tree into ``inc`` with ``--link-dest``
+    against the host's releases (unchanged files are hard-linked)."""
     p = site.paths[t.name]
-    extra, dest = t.rsync_dest(inc + "/")
     user = rsync_user_args()
-    listfile = None
     old = _base_manifest(t, site, bases[0]) if bases else None
-    if old is not None:
-        d = manifest_diff(old.get("files", {}), rel.files)
-        links_changed = [k for k, v in rel.links.items() if old.get("links", {}).get(k) != v]
-        gone = d["removed"] + [k for k in old.get("links", {}) if k not in rel.links or k in links_changed]
-        send = d["added"] + d["changed"] + links_changed + ["MANIFEST.json", "RELEASE.json"]
-        # MANIFEST.json/RELEASE.json stay as delta bases: rsync replaces files by rename, never in place
-        t.run(f"rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)} && cd {q(inc)} && xargs -0 -r rm -f",
-              input=b"\0".join(x.encode() for x in gone), timeout=900)
-        fd, listfile = tempfile.mkstemp(prefix="dsv4ctl-files-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(b"\0".join(x.encode() for x in send))
-        argv = ["rsync", "-a", "--stats", "--info=progress2", "--from0", f"--files-from={listfile}",
-                *user, *extra, f"{rel.path}/", dest]
-    else:
+    if old is None:
+        if clean:
+            t.run(clean + "true", timeout=300)
+        extra, dest = t.rsync_dest(inc + "/")
         argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user,
                 *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
-    try:
-        return _run_rsync(t, site, rel, argv)
-    finally:
-        if listfile:
-            os.unlink(listfile)
+        return _run_rsync(t, site, rel, argv), None
+    d = manifest_diff(old.get("files", {}), rel.files)
+    links_changed = [k for k, v in rel.links.items() if old.get("links", {}).get(k) != v]
+    gone = d["removed"] + [k for k in old.get("links", {}) if k not in rel.links or k in links_changed]
+    send = d["added"] + d["changed"] + links_changed + ["MANIFEST.json", "RELEASE.json"]
+    side = f"{inc}.delta-{secrets.token_hex(4)}"
+    stage = (f"{clean}rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)} && cd {q(inc)} "
+             f"&& xargs -0 -r rm -f")
+    with tempfile.NamedTemporaryFile(prefix="dsv4ctl-files-") as lf:
+        lf.write(b"\0".join(x.encode() for x in send))
+        lf.flush()
+        with cf.ThreadPoolExecutor(1) as ex:
+            staged = ex.submit(t.run, stage, input=b"\0".join(x.encode() for x in gone), timeout=900)
+            try:
+                extra, dest = t.rsync_dest(side + "/")
+                argv = ["rsync", "-a", "--stats", "--info=progress2", "--from0", f"--files-from={lf.name}",
+                        f"--link-dest={p.release(bases[0])}", *user, *extra, f"{rel.path}/", dest]
+                stats = _run_rsync(t, site, rel, argv)
+            except BaseException:
+                try:
+                    staged.result()      # the rsync error is the one to report
+                except Exception:
+                    pass
+                raise
+            staged.result()
+    return stats, side
 
 
 def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:
@@ -445,7 +477,7 @@ def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:
     return stats
 
 
-def _push_copy(t: Transport, site: Site, rel: Release, inc: str, bases: list[str]) -> dict:
+def _push_copy(t: Transport, site: Site, rel: Release, inc: str, bases: list[str], clean: str = "") -> dict:
     """No rsync on the host: hard-link copy of the newest release, then a tar of the files that
     differ from its manifest (the others stay hard links)."""
     import io
@@ -455,9 +487,9 @@ def _push_copy(t: Transport, site: Site, rel: Release, inc: str, bases: list[str
     if bases:
         txt = read_text(t, p.release(bases[0]) + "/MANIFEST.json", default="{}")
         old_files = json.loads(txt or "{}").get("files", {})
-        t.run(f"rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)}", timeout=600)
+        t.run(f"{clean}rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)}", timeout=600)
     else:
-        t.run(f"rm -rf {q(inc)} && mkdir -p {q(inc)}", timeout=60)
+        t.run(f"{clean}rm -rf {q(inc)} && mkdir -p {q(inc)}", timeout=60)
     d = manifest_diff(old_files, rel.files)
     drop = d["removed"] + d["changed"] + ["MANIFEST.json", "RELEASE.json"] + list(rel.links)
     if drop:
@@ -472,6 +504,11 @@ def _push_copy(t: Transport, site: Site, rel: Release, inc: str, bases: list[str
     return {"method": "copy", "bytes_sent": len(data), "files_transferred": len(send), "total_size": rel.bytes}
 
 
+def incoming_rm(p, rid: str) -> str:
+    """Shell: remove ``.incoming-<rid>`` and its ``.delta-*`` side folders."""
+    return f"rm -rf {q(p.incoming(rid))} {q(p.incoming(rid))}.delta-*"
+
+
 def kill_rsyncs() -> None:
     """Terminate rsync children (on interrupt)."""
     with _RSYNC_LOCK:
@@ -483,8 +520,8 @@ def kill_rsyncs() -> None:
 
 
 def cleanup_incoming(site: Site, rid: str) -> None:
-    """Remove ``releases/.incoming-<id>`` on every host (best effort)."""
-    run_parallel(site.transports, lambda t: t.run(f"rm -rf {q(site.paths[t.name].incoming(rid))}", timeout=300),
+    """Remove ``releases/.incoming-<id>`` and its delta side folders on every host (best effort)."""
+    run_parallel(site.transports, lambda t: t.run(incoming_rm(site.paths[t.name], rid), timeout=300),
                  timeout=330)
 
 
@@ -752,6 +789,8 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
+        for t in site.transports.values():     # rsync's SSH handshakes overlap the lock round trip
+            t.start_mux()
         acquire_locks(site, f"deploy {rel.id}")
         try:
             return _deploy_locked(site, rel, t_start, promote, pre)
@@ -773,7 +812,7 @@ def close_out(site: Site, record: dict, *, state: dict | None = None, prune: int
         f, p = site.facts[t.name], site.paths[t.name]
         parts, gone = [], []
         if cleanup:
-            parts.append(f"rm -rf {q(p.incoming(cleanup))}")
+            parts.append(incoming_rm(p, cleanup))
         for rid, kv in (state or {}).items():
             f.state.setdefault("releases", {}).setdefault(rid, {}).update(kv)
         if prune:

@@ -78,9 +78,11 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
 
 
 def gate(workers: list[Target], chat: list[Target], timeout: float, model: str = "default",
-         poll: float = 0.25) -> list[Failure]:
+         poll: float = 0.1) -> list[Failure]:
     """Wait until every worker's /health is 200 (or its process exits, or ``timeout`` s pass),
-    then one 1-token chat completion through each ``chat`` target (the router). [] = healthy."""
+    then one 1-token chat completion through each ``chat`` target (the router). [] = healthy.
+    ``poll`` (s) between /health probes of one target: a probe is one small GET, and a
+    restarted group is seen healthy at most ``poll`` s after it is."""
     async def main():
         import aiohttp
         loop = asyncio.get_running_loop()

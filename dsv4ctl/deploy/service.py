@@ -37,10 +37,10 @@ class Launcher:
         is still running, then SIGKILL. Zombies do not count as running: a member whose parent
         died first is only reaped by PID 1, which in a container may be slow or never."""
         pf = q(p.pidfile(group))
-        n = max(1, int(self.stop_timeout * 10))
+        n = max(1, int(self.stop_timeout * 20))
         return (f"if [ -f {pf} ]; then pid=$(cat {pf}); {GROUP_RUNNING_FN} "
                 f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null || true; "
-                f"i=0; while group_running $pid && [ $i -lt {n} ]; do sleep 0.1; i=$((i+1)); done; "
+                f"i=0; while group_running $pid && [ $i -lt {n} ]; do sleep 0.05; i=$((i+1)); done; "
                 f"kill -KILL -$pid 2>/dev/null || true; rm -f {pf}; fi")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:

@@ -62,6 +62,9 @@ class Transport(ABC):
         """``(extra rsync args, destination)`` to push into ``path`` on the host with rsync:
         for SSH ``["-e", "ssh -p … -o StrictHostKeyChecking=yes …"]`` and ``user@addr:path``."""
 
+    def start_mux(self) -> None:
+        """Get ready for an rsync soon (SSH: a master connection in the background); no-op here."""
+
     def close(self) -> None:
         """Drop the connection (safe to call twice)."""
 
