@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -175,10 +177,16 @@ def test_jump_host(live_cluster):
     t = ssh_for(c, h, jump=ssh_for(c, j))
     out = t.run("echo $SSH_CONNECTION").out.split()
     assert out[2:] == [h.address, str(h.port)]
-    # rsync goes through the same jump (OpenSSH ProxyCommand with strict host keys)
-    args, dest = t.rsync_dest("/tmp/dsv4ctl-jump-test/")
-    assert "ProxyCommand=" in " ".join(args) and dest.endswith(f"@{h.address}:/tmp/dsv4ctl-jump-test/")
+    # rsync goes over the same connection, so through the same jump
+    src = Path(tempfile.mkdtemp())
+    (src / "f").write_text("through the jump")
+    args, dest = t.rsync_dest(str(src) + ".dst/")
+    r = subprocess.run(["rsync", "-a", *args, f"{src}/", dest], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert Path(str(src) + ".dst", "f").read_text() == "through the jump"
     t.close()
+    shutil.rmtree(src)
+    shutil.rmtree(str(src) + ".dst")
     # with the jump host down the target cannot be reached: the path really goes through it
     j.kill()
     with pytest.raises(RemoteError, match="^h3: cannot connect"):
@@ -228,68 +236,68 @@ def test_remote_atomic_write_audit_and_rsync(live_cluster, tmp_path):
     assert (tmp_path / "dst" / "d" / "f").read_text() == "data"
 
 
-def _mux_masters(path: str) -> list[int]:
-    """Pids of ssh processes whose command line names the control socket ``path``."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if f"ControlPath={path}".encode() in open(f"/proc/{d}/cmdline", "rb").read():
-                    out.append(int(d))
-            except OSError:
-                pass
-    return out
+def _sshd_sessions(h) -> int:
+    """Number of per-connection sshd processes serving host ``h`` (children of its listener)."""
+    return len([p for p in harness.descendants(h.proc.pid) if b"sshd" in open(f"/proc/{p}/cmdline", "rb").read()])
 
 
-def test_rsync_joins_the_master_connection(live_cluster, tmp_path):
-    """start_mux opens one OpenSSH master in a private folder; rsync's ssh joins it instead of
-    connecting by itself; close() ends the master and removes the folder."""
+def test_rsync_runs_over_the_transport_connection(live_cluster, tmp_path):
+    """rsync's remote side runs on an exec channel of the transport's own SSH connection: no
+    second login reaches sshd; delta transfer, stderr and exit codes come through; close()
+    removes the private socket folder."""
     c = live_cluster
     h = c.hosts[1]
     t = ssh_for(c, h)
-    t.start_mux()
-    path = t._mux["path"]
-    args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
-    assert f"ControlPath={path}" in args[1] and "ControlMaster=no" in args[1]
-    assert os.path.exists(path) and _mux_masters(path)
+    t.run("true")
+    logins = _sshd_sessions(h)
     src = tmp_path / "src"
     src.mkdir()
-    (src / "f").write_text("via the master")
-    # the master is the only route: a client that may not connect by itself still gets through
-    r = subprocess.run(["rsync", "-a", "-e", args[1] + " -o ConnectTimeout=1 -p 1", f"{src}/", dest],
-                       capture_output=True, text=True, timeout=30)
+    (src / "big").write_bytes(os.urandom(1 << 20))
+    args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
+    r = subprocess.run(["rsync", "-a", "--stats", *args, f"{src}/", dest], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "dst" / "f").read_text() == "via the master"
-    folder = os.path.dirname(path)
+    assert (tmp_path / "dst" / "big").read_bytes() == (src / "big").read_bytes()
+    assert _sshd_sessions(h) == logins       # the same connection, no new login
+    # a small change in a big file: only about the changed block crosses (rsync's delta)
+    with open(src / "big", "r+b") as f:
+        f.seek(500_000)
+        f.write(b"patched")
+    r = subprocess.run(["rsync", "-a", "--stats", *args, f"{src}/", dest], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    sent = int(re.search(r"Total bytes sent: ([\d,]+)", r.stdout).group(1).replace(",", ""))
+    assert sent < 40_000, sent
+    assert (tmp_path / "dst" / "big").read_bytes() == (src / "big").read_bytes()
+    # the remote side's errors and exit status come back
+    r = subprocess.run(["rsync", "-a", *args, f"{src}/", "dsv4ctl:/proc/no-such-dir/x/"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "No such file or directory" in r.stderr
+    folder = os.path.dirname(t._rsync["path"])
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     t.close()
     assert not os.path.exists(folder)
-    for _ in range(50):
-        if not _mux_masters(path):
-            break
-        time.sleep(0.1)
-    assert not _mux_masters(path)
     t.close()   # twice is fine
 
 
-def test_rsync_without_a_master_when_the_host_key_is_unknown(live_cluster, tmp_path):
-    """With --accept-new-host-keys and an unknown key the master (strict checking) cannot
-    start; rsync then connects by itself once paramiko has accepted the key."""
+def test_rsync_bridge_reports_a_lost_connection(live_cluster, tmp_path):
+    """sshd killed during a bridged rsync: rsync fails (the bridge exits 255 like ssh)."""
     c = live_cluster
     h = c.hosts[3]
-    kh = tmp_path / "known_hosts"
-    kh.write_text("")
-    t = ssh_for(c, h, known_hosts=str(kh), accept_new_host_keys=True)
-    t.start_mux()
-    assert t._mux_path() is None      # the master refused the unknown key and exited
-    t.run("true")                     # paramiko accepts and records the key
+    t = ssh_for(c, h)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"f{i}").write_bytes(os.urandom(1 << 20))
     args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
-    assert "ControlPath" not in args[1]
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f").write_text("direct")
-    subprocess.run(["rsync", "-a", *args, f"{tmp_path / 'src'}/", dest], check=True, capture_output=True, timeout=30)
-    assert (tmp_path / "dst" / "f").read_text() == "direct"
-    t.close()
+    p = subprocess.Popen(["rsync", "-a", "--bwlimit=4m", *args, f"{src}/", dest], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    h.kill()
+    try:
+        _, err = p.communicate(timeout=60)
+    finally:
+        h.start()
+        t.close()
+    assert p.returncode != 0, err
 
 
 def test_connection_lost_is_remote_error(live_cluster):

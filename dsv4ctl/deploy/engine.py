@@ -789,8 +789,6 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
-        for t in site.transports.values():     # rsync's SSH handshakes overlap the lock round trip
-            t.start_mux()
         acquire_locks(site, f"deploy {rel.id}")
         try:
             return _deploy_locked(site, rel, t_start, promote, pre)

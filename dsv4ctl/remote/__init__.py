@@ -1,7 +1,7 @@
 """One small transport interface under everything dsv4ctl does on hosts (see docs/remote.md).
 
 * :class:`Transport` — ``run(cmd, input=, timeout=, check=)`` a shell command on one host,
-  ``rsync_dest(path)`` for delta pushes (``start_mux()`` readies it early), ``close()``. Implementations: :class:`LocalTransport`
+  ``rsync_dest(path)`` for delta pushes (over the same connection), ``close()``. Implementations: :class:`LocalTransport`
   (this machine, ``bash -c``) and :class:`~dsv4ctl.remote.ssh.SSHTransport` (paramiko via fabric;
   ``~/.ssh/config``, ssh-agent, jump host, known_hosts verification).
 * :func:`connect` — a transport for a profile :class:`~dsv4ctl.profile.Host`.

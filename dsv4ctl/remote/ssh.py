@@ -15,10 +15,6 @@ from .transport import CmdResult, Transport, q
 
 _KH_LOCK = threading.Lock()
 
-#: Seconds an orphaned rsync master connection (:meth:`SSHTransport.start_mux`) stays up with no
-#: session before it exits by itself.
-MUX_IDLE_S = 120
-
 
 def fingerprint(key) -> str:
     """OpenSSH-style ``SHA256:…`` fingerprint of a paramiko PKey."""
@@ -73,7 +69,7 @@ class SSHTransport(Transport):
         self.connect_timeout = connect_timeout
         self._conn = None
         self._lock = threading.Lock()
-        self._mux: dict | None = None      # the OpenSSH master for rsync (start_mux)
+        self._rsync: dict | None = None    # the listener rsync's bridge talks to (rsync_dest)
 
     @classmethod
     def from_host(cls, host, *, accept_new_host_keys=False, connect_timeout=10.0, hosts=None):
@@ -134,7 +130,7 @@ class SSHTransport(Transport):
             return c
 
     def close(self):
-        self.stop_mux()
+        self._close_rsync()
         with self._lock:
             if self._conn is not None:
                 try:
@@ -204,84 +200,128 @@ class SSHTransport(Transport):
         return res
 
     # -- rsync ------------------------------------------------------------------------------
-    def ssh_argv(self) -> list[str]:
-        """The OpenSSH client command line (for rsync -e) with the same identity, port, jump and
-        strict known_hosts checking: a host key paramiko does not know yet is refused here too
-        (with ``--accept-new-host-keys`` paramiko adds it on its first connection)."""
-        c = self._conn or self._connection()       # port/user from ~/.ssh/config; no connection needed
-        argv = ["ssh", "-p", str(c.port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", f"ConnectTimeout={int(self.connect_timeout)}",
-                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-                # bulk transfers: AES-GCM (AES-NI) first, then OpenSSH's default chacha20
-                "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
-                "-o", "Compression=no", "-x"]
-        if self.key:
-            argv += ["-i", self.key]
-        if self.jump:
-            j = " ".join(q(a) for a in self.jump.ssh_argv())
-            argv += ["-o", f"ProxyCommand={j} -W %h:%p {self.jump.login()}"]
-        return argv
-
-    def start_mux(self) -> None:
-        """Start an OpenSSH master connection (``ControlMaster``) for this host's rsync in the
-        background, so the SSH handshake (about 0.15-0.3 s, more with a jump host) overlaps
-        other work instead of delaying the transfer. The master verifies the host key like
-        rsync would (strict, known_hosts: a key not yet accepted makes it fail, and rsync then
-        connects by itself after paramiko has accepted it). It lives in a private
-        0700 folder and exits on :meth:`close` (``ssh -O exit``), or by itself after
-        ``MUX_IDLE_S`` s with no session if this process dies. Idempotent; failures are silent
-        (rsync then opens its own connection)."""
-        import subprocess
-        import tempfile
-        if self._mux is not None:
-            return
-        d = tempfile.mkdtemp(prefix="dsv4ctl-ssh-")
-        path = os.path.join(d, "m")
-        base, login = self.ssh_argv(), self.login()
-        argv = base + ["-M", "-N", "-f", "-o", f"ControlPath={path}", "-o", f"ControlPersist={MUX_IDLE_S}", login]
-        try:   # -f: ssh exits once the master is authenticated (and backgrounded)
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-        except OSError:
-            proc = None
-        self._mux = {"dir": d, "path": path, "proc": proc, "base": base, "login": login}
-
-    def _mux_path(self) -> str | None:
-        """The master's socket once it is up (waits for the handshake, at most the connect
-        timeout), else None."""
-        import subprocess
-        m = self._mux
-        if not m or m["proc"] is None:
-            return None
-        try:
-            m["proc"].wait(timeout=self.connect_timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        return m["path"] if m["proc"].returncode == 0 and os.path.exists(m["path"]) else None
-
-    def stop_mux(self) -> None:
-        """Close the master of :meth:`start_mux` and remove its folder (safe to call twice)."""
-        import shutil
-        import subprocess
-        m, self._mux = self._mux, None
-        if not m:
-            return
-        if m["proc"] is not None:
-            if m["proc"].poll() is None:
-                m["proc"].kill()
-                m["proc"].wait()
-            if os.path.exists(m["path"]):
-                subprocess.run(m["base"] + ["-o", f"ControlPath={m['path']}", "-O", "exit", m["login"]],
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-        shutil.rmtree(m["dir"], ignore_errors=True)
-
-    def login(self) -> str:
-        c = self._conn or self._connection()
-        return f"{c.user}@{c.host}" if c.user else c.host
-
     def rsync_dest(self, path):
-        argv = self.ssh_argv()
-        mux = self._mux_path()
-        if mux:
-            argv += ["-o", f"ControlPath={mux}", "-o", "ControlMaster=no"]
-        return ["-e", " ".join(q(a) for a in argv)], f"{self.login()}:{path}"
+        """rsync runs its remote side over this transport's own SSH connection: ``-e`` is
+        :mod:`dsv4ctl.remote.rsync_bridge`, which hands the remote command to a listener in
+        this process (a Unix socket in a private 0700 folder) that runs it on an exec channel
+        and relays the bytes. No second login, the same host-key check and jump host."""
+        import sys
+        from . import rsync_bridge
+        sock = self._rsync_listener()
+        prog = " ".join(_rsync_quote(a) for a in (sys.executable, "-S", "-I", rsync_bridge.__file__, sock))
+        return ["-e", prog], f"dsv4ctl:{path}"   # the host word is ignored by the bridge
+
+    def _rsync_listener(self) -> str:
+        import socket
+        import tempfile
+        with self._lock:
+            if self._rsync is None:
+                d = tempfile.mkdtemp(prefix="dsv4ctl-rsync-")
+                path = os.path.join(d, "s")
+                srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                srv.bind(path)
+                srv.listen(16)
+                threading.Thread(target=self._rsync_accept, args=(srv,), daemon=True,
+                                 name=f"rsync-bridge-{self.name}").start()
+                self._rsync = {"dir": d, "path": path, "server": srv}
+            return self._rsync["path"]
+
+    def _rsync_accept(self, srv) -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return                      # closed by close()
+            threading.Thread(target=self._rsync_serve, args=(conn,), daemon=True).start()
+
+    def _rsync_serve(self, conn) -> None:
+        """Run one bridged command (wire format: :mod:`dsv4ctl.remote.rsync_bridge`)."""
+        import socket
+        import struct
+        from .rsync_bridge import EXIT, HEADER, STDERR, STDOUT, _recv_exact
+        wlock = threading.Lock()
+
+        def send(kind: int, data: bytes) -> None:
+            with wlock:
+                conn.sendall(HEADER.pack(kind, len(data)) + data)
+        chan = None
+        try:
+            n = _recv_exact(conn, 4)
+            cmd = _recv_exact(conn, struct.unpack("!I", n)[0]) if n else None
+            if not cmd:
+                return
+            try:
+                tr = self.open().client.get_transport()
+                chan = tr.open_session(timeout=self.connect_timeout)
+                chan.exec_command(cmd.decode())
+            except Exception as e:
+                send(STDERR, f"dsv4ctl: {self.name}: cannot start rsync over SSH: {e}\n".encode())
+                send(EXIT, struct.pack("!i", 255))
+                return
+
+            def upstream():
+                try:
+                    while True:
+                        b = conn.recv(1 << 16)
+                        if not b:
+                            break
+                        chan.sendall(b)
+                    chan.shutdown_write()
+                except Exception:
+                    pass
+
+            def errors():
+                try:
+                    while True:
+                        b = chan.recv_stderr(1 << 16)
+                        if not b:
+                            break
+                        send(STDERR, b)
+                except Exception:
+                    pass
+            up = threading.Thread(target=upstream, daemon=True)
+            er = threading.Thread(target=errors, daemon=True)
+            up.start()
+            er.start()
+            while True:
+                b = chan.recv(1 << 16)
+                if not b:
+                    break
+                send(STDOUT, b)
+            er.join()
+            status = 255
+            while tr.is_active() or chan.exit_status_ready():
+                if chan.exit_status_ready():
+                    status = chan.recv_exit_status()
+                    break
+                time.sleep(0.02)
+            if status >= 0:
+                send(EXIT, struct.pack("!i", status))
+        except (OSError, EOFError):
+            pass                             # the bridge went away (rsync killed): drop the channel
+        finally:
+            if chan is not None:
+                chan.close()
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+    def _close_rsync(self) -> None:
+        import shutil
+        r, self._rsync = self._rsync, None
+        if r:
+            r["server"].close()
+            shutil.rmtree(r["dir"], ignore_errors=True)
+
+
+def _rsync_quote(word: str) -> str:
+    """One word of rsync's ``-e`` string (rsync splits on spaces and honours quotes)."""
+    if word and all(ch.isalnum() or ch in "/._-+=:@%" for ch in word):
+        return word
+    if "'" not in word:
+        return f"'{word}'"
+    if '"' not in word:
+        return f'"{word}"'
+    raise ValueError(f"cannot pass {word!r} to rsync -e")

@@ -60,10 +60,8 @@ class Transport(ABC):
     @abstractmethod
     def rsync_dest(self, path: str) -> tuple[list[str], str]:
         """``(extra rsync args, destination)`` to push into ``path`` on the host with rsync:
-        for SSH ``["-e", "ssh -p … -o StrictHostKeyChecking=yes …"]`` and ``user@addr:path``."""
-
-    def start_mux(self) -> None:
-        """Get ready for an rsync soon (SSH: a master connection in the background); no-op here."""
+        for SSH ``["-e", BRIDGE]`` and ``host:path`` (rsync's remote side runs over this
+        transport's connection, :mod:`dsv4ctl.remote.rsync_bridge`); locally ``[]`` and ``path``."""
 
     def close(self) -> None:
         """Drop the connection (safe to call twice)."""
