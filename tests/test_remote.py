@@ -177,16 +177,21 @@ def test_jump_host(live_cluster):
     t = ssh_for(c, h, jump=ssh_for(c, j))
     out = t.run("echo $SSH_CONNECTION").out.split()
     assert out[2:] == [h.address, str(h.port)]
-    # rsync goes over the same connection, so through the same jump
+    # rsync goes through the same jump: over the same connection, or (bulk) over OpenSSH with
+    # a ProxyCommand through the jump and strict host keys
     src = Path(tempfile.mkdtemp())
     (src / "f").write_text("through the jump")
-    args, dest = t.rsync_dest(str(src) + ".dst/")
-    r = subprocess.run(["rsync", "-a", *args, f"{src}/", dest], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert Path(str(src) + ".dst", "f").read_text() == "through the jump"
-    t.close()
-    shutil.rmtree(src)
-    shutil.rmtree(str(src) + ".dst")
+    try:
+        for bulk in (False, True):
+            args, dest = t.rsync_dest(f"{src}.dst{int(bulk)}/", bulk=bulk)
+            assert ("ProxyCommand=" in args[1]) == bulk
+            r = subprocess.run(["rsync", "-a", *args, f"{src}/", dest], capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            assert Path(f"{src}.dst{int(bulk)}", "f").read_text() == "through the jump"
+    finally:
+        t.close()
+        for d in (src, f"{src}.dst0", f"{src}.dst1"):
+            shutil.rmtree(d, ignore_errors=True)
     # with the jump host down the target cannot be reached: the path really goes through it
     j.kill()
     with pytest.raises(RemoteError, match="^h3: cannot connect"):
@@ -262,6 +267,8 @@ def test_rsync_runs_over_the_transport_connection(live_cluster, tmp_path):
     with open(src / "big", "r+b") as f:
         f.seek(500_000)
         f.write(b"patched")
+    st = os.stat(src / "big")
+    os.utime(src / "big", (st.st_atime, st.st_mtime + 10))   # same size: rsync's quick check needs a new mtime
     r = subprocess.run(["rsync", "-a", "--stats", *args, f"{src}/", dest], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     sent = int(re.search(r"Total bytes sent: ([\d,]+)", r.stdout).group(1).replace(",", ""))

@@ -388,6 +388,11 @@ def _base_manifest(t: Transport, site: Site, rid: str) -> dict | None:
         return None
 
 
+#: A delta whose new/changed files add up to this many bytes or more goes over rsync's own
+#: OpenSSH connection (bulk); smaller ones over the transport's connection (no handshake).
+BULK_BYTES = 32 << 20
+
+
 def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str],
                 clean: str = "") -> tuple[dict, str | None]:
     """rsync the release to the host. Returns (rsync stats, side folder to merge or None).
@@ -401,14 +406,18 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
     file list crosses the network.
 
     **Full** (nothing to start from): one rsync of the tree into ``inc`` with ``--link-dest``
-    against the host's releases (unchanged files are hard-linked)."""
+    against the host's releases (unchanged files are hard-linked).
+
+    Small deltas run over the transport's own SSH connection; a full push, or a delta of
+    ``BULK_BYTES`` or more, over an OpenSSH connection of rsync's own
+    (:meth:`~dsv4ctl.remote.Transport.rsync_dest`)."""
     p = site.paths[t.name]
     user = rsync_user_args()
     old = _base_manifest(t, site, bases[0]) if bases else None
     if old is None:
         if clean:
             t.run(clean + "true", timeout=300)
-        extra, dest = t.rsync_dest(inc + "/")
+        extra, dest = t.rsync_dest(inc + "/", bulk=True)
         argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user,
                 *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
         return _run_rsync(t, site, rel, argv), None
@@ -417,6 +426,7 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
     gone = d["removed"] + [k for k in old.get("links", {}) if k not in rel.links or k in links_changed]
     send = d["added"] + d["changed"] + links_changed + ["MANIFEST.json", "RELEASE.json"]
     side = f"{inc}.delta-{secrets.token_hex(4)}"
+    size = sum(rel.files[k][1] for k in d["added"] + d["changed"])
     stage = (f"{clean}rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)} && cd {q(inc)} "
              f"&& xargs -0 -r rm -f")
     with tempfile.NamedTemporaryFile(prefix="dsv4ctl-files-") as lf:
@@ -425,7 +435,7 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
         with cf.ThreadPoolExecutor(1) as ex:
             staged = ex.submit(t.run, stage, input=b"\0".join(x.encode() for x in gone), timeout=900)
             try:
-                extra, dest = t.rsync_dest(side + "/")
+                extra, dest = t.rsync_dest(side + "/", bulk=size >= BULK_BYTES)
                 argv = ["rsync", "-a", "--stats", "--info=progress2", "--from0", f"--files-from={lf.name}",
                         f"--link-dest={p.release(bases[0])}", *user, *extra, f"{rel.path}/", dest]
                 stats = _run_rsync(t, site, rel, argv)

@@ -58,10 +58,11 @@ class Transport(ABC):
         RemoteError ``host: message``; a lost connection or timeout always raises RemoteError."""
 
     @abstractmethod
-    def rsync_dest(self, path: str) -> tuple[list[str], str]:
+    def rsync_dest(self, path: str, bulk: bool = False) -> tuple[list[str], str]:
         """``(extra rsync args, destination)`` to push into ``path`` on the host with rsync:
         for SSH ``["-e", BRIDGE]`` and ``host:path`` (rsync's remote side runs over this
-        transport's connection, :mod:`dsv4ctl.remote.rsync_bridge`); locally ``[]`` and ``path``."""
+        transport's connection, :mod:`dsv4ctl.remote.rsync_bridge`), or with ``bulk`` an
+        OpenSSH connection of its own; locally ``[]`` and ``path``."""
 
     def close(self) -> None:
         """Drop the connection (safe to call twice)."""
@@ -89,5 +90,5 @@ class LocalTransport(Transport):
             raise self.fail(res, cmd.splitlines()[0][:80])
         return res
 
-    def rsync_dest(self, path):
+    def rsync_dest(self, path, bulk=False):
         return [], path
