@@ -236,7 +236,7 @@ def actions(prof, edits: list[RemoteEdit], stop_timeout: float = 30.0) -> list:
         if e.new == e.old:
             continue
         out.append(Action(e.host, f"back up {e.path} to {e.backup}",
-                          lambda t, e=e: atomic_write(t, e.backup, e.old)))
+                          lambda t, e=e: atomic_write(t, e.backup, e.old, like=e.path)))
         out.append(Action(e.host, f"write {e.path} (temp file + rename; sha256 {sha256(e.new)[:12]})",
                           lambda t, e=e: atomic_write(t, e.path, e.new)))
         out.append(Action(e.host, f"restart group {e.group} (launcher pid file or systemd unit)",

@@ -60,6 +60,12 @@ def test_atomic_write_and_audit_local(tmp_path):
     assert lines == [{"who": "x", "what": "deploy", "n": 1}, {"who": "y", "what": "rollback", "n": 2}]
     assert read_text(t, str(tmp_path / "missing"), default="D") == "D"
     assert read_text(t, str(p)) == "a: 2\n"
+    # no mode given: the replaced file keeps its mode, a copy can take another file's, new is 0644
+    assert oct(p.stat().st_mode & 0o777) == "0o600"      # kept from the first write
+    atomic_write(t, str(tmp_path / "sub" / "f.yaml.bak"), "a: 1\n", like=str(p))
+    assert oct((tmp_path / "sub" / "f.yaml.bak").stat().st_mode & 0o777) == "0o600"
+    atomic_write(t, str(tmp_path / "new.yaml"), "b: 1\n")
+    assert oct((tmp_path / "new.yaml").stat().st_mode & 0o777) == "0o644"
 
 
 def test_atomic_write_failure_leaves_old_file(tmp_path):

@@ -59,23 +59,30 @@ def who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def atomic_write_cmd(path: str, mode: int = 0o644) -> str:
+def atomic_write_cmd(path: str, mode: int | None = None, like: str | None = None) -> str:
     """The shell command :func:`atomic_write` runs (data on stdin), for composing one round
     trip out of several steps. Runs in a subshell; exit non-zero on failure."""
     d = os.path.dirname(path) or "."
+    if mode is not None:
+        perm = f"chmod {mode:o} \"$t\""
+    else:                         # keep the mode of ``like`` (default: the file being replaced)
+        ref = q(like or path)
+        perm = f"if [ -e {ref} ]; then chmod --reference={ref} \"$t\"; else chmod 644 \"$t\"; fi"
     return (f"(set -e; mkdir -p {q(d)}; t=$(mktemp {q(path)}.tmp.XXXXXX); "
-            f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; chmod {mode:o} \"$t\"; "
+            f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; {perm}; "
             f"sync \"$t\" 2>/dev/null || true; mv -f \"$t\" {q(path)}; trap - EXIT)")
 
 
-def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int = 0o644,
-                 timeout: float | None = 60) -> None:
+def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int | None = None,
+                 like: str | None = None, timeout: float | None = 60) -> None:
     """Write ``data`` to ``path`` on the host atomically: a temp file in the same folder,
     fsync, chmod, then ``mv -f`` (rename(2)); readers see the old or the new file, never a
-    part. Parent folders are created. RemoteError on failure (the temp file is removed)."""
+    part. Parent folders are created. Permissions: ``mode`` when given, else those of ``like``
+    (default: of ``path`` itself, so a 0600 serve config holding an API key stays 0600), else
+    0644 for a new file. RemoteError on failure (the temp file is removed)."""
     if isinstance(data, str):
         data = data.encode()
-    t.run(atomic_write_cmd(path, mode), input=data, timeout=timeout)
+    t.run(atomic_write_cmd(path, mode, like), input=data, timeout=timeout)
 
 
 def append_jsonl_cmd(path: str, record: dict) -> str:
