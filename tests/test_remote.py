@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -341,3 +342,25 @@ def test_profile_jump_names_another_host(live_cluster):
     t.close()
     local = connect(Host("me", "127.0.0.1", local=True))
     assert local.is_local and local.run("echo hi").out == "hi\n"
+
+
+def test_not_an_ssh_server_is_one_line(tmp_path):
+    """A port that answers with something other than SSH: one RemoteError line, and nothing
+    else on stderr (paramiko's own traceback logging stays quiet)."""
+    code = r'''
+import socket, sys, threading
+from dsv4ctl.errors import RemoteError
+from dsv4ctl.remote.ssh import SSHTransport
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(5)
+def serve():
+    while True:
+        c, _ = s.accept(); c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n"); c.close()
+threading.Thread(target=serve, daemon=True).start()
+try:
+    SSHTransport("web", "127.0.0.1", port=s.getsockname()[1], known_hosts="/dev/null", connect_timeout=3).run("true")
+except RemoteError as e:
+    print(e)
+'''
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stderr == ""
+    assert r.stdout.startswith("web: cannot connect to 127.0.0.1:") and r.stdout.count("\n") == 1, r.stdout

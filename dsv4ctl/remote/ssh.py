@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -14,6 +15,10 @@ from ..errors import RemoteError
 from .transport import CmdResult, Transport, q
 
 _KH_LOCK = threading.Lock()
+
+# paramiko logs failures (a bad banner, a reset) with tracebacks through the logging module; with
+# no handler configured Python would print them to stderr ahead of our one-line RemoteError.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def fingerprint(key) -> str:
