@@ -283,6 +283,33 @@ def test_from_log_malformed_line_is_input_error(tmp_path, line, msg):
     assert one_error(r) == f"{log}:2: {msg}"
 
 
+def test_from_log_too_large_is_input_error(tmp_path, monkeypatch):
+    """A log over the cap is refused before it is read into memory (the cap is lowered here to
+    keep the file small; the real one is 256 MiB)."""
+    import io
+    import contextlib
+    from dsv4ctl.commands import planlog
+    from dsv4ctl.errors import InputError
+    monkeypatch.setattr(planlog, "MAX_LOG_BYTES", 1000)
+    log = tmp_path / "server.log"
+    log.write_text(f"[t TP0] {SIZES}\n" + "x" * 2000 + "\n")
+    with pytest.raises(InputError, match=r"larger than 0 MiB; pass the start-up part"), \
+            contextlib.redirect_stdout(io.StringIO()):
+        planlog.from_log({"groups": []}, str(log), False, False)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("-c", "4097"), "--concurrency '4097': at most 64 levels of at most 4096 sessions"),
+    (("-c", ",".join(["1"] * 65)), "at most 64 levels of at most 4096 sessions"),
+    (("--turns", "10001"), "--turns must be in 1..10000"),
+    (("--turns", "0"), "--turns must be in 1..10000"),
+    (("--min-requests", "10000001"), "--min-requests must be in 0..10,000,000"),
+])
+def test_check_load_knobs_are_bounded(args, msg):
+    r = run_cli("check", "load", "http://127.0.0.1:9", *args)
+    assert r.code == 2 and one_error(r).endswith(msg), r.err
+
+
 def test_parse_log_raises_log_format_error_with_line():
     from dsv4ctl.poollog import LogFormatError, parse_log
     with pytest.raises(LogFormatError) as e:

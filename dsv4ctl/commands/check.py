@@ -25,6 +25,14 @@ def _profile_targets(profile: str):
     return prof, from_profile(prof)
 
 
+#: Upper bounds of the load knobs: a typo (``-c 60000``) must fail at once, not open tens of
+#: thousands of sockets or plan billions of turns.
+MAX_CONCURRENCY = 4096
+MAX_LEVELS = 64
+MAX_TURNS = 10_000
+MAX_MIN_REQUESTS = 10_000_000
+
+
 def _parse_levels(text: str) -> list[int]:
     try:
         levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
@@ -32,6 +40,8 @@ def _parse_levels(text: str) -> list[int]:
         raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)") from None
     if not levels or any(x < 1 for x in levels):
         raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)")
+    if max(levels) > MAX_CONCURRENCY or len(levels) > MAX_LEVELS:
+        raise InputError(f"--concurrency {text!r}: at most {MAX_LEVELS} levels of at most {MAX_CONCURRENCY} sessions")
     return levels
 
 
@@ -139,8 +149,8 @@ def load(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile: traffic to its router; /metrics from its servers; defaults from its check: section."),
     compare: Optional[Tuple[str, str]] = typer.Option(None, "--compare", metavar="URL_A URL_B",
                                                       help="Run the same load against two URLs (e.g. HiCache on vs off) and test the difference."),
-    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Concurrent sessions, or a sweep 1,20,40,60,80 (default 64)."),
-    turns: Optional[int] = typer.Option(None, "--turns", help="Turns per session (default 8; the last is a long answer)."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Concurrent sessions, or a sweep 1,20,40,60,80 (default 64; at most 64 levels of at most 4096)."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="Turns per session, 1..10000 (default 8; the last is a long answer)."),
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="Turns per level at least (default: enough for 0 failures to pass the gate, 381 at 1 %)."),
     stream: str = typer.Option("mixed", "--stream", help="on | off | mixed (even sessions stream)."),
     stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="Seconds without a byte before a turn is stuck (default 60)."),
@@ -187,8 +197,8 @@ def load(
     turns = turns if turns is not None else int(defaults.get("turns", 8))
     max_c = max_corruption if max_corruption is not None else float(defaults.get("max_corruption", 0.01))
     stall = stall_timeout if stall_timeout is not None else float(defaults.get("stall_timeout_s", 60.0))
-    if turns < 1:
-        raise InputError("--turns must be >= 1")
+    if not 1 <= turns <= MAX_TURNS:
+        raise InputError(f"--turns must be in 1..{MAX_TURNS}")
     if not 0 <= max_c < 1:
         raise InputError("--max-corruption must be in [0, 1)")
     _positive_seconds(stall, "--stall-timeout")
@@ -200,8 +210,8 @@ def load(
         raise InputError("--answer-words must be >= 1")
     if min_requests is None:
         min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
-    elif min_requests < 0:
-        raise InputError("--min-requests must be >= 0")
+    elif not 0 <= min_requests <= MAX_MIN_REQUESTS:
+        raise InputError(f"--min-requests must be in 0..{MAX_MIN_REQUESTS:,}")
     rec_file = None
     if records is not None:
         rec_file = _open_records(records)
