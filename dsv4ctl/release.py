@@ -176,7 +176,9 @@ def _scan(root: Path, rels=None) -> tuple[dict, dict]:
     if rels is None:
         rels = []
         for dirpath, dirnames, filenames in os.walk(root):
-            for fn in filenames:
+            # os.walk lists a symlink to a folder among the folders (and does not enter it): it is
+            # a link of the release all the same
+            for fn in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
                 rels.append(str((Path(dirpath) / fn).relative_to(root)))
     for rel in rels:
         full = root / rel

@@ -1,5 +1,5 @@
-"""The on-host merge + manifest check (dsv4ctl/deploy/verify.py), run as deploy runs it:
-``python -S -c SCRIPT REL SIDE BASE...`` on real folders with hard links."""
+"""The on-host half of a push (dsv4ctl/deploy/verify.py), run as deploy runs it:
+``python -S -c SCRIPT`` with the job as JSON on stdin, on real folders with hard links."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def write_release(root: Path, files: dict[str, bytes], links: dict[str, str], ri
     return root
 
 
-def run(rel: Path, side: Path | str, *bases: Path) -> tuple[int, dict]:
-    r = subprocess.run([sys.executable, "-S", "-c", SCRIPT, str(rel), str(side), *map(str, bases)],
-                       capture_output=True, text=True)
+def run(rel: Path, side: Path | None, *bases: Path, **job) -> tuple[int, dict]:
+    doc = {"rel": str(rel), "side": str(side) if side else None, "bases": [str(b) for b in bases], **job}
+    r = subprocess.run([sys.executable, "-S", "-c", SCRIPT], input=json.dumps(doc), capture_output=True,
+                       text=True, timeout=60)
     assert r.stderr == "", r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -85,8 +86,8 @@ def test_delta_merge_then_verify(delta):
     # the release it was linked from is untouched
     assert {p: (base / p).read_bytes() for p in OLD} == before
     assert os.readlink(base / "tree/pkg/alias.py") == "mod000.py"
-    code, v = run(base, "-")
-    assert code == 0 and v["hashed"] == len(OLD)
+    code, v = run(base, None)
+    assert code == 0 and v["hashed"] == len(OLD) and not v["placed"]
 
 
 @pytest.mark.parametrize("fault, expect", [
@@ -139,3 +140,128 @@ def test_later_bases_are_read_only_when_needed(delta, tmp_path):
     os.link(other / "tree/pkg/sub/new/added.py", side / "tree/pkg/sub/new/added.py")
     code, v = run(inc, side, base, tmp_path / "releases" / "rMISSING", other)
     assert code == 0 and v["hashed"] == 2, v        # added.py trusted through rOTHER
+
+
+def test_stage_wait_merge_verify_place(tmp_path):
+    """The whole delta job: stage (cp -al minus dropped paths) while the side folder fills, wait
+    for the marker, merge, verify, rename to the final name, replace state.json keeping its mode."""
+    import threading
+    import time
+    rel_dir = tmp_path / "releases"
+    base = write_release(rel_dir / "rOLD", OLD, {"tree/pkg/alias.py": "mod000.py"}, "rOLD")
+    staged = write_release(tmp_path / "build" / "rNEW", new_files(), {"tree/pkg/alias.py": "mod001.py"}, "rNEW")
+    inc, side, final = rel_dir / ".incoming-rNEW", rel_dir / ".incoming-rNEW.delta-1", rel_dir / "rNEW"
+    state = tmp_path / "state.json"
+    state.write_text("{}\n")
+    state.chmod(0o600)
+
+    def rsync_arrives():             # what rsync does meanwhile: fill the side folder, then the marker
+        time.sleep(0.3)
+        for p in ("tree/pkg/mod007.py", "tree/pkg/sub/new/added.py", "tree/pkg/was_file/inner.py",
+                  "tree/pkg/alias.py", "MANIFEST.json", "RELEASE.json"):
+            (side / p).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(staged / p, side / p, follow_symlinks=False)
+        (rel_dir / ".incoming-rNEW.delta-1.done").touch()
+    th = threading.Thread(target=rsync_arrives)
+    th.start()
+    code, v = run(inc, side, base, stage={"from": str(base), "gone": ["tree/pkg/gone.py", "tree/pkg/was_file",
+                                                                     "tree/pkg/alias.py"]},
+                  wait={"marker": str(side), "timeout": 30},
+                  place={"final": str(final), "state": str(state), "doc": '{"placed": 1}\n'})
+    th.join()
+    assert code == 0 and v["ok"] and v["placed"] and v["merged"] == 6 and v["hashed"] == 3, v
+    assert sorted(x.name for x in rel_dir.iterdir()) == ["rNEW", "rOLD"]     # no incoming, side or marker left
+    assert (final / "tree/pkg/mod007.py").read_bytes() == b"x = 'patched'\n"
+    assert (final / "tree/pkg/mod008.py").stat().st_ino == (base / "tree/pkg/mod008.py").stat().st_ino
+    assert state.read_text() == '{"placed": 1}\n' and oct(state.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("how", ["fail-marker", "cleanup", "timeout"])
+def test_waiting_job_aborts(tmp_path, how):
+    """rsync failed (``.fail``), a cleanup removed the incoming folder, or the wait timed out:
+    exit 3, nothing placed, the staged folders removed."""
+    import threading
+    import time
+    rel_dir = tmp_path / "releases"
+    base = write_release(rel_dir / "rOLD", OLD, {}, "rOLD")
+    inc, side = rel_dir / ".incoming-rNEW", rel_dir / ".incoming-rNEW.delta-1"
+    side.mkdir()
+
+    def later():
+        time.sleep(0.5)
+        if how == "fail-marker":
+            (rel_dir / ".incoming-rNEW.delta-1.fail").touch()
+        elif how == "cleanup":
+            shutil.rmtree(inc)
+    th = threading.Thread(target=later)
+    th.start()
+    code, v = run(inc, side, base, stage={"from": str(base), "gone": []},
+                  wait={"marker": str(side), "timeout": 2 if how == "timeout" else 30},
+                  place={"final": str(rel_dir / "rNEW"), "state": str(tmp_path / "state.json"), "doc": "{}"})
+    th.join()
+    assert code == 3 and v["aborted"] and not v["placed"], v
+    assert sorted(x.name for x in rel_dir.iterdir()) == ["rOLD"]
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_stage_error_is_a_json_line(tmp_path):
+    """A failing step (here: no release to copy from) is one JSON line with the error, exit 2."""
+    code, v = run(tmp_path / ".incoming-x", None, stage={"from": str(tmp_path / "missing"), "gone": []})
+    assert code == 2 and not v["ok"] and v["error"].startswith("cp -al: "), v
+
+
+def test_stage_removes_folders_the_new_release_drops_and_dir_symlinks_verify(tmp_path):
+    """A package removed by the new release leaves no empty folders behind (a delta equals a
+    full push), and a symlink to a folder is a link of the manifest like any other."""
+    rel_dir = tmp_path / "releases"
+    old = {**OLD, "tree/pkg/oldpkg/__init__.py": b"", "tree/pkg/oldpkg/deep/m.py": b"m = 1\n"}
+    base = write_release(rel_dir / "rOLD", old, {"tree/pkg/dirlink": "sub0"}, "rOLD")
+    (base / "tree/pkg/sub0").mkdir()
+    new = {k: v for k, v in OLD.items()}
+    staged = write_release(tmp_path / "build" / "rNEW", new, {"tree/pkg/dirlink": "sub0"}, "rNEW")
+    (base / "tree/pkg/sub0").rmdir()
+    inc, side = rel_dir / ".incoming-rNEW", rel_dir / ".incoming-rNEW.delta-1"
+    for p in ("MANIFEST.json", "RELEASE.json"):
+        side.mkdir(exist_ok=True)
+        shutil.copy2(staged / p, side / p)
+    (rel_dir / ".incoming-rNEW.delta-1.done").touch()
+    code, v = run(inc, side, base, stage={"from": str(base), "gone": ["tree/pkg/oldpkg/__init__.py",
+                                                                     "tree/pkg/oldpkg/deep/m.py"]},
+                  wait={"marker": str(side), "timeout": 30})
+    assert code == 0 and v["ok"], v
+    assert not (inc / "tree/pkg/oldpkg").exists() and (inc / "tree/pkg").is_dir()
+    assert os.readlink(inc / "tree/pkg/dirlink") == "sub0"
+
+
+def test_release_scan_lists_symlinks_to_folders(tmp_path):
+    from dsv4ctl.release import _scan
+    (tmp_path / "pkg" / "real").mkdir(parents=True)
+    (tmp_path / "pkg" / "real" / "m.py").write_text("x = 1\n")
+    os.symlink("real", tmp_path / "pkg" / "alias")
+    files, links = _scan(tmp_path)
+    assert links == {"pkg/alias": "real"} and list(files) == ["pkg/real/m.py"]
+
+
+def test_waiting_job_aborts_when_its_session_is_gone(tmp_path):
+    """dsv4ctl died (its SSH session closed): the waiting script notices its stdout has no
+    reader any more, removes what it staged and exits instead of waiting out the timeout."""
+    rel_dir = tmp_path / "releases"
+    base = write_release(rel_dir / "rOLD", OLD, {}, "rOLD")
+    inc, side = rel_dir / ".incoming-rNEW", rel_dir / ".incoming-rNEW.delta-1"
+    side.mkdir()
+    job = {"rel": str(inc), "side": str(side), "bases": [str(base)], "stage": {"from": str(base), "gone": []},
+           "wait": {"marker": str(side), "timeout": 600}}
+    p = subprocess.Popen([sys.executable, "-S", "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdin.write(json.dumps(job).encode())
+    p.stdin.close()
+    import time
+    for _ in range(200):
+        if inc.is_dir():
+            break
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert p.poll() is None and inc.is_dir()       # staged, waiting for the marker
+    p.stdout.close()                               # the session goes away
+    assert p.wait(timeout=20) == 3
+    assert sorted(x.name for x in rel_dir.iterdir()) == ["rOLD"]

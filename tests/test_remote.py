@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -281,15 +282,38 @@ def test_rsync_runs_over_the_transport_connection(live_cluster, tmp_path):
     sent = int(re.search(r"Total bytes sent: ([\d,]+)", r.stdout).group(1).replace(",", ""))
     assert sent < 40_000, sent
     assert (tmp_path / "dst" / "big").read_bytes() == (src / "big").read_bytes()
-    # the remote side's errors and exit status come back
-    r = subprocess.run(["rsync", "-a", *args, f"{src}/", "dsv4ctl:/proc/no-such-dir/x/"], capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode != 0 and "No such file or directory" in r.stderr
+    # the remote side's errors and exit status come back, every time (stderr before the end of
+    # rsync's protocol on stdout: rsync kills the bridge once that ends)
+    for _ in range(15):
+        r = subprocess.run(["rsync", "-a", *args, f"{src}/", "dsv4ctl:/proc/no-such-dir/x/"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and "No such file or directory" in r.stderr, r.stderr
     folder = os.path.dirname(t._rsync["path"])
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     t.close()
     assert not os.path.exists(folder)
+    assert not [th for th in threading.enumerate() if th.name == f"rsync-bridge-{h.name}"]
     t.close()   # twice is fine
+
+
+def test_rsync_bridge_with_a_long_tmpdir(live_cluster, tmp_path, monkeypatch):
+    """A TMPDIR too long for a Unix socket path: the bridge's socket goes to /tmp instead."""
+    import tempfile
+    long = tmp_path / ("x" * 90)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    c = live_cluster
+    t = ssh_for(c, c.hosts[0])
+    try:
+        args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
+        assert dest.startswith("dsv4ctl:") and t._rsync["path"].startswith("/tmp/dsv4ctl-rsync-")
+        (tmp_path / "src").mkdir()
+        (tmp_path / "src" / "f").write_text("ok")
+        subprocess.run(["rsync", "-a", *args, f"{tmp_path / 'src'}/", dest], check=True, capture_output=True, timeout=30)
+        assert (tmp_path / "dst" / "f").read_text() == "ok"
+    finally:
+        t.close()
 
 
 def test_rsync_bridge_reports_a_lost_connection(live_cluster, tmp_path):

@@ -309,10 +309,10 @@ def state_doc(f: HostFacts) -> bytes:
 def push_host(t: Transport, site: Site, rel: Release) -> dict:
     """Put ``rel`` into ``releases/<id>`` on one host (delta), verified. Returns push stats.
 
-    Round trips: the push (see :func:`_push_rsync`, :func:`_push_copy`), then one command that
-    merges a delta side folder, verifies the manifest, renames ``.incoming-<id>`` to ``<id>`` and
-    records the push in ``state.json``. Leftover ``.incoming-*`` folders of other runs are
-    removed by the push's first command."""
+    The transfer (:func:`_push_rsync`, :func:`_push_copy`) and the host-side script of
+    :mod:`dsv4ctl.deploy.verify`, which verifies the manifest, renames ``.incoming-<id>`` to
+    ``<id>`` and records the push in ``state.json`` (for a delta push it runs alongside rsync).
+    Leftover ``.incoming-*`` folders of other runs are removed by the first command."""
     f, p = site.facts[t.name], site.paths[t.name]
     t0 = time.monotonic()
     if rel.id in f.releases:
@@ -322,33 +322,32 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
     stale = " ".join(q(p.incoming(x)) for x in f.incoming if x != rel.id)
     clean = f"rm -rf {stale} && " if stale else ""
     use_rsync = f.rsync and os.environ.get("DSV4CTL_PUSH", "rsync") != "copy"
-    side = None
-    if use_rsync:
-        stats, side = _push_rsync(t, site, rel, inc, bases, clean)
-    else:
-        stats = _push_copy(t, site, rel, inc, bases, clean)
     st = f.state.setdefault("releases", {})
     before = dict(st.get(rel.id, {}))
     st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
-    final = p.release(rel.id)
-    cmd = (f"{q(site.python[t.name])} -S -c {q(VERIFY_SCRIPT)} {q(inc)} {q(side or '-')} "
-           + " ".join(q(p.release(b)) for b in bases)
-           + f" && {{ [ ! -e {q(final)} ] && mv -T {q(inc)} {q(final)} || [ -f {q(final + '/RELEASE.json')} ]; }}"
-           + f" && {atomic_write_cmd(p.state)}")
-    r = t.run(cmd, input=state_doc(f), timeout=1800, check=False)
+    job = {"rel": inc, "side": None, "bases": [p.release(b) for b in bases], "stage": None, "wait": None,
+           "place": {"final": p.release(rel.id), "state": p.state, "doc": state_doc(f).decode()}}
     if before:
         st[rel.id] = before
     else:
         st.pop(rel.id, None)
+    place = f"{q(site.python[t.name])} -S -c {q(VERIFY_SCRIPT)}"
+    if use_rsync:
+        stats, r = _push_rsync(t, site, rel, inc, bases, clean, job, place)
+    else:
+        stats = _push_copy(t, site, rel, inc, bases, clean)
+        r = t.run(place, input=json.dumps(job).encode(), timeout=1800, check=False)
     lines = r.out.strip().splitlines()
     try:
-        v = json.loads(lines[0]) if lines else None
+        v = json.loads(lines[-1]) if lines else None
     except ValueError:
         v = None
-    if v is not None and not v["ok"]:
+    if v is not None and not v["ok"] and not v.get("error"):
         raise RemoteError(f"{t.name}: release {rel.id} failed manifest verification "
                           f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})")
     if r.code != 0 or v is None:
+        if v is not None and v.get("error"):
+            raise RemoteError(f"{t.name}: verifying/placing release {rel.id}: {v['error']}")
         raise t.fail(r, f"verifying/placing release {rel.id}")
     st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
     f.releases[rel.id] = rel.meta
@@ -393,20 +392,22 @@ def _base_manifest(t: Transport, site: Site, rid: str) -> dict | None:
 BULK_BYTES = 32 << 20
 
 
-def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str],
-                clean: str = "") -> tuple[dict, str | None]:
-    """rsync the release to the host. Returns (rsync stats, side folder to merge or None).
+def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str], clean: str,
+                job: dict, place: str):
+    """rsync the release to the host, then the host-side script ``place`` runs ``job``.
+    Returns (rsync stats, the script's CmdResult).
 
-    **Delta** (a previous release on the host whose manifest is known): two things run at once.
-    The host builds ``inc`` as a hard-link copy of that release (``cp -al``) minus the paths the
-    new release drops; meanwhile rsync sends only the changed paths (``--files-from``) into a
-    side folder ``inc.delta-<nonce>``, with the old release as ``--link-dest``, so each changed
-    file travels as rsync's delta against its old version. The verify step then renames the side
-    folder's files into ``inc``: no file of the old release is ever written, and no whole-tree
-    file list crosses the network.
+    **Delta** (a previous release on the host whose manifest is known): the host-side script
+    starts first and builds ``inc`` as a hard-link copy of that release (``cp -al``) minus the
+    paths the new release drops, and reads what it will verify against; meanwhile rsync sends
+    only the changed paths (``--files-from``) into a side folder ``inc.delta-<nonce>``, with the
+    old release as ``--link-dest``, so each changed file travels as rsync's delta against its
+    old version. A marker file then tells the script to merge the side folder (renames: no file
+    of the old release is ever written), check the changed files and place the release. No
+    whole-tree file list crosses the network.
 
     **Full** (nothing to start from): one rsync of the tree into ``inc`` with ``--link-dest``
-    against the host's releases (unchanged files are hard-linked).
+    against the host's releases (unchanged files are hard-linked), then the script.
 
     Small deltas run over the transport's own SSH connection; a full push, or a delta of
     ``BULK_BYTES`` or more, over an OpenSSH connection of rsync's own
@@ -420,33 +421,40 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
         extra, dest = t.rsync_dest(inc + "/", bulk=True)
         argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user,
                 *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
-        return _run_rsync(t, site, rel, argv), None
+        stats = _run_rsync(t, site, rel, argv)
+        return stats, t.run(place, input=json.dumps(job).encode(), timeout=1800, check=False)
     d = manifest_diff(old.get("files", {}), rel.files)
     links_changed = [k for k, v in rel.links.items() if old.get("links", {}).get(k) != v]
     gone = d["removed"] + [k for k in old.get("links", {}) if k not in rel.links or k in links_changed]
     send = d["added"] + d["changed"] + links_changed + ["MANIFEST.json", "RELEASE.json"]
     side = f"{inc}.delta-{secrets.token_hex(4)}"
     size = sum(rel.files[k][1] for k in d["added"] + d["changed"])
-    stage = (f"{clean}rm -rf {q(inc)} && cp -al {q(p.release(bases[0]))} {q(inc)} && cd {q(inc)} "
-             f"&& xargs -0 -r rm -f")
+    job = {**job, "side": side, "stage": {"from": p.release(bases[0]), "gone": gone},
+           "wait": {"marker": side, "timeout": site.opts.host_timeout or 3600}}
     with tempfile.NamedTemporaryFile(prefix="dsv4ctl-files-") as lf:
         lf.write(b"\0".join(x.encode() for x in send))
         lf.flush()
         with cf.ThreadPoolExecutor(1) as ex:
-            staged = ex.submit(t.run, stage, input=b"\0".join(x.encode() for x in gone), timeout=900)
+            placed = ex.submit(t.run, clean + place, input=json.dumps(job).encode(),
+                               timeout=(site.opts.host_timeout or 3600) + 1800, check=False)
             try:
                 extra, dest = t.rsync_dest(side + "/", bulk=size >= BULK_BYTES)
                 argv = ["rsync", "-a", "--stats", "--info=progress2", "--from0", f"--files-from={lf.name}",
                         f"--link-dest={p.release(bases[0])}", *user, *extra, f"{rel.path}/", dest]
                 stats = _run_rsync(t, site, rel, argv)
             except BaseException:
-                try:
-                    staged.result()      # the rsync error is the one to report
+                try:           # tell the host-side script to give up; the rsync error is the one to report
+                    t.run(f": > {q(side + '.fail')}", timeout=30)
+                    placed.result()
+                except Exception:
+                    pass
+                try:           # the script may have ended first (a cleanup removed inc): our leftovers
+                    t.run(f"rm -rf {q(side)} {q(side + '.fail')} {q(side + '.done')}", timeout=60)
                 except Exception:
                     pass
                 raise
-            staged.result()
-    return stats, side
+            t.run(f": > {q(side + '.done')}", timeout=60)
+            return stats, placed.result()
 
 
 def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:

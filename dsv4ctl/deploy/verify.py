@@ -1,28 +1,51 @@
-"""The manifest check run on each host (``python3 -S -c SCRIPT``; standard library only).
+"""The on-host half of a push: stage, merge, verify and place a release (``python3 -S -c
+SCRIPT``, standard library only). One JSON document on stdin says what to do:
 
-argv: the release folder, a side folder to merge first (``-`` for none), then verified releases
-it was hard-linked from (``--link-dest``), nearest first.
+``{"rel": INCOMING, "side": SIDE|null, "bases": [RELEASE, ...], "stage": {"from": RELEASE,
+"gone": [PATH, ...]}|null, "wait": {"marker": PATH, "timeout": S}|null, "place": {"final":
+RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
 
-1. **Merge** (delta push): every file and symlink of the side folder is renamed into the release
-   folder at the same path (``rename(2)`` replaces the hard link there, so the release it was
-   linked from is never modified), then the side folder is removed.
-2. **Verify**: a file that is the same inode as the same path in a link-dest release whose
-   manifest has the same sha256 is trusted (that release was verified when it was pushed, and
-   releases are immutable); every other file is hashed. Inode numbers come from ``readdir``
-   (``os.scandir``: no ``stat`` per file); a mismatch falls back to ``lstat`` before hashing, so
-   a filesystem whose ``readdir`` inodes differ from ``stat`` is slower, never wrong. A link-dest
-   manifest is read only when a file is not trusted by the ones before it. Extra files, missing
-   files, wrong sizes, wrong symlink targets and a missing RELEASE.json are problems.
+1. **Stage** (delta push): ``cp -al`` the previous release into ``rel`` and remove the paths
+   the new release drops. The engine runs this *while* rsync sends the changes into ``side``,
+   and the script also reads the trees and the link-dest manifest it will need, then
+2. **waits** for ``marker + ".done"`` (rsync finished) — or ``.fail``, ``rel`` vanishing
+   (a cleanup), its own stdout closing (the SSH session is gone) or the timeout, which abort
+   (exit 3) and remove the staged folders — so after the transfer only the changed files are
+   left to check. Folders left empty by the dropped paths are removed, as a full push would not
+   have them.
+3. **Merge** ``side``: every file and symlink is renamed into ``rel`` at the same path
+   (``rename(2)`` replaces the hard link there, so the release it was linked from is never
+   modified), then ``side`` is removed.
+4. **Verify** against ``rel/MANIFEST.json``: a file that is the same inode as the same path in
+   a link-dest release (``bases``, nearest first) whose manifest has the same sha256 is
+   trusted (that release was verified when it was pushed, and releases are immutable); every
+   other file is hashed. Inode numbers come from ``readdir`` (``os.scandir``: no ``stat`` per
+   file); a mismatch falls back to ``lstat`` before hashing, so a filesystem whose ``readdir``
+   inodes differ from ``stat`` is slower, never wrong. A link-dest manifest is read only when a
+   file is not trusted by the ones before it. Extra, missing, resized or rewritten files, wrong
+   symlink targets and a missing RELEASE.json are problems.
+5. **Place**: rename ``rel`` to ``final`` (a complete release under its final name, or
+   nothing) and replace ``state`` atomically with ``doc`` (temp file, fsync, rename; the old
+   file's mode kept).
 
-Prints one JSON line ``{"ok", "checked", "hashed", "merged", "bad": [...], "nbad"}``; exit 1
-when not ok."""
+Prints one JSON line ``{"ok", "checked", "hashed", "merged", "bad": [...], "nbad", "placed"}``
+(plus ``"aborted"`` or ``"error"``); exit 0 placed, 1 verification failed, 3 aborted, 2 error."""
 
 SCRIPT = r'''
-import hashlib, json, os, shutil, stat, sys
-rel, side, bases = sys.argv[1], sys.argv[2], sys.argv[3:]
+import hashlib, json, os, shutil, stat, subprocess, sys, time
+job = json.load(sys.stdin)
+rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []
+out = {"ok": False, "checked": 0, "hashed": 0, "merged": 0, "bad": [], "nbad": 0, "placed": False}
+def done(code, **kw):
+    out.update(kw)
+    try:
+        print(json.dumps(out), flush=True)
+    except OSError:                 # nobody reads any more (the session is gone)
+        sys.stdout = open(os.devnull, "w")
+    sys.exit(code)
 def tree(root):
-    """{relative path: DirEntry} of every non-directory entry under root (no stat calls)."""
-    out, stack = {}, [""]
+    """{relative path: [inode, absolute path]} of every non-directory under root (readdir only)."""
+    res, stack = {}, [""]
     while stack:
         d = stack.pop()
         with os.scandir(os.path.join(root, d) if d else root) as it:
@@ -31,75 +54,142 @@ def tree(root):
                 if e.is_dir(follow_symlinks=False):
                     stack.append(p)
                 else:
-                    out[p] = e
-    return out
-merged = 0
-if side != "-":
-    for p, e in sorted(tree(side).items()):
-        dst = os.path.join(rel, p)
-        if os.path.isdir(dst) and not os.path.islink(dst):
-            shutil.rmtree(dst)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        os.replace(e.path, dst)
-        merged += 1
-    shutil.rmtree(side)
-man = json.load(open(os.path.join(rel, "MANIFEST.json")))
-files, links = man["files"], man.get("links", {})
-have = tree(rel)
-dev = os.stat(rel).st_dev
-loaded = []          # [(manifest files, tree)] of the link-dest releases read so far
-def base(i):
-    while len(loaded) <= i:
-        b = bases[len(loaded)]
+                    res[p] = [e.inode(), e.path]
+    return res
+try:
+    st = job.get("stage")
+    if st:
+        shutil.rmtree(rel, ignore_errors=True)
+        r = subprocess.run(["cp", "-al", st["from"], rel], capture_output=True, text=True)
+        if r.returncode:
+            done(2, error="cp -al: " + (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1])
+        for p in st["gone"]:
+            try:
+                os.unlink(os.path.join(rel, p))
+            except FileNotFoundError:
+                pass
+            d = os.path.dirname(p)          # folders the new release no longer has (as a full push)
+            while d:
+                try:
+                    os.rmdir(os.path.join(rel, d))
+                except OSError:
+                    break
+                d = os.path.dirname(d)
+    have = tree(rel)
+    dev = os.stat(rel).st_dev
+    loaded = []       # [(manifest files, tree)] of the link-dest releases read so far
+    def base(i):
+        while len(loaded) <= i:
+            b = bases[len(loaded)]
+            try:
+                if os.stat(b).st_dev != dev:
+                    raise OSError("other filesystem")
+                loaded.append((json.load(open(os.path.join(b, "MANIFEST.json")))["files"], tree(b)))
+            except Exception:
+                loaded.append(({}, {}))
+        return loaded[i]
+    if bases:
+        base(0)       # read while rsync still runs
+    w = job.get("wait")
+    if w:
+        deadline = time.monotonic() + float(w["timeout"])
+        import select
+        watch = select.poll()
+        watch.register(1, select.POLLERR | select.POLLHUP)   # our SSH session closed: nobody waits for us
+        while not os.path.exists(w["marker"] + ".done"):
+            if (os.path.exists(w["marker"] + ".fail") or not os.path.isdir(rel) or time.monotonic() > deadline
+                    or watch.poll(0)):
+                shutil.rmtree(rel, ignore_errors=True)
+                if side:
+                    shutil.rmtree(side, ignore_errors=True)
+                for m in (".fail", ".done"):
+                    try:
+                        os.unlink(w["marker"] + m)
+                    except FileNotFoundError:
+                        pass
+                done(3, aborted=True)
+            time.sleep(0.01)
+        os.unlink(w["marker"] + ".done")
+    if side:
+        for p, (ino, src) in sorted(tree(side).items()):
+            dst = os.path.join(rel, p)
+            if os.path.isdir(dst) and not os.path.islink(dst):
+                shutil.rmtree(dst)
+                have = {k: v for k, v in have.items() if not k.startswith(p + "/")}
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+            have[p] = [ino, dst]
+            out["merged"] += 1
+        shutil.rmtree(side)
+    man = json.load(open(os.path.join(rel, "MANIFEST.json")))
+    files, links = man["files"], man.get("links", {})
+    def same_inode(a, b):
+        if a[0] == b[0]:
+            return True
         try:
-            if os.stat(b).st_dev != dev:
-                raise OSError("other filesystem")
-            loaded.append((json.load(open(os.path.join(b, "MANIFEST.json")))["files"], tree(b)))
-        except Exception:
-            loaded.append(({}, {}))
-    return loaded[i]
-def same_inode(e, o):
-    if e.inode() == o.inode():
-        return True
-    try:
-        a, b = os.lstat(e.path), os.lstat(o.path)
-    except OSError:
-        return False
-    return (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
-bad, hashed = [], 0
-for p, (h, size, ex) in files.items():
-    e = have.get(p)
-    if e is None:
-        bad.append("missing " + p); continue
-    trusted = False
-    for i in range(len(bases)):
-        of, ot = base(i)
-        o = ot.get(p)
-        if o is not None and of.get(p, [None])[0] == h and same_inode(e, o):
-            trusted = True; break
-    if trusted:
-        continue
-    st = os.lstat(e.path)
-    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-        bad.append("size " + p); continue
-    d = hashlib.sha256()
-    with open(e.path, "rb") as f:
-        for c in iter(lambda: f.read(1 << 20), b""):
-            d.update(c)
-    hashed += 1
-    if d.hexdigest() != h:
-        bad.append("hash " + p)
-for p, target in links.items():
-    try:
-        if os.readlink(os.path.join(rel, p)) != target:
+            x, y = os.lstat(a[1]), os.lstat(b[1])
+        except OSError:
+            return False
+        return (x.st_ino, x.st_dev) == (y.st_ino, y.st_dev)
+    bad = []
+    for p, (h, size, ex) in files.items():
+        e = have.get(p)
+        if e is None:
+            bad.append("missing " + p); continue
+        trusted = False
+        for i in range(len(bases)):
+            of, ot = base(i)
+            o = ot.get(p)
+            if o is not None and of.get(p, [None])[0] == h and same_inode(e, o):
+                trusted = True; break
+        if trusted:
+            continue
+        s = os.lstat(e[1])
+        if not stat.S_ISREG(s.st_mode) or s.st_size != size:
+            bad.append("size " + p); continue
+        d = hashlib.sha256()
+        with open(e[1], "rb") as f:
+            for c in iter(lambda: f.read(1 << 20), b""):
+                d.update(c)
+        out["hashed"] += 1
+        if d.hexdigest() != h:
+            bad.append("hash " + p)
+    for p, target in links.items():
+        try:
+            if os.readlink(os.path.join(rel, p)) != target:
+                bad.append("link " + p)
+        except OSError:
             bad.append("link " + p)
-    except OSError:
-        bad.append("link " + p)
-extra = sorted(set(have) - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})
-bad += ["extra " + p for p in extra[:5]]
-if "RELEASE.json" not in have:
-    bad.append("missing RELEASE.json")
-print(json.dumps({"ok": not bad, "checked": len(files), "hashed": hashed, "merged": merged,
-                  "bad": bad[:10], "nbad": len(bad) + max(0, len(extra) - 5)}))
-sys.exit(1 if bad else 0)
+    extra = sorted(set(have) - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})
+    bad += ["extra " + p for p in extra[:5]]
+    if "RELEASE.json" not in have:
+        bad.append("missing RELEASE.json")
+    out.update(checked=len(files), bad=bad[:10], nbad=len(bad) + max(0, len(extra) - 5), ok=not bad)
+    if bad:
+        done(1)
+    pl = job.get("place")
+    if pl:
+        final = pl["final"]
+        if not os.path.exists(final):
+            os.rename(rel, final)
+        elif not os.path.isfile(os.path.join(final, "RELEASE.json")):
+            done(2, ok=False, error=final + " exists and is not a release")
+        path = pl["state"]
+        tmp = "%s.tmp.%d" % (path, os.getpid())
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        with open(tmp, "w") as f:
+            f.write(pl["doc"])
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        out["placed"] = True
+    done(0)
+except SystemExit:
+    raise
+except BaseException as e:
+    done(2, ok=False, error="%s: %s" % (type(e).__name__, e))
 '''

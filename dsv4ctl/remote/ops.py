@@ -67,7 +67,8 @@ def atomic_write_cmd(path: str, mode: int | None = None, like: str | None = None
         perm = f"chmod {mode:o} \"$t\""
     else:                         # keep the mode of ``like`` (default: the file being replaced)
         ref = q(like or path)
-        perm = f"if [ -e {ref} ]; then chmod --reference={ref} \"$t\"; else chmod 644 \"$t\"; fi"
+        # GNU and busybox stat; when the mode cannot be read, fail closed (0600), never wider
+        perm = f"if [ -e {ref} ]; then m=$(stat -c %a {ref} 2>/dev/null) || m=600; chmod \"$m\" \"$t\"; else chmod 644 \"$t\"; fi"
     return (f"(set -e; mkdir -p {q(d)}; t=$(mktemp {q(path)}.tmp.XXXXXX); "
             f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; {perm}; "
             f"sync \"$t\" 2>/dev/null || true; mv -f \"$t\" {q(path)}; trap - EXIT)")

@@ -53,6 +53,11 @@ def _recv_exact(s: socket.socket, n: int) -> bytes | None:
 
 
 def main(argv: list[str]) -> int:
+    # rsync sends its remote shell SIGUSR1 as soon as its own side is done, which can be before
+    # the remote side's error messages (stderr) have come through: finish relaying them, for at
+    # most 5 s more (then SIGALRM ends the bridge)
+    import signal
+    signal.signal(signal.SIGUSR1, lambda *_: signal.alarm(5))
     if len(argv) < 3:
         print("rsync_bridge: usage: rsync_bridge.py SOCKET HOST COMMAND...", file=sys.stderr)
         return 255
@@ -77,6 +82,7 @@ def main(argv: list[str]) -> int:
             pass
 
     threading.Thread(target=pump_stdin, daemon=True).start()
+    stdout_open = True
     while True:
         h = _recv_exact(s, HEADER.size)
         if h is None:
@@ -88,9 +94,16 @@ def main(argv: list[str]) -> int:
             print("rsync_bridge: connection to the host lost", file=sys.stderr)
             return 255
         if kind == STDOUT:
-            _write_all(1, data)
+            if stdout_open:
+                try:
+                    _write_all(1, data)
+                except OSError:         # rsync stopped reading: keep passing on stderr
+                    stdout_open = False
         elif kind == STDERR:
-            _write_all(2, data)
+            try:
+                _write_all(2, data)
+            except OSError:
+                pass
         else:
             return struct.unpack("!i", data)[0] & 0xFF
 

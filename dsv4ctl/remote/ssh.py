@@ -213,13 +213,16 @@ class SSHTransport(Transport):
         host. ``bulk``: a large transfer, which paramiko's pure-Python packet layer would slow
         (about 150 MB/s for the whole process here): rsync gets its own OpenSSH connection
         instead (:meth:`ssh_argv`)."""
-        if bulk:
-            return ["-e", " ".join(q(a) for a in self.ssh_argv())], f"{self.login()}:{path}"
-        import sys
-        from . import rsync_bridge
-        sock = self._rsync_listener()
-        prog = " ".join(_rsync_quote(a) for a in (sys.executable, "-S", "-I", rsync_bridge.__file__, sock))
-        return ["-e", prog], f"dsv4ctl:{path}"   # the host word is ignored by the bridge
+        if not bulk:
+            import sys
+            from . import rsync_bridge
+            try:
+                sock = self._rsync_listener()
+                prog = " ".join(_rsync_quote(a) for a in (sys.executable, "-S", "-I", rsync_bridge.__file__, sock))
+                return ["-e", prog], f"dsv4ctl:{path}"   # the host word is ignored by the bridge
+            except (OSError, ValueError):
+                pass          # no usable socket path (or unquotable interpreter path): OpenSSH then
+        return ["-e", " ".join(q(a) for a in self.ssh_argv())], f"{self.login()}:{path}"
 
     def ssh_argv(self) -> list[str]:
         """The OpenSSH client command line (for bulk rsync) with the same identity, port, jump
@@ -246,16 +249,25 @@ class SSHTransport(Transport):
     def _rsync_listener(self) -> str:
         import socket
         import tempfile
+        import shutil
         with self._lock:
             if self._rsync is None:
-                d = tempfile.mkdtemp(prefix="dsv4ctl-rsync-")
+                # a Unix socket path has at most 107 bytes: a long TMPDIR falls back to /tmp
+                parent = tempfile.gettempdir()
+                d = tempfile.mkdtemp(prefix="dsv4ctl-rsync-", dir=parent if len(parent) < 64 else "/tmp")
                 path = os.path.join(d, "s")
                 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                srv.bind(path)
-                srv.listen(16)
-                threading.Thread(target=self._rsync_accept, args=(srv,), daemon=True,
-                                 name=f"rsync-bridge-{self.name}").start()
-                self._rsync = {"dir": d, "path": path, "server": srv}
+                try:
+                    srv.bind(path)
+                    srv.listen(16)
+                except OSError:
+                    srv.close()
+                    shutil.rmtree(d, ignore_errors=True)
+                    raise
+                th = threading.Thread(target=self._rsync_accept, args=(srv,), daemon=True,
+                                      name=f"rsync-bridge-{self.name}")
+                th.start()
+                self._rsync = {"dir": d, "path": path, "server": srv, "thread": th}
             return self._rsync["path"]
 
     def _rsync_accept(self, srv) -> None:
@@ -268,6 +280,7 @@ class SSHTransport(Transport):
 
     def _rsync_serve(self, conn) -> None:
         """Run one bridged command (wire format: :mod:`dsv4ctl.remote.rsync_bridge`)."""
+        import select
         import socket
         import struct
         from .rsync_bridge import EXIT, HEADER, STDERR, STDOUT, _recv_exact
@@ -301,32 +314,41 @@ class SSHTransport(Transport):
                     chan.shutdown_write()
                 except Exception:
                     pass
-
-            def errors():
-                try:
-                    while True:
-                        b = chan.recv_stderr(1 << 16)
-                        if not b:
-                            break
-                        send(STDERR, b)
-                except Exception:
-                    pass
-            up = threading.Thread(target=upstream, daemon=True)
-            er = threading.Thread(target=errors, daemon=True)
-            up.start()
-            er.start()
+            threading.Thread(target=upstream, daemon=True).start()
+            # one loop, in arrival order, stderr before stdout: rsync stops reading (and kills
+            # the bridge) once its protocol ends on stdout, so an error message must come first
+            ready = chan.fileno()          # readable when either stream has data
             while True:
-                b = chan.recv(1 << 16)
-                if not b:
+                moved = False
+                while chan.recv_stderr_ready():
+                    send(STDERR, chan.recv_stderr(1 << 16))
+                    moved = True
+                if chan.recv_ready():
+                    b = chan.recv(1 << 16)
+                    if b:
+                        send(STDOUT, b)
+                        moved = True
+                if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
-                send(STDOUT, b)
-            er.join()
+                if not tr.is_active():
+                    break
+                if not moved:
+                    select.select([ready], [], [], 0.5)
             status = 255
             while tr.is_active() or chan.exit_status_ready():
                 if chan.exit_status_ready():
                     status = chan.recv_exit_status()
                     break
                 time.sleep(0.02)
+            chan.settimeout(5)                 # stderr the server sent after stdout's EOF, until close
+            try:
+                while True:
+                    b = chan.recv_stderr(1 << 16)
+                    if not b:
+                        break
+                    send(STDERR, b)
+            except (socket.timeout, TimeoutError):
+                pass
             if status >= 0:
                 send(EXIT, struct.pack("!i", status))
         except (OSError, EOFError):
@@ -342,9 +364,15 @@ class SSHTransport(Transport):
 
     def _close_rsync(self) -> None:
         import shutil
+        import socket
         r, self._rsync = self._rsync, None
         if r:
+            try:
+                r["server"].shutdown(socket.SHUT_RDWR)     # wakes the blocked accept() (close alone does not)
+            except OSError:
+                pass
             r["server"].close()
+            r["thread"].join(5)
             shutil.rmtree(r["dir"], ignore_errors=True)
 
 
