@@ -168,3 +168,39 @@ def test_interrupt_during_activation_rolls_back(world):
     # the interrupted release is never chosen by rollback, and deploying it again works once fixed
     code, out, err = run(w, "releases", "--json")
     assert {x["id"]: x["state"] for x in json.loads(out)["hosts"]["h1"]["releases"]} == {a: "active", b: "failed"}
+
+
+def signal_after(p: subprocess.Popen, needle: str, count: int = 1, delay: float = 0.0,
+                 sig: int = signal.SIGINT) -> list[str]:
+    """Read the deploy's stderr until ``needle`` has appeared ``count`` times, wait ``delay`` s,
+    send ``sig``; return the lines read so far (the rest stays for communicate())."""
+    seen, lines = 0, []
+    while seen < count:
+        line = p.stderr.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+        seen += needle in line
+    time.sleep(delay)
+    p.send_signal(sig)
+    return lines
+
+
+@pytest.mark.parametrize("needle, count, delay", [
+    ("built r", 1, 0.0),        # while the locks are being taken
+    ("pushed ", 4, 0.05),       # as the hosts start switching
+])
+def test_interrupt_at_phase_boundaries(world, needle, count, delay):
+    """Ctrl-C as the locks are taken or as activation starts: in-flight lock/switch commands
+    finish first, then every lock is dropped and every host is back on the same release."""
+    w = world
+    a = first_release(w)
+    w.extra["decode"] = {"chunked-prefill-size": 4096}
+    w.write()
+    p = start(w, "deploy", "--health-timeout", "60")
+    head = signal_after(p, needle, count, delay)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 130, "".join(head) + err
+    all_on(w, a)
+    for h in w.roots:
+        assert not (w.roots[h] / ".lock").exists(), (h, "".join(head) + err)
+    assert wait_for(lambda: http_status(f"http://127.0.0.3:{w.ports['decode']}/health") == 200, timeout=30)

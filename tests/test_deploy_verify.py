@@ -265,3 +265,26 @@ def test_waiting_job_aborts_when_its_session_is_gone(tmp_path):
     p.stdout.close()                               # the session goes away
     assert p.wait(timeout=20) == 3
     assert sorted(x.name for x in rel_dir.iterdir()) == ["rOLD"]
+
+
+def test_leftover_final_folder_is_replaced_by_the_verified_copy(delta, tmp_path):
+    """A folder already at the final name that the host's facts did not count as a release (no
+    RELEASE.json + MANIFEST.json pair, e.g. an interrupted manual rm -rf) is replaced."""
+    base, inc, side = delta
+    final = inc.parent / "rNEW"
+    final.mkdir()
+    (final / "RELEASE.json").write_text('{"id": "rNEW"}')
+    state = tmp_path / "state.json"
+    code, v = run(inc, side, base, place={"final": str(final), "state": str(state), "doc": "{}\n"})
+    assert code == 0 and v["placed"], v
+    assert (final / "MANIFEST.json").is_file() and (final / "tree/pkg/mod007.py").is_file()
+    assert not inc.exists() and not [p for p in inc.parent.iterdir() if ".trash-" in p.name]
+    assert state.read_text() == "{}\n" and oct(state.stat().st_mode & 0o777) == "0o644"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("state.json.tmp")]
+
+
+@pytest.mark.parametrize("job", ["{not json", '{"rel": 5}', '{"side": "x"}', "[]"])
+def test_malformed_job_is_a_json_error(job):
+    r = subprocess.run([sys.executable, "-S", "-c", SCRIPT], input=job, capture_output=True, text=True, timeout=30)
+    v = json.loads(r.stdout)
+    assert r.returncode == 2 and not v["ok"] and v["error"].startswith("bad job: ") and r.stderr == "", (r, v)

@@ -388,3 +388,37 @@ except RemoteError as e:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stderr == ""
     assert r.stdout.startswith("web: cannot connect to 127.0.0.1:") and r.stdout.count("\n") == 1, r.stdout
+
+
+def test_run_parallel_finish_on_interrupt():
+    """An interrupt while hosts are busy: with finish_on_interrupt every host's call completes
+    (and its transport stays open) before KeyboardInterrupt propagates; child processes the
+    calls start do not inherit blocked signals. Without it, the transports are closed at once."""
+    import signal as sig
+
+    class T:
+        def __init__(self, name):
+            self.name, self.closed = name, False
+
+        def close(self):
+            self.closed = True
+    for finish in (True, False):
+        done, masks = [], []
+
+        def slow(t):
+            masks.append(subprocess.run(["sh", "-c", "grep SigBlk /proc/self/status"], capture_output=True,
+                                        text=True).stdout.split()[1])
+            time.sleep(0.6)
+            done.append(t.name)
+        ts = {n: T(n) for n in ("a", "b", "c")}
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), sig.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            run_parallel(ts, slow, finish_on_interrupt=finish)
+        if finish:
+            assert sorted(done) == ["a", "b", "c"] and time.monotonic() - t0 >= 0.6
+            assert not any(t.closed for t in ts.values())
+            assert all(int(m, 16) & (1 << (sig.SIGINT - 1)) == 0 for m in masks), masks
+        else:
+            assert done == [] and all(t.closed for t in ts.values())
+            time.sleep(0.7)

@@ -231,7 +231,8 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
             raise t.fail(r, f"lock {p.lock}")
         return parse_facts(t.name, p.root, r.out)
 
-    res = run_parallel(site.transports, lock, timeout=site.opts.connect_timeout + 120)
+    # an interrupt lets every lock command finish (the caller's release_locks then sees them all)
+    res = run_parallel(site.transports, lock, timeout=site.opts.connect_timeout + 120, finish_on_interrupt=True)
     if not all(r.ok for r in res.values()):
         release_locks(site, [h for h, r in res.items() if r.ok])
         _raise_failed(res, "locking")
@@ -250,7 +251,7 @@ def _holder_public(text: str | None) -> str:
 def release_locks(site: Site, hosts: list[str] | None = None) -> None:
     """Drop the locks this run holds (only when the token matches); best effort."""
     hs = [h for h in (hosts if hosts is not None else site.hosts) if h not in getattr(site, "unlocked", set())]
-    if not hs:
+    if not hs or not site.token:      # no token yet: this run has taken no lock (never match another's)
         return
 
     def unlock(t):
@@ -692,8 +693,8 @@ def switch_with_gate(site: Site, target: dict[str, str], *, what: str,
         finally:
             with lock:
                 switched.append(h)
-    try:
-        res = run_parallel(sel, act, timeout=site.opts.host_timeout)
+    try:   # an interrupt lets every host finish its switch first, so the revert below sees them all
+        res = run_parallel(sel, act, timeout=site.opts.host_timeout, finish_on_interrupt=True)
         bad = [r for r in res.values() if not r.ok]
         if bad:
             reason = "activation failed: " + "; ".join(r.error for r in bad)
@@ -807,8 +808,8 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
-        acquire_locks(site, f"deploy {rel.id}")
-        try:
+        try:       # release_locks only drops locks holding this run's token: safe whatever happened
+            acquire_locks(site, f"deploy {rel.id}")
             return _deploy_locked(site, rel, t_start, promote, pre)
         finally:
             release_locks(site)
@@ -963,8 +964,8 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
             lines.append("gate: every worker's /health, then a 1-token chat completion through the router")
             lines.append("on gate failure or interrupt: every host back to its current release")
             return {"schema": "dsv4ctl.rollback/1", "dry_run": True, "release": target, "actions": lines}
-        acquire_locks(site, f"rollback to {target}")
         try:
+            acquire_locks(site, f"rollback to {target}")
             target = choose_rollback_target(site.facts, to)
             old_current = {h: site.facts[h].current for h in site.hosts}
             rec = {"action": "rollback", "release": target}

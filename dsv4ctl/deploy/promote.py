@@ -421,8 +421,8 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         edir = evidence_dir(opts.cache, rid, stamp)
         results, bad = run_checks(profile, po, edir, opts.log)
-        E.acquire_locks(site, f"promote {rid}")
         try:
+            E.acquire_locks(site, f"promote {rid}")
             summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "failed" if bad else "good",
                        "by_hand": True, "checks": results, "at": E.now_iso()}
             hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)

@@ -33,16 +33,16 @@ class Launcher:
         self.stop_timeout = stop_timeout
 
     def stop_cmd(self, p: Paths, group: str) -> str:
-        """SIGTERM to the group's process group, wait up to ``stop_timeout`` s (a clock deadline,
-        whole seconds, however many processes the host runs) while any member is still
-        running, then SIGKILL. Zombies do not count as running: a member whose parent
+        """SIGTERM to the group's process group, wait at least ``stop_timeout`` s (at most one
+        more: a clock deadline in whole seconds, however many processes the host runs) while any
+        member is still running, then SIGKILL. Zombies do not count as running: a member whose parent
         died first is only reaped by PID 1, which in a container may be slow or never."""
         pf = q(p.pidfile(group))
         n = max(1, int(round(self.stop_timeout)))
         return (f"if [ -f {pf} ]; then pid=$(cat {pf}); {GROUP_RUNNING_FN} "
                 f"kill -TERM -$pid 2>/dev/null || kill -TERM $pid 2>/dev/null || true; "
                 f"end=$(( $(date +%s) + {n} )); "
-                f"while group_running $pid && [ $(date +%s) -lt $end ]; do sleep 0.05; done; "
+                f"while group_running $pid && [ $(date +%s) -le $end ]; do sleep 0.05; done; "
                 f"kill -KILL -$pid 2>/dev/null || true; rm -f {pf}; fi")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:

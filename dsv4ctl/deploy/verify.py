@@ -25,16 +25,15 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
    file is not trusted by the ones before it. Extra, missing, resized or rewritten files, wrong
    symlink targets and a missing RELEASE.json are problems.
 5. **Place**: rename ``rel`` to ``final`` (a complete release under its final name, or
-   nothing) and replace ``state`` atomically with ``doc`` (temp file, fsync, rename; the old
-   file's mode kept).
+   nothing; a leftover folder already there, which the host's facts did not count as a
+   release, is replaced) and replace ``state`` atomically with ``doc`` (a 0600 temp file,
+   fsync, the old file's mode, rename; the temp file removed on failure).
 
 Prints one JSON line ``{"ok", "checked", "hashed", "merged", "bad": [...], "nbad", "placed"}``
 (plus ``"aborted"`` or ``"error"``); exit 0 placed, 1 verification failed, 3 aborted, 2 error."""
 
 SCRIPT = r'''
-import hashlib, json, os, shutil, stat, subprocess, sys, time
-job = json.load(sys.stdin)
-rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []
+import hashlib, json, os, shutil, stat, subprocess, sys, tempfile, time
 out = {"ok": False, "checked": 0, "hashed": 0, "merged": 0, "bad": [], "nbad": 0, "placed": False}
 def done(code, **kw):
     out.update(kw)
@@ -57,6 +56,14 @@ def tree(root):
                     res[p] = [e.inode(), e.path]
     return res
 try:
+    try:
+        job = json.load(sys.stdin)
+        rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []
+        if not isinstance(rel, str) or not (side is None or isinstance(side, str)) or \
+                not all(isinstance(b, str) for b in bases):
+            raise ValueError("rel, side and bases must be paths")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        done(2, error="bad job: %s" % e)
     st = job.get("stage")
     if st:
         shutil.rmtree(rel, ignore_errors=True)
@@ -170,23 +177,31 @@ try:
     pl = job.get("place")
     if pl:
         final = pl["final"]
-        if not os.path.exists(final):
-            os.rename(rel, final)
-        elif not os.path.isfile(os.path.join(final, "RELEASE.json")):
-            done(2, ok=False, error=final + " exists and is not a release")
+        if os.path.lexists(final):
+            # not listed as a release (or we would not push it): a leftover without its
+            # RELEASE.json + MANIFEST.json pair, e.g. from an interrupted manual rm -rf. The
+            # verified copy takes its place.
+            trash = "%s.trash-%d" % (final, os.getpid())
+            os.rename(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.rename(rel, final)
+        out["placed"] = True
         path = pl["state"]
-        tmp = "%s.tmp.%d" % (path, os.getpid())
         try:
             mode = stat.S_IMODE(os.stat(path).st_mode)
         except FileNotFoundError:
             mode = 0o644
-        with open(tmp, "w") as f:
-            f.write(pl["doc"])
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        out["placed"] = True
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp.", dir=os.path.dirname(path) or ".")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(pl["doc"])
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     done(0)
 except SystemExit:
     raise

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,21 +23,46 @@ class HostResult:
     seconds: float = 0.0
 
 
+def _block_interrupts():
+    """Block SIGINT/SIGTERM in this (the main) thread; returns the old mask, or None where that
+    is not possible (not the main thread, no pthread_sigmask)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def run_parallel(transports: dict, fn: Callable[[Any], Any], *, timeout: float | None = None,
-                 max_workers: int | None = None) -> dict[str, HostResult]:
+                 max_workers: int | None = None, finish_on_interrupt: bool = False) -> dict[str, HostResult]:
     """``fn(transport)`` on every host in parallel threads; returns {host: HostResult} in input order.
 
     ``timeout`` (s) is per host: a host that has not finished is reported as timed out and its
     transport is closed (which unblocks SSH I/O). A DsvError/exception on one host never stops
-    the others. KeyboardInterrupt propagates after closing every transport."""
+    the others. KeyboardInterrupt propagates after closing every transport — or, with
+    ``finish_on_interrupt`` (short steps whose outcome the caller must know, such as taking a
+    lock or switching a host), after every host's ``fn`` has returned; a second interrupt
+    then closes the transports."""
     names = list(transports)
     results: dict[str, HostResult] = {}
     if not names:
         return results
     pool = cf.ThreadPoolExecutor(max_workers=max_workers or len(names))
     t0 = time.monotonic()
-    futs = {pool.submit(fn, transports[n]): n for n in names}
+    futs: dict = {}
     try:
+        # with finish_on_interrupt, SIGINT/SIGTERM wait until every call is submitted (an
+        # interrupt inside submit() could leave a started thread the pool does not know of)
+        blocked = _block_interrupts() if finish_on_interrupt else None
+
+        def call(t):
+            if blocked is not None:   # threads inherit the mask, and so would their child processes
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            return fn(t)
+        try:
+            for n in names:
+                futs[pool.submit(call, transports[n])] = n
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         deadline = None if timeout is None else t0 + timeout
         pending = set(futs)
         while pending:
@@ -64,6 +91,13 @@ def run_parallel(transports: dict, fn: Callable[[Any], Any], *, timeout: float |
                         pass
                 break
     except KeyboardInterrupt:
+        if finish_on_interrupt:
+            try:   # every submitted call, including one whose submit() the interrupt cut short
+                pool.shutdown(wait=True)
+            except KeyboardInterrupt:
+                pass            # a second interrupt: stop waiting, close the transports below
+            else:
+                raise
         for t in transports.values():
             try:
                 t.close()
