@@ -573,7 +573,13 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         if st.req_to_token_bytes > GIB:
             gp.fixes.append("or lower context-length / max-running-requests (req_to_token is "
                             f"{_gib(st.req_to_token_bytes)} GiB)")
-    elif over > 0:
+    elif st.headroom_budgeted_bytes < 0:
+        # --set available_bytes is taken as given (SGLang's own number, e.g. from a log); but with
+        # this group's weights and req_to_token it does not fit the GPU: the inputs disagree
+        gp.warnings.append(f"the given available_bytes ({gi.available_bytes_override:,} B), the weights and "
+                           f"req_to_token exceed the GPU by {_gib(-st.headroom_budgeted_bytes)} GiB: check the "
+                           f"available_bytes value against weights_gib_per_rank and the GPU memory")
+    if over > 0 and not (st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None):
         msg = (f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
                f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(over)} GiB per rank over budget, "
                f"taken from the {_gib(st.headroom_budgeted_bytes)} GiB headroom")
@@ -588,7 +594,7 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
             gp.fixes.append("or store index-K in fp8 (index_k_dtype: fp8)")
         else:
             gp.warnings.append(msg)
-    elif over < 0:
+    elif over < 0 and not (st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None):
         gp.warnings.append(f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
                            f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(-over)} GiB per rank budgeted and unused")
     reserve = gp.inputs.activation_reserve_gib

@@ -321,3 +321,17 @@ def test_unknown_command_is_a_one_line_usage_error():
     assert r.code == 2 and r.out == "" and "Traceback" not in r.err
     assert r.err.splitlines() == [
         "dsv4ctl: error: dsv4ctl: No such command 'plna'. Did you mean 'plan'? (see 'dsv4ctl --help')"]
+
+
+def test_given_available_bytes_that_cannot_fit_warns():
+    """--set available_bytes is taken as given (the pools are sized from it, as SGLang would),
+    but when it, the weights and req_to_token exceed the GPU the plan says the inputs disagree."""
+    r = run_cli("plan", "-g", "decode", "--json", "--set", "model=deepseek-v4-pro",
+                "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8")
+    d = json.loads(r.out)
+    (g,) = d["groups"]
+    warn = [w for w in g["warnings"] if w.startswith("the given available_bytes (48,569,637,666 B)")]
+    assert len(warn) == 1 and "exceed the GPU by 73.09 GiB" in warn[0], g["warnings"]
+    # the default (Flash) profile with an available_bytes that fits: no such warning
+    r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=100000000000", "--set", "index_k_dtype=fp8")
+    assert not [w for w in json.loads(r.out)["groups"][0]["warnings"] if "the given available_bytes" in w]
