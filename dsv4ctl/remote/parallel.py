@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -23,12 +25,29 @@ class HostResult:
     seconds: float = 0.0
 
 
-def _block_interrupts():
-    """Block SIGINT/SIGTERM in this (the main) thread; returns the old mask, or None where that
-    is not possible (not the main thread, no pthread_sigmask)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold SIGINT/SIGTERM back (main thread only) until the block ends, then act on the first
+    one as its handler would (KeyboardInterrupt for Ctrl-C). Blocking the signal mask is not
+    enough: another thread may take the signal, and Python still raises in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if got:
+            h = old[got[0]]
+            if callable(h):
+                h(got[0], None)
+            elif h == signal.SIG_DFL:
+                os.kill(os.getpid(), got[0])
 
 
 def run_parallel(transports: dict, fn: Callable[[Any], Any], *, timeout: float | None = None,
@@ -49,20 +68,13 @@ def run_parallel(transports: dict, fn: Callable[[Any], Any], *, timeout: float |
     t0 = time.monotonic()
     futs: dict = {}
     try:
-        # with finish_on_interrupt, SIGINT/SIGTERM wait until every call is submitted (an
-        # interrupt inside submit() could leave a started thread the pool does not know of)
-        blocked = _block_interrupts() if finish_on_interrupt else None
-
-        def call(t):
-            if blocked is not None:   # threads inherit the mask, and so would their child processes
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            return fn(t)
-        try:
+        # SIGINT/SIGTERM wait until every call is submitted: an interrupt inside submit() can
+        # leave a started thread the pool does not know of, or wedge it for good (a
+        # KeyboardInterrupt inside Thread.start()'s "with lock" leaves the lock held, and the
+        # process then hangs at exit waiting for that thread)
+        with _interrupts_deferred():
             for n in names:
-                futs[pool.submit(call, transports[n])] = n
-        finally:
-            if blocked is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                futs[pool.submit(fn, transports[n])] = n
         deadline = None if timeout is None else t0 + timeout
         pending = set(futs)
         while pending:
