@@ -912,9 +912,16 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, pre: 
         raise VerdictError(f"deploy of {rel.id} rolled back to {', '.join(back)} on all hosts "
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
+    return finish_good(site, rel.id, {**base_rec, "result": "ok"}, {}, report, frm, t_start)
+
+
+def finish_good(site: Site, rid: str, record: dict, state: dict, report: dict, frm: dict, t_start: float) -> dict:
+    """Close out a deploy whose release is now good everywhere: mark ``rid`` good (plus
+    ``state`` fields) and activated, prune to ``keep_releases``, audit ``record``, unlock.
+    Returns ``report`` completed (pruned ids per host, result ok, seconds)."""
     keep = int(site.profile.deploy.get("keep_releases", 5))
-    pruned = close_out(site, {**base_rec, "result": "ok"},
-                       state={rel.id: {"state": "good", "activated_at": now_iso(), "activated_by": who()}},
+    pruned = close_out(site, record,
+                       state={rid: {"state": "good", "activated_at": now_iso(), "activated_by": who(), **state}},
                        prune=keep, per_host=frm)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])

@@ -363,16 +363,8 @@ def promote_locked(site, rel, spec: dict, po: PromoteOptions, pre: dict | None, 
     summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "good", "canary": canary,
                "checks": results, "at": E.now_iso()}
     hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
-    keep = int(site.profile.deploy.get("keep_releases", 5))
-    pruned = E.close_out(site, {**rec, "result": "ok", "evidence": hrel},
-                         state={rid: {"state": "good", "activated_at": E.now_iso(), "activated_by": E.who(),
-                                      "promoted_at": E.now_iso(), "evidence": hrel}},
-                         prune=keep, per_host=frm)
-    for h in site.hosts:
-        report["hosts"][h]["pruned"] = pruned.get(h, [])
-    report["result"] = "ok"
-    report["seconds"] = round(time.monotonic() - t_start, 3)
-    return report
+    return E.finish_good(site, rid, {**rec, "result": "ok", "evidence": hrel},
+                         {"promoted_at": E.now_iso(), "evidence": hrel}, report, frm, t_start)
 
 
 def config_drift(profile, release_meta: dict) -> list[str]:
