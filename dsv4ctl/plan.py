@@ -593,7 +593,8 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
                 gp.fixes.append(f"set mem-fraction-static: {m} (from {gi.mem_fraction_static}) in the serve config")
             gp.fixes.append("or store index-K in fp8 (index_k_dtype: fp8)")
         else:
-            gp.warnings.append(msg)
+            gp.warnings.append(f"{msg} SGLang budgets ({_gib(st.headroom_bytes)} GiB left after the real "
+                               f"allocation: the table's headroom row)")
     elif over < 0 and not (st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None):
         gp.warnings.append(f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
                            f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(-over)} GiB per rank budgeted and unused")
