@@ -245,7 +245,10 @@ def test_remote_atomic_write_audit_and_rsync(live_cluster, tmp_path):
     (src / "d").mkdir(parents=True)
     (src / "d" / "f").write_text("data")
     args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
-    subprocess.run(["rsync", "-a", *args, f"{src}/", dest], check=True, capture_output=True, timeout=30)
+    try:
+        subprocess.run(["rsync", "-a", *args, f"{src}/", dest], check=True, capture_output=True, timeout=30)
+    finally:
+        t.close()
     assert (tmp_path / "dst" / "d" / "f").read_text() == "data"
 
 
