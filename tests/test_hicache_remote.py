@@ -24,7 +24,7 @@ def run_cli(*args, **kw):
     kw.setdefault("timeout", 400)      # SSH + restart + /health on a loaded 2-core CI runner
     return _run_cli(*args, **kw)
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401  (fixtures)
-from tests.standin.harness import free_port
+from tests.standin.harness import free_port, kill_groups
 from tests.standin.harness import wait_health as _wait_health
 
 pytestmark = pytest.mark.sshd
@@ -96,11 +96,7 @@ def world(live_cluster, tmp_path):
             pid = ((json.loads(line).get("restart") or {}).get("new_pid"))
             if pid:
                 started.add(pid)
-        for pid in started:
-            try:
-                os.killpg(pid, 9)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_groups(started)
         proc.wait(timeout=30)
         log.close()
 

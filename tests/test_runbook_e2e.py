@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401  (fixtures)
-from tests.standin.harness import free_port, wait_health
+from tests.standin.harness import free_port, kill_groups, wait_health
 
 pytestmark = pytest.mark.sshd
 
@@ -87,11 +87,7 @@ def incident(live_cluster, tmp_path):
         pf = root / "run" / "prefill.pid"
         if pf.exists() and pf.read_text().strip():
             pids.add(int(pf.read_text()))
-        for pid in pids:
-            try:
-                os.killpg(pid, 9)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_groups(pids)
         proc.wait(timeout=30)
         log.close()
 

@@ -39,6 +39,13 @@ class _Interrupted:
         return False
 
 
+def _print_actions(title: str, actions: list[str]) -> None:
+    """A ``--dry-run`` listing: the title, then each action indented."""
+    print(title)
+    for line in actions:
+        print(f"  {line}")
+
+
 def _sigterm_as_interrupt():
     import signal
 
@@ -111,9 +118,7 @@ def deploy(
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        print(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)")
-        for line in rep["actions"]:
-            print(f"  {line}")
+        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep["actions"])
     else:
         rows = []
         for h, r in rep["hosts"].items():
@@ -183,9 +188,7 @@ def promote(
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        print(f"dry run: promote {release} (nothing run, nothing changed)")
-        for line in rep["actions"]:
-            print(f"  {line}")
+        _print_actions(f"dry run: promote {release} (nothing run, nothing changed)", rep["actions"])
     else:
         print(f"promoted {release} on {', '.join(rep['hosts'])}: "
               + ", ".join(f"check {c['check']} pass" for c in rep["checks"]) + f"; evidence in {rep['evidence']}")
@@ -212,9 +215,7 @@ def rollback(
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        print(f"dry run: rollback to {rep['release']} (nothing changed)")
-        for line in rep["actions"]:
-            print(f"  {line}")
+        _print_actions(f"dry run: rollback to {rep['release']} (nothing changed)", rep["actions"])
     else:
         print(f"rolled back to {rep['release']} on {', '.join(rep['hosts'])}")
 

@@ -30,6 +30,16 @@ SERVE_CONFIG = {
 """A minimal SGLang 0.5.23 serve config for DeepSeek-V4 (HiCache off)."""
 
 
+def kill_groups(pids) -> None:
+    """SIGKILL the process groups led by ``pids`` (servers a test started through the launcher);
+    groups already gone are skipped."""
+    for pid in pids:
+        try:
+            os.killpg(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def wait_health(url: str, timeout: float = 20) -> None:
     """Poll ``url``/health until it answers 200; RuntimeError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
