@@ -82,7 +82,7 @@ def write_profile(path: Path, c, hosts, roots: dict, tree: Path, port: int) -> P
 
 def deploy(profile: Path, patches=None) -> tuple[float, dict]:
     from dsv4ctl.deploy import engine
-    from dsv4ctl.profile import load_profile
+    from dsv4ctl.profile.model import load_profile
     t0 = time.perf_counter()
     rep = engine.deploy(load_profile(profile), engine.Options(), patches=patches)
     return time.perf_counter() - t0, rep

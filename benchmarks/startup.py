@@ -36,7 +36,7 @@ TARGET = 2.0
 REPO = Path(__file__).resolve().parent.parent
 # Modules whose cumulative import time --imports reports for the plan run.
 WATCH = ("typer", "rich.console", "rich.table", "yaml", "jsonschema", "pydantic", "typer._adapters",
-         "typer.rich_utils", "dsv4ctl.profile", "dsv4ctl.plan", "dsv4ctl.capacity")
+         "typer.rich_utils", "dsv4ctl.profile.model", "dsv4ctl.plan.plan", "dsv4ctl.plan.capacity")
 
 
 def cli_argv(python: str) -> list[str]:

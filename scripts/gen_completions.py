@@ -9,7 +9,7 @@ sub-command, its options (flags vs options taking a value), its positional argum
 choices, and value completions: profile arguments/options complete ``*.yaml``/``*.yml`` files,
 folders and the shipped profile names; runbook names the shipped playbooks; path-typed and
 tree/series parameters (and metavars FILE/PATH/DIR) complete files or folders; ``plan --set`` completes the what-if keys
-(``dsv4ctl.plan.SET_KEYS``) followed by ``=``. tests/test_completions.py regenerates the scripts
+(``dsv4ctl.plan.plan.SET_KEYS``) followed by ``=``. tests/test_completions.py regenerates the scripts
 in memory and fails when the committed files differ."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _shipped_stems(folder: str) -> list[str]:
 def _hook(path: tuple[str, ...], name: str) -> Kind | None:
     """Value completions that the click types cannot express."""
     if path == ("plan",) and name == "set_":
-        from dsv4ctl.plan import SET_KEYS
+        from dsv4ctl.plan.plan import SET_KEYS
         return {"kind": "words", "words": sorted(SET_KEYS), "suffix": "="}
     if path[:1] == ("runbook",) and name == "name":
         return {"kind": "yaml", "words": _shipped_stems("playbooks")}

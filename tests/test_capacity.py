@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dsv4ctl import capacity as cap
-from dsv4ctl.models import load_model
+from dsv4ctl.plan import capacity as cap
+from dsv4ctl.plan.models import load_model
 
 FLASH, _ = load_model("deepseek-v4-flash")
 PRO, _ = load_model("deepseek-v4-pro")

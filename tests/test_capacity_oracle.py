@@ -1,4 +1,4 @@
-"""dsv4ctl.capacity against SGLang 0.5.23 itself.
+"""dsv4ctl.plan.capacity against SGLang 0.5.23 itself.
 
 (a) Stored oracle output (tests/data/oracle_matrix.json, written by
     ``.venv-oracle/bin/python -m tests.oracle.matrix --write tests/data/oracle_matrix.json``):
@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from dsv4ctl import capacity as cap
+from dsv4ctl.plan import capacity as cap
 from tests.conftest import ORACLE_PY, REPO
 from tests.oracle import matrix, twin
 from tests.oracle.runner import DEFAULT_SERVER_ARGS, batch_key, run_cases
@@ -141,7 +141,7 @@ def test_comparison_catches_refusal_disagreement():
 ])
 def test_stored_resolution_agrees_with_reference_table(cid, mfs):
     """The stored oracle output reproduces the capacity reference §3.1 table, and so does
-    dsv4ctl.capacity.default_mem_fraction_static."""
+    dsv4ctl.plan.capacity.default_mem_fraction_static."""
     case = next(c for c in CASES if c["id"] == cid)
     assert case["output"]["mem_fraction_static"] == mfs
     assert cap.default_mem_fraction_static(twin.memory_args(case["input"])) == mfs

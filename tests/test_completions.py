@@ -82,7 +82,7 @@ def _option(node: dict, name: str) -> dict:
 
 def test_model_covers_every_command_of_the_cli():
     from dsv4ctl.cli import app
-    from dsv4ctl.plan import SET_KEYS
+    from dsv4ctl.plan.plan import SET_KEYS
 
     cmd = typer.main.get_command(app)
     model = gen.build_model(cmd)

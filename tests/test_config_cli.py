@@ -31,7 +31,8 @@ def test_missing_file_exit_2(prof):
     (prof.parent / "dsv4-flash-8xb200-pd" / "decode.yaml").unlink()
     r = run_cli("config", "lint", str(prof))
     assert r.code == 2
-    assert r.err.strip().endswith("decode.yaml: no such file")
+    # the one serve-config reader's message: the profile line of the group, then the missing file
+    assert r.err.strip().endswith(f"groups[1].serve_config: no such file {prof.parent}/dsv4-flash-8xb200-pd/decode.yaml")
     assert r.err.count("\n") == 1 and "Traceback" not in r.err
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4ctl.argtable import ConvertError, convert, load_table
-from dsv4ctl.configs import parse_config_text
-from dsv4ctl.lint import RULES, GroupInput, LintInput, lint, normalised_hicache
-from dsv4ctl.treegate import GatingVerdict, Site
+from dsv4ctl.serve.argtable import ConvertError, convert, load_table
+from dsv4ctl.profile.serveconfig import parse_serve_config as parse_config_text
+from dsv4ctl.serve.lint import RULES, GroupInput, LintInput, lint, normalised_hicache
+from dsv4ctl.serve.treegate import GatingVerdict, Site
 
 T = load_table()
 

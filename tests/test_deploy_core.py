@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from dsv4ctl.deploy.engine import launch_spec, parse_rsync_stats, switch_cmd
-from dsv4ctl.deploy.layout import (HostFacts, Paths, choose_rollback_target, facts_command, parse_facts,
+from dsv4ctl.hosts.layout import (HostFacts, Paths, choose_rollback_target, facts_command, parse_facts,
                                    render_launch, select_prune)
-from dsv4ctl.deploy.service import GROUP_RUNNING_FN, Launcher, Systemd, backend, log_tail_cmd
+from dsv4ctl.hosts.service import GROUP_RUNNING_FN, Launcher, Systemd, backend, log_tail_cmd
 from dsv4ctl.errors import InputError
-from dsv4ctl.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, parse_series, patch_paths,
+from dsv4ctl.deploy.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, parse_series, patch_paths,
                              release_id, series_patches)
 from dsv4ctl.remote import LocalTransport
 from tests.sshd.world import git, make_patch, make_tree
@@ -186,7 +186,7 @@ def test_parse_rsync_stats():
 
 
 def test_launch_spec_defaults_from_the_shipped_profile():
-    from dsv4ctl.profile import load_profile
+    from dsv4ctl.profile.model import load_profile
     from dsv4ctl.resources import default_profile_path
     spec = launch_spec(load_profile(default_profile_path()))
     assert spec["prefill"]["port"] == 30000 and spec["decode"]["port"] == 30001 and spec["router"]["port"] == 8000
@@ -315,7 +315,7 @@ def test_series_folder_identity_goes_into_the_release(tmp_path):
     the series identity; changing only a fact of the series changes the release id."""
     import yaml
     from dsv4ctl.deploy.engine import release_inputs
-    from dsv4ctl.profile import load_profile
+    from dsv4ctl.profile.model import load_profile
     tree = make_tree(tmp_path / "t", files=3)
     sdir = tmp_path / "series" / "sglang-0.5.23"
     sdir.mkdir(parents=True)

@@ -234,7 +234,7 @@ def test_stage_removes_folders_the_new_release_drops_and_dir_symlinks_verify(tmp
 
 
 def test_release_scan_lists_symlinks_to_folders(tmp_path):
-    from dsv4ctl.release import _scan
+    from dsv4ctl.deploy.release import _scan
     (tmp_path / "pkg" / "real").mkdir(parents=True)
     (tmp_path / "pkg" / "real" / "m.py").write_text("x = 1\n")
     os.symlink("real", tmp_path / "pkg" / "alias")

@@ -118,7 +118,7 @@ def test_bad_files_exit_2(site):
     assert site["prefill"].read_bytes() == snap
     site["prefill"].unlink()
     r = run_cli("hicache", "off", str(site["profile"]))
-    assert r.code == 2 and r.err.strip().endswith("prefill.yaml: no such file")
+    assert r.code == 2 and r.err.strip().endswith(f"groups[0].serve_config: no such file {site['prefill']}")
 
 
 def test_ungated_tree_blocks_on_but_not_off(site, tmp_path):

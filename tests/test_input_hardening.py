@@ -77,7 +77,7 @@ def test_recursive_alias(tmp_path):
 
 
 def test_a_few_aliases_still_work(tmp_path):
-    from dsv4ctl.yamlpos import load_yaml
+    from dsv4ctl.profile.yamlpos import load_yaml
     p = tmp_path / "ok.yaml"
     p.write_text("base: &b {x: 1}\none: *b\ntwo: *b\n")
     data, _ = load_yaml(p)
@@ -148,7 +148,7 @@ def test_config_json_size_cap(tmp_path):
 
 
 def test_from_config_accepts_shipped_configs():
-    from dsv4ctl.capacity import ModelGeometry
+    from dsv4ctl.plan.capacity import ModelGeometry
     g = ModelGeometry.from_config(FLASH, "flash")
     assert (g.num_hidden_layers, g.qk_nope_head_dim, g.index_head_dim, g.sliding_window) == (43, 448, 128, 128)
     g = ModelGeometry.from_config(dict(FLASH, kv_source_layer_ids=[0, 42]), "flash")
@@ -311,7 +311,7 @@ def test_check_load_knobs_are_bounded(args, msg):
 
 
 def test_parse_log_raises_log_format_error_with_line():
-    from dsv4ctl.poollog import LogFormatError, parse_log
+    from dsv4ctl.plan.poollog import LogFormatError, parse_log
     with pytest.raises(LogFormatError) as e:
         parse_log("x\n\n[t TP1] " + PLAN.replace('"c4":4386560', '"c4":-1') + "\n")
     assert (e.value.line, e.value.field, e.value.message) == (3, "DSV4_POOL_PLAN.c4", "expected an integer >= 0, got -1")

@@ -1,15 +1,15 @@
 """Patch (a) proved with the CPU oracle: SGLang 0.5.23's own DSV4PoolConfigurator, run from a
 pristine tree with the shipped series applied and SGLANG_DSV4_INDEX_K_DTYPE=bf16, returns exactly
-what dsv4ctl.capacity predicts for bf16 index-K with exact accounting — and without the switch,
+what dsv4ctl.plan.capacity predicts for bf16 index-K with exact accounting — and without the switch,
 exactly the stock fp8 numbers. Patch (b)'s DSV4_POOL_PLAN line carries the same final sizes."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsv4ctl import capacity as cap
-from dsv4ctl.models import load_model
-from dsv4ctl.poollog import parse_log
+from dsv4ctl.plan import capacity as cap
+from dsv4ctl.plan.models import load_model
+from dsv4ctl.plan.poollog import parse_log
 from tests.patchoracle.fixtures import (BYTES_CASES, FLASH_BYTES, drive, model_config,  # noqa: F401
                                         oracle_runs, patched_tree)
 from tests.patchoracle.trees import ORACLE_PY, REPO
@@ -110,7 +110,7 @@ def test_pristine_sglang_ignores_the_switch():
 def test_indexer_pool_allocates_what_the_configurator_budgets(oracle_runs):
     """Budget == allocation, both from SGLang's own code: the real DeepSeekV4IndexerPool built on
     CPU at the configurator's size holds 256 B per slot with the switch (132 B without), exactly
-    the bytes dsv4ctl.capacity.allocated_bytes reports for that dtype."""
+    the bytes dsv4ctl.plan.capacity.allocated_bytes reports for that dtype."""
     from tests.patchoracle.fixtures import SMALL_BYTES
     geom, _ = load_model("deepseek-v4-flash")
     for switch, dtype, acc, idx in (("bf16", "bf16", "exact", 256), ("off", "fp8", "fp8", 132)):

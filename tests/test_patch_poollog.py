@@ -1,9 +1,9 @@
-"""dsv4ctl.poollog on SGLang 0.5.23's real log line formats (pool_configurator.py, scheduler.py
+"""dsv4ctl.plan.poollog on SGLang 0.5.23's real log line formats (pool_configurator.py, scheduler.py
 logger prefix), as emitted by the real configurator in tests/test_patch_oracle.py."""
 
 from __future__ import annotations
 
-from dsv4ctl.poollog import compare, match_rank, parse_log
+from dsv4ctl.plan.poollog import compare, match_rank, parse_log
 
 CALC = ("DSV4 memory calculation: unified=False, unified_fp8=False, dspark_draft_bf16=False, "
         "bytes_per_full_token=7737.75, available_bytes=128.97 GB, c128_state_fixed=2.53 GB, "

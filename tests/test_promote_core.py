@@ -9,7 +9,7 @@ import yaml
 from dsv4ctl.deploy.promote import (PromoteOptions, check_argv, check_target, check_verdict, choose_canary,
                                     effective_options, first_deploy_canary, gate_settings)
 from dsv4ctl.errors import InputError
-from dsv4ctl.profile import load_profile
+from dsv4ctl.profile.model import load_profile
 
 SERVE = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "tp-size": 8}
 

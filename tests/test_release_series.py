@@ -1,6 +1,6 @@
 """The release build reads the shipped series file (its `base` header is not a patch)."""
 
-from dsv4ctl.release import parse_series, series_patches
+from dsv4ctl.deploy.release import parse_series, series_patches
 from tests.conftest import REPO
 
 

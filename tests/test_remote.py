@@ -356,7 +356,7 @@ def test_connection_lost_is_remote_error(live_cluster):
 
 def test_profile_jump_names_another_host(live_cluster):
     """``ssh.jump`` naming another profile host: connect() goes through that host."""
-    from dsv4ctl.profile import Host
+    from dsv4ctl.profile.model import Host
     from dsv4ctl.remote import connect
     c = live_cluster
     j, h = c.hosts[1], c.hosts[2]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4ctl.errors import InputError
-from dsv4ctl.serve_edit import REMOVE, Change, apply_changes, render_value, unified_diff
+from dsv4ctl.serve.edit import REMOVE, Change, apply_changes, render_value, unified_diff
 
 TEXT = """\
 ---
@@ -140,7 +140,7 @@ def test_property_result_parses_to_intended_mapping(ops):
 
 # --- secrets are masked in everything dsv4ctl prints ------------------------------------------
 
-from dsv4ctl.serve_edit import is_secret_key, redact, scrub, secret_values  # noqa: E402
+from dsv4ctl.serve.edit import is_secret_key, redact, scrub, secret_values  # noqa: E402
 
 
 @pytest.mark.parametrize("name,secret", [
@@ -202,8 +202,8 @@ OFF = {"crlf": "enable-hierarchical-cache: false\r\n", "cr-only": "enable-hicach
 
 
 def _toggle(text: str, action: str) -> str:
-    from dsv4ctl.argtable import load_table
-    from dsv4ctl.hicache import Options, changes_for
+    from dsv4ctl.serve.argtable import load_table
+    from dsv4ctl.serve.hicache import Options, changes_for
     ch = changes_for(action, yaml.safe_load(text), Options(), load_table(), "x.yaml")
     return apply_changes(text, ch, "x.yaml") if ch else text
 

@@ -67,7 +67,7 @@ def test_help_does_not_import_rich_help_or_pydantic():
 def test_plan_json_imports_no_heavy_module(tmp_path):
     rc, mods = probe(["plan", "--json"], cache_dir=tmp_path)
     assert rc == 0
-    assert "dsv4ctl.capacity" in mods and "yaml" in mods
+    assert "dsv4ctl.plan.capacity" in mods and "yaml" in mods
     assert loaded(mods, HEAVY + SLOW) == []
     # the default profile has no sglang.tree: the patch-series reader is not needed
     assert loaded(mods, ("dsv4ctl.patches",)) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4ctl.treegate import POOL_MODULE, READ_ATTRS, READ_METHODS, analyse, analyse_tree
+from dsv4ctl.serve.treegate import POOL_MODULE, READ_ATTRS, READ_METHODS, analyse, analyse_tree
 from tests.conftest import REPO, oracle_available, run_cli
 
 SGLANG = REPO / ".venv-oracle" / "lib" / "python3.11" / "site-packages" / "sglang"

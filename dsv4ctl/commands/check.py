@@ -19,9 +19,8 @@ check_app = typer.Typer(help="Tool-call correctness checks: smoke (endpoints) an
 
 def _profile_targets(profile: str):
     from ..check.targets import from_profile
-    from ..profile import load_profile
-    from ..resources import resolve_profile
-    prof = load_profile(resolve_profile(profile))
+    from .common import load_deployment_arg
+    prof = load_deployment_arg(profile)
     return prof, from_profile(prof)
 
 
@@ -178,7 +177,9 @@ def load(
     sources = sum(x is not None for x in (url, profile, compare))
     if sources != 1:
         raise InputError("check load: give exactly one of URL, --profile, --compare URL_A URL_B")
-    defaults: dict = {}
+    from ..profile.deployment import CheckSettings
+
+    defaults = CheckSettings()
     metric_urls: Optional[list[str]] = None
     if profile:
         prof, t = _profile_targets(profile)
@@ -191,12 +192,10 @@ def load(
             raise InputError("--compare needs two different URLs")
     else:
         urls = [normalize_url(url)]
-    conc = defaults.get("concurrency", 64)
-    levels = _parse_levels(concurrency if concurrency is not None else
-                           (",".join(map(str, conc)) if isinstance(conc, list) else str(conc)))
-    turns = turns if turns is not None else int(defaults.get("turns", 8))
-    max_c = max_corruption if max_corruption is not None else float(defaults.get("max_corruption", 0.01))
-    stall = stall_timeout if stall_timeout is not None else float(defaults.get("stall_timeout_s", 60.0))
+    levels = _parse_levels(concurrency if concurrency is not None else defaults.concurrency_arg)
+    turns = turns if turns is not None else defaults.turns
+    max_c = max_corruption if max_corruption is not None else defaults.max_corruption
+    stall = stall_timeout if stall_timeout is not None else defaults.stall_timeout_s
     if not 1 <= turns <= MAX_TURNS:
         raise InputError(f"--turns must be in 1..{MAX_TURNS}")
     if not 0 <= max_c < 1:

@@ -58,13 +58,12 @@ def lint_cmd(
 
     Exit 0 when there is no error (warnings allowed), 2 when a file is missing or malformed or any
     rule reports an error."""
-    from ..argtable import load_table
-    from ..configs import build_input, restrict
-    from ..lint import lint
-    from ..profile import load_profile
-    from ..resources import resolve_profile
+    from ..serve.argtable import load_table
+    from ..serve.lintinput import build_input, restrict
+    from ..serve.lint import lint
+    from .common import load_deployment_arg
 
-    prof = load_profile(resolve_profile(profile))
+    prof = load_deployment_arg(profile)
     groups = [prof.group(n) for n in group] or None
     if groups:
         for g in groups:

@@ -20,9 +20,8 @@ def _opts(**kw):
 
 
 def _profile(arg):
-    from ..profile import load_profile
-    from ..resources import resolve_profile
-    return load_profile(resolve_profile(arg))
+    from .common import load_deployment_arg
+    return load_deployment_arg(arg)
 
 
 class _Interrupted:

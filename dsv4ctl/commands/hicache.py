@@ -1,12 +1,9 @@
-"""``dsv4ctl hicache on|off|status``: thin CLI over :mod:`dsv4ctl.hicache`, :mod:`dsv4ctl.serve_edit`
-and :mod:`dsv4ctl.lint`. Edits the profile's serve configs (local files)."""
+"""``dsv4ctl hicache on|off|status``: thin CLI over :mod:`dsv4ctl.serve.hicache_local` (the
+profile's serve configs), :mod:`dsv4ctl.serve.hicache_live` (the live files on hosts) and
+:mod:`dsv4ctl.serve.hicache` (edits and status)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -18,169 +15,13 @@ SCHEMA_EDIT = "dsv4ctl.hicache-edit/1"
 SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
 
 
-@dataclass
-class Edit:
-    """One group's planned edit: old and new text, the unified diff, lint findings of the new text."""
-
-    group: str
-    path: Path
-    old: str
-    new: str
-    diff: str
-    findings: list
-    secrets: frozenset = frozenset()
-
-
-def select_groups(prof, names: list[str], action: str):
-    """``--group`` names, else the default: ``on`` → prefill/colocated groups (never decode, ops
-    §2.4), ``off``/``status`` → every server group."""
-    if names:
-        out = [prof.group(n) for n in names]
-        for g in out:
-            if not g.is_server:
-                raise InputError(f"group {g.name!r} is the router: it has no serve config")
-        return out
-    if action == "on":
-        return [g for g in prof.servers() if g.role in ("prefill", "colocated")]
-    return prof.servers()
-
-
-def prepare_edits(prof, groups, action: str, opts, tree: Optional[str]) -> list[Edit]:
-    """Read, edit and lint every selected group's serve config; nothing is written.
-
-    Raises InputError (exit 2) for a missing file, a YAML error, a bad option value, or a lint
-    error in an edited file (the first error, one line)."""
-    from ..argtable import load_table
-    from ..configs import build_input, parse_config_text, restrict
-    from ..hicache import changes_for
-    from ..lint import lint
-    from ..serve_edit import apply_changes, secret_values, unified_diff
-
-    table = load_table()
-    edits: list[Edit] = []
-    for g in groups:
-        if g.serve_config is None:
-            raise InputError(f"{prof.path}: group {g.name}: no serve_config")
-        old = read_exact(g.serve_config)
-        cfg = parse_config_text(old, str(g.serve_config))
-        changes = changes_for(action, cfg.data, opts, table, str(g.serve_config))
-        new = apply_changes(old, changes, str(g.serve_config)) if changes else old
-        edits.append(Edit(g.name, g.serve_config, old, new, unified_diff(old, new, _rel(g.serve_config)), [],
-                          frozenset(secret_values(cfg.data))))
-    changed = [e for e in edits if e.new != e.old]
-    if changed:
-        inp = build_input(prof, None, tree, texts={e.group: e.new for e in changed})
-        findings = restrict(lint(inp, table), inp, [prof.group(e.group) for e in changed])
-        for e in changed:
-            e.findings = [f for f in findings if f.file == str(e.path) or f.group == e.group]
-        errs = [f for f in findings if f.severity == "error"]
-        if errs:
-            from ..serve_edit import scrub
-            raise InputError(scrub(f"hicache {action}: not written: {errs[0].format()}"
-                                   + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""),
-                                   set().union(*(e.secrets for e in edits))))
-    return edits
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(p).lstrip("/")
-
-
-def read_exact(path: Path) -> str:
-    """A local serve config's text exactly as stored: bytes decoded as UTF-8 with no newline
-    translation, so CRLF/CR line ends and a missing final newline survive an edit.
-
-    InputError (exit 2) for a missing/unreadable file, a bad suffix or bytes that are not UTF-8."""
-    from ..configs import check_suffix
-    path = Path(path)
-    check_suffix(path)
-    try:
-        return path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, not a serve config") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-
-
-def write_all(files: list[tuple[Path, str]]) -> None:
-    """Write several local files as one step: all or nothing.
-
-    Each target is resolved first (a symlinked serve config is written through to its target; the
-    link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
-    and gives it the target's mode; any failure removes every temp file and raises DsvError (exit 3,
-    no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs the
-    folders; if a rename fails, the files already renamed get their old bytes back the same way."""
-    staged: list[tuple[Path, str, bytes]] = []      # (target, temp path, old bytes)
-    try:
-        for path, text in files:
-            target = Path(os.path.realpath(path))
-            st = target.stat()
-            old = target.read_bytes()
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            staged.append((target, tmp, old))
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, st.st_mode & 0o7777)
-    except OSError as e:
-        _unlink_all(t for _, t, _ in staged)
-        where = e.filename or (staged[-1][0] if staged else (files[0][0] if files else "?"))
-        raise DsvError(f"{where}: cannot write ({e.strerror or e}); no file was changed", EXIT_REMOTE) from None
-    done: list[tuple[Path, bytes]] = []
-    try:
-        for target, tmp, old in staged:
-            os.replace(tmp, target)
-            done.append((target, old))
-    except OSError as e:
-        _unlink_all(t for _, t, _ in staged[len(done):])
-        for target, old in done:
-            try:
-                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(old)
-                os.replace(tmp, target)
-            except OSError:
-                pass
-        raise DsvError(f"{e.filename or '?'}: rename failed ({e.strerror or e}); files put back", EXIT_REMOTE) from None
-    for d in {t.parent for t, _ in done}:
-        try:
-            dfd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
-
-
-def _unlink_all(paths) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-
-
-def write_local(path: Path, text: str) -> None:
-    """Atomic local write of one file (see :func:`write_all`)."""
-    write_all([(Path(path), text)])
-
-
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
             tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None) -> None:
-    from ..hicache import Options
-    from ..profile import load_profile
-    from ..resources import resolve_profile
+    from ..serve.hicache import Options
+    from ..serve.hicache_local import prepare_edits, select_groups, write_all
+    from .common import load_deployment_arg
 
-    prof = load_profile(resolve_profile(profile))
+    prof = load_deployment_arg(profile)
     groups = select_groups(prof, group, action)
     if not groups:
         raise InputError(f"hicache {action}: no group selected (use --group)")
@@ -215,10 +56,11 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
 def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout) -> None:
     """``--remote``: the live files on the hosts (backup, atomic write, restart, health, audit), then
     the profile's local copies (so the next deploy keeps the setting)."""
-    from .. import hicache_remote as hr
+    from ..serve import hicache_live as hr
+    from ..serve.hicache_local import write_all
     from ..remote import connect, describe_actions
 
-    hosts = sorted({g.host for g in groups})
+    hosts = sorted({g.group.host for g in groups})
     transports = {h: connect(prof.hosts[h], hosts=prof.hosts) for h in hosts}
     try:
         redits = hr.plan_remote(prof, groups, action, opts, tree, transports)
@@ -238,7 +80,7 @@ def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, hea
                 for e in redits:
                     if e.new != e.old:
                         out(f"dry run: wait for {e.url}/health, append to {e.host}:{e.root}/audit.jsonl")
-        timeout = health_timeout if health_timeout is not None else float(prof.deploy.get("health_timeout_s", 900))
+        timeout = health_timeout if health_timeout is not None else prof.deploy.health_timeout_s
         err = None
         if not dry_run:
             try:
@@ -275,7 +117,7 @@ def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, hea
 
 
 def _secrets_of(text: str) -> set[str]:
-    from ..serve_edit import secret_values
+    from ..serve.edit import secret_values
     import yaml
     try:
         return secret_values(yaml.safe_load(text))
@@ -286,7 +128,7 @@ def _secrets_of(text: str) -> set[str]:
 def _printer(secrets: set[str]):
     """``print`` that replaces the serve configs' secret values with ``***`` (diffs are already
     masked line by line; this also covers findings, JSON and host output)."""
-    from ..serve_edit import scrub
+    from ..serve.edit import scrub
 
     def out(s: str = "", end: str = "\n") -> None:
         print(scrub(s, secrets), end=end)
@@ -337,12 +179,6 @@ def off(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], tree:
     _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout)
 
 
-def group_url(prof, g, cfg_data: dict) -> str:
-    """``http://<host address>:<port>``: the group's ``port``, else the serve config's, else 30000."""
-    port = g.port or cfg_data.get("port") or 30000
-    return f"http://{prof.hosts[g.host].address}:{int(port)}"
-
-
 async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[dict], Optional[str]]]:
     import asyncio
 
@@ -375,46 +211,46 @@ def status(profile: Optional[str] = _PROFILE,
     Exit 0 all match, 1 a file and its server differ, 2 bad input, 3 a server could not be queried."""
     import asyncio
 
-    from ..argtable import load_table
-    from ..configs import parse_config_text, read_config_text
-    from ..hicache import GroupStatus, compare, file_view
-    from ..lint import check_keys
-    from ..profile import load_profile
-    from ..resources import resolve_profile
+    from ..profile.serveconfig import parse_serve_config
+    from ..serve.argtable import load_table
+    from ..serve.hicache import GroupStatus, compare, file_view
+    from ..serve.hicache_local import select_groups
+    from ..serve.lint import check_keys
+    from .common import load_deployment_arg
 
-    prof = load_profile(resolve_profile(profile))
+    prof = load_deployment_arg(profile)
     groups = select_groups(prof, group, "status")
     table = load_table()
     rows: list[GroupStatus] = []
-    texts: dict[str, tuple[str, str]] = {}
+    live: dict[str, object] = {}
     if remote:
-        from .. import hicache_remote as hr
+        from ..serve import hicache_live as hr
         from ..remote import connect, read_text
-        for h in sorted({g.host for g in groups}):
+        for h in sorted({g.group.host for g in groups}):
             t = connect(prof.hosts[h], hosts=prof.hosts)
             try:
                 for g in groups:
-                    if g.host == h:
-                        path = hr.live_config(hr.host_root(prof, prof.hosts[h]), g.name)
+                    if g.group.host == h:
+                        path = hr.live_config(g.root, g.name)
                         text = read_text(t, path, default=None)
                         if text is None:
                             raise InputError(f"{h}:{path}: no such file on the host (deploy a release first)")
-                        texts[g.name] = (text, f"{h}:{path}")
+                        live[g.name] = parse_serve_config(text, f"{h}:{path}")
             finally:
                 t.close()
     for g in groups:
-        if g.name in texts:
-            cfg = parse_config_text(texts[g.name][0], texts[g.name][1])
-        elif g.serve_config is None:
+        if g.name in live:
+            cfg = live[g.name]
+        elif g.serve_config_path is None:
             raise InputError(f"{prof.path}: group {g.name}: no serve_config")
         else:
-            cfg = parse_config_text(read_config_text(g.serve_config), str(g.serve_config))
+            cfg = g.serve
         findings, resolved = check_keys(cfg, table, g.name)
         bad = [f for f in findings if f.severity == "error"]
         if bad:
             raise InputError(bad[0].format())
-        rows.append(GroupStatus(g.name, g.role, g.host, cfg.path,
-                                None if no_server else group_url(prof, g, cfg.data), file_view(resolved.args)))
+        rows.append(GroupStatus(g.name, g.role, g.group.host, cfg.path,
+                                None if no_server else g.url_with(cfg), file_view(resolved.args)))
     if not no_server:
         got = asyncio.run(_fetch_all({r.group: r.url for r in rows}, timeout))
         for r in rows:

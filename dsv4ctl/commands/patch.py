@@ -32,7 +32,7 @@ def _git(tree: str, host: Optional[str], profile: Optional[str]):
         if not p.is_dir():
             raise InputError(f"{tree}: no such directory")
         return Git(str(p.resolve())), None
-    from ..profile import load_profile
+    from ..profile.model import load_profile
     from ..remote import connect
     from ..resources import resolve_profile
     prof = load_profile(resolve_profile(profile))
@@ -164,7 +164,7 @@ def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERS
     from ..patches.check import check_series
     from ..patches.ops import load_series
     from ..patches.series import parse_base
-    from ..plan import SGLANG_VERSION
+    from ..plan.plan import SGLANG_VERSION
     ls = load_series(_series_dir(series, SGLANG_VERSION if series is None else None))
     pkg, ver = parse_base(base, "--base") if base else (ls.series.package, ls.series.version)
     if (pkg, ver) != (ls.series.package, ls.series.version):

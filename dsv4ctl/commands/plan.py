@@ -77,11 +77,10 @@ def plan(
     """Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K sizing.
 
     Exit 0 when every group fits, 1 when a group does not (the fix is printed), 2 on bad input."""
-    from ..plan import build_plan, parse_set
-    from ..profile import load_profile
-    from ..resources import resolve_profile
+    from ..plan.plan import build_plan, parse_set
+    from .common import load_deployment_arg
 
-    prof = load_profile(resolve_profile(profile))
+    prof = load_deployment_arg(profile)
     report = build_plan(prof, parse_set(list(set_ or ())), list(group or ()) or None)
     doc = report.to_dict()
     if from_log:

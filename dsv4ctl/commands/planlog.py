@@ -14,7 +14,7 @@ def log_report(doc: dict, text: str, log_name: str, groups: Optional[list[str]])
     """The ``dsv4ctl.plan-log/1`` document: ``doc`` is a ``dsv4ctl.plan/1`` plan, ``text`` the
     log. Pure. InputError when the log has no DSV4 pool line, a pool line has malformed fields
     (``LOG:LINE: FIELD: message``) or the group is ambiguous."""
-    from ..poollog import LogFormatError, compare, match_rank, parse_log
+    from ..plan.poollog import LogFormatError, compare, match_rank, parse_log
     try:
         records = parse_log(text)
     except LogFormatError as e:

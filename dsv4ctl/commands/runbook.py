@@ -31,7 +31,7 @@ def _playbook_path(name: str) -> Path:
 
 def _load(name: str, actions):
     from ..runbook.engine import load_playbook_data
-    from ..yamlpos import load_yaml
+    from ..profile.yamlpos import load_yaml
     path = _playbook_path(name)
     data, _ = load_yaml(path)
     return load_playbook_data(data, str(path), actions)
@@ -41,7 +41,7 @@ def _load(name: str, actions):
 def list_() -> None:
     """List the shipped runbooks."""
     from ..resources import shipped_dir
-    from ..yamlpos import load_yaml
+    from ..profile.yamlpos import load_yaml
     for p in sorted(shipped_dir("playbooks").glob("*.yaml")):
         data, _ = load_yaml(p)
         print(f"{p.stem:24} {(data or {}).get('description', '').splitlines()[0] if data else ''}")
@@ -69,7 +69,7 @@ def run(
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where the run's state and incident report go (default: $DSV4CTL_STATE_DIR/runs/ID)."),
 ) -> None:
     """Run a runbook step by step. Exit 0 completed, 1 a step failed or was declined, 2 bad input."""
-    from ..profile import load_profile
+    from ..profile.model import load_profile
     from ..resources import resolve_profile
     from ..runbook.actions import RunContext, builtin_actions
     from ..runbook.engine import RunState, execute

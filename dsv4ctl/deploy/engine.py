@@ -32,20 +32,20 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import DsvError, InputError, RemoteError, VerdictError
-from ..release import Release, build_release, manifest_diff, release_id, series_patches, sha256_file
+from .release import Release, build_release, manifest_diff, release_id, series_patches, sha256_file
 from ..remote import (Action, Transport, append_jsonl, append_jsonl_cmd, atomic_write, atomic_write_cmd, connect,
                       q, read_text, run_parallel, who)
-from . import health
-from .layout import (DEFAULT_LAUNCH, HostFacts, Paths, STATE_SCHEMA, choose_rollback_target, facts_command,
-                     lock_text, parse_facts, read_facts, render_launch, select_prune)
-from .service import backend, log_tail_cmd
+from ..hosts import health
+from ..hosts.audit import audit_record, now_iso
+from ..hosts.layout import (HostFacts, Paths, STATE_SCHEMA, choose_rollback_target, facts_command,
+                            parse_facts, read_facts, render_launch, select_prune)
+from ..hosts.lock import LOCK_HELD_CODE, held_error, holder_text, parse_holder, release_cmd, take_cmd
+from ..hosts.lock import holder as lock_holder
+from ..profile.deployment import as_deployment, http_url
+from ..hosts.service import backend, log_tail_cmd
 from .verify import SCRIPT as VERIFY_SCRIPT
 
 SERVER_ROLES = ("prefill", "decode", "colocated")
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass
@@ -65,72 +65,42 @@ class Options:
 
 # -- the profile's view ------------------------------------------------------------------------
 
-def _serve_config_value(path: Path | None, key: str):
-    if not path:
-        return None
-    from ..serveconfig import read_serve_config
-    cfg, _ = read_serve_config(path)
-    return cfg.get(key)
-
-
-def group_port(g) -> int:
-    """A group's HTTP port: ``port`` in the profile, else the serve config's ``port``, else
-    SGLang's default 30000 (router: 8000)."""
-    if g.port:
-        return int(g.port)
-    v = _serve_config_value(g.serve_config, "port")
-    if v is not None:
-        return int(v)
-    return 8000 if g.role == "router" else 30000
-
-
 def launch_spec(profile) -> dict:
     """{group: {role, host, port, cmd (template), env, model, router_args}} written to the
-    release's ``launch.json``. Template precedence: group ``launch`` > ``deploy.launch[role]``
-    > ``deploy.launch.server|router`` > built-in (``python -m sglang.launch_server --config``;
-    ``python -m sglang_router.launch_router --pd-disaggregation --prefill URL BOOTSTRAP
-    --decode URL``, ops reference §1.1, §3.4)."""
-    launch = profile.deploy.get("launch", {}) or {}
+    release's ``launch.json`` (the Deployment's ports, served models and launch templates; the
+    router gets ``--pd-disaggregation --prefill URL BOOTSTRAP --decode URL`` or ``--worker-urls``,
+    ops reference §1.1, §3.4). ``profile``: a Deployment (a Profile is resolved first)."""
+    dep = as_deployment(profile)
     spec = {}
-    groups = {g.name: g for g in profile.groups}
-    for g in profile.groups:
-        kind = "router" if g.role == "router" else "server"
-        tmpl = g.launch or launch.get(g.role) or launch.get(kind) or DEFAULT_LAUNCH[kind]
-        s = {"role": g.role, "host": g.host, "port": group_port(g), "cmd": tmpl, "env": dict(g.env),
-             "model": str(_serve_config_value(g.serve_config, "served-model-name") or "default")}
+    for g in dep.groups.values():
+        s = {"role": g.role, "host": g.group.host, "port": g.port, "cmd": g.launch_template, "env": g.env,
+             "model": g.served_model}
         if g.role == "router":
             words = []
-            addr = lambda n: profile.hosts[groups[n].host].address  # noqa: E731
-            if g.prefill or g.decode:
+            if g.group.prefill or g.group.decode:
                 words.append("--pd-disaggregation")
-                for n in g.prefill:
-                    boot = _serve_config_value(groups[n].serve_config, "disaggregation-bootstrap-port")
-                    words += ["--prefill", f"http://{addr(n)}:{group_port(groups[n])}", str(boot or "none")]
-                for n in g.decode:
-                    words += ["--decode", f"http://{addr(n)}:{group_port(groups[n])}"]
-            for n in g.workers:
-                words += ["--worker-urls", f"http://{addr(n)}:{group_port(groups[n])}"]
+                for n in g.group.prefill:
+                    boot = dep.groups[n].bootstrap_port
+                    words += ["--prefill", dep.groups[n].url, str(boot if boot is not None else "none")]
+                for n in g.group.decode:
+                    words += ["--decode", dep.groups[n].url]
+            for n in g.group.workers:
+                words += ["--worker-urls", dep.groups[n].url]
             s["router_args"] = words
-            s["model"] = next((spec[n]["model"] for n in g.decode + g.workers if n in spec), "default")
+            s["model"] = next((spec[n]["model"] for n in g.group.decode + g.group.workers if n in spec), "default")
         spec[g.name] = s
     return spec
 
 
 def release_inputs(profile, tree: str | None, base_ref: str | None, patches: list[str] | None):
     """(tree, base_ref, patch paths, {group: serve config bytes}, launch spec, series identity)
-    from the profile and CLI overrides. A series folder with a ``series`` file is read with
-    :func:`dsv4ctl.patches.ops.load_series` (validated; its identity goes into the release id).
-    InputError for missing pieces."""
-    sg = profile.sglang
-    if tree:
-        tree_p = Path(os.path.expanduser(tree))          # CLI: relative to the working directory
-    elif sg.get("tree"):
-        tree_p = profile.base_dir / os.path.expanduser(sg["tree"])  # profile: relative to the profile
-    else:
-        raise InputError(f"{profile.path}: sglang.tree: no SGLang git checkout given (set it or pass --tree)")
-    base_ref = base_ref or sg.get("base_ref") or "HEAD"
-    series = sg.get("series")
-    series_p = (profile.base_dir / series) if series and not patches else None
+    from the Deployment and CLI overrides. A series folder with a ``series`` file is read with
+    :func:`dsv4ctl.patches.ops.load_series` (validated; its identity goes into the release id);
+    an unset ``sglang.series`` ships no patches. InputError for missing pieces."""
+    dep = as_deployment(profile)
+    tree_p = dep.tree(tree, required=True)
+    base_ref = base_ref or dep.sglang.base_ref or "HEAD"
+    series_p = dep.sglang.series if not patches else None
     ident = None
     if series_p is not None and (series_p / "series").is_file():
         from ..patches.ops import load_series      # the patch series with its identity
@@ -139,13 +109,8 @@ def release_inputs(profile, tree: str | None, base_ref: str | None, patches: lis
     else:
         pl = series_patches(series_p if series_p and series_p.exists() else None,
                             [Path(p) for p in patches] if patches else None)
-    configs = {}
-    for g in profile.servers():
-        if g.serve_config:
-            if not g.serve_config.is_file():
-                raise InputError(f"{profile.path}: group {g.name}: serve config {g.serve_config} not found")
-            configs[g.name] = g.serve_config.read_bytes()
-    return tree_p, base_ref, pl, configs, launch_spec(profile), ident
+    configs = {g.name: g.serve.raw for g in dep.servers() if g.serve_config_path is not None}
+    return tree_p, base_ref, pl, configs, launch_spec(dep), ident
 
 
 # -- site: transports, paths, facts ------------------------------------------------------------
@@ -173,14 +138,15 @@ class Site:
 
 
 def open_site(profile, opts: Options) -> Site:
-    """Transports (not yet connected) and deploy roots for every profile host."""
-    s = Site(profile, opts)
-    droot = profile.deploy.get("root", "/srv/dsv4ctl")
-    for name, h in profile.hosts.items():
+    """Transports (not yet connected) and deploy roots for every host of the Deployment (a
+    Profile is resolved first)."""
+    dep = as_deployment(profile)
+    s = Site(dep, opts)
+    for name, h in dep.hosts.items():
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
-                                     connect_timeout=opts.connect_timeout, hosts=profile.hosts)
-        s.paths[name] = Paths((h.root or droot).rstrip("/"))
-        s.python[name] = profile.deploy.get("python", "python3")
+                                     connect_timeout=opts.connect_timeout, hosts=dep.hosts)
+        s.paths[name] = Paths(dep.host_root(name))
+        s.python[name] = dep.deploy.python
     return s
 
 
@@ -202,31 +168,23 @@ def gather_facts(site: Site) -> dict[str, HostFacts]:
 # -- lock / audit / state ----------------------------------------------------------------------
 
 def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
-    """Take every host's lock (mkdir is atomic) and read its facts in the same round trip.
-    A held lock → RemoteError naming its holder; locks taken so far are released.
+    """Take every host's lock (:mod:`dsv4ctl.hosts.lock`) and read its facts in the same round
+    trip. A held lock → LockHeld (exit 3) naming its holder; locks taken so far are released.
     ``--break-lock`` removes a stale lock first (audited with the old holder)."""
     site.token = secrets.token_hex(8)
-    holder = {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": site.token}
+    doc = lock_holder(what, site.token)
 
     def lock(t: Transport):
         p = site.paths[t.name]
         pre = ""
         if site.opts.break_lock:
             old = read_text(t, f"{p.lock}/holder.json")
-            rec = {"ts": now_iso(), "who": who(), "host": t.name, "action": "break-lock", "result": "ok",
-                   "detail": f"removed lock held by {_holder_public(old)}"}
+            rec = audit_record(t.name, "break-lock", "ok", f"removed lock held by {holder_text(parse_holder(old))}")
             pre = f"if [ -d {q(p.lock)} ]; then rm -rf {q(p.lock)} && {append_jsonl_cmd(p.audit, rec)}; fi; "
-        r = t.run(f"{pre}mkdir -p {q(p.releases)} && if mkdir {q(p.lock)} 2>/dev/null; then "
-                  f"printf %s {q(json.dumps(holder))} > {q(p.lock + '/holder.json')}; else "
-                  f"cat {q(p.lock + '/holder.json')} 2>/dev/null || echo '{{}}'; exit 75; fi; "
-                  + facts_command(p.root), check=False, timeout=120)
-        if r.code == 75:
-            try:
-                h = json.loads(r.out or "{}")
-            except ValueError:
-                h = {}
-            raise RemoteError(f"{t.name}: deploy lock {p.lock} held by {lock_text(h)}; "
-                              f"wait for it, or break a stale lock with --break-lock")
+        r = t.run(f"{pre}mkdir -p {q(p.releases)} && " + take_cmd(p.lock, doc, facts_command(p.root)),
+                  check=False, timeout=120)
+        if r.code == LOCK_HELD_CODE:
+            raise held_error(t.name, p.lock, r.out, can_break=True)
         if r.code != 0:
             raise t.fail(r, f"lock {p.lock}")
         return parse_facts(t.name, p.root, r.out)
@@ -240,14 +198,6 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
     return site.facts
 
 
-def _holder_public(text: str | None) -> str:
-    try:
-        h = json.loads(text or "{}")
-    except ValueError:
-        return "unreadable holder"
-    return lock_text(h)
-
-
 def release_locks(site: Site, hosts: list[str] | None = None) -> None:
     """Drop the locks this run holds (only when the token matches); best effort."""
     hs = [h for h in (hosts if hosts is not None else site.hosts) if h not in getattr(site, "unlocked", set())]
@@ -255,17 +205,8 @@ def release_locks(site: Site, hosts: list[str] | None = None) -> None:
         return
 
     def unlock(t):
-        p = site.paths[t.name]
-        t.run(f"grep -q {q(site.token)} {q(p.lock + '/holder.json')} 2>/dev/null && rm -rf {q(p.lock)} || true",
-              timeout=30)
+        t.run(release_cmd(site.paths[t.name].lock, site.token), timeout=30)
     run_parallel({h: site.transports[h] for h in hs}, unlock, timeout=60)
-
-
-def audit(site: Site, hosts, record: dict) -> None:
-    """Append ``record`` (+ ts, who, host) to each host's audit log; best effort."""
-    def body(t):
-        append_jsonl(t, site.paths[t.name].audit, {"ts": now_iso(), "who": who(), "host": t.name, **record})
-    run_parallel({h: site.transports[h] for h in hosts}, body, timeout=60)
 
 
 def save_state(t: Transport, site: Site) -> None:
@@ -371,7 +312,7 @@ def rsync_user_args() -> list[str]:
 def _base_manifest(t: Transport, site: Site, rid: str) -> dict | None:
     """Files of release ``rid`` (local cache first, read once for all hosts; else the host's
     MANIFEST.json). None when neither is readable."""
-    from ..release import default_cache
+    from .release import default_cache
     local = Path(site.opts.cache or default_cache()) / rid / "MANIFEST.json"
     with site.manifest_lock:
         if rid not in site.manifests and local.is_file():
@@ -589,7 +530,7 @@ def activate_cmd(site: Site, host: str, rid: str | None, prev: str | None,
     """One shell command: stop this host's groups of ``stop_spec`` ∪ ``spec`` (router first),
     switch ``current``/``previous`` atomically, start the groups of ``spec`` (servers first)."""
     f, p = site.facts[host], site.paths[host]
-    svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+    svc = backend(site.profile.deploy.service, f.systemd)
     spec = spec or {}
     stop = set(host_groups(stop_spec or {}, host)) | set(host_groups(spec, host))
     role = lambda g: (spec.get(g) or (stop_spec or {}).get(g) or {}).get("role")  # noqa: E731
@@ -612,7 +553,7 @@ def activate_host(t: Transport, site: Site, rid: str | None, prev: str | None,
 def stop_all(site: Site, spec_by_host: dict[str, dict]) -> None:
     def body(t):
         f, p = site.facts[t.name], site.paths[t.name]
-        svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+        svc = backend(site.profile.deploy.service, f.systemd)
         for g in host_groups(spec_by_host.get(t.name) or {}, t.name):
             t.run(svc.stop_cmd(p, g), timeout=120)
     run_parallel(site.transports, body, timeout=300)
@@ -628,9 +569,9 @@ def health_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tu
         h = s["host"]
         if hosts is not None and h not in hosts:
             continue
-        url = f"http://{site.profile.hosts[h].address}:{s['port']}"
+        url = http_url(site.profile.hosts[h].address, s['port'])
         t, p, f = site.transports[h], site.paths[h], site.facts[h]
-        svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+        svc = backend(site.profile.deploy.service, f.systemd)
         alive_cmd = svc.alive_cmd(p, g)
         alive = (lambda t=t, c=alive_cmd: t.run(c, check=False, timeout=30).code == 0)
         tgt = health.Target(h, g, url, alive)
@@ -660,7 +601,7 @@ def failure_text(site: Site, fails: list) -> str:
 def health_timeout(site: Site) -> float:
     if site.opts.health_timeout is not None:
         return site.opts.health_timeout
-    return float(site.profile.deploy.get("health_timeout_s", 900))
+    return site.profile.deploy.health_timeout_s
 
 
 def switch_with_gate(site: Site, target: dict[str, str], *, what: str,
@@ -742,7 +683,7 @@ def plan_lines(site: Site, rel_id: str, n_files: int, nbytes: int, what: str = "
     spec = launch_spec(site.profile)
     for h in site.hosts:
         f, p = site.facts[h], site.paths[h]
-        svc = backend(site.profile.deploy.get("service", "auto"), f.systemd)
+        svc = backend(site.profile.deploy.service, f.systemd)
         acts.append(Action(h, f"lock {p.lock}" + (" (breaking the current lock first)" if site.opts.break_lock else ""), noop))
         if rel_id in f.releases:
             acts.append(Action(h, f"release {rel_id} already present: no push", noop))
@@ -761,14 +702,14 @@ def plan_lines(site: Site, rel_id: str, n_files: int, nbytes: int, what: str = "
             acts.append(Action(h, f"restart {g} ({svc.name}): {cmd}", noop))
     lines = [a.describe() for a in acts]
     for g, s in spec.items():
-        url = f"http://{site.profile.hosts[s['host']].address}:{s['port']}"
+        url = http_url(site.profile.hosts[s['host']].address, s['port'])
         if s["role"] == "router":
             lines.append(f"gate: POST {url}/v1/chat/completions (max_tokens 1) after the workers are healthy")
         else:
             lines.append(f"gate: GET {url}/health (group {g}, timeout {health_timeout(site):g} s)")
     lines.append("on gate failure or interrupt: every switched host back to its previous release, restarted")
     lines.append(f"on success: mark {rel_id} good, prune to keep_releases="
-                 f"{site.profile.deploy.get('keep_releases', 5)}, append to each audit.jsonl, unlock")
+                 f"{site.profile.deploy.keep_releases}, append to each audit.jsonl, unlock")
     return lines
 
 
@@ -783,16 +724,12 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     t_start = time.monotonic()
     rsync_user_args()
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(profile, tree, base_ref, patches)
-    pre = None
     if promote is not None:
-        from . import promote as P
-        promote.canary_hosts = P.choose_canary(profile, promote.canary)
-        pre = P.preflight(profile)
-        opts.log(f"preflight: {pre['summary']}")
+        promote.prepare(as_deployment(profile), opts.log)
     site = open_site(profile, opts)
     try:
         if opts.dry_run:
-            from ..release import resolve_base
+            from .release import resolve_base
             import hashlib
             commit = resolve_base(tree_p, base_ref)
             rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
@@ -800,7 +737,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             gather_facts(site)
             if promote is not None:
                 return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid, "promote": True,
-                        "actions": P.pipeline_lines(site, rid, promote, pre)}
+                        "actions": promote.dry_run_lines(site, rid)}
             return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid,
                     "actions": plan_lines(site, rid, 0, 0)}
         t_build = time.monotonic()
@@ -810,7 +747,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
         try:       # release_locks only drops locks holding this run's token: safe whatever happened
             acquire_locks(site, f"deploy {rel.id}")
-            return _deploy_locked(site, rel, t_start, promote, pre)
+            return _deploy_locked(site, rel, t_start, promote)
         finally:
             release_locks(site)
     finally:
@@ -839,12 +776,12 @@ def close_out(site: Site, record: dict, *, state: dict | None = None, prune: int
                 parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
                 f.releases.pop(r, None)
                 f.state.get("releases", {}).pop(r, None)
-        rec = {"ts": now_iso(), "who": who(), "host": t.name, **record, **(per_host or {}).get(t.name, {})}
+        rec = audit_record(t.name, **{**record, **(per_host or {}).get(t.name, {})})
         if prune is not None:
             rec["pruned"] = gone
         parts.append(atomic_write_cmd(p.state))
         parts.append(append_jsonl_cmd(p.audit, rec))
-        parts.append(f"(grep -q {q(site.token)} {q(p.lock + '/holder.json')} 2>/dev/null && rm -rf {q(p.lock)} || true)")
+        parts.append(f"({release_cmd(p.lock, site.token)})")
         t.run(" && ".join(parts), input=state_doc(f), timeout=900)
         return gone
     res = run_parallel({h: site.transports[h] for h in hs}, body, timeout=960)
@@ -855,7 +792,7 @@ def close_out(site: Site, record: dict, *, state: dict | None = None, prune: int
     return {h: (r.value if r.ok else []) for h, r in res.items()}
 
 
-def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, pre: dict | None = None) -> dict:
+def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> dict:
     opts = site.opts
     report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
               "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
@@ -896,8 +833,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, pre: 
     # activate + gate
     spec = json.loads((rel.path / "launch.json").read_text())
     if promote is not None:
-        from .promote import promote_locked
-        return promote_locked(site, rel, spec, promote, pre, report, frm, t_start)
+        return promote.run_locked(site, rel, spec, report, frm, t_start)
     t_act = time.monotonic()
     try:
         ok, why, old = switch_with_gate(site, {h: rel.id for h in site.hosts}, what="deploy", spec=spec)
@@ -919,7 +855,7 @@ def finish_good(site: Site, rid: str, record: dict, state: dict, report: dict, f
     """Close out a deploy whose release is now good everywhere: mark ``rid`` good (plus
     ``state`` fields) and activated, prune to ``keep_releases``, audit ``record``, unlock.
     Returns ``report`` completed (pruned ids per host, result ok, seconds)."""
-    keep = int(site.profile.deploy.get("keep_releases", 5))
+    keep = site.profile.deploy.keep_releases
     pruned = close_out(site, record,
                        state={rid: {"state": "good", "activated_at": now_iso(), "activated_by": who(), **state}},
                        prune=keep, per_host=frm)
@@ -950,7 +886,7 @@ def releases(profile, opts: Options) -> dict:
                          "promoted_at": st.get("promoted_at"), "failed_check": st.get("failed_check"),
                          "evidence": st.get("evidence")})
         out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
-                           "lock": f.lock and lock_text(f.lock), "releases": rows}
+                           "lock": f.lock and holder_text(f.lock), "releases": rows}
     return out
 
 

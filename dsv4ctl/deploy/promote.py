@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, VerdictError
+from ..hosts.audit import file_stamp, now_iso
 
 CHECKS = ("smoke", "load")
 
@@ -47,6 +48,23 @@ class PromoteOptions:
     turns: int | None = None
     min_requests: int | None = None
     canary_hosts: list[str] = field(default_factory=list)
+    preflight: dict | None = None
+
+    # The deploy engine runs a promotion through these three methods and never imports this
+    # module (imports point one way: promote uses the engine).
+    def prepare(self, dep, log) -> None:
+        """Before anything is built or touched: choose the canary, run the preflight."""
+        self.canary_hosts = choose_canary(dep, self.canary)
+        self.preflight = preflight(dep)
+        log(f"preflight: {self.preflight['summary']}")
+
+    def dry_run_lines(self, site, rid: str) -> list[str]:
+        """The ``--dry-run`` listing of ``deploy --promote``."""
+        return pipeline_lines(site, rid, self, self.preflight)
+
+    def run_locked(self, site, rel, spec: dict, report: dict, frm: dict, t_start: float) -> dict:
+        """Canary, checks, the rest, good (the hosts are locked and the release pushed)."""
+        return promote_locked(site, rel, spec, self, self.preflight, report, frm, t_start)
 
 
 # -- pure cores --------------------------------------------------------------------------------
@@ -55,6 +73,8 @@ def choose_canary(profile, canary: str | None = None) -> list[str]:
     """Host names switched first. ``canary`` names a group (its host) or a host; default: the
     hosts of the decode groups, else the host of the first server group (the traffic entry of
     ``check`` without a router). InputError for an unknown name or a profile without servers."""
+    from ..profile.deployment import as_deployment
+    profile = as_deployment(profile).profile
     if canary:
         names = {g.name: g for g in profile.groups}
         if canary in names:
@@ -75,13 +95,11 @@ def choose_canary(profile, canary: str | None = None) -> list[str]:
 def gate_settings(profile, po: PromoteOptions) -> dict:
     """The effective load gate {concurrency, max_corruption, turns, min_requests}: options
     first, then the profile's ``check:`` section, then ``check load``'s defaults (64, 0.01, 8)."""
-    chk = profile.check or {}
-    conc = po.concurrency if po.concurrency is not None else chk.get("concurrency", 64)
-    if isinstance(conc, list):
-        conc = ",".join(map(str, conc))
-    return {"concurrency": str(conc),
-            "max_corruption": po.max_corruption if po.max_corruption is not None else float(chk.get("max_corruption", 0.01)),
-            "turns": po.turns if po.turns is not None else int(chk.get("turns", 8)),
+    from ..profile.deployment import as_deployment
+    chk = as_deployment(profile).check
+    return {"concurrency": str(po.concurrency) if po.concurrency is not None else chk.concurrency_arg,
+            "max_corruption": po.max_corruption if po.max_corruption is not None else chk.max_corruption,
+            "turns": po.turns if po.turns is not None else chk.turns,
             "min_requests": po.min_requests}
 
 
@@ -95,11 +113,12 @@ def check_target(profile, canary_hosts: list[str] | None) -> str | None:
     if canary_hosts is None:
         return None
     from ..check.targets import from_profile
-    t = from_profile(profile)
-    if any(g.role == "router" for g in profile.groups):
+    from ..profile.deployment import as_deployment
+    dep = as_deployment(profile)
+    t = from_profile(dep)
+    if dep.routers():
         return t.entry
-    urls = {w.name: w.url for w in t.workers}
-    return next((urls[g.name] for g in profile.servers() if g.host in canary_hosts), t.entry)
+    return next((g.url for g in dep.servers() if g.group.host in canary_hosts), t.entry)
 
 
 def first_deploy_canary(canary: list[str], currents: dict[str, str | None]) -> list[str]:
@@ -197,10 +216,12 @@ def preflight(profile) -> dict:
     """``config lint`` and ``plan`` of the profile (its serve configs and ``sglang.series`` are
     what the release is built from). Raises InputError naming the first lint error (exit 2),
     VerdictError naming the first plan error (exit 1). Returns {lint, plan, summary}."""
-    from ..argtable import load_table
-    from ..configs import build_input
-    from ..lint import lint
-    from ..plan import build_plan
+    from ..serve.argtable import load_table
+    from ..serve.lintinput import build_input
+    from ..serve.lint import lint
+    from ..plan.plan import build_plan
+    from ..profile.deployment import as_deployment
+    profile = as_deployment(profile)
     inp = build_input(profile)
     findings = lint(inp, load_table())
     errs = [f for f in findings if f.severity == "error"]
@@ -220,7 +241,7 @@ def preflight(profile) -> dict:
 def evidence_dir(cache: Path | None, rid: str, stamp: str) -> Path:
     """Local evidence folder: ``<cache root>/evidence/<id>/<stamp>/`` (cache root: the parent
     of the release cache, i.e. ``$DSV4CTL_CACHE``)."""
-    from ..release import default_cache
+    from .release import default_cache
     return Path(cache or default_cache()).parent / "evidence" / rid / stamp
 
 
@@ -295,7 +316,7 @@ def promote_locked(site, rel, spec: dict, po: PromoteOptions, pre: dict | None, 
     cpo = effective_options(site.profile, po, url)
     if len(canary) == len(site.hosts) and len(po.canary_hosts) < len(site.hosts):
         opts.log("first deploy (no host runs a release): every host is the canary")
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stamp = file_stamp()
     edir = evidence_dir(opts.cache, rid, stamp)
     before = {h: (site.facts[h].current, site.facts[h].previous) for h in site.hosts}
     old_specs = {h: site.facts[h].current_launch for h in site.hosts}
@@ -314,11 +335,11 @@ def promote_locked(site, rel, spec: dict, po: PromoteOptions, pre: dict | None, 
                 why += (" (the previous release is healthy again)" if not bad
                         else f" (after rolling back, still unhealthy: {E.failure_text(site, bad)})")
         summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "rolled-back", "failed": what,
-                   "reason": why, "canary": canary, "checks": results, "at": E.now_iso()}
+                   "reason": why, "canary": canary, "checks": results, "at": now_iso()}
         hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary) if results else None
         E.close_out(site, {**rec, "result": "rolled-back", "failed_check": what, "detail": why[:2000],
                            "evidence": hrel},
-                    state={rid: {"state": "failed", "failed_at": E.now_iso(), "failed_check": what,
+                    state={rid: {"state": "failed", "failed_at": now_iso(), "failed_check": what,
                                  **({"evidence": hrel} if hrel else {})}}, per_host=frm)
         moved = list(switched) + [h for h in put_back if h not in switched]
         back = sorted({(before[h][0] or "(none)") for h in moved})
@@ -358,24 +379,25 @@ def promote_locked(site, rel, spec: dict, po: PromoteOptions, pre: dict | None, 
         if switched:
             E._revert(site, switched, before, old_specs, {h: spec for h in switched})
         E.close_out(site, {**rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
-                    state={rid: {"state": "failed", "failed_at": E.now_iso()}}, per_host=frm)
+                    state={rid: {"state": "failed", "failed_at": now_iso()}}, per_host=frm)
         raise
     summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "good", "canary": canary,
-               "checks": results, "at": E.now_iso()}
+               "checks": results, "at": now_iso()}
     hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
     return E.finish_good(site, rid, {**rec, "result": "ok", "evidence": hrel},
-                         {"promoted_at": E.now_iso(), "evidence": hrel}, report, frm, t_start)
+                         {"promoted_at": now_iso(), "evidence": hrel}, report, frm, t_start)
 
 
 def config_drift(profile, release_meta: dict) -> list[str]:
     """Server groups whose serve config file (sha256) differs from the one recorded in the
     release's RELEASE.json ``configs`` {group: sha256}, sorted."""
     import hashlib
+    from ..profile.deployment import as_deployment
     rec = release_meta.get("configs", {})
     out = []
-    for g in profile.servers():
-        if g.serve_config is not None and g.serve_config.is_file():
-            if rec.get(g.name) != hashlib.sha256(g.serve_config.read_bytes()).hexdigest():
+    for g in as_deployment(profile).servers():
+        if g.serve_config_path is not None and g.serve_config_path.is_file():
+            if rec.get(g.name) != hashlib.sha256(g.serve.raw).hexdigest():
                 out.append(g.name)
     return sorted(out)
 
@@ -388,7 +410,9 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     ``rid`` must be the active release on every host (InputError otherwise, nothing changes).
     Failing checks: VerdictError (exit 1) naming the check; the release is marked ``failed``
     (still running: nothing is switched, but ``rollback`` no longer picks it), the evidence kept. Dry run: the steps, nothing run."""
+    from ..profile.deployment import as_deployment
     from . import engine as E
+    profile = as_deployment(profile)
     site = E.open_site(profile, opts)
     try:
         facts = E.gather_facts(site)
@@ -410,24 +434,24 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
             lines += [f"{h}: lock {site.paths[h].lock}, store evidence in {site.paths[h].root}/evidence/{rid}/, "
                       f"mark {rid} good in state.json, audit, unlock" for h in site.hosts]
             return {"schema": "dsv4ctl.promote/1", "dry_run": True, "release": rid, "actions": lines}
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        stamp = file_stamp()
         edir = evidence_dir(opts.cache, rid, stamp)
         results, bad = run_checks(profile, po, edir, opts.log)
         try:
             E.acquire_locks(site, f"promote {rid}")
             summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "failed" if bad else "good",
-                       "by_hand": True, "checks": results, "at": E.now_iso()}
+                       "by_hand": True, "checks": results, "at": now_iso()}
             hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
             rec = {"action": "promote", "release": rid, "evidence": hrel}
             if bad:
                 E.close_out(site, {**rec, "result": "failed", "failed_check": f"check {bad['check']}",
                                    "detail": bad["reason"][:2000]},
-                            state={rid: {"state": "failed", "failed_at": E.now_iso(),
+                            state={rid: {"state": "failed", "failed_at": now_iso(),
                                          "failed_check": f"check {bad['check']}", "evidence": hrel}})
                 raise VerdictError(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
                                    f"marked failed (rollback will not pick it); evidence in {edir}")
             E.close_out(site, {**rec, "result": "ok"},
-                        state={rid: {"state": "good", "promoted_at": E.now_iso(), "promoted_by": E.who(),
+                        state={rid: {"state": "good", "promoted_at": now_iso(), "promoted_by": E.who(),
                                      "evidence": hrel}})
         finally:
             E.release_locks(site)

@@ -1,8 +1,7 @@
 """Index-K facts of a profile's SGLang tree, for ``dsv4ctl plan``.
 
 When the profile sets ``sglang.tree`` (a local git checkout, relative to the profile), the plan
-reads which patches of the series (``sglang.series``, else the shipped
-``patches/sglang-<version>``) the tree carries — by ``git patch-id`` — and takes
+reads which patches of the series ``sglang.series`` the tree carries — by ``git patch-id`` — and takes
 ``index_k_dtype`` / ``index_k_accounting`` from their facts (:func:`series.index_k_facts`).
 The profile's own values remain the fallback, and ``--set`` still wins."""
 
@@ -38,26 +37,21 @@ class TreeFacts:
         return f"series {self.loaded.dir.name} applied to {self.tree} @ {self.head[:12]} ({', '.join(names)})"
 
 
-def tree_facts(sglang: dict, base_dir: Path) -> Optional[TreeFacts]:
-    """Read the profile's tree (``sglang`` section of the profile). None when ``tree`` is unset.
+def tree_facts(sglang) -> Optional[TreeFacts]:
+    """Which patches of the profile's series the profile's tree carries (``sglang``: the resolved
+    :class:`~dsv4ctl.profile.deployment.SGLangSettings`). None when ``tree`` or ``series`` is unset:
+    without a series nothing is shipped on top of ``base_ref``, so the profile's own index-K
+    values apply (the same answer ``deploy`` gives).
 
-    InputError (exit 2) when the tree or series cannot be read; the message names the profile
-    key."""
-    tree = sglang.get("tree")
-    if not tree:
+    InputError (exit 2) when the tree or series cannot be read; the message names the profile key."""
+    if sglang.tree is None or sglang.series is None:
         return None
-    path = (base_dir / Path(tree).expanduser()).resolve()
+    path = sglang.tree.resolve()
     if not path.is_dir():
         raise InputError(f"sglang.tree: {path}: no such directory")
     try:
-        state = read_tree(Git(str(path)), sglang.get("base_ref"))
-        series = sglang.get("series")
-        if series:
-            sdir = (base_dir / Path(series).expanduser()).resolve()
-        else:
-            from ..resources import shipped_dir
-            sdir = shipped_dir("patches") / f"sglang-{state.version}"
-        ls = load_series(sdir)
+        state = read_tree(Git(str(path)), sglang.base_ref)
+        ls = load_series(sglang.series.resolve())
     except InputError as e:
         raise InputError(f"sglang.tree: {e}") from None
     st = series_status(ls, state)

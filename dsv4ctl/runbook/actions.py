@@ -27,6 +27,15 @@ class RunContext:
     sleep: Callable[[float], None] = time.sleep
     extra: dict = field(default_factory=dict)
     touched_hosts: set = field(default_factory=set)   # hosts a mutating step changed (audit)
+    _deployment: Any = None
+
+    @property
+    def deployment(self):
+        """The profile resolved once (:func:`dsv4ctl.profile.deployment.resolve`)."""
+        if self._deployment is None:
+            from ..profile.deployment import as_deployment
+            self._deployment = as_deployment(self.profile)
+        return self._deployment
 
     def groups(self, args: dict) -> list:
         """The server groups named by ``args.groups`` (default: all server groups)."""
@@ -59,9 +68,9 @@ def _wait_run(ctx: RunContext, args: dict) -> dict:
 
 
 def _plan_run(ctx: RunContext, args: dict) -> dict:
-    from ..plan import build_plan, parse_set
+    from ..plan.plan import build_plan, parse_set
     sets = [f"{k}={v}" for k, v in (args.get("set") or {}).items()]
-    report = build_plan(ctx.profile, parse_set(sets), args.get("groups"))
+    report = build_plan(ctx.deployment, parse_set(sets), args.get("groups"))
     doc = report.to_dict()
     (ctx.run_dir / "plan.json").write_text(__import__("json").dumps(doc, indent=2))
     groups = {g["name"]: dict(errors=g["errors"], fixes=g["fixes"],
@@ -130,8 +139,8 @@ _LOAD_FLAGS = {"concurrency": "--concurrency", "turns": "--turns", "max_corrupti
 def _check_load_argv(ctx: RunContext, args: dict) -> list[str]:
     a = dict(args)
     url = a.pop("url", None)
-    a.setdefault("concurrency", ctx.profile.check.get("concurrency", 64))
-    a.setdefault("max_corruption", ctx.profile.check.get("max_corruption", 0.01))
+    a.setdefault("concurrency", ctx.deployment.check.concurrency_arg)
+    a.setdefault("max_corruption", ctx.deployment.check.max_corruption)
     base = ["check", "load"] + ([url] if url else ["--profile", str(ctx.profile.path)])
     return _cli_argv(ctx, base, a, _LOAD_FLAGS) + ["--json", "--no-progress"]
 
@@ -191,10 +200,10 @@ def _hicache(state: str):
 def _patch(verb: str):
     def argv(ctx: RunContext, args: dict) -> list[str]:
         a = dict(args)
-        tree = a.pop("tree", None) or ctx.profile.sglang.get("tree")
-        if not tree:
+        tree = a.pop("tree", None)
+        tree_p = Path(tree) if tree else ctx.deployment.sglang.tree
+        if tree_p is None:
             raise InputError(f"patch.{verb}: no tree (args.tree or the profile's sglang.tree)")
-        tree_p = Path(tree)
         if not tree_p.is_absolute():
             tree_p = ctx.profile.base_dir / tree_p
         flags = {"series": "--series"} if verb == "apply" else {}
@@ -211,25 +220,25 @@ def _patch(verb: str):
 
 
 def _restart_describe(ctx: RunContext, args: dict) -> list[str]:
-    from ..hicache_remote import host_root
-    out = []
-    for g in ctx.groups(args):
-        host = ctx.profile.hosts[g.host]
-        out.append(f"{host.name}: restart group {g.name} in place ({host_root(ctx.profile, host)}/run/{g.name}.pid), "
-                   f"wait for /health, audit")
-    return out
+    from ..hosts.layout import Paths
+    dep = ctx.deployment
+    return [f"{g.host}: restart group {g.name} in place ({Paths(dep.host_root(g.host)).pidfile(g.name)}), "
+            f"wait for /health, audit" for g in ctx.groups(args)]
 
 
 def _restart_run(ctx: RunContext, args: dict) -> dict:
     """Restart the groups in place on their hosts (the deploy launcher or systemd unit), wait for
     /health, and append an audit record per group."""
-    from ..check.targets import from_profile
-    from ..hicache_remote import check_unlocked, host_root, run_restart, wait_health
-    from ..remote import append_jsonl, connect, who
+    from ..hosts.audit import audit_record
+    from ..hosts.health import wait_health
+    from ..hosts.lock import check_unlocked
+    from ..hosts.service import run_restart
+    from ..remote import append_jsonl, connect
+    dep = ctx.deployment
     groups = ctx.groups(args)
-    timeout = float(args.get("health_timeout", ctx.profile.deploy.get("health_timeout_s", 900)))
-    py = ctx.profile.deploy.get("python", "python3")
-    urls = {w.name: w.url for w in from_profile(ctx.profile).workers}
+    timeout = float(args.get("health_timeout", dep.deploy.health_timeout_s))
+    py = dep.deploy.python
+    urls = {g.name: dep.groups[g.name].url for g in groups}
     transports = {}
     try:
         done = {}
@@ -237,17 +246,16 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
             host = ctx.profile.hosts[g.host]
             t = transports.get(host.name) or connect(host, hosts=ctx.profile.hosts)
             transports[host.name] = t
-            root = host_root(ctx.profile, host)
+            root = dep.host_root(host.name)
             check_unlocked(t, root)
             done[g.name] = (t, root, run_restart(t, py, root, g.name))
             ctx.touched_hosts.add(host.name)
         health = wait_health({g.name: urls[g.name] for g in groups}, timeout)
         for g in groups:
             t, root, info = done[g.name]
-            append_jsonl(t, f"{root}/audit.jsonl", {
-                "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(), "host": t.name,
-                "action": "service-restart", "result": "ok" if health[g.name] is None else "unhealthy",
-                "detail": health[g.name] or "", "group": g.name})
+            append_jsonl(t, f"{root}/audit.jsonl", audit_record(
+                t.name, "service-restart", "ok" if health[g.name] is None else "unhealthy",
+                health[g.name] or "", group=g.name))
     finally:
         for t in transports.values():
             t.close()
@@ -292,7 +300,7 @@ def _deploy_like(verb: str):
 def audit_touched(ctx: RunContext, record: dict) -> list[str]:
     """Append ``record`` (plus ts/who/host) to ``<root>/audit.jsonl`` on every host a mutating
     step touched. Returns one warning line per host that could not be reached."""
-    from ..hicache_remote import host_root
+    from ..hosts.audit import now_iso
     from ..remote import append_jsonl, connect, who
     warnings = []
     for name in sorted(ctx.touched_hosts):
@@ -300,9 +308,8 @@ def audit_touched(ctx: RunContext, record: dict) -> list[str]:
         try:
             t = connect(host, hosts=ctx.profile.hosts)
             try:
-                append_jsonl(t, f"{host_root(ctx.profile, host)}/audit.jsonl",
-                             {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "who": who(),
-                              "host": name, **record})
+                append_jsonl(t, f"{ctx.deployment.host_root(name)}/audit.jsonl",
+                             {"ts": now_iso(), "who": who(), "host": name, **record})
             finally:
                 t.close()
         except Exception as e:  # noqa: BLE001 - the local report is kept; say which host missed it

@@ -5,7 +5,7 @@ Re-run the live oracle and store its answers (from the repository root)::
     bash scripts/oracle-env.sh && .venv-oracle/bin/python -m tests.oracle.matrix --write tests/data/oracle_matrix.json
 
 ``--check PATH`` re-runs it and exits 1 when SGLang's answers differ from the stored ones.
-``tests/test_capacity_oracle.py`` asserts dsv4ctl.capacity reproduces every stored field.
+``tests/test_capacity_oracle.py`` asserts dsv4ctl.plan.capacity reproduces every stored field.
 Stdlib only: the SGLang code runs in ``.venv-oracle`` subprocesses (:mod:`tests.oracle.runner`).
 """
 

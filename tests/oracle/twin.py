@@ -1,7 +1,7 @@
 """The same oracle cases computed by dsv4ctl's pure capacity model, in the oracle's result shape.
 
 :func:`pool_result` maps a ``"pool"`` case (SGLang server-arg names and env switches, see
-``docs/oracle.md``) to :class:`dsv4ctl.capacity.PoolInputs` and reproduces the driver's
+``docs/oracle.md``) to :class:`dsv4ctl.plan.capacity.PoolInputs` and reproduces the driver's
 ``_resolve_memory_pool_config`` sequence: per PP stage, the solve, ``--max-total-tokens``, the PP
 MIN and the final max_running_requests / c128 state. :func:`resolve_result` gives dsv4ctl's
 ``mem_fraction_static``, chunked prefill and decode ``max_bs`` for a ``"resolve"`` case.
@@ -10,8 +10,8 @@ Imports only dsv4ctl (no torch, no sglang).
 
 from __future__ import annotations
 
-from dsv4ctl import capacity as cap
-from dsv4ctl.models import load_model
+from dsv4ctl.plan import capacity as cap
+from dsv4ctl.plan.models import load_model
 
 TRUE = ("1", "true", "yes", "on")
 

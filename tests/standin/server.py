@@ -95,8 +95,8 @@ class Diffuser:
 
 def load_config(path: Path) -> dict[str, Any]:
     """Resolved server args: DEFAULTS < YAML (dashed keys → underscores, aliases resolved)."""
-    from dsv4ctl.serveconfig import read_serve_config
-    raw, _ = read_serve_config(path)
+    from dsv4ctl.profile.serveconfig import read_serve_config
+    raw = read_serve_config(path).args()
     args = dict(DEFAULTS)
     args.update({k.replace("-", "_"): v for k, v in raw.items()})
     if not args["served_model_name"]:

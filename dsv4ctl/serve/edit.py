@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 
 class _Remove:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from .capacity import CapacityError, ModelGeometry
-from .errors import InputError
-from .resources import MODELS_DIR
+from ..errors import InputError
+from ..resources import MODELS_DIR
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from .argtable import ConvertError, Table, convert
+from ..profile.serveconfig import ServeConfig
 
 GIB = 1024 ** 3
 HICACHE_HOST_RESERVE_GIB = 10.0   # sglang 0.5.23 srt/mem_cache/pool_host/base.py HICACHE_HOST_MEMORY_RESERVE_BYTES
@@ -72,18 +73,6 @@ class Finding:
         d = asdict(self)
         d["name"] = self.name
         return d
-
-
-@dataclass
-class ServeConfig:
-    """A parsed serve config: raw YAML ``data`` (as PyYAML/sglang load it) and key → line."""
-
-    path: str
-    data: dict
-    lines: dict[str, int] = field(default_factory=dict)
-
-    def line(self, key: Optional[str]) -> int:
-        return self.lines.get(key, 1) if key is not None else 1
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from .errors import InputError
+from ..errors import InputError
 
 # Largest YAML file read (bytes): profiles and serve configs are a few KiB.
 MAX_YAML_BYTES = 16 * 1024 * 1024
@@ -101,23 +101,41 @@ def _construct_collection(node: yaml.Node, path: tuple, pos: Positions, loader: 
     return [_construct(v, path + (i,), pos, loader, budget) for i, v in enumerate(node.value)]
 
 
-def load_yaml(path: Path) -> tuple[Any, Positions]:
-    """Parse ``path`` (safe YAML) and return ``(data, positions)``.
+def read_yaml_bytes(path: Path | str) -> bytes:
+    """The bytes of a YAML file, at most MAX_YAML_BYTES.
 
-    Raises InputError (exit 2) with ``file:line`` for a missing file, a syntax error or a
-    duplicate key, a file over MAX_YAML_BYTES, more than MAX_ALIASES alias uses, more than
-    MAX_NODES values after alias expansion or a recursive alias (``a: &a [*a]``)."""
-    pos = Positions(str(path))
+    Raises InputError (exit 2): a missing file, a folder, an unreadable file, a file over the limit."""
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
-        if len(raw) > MAX_YAML_BYTES:
-            raise InputError(f"{path}:1: file larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
-        text = raw.decode()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read ({e})") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise InputError(f"{path}:1: file larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
+    return raw
+
+
+def parse_yaml(raw: bytes | str, label: str) -> tuple[Any, Positions]:
+    """Parse YAML ``raw`` (safe constructors, as PyYAML's ``safe_load``) into ``(data, positions)``;
+    ``label`` names the source in errors (a path, or ``host:path``).
+
+    Raises InputError (exit 2) with ``label:line`` for bytes that are not UTF-8, a syntax error, a
+    duplicate key, more than MAX_ALIASES alias uses, more than MAX_NODES values after alias
+    expansion or a recursive alias (``a: &a [*a]``)."""
+    pos = Positions(label)
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_YAML_BYTES:
+            raise InputError(f"{label}:1: file larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{label}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    else:
+        text = raw
     # libyaml's loader when built (5-8x faster; same nodes, marks and safe constructors).
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
@@ -128,10 +146,15 @@ def load_yaml(path: Path) -> tuple[Any, Positions]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
-        raise InputError(f"{path}:{line}: YAML syntax error: {e.problem or e.context}") from None
+        raise InputError(f"{label}:{line}: YAML syntax error: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise InputError(f"{path}: YAML error: {e}") from None
+        raise InputError(f"{label}: YAML error: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     except RecursionError:
-        raise InputError(f"{path}:1: YAML nesting too deep") from None
+        raise InputError(f"{label}:1: YAML nesting too deep") from None
     finally:
         loader.dispose()
+
+
+def load_yaml(path: Path) -> tuple[Any, Positions]:
+    """Read and parse the YAML file ``path``: :func:`read_yaml_bytes` then :func:`parse_yaml`."""
+    return parse_yaml(read_yaml_bytes(path), str(path))

@@ -11,6 +11,9 @@ Every method returns a shell command (an operation the caller runs or prints).""
 
 from __future__ import annotations
 
+import json
+
+from ..errors import RemoteError
 from ..remote import q
 from .layout import Paths
 
@@ -108,3 +111,89 @@ def log_tail_cmd(p: Paths, group: str, n: int = 10) -> str:
     lf = q(p.logfile(group))
     return (f"[ -f {lf} ] && awk '/^=== dsv4ctl start /{{buf=\"\"; c=0}} {{lines[c++]=$0}} "
             f"END{{s=c-{n}; if(s<0)s=0; for(i=s;i<c;i++) print lines[i]}}' {lf} || true")
+
+
+# -- restart in place (hicache --remote, runbook service.restart) ------------------------------
+
+#: Host-side restart of one group with the command line, environment and folder it runs with now
+#: (launcher: read from /proc/<pid>; systemd: ``systemctl restart``).
+RESTART_SCRIPT = r'''
+import json, os, signal, subprocess, sys, time
+pidfile, logfile, group, unit, stop_timeout = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+def alive_group(pgid):
+    # any non-zombie process whose process group is pgid (SGLang's scheduler children included)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(f[2]) == pgid and f[0] != "Z":
+            return True
+    return False
+if os.path.exists(pidfile):
+    pid = int(open(pidfile).read().strip())
+    try:
+        argv = [a.decode() for a in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0") if a]
+        env = dict(kv.decode().split("=", 1) for kv in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in kv)
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        print(json.dumps({"error": f"group {group}: pid {pid} from {pidfile} is not running"})); sys.exit(3)
+    for sig in (signal.SIGTERM,):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + stop_timeout
+    while alive_group(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    if alive_group(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while alive_group(pid) and time.time() < deadline + 10:
+            time.sleep(0.1)
+    os.makedirs(os.path.dirname(logfile), exist_ok=True)
+    log = open(logfile, "ab")
+    log.write(f"=== dsv4ctl restart {group} (hicache) at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+    log.flush()
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    tmp = pidfile + ".tmp"
+    open(tmp, "w").write(str(p.pid))
+    os.replace(tmp, pidfile)
+    print(json.dumps({"how": "launcher", "old_pid": pid, "new_pid": p.pid}))
+elif unit and os.path.isdir("/run/systemd/system") and subprocess.run(
+        ["systemctl", "cat", unit], capture_output=True).returncode == 0:
+    r = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True)
+    if r.returncode:
+        print(json.dumps({"error": f"systemctl restart {unit}: {r.stderr.strip()[-200:]}"})); sys.exit(3)
+    print(json.dumps({"how": "systemd", "unit": unit}))
+else:
+    print(json.dumps({"error": f"group {group} is not running under dsv4ctl here (no {pidfile}, no unit {unit})"}))
+    sys.exit(3)
+'''
+
+
+def restart_cmd(python: str, root: str, group: str, stop_timeout: float) -> str:
+    """The host command (script on stdin: :data:`RESTART_SCRIPT`) that restarts ``group`` in place:
+    the launcher's process group is stopped (TERM, then KILL after ``stop_timeout`` s) and the same
+    command line is started again with the same folder and environment; or ``systemctl restart``."""
+    p = Paths(root)
+    return (f"{q(python)} - {q(p.pidfile(group))} {q(p.logfile(group))} {q(group)} "
+            f"{q(Systemd().unit_name(group))} {stop_timeout:g}")
+
+
+def run_restart(t, python: str, root: str, group: str, stop_timeout: float = 30.0) -> dict:
+    """Restart ``group`` on the host behind transport ``t``. RemoteError naming the host on failure."""
+    res = t.run(restart_cmd(python, root, group, stop_timeout), input=RESTART_SCRIPT.encode(),
+                timeout=stop_timeout + 60, check=False)
+    lines = [ln for ln in res.out.strip().splitlines() if ln.startswith("{")]
+    info = json.loads(lines[-1]) if lines else {}
+    if res.code != 0 or "error" in info:
+        raise RemoteError(f"{t.name}: restart {group}: {info.get('error') or res.error_text()}")
+    return info
+
+

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import InputError
+from ..errors import InputError
 from .yamlpos import Positions, dotted, load_yaml
 
 ROLES = ("prefill", "decode", "colocated", "router")

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .argtable import ConvertError, Table, convert
-from .errors import InputError
+from ..errors import InputError
 from .lint import normalised_hicache
-from .serve_edit import Change
+from .edit import Change
 
 ENABLE = "enable-hierarchical-cache"
 DEFAULT_RATIO = 2.0   # SGLang 0.5.23's resolved default in cache mode (hicache_hook.py handle_hicache_ratio_default)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
 
 MTIME_BASE = 1_500_000_000  # 2017-07-14; content mtimes live in [base, base + 2**30)
 

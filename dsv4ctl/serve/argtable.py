@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-TABLE_PATH = Path(__file__).resolve().parent / "data" / "server_args-0.5.23.json"
+TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "server_args-0.5.23.json"
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ from typing import Any, Optional
 
 from . import capacity as cap
 from .capacity import GIB, CapacityError
-from .errors import InputError
+from ..errors import InputError
 from .models import REPLICATED_WEIGHTS_GIB, load_model
-from .profile import MAX_GIB, Group, Profile
-from .serveconfig import read_serve_config
+from ..profile.model import MAX_GIB, Group, Profile
+from ..profile.deployment import Deployment, as_deployment
+from ..profile.serveconfig import ServeConfig, canonical
 
 SCHEMA = "dsv4ctl.plan/1"
 SGLANG_VERSION = "0.5.23"
@@ -170,24 +171,21 @@ class GroupInputs:
 
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
-                  overrides: dict[str, Any], tree_idx: Optional[dict] = None) -> GroupInputs:
+                  overrides: dict[str, Any], tree_idx: Optional[dict] = None,
+                  serve: Optional[ServeConfig] = None) -> GroupInputs:
     """Resolve a server group's inputs: serve config < profile < ``--set`` overrides.
 
     Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
     profile's topology."""
     args: dict[str, Any] = {}
     where = {}
-    if group.serve_config is not None:
-        if not group.serve_config.is_file():
-            gi = profile.groups.index(group)
-            raise InputError(f"{profile.positions.where(('groups', gi, 'serve_config'))}: "
-                             f"groups[{gi}].serve_config: no such file {group.serve_config}")
-        sc, pos = read_serve_config(group.serve_config)
-        for key, value in sc.items():
+    if serve is not None:
+        for key, value in serve.args().items():
             if key in SERVE_KEYS:
                 name = SERVE_KEYS[key]
-                args[name] = _coerce(f"{pos.where((key,))}: {key}", SET_KEYS[name], value)
-                where[name] = pos.where((key,))
+                loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
+                args[name] = _coerce(f"{loc}: {key}", SET_KEYS[name], value)
+                where[name] = loc
     topo = {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
             "enable_dp_attention": group.dp_attention}
     for k, v in topo.items():
@@ -543,11 +541,12 @@ def _suggest_mfs(model, gi: GroupInputs, target_headroom: int) -> Optional[float
     return None
 
 
-def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None) -> GroupPlan:
-    """Plan one server group; capacity errors become plan errors (verdict), not exceptions.
-    ``tree``: :class:`dsv4ctl.patches.planfacts.TreeFacts` of ``sglang.tree``, or None."""
+def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
+               serve: Optional[ServeConfig] = None) -> GroupPlan:
+    """Plan one server group (``serve``: its parsed serve config); capacity errors become plan
+    errors (verdict), not exceptions. ``tree``: :class:`dsv4ctl.patches.planfacts.TreeFacts`, or None."""
     tree_idx, tree_notes = tree.for_env(group.env) if tree else ({}, [])
-    gi = resolve_group(profile, group, model, facts, overrides, tree_idx)
+    gi = resolve_group(profile, group, model, facts, overrides, tree_idx, serve)
     source = "--set" if {"index_k_dtype", "index_k_accounting"} & set(overrides) else (
         tree.source(tree_idx) if tree_idx else "profile")
     try:
@@ -624,11 +623,13 @@ class PlanReport:
                     groups=[g.to_dict() for g in self.groups])
 
 
-def build_plan(profile: Profile, overrides: Optional[dict] = None,
+def build_plan(deployment: "Deployment | Profile", overrides: Optional[dict] = None,
                groups: Optional[list[str]] = None) -> PlanReport:
-    """Plan every server group of ``profile`` (or the named ``groups``).
+    """Plan every server group of the deployment (a Profile is resolved first), or the named ``groups``.
 
     ``overrides`` come from :func:`parse_set`. Raises InputError for bad input (exit 2)."""
+    dep = as_deployment(deployment)
+    profile = dep.profile
     overrides = dict(overrides or {})
     if "model" in overrides:
         model_ref, where = overrides["model"], "--set model"
@@ -649,8 +650,9 @@ def build_plan(profile: Profile, overrides: Optional[dict] = None,
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no KV pools")
     tree = None
-    if profile.sglang.get("tree"):  # imported only when needed: start-up (benchmarks/startup.py)
-        from .patches.planfacts import tree_facts
-        tree = tree_facts(profile.sglang, profile.base_dir)
+    if dep.sglang.tree is not None and dep.sglang.series is not None:  # imported only when needed: start-up
+        from ..patches.planfacts import tree_facts
+        tree = tree_facts(dep.sglang)
     return PlanReport(profile=profile, model=model,
-                      groups=[plan_group(profile, g, model, facts, overrides, tree) for g in selected])
+                      groups=[plan_group(profile, g, model, facts, overrides, tree, dep.groups[g.name].serve)
+                              for g in selected])

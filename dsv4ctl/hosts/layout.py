@@ -129,14 +129,6 @@ def read_facts(t: Transport, root: str) -> HostFacts:
     return parse_facts(t.name, root, t.run(facts_command(root), timeout=60).out)
 
 
-def lock_text(holder: dict | None) -> str:
-    if not holder:
-        return "unknown holder"
-    if "who" not in holder:
-        return "unknown holder (holder.json unreadable)"
-    return f"{holder.get('who')} ({holder.get('what', '?')}, pid {holder.get('pid', '?')}, since {holder.get('since', '?')})"
-
-
 def select_prune(facts: HostFacts, keep: int, protect: set[str] = frozenset()) -> list[str]:
     """Release ids to delete so at most ``keep`` remain: oldest first by :meth:`HostFacts.when`,
     never ``current``, ``previous`` or ``protect``."""
@@ -175,12 +167,6 @@ def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None) -
 
 
 # -- launch commands ---------------------------------------------------------------------------
-
-DEFAULT_LAUNCH = {
-    "server": "env PYTHONPATH={tree}/python {python} -m sglang.launch_server --config {config} --port {port}",
-    "router": "{python} -m sglang_router.launch_router {router_args} --host 0.0.0.0 --port {port}",
-}
-
 
 def render_launch(template: str, values: dict) -> str:
     """Fill ``{name}`` placeholders of a launch template (values are shell-quoted, except

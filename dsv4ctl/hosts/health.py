@@ -96,3 +96,13 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
                 return fails
             return [f for f in await asyncio.gather(*(_chat(s, t, deadline, model, poll) for t in chat)) if f]
     return asyncio.run(main())
+
+
+def wait_health(urls: dict[str, str], timeout: float, poll: float = 0.5) -> dict[str, str | None]:
+    """{group: None when ``GET url/health`` answered 200 within ``timeout`` s, else the reason}
+    (the workers' half of :func:`gate`)."""
+    fails = gate([Target("", g, u) for g, u in urls.items()], [], timeout, poll=poll)
+    out: dict[str, str | None] = {g: None for g in urls}
+    for f in fails:
+        out[f.group] = f.reason
+    return out

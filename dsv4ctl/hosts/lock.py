@@ -1,0 +1,77 @@
+"""The host lock ``<root>/.lock`` (a folder: ``mkdir`` is atomic) with ``holder.json``.
+
+One implementation for every command that changes a host: :func:`take_cmd` (deploy, rollback,
+promote) takes it in the same round trip as the facts; :func:`held_cmd` (hicache --remote, a
+runbook restart) checks it. A held lock is :class:`LockHeld` (exit 3) with one message."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import RemoteError
+from ..remote import q, who
+from .audit import now_iso
+
+LOCK_HELD_CODE = 75     # exit status of the lock commands when another run holds the lock
+
+
+class LockHeld(RemoteError):
+    """Another run holds the host's lock (exit 3)."""
+
+
+def holder(what: str, token: str) -> dict:
+    """The ``holder.json`` of this run: who, what, pid, since, token (the token is what release
+    matches on; it is not a secret but says nothing about the operator)."""
+    return {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": token}
+
+
+def holder_text(h: dict | None) -> str:
+    """``who (what, pid N, since T)`` of a holder, or why it is unknown."""
+    if not h:
+        return "unknown holder"
+    if "who" not in h:
+        return "unknown holder (holder.json unreadable)"
+    return f"{h.get('who')} ({h.get('what', '?')}, pid {h.get('pid', '?')}, since {h.get('since', '?')})"
+
+
+def parse_holder(text: str | None) -> dict:
+    """``holder.json`` text → dict ({} when unreadable)."""
+    try:
+        h = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return h if isinstance(h, dict) else {}
+
+
+def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool) -> LockHeld:
+    """The one error for a held lock."""
+    hint = "wait for it, or break a stale lock with --break-lock" if can_break else "try again when it is done"
+    return LockHeld(f"{host}: deploy lock {lock} held by {holder_text(parse_holder(holder_json))}; {hint}")
+
+
+def take_cmd(lock: str, holder_doc: dict, then: str = "") -> str:
+    """Shell: take ``lock`` (write ``holder.json``) and run ``then``; when held, print the holder
+    and exit LOCK_HELD_CODE."""
+    return (f"if mkdir {q(lock)} 2>/dev/null; then printf %s {q(json.dumps(holder_doc))} > "
+            f"{q(lock + '/holder.json')}; else cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
+            f"exit {LOCK_HELD_CODE}; fi" + (f"; {then}" if then else ""))
+
+
+def held_cmd(lock: str) -> str:
+    """Shell: when ``lock`` is held print its holder and exit LOCK_HELD_CODE; else exit 0."""
+    return (f"if [ -d {q(lock)} ]; then cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
+            f"exit {LOCK_HELD_CODE}; fi")
+
+
+def release_cmd(lock: str, token: str) -> str:
+    """Shell: remove ``lock`` only when its holder carries ``token`` (never another run's lock)."""
+    return f"grep -q {q(token)} {q(lock + '/holder.json')} 2>/dev/null && rm -rf {q(lock)} || true"
+
+
+def check_unlocked(t, root: str) -> None:
+    """LockHeld (exit 3) when a run holds ``<root>/.lock`` on the host behind ``t``."""
+    lock = f"{root}/.lock"
+    res = t.run(held_cmd(lock), check=False, timeout=30)
+    if res.code == LOCK_HELD_CODE:
+        raise held_error(t.name, lock, res.out, can_break=False)

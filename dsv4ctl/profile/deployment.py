@@ -1,0 +1,306 @@
+"""The resolved deployment: a profile and its serve configs, read once, answering every question a
+command asks (see ``../shared/design/architecture.md``, idea 1).
+
+:func:`resolve` turns a validated :class:`~dsv4ctl.profile.model.Profile` into a :class:`Deployment`.
+Every default of the ``sglang``, ``deploy`` and ``check`` sections is declared once here, next to
+its typed setting; the port and URL rule (IPv6-safe), the served model, the bootstrap port, the
+host root, the python, the launch template and the SGLang tree / patch series paths each have one
+home. Serve configs are read lazily, at most once per Deployment (:mod:`.serveconfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import InputError
+from .model import Group, Host, Profile
+from .serveconfig import ServeConfig, read_serve_config
+
+# SGLang 0.5.23 srt/server_args.py: ``port: int = 30000``; the router's port in the reference
+# launch (ops §1.3, §3.4) is 8000.
+DEFAULT_SERVER_PORT = 30000
+DEFAULT_ROUTER_PORT = 8000
+
+DEFAULT_LAUNCH = {
+    "server": "env PYTHONPATH={tree}/python {python} -m sglang.launch_server --config {config} --port {port}",
+    "router": "{python} -m sglang_router.launch_router {router_args} --host 0.0.0.0 --port {port}",
+}
+
+
+@dataclass(frozen=True)
+class SGLangSettings:
+    """The profile's ``sglang:`` section. ``tree``/``series`` are absolute (relative paths are
+    taken from the profile's folder); an unset ``series`` means no patch series, for plan and
+    deploy alike (the release is ``base_ref`` as is, and plan takes index-K from the profile)."""
+
+    version: str = "0.5.23"
+    tree: Optional[Path] = None
+    base_ref: Optional[str] = None
+    series: Optional[Path] = None
+    index_k_dtype: str = "fp8"
+    index_k_accounting: str = "fp8"
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    """The profile's ``deploy:`` section (seconds for timeouts)."""
+
+    root: str = "/srv/dsv4ctl"
+    keep_releases: int = 5
+    service: str = "auto"
+    health_timeout_s: float = 900.0
+    python: str = "python3"
+    launch: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """The profile's ``check:`` section: the load gate (``check load`` and ``--promote``)."""
+
+    concurrency: tuple[int, ...] = (64,)
+    max_corruption: float = 0.01
+    turns: int = 8
+    stall_timeout_s: float = 60.0
+
+    @property
+    def concurrency_arg(self) -> str:
+        """``--concurrency`` spelling: ``64`` or ``1,20,40``."""
+        return ",".join(map(str, self.concurrency))
+
+
+def http_url(address: str, port: int) -> str:
+    """``http://address:port``; an IPv6 literal gets brackets (``http://[::1]:30000``)."""
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"http://{host}:{int(port)}"
+
+
+def _abs_root(value: str, where: str) -> str:
+    root = str(value).rstrip("/")
+    if not root.startswith("/"):
+        raise InputError(f"{where}: {value!r}: must be an absolute path other than /")
+    return root
+
+
+class GroupView:
+    """One group as a command sees it: the profile's :class:`Group` plus what its serve config and
+    the host say. The serve config is read on first use and kept."""
+
+    def __init__(self, dep: "Deployment", group: Group):
+        self._dep = dep
+        self.group = group
+        self._serve: Optional[ServeConfig] = None
+
+    def __repr__(self) -> str:
+        return f"GroupView({self.name!r})"
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+    @property
+    def role(self) -> str:
+        return self.group.role
+
+    @property
+    def is_server(self) -> bool:
+        return self.group.is_server
+
+    @property
+    def host(self) -> Host:
+        return self._dep.profile.hosts[self.group.host]
+
+    @property
+    def serve_config_path(self) -> Optional[Path]:
+        return self.group.serve_config
+
+    @property
+    def serve(self) -> Optional[ServeConfig]:
+        """The parsed serve config (None for a group without one, e.g. the router).
+
+        Raises InputError (exit 2) naming the profile line for a missing file, and the errors of
+        :func:`read_serve_config`."""
+        if self._serve is None and self.group.serve_config is not None:
+            p = self._dep.profile
+            gi = p.groups.index(self.group)
+            if not self.group.serve_config.is_file():
+                raise InputError(f"{p.positions.where(('groups', gi, 'serve_config'))}: "
+                                 f"groups[{gi}].serve_config: no such file {self.group.serve_config}")
+            self._serve = read_serve_config(self.group.serve_config)
+        return self._serve
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        """Canonical serve-config argument ``key`` (an alias counts), else ``default``."""
+        s = self.serve
+        return s.get(key, default) if s is not None else default
+
+    @property
+    def port(self) -> int:
+        """The group's HTTP port: the profile's ``port``, else the serve config's ``port``, else
+        SGLang's default 30000 (router: 8000)."""
+        if self.group.port:
+            return int(self.group.port)
+        v = self.arg("port")
+        if v is not None:
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                raise InputError(f"{self.serve.where('port')}: port: {v!r} is not an integer") from None
+        return DEFAULT_ROUTER_PORT if self.role == "router" else DEFAULT_SERVER_PORT
+
+    @property
+    def url(self) -> str:
+        """``http://<host address>:<port>``, IPv6-safe."""
+        return http_url(self.host.address, self.port)
+
+    def url_with(self, serve: ServeConfig) -> str:
+        """The URL the group has when it runs ``serve`` (e.g. the live file on its host): the
+        profile's ``port``, else that file's ``port``, else the default."""
+        if self.group.port:
+            return self.url
+        v = serve.get("port")
+        return http_url(self.host.address, int(v) if v is not None else
+                        (DEFAULT_ROUTER_PORT if self.role == "router" else DEFAULT_SERVER_PORT))
+
+    @property
+    def served_model(self) -> str:
+        """``served-model-name`` of the serve config, else ``default`` (what SGLang answers
+        ``model`` with when unset is the model path; ``default`` is accepted by the server)."""
+        return str(self.arg("served-model-name") or "default")
+
+    @property
+    def bootstrap_port(self) -> Optional[int]:
+        """``disaggregation-bootstrap-port`` of the serve config (None when unset)."""
+        v = self.arg("disaggregation-bootstrap-port")
+        return int(v) if v is not None else None
+
+    @property
+    def hicache_configured(self) -> bool:
+        """True when the serve config turns HiCache on."""
+        return bool(self.serve is not None and self.serve.hicache_enabled)
+
+    @property
+    def root(self) -> str:
+        """The host's deploy root (``hosts[].root``, else ``deploy.root``), no trailing slash."""
+        return self._dep.host_root(self.group.host)
+
+    @property
+    def launch_template(self) -> str:
+        """Launch command template: group ``launch`` > ``deploy.launch[role]`` >
+        ``deploy.launch.server|router`` > built-in (``python -m sglang.launch_server --config``;
+        ``python -m sglang_router.launch_router``, ops reference §1.1, §3.4)."""
+        launch = self._dep.deploy.launch
+        kind = "router" if self.role == "router" else "server"
+        return self.group.launch or launch.get(self.role) or launch.get(kind) or DEFAULT_LAUNCH[kind]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.group.env)
+
+
+@dataclass
+class Deployment:
+    """A resolved profile. ``groups``: name → :class:`GroupView` in profile order."""
+
+    profile: Profile
+    sglang: SGLangSettings
+    deploy: DeploySettings
+    check: CheckSettings
+    groups: dict[str, GroupView] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.profile.path
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def hosts(self) -> dict[str, Host]:
+        return self.profile.hosts
+
+    def group(self, name: str) -> GroupView:
+        """The group called ``name``; InputError listing the names otherwise."""
+        self.profile.group(name)
+        return self.groups[name]
+
+    def servers(self) -> list[GroupView]:
+        """Groups that run an SGLang server (not the router), in profile order."""
+        return [g for g in self.groups.values() if g.is_server]
+
+    def routers(self) -> list[GroupView]:
+        return [g for g in self.groups.values() if g.role == "router"]
+
+    def router_pairs(self) -> list[tuple[str, str]]:
+        """(prefill, decode) group pairs behind each router of the profile."""
+        return [(p, d) for r in self.routers() for p in r.group.prefill for d in r.group.decode]
+
+    def host_root(self, host: str) -> str:
+        """A host's deploy root (``hosts[].root`` else ``deploy.root``), absolute, no trailing slash."""
+        h = self.profile.hosts[host]
+        if h.root is not None:
+            i = list(self.profile.hosts).index(host)
+            return _abs_root(h.root, f"{self.profile.positions.where(('hosts', i, 'root'))}: hosts[{i}].root")
+        return _abs_root(self.deploy.root, f"{self.profile.positions.where(('deploy', 'root'))}: deploy.root")
+
+    def tree(self, override: Optional[str] = None, *, required: bool = False) -> Optional[Path]:
+        """The SGLang tree: ``--tree`` (relative to the working directory) else ``sglang.tree``
+        (relative to the profile). InputError when it is not a folder, or when ``required`` and unset."""
+        p = Path(override).expanduser() if override else self.sglang.tree
+        if p is None:
+            if required:
+                raise InputError(f"{self.profile.path}: sglang.tree: no SGLang git checkout given "
+                                 "(set it or pass --tree)")
+            return None
+        if not p.is_dir():
+            raise InputError(f"{p}: SGLang tree not found (sglang.tree / --tree)")
+        return p
+
+
+def _opt_path(base: Path, value: Any) -> Optional[Path]:
+    if value is None or value == "":
+        return None
+    p = Path(str(value)).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def resolve(profile: Profile) -> Deployment:
+    """Resolve a loaded profile into a :class:`Deployment` (no file is read yet: serve configs are
+    read on first use). Raises InputError (exit 2) for a deploy root that is not absolute."""
+    sg, dp, ck = profile.sglang, profile.deploy, profile.check
+    base = profile.base_dir
+    sglang = SGLangSettings(
+        version=str(sg.get("version", "0.5.23")), tree=_opt_path(base, sg.get("tree")),
+        base_ref=sg.get("base_ref") or None, series=_opt_path(base, sg.get("series")),
+        index_k_dtype=sg.get("index_k_dtype", "fp8"), index_k_accounting=sg.get("index_k_accounting", "fp8"))
+    deploy = DeploySettings(
+        root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),
+        service=dp.get("service", DeploySettings.service),
+        health_timeout_s=float(dp.get("health_timeout_s", DeploySettings.health_timeout_s)),
+        python=dp.get("python", DeploySettings.python), launch=dict(dp.get("launch") or {}))
+    conc = ck.get("concurrency", CheckSettings.concurrency)
+    check = CheckSettings(
+        concurrency=tuple(conc) if isinstance(conc, (list, tuple)) else (int(conc),),
+        max_corruption=float(ck.get("max_corruption", CheckSettings.max_corruption)),
+        turns=int(ck.get("turns", CheckSettings.turns)),
+        stall_timeout_s=float(ck.get("stall_timeout_s", CheckSettings.stall_timeout_s)))
+    dep = Deployment(profile=profile, sglang=sglang, deploy=deploy, check=check)
+    dep.groups = {g.name: GroupView(dep, g) for g in profile.groups}
+    if "root" in dp:
+        _abs_root(dp["root"], f"{profile.positions.where(('deploy', 'root'))}: deploy.root")
+    for i, h in enumerate(profile.hosts.values()):
+        if h.root is not None:
+            _abs_root(h.root, f"{profile.positions.where(('hosts', i, 'root'))}: hosts[{i}].root")
+    return dep
+
+
+def load_deployment(path: Path | str) -> Deployment:
+    """Load, validate and resolve the profile at ``path`` (:func:`~dsv4ctl.profile.model.load_profile`)."""
+    from .model import load_profile
+    return resolve(load_profile(path))
+
+
+def as_deployment(x: "Profile | Deployment") -> Deployment:
+    """``x`` itself when it is a Deployment, else ``resolve(x)`` (for callers holding a Profile)."""
+    return x if isinstance(x, Deployment) else resolve(x)

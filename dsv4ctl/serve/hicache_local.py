@@ -1,0 +1,153 @@
+"""``hicache on|off`` on the profile's local serve configs: choose groups, edit and lint
+(:func:`prepare_edits`, nothing written), then write every changed file as one step
+(:func:`write_all`). The live files on hosts are :mod:`dsv4ctl.serve.hicache_live`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..errors import EXIT_REMOTE, DsvError, InputError
+from ..profile.deployment import Deployment, GroupView
+from .hicache import changes_for
+
+
+@dataclass
+class Edit:
+    """One group's planned edit: old and new text, the unified diff, lint findings of the new text."""
+
+    group: str
+    path: Path
+    old: str
+    new: str
+    diff: str
+    findings: list
+    secrets: frozenset = frozenset()
+
+
+def select_groups(dep: Deployment, names: list[str], action: str) -> list[GroupView]:
+    """``--group`` names, else the default: ``on`` → prefill/colocated groups (never decode, ops
+    §2.4), ``off``/``status`` → every server group. InputError for an unknown group or the router."""
+    if names:
+        out = [dep.group(n) for n in names]
+        for g in out:
+            if not g.is_server:
+                raise InputError(f"group {g.name!r} is the router: it has no serve config")
+        return out
+    if action == "on":
+        return [g for g in dep.servers() if g.role in ("prefill", "colocated")]
+    return dep.servers()
+
+
+def prepare_edits(dep: Deployment, groups: list[GroupView], action: str, opts, tree: Optional[str]) -> list[Edit]:
+    """Edit and lint every selected group's serve config (as the Deployment read it); nothing is
+    written.
+
+    Raises InputError (exit 2) for a missing file, a YAML error, text that is not UTF-8, a bad
+    option value, or a lint error in an edited file (the first error, one line)."""
+    from .argtable import load_table
+    from .edit import apply_changes, scrub, secret_values, unified_diff
+    from .lint import lint
+    from .lintinput import build_input, restrict
+
+    table = load_table()
+    edits: list[Edit] = []
+    for g in groups:
+        if g.serve_config_path is None:
+            raise InputError(f"{dep.path}: group {g.name}: no serve_config")
+        cfg = g.serve
+        old = cfg.text
+        label = str(g.serve_config_path)
+        changes = changes_for(action, cfg.data, opts, table, label)
+        new = apply_changes(old, changes, label) if changes else old
+        edits.append(Edit(g.name, g.serve_config_path, old, new, unified_diff(old, new, _rel(g.serve_config_path)), [],
+                          frozenset(secret_values(cfg.data))))
+    changed = [e for e in edits if e.new != e.old]
+    if changed:
+        inp = build_input(dep, None, tree, texts={e.group: e.new for e in changed})
+        findings = restrict(lint(inp, table), inp, [e.group for e in changed])
+        for e in changed:
+            e.findings = [f for f in findings if f.file == str(e.path) or f.group == e.group]
+        errs = [f for f in findings if f.severity == "error"]
+        if errs:
+            raise InputError(scrub(f"hicache {action}: not written: {errs[0].format()}"
+                                   + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""),
+                                   set().union(*(e.secrets for e in edits))))
+    return edits
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(p).lstrip("/")
+
+
+def write_all(files: list[tuple[Path, str]]) -> None:
+    """Write several local files as one step: all or nothing.
+
+    Each target is resolved first (a symlinked serve config is written through to its target; the
+    link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
+    and gives it the target's mode; any failure removes every temp file and raises DsvError (exit 3,
+    no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs the
+    folders; if a rename fails, the files already renamed get their old bytes back the same way."""
+    staged: list[tuple[Path, str, bytes]] = []      # (target, temp path, old bytes)
+    try:
+        for path, text in files:
+            target = Path(os.path.realpath(path))
+            st = target.stat()
+            old = target.read_bytes()
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            staged.append((target, tmp, old))
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, st.st_mode & 0o7777)
+    except OSError as e:
+        _unlink_all(t for _, t, _ in staged)
+        where = e.filename or (staged[-1][0] if staged else (files[0][0] if files else "?"))
+        raise DsvError(f"{where}: cannot write ({e.strerror or e}); no file was changed", EXIT_REMOTE) from None
+    done: list[tuple[Path, bytes]] = []
+    try:
+        for target, tmp, old in staged:
+            os.replace(tmp, target)
+            done.append((target, old))
+    except OSError as e:
+        _unlink_all(t for _, t, _ in staged[len(done):])
+        for target, old in done:
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(old)
+                os.replace(tmp, target)
+            except OSError:
+                pass
+        raise DsvError(f"{e.filename or '?'}: rename failed ({e.strerror or e}); files put back", EXIT_REMOTE) from None
+    for d in {t.parent for t, _ in done}:
+        try:
+            dfd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+
+def _unlink_all(paths) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def write_local(path: Path, text: str) -> None:
+    """Atomic local write of one file (see :func:`write_all`)."""
+    write_all([(Path(path), text)])
+
+

@@ -1,0 +1,82 @@
+"""Reading side of ``config lint`` / ``hicache``: a :class:`~dsv4ctl.profile.deployment.Deployment`
+→ :class:`dsv4ctl.serve.lint.LintInput` (serve configs, plan device pool GiB per rank, index-K
+gating of the SGLang tree). The rules themselves are pure, in :mod:`dsv4ctl.serve.lint`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import InputError
+from ..profile.deployment import Deployment, as_deployment
+from ..profile.serveconfig import parse_serve_config
+from .lint import GroupInput, LintInput
+
+
+def device_pool_gib(dep: Deployment) -> tuple[dict[str, list[float]], Optional[str]]:
+    """Per server group, each rank's device KV pool GiB as allocated (``dsv4ctl plan``'s
+    ``allocated_gib``). Returns ({}, reason) when the plan cannot be built."""
+    from ..plan.plan import build_plan
+    try:
+        report = build_plan(dep)
+    except InputError as e:
+        return {}, str(e)
+    return {gp.group.name: [r["allocated_gib"] for r in gp.ranks()] for gp in report.groups if gp.stages}, None
+
+
+def is_dsv4(dep: Deployment) -> bool:
+    """True unless the profile's model config says another model type (an unreadable one counts as DSV4)."""
+    from ..plan.models import load_model
+    profile = dep.profile
+    try:
+        model, _ = load_model(profile.model, profile.base_dir)
+    except InputError:
+        return True
+    return str(getattr(model, "model_type", "deepseek_v4")).startswith("deepseek_v4")
+
+
+def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] = None,
+                texts: Optional[dict[str, str]] = None, with_plan: bool = True) -> LintInput:
+    """Assemble the lint input for ``groups`` (names or groups; default: every server group) of the
+    deployment (a Profile is resolved first).
+
+    ``texts`` maps group names to serve-config text to lint instead of the file (an edit not yet
+    written). Raises InputError for a missing file of a selected group, or a YAML error."""
+    dep = as_deployment(deployment)
+    texts = texts or {}
+    servers = dep.servers()
+    selected = {getattr(g, "name", g) for g in groups} if groups else {g.name for g in servers}
+    # Pairs and host totals need the partner groups too: read every server group.
+    ginputs = []
+    for g in servers:
+        cfg = None
+        path = g.serve_config_path
+        if path is not None:
+            if g.name in texts:
+                cfg = parse_serve_config(texts[g.name], str(path))
+            elif g.name in selected or path.exists():
+                cfg = g.serve
+        ginputs.append(GroupInput(name=g.name, role=g.role, host=g.group.host, config=cfg, env=g.env))
+    inp = LintInput(groups=ginputs, pairs=dep.router_pairs(),
+                    host_ram_gib={h.name: h.ram_gib for h in dep.hosts.values()},
+                    index_k_dtype=dep.sglang.index_k_dtype, dsv4=is_dsv4(dep))
+    any_hicache = any(gi.config is not None and gi.config.hicache_enabled for gi in ginputs)
+    if with_plan and any_hicache:
+        pools, err = device_pool_gib(dep)
+        inp.plan_error = err
+        for gi in ginputs:
+            gi.rank_device_gib = pools.get(gi.name)
+    tp = dep.tree(tree)
+    inp.tree = str(tp) if tp else None
+    if tp is not None and any_hicache and inp.index_k_dtype == "bf16":
+        from .treegate import analyse_tree
+        inp.gating = analyse_tree(tp)
+    return inp
+
+
+def restrict(findings, inp: LintInput, groups: Optional[list]):
+    """Findings of the selected groups only (pair and host findings name the group they sit on)."""
+    if not groups:
+        return findings
+    names = {getattr(g, "name", g) for g in groups}
+    files = {gi.config.path for gi in inp.groups if gi.name in names and gi.config is not None}
+    return [f for f in findings if f.group in names or f.file in files]
