@@ -39,14 +39,14 @@ def serving(w: World) -> bool:
 
 def test_dry_run_changes_nothing(world):
     w = world
-    r = cli(w, "deploy", "--dry-run")
+    r = cli(w, "deploy", "--dry-run", "--verbose")
     assert r.code == 0, r.err
     assert r.out.startswith("dry run: deploy r")
     for h in ("h0", "h1", "h2", "h3"):
-        assert f"  {h}: lock {w.roots[h]}/.lock" in r.out
+        assert f"  {h}: lock {w.roots[h]}/.lock\n    $ mkdir -p {w.roots[h]}/releases && if mkdir {w.roots[h]}/.lock" in r.out
         assert f"  {h}: switch {w.roots[h]}/current: (none) -> " in r.out
-    assert "h1: restart decode (launcher): env PYTHONPATH=" in r.out
-    assert f"gate: GET http://127.0.0.3:{w.ports['decode']}/health" in r.out
+    assert "h1: switch" in r.out and "start decode (launcher)" in r.out and "setsid env" in r.out
+    assert f"wait for GET http://127.0.0.3:{w.ports['decode']}/health = 200" in r.out
     assert not any(p.exists() for p in w.roots.values())  # not even the deploy roots
     assert not w.cache.exists()
 
@@ -156,7 +156,7 @@ def test_unhealthy_release_rolls_back_automatically(world):
     w.write()
     r = cli(w, "deploy", "--health-timeout", "3")
     assert r.code == 1
-    assert "host h1 group decode: not healthy after the health timeout (/health answered 503)" in r.err
+    assert "host h1 group decode: not healthy after the health timeout of 3 s (/health answered 503)" in r.err
     assert w.currents() == {h: good for h in w.roots} and serving(w)
 
 

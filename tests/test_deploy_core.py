@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4ctl.deploy.engine import launch_spec, parse_rsync_stats, switch_cmd
+from dsv4ctl.deploy.push import parse_rsync_stats
+from dsv4ctl.deploy.release import launch_spec
+from dsv4ctl.deploy.steps import switch_cmd
 from dsv4ctl.hosts.layout import (HostFacts, Paths, choose_rollback_target, facts_command, parse_facts,
                                    render_launch, select_prune)
 from dsv4ctl.hosts.service import GROUP_RUNNING_FN, Launcher, Systemd, backend, log_tail_cmd
@@ -314,7 +316,7 @@ def test_series_folder_identity_goes_into_the_release(tmp_path):
     """A series folder with a ``series`` file (dsv4ctl.patches format) gives the patch order and
     the series identity; changing only a fact of the series changes the release id."""
     import yaml
-    from dsv4ctl.deploy.engine import release_inputs
+    from dsv4ctl.deploy.release import release_inputs
     from dsv4ctl.profile.model import load_profile
     tree = make_tree(tmp_path / "t", files=3)
     sdir = tmp_path / "series" / "sglang-0.5.23"

@@ -55,7 +55,7 @@ def new_files() -> dict[str, bytes]:
 @pytest.fixture
 def delta(tmp_path):
     """(base release, incoming hard-link copy minus dropped paths, side folder with the changes)
-    — the state :func:`dsv4ctl.deploy.engine._push_rsync` leaves before the verify step."""
+    — the state :func:`dsv4ctl.deploy.push._push_rsync` leaves before the verify step."""
     base = write_release(tmp_path / "releases" / "rOLD", OLD, {"tree/pkg/alias.py": "mod000.py"}, "rOLD")
     new = new_files()
     newlinks = {"tree/pkg/alias.py": "mod001.py"}                      # a symlink re-pointed

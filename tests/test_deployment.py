@@ -182,7 +182,7 @@ def test_deploy_dry_run_reads_each_serve_config_once(tmp_path, extra):
 def test_unset_series_is_no_series_for_plan_and_deploy(tmp_path):
     """One answer: without ``sglang.series`` a release ships ``base_ref`` as is, and plan takes
     index-K from the profile (not from a shipped series the release would not carry)."""
-    from dsv4ctl.deploy.engine import release_inputs
+    from dsv4ctl.deploy.release import release_inputs
     from dsv4ctl.plan.plan import build_plan
     w = LocalWorld(tmp_path)
     dep = load_deployment(w.profile)

@@ -120,7 +120,10 @@ BYTES_KEYS = {"bytes", "bytes_sent", "bytes_received", "total_size"}
 WHO_KEYS = re.compile(r"^(who|.*_by)$")
 #: In log lines (stderr): rsync byte counts (they depend on path lengths) and durations.
 TEXT_RULES = [(re.compile(r"\b\d[\d,]* bytes sent"), "<BYTES> bytes sent"),
-              (re.compile(r"\bin \d+(?:\.\d+)? s\b"), "in <SECONDS> s")]
+              (re.compile(r"\bin \d+(?:\.\d+)? s\b"), "in <SECONDS> s"),
+              # inside the exact commands of a dry run (lock holder, audit record JSON)
+              (re.compile(r'"who":"[^"]*"'), '"who":"<WHO>"'),
+              (re.compile(r'"pid":\d+'), '"pid":<PID>')]
 
 
 class Normaliser:

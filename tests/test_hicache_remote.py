@@ -163,7 +163,7 @@ def test_remote_unhealthy_group_is_rolled_back(world, tmp_path):
     pid0 = int(world["pidfile"].read_text())
     r = run_cli("hicache", "off", str(bad), "-g", "prefill", "--remote", "--health-timeout", "2")
     assert r.code == 1, (r.out, r.err)
-    assert "not healthy after 2 s" in r.err and "old file was restored" in r.err
+    assert "not healthy after the health timeout of 2 s" in r.err and "old file was restored" in r.err
     assert world["live"].read_bytes() == orig
     assert world["local"].read_bytes() == orig                              # local copy untouched
     pid2 = int(world["pidfile"].read_text())
@@ -171,7 +171,7 @@ def test_remote_unhealthy_group_is_rolled_back(world, tmp_path):
     _wait_health(world["url"], timeout=90)
     assert _info(world["url"])["enable_hierarchical_cache"] is True
     (rec,) = _audit(world["root"])
-    assert rec["result"] == "rolled-back" and rec["healthy"] is False and "not healthy after 2 s" in rec["detail"]
+    assert rec["result"] == "rolled-back" and rec["healthy"] is False and "not healthy after the health timeout of 2 s" in rec["detail"]
 
 
 def test_remote_group_not_running_exit_3_file_restored(world):
@@ -200,5 +200,5 @@ def test_remote_refuses_while_a_deploy_holds_the_lock(world):
     (world["root"] / ".lock").mkdir()
     (world["root"] / ".lock" / "holder.json").write_text('{"who": "ops@box", "what": "deploy"}')
     r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote")
-    assert r.code == 3 and "is locked by ops@box (deploy)" in r.err
+    assert r.code == 3 and "/.lock held by ops@box (deploy, pid ?, since ?); try again when it is done" in r.err
     assert world["live"].read_bytes() == orig and not (world["root"] / "audit.jsonl").exists()

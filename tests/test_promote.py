@@ -66,8 +66,8 @@ def test_first_deploy_dry_run_every_host_is_the_canary_and_nothing_changes(world
     assert "first deploy (no host runs a release): every host is the canary" in out
     assert f"h0: [canary] switch {w.roots['h0']}/current: (none) -> " in out
     assert f"h1: [canary] switch {w.roots['h1']}/current: (none) -> " in out and "[rest]" not in out
-    assert "[canary] load gate: concurrency 60, turns 2, 95 % Wilson upper bound of the corruption rate <= 0.01" in out
-    assert "tests.standin.server" in out
+    assert "gate: concurrency 60, turns 2, 95 % Wilson upper bound of the corruption rate <= 0.01" in out
+    assert "tests.standin.server" in cli(w, "deploy", "--promote", "--dry-run", "--verbose").out
     assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
 
 

@@ -14,8 +14,12 @@ _P = typer.Argument(None, help="Profile path or shipped name (default: the embed
 def _opts(**kw):
     import sys
     from ..deploy.engine import Options
+    verbose = kw.pop("verbose", False)
     o = Options(**kw)
     o.log = lambda s: print(f"dsv4ctl: {s}", file=sys.stderr, flush=True)
+    if verbose and not o.dry_run:
+        from ..deploy.steps import mask_secrets
+        o.trace = lambda st: print(f"dsv4ctl: step {mask_secrets(st.line(True))}", file=sys.stderr, flush=True)
     return o
 
 
@@ -38,11 +42,28 @@ class _Interrupted:
         return False
 
 
-def _print_actions(title: str, actions: list[str]) -> None:
-    """A ``--dry-run`` listing: the title, then each action indented."""
+def _print_actions(title: str, rep: dict, verbose: bool = False) -> None:
+    """A ``--dry-run`` listing: the title, then each step indented (``verbose``: with its exact
+    command, secret values masked)."""
     print(title)
-    for line in actions:
+    if not verbose or "steps" not in rep:
+        for line in rep["actions"]:
+            print(f"  {line}")
+        return
+    from ..deploy.steps import Step, mask_secrets
+    head = [a for a in rep["actions"] if not a.startswith(tuple(f"{s['host']}: " for s in rep["steps"]))
+            and not a.startswith(("on a failed", "  "))]
+    for line in head:
         print(f"  {line}")
+    for s in rep["steps"]:
+        print("  " + mask_secrets(Step(**s).line(True)))
+    if rep.get("on_failure"):
+        print("  on a failed gate, check or an interrupt, instead (the hosts that switched):")
+        for s in rep["on_failure"]:
+            print("    " + mask_secrets(Step(**s).line(True)))
+
+
+_VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every exact command; in a run: each step as it runs (secret values masked).")
 
 
 def _sigterm_as_interrupt():
@@ -99,6 +120,7 @@ def deploy(
     turns: Optional[int] = typer.Option(None, "--turns", help="With --promote: turns per load session (default: check.turns)."),
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="With --promote: turns per load level at least (default: check load's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.deploy/1 JSON report."),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Build a release (base + patch series + serve configs), push it to every host (delta),
     switch `current` atomically, restart, gate on health; roll back automatically on failure.
@@ -112,12 +134,12 @@ def deploy(
     _sigterm_as_interrupt()
     with _Interrupted(), _Progress() as prog:
         opts = _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                     break_lock=break_lock, progress=prog)
+                     break_lock=break_lock, progress=prog, verbose=verbose)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep["actions"])
+        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep, verbose)
     else:
         rows = []
         for h, r in rep["hosts"].items():
@@ -172,6 +194,7 @@ def promote(
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.promote/1 JSON report."),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Mark the running release good by hand after check smoke + check load (the profile's gate)
     against the running deployment; the check reports are kept as evidence.
@@ -182,12 +205,13 @@ def promote(
     po = _promote_opts(True, None, concurrency, max_corruption, turns, min_requests)
     p = _profile(profile)
     with _Interrupted():
-        rep = promote_by_hand(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, break_lock=break_lock),
+        rep = promote_by_hand(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, break_lock=break_lock,
+                                       verbose=verbose),
                               release, po)
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        _print_actions(f"dry run: promote {release} (nothing run, nothing changed)", rep["actions"])
+        _print_actions(f"dry run: promote {release} (nothing run, nothing changed)", rep, verbose)
     else:
         print(f"promoted {release} on {', '.join(rep['hosts'])}: "
               + ", ".join(f"check {c['check']} pass" for c in rep["checks"]) + f"; evidence in {rep['evidence']}")
@@ -201,6 +225,7 @@ def rollback(
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Switch every host to an older release (atomic), restart, gate on health.
 
@@ -210,11 +235,11 @@ def rollback(
     _sigterm_as_interrupt()
     with _Interrupted():
         rep = engine.rollback(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                                       break_lock=break_lock), to=to)
+                                       break_lock=break_lock, verbose=verbose), to=to)
     if as_json:
         print(dump_json(rep))
     elif dry_run:
-        _print_actions(f"dry run: rollback to {rep['release']} (nothing changed)", rep["actions"])
+        _print_actions(f"dry run: rollback to {rep['release']} (nothing changed)", rep, verbose)
     else:
         print(f"rolled back to {rep['release']} on {', '.join(rep['hosts'])}")
 

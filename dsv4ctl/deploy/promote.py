@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ..errors import InputError, VerdictError
 from ..hosts.audit import file_stamp, now_iso
+from ..remote import who
 
 CHECKS = ("smoke", "load")
 
@@ -49,6 +50,7 @@ class PromoteOptions:
     min_requests: int | None = None
     canary_hosts: list[str] = field(default_factory=list)
     preflight: dict | None = None
+    stamp: str = ""
 
     # The deploy engine runs a promotion through these three methods and never imports this
     # module (imports point one way: promote uses the engine).
@@ -58,13 +60,14 @@ class PromoteOptions:
         self.preflight = preflight(dep)
         log(f"preflight: {self.preflight['summary']}")
 
-    def dry_run_lines(self, site, rid: str) -> list[str]:
-        """The ``--dry-run`` listing of ``deploy --promote``."""
-        return pipeline_lines(site, rid, self, self.preflight)
+    def steps(self, site, rid: str, spec: dict, *, locked: bool = True):
+        """The promotion's steps (:func:`promote_steps`); the evidence stamp is fixed here."""
+        self.stamp = file_stamp()
+        return promote_steps(site, rid, spec, self, self.stamp, locked=locked)
 
-    def run_locked(self, site, rel, spec: dict, report: dict, frm: dict, t_start: float) -> dict:
+    def run_locked(self, site, rel, spec: dict, run, report: dict, frm: dict, t_start: float) -> dict:
         """Canary, checks, the rest, good (the hosts are locked and the release pushed)."""
-        return promote_locked(site, rel, spec, self, self.preflight, report, frm, t_start)
+        return promote_locked(site, rel, spec, run, self, report, frm, t_start)
 
 
 # -- pure cores --------------------------------------------------------------------------------
@@ -165,49 +168,50 @@ def check_verdict(kind: str, code: int, doc: dict | None, err: str) -> tuple[boo
     return False, msg
 
 
-def pipeline_lines(site, rid: str, po: PromoteOptions, pre: dict | None) -> list[str]:
-    """The ``--dry-run`` lines of ``deploy --promote``: preflight result, then every action per
-    host in execution order (push, canary switch, checks, the rest, good)."""
-    from .engine import health_timeout, host_groups, launch_spec, link_bases, start_command
-    spec = launch_spec(site.profile)
-    canary = first_deploy_canary(po.canary_hosts, {h: site.facts[h].current for h in site.hosts})
-    rest = [h for h in site.hosts if h not in canary]
+def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *, locked: bool = True):
+    """Every step of ``deploy --promote`` of ``rid``: lock, push, the canary's switch and gate,
+    the checks (``dsv4ctl check`` children), the rest's switch and gate (and a smoke of the whole
+    deployment), the evidence, the close-out. Returns a :class:`~dsv4ctl.deploy.steps.RunSteps`."""
+    from .steps import (RunSteps, Step, close_step, gate_steps, lock_step, next_previous, prune_after_switch,
+                        push_step, revert_steps, switch_step)
+    hosts = site.hosts
+    canary = first_deploy_canary([h for h in hosts if h in po.canary_hosts], {h: site.facts[h].current for h in hosts})
+    rest = [h for h in hosts if h not in canary]
     url = check_target(site.profile, canary if rest else None)
     cpo = effective_options(site.profile, po, url)
     g = gate_settings(site.profile, po)
-    lines = [f"preflight: {pre['summary'] if pre else 'skipped'}"]
-    if canary != po.canary_hosts:
-        lines.append("first deploy (no host runs a release): every host is the canary")
-    for h in site.hosts:
-        f, p = site.facts[h], site.paths[h]
-        lines.append(f"{h}: lock {p.lock}")
-        if rid in f.releases:
-            lines.append(f"{h}: release {rid} already present: no push")
-        else:
-            bases = link_bases(f, rid)
-            lines.append(f"{h}: push {rid} to {p.incoming(rid)}, verify on the host, rename to {p.release(rid)}"
-                         + (f" (reusing {', '.join(bases)})" if bases else ""))
-    stage = [("canary", canary), ("rest", rest)]
-    for name, hosts in stage:
-        for h in hosts:
-            f, p = site.facts[h], site.paths[h]
-            lines.append(f"{h}: [{name}] switch {p.current}: {f.current or '(none)'} -> {rid}")
-            for grp in host_groups(spec, h):
-                lines.append(f"{h}: [{name}] restart {grp}: {start_command(site, h, rid, grp, spec[grp])}")
-        if hosts:
-            lines.append(f"[{name}] gate: /health of every worker, then a 1-token chat completion "
-                         f"(timeout {health_timeout(site):g} s)")
-        if name == "rest" and hosts and url:
-            lines.append(f"[rest] dsv4ctl {' '.join(check_argv('smoke', str(site.profile.path), po))}")
+    path = str(site.profile.path)
+    steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
+    steps += [push_step(site, h, rid) for h in hosts]
+    for name, hs in (("canary", canary), ("rest", rest)):
+        steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
+                  for h in hs]
+        if hs:
+            steps += gate_steps(site, spec, hs if rest else None, name)
         if name == "canary":
             for kind in CHECKS:
-                lines.append(f"[canary] dsv4ctl {' '.join(check_argv(kind, str(site.profile.path), cpo, url))}")
-            lines.append(f"[canary] load gate: concurrency {g['concurrency']}, turns {g['turns']}, 95 % Wilson "
-                         f"upper bound of the corruption rate <= {g['max_corruption']:g}")
-            lines.append("[canary] on a failed check: every switched host back to its previous release, "
-                         f"{rid} marked failed, check reports kept in evidence/{rid}/ (local cache and each host)")
-    lines.append(f"on success: mark {rid} good on every host, check reports kept as evidence, audit, unlock")
-    return lines
+                argv = check_argv(kind, path, cpo, url)
+                why = (f"; gate: concurrency {g['concurrency']}, turns {g['turns']}, 95 % Wilson upper bound of the "
+                       f"corruption rate <= {g['max_corruption']:g}") if kind == "load" else ""
+                steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)}{why}", " ".join(["dsv4ctl", *argv]),
+                                  name, extra={"kind": kind, "argv": argv}))
+        elif hs and url:
+            argv = check_argv("smoke", path, po)
+            steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)} (every worker on the release)",
+                              " ".join(["dsv4ctl", *argv]), name, extra={"kind": "smoke", "argv": argv}))
+    hrel = f"evidence/{rid}/{stamp}"
+    steps += [Step("evidence", h, f"store the check reports in {site.paths[h].root}/{hrel}/") for h in hosts]
+    keep = site.profile.deploy.keep_releases
+    rec = {"action": "deploy", "release": rid, "promote": True, "canary": canary, "result": "ok", "detail": "",
+           "evidence": hrel}
+    steps += [close_step(site, h, {**rec, "from": site.facts[h].current}, state={rid: {"state": "good"}},
+                         prune=prune_after_switch(site.facts[h], rid, keep)) for h in hosts]
+    fail = revert_steps(site, hosts, rid, spec)
+    fail += [Step("close", h, f"close: mark {rid} failed with the failing check; keep the reports as evidence; "
+                              "audit deploy rolled-back; unlock") for h in hosts]
+    notes = ["first deploy (no host runs a release): every host is the canary"] if canary != [
+        h for h in hosts if h in po.canary_hosts] else []
+    return RunSteps(steps, fail, notes)
 
 
 # -- preflight ---------------------------------------------------------------------------------
@@ -270,18 +274,6 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
             "target": url or "profile", "evidence": str(edir / f"{name}.json")}
 
 
-def run_checks(profile, po: PromoteOptions, edir: Path, log, url: str | None = None) -> tuple[list[dict], dict | None]:
-    """smoke, then load (only when smoke passed), against ``url`` or the profile's entry.
-    Returns (results, first failure or None)."""
-    results = []
-    for kind in CHECKS:
-        r = run_check(kind, profile, po, edir, log, url)
-        results.append(r)
-        if not r["passed"]:
-            return results, r
-    return results, None
-
-
 def store_evidence(site, hosts: list[str], rid: str, stamp: str, edir: Path, summary: dict) -> str:
     """Copy the local evidence folder to ``<root>/evidence/<id>/<stamp>/`` on ``hosts`` (atomic
     writes; best effort, failures logged). Returns the host-relative folder."""
@@ -302,90 +294,102 @@ def store_evidence(site, hosts: list[str], rid: str, stamp: str, edir: Path, sum
 
 # -- deploy --promote (called by the engine with the locks held, after the push) ---------------
 
-def promote_locked(site, rel, spec: dict, po: PromoteOptions, pre: dict | None, report: dict,
-                   frm: dict, t_start: float) -> dict:
-    """Canary → checks → rest → good. Raises VerdictError after rolling every switched host back
-    (release marked failed, evidence kept) when a gate or check fails."""
+def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict, frm: dict, t_start: float) -> dict:
+    """Run ``run`` (:func:`promote_steps`) after the push: canary → checks → rest → good. Raises
+    VerdictError after putting every switched host back (release marked failed, evidence kept)
+    when a gate or check fails."""
     from . import engine as E
+    from .steps import revert_steps
     opts = site.opts
     rid = rel.id
-    canary = first_deploy_canary([h for h in site.hosts if h in po.canary_hosts],
-                                 {h: site.facts[h].current for h in site.hosts})
-    rest = [h for h in site.hosts if h not in canary]
+    canary = [s.host for s in run.of("switch", "canary")]
+    rest = [s.host for s in run.of("switch", "rest")]
     url = check_target(site.profile, canary if rest else None)
     cpo = effective_options(site.profile, po, url)
     if len(canary) == len(site.hosts) and len(po.canary_hosts) < len(site.hosts):
         opts.log("first deploy (no host runs a release): every host is the canary")
-    stamp = file_stamp()
+    stamp = po.stamp
     edir = evidence_dir(opts.cache, rid, stamp)
-    before = {h: (site.facts[h].current, site.facts[h].previous) for h in site.hosts}
-    old_specs = {h: site.facts[h].current_launch for h in site.hosts}
+    reverts = {s.host: s for s in revert_steps(site, site.hosts, rid, spec)}
     rec = {"action": "deploy", "release": rid, "promote": True, "canary": canary}
-    report["promotion"] = {"canary": canary, "rest": rest, "check_target": url or "profile", "preflight": pre, "gate": gate_settings(site.profile, po),
-                           "checks": [], "evidence": str(edir)}
+    report["promotion"] = {"canary": canary, "rest": rest, "check_target": url or "profile", "preflight": po.preflight,
+                           "gate": gate_settings(site.profile, po), "checks": [], "evidence": str(edir)}
     switched: list[str] = []
+    before = {h: site.facts[h].current for h in site.hosts}
 
-    def fail(what: str, why: str, results: list[dict], put_back: list[str] = ()):
-        if switched:
-            E._revert(site, switched, before, old_specs, {h: spec for h in switched})
-            ospec = next((old_specs[h] for h in switched if old_specs[h]), None)
-            if ospec:
-                w, c, m = E.health_targets(site, ospec)
-                bad = E.health.gate(w, c, E.health_timeout(site), m)
-                why += (" (the previous release is healthy again)" if not bad
-                        else f" (after rolling back, still unhealthy: {E.failure_text(site, bad)})")
+    def put_back() -> str:
+        steps = [reverts[h] for h in switched]
+        if not steps:
+            return ""
+        E.revert(site, steps)
+        old = E.revert_gate(site, steps)
+        if not old:
+            return ""
+        bad = E.run_gate(site, old)
+        return (" (the previous release is healthy again)" if not bad
+                else f" (after rolling back, still unhealthy: {E.failure_text(site, bad)})")
+
+    def fail(what: str, why: str, results: list[dict], moved_extra: list[str] = ()):
+        moved = list(switched) + [h for h in moved_extra if h not in switched]
+        why += put_back()
         summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "rolled-back", "failed": what,
                    "reason": why, "canary": canary, "checks": results, "at": now_iso()}
         hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary) if results else None
-        E.close_out(site, {**rec, "result": "rolled-back", "failed_check": what, "detail": why[:2000],
-                           "evidence": hrel},
+        E.close_all(site, {**rec, "result": "rolled-back", "failed_check": what, "detail": why[:2000], "evidence": hrel},
                     state={rid: {"state": "failed", "failed_at": now_iso(), "failed_check": what,
                                  **({"evidence": hrel} if hrel else {})}}, per_host=frm)
-        moved = list(switched) + [h for h in put_back if h not in switched]
-        back = sorted({(before[h][0] or "(none)") for h in moved})
-        where = f"; evidence in {edir}" if results else ""
+        back = sorted({(before[h] or "(none)") for h in moved})
+        never = [h for h in site.hosts if h not in moved]
         raise VerdictError(f"deploy --promote of {rid}: {what} failed: {why}; "
                            + (f"rolled back {', '.join(moved)} to {', '.join(back)}" if moved else "no host was switched")
-                           + f"; {', '.join(h for h in site.hosts if h not in moved)} never switched" * bool(
-                               [h for h in site.hosts if h not in moved])
-                           + where)
+                           + (f"; {', '.join(never)} never switched" if never else "")
+                           + (f"; evidence in {edir}" if results else ""))
+
+    def checks(stage: str) -> tuple[list[dict], dict | None]:
+        out = []
+        for st in run.of("check", stage):
+            E.trace(site, st)
+            kind = st.extra["kind"]
+            r = run_check(kind, site.profile, cpo if stage == "canary" else po, edir, opts.log,
+                          url if stage == "canary" else None, name=kind if stage == "canary" else "smoke-all")
+            out.append(r)
+            if not r["passed"]:
+                return out, r
+        return out, None
 
     try:
-        # canary
         opts.log(f"canary: switching {', '.join(canary)} to {rid}")
-        ok, why, _ = E.switch_with_gate(site, {h: rid for h in canary}, what="deploy", spec=spec, hosts=canary)
-        if not ok:
-            fail("canary health gate", why, [], put_back=canary)   # switch_with_gate put the canary back
+        ok, why = E.switch_with_gate(site, run.of("switch", "canary"), run.of("gate", "canary"),
+                                     [reverts[h] for h in canary])
+        if not ok:    # switch_with_gate put the canary back
+            fail("canary health gate", why, [], moved_extra=canary)
         switched += canary
-        results, bad = run_checks(site.profile, cpo, edir, opts.log, url)
+        results, bad = checks("canary")
         report["promotion"]["checks"] = results
         if bad:
             fail(f"check {bad['check']}", bad["reason"], results)
-        # the rest
         if rest:
             opts.log(f"rest: switching {', '.join(rest)} to {rid}")
-            ok, why, _ = E.switch_with_gate(site, {h: rid for h in rest}, what="deploy", spec=spec, hosts=rest)
+            ok, why = E.switch_with_gate(site, run.of("switch", "rest"), run.of("gate", "rest"),
+                                         [reverts[h] for h in rest])
             if not ok:
-                fail("health gate of the rest", why, results, put_back=rest)
+                fail("health gate of the rest", why, results, moved_extra=rest)
             switched += rest
-        if url:
-            # every host on the release: the whole deployment's smoke (--profile: every worker's
-            # /health and /server_info against its serve config)
-            r = run_check("smoke", site.profile, po, edir, opts.log, None, name="smoke-all")
-            results.append(r)
-            if not r["passed"]:
-                fail("check smoke (all hosts)", r["reason"], results)
+            more, bad = checks("rest")
+            results += more
+            if bad:
+                fail("check smoke (all hosts)", bad["reason"], results)
     except KeyboardInterrupt:
-        if switched:
-            E._revert(site, switched, before, old_specs, {h: spec for h in switched})
-        E.close_out(site, {**rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
+        put_back()
+        E.close_all(site, {**rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
                     state={rid: {"state": "failed", "failed_at": now_iso()}}, per_host=frm)
         raise
     summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "good", "canary": canary,
                "checks": results, "at": now_iso()}
+    for st in run.of("evidence"):
+        E.trace(site, st)
     hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
-    return E.finish_good(site, rid, {**rec, "result": "ok", "evidence": hrel},
-                         {"promoted_at": now_iso(), "evidence": hrel}, report, frm, t_start)
+    return E.finish_good(site, rid, run.of("close"), {"promoted_at": now_iso(), "evidence": hrel}, report, t_start)
 
 
 def config_drift(profile, release_meta: dict) -> list[str]:
@@ -403,6 +407,28 @@ def config_drift(profile, release_meta: dict) -> list[str]:
 
 
 # -- dsv4ctl promote ID --------------------------------------------------------------------------
+
+def by_hand_steps(site, rid: str, po: PromoteOptions, hrel: str):
+    """Steps of ``dsv4ctl promote ID``: the checks against the running deployment, then per host
+    lock, evidence, close (``rid`` marked good). The locks come after the checks: a check run
+    does not block other operators."""
+    from .steps import RunSteps, Step, close_step, lock_step
+    g = gate_settings(site.profile, po)
+    steps = []
+    for kind in CHECKS:
+        argv = check_argv(kind, str(site.profile.path), po)
+        why = (f"; gate: concurrency {g['concurrency']}, turns {g['turns']}, 95 % Wilson upper bound "
+               f"<= {g['max_corruption']:g}") if kind == "load" else ""
+        steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)}{why}", " ".join(["dsv4ctl", *argv]),
+                          extra={"kind": kind, "argv": argv}))
+    steps += [lock_step(site, h, f"promote {rid}") for h in site.hosts]
+    steps += [Step("evidence", h, f"store the check reports in {site.paths[h].root}/{hrel}/") for h in site.hosts]
+    steps += [close_step(site, h, {"action": "promote", "release": rid, "result": "ok", "detail": "", "evidence": hrel},
+                         state={rid: {"state": "good"}}) for h in site.hosts]
+    fail = [Step("close", h, f"close: mark {rid} failed with the failing check; audit promote failed; unlock")
+            for h in site.hosts]
+    return RunSteps(steps, fail)
+
 
 def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     """Mark ``rid`` good after check smoke + check load against the running deployment.
@@ -426,33 +452,40 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
             raise InputError(f"promote {rid}: the profile's serve config of group(s) {', '.join(stale)} differs from "
                              f"the one in {rid}: the checks would judge the running servers against another "
                              f"config; use the profile the release was built from")
-        g = gate_settings(profile, po)
-        if opts.dry_run:
-            lines = [f"dsv4ctl {' '.join(check_argv(k, str(profile.path), po))}" for k in CHECKS]
-            lines.append(f"load gate: concurrency {g['concurrency']}, turns {g['turns']}, 95 % Wilson upper bound "
-                         f"<= {g['max_corruption']:g}")
-            lines += [f"{h}: lock {site.paths[h].lock}, store evidence in {site.paths[h].root}/evidence/{rid}/, "
-                      f"mark {rid} good in state.json, audit, unlock" for h in site.hosts]
-            return {"schema": "dsv4ctl.promote/1", "dry_run": True, "release": rid, "actions": lines}
         stamp = file_stamp()
+        hrel = f"evidence/{rid}/{stamp}"
+        from .steps import DRY_RUN_TOKEN
+        site.token = DRY_RUN_TOKEN if opts.dry_run else site.token
+        run = by_hand_steps(site, rid, po, hrel)
+        if opts.dry_run:
+            return {"schema": "dsv4ctl.promote/1", "dry_run": True, "release": rid, "actions": run.lines(),
+                    "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         edir = evidence_dir(opts.cache, rid, stamp)
-        results, bad = run_checks(profile, po, edir, opts.log)
+        results, bad = [], None
+        for st in run.of("check"):
+            E.trace(site, st)
+            r = run_check(st.extra["kind"], profile, po, edir, opts.log)
+            results.append(r)
+            if not r["passed"]:
+                bad = r
+                break
         try:
             E.acquire_locks(site, f"promote {rid}")
+            run = by_hand_steps(site, rid, po, hrel)
             summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "failed" if bad else "good",
                        "by_hand": True, "checks": results, "at": now_iso()}
-            hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
-            rec = {"action": "promote", "release": rid, "evidence": hrel}
+            for st in run.of("evidence"):
+                E.trace(site, st)
+            store_evidence(site, site.hosts, rid, stamp, edir, summary)
             if bad:
-                E.close_out(site, {**rec, "result": "failed", "failed_check": f"check {bad['check']}",
-                                   "detail": bad["reason"][:2000]},
+                E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "failed",
+                                   "failed_check": f"check {bad['check']}", "detail": bad["reason"][:2000]},
                             state={rid: {"state": "failed", "failed_at": now_iso(),
                                          "failed_check": f"check {bad['check']}", "evidence": hrel}})
                 raise VerdictError(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
                                    f"marked failed (rollback will not pick it); evidence in {edir}")
-            E.close_out(site, {**rec, "result": "ok"},
-                        state={rid: {"state": "good", "promoted_at": now_iso(), "promoted_by": E.who(),
-                                     "evidence": hrel}})
+            E.run_close(site, run.of("close"), {rid: {"state": "good", "promoted_at": now_iso(),
+                                                      "promoted_by": who(), "evidence": hrel}})
         finally:
             E.release_locks(site)
         return {"schema": "dsv4ctl.promote/1", "release": rid, "result": "good", "checks": results,

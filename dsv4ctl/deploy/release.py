@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..profile.deployment import as_deployment
 
 MTIME_BASE = 1_500_000_000  # 2017-07-14; content mtimes live in [base, base + 2**30)
 
@@ -307,3 +308,55 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load_release(final)
+
+
+# -- what a release is built from: the Deployment's tree, series, serve configs, launch spec --
+
+def launch_spec(profile) -> dict:
+    """{group: {role, host, port, cmd (template), env, model, router_args}} written to the
+    release's ``launch.json`` (the Deployment's ports, served models and launch templates; the
+    router gets ``--pd-disaggregation --prefill URL BOOTSTRAP --decode URL`` or ``--worker-urls``,
+    ops reference §1.1, §3.4). ``profile``: a Deployment (a Profile is resolved first)."""
+    dep = as_deployment(profile)
+    spec = {}
+    for g in dep.groups.values():
+        s = {"role": g.role, "host": g.group.host, "port": g.port, "cmd": g.launch_template, "env": g.env,
+             "model": g.served_model}
+        if g.role == "router":
+            words = []
+            if g.group.prefill or g.group.decode:
+                words.append("--pd-disaggregation")
+                for n in g.group.prefill:
+                    boot = dep.groups[n].bootstrap_port
+                    words += ["--prefill", dep.groups[n].url, str(boot if boot is not None else "none")]
+                for n in g.group.decode:
+                    words += ["--decode", dep.groups[n].url]
+            for n in g.group.workers:
+                words += ["--worker-urls", dep.groups[n].url]
+            s["router_args"] = words
+            s["model"] = next((spec[n]["model"] for n in g.group.decode + g.group.workers if n in spec), "default")
+        spec[g.name] = s
+    return spec
+
+
+def release_inputs(profile, tree: str | None, base_ref: str | None, patches: list[str] | None):
+    """(tree, base_ref, patch paths, {group: serve config bytes}, launch spec, series identity)
+    from the Deployment and CLI overrides. A series folder with a ``series`` file is read with
+    :func:`dsv4ctl.patches.ops.load_series` (validated; its identity goes into the release id);
+    an unset ``sglang.series`` ships no patches. InputError for missing pieces."""
+    dep = as_deployment(profile)
+    tree_p = dep.tree(tree, required=True)
+    base_ref = base_ref or dep.sglang.base_ref or "HEAD"
+    series_p = dep.sglang.series if not patches else None
+    ident = None
+    if series_p is not None and (series_p / "series").is_file():
+        from ..patches.ops import load_series      # the patch series with its identity
+        ls = load_series(series_p)
+        pl, ident = [ls.path(e) for e in ls.series.entries], ls.identity
+    else:
+        pl = series_patches(series_p if series_p and series_p.exists() else None,
+                            [Path(p) for p in patches] if patches else None)
+    configs = {g.name: g.serve.raw for g in dep.servers() if g.serve_config_path is not None}
+    return tree_p, base_ref, pl, configs, launch_spec(dep), ident
+
+

@@ -28,7 +28,7 @@ class Failure:
     reason: str
 
 
-async def _wait_one(session, t: Target, deadline: float, poll: float, loop) -> Failure | None:
+async def _wait_one(session, t: Target, deadline: float, poll: float, loop, timeout: float = 0) -> Failure | None:
     import aiohttp
     last = "no answer"
     next_alive = time.monotonic() + 1.0
@@ -50,7 +50,7 @@ async def _wait_one(session, t: Target, deadline: float, poll: float, loop) -> F
             if not ok:
                 return Failure(t.host, t.group, "server process exited")
         if now >= deadline:
-            return Failure(t.host, t.group, f"not healthy after the health timeout ({last})")
+            return Failure(t.host, t.group, f"not healthy after the health timeout of {timeout:g} s ({last})")
         await asyncio.sleep(poll)
 
 
@@ -88,10 +88,10 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as s:
-            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop) for t in workers)) if f]
+            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop, timeout) for t in workers)) if f]
             if fails:
                 return fails
-            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop) for t in chat)) if f]
+            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop, timeout) for t in chat)) if f]
             if fails:  # the router's own /health first
                 return fails
             return [f for f in await asyncio.gather(*(_chat(s, t, deadline, model, poll) for t in chat)) if f]

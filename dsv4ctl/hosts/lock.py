@@ -11,7 +11,7 @@ import os
 
 from ..errors import RemoteError
 from ..remote import q, who
-from .audit import now_iso
+from .audit import now_iso, stamped_json_cmd
 
 LOCK_HELD_CODE = 75     # exit status of the lock commands when another run holds the lock
 
@@ -51,9 +51,9 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
 
 
 def take_cmd(lock: str, holder_doc: dict, then: str = "") -> str:
-    """Shell: take ``lock`` (write ``holder.json``) and run ``then``; when held, print the holder
-    and exit LOCK_HELD_CODE."""
-    return (f"if mkdir {q(lock)} 2>/dev/null; then printf %s {q(json.dumps(holder_doc))} > "
+    """Shell: take ``lock`` (write ``holder.json``; its ``since`` is the host's clock) and run
+    ``then``; when held, print the holder and exit LOCK_HELD_CODE."""
+    return (f"if mkdir {q(lock)} 2>/dev/null; then {stamped_json_cmd(holder_doc, key='since')} > "
             f"{q(lock + '/holder.json')}; else cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
             f"exit {LOCK_HELD_CODE}; fi" + (f"; {then}" if then else ""))
 

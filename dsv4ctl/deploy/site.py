@@ -1,0 +1,130 @@
+"""The deploy site: the Deployment's hosts as the engine and the step builders see them —
+transports (opened lazily), deploy roots, interpreters and the facts read from each host — plus
+the small pure rules every phase shares (start order, launch commands, link bases)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import RemoteError
+from ..hosts.layout import HostFacts, Paths, STATE_SCHEMA, read_facts, render_launch
+from ..profile.deployment import Deployment, as_deployment
+from ..remote import Transport, connect, q, read_text, run_parallel
+
+
+@dataclass
+class Options:
+    """Knobs shared by deploy / rollback / releases."""
+
+    dry_run: bool = False
+    accept_new_host_keys: bool = False
+    health_timeout: float | None = None
+    break_lock: bool = False
+    connect_timeout: float = 10.0
+    host_timeout: float | None = 3600.0
+    cache: Path | None = None
+    log: Callable[[str], None] = lambda s: None
+    progress: Callable[[str, int, int], None] | None = None   # (host, bytes_done_pct, 100)
+    trace: Callable[[object], None] | None = None   # called with every Step the engine executes
+    steps: Callable[[list], None] | None = None     # called with the step list a run executes
+
+
+@dataclass
+class Site:
+    """One run's view of the hosts. ``profile`` is the :class:`Deployment`."""
+
+    profile: Deployment
+    opts: Options
+    transports: dict[str, Transport] = field(default_factory=dict)
+    paths: dict[str, Paths] = field(default_factory=dict)
+    python: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    token: str = ""
+    unlocked: set = field(default_factory=set)
+    locked_steps: list = field(default_factory=list)        # the lock steps this run executed
+    manifests: dict = field(default_factory=dict)           # release id -> MANIFEST.json (local cache)
+    manifest_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.transports)
+
+    def close(self):
+        for t in self.transports.values():
+            t.close()
+
+
+def open_site(profile, opts: Options) -> Site:
+    """Transports (not yet connected) and deploy roots for every host of the Deployment (a
+    Profile is resolved first)."""
+    dep = as_deployment(profile)
+    s = Site(dep, opts)
+    for name, h in dep.hosts.items():
+        s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
+                                     connect_timeout=opts.connect_timeout, hosts=dep.hosts)
+        s.paths[name] = Paths(dep.host_root(name))
+        s.python[name] = dep.deploy.python
+    return s
+
+
+def raise_failed(res: dict, what: str, cls=RemoteError):
+    bad = [r for r in res.values() if not r.ok]
+    if bad:
+        raise cls(f"{what} failed on {len(bad)} host(s): " + "; ".join(r.error for r in bad))
+
+
+def gather_facts(site: Site) -> dict[str, HostFacts]:
+    """Read every host's facts in parallel; RemoteError naming each failing host."""
+    res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
+                       timeout=site.opts.connect_timeout + 60)
+    raise_failed(res, "reading host state")
+    site.facts = {h: r.value for h, r in res.items()}
+    return site.facts
+
+
+
+def health_timeout(site: Site) -> float:
+    if site.opts.health_timeout is not None:
+        return site.opts.health_timeout
+    return site.profile.deploy.health_timeout_s
+
+
+def host_groups(spec: dict, host: str) -> list[str]:
+    """Groups of ``spec`` on ``host`` in start order: servers first, then the router; by name
+    (the order does not depend on how the launch spec was read)."""
+    return sorted((g for g, s in spec.items() if s["host"] == host), key=lambda g: (spec[g]["role"] == "router", g))
+
+
+def start_command(site: Site, host: str, rid: str, group: str, s: dict) -> str:
+    p = site.paths[host]
+    rd = p.release(rid)
+    values = {"python": site.python[host], "release": rd, "tree": f"{rd}/tree",
+              "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
+              "address": site.profile.hosts[host].address,
+              "router_args": " ".join(q(w) for w in s.get("router_args", []))}
+    return render_launch(s["cmd"], values)
+
+
+def read_spec(t: Transport, site: Site, rid: str) -> dict:
+    txt = read_text(t, site.paths[t.name].release(rid) + "/launch.json", default=None)
+    if txt is None:
+        raise RemoteError(f"{t.name}: release {rid} has no launch.json")
+    return json.loads(txt)
+
+
+def link_bases(f: HostFacts, rid: str, limit: int = 19) -> list[str]:
+    """Release ids to hard-link unchanged files from: current, previous, then newest others."""
+    order = [r for r in (f.current, f.previous) if r and r in f.releases and r != rid]
+    others = sorted((r for r in f.releases if r not in order and r != rid), key=lambda r: f.when(r), reverse=True)
+    return (order + others)[:limit]
+
+
+def state_doc(f: HostFacts) -> bytes:
+    f.state["schema"] = STATE_SCHEMA
+    return (json.dumps(f.state, indent=1, sort_keys=True) + "\n").encode()
+
+

@@ -1,0 +1,324 @@
+"""Steps of deploy, rollback and promote: the builders that turn a site's facts into the exact list
+a run executes. ``--dry-run`` prints this list (``-v``: with every command); the engine executes
+the same list, built by the same functions, and nothing else builds a host command of these runs.
+
+A :class:`Step` is one thing done on one host (or one HTTP probe, or one local check child):
+
+* ``lock``   ``mkdir <root>/.lock`` with ``holder.json``, plus the host's facts in the same round trip;
+* ``push``   the release into ``releases/.incoming-<id>``, verified and renamed on the host
+  (:mod:`dsv4ctl.deploy.push`; its rsync/tar and verify commands are that one step);
+* ``switch`` stop the host's groups (old and new), re-point ``previous``/``current``, start the
+  new release's groups — one shell command;
+* ``gate``   ``GET /health`` of a worker, ``POST /v1/chat/completions`` through the router;
+* ``check``  a ``dsv4ctl check`` child (promote);
+* ``close``  prune, state.json (atomic; the document on stdin), one audit line (its ``ts`` is the
+  host's clock when it runs), unlock — one shell command.
+
+Commands hold no value that changes between building and running (the audit time is taken on
+the host), so a run's executed commands are exactly its listed ones (tests/test_steps_equal.py)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from ..hosts.audit import append_cmd, now_iso, record_fields
+from ..hosts.layout import HostFacts, Paths, facts_command, select_prune
+from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
+from ..hosts.service import backend
+from ..profile.deployment import http_url
+from ..remote import atomic_write_cmd, q
+from .site import Site, health_timeout, host_groups, link_bases, start_command
+
+
+#: The lock token a dry run shows (a run's is random, 16 hex digits).
+DRY_RUN_TOKEN = "dry-run"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step. ``host``: the host it runs on (a gate step: the group's host; a check: ``local``);
+    ``cmd``: the exact command (a host's shell command; ``GET url`` / ``POST url`` for a gate
+    probe; the argv of a check child); None for a push (see the module docstring)."""
+
+    phase: str
+    host: str
+    summary: str
+    cmd: str | None = None
+    stage: str = ""
+    extra: dict = field(default_factory=dict, compare=False)   # what the engine needs besides cmd
+
+    def line(self, verbose: bool = False) -> str:
+        """``host: [stage] summary``; with ``verbose`` the command follows, indented."""
+        s = f"{self.host}: " + (f"[{self.stage}] " if self.stage else "") + self.summary
+        if verbose and self.cmd:
+            s += "\n    $ " + self.cmd.replace("\n", "\n      ")
+        return s
+
+    def to_dict(self) -> dict:
+        return {"phase": self.phase, "host": self.host, "stage": self.stage, "summary": self.summary,
+                "cmd": self.cmd}
+
+
+_ENV_WORD = __import__("re").compile(r"(?P<pre>(?:^|[\s'\"]))(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s'\"]+)")
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the value of every ``NAME=value`` word whose name looks secret (token, key,
+    password, …: :func:`dsv4ctl.serve.edit.is_secret_key`) replaced by ``***``."""
+    from ..serve.edit import MASK, is_secret_key
+    return _ENV_WORD.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
+                         else f"{m.group('pre')}{m.group('key')}={MASK}", text)
+
+
+def listing(steps: list[Step], verbose: bool = False) -> list[str]:
+    """The lines ``--dry-run`` prints for ``steps`` (in order)."""
+    return [s.line(verbose) for s in steps]
+
+
+# -- switch ------------------------------------------------------------------------------------
+
+def switch_cmd(p: Paths, rid: str | None, prev: str | None) -> str:
+    """Atomic switch: ``previous`` then ``current`` re-pointed by rename of a fresh symlink
+    (``rid`` None removes ``current``: nothing was active before the first deploy)."""
+    parts = [f"cd {q(p.root)}"]
+    if prev:
+        parts.append(f"ln -sfn releases/{q(prev)} .previous.tmp && mv -T .previous.tmp previous")
+    else:
+        parts.append("rm -f previous")
+    if rid:
+        parts.append(f"ln -sfn releases/{q(rid)} .current.tmp && mv -T .current.tmp current")
+    else:
+        parts.append("rm -f current")
+    return " && ".join(parts)
+
+
+def stop_groups(spec: dict | None, stop_spec: dict | None, host: str) -> list[str]:
+    """Groups the switch of ``host`` stops: those of the running release (``stop_spec``) and of
+    the new one (``spec``), the router first (it stops taking requests before its workers go)."""
+    spec, stop_spec = spec or {}, stop_spec or {}
+    stop = set(host_groups(stop_spec, host)) | set(host_groups(spec, host))
+    role = lambda g: (spec.get(g) or stop_spec.get(g) or {}).get("role")  # noqa: E731
+    return sorted(stop, key=lambda g: (role(g) != "router", g))
+
+
+def activate_cmd(site: Site, host: str, rid: str | None, prev: str | None,
+                 spec: dict | None, stop_spec: dict | None) -> str:
+    """One shell command: stop :func:`stop_groups`, switch ``current``/``previous`` atomically,
+    start the groups of ``spec`` (servers first)."""
+    f, p = site.facts[host], site.paths[host]
+    svc = backend(site.profile.deploy.service, f.systemd)
+    parts = [svc.stop_cmd(p, g) for g in stop_groups(spec, stop_spec, host)]
+    parts.append(switch_cmd(p, rid, prev))
+    if rid:
+        for g in host_groups(spec or {}, host):
+            s_ = spec[g]
+            parts.append(svc.start_cmd(p, g, rid, start_command(site, host, rid, g, s_), s_.get("env", {})))
+    return " && ".join(f"( {x} )" for x in parts)
+
+
+def next_previous(f: HostFacts, rid: str) -> str | None:
+    """What ``previous`` points at after switching the host of ``f`` to ``rid``: the current
+    release, unless it is ``rid`` itself (then ``previous`` stays)."""
+    return f.current if f.current and f.current != rid else f.previous
+
+
+def switch_step(site: Site, host: str, rid: str | None, prev: str | None, spec: dict | None,
+                stop_spec: dict | None, stage: str = "", frm: str | None = "") -> Step:
+    """The switch of ``host`` to ``rid`` (None: remove ``current``) with ``previous`` -> ``prev``;
+    ``frm``: what ``current`` points at then (default: what the facts say)."""
+    f, p = site.facts[host], site.paths[host]
+    frm = f.current if frm == "" else frm
+    svc = backend(site.profile.deploy.service, f.systemd)
+    stops = stop_groups(spec, stop_spec, host)
+    starts = host_groups(spec or {}, host) if rid else []
+    summary = (f"switch {p.current}: {frm or '(none)'} -> {rid or '(none)'} (previous -> {prev or '(none)'})"
+               + (f"; stop {', '.join(stops)}" if stops else "")
+               + (f"; start {', '.join(starts)} ({svc.name})" if starts else ""))
+    return Step("switch", host, summary, activate_cmd(site, host, rid, prev, spec, stop_spec), stage,
+                extra={"rid": rid, "prev": prev})
+
+
+# -- gate --------------------------------------------------------------------------------------
+
+def gate_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tuple[list, list, str]:
+    """([(host, group, url)] workers, [(host, group, url)] chat targets, model) of a launch spec:
+    workers are the server groups; chat goes through the router group(s), else through the
+    decode/colocated groups. ``hosts``: only groups on these hosts (a promotion canary)."""
+    workers, routers = [], []
+    order = {h: i for i, h in enumerate(site.hosts)}
+    for g, s in sorted(spec.items(), key=lambda kv: (order.get(kv[1]["host"], len(order)), kv[0])):
+        h = s["host"]
+        if hosts is not None and h not in hosts:
+            continue
+        tgt = (h, g, http_url(site.profile.hosts[h].address, s["port"]))
+        (routers if s["role"] == "router" else workers).append(tgt)
+    chat = routers or [w for w in workers if spec[w[1]]["role"] in ("decode", "colocated")]
+    model = next((spec[c[1]]["model"] for c in chat), "default")
+    return workers, chat, model
+
+
+def gate_steps(site: Site, spec: dict, hosts: list[str] | None = None, stage: str = "") -> list[Step]:
+    """The health gate of ``spec`` (see :func:`dsv4ctl.hosts.health.gate`): every worker's
+    ``/health``, then one 1-token chat completion per chat target."""
+    workers, chat, model = gate_targets(site, spec, hosts)
+    t = health_timeout(site)
+    out = [Step("gate", h, f"wait for GET {u}/health = 200 (group {g}, timeout {t:g} s)", f"GET {u}/health", stage,
+                extra={"group": g, "url": u, "kind": "health"}) for h, g, u in workers]
+    out += [Step("gate", h, f"POST {u}/v1/chat/completions (model {model}, max_tokens 1, group {g}) "
+                            "once the workers are healthy", f"POST {u}/v1/chat/completions", stage,
+                 extra={"group": g, "url": u, "kind": "chat", "model": model}) for h, g, u in chat]
+    return out
+
+
+# -- lock, push, close -------------------------------------------------------------------------
+
+def lock_step(site: Site, host: str, what: str) -> Step:
+    """Take ``host``'s lock (its holder carries ``site.token``) and read its facts in the same
+    round trip; with ``--break-lock`` a held lock is removed first, audited with its holder (as
+    the facts read before it say)."""
+    p, f = site.paths[host], site.facts.get(host)
+    pre = ""
+    summary = f"lock {p.lock}"
+    if site.opts.break_lock:
+        old = holder_text(f.lock) if f is not None and f.lock else "unknown holder"
+        rec = record_fields(host, "break-lock", "ok", f"removed lock held by {old}")
+        pre = f"if [ -d {q(p.lock)} ]; then rm -rf {q(p.lock)} && {append_cmd(p.audit, rec)}; fi; "
+        summary += " (breaking the current lock first)"
+    cmd = f"{pre}mkdir -p {q(p.releases)} && " + take_cmd(p.lock, holder(what, site.token), facts_command(p.root))
+    return Step("lock", host, summary, cmd)
+
+
+def push_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
+    """Push ``rid`` to ``host`` (or say it is already there)."""
+    from .push import use_rsync
+    f, p = site.facts[host], site.paths[host]
+    if rid in f.releases:
+        return Step("push", host, f"release {rid} already present: no push", None, stage)
+    bases = link_bases(f, rid)
+    how = "rsync" if use_rsync(f) else "hard-link copy + changed files (tar)"
+    return Step("push", host, f"push {rid} to {p.incoming(rid)} with {how}"
+                              + (f", reusing {', '.join(bases)}" if bases else "")
+                              + f"; verify the manifest on the host, rename to {p.release(rid)}", None, stage)
+
+
+def incoming_rm(p: Paths, rid: str) -> str:
+    """Shell: remove ``.incoming-<rid>`` and its ``.delta-*`` side folders."""
+    return f"rm -rf {q(p.incoming(rid))} {q(p.incoming(rid))}.delta-*"
+
+
+def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: str | None) -> str:
+    """Shell: remove ``cleanup``'s incoming folders, delete the ``prune`` releases, write
+    state.json from stdin (atomic), append ``record`` to the audit log, drop this run's lock."""
+    p = site.paths[host]
+    parts = []
+    if cleanup:
+        parts.append(incoming_rm(p, cleanup))
+    for r in prune:
+        trash = p.releases + "/.trash-" + r
+        parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
+    parts.append(atomic_write_cmd(p.state))
+    parts.append(append_cmd(p.audit, record))
+    parts.append(f"({release_cmd(p.lock, site.token)})")
+    return " && ".join(parts)
+
+
+def close_step(site: Site, host: str, record: dict, *, state: dict | None = None, prune: list[str] = (),
+               cleanup: str | None = None) -> Step:
+    """The last round trip on ``host``. ``record``: audit fields (action, result, detail, …; the
+    host and operator are added); ``state``: {release id: fields} the state.json document gets."""
+    rec = record_fields(host, **record)
+    if prune or "pruned" in record:
+        rec["pruned"] = list(prune)
+    marks = ", ".join(f"{rid} {kv['state']}" for rid, kv in (state or {}).items() if "state" in kv)
+    summary = ("close: " + (f"mark {marks}; " if marks else "") + (f"prune {', '.join(prune)}; " if prune else "")
+               + (f"remove {site.paths[host].incoming(cleanup)}; " if cleanup else "")
+               + f"audit {record['action']} {record['result']}; unlock")
+    return Step("close", host, summary, close_cmd(site, host, rec, list(prune), cleanup),
+                extra={"prune": list(prune), "record": rec})
+
+
+def prune_after_switch(f: HostFacts, rid: str, keep: int) -> list[str]:
+    """Releases the close-out deletes on the host of ``f`` once ``rid`` is active there and good:
+    oldest first beyond ``keep``, never current/previous (:func:`select_prune` on the facts as
+    they will be)."""
+    g = copy.deepcopy(f)
+    g.releases.setdefault(rid, {"id": rid})
+    g.previous, g.current = next_previous(f, rid), rid
+    g.state.setdefault("releases", {}).setdefault(rid, {}).update(state="good", activated_at=now_iso())
+    return select_prune(g, keep)
+
+
+# -- whole runs --------------------------------------------------------------------------------
+
+@dataclass
+class RunSteps:
+    """A run's steps: ``steps`` in order (the success path), ``on_failure`` what a failed gate or
+    an interrupt runs instead of the rest (the switched hosts put back, the release marked)."""
+
+    steps: list[Step]
+    on_failure: list[Step]
+    notes: list[str] = field(default_factory=list)     # printed first (why the steps are what they are)
+
+    def lines(self, verbose: bool = False) -> list[str]:
+        out = list(self.notes) + listing(self.steps, verbose)
+        if self.on_failure:
+            out.append("on a failed gate, check or an interrupt, instead (the hosts that switched):")
+            out += ["  " + ln for ln in listing(self.on_failure, verbose)]
+        return out
+
+    def of(self, phase: str, stage: str | None = None) -> list[Step]:
+        return [s for s in self.steps if s.phase == phase and (stage is None or s.stage == stage)]
+
+
+def nothing_to_do(site: Site, rid: str) -> bool:
+    """True when ``rid`` is already the active, good release on every host."""
+    return all(site.facts[h].current == rid and site.facts[h].good(rid) for h in site.hosts)
+
+
+def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str = "") -> list[Step]:
+    """Put ``hosts`` back from ``rid`` onto the release (and ``previous``) they run now."""
+    out = []
+    for h in hosts:
+        f = site.facts[h]
+        out.append(switch_step(site, h, f.current, f.previous, f.current_launch, spec, stage, frm=rid))
+    return out
+
+
+def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True) -> RunSteps:
+    """Every step of ``deploy`` of ``rid`` (launch spec ``spec``) from the hosts' facts. With
+    ``locked`` the lock steps are left out (they ran already: the facts came with the locks)."""
+    hosts = site.hosts
+    locks = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
+    if nothing_to_do(site, rid):
+        return RunSteps(locks + [close_step(site, h, {"action": "deploy", "release": rid, "result": "ok",
+                                                      "detail": "already active", "from": rid})
+                                 for h in hosts], [])
+    keep = site.profile.deploy.keep_releases
+    steps = locks + [push_step(site, h, rid) for h in hosts]
+    steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch)
+              for h in hosts]
+    steps += gate_steps(site, spec)
+    steps += [close_step(site, h, {"action": "deploy", "release": rid, "result": "ok", "detail": "",
+                                   "from": site.facts[h].current},
+                         state={rid: {"state": "good"}}, prune=prune_after_switch(site.facts[h], rid, keep))
+              for h in hosts]
+    fail = revert_steps(site, hosts, rid, spec)
+    fail += [Step("close", h, f"close: mark {rid} failed; audit deploy rolled-back (or interrupted) with the "
+                              "reason; unlock") for h in hosts]
+    return RunSteps(steps, fail)
+
+
+def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True) -> RunSteps:
+    """Every step of ``rollback`` to ``target`` (its launch spec ``spec``, read from the hosts)."""
+    hosts = site.hosts
+    steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
+    steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch)
+              for h in hosts]
+    steps += gate_steps(site, spec)
+    steps += [close_step(site, h, {"action": "rollback", "release": target, "result": "ok", "detail": "",
+                                   "from": site.facts[h].current}, state={target: {"state": "good"}})
+              for h in hosts]
+    fail = revert_steps(site, hosts, target, spec)
+    fail += [Step("close", h, "close: audit rollback failed (or interrupted) with the reason; unlock") for h in hosts]
+    return RunSteps(steps, fail)

@@ -1,0 +1,203 @@
+"""Dry run = the run: a real deploy / rollback / promote on local hosts executes exactly the steps
+its ``--dry-run`` lists, command for command, and every executed step's command really reached
+the host's transport.
+
+Each case runs the dry run first (steps A), then the real run with ``Options.steps`` (the list the
+run built after taking its locks: steps B) and ``Options.trace`` (each step as the engine ran
+it: E), while every command given to a host transport is recorded (raw). Asserted:
+
+* A == B, except the lock token (a dry run takes no lock: ``dry-run``);
+* E == B's success path, per host in order (hosts run in parallel), gate/check steps included;
+* every executed host command (lock, switch, close) is among the raw commands of its host.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from dsv4ctl.deploy import engine
+from dsv4ctl.deploy.promote import PromoteOptions, promote_by_hand
+from dsv4ctl.deploy.site import Options
+from dsv4ctl.deploy.steps import DRY_RUN_TOKEN
+from dsv4ctl.profile.deployment import load_deployment
+from dsv4ctl.remote.transport import LocalTransport
+from tests.test_golden import LocalWorld, needs_rsync
+
+
+class Recorder:
+    """Every command run on a LocalTransport, per host (the transport's name)."""
+
+    def __init__(self, monkeypatch):
+        self.raw: dict[str, list[str]] = defaultdict(list)
+        self.lock = threading.Lock()
+        orig = LocalTransport.run
+
+        def run(t, cmd, **kw):
+            with self.lock:
+                self.raw[t.name].append(cmd)
+            return orig(t, cmd, **kw)
+        monkeypatch.setattr(LocalTransport, "run", run)
+
+
+def _opts(w: LocalWorld, **kw) -> Options:
+    return Options(cache=w.tmp / "cache", **kw)
+
+
+def _key(s) -> tuple:
+    d = s if isinstance(s, dict) else s.to_dict()
+    return d["phase"], d["host"], d["stage"], d["summary"], d["cmd"]
+
+
+def _by_host(steps) -> dict[str, list]:
+    out: dict[str, list] = defaultdict(list)
+    for s in steps:
+        out[s.host].append(_key(s))
+    return dict(out)
+
+
+def check_equal(dry: dict, planned, executed: list, rec: Recorder, token: str) -> None:
+    listed = [_key(s) for s in planned.steps]
+    dry_listed = [_key(s) for s in dry["steps"]]
+    assert dry_listed == [tuple(x.replace(token, DRY_RUN_TOKEN) if isinstance(x, str) else x for x in k) for k in listed]
+    assert _by_host(executed) == _by_host(planned.steps)
+    assert len(executed) == len(planned.steps)
+    for s in executed:
+        if s.phase in ("lock", "switch", "close"):
+            assert s.cmd in rec.raw[s.host], f"{s.host}: {s.summary}: command not run on the host"
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = LocalWorld(tmp_path, keep=2)
+    yield w
+    w.stop_services()
+
+
+@pytest.fixture
+def promote_world(tmp_path):
+    """LocalWorld whose servers are the DSV4 stand-in of tests/standin (real tool calls, so the
+    promotion's checks pass), behind the tests/sshd stand-in router."""
+    from tests.sshd.promote_world import STANDIN
+    w = LocalWorld(tmp_path, keep=2)
+    w.prof["deploy"]["launch"]["server"] = STANDIN
+    w.profile = w.write_profile("profile.yaml", w.prof)
+    yield w
+    w.stop_services()
+
+
+def _run(fn, w: LocalWorld, *args, **kw):
+    planned, executed = [], []
+    opts = _opts(w, steps=planned.append, trace=executed.append)
+    rep = fn(load_deployment(w.profile), opts, *args, **kw)
+    assert len(planned) == 1
+    return rep, planned[0], executed
+
+
+def _token(planned) -> str:
+    """The run's lock token (in every lock holder and close command)."""
+    lock = next(s for s in planned.steps if s.phase == "lock")
+    return lock.cmd.split('"token":"')[1].split('"')[0]
+
+
+@needs_rsync
+@pytest.mark.parametrize("push", ["rsync", "copy"])
+def test_deploy_runs_exactly_its_dry_run(world, monkeypatch, push):
+    monkeypatch.setenv("DSV4CTL_PUSH", push)
+    w = world
+    dry = engine.deploy(load_deployment(w.profile), _opts(w, dry_run=True))
+    rec = Recorder(monkeypatch)
+    rep, planned, executed = _run(engine.deploy, w)
+    assert rep["result"] == "ok" and rep["release"] == dry["release"]
+    assert all(("with rsync" in s.summary) == (push == "rsync") for s in planned.of("push"))
+    check_equal(dry, planned, executed, rec, _token(planned))
+    assert [s.phase for s in executed if s.host == "h0"] == ["lock", "push", "switch", "gate", "close"]
+
+
+@needs_rsync
+def test_second_and_third_deploy_stop_removed_groups_and_prune(world, monkeypatch):
+    """Release B drops the router (h2 stops it); release C prunes A (keep_releases 2)."""
+    w = world
+    assert engine.deploy(load_deployment(w.profile), _opts(w))["result"] == "ok"
+    time.sleep(1.05 - time.time() % 1)
+    prof = json.loads(json.dumps(w.prof))
+    prof["groups"] = [g for g in prof["groups"] if g["role"] != "router"]
+    p = w.write_profile("no-router.yaml", prof)
+    dry = engine.deploy(load_deployment(p), _opts(w, dry_run=True), patches=[str(w.patch1)])
+    rec = Recorder(monkeypatch)
+    planned, executed = [], []
+    rep = engine.deploy(load_deployment(p), _opts(w, steps=planned.append, trace=executed.append),
+                        patches=[str(w.patch1)])
+    assert rep["result"] == "ok"
+    check_equal(dry, planned[0], executed, rec, _token(planned[0]))
+    h2 = next(s for s in executed if s.host == "h2" and s.phase == "switch")
+    assert "stop router" in h2.summary and "start" not in h2.summary
+    time.sleep(1.05 - time.time() % 1)
+    dry = engine.deploy(load_deployment(p), _opts(w, dry_run=True), patches=[str(w.patch2)])
+    pruned = [s for s in dry["steps"] if s["phase"] == "close"]
+    assert all(f"prune {rep['hosts']['h0']['from']}" in s["summary"] for s in pruned)
+    planned, executed = [], []
+    rep3 = engine.deploy(load_deployment(p), _opts(w, steps=planned.append, trace=executed.append),
+                         patches=[str(w.patch2)])
+    check_equal(dry, planned[0], executed, rec, _token(planned[0]))
+    first = rep["hosts"]["h0"]["from"]
+    assert rep3["hosts"]["h0"]["pruned"] == [first]
+    assert not (w.roots["h0"] / "releases" / first).exists()
+
+
+@needs_rsync
+def test_rollback_runs_exactly_its_dry_run(world, monkeypatch):
+    w = world
+    a = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
+    time.sleep(1.05 - time.time() % 1)
+    b = engine.deploy(load_deployment(w.profile), _opts(w), patches=[str(w.patch1)])["release"]
+    dry = engine.rollback(load_deployment(w.profile), _opts(w, dry_run=True))
+    assert dry["release"] == a
+    rec = Recorder(monkeypatch)
+    rep, planned, executed = _run(engine.rollback, w)
+    assert rep["result"] == "ok" and rep["hosts"]["h0"] == {"from": b, "to": a}
+    check_equal(dry, planned, executed, rec, _token(planned))
+
+
+@needs_rsync
+def test_promote_runs_exactly_its_dry_run(promote_world, monkeypatch):
+    """``deploy --promote``: canary (decode host), checks against the router, the rest, smoke."""
+    w = promote_world
+    assert engine.deploy(load_deployment(w.profile), _opts(w))["result"] == "ok"
+    time.sleep(1.05 - time.time() % 1)
+    po = lambda: PromoteOptions(concurrency="4", turns=1, min_requests=4, max_corruption=0.6)  # noqa: E731
+    dry = engine.deploy(load_deployment(w.profile), _opts(w, dry_run=True), patches=[str(w.patch1)], promote=po())
+    rec = Recorder(monkeypatch)
+    planned, executed = [], []
+    rep = engine.deploy(load_deployment(w.profile), _opts(w, steps=planned.append, trace=executed.append),
+                        patches=[str(w.patch1)], promote=po())
+    assert rep["result"] == "ok" and rep["promotion"]["canary"] == ["h1"]
+    # the evidence stamp is taken when the steps are built: the dry run's differs
+    stamp = planned[0].of("evidence")[0].summary.rsplit("/", 2)[-2]
+    dstamp = next(s for s in dry["steps"] if s["phase"] == "evidence")["summary"].rsplit("/", 2)[-2]
+    for s in dry["steps"]:
+        for k in ("summary", "cmd"):
+            if s[k]:
+                s[k] = s[k].replace(dstamp, stamp)
+    check_equal(dry, planned[0], executed, rec, _token(planned[0]))
+    assert [s.stage for s in executed if s.phase == "check"] == ["canary", "canary", "rest"]
+
+
+@needs_rsync
+def test_promote_by_hand_runs_exactly_its_dry_run(promote_world, monkeypatch):
+    w = promote_world
+    rid = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
+    po = PromoteOptions(concurrency="4", turns=1, min_requests=4, max_corruption=0.6)
+    dry = promote_by_hand(load_deployment(w.profile), _opts(w, dry_run=True), rid, po)
+    rec = Recorder(monkeypatch)
+    planned, executed = [], []
+    opts = _opts(w, steps=planned.append, trace=executed.append)
+    rep = promote_by_hand(load_deployment(w.profile), opts, rid, po)
+    assert rep["result"] == "good"
+    assert [s.phase for s in executed if s.host in ("local", "h0")] == ["check", "check", "lock", "evidence", "close"]
+    assert all(s.cmd in rec.raw[s.host] for s in executed if s.phase in ("lock", "close"))
+    assert [(s["phase"], s["host"]) for s in dry["steps"]] == [(s.phase, s.host) for s in executed]
