@@ -18,7 +18,7 @@ from dsv4ctl.hosts.layout import (HostFacts, Paths, choose_rollback_target, fact
                                    render_launch, select_prune)
 from dsv4ctl.hosts.service import GROUP_RUNNING_FN, Launcher, Systemd, backend, log_tail_cmd
 from dsv4ctl.errors import InputError
-from dsv4ctl.deploy.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, parse_series, patch_paths,
+from dsv4ctl.deploy.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, patch_paths,
                              release_id, series_patches)
 from dsv4ctl.remote import LocalTransport
 from tests.sshd.world import git, make_patch, make_tree
@@ -42,8 +42,7 @@ def test_content_mtime():
     assert content_mtime("abc12345" + "0" * 56) == content_mtime("abc12345" + "f" * 56)
 
 
-def test_parse_series_and_patch_paths():
-    assert parse_series("# c\n0001-a.patch\n\n0002-b.patch -p1 # x\n") == ["0001-a.patch", "0002-b.patch"]
+def test_patch_paths():
     text = ("diff --git a/x/y.py b/x/y.py\n--- a/x/y.py\n+++ b/x/y.py\n@@ -1 +1 @@\n-a\n+b\n"
             "diff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n"
             "diff --git a/o.py b/n.py\nsimilarity index 100%\nrename from o.py\nrename to n.py\n")
@@ -54,15 +53,15 @@ def test_series_patches(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "b.patch").write_text("")
     (tmp_path / "s" / "a.patch").write_text("")
-    assert [p.name for p in series_patches(tmp_path / "s")] == ["a.patch", "b.patch"]
-    (tmp_path / "s" / "series").write_text("b.patch\na.patch\n")
-    assert [p.name for p in series_patches(tmp_path / "s")] == ["b.patch", "a.patch"]
-    (tmp_path / "s" / "series").write_text("c.patch\n")
-    with pytest.raises(InputError, match="patch 'c.patch' listed but not found"):
+    assert [p.name for p in series_patches(tmp_path / "s")[0]] == ["a.patch", "b.patch"]
+    (tmp_path / "s" / "series").write_text("base sglang==0.5.23\nc.patch\n")
+    with pytest.raises(InputError, match=r"series:2: c.patch: no such file in"):
         series_patches(tmp_path / "s")
     with pytest.raises(InputError, match="patch file not found"):
         series_patches(None, [tmp_path / "nope.patch"])
-    assert series_patches(None) == []
+    with pytest.raises(InputError, match="patch series folder not found"):
+        series_patches(tmp_path / "nope")
+    assert series_patches(None) == ([], None)
 
 
 def test_manifest_diff():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -96,7 +95,8 @@ def run(
         if state.playbook != pb.name:
             raise InputError(f"--resume {resume}: that run is of runbook {state.playbook!r}, not {pb.name!r}")
     else:
-        run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{pb.name}"
+        from ..hosts.audit import file_stamp
+        run_id = file_stamp() + f"-{pb.name}"
         run_dir = report_dir or _state_root() / run_id
         state = RunState(pb.name, run_id)
     scratch = None

@@ -21,11 +21,11 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..hosts.audit import now_iso
 from ..profile.deployment import as_deployment
 
 MTIME_BASE = 1_500_000_000  # 2017-07-14; content mtimes live in [base, base + 2**30)
@@ -54,17 +54,6 @@ def content_mtime(sha256_hex: str) -> int:
     return MTIME_BASE + int(sha256_hex[:8], 16) % (1 << 30)
 
 
-def parse_series(text: str) -> list[str]:
-    """Patch names from a ``series`` file (docs/patch.md): one per line, ``#`` comments, blank
-    lines and the ``base sglang==VERSION`` header skipped, facts/options after the name ignored."""
-    out = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and line.split()[0] != "base":
-            out.append(line.split()[0])
-    return out
-
-
 def manifest_diff(old: dict, new: dict) -> dict[str, list[str]]:
     """{added, changed, removed, same}: paths of two ``MANIFEST.json['files']`` maps."""
     a = sorted(p for p in new if p not in old)
@@ -76,33 +65,27 @@ def manifest_diff(old: dict, new: dict) -> dict[str, list[str]]:
 
 # -- inputs ------------------------------------------------------------------------------------
 
-def series_patches(series: Path | None, patches: list[Path] | None = None) -> list[Path]:
-    """The patch files of a series: explicit ``patches`` win; else ``series/series`` order;
-    else ``series/*.patch`` sorted. InputError for a missing file or folder."""
+def series_patches(series: Path | None, patches: list[Path] | None = None) -> tuple[list[Path], str | None]:
+    """(patch files in order, series identity) of what a release applies: explicit ``patches``
+    win (no identity); else a folder with a ``series`` file, read and validated by
+    :func:`dsv4ctl.patches.ops.load_series` (the one series reader; its identity goes into the
+    release id); else the folder's ``*.patch`` sorted; none for no folder. InputError for a
+    missing file or folder, and the series file's own errors."""
     if patches:
         for p in patches:
             if not Path(p).is_file():
                 raise InputError(f"{p}: patch file not found")
-        return [Path(p) for p in patches]
+        return [Path(p) for p in patches], None
     if series is None:
-        return []
+        return [], None
     series = Path(series)
-    if not series.exists():
+    if not series.is_dir():
         raise InputError(f"{series}: patch series folder not found")
-    if series.is_file():
-        names = parse_series(series.read_text())
-        base = series.parent
-    elif (series / "series").is_file():
-        names = parse_series((series / "series").read_text())
-        base = series
-    else:
-        return sorted(series.glob("*.patch"))
-    out = []
-    for n in names:
-        if not (base / n).is_file():
-            raise InputError(f"{base / 'series'}: patch {n!r} listed but not found")
-        out.append(base / n)
-    return out
+    if (series / "series").is_file():
+        from ..patches.ops import load_series
+        ls = load_series(series)
+        return [ls.path(e) for e in ls.series.entries], ls.identity
+    return sorted(series.glob("*.patch")), None
 
 
 def _git(tree: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -196,6 +179,17 @@ def _scan(root: Path, rels=None) -> tuple[dict, dict]:
     return files, links
 
 
+def _place(tmp: Path, final: Path, marker: str) -> None:
+    """Rename the finished folder ``tmp`` to ``final``; when a concurrent run placed a complete one
+    first (its ``marker`` file exists), drop ``tmp`` and keep that one. OSError otherwise."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / marker).is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def export_base(tree: Path, commit: str, cache: Path) -> Path:
     """``git archive`` of ``commit`` once per commit into ``cache/../exports/<commit>/`` with
     content mtimes and a hash table (``hashes.json``); releases hard-link from it."""
@@ -213,12 +207,7 @@ def export_base(tree: Path, commit: str, cache: Path) -> Path:
             raise InputError(f"{tree}: git archive {commit[:12]} failed: {tar.stderr.decode().strip()}")
         files, links = _scan(tmp / "tree")
         (tmp / "hashes.json").write_text(json.dumps({"files": files, "links": links}))
-        try:
-            os.rename(tmp, exp)
-        except OSError:
-            if not (exp / "hashes.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        _place(tmp, exp, "hashes.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -291,19 +280,14 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         meta = {"schema": "dsv4ctl.release/1", "id": rid, "base_ref": base_ref, "base_commit": commit,
                 "patches": [{"name": n, "sha256": h} for n, h in pinfo], "series_identity": series_identity,
                 "configs": {g: chash[g] for g in sorted(chash)}, "groups": sorted(launch),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "built_by": who,
+                "built_at": now_iso(), "built_by": who,
                 "files": len(files), "bytes": sum(v[1] for v in files.values())}
         (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": links}, sort_keys=True))
         (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
         for extra in ("MANIFEST.json", "RELEASE.json"):  # content mtimes: same size ≠ same file
             m = content_mtime(sha256_file(tmp / extra))
             os.utime(tmp / extra, (m, m))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "RELEASE.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        _place(tmp, final, "RELEASE.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -347,15 +331,7 @@ def release_inputs(profile, tree: str | None, base_ref: str | None, patches: lis
     dep = as_deployment(profile)
     tree_p = dep.tree(tree, required=True)
     base_ref = base_ref or dep.sglang.base_ref or "HEAD"
-    series_p = dep.sglang.series if not patches else None
-    ident = None
-    if series_p is not None and (series_p / "series").is_file():
-        from ..patches.ops import load_series      # the patch series with its identity
-        ls = load_series(series_p)
-        pl, ident = [ls.path(e) for e in ls.series.entries], ls.identity
-    else:
-        pl = series_patches(series_p if series_p and series_p.exists() else None,
-                            [Path(p) for p in patches] if patches else None)
+    pl, ident = series_patches(dep.sglang.series if not patches else None, [Path(p) for p in patches] if patches else None)
     configs = {g.name: g.serve.raw for g in dep.servers() if g.serve_config_path is not None}
     return tree_p, base_ref, pl, configs, launch_spec(dep), ident
 

@@ -8,7 +8,6 @@ The profile's own values remain the fallback, and ``--set`` still wins."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError

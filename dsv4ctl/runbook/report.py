@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from typing import Any
 
@@ -13,7 +12,8 @@ SCHEMA = "dsv4ctl.incident/1"
 
 
 def _ts(t: float) -> str:
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    from ..hosts.audit import now_iso
+    return now_iso(t)
 
 
 def _short(result: dict) -> str:

@@ -26,8 +26,6 @@ result is ``rolled-back``, exit 1)."""
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
