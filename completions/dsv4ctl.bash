@@ -25,10 +25,10 @@ _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
-    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --json -h --help' ;;
-    'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --json -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --json -v --verbose -h --help' ;;
+    'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --json -v --verbose -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
-    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -h --help' ;;
+    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
