@@ -32,6 +32,59 @@ def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
     return t
 
 
+def _tty(stream) -> bool:
+    import os
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+_ANSI = {"bold": "1", "italic": "3", "red": "31", "green": "32", "yellow": "33"}
+
+
+def styled(text: str, style: str, stream=None) -> str:
+    """``text`` in ``style`` (words of ``bold italic red green yellow``) as ANSI codes when
+    ``stream`` (default stdout) is a terminal and NO_COLOR is unset; else ``text`` unchanged."""
+    if not _tty(stream or sys.stdout):
+        return text
+    codes = ";".join(_ANSI[w] for w in style.split() if w in _ANSI)
+    return f"\x1b[{codes}m{text}\x1b[0m" if codes else text
+
+
+def text_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]],
+               right: Sequence[int] = ()) -> str | None:
+    """The table :func:`rich_table` draws (heavy head box, one space of padding, ``right``
+    columns right-justified), as plain text; None when it is wider than the terminal (or 200
+    columns off a terminal), where rich's column shrinking and wrapping is wanted.
+
+    Own code, not rich, for the commands that start often (``plan``): importing rich.console and
+    rich.table costs 67 ms, half of ``import typer`` (min of 12 runs on this machine kind,
+    benchmarks/startup.py)."""
+    import os
+    import shutil
+    body = [[str(x) for x in r] for r in rows]
+    heads = [str(h) for h in headers]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(heads)]
+    total = sum(widths) + 3 * len(widths) + 1
+    limit = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200)
+    if total > limit:
+        return None
+    rset = set(right)
+
+    def line(cells, bar, style=""):
+        out = []
+        for i, c in enumerate(cells):
+            c = c.rjust(widths[i]) if i in rset else c.ljust(widths[i])
+            out.append(" " + (styled(c, style) if style else c) + " ")
+        return bar + bar.join(out) + bar
+
+    def rule(left, mid, rgt, ch):
+        return left + mid.join(ch * (w + 2) for w in widths) + rgt
+    out = [styled(title, "italic")] if title else []
+    out += [rule("┏", "┳", "┓", "━"), line(heads, "┃", "bold"), rule("┡", "╇", "┩", "━")]
+    out += [line(r, "│") for r in body]
+    out.append(rule("└", "┴", "┘", "─"))
+    return "\n".join(out)
+
+
 def console(stderr: bool = False):
     """A rich Console on stdout (or stderr)."""
     from rich.console import Console

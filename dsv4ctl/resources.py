@@ -5,6 +5,7 @@ In a checkout (or an editable install) the repository's own ``profiles/``, ``pat
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -34,3 +35,11 @@ def resolve_profile(arg: str | None) -> Path:
     if p.exists() or "/" in arg or arg.endswith((".yaml", ".yml")):
         return p
     return shipped_dir("profiles") / f"{arg}.yaml"
+
+
+def cache_root() -> Path:
+    """dsv4ctl's local cache folder (release builds, pristine SGLang wheels, parsed YAML):
+    ``$DSV4CTL_CACHE``, else ``$XDG_CACHE_HOME/dsv4ctl``, else ``~/.cache/dsv4ctl``."""
+    base = os.environ.get("DSV4CTL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv4ctl")
+    return Path(base).expanduser()

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DEFAULT_PROFILE, REPO
 
 # Never at CLI start-up (project standard) nor in `plan`: heavy or remote-only libraries.
@@ -34,12 +36,12 @@ print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}))
 """
 
 
-def probe(argv: list[str] | None, cache_dir: Path | str | None = None) -> tuple[int | None, set[str]]:
+def probe(argv: list[str] | None, cache: Path | None = None) -> tuple[int | None, set[str]]:
     """Run ``main(argv)`` (or only ``import dsv4ctl.cli`` for None) in a new interpreter; return
     (exit code, top-level and dotted names of every imported module)."""
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    if cache_dir is not None:
-        env["DSV4CTL_CACHE_DIR"] = str(cache_dir)
+    if cache is not None:
+        env["DSV4CTL_CACHE"] = str(cache)
     p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True,
                        cwd=REPO, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -65,22 +67,50 @@ def test_help_does_not_import_rich_help_or_pydantic():
 
 
 def test_plan_json_imports_no_heavy_module(tmp_path):
-    rc, mods = probe(["plan", "--json"], cache_dir=tmp_path)
+    rc, first = probe(["plan", "--json"], cache=tmp_path)
+    assert rc == 0 and "yaml" in first
+    rc, mods = probe(["plan", "--json"], cache=tmp_path)     # the same bytes again: parsed YAML kept
     assert rc == 0
-    assert "dsv4ctl.plan.capacity" in mods and "yaml" in mods
+    assert "dsv4ctl.plan.capacity" in mods and "yaml" not in mods
     assert loaded(mods, HEAVY + SLOW) == []
     # the default profile has no sglang.tree: the patch-series reader is not needed
     assert loaded(mods, ("dsv4ctl.patches",)) == []
 
 
-def test_plan_validates_with_jsonschema_once_per_profile_content(tmp_path):
-    """The first plan of a profile runs jsonschema; a second plan of the same bytes does not."""
-    rc, cold = probe(["plan", "--json"], cache_dir=tmp_path)
-    assert rc == 0 and "jsonschema" in cold
-    markers = list((tmp_path / "valid-profiles").iterdir())
-    assert len(markers) == 1 and len(markers[0].name) == 64
-    rc, warm = probe(["plan", "--json"], cache_dir=tmp_path)
-    assert rc == 0 and "jsonschema" not in warm
+def test_yaml_cache_never_hides_an_edit_and_keeps_only_json_data(tmp_path):
+    from dsv4ctl.profile.yamlpos import parse_yaml
+    import os as _os
+    _os.environ["DSV4CTL_CACHE"] = str(tmp_path / "c")
+    try:
+        data, pos = parse_yaml(b"a: 1\nb:\n  - x\n", "f.yaml")
+        assert data == {"a": 1, "b": ["x"]} and pos.lines[("b", 0)] == 3
+        assert len(list((tmp_path / "c" / "yaml").iterdir())) == 1
+        again, pos2 = parse_yaml(b"a: 1\nb:\n  - x\n", "g.yaml")
+        assert again == data and pos2.lines == pos.lines and pos2.file == "g.yaml"
+        with pytest.raises(Exception, match="g.yaml:2: b: duplicate key|duplicate"):
+            parse_yaml(b"b: 1\nb: 2\n", "g.yaml")
+        parse_yaml(b"when: 2026-12-01\n", "d.yaml")          # a date is not JSON: not kept
+        parse_yaml(b"1: x\n", "k.yaml")                       # an int key is not JSON: not kept
+        assert len(list((tmp_path / "c" / "yaml").iterdir())) == 1
+    finally:
+        del _os.environ["DSV4CTL_CACHE"]
+
+
+def test_a_valid_profile_never_imports_jsonschema_and_an_invalid_one_gets_its_message(tmp_path):
+    """conforms() accepts a valid profile alone; an invalid one is reported by jsonschema, by line."""
+    from tests.conftest import run_cli
+
+    rc, mods = probe(["plan", "--json"])
+    assert rc == 0 and "jsonschema" not in mods and "rich" not in mods
+    rc, mods = probe(["plan"])
+    assert rc == 0 and "jsonschema" not in mods and "rich" not in mods, "the plan table is drawn without rich"
+    prof = copy_default_profile(tmp_path)
+    text = prof.read_text()
+    line = text.splitlines().index("    ram_gib: 2048") + 2  # 1-based line of the inserted key
+    prof.write_text(text.replace("    ram_gib: 2048\n", "    ram_gib: 2048\n    colour: blue\n"))
+    r = run_cli("plan", str(prof), "--json")
+    assert r.code == 2
+    assert r.err.strip() == f"dsv4ctl: error: {prof}:{line}: hosts[0].colour: unknown field"
 
 
 def copy_default_profile(dst: Path) -> Path:
@@ -88,38 +118,3 @@ def copy_default_profile(dst: Path) -> Path:
     shutil.copy(DEFAULT_PROFILE, dst / DEFAULT_PROFILE.name)
     shutil.copytree(DEFAULT_PROFILE.with_suffix(""), dst / DEFAULT_PROFILE.stem)
     return dst / DEFAULT_PROFILE.name
-
-
-def test_validation_cache_never_hides_an_edit(tmp_path):
-    """An edited profile misses the cache: an invalid edit is still reported, a valid one adds
-    a second marker; an invalid profile is never remembered."""
-    from tests.conftest import run_cli
-
-    cache = tmp_path / "cache"
-    prof = copy_default_profile(tmp_path)
-    env = {"DSV4CTL_CACHE_DIR": str(cache)}
-    assert run_cli("plan", str(prof), "--json", env=env).code == 0
-    assert len(list((cache / "valid-profiles").iterdir())) == 1
-
-    text = prof.read_text()
-    line = text.splitlines().index("    ram_gib: 2048") + 2  # 1-based line of the inserted key
-    prof.write_text(text.replace("    ram_gib: 2048\n", "    ram_gib: 2048\n    colour: blue\n"))
-    for _ in range(2):
-        r = run_cli("plan", str(prof), "--json", env=env)
-        assert r.code == 2
-        assert r.err.strip() == f"dsv4ctl: error: {prof}:{line}: hosts[0].colour: unknown field"
-    assert len(list((cache / "valid-profiles").iterdir())) == 1
-
-    prof.write_text(text.replace("ram_gib: 2048", "ram_gib: 1024"))
-    assert run_cli("plan", str(prof), "--json", env=env).code == 0
-    assert len(list((cache / "valid-profiles").iterdir())) == 2
-
-
-def test_validation_cache_off_and_unwritable(tmp_path):
-    """DSV4CTL_CACHE_DIR='' turns the cache off; an unwritable cache folder is not an error."""
-    rc, mods = probe(["plan", "--json"], cache_dir="")  # empty: off
-    assert rc == 0 and "jsonschema" in mods
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    rc, mods = probe(["plan", "--json"], cache_dir=blocker / "sub")
-    assert rc == 0 and "jsonschema" in mods

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from ..errors import VerdictError
-from ..render import console, dump_json, markdown_table, rich_table
+from ..render import console, dump_json, markdown_table, rich_table, styled, text_table
 
 METRICS = [
     ("GPUs", lambda g, r, rs: ",".join(str(x["gpu"]) for x in rs) if all(x["gpu"] is not None for x in rs) else "-"),
@@ -97,19 +97,22 @@ def plan(
             for kind, g, m in notes:
                 print(f"- **{kind}** `{g}`: {m}")
     else:
-        con = console()
         headers, rows = _table(doc)
         if len(headers) > 1:    # groups that failed before sizing have no rank columns
-            con.print(rich_table(f"dsv4ctl plan: {doc['profile']} · {doc['model']} · SGLang {doc['sglang_version']}",
-                             headers, rows, right=range(1, len(headers))))
+            title = f"dsv4ctl plan: {doc['profile']} · {doc['model']} · SGLang {doc['sglang_version']}"
+            text = text_table(title, headers, rows, right=range(1, len(headers)))
+            if text is None:    # wider than the terminal: rich shrinks and wraps the columns
+                console().print(rich_table(title, headers, rows, right=range(1, len(headers))))
+            else:
+                print(text)
         for g in doc["groups"]:
             mi = g["memory_inputs"]
-            con.print(f"[bold]{g['name']}[/]: tp{g['tp']} dp{g['dp']}{' (dp-attention)' if g['dp_attention'] else ''} "
-                      f"pp{g['pp']} · mem_fraction_static {g['mem_fraction_static']} ({g['mem_fraction_static_source']}) · "
-                      f"free before load {mi['free_gib_before_load']} GiB · weights {mi['weights_gib_per_rank']} GiB/rank")
+            print(f"{styled(g['name'], 'bold')}: tp{g['tp']} dp{g['dp']}{' (dp-attention)' if g['dp_attention'] else ''} "
+                  f"pp{g['pp']} · mem_fraction_static {g['mem_fraction_static']} ({g['mem_fraction_static_source']}) · "
+                  f"free before load {mi['free_gib_before_load']} GiB · weights {mi['weights_gib_per_rank']} GiB/rank")
         for kind, g, m in _notes(doc):
             style = {"error": "bold red", "fix": "green", "warning": "yellow"}[kind]
-            con.print(f"[{style}]{kind}[/] {g}: {m}")
+            print(f"{styled(kind, style)} {g}: {m}")
     if not report.ok:
         raise VerdictError("plan: " + "; ".join(f"{g.group.name}: {g.errors[0]}" for g in report.groups if g.errors))
 

@@ -135,10 +135,9 @@ def load_release(path: Path) -> Release:
 
 
 def default_cache() -> Path:
-    """``$DSV4CTL_CACHE`` or ``$XDG_CACHE_HOME/dsv4ctl`` or ``~/.cache/dsv4ctl`` + ``/releases``."""
-    base = os.environ.get("DSV4CTL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv4ctl")
-    return Path(base) / "releases"
+    """The release build cache: :func:`dsv4ctl.resources.cache_root` + ``/releases``."""
+    from ..resources import cache_root
+    return cache_root() / "releases"
 
 
 def patch_paths(text: str) -> set[str]:

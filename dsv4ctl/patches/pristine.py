@@ -26,8 +26,9 @@ _IDENT = {"GIT_AUTHOR_NAME": "dsv4ctl", "GIT_AUTHOR_EMAIL": "dsv4ctl@localhost",
 
 
 def cache_dir() -> Path:
-    """``$DSV4CTL_CACHE`` or ``~/.cache/dsv4ctl``."""
-    return Path(os.environ.get("DSV4CTL_CACHE") or Path.home() / ".cache" / "dsv4ctl").expanduser()
+    """dsv4ctl's cache folder (:func:`dsv4ctl.resources.cache_root`)."""
+    from ..resources import cache_root
+    return cache_root()
 
 
 def find_wheel(package: str, version: str, directory: Path) -> Optional[Path]:

@@ -6,10 +6,7 @@ line ``file:line: field: message`` (exit 2)."""
 
 from __future__ import annotations
 
-import hashlib
 import math
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -239,32 +236,69 @@ def _fail(pos: Positions, path: tuple, msg: str) -> InputError:
     return InputError(f"{pos.where(path)}: {dotted(path)}: {msg}")
 
 
-def cache_dir() -> Optional[Path]:
-    """Folder of dsv4ctl's local cache: ``$DSV4CTL_CACHE_DIR``, else ``$XDG_CACHE_HOME/dsv4ctl``,
-    else ``~/.cache/dsv4ctl``; None when ``DSV4CTL_CACHE_DIR`` is set empty (cache off)."""
-    d = os.environ.get("DSV4CTL_CACHE_DIR")
-    if d is not None:
-        return Path(d) if d else None
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsv4ctl"
+_TYPES = {
+    "object": lambda x: isinstance(x, dict),
+    "array": lambda x: isinstance(x, list),
+    "string": lambda x: isinstance(x, str),
+    "boolean": lambda x: isinstance(x, bool),
+    "null": lambda x: x is None,
+    "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
+    "number": lambda x: (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, float) and math.isfinite(x)),
+}
 
 
-def _validated_marker(data: Any) -> Optional[Path]:
-    """Marker file whose existence records that exactly ``data`` passed PROFILE_SCHEMA.
+def conforms(schema: dict, x: Any) -> bool:
+    """True when ``x`` is valid under ``schema`` with the same rules as :func:`_validator` (strict
+    ``integer``/``number``), for the keywords PROFILE_SCHEMA uses (type, enum, const, minimum,
+    maximum, minLength, pattern, required, properties, additionalProperties, items, minItems,
+    oneOf; any other keyword raises KeyError, so a schema edit cannot slip past it).
 
-    The key is a SHA-256 of the schema and the parsed document, so an edit to either misses
-    the cache. None when the cache is off or ``data`` cannot be serialised canonically."""
-    d = cache_dir()
-    if d is None:
-        return None
-    try:
-        blob = json.dumps([_VALIDATOR_VERSION, PROFILE_SCHEMA, data], sort_keys=True, default=repr).encode()
-    except (TypeError, ValueError):
-        return None
-    return d / "valid-profiles" / hashlib.sha256(blob).hexdigest()
-
-
-# Bumped whenever _validator's type rules change (invalidates the validated-profile cache).
-_VALIDATOR_VERSION = "strict-types-1"
+    Own code, not jsonschema, because importing jsonschema costs 86 ms, two thirds of ``import
+    typer`` (min of 12 runs on this machine kind; benchmarks/startup.py): a valid profile never
+    imports it, and an invalid one gets jsonschema's first error, by line (:func:`_validate_schema`)."""
+    for k, v in schema.items():
+        if k == "type":
+            if not any(_TYPES[ty](x) for ty in ([v] if isinstance(v, str) else v)):
+                return False
+        elif k == "enum":
+            if not any(x == e and type(x) is type(e) for e in v):
+                return False
+        elif k == "const":
+            if not (x == v and type(x) is type(v)):
+                return False
+        elif k in ("minimum", "maximum"):
+            if _TYPES["number"](x) and (x < v if k == "minimum" else x > v):
+                return False
+        elif k == "minLength":
+            if isinstance(x, str) and len(x) < v:
+                return False
+        elif k == "pattern":
+            import re
+            if isinstance(x, str) and not re.search(v, x):
+                return False
+        elif k == "required":
+            if isinstance(x, dict) and any(r not in x for r in v):
+                return False
+        elif k == "properties":
+            if isinstance(x, dict) and not all(conforms(v[n], x[n]) for n in v if n in x):
+                return False
+        elif k == "additionalProperties":
+            if isinstance(x, dict):
+                extra = [n for n in x if n not in schema.get("properties", {})]
+                if v is False and extra or isinstance(v, dict) and not all(conforms(v, x[n]) for n in extra):
+                    return False
+        elif k == "items":
+            if isinstance(x, list) and not all(conforms(v, i) for i in x):
+                return False
+        elif k == "minItems":
+            if isinstance(x, list) and len(x) < v:
+                return False
+        elif k == "oneOf":
+            if sum(conforms(s, x) for s in v) != 1:
+                return False
+        else:
+            raise KeyError(f"conforms: schema keyword {k!r} is not implemented")
+    return True
 
 
 def _validator():
@@ -283,13 +317,11 @@ def _validator():
 
 
 def _validate_schema(data: Any, pos: Positions) -> None:
-    """Validate ``data`` against PROFILE_SCHEMA (jsonschema); InputError on the first error by line.
+    """Validate ``data`` against PROFILE_SCHEMA; InputError on the first error by line.
 
-    jsonschema costs ~60-90 ms to import, a third of ``dsv4ctl plan``'s start-up, so a document
-    that passed once is remembered by content hash (:func:`_validated_marker`) and not
-    re-validated; invalid documents are never remembered. Cache write failures are ignored."""
-    marker = _validated_marker(data)
-    if marker is not None and marker.exists():
+    A valid document is checked by :func:`conforms` alone; only an invalid one imports jsonschema,
+    whose first error (by line) is reported."""
+    if conforms(PROFILE_SCHEMA, data):
         return
     validator = _validator()
     errors = sorted(validator.iter_errors(data), key=lambda e: (pos.line(tuple(e.absolute_path)), list(e.absolute_path)))
@@ -305,12 +337,6 @@ def _validate_schema(data: Any, pos: Positions) -> None:
         if e.validator == "type" and isinstance(e.instance, float) and not math.isfinite(e.instance):
             raise _fail(pos, p, f"must be a finite number, got {e.instance!r}")
         raise _fail(pos, p, e.message)
-    if marker is not None:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass
 
 
 def load_profile(path: Path | str) -> Profile:
