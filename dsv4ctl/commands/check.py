@@ -216,9 +216,14 @@ def load(
         rec_file = _open_records(records)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "records": str(records) if records else None}
+    from ..check.driver import BadResponse, ConnectError
+    from ..check.load import run_load
     try:
-        doc = asyncio.run(_run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
-                                    metrics, metric_urls, rec_file, progress, settings, api_key, turn_timeout))
+        doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
+                                   metrics, metric_urls, rec_file, _Progress if progress else None, settings,
+                                   api_key, turn_timeout))
+    except (ConnectError, BadResponse) as e:
+        raise _connect_error(e) from None
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
         # non-standalone mode, which the CLI entry point does not pass on
@@ -240,106 +245,22 @@ def load(
             f"(95 % Wilson upper bound {R.fmt_pct(bad['wilson95'][1])} > {R.fmt_pct(max_c)}, {bad['corrupted']}/{bad['turns']})")
 
 
-async def _run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model, metrics,
-                    metric_urls, rec_file, progress, settings, api_key=None, turn_timeout=600.0) -> dict:
-    import json
-    import uuid
+class _Progress:
+    """The load run's progress bar on stderr (rich)."""
 
-    from ..check import driver as D
-    from ..check import report as R
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("corrupted {task.fields[bad]}"), TimeElapsedColumn(),
+                          console=console(stderr=True), transient=False)
+        self.task = self.p.add_task("check load", total=total, bad=0)
+        self.p.start()
 
-    run_id = uuid.uuid4().hex[:8]
-    targets = {c: max(c * turns, min_requests) for c in levels}
-    bad = 0
-    # Ctrl-C: stop every session before its next turn and cancel what is in flight (aiohttp may
-    # turn the cancellation of a read into a timeout, so the flag is what ends the run).
-    import asyncio
-    import signal
-    interrupted = False
-    main_task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
+    def update(self, **kw) -> None:
+        self.p.update(self.task, **kw)
 
-    def on_sigint() -> None:
-        nonlocal interrupted
-        interrupted = True
-        main_task.cancel()
-    try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
-        pass
-
-    def on_record(rec: dict) -> None:
-        nonlocal bad
-        if rec["class"] != "ok":
-            bad += 1
-        if rec_file:
-            rec_file.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        if prog is not None:
-            prog.update(task, advance=1, bad=bad)
-
-    summaries: list[dict] = []
-    comparisons: list[dict] = []
-    prog = task = None
-    try:
-        async with D.make_client(max(levels), stall, api_key) as http:
-            models = {}
-            for u in urls:
-                try:
-                    models[u] = model or await D.discover_model(http, u)
-                except (D.ConnectError, D.BadResponse) as e:
-                    raise _connect_error(e) from None
-            if progress:
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-                prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("corrupted {task.fields[bad]}"), TimeElapsedColumn(),
-                                console=console(stderr=True), transient=False)
-                task = prog.add_task("check load", total=sum(targets.values()) * len(urls), bad=0)
-                prog.start()
-            for c in levels:
-                pair = []
-                for i, u in enumerate(urls):
-                    scrape = metric_urls if metric_urls is not None else [u]
-                    before = await _scrape(http, scrape) if metrics else None
-                    if prog is not None:
-                        prog.update(task, description=f"{u} c={c}")
-                    lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
-                                           on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
-                                           stop=lambda: interrupted, turn_timeout=turn_timeout)
-                    if interrupted:
-                        raise KeyboardInterrupt
-                    after = await _scrape(http, scrape) if metrics else None
-                    s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
-                                          itl_gaps=lv.itl_gaps, max_corruption=max_c,
-                                          metrics=R.metrics_delta(before, after))
-                    summaries.append(s)
-                    pair.append(s)
-                if len(pair) == 2:
-                    comparisons.append(R.compare_levels(pair[0], pair[1]))
-    except asyncio.CancelledError:
-        if interrupted:
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        try:
-            loop.remove_signal_handler(signal.SIGINT)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-        if prog is not None:
-            prog.stop()
-    settings = dict(settings, run_id=run_id, models=models)
-    return R.build_doc(summaries, max_corruption=max_c, settings=settings, comparisons=comparisons)
-
-
-async def _scrape(http, urls: list[str]):
-    from ..check.driver import scrape_metrics
-    total: dict = {}
-    for u in urls:
-        m = await scrape_metrics(http, u)
-        if m is None:
-            return None
-        for k, v in m.items():
-            total[k] = total.get(k, 0.0) + v
-    return total
+    def stop(self) -> None:
+        self.p.stop()
 
 
 def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:

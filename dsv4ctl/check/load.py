@@ -1,0 +1,116 @@
+"""The load run of ``check load`` (and of ``deploy --promote`` and runbooks through it): concurrent
+multi-turn tool-call sessions per level against one URL or two (A/B), every turn classified,
+/metrics deltas, the gate document. No CLI here: the command parses, calls :func:`run_load`,
+renders."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+async def run_load(urls: list[str], levels: list[int], turns: int, min_requests: int, stream: str, stall: float,
+                   answer_words: int, max_c: float, model: Optional[str], metrics: bool,
+                   metric_urls: Optional[list[str]], rec_file, progress, settings: dict, api_key: Optional[str] = None,
+                   turn_timeout: float = 600.0) -> dict:
+    """Run ``levels`` (concurrent sessions) of ``turns`` against each of ``urls`` (two: an A/B
+    comparison), at least ``min_requests`` turns per level, classify every turn, scrape /metrics
+    (of ``metric_urls``, else the URL) before and after each level; return the
+    ``dsv4ctl.check.load/1`` document (:func:`dsv4ctl.check.report.build_doc`).
+
+    ``rec_file``: a text file for one JSON line per turn, or None; ``progress``: None, or a factory
+    ``progress(total) -> obj`` with ``update(description=..., advance=..., bad=...)`` and ``stop()``.
+    Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used,
+    KeyboardInterrupt on Ctrl-C (every session stopped first)."""
+    import json
+    import uuid
+
+    from . import driver as D
+    from . import report as R
+
+    run_id = uuid.uuid4().hex[:8]
+    targets = {c: max(c * turns, min_requests) for c in levels}
+    bad = 0
+    # Ctrl-C: stop every session before its next turn and cancel what is in flight (aiohttp may
+    # turn the cancellation of a read into a timeout, so the flag is what ends the run).
+    import asyncio
+    import signal
+    interrupted = False
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        main_task.cancel()
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
+        pass
+
+    def on_record(rec: dict) -> None:
+        nonlocal bad
+        if rec["class"] != "ok":
+            bad += 1
+        if rec_file:
+            rec_file.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        if prog is not None:
+            prog.update(advance=1, bad=bad)
+
+    summaries: list[dict] = []
+    comparisons: list[dict] = []
+    prog = None
+    try:
+        async with D.make_client(max(levels), stall, api_key) as http:
+            models = {}
+            for u in urls:
+                models[u] = model or await D.discover_model(http, u)
+            if progress:
+                prog = progress(sum(targets.values()) * len(urls))
+            for c in levels:
+                pair = []
+                for i, u in enumerate(urls):
+                    scrape = metric_urls if metric_urls is not None else [u]
+                    before = await _scrape(http, scrape) if metrics else None
+                    if prog is not None:
+                        prog.update(description=f"{u} c={c}")
+                    lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
+                                           on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
+                                           stop=lambda: interrupted, turn_timeout=turn_timeout)
+                    if interrupted:
+                        raise KeyboardInterrupt
+                    after = await _scrape(http, scrape) if metrics else None
+                    s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
+                                          itl_gaps=lv.itl_gaps, max_corruption=max_c,
+                                          metrics=R.metrics_delta(before, after))
+                    summaries.append(s)
+                    pair.append(s)
+                if len(pair) == 2:
+                    comparisons.append(R.compare_levels(pair[0], pair[1]))
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+        if prog is not None:
+            prog.stop()
+    settings = dict(settings, run_id=run_id, models=models)
+    return R.build_doc(summaries, max_corruption=max_c, settings=settings, comparisons=comparisons)
+
+
+async def _scrape(http, urls: list[str]):
+    """Summed /metrics counters of ``urls``; None when one of them has none."""
+    from .driver import scrape_metrics
+    total: dict = {}
+    for u in urls:
+        m = await scrape_metrics(http, u)
+        if m is None:
+            return None
+        for k, v in m.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
