@@ -46,12 +46,12 @@ def test_preflight_errors_stop_before_any_host(world):
     r = cli(w, "deploy", "--promote")
     assert r.code == 2, r.err
     assert "preflight: config lint:" in r.err and "enable-hierarchical-cachee" in r.err
-    assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
+    assert not any(p.exists() for p in w.roots.values()) and not (w.cache / "releases").exists()
     cfg.write_text(good + "max-running-requests: 100000\n")         # lints, but the SWA pool cannot fit
     r = cli(w, "deploy", "--promote")
     assert r.code == 1, r.err
     assert "preflight: plan:" in r.err and "nothing touched" in r.err
-    assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
+    assert not any(p.exists() for p in w.roots.values()) and not (w.cache / "releases").exists()
     r = cli(w, "deploy", "--canary", "a")
     assert r.code == 2 and "--canary needs --promote" in r.err
 
@@ -68,7 +68,7 @@ def test_first_deploy_dry_run_every_host_is_the_canary_and_nothing_changes(world
     assert f"h1: [canary] switch {w.roots['h1']}/current: (none) -> " in out and "[rest]" not in out
     assert "gate: concurrency 60, turns 2, 95 % Wilson upper bound of the corruption rate <= 0.01" in out
     assert "tests.standin.server" in cli(w, "deploy", "--promote", "--dry-run", "--verbose").out
-    assert not any(p.exists() for p in w.roots.values()) and not w.cache.exists()
+    assert not any(p.exists() for p in w.roots.values()) and not (w.cache / "releases").exists()
 
 
 def dry_run_after_deploy(w: PromoteWorld, good: str):

@@ -119,22 +119,31 @@ def deploy(
     max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="With --promote: gate on the 95 % Wilson upper bound (default: check.max_corruption)."),
     turns: Optional[int] = typer.Option(None, "--turns", help="With --promote: turns per load session (default: check.turns)."),
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="With --promote: turns per load level at least (default: check load's)."),
+    force_failed: bool = typer.Option(False, "--force-failed", help="Activate a release recorded as failed anyway (audited; it stays active, never good)."),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the config lint + plan preflight (audited)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.deploy/1 JSON report."),
     verbose: bool = _VERBOSE,
 ) -> None:
     """Build a release (base + patch series + serve configs), push it to every host (delta),
     switch `current` atomically, restart, gate on health; roll back automatically on failure.
 
+    Every deploy first runs config lint + plan on the serve configs it ships (--no-preflight skips
+    it). The release ends `active` (health gate passed); `good` needs a promotion gate (--promote
+    or `dsv4ctl promote`). A release recorded as failed is refused unless --promote or
+    --force-failed.
+
     Exit 0 deployed · 1 rolled back (names host, group, last log lines; with --promote: the
-    failing check, evidence kept) or the preflight plan failed · 2 bad input (or a preflight lint
-    error) · 3 SSH/lock/push failure (no host switched) · 130 interrupted (hosts rolled back)."""
+    failing check, evidence kept), the preflight plan failed, or the release is recorded as failed
+    · 2 bad input (or a preflight lint error) · 3 SSH/lock/push failure (no host switched) · 130
+    interrupted (hosts rolled back)."""
     from ..deploy import engine
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
     p = _profile(profile)
     _sigterm_as_interrupt()
     with _Interrupted(), _Progress() as prog:
         opts = _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                     break_lock=break_lock, progress=prog, verbose=verbose)
+                     break_lock=break_lock, progress=prog, verbose=verbose, force_failed=force_failed,
+                     preflight=not no_preflight)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
     if as_json:
         print(dump_json(rep))
@@ -224,18 +233,22 @@ def rollback(
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    force_failed: bool = typer.Option(False, "--force-failed", help="With --to: a release recorded as failed (audited; it stays active, never good)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     verbose: bool = _VERBOSE,
 ) -> None:
     """Switch every host to an older release (atomic), restart, gate on health.
 
-    Exit 0 ok · 2 no such release on every host · 3 SSH/lock failure or the gate failed (hosts put back)."""
+    Without --to: the newest release that is good on every host (a promotion gate passed).
+
+    Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
+    host · 3 SSH/lock failure or the gate failed (hosts put back)."""
     from ..deploy import engine
     p = _profile(profile)
     _sigterm_as_interrupt()
     with _Interrupted():
         rep = engine.rollback(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                                       break_lock=break_lock, verbose=verbose), to=to)
+                                       break_lock=break_lock, verbose=verbose, force_failed=force_failed), to=to)
     if as_json:
         print(dump_json(rep))
     elif dry_run:
@@ -254,18 +267,26 @@ def releases(
     checks (promoted, or the promotion check that failed)."""
     from ..deploy import engine
     rep = engine.releases(_profile(profile), _opts(accept_new_host_keys=accept_new))
+    down = {h: hr["error"] for h, hr in rep["hosts"].items() if hr.get("error")}
     if as_json:
         print(dump_json(rep))
+        if down:
+            from ..errors import RemoteError
+            raise RemoteError(f"releases: {len(down)} host(s) could not be read: {next(iter(down.values()))}")
         return
     headers = ["host", "release", "state", "base", "patches", "when", "who", "checks"]
     rows = []
     for h, hr in rep["hosts"].items():
         for r in hr["releases"]:
-            checks = (f"failed: {r['failed_check']}" if r.get("recorded_state") == "failed" and r.get("failed_check")
-                      else "promoted" if r.get("promoted_at") else "-")
+            checks = (f"failed: {r['failed_check']}" + (f" ({r['failure'][:80]})" if r.get("failure") else "")
+                      + (f", evidence {r['evidence']}" if r.get("evidence") else "")
+                      if r.get("recorded_state") == "failed" and r.get("failed_check")
+                      else ("forced after failing" if r.get("forced_at") else "promoted" if r.get("promoted_at") else "-"))
             rows.append([h, r["id"], r["state"], f"{r['base_ref']} ({(r['base_commit'] or '')[:10]})",
                          len(r["patches"]), r["when"], r["who"] or "-", checks])
-        if not hr["releases"]:
+        if hr.get("error"):
+            rows.append([h, "-", "UNREACHABLE", "", "", "", "", hr["error"][:80]])
+        elif not hr["releases"]:
             rows.append([h, "-", "no releases", "", "", "", "", ""])
     if markdown:
         print(markdown_table(headers, rows))
@@ -274,6 +295,9 @@ def releases(
     for h, hr in rep["hosts"].items():
         if hr["lock"]:
             print(f"{h}: deploy lock held by {hr['lock']}")
+    if down:
+        from ..errors import RemoteError
+        raise RemoteError(f"releases: {len(down)} host(s) could not be read: {next(iter(down.values()))}")
 
 
 def register(app: typer.Typer) -> None:

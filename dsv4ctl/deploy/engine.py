@@ -200,17 +200,23 @@ def revert_gate(site: Site, reverts: list[Step]) -> list[Step]:
 
 # -- close -------------------------------------------------------------------------------------
 
-def run_close(site: Site, steps: list[Step], state: dict | None = None) -> dict[str, list[str]]:
-    """Run close steps (hosts in parallel): apply ``state`` {release id: fields} and the step's
-    pruning to the host's state document, send it on stdin. Returns {host: pruned ids};
-    failures are logged, not raised (the run's outcome is already decided)."""
+def run_close(site: Site, steps: list[Step]) -> dict[str, list[str]]:
+    """Run close steps (hosts in parallel): apply the step's release event
+    (:func:`dsv4ctl.deploy.states.transition`, timed now) and pruning to the host's state document,
+    send it on stdin. Returns {host: pruned ids}; failures are logged, not raised (the run's
+    outcome is already decided)."""
+    from .states import transition
     by_host = {s.host: s for s in steps}
+    at, by = now_iso(), who()
 
     def body(t):
         st = by_host[t.name]
         f = site.facts[t.name]
-        for rid, kv in (state or {}).items():
-            f.state.setdefault("releases", {}).setdefault(rid, {}).update(kv)
+        if st.extra.get("event"):
+            rid, ev, info = st.extra["event"]
+            recs = f.state.setdefault("releases", {})
+            recs[rid] = transition(recs.get(rid), ev, at=at, by=by, force_failed=site.opts.force_failed,
+                                   rid=rid, host=t.name, **info)
         for r in st.extra.get("prune", []):
             f.releases.pop(r, None)
             f.state.get("releases", {}).pop(r, None)
@@ -224,13 +230,13 @@ def run_close(site: Site, steps: list[Step], state: dict | None = None) -> dict[
     return {h: (r.value if r.ok else []) for h, r in res.items()}
 
 
-def close_all(site: Site, record: dict, *, state: dict | None = None, cleanup: str | None = None,
+def close_all(site: Site, record: dict, *, event: tuple | None = None, cleanup: str | None = None,
               per_host: dict[str, dict] | None = None) -> dict[str, list[str]]:
-    """Close every host with ``record`` (+ ``per_host`` fields) and no pruning: the failure and
-    interrupt paths, whose record says what went wrong."""
-    steps = [close_step(site, h, {**record, **(per_host or {}).get(h, {})},
-                        state={k: v for k, v in (state or {}).items()}, cleanup=cleanup) for h in site.hosts]
-    return run_close(site, steps, state)
+    """Close every host with ``record`` (+ ``per_host`` fields), the release ``event`` and no
+    pruning: the failure and interrupt paths, whose record says what went wrong."""
+    steps = [close_step(site, h, {**record, **(per_host or {}).get(h, {})}, event=event, cleanup=cleanup)
+             for h in site.hosts]
+    return run_close(site, steps)
 
 
 # -- deploy ------------------------------------------------------------------------------------
@@ -247,8 +253,13 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     rsync_user_args()
     dep = as_deployment(profile)
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(dep, tree, base_ref, patches)
+    pre = None
     if promote is not None:
         promote.prepare(dep, opts.log)
+    elif opts.preflight:
+        from .preflight import preflight
+        pre = preflight(dep)
+        opts.log(f"preflight: {pre['summary']}")
     site = open_site(dep, opts)
     try:
         if opts.dry_run:
@@ -256,15 +267,17 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
                              {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec, ident)
             gather_facts(site)
+            refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
             run = promote.steps(site, rid, spec, locked=False) if promote is not None else \
-                deploy_steps(site, rid, spec, locked=False)
+                deploy_steps(site, rid, spec, locked=False, extra=_record_extras(site, rid, promote))
             doc = {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid,
                    "actions": run.lines(), "steps": [s.to_dict() for s in run.steps],
                    "on_failure": [s.to_dict() for s in run.on_failure]}
             if promote is not None:
                 doc["promote"] = True
-                doc["actions"] = [f"preflight: {promote.preflight['summary']}"] + doc["actions"]
+                pre = promote.preflight
+            doc["actions"] = [f"preflight: {pre['summary'] if pre else 'skipped (--no-preflight)'}"] + doc["actions"]
             return doc
         t_build = time.monotonic()
         rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident)
@@ -273,11 +286,22 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
         try:       # release_locks only drops locks holding this run's token: safe whatever happened
             acquire_locks(site, f"deploy {rel.id}")
+            refuse(site, rel.id, promote is not None)
             return _deploy_locked(site, rel, t_start, promote)
         finally:
             release_locks(site)
     finally:
         site.close()
+
+
+def refuse(site: Site, rid: str, gated: bool) -> None:
+    """Refused (exit 1, nothing changed) when ``rid`` is recorded as failed on a host and neither a
+    promotion gate (``gated``) nor ``--force-failed`` lets it run again."""
+    from .states import Refused, refusals
+    bad = [] if gated else refusals(site.facts, rid, site.opts.force_failed)
+    if bad:
+        raise Refused(bad[0] + "; gate it again with --promote, or activate it anyway with --force-failed "
+                      "(recorded; it stays active, never good)" + (f" (+{len(bad) - 1} more host(s))" if len(bad) > 1 else ""))
 
 
 def _announce(site: Site, run: RunSteps) -> None:
@@ -294,9 +318,10 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
               "hosts": {h: {"from": site.facts[h].current} for h in site.hosts}}
     old_current = {h: site.facts[h].current for h in site.hosts}
     frm = {h: {"from": c} for h, c in old_current.items()}
-    base_rec = {"action": "deploy", "release": rel.id}
+    base_rec = {"action": "deploy", "release": rel.id, **_record_extras(site, rel.id, promote)}
     spec = json.loads((rel.path / "launch.json").read_text())
-    run = promote.steps(site, rel.id, spec) if promote is not None else deploy_steps(site, rel.id, spec)
+    run = promote.steps(site, rel.id, spec) if promote is not None else \
+        deploy_steps(site, rel.id, spec, extra=_record_extras(site, rel.id, promote))
     _announce(site, run)
     if promote is None and nothing_to_do(site, rel.id):
         opts.log(f"{rel.id} is already the active, good release on every host: nothing to do")
@@ -334,30 +359,43 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
     if promote is not None:
         return promote.run_locked(site, rel, spec, run, report, frm, t_start)
     t_act = time.monotonic()
-    failed = {rel.id: {"state": "failed", "failed_at": now_iso()}}
     try:
         ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"), revert_steps(site, site.hosts, rel.id, spec))
     except KeyboardInterrupt:
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"},
-                  state=failed, per_host=frm)
+                  event=(rel.id, "failed", {"failed_check": "interrupted", "failure": "interrupted during activation"}),
+                  per_host=frm)
         raise
     if not ok:
-        close_all(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]}, state=failed, per_host=frm)
+        close_all(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]},
+                  event=(rel.id, "failed", {"failed_check": "health gate", "failure": why[:1000]}), per_host=frm)
         back = sorted({o or "(none)" for o in old_current.values()})
         raise VerdictError(f"deploy of {rel.id} rolled back to {', '.join(back)} on all hosts "
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
-    return finish_good(site, rel.id, run.of("close"), {}, report, t_start)
+    return finish_good(site, rel.id, run.of("close"), report, t_start)
 
 
-def finish_good(site: Site, rid: str, closes: list[Step], state: dict, report: dict, t_start: float) -> dict:
-    """Run the success close-out: mark ``rid`` good (plus ``state`` fields) and activated, prune,
-    audit, unlock. Returns ``report`` completed (pruned ids per host, result ok, seconds)."""
-    pruned = run_close(site, closes, {rid: {"state": "good", "activated_at": now_iso(), "activated_by": who(),
-                                            **state}})
+def _record_extras(site: Site, rid: str, promote) -> dict:
+    """Audit fields of a deploy that an operator forced: ``--force-failed`` on a failed release,
+    ``--no-preflight``."""
+    out = {}
+    if site.opts.force_failed and any(f.recorded(rid) == "failed" for f in site.facts.values()):
+        out["forced_failed"] = True
+    if promote is None and not site.opts.preflight:
+        out["preflight"] = "skipped"
+    return out
+
+
+def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start: float) -> dict:
+    """Run the success close-out (the release event of the steps: ``healthy`` -> active, or
+    ``gate_passed`` -> good), prune, audit, unlock. Returns ``report`` completed (pruned ids per
+    host, result ok, the release's state, seconds)."""
+    pruned = run_close(site, closes)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])
     report["result"] = "ok"
+    report["state"] = site.facts[site.hosts[0]].recorded(rid)
     report["seconds"] = round(time.monotonic() - t_start, 3)
     return report
 
@@ -365,14 +403,23 @@ def finish_good(site: Site, rid: str, closes: list[Step], state: dict, report: d
 # -- releases, rollback ------------------------------------------------------------------------
 
 def releases(profile, opts: Options) -> dict:
-    """Per host: every complete release with base, patches, when, who, state (a fact)."""
+    """Per host: every complete release with base, patches, when, who, state, and for a failed
+    one the check, reason and evidence (a fact). A host that cannot be read is listed with its
+    ``error`` and the others still are."""
+    from ..hosts.layout import read_facts
     site = open_site(profile, opts)
     try:
-        facts = gather_facts(site)
+        res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
+                           timeout=opts.connect_timeout + 60)
     finally:
         site.close()
     out = {"schema": "dsv4ctl.releases/1", "hosts": {}}
-    for h, f in facts.items():
+    for h, r in res.items():
+        if not r.ok:
+            out["hosts"][h] = {"root": site.paths[h].root, "error": r.error, "current": None, "previous": None,
+                               "lock": None, "releases": []}
+            continue
+        f = r.value
         rows = []
         for rid in sorted(f.releases, key=lambda r: (f.when(r), r), reverse=True):
             m = f.releases[rid]
@@ -381,8 +428,9 @@ def releases(profile, opts: Options) -> dict:
                          "patches": [p["name"] for p in m.get("patches", [])],
                          "when": f.when(rid), "who": st.get("activated_by") or st.get("pushed_by") or m.get("built_by"),
                          "state": f.release_state(rid), "recorded_state": st.get("state"),
-                         "promoted_at": st.get("promoted_at"), "failed_check": st.get("failed_check"),
-                         "evidence": st.get("evidence")})
+                         "promoted_at": st.get("promoted_at"), "failed_at": st.get("failed_at"),
+                         "failed_check": st.get("failed_check"), "failure": st.get("failure"),
+                         "forced_at": st.get("forced_at"), "evidence": st.get("evidence")})
         out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
                            "lock": f.lock and holder_text(f.lock), "releases": rows}
     return out
@@ -402,19 +450,22 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
     try:
         facts = gather_facts(site)
         target = choose_rollback_target(facts, to)
+        refuse(site, target, False)
         if opts.dry_run:
             site.token = DRY_RUN_TOKEN
-            run = rollback_steps(site, target, target_spec(site, target), locked=False)
+            run = rollback_steps(site, target, target_spec(site, target), locked=False,
+                                 extra=_record_extras(site, target, True))
             return {"schema": "dsv4ctl.rollback/1", "dry_run": True, "release": target, "actions": run.lines(),
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         try:
             acquire_locks(site, f"rollback to {target}")
             target = choose_rollback_target(site.facts, to)
+            refuse(site, target, False)
             spec = target_spec(site, target)
-            run = rollback_steps(site, target, spec)
+            run = rollback_steps(site, target, spec, extra=_record_extras(site, target, True))
             _announce(site, run)
             old_current = {h: site.facts[h].current for h in site.hosts}
-            rec = {"action": "rollback", "release": target}
+            rec = {"action": "rollback", "release": target, **_record_extras(site, target, True)}
             try:
                 ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
                                            revert_steps(site, site.hosts, target, spec))
@@ -425,9 +476,9 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
                 close_all(site, {**rec, "result": "failed", "detail": why[:2000]})
                 raise RemoteError(f"rollback to {target} failed its health gate; hosts put back on "
                                   f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}")
-            run_close(site, run.of("close"), {target: {"state": "good", "activated_at": now_iso(),
-                                                       "activated_by": who()}})
+            run_close(site, run.of("close"))
             return {"schema": "dsv4ctl.rollback/1", "release": target, "result": "ok",
+                    "state": site.facts[site.hosts[0]].recorded(target),
                     "hosts": {h: {"from": old_current[h], "to": target} for h in site.hosts}}
         finally:
             release_locks(site)

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from ..errors import InputError, VerdictError
 from ..hosts.audit import file_stamp, now_iso
-from ..remote import who
 
 CHECKS = ("smoke", "load")
 
@@ -57,6 +56,7 @@ class PromoteOptions:
     def prepare(self, dep, log) -> None:
         """Before anything is built or touched: choose the canary, run the preflight."""
         self.canary_hosts = choose_canary(dep, self.canary)
+        from .preflight import preflight
         self.preflight = preflight(dep)
         log(f"preflight: {self.preflight['summary']}")
 
@@ -204,7 +204,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     keep = site.profile.deploy.keep_releases
     rec = {"action": "deploy", "release": rid, "promote": True, "canary": canary, "result": "ok", "detail": "",
            "evidence": hrel}
-    steps += [close_step(site, h, {**rec, "from": site.facts[h].current}, state={rid: {"state": "good"}},
+    steps += [close_step(site, h, {**rec, "from": site.facts[h].current}, event=(rid, "gate_passed", {"evidence": hrel}),
                          prune=prune_after_switch(site.facts[h], rid, keep)) for h in hosts]
     fail = revert_steps(site, hosts, rid, spec)
     fail += [Step("close", h, f"close: mark {rid} failed with the failing check; keep the reports as evidence; "
@@ -215,30 +215,6 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
 
 
 # -- preflight ---------------------------------------------------------------------------------
-
-def preflight(profile) -> dict:
-    """``config lint`` and ``plan`` of the profile (its serve configs and ``sglang.series`` are
-    what the release is built from). Raises InputError naming the first lint error (exit 2),
-    VerdictError naming the first plan error (exit 1). Returns {lint, plan, summary}."""
-    from ..serve.argtable import load_table
-    from ..serve.lintinput import build_input
-    from ..serve.lint import lint
-    from ..plan.plan import build_plan
-    from ..profile.deployment import as_deployment
-    profile = as_deployment(profile)
-    inp = build_input(profile)
-    findings = lint(inp, load_table())
-    errs = [f for f in findings if f.severity == "error"]
-    if errs:
-        raise InputError(f"preflight: config lint: {len(errs)} error(s), nothing touched; first: {errs[0].format()}")
-    rep = build_plan(profile)
-    if not rep.ok:
-        bad = [(g.group.name, e) for g in rep.groups for e in g.errors]
-        raise VerdictError(f"preflight: plan: {len(bad)} error(s), nothing touched; group {bad[0][0]}: {bad[0][1]}")
-    warns = sum(1 for f in findings if f.severity != "error")
-    return {"lint": {"errors": 0, "warnings": warns}, "plan": {"ok": True, "groups": [g.group.name for g in rep.groups]},
-            "summary": f"config lint ok ({warns} warning(s)), plan ok ({len(rep.groups)} group(s) fit)"}
-
 
 # -- checks and evidence -----------------------------------------------------------------------
 
@@ -336,8 +312,8 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
                    "reason": why, "canary": canary, "checks": results, "at": now_iso()}
         hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary) if results else None
         E.close_all(site, {**rec, "result": "rolled-back", "failed_check": what, "detail": why[:2000], "evidence": hrel},
-                    state={rid: {"state": "failed", "failed_at": now_iso(), "failed_check": what,
-                                 **({"evidence": hrel} if hrel else {})}}, per_host=frm)
+                    event=(rid, "failed", {"failed_check": what, "failure": why[:1000],
+                                           **({"evidence": hrel} if hrel else {})}), per_host=frm)
         back = sorted({(before[h] or "(none)") for h in moved})
         never = [h for h in site.hosts if h not in moved]
         raise VerdictError(f"deploy --promote of {rid}: {what} failed: {why}; "
@@ -382,14 +358,15 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     except KeyboardInterrupt:
         put_back()
         E.close_all(site, {**rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
-                    state={rid: {"state": "failed", "failed_at": now_iso()}}, per_host=frm)
+                    event=(rid, "failed", {"failed_check": "interrupted",
+                                           "failure": "interrupted during promotion"}), per_host=frm)
         raise
     summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "good", "canary": canary,
                "checks": results, "at": now_iso()}
     for st in run.of("evidence"):
         E.trace(site, st)
-    hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
-    return E.finish_good(site, rid, run.of("close"), {"promoted_at": now_iso(), "evidence": hrel}, report, t_start)
+    store_evidence(site, site.hosts, rid, stamp, edir, summary)
+    return E.finish_good(site, rid, run.of("close"), report, t_start)
 
 
 def config_drift(profile, release_meta: dict) -> list[str]:
@@ -424,7 +401,7 @@ def by_hand_steps(site, rid: str, po: PromoteOptions, hrel: str):
     steps += [lock_step(site, h, f"promote {rid}") for h in site.hosts]
     steps += [Step("evidence", h, f"store the check reports in {site.paths[h].root}/{hrel}/") for h in site.hosts]
     steps += [close_step(site, h, {"action": "promote", "release": rid, "result": "ok", "detail": "", "evidence": hrel},
-                         state={rid: {"state": "good"}}) for h in site.hosts]
+                         event=(rid, "gate_passed", {"evidence": hrel})) for h in site.hosts]
     fail = [Step("close", h, f"close: mark {rid} failed with the failing check; audit promote failed; unlock")
             for h in site.hosts]
     return RunSteps(steps, fail)
@@ -480,12 +457,11 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
             if bad:
                 E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "failed",
                                    "failed_check": f"check {bad['check']}", "detail": bad["reason"][:2000]},
-                            state={rid: {"state": "failed", "failed_at": now_iso(),
-                                         "failed_check": f"check {bad['check']}", "evidence": hrel}})
+                            event=(rid, "failed", {"failed_check": f"check {bad['check']}",
+                                                   "failure": bad["reason"][:1000], "evidence": hrel}))
                 raise VerdictError(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
                                    f"marked failed (rollback will not pick it); evidence in {edir}")
-            E.run_close(site, run.of("close"), {rid: {"state": "good", "promoted_at": now_iso(),
-                                                      "promoted_by": who(), "evidence": hrel}})
+            E.run_close(site, run.of("close"))
         finally:
             E.release_locks(site)
         return {"schema": "dsv4ctl.promote/1", "release": rid, "result": "good", "checks": results,

@@ -21,6 +21,7 @@ from ..hosts.audit import now_iso
 from ..remote import Transport, q, read_text, who
 from .release import Release, manifest_diff
 from .site import Site, link_bases, state_doc
+from .states import transition
 from .verify import SCRIPT as VERIFY_SCRIPT
 
 
@@ -61,7 +62,7 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
     clean = f"rm -rf {stale} && " if stale else ""
     st = f.state.setdefault("releases", {})
     before = dict(st.get(rel.id, {}))
-    st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
+    st[rel.id] = transition(st.get(rel.id), "pushed", at=now_iso(), by=who())
     job = {"rel": inc, "side": None, "bases": [p.release(b) for b in bases], "stage": None, "wait": None,
            "place": {"final": p.release(rel.id), "state": p.state, "doc": state_doc(f).decode()}}
     if before:
@@ -86,7 +87,7 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
         if v is not None and v.get("error"):
             raise RemoteError(f"{t.name}: verifying/placing release {rel.id}: {v['error']}")
         raise t.fail(r, f"verifying/placing release {rel.id}")
-    st.setdefault(rel.id, {}).update(state="pushed", pushed_at=now_iso(), pushed_by=who())
+    st[rel.id] = transition(st.get(rel.id), "pushed", at=now_iso(), by=who())
     f.releases[rel.id] = rel.meta
     stats.update(skipped=False, seconds=round(time.monotonic() - t0, 3), hashed=v["hashed"], link_dest=bases)
     return stats

@@ -29,6 +29,8 @@ class Options:
     cache: Path | None = None
     log: Callable[[str], None] = lambda s: None
     progress: Callable[[str, int, int], None] | None = None   # (host, bytes_done_pct, 100)
+    force_failed: bool = False                      # activate a release recorded as failed (--force-failed)
+    preflight: bool = True                          # lint + plan before anything (--no-preflight: False)
     trace: Callable[[object], None] | None = None   # called with every Step the engine executes
     steps: Callable[[list], None] | None = None     # called with the step list a run executes
 

@@ -223,19 +223,24 @@ def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: st
     return " && ".join(parts)
 
 
-def close_step(site: Site, host: str, record: dict, *, state: dict | None = None, prune: list[str] = (),
+def close_step(site: Site, host: str, record: dict, *, event: tuple | None = None, prune: list[str] = (),
                cleanup: str | None = None) -> Step:
     """The last round trip on ``host``. ``record``: audit fields (action, result, detail, …; the
-    host and operator are added); ``state``: {release id: fields} the state.json document gets."""
+    host and operator are added); ``event``: ``(release id, event, info)`` the close applies to the
+    release's state (:func:`dsv4ctl.deploy.states.transition`; the listing names the outcome)."""
+    from .states import next_state
     rec = record_fields(host, **record)
     if prune or "pruned" in record:
         rec["pruned"] = list(prune)
-    marks = ", ".join(f"{rid} {kv['state']}" for rid, kv in (state or {}).items() if "state" in kv)
+    marks = ""
+    if event is not None:
+        rid, ev = event[0], event[1]
+        marks = f"{rid} {next_state(site.facts[host].state.get('releases', {}).get(rid), ev, site.opts.force_failed)}"
     summary = ("close: " + (f"mark {marks}; " if marks else "") + (f"prune {', '.join(prune)}; " if prune else "")
                + (f"remove {site.paths[host].incoming(cleanup)}; " if cleanup else "")
                + f"audit {record['action']} {record['result']}; unlock")
     return Step("close", host, summary, close_cmd(site, host, rec, list(prune), cleanup),
-                extra={"prune": list(prune), "record": rec})
+                extra={"prune": list(prune), "record": rec, "event": event})
 
 
 def prune_after_switch(f: HostFacts, rid: str, keep: int) -> list[str]:
@@ -245,7 +250,7 @@ def prune_after_switch(f: HostFacts, rid: str, keep: int) -> list[str]:
     g = copy.deepcopy(f)
     g.releases.setdefault(rid, {"id": rid})
     g.previous, g.current = next_previous(f, rid), rid
-    g.state.setdefault("releases", {}).setdefault(rid, {}).update(state="good", activated_at=now_iso())
+    g.state.setdefault("releases", {}).setdefault(rid, {}).update(state="active", activated_at=now_iso())
     return select_prune(g, keep)
 
 
@@ -272,8 +277,9 @@ class RunSteps:
 
 
 def nothing_to_do(site: Site, rid: str) -> bool:
-    """True when ``rid`` is already the active, good release on every host."""
-    return all(site.facts[h].current == rid and site.facts[h].good(rid) for h in site.hosts)
+    """True when ``rid`` already runs on every host and its record says it passed its health gate
+    there (``active`` or ``good``)."""
+    return all(site.facts[h].current == rid and site.facts[h].recorded(rid) in ("active", "good") for h in site.hosts)
 
 
 def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str = "") -> list[Step]:
@@ -285,13 +291,15 @@ def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str 
     return out
 
 
-def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True) -> RunSteps:
+def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra: dict | None = None) -> RunSteps:
     """Every step of ``deploy`` of ``rid`` (launch spec ``spec``) from the hosts' facts. With
-    ``locked`` the lock steps are left out (they ran already: the facts came with the locks)."""
+    ``locked`` the lock steps are left out (they ran already: the facts came with the locks);
+    ``extra``: audit fields every close record carries (a forced run)."""
+    extra = extra or {}
     hosts = site.hosts
     locks = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
     if nothing_to_do(site, rid):
-        return RunSteps(locks + [close_step(site, h, {"action": "deploy", "release": rid, "result": "ok",
+        return RunSteps(locks + [close_step(site, h, {"action": "deploy", "release": rid, **extra, "result": "ok",
                                                       "detail": "already active", "from": rid})
                                  for h in hosts], [])
     keep = site.profile.deploy.keep_releases
@@ -299,25 +307,26 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True) -> Ru
     steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch)
               for h in hosts]
     steps += gate_steps(site, spec)
-    steps += [close_step(site, h, {"action": "deploy", "release": rid, "result": "ok", "detail": "",
+    steps += [close_step(site, h, {"action": "deploy", "release": rid, **extra, "result": "ok", "detail": "",
                                    "from": site.facts[h].current},
-                         state={rid: {"state": "good"}}, prune=prune_after_switch(site.facts[h], rid, keep))
+                         event=(rid, "healthy", {}), prune=prune_after_switch(site.facts[h], rid, keep))
               for h in hosts]
     fail = revert_steps(site, hosts, rid, spec)
-    fail += [Step("close", h, f"close: mark {rid} failed; audit deploy rolled-back (or interrupted) with the "
-                              "reason; unlock") for h in hosts]
+    fail += [Step("close", h, f"close: mark {rid} failed with the reason; audit deploy rolled-back (or "
+                              "interrupted); unlock") for h in hosts]
     return RunSteps(steps, fail)
 
 
-def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True) -> RunSteps:
+def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, extra: dict | None = None) -> RunSteps:
     """Every step of ``rollback`` to ``target`` (its launch spec ``spec``, read from the hosts)."""
+    extra = extra or {}
     hosts = site.hosts
     steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
     steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch)
               for h in hosts]
     steps += gate_steps(site, spec)
-    steps += [close_step(site, h, {"action": "rollback", "release": target, "result": "ok", "detail": "",
-                                   "from": site.facts[h].current}, state={target: {"state": "good"}})
+    steps += [close_step(site, h, {"action": "rollback", "release": target, **extra, "result": "ok", "detail": "",
+                                   "from": site.facts[h].current}, event=(target, "healthy", {}))
               for h in hosts]
     fail = revert_steps(site, hosts, target, spec)
     fail += [Step("close", h, "close: audit rollback failed (or interrupted) with the reason; unlock") for h in hosts]

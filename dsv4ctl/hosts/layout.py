@@ -61,8 +61,12 @@ class HostFacts:
             return "previous"
         return self.state.get("releases", {}).get(rid, {}).get("state", "pushed")
 
+    def recorded(self, rid: str) -> str | None:
+        """The release's recorded state (pushed / active / good / failed), None without a record."""
+        return self.state.get("releases", {}).get(rid, {}).get("state")
+
     def good(self, rid: str) -> bool:
-        return self.state.get("releases", {}).get(rid, {}).get("state") == "good"
+        return self.recorded(rid) == "good"
 
     def when(self, rid: str) -> str:
         """Newest of activated_at / pushed_at / built_at (ISO 8601 UTC) for ordering."""
@@ -161,8 +165,12 @@ def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None) -
     currents = {f.current for f in facts.values()}
     cands = [r for r in common if currents != {r} and all(f.good(r) for f in facts.values())]
     if not cands:
-        raise InputError("no good release other than the current one is present on every host "
-                         "(see dsv4ctl releases; pass --to ID)")
+        prev = {f.previous for f in facts.values()}
+        hint = f"; the previous release is {next(iter(prev))}: dsv4ctl rollback --to {next(iter(prev))}" \
+            if len(prev) == 1 and None not in prev else ""
+        raise InputError("no release other than the current one is good on every host (a release becomes good "
+                         "when a promotion gate passes: deploy --promote or dsv4ctl promote; see dsv4ctl releases)"
+                         + hint)
     return max(cands, key=lambda r: (max(facts[h].when(r) for h in hosts), r))
 
 
