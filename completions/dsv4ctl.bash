@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -29,6 +29,9 @@ _dsv4ctl_opts() {
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
     'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -h --help' ;;
+    'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
+    'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
+    'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -72,6 +75,13 @@ _dsv4ctl_optkind() {
     'promote|--max-corruption') echo any ;;
     'promote|--turns') echo any ;;
     'promote|--min-requests') echo any ;;
+    'status|--timeout') echo any ;;
+    'logs|-n'|'logs|--lines') echo any ;;
+    'logs|--host') echo any ;;
+    'logs|--grep') echo any ;;
+    'logs|--interval') echo any ;;
+    'audit|--since') echo any ;;
+    'audit|--host') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -136,6 +146,10 @@ _dsv4ctl_argkind() {
     'releases|0') echo yaml:w2 ;;
     'promote|0') echo any ;;
     'promote|1') echo yaml:w2 ;;
+    'status|0') echo yaml:w2 ;;
+    'logs|0') echo any ;;
+    'logs|1') echo yaml:w2 ;;
+    'audit|0') echo yaml:w2 ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;

@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transf
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote patch config hicache check runbook
+            echo plan deploy rollback releases promote status logs audit patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -35,6 +35,12 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --to --health-timeout
         case 'promote'
             contains -- $argv[2] --concurrency --max-corruption --turns --min-requests
+        case 'status'
+            contains -- $argv[2] --timeout
+        case 'logs'
+            contains -- $argv[2] -n --lines --host --grep --interval
+        case 'audit'
+            contains -- $argv[2] --since --host
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -143,6 +149,9 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (b
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running release good by hand after check smoke + check load (the pro...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state, process alive, /health,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on, each line prefixed with th...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
@@ -204,6 +213,27 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l json -d 'Print the dsv4ctl.
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs (secret v...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'promote\' 1' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l timeout -r -f -d 'Seconds per HTTP probe.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l json -d 'Print the dsv4ctl.status/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'status\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s n -l lines -r -f -d 'Last lines per host (1..100000).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s f -l follow -d 'Keep printing new lines until Ctrl-C.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l host -r -f -d 'Only this host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l grep -r -f -d 'Only lines matching this regular expression.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l interval -r -f -d 'With -f: seconds between reads.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'logs\' 1' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l since -r -f -d 'Only records at or after this UTC time (2026-12-01 or 2026-12-01T16:00:00Z).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l host -r -f -d 'Only this host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.audit/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'audit\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'

@@ -15,10 +15,20 @@ def profile_argument() -> object:
     return typer.Argument(None, help=PROFILE_ARG_HELP)
 
 
-def load_deployment_arg(arg: Optional[str]):
+def load_deployment_arg(arg: Optional[str], acts_on_hosts: bool = False):
     """The :class:`~dsv4ctl.profile.deployment.Deployment` of a PROFILE argument (None → the
-    embedded default; a shipped name; a path). InputError (exit 2) for a bad profile."""
+    embedded default; a shipped name; a path). A command that acts on hosts (``acts_on_hosts``)
+    never falls back to the embedded example: the profile comes from the argument or
+    ``DSV4CTL_PROFILE``. InputError (exit 2) for a bad or missing profile."""
+    import os
+
+    from ..errors import InputError
     from ..profile.deployment import resolve
     from ..profile.model import load_profile
     from ..resources import resolve_profile
+    if arg is None and acts_on_hosts:
+        arg = os.environ.get("DSV4CTL_PROFILE") or None
+        if arg is None:
+            raise InputError("this command acts on hosts: give the profile (argument or DSV4CTL_PROFILE); "
+                             "the embedded example profile is for plan, config lint and runbook show")
     return resolve(load_profile(resolve_profile(arg)))

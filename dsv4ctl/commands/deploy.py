@@ -8,7 +8,7 @@ import typer
 
 from ..render import console, dump_json, markdown_table, rich_table
 
-_P = typer.Argument(None, help="Profile path or shipped name (default: the embedded dsv4-flash-8xb200-pd).")
+_P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command acts on hosts.")
 
 
 def _opts(**kw):
@@ -25,7 +25,7 @@ def _opts(**kw):
 
 def _profile(arg):
     from .common import load_deployment_arg
-    return load_deployment_arg(arg)
+    return load_deployment_arg(arg, acts_on_hosts=True)
 
 
 class _Interrupted:

@@ -21,7 +21,7 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     from ..serve.hicache_local import prepare_edits, select_groups, write_all
     from .common import load_deployment_arg
 
-    prof = load_deployment_arg(profile)
+    prof = load_deployment_arg(profile, acts_on_hosts=remote)
     groups = select_groups(prof, group, action)
     if not groups:
         raise InputError(f"hicache {action}: no group selected (use --group)")
@@ -218,7 +218,7 @@ def status(profile: Optional[str] = _PROFILE,
     from ..serve.lint import check_keys
     from .common import load_deployment_arg
 
-    prof = load_deployment_arg(profile)
+    prof = load_deployment_arg(profile, acts_on_hosts=remote)
     groups = select_groups(prof, group, "status")
     table = load_table()
     rows: list[GroupStatus] = []

@@ -1,0 +1,246 @@
+"""``dsv4ctl status`` / ``logs`` / ``audit``: what runs, its server logs and its history, from
+every host in one parallel round trip each, without SSH-ing in (facts: :mod:`dsv4ctl.hosts.day2`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from typing import Optional
+
+import typer
+
+from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
+from ..render import console, dump_json, markdown_table, rich_table
+from .common import PROFILE_ARG_HELP
+
+_P = typer.Argument(None, help=PROFILE_ARG_HELP + " Required here (or DSV4CTL_PROFILE): the command reads hosts.")
+_ACCEPT = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")
+
+
+def _site(profile, accept_new: bool):
+    from ..deploy.site import Options, open_site
+    from .common import load_deployment_arg
+    dep = load_deployment_arg(profile, acts_on_hosts=True)
+    return dep, open_site(dep, Options(accept_new_host_keys=accept_new))
+
+
+async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[str], Optional[dict]]]:
+    """{group: (health error or None, /server_info or None)} over HTTP, all groups at once."""
+    import asyncio
+
+    import aiohttp
+
+    async def one(s, url):
+        err, info = None, None
+        try:
+            async with s.get(url + "/health") as r:
+                if r.status != 200:
+                    err = f"/health answered {r.status}"
+            async with s.get(url + "/server_info") as r:
+                if r.status == 200:
+                    info = await r.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            err = err or f"/health: {type(e).__name__}"
+        return err, info
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        res = await asyncio.gather(*(one(s, u) for u in urls.values()))
+    return dict(zip(urls, res))
+
+
+def status(profile: Optional[str] = _P,
+           timeout: float = typer.Option(5.0, "--timeout", help="Seconds per HTTP probe."),
+           accept_new: bool = _ACCEPT,
+           as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.status/1 JSON document."),
+           markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
+    """Per host and group: the active release and its state, process alive, /health, HiCache as
+    running vs the serve config, the lock holder, the last audit record.
+
+    Exit 0 all healthy · 1 something unhealthy or differing · 2 bad input · 3 a host unreachable."""
+    import asyncio
+
+    from ..hosts.day2 import parse_status, status_command
+    from ..hosts.lock import holder_text
+    from ..remote import run_parallel
+    from ..serve.argtable import load_table
+    from ..serve.hicache import compare, file_view
+    from ..serve.lint import check_keys
+
+    dep, site = _site(profile, accept_new)
+    groups = {h: [g.name for g in dep.groups.values() if g.group.host == h] for h in dep.hosts}
+    try:
+        res = run_parallel(site.transports, lambda t: parse_status(
+            t.name, site.paths[t.name].root, t.run(status_command(site.paths[t.name].root, groups[t.name],
+                                                                  dep.deploy.service), timeout=60).out),
+            timeout=60 + 15)
+    finally:
+        site.close()
+    probes = asyncio.run(_probe({g.name: g.url for g in dep.groups.values()}, timeout))
+    table = load_table()
+    hosts, rows, unhealthy, down = {}, [], [], []
+    for h, r in res.items():
+        if not r.ok:
+            down.append(r.error)
+            hosts[h] = {"error": r.error, "groups": {}}
+            rows.append([h, "-", "UNREACHABLE", "", "", "", r.error[:80]])
+            continue
+        st = r.value
+        f = st.facts
+        cur = f.current
+        hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
+                "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {}}
+        for name in groups[h]:
+            g = dep.groups[name]
+            err, info = probes[name]
+            diffs: list[str] = []
+            if g.is_server and info is not None and g.serve is not None:
+                _, resolved = check_keys(g.serve, table, name)
+                want = file_view(resolved.args)
+                diffs = compare(want, {k: info.get(k) for k in want})
+            alive = st.alive.get(name, False)
+            ok = alive and err is None and not diffs
+            if not ok:
+                unhealthy.append(f"{h}/{name}: " + ("process not running" if not alive else err or diffs[0]))
+            hdoc["groups"][name] = {"role": g.role, "url": g.url, "alive": alive, "health": err or "ok",
+                                    "hicache_differences": diffs}
+            rows.append([h, name, f"{cur or '-'} ({hdoc['state'] or '-'})", "yes" if alive else "NO",
+                         err or "ok", "; ".join(diffs) or "match" if info is not None else "-",
+                         hdoc["lock"] or "-"])
+        hosts[h] = hdoc
+    doc = {"schema": "dsv4ctl.status/1", "profile": dep.name, "hosts": hosts, "unhealthy": unhealthy,
+           "unreachable": down, "ok": not unhealthy and not down}
+    if as_json:
+        print(dump_json(doc))
+    else:
+        headers = ["host", "group", "release (state)", "alive", "/health", "HiCache vs config", "lock"]
+        if markdown:
+            print(markdown_table(headers, rows))
+        else:
+            console().print(rich_table(f"dsv4ctl status: {dep.name}", headers, rows))
+        for h, hd in hosts.items():
+            la = hd.get("last_audit")
+            if la:
+                print(f"{h}: last audit: {la.get('ts', '?')} {la.get('who', '?')} {la.get('action', '?')} "
+                      f"{la.get('release', '')} {la.get('result', '?')}".replace("  ", " "))
+    if down:
+        raise DsvError(f"status: {len(down)} host(s) unreachable: {down[0]}", EXIT_REMOTE)
+    if unhealthy:
+        raise DsvError(f"status: {len(unhealthy)} group(s) unhealthy: {unhealthy[0]}", EXIT_FAILED)
+
+
+def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
+         profile: Optional[str] = _P,
+         lines: int = typer.Option(50, "-n", "--lines", help="Last lines per host (1..100000)."),
+         follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until Ctrl-C."),
+         host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
+         grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
+         interval: float = typer.Option(1.0, "--interval", help="With -f: seconds between reads."),
+         accept_new: bool = _ACCEPT) -> None:
+    """The group's server log from every host it runs on, each line prefixed with the host (both
+    service backends append to <root>/logs/<group>.log). -f follows until Ctrl-C.
+
+    Exit 0 · 2 bad input (unknown group or host, bad --grep) · 3 a host unreachable."""
+    from ..hosts.day2 import log_read_command, parse_log_read
+    from ..remote import run_parallel
+
+    if not 1 <= lines <= 100_000:
+        raise InputError("-n/--lines must be in 1..100000")
+    if not (0.05 <= interval <= 3600):
+        raise InputError("--interval must be in 0.05..3600 seconds")
+    try:
+        rx = re.compile(grep) if grep else None
+    except re.error as e:
+        raise InputError(f"--grep {grep!r}: {e}") from None
+    dep, site = _site(profile, accept_new)
+    try:
+        g = dep.group(group)
+        hs = [g.group.host]
+        if host is not None:
+            if host not in dep.hosts:
+                raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")
+            if host not in hs:
+                raise InputError(f"--host {host!r}: group {group} does not run there ({', '.join(hs)})")
+            hs = [host]
+        sel = {h: site.transports[h] for h in hs}
+        offsets: dict[str, Optional[int]] = {h: None for h in hs}
+        rank = re.compile(r"\b(?:TP|tp|DP|dp|PP|pp)(\d+)\b")
+
+        def show(h: str, text: str) -> None:
+            for ln in text.splitlines():
+                if rx is None or rx.search(ln):
+                    m = rank.search(ln)
+                    print(f"{h}{'/' + m.group(0) if m else ''}: {ln}")
+            sys.stdout.flush()
+
+        while True:
+            res = run_parallel(sel, lambda t: parse_log_read(t.run(log_read_command(
+                site.paths[t.name], group, offsets[t.name], lines), timeout=60).out), timeout=75)
+            for h, r in res.items():
+                if not r.ok:
+                    raise DsvError(f"logs: {r.error}", EXIT_REMOTE)
+                size, text = r.value
+                if size < 0:
+                    if offsets[h] is None:
+                        print(f"{h}: no log for group {group} yet ({site.paths[h].logfile(group)})", file=sys.stderr)
+                    offsets[h] = 0
+                    continue
+                if offsets[h] is not None and size < offsets[h]:     # rotated or truncated: from the start
+                    offsets[h] = 0
+                    continue
+                show(h, text)
+                offsets[h] = size
+            if not follow:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+    finally:
+        site.close()
+
+
+def audit(profile: Optional[str] = _P,
+          since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this UTC time (2026-12-01 or 2026-12-01T16:00:00Z)."),
+          host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
+          accept_new: bool = _ACCEPT,
+          as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.audit/1 JSON document."),
+          markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
+    """Every host's audit log merged by time: when, who, host, what, release, result, detail.
+
+    Exit 0 · 2 bad input · 3 a host unreachable (the others are still printed)."""
+    from ..hosts.day2 import audit_command, merge_audit, parse_audit
+    from ..remote import run_parallel
+
+    if since is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}(T\d{2}(:\d{2}(:\d{2})?)?Z?)?", since):
+        raise InputError(f"--since {since!r}: expected a UTC date or time like 2026-12-01T16:00:00Z")
+    dep, site = _site(profile, accept_new)
+    if host is not None and host not in dep.hosts:
+        site.close()
+        raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")
+    sel = {h: t for h, t in site.transports.items() if host in (None, h)}
+    try:
+        res = run_parallel(sel, lambda t: parse_audit(t.name, t.run(audit_command(site.paths[t.name]), timeout=60).out),
+                           timeout=75)
+    finally:
+        site.close()
+    down = [r.error for r in res.values() if not r.ok]
+    recs = merge_audit({h: r.value for h, r in res.items() if r.ok}, since, host)
+    if as_json:
+        print(dump_json({"schema": "dsv4ctl.audit/1", "profile": dep.name, "records": recs, "unreachable": down}))
+    else:
+        headers = ["when", "who", "host", "action", "release", "result", "detail"]
+        rows = [[r.get("ts", ""), r.get("who", ""), r.get("host", ""), r.get("action", ""), r.get("release", ""),
+                 r.get("result", ""), str(r.get("detail", ""))[:100]] for r in recs]
+        if markdown:
+            print(markdown_table(headers, rows))
+        else:
+            console().print(rich_table(f"dsv4ctl audit: {dep.name}", headers, rows))
+    if down:
+        raise DsvError(f"audit: {len(down)} host(s) unreachable: {down[0]}", EXIT_REMOTE)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``status``, ``logs`` and ``audit`` to the root app."""
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.command("audit")(audit)

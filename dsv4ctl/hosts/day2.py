@@ -1,0 +1,106 @@
+"""Day-2 facts of a host, each one read-only command and a pure parser: what runs (``status``),
+the server logs (``logs``) and the audit log (``audit``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..remote import q
+from .layout import HostFacts, Paths, facts_command, parse_facts
+from .service import backend
+
+
+@dataclass
+class HostStatus:
+    """One host: its facts, which of its groups' processes are alive, its last audit record."""
+
+    facts: HostFacts
+    alive: dict[str, bool] = field(default_factory=dict)
+    last_audit: dict | None = None
+
+
+def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None) -> str:
+    """One shell command: the host's facts (:func:`facts_command`), then ``@alive G yes|no`` per
+    group (the service backend's alive check: both backends are asked when ``systemd`` is not
+    known yet, launcher first), then ``@audit`` and the last line of ``audit.jsonl``."""
+    p = Paths(root)
+    lines = [facts_command(root)]
+    for g in groups:
+        kinds = [backend(service, systemd)] if systemd is not None else [backend("launcher", False),
+                                                                          backend("systemd", True)]
+        test = " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
+        lines.append(f"if {test}; then echo {q('@alive ' + g + ' yes')}; else echo {q('@alive ' + g + ' no')}; fi")
+    lines.append(f"echo @audit; tail -n 1 {q(p.audit)} 2>/dev/null || true")
+    return "\n".join(lines)
+
+
+def parse_status(host: str, root: str, text: str) -> HostStatus:
+    """HostStatus from :func:`status_command`'s output (pure)."""
+    lines = text.splitlines()
+    i = lines.index("@audit") if "@audit" in lines else len(lines)
+    head, tail = lines[:i], lines[i + 1:]
+    alive: dict[str, bool] = {}
+    keep = []
+    for ln in head:
+        if ln.startswith("@alive "):
+            _, g, v = ln.split(" ", 2)
+            alive[g] = v == "yes"
+        else:
+            keep.append(ln)
+    last = None
+    tail = [ln for ln in tail if ln.strip()]
+    if tail:
+        try:
+            last = json.loads(tail[-1])
+        except ValueError:
+            last = {"unreadable": tail[-1][:200]}
+    return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last)
+
+
+def log_read_command(p: Paths, group: str, offset: int | None, lines: int) -> str:
+    """Shell: print the size of the group's log then, from ``offset`` bytes (None: the last
+    ``lines`` lines), its text. Both service backends append to ``logs/<group>.log``."""
+    lf = q(p.logfile(group))
+    body = f"tail -n {int(lines)} {lf}" if offset is None else f"tail -c +{int(offset) + 1} {lf}"
+    return f"if [ -f {lf} ]; then wc -c < {lf}; {body}; else echo -1; fi"
+
+
+def parse_log_read(text: str) -> tuple[int, str]:
+    """(log size in bytes, or -1 when there is no log; the text) from :func:`log_read_command`."""
+    first, _, rest = text.partition("\n")
+    try:
+        return int(first.strip()), rest
+    except ValueError:
+        return -1, ""
+
+
+def audit_command(p: Paths) -> str:
+    """Shell: the host's whole audit log (empty when there is none)."""
+    return f"cat {q(p.audit)} 2>/dev/null || true"
+
+
+def parse_audit(host: str, text: str) -> list[dict]:
+    """Audit records of one host (JSON lines; an unreadable line is kept as ``unreadable``)."""
+    out = []
+    for ln in text.splitlines():
+        if not ln.strip():
+            continue
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError
+        except ValueError:
+            rec = {"ts": "", "host": host, "action": "?", "result": "?", "unreadable": ln[:200]}
+        rec.setdefault("host", host)
+        out.append(rec)
+    return out
+
+
+def merge_audit(per_host: dict[str, list[dict]], since: str | None = None, host: str | None = None) -> list[dict]:
+    """Every host's records merged by time (``ts``, ISO 8601 UTC), optionally from ``since`` on
+    and of one ``host``."""
+    recs = [r for h, rs in per_host.items() if host in (None, h) for r in rs]
+    if since:
+        recs = [r for r in recs if str(r.get("ts", "")) >= since]
+    return sorted(recs, key=lambda r: (str(r.get("ts", "")), r.get("host", "")))

@@ -1,0 +1,94 @@
+"""status / logs / audit against real OpenSSH sshd hosts (launcher backend) after a real deploy,
+with --json; their facts' parsers with data; host-acting commands need an explicit profile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv4ctl.hosts.day2 import merge_audit, parse_audit, parse_log_read, parse_status, status_command
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.promote_world import PromoteWorld
+
+
+def test_parse_status_and_audit_with_data():
+    text = ("@current\nr1\n@previous\n@state\n{\"releases\": {\"r1\": {\"state\": \"good\"}}}\n@lock\n@rsync\nyes\n"
+            "@systemd\n@launch\n@incoming\n@end\n@alive a yes\n@alive b no\n@audit\n"
+            '{"ts": "2026-12-01T00:00:00Z", "action": "deploy", "result": "ok"}\n')
+    st = parse_status("h0", "/srv", text)
+    assert st.facts.current == "r1" and st.facts.recorded("r1") == "good"
+    assert st.alive == {"a": True, "b": False} and st.last_audit["action"] == "deploy"
+    assert parse_status("h0", "/srv", text.replace('{"ts"', "not json {")).last_audit == \
+        {"unreadable": 'not json {: "2026-12-01T00:00:00Z", "action": "deploy", "result": "ok"}'}
+    assert parse_log_read("12\nhello\nworld\n") == (12, "hello\nworld\n") and parse_log_read("-1\n") == (-1, "")
+    a = parse_audit("h0", '{"ts": "2026-12-01T00:00:02Z", "action": "x"}\nbroken\n')
+    b = parse_audit("h1", '{"ts": "2026-12-01T00:00:01Z", "action": "y"}\n')
+    assert [r["action"] for r in merge_audit({"h0": a, "h1": b})] == ["?", "y", "x"]
+    assert [r["host"] for r in merge_audit({"h0": a, "h1": b}, since="2026-12-01T00:00:02")] == ["h0"]
+    assert "@alive g yes" in status_command("/srv", ["g"], "launcher", False)
+
+
+@pytest.mark.parametrize("argv", [["deploy"], ["rollback"], ["releases"], ["promote", "r0123456789ab"], ["status"],
+                                  ["logs", "decode"], ["audit"]])
+def test_host_acting_commands_need_an_explicit_profile(argv):
+    r = run_cli(*argv, env={"DSV4CTL_PROFILE": ""})
+    assert r.code == 2 and r.err.strip().endswith(
+        "this command acts on hosts: give the profile (argument or DSV4CTL_PROFILE); the embedded example "
+        "profile is for plan, config lint and runbook show")
+
+
+
+
+@pytest.fixture
+def deployed(live_cluster, tmp_path):
+    w = PromoteWorld(live_cluster, tmp_path)
+    r = run_cli("deploy", str(w.profile), "--json", env=w.env(), timeout=300)
+    assert r.code == 0, r.err
+    w.rid = r.json()["release"]
+    yield w
+    w.stop_services()
+
+
+@pytest.mark.sshd
+def test_status_logs_audit_on_sshd_hosts(deployed):
+    w = deployed
+    r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["schema"] == "dsv4ctl.status/1" and doc["ok"] is True
+    for h, hd in doc["hosts"].items():
+        assert hd["current"] == w.rid and hd["state"] == "active" and hd["lock"] is None
+        assert hd["last_audit"]["action"] == "deploy" and hd["last_audit"]["result"] == "ok"
+        assert all(g["alive"] and g["health"] == "ok" and g["hicache_differences"] == [] for g in hd["groups"].values())
+    group, host = next((g, h) for h, hd in doc["hosts"].items() for g in hd["groups"])
+
+    r = run_cli("logs", group, str(w.profile), "-n", "5", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert 1 <= len(lines) <= 5 and all(ln.startswith(f"{host}") for ln in lines)
+    r = run_cli("logs", group, str(w.profile), "--grep", "no such text anywhere", env=w.env(), timeout=120)
+    assert r.code == 0 and r.out == ""
+    r = run_cli("logs", "nosuch", str(w.profile), env=w.env())
+    assert r.code == 2 and "no group 'nosuch'" in r.err
+
+    r = run_cli("audit", str(w.profile), "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    recs = r.json()["records"]
+    assert {x["host"] for x in recs} == set(w.roots) and all(x["action"] == "deploy" for x in recs)
+    assert [x["ts"] for x in recs] == sorted(x["ts"] for x in recs)
+    r = run_cli("audit", str(w.profile), "--since", "2999-01-01", "--json", env=w.env(), timeout=120)
+    assert r.code == 0 and r.json()["records"] == []
+
+    # a stopped server: status says which, exit 1
+    pidfile = next(iter(w.roots.values())) / "run" / f"{group}.pid"
+    pidfile = w.roots[host] / "run" / f"{group}.pid"
+    import os
+    import signal
+    import time
+    os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    time.sleep(0.5)
+    r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
+    assert r.code == 1 and f"{host}/{group}: process not running" in r.err
+    assert r.json()["hosts"][host]["groups"][group]["alive"] is False
