@@ -58,7 +58,7 @@ def test_deploy_then_delta_deploy_and_releases(world):
     assert w.currents() == {h: rid for h in w.roots}
     for h in w.roots:
         w.assert_complete(h)
-        assert w.state(h)["releases"][rid]["state"] == "good"
+        assert w.state(h)["releases"][rid]["state"] == "active"     # health gate passed; good needs a promotion gate
         a = w.audit(h)
         assert [(x["action"], x["result"], x["release"], x["from"]) for x in a] == [("deploy", "ok", rid, None)]
         assert a[0]["who"] and a[0]["host"] == h
@@ -104,10 +104,12 @@ def test_deploy_then_delta_deploy_and_releases(world):
     r = cli(w, "releases", "--markdown")
     assert r.code == 0 and f"| h3 | {rid2} | active | v0.5.23" in r.out
 
-    # operator rollback: default target = newest good release present everywhere (the first one)
+    # operator rollback: no release is good (no promotion gate passed), so the default names the previous one
     r = cli(w, "rollback", "--dry-run")
+    assert r.code == 2 and f"the previous release is {rid}: dsv4ctl rollback --to {rid}" in r.err
+    r = cli(w, "rollback", "--to", rid, "--dry-run")
     assert r.code == 0 and f"dry run: rollback to {rid}" in r.out and w.currents() == {h: rid2 for h in w.roots}
-    r = cli(w, "rollback")
+    r = cli(w, "rollback", "--to", rid)
     assert r.code == 0, r.err
     assert w.currents() == {h: rid for h in w.roots}
     assert serving(w)

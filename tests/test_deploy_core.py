@@ -166,7 +166,7 @@ def test_choose_rollback_target():
     with pytest.raises(InputError, match="release r1 is not present on b"):
         choose_rollback_target({"a": a2, "b": b2}, "r1")
     assert choose_rollback_target({"a": a2, "b": b2}, "r3") == "r3"
-    with pytest.raises(InputError, match="no good release"):
+    with pytest.raises(InputError, match="no release other than the current one is good on every host"):
         choose_rollback_target({"a": _hf(["r3"], current="r3")})
 
 

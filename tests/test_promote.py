@@ -152,12 +152,16 @@ def test_promotion_gate_rollback_then_good_release(world):
     assert rows[good]["promoted_at"] and rows[good]["evidence"].startswith(f"evidence/{good}/")
     r = cli(w, "releases", "--markdown")
     assert f"| h1 | {good} | active |" in r.out and r.out.split(f"| h1 | {good} |")[1].split("\n")[0].endswith("| promoted |")
-    assert r.out.split(f"| h0 | {bad} |")[1].split("\n")[0].endswith("| failed: check load |")
+    assert "| failed: check load (check load: gate failed at " in r.out.split(f"| h0 | {bad} |")[1].split("\n")[0]
 
-    # 3. the bad release forced in without checks, then promoted by hand: the same gate fails, marked failed
+    # 3. a plain deploy of the failed release is refused; forced in, then promoted by hand: the same
+    #    gate fails, marked failed again
     r = cli(w, "deploy")
+    assert r.code == 1 and f"release {bad} failed on h0 at " in r.err and "--force-failed" in r.err
+    r = cli(w, "deploy", "--force-failed")
     assert r.code == 0, r.err
     assert w.currents() == {"h0": bad, "h1": bad}
+    assert w.state("h0")["releases"][bad]["state"] == "active" and w.audit("h0")[-1]["forced_failed"] is True
     r = cli(w, "promote", bad)
     assert r.code == 1, r.err
     assert f"promote {bad}: check load failed: check load: gate failed at" in r.err

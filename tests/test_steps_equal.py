@@ -155,10 +155,10 @@ def test_rollback_runs_exactly_its_dry_run(world, monkeypatch):
     a = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
     time.sleep(1.05 - time.time() % 1)
     b = engine.deploy(load_deployment(w.profile), _opts(w), patches=[str(w.patch1)])["release"]
-    dry = engine.rollback(load_deployment(w.profile), _opts(w, dry_run=True))
+    dry = engine.rollback(load_deployment(w.profile), _opts(w, dry_run=True), to=a)
     assert dry["release"] == a
     rec = Recorder(monkeypatch)
-    rep, planned, executed = _run(engine.rollback, w)
+    rep, planned, executed = _run(engine.rollback, w, to=a)
     assert rep["result"] == "ok" and rep["hosts"]["h0"] == {"from": b, "to": a}
     check_equal(dry, planned, executed, rec, _token(planned))
 

@@ -52,6 +52,9 @@ def make_patch(tree: Path, out: Path) -> Path:
     return out
 
 
+#: Measured memory of the test groups (GiB): a DSV4-Flash rank that fits one B200 in the plan.
+MEMORY = {"free_gib_before_load": 177.0, "weights_gib_per_rank": 40.0}
+
 class World:
     """Profile + configs for ``hosts`` sshd hosts. Groups: prefill on h0, decode on h1, router on h2."""
 
@@ -75,7 +78,8 @@ class World:
         for g in ("prefill", "decode"):
             cfg = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "deepseek-v4-flash",
                    "host": "0.0.0.0", "port": self.ports[g], "tp-size": 1, "disaggregation-mode": g,
-                   "disaggregation-bootstrap-port": 8998, **self.extra[g]}
+                   "disaggregation-bootstrap-port": 8998, "reasoning-parser": "deepseek-v4",
+                   "tool-call-parser": "deepseekv4", **self.extra[g]}
             (self.cfgdir / f"{g}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         h = self.hosts
         decode_url = f"http://{h[1].address}:{self.ports['decode']}"
@@ -88,8 +92,11 @@ class World:
                                   "router": STANDIN + " --host {address} --port {port} --router " + decode_url}},
             "hosts": [self.c.host_yaml(x, self.roots[x.name], known_hosts=self.known_hosts) for x in h],
             "groups": [
-                {"name": "prefill", "role": "prefill", "host": h[0].name, "gpus": [0], "tp": 1, "serve_config": "prefill.yaml"},
-                {"name": "decode", "role": "decode", "host": h[1].name, "gpus": [0], "tp": 1, "serve_config": "decode.yaml"},
+                # measured memory as an operator would give it: the deploy preflight plans these groups
+                {"name": "prefill", "role": "prefill", "host": h[0].name, "gpus": [0], "tp": 1, "serve_config": "prefill.yaml",
+                 "memory": MEMORY},
+                {"name": "decode", "role": "decode", "host": h[1].name, "gpus": [0], "tp": 1, "serve_config": "decode.yaml",
+                 "memory": MEMORY},
                 {"name": "router", "role": "router", "host": h[2].name, "port": self.ports["router"],
                  "prefill": ["prefill"], "decode": ["decode"]},
             ],
