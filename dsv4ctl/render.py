@@ -23,12 +23,13 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
 
 def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence[int] = ()):
     """A rich Table (imported lazily to keep start-up fast)."""
+    from rich.markup import escape
     from rich.table import Table
-    t = Table(title=title, title_justify="left")
+    t = Table(title=escape(title), title_justify="left")
     for i, h in enumerate(headers):
-        t.add_column(h, justify="right" if i in right else "left")
-    for r in rows:
-        t.add_row(*[str(x) for x in r])
+        t.add_column(escape(str(h)), justify="right" if i in right else "left")
+    for r in rows:      # cells are data (log lines, reasons, paths): never rich markup
+        t.add_row(*[escape(str(x)) for x in r])
     return t
 
 

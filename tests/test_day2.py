@@ -31,12 +31,52 @@ def test_parse_status_and_audit_with_data():
 
 
 @pytest.mark.parametrize("argv", [["deploy"], ["rollback"], ["releases"], ["promote", "r0123456789ab"], ["status"],
-                                  ["logs", "decode"], ["audit"]])
+                                  ["logs", "decode"], ["audit"], ["hicache", "off"], ["hicache", "on"]])
 def test_host_acting_commands_need_an_explicit_profile(argv):
     r = run_cli(*argv, env={"DSV4CTL_PROFILE": ""})
     assert r.code == 2 and r.err.strip().endswith(
-        "this command acts on hosts: give the profile (argument or DSV4CTL_PROFILE); the embedded example "
-        "profile is for plan, config lint and runbook show")
+        "this command changes or reads hosts or files: give the profile (argument or DSV4CTL_PROFILE); the "
+        "embedded example is only for read-only commands (plan, config lint, hicache status, runbook show)")
+
+
+def test_dsv4ctl_profile_stands_in_for_the_argument(tmp_path):
+    import shutil
+    from tests.conftest import DEFAULT_PROFILE
+    shutil.copy(DEFAULT_PROFILE, tmp_path / "mine.yaml")
+    shutil.copytree(DEFAULT_PROFILE.with_suffix(""), tmp_path / DEFAULT_PROFILE.stem)
+    text = (tmp_path / "mine.yaml").read_text().replace("name: dsv4-flash-8xb200-pd", "name: mine")
+    (tmp_path / "mine.yaml").write_text(text.replace("series: ../patches/sglang-0.5.23", "series: null"))
+    r = run_cli("plan", "--json", env={"DSV4CTL_PROFILE": str(tmp_path / "mine.yaml")})
+    assert r.code == 0 and r.json()["profile"] == "mine"
+
+
+def test_audit_since_is_normalised_and_checked():
+    from dsv4ctl.commands.day2 import _since
+    from dsv4ctl.errors import InputError
+    assert _since("2026-12-01T17Z") == _since("2026-12-01T17:00") == "2026-12-01T17:00:00Z"
+    assert _since("2026-12-01") == "2026-12-01T00:00:00Z"
+    for bad in ("2026-13-45", "2026-12-01T99:99:99Z", "yesterday", "2026-12-01 17:00"):
+        with pytest.raises(InputError):
+            _since(bad)
+
+
+def test_logs_follow_reads_each_byte_once(tmp_path):
+    """The log read command takes exactly [offset, size): appends between reads are never doubled."""
+    import subprocess
+    from dsv4ctl.hosts.day2 import log_read_command, parse_log_read
+    from dsv4ctl.hosts.layout import Paths
+    p = Paths(str(tmp_path))
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "g.log"
+    log.write_text("a\nb\n")
+    size, text = parse_log_read(subprocess.run(["sh", "-c", log_read_command(p, "g", None, 10)],
+                                               capture_output=True, text=True).stdout)
+    assert (size, text) == (4, "a\nb\n")
+    with log.open("a") as f:
+        f.write("c\npart")
+    size, text = parse_log_read(subprocess.run(["sh", "-c", log_read_command(p, "g", 4, 10)],
+                                               capture_output=True, text=True).stdout)
+    assert (size, text) == (10, "c\npart")
 
 
 

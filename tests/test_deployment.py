@@ -210,3 +210,37 @@ def test_one_lock_message_for_deploy_and_for_hicache(tmp_path):
     assert e.value.exit_code == 3
     assert str(e.value) == str(held_error("h", f"{root}/.lock", __import__("json").dumps(h), can_break=False))
     assert f"h: deploy lock {root}/.lock held by {h['who']} (deploy rabc, pid {h['pid']}" in str(e.value)
+
+
+def test_secrets_never_reach_deploy_output(tmp_path):
+    """Env secrets (any quoting), secret serve-config keys and secret launch flags are masked in the
+    dry-run listing, -v and --json, for both service backends; the YAML cache keeps no secret."""
+    import json as _json
+    import os
+    from dsv4ctl.deploy.steps import deployment_secrets, mask_secrets
+    w = LocalWorld(tmp_path)
+    secrets = {"HF_TOKEN": "hf_secret123", "OPENAI_API_KEY": "sk abc'def", "TOKEN": 'a"LEAK6', "DB_PASSWORD": "has space X"}
+    prof = _json.loads(_json.dumps(w.prof))
+    prof["groups"][0]["env"] = dict(secrets)
+    prof["deploy"]["launch"]["server"] += " --api-key sk-LEAK1 --admin-api-key=sk-LEAK2"
+    cfg = w.cfgdir / "decode.yaml"
+    cfg.write_text(cfg.read_text() + "api-key: sk-CONFIG-SECRET\n")
+    leaks = list(secrets.values()) + ["sk-LEAK1", "sk-LEAK2", "sk-CONFIG-SECRET", "abc'def", "LEAK6"]
+    for service in ("launcher", "systemd"):
+        prof["deploy"]["service"] = service
+        p = w.write_profile(f"s-{service}.yaml", prof)
+        for extra in (["--dry-run", "-v"], ["--dry-run", "--json"], ["--dry-run", "--promote", "-v"]):
+            r = run_cli("deploy", str(p), *extra, "--no-preflight" if "--promote" not in extra else "--dry-run",
+                        env=dict(w.env, DSV4CTL_CACHE=str(tmp_path / "cache")))
+            out = r.out + r.err
+            assert "***" in out or r.code != 0, (service, extra, r.err[-300:])
+            assert not [s for s in leaks if s in out], (service, extra, [s for s in leaks if s in out])
+    assert not [f for f in (tmp_path / "cache" / "yaml").iterdir()
+                if "sk-CONFIG-SECRET" in f.read_text()] if (tmp_path / "cache" / "yaml").exists() else True
+    dep = load_deployment(w.write_profile("s.yaml", prof))
+    assert mask_secrets("x 'OPENAI_API_KEY=sk abc'\"'\"'def' y", deployment_secrets(dep)) == "x 'OPENAI_API_KEY=***' y"
+    ydir = tmp_path / "cache" / "yaml"
+    if ydir.exists():
+        assert oct(ydir.stat().st_mode & 0o777) == "0o700"
+        assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in ydir.iterdir())
+    del os

@@ -12,9 +12,9 @@ import typer
 
 from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
 from ..render import console, dump_json, markdown_table, rich_table
-from .common import PROFILE_ARG_HELP
 
-_P = typer.Argument(None, help=PROFILE_ARG_HELP + " Required here (or DSV4CTL_PROFILE): the command reads hosts.")
+
+_P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command reads hosts.")
 _ACCEPT = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")
 
 
@@ -37,11 +37,16 @@ async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Option
             async with s.get(url + "/health") as r:
                 if r.status != 200:
                     err = f"/health answered {r.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return f"/health: {type(e).__name__}", None
+        try:
             async with s.get(url + "/server_info") as r:
                 if r.status == 200:
                     info = await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            err = err or f"/health: {type(e).__name__}"
+            if not isinstance(info, dict):
+                info = None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            info = None
         return err, info
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
@@ -67,6 +72,9 @@ def status(profile: Optional[str] = _P,
     from ..serve.hicache import compare, file_view
     from ..serve.lint import check_keys
 
+    import math
+    if not (math.isfinite(timeout) and 0 < timeout <= 3600):
+        raise InputError(f"--timeout {timeout!r}: expected seconds in (0, 3600]")
     dep, site = _site(profile, accept_new)
     groups = {h: [g.name for g in dep.groups.values() if g.group.host == h] for h in dep.hosts}
     try:
@@ -83,11 +91,13 @@ def status(profile: Optional[str] = _P,
         if not r.ok:
             down.append(r.error)
             hosts[h] = {"error": r.error, "groups": {}}
-            rows.append([h, "-", "UNREACHABLE", "", "", "", r.error[:80]])
+            rows.append([h, "-", "ERROR", "", "", "", r.error[:80]])
             continue
         st = r.value
         f = st.facts
         cur = f.current
+        if cur and f.recorded(cur) == "failed":
+            unhealthy.append(f"{h}: the active release {cur} is recorded as failed ({f.state['releases'][cur].get('failed_check', '?')})")
         hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
                 "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {}}
         for name in groups[h]:
@@ -124,7 +134,7 @@ def status(profile: Optional[str] = _P,
                 print(f"{h}: last audit: {la.get('ts', '?')} {la.get('who', '?')} {la.get('action', '?')} "
                       f"{la.get('release', '')} {la.get('result', '?')}".replace("  ", " "))
     if down:
-        raise DsvError(f"status: {len(down)} host(s) unreachable: {down[0]}", EXIT_REMOTE)
+        raise DsvError(f"status: {len(down)} host(s) could not be read: {down[0]}", EXIT_REMOTE)
     if unhealthy:
         raise DsvError(f"status: {len(unhealthy)} group(s) unhealthy: {unhealthy[0]}", EXIT_FAILED)
 
@@ -188,8 +198,14 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
                 if offsets[h] is not None and size < offsets[h]:     # rotated or truncated: from the start
                     offsets[h] = 0
                     continue
-                show(h, text)
-                offsets[h] = size
+                if offsets[h] is None:
+                    show(h, text)
+                    offsets[h] = size
+                    continue
+                done, _, partial = text.rpartition("\n")       # an unterminated last line waits for its end
+                if done or text.endswith("\n"):
+                    show(h, done + "\n")
+                offsets[h] = size - len(partial.encode("utf-8", "surrogateescape"))
             if not follow:
                 return
             time.sleep(interval)
@@ -211,8 +227,8 @@ def audit(profile: Optional[str] = _P,
     from ..hosts.day2 import audit_command, merge_audit, parse_audit
     from ..remote import run_parallel
 
-    if since is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}(T\d{2}(:\d{2}(:\d{2})?)?Z?)?", since):
-        raise InputError(f"--since {since!r}: expected a UTC date or time like 2026-12-01T16:00:00Z")
+    if since is not None:
+        since = _since(since)
     dep, site = _site(profile, accept_new)
     if host is not None and host not in dep.hosts:
         site.close()
@@ -237,6 +253,21 @@ def audit(profile: Optional[str] = _P,
             console().print(rich_table(f"dsv4ctl audit: {dep.name}", headers, rows))
     if down:
         raise DsvError(f"audit: {len(down)} host(s) unreachable: {down[0]}", EXIT_REMOTE)
+
+
+def _since(text: str) -> str:
+    """``--since`` as the audit log spells time (``2026-12-01T16:00:00Z``): a UTC date, or a date
+    and hour[:minute[:second]] with an optional ``Z``. InputError for anything else."""
+    import datetime as dt
+    m = re.fullmatch(r"(\d{4}-\d{2}-\d{2})(?:T(\d{2})(?::(\d{2})(?::(\d{2}))?)?)?Z?", text.strip())
+    try:
+        if not m:
+            raise ValueError
+        d = dt.datetime.strptime(m.group(1), "%Y-%m-%d")
+        d = d.replace(hour=int(m.group(2) or 0), minute=int(m.group(3) or 0), second=int(m.group(4) or 0))
+    except ValueError:
+        raise InputError(f"--since {text!r}: expected a UTC date or time like 2026-12-01 or 2026-12-01T16:00:00Z") from None
+    return d.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def register(app: typer.Typer) -> None:

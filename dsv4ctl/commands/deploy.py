@@ -15,12 +15,19 @@ def _opts(**kw):
     import sys
     from ..deploy.engine import Options
     verbose = kw.pop("verbose", False)
+    secrets = kw.pop("secrets", frozenset())
     o = Options(**kw)
-    o.log = lambda s: print(f"dsv4ctl: {s}", file=sys.stderr, flush=True)
+    from ..deploy.steps import mask_secrets
+    o.log = lambda s: print(f"dsv4ctl: {mask_secrets(s, secrets)}", file=sys.stderr, flush=True)
     if verbose and not o.dry_run:
-        from ..deploy.steps import mask_secrets
-        o.trace = lambda st: print(f"dsv4ctl: step {mask_secrets(st.line(True))}", file=sys.stderr, flush=True)
+        o.trace = lambda st: print(f"dsv4ctl: step {mask_secrets(st.line(True), secrets)}", file=sys.stderr, flush=True)
     return o
+
+
+def _out(rep: dict, secrets) -> str:
+    """The ``--json`` document with every secret value masked."""
+    from ..deploy.steps import mask_secrets
+    return mask_secrets(dump_json(rep), secrets)
 
 
 def _profile(arg):
@@ -42,25 +49,25 @@ class _Interrupted:
         return False
 
 
-def _print_actions(title: str, rep: dict, verbose: bool = False) -> None:
+def _print_actions(title: str, rep: dict, verbose: bool = False, secrets=frozenset()) -> None:
     """A ``--dry-run`` listing: the title, then each step indented (``verbose``: with its exact
     command, secret values masked)."""
+    from ..deploy.steps import Step, mask_secrets
     print(title)
     if not verbose or "steps" not in rep:
         for line in rep["actions"]:
-            print(f"  {line}")
+            print(f"  {mask_secrets(line, secrets)}")
         return
-    from ..deploy.steps import Step, mask_secrets
     head = [a for a in rep["actions"] if not a.startswith(tuple(f"{s['host']}: " for s in rep["steps"]))
             and not a.startswith(("on a failed", "  "))]
     for line in head:
         print(f"  {line}")
     for s in rep["steps"]:
-        print("  " + mask_secrets(Step(**s).line(True)))
+        print("  " + mask_secrets(Step(**s).line(True), secrets))
     if rep.get("on_failure"):
         print("  on a failed gate, check or an interrupt, instead (the hosts that switched):")
         for s in rep["on_failure"]:
-            print("    " + mask_secrets(Step(**s).line(True)))
+            print("    " + mask_secrets(Step(**s).line(True), secrets))
 
 
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every exact command; in a run: each step as it runs (secret values masked).")
@@ -138,17 +145,23 @@ def deploy(
     interrupted (hosts rolled back)."""
     from ..deploy import engine
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
+    if po is not None and no_preflight:
+        from ..errors import InputError
+        raise InputError("--no-preflight cannot go with --promote: the promotion pipeline always runs its preflight")
     p = _profile(profile)
+    from ..deploy.steps import deployment_secrets
+    secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
     with _Interrupted(), _Progress() as prog:
-        opts = _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
+        opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=prog, verbose=verbose, force_failed=force_failed,
                      preflight=not no_preflight)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
     if as_json:
-        print(dump_json(rep))
+        print(_out(rep, secrets))
     elif dry_run:
-        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep, verbose)
+        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep, verbose,
+                       secrets)
     else:
         rows = []
         for h, r in rep["hosts"].items():
@@ -208,19 +221,21 @@ def promote(
     """Mark the running release good by hand after check smoke + check load (the profile's gate)
     against the running deployment; the check reports are kept as evidence.
 
-    Exit 0 marked good · 1 a check failed (not marked; evidence kept) · 2 not the active release
-    on every host / bad input · 3 SSH or lock failure."""
+    Exit 0 marked good · 1 a check failed (the release is marked failed; evidence kept) · 2 not the
+    active release on every host / bad input · 3 SSH or lock failure."""
     from ..deploy.promote import promote_by_hand
     po = _promote_opts(True, None, concurrency, max_corruption, turns, min_requests)
     p = _profile(profile)
+    from ..deploy.steps import deployment_secrets
+    secrets = deployment_secrets(p)
     with _Interrupted():
-        rep = promote_by_hand(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, break_lock=break_lock,
+        rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, break_lock=break_lock,
                                        verbose=verbose),
                               release, po)
     if as_json:
-        print(dump_json(rep))
+        print(_out(rep, secrets))
     elif dry_run:
-        _print_actions(f"dry run: promote {release} (nothing run, nothing changed)", rep, verbose)
+        _print_actions(f"dry run: promote {release} (nothing run, nothing changed)", rep, verbose, secrets)
     else:
         print(f"promoted {release} on {', '.join(rep['hosts'])}: "
               + ", ".join(f"check {c['check']} pass" for c in rep["checks"]) + f"; evidence in {rep['evidence']}")
@@ -245,14 +260,16 @@ def rollback(
     host · 3 SSH/lock failure or the gate failed (hosts put back)."""
     from ..deploy import engine
     p = _profile(profile)
+    from ..deploy.steps import deployment_secrets
+    secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
     with _Interrupted():
-        rep = engine.rollback(p, _opts(dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
+        rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                                        break_lock=break_lock, verbose=verbose, force_failed=force_failed), to=to)
     if as_json:
-        print(dump_json(rep))
+        print(_out(rep, secrets))
     elif dry_run:
-        _print_actions(f"dry run: rollback to {rep['release']} (nothing changed)", rep, verbose)
+        _print_actions(f"dry run: rollback to {rep['release']} (nothing changed)", rep, verbose, secrets)
     else:
         print(f"rolled back to {rep['release']} on {', '.join(rep['hosts'])}")
 
@@ -264,7 +281,9 @@ def releases(
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
     """Per host: release id, base, patches, when, who, state (active / previous / good / failed / pushed),
-    checks (promoted, or the promotion check that failed)."""
+    checks (promoted, or the check that failed with its reason and evidence).
+
+    Exit 0 · 2 bad input · 3 a host could not be read (the others are still listed)."""
     from ..deploy import engine
     rep = engine.releases(_profile(profile), _opts(accept_new_host_keys=accept_new))
     down = {h: hr["error"] for h, hr in rep["hosts"].items() if hr.get("error")}

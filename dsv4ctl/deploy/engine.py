@@ -294,14 +294,15 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         site.close()
 
 
-def refuse(site: Site, rid: str, gated: bool) -> None:
+def refuse(site: Site, rid: str, gated: bool, how: str = "deploy") -> None:
     """Refused (exit 1, nothing changed) when ``rid`` is recorded as failed on a host and neither a
     promotion gate (``gated``) nor ``--force-failed`` lets it run again."""
     from .states import Refused, refusals
     bad = [] if gated else refusals(site.facts, rid, site.opts.force_failed)
     if bad:
-        raise Refused(bad[0] + "; gate it again with --promote, or activate it anyway with --force-failed "
-                      "(recorded; it stays active, never good)" + (f" (+{len(bad) - 1} more host(s))" if len(bad) > 1 else ""))
+        hint = "gate it again with deploy --promote, or" if how == "deploy" else "or"
+        raise Refused(bad[0] + f"; {hint} activate it anyway with --force-failed (recorded; it stays active, "
+                      "never good)" + (f" (+{len(bad) - 1} more host(s))" if len(bad) > 1 else ""))
 
 
 def _announce(site: Site, run: RunSteps) -> None:
@@ -450,7 +451,7 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
     try:
         facts = gather_facts(site)
         target = choose_rollback_target(facts, to)
-        refuse(site, target, False)
+        refuse(site, target, False, "rollback")
         if opts.dry_run:
             site.token = DRY_RUN_TOKEN
             run = rollback_steps(site, target, target_spec(site, target), locked=False,
@@ -460,7 +461,7 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
         try:
             acquire_locks(site, f"rollback to {target}")
             target = choose_rollback_target(site.facts, to)
-            refuse(site, target, False)
+            refuse(site, target, False, "rollback")
             spec = target_spec(site, target)
             run = rollback_steps(site, target, spec, extra=_record_extras(site, target, True))
             _announce(site, run)
@@ -473,7 +474,8 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
                 close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"})
                 raise
             if not ok:
-                close_all(site, {**rec, "result": "failed", "detail": why[:2000]})
+                close_all(site, {**rec, "result": "failed", "detail": why[:2000]},
+                          event=(target, "failed", {"failed_check": "health gate (rollback)", "failure": why[:1000]}))
                 raise RemoteError(f"rollback to {target} failed its health gate; hosts put back on "
                                   f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}")
             run_close(site, run.of("close"))

@@ -58,7 +58,7 @@ def transition(record: dict | None, event: str, *, at: str, by: str, force_faile
     if event == "healthy":
         if cur == "failed":
             if not force_failed:
-                raise Refused(failure_text(rid, host, rec) + "; gate it again with --promote, or activate it "
+                raise Refused(failure_text(rid, host, rec) + "; gate it again (deploy --promote), or activate it "
                               "anyway with --force-failed (recorded)")
             rec.update(state="active", forced_at=at, forced_by=by)
         elif cur != "good":

@@ -60,15 +60,42 @@ class Step:
                 "cmd": self.cmd}
 
 
-_ENV_WORD = __import__("re").compile(r"(?P<pre>(?:^|[\s'\"]))(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s'\"]+)")
+_ENV_WORD = __import__("re").compile(r"(?P<pre>(?:^|[\s'\"=]))(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s'\"]+)")
+_FLAG = __import__("re").compile(r"--(?P<key>[A-Za-z0-9-]+)(?:=|\s+)(?P<val>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 
 
-def mask_secrets(text: str) -> str:
-    """``text`` with the value of every ``NAME=value`` word whose name looks secret (token, key,
-    password, …: :func:`dsv4ctl.serve.edit.is_secret_key`) replaced by ``***``."""
-    from ..serve.edit import MASK, is_secret_key
-    return _ENV_WORD.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
+def deployment_secrets(dep) -> set[str]:
+    """Values no output may show, from the Deployment: env values under secret-looking names
+    (``HF_TOKEN``, ``*_API_KEY``, …), secret serve-config values (``api-key``, …, also inside JSON
+    strings) and the values of secret flags in launch templates (``--api-key X``)."""
+    from ..profile.secrets import is_secret_key, secret_strings
+    out: set[str] = set()
+    for g in dep.groups.values():
+        out |= secret_strings(g.env)
+        if g.serve_config_path is not None and g.serve_config_path.is_file():
+            from ..serve.edit import secret_values
+            out |= secret_values(g.serve.data)
+        for m in _FLAG.finditer(g.launch_template):
+            if is_secret_key(m.group("key")):
+                out.add(m.group("val").strip("'\""))
+    import json
+    spelled = set()
+    for s in (x for x in out if len(x) >= 4):      # as written, as shell-quoted, as JSON-escaped
+        spelled |= {s, s.replace("'", "'\"'\"'"), json.dumps(s)[1:-1], json.dumps(json.dumps(s)[1:-1])[1:-1]}
+    return spelled
+
+
+def mask_secrets(text: str, secrets: set[str] = frozenset()) -> str:
+    """``text`` with every known secret value (:func:`deployment_secrets`) replaced by ``***``,
+    and, as a second net, the value of every ``NAME=value`` word or ``--flag value`` whose name
+    looks secret (:func:`dsv4ctl.profile.serveconfig.is_secret_key`)."""
+    from ..profile.secrets import is_secret_key
+    from ..serve.edit import MASK, scrub
+    text = scrub(text, set(secrets))
+    text = _ENV_WORD.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
                          else f"{m.group('pre')}{m.group('key')}={MASK}", text)
+    return _FLAG.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
+                     else m.group(0)[:m.start("val") - m.start()] + MASK, text)
 
 
 def listing(steps: list[Step], verbose: bool = False) -> list[str]:

@@ -54,16 +54,20 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
         try:
             last = json.loads(tail[-1])
         except ValueError:
+            last = None
+        if not isinstance(last, dict):
             last = {"unreadable": tail[-1][:200]}
     return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last)
 
 
 def log_read_command(p: Paths, group: str, offset: int | None, lines: int) -> str:
-    """Shell: print the size of the group's log then, from ``offset`` bytes (None: the last
-    ``lines`` lines), its text. Both service backends append to ``logs/<group>.log``."""
+    """Shell: print the size S of the group's log, then its last ``lines`` lines (``offset``
+    None), or exactly the bytes [offset, S) — bytes written after S are read next time, never
+    twice. Both service backends append to ``logs/<group>.log``."""
     lf = q(p.logfile(group))
-    body = f"tail -n {int(lines)} {lf}" if offset is None else f"tail -c +{int(offset) + 1} {lf}"
-    return f"if [ -f {lf} ]; then wc -c < {lf}; {body}; else echo -1; fi"
+    body = (f"tail -n {int(lines)} {lf}" if offset is None else
+            f"tail -c +{int(offset) + 1} {lf} | head -c $((s - {int(offset)}))")
+    return f"if [ -f {lf} ]; then s=$(wc -c < {lf}); echo $s; {body}; else echo -1; fi"
 
 
 def parse_log_read(text: str) -> tuple[int, str]:

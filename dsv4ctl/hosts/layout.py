@@ -6,7 +6,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from ..errors import InputError, RemoteError
 from ..remote import Transport, q
 
 STATE_SCHEMA = "dsv4ctl.deploy-state/1"
@@ -92,6 +92,10 @@ done
 echo @end"""
 
 
+class StateFileError(RemoteError):
+    """The host's state.json cannot be read as a state document (exit 3): nothing is written over it."""
+
+
 def parse_facts(host: str, root: str, text: str) -> HostFacts:
     """HostFacts from the output of :func:`facts_command` (pure). Unreadable JSON → RuntimeError."""
     sections: list[tuple[str, list[str]]] = []
@@ -106,8 +110,15 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
         if name in ("current", "previous") and body:
             setattr(f, name, body.rstrip("/").rsplit("/", 1)[-1])
         elif name == "state" and body:
-            st = json.loads(body)
-            st.setdefault("releases", {})
+            try:
+                st = json.loads(body)
+            except ValueError:
+                st = None
+            recs = st.get("releases", {}) if isinstance(st, dict) else None
+            if not isinstance(recs, dict) or not all(isinstance(v, dict) for v in recs.values()):
+                raise StateFileError(f"{host}: {root}/state.json is not a dsv4ctl state document "
+                                     "(releases: {id: {state, ...}}); move it aside or repair it")
+            st["releases"] = recs
             f.state = st
         elif name == "lock" and body:
             try:

@@ -76,10 +76,21 @@ def http_url(address: str, port: int) -> str:
 
 
 def _abs_root(value: str, where: str) -> str:
+    import posixpath
     root = str(value).rstrip("/")
-    if not root.startswith("/"):
+    if not root.startswith("/") or posixpath.normpath(root) in ("/", "//") or "\n" in root:
         raise InputError(f"{where}: {value!r}: must be an absolute path other than /")
     return root
+
+
+def _port(value: Any, where: str, what: str = "port") -> int:
+    """A TCP port from a serve config value: an integer (or integer string) in 1..65535."""
+    if isinstance(value, bool) or isinstance(value, float) or not str(value).strip().lstrip("+").isdigit():
+        raise InputError(f"{where}: {what}: {value!r} is not a port number (1..65535)")
+    n = int(str(value).strip())
+    if not 1 <= n <= 65535:
+        raise InputError(f"{where}: {what}: {value!r} is not a port number (1..65535)")
+    return n
 
 
 class GroupView:
@@ -142,10 +153,7 @@ class GroupView:
             return int(self.group.port)
         v = self.arg("port")
         if v is not None:
-            try:
-                return int(v)
-            except (TypeError, ValueError):
-                raise InputError(f"{self.serve.where('port')}: port: {v!r} is not an integer") from None
+            return _port(v, self.serve.where("port"))
         return DEFAULT_ROUTER_PORT if self.role == "router" else DEFAULT_SERVER_PORT
 
     @property
@@ -159,7 +167,7 @@ class GroupView:
         if self.group.port:
             return self.url
         v = serve.get("port")
-        return http_url(self.host.address, int(v) if v is not None else
+        return http_url(self.host.address, _port(v, serve.where("port")) if v is not None else
                         (DEFAULT_ROUTER_PORT if self.role == "router" else DEFAULT_SERVER_PORT))
 
     @property
@@ -172,7 +180,8 @@ class GroupView:
     def bootstrap_port(self) -> Optional[int]:
         """``disaggregation-bootstrap-port`` of the serve config (None when unset)."""
         v = self.arg("disaggregation-bootstrap-port")
-        return int(v) if v is not None else None
+        return _port(v, self.serve.where("disaggregation-bootstrap-port"), "disaggregation-bootstrap-port") \
+            if v is not None else None
 
     @property
     def hicache_configured(self) -> bool:

@@ -103,7 +103,7 @@ PROFILE_SCHEMA: dict = {
                 "type": "object", "additionalProperties": False,
                 "required": ["name", "role", "host"],
                 "properties": {
-                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+\\Z"},
                     "role": {"enum": list(ROLES)},
                     "host": {"type": "string"},
                     "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}},
@@ -339,6 +339,17 @@ def _validate_schema(data: Any, pos: Positions) -> None:
         raise _fail(pos, p, e.message)
 
 
+def _env(env: dict, pos: Positions, path: tuple) -> dict[str, str]:
+    """A group's environment: names must be shell variable names (``SGLANG_X``), values strings."""
+    import re
+    out = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise _fail(pos, path + (k,), f"{k!r} is not an environment variable name")
+        out[k] = str(v)
+    return out
+
+
 def load_profile(path: Path | str) -> Profile:
     """Load and validate a profile file. Raises InputError (exit 2) naming file:line and field."""
     path = Path(path)
@@ -377,7 +388,7 @@ def load_profile(path: Path | str) -> Profile:
             tp=g.get("tp", 1), dp=g.get("dp", 1), ep=g.get("ep", 1), pp=g.get("pp", 1),
             dp_attention=g.get("dp_attention", False),
             serve_config=(path.parent / g["serve_config"]) if g.get("serve_config") else None,
-            port=g.get("port"), env={k: str(v) for k, v in g.get("env", {}).items()},
+            port=g.get("port"), env=_env(g.get("env", {}), pos, gp + ("env",)),
             memory=Memory(**g.get("memory", {})), prefill=list(g.get("prefill", [])),
             decode=list(g.get("decode", [])), workers=list(g.get("workers", [])),
             launch=g.get("launch"), line=pos.line(gp))

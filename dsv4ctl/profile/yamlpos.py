@@ -190,26 +190,31 @@ def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
     """(data, positions) of ``text`` from the cache, or None (absent, unreadable, not this text)."""
     try:
         doc = json.loads(_cache_file(text).read_text())
-        if doc.get("v") != _CACHE_VERSION or doc.get("text") != text:
+        if not isinstance(doc, dict) or doc.get("v") != _CACHE_VERSION or doc.get("text") != text:
             return None
         pos = Positions(label)
         pos.lines = {tuple(p): ln for p, ln in doc["lines"]}
         return doc["data"], pos
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def _cache_put(text: str, data: Any, pos: Positions) -> None:
-    """Keep a parsed document (best effort: any failure is ignored)."""
-    if not _jsonable(data) or not all(isinstance(k, (str, int)) and not isinstance(k, bool)
-                                      for p in pos.lines for k in p):
+    """Keep a parsed document (best effort: any failure is ignored). A document holding a value
+    under a secret-looking key (``api-key``, ``HF_TOKEN``, …) is never kept; entries are 0600 in a
+    0700 folder."""
+    from .secrets import secret_strings
+    if not _jsonable(data) or secret_strings(data) or not all(
+            isinstance(k, (str, int)) and not isinstance(k, bool) for p in pos.lines for k in p):
         return
     try:
         f = _cache_file(text)
-        f.parent.mkdir(parents=True, exist_ok=True)
+        f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
-                                   "lines": [[list(p), ln] for p, ln in pos.lines.items()]}))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
+                                  "lines": [[list(p), ln] for p, ln in pos.lines.items()]}))
         os.replace(tmp, f)
     except (OSError, ValueError):
         pass

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..profile.secrets import is_secret_key
 from ..errors import InputError
 
 
@@ -313,19 +314,10 @@ def unified_diff(old: str, new: str, path: str, mask: bool = True) -> str:
     return redact(out, diff=True) if mask else out
 
 
-_SECRET_NAME = re.compile(r"(secret|password|passwd|credential)|((^|[-_.])(api[-_]?key|access[-_]?key|private[-_]?key"
-                          r"|auth[-_]?key|token|pwd))$", re.I)
 _LINE = re.compile(r"^(?P<pre>\s*)(?P<q>[\"']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>[ \t]*:)(?P<val>(?:[ \t].*)?)$")
 _INNER = re.compile(r"(?P<q>\\?[\"']?)(?P<key>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>\s*:\s*)"
                     r"(?P<val>\\\"(?:[^\\]|\\[^\"])*?\\\"|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^,}\]\s]+)")
 MASK = "***"
-
-
-def is_secret_key(name: str) -> bool:
-    """True for a key whose value must not be shown: ``api-key``, ``admin-api-key``,
-    ``ssl-keyfile-password``, anything with secret/password/credential, or ending in
-    ``token``/``access-key``/``private-key`` (``max-total-tokens``, ``routing-key`` are not secret)."""
-    return bool(_SECRET_NAME.search(name))
 
 
 def _mask_inner(val: str) -> str:
