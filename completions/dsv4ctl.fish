@@ -351,7 +351,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -s h -l help -d 'Show this mes
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook show\' 0' -f -a '(__dsv4ctl_yaml w3)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile path or shipped name (default: the embedded one).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile path or shipped name (or DSV4CTL_PROFILE); required unless --dry-run.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s y -l yes -d 'Do not ask before mutating steps.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l dry-run -d 'Print every step and what it would do; change nothing anywhere.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l resume -r -f -d 'Resume run ID from its failed (or declined) step.'

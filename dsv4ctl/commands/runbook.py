@@ -61,22 +61,25 @@ def show(name: str = typer.Argument(..., help="Runbook name or playbook path."))
 @runbook_app.command("run")
 def run(
     name: str = typer.Argument(..., help="Runbook name (playbooks/NAME.yaml) or a playbook path."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile path or shipped name (default: the embedded one)."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile path or shipped name (or DSV4CTL_PROFILE); required unless --dry-run."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before mutating steps."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and what it would do; change nothing anywhere."),
     resume: Optional[str] = typer.Option(None, "--resume", help="Resume run ID from its failed (or declined) step."),
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where the run's state and incident report go (default: $DSV4CTL_STATE_DIR/runs/ID)."),
 ) -> None:
     """Run a runbook step by step. Exit 0 completed, 1 a step failed or was declined, 2 bad input."""
-    from ..profile.model import load_profile
-    from ..resources import resolve_profile
     from ..runbook.actions import RunContext, builtin_actions
     from ..runbook.engine import RunState, execute
     from ..runbook.report import incident_document, incident_markdown
 
     actions = builtin_actions()
     pb = _load(name, actions)
-    prof = load_profile(resolve_profile(profile))
+    from .common import load_deployment_arg
+    # note/wait/plan steps, and checks given their own URL, use no host of the profile; any other
+    # step sends traffic to or changes the profile's hosts (or tree): then the profile must be named
+    local_only = all(s.action in ("note", "wait", "plan") or (s.action.startswith("check.") and (s.args or {}).get("url"))
+                     for s in pb.steps)
+    prof = load_deployment_arg(profile, acts_on_hosts=not (dry_run or local_only)).profile
     if resume:
         run_dir = report_dir or _state_root() / resume
         state_file = run_dir / "state.json"
