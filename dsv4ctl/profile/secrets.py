@@ -15,8 +15,10 @@ def is_secret_key(name: str) -> bool:
 
 
 def secret_strings(data) -> set[str]:
-    """Every string value (4+ characters) under a secret key anywhere in ``data`` (nested
-    mappings and lists): what output must never show."""
+    """Every value (as a string, 4+ characters) under a secret key anywhere in ``data`` (nested
+    mappings and lists, and JSON documents held in string values such as
+    ``hicache-storage-backend-extra-config``): what no output may show."""
+    import json
     out: set[str] = set()
 
     def walk(x, secret: bool) -> None:
@@ -26,6 +28,11 @@ def secret_strings(data) -> set[str]:
         elif isinstance(x, list):
             for v in x:
                 walk(v, secret)
+        elif isinstance(x, str) and not secret and x.lstrip().startswith(("{", "[")):
+            try:
+                walk(json.loads(x), False)
+            except ValueError:
+                pass
         elif secret and x is not None and not isinstance(x, bool) and len(str(x)) >= 4:
             out.add(str(x))
     walk(data, False)

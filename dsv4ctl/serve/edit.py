@@ -373,28 +373,11 @@ def redact(text: str, diff: bool = False) -> str:
 
 
 def secret_values(data: Any) -> set[str]:
-    """The values (as strings, 4+ characters) of secret keys in a parsed serve config, including
-    secret keys inside JSON-string values such as ``hicache-storage-backend-extra-config``; used to
-    scrub any output that could echo them (:func:`scrub`)."""
-    import json
-    out: set[str] = set()
-
-    def walk(obj: Any, secret: bool) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, secret or is_secret_key(str(k)))
-        elif isinstance(obj, list):
-            for v in obj:
-                walk(v, secret)
-        elif isinstance(obj, str) and not secret and obj.lstrip().startswith(("{", "[")):
-            try:
-                walk(json.loads(obj), False)
-            except ValueError:
-                pass
-        elif secret and obj is not None and not isinstance(obj, bool) and len(str(obj)) >= 4:
-            out.add(str(obj))
-    walk(data, False)
-    return out
+    """The values of secret keys in a parsed serve config (:func:`dsv4ctl.profile.secrets.secret_strings`,
+    JSON-string values such as ``hicache-storage-backend-extra-config`` included); used to scrub any
+    output that could echo them (:func:`scrub`)."""
+    from ..profile.secrets import secret_strings
+    return secret_strings(data)
 
 
 def scrub(text: str, secrets: set[str]) -> str:
