@@ -25,10 +25,10 @@ _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
-    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -h --help' ;;
-    'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
+    'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
-    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -h --help' ;;
+    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -q --quiet -h --help' ;;
     'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;

@@ -43,3 +43,11 @@ def cache_root() -> Path:
     base = os.environ.get("DSV4CTL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv4ctl")
     return Path(base).expanduser()
+
+
+def state_root() -> Path:
+    """dsv4ctl's local state folder (runbook runs, the run log): ``$DSV4CTL_STATE_DIR``, else
+    ``$XDG_STATE_HOME/dsv4ctl``, else ``~/.local/state/dsv4ctl``."""
+    base = os.environ.get("DSV4CTL_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dsv4ctl")
+    return Path(base).expanduser()

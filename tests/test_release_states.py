@@ -119,3 +119,23 @@ def test_a_failing_preflight_changes_no_host(promote_world):
     rep = engine.deploy(load_deployment(w.profile), Options(cache=w.tmp / "cache", preflight=False))
     assert rep["result"] == "ok"
     assert all(_audit(w, h)[-1]["preflight"] == "skipped" for h in w.roots)
+
+
+@needs_rsync
+def test_run_log_and_quiet(promote_world, tmp_path):
+    """Every mutating run leaves one JSON line in <state>/runs.jsonl with its steps and outcome;
+    -q prints only the verdict."""
+    from tests.conftest import run_cli
+    w = promote_world
+    env = dict(w.env, DSV4CTL_STATE_DIR=str(tmp_path / "state"))
+    r = run_cli("deploy", str(w.profile), "-q", env=env, timeout=300)
+    assert r.code == 0, r.err
+    assert r.out.startswith("deployed r") and r.out.strip().endswith("(active)") and r.err == ""
+    r = run_cli("rollback", str(w.profile), "-q", env=env)
+    assert r.code == 2
+    recs = [json.loads(ln) for ln in (tmp_path / "state" / "runs.jsonl").read_text().splitlines()]
+    assert [x["command"] for x in recs] == ["deploy", "rollback"]
+    assert recs[0]["exit_code"] == 0 and recs[0]["state"] == "active"
+    assert [s["phase"] for s in recs[0]["steps"] if s["host"] == "h0"] == ["lock", "push", "switch", "gate", "close"]
+    assert recs[1]["exit_code"] == 2 and "no release other than the current one is good" in recs[1]["error"]
+    assert oct((tmp_path / "state" / "runs.jsonl").stat().st_mode & 0o777) == "0o600"

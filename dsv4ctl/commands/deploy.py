@@ -15,13 +15,64 @@ def _opts(**kw):
     import sys
     from ..deploy.engine import Options
     verbose = kw.pop("verbose", False)
+    quiet = kw.pop("quiet", False)
     secrets = kw.pop("secrets", frozenset())
+    runlog = kw.pop("runlog", None)
     o = Options(**kw)
     from ..deploy.steps import mask_secrets
-    o.log = lambda s: print(f"dsv4ctl: {mask_secrets(s, secrets)}", file=sys.stderr, flush=True)
-    if verbose and not o.dry_run:
-        o.trace = lambda st: print(f"dsv4ctl: step {mask_secrets(st.line(True), secrets)}", file=sys.stderr, flush=True)
+    o.log = (lambda s: None) if quiet else \
+        (lambda s: print(f"dsv4ctl: {mask_secrets(s, secrets)}", file=sys.stderr, flush=True))
+
+    def trace(st) -> None:
+        if runlog is not None:
+            runlog.steps.append({"phase": st.phase, "host": st.host, "stage": st.stage,
+                                 "summary": mask_secrets(st.summary, secrets)})
+        if verbose and not quiet:
+            print(f"dsv4ctl: step {mask_secrets(st.line(True), secrets)}", file=sys.stderr, flush=True)
+    if not o.dry_run:
+        o.trace = trace
     return o
+
+
+class _RunLog:
+    """One JSON line per mutating run in ``<state>/runs.jsonl`` (:func:`dsv4ctl.resources.state_root`):
+    when, who, the command, the profile, the steps it executed, the outcome and exit code; secret
+    values masked. Written whatever the outcome (best effort: a failure to write is ignored)."""
+
+    def __init__(self, command: str, profile, secrets, dry_run: bool):
+        self.command, self.profile, self.secrets, self.dry_run = command, profile, secrets, dry_run
+        self.steps: list[dict] = []
+        self.result: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, e, tb):
+        if self.dry_run:
+            return False
+        import json
+        import os
+        from ..deploy.steps import mask_secrets
+        from ..errors import DsvError
+        from ..hosts.audit import now_iso
+        from ..remote import who
+        from ..resources import state_root
+        code = 0 if et is None else (e.exit_code if isinstance(e, DsvError) else 130 if et is KeyboardInterrupt else 1)
+        rec = {"ts": now_iso(), "who": who(), "command": self.command, "profile": str(self.profile.path),
+               "exit_code": code, "error": mask_secrets(str(e), self.secrets) if e else None,
+               **self.result, "steps": self.steps}
+        try:
+            d = state_root()
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(d / "runs.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(mask_secrets(json.dumps(rec, default=str), self.secrets) + "\n")
+        except OSError:
+            pass
+        return False
+
+
+_QUIET = typer.Option(False, "--quiet", "-q", help="Print only errors and the verdict.")
 
 
 def _out(rep: dict, secrets) -> str:
@@ -130,6 +181,7 @@ def deploy(
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the config lint + plan preflight (audited)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.deploy/1 JSON report."),
     verbose: bool = _VERBOSE,
+    quiet: bool = _QUIET,
 ) -> None:
     """Build a release (base + patch series + serve configs), push it to every host (delta),
     switch `current` atomically, restart, gate on health; roll back automatically on failure.
@@ -152,16 +204,19 @@ def deploy(
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
-    with _Interrupted(), _Progress() as prog:
+    with _Interrupted(), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                     break_lock=break_lock, progress=prog, verbose=verbose, force_failed=force_failed,
-                     preflight=not no_preflight)
+                     break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
+                     force_failed=force_failed, preflight=not no_preflight, runlog=runlog)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
+        runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
     if as_json:
         print(_out(rep, secrets))
     elif dry_run:
         _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep, verbose,
                        secrets)
+    elif quiet:
+        print(f"deployed {rep['release']} ({rep.get('state') or 'unchanged'})")
     else:
         rows = []
         for h, r in rep["hosts"].items():
@@ -217,6 +272,7 @@ def promote(
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.promote/1 JSON report."),
     verbose: bool = _VERBOSE,
+    quiet: bool = _QUIET,
 ) -> None:
     """Mark the running release good by hand after check smoke + check load (the profile's gate)
     against the running deployment; the check reports are kept as evidence.
@@ -228,10 +284,11 @@ def promote(
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
-    with _Interrupted():
-        rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, break_lock=break_lock,
-                                       verbose=verbose),
+    with _Interrupted(), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
+        rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
+                                       break_lock=break_lock, verbose=verbose, quiet=quiet, runlog=runlog),
                               release, po)
+        runlog.result = {"release": release, "state": rep.get("result")}
     if as_json:
         print(_out(rep, secrets))
     elif dry_run:
@@ -251,6 +308,7 @@ def rollback(
     force_failed: bool = typer.Option(False, "--force-failed", help="With --to: a release recorded as failed (audited; it stays active, never good)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     verbose: bool = _VERBOSE,
+    quiet: bool = _QUIET,
 ) -> None:
     """Switch every host to an older release (atomic), restart, gate on health.
 
@@ -263,9 +321,11 @@ def rollback(
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
-    with _Interrupted():
-        rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
-                                       break_lock=break_lock, verbose=verbose, force_failed=force_failed), to=to)
+    with _Interrupted(), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
+        rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
+                                       health_timeout=health_timeout, break_lock=break_lock, verbose=verbose,
+                                       quiet=quiet, force_failed=force_failed, runlog=runlog), to=to)
+        runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
     if as_json:
         print(_out(rep, secrets))
     elif dry_run:

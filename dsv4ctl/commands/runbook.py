@@ -17,7 +17,8 @@ runbook_app = typer.Typer(help="Incident runbooks (playbooks/*.yaml): list, show
 
 
 def _state_root() -> Path:
-    return Path(os.environ.get("DSV4CTL_STATE_DIR", Path.home() / ".local" / "state" / "dsv4ctl")) / "runs"
+    from ..resources import state_root
+    return state_root() / "runs"
 
 
 def _playbook_path(name: str) -> Path:
