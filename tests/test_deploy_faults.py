@@ -150,7 +150,7 @@ def test_interrupt_during_activation_rolls_back(world):
     a = first_release(w)
     w.extra["decode"] = {"standin-startup-s": 300}   # the new decode server takes "forever" to load
     w.write()
-    p = start(w, "deploy", "--health-timeout", "200")
+    p = start(w, "deploy", "--health-timeout", "200", "--no-preflight")   # a stand-in control key
     assert wait_for(lambda: all(c and c != a for c in w.currents().values()), timeout=90), \
         p.stderr.read() if p.poll() is not None else w.currents()
     b = w.current("h0")
