@@ -50,8 +50,11 @@ def tree_facts(sglang) -> Optional[TreeFacts]:
         raise InputError(f"sglang.tree: {path}: no such directory")
     try:
         state = read_tree(Git(str(path)), sglang.base_ref)
-        ls = load_series(sglang.series.resolve())
     except InputError as e:
         raise InputError(f"sglang.tree: {e}") from None
+    try:
+        ls = load_series(sglang.series.resolve())
+    except InputError as e:
+        raise InputError(f"sglang.series: {e}") from None
     st = series_status(ls, state)
     return TreeFacts(tree=str(path), head=state.head, loaded=ls, applied=st.applied)
