@@ -201,3 +201,21 @@ def test_promote_by_hand_runs_exactly_its_dry_run(promote_world, monkeypatch):
     assert [s.phase for s in executed if s.host in ("local", "h0")] == ["check", "check", "lock", "evidence", "close"]
     assert all(s.cmd in rec.raw[s.host] for s in executed if s.phase in ("lock", "close"))
     assert [(s["phase"], s["host"]) for s in dry["steps"]] == [(s.phase, s.host) for s in executed]
+
+
+@needs_rsync
+def test_dry_run_catches_a_patch_that_does_not_apply(world, tmp_path):
+    """The dry run builds the release in a throw-away folder when the cache has not got it: a patch
+    that does not apply is the same exit-2 error the run gives, and nothing is written."""
+    from dsv4ctl.errors import InputError
+    w = world
+    bad = tmp_path / "0009-bad.patch"
+    bad.write_text("From 1 Mon Sep 17 00:00:00 2001\\nSubject: [PATCH] bad\\n\\n---\\n"
+                   "diff --git a/nope/missing.py b/nope/missing.py\\n--- a/nope/missing.py\\n+++ b/nope/missing.py\\n"
+                   "@@ -1 +1 @@\\n-a\\n+b\\n")
+    for dry in (True, False):
+        with pytest.raises(InputError, match="0009-bad.patch"):
+            engine.deploy(load_deployment(w.profile), _opts(w, dry_run=dry), patches=[str(bad)])
+    assert not any(r.exists() for r in w.roots.values())
+    assert not (w.tmp / "cache" / "releases").exists() or not any(
+        (w.tmp / "cache" / "releases").glob("r*/RELEASE.json"))

@@ -266,6 +266,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             commit = resolve_base(tree_p, base_ref)
             rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
                              {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec, ident)
+            _trial_build(tree_p, base_ref, pl, configs, spec, ident, rid, opts)
             gather_facts(site)
             refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
@@ -292,6 +293,19 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             release_locks(site)
     finally:
         site.close()
+
+
+def _trial_build(tree_p, base_ref, pl, configs, spec, ident, rid: str, opts: Options) -> None:
+    """A dry run proves the release builds (every patch applies) the way the run will build it:
+    a release already in the local cache is proof; otherwise it is built in a throw-away folder
+    (the cache is not touched). InputError (exit 2) naming the patch that does not apply."""
+    import tempfile
+    from pathlib import Path
+    from .release import default_cache
+    if (Path(opts.cache or default_cache()) / rid / "RELEASE.json").is_file():
+        return
+    with tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-") as tmp:
+        build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp), series_identity=ident)
 
 
 def refuse(site: Site, rid: str, gated: bool, how: str = "deploy") -> None:
