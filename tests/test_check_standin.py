@@ -1,83 +1,78 @@
-"""The stand-in SGLang server: its DSML parser (against the reference §5.4 table) and its HTTP
-endpoints over real HTTP on 127.0.0.1."""
+"""The stand-in SGLang server: its output goes through SGLang 0.5.23's real served path
+(``DeepSeekRecipeOutputParser`` + deepseek-recipe on the V4 tokenizer), and its HTTP endpoints
+over real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
+import random
 import urllib.error
+from pathlib import Path
 import urllib.request
 
 import pytest
 
 from dsv4ctl.check import classify as C
 from dsv4ctl.check.workload import TOOLS, Session
-from tests.standin import dsml
-from tests.standin.dsml import BAR, Tok
-from tests.standin.harness import standin, write_config
+from tests.standin import model
+from tests.standin.harness import REPO, standin, write_config
+from tests.standin.served import Seg, served_path, sglang_parser_modules, sglang_src
 from tests.standin.server import Diffuser, corruption_probability
 
-WEATHER = {"type": "object", "required": ["city"],
-           "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
 SPECS = C.tool_specs(TOOLS)
+B = model.DSML
 
 
-def block(*invokes: list[Tok], close: bool = True) -> list[Tok]:
-    toks = [Tok("Let me check."), Tok("\n\n"), Tok(dsml.BLOCK_OPEN, True), Tok("\n")]
-    for inv in invokes:
-        toks += inv
-    return toks + ([Tok(dsml.BLOCK_CLOSE, True)] if close else [])
+def served(text_or_segs, *, parse: bool = True, thinking: bool = False):
+    """Model text through SGLang 0.5.23's served path: (content, reasoning, [(name, arguments)])."""
+    sp = served_path()
+    segs = [Seg(text_or_segs)] if isinstance(text_or_segs, str) else text_or_segs
+    d = sp.parser(thinking=thinking, parse_tool_calls=parse, separate_reasoning=True).finish(sp.ids(segs), {"type": "stop"})
+    return d.content, d.reasoning, [(c.name, c.arguments) for c in sp.whole_tool_calls(d)]
 
 
-def invoke(name: str, *params: tuple[str, bool, str], body: str | None = None) -> list[Tok]:
-    toks = [Tok(dsml.invoke_open(name), True), Tok("\n")]
-    for p, is_str, v in params:
-        toks += [Tok(dsml.param_open(p, is_str), True), *dsml.text_tokens(v, 2), Tok(dsml.PARAM_CLOSE, True)]
-    if body:
-        toks += dsml.text_tokens(body)
-    return toks + [Tok(dsml.INVOKE_CLOSE, True), Tok("\n")]
+def turn(content: str, calls) -> C.TurnResult:
+    return C.TurnResult(content=content, finish_reason="tool_calls" if calls else "stop",
+                        tool_calls=[C.ToolCall(i, "x", n, a) for i, (n, a) in enumerate(calls)])
 
 
-# --- the parser against reference §5.4 ------------------------------------------------------
-def test_well_formed_block():
-    content, calls = dsml.parse_all(block(invoke("get_weather", ("city", True, "San Francisco"), ("days", False, "3"))), True)
-    assert content == "Let me check."                      # trailing \n\n before the block removed
-    assert calls == [{"index": 0, "name": "get_weather", "arguments": '{"city": "San Francisco", "days": 3}'}]
+# --- the served path is SGLang's own code on the DeepSeek-V4 tokenizer --------------------------
+def test_served_path_runs_sglang_0523_parser_files_on_the_v4_tokenizer():
+    out, ren = sglang_parser_modules()
+    assert Path(out.__file__) == sglang_src() / "srt/parser/deepseek_recipe_output.py"
+    assert "recognized by token ID" in out.__doc__ and out.DeepSeekRecipeOutputParser.__module__ == out.__name__
+    tok = served_path().tokenizer
+    flash = json.loads((REPO / "dsv4ctl/data/models/deepseek-v4-flash.json").read_text())
+    assert tok.get_vocab_size() == flash["vocab_size"] == 129280
+    assert [tok.token_to_id(t) for t in (B, "<think>", "</think>", model.EOS)] == [128825, 128821, 128822, 1]
 
 
-def test_string_values_are_json_escaped():
-    _, calls = dsml.parse_all(block(invoke("f", ("q", True, 'say "hi"\nnow'))), True)
-    assert json.loads(calls[0]["arguments"]) == {"q": 'say "hi"\nnow'}
-
-
-def test_non_json_value_gives_unparseable_arguments():
-    _, calls = dsml.parse_all(block(invoke("get_weather", ("city", True, "San Francisco"), ("days", False, "three days"))), True)
-    assert calls[0]["arguments"] == '{"city": "San Francisco", "days": three days}'
-
-
-def test_json_body_invoke_loses_arguments_and_self_closing_is_empty():
-    _, calls = dsml.parse_all(block(invoke("get_weather", body='{"city":"Paris"}'),
-                                    [Tok(dsml.invoke_open("list_open_files", True), True)]), True)
-    assert [(c["index"], c["name"], c["arguments"]) for c in calls] == [(0, "get_weather", "{}"), (1, "list_open_files", "{}")]
-
-
-def test_missing_closer_still_parsed_and_text_after_block_dropped():
-    _, calls = dsml.parse_all(block(invoke("f", ("a", False, "1")), close=False), True)
-    assert calls[0]["arguments"] == '{"a": 1}'
-    content, _ = dsml.parse_all(block(invoke("f", ("a", False, "1"))) + [Tok("after")], True)
-    assert content == "Let me check."
+def test_well_formed_block_becomes_tool_calls():
+    content, reasoning, calls = served("Let me check.\n\n" + model.block_text(
+        [("get_weather", {"city": "San Francisco", "days": 3, "q": 'say "hi"\nnow'})]))
+    assert (content, reasoning) == ("Let me check.", "")
+    assert calls == [("get_weather", '{"city": "San Francisco", "days": 3, "q": "say \\"hi\\"\\nnow"}')]
+    assert json.loads(calls[0][1])["q"] == 'say "hi"\nnow'
 
 
 def test_without_tool_parsing_markup_is_content():
-    toks = block(invoke("f", ("a", False, "1")))
-    content, calls = dsml.parse_all(toks, False)
-    assert calls == [] and content == "".join(t.text for t in toks) and f"<{BAR}DSML{BAR}tool_calls>" in content
+    text = "Sure.\n\n" + model.block_text([("f", {"a": 1})])
+    assert served(text, parse=False) == (text, "", [])
 
 
-def test_markup_written_as_text_tokens_leaks_split_into_pieces():
-    toks = dsml.call_tokens("read_file", WEATHER, "markup_as_text")
-    assert not any(t.special for t in toks) and not any(C.DSML_MARK in t.text for t in toks)
-    content, calls = dsml.parse_all(toks, True)
-    assert calls == [] and C.DSML_MARK in content
+def test_markup_sampled_as_text_tokens_is_not_parsed():
+    content, _, calls = served([Seg("Sure.\n\n"), Seg(model.block_text([("f", {"a": 1})]), plain=True)])
+    assert calls == [] and content.endswith(model.BLOCK_CLOSE) and C.DSML_MARK in content
+
+
+def test_sglang_served_path_mangles_what_the_detector_tests_expect():
+    """The served path's known behaviour (reference: output-and-gateway §served path)."""
+    two = model.block_text([("a", {"x": "1"})]) + "\n\n" + model.block_text([("b", {"y": "2"})])
+    assert served(two)[2] == [("a", '{"x": "1"}')]                             # the second block is dropped
+    cut = model.block_text([("w", {"t": f"x </{B}parameter y"})])
+    assert served(cut)[2] == [("w", '{"t": "x "}')]                            # a string cut at a literal closer
+    body = f'<{B}tool_calls>\n<{B}invoke name="w">\n{{"t": 1}}\n</{B}invoke>\n</{B}tool_calls>'
+    assert served(body)[2] == [("w", "{}")]                                     # a JSON body becomes {}
 
 
 @pytest.mark.parametrize("kind,expected", [
@@ -85,22 +80,18 @@ def test_markup_written_as_text_tokens_leaks_split_into_pieces():
     ("bad_json_value", C.ARGS_NOT_JSON), ("json_body_invoke", C.EMPTY_ARGS),
 ])
 def test_each_corruption_kind_maps_to_its_class(kind, expected):
-    params = TOOLS[1]["function"]["parameters"]           # run_command: command, timeout_s required
-    content, calls = dsml.parse_all(dsml.call_tokens("run_command", params, kind), True)
-    turn = C.TurnResult(content=content, finish_reason="tool_calls" if calls else "stop",
-                        tool_calls=[C.ToolCall(c["index"], "x", c["name"], c["arguments"]) for c in calls])
-    assert C.classify(turn, requires_tool=True, tools=SPECS).cls == expected
+    body = Session(sid=1, turns=3, stream=False).request("m", "r")         # run_command: command, timeout_s required
+    out = model.write(body, random.Random(0), kind)
+    content, _, calls = served(out.segs)
+    assert C.classify(turn(content, calls), requires_tool=True, tools=SPECS).cls == expected
 
 
-def test_truncated_kind_is_cut_inside_a_parameter():
-    content, calls = dsml.parse_all(dsml.call_tokens("run_command", TOOLS[1]["function"]["parameters"], "truncated"), True)
-    assert calls and calls[0]["arguments"].startswith('{"command": "src/') and not calls[0]["arguments"].endswith("}")
-
-
-def test_answer_kinds():
-    assert C.DSML_MARK in dsml.parse_all(dsml.answer_tokens(20, "markup_as_text"), True)[0]
-    assert "</think>" in dsml.parse_all(dsml.answer_tokens(20, "think_leak"), True)[0]
-    assert len(dsml.parse_all(dsml.answer_tokens(20), True)[0].split()) == 20
+def test_clean_answers_are_varied_prose():
+    text = model.prose(random.Random(3), 400)
+    words = text.split()
+    assert len(words) == 400
+    grams = [tuple(words[i:i + 8]) for i in range(len(words) - 7)]
+    assert len(set(grams)) == len(grams)                                       # no repeated 8-gram
 
 
 def test_corruption_curve_and_diffuser():

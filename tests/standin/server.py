@@ -1,16 +1,21 @@
 """STAND-IN SGLang 0.5.23 / DeepSeek-V4 HTTP server (aiohttp) for tests, benchmarks and launcher
-dry runs. Not SGLang: no model runs; a scripted "model" writes DSML and the 0.5.23 output-parser
-behaviour is mirrored by :mod:`tests.standin.dsml`.
+dry runs. Not SGLang: no model runs. A scripted model (:mod:`tests.standin.model`) writes raw
+DeepSeek-V4 text; the text becomes token IDs with the DeepSeek-V4 tokenizer and goes through SGLang
+0.5.23's own ``DeepSeekRecipeOutputParser`` and PyPI ``deepseek-recipe``'s ``StreamProcessor``
+(:mod:`tests.standin.served`), framed into JSON / SSE the way ``serving_chat`` and
+``token_output_sse_chunks`` frame it. Corruption is injected into the model text only.
 
 CLI (stable; the release launcher starts it)::
 
     python -m tests.standin.server --config serve.yaml [--port N] [--host H]
         [--seed S] [--ttft-ms 20] [--itl-ms 2] [--stuck-rate 0.0] [--corruption-scale 1.0]
+        [--fault KIND ...]
 
 The serve config is a real SGLang ``--config`` YAML (dashed keys, read like SGLang: CLI flags win).
 Keys it honours: ``served-model-name``/``model-path``, ``host``, ``port``, ``tool-call-parser``
 (without it DSML is not parsed and lands in ``content``), ``reasoning-parser``,
 ``enable-hierarchical-cache`` (alias ``enable-hicache``; the corruption switch),
+``context-length`` (prompts at or over it get SGLang's HTTP 400; ``/v1/models`` ``max_model_len``),
 ``enable-metrics`` (``/metrics`` exists only with it), ``enable-cache-report``
 (``usage.prompt_tokens_details.cached_tokens``), ``stream-interval``, ``disaggregation-mode``
 and the HiCache flags (reported in ``/server_info``), ``api-key`` (bearer token required as SGLang
@@ -20,7 +25,10 @@ Corruption model (the issue-6 incident): with HiCache on, a turn is corrupted wi
 :func:`corruption_probability` of the effective in-flight concurrency (the larger of the current
 in-flight count and its peak over the last second, sampled after the TTFT, when the request is in
 the decode batch); 0 with HiCache off. Draws use error diffusion (an accumulator), so the observed
-rate tracks the probability closely and tests are not flaky. ``--stuck-rate`` wedges that fraction
+rate tracks the probability closely and tests are not flaky. A corrupted turn gets a kind drawn from
+:data:`tests.standin.model.INCIDENT_KINDS`; ``--fault KIND`` (repeatable) instead corrupts *every*
+turn with the given kinds in turn (``overlength_200`` answers an over-length prompt with HTTP 200,
+garbage and ``prompt_tokens: 1``, the PD fault). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
 """
@@ -43,7 +51,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import dsml
+from . import model
+from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
 READY_LINE = "The server is fired up and ready to roll!"   # SGLang's ready log line
@@ -55,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
     "tool_call_parser": None, "reasoning_parser": None, "disaggregation_mode": "null",
     "enable_hierarchical_cache": False, "hicache_ratio": None, "hicache_write_policy": "write_through",
     "hicache_io_backend": "kernel", "hicache_mem_layout": "page_first", "hicache_storage_backend": None,
-    "enable_metrics": False, "enable_cache_report": False, "api_key": None,
+    "enable_metrics": False, "enable_cache_report": False, "api_key": None, "context_length": None,
 }
 
 
@@ -108,8 +117,14 @@ class StandIn:
     """State of one stand-in server: in-flight counts, draws, prefix cache, Prometheus registry."""
 
     def __init__(self, args: dict[str, Any], *, seed: int = 0, ttft_ms: float = 20.0, itl_ms: float = 2.0,
-                 stuck_rate: float = 0.0, corruption_scale: float = 1.0, launch_command: str = ""):
+                 stuck_rate: float = 0.0, corruption_scale: float = 1.0, launch_command: str = "",
+                 faults: tuple[str, ...] = ()):
         self.args = args
+        self.served = served_path()
+        self.faults = tuple(f for f in faults if f in model.KINDS)
+        self.server_faults = frozenset(f for f in faults if f not in model.KINDS)
+        self._fault_i = 0
+        self.context_length = int(args.get("context_length") or 1048576)
         self.model = str(args["served_model_name"])
         self.hicache = bool(args["enable_hierarchical_cache"])
         self.ttft = ttft_ms / 1000
@@ -194,25 +209,14 @@ class StandIn:
         return total, cached
 
     # --- the model ----------------------------------------------------------------------------
-    def generate(self, body: dict, corrupt: bool) -> tuple[list[dsml.Tok], Optional[str]]:
-        """(tokens, corruption kind or None) for the request's last instruction."""
-        tools = {t.get("function", {}).get("name"): t.get("function", {}).get("parameters")
-                 for t in body.get("tools") or () if isinstance(t, dict)}
-        last = body["messages"][-1]
-        text = last.get("content") if isinstance(last, dict) else ""
-        text = text if isinstance(text, str) else json.dumps(text)
-        m = dsml.CALL_RE.search(text)
-        if m:
-            params = tools.get(m.group(1)) or {}
-            kind = dsml.corruption_kind(self.rng, params, True) if corrupt else None
-            return dsml.call_tokens(m.group(1), params, kind), kind
-        m = dsml.ANSWER_RE.search(text)
-        if m:
-            kind = dsml.corruption_kind(self.rng, None, False) if corrupt else None
-            return dsml.answer_tokens(int(m.group(1)), kind), kind
-        kind = "think_leak" if corrupt else None
-        return dsml.text_tokens("OK." if not corrupt else "OK </think> done."), kind
-
+    def kind_for(self, corrupt: bool) -> Optional[str]:
+        """The corruption kind of a turn: the forced ``--fault`` kinds in turn, else an incident
+        kind when the HiCache race hit it, else None."""
+        if self.faults:
+            k = self.faults[self._fault_i % len(self.faults)]
+            self._fault_i += 1
+            return k
+        return model.incident_kind(self.rng) if corrupt else None
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"object": "error", "message": message, "type": "BadRequestError",
@@ -251,7 +255,7 @@ def make_app(state: StandIn) -> web.Application:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{
             "id": state.model, "object": "model", "created": int(state.started), "owned_by": "sglang",
-            "root": state.model, "max_model_len": 1048576}]})
+            "root": state.model, "max_model_len": state.context_length}]})
 
     async def model_one(request: web.Request) -> web.Response:
         if request.match_info["mid"] != state.model:
@@ -299,6 +303,20 @@ def make_app(state: StandIn) -> web.Application:
         resp: Optional[web.StreamResponse] = None
         try:
             prompt, cached = state.prompt_tokens(body["messages"])
+            if prompt >= state.context_length // 2:
+                prompt = state.served.count("".join(json.dumps(m, ensure_ascii=False) for m in body["messages"]))
+            if prompt >= state.context_length:
+                if "overlength_200" not in state.server_faults:
+                    # SGLang 0.5.23 tokenizer_manager._validate_one_request
+                    return _error(400, f"The input ({prompt} tokens) is longer than the model's context length "
+                                       f"({state.context_length} tokens).")
+                # the PD fault: a prefill abort answered by decode with HTTP 200 and garbage
+                return web.json_response({
+                    "id": rid, "object": "chat.completion", "created": created, "model": state.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "\u0000,,,,", "reasoning_content": None,
+                                                         "tool_calls": None}, "logprobs": None,
+                                 "finish_reason": "stop", "matched_stop": None}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}})
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
                 await resp.prepare(request)
@@ -318,59 +336,67 @@ def make_app(state: StandIn) -> web.Application:
             await asyncio.sleep(state.ttft)
             corrupt = state.corrupt.draw(corruption_probability(state.effective_concurrency(), state.hicache,
                                                                  state.scale))
-            tokens, kind = state.generate(body, corrupt)
-            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 4096
-            finish = "stop"
-            if kind == "truncated" or len(tokens) > max_tokens:
-                tokens, finish = tokens[:max_tokens], "length"
+            kind = state.kind_for(corrupt)
             tool_choice = body.get("tool_choice", "auto")
+            thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
+            out = model.write(body, state.rng, kind, thinking=thinking)
+            ids = state.served.ids(out.segs)
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 4096
+            cap = len(ids) - 6 if out.cap == -1 else (out.cap or max_tokens)
+            cap = min(cap, int(max_tokens))
+            finish = "stop"
+            if len(ids) > cap:
+                ids, finish = ids[:cap], "length"
+            # SGLang 0.5.23 serving_chat._tool_call_parsing_active + _new_output_parser's options
             parse = bool(a["tool_call_parser"]) and bool(body.get("tools")) and tool_choice != "none" and not (
                 (body.get("response_format") or {}).get("type") in ("json_object", "json_schema"))
-            state.m_gen.inc(len(tokens))
-            usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens), "total_tokens": prompt + len(tokens)}
+            separate = bool(a["reasoning_parser"]) and body.get("separate_reasoning", True) is not False
+            parser = state.served.parser(thinking=thinking, parse_tool_calls=parse, separate_reasoning=separate,
+                                         stream_reasoning=body.get("stream_reasoning", True) is not False)
+            state.m_gen.inc(len(ids))
+            usage = {"prompt_tokens": prompt, "completion_tokens": len(ids), "total_tokens": prompt + len(ids)}
             if a["enable_cache_report"]:
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
             if not stream:
-                if tokens:
-                    await asyncio.sleep(state.itl * len(tokens))
-                content, calls = dsml.parse_all(tokens, parse)
-                tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "index": c["index"], "type": "function",
-                               "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+                if ids:
+                    await asyncio.sleep(state.itl * len(ids))
+                delta = parser.finish(ids, {"type": finish})
+                calls = state.served.whole_tool_calls(delta)
+                tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "index": c.index, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
                 if tool_calls and finish == "stop":
                     finish = "tool_calls"
                 return web.json_response({
                     "id": rid, "object": "chat.completion", "created": created, "model": state.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
-                                                         "reasoning_content": None,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": delta.content or "",
+                                                         "reasoning_content": delta.reasoning or None,
                                                          "tool_calls": tool_calls or None},
                                  "logprobs": None, "finish_reason": finish, "matched_stop": None}],
                     "usage": usage}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
-            parser = dsml.DSMLParser(parse)
             had_calls = False
             k = state.stream_interval
-            for i in range(0, len(tokens), k):
-                await asyncio.sleep(state.itl * len(tokens[i:i + k]))
-                out = []
-                content = []
-                calls = []
-                for t in tokens[i:i + k]:
-                    d = parser.feed(t)
-                    content.append(d.content)
-                    calls += d.calls
-                text = "".join(content)
-                if text:
-                    out.append(_chunk(rid, created, state.model, {"reasoning_content": None, "content": text}))
-                for idx, name, args in calls:
+            steps = range(0, max(len(ids), 1), k)
+            for i in steps:
+                group = ids[i:i + k]
+                await asyncio.sleep(state.itl * len(group))
+                last = i + k >= len(ids)
+                # token_output_sse_chunks (chat_encoding_adapters.py): reasoning, content, then one
+                # chunk per tool-call piece; the first piece of a call carries its id and name
+                delta = parser.finish(group, {"type": finish}) if last else parser.feed(group)
+                chunks = []
+                if delta.reasoning:
+                    chunks.append(_chunk(rid, created, state.model, {"reasoning_content": delta.reasoning}))
+                if delta.content:
+                    chunks.append(_chunk(rid, created, state.model, {"reasoning_content": None, "content": delta.content}))
+                for piece in delta.tool_calls:
                     had_calls = True
-                    tc = {"id": f"call_{uuid.uuid4().hex[:24]}" if name is not None else None, "index": idx,
-                          "type": "function", "function": {"name": name, "arguments": args}}
-                    out.append(_chunk(rid, created, state.model, {"role": None, "content": None,
-                                                                  "reasoning_content": None, "tool_calls": [tc]}))
-                if out:
-                    await resp.write(b"".join(out))
-            tail = parser.flush().content
-            if tail:
-                await resp.write(_chunk(rid, created, state.model, {"reasoning_content": None, "content": tail}))
+                    tc = {"id": f"call_{uuid.uuid4().hex[:24]}" if piece.name is not None else None,
+                          "index": piece.index, "type": "function",
+                          "function": {"name": piece.name, "arguments": piece.arguments}}
+                    chunks.append(_chunk(rid, created, state.model, {"role": None, "content": None,
+                                                                     "reasoning_content": None, "tool_calls": [tc]}))
+                if chunks:
+                    await resp.write(b"".join(chunks))
             if had_calls and finish == "stop":
                 finish = "tool_calls"
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -410,11 +436,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--itl-ms", type=float, default=2.0, help="inter-token latency (ms)")
     ap.add_argument("--stuck-rate", type=float, default=0.0, help="fraction of requests that wedge forever")
     ap.add_argument("--corruption-scale", type=float, default=1.0, help="multiplies the corruption curve")
+    ap.add_argument("--fault", action="append", default=[], metavar="KIND",
+                    help="corrupt every turn with KIND (repeat: in turn); model kinds: "
+                         + ", ".join(model.KINDS) + "; server kinds: overlength_200")
     ns = ap.parse_args(argv)
     from dsv4ctl.errors import DsvError
+    unknown = [f for f in ns.fault if f not in model.KINDS and f != "overlength_200"]
+    if unknown:
+        print(f"standin: error: unknown --fault {unknown[0]!r}", file=sys.stderr)
+        return 2
     try:
         args = load_config(Path(ns.config))
+        served_path()
     except DsvError as e:
+        print(f"standin: error: {e}", file=sys.stderr)
+        return 2
+    except ServedPathUnavailable as e:
         print(f"standin: error: {e}", file=sys.stderr)
         return 2
     if ns.host:
@@ -425,7 +462,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     async def run() -> None:
         state = StandIn(args, seed=ns.seed, ttft_ms=ns.ttft_ms, itl_ms=ns.itl_ms, stuck_rate=ns.stuck_rate,
-                        corruption_scale=ns.corruption_scale, launch_command=launch)
+                        corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault))
         runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, args["host"], int(args["port"]), backlog=1024)
