@@ -42,6 +42,10 @@ DIRECTIVE_RE = re.compile(r"(?:Call|Also call) (\w+) with exactly these argument
 CALL_RE = re.compile(r"call the (\w+) tool")
 ANSWER_RE = re.compile(r"answer in about (\d+) words")
 
+SCRIPT_FIELD = "standin_output"
+"""Request field (stand-in only, SGLang has none): the exact raw model text to serve, for the DSML
+corpus test (SGLang's own detector test texts through the served path)."""
+
 KINDS: dict[str, str] = {
     # kind: what the client sees through SGLang 0.5.23's served path
     "markup_as_text": "the DSML block sampled as ordinary tokens: markup in content, no tool_calls",
@@ -200,6 +204,8 @@ def write(body: dict, rng: random.Random, kind: Optional[str] = None, *, thinkin
     """The model output for ``body`` (an OpenAI chat request), corrupted by ``kind`` (a key of
     :data:`KINDS`) when given; a kind that cannot apply to this turn falls back to
     ``markup_as_text`` (or is ignored for clean kinds)."""
+    if isinstance(body.get(SCRIPT_FIELD), str):
+        return Output([Seg(body[SCRIPT_FIELD])])
     tools = {t.get("function", {}).get("name"): t.get("function", {}).get("parameters")
              for t in body.get("tools") or () if isinstance(t, dict)}
     choice = body.get("tool_choice", "auto")
