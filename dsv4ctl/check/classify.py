@@ -450,23 +450,27 @@ _BARS = "|\uff5c\u2016"            # ASCII |, U+FF5C ｜ (what the model emits),
 _WIDE_BARS = "\uff5c\u2016"
 _DSML_TAGS = r"(?:(?:tool_calls|function_calls|invoke|parameter| calls| invoke| parameter)>?)"
 _MARKUP_RE = re.compile(
+    # Every alternative starts with one of three literal characters (<, U+FF5C, U+2016), so the
+    # regex engine skips ordinary text quickly.
+    r"<(?:"
     # DSML, one or two bars each side, any of the bar characters; with ASCII bars only right after
     # "<" or "</" (so a Markdown table cell "| DSML |" or "|DSML|" is not markup). The tag name that
     # follows (V4 tool_calls, V3.2 function_calls, V4.1 " calls"/" invoke"/" parameter") is part
     # of the spelling reported.
-    rf"(?P<dsml></?[{_BARS}]{{1,2}}DSML[{_BARS}]{{1,2}}{_DSML_TAGS}?"
-    rf"|[{_WIDE_BARS}]{{1,2}}DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)"
+    rf"(?P<dsml>/?[{_BARS}]{{1,2}}DSML[{_BARS}]{{1,2}}{_DSML_TAGS}?)"
     # V3.1 tool-call tokens: <｜tool▁calls▁begin｜> … <｜tool▁sep｜> (also the outputs family)
-    r"|(?P<v31><[|\uff5c]tool[\u2581_](?:calls?|outputs?)[\u2581_](?:begin|end)[|\uff5c]>"
-    r"|<[|\uff5c]tool[\u2581_]sep[|\uff5c]>)"
+    r"|(?P<v31>[|\uff5c]tool[\u2581_](?:(?:calls?|outputs?)[\u2581_](?:begin|end)|sep)[|\uff5c]>)"
     # special tokens: any <｜name｜> with wide bars (<｜end▁of▁sentence｜>, <｜User｜>,
     # <｜place▁holder▁no▁7｜>, …); the ASCII-bar chat tokens of other templates by name (or with a
     # U+2581 in the name); bare <tool_call(s)> / </tool_call(s)>
-    rf"|(?P<special><[{_WIDE_BARS}][A-Za-z][\w\u2581]{{0,40}}[{_WIDE_BARS}]>"
-    r"|<\|(?:im_start|im_end|im_sep|EOT|endoftext|eot_id|begin_of_text|end_of_text|User|Assistant"
+    rf"|(?P<special>[{_WIDE_BARS}][A-Za-z][\w\u2581]{{0,40}}[{_WIDE_BARS}]>"
+    r"|\|(?:im_start|im_end|im_sep|EOT|endoftext|eot_id|begin_of_text|end_of_text|User|Assistant"
     r"|[A-Za-z]+(?:\u2581[A-Za-z0-9]+)+)\|>"
-    r"|</?tool_calls?>)"
-    r"|(?P<think></?think>)")
+    r"|/?tool_calls?>)"
+    r"|(?P<think>/?think>))"
+    # DSML without its "<" (the "<" lost or written apart): wide bars only
+    rf"|\uff5c(?P<dsml_>[{_WIDE_BARS}]?DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)"
+    rf"|\u2016(?P<dsml__>[{_WIDE_BARS}]?DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)")
 _MARKUP_LABELS = {"dsml": "DSML", "v31": "V3.1 tool token", "special": "special token", "think": "think tag"}
 
 _FENCE_RE = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})([^\n]*)", re.M)
@@ -538,7 +542,7 @@ def _scan_markup(text: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]
     ranges: Optional[list[tuple[int, int, str]]] = None
     starts: list[int] = []
     for m in _MARKUP_RE.finditer(text):
-        kind = m.lastgroup or ""
+        kind = (m.lastgroup or "").rstrip("_")
         if kind in found:
             continue
         if ranges is None:
@@ -674,6 +678,7 @@ _SCRIPT_RE = re.compile(
     r"|(?P<Cyrillic>[\u0400-\u04ff]+)|(?P<Greek>[\u0370-\u03ff\u1f00-\u1fff]+)"
     r"|(?P<Arabic>[\u0600-\u06ff]+)|(?P<Hebrew>[\u05d0-\u05ea]+)"
     r"|(?P<Devanagari>[\u0900-\u097f]+)|(?P<Thai>[\u0e00-\u0e7f]+)")
+_NON_LATIN_RE = re.compile(rf"[{_CJK}\u0370-\u03ff\u1f00-\u1fff\u0400-\u04ff\u0590-\u06ff\u0900-\u097f\u0e00-\u0e7f]+")
 # URLs and short quoted stretches (a quoted word or phrase, up to 80 characters on one line)
 _SKIP_RE = re.compile(
     r"(?:https?|ftp)://\S+|www\.\S+"
@@ -715,9 +720,9 @@ def find_language_switch(text: str) -> Optional[Switch]:
     the one with >= 90 % of the letters among the first 200 letters seen before a candidate switch
     (at least 50 of them); a switch is a stretch of >= 20 letters of other scripts (>= 60 when it
     is Latin), interrupted by at most two words of the answer's script at a time. An ASCII-only
-    text is cleared without a scan."""
-    if text.isascii():
-        return None
+    text, or one with fewer than 20 letters outside Latin, is cleared after one fast scan."""
+    if text.isascii() or sum(map(len, _NON_LATIN_RE.findall(text))) < SWITCH_RUN:
+        return None     # no switch into another script, and too few letters for a non-Latin answer
     ranges = code_ranges(text)
     if ranges:
         parts, prev = [], 0
