@@ -8,14 +8,24 @@ What counts as corrupted follows the client-side view of SGLang 0.5.23 with
 against deepseek-recipe 0.2.0; SGLang files ``srt/entrypoints/openai/serving_deepseek_recipe.py``
 and ``srt/parser/deepseek_recipe_output.py``):
 
-* DSML markup (``<｜DSML｜tool_calls>`` … with U+FF5C bars) or V3.1 tool tokens in ``content``:
-  the parser did not turn the block into ``tool_calls`` (field report T1, incident of issue 6);
-* ``<think>`` / ``</think>`` in ``content`` (field report T4);
+* DSML markup in ``content`` with any bar spelling (U+FF5C as emitted, U+2016, ASCII after
+  ``<``, doubled bars; V4, V3.2 ``function_calls`` and V4.1 spaced tags) or V3.1 tool tokens: the
+  parser did not turn the block into ``tool_calls`` (field report T1, incident of issue 6); the
+  same in ``reasoning_content``;
+* raw special tokens (``<｜end▁of▁sentence｜>``, ``<|im_end|>``, bare ``<tool_calls>`` …) and
+  ``<think>`` / ``</think>`` in ``content`` (field report T4); markup of these kinds inside
+  tool-call argument strings; reasoning merged into content when thinking was requested;
+* degenerate generation: exact loops, an empty answer cut at the length limit, a switch of script
+  mid-answer (issue 14 item 3; thresholds in the constants and ``docs/check.md``);
 * ``finish_reason == "length"`` while a call was required or open (truncated arguments);
 * no ``tool_calls`` on a turn that requires one;
 * ``arguments`` not JSON, ``{}`` for a tool with required parameters, or arguments that do not
   match the tool's JSON schema (required fields, types, enums), or an undeclared tool name;
 * no progress within the stall timeout (stuck, field report P1) and HTTP / protocol errors.
+
+Markup quoted in a Markdown code span or a closed fenced block is not corruption: it becomes a
+note on the verdict (SGLang's newer tests keep quoted DSML as text on purpose). Every check is one
+linear pass (bounded regex repetitions, patterns compiled once).
 """
 
 from __future__ import annotations
