@@ -57,9 +57,12 @@ def test_dsml_in_content_flags_even_when_no_tool_required():
     assert v.flags == (C.DSML_IN_CONTENT,)
 
 
-def test_ascii_bar_lookalike_is_not_markup():
+def test_ascii_bar_spelling_is_markup_unless_quoted():
+    # issue 14: leaks with other bar characters are leaks; quoted markup is a note, not corruption
     v = verdict(content="<|DSML|tool_calls> is how the docs spell it", requires_tool=False)
-    assert v.ok
+    assert (v.cls, v.reason) == (C.DSML_IN_CONTENT, "DSML '<|DSML|tool_calls>' in content")
+    v = verdict(content="`<|DSML|tool_calls>` is how the docs spell it", requires_tool=False)
+    assert v.ok and v.notes == ("quoted DSML '<|DSML|tool_calls>' in a code span",)
 
 
 def test_v31_tool_tokens_in_content_count_as_markup():

@@ -8,19 +8,32 @@ What counts as corrupted follows the client-side view of SGLang 0.5.23 with
 against deepseek-recipe 0.2.0; SGLang files ``srt/entrypoints/openai/serving_deepseek_recipe.py``
 and ``srt/parser/deepseek_recipe_output.py``):
 
-* DSML markup (``<｜DSML｜tool_calls>`` … with U+FF5C bars) or V3.1 tool tokens in ``content``:
-  the parser did not turn the block into ``tool_calls`` (field report T1, incident of issue 6);
-* ``<think>`` / ``</think>`` in ``content`` (field report T4);
+* DSML markup in ``content`` with any bar spelling (U+FF5C as emitted, U+2016, ASCII after
+  ``<``, doubled bars; V4, V3.2 ``function_calls`` and V4.1 spaced tags) or V3.1 tool tokens: the
+  parser did not turn the block into ``tool_calls`` (field report T1, incident of issue 6); the
+  same in ``reasoning_content``;
+* raw special tokens (``<｜end▁of▁sentence｜>``, ``<|im_end|>``, bare ``<tool_calls>`` …) and
+  ``<think>`` / ``</think>`` in ``content`` (field report T4); markup of these kinds inside
+  tool-call argument strings; reasoning merged into content when thinking was requested;
+* degenerate generation: exact loops, an empty answer cut at the length limit, a switch of script
+  mid-answer (issue 14 item 3; thresholds in the constants and ``docs/check.md``);
 * ``finish_reason == "length"`` while a call was required or open (truncated arguments);
 * no ``tool_calls`` on a turn that requires one;
 * ``arguments`` not JSON, ``{}`` for a tool with required parameters, or arguments that do not
   match the tool's JSON schema (required fields, types, enums), or an undeclared tool name;
 * no progress within the stall timeout (stuck, field report P1) and HTTP / protocol errors.
+
+Markup quoted in a Markdown code span or a closed fenced block is not corruption: it becomes a
+note on the verdict (SGLang's newer tests keep quoted DSML as text on purpose). Every check is one
+linear pass (bounded regex repetitions, patterns compiled once).
 """
 
 from __future__ import annotations
 
 import json
+import operator
+import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -36,23 +49,43 @@ OK = "ok"
 HTTP_ERROR = "http_error"
 STUCK = "stuck"
 DSML_IN_CONTENT = "dsml_in_content"
+DSML_IN_REASONING = "dsml_in_reasoning"
+SPECIAL_TOKEN_LEAK = "special_token_leak"
 THINK_IN_CONTENT = "think_in_content"
+REASONING_IN_CONTENT = "reasoning_in_content"
+MARKUP_IN_ARGS = "markup_in_args"
+NGRAM_LOOP = "ngram_loop"
+EMPTY_LENGTH = "empty_length"
+LANGUAGE_SWITCH = "language_switch"
 LENGTH_MID_CALL = "length_mid_call"
 NO_TOOL_CALL = "no_tool_call"
 ARGS_NOT_JSON = "args_not_json"
 EMPTY_ARGS = "empty_args"
 ARGS_SCHEMA = "args_schema"
 
-CLASSES = (HTTP_ERROR, STUCK, DSML_IN_CONTENT, THINK_IN_CONTENT, LENGTH_MID_CALL, NO_TOOL_CALL,
-           ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA)
-"""Every corruption class, in precedence order."""
+CLASSES = (HTTP_ERROR, STUCK,
+           # markup leaks: the parser (or the template) let model markup through
+           DSML_IN_CONTENT, DSML_IN_REASONING, SPECIAL_TOKEN_LEAK, THINK_IN_CONTENT, REASONING_IN_CONTENT,
+           MARKUP_IN_ARGS,
+           # degenerate generation: usually the root cause of a call-shape failure on the same turn
+           NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH,
+           # call shape
+           LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA)
+"""Every corruption class, in precedence order: errors, markup leaks, degenerate generation, call shape."""
 
 DESCRIPTIONS = {
     OK: "valid",
     HTTP_ERROR: "HTTP or protocol error",
     STUCK: "no progress within the stall timeout",
     DSML_IN_CONTENT: "DSML tool-call markup in content",
+    DSML_IN_REASONING: "DSML tool-call markup in reasoning_content",
+    SPECIAL_TOKEN_LEAK: "raw special tokens in content",
     THINK_IN_CONTENT: "reasoning tags in content",
+    REASONING_IN_CONTENT: "thinking requested but reasoning merged into content",
+    MARKUP_IN_ARGS: "DSML, think tags or special tokens inside tool-call arguments",
+    NGRAM_LOOP: "the output repeats itself (a loop)",
+    EMPTY_LENGTH: "answer turn cut at the length limit with empty content",
+    LANGUAGE_SWITCH: "the answer switches script mid-answer",
     LENGTH_MID_CALL: "finish_reason length mid-call",
     NO_TOOL_CALL: "no tool_calls where the turn requires one",
     ARGS_NOT_JSON: "arguments not JSON",
@@ -141,11 +174,13 @@ class TurnResult:
 @dataclass(frozen=True)
 class Verdict:
     """``cls`` = the first class of ``flags`` in :data:`CLASSES` order (``ok`` when none);
-    ``reason`` is one line for humans."""
+    ``reason`` is one line for humans; ``notes`` are findings that are not corruption (markup
+    quoted in a code span or a fenced code block), one line each, whatever the class."""
 
     cls: str
     flags: tuple[str, ...]
     reason: str
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -419,33 +454,382 @@ def tool_specs(tools: Iterable[dict]) -> dict[str, ToolSpec]:
     return out
 
 
-def _contains_any(text: str, marks: Iterable[str]) -> Optional[str]:
-    for m in marks:
-        if m in text:
-            return m
+# --- markup leaks -----------------------------------------------------------------------------
+# One pattern for every markup spelling, one linear scan per text (every repetition is bounded).
+_BARS = "|\uff5c\u2016"            # ASCII |, U+FF5C ｜ (what the model emits), U+2016 ‖ (seen in the wild)
+_WIDE_BARS = "\uff5c\u2016"
+_DSML_TAGS = r"(?:(?:tool_calls|function_calls|invoke|parameter| calls| invoke| parameter)>?)"
+_MARKUP_RE = re.compile(
+    # Every alternative starts with one of three literal characters (<, U+FF5C, U+2016), so the
+    # regex engine skips ordinary text quickly.
+    r"<(?:"
+    # DSML, one or two bars each side, any of the bar characters; with ASCII bars only right after
+    # "<" or "</" (so a Markdown table cell "| DSML |" or "|DSML|" is not markup). The tag name that
+    # follows (V4 tool_calls, V3.2 function_calls, V4.1 " calls"/" invoke"/" parameter") is part
+    # of the spelling reported.
+    rf"(?P<dsml>/?[{_BARS}]{{1,2}}DSML[{_BARS}]{{1,2}}{_DSML_TAGS}?)"
+    # V3.1 tool-call tokens: <｜tool▁calls▁begin｜> … <｜tool▁sep｜> (also the outputs family)
+    r"|(?P<v31>[|\uff5c]tool[\u2581_](?:(?:calls?|outputs?)[\u2581_](?:begin|end)|sep)[|\uff5c]>)"
+    # special tokens: any <｜name｜> with wide bars (<｜end▁of▁sentence｜>, <｜User｜>,
+    # <｜place▁holder▁no▁7｜>, …); the ASCII-bar chat tokens of other templates by name (or with a
+    # U+2581 in the name); bare <tool_call(s)> / </tool_call(s)>
+    rf"|(?P<special>[{_WIDE_BARS}][A-Za-z][\w\u2581]{{0,40}}[{_WIDE_BARS}]>"
+    r"|\|(?:im_start|im_end|im_sep|EOT|endoftext|eot_id|begin_of_text|end_of_text|User|Assistant"
+    r"|[A-Za-z]+(?:\u2581[A-Za-z0-9]+)+)\|>"
+    r"|/?tool_calls?>)"
+    r"|(?P<think>/?think>))"
+    # DSML without its "<" (the "<" lost or written apart): wide bars only
+    rf"|\uff5c(?P<dsml_>[{_WIDE_BARS}]?DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)"
+    rf"|\u2016(?P<dsml__>[{_WIDE_BARS}]?DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)")
+_MARKUP_LABELS = {"dsml": "DSML", "v31": "V3.1 tool token", "special": "special token", "think": "think tag"}
+
+_FENCE_RE = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})([^\n]*)", re.M)
+_TICKS_RE = re.compile(r"`+")
+_BLANK_LINE_RE = re.compile(r"\n[ \t]*\n")
+CODE_SPAN = "a code span"
+FENCED_BLOCK = "a fenced code block"
+
+
+def _fences(text: str) -> list[tuple[int, int, str]]:
+    """Closed fenced code blocks (CommonMark: a line of >= 3 backticks or tildes, indented at most
+    3 spaces, closed by a line of the same character at least as long with nothing after it). An
+    unclosed fence quotes nothing: a leak after a stray fence is still a leak."""
+    if "```" not in text and "~~~" not in text:
+        return []
+    out, open_ = [], None
+    for m in _FENCE_RE.finditer(text):
+        f, info = m.group(1), m.group(2)
+        if open_ is None:
+            if f[0] == "`" and "`" in info:      # ```x``` on one line is an inline span, not a fence
+                continue
+            open_ = (m.start(), f[0], len(f))
+        elif f[0] == open_[1] and len(f) >= open_[2] and not info.strip():
+            out.append((open_[0], m.end(), FENCED_BLOCK))
+            open_ = None
+    return out
+
+
+def code_ranges(text: str) -> list[tuple[int, int, str]]:
+    """Sorted, disjoint ``(start, end, where)`` of the closed fenced code blocks and the inline code
+    spans of ``text`` (CommonMark: a run of n backticks up to the next run of exactly n backticks in
+    the same paragraph; an unmatched run is literal). Linear apart from a log factor."""
+    fences = _fences(text)
+    if "`" not in text:
+        return fences
+    spans: list[tuple[int, int, str]] = []
+    blanks = [m.start() for m in _BLANK_LINE_RE.finditer(text)]
+    gaps, prev = [], 0
+    for a, b, _ in fences:
+        gaps.append((prev, a))
+        prev = b
+    gaps.append((prev, len(text)))
+    for a, b in gaps:
+        runs = [(m.start(), m.end()) for m in _TICKS_RE.finditer(text, a, b)]
+        by_len: dict[int, list[int]] = {}
+        for k, (s, e) in enumerate(runs):
+            by_len.setdefault(e - s, []).append(k)
+        k = 0
+        while k < len(runs):
+            s, e = runs[k]
+            same = by_len[e - s]
+            p = bisect_right(same, k)
+            if p < len(same):
+                j = same[p]
+                q = bisect_left(blanks, e)
+                if q == len(blanks) or blanks[q] >= runs[j][0]:      # no blank line in between
+                    spans.append((s, runs[j][1], CODE_SPAN))
+                    k = j + 1
+                    continue
+            k += 1
+    return sorted(fences + spans)
+
+
+def _scan_markup(text: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """``(found, quoted)``: per kind (dsml, v31, special, think) the first spelling outside code
+    spans and fenced blocks, and the first quoted one with where it is quoted."""
+    found: dict[str, str] = {}
+    quoted: dict[str, tuple[str, str]] = {}
+    ranges: Optional[list[tuple[int, int, str]]] = None
+    starts: list[int] = []
+    for m in _MARKUP_RE.finditer(text):
+        kind = (m.lastgroup or "").rstrip("_")
+        if kind in found:
+            continue
+        if ranges is None:
+            ranges = code_ranges(text)
+            starts = [r[0] for r in ranges]
+        i = bisect_right(starts, m.start()) - 1
+        if i >= 0 and ranges[i][1] >= m.end():
+            quoted.setdefault(kind, (m.group(), ranges[i][2]))
+        else:
+            found[kind] = m.group()
+            if len(found) == len(_MARKUP_LABELS):
+                break
+    return found, quoted
+
+
+def _markup_in(text: str, allowed: tuple[str, ...]) -> Optional[str]:
+    """The first markup spelling in an argument string (no quoting rule: arguments are not
+    Markdown), after removing every ``allowed`` substring."""
+    for a in allowed:
+        if a in text:
+            text = text.replace(a, "\0")
+    m = _MARKUP_RE.search(text)
+    return m.group() if m else None
+
+
+def _markup_in_value(value: Any, allowed: tuple[str, ...]) -> Optional[tuple[str, str]]:
+    """``(path, spelling)`` of the first markup in any string (key or value) of a parsed JSON
+    value, walked iteratively in document order."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            hit = _markup_in(v, allowed)
+            if hit:
+                return path or "(the whole value)", hit
+        elif isinstance(v, dict):
+            items = []
+            for k, x in v.items():
+                p = f"{path}.{k}" if path else str(k)
+                items += [(p + " (name)", k), (p, x)]
+            stack.extend(reversed(items))
+        elif isinstance(v, list):
+            stack.extend(reversed([(f"{path}[{i}]", x) for i, x in enumerate(v)]))
     return None
 
 
-def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec]) -> Verdict:
+# --- loops --------------------------------------------------------------------------------------
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"   # kana, Han, Hangul
+_TOKEN_RE = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")     # a word, or one CJK character
+_ONES_RE = re.compile(b"\x01+")
+LOOP_GRAM = 8            # candidate periods come from repeated word 8-grams
+LOOP_MIN_WORDS = 60      # shorter texts are never a loop
+LOOP_MIN_COPIES = 4      # the repeated unit occurs at least 4 times back to back
+LOOP_MIN_SHARE = 0.30    # … and the repeating stretch covers >= 30 % of the words
+LOOP_MIN_SPAN = 400      # … or >= 400 words (long texts)
+LOOP_MAX_CHARS = 200_000  # a longer text is judged by its last 200 000 characters …
+LOOP_MAX_WORDS = 20_000   # … and at most its last 20 000 words
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A loop found by :func:`find_loop`: a unit of ``period`` words repeated over ``span`` words
+    of a text of ``words`` words; ``unit`` is its start."""
+
+    period: int
+    span: int
+    words: int
+    unit: str
+
+
+def find_loop(text: str) -> Optional[Loop]:
+    """The longest qualifying exact repetition of ``text``, or None.
+
+    Words are runs of letters, digits and ``_``, and each CJK character is a word of its own
+    (punctuation, whitespace and symbols such as ``}`` are ignored; case matters). Text inside
+    *closed* fenced code blocks is left out (listings repeat legitimately; a degenerate loop runs
+    to the length limit and never closes its fence). A loop is a stretch in which the same unit of
+    ``d`` words repeats back to back, word for word (the last copy may be partial), at least
+    :data:`LOOP_MIN_COPIES` times, covering at least :data:`LOOP_MIN_SHARE` of the words or
+    :data:`LOOP_MIN_SPAN` words, in a text of at least :data:`LOOP_MIN_WORDS` words. Boilerplate
+    that varies a word in every copy (numbered lines, ``handler_1``, ``handler_2`` …) is not a
+    loop. Candidate periods are the distances between repeated word 8-grams, so a text without a
+    repeated 8-gram (nearly all prose) is cleared after one tokenisation and one set."""
+    if len(text) < LOOP_MIN_WORDS:
+        return None
+    if len(text) > LOOP_MAX_CHARS:
+        text = text[-LOOP_MAX_CHARS:]
+    fences = _fences(text)
+    if fences:
+        parts, prev = [], 0
+        for a, b, _ in fences:
+            parts.append(text[prev:a])
+            prev = b
+        parts.append(text[prev:])
+        text = "\n".join(parts)
+    toks = _TOKEN_RE.findall(text)
+    if len(toks) > LOOP_MAX_WORDS:
+        toks = toks[-LOOP_MAX_WORDS:]
+    n = len(toks)
+    if n < LOOP_MIN_WORDS:
+        return None
+    grams = list(zip(*(toks[k:] for k in range(LOOP_GRAM))))
+    if len(set(grams)) == len(grams):
+        return None
+    last: dict[tuple, int] = {}
+    dist: dict[int, int] = {}
+    for i, g in enumerate(grams):
+        j = last.get(g)
+        if j is not None:
+            dist[i - j] = dist.get(i - j, 0) + 1
+        last[g] = i
+    need = min(LOOP_MIN_SPAN, -(-LOOP_MIN_SHARE * n // 1))
+    # a stretch of L words with period d holds L - d - 7 grams repeated at distance d
+    cands = sorted((d for d, c in dist.items()
+                    if c >= max(need, LOOP_MIN_COPIES * d) - d - LOOP_GRAM + 1), key=lambda d: -dist[d])
+    best: Optional[Loop] = None
+    for d in cands[:8]:
+        eq = bytes(map(operator.eq, toks, toks[d:]))
+        run = max(_ONES_RE.finditer(eq), key=lambda m: m.end() - m.start(), default=None)
+        if run is None:
+            continue
+        span = run.end() - run.start() + d
+        if span >= LOOP_MIN_COPIES * d and span >= need and (best is None or span > best.span):
+            unit = " ".join(toks[run.start():run.start() + min(d, 12)])
+            best = Loop(d, span, n, unit[:80] + (" …" if d > 12 or len(unit) > 80 else ""))
+    return best
+
+
+# --- language switch ----------------------------------------------------------------------------
+_SCRIPT_RE = re.compile(
+    r"(?P<Latin>[A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff]+)"
+    rf"|(?P<CJK>[{_CJK}]+)"
+    r"|(?P<Cyrillic>[\u0400-\u04ff]+)|(?P<Greek>[\u0370-\u03ff\u1f00-\u1fff]+)"
+    r"|(?P<Arabic>[\u0600-\u06ff]+)|(?P<Hebrew>[\u05d0-\u05ea]+)"
+    r"|(?P<Devanagari>[\u0900-\u097f]+)|(?P<Thai>[\u0e00-\u0e7f]+)")
+_NON_LATIN_RE = re.compile(rf"[{_CJK}\u0370-\u03ff\u1f00-\u1fff\u0400-\u04ff\u0590-\u06ff\u0900-\u097f\u0e00-\u0e7f]+")
+# URLs and short quoted stretches (a quoted word or phrase, up to 80 characters on one line)
+_SKIP_RE = re.compile(
+    r"(?:https?|ftp)://\S+|www\.\S+"
+    r"|\"[^\"\n]{0,80}\"|\u201c[^\u201d\n]{0,80}\u201d|\u2018[^\u2019\n]{0,80}\u2019"
+    r"|\u00ab[^\u00bb\n]{0,80}\u00bb|\u300c[^\u300d\n]{0,80}\u300d|\u300e[^\u300f\n]{0,80}\u300f"
+    r"|(?<!\w)'[^'\n]{1,80}'(?!\w)")
+SWITCH_BASE_LETTERS = 200  # the answer's script is judged on its first 200 letters …
+SWITCH_MIN_BASE = 50       # … of which at least 50 come before the switch …
+SWITCH_BASE_SHARE = 0.90   # … and >= 90 % of them are one script
+SWITCH_RUN = 20            # a switch: >= 20 letters of another script …
+SWITCH_RUN_LATIN = 60      # … (>= 60 when switching into Latin: English terms in CJK prose are common)
+SWITCH_MAX_GAP_WORDS = 2   # … interrupted by at most 2 words of the answer's script at a time
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A language switch found by :func:`find_language_switch`."""
+
+    base: str
+    to: str
+    after: int        # letters of the answer before the switch
+    excerpt: str
+
+
+def _dominant(counts: dict[str, int], seen: int) -> Optional[str]:
+    if seen < SWITCH_MIN_BASE:
+        return None
+    s, c = max(counts.items(), key=lambda kv: kv[1])
+    return s if c >= SWITCH_BASE_SHARE * seen else None
+
+
+def find_language_switch(text: str) -> Optional[Switch]:
+    """An answer that opened in one script and later switches to another, or None.
+
+    Scripts: Latin, CJK (Han, kana and Hangul together), Cyrillic, Greek, Arabic, Hebrew,
+    Devanagari, Thai (letters only; digits, punctuation and other characters are ignored). Code
+    spans, closed fenced blocks, URLs and quoted words or phrases (``"…"``, ``“…”``, ``‘…’``,
+    ``'…'``, ``«…»``, ``「…」``, ``『…』``, up to 80 characters) are ignored. The answer's script is
+    the one with >= 90 % of the letters among the first 200 letters seen before a candidate switch
+    (at least 50 of them); a switch is a stretch of >= 20 letters of other scripts (>= 60 when it
+    is Latin), interrupted by at most two words of the answer's script at a time. An ASCII-only
+    text, or one with fewer than 20 letters outside Latin, is cleared after one fast scan."""
+    if text.isascii() or sum(map(len, _NON_LATIN_RE.findall(text))) < SWITCH_RUN:
+        return None     # no switch into another script, and too few letters for a non-Latin answer
+    ranges = code_ranges(text)
+    if ranges:
+        parts, prev = [], 0
+        for a, b, _ in ranges:
+            parts.append(text[prev:a])
+            prev = b
+        parts.append(text[prev:])
+        text = " ".join(parts)
+    text = _SKIP_RE.sub(" ", text)
+    counts: dict[str, int] = {}
+    seen = total = 0
+    base: Optional[str] = None
+    foreign = gap = after = fstart = 0
+    fscript = ""
+    for m in _SCRIPT_RE.finditer(text):
+        s, n = m.lastgroup or "", m.end() - m.start()
+        if foreign and s == base:
+            gap += 1
+            if gap > SWITCH_MAX_GAP_WORDS:
+                foreign = 0
+        elif foreign:
+            foreign, gap = foreign + n, 0
+        else:
+            b = _dominant(counts, seen)
+            if b is not None and s != b:
+                base, foreign, gap, fscript, fstart, after = b, n, 0, s, m.start(), total
+        if foreign >= (SWITCH_RUN_LATIN if fscript == "Latin" else SWITCH_RUN):
+            excerpt = " ".join(text[fstart:fstart + 60].split())
+            return Switch(base or "", fscript, after, excerpt)
+        if seen < SWITCH_BASE_LETTERS:
+            take = min(n, SWITCH_BASE_LETTERS - seen)
+            counts[s] = counts.get(s, 0) + take
+            seen += take
+        total += n
+    return None
+
+
+# --- the classifier -----------------------------------------------------------------------------
+def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec],
+             thinking_requested: bool = False, allowed_markup: Iterable[str] = ()) -> Verdict:
     """Classify one turn. ``requires_tool``: the workload required at least one tool call.
 
+    ``thinking_requested``: the request asked for thinking (``chat_template_kwargs.thinking`` or a
+    ``reasoning_effort``), so an empty ``reasoning_content`` next to non-empty content means the
+    reasoning was merged into content (``reasoning_in_content``). ``allowed_markup``: substrings the
+    workload expects inside tool-call argument strings (e.g. the ``<think>`` of a file the agent is
+    told to write); every occurrence is removed before the arguments are scanned for markup.
+
     Returns a Verdict whose ``flags`` lists every class that applies, in :data:`CLASSES` order,
-    and whose ``cls`` is the first (``ok`` if none). An HTTP/protocol error or a stall
-    short-circuits (the body is not judged)."""
+    and whose ``cls`` is the first (``ok`` if none); ``notes`` lists markup quoted in code spans or
+    fenced blocks, which is not corruption. An HTTP/protocol error or a stall short-circuits (the
+    body is not judged)."""
     if turn.stalled:
         return Verdict(STUCK, (STUCK,), turn.error or "no progress within the stall timeout")
     if turn.error or turn.http_status != 200:
         why = turn.error or f"HTTP {turn.http_status}"
         return Verdict(HTTP_ERROR, (HTTP_ERROR,), why)
+    allowed = (allowed_markup,) if isinstance(allowed_markup, str) else tuple(a for a in allowed_markup if a)
 
     flags: dict[str, str] = {}
-    mark = _contains_any(turn.content, (DSML_MARK,) + LEGACY_TOOL_MARKS)
-    if mark:
-        flags[DSML_IN_CONTENT] = f"{mark!r} in content"
-    tmark = _contains_any(turn.content, THINK_MARKS)
-    if tmark:
-        flags[THINK_IN_CONTENT] = f"{tmark!r} in content"
-    if turn.finish_reason == "length" and (turn.tool_calls or requires_tool or mark):
+    notes: list[str] = []
+    content, reasoning = turn.content, turn.reasoning
+    found, quoted = _scan_markup(content) if content else ({}, {})
+    if "dsml" in found:
+        flags[DSML_IN_CONTENT] = f"DSML {found['dsml']!r} in content"
+    elif "v31" in found:
+        flags[DSML_IN_CONTENT] = f"V3.1 tool token {found['v31']!r} in content"
+    if "special" in found:
+        flags[SPECIAL_TOKEN_LEAK] = f"special token {found['special']!r} in content"
+    if "think" in found:
+        flags[THINK_IN_CONTENT] = f"{found['think']!r} in content"
+    notes += [f"quoted {_MARKUP_LABELS[k]} {x!r} in {where}" for k, (x, where) in quoted.items() if k not in found]
+    if reasoning:
+        rfound, rquoted = _scan_markup(reasoning)
+        x = rfound.get("dsml") or rfound.get("v31")
+        if x:
+            flags[DSML_IN_REASONING] = f"{'DSML' if 'dsml' in rfound else 'V3.1 tool token'} {x!r} in reasoning_content"
+        notes += [f"quoted {_MARKUP_LABELS[k]} {x!r} in {where} of reasoning_content"
+                  for k, (x, where) in rquoted.items() if k in ("dsml", "v31") and k not in rfound]
+    if thinking_requested and content.strip() and not reasoning.strip():
+        flags[REASONING_IN_CONTENT] = ("thinking requested but reasoning_content is empty and content is not "
+                                       "(no reasoning parser?)")
+    for where, text in (("content", content), ("reasoning_content", reasoning)):
+        loop = find_loop(text) if text else None
+        if loop:
+            flags.setdefault(NGRAM_LOOP, f"{where}: a {loop.period}-word unit repeated over {loop.span} of "
+                                         f"{loop.words} words: {loop.unit!r}")
+    if (turn.finish_reason == "length" and not requires_tool and not turn.tool_calls
+            and not content.strip()):
+        flags[EMPTY_LENGTH] = (f"finish_reason length with empty content and {len(reasoning)} characters "
+                               "of reasoning (thinks until the cap)")
+    switch = find_language_switch(content) if content else None
+    if switch:
+        flags[LANGUAGE_SWITCH] = (f"content switches from {switch.base} to {switch.to} after {switch.after} "
+                                  f"letters: {switch.excerpt!r}")
+    dsml = DSML_IN_CONTENT in flags
+    if turn.finish_reason == "length" and (turn.tool_calls or requires_tool or dsml):
         flags[LENGTH_MID_CALL] = ("finish_reason length with "
                                   + (f"{len(turn.tool_calls)} tool call(s)" if turn.tool_calls else "no tool call"))
     if requires_tool and not turn.tool_calls:
@@ -456,7 +840,15 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
             args = json.loads(c.arguments) if c.arguments.strip() else None
         except ValueError:
             flags.setdefault(ARGS_NOT_JSON, f"{label}: arguments not JSON: {c.arguments[:60]!r}")
+            if MARKUP_IN_ARGS not in flags:
+                hit = _markup_in(c.arguments, allowed)
+                if hit:
+                    flags[MARKUP_IN_ARGS] = f"{label}: {hit!r} in the raw arguments"
             continue
+        if args is not None and MARKUP_IN_ARGS not in flags:
+            at = _markup_in_value(args, allowed)
+            if at:
+                flags[MARKUP_IN_ARGS] = f"{label}: {at[1]!r} in argument {at[0]}"
         spec = tools.get(c.name or "")
         if args is None:
             flags.setdefault(ARGS_NOT_JSON, f"{label}: empty arguments string")
@@ -474,6 +866,6 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
         if err:
             flags.setdefault(ARGS_SCHEMA, f"{label}: {err}")
     if not flags:
-        return Verdict(OK, (), "ok")
+        return Verdict(OK, (), "ok", tuple(notes))
     ordered = tuple(c for c in CLASSES if c in flags)
-    return Verdict(ordered[0], ordered, flags[ordered[0]])
+    return Verdict(ordered[0], ordered, flags[ordered[0]], tuple(notes))
