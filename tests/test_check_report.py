@@ -77,7 +77,7 @@ def test_tables_render_every_level():
 
 # --- workload -------------------------------------------------------------------------------
 def test_session_turns_grow_and_reuse_the_prefix():
-    s = Session(sid=1, turns=3, stream=True)
+    s = Session(sid=1, turns=3, stream=True, known_share=0.0, probe_share=0.0)     # free-form turns only
     assert [s.spec(t).tool for t in range(3)] == [TOOL_NAMES[1], TOOL_NAMES[2], None]
     b0 = s.request("m", "r0")
     assert b0["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT} and b0["stream"] and b0["rid"] == "r0"
@@ -96,7 +96,7 @@ def test_session_turns_grow_and_reuse_the_prefix():
 
 
 def test_failed_turn_restarts_the_conversation():
-    s = Session(sid=0, turns=4, stream=False)
+    s = Session(sid=0, turns=4, stream=False, known_share=0.0, probe_share=0.0)
     s.advance(None, False)
     assert s.restarts == 1 and len(s.messages) == 2 and "(retry 1)" in s.messages[-1]["content"]
     assert s.messages[-1]["content"].endswith(f"call the {TOOL_NAMES[1]} tool.")

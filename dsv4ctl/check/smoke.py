@@ -10,11 +10,23 @@ Checks, each pass / fail / skip with a one-line reason:
   with a profile, the running HiCache switch must equal the serve config's;
 * ``chat``: one plain completion through the entry URL (no markup or think tags in content);
 * ``tool_call`` and ``tool_call_stream``: one forced tool turn, JSON and SSE, must give valid
-  ``tool_calls`` and ``finish_reason: "tool_calls"`` (field report T1).
+  ``tool_calls`` and ``finish_reason: "tool_calls"`` (field report T1);
+* ``tool_choice_none``: tools declared, ``tool_choice: "none"``, and an instruction that asks for a
+  known-answer call anyway: no ``tool_calls`` and no DSML / think markup in ``content`` (with
+  ``none`` 0.5.23 does not parse DSML, so a model that calls leaks it as text: sglang #35736);
+* ``tool_choice_required``: at least one call, valid (the classifier finds nothing);
+* ``tool_choice_named``: ``{"type": "function", "function": {"name": X}}``: valid calls, all of X;
+* ``over_length``: a prompt of about context length + 1,024 tokens must get HTTP 4xx, not 200 (in
+  PD a prefill abort has come back from decode as HTTP 200 with garbage and ``prompt_tokens`` 1);
+* ``prompt_tokens``: ``usage.prompt_tokens`` of every completion probe that was answered lies
+  between 1 token per 16 bytes and 1 token per byte of the JSON sent (messages + tools).
+
+The judging of each line is a pure function (``judge_*``); :func:`run_smoke` does the I/O.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -22,8 +34,9 @@ from typing import Any, Optional
 import aiohttp
 
 from . import classify as C
+from . import expect as E
 from .driver import BadResponse, ConnectError, fetch_json, run_turn
-from .workload import TOOLS, Session
+from .workload import CALL_INSTRUCTION, SYSTEM_PROMPT, TOOLS, Session, known_instruction
 
 EXPECT_VERSION = "0.5.23"
 EXPECT = {"tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}
@@ -80,6 +93,198 @@ def judge_server_info(info: Any, worker: Worker) -> dict:
     return line("server_info", worker.name, "pass", summary, **detail)
 
 
+# --- probes: request bodies (pure) ------------------------------------------------------------
+CHAT_PROMPT = ("Reply with one short sentence: what does a load balancer in front of two inference "
+               "servers do with a request?")
+PROBE_TASK = "Task: review how the smoke checks of dsv4ctl probe a server. "
+NONE_PROBE_FACT = "The code to review is dsv4ctl/check/smoke.py, lines 12-40."
+NONE_PROBE_CALLS = [{"name": "read_file",
+                     "arguments": {"path": "dsv4ctl/check/smoke.py", "start_line": 12, "end_line": 40}}]
+REQUIRED_PROBE_TOOL = "run_command"
+NAMED_PROBE_TOOL = "search_code"
+
+OVER_LENGTH_MARGIN = 1024            # tokens past the context length
+CHARS_PER_TOKEN = 4                  # sizing of the over-length prompt
+MAX_PROBED_CONTEXT = 1 << 20         # tokens; above it the over-length probe is skipped (over 4 MiB)
+# Words of at most three letters: a BPE tokenizer gives at least one token per 4 characters of
+# this, so (context + margin) x 4 characters are at least context + margin tokens.
+FILLER = "we go to it and so do we, as we may. "
+MIN_BYTES_PER_TOKEN = 16             # prompt_tokens below 1 per 16 bytes of the JSON sent fails
+MAX_TOKENS_PER_BYTE = 1              # prompt_tokens above 1 per byte fails
+
+
+def _rid() -> str:
+    return f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"
+
+
+def chat_body(model: str, rid: str) -> dict:
+    """The plain ``chat`` probe."""
+    return {"model": model, "messages": [{"role": "user", "content": CHAT_PROMPT}],
+            "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": rid}
+
+
+def tool_choice_body(kind: str, model: str, rid: str) -> dict:
+    """The ``tool_choice_<kind>`` probe (``none``, ``required`` or ``named``): tools declared, the
+    shared system prompt, one user turn. ``none`` asks for a known-answer call
+    (:data:`NONE_PROBE_CALLS`); ``required`` / ``named`` name their tool."""
+    if kind == "none":
+        text, choice = known_instruction(NONE_PROBE_CALLS, NONE_PROBE_FACT), "none"
+    elif kind == "required":
+        text, choice = CALL_INSTRUCTION.format(name=REQUIRED_PROBE_TOOL), "required"
+    elif kind == "named":
+        text, choice = (CALL_INSTRUCTION.format(name=NAMED_PROBE_TOOL),
+                        {"type": "function", "function": {"name": NAMED_PROBE_TOOL}})
+    else:
+        raise ValueError(f"unknown tool_choice probe {kind!r}")
+    return {"model": model, "messages": [{"role": "system", "content": SYSTEM_PROMPT},
+                                         {"role": "user", "content": PROBE_TASK + text}],
+            "tools": TOOLS, "tool_choice": choice, "max_tokens": 512, "temperature": 0.0, "stream": False,
+            "rid": rid}
+
+
+def over_length_body(model: str, rid: str, context_len: int) -> dict:
+    """A prompt of (``context_len`` + :data:`OVER_LENGTH_MARGIN`) x :data:`CHARS_PER_TOKEN`
+    characters (:data:`FILLER` repeated, then a one-line question)."""
+    n = (context_len + OVER_LENGTH_MARGIN) * CHARS_PER_TOKEN
+    text = (FILLER * (n // len(FILLER) + 1))[:n] + " Reply with OK."
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 16,
+            "temperature": 0.0, "stream": False, "rid": rid}
+
+
+def sent_bytes(body: dict) -> int:
+    """Bytes of the compact UTF-8 JSON of ``messages`` plus ``tools`` (when declared): what the
+    chat template turns into the prompt."""
+    n = len(json.dumps(body["messages"], ensure_ascii=False, separators=(",", ":")).encode())
+    if body.get("tools"):
+        n += len(json.dumps(body["tools"], ensure_ascii=False, separators=(",", ":")).encode())
+    return n
+
+
+# --- probes: judging (pure) -------------------------------------------------------------------
+def _int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _answered(res: C.TurnResult) -> bool:
+    return res.http_status == 200 and not res.error and not res.stalled
+
+
+def _calls(res: C.TurnResult) -> str:
+    return ", ".join(f"{c.name}({c.arguments[:40]})" for c in res.tool_calls)
+
+
+def judge_tool_choice_none(res: C.TurnResult, target: str, specs: dict[str, C.ToolSpec]) -> dict:
+    """``tool_choice_none``: no tool_calls, no DSML / think markup in content."""
+    v = C.classify(res, requires_tool=False, tools=specs)
+    if not _answered(res):
+        return line("tool_choice_none", target, "fail", f"{v.cls}: {v.reason}")
+    if v.cls in (C.DSML_IN_CONTENT, C.THINK_IN_CONTENT):
+        return line("tool_choice_none", target, "fail",
+                    f"{v.cls}: {v.reason} (tool_choice none: DSML is not parsed, sglang #35736)",
+                    content_excerpt=res.content[:300])
+    if res.tool_calls:
+        return line("tool_choice_none", target, "fail",
+                    f"{len(res.tool_calls)} tool call(s) with tool_choice none: {_calls(res)}")
+    if not v.ok:
+        return line("tool_choice_none", target, "fail", f"{v.cls}: {v.reason}")
+    return line("tool_choice_none", target, "pass",
+                f"no tool_calls, {len(res.content)} chars of content without markup, finish_reason {res.finish_reason}")
+
+
+def judge_tool_choice_required(res: C.TurnResult, target: str, specs: dict[str, C.ToolSpec]) -> dict:
+    """``tool_choice_required``: at least one call, and the classifier finds nothing."""
+    v = C.classify(res, requires_tool=True, tools=specs)
+    if not v.ok:
+        return line("tool_choice_required", target, "fail", f"{v.cls}: {v.reason}")
+    return line("tool_choice_required", target, "pass", f"{len(res.tool_calls)} call(s): {_calls(res)}")
+
+
+def judge_tool_choice_named(res: C.TurnResult, target: str, specs: dict[str, C.ToolSpec], name: str) -> dict:
+    """``tool_choice_named``: at least one call, valid, every call names ``name``."""
+    v = C.classify(res, requires_tool=True, tools=specs)
+    if not v.ok:
+        return line("tool_choice_named", target, "fail", f"{v.cls}: {v.reason}")
+    choice = {"type": "function", "function": {"name": name}}
+    wrong = E.check_turn(None, choice, res.tool_calls)
+    if wrong:
+        return line("tool_choice_named", target, "fail", f"{E.WRONG_TOOL}: {wrong[E.WRONG_TOOL]}")
+    return line("tool_choice_named", target, "pass", f"{len(res.tool_calls)} call(s) of {name}: {_calls(res)}")
+
+
+def context_length(infos: list[Any], models: Any) -> tuple[Optional[int], str]:
+    """(context length in tokens, where it came from): the largest ``context_length`` of the
+    workers' ``/server_info`` (a prompt over it is over every worker's), else the entry's
+    ``/v1/models`` ``data[0].max_model_len``; (None, why) when neither is a positive integer."""
+    known = [n for i in infos if isinstance(i, dict) and (n := _int(i.get("context_length"))) and n > 0]
+    if known:
+        return max(known), "server_info context_length"
+    data = models.get("data") if isinstance(models, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        n = _int(data[0].get("max_model_len"))
+        if n and n > 0:
+            return n, "/v1/models max_model_len"
+    return None, "no context length known (server_info context_length unset, no /v1/models max_model_len)"
+
+
+def over_length_skip(context_len: Optional[int], source: str, target: str) -> Optional[dict]:
+    """The skipped ``over_length`` line when the probe is not sent, else None."""
+    if context_len is None:
+        return line("over_length", target, "skip", source)
+    if context_len > MAX_PROBED_CONTEXT:
+        return line("over_length", target, "skip",
+                    f"context length {context_len} tokens ({source}) is over {MAX_PROBED_CONTEXT}: "
+                    f"the prompt would be over {MAX_PROBED_CONTEXT * CHARS_PER_TOKEN >> 20} MiB")
+    return None
+
+
+def judge_over_length(res: C.TurnResult, target: str, context_len: int, source: str, prompt_chars: int) -> dict:
+    """``over_length``: HTTP 4xx passes; HTTP 200 (or anything else) fails."""
+    est = prompt_chars // CHARS_PER_TOKEN
+    what = f"a prompt of about {est} tokens over the context length {context_len} ({source})"
+    detail = {"context_length": context_len, "prompt_chars": prompt_chars, "http_status": res.http_status}
+    if res.http_status is not None and 400 <= res.http_status < 500:
+        return line("over_length", target, "pass", f"HTTP {res.http_status} for {what}",
+                    error=(res.error or "")[:200], **detail)
+    if res.http_status == 200:
+        pt = (res.usage or {}).get("prompt_tokens")
+        return line("over_length", target, "fail",
+                    f"HTTP 200 for {what}, expected a 4xx (prompt_tokens {_short(pt)}, "
+                    f"finish_reason {_short(res.finish_reason)!r})", content_excerpt=res.content[:200], **detail)
+    if res.http_status is None:
+        return line("over_length", target, "fail", f"no answer for {what}: {res.error}", **detail)
+    return line("over_length", target, "fail", f"HTTP {res.http_status} for {what}, expected a 4xx: "
+                f"{(res.error or '')[:160]}", **detail)
+
+
+def judge_prompt_tokens(samples: list[tuple[str, int, C.TurnResult]], target: str) -> dict:
+    """``prompt_tokens``: ``samples`` are (probe, bytes sent (:func:`sent_bytes`), result). Probes
+    without an answer are left out (their own line failed). Fails on the first answered probe whose
+    ``usage.prompt_tokens`` is missing, under 1 per :data:`MIN_BYTES_PER_TOKEN` bytes, or over
+    :data:`MAX_TOKENS_PER_BYTE` per byte."""
+    seen = []
+    for probe, nbytes, res in samples:
+        if not _answered(res):
+            continue
+        pt = _int((res.usage or {}).get("prompt_tokens"))
+        seen.append({"probe": probe, "prompt_tokens": pt, "bytes": nbytes})
+        if pt is None:
+            got = (res.usage or {}).get("prompt_tokens")
+            return line("prompt_tokens", target, "fail", f"{probe}: no usage.prompt_tokens"
+                        + (f" ({_short(got)!r})" if got is not None else ""), probes=seen)
+        if pt * MIN_BYTES_PER_TOKEN < nbytes:
+            return line("prompt_tokens", target, "fail",
+                        f"{probe}: prompt_tokens {pt} for {nbytes} bytes sent, under 1 token per "
+                        f"{MIN_BYTES_PER_TOKEN} bytes (the prompt was not what was sent)", probes=seen)
+        if pt > nbytes * MAX_TOKENS_PER_BYTE:
+            return line("prompt_tokens", target, "fail",
+                        f"{probe}: prompt_tokens {pt} for {nbytes} bytes sent, over 1 token per byte", probes=seen)
+    if not seen:
+        return line("prompt_tokens", target, "skip", "no completion probe was answered")
+    return line("prompt_tokens", target, "pass",
+                f"{len(seen)} probe(s) within 1 token per {MIN_BYTES_PER_TOKEN} bytes .. 1 per byte sent ("
+                + ", ".join(f"{x['probe']} {x['prompt_tokens']}/{x['bytes']}" for x in seen[:3]) + ")", probes=seen)
+
+
 async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] = None,
                     timeout: float = 60.0, api_key: Optional[str] = None) -> tuple[list[dict], bool]:
     """All smoke lines and whether the entry URL was reachable at all. ``api_key``: bearer token.
@@ -98,8 +303,11 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             except (ConnectError, BadResponse) as e:
                 out.append(line("health", w.name, "fail", str(e), url=w.url))
         reachable = True
+        models_doc: Any = None
+        infos: list[Any] = []
         try:
             status, doc = await fetch_json(http, entry + "/v1/models", timeout=timeout)
+            models_doc = doc if status == 200 else None
             data = doc.get("data") if isinstance(doc, dict) else None
             ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
                 if isinstance(data, list) else []
@@ -124,6 +332,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                 if info is None:
                     out.append(line("server_info", w.name, "skip", f"no /server_info (HTTP {status})"))
                 else:
+                    infos.append(info)
                     out.append(judge_server_info(info, w))
             except (ConnectError, BadResponse) as e:
                 out.append(line("server_info", w.name, "fail", str(e)))
@@ -131,21 +340,50 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             return out, False
         url = entry + "/v1/chat/completions"
         model = model or "default"
-        body = {"model": model, "messages": [{"role": "user", "content": "Reply with one short sentence."}],
-                "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"}
+        samples: list[tuple[str, int, C.TurnResult]] = []
+        body = chat_body(model, _rid())
         res, timing = await run_turn(http, url, body, False, timeout)
+        samples.append(("chat", sent_bytes(body), res))
         v = C.classify(res, requires_tool=False, tools=specs)
         out.append(line("chat", entry, "pass" if v.ok else "fail",
                         f"{res.finish_reason}, {len(res.content)} chars, {timing['e2e_s']:.2f} s" if v.ok else
                         f"{v.cls}: {v.reason}", rid=body["rid"]))
         for name, stream in (("tool_call", False), ("tool_call_stream", True)):
-            s = Session(sid=0, turns=2, stream=stream)
-            rid = f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"
-            res, timing = await run_turn(http, url, s.request(model, rid), stream, timeout)
+            s = Session(sid=0, turns=2, stream=stream, known_share=0.0, probe_share=0.0)
+            rid = _rid()
+            body = s.request(model, rid)
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            res, timing = await run_turn(http, url, body, stream, timeout)
+            samples.append((name, sent_bytes(body), res))
             v = C.classify(res, requires_tool=True, tools=specs)
             ok = v.ok and res.finish_reason == "tool_calls"
             reason = (f"{res.tool_calls[0].name}({res.tool_calls[0].arguments[:60]}), finish_reason tool_calls"
                       if ok else (f"{v.cls}: {v.reason}" if not v.ok else
                                   f"finish_reason {res.finish_reason!r}, expected 'tool_calls'"))
             out.append(line(name, entry, "pass" if ok else "fail", reason, rid=rid))
+        for kind in ("none", "required", "named"):
+            body = tool_choice_body(kind, model, _rid())
+            res, _ = await run_turn(http, url, body, False, timeout)
+            samples.append((f"tool_choice_{kind}", sent_bytes(body), res))
+            if kind == "none":
+                ln = judge_tool_choice_none(res, entry, specs)
+            elif kind == "required":
+                ln = judge_tool_choice_required(res, entry, specs)
+            else:
+                ln = judge_tool_choice_named(res, entry, specs, NAMED_PROBE_TOOL)
+            ln["detail"]["rid"] = body["rid"]
+            out.append(ln)
+        ctx, source = context_length(infos, models_doc)
+        skipped = over_length_skip(ctx, source, entry)
+        if skipped is not None:
+            out.append(skipped)
+        else:
+            body = over_length_body(model, _rid(), ctx)
+            chars = len(body["messages"][0]["content"])
+            res, _ = await run_turn(http, url, body, False, timeout)
+            ln = judge_over_length(res, entry, ctx, source, chars)
+            ln["detail"]["rid"] = body["rid"]
+            out.append(ln)
+        out.append(judge_prompt_tokens(samples, entry))
     return out, True
