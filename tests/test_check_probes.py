@@ -118,7 +118,7 @@ def test_judge_tool_choice_none():
     # the #35736 leak: the model called anyway, DSML is not parsed with tool_choice none
     ln = S.judge_tool_choice_none(answer("Reading it." + DSML_BLOCK), URL, SPECS)
     assert ln["status"] == "fail" and ln["reason"] == (
-        "dsml_in_content: '\uff5cDSML\uff5c' in content (tool_choice none: DSML is not parsed, sglang #35736)")
+        "dsml_in_content: DSML '<\uff5cDSML\uff5ctool_calls>' in content (tool_choice none: DSML is not parsed, sglang #35736)")
     assert ln["detail"]["content_excerpt"].startswith("Reading it.\n\n<\uff5cDSML")
     ln = S.judge_tool_choice_none(answer("ok </think> done"), URL, SPECS)
     assert ln["reason"].startswith("think_in_content: '</think>' in content")

@@ -14,12 +14,10 @@ from tests.standin.harness import free_port, standin, write_config
 FAST = ("--ttft-ms", "1", "--itl-ms", "0")
 
 PROBES = ["tool_choice_none", "tool_choice_required", "tool_choice_named", "over_length", "prompt_tokens"]
-# EXPECTED TO CHANGE (empty this set) when the stand-in follows the known-answer / tool_choice
-# contract: the current stand-in ignores tool_choice (with "none" it still writes the requested call
-# as DSML, which 0.5.23 does not parse then, so it reaches content: sglang #35736) and answers any
-# prompt length with HTTP 200 (no context-length check). These lines fail against it.
-STANDIN_FAILS = {"tool_choice_none": "dsml_in_content: ", "over_length": "HTTP 200 for a prompt of about 1049603 tokens"}
-OK_CODE = 1 if STANDIN_FAILS else 0          # EXPECTED TO CHANGE with STANDIN_FAILS
+# Lines the clean stand-in fails (none: it honours tool_choice, the known-answer contract and the
+# context length).
+STANDIN_FAILS: dict[str, str] = {}
+OK_CODE = 1 if STANDIN_FAILS else 0
 
 
 def assert_all_pass_but_standin_fails(checks: list[dict]) -> None:

@@ -62,6 +62,10 @@ NO_TOOL_CALL = "no_tool_call"
 ARGS_NOT_JSON = "args_not_json"
 EMPTY_ARGS = "empty_args"
 ARGS_SCHEMA = "args_schema"
+WRONG_TOOL = "wrong_tool"
+MISSING_CALL = "missing_call"
+EXTRA_CALL = "extra_call"
+WRONG_ARGS = "wrong_args"
 
 CLASSES = (HTTP_ERROR, STUCK,
            # markup leaks: the parser (or the template) let model markup through
@@ -70,11 +74,18 @@ CLASSES = (HTTP_ERROR, STUCK,
            # degenerate generation: usually the root cause of a call-shape failure on the same turn
            NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH,
            # call shape
-           LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA)
-"""Every corruption class, in precedence order: errors, markup leaks, degenerate generation, call shape."""
+           LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA,
+           # known answer (:mod:`.expect`): well-formed calls that are not the correct ones
+           WRONG_TOOL, MISSING_CALL, EXTRA_CALL, WRONG_ARGS)
+"""Every corruption class, in precedence order: errors, markup leaks, degenerate generation, call
+shape, known answer."""
 
 DESCRIPTIONS = {
     OK: "valid",
+    WRONG_TOOL: "a call names a different tool than the known answer",
+    MISSING_CALL: "fewer tool calls than the known answer",
+    EXTRA_CALL: "more tool calls than the known answer",
+    WRONG_ARGS: "arguments differ from the known answer",
     HTTP_ERROR: "HTTP or protocol error",
     STUCK: "no progress within the stall timeout",
     DSML_IN_CONTENT: "DSML tool-call markup in content",

@@ -26,20 +26,12 @@ from typing import Any, Iterable, Optional, Union
 from . import classify as C
 from .classify import ToolCall, Verdict
 
-WRONG_TOOL = "wrong_tool"
-MISSING_CALL = "missing_call"
-EXTRA_CALL = "extra_call"
-WRONG_ARGS = "wrong_args"
+from .classify import EXTRA_CALL, MISSING_CALL, WRONG_ARGS, WRONG_TOOL  # noqa: E402  (names live in classify.CLASSES)
 
 CLASSES = (WRONG_TOOL, MISSING_CALL, EXTRA_CALL, WRONG_ARGS)
-"""The known-answer classes, in precedence order (to follow ``classify.CLASSES``)."""
+"""The known-answer classes, in precedence order (the tail of ``classify.CLASSES``)."""
 
-DESCRIPTIONS = {
-    WRONG_TOOL: "a call names a different tool than the known answer",
-    MISSING_CALL: "fewer tool calls than the known answer",
-    EXTRA_CALL: "more tool calls than the known answer",
-    WRONG_ARGS: "arguments differ from the known answer",
-}
+DESCRIPTIONS = {c: C.DESCRIPTIONS[c] for c in CLASSES}
 
 EXCERPT = 60     # characters of each value shown in a wrong_args reason
 
@@ -78,8 +70,8 @@ def first_difference(expected: dict, got: dict) -> Optional[str]:
 def compare_calls(expected: list[dict], got: list[ToolCall]) -> dict[str, str]:
     """``{class: reason}`` for every known-answer class that applies ({} when the delivered calls
     are the expected ones). ``expected``: ``[{"name": str, "arguments": dict}, ...]`` in order;
-    ``got``: the delivered calls in index order. The reason of a class is that of its first
-    occurrence."""
+    ``got``: the delivered calls in index order; an expected ``arguments`` of None checks the tool
+    name only. The reason of a class is that of its first occurrence."""
     out: dict[str, str] = {}
     for i, (e, c) in enumerate(zip(expected, got)):
         label = f"call {c.index}"
@@ -90,8 +82,8 @@ def compare_calls(expected: list[dict], got: list[ToolCall]) -> dict[str, str]:
             args = json.loads(c.arguments) if c.arguments.strip() else None
         except (ValueError, RecursionError):
             continue                      # args_not_json: the classifier's
-        if not isinstance(args, dict):
-            continue                      # args_not_json / args_schema: the classifier's
+        if not isinstance(args, dict) or e.get("arguments") is None:
+            continue                      # args_not_json / args_schema: the classifier's; name-only
         diff = first_difference(e["arguments"], args)
         if diff:
             out.setdefault(WRONG_ARGS, f"{label} {c.name!r}: {diff}")
@@ -147,3 +139,29 @@ def merge_verdict(v: Verdict, extra: dict[str, str], order: Optional[Iterable[st
         return v
     cls = flags[0]
     return C.Verdict(cls, flags, v.reason if cls == v.cls else extra[cls])
+
+
+def judge(turn: C.TurnResult, *, requires_tool: bool, tools: dict[str, C.ToolSpec],
+          expected: Optional[list[dict]] = None, tool_choice: Optional[ToolChoice] = None,
+          thinking_requested: bool = False) -> Verdict:
+    """The full verdict on one turn: :func:`.classify.classify` (shape and leaks) merged with
+    :func:`check_turn` (known answer and named ``tool_choice``). ``expected`` None: a free-form turn,
+    judged by shape only. Argument strings of the known answer may hold markup-like text; what the
+    known answer itself contains is allowed in the delivered arguments (``allowed_markup``)."""
+    allowed = tuple(_strings(expected)) if expected else ()
+    v = C.classify(turn, requires_tool=requires_tool, tools=tools, thinking_requested=thinking_requested,
+                   allowed_markup=allowed)
+    return merge_verdict(v, check_turn(expected, tool_choice, turn.tool_calls))
+
+
+def _strings(v: Any) -> Iterable[str]:
+    """Every string inside a JSON value (keys and values)."""
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield k
+            yield from _strings(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _strings(x)

@@ -349,14 +349,15 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                         f"{res.finish_reason}, {len(res.content)} chars, {timing['e2e_s']:.2f} s" if v.ok else
                         f"{v.cls}: {v.reason}", rid=body["rid"]))
         for name, stream in (("tool_call", False), ("tool_call_stream", True)):
-            s = Session(sid=0, turns=2, stream=stream, known_share=0.0, probe_share=0.0)
+            s = Session(sid=0, turns=2, stream=stream, known_share=1.0, probe_share=0.0)
             rid = _rid()
             body = s.request(model, rid)
             if stream:
                 body["stream_options"] = {"include_usage": True}
             res, timing = await run_turn(http, url, body, stream, timeout)
             samples.append((name, sent_bytes(body), res))
-            v = C.classify(res, requires_tool=True, tools=specs)
+            spec = s.spec()         # a known answer: the calls the instruction states
+            v = E.judge(res, requires_tool=True, tools=specs, expected=spec.expected_calls, tool_choice=spec.tool_choice)
             ok = v.ok and res.finish_reason == "tool_calls"
             reason = (f"{res.tool_calls[0].name}({res.tool_calls[0].arguments[:60]}), finish_reason tool_calls"
                       if ok else (f"{v.cls}: {v.reason}" if not v.ok else

@@ -26,6 +26,7 @@ SERVE_CONFIG = {
     "tool-call-parser": "deepseekv4",
     "enable-metrics": True,
     "enable-cache-report": True,
+    "context-length": 65536,
 }
 """A minimal SGLang 0.5.23 serve config for DeepSeek-V4 (HiCache off)."""
 
