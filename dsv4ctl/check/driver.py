@@ -7,6 +7,13 @@ the response (headers or body) for ``stall_timeout`` seconds → the turn is ``s
 whose complete answer has not arrived within ``turn_timeout`` seconds (a server dripping bytes).
 Bodies are read with the size limits of :mod:`.classify` (``MAX_JSON_BODY``, ``MAX_SSE_LINE``,
 ``MAX_CONTENT``, ``MAX_PIECES``); a response over a limit is a protocol error, never a MemoryError.
+
+Crash detection (docs/check.md, "Crashes"): a turn whose transport failed before or while the
+answer arrived (:data:`CONNECTION_ERRORS`: refused, reset, server disconnected, body cut short) is a
+*connection error*. Once ``crash_after`` (default ``max(8, concurrency)``) consecutive turns end in
+one, with no turn answered in between, the level stops early and :attr:`LevelRun.crash` says so;
+a level that ends with fewer such trailing turns is a crash too if ``GET /health`` then cannot
+connect either.
 """
 
 from __future__ import annotations
@@ -26,6 +33,18 @@ from .workload import TOOLS, Session, body_bytes
 DEFAULT_TURN_TIMEOUT = 600.0     # seconds for one complete answer (``--turn-timeout``)
 
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+
+
+CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+"""Transport failures that make a turn a *connection error* (crash evidence): ClientConnectorError
+(refused, unreachable), ClientOSError / ClientConnectionResetError (reset), ServerDisconnectedError,
+ClientPayloadError (the body was cut short: the server went away mid-answer). Timeouts (also
+connect timeouts) are not: they are ``stuck`` turns, caught before these."""
+
+
+def crash_threshold(concurrency: int) -> int:
+    """K: consecutive connection-error turns that end a level as crashed, ``max(8, concurrency)``."""
+    return max(8, concurrency)
 
 
 class ConnectError(Exception):
@@ -61,6 +80,11 @@ class LevelRun:
     duration_s: float = 0.0
     metrics_before: Optional[dict] = None
     metrics_after: Optional[dict] = None
+    crash: Optional[dict] = None
+    """None, or the crash: {reason (str), started_at (Unix s, ``t_start`` of the first turn of the
+    run of connection errors), turn (1-based position of that turn in ``records``), rid (its request
+    id), streak (consecutive connection-error turns seen when the crash was declared), probe (None,
+    or what ``GET /health`` said when the level ended before K)}."""
 
 
 def auth_headers(api_key: Optional[str]) -> dict:
@@ -142,11 +166,13 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                    turn_timeout: float = DEFAULT_TURN_TIMEOUT) -> tuple[C.TurnResult, dict]:
     """Send one turn; return what arrived and timings {ttft_s, e2e_s, gaps, chunks}.
 
-    Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult.
+    Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult;
+    ``timing["connection_error"]`` is True when the turn failed with one of
+    :data:`CONNECTION_ERRORS` (no HTTP answer, or the answer cut off), else False.
     ``turn_timeout``: seconds for the complete answer (past it the turn is ``stalled``, even if
     bytes keep trickling in); the session's ``sock_read`` timeout is the no-progress limit."""
     t0 = time.perf_counter()
-    timing: dict[str, Any] = {"ttft_s": None, "e2e_s": None, "gaps": [], "chunks": 0}
+    timing: dict[str, Any] = {"ttft_s": None, "e2e_s": None, "gaps": [], "chunks": 0, "connection_error": False}
     sock_read = http.timeout.sock_read
     try:
         async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=JSON_HEADERS) as resp:
@@ -193,34 +219,71 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
         return C.TurnResult(http_status=None, stalled=True, error=why), timing
     except aiohttp.ClientError as e:
         timing["e2e_s"] = time.perf_counter() - t0
+        timing["connection_error"] = isinstance(e, CONNECTION_ERRORS)
         return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
+
+
+async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 5.0) -> Optional[str]:
+    """``GET base/health`` once: None if the server answered (any HTTP status), else why it could
+    not connect (a :data:`CONNECTION_ERRORS` failure). A timeout counts as answered (something
+    holds the port; not a crash by the rule in docs/check.md)."""
+    try:
+        async with http.get(base.rstrip("/") + "/health", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            await r.content.read(1024)
+            return None
+    except asyncio.TimeoutError:
+        return None
+    except CONNECTION_ERRORS as e:
+        return f"GET /health: {type(e).__name__}: {str(e)[:160]}"
+    except aiohttp.ClientError:
+        return None
 
 
 async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurrency: int, turns: int,
                     target: int, stream: str = "mixed", answer_words: int = 150,
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
                     label: str = "", stop: Optional[Callable[[], bool]] = None,
-                    turn_timeout: float = DEFAULT_TURN_TIMEOUT) -> LevelRun:
+                    turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
     ``dsv4ctl-<run_id><label>-c<concurrency>-s<session>-t<turn>-<n>`` (sent as SGLang's ``rid``).
     ``stop()`` returning True makes every worker stop before its next turn (interrupts).
-    ``turn_timeout``: seconds for one complete answer (see :func:`run_turn`)."""
+    ``turn_timeout``: seconds for one complete answer (see :func:`run_turn`).
+
+    Crash: once ``crash_after`` (default :func:`crash_threshold`) consecutive turns, in the order
+    they finished, end in a connection error (``connection_error`` in the record) with no answered
+    turn in between, ``LevelRun.crash`` is set and every worker stops before its next turn (turns
+    in flight finish and are recorded). If the level ends with 1..K−1 trailing connection-error
+    turns (target reached, or fewer than K turns), one ``GET /health`` decides: cannot connect →
+    crash. Not after ``stop()`` (an interrupt)."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     specs = C.tool_specs(TOOLS)
     level = LevelRun(url=url, concurrency=concurrency, target=target)
     run_id = run_id or uuid.uuid4().hex[:8]
     issued = 0
     next_sid = concurrency
+    k = crash_after if crash_after is not None else crash_threshold(concurrency)
+    streak = 0             # consecutive connection-error turns, in finishing order
+    streak_start = 0       # index in level.records of the first of them
+
+    def halted() -> bool:
+        return level.crash is not None or bool(stop and stop())
+
+    def declare(why: str, probe: Optional[str] = None) -> None:
+        first = level.records[streak_start]
+        level.crash = {"reason": f"{streak} consecutive turns ended in a connection error with no answer in "
+                                 f"between ({why}); first: {first['reason']}",
+                       "started_at": first["t_start"], "turn": streak_start + 1, "rid": first["rid"],
+                       "streak": streak, "probe": probe}
 
     async def worker(w: int) -> None:
-        nonlocal issued, next_sid
+        nonlocal issued, next_sid, streak, streak_start
         sid = w
-        while issued < target and not (stop and stop()):
+        while issued < target and not halted():
             s = Session(sid=sid, turns=turns, answer_words=answer_words,
                         stream=stream == "on" or (stream == "mixed" and sid % 2 == 0))
-            while not s.done and issued < target and not (stop and stop()):
+            while not s.done and issued < target and not halted():
                 issued += 1
                 spec = s.spec()
                 rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"
@@ -240,10 +303,20 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     "chunks": timing["chunks"],
                     "completion_tokens": (result.usage or {}).get("completion_tokens"),
                     "cached_tokens": ((result.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
+                    "connection_error": timing["connection_error"],
                 }
                 if not v.ok and result.content:
                     rec["content_excerpt"] = result.content[:300]
                 level.records.append(rec)
+                if level.crash is None:
+                    if rec["connection_error"]:
+                        if streak == 0:
+                            streak_start = len(level.records) - 1
+                        streak += 1
+                        if streak >= k:
+                            declare(f"K = {k}")
+                    else:
+                        streak = 0
                 level.itl_gaps.extend(timing["gaps"])
                 if on_record:
                     on_record(rec)
@@ -255,4 +328,8 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     level.duration_s = time.perf_counter() - t0
+    if level.crash is None and streak and not (stop and stop()):
+        probe = await probe_health(http, url)
+        if probe is not None:
+            declare(f"fewer than K = {k} before the level ended, and {probe}", probe)
     return level

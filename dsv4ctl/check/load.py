@@ -20,7 +20,11 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     ``rec_file``: a text file for one JSON line per turn, or None; ``progress``: None, or a factory
     ``progress(total) -> obj`` with ``update(description=..., advance=..., bad=...)`` and ``stop()``.
     Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used,
-    KeyboardInterrupt on Ctrl-C (every session stopped first)."""
+    KeyboardInterrupt on Ctrl-C (every session stopped first).
+
+    A crashed level (:func:`dsv4ctl.check.driver.run_level`) stops the ramp: with ``--compare`` the
+    other URL still runs that level (no comparison is made for it), then no higher level is run
+    against any URL; the skipped levels are the document's ``not_run``."""
     import json
     import uuid
 
@@ -58,6 +62,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
 
     summaries: list[dict] = []
     comparisons: list[dict] = []
+    not_run: list[int] = []
     prog = None
     try:
         async with D.make_client(max(levels), stall, api_key) as http:
@@ -66,7 +71,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                 models[u] = model or await D.discover_model(http, u)
             if progress:
                 prog = progress(sum(targets.values()) * len(urls))
-            for c in levels:
+            for li, c in enumerate(levels):
                 pair = []
                 for i, u in enumerate(urls):
                     scrape = metric_urls if metric_urls is not None else [u]
@@ -81,11 +86,16 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                     after = await _scrape(http, scrape) if metrics else None
                     s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
                                           itl_gaps=lv.itl_gaps, max_corruption=max_c,
-                                          metrics=R.metrics_delta(before, after))
+                                          metrics=R.metrics_delta(before, after), crash=lv.crash)
                     summaries.append(s)
                     pair.append(s)
-                if len(pair) == 2:
+                    if lv.crash is not None and prog is not None:
+                        prog.update(description=f"{u} c={c} CRASHED")
+                if len(pair) == 2 and not any(x["crashed"] for x in pair):
                     comparisons.append(R.compare_levels(pair[0], pair[1]))
+                if any(x["crashed"] for x in pair):
+                    not_run = levels[li + 1:]     # don't hammer a dead server with more sessions
+                    break
     except asyncio.CancelledError:
         if interrupted:
             raise KeyboardInterrupt from None
@@ -98,7 +108,8 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
         if prog is not None:
             prog.stop()
     settings = dict(settings, run_id=run_id, models=models)
-    return R.build_doc(summaries, max_corruption=max_c, settings=settings, comparisons=comparisons)
+    return R.build_doc(summaries, max_corruption=max_c, settings=settings, comparisons=comparisons,
+                       not_run=not_run)
 
 
 async def _scrape(http, urls: list[str]):

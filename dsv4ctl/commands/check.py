@@ -166,9 +166,11 @@ def load(
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
     """N concurrent multi-turn agent sessions with tools; every turn classified; corruption rate per
-    class and level with a 95 % Wilson interval; gate on its upper bound.
+    class and level with a 95 % Wilson interval; gate on its upper bound. A level where the server
+    stops answering (K = max(8, sessions) consecutive connection errors) is a crash: the ramp stops
+    there and the gate fails.
 
-    Exit 0 gate passed, 1 gate failed, 2 usage or connection error."""
+    Exit 0 gate passed, 1 gate failed or the server crashed, 2 usage or connection error."""
     import asyncio
 
     from ..check import report as R
@@ -238,6 +240,11 @@ def load(
             except OSError:     # line-buffered: only the part of a line that failed is lost
                 pass
     _print_load(doc, as_json, markdown)
+    if doc.get("crash"):
+        c = doc["crash"]
+        raise VerdictError(f"check load: crashed at concurrency {c['concurrency']} ({c['url']}): {c['reason']}"
+                           + (f"; levels not run: {', '.join(map(str, doc['not_run']))}" if doc["not_run"] else "")
+                           + (f"; records in {records}" if records else ""))
     if not doc["pass"]:
         bad = [lv for lv in doc["levels"] if not lv["pass"]][0]
         raise VerdictError(
@@ -272,20 +279,40 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     if doc["comparisons"]:
         tables.append(("A/B comparison (A = first URL)", R.compare_rows(doc)))
     tables.append(("/metrics over each level", R.metric_rows(doc)))
+    crash = doc.get("crash")
     verdict = (f"gate (95 % Wilson upper bound <= {R.fmt_pct(doc['max_corruption'])}): "
-               + ("pass" if doc["pass"] else "FAIL"))
+               + ("pass" if doc["pass"] else "FAIL")
+               + (f" (crashed at concurrency {crash['concurrency']})" if crash else ""))
+    notes = R.crash_lines(doc)
+    rec = (doc.get("settings") or {}).get("records")
+    if rec:
+        notes.append(f"records: {rec}")
+    examples_title = "one example per class (the JSON document has them whole)"
     if markdown:
         print(f"## dsv4ctl check load (run {doc['settings']['run_id']})\n")
-        for title, (h, rows) in tables:
+        for title, (h, rows) in tables + [(examples_title, R.example_rows(doc))]:
             if rows:
                 print(f"### {title}\n\n{markdown_table(h, rows)}\n")
+        for line in notes:
+            print(f"{line}  ")
+        if notes:
+            print()
         print(f"**{verdict}**")
         return
+    from rich.markup import escape
     con = console()
     for title, (h, rows) in tables:
         if rows:
             con.print(rich_table(f"dsv4ctl check load: {title}", h, rows))
-    con.print(f"[{'green' if doc['pass'] else 'bold red'}]{verdict}[/]")
+    ex = R.example_lines(doc)
+    if ex:
+        con.print(f"dsv4ctl check load: {examples_title}", style="italic")
+        for line in ex:
+            con.print(escape(line), soft_wrap=True, highlight=False)
+    for line in notes:
+        con.print(escape(line), style="bold red" if line.startswith("crashed") else None, soft_wrap=True,
+                  highlight=False)
+    con.print(f"[{'green' if doc['pass'] else 'bold red'}]{escape(verdict)}[/]")
 
 
 def register(app: typer.Typer) -> None:
