@@ -46,7 +46,7 @@ _dsv4ctl_opts() {
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --no-progress --progress --api-key --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;

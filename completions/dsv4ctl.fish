@@ -342,6 +342,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l records -r -F -d 'Write 
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l metrics -l no-metrics -d 'Scrape /metrics before and after each level.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l answer-words -r -f -d 'Length of the final long answer turn (words).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l thinking -d 'Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l no-progress -l progress -d 'Progress bar on stderr.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l api-key -r -f -d 'Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l json -d 'Print the dsv4ctl.check.load/1 JSON document.'

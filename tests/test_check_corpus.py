@@ -17,15 +17,37 @@ from pathlib import Path
 import pytest
 
 from dsv4ctl.check import classify as C
+from dsv4ctl.check import expect as E
 from tests.standin.harness import standin, write_config
 from tests.standin.model import SCRIPT_FIELD
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "dsml_corpus" / "cases.json").read_text())
 CASES = CORPUS["cases"]
 
+SCHEMA = "the gate is stricter on purpose: SGLang's detector test accepts a call whose arguments break the declared schema; an agent cannot run it"
+TRUNCATED = "the gate is stricter on purpose: the test accepts a partial call cut by max_tokens; a client gets arguments that are not JSON"
+CONTENT_ONLY = "the served path changed only prose (quoted markup removed) and the test pins the exact content; no client-visible sign without the expected text"
 KEPT = {
-    # content the served path changed without leaving anything a client can see is wrong: the
-    # SGLang test pins a content string, the gate judges calls and leaks, not prose
+    "test_deepseekv32_strict_dsml.py::TestWellFormedBodiesUnchanged.test_parameter_shapes#v32-nested / quotes / <> / newline": SCHEMA,
+    "test_deepseekv32_strict_dsml.py::TestWellFormedBodiesUnchanged.test_parameter_shapes#v4-nested / quotes / <> / newline": SCHEMA,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_incomplete_non_string_parameter_does_not_emit_a_guessed_value": SCHEMA,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_optional_schema_validation_is_off_by_default_and_requires_strict": SCHEMA,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_optional_schema_validation_preserves_unknown_tool_forwarding_policy#forward1": SCHEMA,
+    "test_deepseekv4_streaming_robustness.py::TestMultipleSequentialCalls.test_name_delta_before_arg_deltas": SCHEMA,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_malformed_partial_json_falls_back_to_raw_value": TRUNCATED,
+    "test_deepseekv4_streaming_robustness.py::TestFinishReasonViaRealCodePath.test_truncated_tool_call_has_tool_calls_true": TRUNCATED,
+    "test_deepseekv4_streaming_robustness.py::TestMaxTokensTruncation.test_partial_tool_call_emitted_on_truncation": TRUNCATED,
+    "test_deepseekv4_streaming_robustness.py::TestFalsePositiveDSMLDetection.test_dsml_prefix_without_invoke_across_deltas":
+        "the gate is stricter on purpose: a bare '｜DSML｜' in content is markup a client should never see, "
+        "even without an invoke after it",
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#3": CONTENT_ONLY,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#3-quoted_only": CONTENT_ONLY,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#4": CONTENT_ONLY,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#4-quoted_only": CONTENT_ONLY,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_opt_in_marker_policy_does_not_filter_ordinary_text": CONTENT_ONLY,
+    "test_deepseekv4_streaming_robustness.py::TestPreambleLossRegression.test_streaming_same_delta_currently_drops_preamble":
+        "the SGLang test pins open bug #33813 (it expects the preamble dropped); the served path keeps it, "
+        "which is the correct answer, and the gate says ok",
 }
 """Case id -> why the gate's verdict differs from SGLang's expectation on purpose."""
 
@@ -108,13 +130,18 @@ def test_gate_agrees_with_sglang_expectations_case_by_case(server):
                     served_changed.append(case["id"])
             want = expected_calls(case)
             tools = C.tool_specs(case["tools"])
-            v = C.classify(turn, requires_tool=bool(want), tools=tools, expected=want,
-                           thinking_requested=bool(case.get("thinking")))
+            v = E.judge(turn, requires_tool=bool(want), tools=tools, expected=want,
+                        thinking_requested=bool(case.get("thinking")))
             truth = served_matches(case, turn)
             if v.ok == truth:
                 agree += 1
+                assert case["id"] not in KEPT, f"{case['id']} agrees now: drop it from KEPT"
             elif case["id"] not in KEPT:
                 disagree[(case["id"], stream)] = (truth, v.cls, v.reason)
-    print(f"corpus: {agree} of {2 * len(CASES)} verdicts agree with SGLang's expectations")
+    print(f"corpus: {agree} of {2 * len(CASES)} verdicts agree with SGLang's expectations "
+          f"({len(KEPT)} cases kept on purpose)")
+    assert agree == 2 * (len(CASES) - len(KEPT))
+    for k, x in sorted(disagree.items()):
+        print("DISAGREE", k, x)
     assert served_changed == []                   # the recorded served output still holds
     assert disagree == {}

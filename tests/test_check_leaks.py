@@ -343,7 +343,8 @@ def test_class_order_and_descriptions():
              C.REASONING_IN_CONTENT, C.MARKUP_IN_ARGS)
     degenerate = (C.NGRAM_LOOP, C.EMPTY_LENGTH, C.LANGUAGE_SWITCH)
     shape = (C.LENGTH_MID_CALL, C.NO_TOOL_CALL, C.ARGS_NOT_JSON, C.EMPTY_ARGS, C.ARGS_SCHEMA)
-    assert C.CLASSES == (C.HTTP_ERROR, C.STUCK) + leaks + degenerate + shape
+    known = (C.WRONG_TOOL, C.MISSING_CALL, C.EXTRA_CALL, C.WRONG_ARGS)
+    assert C.CLASSES == (C.HTTP_ERROR, C.STUCK) + leaks + degenerate + shape + known
     assert set(C.DESCRIPTIONS) == set(C.CLASSES) | {C.OK} and all(C.DESCRIPTIONS.values())
     assert C.Verdict("ok", (), "ok").notes == ()                        # the old constructor still works
 

@@ -449,10 +449,18 @@ class ToolSpec:
         self._validator = jsonschema.Draft202012Validator(self.parameters)
 
     def first_error(self, value: Any) -> Optional[str]:
-        """The first schema violation of ``value`` as one line, or None."""
-        for err in self._validator.iter_errors(value):
-            where = ".".join(str(p) for p in err.absolute_path)
-            return f"{where + ': ' if where else ''}{err.message}"[:160]
+        """The first schema violation of ``value`` as one line, or None. Parts of the schema that
+        cannot be checked here (a ``$ref`` to a document that is not inline: nothing is fetched; an
+        unknown ``type``) are not judged."""
+        import jsonschema
+        import referencing.exceptions
+        try:
+            for err in self._validator.iter_errors(value):
+                where = ".".join(str(p) for p in err.absolute_path)
+                return f"{where + ': ' if where else ''}{err.message}"[:160]
+        except (referencing.exceptions.Unresolvable, jsonschema.exceptions.UnknownType,
+                jsonschema.exceptions.SchemaError):
+            return None
         return None
 
 

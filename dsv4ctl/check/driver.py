@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 import aiohttp
 
 from . import classify as C
+from . import expect as E
 from .workload import TOOLS, Session, body_bytes
 
 DEFAULT_TURN_TIMEOUT = 600.0     # seconds for one complete answer (``--turn-timeout``)
@@ -243,13 +244,17 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     target: int, stream: str = "mixed", answer_words: int = 150,
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
                     label: str = "", stop: Optional[Callable[[], bool]] = None,
-                    turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None) -> LevelRun:
+                    turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None,
+                    thinking: bool = False) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
     ``dsv4ctl-<run_id><label>-c<concurrency>-s<session>-t<turn>-<n>`` (sent as SGLang's ``rid``).
     ``stop()`` returning True makes every worker stop before its next turn (interrupts).
-    ``turn_timeout``: seconds for one complete answer (see :func:`run_turn`).
+    ``turn_timeout``: seconds for one complete answer (see :func:`run_turn`). ``thinking``: every
+    request asks for thinking (``chat_template_kwargs.thinking``), and an answer without
+    ``reasoning_content`` is then ``reasoning_in_content``. Every turn is judged by
+    :func:`.expect.judge` (shape and leaks; known-answer turns against their expected calls).
 
     Crash: once ``crash_after`` (default :func:`crash_threshold`) consecutive turns, in the order
     they finished, end in a connection error (``connection_error`` in the record) with no answered
@@ -281,7 +286,7 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
         nonlocal issued, next_sid, streak, streak_start
         sid = w
         while issued < target and not halted():
-            s = Session(sid=sid, turns=turns, answer_words=answer_words,
+            s = Session(sid=sid, turns=turns, answer_words=answer_words, thinking=thinking,
                         stream=stream == "on" or (stream == "mixed" and sid % 2 == 0))
             while not s.done and issued < target and not halted():
                 issued += 1
@@ -289,11 +294,13 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                 rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"
                 t_start = time.time()
                 result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream, turn_timeout)
-                v = C.classify(result, requires_tool=spec.requires_tool, tools=specs)
+                v = E.judge(result, requires_tool=spec.requires_tool, tools=specs, expected=spec.expected_calls,
+                            tool_choice=spec.tool_choice, thinking_requested=thinking)
                 rec = {
                     "run": run_id, "url": url, "concurrency": concurrency, "session": sid, "turn": spec.index,
                     "rid": rid, "response_id": result.response_id, "stream": s.stream,
-                    "requires_tool": spec.requires_tool, "tool": spec.tool, "class": v.cls,
+                    "requires_tool": spec.requires_tool, "tool": spec.tool, "tool_choice": spec.tool_choice,
+                    "expected_calls": spec.expected_calls, "class": v.cls, "notes": list(v.notes),
                     "flags": list(v.flags), "reason": v.reason, "http_status": result.http_status,
                     "finish_reason": result.finish_reason,
                     "tool_calls": [{"name": c.name, "arguments": c.arguments[:300]} for c in result.tool_calls],

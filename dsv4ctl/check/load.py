@@ -11,7 +11,7 @@ from typing import Optional
 async def run_load(urls: list[str], levels: list[int], turns: int, min_requests: int, stream: str, stall: float,
                    answer_words: int, max_c: float, model: Optional[str], metrics: bool,
                    metric_urls: Optional[list[str]], rec_file, progress, settings: dict, api_key: Optional[str] = None,
-                   turn_timeout: float = 600.0) -> dict:
+                   turn_timeout: float = 600.0, thinking: bool = False) -> dict:
     """Run ``levels`` (concurrent sessions) of ``turns`` against each of ``urls`` (two: an A/B
     comparison), at least ``min_requests`` turns per level, classify every turn, scrape /metrics
     (of ``metric_urls``, else the URL) before and after each level; return the
@@ -20,7 +20,8 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     ``rec_file``: a text file for one JSON line per turn, or None; ``progress``: None, or a factory
     ``progress(total) -> obj`` with ``update(description=..., advance=..., bad=...)`` and ``stop()``.
     Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used,
-    KeyboardInterrupt on Ctrl-C (every session stopped first).
+    KeyboardInterrupt on Ctrl-C (every session stopped first). ``thinking``: requests ask for
+    thinking (:func:`dsv4ctl.check.driver.run_level`).
 
     A crashed level (:func:`dsv4ctl.check.driver.run_level`) stops the ramp: with ``--compare`` the
     other URL still runs that level (no comparison is made for it), then no higher level is run
@@ -80,7 +81,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                         prog.update(description=f"{u} c={c}")
                     lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
                                            on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
-                                           stop=lambda: interrupted, turn_timeout=turn_timeout)
+                                           stop=lambda: interrupted, turn_timeout=turn_timeout, thinking=thinking)
                     if interrupted:
                         raise KeyboardInterrupt
                     after = await _scrape(http, scrape) if metrics else None

@@ -262,6 +262,7 @@ class Session:
     answer_max_tokens: int = 1024
     known_share: float = KNOWN_SHARE
     probe_share: float = PROBE_SHARE
+    thinking: bool = False
     turn: int = 0
     restarts: int = 0
     messages: list[dict] = field(default_factory=list)
@@ -322,6 +323,8 @@ class Session:
         s = self.spec()
         body = {"model": model, "messages": self.messages, "tools": TOOLS, "tool_choice": s.tool_choice,
                 "max_tokens": s.max_tokens, "temperature": 0.0, "stream": self.stream, "rid": rid}
+        if self.thinking:        # SGLang serving_chat._thinking_requested: chat_template_kwargs.thinking
+            body["chat_template_kwargs"] = {"thinking": True}
         return body
 
     def advance(self, result: Optional[TurnResult], ok: bool) -> None:

@@ -159,6 +159,7 @@ def load(
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     answer_words: int = typer.Option(150, "--answer-words", help="Length of the final long answer turn (words)."),
+    thinking: bool = typer.Option(False, "--thinking", help="Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning_content is then reasoning_in_content."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
                                           help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
@@ -217,13 +218,13 @@ def load(
     if records is not None:
         rec_file = _open_records(records)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
-                "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "records": str(records) if records else None}
+                "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None}
     from ..check.driver import BadResponse, ConnectError
     from ..check.load import run_load
     try:
         doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
                                    metrics, metric_urls, rec_file, _Progress if progress else None, settings,
-                                   api_key, turn_timeout))
+                                   api_key, turn_timeout, thinking))
     except (ConnectError, BadResponse) as e:
         raise _connect_error(e) from None
     except KeyboardInterrupt:
