@@ -74,7 +74,7 @@ def write_config(path: Path, **changes) -> Path:
 
 
 @contextlib.contextmanager
-def standin(config: Path, *flags: str, port: int | None = None, timeout: float = 20.0) -> Iterator[str]:
+def standin(config: Path, *flags: str, port: int | None = None, timeout: float = 60.0) -> Iterator[str]:
     """Run ``python -m tests.standin.server --config CONFIG --host 127.0.0.1 --port P FLAGS``;
     yield its base URL once ``/health`` answers 200; terminate it afterwards."""
     port = port or free_port()

@@ -66,6 +66,7 @@ KINDS: dict[str, str] = {
     "language_switch": "the English answer continues in Chinese",
     "empty_length": "reasoning until the token cap, no answer (thinking requests)",
     "call_when_none": "a DSML block although tool_choice is none: the parser is off, markup in content",
+    "no_call": "prose instead of the call the turn asks for: no tool_calls",
     "quoted_markup": "CLEAN: prose that quotes DSML inside a code span (not corruption)",
 }
 
@@ -270,6 +271,8 @@ def _calls(segs: list[Seg], calls: list[tuple[str, dict]], tools: dict, rng: ran
     were stated in the prompt (a changed value is visible only then; otherwise ``wrong_args``
     falls back to markup as text)."""
     lead = Seg("I will look at that.\n\n")
+    if kind == "no_call":
+        return Output(segs + [Seg("I looked at it already; nothing more to call.")], kind)
     if kind == "markup_as_text" or kind in ("other_bars", "ascii_bars"):
         dsml = {"other_bars": "\u2016DSML\u2016", "ascii_bars": "|DSML|"}.get(kind, DSML)
         return Output(segs + [lead, Seg(block_text(calls, dsml), plain=True)], kind)

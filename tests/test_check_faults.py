@@ -1,0 +1,79 @@
+"""Every corruption class, driven through the stand-in's real served path (SGLang 0.5.23's
+DeepSeekRecipeOutputParser on the V4 tokenizer): the stand-in's model *writes* the corrupted text
+(``--fault KIND``), the real ``dsv4ctl check load`` / ``check smoke`` CLI reads it over HTTP on
+127.0.0.1, and the gate fails with that class (with an example record for it). No response is
+built by hand here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.standin.harness import standin, write_config
+
+FAST = ("--ttft-ms", "0", "--itl-ms", "0")
+LOAD = ("--turns", "4", "--answer-words", "80", "-c", "2", "--min-requests", "24", "--no-progress", "--json")
+
+CASES = [
+    # (fault, expected class, extra check-load flags, serve-config changes)
+    ("markup_as_text", "dsml_in_content", (), {}),
+    ("other_bars", "dsml_in_content", (), {}),
+    ("ascii_bars", "dsml_in_content", (), {}),
+    ("think_leak", "think_in_content", (), {}),
+    ("special_token", "special_token_leak", (), {}),
+    ("bad_json_value", "args_not_json", (), {}),
+    ("json_body_invoke", "empty_args", (), {}),
+    ("truncated", "length_mid_call", (), {}),
+    ("no_call", "no_tool_call", (), {}),
+    ("markup_in_args", "markup_in_args", (), {}),
+    ("wrong_args", "wrong_args", (), {}),
+    ("dropped_block", "missing_call", (), {}),
+    ("extra_call", "extra_call", (), {}),
+    ("wrong_tool", "wrong_tool", (), {}),
+    ("loop", "ngram_loop", (), {}),
+    ("language_switch", "language_switch", (), {}),
+    ("dsml_in_reasoning", "dsml_in_reasoning", ("--thinking",), {}),
+    ("empty_length", "empty_length", ("--thinking",), {}),
+    (None, "reasoning_in_content", ("--thinking",), {"reasoning_parser": None}),
+]
+
+
+@pytest.mark.parametrize("fault,cls,flags,config", CASES, ids=[f"{c[0]}->{c[1]}" for c in CASES])
+def test_each_class_fails_the_gate_through_the_served_path(tmp_path, fault, cls, flags, config):
+    cfg = write_config(tmp_path / "serve.yaml", **config)
+    with standin(cfg, *FAST, *(("--fault", fault) if fault else ())) as url:
+        rec = tmp_path / "turns.jsonl"
+        r = run_cli("check", "load", url, *LOAD, *flags, "--records", str(rec), timeout=120)
+    assert r.code == 1, r.err
+    lv = r.json()["levels"][0]
+    assert lv["classes"][cls]["count"] > 0, {k: v["count"] for k, v in lv["classes"].items() if v["count"]}
+    ex = lv["examples"][cls]
+    recs = {x["rid"]: x for x in map(json.loads, rec.read_text().splitlines())}
+    assert recs[ex["rid"]]["class"] == cls and ex["reason"] == recs[ex["rid"]]["reason"]
+
+
+def test_quoted_markup_is_a_note_not_corruption(tmp_path):
+    cfg = write_config(tmp_path / "serve.yaml")
+    with standin(cfg, *FAST, "--fault", "quoted_markup") as url:
+        rec = tmp_path / "turns.jsonl"
+        r = run_cli("check", "load", url, *LOAD, "--max-corruption", "0.2", "--records", str(rec), timeout=120)
+    assert r.code == 0, r.err
+    recs = [json.loads(x) for x in rec.read_text().splitlines()]
+    answers = [x for x in recs if not x["requires_tool"]]
+    assert answers and all(x["class"] == "ok" for x in recs)
+    assert all(any("quoted DSML" in n for n in x["notes"]) for x in answers)
+
+
+@pytest.mark.parametrize("fault,line,words", [
+    ("call_when_none", "tool_choice_none", "sglang #35736"),
+    ("overlength_200", "over_length", "HTTP 200"),
+])
+def test_smoke_probes_catch_server_faults(tmp_path, fault, line, words):
+    cfg = write_config(tmp_path / "serve.yaml", context_length=4096)
+    with standin(cfg, *FAST, "--fault", fault) as url:
+        r = run_cli("check", "smoke", url, "--json", timeout=120)
+    assert r.code == 1, r.err
+    lines = {x["check"]: x for x in r.json()["checks"]}
+    assert lines[line]["status"] == "fail" and words in lines[line]["reason"], lines[line]
