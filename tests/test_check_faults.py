@@ -77,3 +77,20 @@ def test_smoke_probes_catch_server_faults(tmp_path, fault, line, words):
     assert r.code == 1, r.err
     lines = {x["check"]: x for x in r.json()["checks"]}
     assert lines[line]["status"] == "fail" and words in lines[line]["reason"], lines[line]
+
+
+def test_clean_stand_in_has_no_flagged_turn_in_5000_at_64_sessions(tmp_path):
+    """No false positives: corruption off, 64 sessions, >= 5,000 turns of the default workload
+    (known-answer, free-form, probe and long-answer turns; JSON and SSE) -> 0 flagged."""
+    cfg = write_config(tmp_path / "serve.yaml")
+    with standin(cfg, *FAST) as url:
+        r = run_cli("check", "load", url, "-c", "64", "--min-requests", "5000", "--no-progress", "--json",
+                    "--records", str(tmp_path / "turns.jsonl"), timeout=900)
+    assert r.code == 0, r.err
+    lv = r.json()["levels"][0]
+    assert lv["turns"] >= 5000 and lv["corrupted"] == 0, {k: v["count"] for k, v in lv["classes"].items() if v["count"]}
+    recs = [json.loads(x) for x in (tmp_path / "turns.jsonl").read_text().splitlines()]
+    assert {x["class"] for x in recs} == {"ok"}
+    kinds = {("known" if x["expected_calls"] else "probe" if x["tool_choice"] not in (None, "auto") else
+              "tool" if x["requires_tool"] else "answer") for x in recs}
+    assert kinds == {"known", "probe", "tool", "answer"} and {x["stream"] for x in recs} == {True, False}

@@ -307,7 +307,9 @@ class Session:
         choice: ToolChoice = "auto"
         prng = random.Random(f"dsv4ctl-probe-{self.sid}-{t}")
         if prng.random() < self.probe_share:
-            named = prng.random() < 0.5 and all(e["name"] == tool for e in expected or ())
+            # a named choice forces one call of that tool (OpenAI semantics; SGLang's grammar),
+            # so only turns with at most one expected call get it
+            named = prng.random() < 0.5 and len(expected or ()) <= 1 and all(e["name"] == tool for e in expected or ())
             choice = {"type": "function", "function": {"name": tool}} if named else "required"
         return TurnSpec(t, tool, self.tool_max_tokens, expected, choice, text)
 
