@@ -97,7 +97,9 @@ def smoke(
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
     """/health on every worker, /v1/models, /server_info (version, parsers, disaggregation, HiCache as
-    running), one chat and one tool-call completion (JSON and SSE) through the entry URL.
+    running), one chat and one known-answer tool call (JSON and SSE) through the entry URL, then
+    probes: tool_choice none / required / named, an over-length prompt that must get a 4xx, and
+    usage.prompt_tokens against the bytes sent.
 
     Exit 0 all pass, 1 a check failed, 2 usage error or the entry URL unreachable."""
     import asyncio
