@@ -79,6 +79,8 @@ class LevelRun:
     itl_gaps: list[float] = field(default_factory=list)
     started: float = 0.0
     duration_s: float = 0.0
+    client_cpu_s: float = 0.0
+    """CPU seconds this client process spent while the level ran (``time.process_time``)."""
     metrics_before: Optional[dict] = None
     metrics_after: Optional[dict] = None
     crash: Optional[dict] = None
@@ -332,9 +334,10 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
             next_sid += 1
 
     level.started = time.time()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     level.duration_s = time.perf_counter() - t0
+    level.client_cpu_s = time.process_time() - c0
     if level.crash is None and streak and not (stop and stop()):
         probe = await probe_health(http, url)
         if probe is not None:

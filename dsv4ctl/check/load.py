@@ -87,7 +87,8 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                     after = await _scrape(http, scrape) if metrics else None
                     s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
                                           itl_gaps=lv.itl_gaps, max_corruption=max_c,
-                                          metrics=R.metrics_delta(before, after), crash=lv.crash)
+                                          metrics=R.metrics_delta(before, after), crash=lv.crash,
+                                          client_cpu_s=lv.client_cpu_s)
                     summaries.append(s)
                     pair.append(s)
                     if lv.crash is not None and prog is not None:

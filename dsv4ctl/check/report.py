@@ -80,7 +80,8 @@ def crash_turn_indexes(records: Sequence[dict], crash: Optional[dict]) -> set[in
 
 def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, duration_s: float,
                     itl_gaps: Sequence[float], max_corruption: float,
-                    metrics: Optional[dict] = None, crash: Optional[dict] = None) -> dict:
+                    metrics: Optional[dict] = None, crash: Optional[dict] = None,
+                    client_cpu_s: Optional[float] = None) -> dict:
     """One level's summary.
 
     Every issued turn is in ``turns``. Turns of a crash (``crash`` as
@@ -119,6 +120,7 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
         "streaming_turns": sum(1 for r in records if r.get("stream")),
         "duration_s": round(duration_s, 3),
         "requests_per_s": round(total / duration_s, 3) if duration_s > 0 else None,
+        "client_cpu_ms_per_request": round(1e3 * client_cpu_s / total, 3) if client_cpu_s is not None and total else None,
         "output_tokens_per_s": round(tokens / duration_s, 1) if duration_s > 0 else None,
         "ttft_s": _pcts(ttft), "itl_s": _pcts(itl_gaps), "e2e_s": _pcts(e2e),
         "metrics": metrics,
