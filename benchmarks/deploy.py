@@ -5,9 +5,9 @@ colocated SGLang stand-in group started and health-checked on h0. Baselines run 
 process, over the same SSH settings.
 
 Each round (``--rounds``, default 1) uses fresh deploy roots and a cold build cache, and for each
-fleet size N (``--sizes``, default 16,4,1) runs: ``rsync -a`` of the tree to N hosts (in parallel,
-fresh folders), the same ``rsync -a`` again after a one-file change, a first deploy to the N
-hosts and a one-file-change deploy to them (a patch in the series). Printed (medians over the
+fleet size N (``--sizes``, default 16,4,1) runs, back to back: ``rsync -a`` of the tree to N hosts
+(in parallel, fresh folders), a first deploy to the N hosts, the same ``rsync -a`` again after a
+one-file change, and a one-file-change deploy (a patch in the series). Printed (medians over the
 rounds, with the range), each ratio with its target and PASS/FAIL:
 
   1. first deploy / ``rsync -a`` of the same tree to the same N hosts (target <= 1.5);
@@ -209,21 +209,9 @@ def one_round(work: Path, c, tree: Path, patch: Path, port: int, r: int, sizes: 
     src = tree / "python" / "sglang"
     f = tree / CHANGED
     old = f.read_text()
-    for n in sizes:
+    for n in sizes:        # each pair of runs back to back: a busy machine slows both alike
         d = work / f"round{r}-rsync{n}"
         d.mkdir()
-        with Meter() as m:
-            out[f"rsync{n}"] = rsync_baseline(c, hosts[:n], src, lambda h, d=d: d / h.name)
-        out[f"cpu_rsync{n}"] = m.cpu
-        f.write_text(changed_text(old))
-        try:
-            with Meter() as m:
-                out[f"rsync_delta{n}"] = rsync_baseline(c, hosts[:n], src, lambda h, d=d: d / h.name)
-            out[f"cpu_rsync_delta{n}"] = m.cpu
-        finally:
-            f.write_text(old)
-        shutil.rmtree(d, ignore_errors=True)
-    for n in sizes:
         os.environ["DSV4CTL_CACHE"] = str(work / f"round{r}-cache{n}")
         roots = {h.name: work / f"round{r}-roots{n}" / h.name for h in hosts[:n]}
         (work / f"round{r}-p{n}").mkdir()
@@ -231,13 +219,24 @@ def one_round(work: Path, c, tree: Path, patch: Path, port: int, r: int, sizes: 
         po = (lambda what: prof_dir / f"round{r}-{what}{n}.prof") if prof_dir and n == max(sizes) else (lambda w: None)
         try:
             with Meter() as m:
+                out[f"rsync{n}"] = rsync_baseline(c, hosts[:n], src, lambda h, d=d: d / h.name)
+            out[f"cpu_rsync{n}"] = m.cpu
+            with Meter() as m:
                 out[f"first{n}"], rep1 = deploy(prof, prof_out=po("first"))
             out[f"cpu_first{n}"] = m.cpu
+            f.write_text(changed_text(old))
+            try:
+                with Meter() as m:
+                    out[f"rsync_delta{n}"] = rsync_baseline(c, hosts[:n], src, lambda h, d=d: d / h.name)
+                out[f"cpu_rsync_delta{n}"] = m.cpu
+            finally:
+                f.write_text(old)
             with Meter() as m:
                 out[f"delta{n}"], rep2 = deploy(prof, [str(patch)], prof_out=po("delta"))
             out[f"cpu_delta{n}"] = m.cpu
         finally:
             stop_services(roots)
+            shutil.rmtree(d, ignore_errors=True)
         out[f"bd_first{n}"], out[f"bd_delta{n}"] = breakdown(rep1, out[f"first{n}"]), breakdown(rep2, out[f"delta{n}"])
         out[f"sent{n}"] = max(rep2["hosts"][h]["push"]["bytes_sent"] for h in roots)
         out["tree_bytes"] = rep1["bytes"]
@@ -291,7 +290,8 @@ def main() -> int:
         t_all = time.perf_counter()
         tree, patch, files, nbytes = make_repo(work / "sglang")
         print(f"tree: {files} files, {nbytes / 2**20:.1f} MiB (sglang 0.5.23 wheel); git repo in "
-              f"{time.perf_counter() - t_all:.1f} s; {os.cpu_count()} CPU(s)")
+              f"{time.perf_counter() - t_all:.1f} s; {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.2f} "
+              "(other processes share the cores: compare runs of one round, made back to back)")
         t0 = time.perf_counter()
         c = harness.start_cluster(work / "sshd", big)
         print(f"{big} sshd hosts on {c.hosts[0].address}..{c.hosts[-1].address} started in "
