@@ -233,3 +233,30 @@ def test_push_without_rsync_on_the_host(live_cluster, tmp_path):
         assert serving(w)
     finally:
         w.stop_services()
+
+
+def test_step_durations_in_report_and_run_log(world, tmp_path):
+    """Every executed step carries ``duration_s`` (non-negative) in the --json report and in the
+    run log; per host they add up to less than the run's wall time (steps of one host run one
+    after the other); the push stats split transfer and verify."""
+    import time
+    w = world
+    env = dict(w.env(), DSV4CTL_STATE_DIR=str(tmp_path / "state"))
+    t0 = time.monotonic()
+    r = run_cli("deploy", "--json", str(w.profile), env=env, timeout=180)
+    wall = time.monotonic() - t0
+    assert r.code == 0, r.err
+    rep = r.json()
+    steps = rep["steps"]
+    assert {s["phase"] for s in steps} == {"lock", "push", "switch", "gate", "close"}
+    assert all(isinstance(s["duration_s"], float) and s["duration_s"] >= 0 for s in steps)
+    for h in w.roots:
+        mine = [s for s in steps if s["host"] == h]
+        assert [s["phase"] for s in mine if s["phase"] != "gate"] == ["lock", "push", "switch", "close"]
+        assert sum(s["duration_s"] for s in mine) < min(wall, rep["seconds"])
+        push = rep["hosts"][h]["push"]
+        assert 0 <= push["transfer_seconds"] and 0 <= push["verify_seconds"]
+        assert push["transfer_seconds"] + push["verify_seconds"] <= push["seconds"]
+    log = json.loads((tmp_path / "state" / "runs.jsonl").read_text().splitlines()[-1])
+    assert sorted((s["phase"], s["host"], s["duration_s"]) for s in log["steps"]) == \
+        sorted((s["phase"], s["host"], s["duration_s"]) for s in steps)

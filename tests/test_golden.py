@@ -115,7 +115,7 @@ STAMP_RE = re.compile(r"\b\d{8}T\d{6}Z\b")
 SHA256_RE = re.compile(r"\b[0-9a-f]{64}\b")
 COMMIT_RE = re.compile(r"\b[0-9a-f]{40}\b")
 RELEASE_RE = re.compile(r"\br[0-9a-f]{12}\b")
-DURATION_KEYS = re.compile(r"^(seconds|.*_seconds)$")
+DURATION_KEYS = re.compile(r"^(seconds|.*_seconds|duration_s)$")
 BYTES_KEYS = {"bytes", "bytes_sent", "bytes_received", "total_size"}
 WHO_KEYS = re.compile(r"^(who|.*_by)$")
 #: In log lines (stderr): rsync byte counts (they depend on path lengths) and durations.

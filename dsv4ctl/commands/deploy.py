@@ -23,14 +23,23 @@ def _opts(**kw):
     o.log = (lambda s: None) if quiet else \
         (lambda s: print(f"dsv4ctl: {mask_secrets(s, secrets)}", file=sys.stderr, flush=True))
 
+    started: dict[int, dict] = {}       # id(step) -> its run-log entry (duration_s added when it ends)
+
     def trace(st) -> None:
         if runlog is not None:
-            runlog.steps.append({"phase": st.phase, "host": st.host, "stage": st.stage,
-                                 "summary": mask_secrets(st.summary, secrets)})
+            started[id(st)] = {"phase": st.phase, "host": st.host, "stage": st.stage,
+                               "summary": mask_secrets(st.summary, secrets)}
+            runlog.steps.append(started[id(st)])
         if verbose and not quiet:
             print(f"dsv4ctl: step {mask_secrets(st.line(True), secrets)}", file=sys.stderr, flush=True)
+
+    def done(st, seconds: float) -> None:
+        if id(st) in started:
+            started[id(st)]["duration_s"] = round(seconds, 3)
+        if verbose and not quiet:
+            print(f"dsv4ctl: done {st.host}: {st.phase} in {seconds:.2f} s", file=sys.stderr, flush=True)
     if not o.dry_run:
-        o.trace = trace
+        o.trace, o.done = trace, done
     return o
 
 
@@ -121,7 +130,7 @@ def _print_actions(title: str, rep: dict, verbose: bool = False, secrets=frozens
             print("    " + mask_secrets(Step(**s).line(True), secrets))
 
 
-_VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every exact command; in a run: each step as it runs (secret values masked).")
+_VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every exact command; in a run: each step as it runs, and its duration when it ends (secret values masked).")
 
 
 def _sigterm_as_interrupt():

@@ -44,10 +44,36 @@ def trace(site: Site, step: Step) -> None:
         site.opts.trace(step)
 
 
+def step_done(site: Site, step: Step, seconds: float) -> None:
+    """Record that ``step`` ended after ``seconds`` (the run's ``steps`` with ``duration_s``;
+    ``Options.done``: the run log)."""
+    site.durations.append((step, seconds))
+    if site.opts.done is not None:
+        site.opts.done(step, seconds)
+
+
+def step_results(site: Site) -> list[dict]:
+    """The steps this run executed and timed: phase, host, stage, summary, ``duration_s`` (wall
+    time of the step on its host; a gate step: until its target answered, a chat step counted
+    from the workers' health). In run order: (stage, phase) as they first ended, then hosts in
+    profile order (hosts of one phase run in parallel and end in any order)."""
+    first: dict = {}
+    for s, _ in site.durations:
+        first.setdefault((s.stage, s.phase), len(first))
+    order = {h: i for i, h in enumerate(site.hosts)}
+    timed = sorted(site.durations, key=lambda x: (first[(x[0].stage, x[0].phase)], order.get(x[0].host, len(order))))
+    return [{"phase": s.phase, "host": s.host, "stage": s.stage, "summary": s.summary, "duration_s": round(d, 3)}
+            for s, d in timed]
+
+
 def run_host_step(site: Site, step: Step, *, timeout: float, input: bytes | None = None, check: bool = True):
     """Run a host step's command on its host's transport (the one place a step's command runs)."""
     trace(site, step)
-    return site.transports[step.host].run(step.cmd, input=input, timeout=timeout, check=check)
+    t0 = time.monotonic()
+    try:
+        return site.transports[step.host].run(step.cmd, input=input, timeout=timeout, check=check)
+    finally:
+        step_done(site, step, time.monotonic() - t0)
 
 
 # -- lock --------------------------------------------------------------------------------------
@@ -136,7 +162,15 @@ def run_gate(site: Site, steps: list[Step]) -> list:
             model = s.extra["model"]
     site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
                   f"(timeout {health_timeout(site):g} s)")
-    return health.gate(workers, chat, health_timeout(site), model)
+    t0, ended = time.monotonic(), {}
+    try:
+        return health.gate(workers, chat, health_timeout(site), model, ended=ended)
+    finally:
+        t1 = max([ended[k] for k in ended if k[0] == "health"], default=t0)
+        for s in steps:
+            k = (s.extra["kind"], s.host, s.extra["group"])
+            start = t0 if s.extra["kind"] == "health" else t1
+            step_done(site, s, max(0.0, ended.get(k, time.monotonic()) - start))
 
 
 def log_tail(site: Site, host: str, group: str, n: int = 8) -> list[str]:
@@ -341,7 +375,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
     if promote is None and nothing_to_do(site, rel.id):
         opts.log(f"{rel.id} is already the active, good release on every host: nothing to do")
         run_close(site, run.of("close"))
-        report.update(result="ok", unchanged=True, seconds=round(time.monotonic() - t_start, 3))
+        report.update(result="ok", unchanged=True, steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
         for h in site.hosts:
             report["hosts"][h].update(push={"skipped": True, "bytes_sent": 0, "files_transferred": 0}, pruned=[])
         return report
@@ -352,7 +386,11 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
 
         def push(t):
             trace(site, pushes[t.name])
-            return push_host(t, site, rel)
+            t1 = time.monotonic()
+            try:
+                return push_host(t, site, rel)
+            finally:
+                step_done(site, pushes[t.name], time.monotonic() - t1)
         res = run_parallel(site.transports, push, timeout=opts.host_timeout)
         report["push_seconds"] = round(time.monotonic() - t0, 3)
         bad = [r for r in res.values() if not r.ok]
@@ -409,6 +447,7 @@ def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start:
     pruned = run_close(site, closes)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])
+    report["steps"] = step_results(site)
     report["result"] = "ok"
     report["state"] = site.facts[site.hosts[0]].recorded(rid)
     report["seconds"] = round(time.monotonic() - t_start, 3)

@@ -73,8 +73,11 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
     if use_rsync(f):
         stats, r = _push_rsync(t, site, rel, inc, bases, clean, job, place)
     else:
+        t1 = time.monotonic()
         stats = _push_copy(t, site, rel, inc, bases, clean)
+        t2 = time.monotonic()
         r = t.run(place, input=json.dumps(job).encode(), timeout=1800, check=False)
+        stats.update(transfer_seconds=round(t2 - t1, 3), verify_seconds=round(time.monotonic() - t2, 3))
     lines = r.out.strip().splitlines()
     try:
         v = json.loads(lines[-1]) if lines else None
@@ -149,7 +152,8 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
 
     Small deltas run over the transport's own SSH connection; a full push, or a delta of
     ``BULK_BYTES`` or more, over an OpenSSH connection of rsync's own
-    (:meth:`~dsv4ctl.remote.Transport.rsync_dest`)."""
+    (:meth:`~dsv4ctl.remote.Transport.rsync_dest`). The stats carry ``transfer_seconds`` (the
+    rsync) and ``verify_seconds`` (the script after it: for a delta, the wait after the marker)."""
     p = site.paths[t.name]
     user = rsync_user_args()
     old = _base_manifest(t, site, bases[0]) if bases else None
@@ -159,8 +163,12 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
         extra, dest = t.rsync_dest(inc + "/", bulk=True)
         argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user,
                 *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
+        t1 = time.monotonic()
         stats = _run_rsync(t, site, rel, argv)
-        return stats, t.run(place, input=json.dumps(job).encode(), timeout=1800, check=False)
+        t2 = time.monotonic()
+        r = t.run(place, input=json.dumps(job).encode(), timeout=1800, check=False)
+        stats.update(transfer_seconds=round(t2 - t1, 3), verify_seconds=round(time.monotonic() - t2, 3))
+        return stats, r
     d = manifest_diff(old.get("files", {}), rel.files)
     links_changed = [k for k, v in rel.links.items() if old.get("links", {}).get(k) != v]
     gone = d["removed"] + [k for k in old.get("links", {}) if k not in rel.links or k in links_changed]
@@ -179,7 +187,9 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
                 extra, dest = t.rsync_dest(side + "/", bulk=size >= BULK_BYTES)
                 argv = ["rsync", "-a", "--stats", "--info=progress2", "--from0", f"--files-from={lf.name}",
                         f"--link-dest={p.release(bases[0])}", *user, *extra, f"{rel.path}/", dest]
+                t1 = time.monotonic()
                 stats = _run_rsync(t, site, rel, argv)
+                stats["transfer_seconds"] = round(time.monotonic() - t1, 3)
             except BaseException:
                 try:           # tell the host-side script to give up; the rsync error is the one to report
                     t.run(f": > {q(side + '.fail')}", timeout=30)
@@ -191,8 +201,11 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
                 except Exception:
                     pass
                 raise
+            t2 = time.monotonic()
             t.run(f": > {q(side + '.done')}", timeout=60)
-            return stats, placed.result()
+            r = placed.result()
+            stats["verify_seconds"] = round(time.monotonic() - t2, 3)
+            return stats, r
 
 
 def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:

@@ -33,6 +33,7 @@ class Options:
     preflight: bool = True                          # lint + plan before anything (--no-preflight: False)
     trace: Callable[[object], None] | None = None   # called with every Step the engine executes
     steps: Callable[[list], None] | None = None     # called with the step list a run executes
+    done: Callable[[object, float], None] | None = None   # called with every executed Step and its seconds
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Site:
     locked_steps: list = field(default_factory=list)        # the lock steps this run executed
     manifests: dict = field(default_factory=dict)           # release id -> MANIFEST.json (local cache)
     manifest_lock: threading.Lock = field(default_factory=threading.Lock)
+    durations: list = field(default_factory=list)           # (Step, seconds) of every timed step, as they end
 
     @property
     def hosts(self) -> list[str]:

@@ -78,23 +78,37 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
 
 
 def gate(workers: list[Target], chat: list[Target], timeout: float, model: str = "default",
-         poll: float = 0.1) -> list[Failure]:
+         poll: float = 0.1, ended: dict | None = None) -> list[Failure]:
     """Wait until every worker's /health is 200 (or its process exits, or ``timeout`` s pass),
     then one 1-token chat completion through each ``chat`` target (the router). [] = healthy.
     ``poll`` (s) between /health probes of one target: a probe is one small GET, and a
-    restarted group is seen healthy at most ``poll`` s after it is."""
+    restarted group is seen healthy at most ``poll`` s after it is. ``ended`` (optional) gets
+    ``(kind, host, group) -> time.monotonic()`` when each target is done (kind ``health`` or
+    ``chat``)."""
+    ended = {} if ended is None else ended
+
+    async def done(kind, t, aw):
+        try:
+            return await aw
+        finally:
+            ended[(kind, t.host, t.group)] = time.monotonic()
+
     async def main():
         import aiohttp
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as s:
-            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop, timeout) for t in workers)) if f]
+            fails = [f for f in await asyncio.gather(*(done("health", t, _wait_one(s, t, deadline, poll, loop, timeout))
+                                                       for t in workers)) if f]
             if fails:
                 return fails
             fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop, timeout) for t in chat)) if f]
             if fails:  # the router's own /health first
+                for t in chat:
+                    ended[("chat", t.host, t.group)] = time.monotonic()
                 return fails
-            return [f for f in await asyncio.gather(*(_chat(s, t, deadline, model, poll) for t in chat)) if f]
+            return [f for f in await asyncio.gather(*(done("chat", t, _chat(s, t, deadline, model, poll))
+                                                      for t in chat)) if f]
     return asyncio.run(main())
 
 
