@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
-#   system packages (openssh-server/-client, rsync, git) when missing, the .venv with dsv4ctl and
+#   system packages (openssh-server/-client, rsync, git, systemd) when missing, the .venv with dsv4ctl and
 #   its test extras, and the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a
 #   reference by the oracle, patch and argument-table tests. Arguments go to pytest.
 set -euo pipefail
@@ -14,6 +14,8 @@ command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v zsh >/dev/null 2>&1 || need+=(zsh)     # completion syntax/behaviour tests (~8 s apt)
 command -v fish >/dev/null 2>&1 || need+=(fish)
+[ -x /lib/systemd/systemd ] || need+=(systemd)      # tests/test_systemd.py boots it in a namespace
+{ command -v unshare && command -v nsenter; } >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

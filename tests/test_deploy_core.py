@@ -305,8 +305,10 @@ def _pgid(pid: int) -> int | None:
 
 def test_systemd_unit_and_backend_choice():
     u = Systemd().unit_text(Paths("/srv/d"), "decode", "r1", "python3 -m x --config /srv/d/c.yaml", {"A": "1"})
-    assert "WorkingDirectory=/srv/d/releases/r1" in u and "ExecStart=/bin/sh -c 'python3 -m x --config /srv/d/c.yaml'" in u
-    assert "StandardOutput=append:/srv/d/logs/decode.log" in u and "Environment=A=1" in u
+    assert "WorkingDirectory=/srv/d/releases/r1" in u
+    assert ('ExecStart=/bin/sh -c "(\\npython3 -m x --config /srv/d/c.yaml\\n)\\nrc=$$?; '
+            'echo \\"=== dsv4ctl: decode exited with status $$rc\\"; exit $$rc"') in u
+    assert "StandardOutput=append:/srv/d/logs/decode.log" in u and 'Environment="A=1"' in u
     assert backend("auto", True).name == "systemd" and backend("auto", False).name == "launcher"
     assert backend("launcher", True).name == "launcher" and backend("systemd", False).name == "systemd"
 

@@ -5,7 +5,12 @@
   ``logs/<group>.log`` (a ``=== dsv4ctl start`` header line before each start); stop sends
   SIGTERM to the process group, waits ``stop_timeout`` s, then SIGKILL.
 * ``systemd``: a unit ``dsv4ctl-<group>.service`` per group (written atomically), restarted with
-  ``systemctl``; logs appended to the same log file.
+  ``systemctl``; logs appended to the same log file (``StandardOutput=append:``, not the journal).
+
+Both backends run the same ``sh -c`` script (:func:`group_script`: the launch command, then an
+``=== dsv4ctl: <group> exited with status N`` line). The unit quotes it for systemd
+(:func:`systemd_quote`), so ``$$``, ``%``, quotes, backslashes and newlines reach ``sh`` as the
+launcher passes them.
 
 Every method returns a shell command (an operation the caller runs or prints)."""
 
@@ -25,6 +30,38 @@ GROUP_RUNNING_FN = (  # "kill -SIG -PGID": dash has no "kill --"
     'group_running() { kill -0 -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
     'for s in /proc/[0-9]*/stat; do read -r l 2>/dev/null <"$s" || continue; l=${l##*") "}; '
     'set -- "$1" $l; [ "$4" = "$1" ] && [ "$2" != Z ] && return 0; done; return 1; };')
+
+
+def group_script(group: str, command: str) -> str:
+    """The ``sh -c`` script a group runs under either backend (pure): ``command`` in a subshell,
+    then ``=== dsv4ctl: <group> exited with status N`` and exit N."""
+    return f'(\n{command}\n)\nrc=$?; echo "=== dsv4ctl: {group} exited with status $rc"; exit $rc'
+
+
+def systemd_quote(word: str, dollar: bool = True) -> str:
+    """``word`` as one double-quoted word of a unit-file setting that systemd hands on unchanged
+    (pure). systemd C-unescapes quoted words, expands ``%`` specifiers (every setting) and ``$VAR``
+    / ``$$`` (``ExecStart=`` only), and ends a setting at a newline, so: ``\\`` and ``"`` are
+    backslash-escaped, control characters become ``\\n``, ``\\t``, ``\\xNN``, ``%`` becomes
+    ``%%`` and, with ``dollar`` (for ``ExecStart=``; not for ``Environment=``), ``$`` becomes ``$$``.
+    E.g. ``echo $$ 50%`` -> ``"echo $$$$ 50%%"``."""
+    out = []
+    for ch in word:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ch == "%":
+            out.append("%%")
+        elif ch == "$" and dollar:
+            out.append("$$")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 class Launcher:
@@ -51,7 +88,7 @@ class Launcher:
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:
         pf, lf = q(p.pidfile(group)), q(p.logfile(group))
         envs = " ".join(q(f"{k}={v}") for k, v in sorted(env.items()))
-        wrapped = f'(\n{command}\n)\nrc=$?; echo "=== dsv4ctl: {group} exited with status $rc"; exit $rc'
+        wrapped = group_script(group, command)
         return (f"set -e; mkdir -p {q(p.root + '/run')} {q(p.root + '/logs')}; "
                 f"echo \"=== dsv4ctl start {group} release {rid} at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; "
                 f"cd {q(p.release(rid))}; "
@@ -74,12 +111,15 @@ class Systemd:
         return f"dsv4ctl-{group}.service"
 
     def unit_text(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:
-        """The unit file (pure)."""
-        lines = ["[Unit]", f"Description=dsv4ctl serving group {group} (release {rid})", "",
-                 "[Service]", "Type=simple", f"WorkingDirectory={p.release(rid)}",
-                 *[f"Environment={q(f'{k}={v}')}" for k, v in sorted(env.items())],
-                 f"ExecStart=/bin/sh -c {q(command)}",
-                 f"StandardOutput=append:{p.logfile(group)}", f"StandardError=append:{p.logfile(group)}",
+        """The unit file (pure): ``ExecStart=/bin/sh -c`` :func:`group_script` (as the launcher
+        runs it), quoted with :func:`systemd_quote`; ``Environment=`` likewise (``$`` kept:
+        systemd does not expand it there); ``%`` doubled in the paths and the description."""
+        pct = lambda s: str(s).replace("%", "%%")  # noqa: E731
+        lines = ["[Unit]", pct(f"Description=dsv4ctl serving group {group} (release {rid})"), "",
+                 "[Service]", "Type=simple", f"WorkingDirectory={pct(p.release(rid))}",
+                 *[f"Environment={systemd_quote(f'{k}={v}', dollar=False)}" for k, v in sorted(env.items())],
+                 f"ExecStart=/bin/sh -c {systemd_quote(group_script(group, command))}",
+                 f"StandardOutput=append:{pct(p.logfile(group))}", f"StandardError=append:{pct(p.logfile(group))}",
                  "KillMode=control-group", "TimeoutStopSec=30", "Restart=no", "", "[Install]",
                  "WantedBy=multi-user.target", ""]
         return "\n".join(lines)
@@ -116,7 +156,8 @@ def log_tail_cmd(p: Paths, group: str, n: int = 10) -> str:
 # -- restart in place (hicache --remote, runbook service.restart) ------------------------------
 
 #: Host-side restart of one group with the command line, environment and folder it runs with now
-#: (launcher: read from /proc/<pid>; systemd: ``systemctl restart``).
+#: (launcher: read from /proc/<pid>; systemd: ``systemctl restart`` of the unit as written). Both
+#: append ``=== dsv4ctl restart <group> (hicache) at <UTC>`` to the group's log first.
 RESTART_SCRIPT = r'''
 import json, os, signal, subprocess, sys, time
 pidfile, logfile, group, unit, stop_timeout = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
@@ -132,6 +173,13 @@ def alive_group(pgid):
         if int(f[2]) == pgid and f[0] != "Z":
             return True
     return False
+def header():
+    # the restart line both backends write before the group starts again
+    os.makedirs(os.path.dirname(logfile), exist_ok=True)
+    log = open(logfile, "ab")
+    log.write(f"=== dsv4ctl restart {group} (hicache) at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+    log.flush()
+    return log
 if os.path.exists(pidfile):
     pid = int(open(pidfile).read().strip())
     try:
@@ -155,10 +203,7 @@ if os.path.exists(pidfile):
             pass
         while alive_group(pid) and time.time() < deadline + 10:
             time.sleep(0.1)
-    os.makedirs(os.path.dirname(logfile), exist_ok=True)
-    log = open(logfile, "ab")
-    log.write(f"=== dsv4ctl restart {group} (hicache) at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
-    log.flush()
+    log = header()
     p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True)
     tmp = pidfile + ".tmp"
@@ -167,10 +212,15 @@ if os.path.exists(pidfile):
     print(json.dumps({"how": "launcher", "old_pid": pid, "new_pid": p.pid}))
 elif unit and os.path.isdir("/run/systemd/system") and subprocess.run(
         ["systemctl", "cat", unit], capture_output=True).returncode == 0:
+    def main_pid():
+        r = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit], capture_output=True, text=True)
+        return int(r.stdout.strip()) if r.stdout.strip().isdigit() else 0
+    old = main_pid()
+    header().close()
     r = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True)
     if r.returncode:
         print(json.dumps({"error": f"systemctl restart {unit}: {r.stderr.strip()[-200:]}"})); sys.exit(3)
-    print(json.dumps({"how": "systemd", "unit": unit}))
+    print(json.dumps({"how": "systemd", "unit": unit, "old_pid": old, "new_pid": main_pid()}))
 else:
     print(json.dumps({"error": f"group {group} is not running under dsv4ctl here (no {pidfile}, no unit {unit})"}))
     sys.exit(3)
@@ -187,7 +237,9 @@ def restart_cmd(python: str, root: str, group: str, stop_timeout: float) -> str:
 
 
 def run_restart(t, python: str, root: str, group: str, stop_timeout: float = 30.0) -> dict:
-    """Restart ``group`` on the host behind transport ``t``. RemoteError naming the host on failure."""
+    """Restart ``group`` on the host behind transport ``t``: ``{"how": "launcher", "old_pid",
+    "new_pid"}`` or ``{"how": "systemd", "unit", "old_pid", "new_pid"}`` (the unit's MainPID before
+    and after; 0: none). RemoteError naming the host on failure."""
     res = t.run(restart_cmd(python, root, group, stop_timeout), input=RESTART_SCRIPT.encode(),
                 timeout=stop_timeout + 60, check=False)
     lines = [ln for ln in res.out.strip().splitlines() if ln.startswith("{")]

@@ -142,6 +142,31 @@ class Cluster:
         return d
 
 
+def sshd_config(h: "SshdHost", auth: Path) -> str:
+    """The sshd_config text of test host ``h`` (listen address/port, host key, pid file in its
+    folder; ``auth``: the authorized_keys file of the throwaway user key)."""
+    return "\n".join([
+        f"ListenAddress {h.address}:{h.port}",
+        f"HostKey {h.host_key}",
+        f"PidFile {h.dir / 'sshd.pid'}",
+        f"AuthorizedKeysFile {auth}",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "StrictModes no",
+        "UsePAM no",
+        "AllowTcpForwarding yes",
+        "MaxStartups 100:30:200",
+        "MaxSessions 100",
+        "LogLevel ERROR",
+        # the simulated hosts share this machine's root account: keep its interactive ~/.bashrc
+        # (pyenv init, with a global rehash lock) out of every remote command, as on a clean host
+        "SetEnv SHLVL=1",
+        "Subsystem sftp internal-sftp",
+    ]) + "\n"
+
+
 def start_cluster(base: Path, n: int = 4) -> Cluster:
     """Start ``n`` sshd hosts on 127.0.0.2 … 127.0.0.(n+1) under ``base``."""
     base.mkdir(parents=True, exist_ok=True)
@@ -161,26 +186,7 @@ def start_cluster(base: Path, n: int = 4) -> Cluster:
         port = free_port(addr)
         h = SshdHost(name=f"h{i}", address=addr, port=port, dir=d, root=d / "root", host_key=hk)
         h.config = d / "sshd_config"
-        h.config.write_text("\n".join([
-            f"ListenAddress {addr}:{port}",
-            f"HostKey {hk}",
-            f"PidFile {d / 'sshd.pid'}",
-            f"AuthorizedKeysFile {auth}",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
-            "StrictModes no",
-            "UsePAM no",
-            "AllowTcpForwarding yes",
-            "MaxStartups 100:30:200",
-            "MaxSessions 100",
-            "LogLevel ERROR",
-            # the simulated hosts share this machine's root account: keep its interactive ~/.bashrc
-            # (pyenv init, with a global rehash lock) out of every remote command, as on a clean host
-            "SetEnv SHLVL=1",
-            "Subsystem sftp internal-sftp",
-        ]) + "\n")
+        h.config.write_text(sshd_config(h, auth))
         h.start()
         c.hosts.append(h)
     c.known_hosts = base / "known_hosts"
