@@ -96,3 +96,14 @@ def console(stderr: bool = False):
 def error_line(message: str) -> None:
     """Print ``dsv4ctl: error: <message>`` on stderr, one line."""
     print(f"dsv4ctl: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + [0x7f]}
+_CONTROL.update({c: f"\\u{c:04x}" for c in range(0x80, 0xa0)})
+
+
+def printable(text: str) -> str:
+    """``text`` with C0/C1 control characters (ESC, CSI, OSC, BEL, backspace, carriage return …;
+    tab and newline kept) written as ``\\xNN`` / ``\\uNNNN``, so text a server sent cannot move the
+    cursor, recolour or retitle the operator's terminal."""
+    return text.translate(_CONTROL)

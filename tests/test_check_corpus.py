@@ -45,6 +45,9 @@ KEPT = {
     "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#4": CONTENT_ONLY,
     "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#4-quoted_only": CONTENT_ONLY,
     "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_opt_in_marker_policy_does_not_filter_ordinary_text": CONTENT_ONLY,
+    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_non_strict_duplicate_parameters_retain_legacy_behavior":
+        "the gate is stricter on purpose: arguments that name a key twice are ambiguous (JSON parsers "
+        "disagree on which value wins, so the tool may run with the other one)",
     "test_deepseekv4_streaming_robustness.py::TestPreambleLossRegression.test_streaming_same_delta_currently_drops_preamble":
         "the SGLang test pins open bug #33813 (it expects the preamble dropped); the served path keeps it, "
         "which is the correct answer, and the gate says ok",
@@ -140,8 +143,8 @@ def test_gate_agrees_with_sglang_expectations_case_by_case(server):
                 disagree[(case["id"], stream)] = (truth, v.cls, v.reason)
     print(f"corpus: {agree} of {2 * len(CASES)} verdicts agree with SGLang's expectations "
           f"({len(KEPT)} cases kept on purpose)")
-    assert agree == 2 * (len(CASES) - len(KEPT))
     for k, x in sorted(disagree.items()):
         print("DISAGREE", k, x)
     assert served_changed == []                   # the recorded served output still holds
     assert disagree == {}
+    assert agree == 2 * (len(CASES) - len(KEPT))

@@ -349,3 +349,50 @@ def test_summarize_level_leaves_crash_turns_out_of_the_rate():
     assert R.crash_lines(doc)[0] == "crashed at concurrency 4 (u): 10 consecutive"
     assert R.level_rows(doc)[1][0][6] == "CRASHED"
     assert [row[2] for row in R.example_rows(doc)[1]] == ["http_error", "no_tool_call"]
+
+
+def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
+    """SIGSTOP: the port accepts connections, nothing answers; stalls + a silent /health = crash."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from tests.standin.harness import REPO, free_port, wait_health, write_config
+    cfg = write_config(tmp_path / "serve.yaml")
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "tests.standin.server", "--config", str(cfg), "--host", "127.0.0.1",
+                          "--port", str(port), "--ttft-ms", "5", "--itl-ms", "1"], cwd=REPO,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_health(url, 60)
+        t = threading.Timer(2.0, lambda: os.kill(p.pid, signal.SIGSTOP))
+        t.start()
+        r = run_cli("check", "load", url, "-c", "4,8", "--turns", "4", "--min-requests", "100000",
+                    "--stall-timeout", "2", "--no-progress", "--no-metrics", "--json", timeout=240)
+        t.cancel()
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    assert r.code == 1, r.err
+    doc = r.json()
+    assert doc["crash"]["concurrency"] == 4 and doc["not_run"] == [8]
+    assert "stall" in doc["crash"]["reason"] and "GET /health: no answer" in doc["crash"]["reason"]
+    assert "crashed at concurrency 4" in r.err
+
+
+def test_too_few_file_descriptors_is_a_usage_error_not_a_crash(tmp_path):
+    import resource
+    import subprocess
+    import sys
+    from tests.standin.harness import REPO
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "check", "load", "http://127.0.0.1:9", "-c", "400",
+                        "--model", "m", "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)))
+    assert p.returncode == 2 and "ulimit -n" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_credentials_in_the_url_are_refused_without_echo():
+    r = run_cli("check", "load", "http://admin:s3cretpw@127.0.0.1:9", "--no-progress")
+    assert r.code == 2 and "s3cretpw" not in r.err + r.out and "--api-key" in r.err

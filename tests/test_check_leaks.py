@@ -11,6 +11,7 @@ from dsv4ctl.check import classify as C
 from dsv4ctl.check.workload import TOOL_RESULT, TOOLS
 
 SPECS = C.tool_specs(TOOLS)
+BAR = "\uff5c"
 FW, DV = "\uff5c", "\u2016"          # U+FF5C ｜ (what DeepSeek emits), U+2016 ‖
 EOS = f"<{FW}end\u2581of\u2581sentence{FW}>"
 
@@ -376,3 +377,36 @@ def test_a_reasoning_leak_split_at_every_byte_offset():
         assert (v.cls, v.reason) == (C.DSML_IN_REASONING, expected), k
     v = judge([raw[i:i + 1] for i in range(len(raw))])
     assert (v.cls, v.reason) == (C.DSML_IN_REASONING, expected)
+
+
+# --- found by the adversarial review -----------------------------------------------------------
+def test_arguments_nested_too_deep_are_not_json_not_a_traceback():
+    v = C.classify(C.TurnResult(tool_calls=[C.ToolCall(0, "c", "read_file", "[" * 100000)]), requires_tool=True,
+                   tools=C.tool_specs(TOOLS))
+    assert v.cls == C.ARGS_NOT_JSON
+
+
+def test_duplicate_keys_in_arguments_are_flagged():
+    v = C.classify(C.TurnResult(tool_calls=[C.ToolCall(0, "c", "read_file", '{"path": "/etc/shadow", "path": "a.py"}')]),
+                   requires_tool=True, tools=C.tool_specs(TOOLS))
+    assert v.cls == C.ARGS_NOT_JSON and "duplicate key 'path'" in v.reason
+
+
+def test_a_stray_backtick_does_not_quote_a_leaked_block():
+    leak = f"<{BAR}DSML{BAR}tool_calls>\n<{BAR}DSML{BAR}invoke name=\"run_command\">\n</{BAR}DSML{BAR}invoke>\n</{BAR}DSML{BAR}tool_calls>"
+    v = C.classify(C.TurnResult(content="I'll remove the stray ` first.\n" + leak + "\nThen I'll run `pytest`.",
+                                finish_reason="stop"), requires_tool=False, tools={})
+    assert v.cls == C.DSML_IN_CONTENT
+
+
+def test_a_loop_of_identical_fenced_blocks_is_a_loop():
+    block = "```python\nif request.prefix_len > 0:\n    cache.evict(request.prefix_len)\n    return schedule(request)\n```\n"
+    v = C.classify(C.TurnResult(content="Apply:\n" + block * 40, finish_reason="length"), requires_tool=False, tools={})
+    assert v.cls == C.NGRAM_LOOP
+    two = "Apply:\n" + block + "and then\n" + block.replace("evict", "drop")
+    assert C.classify(C.TurnResult(content=two, finish_reason="stop"), requires_tool=False, tools={}).ok
+
+
+def test_printable_neutralises_terminal_escapes():
+    from dsv4ctl.render import printable
+    assert printable("a\x1b[2J\x1b]0;PWNED\x07b\tc\nd\x9b") == "a\\x1b[2J\\x1b]0;PWNED\\x07b\tc\nd\\u009b"

@@ -437,6 +437,25 @@ def parse_completion(body: Any) -> TurnResult:
                       usage=_opt_dict(usage, "usage") if usage else None)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object in tool-call arguments names one key twice (parsers disagree on which wins)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(f"duplicate key {k!r} in the arguments (parsers disagree on which value wins)")
+        out[k] = v
+    return out
+
+
+def loads_arguments(text: str) -> Any:
+    """Tool-call ``arguments`` text -> JSON value. ValueError if not JSON (:class:`DuplicateKey`
+    when an object repeats a key), RecursionError when nested too deep for the parser."""
+    return json.loads(text, object_pairs_hook=_no_duplicates)
+
+
 # --- schema checks ----------------------------------------------------------------------------
 class ToolSpec:
     """A declared tool: ``name`` and its JSON-schema ``parameters`` (validator compiled once)."""
@@ -530,13 +549,17 @@ def _fences(text: str) -> list[tuple[int, int, str]]:
 
 def code_ranges(text: str) -> list[tuple[int, int, str]]:
     """Sorted, disjoint ``(start, end, where)`` of the closed fenced code blocks and the inline code
-    spans of ``text`` (CommonMark: a run of n backticks up to the next run of exactly n backticks in
-    the same paragraph; an unmatched run is literal). Linear apart from a log factor."""
+    spans of ``text`` (CommonMark: a run of n backticks up to the next run of exactly n backticks;
+    an unmatched run is literal). Stricter than CommonMark: a span opened by a single backtick must
+    close on its own line, so a stray backtick before a leaked multi-line DSML block cannot turn the
+    block into a "quote" (longer delimiters, as in ```` ``…`` ````, may span lines).
+    Linear apart from a log factor."""
     fences = _fences(text)
     if "`" not in text:
         return fences
     spans: list[tuple[int, int, str]] = []
     blanks = [m.start() for m in _BLANK_LINE_RE.finditer(text)]
+    newlines = [m.start() for m in re.finditer("\n", text)]
     gaps, prev = [], 0
     for a, b, _ in fences:
         gaps.append((prev, a))
@@ -555,7 +578,9 @@ def code_ranges(text: str) -> list[tuple[int, int, str]]:
             if p < len(same):
                 j = same[p]
                 q = bisect_left(blanks, e)
-                if q == len(blanks) or blanks[q] >= runs[j][0]:      # no blank line in between
+                r = bisect_left(newlines, e)
+                one_line = e - s > 1 or r == len(newlines) or newlines[r] >= runs[j][0]
+                if one_line and (q == len(blanks) or blanks[q] >= runs[j][0]):   # a quote stays on its line
                     spans.append((s, runs[j][1], CODE_SPAN))
                     k = j + 1
                     continue
@@ -642,13 +667,36 @@ class Loop:
     unit: str
 
 
+def _repeated_fences(text: str, fences: list[tuple[int, int, str]]) -> Optional[Loop]:
+    """A loop made of whole fenced blocks: >= :data:`LOOP_MIN_COPIES` identical closed blocks back
+    to back (only whitespace between), covering >= :data:`LOOP_MIN_SHARE` of the text's words."""
+    total = len(_TOKEN_RE.findall(text))
+    run, best = 1, None
+    for k in range(1, len(fences) + 1):
+        same = (k < len(fences) and text[fences[k][0]:fences[k][1]] == text[fences[k - 1][0]:fences[k - 1][1]]
+                and not text[fences[k - 1][1]:fences[k][0]].strip())
+        if same:
+            run += 1
+            continue
+        if run >= LOOP_MIN_COPIES:
+            a, b = fences[k - run][0], fences[k - 1][1]
+            span = len(_TOKEN_RE.findall(text, a, b))
+            unit = text[fences[k - 1][0]:fences[k - 1][1]]
+            if total >= LOOP_MIN_WORDS and span >= LOOP_MIN_SHARE * total:
+                period = max(1, len(_TOKEN_RE.findall(unit)))
+                if best is None or span > best.span:
+                    best = Loop(period, span, total, unit[:80])
+        run = 1
+    return best
+
+
 def find_loop(text: str) -> Optional[Loop]:
     """The longest qualifying exact repetition of ``text``, or None.
 
     Words are runs of letters, digits and ``_``, and each CJK character is a word of its own
     (punctuation, whitespace and symbols such as ``}`` are ignored; case matters). Text inside
-    *closed* fenced code blocks is left out (listings repeat legitimately; a degenerate loop runs
-    to the length limit and never closes its fence). A loop is a stretch in which the same unit of
+    *closed* fenced code blocks is left out (listings repeat legitimately), except that
+    :data:`LOOP_MIN_COPIES` or more identical blocks back to back are a loop of their own. A loop is a stretch in which the same unit of
     ``d`` words repeats back to back, word for word (the last copy may be partial), at least
     :data:`LOOP_MIN_COPIES` times, covering at least :data:`LOOP_MIN_SHARE` of the words or
     :data:`LOOP_MIN_SPAN` words, in a text of at least :data:`LOOP_MIN_WORDS` words. Boilerplate
@@ -661,6 +709,9 @@ def find_loop(text: str) -> Optional[Loop]:
         text = text[-LOOP_MAX_CHARS:]
     fences = _fences(text)
     if fences:
+        rep = _repeated_fences(text, fences)
+        if rep is not None:
+            return rep
         parts, prev = [], 0
         for a, b, _ in fences:
             parts.append(text[prev:a])
@@ -749,9 +800,11 @@ def find_language_switch(text: str) -> Optional[Switch]:
     the one with >= 90 % of the letters among the first 200 letters seen before a candidate switch
     (at least 50 of them); a switch is a stretch of >= 20 letters of other scripts (>= 60 when it
     is Latin), interrupted by at most two words of the answer's script at a time. An ASCII-only
-    text, or one with fewer than 20 letters outside Latin, is cleared after one fast scan."""
-    if text.isascii() or sum(map(len, _NON_LATIN_RE.findall(text))) < SWITCH_RUN:
+    text, or one with fewer than 20 letters outside Latin, is cleared after one fast scan. Only
+    the first :data:`LOOP_MAX_CHARS` characters are judged (bounded time on hostile input)."""
+    if text.isascii() or sum(map(len, _NON_LATIN_RE.findall(text, 0, LOOP_MAX_CHARS))) < SWITCH_RUN:
         return None     # no switch into another script, and too few letters for a non-Latin answer
+    text = text[:LOOP_MAX_CHARS]     # a switch shows early; longer answers are judged on their start
     ranges = code_ranges(text)
     if ranges:
         parts, prev = [], 0
@@ -856,9 +909,10 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
     for c in turn.tool_calls:
         label = f"call {c.index} {c.name!r}"
         try:
-            args = json.loads(c.arguments) if c.arguments.strip() else None
-        except ValueError:
-            flags.setdefault(ARGS_NOT_JSON, f"{label}: arguments not JSON: {c.arguments[:60]!r}")
+            args = loads_arguments(c.arguments) if c.arguments.strip() else None
+        except (ValueError, RecursionError) as e:
+            why = str(e) if isinstance(e, DuplicateKey) else f"arguments not JSON: {c.arguments[:60]!r}"
+            flags.setdefault(ARGS_NOT_JSON, f"{label}: {why}")
             if MARKUP_IN_ARGS not in flags:
                 hit = _markup_in(c.arguments, allowed)
                 if hit:

@@ -43,6 +43,30 @@ ClientPayloadError (the body was cut short: the server went away mid-answer). Ti
 connect timeouts) are not: they are ``stuck`` turns, caught before these."""
 
 
+def _local_limit(e: BaseException) -> bool:
+    """True when a connection failed for a reason of this machine (out of file descriptors),
+    which says nothing about the server."""
+    import errno
+    err = getattr(e, "os_error", None) or e
+    return getattr(err, "errno", None) in (errno.EMFILE, errno.ENFILE)
+
+
+def ensure_fd_limit(concurrency: int, spare: int = 64) -> int:
+    """Make room for ``concurrency`` connections plus ``spare`` descriptors: raise the soft
+    RLIMIT_NOFILE up to the hard limit when needed. Returns the soft limit; ValueError (one line)
+    when even the hard limit is too small."""
+    import resource
+    need = concurrency + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return need
+    raise ValueError(f"{concurrency} sessions need about {need} open files, but the limit is {hard} "
+                     f"(raise it with ulimit -n)")
+
+
 def crash_threshold(concurrency: int) -> int:
     """K: consecutive connection-error turns that end a level as crashed, ``max(8, concurrency)``."""
     return max(8, concurrency)
@@ -116,7 +140,7 @@ async def fetch_json(http: aiohttp.ClientSession, url: str, timeout: float = 10.
                 raise BadResponse(f"{url}: {e}") from None
             try:
                 return r.status, json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return r.status, text
     except aiohttp.ClientConnectorError as e:
         raise ConnectError(f"cannot connect to {url}: {e.os_error.strerror or e.os_error}") from e
@@ -222,20 +246,22 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
         return C.TurnResult(http_status=None, stalled=True, error=why), timing
     except aiohttp.ClientError as e:
         timing["e2e_s"] = time.perf_counter() - t0
-        timing["connection_error"] = isinstance(e, CONNECTION_ERRORS)
+        timing["connection_error"] = isinstance(e, CONNECTION_ERRORS) and not _local_limit(e)
         return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
 
 
-async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 5.0) -> Optional[str]:
+async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 5.0,
+                       silent_is_dead: bool = False) -> Optional[str]:
     """``GET base/health`` once: None if the server answered (any HTTP status), else why it could
     not connect (a :data:`CONNECTION_ERRORS` failure). A timeout counts as answered (something
-    holds the port; not a crash by the rule in docs/check.md)."""
+    holds the port) unless ``silent_is_dead``: after a run of stalled turns, a server that does not
+    answer ``/health`` within ``timeout`` seconds either has stopped answering."""
     try:
         async with http.get(base.rstrip("/") + "/health", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             await r.content.read(1024)
             return None
     except asyncio.TimeoutError:
-        return None
+        return f"GET /health: no answer within {timeout:g} s" if silent_is_dead else None
     except CONNECTION_ERRORS as e:
         return f"GET /health: {type(e).__name__}: {str(e)[:160]}"
     except aiohttp.ClientError:
@@ -273,19 +299,22 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     k = crash_after if crash_after is not None else crash_threshold(concurrency)
     streak = 0             # consecutive connection-error turns, in finishing order
     streak_start = 0       # index in level.records of the first of them
+    stalls = 0             # how many turns of the streak stalled (no answer within the stall timeout)
+    probing = False        # a /health probe for a stalled streak is in flight
 
     def halted() -> bool:
         return level.crash is not None or bool(stop and stop())
 
     def declare(why: str, probe: Optional[str] = None) -> None:
         first = level.records[streak_start]
-        level.crash = {"reason": f"{streak} consecutive turns ended in a connection error with no answer in "
+        what = "a connection error" if not stalls else "a connection error or a stall"
+        level.crash = {"reason": f"{streak} consecutive turns ended in {what} with no answer in "
                                  f"between ({why}); first: {first['reason']}",
                        "started_at": first["t_start"], "turn": streak_start + 1, "rid": first["rid"],
                        "streak": streak, "probe": probe}
 
     async def worker(w: int) -> None:
-        nonlocal issued, next_sid, streak, streak_start
+        nonlocal issued, next_sid, streak, streak_start, stalls, probing
         sid = w
         while issued < target and not halted():
             s = Session(sid=sid, turns=turns, answer_words=answer_words, thinking=thinking,
@@ -318,12 +347,25 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     rec["content_excerpt"] = result.content[:300]
                 level.records.append(rec)
                 if level.crash is None:
-                    if rec["connection_error"]:
+                    if rec["connection_error"] or result.stalled:
                         if streak == 0:
                             streak_start = len(level.records) - 1
+                            stalls = 0
                         streak += 1
-                        if streak >= k:
+                        stalls += bool(result.stalled)
+                        if streak >= k and not stalls:
                             declare(f"K = {k}")
+                        elif streak >= k and not probing:
+                            # stalls too: dead only if /health does not answer either (a server
+                            # with wedged transfers still answers it)
+                            probing = True
+                            probe = await probe_health(http, url, timeout=min(10.0, http.timeout.sock_read or 10.0),
+                                                       silent_is_dead=True)
+                            probing = False
+                            if probe is not None and level.crash is None:
+                                declare(f"K = {k}, {stalls} of them stalled, and {probe}", probe)
+                            elif probe is None:
+                                streak = 0
                     else:
                         streak = 0
                 level.itl_gaps.extend(timing["gaps"])

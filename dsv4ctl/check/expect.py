@@ -79,7 +79,7 @@ def compare_calls(expected: list[dict], got: list[ToolCall]) -> dict[str, str]:
             out.setdefault(WRONG_TOOL, f"{label}: {c.name!r}, expected {e['name']!r}")
             continue
         try:
-            args = json.loads(c.arguments) if c.arguments.strip() else None
+            args = C.loads_arguments(c.arguments) if c.arguments.strip() else None
         except (ValueError, RecursionError):
             continue                      # args_not_json: the classifier's
         if not isinstance(args, dict) or e.get("arguments") is None:

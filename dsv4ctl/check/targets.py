@@ -20,10 +20,15 @@ class Targets:
 
 
 def normalize_url(url: str) -> str:
-    """``http(s)://host[:port]`` without a trailing slash; InputError otherwise."""
+    """``http(s)://host[:port]`` without a trailing slash; InputError otherwise (also for
+    credentials in the URL, whose text the error does not repeat)."""
     u = url.strip().rstrip("/")
     if not u.startswith(("http://", "https://")) or len(u.split("://", 1)[1]) == 0:
         raise InputError(f"{url}: a URL must start with http:// or https://")
+    if "@" in u.split("://", 1)[1].split("/", 1)[0]:
+        # never echoed: the user:password part would land in records, reports and error lines
+        raise InputError("a URL with user:password@ is not accepted (it would be written to records and "
+                         "reports); SGLang takes a bearer token: use --api-key or DSV4CTL_API_KEY")
     return u
 
 

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import typer
 
 from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError, InputError, VerdictError
-from ..render import console, dump_json, markdown_table, rich_table
+from ..render import console, dump_json, markdown_table, printable, rich_table
 
 check_app = typer.Typer(help="Tool-call correctness checks: smoke (endpoints) and load (corruption gate).",
                         no_args_is_help=True)
@@ -221,8 +221,12 @@ def load(
         rec_file = _open_records(records)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None}
-    from ..check.driver import BadResponse, ConnectError
+    from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
     from ..check.load import run_load
+    try:
+        ensure_fd_limit(max(levels))
+    except ValueError as e:
+        raise InputError(f"check load: {e}") from None
     try:
         doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
                                    metrics, metric_urls, rec_file, _Progress if progress else None, settings,
@@ -294,6 +298,7 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     if markdown:
         print(f"## dsv4ctl check load (run {doc['settings']['run_id']})\n")
         for title, (h, rows) in tables + [(examples_title, R.example_rows(doc))]:
+            rows = [[printable(c) for c in row] for row in rows]
             if rows:
                 print(f"### {title}\n\n{markdown_table(h, rows)}\n")
         for line in notes:
@@ -311,7 +316,7 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     if ex:
         con.print(f"dsv4ctl check load: {examples_title}", style="italic")
         for line in ex:
-            con.print(escape(line), soft_wrap=True, highlight=False)
+            con.print(escape(printable(line)), soft_wrap=True, highlight=False)
     for line in notes:
         con.print(escape(line), style="bold red" if line.startswith("crashed") else None, soft_wrap=True,
                   highlight=False)
