@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
-#   system packages (openssh-server/-client, rsync, git, systemd) when missing, the .venv with dsv4ctl and
+#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux) when missing, the .venv with dsv4ctl and
 #   its test extras, and the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a
 #   source of SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
 #   reference by the oracle, patch and argument-table tests. Arguments go to pytest.

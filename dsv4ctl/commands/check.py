@@ -256,7 +256,10 @@ def load(
         bad = [lv for lv in doc["levels"] if not lv["pass"]][0]
         raise VerdictError(
             f"check load: gate failed at {bad['url']} c={bad['concurrency']}: corruption {R.fmt_pct(bad['rate'])} "
-            f"(95 % Wilson upper bound {R.fmt_pct(bad['wilson95'][1])} > {R.fmt_pct(max_c)}, {bad['corrupted']}/{bad['turns']})")
+            f"(95 % Wilson upper bound {R.fmt_pct(bad['wilson95'][1])} > {R.fmt_pct(max_c)}, {bad['corrupted']}/{bad['turns']})"
+            + (f"; {bad['turns']} turns cannot pass a {R.fmt_pct(max_c)} gate even with 0 corrupted: "
+               f"it needs at least {R.min_requests_for_gate(max_c)} (--min-requests)"
+               if bad["corrupted"] == 0 and max_c > 0 and bad["turns"] < R.min_requests_for_gate(max_c) else ""))
 
 
 class _Progress:
