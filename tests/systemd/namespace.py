@@ -94,17 +94,21 @@ def _unit_files(sshd_config_path: Path) -> dict[str, str]:
 
 #: Runs as the namespace's PID 1 (``sh``), then becomes systemd. $1: the folder to keep visible
 #: (the test's base, bound back under the private /tmp when it lives there), $2: the unit files,
-#: $3: the console file.
+#: $3: the console file; further arguments: more folders to keep visible the same way (the
+#: checkout and the Python environment the hosts' commands run, which CI may have under /tmp).
 SETUP = r'''
 set -eu
 base=$1 units=$2 console=$3
+shift 3
 mount --make-rprivate /
 mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys
 mount --bind /sys /sys && mount -o remount,bind,ro /sys
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
 mkdir /run/.tmp && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /run/.tmp
-case "$base" in /tmp/*) mkdir -p "/run/.tmp/${base#/tmp/}" && mount --bind "$base" "/run/.tmp/${base#/tmp/}";; esac
+for keep in "$base" "$@"; do
+  case "$keep" in /tmp/*) mkdir -p "/run/.tmp/${keep#/tmp/}" && mount --bind "$keep" "/run/.tmp/${keep#/tmp/}";; esac
+done
 mount --move /run/.tmp /tmp && rmdir /run/.tmp
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /var/tmp
 for d in /var/log /var/lib/systemd /etc/systemd/system; do mkdir -p "$d"; mount -t tmpfs -o mode=755 tmpfs "$d"; done
@@ -212,6 +216,19 @@ def _wait_ssh(h: SshdHost, timeout: float) -> None:
 
 
 @contextlib.contextmanager
+def _keep_visible() -> list[str]:
+    """Folders the namespace's commands need besides the test's base: the checkout (tests run
+    ``python -m tests.…`` from it) and the Python environment (``sys.prefix``, its real path),
+    which may live under ``/tmp`` (a CI clone) that the namespace replaces with its own tmpfs."""
+    import sys
+    repo = Path(__file__).resolve().parents[2]
+    out = []
+    for p in (repo, Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent.parent):
+        if str(p) not in out:
+            out.append(str(p))
+    return out
+
+
 def booted(base: Path, address: str = "127.0.0.20", name: str = "s0", timeout: float = 30):
     """Boot systemd in a private namespace with an sshd for host ``name`` on ``address`` (a free
     port); yield :class:`Booted`; always kill the namespace and remove its cgroup. Files of the
@@ -250,7 +267,8 @@ def booted(base: Path, address: str = "127.0.0.20", name: str = "s0", timeout: f
     pid1 = 0
     try:
         proc = subprocess.Popen([UNSHARE, "--pid", "--mount", "--uts", "--ipc", "--cgroup", "--fork", "--mount-proc",
-                                 "--kill-child=SIGKILL", "sh", "-c", SETUP, "setup", str(base), str(units), str(console)],
+                                 "--kill-child=SIGKILL", "sh", "-c", SETUP, "setup", str(base), str(units), str(console),
+                                 *_keep_visible()],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(base / "unshare.err", "wb"),
                                 preexec_fn=_preexec(cgroup))
         end = time.monotonic() + 10
