@@ -215,7 +215,6 @@ def _wait_ssh(h: SshdHost, timeout: float) -> None:
                        f"{(h.dir / 'sshd.log').read_text()[-1000:] if (h.dir / 'sshd.log').exists() else ''}")
 
 
-@contextlib.contextmanager
 def _keep_visible() -> list[str]:
     """Folders the namespace's commands need besides the test's base: the checkout (tests run
     ``python -m tests.…`` from it) and the Python environment (``sys.prefix``, its real path),
@@ -229,6 +228,7 @@ def _keep_visible() -> list[str]:
     return out
 
 
+@contextlib.contextmanager
 def booted(base: Path, address: str = "127.0.0.20", name: str = "s0", timeout: float = 30):
     """Boot systemd in a private namespace with an sshd for host ``name`` on ``address`` (a free
     port); yield :class:`Booted`; always kill the namespace and remove its cgroup. Files of the
