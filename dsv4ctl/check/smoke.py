@@ -117,6 +117,11 @@ MIN_BYTES_PER_TOKEN = 16             # prompt_tokens below 1 per 16 bytes of the
 MAX_TOKENS_PER_BYTE = 1              # prompt_tokens above 1 per byte fails
 
 
+NO_THINKING = {"thinking": False}
+"""``chat_template_kwargs`` of every probe: thinking off, said explicitly (SGLang's default; the
+smg gateway otherwise turns it on for DeepSeek-V4 and refuses forced tool choices)."""
+
+
 def _rid() -> str:
     return f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"
 
@@ -124,7 +129,7 @@ def _rid() -> str:
 def chat_body(model: str, rid: str) -> dict:
     """The plain ``chat`` probe."""
     return {"model": model, "messages": [{"role": "user", "content": CHAT_PROMPT}],
-            "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": rid}
+            "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": rid, "chat_template_kwargs": NO_THINKING}
 
 
 def tool_choice_body(kind: str, model: str, rid: str) -> dict:
@@ -143,7 +148,7 @@ def tool_choice_body(kind: str, model: str, rid: str) -> dict:
     return {"model": model, "messages": [{"role": "system", "content": SYSTEM_PROMPT},
                                          {"role": "user", "content": PROBE_TASK + text}],
             "tools": TOOLS, "tool_choice": choice, "max_tokens": 512, "temperature": 0.0, "stream": False,
-            "rid": rid}
+            "rid": rid, "chat_template_kwargs": NO_THINKING}
 
 
 def over_length_body(model: str, rid: str, context_len: int) -> dict:
@@ -152,7 +157,7 @@ def over_length_body(model: str, rid: str, context_len: int) -> dict:
     n = (context_len + OVER_LENGTH_MARGIN) * CHARS_PER_TOKEN
     text = (FILLER * (n // len(FILLER) + 1))[:n] + " Reply with OK."
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 16,
-            "temperature": 0.0, "stream": False, "rid": rid}
+            "temperature": 0.0, "stream": False, "rid": rid, "chat_template_kwargs": NO_THINKING}
 
 
 def sent_bytes(body: dict) -> int:

@@ -171,7 +171,8 @@ class StandIn:
         self._cached_total = 0
         self.seen: collections.deque = collections.deque(maxlen=SEEN_MAX)
         """The last :data:`SEEN_MAX` requests: {method, path, x_request_id, rid, bootstrap_host,
-        bootstrap_port, bootstrap_room, override_headers (x-override-*), keys (of a chat body)}
+        bootstrap_port, bootstrap_room, override_headers (x-override-*), keys, chat_template_kwargs,
+        max_tokens, max_completion_tokens (the last four of a chat body)}
         (rid and the bootstrap fields from a chat body; None otherwise), served by
         ``GET /_standin/requests`` (test-only)."""
         self.bootstrap_connections = 0
@@ -328,7 +329,8 @@ def make_app(state: StandIn) -> web.Application:
         stream = bool(body.get("stream"))
         if "seen" in request:
             request["seen"].update({k: body.get(k) for k in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room")},
-                                   keys=sorted(body))
+                                   keys=sorted(body), chat_template_kwargs=body.get("chat_template_kwargs"),
+                                   max_tokens=body.get("max_tokens"), max_completion_tokens=body.get("max_completion_tokens"))
         rid = str(body.get("rid") or uuid.uuid4().hex)
         created = int(time.time())
         state.m_requests.labels(**state.labels, is_streaming=str(stream).lower()).inc()
