@@ -32,6 +32,11 @@ garbage and ``prompt_tokens: 1``, the PD fault; ``http_503`` answers every other
 the first included, with HTTP 503 before any work: a gateway that retries hides it). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
+
+PD behind a real gateway (tests/gateway.py): with ``disaggregation-mode: prefill`` it listens on
+``disaggregation-bootstrap-port`` too (default 8998, SGLang's; :func:`start_bootstrap`).
+``GET /_standin/requests`` (test-only) returns what it received (:attr:`StandIn.seen`) and the
+number of bootstrap-port connections.
 """
 
 from __future__ import annotations
