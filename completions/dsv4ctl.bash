@@ -45,8 +45,8 @@ _dsv4ctl_opts() {
     'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -h --help' ;;
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
-    'check smoke') echo '-p --profile --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown -h --help' ;;
+    'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;
@@ -115,6 +115,7 @@ _dsv4ctl_optkind() {
     'hicache status|-g'|'hicache status|--group') echo any ;;
     'hicache status|--timeout') echo any ;;
     'check smoke|-p'|'check smoke|--profile') echo yaml:w2 ;;
+    'check smoke|--worker') echo any ;;
     'check smoke|--model') echo any ;;
     'check smoke|--timeout') echo any ;;
     'check smoke|--api-key') echo any ;;
@@ -128,6 +129,7 @@ _dsv4ctl_optkind() {
     'check load|--turn-timeout') echo any ;;
     'check load|--max-corruption') echo any ;;
     'check load|--records') echo file ;;
+    'check load|--gateway-metrics') echo any ;;
     'check load|--model') echo any ;;
     'check load|--answer-words') echo any ;;
     'check load|--api-key') echo any ;;

@@ -60,9 +60,9 @@ function __dsv4ctl_takes_value
         case 'hicache status'
             contains -- $argv[2] -g --group --timeout
         case 'check smoke'
-            contains -- $argv[2] -p --profile --model --timeout --api-key
+            contains -- $argv[2] -p --profile --worker --model --timeout --api-key
         case 'check load'
-            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --model --answer-words --api-key
+            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --gateway-metrics --model --answer-words --api-key
         case 'runbook run'
             contains -- $argv[2] -p --profile --resume --report-dir
         case '*'
@@ -323,6 +323,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'smoke' -d '/health on eve
 complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'load' -d 'N concurrent multi-turn agent sessions with tools; every turn classified; cor...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile: workers from its server groups, entry = its router.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l worker -r -f -d 'A worker behind the URL (repeat): health and server_info are read from it, no...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l timeout -r -f -d 'Seconds for each probe\'s complete answer (and without progress) before it fails.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l api-key -r -f -d 'Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never p...'
@@ -340,6 +341,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l turn-timeout -r -f -d 'S
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l max-corruption -r -f -d 'Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (def...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l records -r -F -d 'Write per-turn records (JSONL, with request ids) here.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l metrics -l no-metrics -d 'Scrape /metrics before and after each level.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l gateway-metrics -r -f -d 'The gateway\'s own Prometheus URL (http://router:29000/metrics): its retries a...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l answer-words -r -f -d 'Length of the final long answer turn (words).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l thinking -d 'Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning...'

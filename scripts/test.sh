@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
 #   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux) when missing, the .venv with dsv4ctl and
-#   its test extras, and the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a
-#   source of SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
-#   reference by the oracle, patch and argument-table tests. Arguments go to pytest.
+#   its test extras, the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a source of
+#   SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
+#   reference by the oracle, patch and argument-table tests, and the real PD gateways
+#   (.venv-router, scripts/router-env.sh). Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +32,10 @@ if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 
 if [ -z "${DSV4CTL_SKIP_ORACLE:-}" ]; then
   bash scripts/oracle-env.sh
+fi
+# the real PD gateways (sglang-router 0.3.2, smg 1.13.0) for tests/test_gateway.py and the PD
+# promote tests; without the registry the script fails and those tests skip, saying why
+if [ -z "${DSV4CTL_SKIP_ROUTER:-}" ]; then
+  bash scripts/router-env.sh || echo "test.sh: .venv-router not built: the gateway tests will skip" >&2
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -193,7 +193,8 @@ def test_launch_spec_defaults_from_the_shipped_profile():
     assert spec["prefill"]["port"] == 30000 and spec["decode"]["port"] == 30001 and spec["router"]["port"] == 8000
     assert spec["prefill"]["cmd"].startswith("env PYTHONPATH={tree}/python {python} -m sglang.launch_server --config {config}")
     assert spec["router"]["router_args"] == ["--pd-disaggregation", "--prefill", "http://127.0.0.1:30000", "8998",
-                                             "--decode", "http://127.0.0.1:30001"]
+                                             "--decode", "http://127.0.0.1:30001",
+                                             "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000"]
     assert spec["decode"]["model"] == "deepseek-v4-flash" and spec["router"]["model"] == "deepseek-v4-flash"
 
 

@@ -52,7 +52,8 @@ def test_shipped_profile_resolves_to_its_ports_urls_models_and_defaults():
     assert pre.served_model == "deepseek-v4-flash"
     assert dep.router_pairs() == [("prefill", "decode")]
     assert pre.root == "/srv/dsv4ctl"
-    assert pre.launch_template == DEFAULT_LAUNCH["server"] and rt.launch_template == DEFAULT_LAUNCH["router"]
+    assert pre.launch_template == DEFAULT_LAUNCH["server"]
+    assert rt.launch_template == "{python} -m sglang_router.launch_router {router_args} --host 0.0.0.0 --port {port}"
     assert dep.deploy == DeploySettings(root="/srv/dsv4ctl", keep_releases=5, service="auto", health_timeout_s=900.0)
     assert dep.check == CheckSettings(concurrency=(64,), max_corruption=0.01, turns=8, stall_timeout_s=60.0)
     assert dep.sglang.series.resolve() == REPO / "patches" / "sglang-0.5.23" and dep.sglang.tree is None
@@ -87,7 +88,47 @@ def test_launch_template_precedence(prof):
     edit(prof, f)
     dep = load_deployment(prof)
     assert [dep.group(n).launch_template for n in ("prefill", "decode", "router")] == \
-        ["G {port}", "D {port}", DEFAULT_LAUNCH["router"]]
+        ["G {port}", "D {port}", DEFAULT_LAUNCH["router"].replace("{module}", "sglang_router.launch_router")]
+
+
+def test_router_gateway_prometheus_and_bootstrap_defaults(prof):
+    """gateway picks the module; Prometheus port = router port + 21000 (8000 -> 29000), or the
+    profile's; the metrics URL is on the host's address; the bootstrap port the router is given is
+    the serve config's, else SGLang's 8998 (never none)."""
+    from dsv4ctl.deploy.release import launch_spec
+    cfg = prof.parent / DEFAULT_PROFILE.stem / "prefill.yaml"
+    cfg.write_text("\n".join(ln for ln in cfg.read_text().splitlines()
+                             if not ln.startswith("disaggregation-bootstrap-port")) + "\n")
+    dep = load_deployment(prof)
+    rt, pre = dep.group("router"), dep.group("prefill")
+    assert pre.bootstrap_port is None and pre.bootstrap_port_effective == 8998
+    assert (rt.gateway, rt.gateway_module) == ("sglang-router", "sglang_router.launch_router")
+    assert (rt.prometheus_host, rt.prometheus_port) == ("0.0.0.0", 29000)
+    assert rt.metrics_url == "http://127.0.0.1:29000/metrics" and pre.metrics_url is None
+    words = launch_spec(dep)["router"]["router_args"]
+    assert words == ["--pd-disaggregation", "--prefill", "http://127.0.0.1:30000", "8998", "--decode",
+                     "http://127.0.0.1:30001", "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000"]
+
+    def f(d):
+        r = next(g for g in d["groups"] if g["role"] == "router")
+        r.update(gateway="smg", port=60000, prometheus_host="127.0.0.1")
+    edit(prof, f)
+    dep = load_deployment(prof)
+    rt = dep.group("router")
+    assert rt.launch_template == "{python} -m smg.launch_router {router_args} --host 0.0.0.0 --port {port}"
+    assert rt.prometheus_port == 39000 and rt.metrics_url == "http://127.0.0.1:39000/metrics"
+    edit(prof, lambda d: next(g for g in d["groups"] if g["role"] == "router").update(prometheus_port=9100))
+    assert load_deployment(prof).group("router").prometheus_port == 9100
+    edit(prof, lambda d: next(g for g in d["groups"] if g["role"] == "router").update(prometheus_port=60000))
+    with pytest.raises(InputError, match="prometheus_port 60000 is the router's own port"):
+        load_deployment(prof)
+    edit(prof, lambda d: d["groups"][0].update(gateway="smg"))
+    with pytest.raises(InputError, match="gateway is a router group's setting"):
+        load_deployment(prof)
+    edit(prof, lambda d: d["groups"][0].pop("gateway") and next(
+        g for g in d["groups"] if g["role"] == "router").update(gateway="nginx", prometheus_port=9100))
+    with pytest.raises(InputError, match="gateway"):
+        load_deployment(prof)
 
 
 @pytest.mark.parametrize("where,value", [("deploy", ""), ("deploy", "relative/root"), ("deploy", "/"),

@@ -347,8 +347,12 @@ class LocalWorld:
 
     def norm(self) -> Normaliser:
         n = Normaliser(self.tmp).literal(self.commit, "<COMMIT>").literal(self.commit[:12], "<COMMIT>")
+        from dsv4ctl.profile.deployment import PROMETHEUS_PORT_OFFSET
         for g, p in self.ports.items():
             n.port(p, g)
+            if g == "router":       # the router's derived Prometheus port
+                n.port(p + PROMETHEUS_PORT_OFFSET if p + PROMETHEUS_PORT_OFFSET <= 65535 else p - PROMETHEUS_PORT_OFFSET,
+                       "router-prometheus")
         return n
 
     def snapshot(self) -> dict:

@@ -195,9 +195,12 @@ def test_promotion_gate_rollback_then_good_release(world):
     assert all(w.state(h)["releases"][good].get("promoted_by") for h in ("h0", "h1"))
 
 
-@pytest.fixture
-def pd_world(live_cluster, tmp_path):
-    w = PromoteWorld(live_cluster, tmp_path, pd=True, check={"concurrency": 40, "max_corruption": 0.01, "turns": 2})
+@pytest.fixture(params=[None, pytest.param("sglang-router", marks=pytest.mark.gateway),
+                        pytest.param("smg", marks=pytest.mark.gateway)])
+def pd_world(live_cluster, tmp_path, request):
+    """The PD world behind the stand-in router, then behind each REAL gateway (.venv-router)."""
+    w = PromoteWorld(live_cluster, tmp_path, pd=True, check={"concurrency": 40, "max_corruption": 0.01, "turns": 2},
+                     gateway=request.param)
     yield w
     w.stop_services()
 
@@ -220,8 +223,21 @@ def test_pd_decode_canary_checked_through_the_router(pd_world):
     assert pr["canary"] == ["h1"] and pr["rest"] == ["h0", "h2"] and pr["check_target"] == router
     assert [(c["check"], c["target"], c["passed"]) for c in pr["checks"]] == [
         ("smoke", router, True), ("load", router, True), ("smoke-all", "profile", True)]
-    load = json.loads(next((w.cache / "evidence" / new).iterdir()).joinpath("load.json").read_text())
+    edir = next((w.cache / "evidence" / new).iterdir())
+    load = json.loads(edir.joinpath("load.json").read_text())
     assert load["levels"][0]["concurrency"] == 40 and load["levels"][0]["corrupted"] == 0
+    smoke = json.loads(edir.joinpath("smoke.json").read_text())
+    decode_url = f"http://{w.hosts[1].address}:{w.ports['decode']}"
+    infos = [(x["target"], x["status"]) for x in smoke["checks"] if x["check"] == "server_info"]
+    assert infos == [(decode_url, "pass")]                    # the canary's own facts, not the router's
+    routers = [x for x in smoke["checks"] if x["check"] == "router"]
+    if w.gateway:
+        assert [x["status"] for x in routers] == ["pass"]
+        assert routers[0]["detail"]["kind"] == ("sglang-router" if w.gateway == "sglang-router" else "gateway")
+        assert load["levels"][0]["gateway"]["retries_exhausted"] == 0
+        assert load["settings"]["gateway_metrics"] == f"http://{w.hosts[2].address}:{w.ports['prometheus']}/metrics"
+    else:
+        assert routers == [] and load["levels"][0]["gateway"] is None
     assert w.currents() == {"h0": new, "h1": new, "h2": new}
     assert all(w.state(h)["releases"][new]["state"] == "good" for h in w.roots)
     assert starts(w, "h1", "decode") == [first, new] and starts(w, "h0", "prefill") == [first, new]

@@ -193,16 +193,25 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                    turn_timeout: float = DEFAULT_TURN_TIMEOUT) -> tuple[C.TurnResult, dict]:
     """Send one turn; return what arrived and timings {ttft_s, e2e_s, gaps, chunks}.
 
+    The body's ``rid`` (SGLang's request id) is sent as an ``X-Request-Id`` header too: the PD
+    gateways (sglang-router 0.3.2 drops ``rid``; smg 1.13.0 keeps it) log and echo that header,
+    so one id names the turn in the client's records and the gateway's and server's logs.
+    ``timing["echoed_request_id"]`` is the response's ``X-Request-Id`` (None without one).
+
     Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult;
     ``timing["connection_error"]`` is True when the turn failed with one of
     :data:`CONNECTION_ERRORS` (no HTTP answer, or the answer cut off), else False.
     ``turn_timeout``: seconds for the complete answer (past it the turn is ``stalled``, even if
     bytes keep trickling in); the session's ``sock_read`` timeout is the no-progress limit."""
     t0 = time.perf_counter()
-    timing: dict[str, Any] = {"ttft_s": None, "e2e_s": None, "gaps": [], "chunks": 0, "connection_error": False}
+    timing: dict[str, Any] = {"ttft_s": None, "e2e_s": None, "gaps": [], "chunks": 0, "connection_error": False,
+                              "echoed_request_id": None}
     sock_read = http.timeout.sock_read
+    rid = body.get("rid")
+    headers = {**JSON_HEADERS, "X-Request-Id": rid} if isinstance(rid, str) and rid else JSON_HEADERS
     try:
-        async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=JSON_HEADERS) as resp:
+        async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=headers) as resp:
+            timing["echoed_request_id"] = resp.headers.get("X-Request-Id")
             if resp.status != 200:
                 text = (await resp.content.read(4096)).decode("utf-8", "replace")[:200]
                 timing["e2e_s"] = time.perf_counter() - t0
@@ -342,6 +351,7 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     "completion_tokens": (result.usage or {}).get("completion_tokens"),
                     "cached_tokens": ((result.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
                     "connection_error": timing["connection_error"],
+                    "echoed_request_id": timing["echoed_request_id"],
                 }
                 if not v.ok and result.content:
                     rec["content_excerpt"] = result.content[:300]

@@ -11,7 +11,8 @@ from typing import Optional
 async def run_load(urls: list[str], levels: list[int], turns: int, min_requests: int, stream: str, stall: float,
                    answer_words: int, max_c: float, model: Optional[str], metrics: bool,
                    metric_urls: Optional[list[str]], rec_file, progress, settings: dict, api_key: Optional[str] = None,
-                   turn_timeout: float = 600.0, thinking: bool = False) -> dict:
+                   turn_timeout: float = 600.0, thinking: bool = False,
+                   gateway_metrics: Optional[str] = None) -> dict:
     """Run ``levels`` (concurrent sessions) of ``turns`` against each of ``urls`` (two: an A/B
     comparison), at least ``min_requests`` turns per level, classify every turn, scrape /metrics
     (of ``metric_urls``, else the URL) before and after each level; return the
@@ -21,7 +22,9 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     ``progress(total) -> obj`` with ``update(description=..., advance=..., bad=...)`` and ``stop()``.
     Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used,
     KeyboardInterrupt on Ctrl-C (every session stopped first). ``thinking``: requests ask for
-    thinking (:func:`dsv4ctl.check.driver.run_level`).
+    thinking (:func:`dsv4ctl.check.driver.run_level`). ``gateway_metrics``: the gateway's own
+    Prometheus URL (e.g. ``http://router:29000/metrics``), scraped before and after each level
+    (:mod:`dsv4ctl.check.gateway`; each level's ``gateway``), or None.
 
     A crashed level (:func:`dsv4ctl.check.driver.run_level`) stops the ramp: with ``--compare`` the
     other URL still runs that level (no comparison is made for it), then no higher level is run
@@ -31,6 +34,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
 
     from . import driver as D
     from . import report as R
+    from .gateway import gateway_delta, scrape_gateway
 
     run_id = uuid.uuid4().hex[:8]
     targets = {c: max(c * turns, min_requests) for c in levels}
@@ -77,6 +81,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                 for i, u in enumerate(urls):
                     scrape = metric_urls if metric_urls is not None else [u]
                     before = await _scrape(http, scrape) if metrics else None
+                    gw_before = await scrape_gateway(http, gateway_metrics) if gateway_metrics else None
                     if prog is not None:
                         prog.update(description=f"{u} c={c}")
                     lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
@@ -85,10 +90,11 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                     if interrupted:
                         raise KeyboardInterrupt
                     after = await _scrape(http, scrape) if metrics else None
+                    gw_after = await scrape_gateway(http, gateway_metrics) if gateway_metrics else None
                     s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
                                           itl_gaps=lv.itl_gaps, max_corruption=max_c,
                                           metrics=R.metrics_delta(before, after), crash=lv.crash,
-                                          client_cpu_s=lv.client_cpu_s)
+                                          client_cpu_s=lv.client_cpu_s, gateway=gateway_delta(gw_before, gw_after))
                     summaries.append(s)
                     pair.append(s)
                     if lv.crash is not None and prog is not None:

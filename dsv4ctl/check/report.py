@@ -81,7 +81,7 @@ def crash_turn_indexes(records: Sequence[dict], crash: Optional[dict]) -> set[in
 def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, duration_s: float,
                     itl_gaps: Sequence[float], max_corruption: float,
                     metrics: Optional[dict] = None, crash: Optional[dict] = None,
-                    client_cpu_s: Optional[float] = None) -> dict:
+                    client_cpu_s: Optional[float] = None, gateway: Optional[dict] = None) -> dict:
     """One level's summary.
 
     Every issued turn is in ``turns``. Turns of a crash (``crash`` as
@@ -93,7 +93,11 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
     that class in finishing order}, classes seen only, in ``classify.CLASSES`` order. Crash
     fields: ``crashed`` (bool), ``crash_reason``, ``crash_started_at`` (Unix s), ``crash_turn``
     (1-based position among the level's turns in finishing order), ``crash_rid`` (None without a
-    crash), ``crash_turns`` (0 without)."""
+    crash), ``crash_turns`` (0 without). ``gateway``: the gateway's own counters over the level
+    (:func:`dsv4ctl.check.gateway.gateway_delta`: retries, retries_by_worker_type,
+    retries_exhausted, circuit_breaker_failures, circuit_breakers_open), None when not scraped;
+    turns the gateway retried to success are ``ok`` here: ``gateway.retries`` says how many
+    failures the corruption rate does not see."""
     skip = crash_turn_indexes(records, crash)
     assessed = [r for i, r in enumerate(records) if i not in skip]
     n = len(assessed)
@@ -123,7 +127,7 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
         "client_cpu_ms_per_request": round(1e3 * client_cpu_s / total, 3) if client_cpu_s is not None and total else None,
         "output_tokens_per_s": round(tokens / duration_s, 1) if duration_s > 0 else None,
         "ttft_s": _pcts(ttft), "itl_s": _pcts(itl_gaps), "e2e_s": _pcts(e2e),
-        "metrics": metrics,
+        "metrics": metrics, "gateway": gateway,
         "crashed": crash is not None, "crash_reason": crash["reason"] if crash else None,
         "crash_started_at": crash["started_at"] if crash else None,
         "crash_turn": crash["turn"] if crash else None, "crash_rid": crash["rid"] if crash else None,
@@ -255,6 +259,23 @@ def class_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     rows = [[f"{c} ({C.DESCRIPTIONS[c]})"] + [f"{lv['classes'][c]['count']} ({fmt_pct(lv['classes'][c]['rate'])})"
                                                for lv in doc["levels"]] for c in seen]
     return headers, rows
+
+
+def gateway_lines(doc: dict) -> list[str]:
+    """One line per level whose gateway metrics were scraped: retries (hidden from the corruption
+    rate), retries exhausted, circuit-breaker failures and open breakers."""
+    out = []
+    for lv in doc["levels"]:
+        g = lv.get("gateway")
+        if not g:
+            continue
+        by = ", ".join(f"{t} {n}" for t, n in sorted(g["retries_by_worker_type"].items()))
+        out.append(f"gateway at {lv['url']} c={lv['concurrency']}: {g['retries']} request(s) retried by the gateway"
+                   + (f" ({by})" if by else "")
+                   + (" - failures the corruption rate does not count" if g["retries"] else "")
+                   + f"; {g['retries_exhausted']} retries exhausted; {g['circuit_breaker_failures']} circuit-breaker "
+                   f"failure(s)" + (f"; open: {', '.join(g['circuit_breakers_open'])}" if g["circuit_breakers_open"] else ""))
+    return out
 
 
 def compare_rows(doc: dict) -> tuple[list[str], list[list[str]]]:

@@ -2,6 +2,10 @@
 
 Checks, each pass / fail / skip with a one-line reason:
 
+* ``router``: when the entry URL is a PD gateway (:func:`.gateway.identify_gateway`: no
+  ``/server_info``, a ``/workers`` list or ``/get_server_info`` saying ``router_manager``), what it
+  is and the workers it lists; its own info is never judged as a worker's. Without workers given
+  (a bare URL) the workers are the ones the gateway lists;
 * ``health`` on every worker (``GET /health`` → 200; reference §4.1);
 * ``models`` on the entry URL (router or server): ``GET /v1/models`` lists a model;
 * ``server_info`` on every worker (``GET /server_info``, else ``/get_server_info``): version 0.5.23,
@@ -113,6 +117,11 @@ MIN_BYTES_PER_TOKEN = 16             # prompt_tokens below 1 per 16 bytes of the
 MAX_TOKENS_PER_BYTE = 1              # prompt_tokens above 1 per byte fails
 
 
+NO_THINKING = {"thinking": False}
+"""``chat_template_kwargs`` of every probe: thinking off, said explicitly (SGLang's default; the
+smg gateway otherwise turns it on for DeepSeek-V4 and refuses forced tool choices)."""
+
+
 def _rid() -> str:
     return f"dsv4ctl-smoke-{uuid.uuid4().hex[:8]}"
 
@@ -120,7 +129,7 @@ def _rid() -> str:
 def chat_body(model: str, rid: str) -> dict:
     """The plain ``chat`` probe."""
     return {"model": model, "messages": [{"role": "user", "content": CHAT_PROMPT}],
-            "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": rid}
+            "max_tokens": 64, "temperature": 0.0, "stream": False, "rid": rid, "chat_template_kwargs": NO_THINKING}
 
 
 def tool_choice_body(kind: str, model: str, rid: str) -> dict:
@@ -139,7 +148,7 @@ def tool_choice_body(kind: str, model: str, rid: str) -> dict:
     return {"model": model, "messages": [{"role": "system", "content": SYSTEM_PROMPT},
                                          {"role": "user", "content": PROBE_TASK + text}],
             "tools": TOOLS, "tool_choice": choice, "max_tokens": 512, "temperature": 0.0, "stream": False,
-            "rid": rid}
+            "rid": rid, "chat_template_kwargs": NO_THINKING}
 
 
 def over_length_body(model: str, rid: str, context_len: int) -> dict:
@@ -148,7 +157,7 @@ def over_length_body(model: str, rid: str, context_len: int) -> dict:
     n = (context_len + OVER_LENGTH_MARGIN) * CHARS_PER_TOKEN
     text = (FILLER * (n // len(FILLER) + 1))[:n] + " Reply with OK."
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 16,
-            "temperature": 0.0, "stream": False, "rid": rid}
+            "temperature": 0.0, "stream": False, "rid": rid, "chat_template_kwargs": NO_THINKING}
 
 
 def sent_bytes(body: dict) -> int:
@@ -285,16 +294,60 @@ def judge_prompt_tokens(samples: list[tuple[str, int, C.TurnResult]], target: st
                 + ", ".join(f"{x['probe']} {x['prompt_tokens']}/{x['bytes']}" for x in seen[:3]) + ")", probes=seen)
 
 
+def workers_for(entry: str, given: list[Worker], gateway: Optional[dict]) -> list[Worker]:
+    """Pure: the workers whose facts smoke reads. ``given`` (the profile's server groups or
+    ``--worker`` URLs) when not empty; else the workers a gateway at ``entry`` lists (named
+    ``<worker_type> <url>``); else the entry itself (a server checked directly)."""
+    if given:
+        return given
+    if gateway is not None:
+        return [Worker(name=f"{w['worker_type']} {w['url']}", url=w["url"]) for w in gateway["workers"]]
+    return [Worker(name=entry, url=entry)]
+
+
+async def probe_gateway(http: aiohttp.ClientSession, entry: str, timeout: float) -> Optional[dict]:
+    """:func:`.gateway.identify_gateway` of ``entry`` from ``GET /server_info``, and when that is
+    not 200, ``GET /get_server_info`` and ``GET /workers``. None when ``entry`` is a server.
+    Raises ConnectError / BadResponse as :func:`.driver.fetch_json`."""
+    from .gateway import identify_gateway
+    status, _ = await fetch_json(http, entry + "/server_info", timeout=timeout)
+    if status == 200:
+        return None
+    st2, gsi = await fetch_json(http, entry + "/get_server_info", timeout=timeout)
+    st3, wdoc = await fetch_json(http, entry + "/workers", timeout=timeout)
+    return identify_gateway(status, gsi if st2 == 200 else None, wdoc if st3 == 200 else None)
+
+
 async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] = None,
                     timeout: float = 60.0, api_key: Optional[str] = None) -> tuple[list[dict], bool]:
-    """All smoke lines and whether the entry URL was reachable at all. ``api_key``: bearer token.
-    ``timeout``: seconds for each probe's complete answer (also the no-progress limit); a body over
-    the size limits of :mod:`.classify` fails its line."""
+    """All smoke lines and whether the entry URL was reachable at all. ``workers``: whose facts
+    (health, server_info) to read; [] = the entry's own, or the workers a gateway at the entry
+    lists (:func:`workers_for`). ``api_key``: bearer token. ``timeout``: seconds for each probe's
+    complete answer (also the no-progress limit); a body over the size limits of :mod:`.classify`
+    fails its line."""
     from .driver import auth_headers
     out: list[dict] = []
     specs = C.tool_specs(TOOLS)
     async with aiohttp.ClientSession(headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=10, sock_read=timeout)) as http:
+        gateway = None
+        if not any(w.url == entry for w in workers):
+            try:
+                gateway = await probe_gateway(http, entry, timeout)
+            except (ConnectError, BadResponse):
+                gateway = None          # the models line says why
+        if gateway is not None:
+            listed = {w["url"] for w in gateway["workers"]}
+            missing = [w.url for w in workers if w.url not in listed]
+            if gateway["workers"] and missing:
+                out.append(line("router", entry, "fail", f"{gateway['summary']}; not behind it: {', '.join(missing)}",
+                                kind=gateway["kind"], workers=gateway["workers"]))
+            else:
+                out.append(line("router", entry, "pass", gateway["summary"], kind=gateway["kind"],
+                                workers=gateway["workers"]))
+        workers = workers_for(entry, workers, gateway)
+        if not workers:
+            out.append(line("server_info", entry, "skip", "the gateway lists no workers: give --worker URL or --profile"))
         for w in workers:
             try:
                 status, _ = await fetch_json(http, w.url + "/health", timeout=timeout)

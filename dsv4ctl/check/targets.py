@@ -13,10 +13,12 @@ from ..errors import InputError
 @dataclass
 class Targets:
     """``entry``: the URL clients use (router, else the first server); ``workers``: smoke.Worker
-    objects for every server group (health, server_info, /metrics)."""
+    objects for every server group (health, server_info, /metrics); ``gateway_metrics``: the
+    entry router's own Prometheus URL (None without a router)."""
 
     entry: str
     workers: list
+    gateway_metrics: Optional[str] = None
 
 
 def normalize_url(url: str) -> str:
@@ -37,7 +39,8 @@ def from_profile(profile) -> Targets:
 
     A server group's URL and port are the Deployment's (``port``, else the serve config's, else
     30000; IPv6-safe); its configured HiCache switch is the serve config's. The entry is the first
-    router group, else the first server group. InputError (exit 2) on an unreadable serve config."""
+    router group, else the first server group; ``gateway_metrics`` that router's Prometheus URL
+    (its ``prometheus_host``/``prometheus_port``). InputError (exit 2) on an unreadable serve config."""
     from ..profile.deployment import as_deployment
     from .smoke import Worker
 
@@ -47,4 +50,4 @@ def from_profile(profile) -> Targets:
     entry: Optional[str] = routers[0].url if routers else (workers[0].url if workers else None)
     if entry is None:
         raise InputError(f"{dep.path}: no router or server group to send traffic to")
-    return Targets(entry=entry, workers=workers)
+    return Targets(entry=entry, workers=workers, gateway_metrics=routers[0].metrics_url if routers else None)

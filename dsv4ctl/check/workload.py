@@ -321,13 +321,14 @@ class Session:
         return self.turn >= self.turns
 
     def request(self, model: str, rid: str) -> dict:
-        """The ``/v1/chat/completions`` body of the current turn (tools always declared)."""
+        """The ``/v1/chat/completions`` body of the current turn (tools always declared).
+        ``chat_template_kwargs.thinking`` is always sent (SGLang serving_chat._thinking_requested
+        reads it; unset is off there, but the smg gateway sets it to true for DeepSeek-V4 when
+        the client does not say, and then refuses a forced tool_choice with HTTP 400)."""
         s = self.spec()
-        body = {"model": model, "messages": self.messages, "tools": TOOLS, "tool_choice": s.tool_choice,
-                "max_tokens": s.max_tokens, "temperature": 0.0, "stream": self.stream, "rid": rid}
-        if self.thinking:        # SGLang serving_chat._thinking_requested: chat_template_kwargs.thinking
-            body["chat_template_kwargs"] = {"thinking": True}
-        return body
+        return {"model": model, "messages": self.messages, "tools": TOOLS, "tool_choice": s.tool_choice,
+                "max_tokens": s.max_tokens, "temperature": 0.0, "stream": self.stream, "rid": rid,
+                "chat_template_kwargs": {"thinking": self.thinking}}
 
     def advance(self, result: Optional[TurnResult], ok: bool) -> None:
         """Move to the next turn. On an ok tool turn the assistant's calls (the expected ones on a

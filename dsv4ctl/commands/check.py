@@ -89,6 +89,8 @@ def _connect_error(e: Exception) -> DsvError:
 def smoke(
     url: Optional[str] = typer.Argument(None, help="Server or router URL (http://host:port)."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile: workers from its server groups, entry = its router."),
+    worker: Optional[list[str]] = typer.Option(None, "--worker", metavar="URL",
+                                               help="A worker behind the URL (repeat): health and server_info are read from it, not from the URL (default: the URL itself, or the workers a gateway at the URL lists)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds for each probe's complete answer (and without progress) before it fails."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
@@ -97,7 +99,8 @@ def smoke(
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
     """/health on every worker, /v1/models, /server_info (version, parsers, disaggregation, HiCache as
-    running), one chat and one known-answer tool call (JSON and SSE) through the entry URL, then
+    running; read from the workers, never from a gateway: a PD gateway at the URL is reported as a
+    "router" line), one chat and one known-answer tool call (JSON and SSE) through the entry URL, then
     probes: tool_choice none / required / named, an over-length prompt that must get a 4xx, and
     usage.prompt_tokens against the bytes sent.
 
@@ -109,6 +112,8 @@ def smoke(
 
     if (url is None) == (profile is None):
         raise InputError("check smoke: give a URL or --profile (not both)")
+    if worker and profile:
+        raise InputError("check smoke: --worker goes with a URL (with --profile the workers are its server groups)")
     _positive_seconds(timeout, "--timeout")
     _check_api_key(api_key)
     if profile:
@@ -116,7 +121,7 @@ def smoke(
         entry, workers = t.entry, t.workers
     else:
         entry = normalize_url(url)
-        workers = [Worker(name=entry, url=entry)]
+        workers = [Worker(name=u, url=u) for u in dict.fromkeys(normalize_url(w) for w in worker or [])]
     try:
         lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
     except KeyboardInterrupt:
@@ -159,6 +164,8 @@ def load(
     max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (default 0.01)."),
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
+    gateway_metrics: Optional[str] = typer.Option(None, "--gateway-metrics", metavar="URL",
+                                                  help="The gateway's own Prometheus URL (http://router:29000/metrics): its retries and circuit-breaker failures per level (default with --profile: its router's prometheus_host/prometheus_port)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     answer_words: int = typer.Option(150, "--answer-words", help="Length of the final long answer turn (words)."),
     thinking: bool = typer.Option(False, "--thinking", help="Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning_content is then reasoning_in_content."),
@@ -191,6 +198,8 @@ def load(
         defaults = prof.check
         urls = [t.entry]
         metric_urls = [w.url for w in t.workers]
+        if gateway_metrics is None and metrics:
+            gateway_metrics = t.gateway_metrics
     elif compare:
         urls = [normalize_url(compare[0]), normalize_url(compare[1])]
         if urls[0] == urls[1]:
@@ -212,6 +221,8 @@ def load(
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")
     if answer_words < 1:
         raise InputError("--answer-words must be >= 1")
+    if gateway_metrics is not None:
+        gateway_metrics = normalize_url(gateway_metrics)
     if min_requests is None:
         min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
     elif not 0 <= min_requests <= MAX_MIN_REQUESTS:
@@ -220,7 +231,8 @@ def load(
     if records is not None:
         rec_file = _open_records(records)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
-                "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None}
+                "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
+                "gateway_metrics": gateway_metrics}
     from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
     from ..check.load import run_load
     try:
@@ -230,7 +242,7 @@ def load(
     try:
         doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
                                    metrics, metric_urls, rec_file, _Progress if progress else None, settings,
-                                   api_key, turn_timeout, thinking))
+                                   api_key, turn_timeout, thinking, gateway_metrics))
     except (ConnectError, BadResponse) as e:
         raise _connect_error(e) from None
     except KeyboardInterrupt:
@@ -293,7 +305,7 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     verdict = (f"gate (95 % Wilson upper bound <= {R.fmt_pct(doc['max_corruption'])}): "
                + ("pass" if doc["pass"] else "FAIL")
                + (f" (crashed at concurrency {crash['concurrency']})" if crash else ""))
-    notes = R.crash_lines(doc)
+    notes = R.crash_lines(doc) + R.gateway_lines(doc)
     rec = (doc.get("settings") or {}).get("records")
     if rec:
         notes.append(f"records: {rec}")

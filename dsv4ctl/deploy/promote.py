@@ -133,15 +133,31 @@ def first_deploy_canary(canary: list[str], currents: dict[str, str | None]) -> l
     return canary
 
 
-def check_argv(kind: str, profile_path: str, po: PromoteOptions, url: str | None = None) -> list[str]:
+def canary_check_args(profile, kind: str, url: str | None, canary_hosts: list[str]) -> list[str]:
+    """Extra argv of a canary check sent to the profile's router ``url``: ``check smoke`` gets
+    ``--worker URL`` for every server group on a canary host (its facts are read from it, not
+    from the gateway); ``check load`` gets ``--gateway-metrics`` (the router's Prometheus URL:
+    retries the gateway hid). [] for checks not sent to the router."""
+    from ..profile.deployment import as_deployment
+    dep = as_deployment(profile)
+    routers = dep.routers()
+    if not url or not routers or url != routers[0].url:
+        return []
+    if kind == "smoke":
+        return [w for g in dep.servers() if g.group.host in canary_hosts for w in ("--worker", g.url)]
+    return ["--gateway-metrics", routers[0].metrics_url]
+
+
+def check_argv(kind: str, profile_path: str, po: PromoteOptions, url: str | None = None,
+               extra: list[str] | tuple = ()) -> list[str]:
     """``dsv4ctl`` argv of one check (``--json``): ``--profile P``, or ``URL`` when given. Only
     the overridden gate values are passed; the rest ``check load`` reads from the profile
     (``check load URL`` has no profile: then the profile's gate is passed explicitly by
-    :func:`effective_options`)."""
+    :func:`effective_options`). ``extra``: :func:`canary_check_args`, after the source."""
     src = [url] if url else ["--profile", profile_path]
     if kind == "smoke":
-        return ["check", "smoke", *src, "--json"]
-    argv = ["check", "load", *src, "--json", "--no-progress"]
+        return ["check", "smoke", *src, *extra, "--json"]
+    argv = ["check", "load", *src, *extra, "--json", "--no-progress"]
     for opt, v in (("--concurrency", po.concurrency), ("--max-corruption", po.max_corruption),
                    ("--turns", po.turns), ("--min-requests", po.min_requests)):
         if v is not None:
@@ -190,7 +206,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
             steps += gate_steps(site, spec, hs if rest else None, name)
         if name == "canary":
             for kind in CHECKS:
-                argv = check_argv(kind, path, cpo, url)
+                argv = check_argv(kind, path, cpo, url, canary_check_args(site.profile, kind, url, canary))
                 why = (f"; gate: concurrency {g['concurrency']}, turns {g['turns']}, 95 % Wilson upper bound of the "
                        f"corruption rate <= {g['max_corruption']:g}") if kind == "load" else ""
                 steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)}{why}", " ".join(["dsv4ctl", *argv]),
@@ -226,12 +242,12 @@ def evidence_dir(cache: Path | None, rid: str, stamp: str) -> Path:
 
 
 def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str | None = None,
-              name: str | None = None) -> dict:
+              name: str | None = None, extra: list[str] | tuple = ()) -> dict:
     """Run one check as a ``dsv4ctl`` child process; its JSON report goes to ``edir/<name>.json``
     (stderr to ``<name>.err``; ``name`` defaults to ``kind``). Returns {check, passed, reason,
     exit_code, evidence}."""
     name = name or kind
-    argv = check_argv(kind, str(profile.path), po, url)
+    argv = check_argv(kind, str(profile.path), po, url, extra)
     log(f"check {kind}: dsv4ctl {' '.join(argv)}")
     edir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -327,7 +343,8 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
             E.trace(site, st)
             kind = st.extra["kind"]
             r = run_check(kind, site.profile, cpo if stage == "canary" else po, edir, opts.log,
-                          url if stage == "canary" else None, name=kind if stage == "canary" else "smoke-all")
+                          url if stage == "canary" else None, name=kind if stage == "canary" else "smoke-all",
+                          extra=canary_check_args(site.profile, kind, url, canary) if stage == "canary" else ())
             out.append(r)
             if not r["passed"]:
                 return out, r

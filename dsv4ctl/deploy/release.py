@@ -299,7 +299,10 @@ def launch_spec(profile) -> dict:
     """{group: {role, host, port, cmd (template), env, model, router_args}} written to the
     release's ``launch.json`` (the Deployment's ports, served models and launch templates; the
     router gets ``--pd-disaggregation --prefill URL BOOTSTRAP --decode URL`` or ``--worker-urls``,
-    ops reference §1.1, §3.4). ``profile``: a Deployment (a Profile is resolved first)."""
+    ops reference §1.1, §3.4; BOOTSTRAP is the prefill serve config's ``disaggregation-bootstrap-port``
+    or SGLang's default 8998, never ``none``, which makes the gateway send ``bootstrap_port: null``;
+    then ``--prometheus-host H --prometheus-port P`` from the router group, so two routers on one
+    host do not both take the gateway's default 29000). ``profile``: a Deployment (a Profile is resolved first)."""
     dep = as_deployment(profile)
     spec = {}
     for g in dep.groups.values():
@@ -310,12 +313,12 @@ def launch_spec(profile) -> dict:
             if g.group.prefill or g.group.decode:
                 words.append("--pd-disaggregation")
                 for n in g.group.prefill:
-                    boot = dep.groups[n].bootstrap_port
-                    words += ["--prefill", dep.groups[n].url, str(boot if boot is not None else "none")]
+                    words += ["--prefill", dep.groups[n].url, str(dep.groups[n].bootstrap_port_effective)]
                 for n in g.group.decode:
                     words += ["--decode", dep.groups[n].url]
             for n in g.group.workers:
                 words += ["--worker-urls", dep.groups[n].url]
+            words += ["--prometheus-host", g.prometheus_host, "--prometheus-port", str(g.prometheus_port)]
             s["router_args"] = words
             s["model"] = next((spec[n]["model"] for n in g.group.decode + g.group.workers if n in spec), "default")
         spec[g.name] = s

@@ -21,11 +21,22 @@ from .serveconfig import ServeConfig, read_serve_config
 # launch (ops §1.3, §3.4) is 8000.
 DEFAULT_SERVER_PORT = 30000
 DEFAULT_ROUTER_PORT = 8000
+# SGLang 0.5.23 srt/server_args.py: ``disaggregation_bootstrap_port: int = 8998``: where a prefill
+# server's KV bootstrap listener is when its serve config does not say.
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_GATEWAY = "sglang-router"
+# Both gateways open a Prometheus listener, default 0.0.0.0:29000; a second router on the host
+# then dies with "Address already in use". dsv4ctl passes router port + this offset instead
+# (8000 -> 29000, the gateway's own default), minus it when that is over 65535.
+PROMETHEUS_PORT_OFFSET = 21000
+DEFAULT_PROMETHEUS_HOST = "0.0.0.0"
 
 DEFAULT_LAUNCH = {
     "server": "env PYTHONPATH={tree}/python {python} -m sglang.launch_server --config {config} --port {port}",
-    "router": "{python} -m sglang_router.launch_router {router_args} --host 0.0.0.0 --port {port}",
+    "router": "{python} -m {module} {router_args} --host 0.0.0.0 --port {port}",
 }
+"""Built-in launch templates; ``{module}`` of the router's is filled from its ``gateway`` when the
+Deployment is resolved (:data:`~dsv4ctl.profile.model.GATEWAYS`), the rest at launch."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,50 @@ class GroupView:
             if v is not None else None
 
     @property
+    def bootstrap_port_effective(self) -> int:
+        """The port the prefill's KV bootstrap listener is on: the serve config's
+        ``disaggregation-bootstrap-port``, else SGLang's default 8998 (what a gateway must send
+        as ``bootstrap_port``; ``none`` would make it send null)."""
+        b = self.bootstrap_port
+        return DEFAULT_BOOTSTRAP_PORT if b is None else b
+
+    @property
+    def gateway(self) -> str:
+        """A router group's gateway (``sglang-router`` or ``smg``; default sglang-router)."""
+        return self.group.gateway or DEFAULT_GATEWAY
+
+    @property
+    def gateway_module(self) -> str:
+        """The module the router's default launch runs (``python -m MODULE``)."""
+        from .model import GATEWAYS
+        return GATEWAYS[self.gateway]
+
+    @property
+    def prometheus_host(self) -> str:
+        """Address the router's Prometheus listener binds (``prometheus_host``, else 0.0.0.0)."""
+        return self.group.prometheus_host or DEFAULT_PROMETHEUS_HOST
+
+    @property
+    def prometheus_port(self) -> int:
+        """The router's Prometheus port: ``prometheus_port``, else the router port + 21000
+        (8000 -> 29000, the gateways' own default), or - 21000 when that is over 65535; two
+        routers on different ports never share it."""
+        if self.group.prometheus_port:
+            return int(self.group.prometheus_port)
+        p = self.port + PROMETHEUS_PORT_OFFSET
+        return p if p <= 65535 else self.port - PROMETHEUS_PORT_OFFSET
+
+    @property
+    def metrics_url(self) -> Optional[str]:
+        """A router's Prometheus endpoint, ``http://ADDRESS:PROMETHEUS_PORT/metrics``: the host's
+        address when the listener binds a wildcard (0.0.0.0, ::), else the bound address. None for
+        a server group (its /metrics is on its own port)."""
+        if self.role != "router":
+            return None
+        h = self.prometheus_host
+        return http_url(self.host.address if h in ("0.0.0.0", "::", "[::]") else h, self.prometheus_port) + "/metrics"
+
+    @property
     def hicache_configured(self) -> bool:
         """True when the serve config turns HiCache on."""
         return bool(self.serve is not None and self.serve.hicache_enabled)
@@ -197,10 +252,14 @@ class GroupView:
     def launch_template(self) -> str:
         """Launch command template: group ``launch`` > ``deploy.launch[role]`` >
         ``deploy.launch.server|router`` > built-in (``python -m sglang.launch_server --config``;
-        ``python -m sglang_router.launch_router``, ops reference §1.1, §3.4)."""
+        ``python -m sglang_router.launch_router`` or ``smg.launch_router`` as ``gateway`` says,
+        ops reference §1.1, §3.4)."""
         launch = self._dep.deploy.launch
         kind = "router" if self.role == "router" else "server"
-        return self.group.launch or launch.get(self.role) or launch.get(kind) or DEFAULT_LAUNCH[kind]
+        t = self.group.launch or launch.get(self.role) or launch.get(kind)
+        if t:
+            return t
+        return DEFAULT_LAUNCH[kind].replace("{module}", self.gateway_module) if kind == "router" else DEFAULT_LAUNCH[kind]
 
     @property
     def env(self) -> dict[str, str]:

@@ -15,6 +15,10 @@ from ..errors import InputError
 from .yamlpos import Positions, dotted, load_yaml
 
 ROLES = ("prefill", "decode", "colocated", "router")
+GATEWAYS = {"sglang-router": "sglang_router.launch_router", "smg": "smg.launch_router"}
+"""A router group's ``gateway`` -> the Python module its default launch runs (PyPI sglang-router
+0.3.2, the default; PyPI smg 1.13.0, the gateway SGLang 0.5.23's README points to)."""
+ROUTER_ONLY = ("gateway", "prometheus_host", "prometheus_port")
 
 # Finite non-negative numbers (seconds, fractions); ``number`` excludes NaN/inf (see _validator).
 _num = {"type": "number", "minimum": 0, "maximum": 1e9}
@@ -124,6 +128,9 @@ PROFILE_SCHEMA: dict = {
                     "decode": {"type": "array", "items": {"type": "string"}},
                     "workers": {"type": "array", "items": {"type": "string"}},
                     "launch": {"type": "string"},
+                    "gateway": {"enum": list(GATEWAYS)},
+                    "prometheus_host": {"type": "string", "minLength": 1},
+                    "prometheus_port": {"type": "integer", "minimum": 1, "maximum": 65535},
                 },
             },
         },
@@ -180,6 +187,9 @@ class Group:
     decode: list[str] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
     launch: Optional[str] = None
+    gateway: Optional[str] = None
+    prometheus_host: Optional[str] = None
+    prometheus_port: Optional[int] = None
     line: int = 1
 
     @property
@@ -391,7 +401,13 @@ def load_profile(path: Path | str) -> Profile:
             port=g.get("port"), env=_env(g.get("env", {}), pos, gp + ("env",)),
             memory=Memory(**g.get("memory", {})), prefill=list(g.get("prefill", [])),
             decode=list(g.get("decode", [])), workers=list(g.get("workers", [])),
-            launch=g.get("launch"), line=pos.line(gp))
+            launch=g.get("launch"), gateway=g.get("gateway"), prometheus_host=g.get("prometheus_host"),
+            prometheus_port=g.get("prometheus_port"), line=pos.line(gp))
+        for key in ROUTER_ONLY:
+            if key in g and grp.is_server:
+                raise _fail(pos, gp + (key,), f"{key} is a router group's setting (this group is {grp.role})")
+        if grp.prometheus_port is not None and grp.prometheus_port == grp.port:
+            raise _fail(pos, gp + ("prometheus_port",), f"prometheus_port {grp.prometheus_port} is the router's own port")
         if grp.is_server:
             if not grp.gpus:
                 raise _fail(pos, gp + ("gpus",), "a server group needs GPU indices")

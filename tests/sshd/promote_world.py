@@ -26,13 +26,17 @@ SERVE = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "de
 class PromoteWorld:
     """Profile with groups ``a`` (colocated, h0) and ``b`` (colocated, h1); with ``pd``:
     ``prefill`` (h0), ``decode`` (h1) and a ``router`` (h2, the tests/sshd stand-in router in
-    front of the decode group). ``hicache(on)`` rewrites the serve configs (a new release id on
+    front of the decode group; with ``gateway`` (sglang-router | smg) the REAL gateway of
+    .venv-router in PD mode in front of prefill and decode, args from dsv4ctl's launch spec).
+    The prefill's bootstrap port is a free one. ``hicache(on)`` rewrites the serve configs (a new release id on
     the next deploy)."""
 
-    def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None, pd: bool = False):
+    def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None, pd: bool = False,
+                 gateway: str | None = None):
         self.c = cluster
         self.tmp = tmp
         self.pd = pd
+        self.gateway = gateway
         self.groups = ("prefill", "decode") if pd else ("a", "b")
         self.hosts = cluster.hosts[:3 if pd else 2]
         self.tree = make_tree(tmp / "sglang", files=8)
@@ -43,6 +47,8 @@ class PromoteWorld:
         self.ports = {g: free_port(self.hosts[i].address) for i, g in enumerate(self.groups)}
         if pd:
             self.ports["router"] = free_port(self.hosts[2].address)
+            self.ports["bootstrap"] = free_port(self.hosts[0].address)
+            self.ports["prometheus"] = free_port(self.hosts[2].address)
         self.check = check or {"concurrency": 60, "max_corruption": 0.01, "turns": 2, "stall_timeout_s": 20}
         self.hicache(False)
 
@@ -50,7 +56,7 @@ class PromoteWorld:
         for g in self.groups:
             cfg = dict(SERVE, port=self.ports[g])
             if self.pd:
-                cfg.update({"disaggregation-mode": g, "disaggregation-bootstrap-port": 8998})
+                cfg.update({"disaggregation-mode": g, "disaggregation-bootstrap-port": self.ports["bootstrap"]})
             if on and (groups is None or g in groups):
                 cfg.update({"enable-hierarchical-cache": True, "hicache-ratio": 2.0})
             (self.cfgdir / f"{g}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -67,10 +73,22 @@ class PromoteWorld:
         }
         if self.pd:
             decode_url = f"http://{h[1].address}:{self.ports['decode']}"
-            prof["deploy"]["launch"]["router"] = (SSHD_STANDIN + " --host {address} --port {port} --router "
-                                                  + decode_url)
-            prof["groups"].append({"name": "router", "role": "router", "host": h[2].name,
-                                   "port": self.ports["router"], "prefill": ["prefill"], "decode": ["decode"]})
+            router = {"name": "router", "role": "router", "host": h[2].name,
+                      "port": self.ports["router"], "prefill": ["prefill"], "decode": ["decode"]}
+            if self.gateway:
+                from dsv4ctl.profile.model import GATEWAYS
+                from tests.gateway import router_env
+                router.update(gateway=self.gateway, prometheus_host=h[2].address,
+                              prometheus_port=self.ports["prometheus"], env={"HF_HUB_OFFLINE": "1"},
+                              # a worker that is down at the gateway's start is retried every
+                              # --worker-startup-check-interval s (default 30: longer than this
+                              # world's 30 s health gate when prefill and router restart together)
+                              launch=f"{router_env()} -m {GATEWAYS[self.gateway]} {{router_args}} "
+                                     "--worker-startup-check-interval 1 --host {address} --port {port}")
+            else:
+                prof["deploy"]["launch"]["router"] = (SSHD_STANDIN + " --host {address} --port {port} --router "
+                                                      + decode_url)
+            prof["groups"].append(router)
         self.profile = self.cfgdir / "profile.yaml"
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
 

@@ -28,9 +28,15 @@ the decode batch); 0 with HiCache off. Draws use error diffusion (an accumulator
 rate tracks the probability closely and tests are not flaky. A corrupted turn gets a kind drawn from
 :data:`tests.standin.model.INCIDENT_KINDS`; ``--fault KIND`` (repeatable) instead corrupts *every*
 turn with the given kinds in turn (``overlength_200`` answers an over-length prompt with HTTP 200,
-garbage and ``prompt_tokens: 1``, the PD fault). ``--stuck-rate`` wedges that fraction
+garbage and ``prompt_tokens: 1``, the PD fault; ``http_503`` answers every other chat request,
+the first included, with HTTP 503 before any work: a gateway that retries hides it). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
+
+PD behind a real gateway (tests/gateway.py): with ``disaggregation-mode: prefill`` it listens on
+``disaggregation-bootstrap-port`` too (default 8998, SGLang's; :func:`start_bootstrap`).
+``GET /_standin/requests`` (test-only) returns what it received (:attr:`StandIn.seen`) and the
+number of bootstrap-port connections.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ from . import model
 from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
+SERVER_FAULTS = ("overlength_200", "http_503")
+SEEN_MAX = 4096                      # requests kept for GET /_standin/requests
+DEFAULT_BOOTSTRAP_PORT = 8998        # SGLang 0.5.23 server_args: disaggregation_bootstrap_port
 READY_LINE = "The server is fired up and ready to roll!"   # SGLang's ready log line
 
 DEFAULTS: dict[str, Any] = {
@@ -65,6 +74,7 @@ DEFAULTS: dict[str, Any] = {
     "enable_hierarchical_cache": False, "hicache_ratio": None, "hicache_write_policy": "write_through",
     "hicache_io_backend": "kernel", "hicache_mem_layout": "page_first", "hicache_storage_backend": None,
     "enable_metrics": False, "enable_cache_report": False, "api_key": None, "context_length": None,
+    "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT,
 }
 
 
@@ -124,6 +134,7 @@ class StandIn:
         self.faults = tuple(f for f in faults if f in model.KINDS)
         self.server_faults = frozenset(f for f in faults if f not in model.KINDS)
         self._fault_i = 0
+        self.chats = 0                # chat requests received (the http_503 fault answers the odd ones)
         self.context_length = int(args.get("context_length") or 1048576)
         self.model = str(args["served_model_name"])
         self.hicache = bool(args["enable_hierarchical_cache"])
@@ -163,6 +174,13 @@ class StandIn:
         self.m_cached = Counter("sglang:cached_tokens", "cached tokens", names + ["cache_source"], registry=r)
         self._prompt_total = 0
         self._cached_total = 0
+        self.seen: collections.deque = collections.deque(maxlen=SEEN_MAX)
+        """The last :data:`SEEN_MAX` requests: {method, path, x_request_id, rid, bootstrap_host,
+        bootstrap_port, bootstrap_room, override_headers (x-override-*), keys, chat_template_kwargs,
+        max_tokens, max_completion_tokens (the last four of a chat body)}
+        (rid and the bootstrap fields from a chat body; None otherwise), served by
+        ``GET /_standin/requests`` (test-only)."""
+        self.bootstrap_connections = 0
 
     # --- load accounting -------------------------------------------------------------------
     def enter(self) -> None:
@@ -247,7 +265,22 @@ def make_app(state: StandIn) -> web.Application:
                 return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    app = web.Application(client_max_size=64 * 2**20, middlewares=[auth])
+    @web.middleware
+    async def record(request: web.Request, handler):
+        # test-only: what reached this server (a gateway's registration probes, the PD fields)
+        if not request.path.startswith("/_standin/"):
+            request["seen"] = {"method": request.method, "path": request.path,
+                               "x_request_id": request.headers.get("X-Request-Id"), "rid": None,
+                               "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
+                               "override_headers": {k.lower(): v for k, v in request.headers.items()
+                                                    if k.lower().startswith("x-override-")}}
+            state.seen.append(request["seen"])
+        return await handler(request)
+
+    app = web.Application(client_max_size=64 * 2**20, middlewares=[record, auth])
+
+    async def seen(request: web.Request) -> web.Response:
+        return web.json_response({"requests": list(state.seen), "bootstrap_connections": state.bootstrap_connections})
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -295,7 +328,14 @@ def make_app(state: StandIn) -> web.Application:
             return _error(400, "request body is not JSON")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "messages: a non-empty list is required")
+        state.chats += 1
+        if "http_503" in state.server_faults and state.chats % 2 == 1:
+            return _error(503, "Service Unavailable (stand-in fault http_503)")
         stream = bool(body.get("stream"))
+        if "seen" in request:
+            request["seen"].update({k: body.get(k) for k in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room")},
+                                   keys=sorted(body), chat_template_kwargs=body.get("chat_template_kwargs"),
+                                   max_tokens=body.get("max_tokens"), max_completion_tokens=body.get("max_completion_tokens"))
         rid = str(body.get("rid") or uuid.uuid4().hex)
         created = int(time.time())
         state.m_requests.labels(**state.labels, is_streaming=str(stream).lower()).inc()
@@ -421,7 +461,35 @@ def make_app(state: StandIn) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/flush_cache", flush_cache)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/_standin/requests", seen)
     return app
+
+
+async def start_bootstrap(state: StandIn, host: str, port: int) -> tuple[asyncio.AbstractServer, web.AppRunner]:
+    """The prefill's KV bootstrap listener on ``host``:``port`` (SGLang 0.5.23
+    ``CommonKVBootstrapServer``: an HTTP server with ``GET /health`` -> ``OK``; ``/route`` is
+    answered 404 here, no KV moves). Every accepted connection counts in
+    ``state.bootstrap_connections`` (a gateway's probe of the port)."""
+    app = web.Application()
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    app.router.add_get("/health", ok)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+
+    def protocol():
+        state.bootstrap_connections += 1
+        return runner.server()
+    server = await asyncio.get_running_loop().create_server(protocol, host, port, reuse_address=True)
+    return server, runner
+
+
+async def stop_bootstrap(boot: tuple[asyncio.AbstractServer, web.AppRunner]) -> None:
+    """Close the listener of :func:`start_bootstrap` and its application."""
+    boot[0].close()
+    await boot[1].cleanup()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -438,10 +506,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--corruption-scale", type=float, default=1.0, help="multiplies the corruption curve")
     ap.add_argument("--fault", action="append", default=[], metavar="KIND",
                     help="corrupt every turn with KIND (repeat: in turn); model kinds: "
-                         + ", ".join(model.KINDS) + "; server kinds: overlength_200")
+                         + ", ".join(model.KINDS) + "; server kinds: " + ", ".join(SERVER_FAULTS))
     ns = ap.parse_args(argv)
     from dsv4ctl.errors import DsvError
-    unknown = [f for f in ns.fault if f not in model.KINDS and f != "overlength_200"]
+    unknown = [f for f in ns.fault if f not in model.KINDS and f not in SERVER_FAULTS]
     if unknown:
         print(f"standin: error: unknown --fault {unknown[0]!r}", file=sys.stderr)
         return 2
@@ -467,6 +535,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         await runner.setup()
         site = web.TCPSite(runner, args["host"], int(args["port"]), backlog=1024)
         await site.start()
+        boot = None
+        if args["disaggregation_mode"] == "prefill":
+            boot = await start_bootstrap(state, args["host"], int(args["disaggregation_bootstrap_port"]))
         print(f"standin: serving {state.model} on http://{args['host']}:{args['port']} "
               f"(hicache={'on' if state.hicache else 'off'}, tool-call-parser={args['tool_call_parser']})", flush=True)
         print(READY_LINE, flush=True)
@@ -477,6 +548,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             await stop.wait()
         finally:
+            if boot is not None:
+                await stop_bootstrap(boot)
             await runner.cleanup()
 
     asyncio.run(run())
