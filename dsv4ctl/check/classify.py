@@ -667,6 +667,16 @@ class Loop:
     unit: str
 
 
+def _cut(text: str, ranges: list[tuple[int, int, str]], sep: str) -> str:
+    """``text`` without the sorted, disjoint ``(start, end, _)`` ranges, the pieces joined by ``sep``."""
+    parts, prev = [], 0
+    for a, b, _ in ranges:
+        parts.append(text[prev:a])
+        prev = b
+    parts.append(text[prev:])
+    return sep.join(parts)
+
+
 def _repeated_fences(text: str, fences: list[tuple[int, int, str]]) -> Optional[Loop]:
     """A loop made of whole fenced blocks: >= :data:`LOOP_MIN_COPIES` identical closed blocks back
     to back (only whitespace between), covering >= :data:`LOOP_MIN_SHARE` of the text's words."""
@@ -712,12 +722,7 @@ def find_loop(text: str) -> Optional[Loop]:
         rep = _repeated_fences(text, fences)
         if rep is not None:
             return rep
-        parts, prev = [], 0
-        for a, b, _ in fences:
-            parts.append(text[prev:a])
-            prev = b
-        parts.append(text[prev:])
-        text = "\n".join(parts)
+        text = _cut(text, fences, "\n")
     toks = _TOKEN_RE.findall(text)
     if len(toks) > LOOP_MAX_WORDS:
         toks = toks[-LOOP_MAX_WORDS:]
@@ -807,12 +812,7 @@ def find_language_switch(text: str) -> Optional[Switch]:
     text = text[:LOOP_MAX_CHARS]     # a switch shows early; longer answers are judged on their start
     ranges = code_ranges(text)
     if ranges:
-        parts, prev = [], 0
-        for a, b, _ in ranges:
-            parts.append(text[prev:a])
-            prev = b
-        parts.append(text[prev:])
-        text = " ".join(parts)
+        text = _cut(text, ranges, " ")
     text = _SKIP_RE.sub(" ", text)
     counts: dict[str, int] = {}
     seen = total = 0
