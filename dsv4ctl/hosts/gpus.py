@@ -1,0 +1,130 @@
+"""GPU facts of a host: one read-only ``nvidia-smi`` command and a pure parser.
+
+The command asks nvidia-smi twice, in CSV with units (the form captured on a real H200 in
+``shared/reference/fixtures/h200/nvidia-smi-query.csv``):
+
+* ``--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu,power.draw,
+  power.limit`` — one row per GPU;
+* ``--query-compute-apps=gpu_uuid,pid,process_name,used_memory`` — one row per process holding
+  memory on a GPU.
+
+Each block is preceded by a marker line (``@gpus`` / ``@apps``) so one SSH round returns both.
+``[N/A]``, ``[Not Supported]`` and empty fields parse to ``None``. Memory values are MiB, as
+nvidia-smi prints them; power is W; utilisation is %.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+
+GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "memory.free",
+              "utilization.gpu", "power.draw", "power.limit")
+APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
+
+
+@dataclass
+class GpuProcess:
+    """A process holding GPU memory: ``pid``, ``name`` and ``used_mib`` (MiB; None when unknown)."""
+
+    pid: int
+    name: str
+    used_mib: int | None
+
+
+@dataclass
+class Gpu:
+    """One GPU as nvidia-smi reports it. Memory in MiB, utilisation in %, power in W."""
+
+    index: int
+    uuid: str
+    name: str
+    total_mib: int | None
+    used_mib: int | None
+    free_mib: int | None
+    util_pct: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    processes: list[GpuProcess] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        """JSON-ready form (processes as dicts)."""
+        d = dict(self.__dict__)
+        d["processes"] = [p.__dict__.copy() for p in self.processes]
+        return d
+
+
+class GpuFactError(ValueError):
+    """nvidia-smi output that cannot be read (message names the line)."""
+
+
+def gpus_command() -> str:
+    """The read-only shell command whose output :func:`parse_gpus` reads. Exits 0 with an
+    ``@error`` line when nvidia-smi is missing or fails, so a host without GPUs is a fact, not an
+    SSH failure."""
+    gq = ",".join(GPU_FIELDS)
+    aq = ",".join(APP_FIELDS)
+    return ("if ! command -v nvidia-smi >/dev/null 2>&1; then echo '@error nvidia-smi not found'; else "
+            f"echo @gpus; nvidia-smi --query-gpu={gq} --format=csv 2>&1 || echo '@error nvidia-smi failed'; "
+            f"echo @apps; nvidia-smi --query-compute-apps={aq} --format=csv 2>&1 || true; fi")
+
+
+def _num(text: str, kind=float):
+    """'143771 MiB' -> 143771; '[N/A]', '[Not Supported]', '' -> None."""
+    t = text.strip()
+    if not t or t.startswith("[") or t.upper() in ("N/A", "NONE"):
+        return None
+    t = t.split()[0]
+    try:
+        v = float(t)
+    except ValueError:
+        return None
+    return int(v) if kind is int else v
+
+
+def _rows(lines: list[str]) -> list[dict[str, str]]:
+    lines = [ln for ln in lines if ln.strip()]
+    if not lines:
+        return []
+    reader = csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)
+    rows = list(reader)
+    head = [h.split(" [")[0].strip() for h in rows[0]]
+    return [dict(zip(head, r)) for r in rows[1:] if r]
+
+
+def parse_gpus(text: str) -> list[Gpu]:
+    """GPUs, sorted by index, from :func:`gpus_command`'s output (pure).
+
+    Raises GpuFactError when the output carries an ``@error`` line or a GPU row is unreadable."""
+    blocks: dict[str, list[str]] = {"": []}
+    cur = ""
+    for ln in text.splitlines():
+        if ln.startswith("@error"):
+            raise GpuFactError(ln[len("@error"):].strip() or "nvidia-smi failed")
+        if ln in ("@gpus", "@apps"):
+            cur = ln[1:]
+            blocks[cur] = []
+            continue
+        blocks.setdefault(cur, []).append(ln)
+    gpu_lines = blocks.get("gpus", blocks[""])
+    gpus: dict[str, Gpu] = {}
+    out: list[Gpu] = []
+    for r in _rows(gpu_lines):
+        try:
+            idx = int(r["index"])
+        except (KeyError, ValueError):
+            raise GpuFactError(f"unreadable nvidia-smi row: {','.join(r.values())[:120]}") from None
+        g = Gpu(index=idx, uuid=r.get("uuid", "").strip(), name=r.get("name", "").strip(),
+                total_mib=_num(r.get("memory.total", ""), int), used_mib=_num(r.get("memory.used", ""), int),
+                free_mib=_num(r.get("memory.free", ""), int), util_pct=_num(r.get("utilization.gpu", "")),
+                power_w=_num(r.get("power.draw", "")), power_limit_w=_num(r.get("power.limit", "")))
+        gpus[g.uuid] = g
+        out.append(g)
+    for r in _rows(blocks.get("apps", [])):
+        g = gpus.get(r.get("gpu_uuid", "").strip())
+        pid = _num(r.get("pid", ""), int)
+        if g is None or pid is None:
+            continue
+        g.processes.append(GpuProcess(pid, r.get("process_name", "").strip(), _num(r.get("used_memory", ""), int)))
+    return sorted(out, key=lambda g: g.index)
