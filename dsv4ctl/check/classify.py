@@ -494,31 +494,35 @@ def tool_specs(tools: Iterable[dict]) -> dict[str, ToolSpec]:
 
 # --- markup leaks -----------------------------------------------------------------------------
 # One pattern for every markup spelling, one linear scan per text (every repetition is bounded).
-_BARS = "|\uff5c\u2016"            # ASCII |, U+FF5C ｜ (what the model emits), U+2016 ‖ (seen in the wild)
-_WIDE_BARS = "\uff5c\u2016"
+_BARS = "|\uff5c\u2016\u2223\uffe8\u01c0"  # ASCII |, U+FF5C ｜ (what the model emits), U+2016 ‖ (seen in the
+_WIDE_BARS = "\uff5c\u2016\u2223\uffe8\u01c0"  # wild), U+2223 ∣, U+FFE8 ￨, U+01C0 ǀ (look-alikes)
+_ZW = "[\u200b\u200c\u200d\u2060\ufeff]*"  # zero-width characters a renderer or a corrupt sampler may insert
+_DSML_WORD = _ZW + _ZW.join(("[Dd]", "[Ss]", "[Mm]", "[Ll]")) + _ZW   # DSML in any case
 _DSML_TAGS = r"(?:(?:tool_calls|function_calls|invoke|parameter| calls| invoke| parameter)>?)"
 _MARKUP_RE = re.compile(
-    # Every alternative starts with one of three literal characters (<, U+FF5C, U+2016), so the
+    # Every alternative starts with one of a few literal characters (<, &, a wide bar), so the
     # regex engine skips ordinary text quickly.
     r"<(?:"
     # DSML, one or two bars each side, any of the bar characters; with ASCII bars only right after
     # "<" or "</" (so a Markdown table cell "| DSML |" or "|DSML|" is not markup). The tag name that
     # follows (V4 tool_calls, V3.2 function_calls, V4.1 " calls"/" invoke"/" parameter") is part
     # of the spelling reported.
-    rf"(?P<dsml>/?[{_BARS}]{{1,2}}DSML[{_BARS}]{{1,2}}{_DSML_TAGS}?)"
+    rf"(?P<dsml>/?{_ZW}[{_BARS}]{{1,2}}{_DSML_WORD}[{_BARS}]{{1,2}}{_DSML_TAGS}?)"
     # V3.1 tool-call tokens: <｜tool▁calls▁begin｜> … <｜tool▁sep｜> (also the outputs family)
     r"|(?P<v31>[|\uff5c]tool[\u2581_](?:(?:calls?|outputs?)[\u2581_](?:begin|end)|sep)[|\uff5c]>)"
     # special tokens: any <｜name｜> with wide bars (<｜end▁of▁sentence｜>, <｜User｜>,
-    # <｜place▁holder▁no▁7｜>, …); the ASCII-bar chat tokens of other templates by name (or with a
-    # U+2581 in the name); bare <tool_call(s)> / </tool_call(s)>
+    # <｜place▁holder▁no▁7｜>, …); the ASCII-bar chat tokens of other templates by name, or with a
+    # U+2581 or "_" joining the parts of the name (<|end_of_sentence|>); bare <tool_call(s)> /
+    # </tool_call(s)>
     rf"|(?P<special>[{_WIDE_BARS}][A-Za-z][\w\u2581]{{0,40}}[{_WIDE_BARS}]>"
     r"|\|(?:im_start|im_end|im_sep|EOT|endoftext|eot_id|begin_of_text|end_of_text|User|Assistant"
-    r"|[A-Za-z]+(?:\u2581[A-Za-z0-9]+)+)\|>"
+    r"|[A-Za-z]+(?:[\u2581_][A-Za-z0-9]+)+)\|>"
     r"|/?tool_calls?>)"
     r"|(?P<think>/?think>))"
+    # DSML written with HTML-escaped angle brackets (a client or proxy escaped the markup)
+    rf"|&lt;(?P<dsml___>/?[{_BARS}]{{1,2}}{_DSML_WORD}[{_BARS}]{{1,2}}{_DSML_TAGS}?)"
     # DSML without its "<" (the "<" lost or written apart): wide bars only
-    rf"|\uff5c(?P<dsml_>[{_WIDE_BARS}]?DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)"
-    rf"|\u2016(?P<dsml__>[{_WIDE_BARS}]?DSML[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)")
+    rf"|[{_WIDE_BARS}](?P<dsml_>[{_WIDE_BARS}]?{_DSML_WORD}[{_WIDE_BARS}]{{1,2}}{_DSML_TAGS}?)")
 _MARKUP_LABELS = {"dsml": "DSML", "v31": "V3.1 tool token", "special": "special token", "think": "think tag"}
 
 _FENCE_RE = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})([^\n]*)", re.M)
@@ -677,9 +681,10 @@ def _cut(text: str, ranges: list[tuple[int, int, str]], sep: str) -> str:
     return sep.join(parts)
 
 
-def _repeated_fences(text: str, fences: list[tuple[int, int, str]]) -> Optional[Loop]:
+def _repeated_fences(text: str, fences: list[tuple[int, int, str]], at_end: bool) -> Optional[Loop]:
     """A loop made of whole fenced blocks: >= :data:`LOOP_MIN_COPIES` identical closed blocks back
-    to back (only whitespace between), covering >= :data:`LOOP_MIN_SHARE` of the text's words."""
+    to back (only whitespace between), covering >= :data:`LOOP_MIN_SHARE` of the text's words;
+    with ``at_end``, followed by at most one block's worth of words."""
     total = len(_TOKEN_RE.findall(text))
     run, best = 1, None
     for k in range(1, len(fences) + 1):
@@ -692,16 +697,22 @@ def _repeated_fences(text: str, fences: list[tuple[int, int, str]]) -> Optional[
             a, b = fences[k - run][0], fences[k - 1][1]
             span = len(_TOKEN_RE.findall(text, a, b))
             unit = text[fences[k - 1][0]:fences[k - 1][1]]
-            if total >= LOOP_MIN_WORDS and span >= LOOP_MIN_SHARE * total:
-                period = max(1, len(_TOKEN_RE.findall(unit)))
+            period = max(1, len(_TOKEN_RE.findall(unit)))
+            tail = len(_TOKEN_RE.findall(text, b))
+            if total >= LOOP_MIN_WORDS and span >= LOOP_MIN_SHARE * total and (not at_end or tail <= period):
                 if best is None or span > best.span:
                     best = Loop(period, span, total, unit[:80])
         run = 1
     return best
 
 
-def find_loop(text: str) -> Optional[Loop]:
+def find_loop(text: str, at_end: bool = True) -> Optional[Loop]:
     """The longest qualifying exact repetition of ``text``, or None.
+
+    With ``at_end`` (the default; pass False when the turn ended with ``finish_reason`` length)
+    the repeating stretch must reach the end of the text, apart from a tail of at most one unit:
+    a degenerate loop does not recover, while a quoted log with identical lines or a JSON array of
+    identical objects is followed by more of the answer.
 
     Words are runs of letters, digits and ``_``, and each CJK character is a word of its own
     (punctuation, whitespace and symbols such as ``}`` are ignored; case matters). Text inside
@@ -719,7 +730,7 @@ def find_loop(text: str) -> Optional[Loop]:
         text = text[-LOOP_MAX_CHARS:]
     fences = _fences(text)
     if fences:
-        rep = _repeated_fences(text, fences)
+        rep = _repeated_fences(text, fences, at_end)
         if rep is not None:
             return rep
         text = _cut(text, fences, "\n")
@@ -746,7 +757,8 @@ def find_loop(text: str) -> Optional[Loop]:
     best: Optional[Loop] = None
     for d in cands[:8]:
         eq = bytes(map(operator.eq, toks, toks[d:]))
-        run = max(_ONES_RE.finditer(eq), key=lambda m: m.end() - m.start(), default=None)
+        run = max((m for m in _ONES_RE.finditer(eq) if not at_end or n - (m.end() + d) <= d),
+                  key=lambda m: m.end() - m.start(), default=None)
         if run is None:
             continue
         span = run.end() - run.start() + d
@@ -770,6 +782,11 @@ _SKIP_RE = re.compile(
     r"|\"[^\"\n]{0,80}\"|\u201c[^\u201d\n]{0,80}\u201d|\u2018[^\u2019\n]{0,80}\u2019"
     r"|\u00ab[^\u00bb\n]{0,80}\u00bb|\u300c[^\u300d\n]{0,80}\u300d|\u300e[^\u300f\n]{0,80}\u300f"
     r"|(?<!\w)'[^'\n]{1,80}'(?!\w)")
+# identifiers and paths are not language: snake_case, dotted.names, a/path, Class::member, camelCase,
+# CamelCase (two or more capitalised parts), words with digits
+_IDENT_RE = re.compile(
+    r"[A-Za-z0-9]*(?:(?:_|::|\.|/|\\)+[A-Za-z0-9]+)+[/\\]?"
+    r"|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z]+[a-z0-9]+(?:[A-Z][a-z0-9]*)+|[A-Za-z]+[0-9][A-Za-z0-9]*")
 SWITCH_BASE_LETTERS = 200  # the answer's script is judged on its first 200 letters …
 SWITCH_MIN_BASE = 50       # … of which at least 50 come before the switch …
 SWITCH_BASE_SHARE = 0.90   # … and >= 90 % of them are one script
@@ -800,7 +817,8 @@ def find_language_switch(text: str) -> Optional[Switch]:
 
     Scripts: Latin, CJK (Han, kana and Hangul together), Cyrillic, Greek, Arabic, Hebrew,
     Devanagari, Thai (letters only; digits, punctuation and other characters are ignored). Code
-    spans, closed fenced blocks, URLs and quoted words or phrases (``"…"``, ``“…”``, ``‘…’``,
+    spans, closed fenced blocks, URLs, identifiers and paths (``snake_case``, ``a.b``, ``a/b``,
+    ``A::b``, ``camelCase``, ``CamelCase``, words with digits) and quoted words or phrases (``"…"``, ``“…”``, ``‘…’``,
     ``'…'``, ``«…»``, ``「…」``, ``『…』``, up to 80 characters) are ignored. The answer's script is
     the one with >= 90 % of the letters among the first 200 letters seen before a candidate switch
     (at least 50 of them); a switch is a stretch of >= 20 letters of other scripts (>= 60 when it
@@ -813,7 +831,7 @@ def find_language_switch(text: str) -> Optional[Switch]:
     ranges = code_ranges(text)
     if ranges:
         text = _cut(text, ranges, " ")
-    text = _SKIP_RE.sub(" ", text)
+    text = _IDENT_RE.sub(" ", _SKIP_RE.sub(" ", text))
     counts: dict[str, int] = {}
     seen = total = 0
     base: Optional[str] = None
@@ -888,7 +906,7 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
         flags[REASONING_IN_CONTENT] = ("thinking requested but reasoning_content is empty and content is not "
                                        "(no reasoning parser?)")
     for where, text in (("content", content), ("reasoning_content", reasoning)):
-        loop = find_loop(text) if text else None
+        loop = find_loop(text, at_end=turn.finish_reason != "length") if text else None
         if loop:
             flags.setdefault(NGRAM_LOOP, f"{where}: a {loop.period}-word unit repeated over {loop.span} of "
                                          f"{loop.words} words: {loop.unit!r}")
