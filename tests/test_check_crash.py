@@ -367,12 +367,31 @@ def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_health(url, 60)
-        t = threading.Timer(2.0, lambda: os.kill(p.pid, signal.SIGSTOP))
+        stop = threading.Event()
+
+        def freeze_once_load_began():
+            # SIGSTOP once the first chat request arrived (a fixed delay raced the CLI's start-up
+            # and discovery on a loaded machine)
+            import json
+            import urllib.request
+            while not stop.is_set():
+                try:
+                    with urllib.request.urlopen(url + "/_standin/requests", timeout=2) as resp:
+                        seen = json.loads(resp.read())["requests"]
+                    if any("chat/completions" in str(x.get("path", "")) for x in seen):
+                        break
+                except OSError:
+                    pass
+                stop.wait(0.05)
+            if not stop.is_set():
+                os.kill(p.pid, signal.SIGSTOP)
+
+        t = threading.Thread(target=freeze_once_load_began, daemon=True)
         t.start()
         r = run_cli("check", "load", url, "-c", "4,8", "--turns", "4", "--min-requests", "100000",
                     "--stall-timeout", "2", "--no-progress", "--no-metrics", "--json", timeout=240)
-        t.cancel()
     finally:
+        stop.set()
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
     assert r.code == 1, r.err
