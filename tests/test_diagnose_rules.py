@@ -158,3 +158,9 @@ def test_healthy_and_unknown():
 @pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.log") if p.name != "healthy.log"))
 def test_no_fixture_reads_as_healthy(name):
     assert diagnose(_ev(name, alive=True, health="ok"))[0].rule not in ("healthy", "unknown")
+
+
+def test_kv_canary_violations():
+    f = _top("kv_canary.log", hicache=True)
+    assert (f.rule, f.detail["count"], f.runbook) == ("kv_canary", 2, "hicache-crash")
+    assert "kv canary violation" in f.evidence[0]

@@ -337,9 +337,22 @@ def rule_dead_rank(ev: Evidence) -> list[Finding]:
                 exit_status=ev.exit_status, health=ev.health)]
 
 
+def rule_kv_canary(ev: Evidence) -> list[Finding]:
+    """KV canary violations (SGLang ``--kv-canary=log``, the check that caught sglang#33656's
+    HiCache SWA write-position corruption): log lines naming the canary and a violation,
+    mismatch or corruption. The exact wording is not pinned in the ops reference, so the pattern
+    is deliberately loose: ``kv[ _-]?canary`` and ``violat|mismatch|corrupt`` on one line."""
+    hits = _find(ev.lines(), r"(?i)kv[ _-]?canary.*(?:violat|mismatch|corrupt)")
+    if not hits:
+        return []
+    return [_mk(ev, "kv_canary", f"{len(hits)} KV canary violation(s) logged", "degraded",
+                [_cite(ev, i, ln) for i, ln in hits[:2]], "sglang#33656 (--kv-canary=log)", "hicache-crash",
+                count=len(hits))]
+
+
 RULES: tuple[Callable[[Evidence], list[Finding]], ...] = (
     rule_cuda_oom, rule_illegal_memory_access, rule_nan_sampling, rule_hicache_load_back, rule_kernel_argument,
-    rule_watchdog_stall, rule_transfer, rule_gpu_busy_no_progress, rule_dead_rank)
+    rule_watchdog_stall, rule_transfer, rule_gpu_busy_no_progress, rule_kv_canary, rule_dead_rank)
 
 #: a specific crash signature explains a dead process: dead_rank then names that runbook
 _SPECIFIC = ("cuda_oom", "illegal_memory_access", "nan_sampling", "hicache_load_back", "kernel_argument", "watchdog_stall")
