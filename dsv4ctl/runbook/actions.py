@@ -304,6 +304,8 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     urls = {g.name: dep.groups[g.name].url for g in groups}
     # a group whose process is gone cannot be restarted from /proc: start it from the active
     # release's launch spec instead (the server-down case)
+    from ..hosts.audit import now_iso
+    ctx.extra["last_start"] = now_iso()
     dead = start_dead_groups(ctx, groups)
     transports = {}
     try:
@@ -438,6 +440,8 @@ def _start_run(ctx: RunContext, args: dict) -> dict:
     dep = ctx.deployment
     groups = ctx.groups(args)
     timeout = float(args.get("health_timeout", dep.deploy.health_timeout_s))
+    from ..hosts.audit import now_iso
+    ctx.extra["last_start"] = now_iso()
     started = start_dead_groups(ctx, groups)
     if started:
         ctx.say(f"started {', '.join(sorted(started))}; waiting for /health (timeout {timeout:g} s)")
@@ -499,8 +503,9 @@ def _diagnose_run(ctx: RunContext, args: dict) -> dict:
 def _watch_run(ctx: RunContext, args: dict) -> dict:
     """Diagnose every ``interval`` s for ``seconds`` (bounded), counting the polls in which a
     crash signature or a KV canary violation (``count: crash``, the default) or any finding but
-    healthy (``count: any``) shows in the evidence since the watch started; stops early at
-    ``stop_after`` such polls. ``repeats`` > 0 means it came back."""
+    healthy (``count: any``) shows in the evidence since the watch started (``from: last_start``:
+    since the last service.restart/service.start of this run; a resumed run starts from now);
+    stops early at ``stop_after`` such polls. ``repeats`` > 0 means it came back."""
     from ..hosts.audit import now_iso
     secs = _wait_seconds({"seconds": args.get("seconds", 60)})
     interval = max(1.0, float(args.get("interval", 10)))
@@ -508,7 +513,11 @@ def _watch_run(ctx: RunContext, args: dict) -> dict:
     count = args.get("count", "crash")
     if count not in ("crash", "any"):
         raise InputError(f"watch: count must be crash or any, got {count!r}")
-    since = now_iso()
+    since = ctx.extra.get("last_start") if args.get("from") == "last_start" else None
+    since = since or now_iso()
+    unknown = sorted(set(args) - {"seconds", "interval", "stop_after", "count", "from", "groups"})
+    if unknown:
+        raise InputError(f"watch: unknown argument(s) {', '.join(unknown)}")
     a = {k: v for k, v in args.items() if k in ("groups",)}
     a.update(since=since, window=0)
     t_end = time.monotonic() + secs
@@ -557,7 +566,8 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
                               lambda ctx, a: [f"dsv4ctl {' '.join(_diagnose_argv(ctx, a))}"])
     acts["watch"] = Action("watch", False, _watch_run, lambda ctx, a: [
         f"diagnose every {float(a.get('interval', 10)):g} s for at most {_wait_seconds({'seconds': a.get('seconds', 60)}):g} s: "
-        "count crash signatures and KV canary violations logged since the watch began"])
+        + ("count any finding" if a.get("count") == "any" else "count crash signatures and KV canary violations")
+        + (" logged since the last (re)start" if a.get("from") == "last_start" else " logged since the watch began")])
     for verb in ("deploy", "rollback"):
         run, describe = _deploy_like(verb)
         acts[verb] = Action(verb, True, run, describe)
