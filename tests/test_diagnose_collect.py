@@ -10,7 +10,6 @@ import pytest
 from dsv4ctl.diagnose.collect import MARK, host_command, parse_host, parse_since, process_facts, since_filter
 from dsv4ctl.errors import InputError
 from dsv4ctl.runbook.actions import summarize_diagnosis
-from tests.conftest import REPO
 
 
 

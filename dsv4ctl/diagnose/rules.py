@@ -330,7 +330,7 @@ def rule_dead_rank(ev: Evidence) -> list[Finding]:
     if not down:
         return []
     if ev.alive is False:
-        cites.insert(0, f"process state: not running" + (f", exit status {ev.exit_status}" if ev.exit_status is not None else "")
+        cites.insert(0, "process state: not running" + (f", exit status {ev.exit_status}" if ev.exit_status is not None else "")
                      + (f", {ev.restarts} start(s) in the window" if ev.restarts else ""))
     return [_mk(ev, "dead_rank", "server process (or a rank) is dead", "crash", cites,
                 "sglang#32331 (worker dies, 5-6 min restart); field-reports H5", "scheduler-stall",
