@@ -100,6 +100,8 @@ class Rig:
         self.profile = base / "live.yaml"
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
         self.paths = Paths(str(self.root))
+        self.cluster = cluster
+        self.extra_stop: list = []
 
     def pid(self, name: str) -> int | None:
         pf = Path(self.paths.pidfile(name))
@@ -128,6 +130,8 @@ class Rig:
 
     def stop(self) -> None:
         kill_groups([p for p in (self.pid(n) for n in self.spec) if p])
+        for fn in self.extra_stop:
+            fn()
 
 
 def launch(rig: Rig, name: str, wait: bool = True) -> None:
@@ -268,6 +272,29 @@ def _sigterm_act(rg, tmp):
                 resumed=r, final=json.loads((rep / "incident.json").read_text()))
 
 
+def _bad_release_act(_rg, tmp):
+    """A promoted (good) release A, then B with HiCache on deployed without the gate; the shipped
+    bad-release runbook rolls every host back to A and verifies with smoke and load checks."""
+    from tests.sshd.promote_world import PromoteWorld
+    w = PromoteWorld(_rg.cluster, tmp / "world", check={"concurrency": 4, "max_corruption": 0.2, "turns": 1,
+                                                         "stall_timeout_s": 20})
+    _rg.extra_stop.append(w.stop_services)
+    a = run_cli("deploy", str(w.profile), "--promote", "--json", env=w.env(), timeout=300)
+    assert a.code == 0, a.err
+    ra = a.json()["release"]
+    w.hicache(True)
+    b = run_cli("deploy", str(w.profile), "--json", env=w.env(), timeout=300)
+    assert b.code == 0, b.err
+    rb = b.json()["release"]
+    # the operator reverts the config change locally; the hosts still run B (smoke compares the
+    # running servers with the profile's serve configs, so they must say what A runs)
+    w.hicache(False)
+    rep = tmp / "rep"
+    r = run_cli("runbook", "run", "bad-release", "--profile", str(w.profile), "--yes", "--report-dir", str(rep),
+                env=w.env(), timeout=300)
+    return dict(r=r, rep=rep, w=w, a=ra, b=rb)
+
+
 SCENARIOS = [
     Scenario("diagnose", {
         "crash": {"hicache": True, "flags": ["--crash-after", "1", "--fault-log", str(DATA / "nan_sampling.log")]},
@@ -289,6 +316,7 @@ SCENARIOS = [
     Scenario("oom", {"prefill": {"flags": ["--crash-after", "0", "--fault-log", str(DATA / "oom_graph_capture.log")]}},
              _oom_act, no_wait=("prefill",)),
     Scenario("sigterm", {"prefill": {}}, _sigterm_act),
+    Scenario("bad_release", {}, _bad_release_act),
 ]
 
 
@@ -474,6 +502,22 @@ def test_sigterm_mid_run_writes_report_stops_child_and_resumes(live):
     assert r.code == 0, r.out + r.err
     assert o["final"]["completed"] is True and o["final"]["results"]["last"]["ran"] is True
     assert [e["step"] for e in o["final"]["timeline"]][-2:] == ["look", "last"]
+
+
+def test_bad_release_rolls_back_to_the_last_good_release(live):
+    _, o = _scenario(live, "bad_release")
+    w = o["w"]
+    doc = _results(o)
+    assert o["r"].code == 0, o["r"].out + o["r"].err
+    res = doc["results"]
+    assert res["rollback"]["ok"] is True and res["rollback"]["release"] == o["a"]
+    assert res["smoke"]["passed"] is True and res["load"]["passed"] is True
+    assert res["record_ok"]["ran"] is True and res["diag"]["ran"] is False and res["record_bad"]["ran"] is False
+    assert w.currents() == {h: o["a"] for h in w.roots} and o["a"] != o["b"]
+    for h in w.roots:
+        acts = [a["action"] for a in w.audit(h)]
+        assert acts[-2:] == ["rollback", "runbook-bad-release"], acts
+        assert w.state(h)["releases"][o["a"]]["state"] == "good"
 
 
 def test_live_scenarios_wall_time(live):
