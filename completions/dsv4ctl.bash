@@ -6,12 +6,12 @@
 
 _dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set available_bytes chunked_prefill_size context_length cuda_graph_max_bs disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_memory_mib index_k_accounting index_k_dtype max_prefill_tokens max_running_requests max_total_tokens mem_fraction_static model moe_a2a_backend other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
 _dsv4ctl_w2='dsv4-flash-8xb200-pd'
-_dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
+_dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-corruption transfer-wedge'
 
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit diagnose patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -32,6 +32,7 @@ _dsv4ctl_opts() {
     'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
+    'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -48,8 +49,8 @@ _dsv4ctl_opts() {
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
     'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown -h --help' ;;
     'runbook') echo '-h --help' ;;
-    'runbook list') echo '-h --help' ;;
-    'runbook show') echo '-h --help' ;;
+    'runbook list') echo '--json -h --help' ;;
+    'runbook show') echo '--json -h --help' ;;
     'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -h --help' ;;
   esac
 }
@@ -82,6 +83,11 @@ _dsv4ctl_optkind() {
     'logs|--interval') echo any ;;
     'audit|--since') echo any ;;
     'audit|--host') echo any ;;
+    'diagnose|-g'|'diagnose|--group') echo any ;;
+    'diagnose|--since') echo any ;;
+    'diagnose|--window') echo any ;;
+    'diagnose|-n'|'diagnose|--lines') echo any ;;
+    'diagnose|--api-key') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -152,6 +158,7 @@ _dsv4ctl_argkind() {
     'logs|0') echo any ;;
     'logs|1') echo yaml:w2 ;;
     'audit|0') echo yaml:w2 ;;
+    'diagnose|0') echo yaml:w2 ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;

@@ -5,12 +5,12 @@
 
 set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'available_bytes' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_prefill_tokens' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'model' 'moe_a2a_backend' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
 set -g __dsv4ctl_w2 'dsv4-flash-8xb200-pd'
-set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transfer-wedge'
+set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-stall' 'toolcall-corruption' 'transfer-wedge'
 
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote status logs audit patch config hicache check runbook
+            echo plan deploy rollback releases promote status logs audit diagnose patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -41,6 +41,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] -n --lines --host --grep --interval
         case 'audit'
             contains -- $argv[2] --since --host
+        case 'diagnose'
+            contains -- $argv[2] -g --group --since --window -n --lines --api-key
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -152,6 +154,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state, process alive, /health,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on, each line prefixed with th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
@@ -237,6 +240,15 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.au
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'audit\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -d 'Only this server group (repeatable).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l since -r -f -d 'Only log lines from this time on: 15m, 2h or an ISO time (UTC).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l window -r -f -d 'Seconds between the two /metrics reads (0..300).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s n -l lines -r -f -d 'Log lines read per group (1..100000).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l json -d 'Print the dsv4ctl.diagnose/1 document (README).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l api-key -r -f -d 'Bearer token for /server_info (or DSV4CTL_API_KEY).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'diagnose\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'
@@ -352,9 +364,11 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l markdown -d 'Print Markd
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'list' -d 'List the shipped runbooks.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'show' -d 'Print a runbook\'s steps with their conditions.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'run' -d 'Run a runbook step by step. Exit 0 completed, 1 a step failed or was declined...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'run' -d 'Run a runbook step by step; the state and incident report are written after e...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -l json -d 'Print [{name, description, pd_only, path}] as JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -l json -d 'Print the runbook (name, description, pd_only, steps) as JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook show\' 0' -f -a '(__dsv4ctl_yaml w3)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile path or shipped name (or DSV4CTL_PROFILE); required unless --dry-run.'

@@ -5,12 +5,11 @@ import json
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
 from tests.conftest import REPO
+from tests.standin.harness import wait_health
 
 
 def _free_port() -> int:
@@ -30,12 +29,7 @@ def standin(tmp_path):
                              "--port", str(port), "--ttft-ms", "2", "--itl-ms", "0"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.05)
+    wait_health(url, timeout=120)      # a loaded machine takes many seconds to start it
     yield url
     proc.terminate()
     proc.wait(10)

@@ -83,3 +83,40 @@ def test_dry_run_of_an_invalid_playbook_creates_no_folder(cli, tmp_path):
     pb.write_text("name: ok\nsteps:\n  - id: a\n    action: note\n")
     r = cli("runbook", "run", str(pb), "--dry-run", env={"DSV4CTL_STATE_DIR": str(state)})
     assert r.code == 0 and "record a note:" in r.out and not state.exists()
+
+
+def test_list_and_show_json(cli):
+    r = cli("runbook", "list", "--json")
+    assert r.code == 0, r.err
+    rows = {x["name"]: x for x in json.loads(r.out)}
+    assert set(rows) >= {"toolcall-corruption", "hicache-crash", "scheduler-stall", "transfer-wedge"}
+    assert rows["transfer-wedge"]["pd_only"] is True and rows["toolcall-corruption"]["pd_only"] is False
+    s = cli("runbook", "show", "toolcall-corruption", "--json")
+    doc = json.loads(s.out)
+    steps = {x["id"]: x for x in doc["steps"]}
+    assert steps["measure"]["continue_on_failure"] is True and steps["diag"]["when"] == "measure.ok == false"
+    assert "groups" not in steps["hicache_off"]["args"]      # no hard-coded prefill: colocated works
+
+
+def test_yaml11_boolean_step_id_gets_a_quote_hint(cli, tmp_path):
+    pb = tmp_path / "b.yaml"
+    pb.write_text("name: b\nsteps:\n  - id: off\n    action: note\n")
+    r = cli("runbook", "show", str(pb))
+    assert r.code == 2 and "Traceback" not in r.err
+    assert 'steps[0].id: read as the boolean False' in r.err and 'quote it, e.g. id: "off"' in r.err
+
+
+def test_pd_only_runbook_refuses_a_colocated_profile(cli, tmp_path):
+    import yaml
+    from tests.conftest import REPO
+    prof = yaml.safe_load((REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml").read_text())
+    src = REPO / "profiles"
+    pre = next(g for g in prof["groups"] if g["role"] == "prefill")
+    pre["role"] = "colocated"
+    pre["serve_config"] = str((src / pre["serve_config"]).resolve())
+    prof["groups"] = [pre]
+    p = tmp_path / "colo.yaml"
+    p.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli("runbook", "run", "transfer-wedge", "--profile", str(p), "--dry-run")
+    assert r.code == 2, r.out + r.err
+    assert "runbook transfer-wedge is for PD profiles" in r.err

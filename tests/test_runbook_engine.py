@@ -22,7 +22,7 @@ class Recorder:
                 seq = self.scripted.get(name)
                 if seq:
                     r = seq.pop(0)
-                    if isinstance(r, Exception):
+                    if isinstance(r, BaseException):
                         raise r
                     return r
                 return {"ok": True}
@@ -128,3 +128,36 @@ def test_repeat_until_is_capped():
 def test_playbook_validation(bad, msg):
     with pytest.raises(InputError, match=msg):
         load_playbook_data(bad, "x.yaml", Recorder({}).actions())
+
+
+def test_interrupt_mid_step_is_recorded_saved_and_resumable():
+    rec = Recorder({"measure": [{"ok": True, "upper": 0.5}], "mitigate": [KeyboardInterrupt()]})
+    acts = rec.actions()
+    pb = load_playbook_data(PB, "pb", acts)
+    saved = []
+    state = RunState("toy", "r1")
+    with pytest.raises(KeyboardInterrupt):
+        execute(pb, acts, None, state, save=lambda s: saved.append(s.to_dict()))
+    assert state.failed_step == "fix" and state.timeline[-1].status == "interrupted"
+    assert saved[-1]["failed_step"] == "fix" and "fix" not in saved[-1]["done"]
+    # resume re-runs the interrupted step
+    rec.scripted["mitigate"] = [{"ok": True}]
+    execute(pb, acts, None, state)
+    assert state.failed_step is None and [c[0] for c in rec.calls].count("mitigate") == 2
+
+
+def test_dry_run_marks_a_step_whose_describe_fails():
+    def boom(ctx, args):
+        raise RuntimeError("cannot connect to 127.0.0.1:22")
+    acts = {"measure": Action("measure", False, lambda c, a: {"ok": True}, boom),
+            "note": Action("note", False, lambda c, a: {"ok": True}, lambda c, a: ["a note"])}
+    pb = load_playbook_data({"name": "d", "steps": [{"id": "m", "action": "measure"}, {"id": "n", "action": "note"}]},
+                            "pb", acts)
+    st = execute(pb, acts, None, RunState("d", "r"), dry_run=True)
+    assert [e.status for e in st.timeline] == ["dry-run-error", "dry-run"]
+    assert st.timeline[0].lines == ["would stop: RuntimeError: cannot connect to 127.0.0.1:22"]
+
+
+def test_yaml11_boolean_id_hint():
+    with pytest.raises(InputError, match=r'steps\[0\]\.id: read as the boolean False .*quote it'):
+        load_playbook_data({"name": "x", "steps": [{"id": False, "action": "note"}]}, "pb", Recorder({}).actions())

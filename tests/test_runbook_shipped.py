@@ -1,5 +1,6 @@
 """Every shipped runbook validates, and its --dry-run changes nothing anywhere (default profile:
-its host is 127.0.0.1 with no sshd, so remote facts fail to connect and are reported as lines)."""
+its host is 127.0.0.1 with no sshd, so remote facts fail to connect: the step says the run would
+stop there and the dry run exits 1, issue 18)."""
 
 import hashlib
 
@@ -14,8 +15,9 @@ def _digest(root):
     return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_the_four_runbooks_ship():
-    assert PLAYBOOKS == ["bad-release", "oom-at-startup", "toolcall-corruption", "transfer-wedge"]
+def test_the_six_runbooks_ship():
+    assert PLAYBOOKS == ["bad-release", "hicache-crash", "oom-at-startup", "scheduler-stall", "toolcall-corruption",
+                         "transfer-wedge"]
 
 
 @pytest.mark.parametrize("name", PLAYBOOKS)
@@ -23,8 +25,12 @@ def test_dry_run_changes_nothing(cli, tmp_path, name):
     before = _digest(REPO / "profiles")
     state = tmp_path / "state"
     r = cli("runbook", "run", name, "--dry-run", env={"DSV4CTL_STATE_DIR": str(state)}, timeout=300)
-    assert r.code == 0, r.err
     assert "Traceback" not in r.out + r.err
+    stops = [ln.split()[0] for ln in r.out.splitlines() if "would stop:" in ln]
+    if stops:   # a step's dry run cannot reach the (absent) host: exit 1 naming the first one
+        assert r.code == 1 and f"the run would stop at step {stops[0]} " in r.err, r.err
+    else:
+        assert r.code == 0, r.err
     assert _digest(REPO / "profiles") == before
     assert not list(state.rglob("state.json")) and not list(state.rglob("incident.json"))
     shown = cli("runbook", "show", name)

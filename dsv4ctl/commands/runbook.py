@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import InputError, VerdictError
+from ..errors import EXIT_INTERRUPTED, DsvError, InputError, VerdictError
 
 runbook_app = typer.Typer(help="Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--resume.",
                           no_args_is_help=True)
@@ -37,22 +37,48 @@ def _load(name: str, actions):
     return load_playbook_data(data, str(path), actions)
 
 
+def _pd_profile(prof) -> bool:
+    roles = {g.role for g in prof.servers()}
+    return "prefill" in roles and "decode" in roles
+
+
 @runbook_app.command("list")
-def list_() -> None:
-    """List the shipped runbooks."""
+def list_(as_json: bool = typer.Option(False, "--json", help="Print [{name, description, pd_only, path}] as JSON.")) -> None:
+    """List the shipped runbooks.
+
+    Example: dsv4ctl runbook list --json"""
     from ..resources import shipped_dir
     from ..profile.yamlpos import load_yaml
+    rows = []
     for p in sorted(shipped_dir("playbooks").glob("*.yaml")):
         data, _ = load_yaml(p)
-        print(f"{p.stem:24} {(data or {}).get('description', '').splitlines()[0] if data else ''}")
+        data = data if isinstance(data, dict) else {}
+        desc = str(data.get("description", "")).strip()
+        rows.append({"name": p.stem, "description": desc, "pd_only": bool(data.get("pd_only", False)), "path": str(p)})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        first = r["description"].splitlines()[0] if r["description"] else ""
+        print(f"{r['name']:24} {'[PD only] ' if r['pd_only'] else ''}{first}")
 
 
 @runbook_app.command("show")
-def show(name: str = typer.Argument(..., help="Runbook name or playbook path.")) -> None:
-    """Print a runbook's steps with their conditions."""
+def show(name: str = typer.Argument(..., help="Runbook name or playbook path."),
+         as_json: bool = typer.Option(False, "--json", help="Print the runbook (name, description, pd_only, steps) as JSON.")) -> None:
+    """Print a runbook's steps with their conditions.
+
+    Example: dsv4ctl runbook show toolcall-corruption"""
     from ..runbook.actions import builtin_actions
     pb = _load(name, builtin_actions())
-    print(f"{pb.name}: {pb.description}")
+    if as_json:
+        print(json.dumps({"name": pb.name, "description": pb.description, "pd_only": pb.pd_only,
+                          "steps": [{"id": s.id, "action": s.action, "args": s.args, "when": s.when,
+                                     "repeat_max": s.repeat_max, "until": s.until,
+                                     "continue_on_failure": s.continue_on_failure, "description": s.description}
+                                    for s in pb.steps]}, indent=2))
+        return
+    print(f"{pb.name}: {'[PD only] ' if pb.pd_only else ''}{pb.description}")
     for i, s in enumerate(pb.steps, 1):
         cond = f"  [only if {s.when}]" if s.when else ""
         rep = f"  [repeat ≤{s.repeat_max}{' until ' + s.until if s.until else ''}]" if s.repeat_max > 1 else ""
@@ -68,7 +94,13 @@ def run(
     resume: Optional[str] = typer.Option(None, "--resume", help="Resume run ID from its failed (or declined) step."),
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where the run's state and incident report go (default: $DSV4CTL_STATE_DIR/runs/ID)."),
 ) -> None:
-    """Run a runbook step by step. Exit 0 completed, 1 a step failed or was declined, 2 bad input."""
+    """Run a runbook step by step; the state and incident report are written after every step.
+
+    Examples: dsv4ctl runbook run toolcall-corruption -p profiles/my.yaml --dry-run ·
+    dsv4ctl runbook run scheduler-stall -p profiles/my.yaml --yes
+
+    Exit 0 completed · 1 a step failed or was declined (or, with --dry-run, a step reports that the
+    run would stop) · 2 bad input · 130 interrupted (SIGINT or SIGTERM; resume with --resume ID)."""
     from ..runbook.actions import RunContext, builtin_actions
     from ..runbook.engine import RunState, execute
     from ..runbook.report import incident_document, incident_markdown
@@ -80,7 +112,11 @@ def run(
     # step sends traffic to or changes the profile's hosts (or tree): then the profile must be named
     local_only = all(s.action in ("note", "wait", "plan") or (s.action.startswith("check.") and (s.args or {}).get("url"))
                      for s in pb.steps)
-    prof = load_deployment_arg(profile, acts_on_hosts=not (dry_run or local_only)).profile
+    dep = load_deployment_arg(profile, acts_on_hosts=not (dry_run or local_only))
+    prof = dep.profile
+    if pb.pd_only and not _pd_profile(dep):
+        raise InputError(f"runbook {pb.name} is for PD profiles (prefill and decode groups); {dep.name} has none: "
+                         "use toolcall-corruption, scheduler-stall or hicache-crash on a colocated profile")
     if resume:
         run_dir = report_dir or _state_root() / resume
         state_file = run_dir / "state.json"
@@ -119,47 +155,116 @@ def run(
         except OSError as e:
             raise InputError(f"run folder {run_dir}: not writable ({e.strerror or e})") from None
     state_file = run_dir / "state.json"
+    ctx = RunContext(profile=prof, run_dir=run_dir, say=lambda m: print(m, flush=True))
+
+    def write_report(st: RunState) -> dict:
+        doc = incident_document(st, who=getpass.getuser(), profile=prof.name, dry_run=dry_run)
+        if not dry_run:
+            _atomic(run_dir / "incident.json", json.dumps(doc, indent=2, default=str))
+            _atomic(run_dir / "incident.md", incident_markdown(doc))
+        return doc
 
     def save(st: RunState) -> None:
+        # after every step: the state (for --resume) and the incident report so far
         if dry_run:
             return
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(st.to_dict(), indent=2, default=str))
-        tmp.replace(state_file)
+        _atomic(state_file, json.dumps(st.to_dict(), indent=2, default=str))
+        write_report(st)
 
     def confirm(step, lines) -> bool:
+        measured = _measured(state)
         if yes:
+            for line in measured:
+                print(f"  {line}")
             return True
         if not os.isatty(0):
             raise InputError(f"step {step.id} ({step.action}) changes things; confirm interactively or pass --yes")
         print(f"step {step.id}: {step.action}")
+        if measured:
+            print("  measured so far:")
+            for line in measured:
+                print(f"    {line}")
         for line in lines:
             print(f"  {line}")
         return typer.confirm("run it?", default=False)
 
-    ctx = RunContext(profile=prof, run_dir=run_dir)
-    try:
-        state = execute(pb, actions, ctx, state, dry_run=dry_run, confirm=confirm, save=save)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
-    doc = incident_document(state, who=getpass.getuser(), profile=prof.name, dry_run=dry_run)
-    for e in state.timeline[-len(pb.steps):] if dry_run else []:
-        print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))
     if not dry_run:
-        (run_dir / "incident.json").write_text(json.dumps(doc, indent=2, default=str))
-        (run_dir / "incident.md").write_text(incident_markdown(doc))
-        print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
-        if ctx.touched_hosts:
-            from ..runbook.actions import audit_touched
-            rec = {"action": f"runbook-{pb.name}", "result": "completed" if doc["completed"] else "stopped",
-                   "detail": state.failed_step or "", "run_id": state.run_id,
-                   "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
-            for w in audit_touched(ctx, rec):
-                print(f"warning: {w}")
-    if not doc["completed"] and not dry_run:
+        print(f"run {state.run_id}: {pb.name} on {prof.name}; state and report in {run_dir}", flush=True)
+    interrupted = False
+    with _signals_as_interrupt():
+        try:
+            state = execute(pb, actions, ctx, state, dry_run=dry_run, confirm=confirm, save=save)
+        except KeyboardInterrupt:
+            interrupted = True
+            for child in list(ctx.children):
+                from ..runbook.actions import stop_child
+                stop_child(child)
+        finally:
+            if scratch is not None:
+                scratch.cleanup()
+    doc = write_report(state)
+    if dry_run:
+        for e in state.timeline[-len(pb.steps):]:
+            print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))
+        bad = [e.step for e in state.timeline[-len(pb.steps):] if e.status == "dry-run-error"]
+        if bad:
+            raise VerdictError(f"runbook {pb.name} --dry-run: the run would stop at step {bad[0]} "
+                               f"({len(bad)} step(s) report an error above)")
+        return
+    save(state)
+    print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
+    if ctx.touched_hosts:
+        from ..runbook.actions import audit_touched
+        rec = {"action": f"runbook-{pb.name}",
+               "result": "interrupted" if interrupted else "completed" if doc["completed"] else "stopped",
+               "detail": state.failed_step or "", "run_id": state.run_id,
+               "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
+        for w in audit_touched(ctx, rec):
+            print(f"warning: {w}")
+    if interrupted:
+        raise DsvError(f"runbook {pb.name} interrupted at {state.failed_step or 'a step'}; "
+                       f"resume with --resume {state.run_id}", EXIT_INTERRUPTED)
+    if not doc["completed"]:
         where = state.failed_step or "a declined step"
         raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with --resume {state.run_id}")
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _measured(state) -> list[str]:
+    """One line per step that ran with a finding (numbers first), for the confirmation."""
+    from ..runbook.report import _short
+    return [f"{sid}: {_short(r)}" for sid, r in state.results.items() if r.get("ran")]
+
+
+class _signals_as_interrupt:
+    """SIGTERM (and SIGHUP) raise KeyboardInterrupt in the main thread while the run lasts, so
+    they are handled exactly like Ctrl-C: the step is recorded as interrupted, children stopped,
+    the state and report written, exit 130."""
+
+    def __enter__(self):
+        import signal
+        self._old = {}
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._old[sig] = signal.signal(sig, self._raise)
+            except (ValueError, OSError):    # not the main thread
+                pass
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        import signal
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+        return False
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import InputError
-from .engine import Action
+from .engine import DRY_RUN_ERROR, Action
 
 MAX_WAIT_S = 3600
 
@@ -27,6 +27,7 @@ class RunContext:
     sleep: Callable[[float], None] = time.sleep
     extra: dict = field(default_factory=dict)
     touched_hosts: set = field(default_factory=set)   # hosts a mutating step changed (audit)
+    children: set = field(default_factory=set)        # dsv4ctl child processes running now
     _deployment: Any = None
 
     @property
@@ -116,15 +117,71 @@ def _run_cli(ctx: RunContext, argv: list[str], evidence: str) -> tuple[int, Any,
     import json
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True)
-    (ctx.run_dir / f"{evidence}.out").write_text(proc.stdout)
-    (ctx.run_dir / f"{evidence}.err").write_text(proc.stderr)
+    out_p, err_p = ctx.run_dir / f"{evidence}.out", ctx.run_dir / f"{evidence}.err"
+    # the child runs in its own process group: on SIGINT/SIGTERM of the runbook it is stopped
+    # (TERM to its group, KILL after CHILD_STOP_S) before the runbook exits, so nothing keeps
+    # changing hosts behind an interrupted run
+    with open(out_p, "w") as fo, open(err_p, "w") as fe:
+        proc = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", *argv], stdout=fo, stderr=fe,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        ctx.children.add(proc)
+        t0 = time.monotonic()
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=PROGRESS_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    ctx.say(f"  ... dsv4ctl {argv[0]}{' ' + argv[1] if len(argv) > 1 and not argv[1].startswith(('/', '-')) else ''}"
+                            f" running for {time.monotonic() - t0:.0f} s{_progress_hint(ctx, argv)}")
+        except BaseException:
+            stop_child(proc)
+            raise
+        finally:
+            ctx.children.discard(proc)
+    stdout, stderr = out_p.read_text(), err_p.read_text()
     try:
-        doc = json.loads(proc.stdout) if proc.stdout.strip().startswith(("{", "[")) else None
+        doc = json.loads(stdout) if stdout.strip().startswith(("{", "[")) else None
     except ValueError:
         doc = None
-    err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    err = stderr.strip().splitlines()[-1] if stderr.strip() else ""
     return proc.returncode, doc, err
+
+
+#: seconds between progress lines while a child command runs; seconds a stopped child gets
+PROGRESS_S = 10.0
+CHILD_STOP_S = 20.0
+
+
+def _progress_hint(ctx: RunContext, argv: list[str]) -> str:
+    """``, N turns done`` for a check load writing ``--records`` (lines so far), else ''."""
+    if "--records" in argv:
+        try:
+            with open(argv[argv.index("--records") + 1], "rb") as f:
+                return f", {sum(1 for _ in f)} turns done"
+        except (OSError, IndexError):
+            return ""
+    return ""
+
+
+def stop_child(proc) -> None:
+    """SIGTERM the child's process group, SIGKILL it after :data:`CHILD_STOP_S` s (the child
+    finishes or undoes its change and writes its audit record in between)."""
+    import os
+    import signal
+    import subprocess
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, CHILD_STOP_S), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _profile_args(ctx: RunContext) -> list[str]:
@@ -151,10 +208,16 @@ def _check_load_run(ctx: RunContext, args: dict) -> dict:
     argv = _check_load_argv(ctx, args) + ["--records", str(ctx.run_dir / f"{name}.jsonl")]
     code, doc, err = _run_cli(ctx, argv, name)
     if code not in (0, 1) or not isinstance(doc, dict):
-        return {"ok": False, "error": err or f"check load exited {code}"}
+        return {"ok": False, "reachable": False, "error": err or f"check load exited {code}"}
     levels = doc.get("levels", [])
+    crashed = [lv for lv in levels if lv.get("crashed")]
+    if crashed:
+        # the server stopped answering: not a measurement of corruption; the playbook diagnoses
+        return {"ok": False, "reachable": False, "passed": False, "crashed": True,
+                "error": crashed[0].get("crash_reason") or err or "the server stopped answering",
+                "evidence": f"{name}.out"}
     worst = max(levels, key=lambda lv: lv["wilson95"][1]) if levels else {"wilson95": [None, None]}
-    return {"ok": True, "passed": code == 0, "corruption_rate": worst.get("rate"),
+    return {"ok": True, "reachable": True, "passed": code == 0, "corruption_rate": worst.get("rate"),
             "corruption_upper": worst["wilson95"][1], "concurrency": worst.get("concurrency"),
             "stuck": sum(lv.get("stuck", 0) for lv in levels),
             "transfer_failed": sum((lv.get("metrics") or {}).get("sglang:num_transfer_failed_reqs_total", 0) for lv in levels),
@@ -168,8 +231,8 @@ def _check_smoke_run(ctx: RunContext, args: dict) -> dict:
     base = ["check", "smoke"] + ([url] if url else ["--profile", str(ctx.profile.path)])
     code, doc, err = _run_cli(ctx, _cli_argv(ctx, base, a, {"model": "--model", "timeout": "--timeout"}) + ["--json"], "check-smoke")
     if code not in (0, 1):
-        return {"ok": False, "error": err or f"check smoke exited {code}"}
-    return {"ok": True, "passed": code == 0, "evidence": "check-smoke.out"}
+        return {"ok": False, "reachable": False, "error": err or f"check smoke exited {code}"}
+    return {"ok": True, "reachable": True, "passed": code == 0, "evidence": "check-smoke.out"}
 
 
 _HICACHE_FLAGS = {"groups": "--group", "ratio": "--ratio", "write_policy": "--write-policy",
@@ -193,7 +256,7 @@ def _hicache(state: str):
     def describe(ctx: RunContext, args: dict) -> list[str]:
         code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"hicache-{state}-dry-run")
         out = (ctx.run_dir / f"hicache-{state}-dry-run.out").read_text().splitlines()
-        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([err] if code else [])
+        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
     return run, describe
 
 
@@ -239,6 +302,11 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     timeout = float(args.get("health_timeout", dep.deploy.health_timeout_s))
     py = dep.deploy.python
     urls = {g.name: dep.groups[g.name].url for g in groups}
+    # a group whose process is gone cannot be restarted from /proc: start it from the active
+    # release's launch spec instead (the server-down case)
+    from ..hosts.audit import now_iso
+    ctx.extra["last_start"] = now_iso()
+    dead = start_dead_groups(ctx, groups)
     transports = {}
     try:
         done = {}
@@ -248,19 +316,22 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
             transports[host.name] = t
             root = dep.host_root(host.name)
             check_unlocked(t, root)
-            done[g.name] = (t, root, run_restart(t, py, root, g.name))
+            if g.name in dead:
+                done[g.name] = (t, root, dead[g.name])
+            else:
+                done[g.name] = (t, root, run_restart(t, py, root, g.name))
             ctx.touched_hosts.add(host.name)
         health = wait_health({g.name: urls[g.name] for g in groups}, timeout)
         for g in groups:
             t, root, info = done[g.name]
             append_jsonl(t, f"{root}/audit.jsonl", audit_record(
-                t.name, "service-restart", "ok" if health[g.name] is None else "unhealthy",
-                health[g.name] or "", group=g.name))
+                t.name, "service-start" if g.name in dead else "service-restart",
+                "ok" if health[g.name] is None else "unhealthy", health[g.name] or "", group=g.name))
     finally:
         for t in transports.values():
             t.close()
     bad = {k: v for k, v in health.items() if v}
-    return {"ok": not bad, "groups": [g.name for g in groups],
+    return {"ok": not bad, "groups": [g.name for g in groups], "started": sorted(dead),
             **({"error": "; ".join(f"{k}: {v}" for k, v in bad.items())} if bad else {})}
 
 
@@ -293,7 +364,7 @@ def _deploy_like(verb: str):
     def describe(ctx: RunContext, args: dict) -> list[str]:
         code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"{verb}-dry-run")
         out = (ctx.run_dir / f"{verb}-dry-run.out").read_text().splitlines()
-        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([err] if code else [])
+        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
     return run, describe
 
 
@@ -315,6 +386,157 @@ def audit_touched(ctx: RunContext, record: dict) -> list[str]:
         except Exception as e:  # noqa: BLE001 - the local report is kept; say which host missed it
             warnings.append(f"{name}: audit record not written ({e})")
     return warnings
+
+
+def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False) -> dict[str, dict]:
+    """Start each of ``groups`` whose process is not running, from the host's active release
+    (``current/launch.json``, the same start command a deploy uses; launcher or systemd as the
+    host runs). Running groups are left alone. Returns {group: {"how": "start", "release": RID}}
+    for the groups started (with ``dry_run``: would start, nothing run). RemoteError naming the
+    host when a group has no active release or launch spec."""
+    from ..deploy.site import Options, open_site
+    from ..deploy.steps import start_command
+    from ..errors import RemoteError
+    from ..hosts.layout import read_facts
+    from ..hosts.lock import check_unlocked
+    from ..hosts.service import backend
+    dep = ctx.deployment
+    site = open_site(dep, Options())
+    out: dict[str, dict] = {}
+    try:
+        for g in groups:
+            t, p = site.transports[g.host], site.paths[g.host]
+            f = read_facts(t, p.root)
+            svc = backend(dep.deploy.service, f.systemd)
+            if t.run(svc.alive_cmd(p, g.name), check=False).code == 0:
+                continue
+            spec = (f.current_launch or {}).get(g.name)
+            if not f.current or not spec:
+                raise RemoteError(f"{g.host}: group {g.name} is not running and the host has no active "
+                                  f"release with a launch spec for it ({p.current}/launch.json)")
+            out[g.name] = {"how": "start", "release": f.current}
+            if dry_run:
+                continue
+            check_unlocked(t, p.root)
+            t.run(svc.start_cmd(p, g.name, f.current, start_command(site, g.host, f.current, g.name, spec),
+                                spec.get("env", {})), timeout=60)
+            ctx.touched_hosts.add(g.host)
+    finally:
+        site.close()
+    return out
+
+
+def _start_describe(ctx: RunContext, args: dict) -> list[str]:
+    return [f"{g.host}: start group {g.name} from the active release if its process is not running "
+            "(running groups are left alone), wait for /health, audit" for g in ctx.groups(args)]
+
+
+def _start_run(ctx: RunContext, args: dict) -> dict:
+    """Start the groups that are not running (:func:`start_dead_groups`), wait for /health of the
+    ones started, one audit record per group started."""
+    from ..hosts.audit import audit_record
+    from ..hosts.health import wait_health
+    from ..remote import append_jsonl, connect
+    dep = ctx.deployment
+    groups = ctx.groups(args)
+    timeout = float(args.get("health_timeout", dep.deploy.health_timeout_s))
+    from ..hosts.audit import now_iso
+    ctx.extra["last_start"] = now_iso()
+    started = start_dead_groups(ctx, groups)
+    if started:
+        ctx.say(f"started {', '.join(sorted(started))}; waiting for /health (timeout {timeout:g} s)")
+    health = wait_health({n: dep.groups[n].url for n in started}, timeout) if started else {}
+    for n in started:
+        g = dep.groups[n]
+        t = connect(ctx.profile.hosts[g.group.host], hosts=ctx.profile.hosts)
+        try:
+            append_jsonl(t, f"{g.root}/audit.jsonl", audit_record(
+                t.name, "service-start", "ok" if health[n] is None else "unhealthy", health[n] or "", group=n))
+        finally:
+            t.close()
+    bad = {k: v for k, v in health.items() if v}
+    return {"ok": not bad, "started": sorted(started),
+            "already_running": sorted(g.name for g in groups if g.name not in started),
+            **({"error": "; ".join(f"{k}: {v}" for k, v in bad.items())} if bad else {})}
+
+
+_CRASH_RULES = ("cuda_oom", "illegal_memory_access", "nan_sampling", "hicache_load_back", "kernel_argument", "dead_rank")
+_STALL_RULES = ("watchdog_stall", "transfer_error", "transfer_wedge", "gpu_busy_no_progress", "never_scheduled")
+
+
+def _diagnose_argv(ctx: RunContext, args: dict) -> list[str]:
+    a = dict(args)
+    a.setdefault("window", 2)
+    return _cli_argv(ctx, ["diagnose"] + _profile_args(ctx), a,
+                     {"groups": "--group", "since": "--since", "window": "--window", "lines": "--lines"}) + ["--json"]
+
+
+def summarize_diagnosis(doc: dict) -> dict:
+    """The fields a playbook's conditions use, from a ``dsv4ctl.diagnose/1`` document (pure):
+    ``healthy``, ``rule``/``cause``/``runbook`` of the top finding, ``hicache_crash`` (a finding
+    names the hicache-crash runbook), ``crash``, ``stall``, ``down`` (a group not alive or not
+    answering /health), ``rules`` (every rule that fired), ``groups`` (groups with a finding)."""
+    fs = [f for f in doc.get("findings", []) if f["rule"] != "healthy"]
+    top = fs[0] if fs else None
+    gd = doc.get("groups", {})
+    return {"healthy": bool(doc.get("ok")), "rule": top["rule"] if top else "healthy",
+            "cause": top["cause"] if top else "healthy", "runbook": top["runbook"] if top else None,
+            "hicache_crash": any(f["runbook"] == "hicache-crash" for f in fs),
+            "crash": any(f["rule"] in _CRASH_RULES for f in fs), "stall": any(f["rule"] in _STALL_RULES for f in fs),
+            "down": any(g.get("alive") is False or g.get("health") != "ok" for g in gd.values()),
+            "rules": sorted({f["rule"] for f in fs}), "groups": sorted({f["group"] for f in fs}),
+            "evidence": [e for f in fs[:3] for e in f["evidence"][:2]]}
+
+
+def _diagnose_run(ctx: RunContext, args: dict) -> dict:
+    n = sum(1 for _ in ctx.run_dir.glob("diagnose*.out"))
+    code, doc, err = _run_cli(ctx, _diagnose_argv(ctx, args), f"diagnose-{n + 1}")
+    if code not in (0, 1) or not isinstance(doc, dict):
+        return {"ok": False, "error": err or f"diagnose exited {code}"}
+    out = {"ok": True, **summarize_diagnosis(doc), "evidence_file": f"diagnose-{n + 1}.out"}
+    ctx.say(f"diagnose: {out['cause']}" + (f" -> runbook {out['runbook']}" if out["runbook"] else ""))
+    for e in out["evidence"]:
+        ctx.say(f"    {e}")
+    return out
+
+
+def _watch_run(ctx: RunContext, args: dict) -> dict:
+    """Diagnose every ``interval`` s for ``seconds`` (bounded), counting the polls in which a
+    crash signature or a KV canary violation (``count: crash``, the default) or any finding but
+    healthy (``count: any``) shows in the evidence since the watch started (``from: last_start``:
+    since the last service.restart/service.start of this run; a resumed run starts from now);
+    stops early at ``stop_after`` such polls. ``repeats`` > 0 means it came back."""
+    from ..hosts.audit import now_iso
+    secs = _wait_seconds({"seconds": args.get("seconds", 60)})
+    interval = max(1.0, float(args.get("interval", 10)))
+    stop_after = int(args.get("stop_after", 1))
+    count = args.get("count", "crash")
+    if count not in ("crash", "any"):
+        raise InputError(f"watch: count must be crash or any, got {count!r}")
+    since = ctx.extra.get("last_start") if args.get("from") == "last_start" else None
+    since = since or now_iso()
+    unknown = sorted(set(args) - {"seconds", "interval", "stop_after", "count", "from", "groups"})
+    if unknown:
+        raise InputError(f"watch: unknown argument(s) {', '.join(unknown)}")
+    a = {k: v for k, v in args.items() if k in ("groups",)}
+    a.update(since=since, window=0)
+    t_end = time.monotonic() + secs
+    polls, repeats, canary, last = 0, 0, 0, {}
+    while True:
+        polls += 1
+        last = _diagnose_run(ctx, a)
+        if last.get("ok"):
+            hit = (not last.get("healthy") and last.get("rule") != "unknown") if count == "any" else \
+                bool(last.get("crash") or "kv_canary" in last.get("rules", []))
+            if hit:
+                repeats += 1
+            canary += int("kv_canary" in last.get("rules", []))
+        ctx.say(f"watch: poll {polls}, {max(0.0, t_end - time.monotonic()):.0f} s left, repeats {repeats}")
+        if repeats >= stop_after or time.monotonic() + interval > t_end:
+            break
+        ctx.sleep(interval)
+    return {"ok": True, "polls": polls, "repeats": repeats, "canary_polls": canary, "since": since,
+            "rule": last.get("rule"), "cause": last.get("cause")}
 
 
 def _describe(fmt: str) -> Callable[[RunContext, dict], list[str]]:
@@ -339,6 +561,13 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
         run, describe = _patch(verb)
         acts[f"patch.{verb}"] = Action(f"patch.{verb}", True, run, describe)
     acts["service.restart"] = Action("service.restart", True, _restart_run, _restart_describe)
+    acts["service.start"] = Action("service.start", True, _start_run, _start_describe)
+    acts["diagnose"] = Action("diagnose", False, _diagnose_run,
+                              lambda ctx, a: [f"dsv4ctl {' '.join(_diagnose_argv(ctx, a))}"])
+    acts["watch"] = Action("watch", False, _watch_run, lambda ctx, a: [
+        f"diagnose every {float(a.get('interval', 10)):g} s for at most {_wait_seconds({'seconds': a.get('seconds', 60)}):g} s: "
+        + ("count any finding" if a.get("count") == "any" else "count crash signatures and KV canary violations")
+        + (" logged since the last (re)start" if a.get("from") == "last_start" else " logged since the watch began")])
     for verb in ("deploy", "rollback"):
         run, describe = _deploy_like(verb)
         acts[verb] = Action(verb, True, run, describe)

@@ -29,6 +29,8 @@ import jsonschema
 from ..errors import InputError
 
 MAX_STEPS = 100
+#: a describe line starting with this says the real run would stop at that step (dry-run exit 1)
+DRY_RUN_ERROR = "would stop:"
 MAX_ARGS_DEPTH = 8
 
 
@@ -49,6 +51,7 @@ PLAYBOOK_SCHEMA: dict = {
     "properties": {
         "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]*$"},
         "description": {"type": "string"},
+        "pd_only": {"type": "boolean"},
         "steps": {
             "type": "array", "minItems": 1, "maxItems": MAX_STEPS,
             "items": {
@@ -172,12 +175,30 @@ class Playbook:
     name: str
     description: str
     steps: list[Step]
+    pd_only: bool = False       # needs prefill and decode groups (a colocated profile is refused)
+
+
+_YAML11_BOOLS = "on/off/yes/no/true/false"
+
+
+def _bool_hint(data: dict, where: str) -> None:
+    """A step id or playbook name that YAML 1.1 read as a boolean (``id: off``) gets a hint to
+    quote it instead of the schema's "False is not of type 'string'"."""
+    if isinstance(data.get("name"), bool):
+        raise InputError(f"{where}: name: read as the boolean {data['name']} (YAML 1.1 reads "
+                         f"{_YAML11_BOOLS} as booleans): quote it, e.g. name: \"off\"")
+    steps = data.get("steps")
+    for i, st in enumerate(steps if isinstance(steps, list) else []):
+        if isinstance(st, dict) and isinstance(st.get("id"), bool):
+            raise InputError(f"{where}: steps[{i}].id: read as the boolean {st['id']} (YAML 1.1 reads "
+                             f"{_YAML11_BOOLS} as booleans): quote it, e.g. id: \"off\"")
 
 
 def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Playbook:
     """Validate a parsed playbook against the schema, the action registry and the conditions."""
     if not isinstance(data, dict):
         raise InputError(f"{where}: a playbook must be a mapping")
+    _bool_hint(data, where)
     for i, st in enumerate(data.get("steps") or [] if isinstance(data.get("steps"), list) else []):
         if isinstance(st, dict) and _depth(st.get("args")) > MAX_ARGS_DEPTH:
             raise InputError(f"{where}: steps[{i}].args: nested deeper than {MAX_ARGS_DEPTH} levels")
@@ -212,7 +233,8 @@ def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Pla
                           repeat_max=rep.get("max", 1), until=rep.get("until"),
                           continue_on_failure=s.get("continue_on_failure", False),
                           description=s.get("description", "")))
-    return Playbook(name=data["name"], description=data.get("description", ""), steps=steps)
+    return Playbook(name=data["name"], description=data.get("description", ""), steps=steps,
+                    pd_only=bool(data.get("pd_only", False)))
 
 
 @dataclass
@@ -221,7 +243,7 @@ class Event:
 
     step: str
     action: str
-    status: str             # ran | skipped | failed | dry-run | declined | resumed
+    status: str             # ran | skipped | failed | dry-run | dry-run-error | declined | interrupted
     started: float
     ended: float
     attempt: int = 1
@@ -289,10 +311,13 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
             try:
                 lines = action.describe(ctx, step.args)
             except InputError as e:     # e.g. no tree configured: the real run would stop here
-                lines = [f"would stop: {e}"]
+                lines = [f"{DRY_RUN_ERROR} {e}"]
+            except Exception as e:  # noqa: BLE001 - a describe that cannot reach a host: said, not raised
+                lines = [f"{DRY_RUN_ERROR} {type(e).__name__}: {e}"]
+            bad = any(ln.startswith(DRY_RUN_ERROR) for ln in lines)
             if step.when:
                 lines = [f"only if {step.when}"] + lines
-            state.timeline.append(Event(step.id, step.action, "dry-run", t0, t0, lines=lines))
+            state.timeline.append(Event(step.id, step.action, "dry-run-error" if bad else "dry-run", t0, t0, lines=lines))
             continue
         if step.when and not evaluate(parse_condition(step.when), state.results):
             state.results[step.id] = {"ran": False, "ok": True}
@@ -314,6 +339,13 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
             try:
                 result = dict(action.run(ctx, step.args))
             except InputError:
+                raise
+            except KeyboardInterrupt:   # SIGINT, or SIGTERM turned into one by the command
+                state.results[step.id] = {"ok": False, "ran": True, "attempts": attempt, "error": "interrupted"}
+                state.timeline.append(Event(step.id, step.action, "interrupted", t0, clock(), attempt=attempt,
+                                            result=state.results[step.id]))
+                state.failed_step = step.id
+                save(state)
                 raise
             except Exception as e:  # noqa: BLE001 - recorded in the timeline, the run stops
                 result = {"ok": False, "error": f"{type(e).__name__}: {e}"}

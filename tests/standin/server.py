@@ -33,6 +33,14 @@ the first included, with HTTP 503 before any work: a gateway that retries hides 
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
 
+Process faults for ``dsv4ctl diagnose`` and the runbooks (issue 17): ``--crash-after N`` prints the
+``--fault-log`` file (its ``# `` marker lines left out) to stdout and exits with status 1 when chat
+request N+1 arrives (``0``: at start-up, before listening: an OOM at start-up);
+``--stall-after N`` prints it once at chat N+1 and from then on holds every chat request forever
+(counted as running, no tokens) and answers ``/health`` with 503 after 1 s, as SGLang does when no
+scheduler output arrives; ``--fault-needs-hicache`` arms both only when the config turns HiCache on
+(the server restarted with HiCache off serves normally).
+
 PD behind a real gateway (tests/gateway.py): with ``disaggregation-mode: prefill`` it listens on
 ``disaggregation-bootstrap-port`` too (default 8998, SGLang's; :func:`start_bootstrap`).
 ``GET /_standin/requests`` (test-only) returns what it received (:attr:`StandIn.seen`) and the
@@ -45,6 +53,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import random
 import signal
 import sys
@@ -181,6 +190,17 @@ class StandIn:
         (rid and the bootstrap fields from a chat body; None otherwise), served by
         ``GET /_standin/requests`` (test-only)."""
         self.bootstrap_connections = 0
+        self.crash_after: Optional[int] = None
+        self.stall_after: Optional[int] = None
+        self.fault_log = ""
+        self.stalled = False
+
+    def fire(self) -> None:
+        """Write the fault log to stdout (the server log) once, stamped with the current time."""
+        if self.fault_log:
+            sys.stdout.write(stamp_now(self.fault_log))
+            sys.stdout.flush()
+            self.fault_log = ""
 
     # --- load accounting -------------------------------------------------------------------
     def enter(self) -> None:
@@ -236,6 +256,13 @@ class StandIn:
             return k
         return model.incident_kind(self.rng) if corrupt else None
 
+def stamp_now(text: str) -> str:
+    """``text`` with every ``YYYY-MM-DD HH:MM:SS`` replaced by the current UTC time (fault logs
+    are written as a server would write them now)."""
+    import re
+    return re.sub(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}", time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), text)
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"object": "error", "message": message, "type": "BadRequestError",
                               "param": None, "code": status}, status=status)
@@ -283,6 +310,9 @@ def make_app(state: StandIn) -> web.Application:
         return web.json_response({"requests": list(state.seen), "bootstrap_connections": state.bootstrap_connections})
 
     async def health(request: web.Request) -> web.Response:
+        if state.stalled:
+            await asyncio.sleep(1.0)
+            return web.Response(status=503)
         return web.Response(status=200)
 
     async def models(request: web.Request) -> web.Response:
@@ -329,6 +359,18 @@ def make_app(state: StandIn) -> web.Application:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "messages: a non-empty list is required")
         state.chats += 1
+        if state.crash_after is not None and state.chats > state.crash_after:
+            state.fire()
+            os._exit(1)
+        if state.stall_after is not None and state.chats > state.stall_after:
+            if not state.stalled:
+                state.stalled = True
+                state.fire()
+            state.enter()
+            try:
+                await asyncio.Event().wait()      # held forever: the scheduler is stuck
+            finally:
+                state.leave()
         if "http_503" in state.server_faults and state.chats % 2 == 1:
             return _error(503, "Service Unavailable (stand-in fault http_503)")
         stream = bool(body.get("stream"))
@@ -507,6 +549,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--fault", action="append", default=[], metavar="KIND",
                     help="corrupt every turn with KIND (repeat: in turn); model kinds: "
                          + ", ".join(model.KINDS) + "; server kinds: " + ", ".join(SERVER_FAULTS))
+    ap.add_argument("--crash-after", type=int, default=None, metavar="N",
+                    help="print --fault-log and exit 1 at chat request N+1 (0: at start-up)")
+    ap.add_argument("--stall-after", type=int, default=None, metavar="N",
+                    help="print --fault-log at chat request N+1 and hold every chat from then on")
+    ap.add_argument("--fault-log", default=None, help="text file written to stdout when a fault fires")
+    ap.add_argument("--fault-needs-hicache", action="store_true", help="arm the faults only with HiCache on")
     ns = ap.parse_args(argv)
     from dsv4ctl.errors import DsvError
     unknown = [f for f in ns.fault if f not in model.KINDS and f not in SERVER_FAULTS]
@@ -526,11 +574,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         args["host"] = ns.host
     if ns.port:
         args["port"] = ns.port
+    fault_log = ""
+    if ns.fault_log:
+        fault_log = "".join(ln for ln in Path(ns.fault_log).read_text().splitlines(True)
+                            if not ln.startswith(("# ", "=== dsv4ctl")))
+    armed = not ns.fault_needs_hicache or bool(args["enable_hierarchical_cache"])
+    if armed and ns.crash_after == 0:
+        sys.stdout.write(stamp_now(fault_log))
+        sys.stdout.flush()
+        return 1
     launch = " ".join(["python", "-m", "tests.standin.server"] + (argv if argv is not None else sys.argv[1:]))
 
     async def run() -> None:
         state = StandIn(args, seed=ns.seed, ttft_ms=ns.ttft_ms, itl_ms=ns.itl_ms, stuck_rate=ns.stuck_rate,
                         corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault))
+        if armed:
+            state.crash_after, state.stall_after, state.fault_log = ns.crash_after, ns.stall_after, fault_log
         runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, args["host"], int(args["port"]), backlog=1024)

@@ -1,0 +1,63 @@
+"""``dsv4ctl diagnose``: why a group is not serving, from evidence that needs no working server
+(log tails, process state, nvidia-smi) plus what HTTP still answers (:mod:`dsv4ctl.diagnose`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import typer
+
+from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
+
+
+def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (or DSV4CTL_PROFILE)."),
+             group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only this server group (repeatable)."),
+             since: Optional[str] = typer.Option(None, "--since", help="Only log lines from this time on: 15m, 2h or an ISO time (UTC)."),
+             window: float = typer.Option(5.0, "--window", help="Seconds between the two /metrics reads (0..300)."),
+             lines: int = typer.Option(400, "--lines", "-n", help="Log lines read per group (1..100000)."),
+             as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.diagnose/1 document (README)."),
+             accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
+             api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
+                                                   help="Bearer token for /server_info (or DSV4CTL_API_KEY).")) -> None:
+    """Collect each group's log tail, process state, nvidia-smi, /health, /server_info and a
+    /metrics delta (one parallel round per host), then name the cause with its evidence line and
+    the runbook to run. Works with the server down.
+
+    Examples: dsv4ctl diagnose profiles/my.yaml · dsv4ctl diagnose -g decode --since 30m --json
+
+    Exit 0 every group healthy · 1 a finding · 2 bad input · 3 a host could not be read."""
+    from ..diagnose.collect import parse_since
+    from ..diagnose.run import diagnose_deployment, diagnosis_lines
+    from ..render import dump_json
+    from .common import load_deployment_arg
+
+    if not (math.isfinite(window) and 0 <= window <= 300):
+        raise InputError(f"--window {window!r}: expected seconds in [0, 300]")
+    if not 1 <= lines <= 100000:
+        raise InputError(f"--lines {lines}: expected 1..100000")
+    when = parse_since(since) if since else None
+    dep = load_deployment_arg(profile, acts_on_hosts=True)
+    servers = {g.name for g in dep.servers()}
+    for g in group or []:
+        if g not in servers:
+            raise InputError(f"--group {g!r}: not a server group of {dep.name} ({', '.join(sorted(servers))})")
+    doc = diagnose_deployment(dep, list(dict.fromkeys(group)) if group else None, since=when, window=window,
+                              lines=lines, accept_new_host_keys=accept_new, api_key=api_key)
+    if as_json:
+        print(dump_json(doc))
+    else:
+        for ln in diagnosis_lines(doc):
+            print(ln)
+    down = [h for h, d in doc["hosts"].items() if d["error"]]
+    if down:
+        raise DsvError(f"diagnose: {len(down)} host(s) could not be read: {doc['hosts'][down[0]]['error']}", EXIT_REMOTE)
+    if not doc["ok"]:
+        bad = [f for f in doc["findings"] if f["rule"] != "healthy"]
+        raise DsvError(f"diagnose: {bad[0]['group']}: {bad[0]['cause']}"
+                       + (f" (run: dsv4ctl runbook run {bad[0]['runbook']})" if bad[0]["runbook"] else ""), EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``diagnose`` to the root app."""
+    app.command("diagnose")(diagnose)

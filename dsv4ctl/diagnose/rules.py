@@ -1,0 +1,379 @@
+"""Diagnosis rules: pure functions from one server group's collected evidence to findings.
+
+Input shape (:class:`Evidence`, built by :mod:`.collect` or by tests from fixtures)::
+
+    Evidence(group="decode", host="h1", role="decode",        # role: colocated | prefill | decode
+             alive=True | False | None,                        # process state (None: not known)
+             exit_status=None | int,                           # "=== dsv4ctl: G exited with status N"
+             restarts=0,                                       # start/restart headers in the log window
+             log="...", log_source="h1:/srv/dsv4/logs/decode.log",
+             health=None | "ok" | "<why not>",                 # GET /health (None: not probed)
+             server_info=None | {...},                         # GET /server_info
+             metrics_before=None | {name: value}, metrics_after=None | {name: value}, window_s=5.0,
+             gpus=None | [{"index", "util_pct", "power_w", "power_limit_w", "used_mib", ...}],
+             hicache=None | bool)                              # HiCache on (server_info or serve config)
+
+Output: :class:`Finding` objects: ``rule`` (stable id), ``cause`` (one line), ``evidence`` (the
+lines or numbers it rests on, quoted), ``source`` (the public report the rule follows:
+``shared/reference/field-reports.md`` entries and SGLang issues), ``runbook`` (the shipped runbook
+to run, or None) and ``severity`` (``crash`` > ``stall`` > ``degraded`` > ``ok``).
+
+Each rule is ``rule(ev: Evidence) -> list[Finding]``; :func:`diagnose` runs them all and adds
+``healthy`` when nothing fired and the group answers. Log patterns are SGLang 0.5.23's messages
+as quoted in the public reports (the fixtures under ``tests/data/diagnose/`` are written after
+those reports and say so)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+SEVERITY = {"crash": 3, "stall": 2, "degraded": 1, "ok": 0}
+
+#: nvidia-smi utilisation (%) at or above which a GPU counts as busy
+BUSY_UTIL_PCT = 90.0
+#: pool snapshot: ``available`` at or below this share of ``total`` is "no free slots"
+POOL_FREE_SHARE = 0.05
+#: pool snapshot: ``evictable`` at or above this share of ``total`` makes it an eviction deadlock
+POOL_EVICTABLE_SHARE = 0.5
+
+
+@dataclass
+class Evidence:
+    """What was collected for one server group (module docstring)."""
+
+    group: str
+    host: str = ""
+    role: str = "colocated"
+    alive: Optional[bool] = None
+    exit_status: Optional[int] = None
+    restarts: int = 0
+    log: str = ""
+    log_source: str = ""
+    health: Optional[str] = None
+    server_info: Optional[dict] = None
+    metrics_before: Optional[dict] = None
+    metrics_after: Optional[dict] = None
+    window_s: float = 0.0
+    gpus: Optional[list] = None
+    hicache: Optional[bool] = None
+
+    def lines(self) -> list[str]:
+        return self.log.splitlines()
+
+
+@dataclass
+class Finding:
+    """One diagnosis: see the module docstring."""
+
+    rule: str
+    cause: str
+    severity: str
+    evidence: list[str]
+    source: str
+    runbook: Optional[str]
+    group: str = ""
+    host: str = ""
+    detail: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _find(lines: list[str], pattern: str, flags: int = 0) -> list[tuple[int, str]]:
+    rx = re.compile(pattern, flags)
+    return [(i, ln) for i, ln in enumerate(lines) if rx.search(ln)]
+
+
+def _cite(ev: Evidence, i: int, line: str) -> str:
+    """``source:line-number: text`` (1-based within the collected tail)."""
+    return f"{ev.log_source or ev.group}:{i + 1}: {line.strip()[:300]}"
+
+
+def _mk(ev: Evidence, rule: str, cause: str, severity: str, evidence: list[str], source: str,
+        runbook: Optional[str], **detail) -> Finding:
+    return Finding(rule, cause, severity, evidence, source, runbook, ev.group, ev.host, detail)
+
+
+def _hicache_runbook(ev: Evidence, other: str = "bad-release") -> str:
+    return "hicache-crash" if ev.hicache else other
+
+
+# -- crashes -------------------------------------------------------------------------------------
+
+_OOM = r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA"
+_OOM_WHERE = (  # (where, pattern over the lines before the OOM line), first match wins
+    ("indexer kernel", r"fp8_paged_mqa_logits|paged_mqa_logits|indexer"),
+    ("graph capture", r"cuda_graph|CudaGraphRunner|capture_one_batch|Capture cuda graph|capture\("),
+    ("pool build", r"init_memory_pool|memory_pool|KVCache|profile_max_num_token|TokenToKVPool|mem_fraction_static"),
+)
+
+
+def rule_cuda_oom(ev: Evidence) -> list[Finding]:
+    """CUDA OOM, and where: the indexer kernel (C2: ``fp8_paged_mqa_logits`` logits not covered
+    by ``mem_fraction_static``, sglang#35201), graph capture, or the KV pool build (at start-up).
+    Looks up to 40 lines before the OOM line for the frame that names the place."""
+    lines = ev.lines()
+    hits = _find(lines, _OOM)
+    if not hits:
+        return []
+    i, line = hits[0]
+    ctx = "\n".join(lines[max(0, i - 40):i + 1])
+    where = next((w for w, p in _OOM_WHERE if re.search(p, ctx)), "unknown place")
+    m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", line)
+    src = {"indexer kernel": "field-reports C2; sglang#35201, #39095",
+           "graph capture": "field-reports C2 (memory outside mem_fraction_static); sglang#33246",
+           "pool build": "field-reports C1/C2; dsv4ctl plan"}.get(where, "field-reports C2")
+    cause = f"CUDA out of memory in the {where}" + (f" (tried to allocate {m[1]})" if m else "")
+    return [_mk(ev, "cuda_oom", cause, "crash", [_cite(ev, i, line)], src, "oom-at-startup",
+                where=where, tried=m[1] if m else None)]
+
+
+def rule_illegal_memory_access(ev: Evidence) -> list[Finding]:
+    """``CUDA error: an illegal memory access was encountered`` (H5: sglang#35811, B200 multi-turn
+    with HiCache). With HiCache on the runbook is ``hicache-crash``, else ``bad-release``."""
+    hits = _find(ev.lines(), r"illegal memory access")
+    if not hits:
+        return []
+    i, line = hits[0]
+    return [_mk(ev, "illegal_memory_access", "CUDA illegal memory access" + (" with HiCache on" if ev.hicache else ""),
+                "crash", [_cite(ev, i, line)], "field-reports H5; sglang#35811", _hicache_runbook(ev),
+                count=len(hits), hicache=ev.hicache)]
+
+
+def rule_nan_sampling(ev: Evidence) -> list[Finding]:
+    """The sampling assert that kills every TP rank when logits hold NaN/inf (sglang#33656: HiCache
+    SWA write-position corruption, caught with ``--kv-canary=log``)."""
+    lines = ev.lines()
+    hits = _find(lines, r"probability tensor contains either `?inf`?, `?nan`?|NaN (?:in|detected in) (?:logits|sampling)"
+                        r"|nan.*sampl|sampl.*\bnan\b", re.I)
+    if not hits:
+        return []
+    i, line = hits[0]
+    ranks = sorted({m[1] for _, ln in hits for m in [re.search(r"\bTP(\d+)\b", ln)] if m}, key=int)
+    return [_mk(ev, "nan_sampling", "NaN/inf in sampling probabilities (crash of "
+                + (f"TP ranks {','.join(ranks)}" if ranks else "the scheduler") + ")",
+                "crash", [_cite(ev, i, line)], "sglang#33656 (HiCache SWA write position); field-reports H5",
+                _hicache_runbook(ev), ranks=ranks, hicache=ev.hicache)]
+
+
+def rule_hicache_load_back(ev: Evidence) -> list[Finding]:
+    """HiCache load-back errors (H5): the ``commit_hicache_transfer`` / LOAD_BACK
+    ``TypeError: object of type 'NoneType' has no len()`` (sglang#32331) and
+    ``cudaMemcpyBatchAsync failed ... invalid argument`` of the host pool (PR #26691 review)."""
+    lines = ev.lines()
+    hits = _find(lines, r"commit_hicache_transfer|LOAD_BACK|load_back|cudaMemcpyBatchAsync failed")
+    if not hits:
+        return []
+    errs = _find(lines, r"TypeError: object of type 'NoneType' has no len\(\)|cudaMemcpyBatchAsync failed")
+    if not errs:
+        return []
+    cites = [_cite(ev, i, ln) for i, ln in (hits[:1] + [e for e in errs if e != hits[0]][:2])]
+    return [_mk(ev, "hicache_load_back", "HiCache load-back error (host pool -> device)", "crash", cites,
+                "field-reports H5; sglang#32331, PR #26691", "hicache-crash")]
+
+
+_KERNEL_ARG = r"(?:CUDA error|RuntimeError).*invalid argument|invalid argument.*(?:flash_mla|FlashMLA|kernel)"
+
+
+def rule_kernel_argument(ev: Evidence) -> list[Finding]:
+    """A kernel argument error under load (sglang#25620: FlashMLA ``invalid argument`` at
+    concurrency >= 16): the concurrency is the last ``#running-req`` before the error.
+    ``cudaMemcpyBatchAsync`` errors are HiCache load-back (:func:`rule_hicache_load_back`)."""
+    lines = ev.lines()
+    hits = [(i, ln) for i, ln in _find(lines, _KERNEL_ARG) if "cudaMemcpyBatchAsync" not in ln]
+    if not hits:
+        return []
+    i, line = hits[0]
+    conc = None
+    for ln in reversed(lines[:i]):
+        m = re.search(r"#running-req: (\d+)", ln)
+        if m:
+            conc = int(m[1])
+            break
+    kern = "FlashMLA" if re.search(r"flash_mla|FlashMLA", "\n".join(lines[max(0, i - 30):i + 1])) else "a kernel"
+    return [_mk(ev, "kernel_argument", f"{kern} invalid argument" + (f" at concurrency {conc}" if conc else ""),
+                "crash", [_cite(ev, i, line)], "sglang#25620", "bad-release", concurrency=conc, kernel=kern)]
+
+
+# -- stalls ------------------------------------------------------------------------------------
+
+def _pool(lines: list[str]) -> Optional[tuple[int, str, dict]]:
+    """The last pool snapshot in the log: ``available_size=… evictable_size=… total=…`` (also
+    ``available: …, evictable: …, total: …``; token counts)."""
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i]
+        vals = {}
+        for key in ("available", "evictable", "total", "protected"):
+            m = re.search(rf"{key}(?:_size|_tokens)?\s*[=:]\s*(\d+)", ln)
+            if m:
+                vals[key] = int(m[1])
+        if "available" in vals and "total" in vals:
+            return i, ln, vals
+    return None
+
+
+def rule_watchdog_stall(ev: Evidence) -> list[Finding]:
+    """Watchdog / scheduler stall (sglang#30532, #34235, #33549: a stall that ends in a watchdog
+    kill). With a pool snapshot: ``available`` <= 5 % of ``total`` while ``evictable`` >= 50 % is
+    an eviction deadlock (nothing frees what could be freed); ``available`` and ``evictable`` both
+    low is a full pool (too much admitted: lower max-running-requests)."""
+    lines = ev.lines()
+    hits = _find(lines, r"[Ww]atchdog timeout|[Ss]cheduler watchdog|watchdog.*(?:kill|hang|stuck)|Scheduler hang")
+    if not hits:
+        return []
+    i, line = hits[-1]
+    cites = [_cite(ev, i, line)]
+    pool = _pool(lines)
+    kind, detail = "scheduler stall (watchdog)", {}
+    if pool:
+        pi, pl, v = pool
+        cites.append(_cite(ev, pi, pl))
+        tot = max(v["total"], 1)
+        detail = dict(pool=v)
+        if v["available"] <= POOL_FREE_SHARE * tot and v.get("evictable", 0) >= POOL_EVICTABLE_SHARE * tot:
+            kind = "eviction deadlock (pool full of evictable tokens, none freed)"
+        elif v["available"] <= POOL_FREE_SHARE * tot:
+            kind = "full KV pool (no free or evictable tokens)"
+    return [_mk(ev, "watchdog_stall", kind, "stall", cites, "sglang#30532, #34235, #33549", "scheduler-stall", **detail)]
+
+
+_PHASE = re.compile(r"KVPoll\.(\w+)")
+
+
+def rule_transfer(ev: Evidence) -> list[Finding]:
+    """Wedged PD transfers. Log: ``KVTransferError`` lines counted by ``KVPoll`` phase
+    (``Bootstrapping``: prefill never got the decode's indices; ``WaitingForInput``: the decode
+    never got "transfer done", SGLANG_DISAGGREGATION_WAITING_TIMEOUT; sglang#11648, #10204), and
+    the frozen transfer queue of field report P1: ``#transfer-req`` constant and > 0 over the last
+    decode batch lines with ``#running-req`` <= 1. Metrics: ``sglang:num_decode_transfer_queue_reqs``
+    > 0 and unchanged over the window with no generated tokens, or transfer failures rising."""
+    lines = ev.lines()
+    out: list[Finding] = []
+    errs = _find(lines, r"KVTransferError")
+    if errs:
+        phases: dict[str, int] = {}
+        for _, ln in errs:
+            m = _PHASE.search(ln)
+            phases[m[1] if m else "unknown"] = phases.get(m[1] if m else "unknown", 0) + 1
+        top = max(phases, key=phases.get)
+        out.append(_mk(ev, "transfer_error", f"KV transfers failing ({', '.join(f'{k}: {v}' for k, v in sorted(phases.items()))})",
+                       "stall", [_cite(ev, i, ln) for i, ln in errs[:2]], "sglang#11648, #10204; field-reports P1",
+                       "transfer-wedge", phases=phases, phase=top))
+    batches = [(i, ln, int(m[1]), int(r[1])) for i, ln in _find(lines, r"Decode batch")
+               for m in [re.search(r"#transfer-req: (\d+)", ln)] for r in [re.search(r"#running-req: (\d+)", ln)] if m and r]
+    tail = batches[-3:]
+    if len(tail) >= 3 and len({b[2] for b in tail}) == 1 and tail[0][2] > 0 and all(b[3] <= 1 for b in tail):
+        out.append(_mk(ev, "transfer_wedge", f"decode transfer queue frozen at {tail[0][2]} with ≤1 running request",
+                       "stall", [_cite(ev, tail[0][0], tail[0][1]), _cite(ev, tail[-1][0], tail[-1][1])],
+                       "field-reports P1; sglang PR #31800", "transfer-wedge", transfer_queue=tail[0][2]))
+    b, a = ev.metrics_before, ev.metrics_after
+    if b and a and not any(f.rule == "transfer_wedge" for f in out):
+        q0, q1 = b.get("sglang:num_decode_transfer_queue_reqs", 0), a.get("sglang:num_decode_transfer_queue_reqs", 0)
+        gen = a.get("sglang:generation_tokens_total", 0) - b.get("sglang:generation_tokens_total", 0)
+        failed = a.get("sglang:num_transfer_failed_reqs_total", 0) - b.get("sglang:num_transfer_failed_reqs_total", 0)
+        if q1 > 0 and q0 == q1 and gen <= 0:
+            out.append(_mk(ev, "transfer_wedge", f"decode transfer queue frozen at {q1:g} over {ev.window_s:g} s, no tokens generated",
+                           "stall", [f"/metrics: sglang:num_decode_transfer_queue_reqs {q0:g} -> {q1:g}, "
+                                     f"generation_tokens_total +{gen:g} in {ev.window_s:g} s"],
+                           "field-reports P1; sglang PR #31800", "transfer-wedge", transfer_queue=q1))
+        if failed > 0 and not errs:
+            out.append(_mk(ev, "transfer_error", f"{failed:g} KV transfers failed in {ev.window_s:g} s", "stall",
+                           [f"/metrics: sglang:num_transfer_failed_reqs_total +{failed:g}"], "sglang#11648, #10204",
+                           "transfer-wedge", failed=failed))
+    return out
+
+
+def _group_gpus(ev: Evidence) -> list[dict]:
+    return list(ev.gpus or [])
+
+
+def rule_gpu_busy_no_progress(ev: Evidence) -> list[Finding]:
+    """GPUs busy without progress: every GPU of the group at >= 90 % utilisation while /metrics
+    shows no generated tokens over the window and requests are running or queued (a spinning
+    kernel or a collective waiting on a dead peer). Also field report D1, accepted but never
+    scheduled: requests running or queued, no tokens, every GPU at 0 %."""
+    gpus, b, a = _group_gpus(ev), ev.metrics_before, ev.metrics_after
+    if not gpus or not b or not a:
+        return []
+    gen = a.get("sglang:generation_tokens_total", 0) - b.get("sglang:generation_tokens_total", 0)
+    waiting = a.get("sglang:num_running_reqs", 0) + a.get("sglang:num_queue_reqs", 0)
+    if gen > 0 or waiting <= 0:
+        return []
+    utils = [g.get("util_pct") for g in gpus if g.get("util_pct") is not None]
+    if not utils:
+        return []
+    ev_line = (f"nvidia-smi: GPUs {','.join(str(g['index']) for g in gpus)} at "
+               f"{','.join(f'{u:g}' for u in utils)} % (power {','.join(str(g.get('power_w')) for g in gpus)} W); "
+               f"/metrics: {waiting:g} requests running/queued, generation_tokens_total +{gen:g} in {ev.window_s:g} s")
+    if min(utils) >= BUSY_UTIL_PCT:
+        return [_mk(ev, "gpu_busy_no_progress", "GPUs busy with no token progress", "stall", [ev_line],
+                    "sglang#30532, #34235 (stalls ending in a watchdog kill)", "scheduler-stall", util=utils)]
+    if max(utils) == 0:
+        return [_mk(ev, "never_scheduled", "requests accepted but never scheduled (GPUs idle)", "stall", [ev_line],
+                    "field-reports D1; sglang#26783", "bad-release", util=utils)]
+    return []
+
+
+def rule_dead_rank(ev: Evidence) -> list[Finding]:
+    """A dead process or rank: the group's process is not running (with its exit status when the
+    service wrapper logged one), or a child/rank died (``Rank N scheduler is dead``, ``Child
+    process unexpectedly failed``, ``Scheduler hit an exception``) while /health does not answer."""
+    lines = ev.lines()
+    cites: list[str] = []
+    died = _find(lines, r"scheduler is dead|Child process unexpectedly failed|Scheduler hit an exception|"
+                        r"exited with status [1-9]|received SIGQUIT|killed by signal")
+    if died:
+        cites.append(_cite(ev, *died[-1]))
+    down = ev.alive is False or (died and ev.health not in (None, "ok"))
+    if not down:
+        return []
+    if ev.alive is False:
+        cites.insert(0, "process state: not running" + (f", exit status {ev.exit_status}" if ev.exit_status is not None else "")
+                     + (f", {ev.restarts} start(s) in the window" if ev.restarts else ""))
+    return [_mk(ev, "dead_rank", "server process (or a rank) is dead", "crash", cites,
+                "sglang#32331 (worker dies, 5-6 min restart); field-reports H5", "scheduler-stall",
+                exit_status=ev.exit_status, health=ev.health)]
+
+
+def rule_kv_canary(ev: Evidence) -> list[Finding]:
+    """KV canary violations (SGLang ``--kv-canary=log``, the check that caught sglang#33656's
+    HiCache SWA write-position corruption): log lines naming the canary and a violation,
+    mismatch or corruption. The exact wording is not pinned in the ops reference, so the pattern
+    is deliberately loose: ``kv[ _-]?canary`` and ``violat|mismatch|corrupt`` on one line."""
+    hits = _find(ev.lines(), r"(?i)kv[ _-]?canary.*(?:violat|mismatch|corrupt)")
+    if not hits:
+        return []
+    return [_mk(ev, "kv_canary", f"{len(hits)} KV canary violation(s) logged", "degraded",
+                [_cite(ev, i, ln) for i, ln in hits[:2]], "sglang#33656 (--kv-canary=log)", "hicache-crash",
+                count=len(hits))]
+
+
+RULES: tuple[Callable[[Evidence], list[Finding]], ...] = (
+    rule_cuda_oom, rule_illegal_memory_access, rule_nan_sampling, rule_hicache_load_back, rule_kernel_argument,
+    rule_watchdog_stall, rule_transfer, rule_gpu_busy_no_progress, rule_kv_canary, rule_dead_rank)
+
+#: a specific crash signature explains a dead process: dead_rank then names that runbook
+_SPECIFIC = ("cuda_oom", "illegal_memory_access", "nan_sampling", "hicache_load_back", "kernel_argument", "watchdog_stall")
+
+
+def diagnose(ev: Evidence) -> list[Finding]:
+    """Every rule over ``ev``, most severe first (a specific crash before ``dead_rank``). With no
+    finding: ``healthy`` when /health answered ok (and the process is not known dead), else
+    ``unknown`` (nothing matched; read the evidence)."""
+    found = [f for rule in RULES for f in rule(ev)]
+    specific = [f for f in found if f.rule in _SPECIFIC]
+    for f in found:
+        if f.rule == "dead_rank" and specific:
+            f.runbook = specific[0].runbook
+            f.detail["explained_by"] = specific[0].rule
+    order = {r.__name__[5:]: i for i, r in enumerate(RULES)}
+    found.sort(key=lambda f: (-SEVERITY[f.severity], f.rule == "dead_rank", order.get(f.rule, 99)))
+    if found:
+        return found
+    if ev.health == "ok" and ev.alive is not False:
+        return [_mk(ev, "healthy", "healthy: /health answers, no failure signature in the log or metrics", "ok",
+                    [f"/health: ok; {len(ev.lines())} log lines read"], "-", None)]
+    return [_mk(ev, "unknown", f"not serving ({ev.health or 'not probed'}) and no known signature", "degraded",
+                [f"/health: {ev.health or 'not probed'}; process alive: {ev.alive}"], "-", None)]

@@ -1,0 +1,134 @@
+"""Diagnose a deployment: collect (:mod:`.collect`), classify (:mod:`.rules`), one document.
+
+The document (``dsv4ctl.diagnose/1``, documented in the README)::
+
+    {"schema": "dsv4ctl.diagnose/1", "profile": NAME, "since": ISO | null, "window_s": 5.0,
+     "ok": bool,                                   # every group healthy and every host read
+     "hosts": {HOST: {"current": RID | null, "state": "good" | ... | null, "error": null | WHY,
+                      "gpu_error": null | WHY, "last_audit": {...} | null}},
+     "groups": {GROUP: {"host", "role", "url", "alive", "exit_status", "restarts", "health",
+                        "hicache", "release", "log_source", "log_lines", "gpus": [...],
+                        "metrics_delta": {name: after - before} | null,
+                        "findings": [FINDING, ...]}},
+     "findings": [FINDING, ...],                   # every group's, most severe first
+     "runbooks": [NAME, ...]}                      # runbooks the findings name, in that order
+
+    FINDING = {"rule", "cause", "severity", "evidence": [line, ...], "source", "runbook",
+               "group", "host", "detail": {...}}
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+from .collect import DEFAULT_LINES, host_command, parse_host, probe_groups, process_facts, since_filter
+from .rules import SEVERITY, Evidence, diagnose
+
+SCHEMA = "dsv4ctl.diagnose/1"
+
+#: /metrics series whose change over the window the document shows
+DELTA_SERIES = ("sglang:generation_tokens_total", "sglang:num_requests_total", "sglang:num_aborted_requests_total",
+                "sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total")
+GAUGE_SERIES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+                "sglang:token_usage")
+
+
+def _metrics_view(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+    if before is None or after is None:
+        return None
+    out = {k: after[k] - before.get(k, 0.0) for k in DELTA_SERIES if k in after}
+    out.update({k: after[k] for k in GAUGE_SERIES if k in after})
+    return out
+
+
+def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optional[datetime] = None,
+                        window: float = 5.0, lines: int = DEFAULT_LINES, accept_new_host_keys: bool = False,
+                        api_key: Optional[str] = None) -> dict:
+    """Collect and classify every server group of ``dep`` (or ``groups``): the module docstring's
+    document. SSH failures are recorded per host (``hosts[H].error``), never raised."""
+    from ..deploy.site import Options, open_site
+    from ..remote import run_parallel
+
+    chosen = [dep.groups[n] for n in (groups or [g.name for g in dep.servers()])]
+    by_host: dict[str, list[str]] = {}
+    for g in chosen:
+        by_host.setdefault(g.group.host, []).append(g.name)
+    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
+    transports = {h: t for h, t in site.transports.items() if h in by_host}
+    try:
+        res = run_parallel(transports, lambda t: parse_host(
+            t.name, site.paths[t.name].root,
+            t.run(host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines), timeout=60).out),
+            timeout=75)
+    finally:
+        site.close()
+    probes = probe_groups({g.name: g.url for g in chosen}, window, api_key)
+    hosts_doc: dict[str, dict] = {}
+    groups_doc: dict[str, dict] = {}
+    found = []
+    for h in by_host:
+        r = res[h]
+        if not r.ok:
+            hosts_doc[h] = {"current": None, "state": None, "error": r.error, "gpu_error": None, "last_audit": None}
+            continue
+        f = r.value.status.facts
+        hosts_doc[h] = {"current": f.current, "state": f.recorded(f.current) if f.current else None, "error": None,
+                        "gpu_error": r.value.gpu_error, "last_audit": r.value.status.last_audit}
+    for g in chosen:
+        h = g.group.host
+        r = res[h]
+        hev = r.value if r.ok else None
+        size, log = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
+        log = since_filter(log, since)
+        exit_status, starts = process_facts(g.name, log)
+        alive = hev.status.alive.get(g.name) if hev else None
+        pr = probes[g.name]
+        info = pr["server_info"]
+        hicache = (bool(info.get("enable_hierarchical_cache")) if isinstance(info, dict)
+                   and "enable_hierarchical_cache" in info else g.hicache_configured)
+        want = set(g.group.gpus or [])
+        gpus = [x for x in (hev.gpus or [])] if hev else []
+        gpus = [x for x in gpus if not want or x["index"] in want]
+        source = f"{h}:{g.root}/logs/{g.name}.log"
+        ev = Evidence(group=g.name, host=h, role=g.role, alive=alive, exit_status=exit_status if alive is False else None,
+                      restarts=starts, log=log, log_source=source, health=pr["health"], server_info=info,
+                      metrics_before=pr["metrics_before"], metrics_after=pr["metrics_after"], window_s=window,
+                      gpus=gpus or None, hicache=hicache)
+        fs = diagnose(ev)
+        if not r.ok:
+            for x in fs:
+                x.evidence.append(f"{h}: host not read ({r.error})")
+        found += fs
+        groups_doc[g.name] = {
+            "host": h, "role": g.role, "url": g.url, "alive": alive, "exit_status": ev.exit_status,
+            "restarts": starts, "health": pr["health"], "hicache": hicache,
+            "release": hosts_doc[h]["current"], "log_source": source if size >= 0 else None,
+            "log_lines": len(log.splitlines()), "gpus": gpus,
+            "metrics_delta": _metrics_view(pr["metrics_before"], pr["metrics_after"]),
+            "findings": [x.to_dict() for x in fs]}
+    found.sort(key=lambda x: -SEVERITY[x.severity])
+    runbooks = []
+    for x in found:
+        if x.runbook and x.runbook not in runbooks:
+            runbooks.append(x.runbook)
+    ok = all(x.rule == "healthy" for x in found) and not any(d["error"] for d in hosts_doc.values())
+    return {"schema": SCHEMA, "profile": dep.name, "since": since.isoformat() if since else None, "window_s": window,
+            "ok": ok, "hosts": hosts_doc, "groups": groups_doc, "findings": [x.to_dict() for x in found],
+            "runbooks": runbooks}
+
+
+def diagnosis_lines(doc: dict) -> list[str]:
+    """Human lines: one per finding (group, cause, runbook) with its evidence indented."""
+    out = []
+    for h, hd in doc["hosts"].items():
+        if hd.get("error"):
+            out.append(f"{h}: host not read: {hd['error']}")
+    for f in doc["findings"]:
+        rb = f" -> dsv4ctl runbook run {f['runbook']}" if f["runbook"] else ""
+        out.append(f"{f['host']}/{f['group']}: [{f['severity']}] {f['cause']}{rb}")
+        for e in f["evidence"]:
+            out.append(f"    {e}")
+        if f["source"] and f["source"] != "-":
+            out.append(f"    source: {f['source']}")
+    return out

@@ -1,0 +1,34 @@
+"""Runbook actions without hosts: the child dsv4ctl process runs in its own process group, shows
+progress while it runs, and is stopped (TERM to its group) when the runbook is interrupted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from dsv4ctl.runbook import actions as A
+
+
+def test_child_progress_lines_and_evidence(tmp_path, monkeypatch):
+    monkeypatch.setattr(A, "PROGRESS_S", 0.05)
+    said = []
+    ctx = A.RunContext(profile=None, run_dir=tmp_path, say=said.append)
+    code, doc, err = A._run_cli(ctx, ["--version"], "version")
+    assert code == 0 and doc is None and err == ""
+    assert (tmp_path / "version.out").read_text().startswith("dsv4ctl ")
+    assert said and all(s.startswith("  ... dsv4ctl --version running for ") for s in said)
+    assert not ctx.children
+
+
+def test_stop_child_stops_its_whole_process_group():
+    p = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                         start_new_session=True)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    A.stop_child(p)
+    assert p.poll() is not None and time.monotonic() - t0 < 5
+    time.sleep(0.2)
+    rows = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout.splitlines()
+    assert [r for r in rows if not r.split()[1].startswith("Z")] == []      # zombies wait for PID 1 to reap them
