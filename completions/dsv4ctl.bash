@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit report patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -24,7 +24,7 @@ _dsv4ctl_subs() {
 _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
-    'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
+    'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
@@ -32,6 +32,7 @@ _dsv4ctl_opts() {
     'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
+    'report') echo '-o --output --title -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -46,7 +47,7 @@ _dsv4ctl_opts() {
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;
@@ -82,6 +83,8 @@ _dsv4ctl_optkind() {
     'logs|--interval') echo any ;;
     'audit|--since') echo any ;;
     'audit|--host') echo any ;;
+    'report|-o'|'report|--output') echo file ;;
+    'report|--title') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -133,6 +136,7 @@ _dsv4ctl_optkind() {
     'check load|--model') echo any ;;
     'check load|--answer-words') echo any ;;
     'check load|--api-key') echo any ;;
+    'check load|--turns-csv') echo file ;;
     'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
@@ -166,6 +170,7 @@ _dsv4ctl_argkind() {
     'runbook run|0') echo yaml:w3 ;;
   esac
   case "$1" in
+    'report') [[ $2 -ge 0 ]] && echo any ;;
     'patch revert') [[ $2 -ge 1 ]] && echo any ;;
   esac
   return 0
