@@ -108,6 +108,8 @@ def plan_memory_svg(doc: dict) -> str:
             if b.reserve_short_gib > 0:
                 s.line(ra, by, x(b.gpu_gib - max(0.0, b.headroom_gib)), by, S.WARN, 4)
                 note += f" · {b.reserve_short_gib:.3f} GiB short"
+            if b.headroom_gib < 0:
+                note += f" · the pools run {-b.headroom_gib:.3f} GiB past the GPU"
             s.text(ra - 6, by + 4, note, size=11, anchor="end",
                    fill=S.WARN if b.reserve_short_gib > 0 else S.AXIS)
     if gpu:

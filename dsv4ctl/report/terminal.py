@@ -46,28 +46,27 @@ def plan_bar_lines(doc: dict, width: int = 60, stream=None) -> list[str]:
     out = [styled(f"GPU memory per rank (1 character = {top / width:.2f} GiB; | = the GPU's memory)", "italic",
                   stream)]
     used: list[str] = []
+
+    def draw(ks: list[str]) -> str:
+        if colour:
+            return "".join(rgb("█", COLOURS[k], stream) for k in ks)
+        return "".join(PLAIN[k] for k in ks)
     for b in bars:
-        cells = _cells(b.segments, top, width)
+        keys = [key for key, n in _cells(b.segments, top, width) for _ in range(max(0, n))]
+        used += [k for k in dict.fromkeys(keys) if k not in used]
         gpu_at = int(round((b.gpu_gib or top) * width / top))
-        text, pos = "", 0
-        for key, n in cells:
-            if n <= 0:
-                continue
-            if key not in used:
-                used.append(key)
-            glyph = "█" if colour else PLAIN[key]
-            chunk = glyph * n
-            text += rgb(chunk, COLOURS[key], stream) if colour else chunk
-            pos += n
-        if pos < gpu_at:
-            text += " " * (gpu_at - pos)
-        out.append(f"{b.title.ljust(name_w)} {text}| {b.gpu_gib if b.gpu_gib else '-'} GiB")
+        # the GPU's memory is the "|": a bar that does not fit runs past it
+        text = draw(keys[:gpu_at]) + " " * max(0, gpu_at - len(keys)) + "|" + draw(keys[gpu_at:])
+        out.append(f"{b.title.ljust(name_w)} {text} {b.gpu_gib if b.gpu_gib else '-'} GiB")
         facts = [f"{b.requests:,} requests @ {b.context_length:,} tokens"]
         over = b.value("index_k_over")
         if over > 0:
             facts.append(styled(f"index-K {over:.3f} GiB over budget", "bold red", stream))
         head = f"headroom {b.headroom_gib:.3f} GiB"
-        if b.reserve_short_gib > 0:
+        if b.headroom_gib < 0:
+            facts.append(styled(f"{head}: over the GPU by {-b.headroom_gib:.3f} GiB, no room for SGLang's "
+                                f"{b.reserve_gib:g} GiB activation reserve", "bold red", stream))
+        elif b.reserve_short_gib > 0:
             head += f", {b.reserve_short_gib:.3f} GiB short of SGLang's {b.reserve_gib:g} GiB activation reserve"
             facts.append(styled(head, "yellow", stream))
         else:
