@@ -331,3 +331,29 @@ def test_cli_plan_bar_and_csv():
     assert c.code == 0 and len(list(csv.DictReader(io.StringIO(c.out)))) == 4
     both = run_cli("plan", "--csv", "--json")
     assert both.code == 2 and "exclude each other" in both.err
+
+
+def test_cli_check_load_csv_turns_csv_and_sparkline(tmp_path):
+    """The real check load against the stand-in server (HiCache off: no corruption)."""
+    from tests.standin.harness import standin, write_config
+    cfg = write_config(tmp_path / "serve.yaml")
+    small = ("-c", "1,4", "--turns", "2", "--min-requests", "8", "--answer-words", "10", "--max-corruption", "0.5",
+             "--no-progress", "--no-metrics")
+    with standin(cfg, "--ttft-ms", "1", "--itl-ms", "0") as url:
+        rec, tcsv = tmp_path / "turns.jsonl", tmp_path / "turns.csv"
+        r = run_cli("check", "load", url, *small, "--csv", "--records", str(rec), "--turns-csv", str(tcsv))
+        assert r.code == 0, r.err
+        levels = list(csv.DictReader(io.StringIO(r.out)))
+        assert [(x["concurrency"], x["turns"], x["corrupted"], x["pass"]) for x in levels] == \
+            [("1", "8", "0", "true"), ("4", "8", "0", "true")]
+        recs = [json.loads(x) for x in rec.read_text().splitlines()]
+        turns = list(csv.DictReader(io.StringIO(tcsv.read_text())))
+        assert len(turns) == len(recs) == 16 and [t["rid"] for t in turns] == [x["rid"] for x in recs]
+
+
+def test_check_load_prints_the_sparkline(capsys, monkeypatch):
+    from dsv4ctl.commands.check import _print_load
+    monkeypatch.setenv("NO_COLOR", "1")
+    _print_load(doc("load-sweep.json"), False, False)
+    out = capsys.readouterr().out
+    assert "corruption per level ▁▄▇▇█  c=1,20,40,60,80: 0.00 5.51 14.70 15.00 17.66 %" in out
