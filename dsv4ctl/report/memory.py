@@ -17,7 +17,6 @@ bar runs past the GPU line."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 #: (key, label, colour, terminal glyph) in drawing order.
@@ -40,23 +39,23 @@ COLOURS = {k: c for k, _, c, _ in SEGMENTS}
 GLYPHS = {k: g for k, _, _, g in SEGMENTS}
 
 
-@dataclass
 class Bar:
     """One rank's bar: ``segments`` [(key, GiB)] in :data:`SEGMENTS` order (all keys, zeros
     kept), the GPU's memory (GiB, None if the plan does not know it), the headroom (GiB, may be
     negative), SGLang's activation reserve (GiB), how much of it the headroom lacks (GiB, >= 0),
-    requests at the context length, the context length (tokens)."""
+    requests at the context length, the context length (tokens). A plain class, not a
+    dataclass: ``plan`` imports this module to draw its bar, and a dataclass costs 1 ms to
+    create at import."""
 
-    title: str
-    group: str
-    ranks: list[int]
-    segments: list[tuple[str, float]]
-    gpu_gib: Optional[float]
-    headroom_gib: float
-    reserve_gib: float
-    reserve_short_gib: float
-    requests: int
-    context_length: int
+    __slots__ = ("title", "group", "ranks", "segments", "gpu_gib", "headroom_gib", "reserve_gib",
+                 "reserve_short_gib", "requests", "context_length")
+
+    def __init__(self, title: str, group: str, ranks: list[int], segments: list[tuple[str, float]],
+                 gpu_gib: Optional[float], headroom_gib: float, reserve_gib: float, reserve_short_gib: float,
+                 requests: int, context_length: int):
+        self.title, self.group, self.ranks, self.segments = title, group, ranks, segments
+        self.gpu_gib, self.headroom_gib, self.reserve_gib = gpu_gib, headroom_gib, reserve_gib
+        self.reserve_short_gib, self.requests, self.context_length = reserve_short_gib, requests, context_length
 
     @property
     def total_gib(self) -> float:
