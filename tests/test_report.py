@@ -357,3 +357,17 @@ def test_check_load_prints_the_sparkline(capsys, monkeypatch):
     _print_load(doc("load-sweep.json"), False, False)
     out = capsys.readouterr().out
     assert "corruption per level ▁▄▇▇█  c=1,20,40,60,80: 0.00 5.51 14.70 15.00 17.66 %" in out
+
+
+def test_runbook_run_writes_incident_html_with_the_charts_of_its_steps(tmp_path):
+    pb = tmp_path / "fit.yaml"
+    pb.write_text("name: fit\nsteps:\n  - id: plan_now\n    action: plan\n"
+                  "  - id: say\n    action: note\n    when: plan_now.fits == true\n    args: {text: fits}\n")
+    run = tmp_path / "run"
+    r = run_cli("runbook", "run", str(pb), "--report-dir", str(run))
+    assert r.code == 0, r.err
+    html = (run / "incident.html").read_text()
+    assert "<title>dsv4ctl incident report: run</title>" in html
+    assert "Runbook timeline: fit" in html and "GPU memory per rank" in html      # timeline + the plan it ran
+    assert html.count('class="chart"') == 2
+    assert "[incident.html](incident.html)" in (run / "incident.md").read_text()

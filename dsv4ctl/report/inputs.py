@@ -76,3 +76,12 @@ def load_inputs(paths: list[str]) -> list[Input]:
     if not paths:
         raise InputError("report: give at least one input file")
     return [load_input(p) for p in paths]
+
+
+def incident_page(run_dir: Path, *, generated: str, version: str) -> str:
+    """The report page of a runbook run folder: its ``incident.json`` timeline and the charts of
+    the checks and plans it ran (``incident.html`` next to ``incident.md``). InputError as
+    :func:`load_input`."""
+    from .page import build_html
+    return build_html([load_input(str(run_dir / "incident.json"))], generated=generated, version=version,
+                      title=f"dsv4ctl incident report: {run_dir.name}")
