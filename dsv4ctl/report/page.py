@@ -12,7 +12,7 @@ from .memory import LABELS, SEGMENTS, plan_bars
 from .svg import esc
 
 CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI','DejaVu Sans',Arial,sans-serif;margin:24px auto;max-width:1000px;color:#222}
+body{font-family:system-ui,-apple-system,'Segoe UI','DejaVu Sans',Arial,sans-serif;margin:24px auto;max-width:1000px;padding:0 16px;color:#222}
 h1{font-size:24px;margin:0 0 8px}h2{font-size:20px;margin:36px 0 8px;border-bottom:2px solid #ddd;padding-bottom:4px}
 h3{font-size:16px;margin:20px 0 6px}
 table{border-collapse:collapse;margin:8px 0 18px;font-size:13px}
