@@ -371,3 +371,26 @@ def test_runbook_run_writes_incident_html_with_the_charts_of_its_steps(tmp_path)
     assert "Runbook timeline: fit" in html and "GPU memory per rank" in html      # timeline + the plan it ran
     assert html.count('class="chart"') == 2
     assert "[incident.html](incident.html)" in (run / "incident.md").read_text()
+
+
+def test_a_crash_and_levels_not_run_are_written_on_the_chart():
+    d = doc("load-sweep.json")
+    d["levels"][3]["crashed"] = True
+    d["levels"] = d["levels"][:4]
+    d["not_run"] = [80]
+    t = texts(svg_tree(CH.load_rate_svg(d)))
+    assert "crashed" in t and "not run" in t and "113/640" not in t
+
+
+def test_groups_without_ranks_draw_no_bar_but_keep_their_errors():
+    d = doc("plan.json")
+    d["groups"][1]["ranks"] = []
+    d["groups"][1]["errors"] = ["decode: the weights do not fit"]
+    assert [b.title for b in plan_bars(d)] == ["prefill ranks 0-3"]
+    d["groups"][0]["ranks"] = []
+    html = build_html([load_input(str(DATA / "plan.json"))], generated="t", version="v")   # renders
+    assert "GPU memory per rank" in html
+    from dsv4ctl.report.page import plan_section
+    sec = plan_section(d)
+    assert "<svg" not in sec and "decode: the weights do not fit" in sec
+    assert plan_csv(d).count("\n") == 1 and plan_bar_lines(d) == []

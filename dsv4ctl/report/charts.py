@@ -241,7 +241,7 @@ def load_diff_svg(doc: dict) -> str:
         s.line(cx - 6, y(hi), cx + 6, y(hi), col, 2)
         s.circle(cx, y(c["difference"]), 5, col,
                  title=f"c={c['concurrency']}: {c['difference'] * 100:+.2f} pp [{lo * 100:+.2f}, {hi * 100:+.2f}], p={c['fisher_p']:.3g}")
-        s.text(cx + 10, y(c["difference"]) + 4, f"{c['difference'] * 100:+.2f} pp  p={c['fisher_p']:.2g}", size=11,
+        s.text(cx + 14, y(c["difference"]) + 4, f"{c['difference'] * 100:+.2f} pp  p={c['fisher_p']:.2g}", size=11,
                fill=col)
         s.text(cx, y0 + h + 18, f"{c['concurrency']:,}", size=12, anchor="middle")
     s.text(x0 + w / 2, y0 + h + 36, "concurrent sessions", size=12, anchor="middle", fill=S.AXIS)

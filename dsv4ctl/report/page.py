@@ -21,6 +21,7 @@ th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .meta td{border:none;padding:1px 12px 1px 0}.bad{color:#d62728;font-weight:bold}.good{color:#2ca02c;font-weight:bold}
 svg.chart{display:block;margin:10px 0;max-width:100%;height:auto}
 ul.notes li{margin:3px 0}
+div.tw{overflow-x:auto;max-width:100%}
 """
 
 
@@ -42,7 +43,7 @@ def table(headers: Sequence[object], rows: Sequence[Sequence[object]], numeric: 
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="n">{esc(c)}</td>' if i in num else f"<td>{esc(c)}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="tw"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _notes(items: Sequence[tuple[str, str]]) -> str:
