@@ -394,3 +394,18 @@ def test_groups_without_ranks_draw_no_bar_but_keep_their_errors():
     sec = plan_section(d)
     assert "<svg" not in sec and "decode: the weights do not fit" in sec
     assert plan_csv(d).count("\n") == 1 and plan_bar_lines(d) == []
+
+
+def test_a_document_of_a_known_schema_with_wrong_fields_is_one_line(tmp_path, capsys):
+    from dsv4ctl.cli import main
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "dsv4ctl.check.load/1", "levels": [{"url": 1}]}))
+    assert main(["report", str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dsv4ctl: error: {bad}: not a well-formed dsv4ctl.check.load/1 document (field 'concurrency')\n"
+    # text a server sent (escape sequences, markup) is written out, and the SVG stays well-formed
+    sm = doc("smoke.json")
+    sm["checks"][0]["reason"] = "\x1b]0;pwned\x07<b>&"
+    svg = CH.smoke_svg(sm)
+    svg_tree(svg)
+    assert "\\x1b]0;pwned\\x07&lt;b&gt;&amp;" in svg

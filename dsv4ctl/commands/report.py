@@ -26,10 +26,13 @@ def report(
     from .. import __version__
     from ..hosts.audit import now_iso
     from ..report.inputs import load_inputs
-    from ..report.page import build_html
+    from ..report.page import BadDocument, build_html
 
     docs = load_inputs(inputs)
-    html = build_html(docs, generated=now_iso(), version=__version__, title=title)
+    try:
+        html = build_html(docs, generated=now_iso(), version=__version__, title=title)
+    except BadDocument as e:
+        raise InputError(str(e)) from None
     if output == "-":
         print(html, end="")
         return

@@ -25,6 +25,19 @@ div.tw{overflow-x:auto;max-width:100%}
 """
 
 
+#: What a document of the right schema but with missing or mistyped fields raises in a builder.
+MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError)
+
+
+class BadDocument(ValueError):
+    """An input whose schema is known but whose fields are not what that schema has (one line)."""
+
+
+def _bad(name: str, doc: dict, e: Exception) -> BadDocument:
+    what = f"field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+    return BadDocument(f"{name}: not a well-formed {doc.get('schema')} document ({what})".splitlines()[0])
+
+
 @dataclass
 class Input:
     """One input of the report: its display ``name`` (the path given), the parsed ``doc``, its
@@ -144,7 +157,10 @@ def incident_section(inp: Input) -> str:
     out = [CH.incident_svg(doc, _short), table(["UTC", "step", "action", "status", "took", "result"], rows)]
     for name, edoc, kind in inp.evidence:
         out.append(f"<h3>evidence {esc(name)} ({esc(kind)})</h3>")
-        out.append(SECTIONS[kind](edoc))
+        try:
+            out.append(SECTIONS[kind](edoc))
+        except MALFORMED as e:      # one bad evidence file does not hide the run
+            out.append(f'<p class="bad">{esc(_bad(name, edoc, e))}: not drawn</p>')
     return "".join(out)
 
 
@@ -182,7 +198,8 @@ def _sglang_versions(inputs: Sequence[Input]) -> list[str]:
 
 def build_html(inputs: Sequence[Input], *, generated: str, version: str, title: Optional[str] = None) -> str:
     """The whole report page for ``inputs`` (in the order given). ``generated`` is the UTC time
-    written in the header (``2026-12-01T21:00:00Z``), ``version`` dsv4ctl's version."""
+    written in the header (``2026-12-01T21:00:00Z``), ``version`` dsv4ctl's version.
+    :class:`BadDocument` for an input with missing or mistyped fields."""
     title = title or "dsv4ctl report"
     sg = _sglang_versions(inputs)
     meta = [("generated", f"{generated} (UTC)"), ("dsv4ctl", version),
@@ -195,7 +212,10 @@ def build_html(inputs: Sequence[Input], *, generated: str, version: str, title: 
              table(["file", "kind", "schema", "what"], inputs_rows)]
     for n, inp in enumerate(inputs, 1):
         parts.append(f'<section id="input-{n}"><h2>{esc(TITLES[inp.kind])}: {esc(inp.name)}</h2>')
-        parts.append(incident_section(inp) if inp.kind == "incident" else SECTIONS[inp.kind](inp.doc))
+        try:
+            parts.append(incident_section(inp) if inp.kind == "incident" else SECTIONS[inp.kind](inp.doc))
+        except MALFORMED as e:
+            raise _bad(inp.name, inp.doc, e) from None
         parts.append("</section>")
     parts.append("</body></html>\n")
     return "".join(parts)

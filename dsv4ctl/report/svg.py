@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
+from ..render import printable
+
 FONT = "system-ui, -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif"
 
 #: Series colours (Tableau 10, readable on white, distinguishable in most colour-vision kinds).
@@ -20,8 +22,10 @@ TEXT = "#222222"
 
 
 def esc(text: object) -> str:
-    """``text`` as SVG/HTML character data or attribute value (``& < > " '`` escaped)."""
-    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """``text`` as SVG/HTML character data or attribute value: ``& < > " '`` escaped, control
+    characters written out (``\\x1b``) as :func:`dsv4ctl.render.printable` does, since XML
+    forbids them and a server's text may carry them."""
+    return (printable(str(text)).replace("\t", " ").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace('"', "&quot;").replace("'", "&#39;"))
 
 
