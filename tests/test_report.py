@@ -323,14 +323,17 @@ def test_cli_report_writes_one_file_and_bad_input_is_one_line(tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_cli_plan_bar_and_csv():
-    r = run_cli("plan")
-    assert r.code == 0
-    assert "prefill ranks 0-3 ·WWWW" in r.out and "0.912 GiB short of SGLang's 13 GiB activation reserve" in r.out
-    c = run_cli("plan", "--csv", "-g", "decode")
-    assert c.code == 0 and len(list(csv.DictReader(io.StringIO(c.out)))) == 4
-    both = run_cli("plan", "--csv", "--json")
-    assert both.code == 2 and "exclude each other" in both.err
+def test_cli_plan_bar_and_csv(capsys, monkeypatch):
+    from dsv4ctl.cli import main
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill ranks 0-3 ·WWWW" in out and "0.912 GiB short of SGLang's 13 GiB activation reserve" in out
+    assert out.index("└") < out.index("GPU memory per rank") < out.index("prefill: tp4")     # under the table
+    assert main(["plan", "--csv", "-g", "decode"]) == 0
+    assert len(list(csv.DictReader(io.StringIO(capsys.readouterr().out)))) == 4
+    assert main(["plan", "--csv", "--json"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_cli_check_load_csv_turns_csv_and_sparkline(tmp_path):
