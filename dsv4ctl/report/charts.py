@@ -52,7 +52,7 @@ def plan_memory_svg(doc: dict) -> str:
         return ""
     x0, x1 = 190, WIDTH - 30
     gpu = max((b.gpu_gib or 0.0) for b in bars)
-    xmax = max([gpu] + [b.total_gib for b in bars]) * 1.0
+    xmax = max([gpu] + [b.total_gib for b in bars])
     ticks = nice_ticks(xmax, 8)
     top = max(ticks[-1], xmax)
     row_h, bar_h, y_top = 92, 30, 66
@@ -132,7 +132,8 @@ def _urls(doc: dict) -> list[str]:
 
 
 def _arm_names(urls: Sequence[str]) -> list[str]:
-    return [f"{'AB'[i]}: {u}" if len(urls) == 2 else u for i, u in enumerate(urls)] if len(urls) <= 2 else list(urls)
+    """``A: url``, ``B: url`` for the two arms of a ``--compare``; the URLs as they are otherwise."""
+    return [f"{'AB'[i]}: {u}" for i, u in enumerate(urls)] if len(urls) == 2 else list(urls)
 
 
 def _levels(doc: dict) -> list[int]:
