@@ -411,3 +411,15 @@ def test_a_document_of_a_known_schema_with_wrong_fields_is_one_line(tmp_path, ca
     svg = CH.smoke_svg(sm)
     svg_tree(svg)
     assert "\\x1b]0;pwned\\x07&lt;b&gt;&amp;" in svg
+
+
+def test_a_real_crash_without_any_rated_turn():
+    """check load against a dead port: the level crashed, its rate is null, 40 never ran."""
+    d = doc("load-crash.json")
+    assert d["levels"][0]["rate"] is None and d["not_run"] == [40]
+    t = texts(svg_tree(CH.load_rate_svg(d)))
+    assert "crashed" in t and "not run" in t and "100" not in t         # the axis is not stretched to 100 %
+    assert load_spark_lines(d, stream=io.StringIO()) == ["corruption per level ×·  c=3,40: - - %"]
+    html = build_html([load_input(str(DATA / "load-crash.json"))], generated="t", version="v")
+    assert html.count('class="chart"') == 3
+    assert list(csv.DictReader(io.StringIO(load_levels_csv(d))))[0]["rate"] == ""

@@ -153,7 +153,8 @@ def load_rate_svg(doc: dict) -> str:
     names = _arm_names(urls)
     by = {(lv["url"], lv["concurrency"]): lv for lv in doc["levels"]}
     gate = doc.get("max_corruption") or 0.0
-    ymax = max([gate * 1.25] + [lv["wilson95"][1] for lv in doc["levels"]]) * 1.12 or 0.01
+    rated = [lv for lv in doc["levels"] if lv.get("rate") is not None]     # a crashed level may have none
+    ymax = max([gate * 1.25] + [lv["wilson95"][1] for lv in rated]) * 1.12 or 0.01
     x0, y0, w, h = 80, 64, WIDTH - 120, 260
     s = Svg(WIDTH, y0 + h + 90, "Corruption rate per concurrency level")
     s.text(10, 22, "Corruption rate per concurrency level (95 % Wilson interval, k/n corrupted)", size=15, weight="bold")
@@ -184,6 +185,9 @@ def load_rate_svg(doc: dict) -> str:
             if lv is None:
                 continue
             cx = x0 + slot * (j + 0.5) + off
+            if lv.get("rate") is None:      # every turn of the level was the crash: nothing to rate
+                s.text(cx, y0 + h - 8, "crashed", size=11, anchor="middle", fill=S.WARN, weight="bold")
+                continue
             lo, hi = lv["wilson95"]
             s.line(cx, yv(lo), cx, yv(hi), col, 2)
             s.line(cx - 5, yv(lo), cx + 5, yv(lo), col, 2)

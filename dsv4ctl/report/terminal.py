@@ -103,7 +103,8 @@ def sparkline(rates: list[Optional[float]], top: Optional[float] = None) -> str:
 def load_spark_lines(doc: dict, stream=None) -> list[str]:
     """One line per URL of a ``dsv4ctl.check.load/1`` document: the corruption rate per
     concurrency level as a sparkline (all URLs on one scale; red on a terminal where the
-    level fails the gate), the levels, and the rates in %."""
+    level fails the gate; ``×`` a level that crashed, ``·`` one not run), the levels, and the
+    rates in % (``-`` where there is none)."""
     settings = doc.get("settings") or {}
     urls = list(settings.get("urls") or [])
     levels = list(settings.get("concurrency") or [])
@@ -113,16 +114,18 @@ def load_spark_lines(doc: dict, stream=None) -> list[str]:
         if lv["concurrency"] not in levels:
             levels.append(lv["concurrency"])
     by = {(lv["url"], lv["concurrency"]): lv for lv in doc["levels"]}
-    top = max([lv["rate"] for lv in doc["levels"]] + [0.0])
+    top = max([lv["rate"] for lv in doc["levels"] if lv["rate"] is not None] + [0.0])
     name_w = max(len(u) for u in urls) if len(urls) > 1 else 0
     out = []
     for i, u in enumerate(urls):
         line = ""
         for c in levels:
             lv = by.get((u, c))
-            ch = sparkline([lv["rate"] if lv else None], top)
+            # a crashed level has no rate (its turns are errors, not corruption): ×
+            ch = "×" if lv and lv.get("crashed") else sparkline([lv["rate"] if lv else None], top)
             line += styled(ch, "red", stream) if lv and not lv["pass"] else ch
-        rates = " ".join(f"{by[(u, c)]['rate'] * 100:.2f}" if (u, c) in by else "-" for c in levels)
+        rates = " ".join(f"{by[(u, c)]['rate'] * 100:.2f}" if by.get((u, c), {}).get("rate") is not None
+                         else "-" for c in levels)
         who = (f"{'AB'[i] if len(urls) == 2 else i + 1}: {u.ljust(name_w)} " if len(urls) > 1 else "")
         out.append(f"corruption per level {who}{line}  c={','.join(map(str, levels))}: {rates} %")
     return out
