@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-c
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit diagnose patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit diagnose report patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -24,7 +24,7 @@ _dsv4ctl_subs() {
 _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
-    'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
+    'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
@@ -33,6 +33,7 @@ _dsv4ctl_opts() {
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -h --help' ;;
+    'report') echo '-o --output --title -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -47,7 +48,7 @@ _dsv4ctl_opts() {
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '--json -h --help' ;;
     'runbook show') echo '--json -h --help' ;;
@@ -88,6 +89,8 @@ _dsv4ctl_optkind() {
     'diagnose|--window') echo any ;;
     'diagnose|-n'|'diagnose|--lines') echo any ;;
     'diagnose|--api-key') echo any ;;
+    'report|-o'|'report|--output') echo file ;;
+    'report|--title') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -139,6 +142,7 @@ _dsv4ctl_optkind() {
     'check load|--model') echo any ;;
     'check load|--answer-words') echo any ;;
     'check load|--api-key') echo any ;;
+    'check load|--turns-csv') echo file ;;
     'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
@@ -173,6 +177,7 @@ _dsv4ctl_argkind() {
     'runbook run|0') echo yaml:w3 ;;
   esac
   case "$1" in
+    'report') [[ $2 -ge 0 ]] && echo any ;;
     'patch revert') [[ $2 -ge 1 ]] && echo any ;;
   esac
   return 0

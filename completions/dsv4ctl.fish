@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-st
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote status logs audit diagnose patch config hicache check runbook
+            echo plan deploy rollback releases promote status logs audit diagnose report patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -43,6 +43,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --since --host
         case 'diagnose'
             contains -- $argv[2] -g --group --since --window -n --lines --api-key
+        case 'report'
+            contains -- $argv[2] -o --output --title
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -64,7 +66,7 @@ function __dsv4ctl_takes_value
         case 'check smoke'
             contains -- $argv[2] -p --profile --worker --model --timeout --api-key
         case 'check load'
-            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --gateway-metrics --model --answer-words --api-key
+            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --gateway-metrics --model --answer-words --api-key --turns-csv
         case 'runbook run'
             contains -- $argv[2] -p --profile --resume --report-dir
         case '*'
@@ -155,6 +157,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on, each line prefixed with th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inline SVG, no script, no network) with a chart and a table pe...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
@@ -168,6 +171,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.plan/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per rank (memory segments in GiB, pool sizes).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
@@ -249,6 +253,9 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l accept-new-host-keys -d 'A
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l api-key -r -f -d 'Bearer token for /server_info (or DSV4CTL_API_KEY).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'diagnose\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s o -l output -r -F -d 'The HTML file to write (\'-\': standard output).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -l title -r -f -d 'Page title (default: dsv4ctl report).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'
@@ -361,6 +368,8 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l no-progress -l progress 
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l api-key -r -f -d 'Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l json -d 'Print the dsv4ctl.check.load/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l csv -d 'Print CSV: one row per URL and level (rate, Wilson bounds, latency percentile...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l turns-csv -r -F -d 'Write one CSV row per turn here (the --records fields).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'list' -d 'List the shipped runbooks.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'show' -d 'Print a runbook\'s steps with their conditions.'

@@ -50,6 +50,15 @@ def styled(text: str, style: str, stream=None) -> str:
     return f"\x1b[{codes}m{text}\x1b[0m" if codes else text
 
 
+def rgb(text: str, colour: str, stream=None) -> str:
+    """``text`` in the 24-bit colour ``colour`` (``#rrggbb``) when ``stream`` (default stdout)
+    is a terminal and NO_COLOR is unset; else ``text`` unchanged (the terminal memory bar)."""
+    if not _tty(stream or sys.stdout):
+        return text
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"\x1b[38;2;{r};{g};{b}m{text}\x1b[0m"
+
+
 def text_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]],
                right: Sequence[int] = ()) -> str | None:
     """The table :func:`rich_table` draws (heavy head box, one space of padding, ``right``

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
-#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux) when missing, the .venv with dsv4ctl and
+#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium) when missing, the .venv with dsv4ctl and
 #   its test extras, the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a source of
 #   SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
 #   reference by the oracle, patch and argument-table tests, and the real PD gateways
@@ -18,6 +18,7 @@ command -v zsh >/dev/null 2>&1 || need+=(zsh)     # completion syntax/behaviour 
 command -v fish >/dev/null 2>&1 || need+=(fish)
 [ -x /lib/systemd/systemd ] || need+=(systemd)      # tests/test_systemd.py boots it in a namespace
 { command -v unshare && command -v nsenter; } >/dev/null 2>&1 || need+=(util-linux)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)   # tests/test_report_browser.py renders the report
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -174,6 +174,8 @@ def load(
                                           help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.load/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
+    csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per URL and level (rate, Wilson bounds, latency percentiles, class counts)."),
+    turns_csv: Optional[Path] = typer.Option(None, "--turns-csv", help="Write one CSV row per turn here (the --records fields)."),
 ) -> None:
     """N concurrent multi-turn agent sessions with tools; every turn classified; corruption rate per
     class and level with a 95 % Wilson interval; gate on its upper bound. A level where the server
@@ -186,6 +188,8 @@ def load(
     from ..check import report as R
     from ..check.targets import normalize_url
 
+    if as_json + markdown + csv > 1:
+        raise InputError("check load: --json, --markdown and --csv exclude each other")
     sources = sum(x is not None for x in (url, profile, compare))
     if sources != 1:
         raise InputError("check load: give exactly one of URL, --profile, --compare URL_A URL_B")
@@ -230,6 +234,9 @@ def load(
     rec_file = None
     if records is not None:
         rec_file = _open_records(records)
+    if turns_csv is not None:
+        from ..report.csvout import TurnsCsvWriter
+        rec_file = TurnsCsvWriter(_open_records(turns_csv), also=rec_file)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
                 "gateway_metrics": gateway_metrics}
@@ -258,7 +265,11 @@ def load(
                 rec_file.close()
             except OSError:     # line-buffered: only the part of a line that failed is lost
                 pass
-    _print_load(doc, as_json, markdown)
+    if csv:
+        from ..report.csvout import load_levels_csv
+        print(load_levels_csv(doc), end="")
+    else:
+        _print_load(doc, as_json, markdown)
     if doc.get("crash"):
         c = doc["crash"]
         raise VerdictError(f"check load: crashed at concurrency {c['concurrency']} ({c['url']}): {c['reason']}"
@@ -335,6 +346,8 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     for line in notes:
         con.print(escape(line), style="bold red" if line.startswith("crashed") else None, soft_wrap=True,
                   highlight=False)
+    from ..report.terminal import load_spark_lines
+    print("\n".join(load_spark_lines(doc)))
     con.print(f"[{'green' if doc['pass'] else 'bold red'}]{escape(verdict)}[/]")
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import VerdictError
+from ..errors import InputError, VerdictError
 from ..render import console, dump_json, markdown_table, rich_table, styled, text_table
 
 METRICS = [
@@ -71,6 +71,7 @@ def plan(
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
+    csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per rank (memory segments in GiB, pool sizes)."),
     from_log: Optional[str] = typer.Option(None, "--from-log", metavar="FILE",
                                            help="Compare a server's start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the plan, per pool; exit 1 on a difference."),
 ) -> None:
@@ -79,6 +80,8 @@ def plan(
     Exit 0 when every group fits, 1 when a group does not (the fix is printed), 2 on bad input."""
     from ..plan.plan import build_plan, parse_set
     from .common import load_deployment_arg
+    if as_json + markdown + csv > 1:
+        raise InputError("plan: --json, --markdown and --csv exclude each other")
 
     prof = load_deployment_arg(profile)
     report = build_plan(prof, parse_set(list(set_ or ())), list(group or ()) or None)
@@ -88,6 +91,9 @@ def plan(
         return compare_log(doc, from_log, as_json, markdown)
     if as_json:
         print(dump_json(doc))
+    elif csv:
+        from ..report.csvout import plan_csv
+        print(plan_csv(doc), end="")
     elif markdown:
         print(f"## dsv4ctl plan: {doc['profile']} ({doc['model']}, SGLang {doc['sglang_version']})\n")
         print(markdown_table(*_table(doc)))
@@ -105,6 +111,8 @@ def plan(
                 console().print(rich_table(title, headers, rows, right=range(1, len(headers))))
             else:
                 print(text)
+            from ..report.terminal import plan_bar_lines
+            print("\n".join(plan_bar_lines(doc)))
         for g in doc["groups"]:
             mi = g["memory_inputs"]
             print(f"{styled(g['name'], 'bold')}: tp{g['tp']} dp{g['dp']}{' (dp-attention)' if g['dp_attention'] else ''} "

@@ -212,6 +212,7 @@ def run(
                                f"({len(bad)} step(s) report an error above)")
         return
     save(state)
+    _write_incident_html(run_dir)
     print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
     if ctx.touched_hosts:
         from ..runbook.actions import audit_touched
@@ -265,6 +266,18 @@ class _signals_as_interrupt:
         for sig, h in self._old.items():
             signal.signal(sig, h)
         return False
+
+
+def _write_incident_html(run_dir: Path) -> None:
+    """incident.html (timeline + the charts of the run's checks and plans) next to incident.md; a
+    picture that cannot be drawn is a warning: the run's record and exit code stand without it."""
+    from .. import __version__
+    from ..hosts.audit import now_iso
+    from ..report.inputs import incident_page
+    try:
+        (run_dir / "incident.html").write_text(incident_page(run_dir, generated=now_iso(), version=__version__))
+    except Exception as e:     # noqa: BLE001 - any failure of the picture, never of the run
+        print(f"warning: incident.html not written: {e}")
 
 
 def register(app: typer.Typer) -> None:

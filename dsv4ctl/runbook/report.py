@@ -46,6 +46,7 @@ def incident_markdown(doc: dict) -> str:
            f"- who: {doc['who']}", f"- profile: {doc['profile']}",
            f"- dry run: {'yes' if doc['dry_run'] else 'no'}",
            f"- outcome: {'completed' if doc['completed'] else 'stopped at ' + str(doc['failed_step'] or 'a declined step')}",
+           "- charts: [incident.html](incident.html) (the timeline and the charts of the checks it ran)",
            "", "## Timeline", ""]
     rows = []
     for e in doc["timeline"]:

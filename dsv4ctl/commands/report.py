@@ -1,0 +1,56 @@
+"""``dsv4ctl report INPUT... -o report.html``: one self-contained HTML file of charts and tables
+from dsv4ctl's JSON documents (thin CLI over :mod:`dsv4ctl.report`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import InputError
+
+
+def report(
+    inputs: list[str] = typer.Argument(..., metavar="INPUT...",
+                                       help="JSON documents of dsv4ctl: plan --json, check load --json (also --compare), check smoke --json, a runbook's incident.json (or its run folder), plan --from-log --json."),
+    output: str = typer.Option("report.html", "--output", "-o", help="The HTML file to write ('-': standard output)."),
+    title: Optional[str] = typer.Option(None, "--title", help="Page title (default: dsv4ctl report)."),
+) -> None:
+    """One HTML file (inline SVG, no script, no network) with a chart and a table per input:
+    per-rank GPU memory of a plan, corruption per concurrency level with Wilson intervals and the
+    gate (A/B difference for --compare), classes and latency of a load check, smoke results, a
+    runbook's timeline with the charts of the checks it ran, planned vs logged pool sizes.
+
+    Exit 0 written, 2 an input unreadable or not a dsv4ctl document."""
+    from .. import __version__
+    from ..hosts.audit import now_iso
+    from ..report.inputs import load_inputs
+    from ..report.page import BadDocument, build_html
+
+    docs = load_inputs(inputs)
+    try:
+        html = build_html(docs, generated=now_iso(), version=__version__, title=title)
+    except BadDocument as e:
+        raise InputError(str(e)) from None
+    if output == "-":
+        print(html, end="")
+        return
+    out = Path(output).expanduser()
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise InputError(f"--output {output}: {e.strerror or e}") from None
+    charts = html.count('<svg xmlns="http://www.w3.org/2000/svg" class="chart"')
+    print(f"wrote {out} ({len(html.encode()) / 1024:.0f} KiB, {charts} chart(s) from {len(docs)} input(s))")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to the root app."""
+    app.command("report")(report)
