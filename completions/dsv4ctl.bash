@@ -11,12 +11,13 @@ _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit schema completion patch config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
     'check') echo 'smoke load' ;;
     'runbook') echo 'list show run' ;;
+    'profile') echo 'list show init' ;;
   esac
 }
 
@@ -32,11 +33,13 @@ _dsv4ctl_opts() {
     'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
+    'schema') echo '--path --json -h --help' ;;
+    'completion') echo '-h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
     'patch revert') echo '--base --host -p --profile -n --dry-run --json -h --help' ;;
-    'patch check') echo '--base --series --keep --json --markdown -h --help' ;;
+    'patch check') echo '--base --series --keep --dry-run --json --markdown -h --help' ;;
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
@@ -51,6 +54,10 @@ _dsv4ctl_opts() {
     'runbook list') echo '-h --help' ;;
     'runbook show') echo '-h --help' ;;
     'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -h --help' ;;
+    'profile') echo '-h --help' ;;
+    'profile list') echo '--json -h --help' ;;
+    'profile show') echo '--json -h --help' ;;
+    'profile init') echo '--from --force -h --help' ;;
   esac
 }
 
@@ -136,6 +143,7 @@ _dsv4ctl_optkind() {
     'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
+    'profile init|--from') echo any ;;
   esac
 }
 
@@ -152,6 +160,8 @@ _dsv4ctl_argkind() {
     'logs|0') echo any ;;
     'logs|1') echo yaml:w2 ;;
     'audit|0') echo yaml:w2 ;;
+    'schema|0') echo any ;;
+    'completion|0') echo any ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;
@@ -164,6 +174,8 @@ _dsv4ctl_argkind() {
     'check load|0') echo any ;;
     'runbook show|0') echo yaml:w3 ;;
     'runbook run|0') echo yaml:w3 ;;
+    'profile show|0') echo any ;;
+    'profile init|0') echo file ;;
   esac
   case "$1" in
     'patch revert') [[ $2 -ge 1 ]] && echo any ;;

@@ -25,6 +25,9 @@ SCHEMAS_DIR = DATA_DIR / "schemas"
 SHIPPED_DIR = PACKAGE_DIR / "_shipped"
 SHIPPED_FOLDERS = ("profiles", "patches", "playbooks", "completions")
 DEFAULT_PROFILE_NAME = "dsv4-flash-8xb200-pd"
+# The profiles dsv4ctl ships (``profiles/NAME.yaml`` + ``profiles/NAME/``); setup.py copies these
+# into the wheel and no command edits them. Other files an operator adds to ``profiles/`` are theirs.
+SHIPPED_PROFILES = ("dsv4-flash-8xb200-pd",)
 
 
 def shipped_dir(name: str) -> Path:
@@ -60,15 +63,21 @@ def resolve_profile(arg: str | None) -> Path:
 
 
 def is_shipped(path: Path) -> bool:
-    """True when ``path`` lies inside a shipped folder (the checkout's ``profiles/``, ``patches/``,
-    ``playbooks/``, ``completions/`` or the installation's ``_shipped/``): data that a command must
-    never rewrite (start from a copy: ``dsv4ctl profile init``)."""
+    """True when ``path`` is data shipped with dsv4ctl, which a command must never rewrite (start
+    from a copy: ``dsv4ctl profile init``): anything under the installation's ``_shipped/``, or in
+    a checkout a shipped profile (:data:`SHIPPED_PROFILES`) with its serve-config folder, a patch
+    series, a playbook or a completion script. Symlinks are followed."""
     try:
         real = Path(os.path.realpath(path))
     except (OSError, ValueError):
         return False
-    roots = [SHIPPED_DIR] + [REPO_DIR / n for n in SHIPPED_FOLDERS]
-    for root in roots:
+    prof = REPO_DIR / "profiles"
+    files = [prof / f"{n}.yaml" for n in SHIPPED_PROFILES]
+    folders = [SHIPPED_DIR, *(prof / n for n in SHIPPED_PROFILES),
+               *(REPO_DIR / n for n in SHIPPED_FOLDERS if n != "profiles")]
+    if any(real == Path(os.path.realpath(f)) for f in files):
+        return True
+    for root in folders:
         r = Path(os.path.realpath(root))
         if real == r or r in real.parents:
             return True

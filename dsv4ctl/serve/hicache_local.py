@@ -93,7 +93,14 @@ def write_all(files: list[tuple[Path, str]]) -> None:
     link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
     and gives it the target's mode; any failure removes every temp file and raises DsvError (exit 3,
     no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs the
-    folders; if a rename fails, the files already renamed get their old bytes back the same way."""
+    folders; if a rename fails, the files already renamed get their old bytes back the same way.
+    A file shipped with dsv4ctl (the installation's or the checkout's shipped profiles and serve
+    configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``, nothing changed."""
+    from ..resources import is_shipped
+    for path, _ in files:
+        if is_shipped(path):
+            raise InputError(f"{path}: shipped with dsv4ctl, not edited; start from your own copy: "
+                             "dsv4ctl profile init my-profile.yaml")
     staged: list[tuple[Path, str, bytes]] = []      # (target, temp path, old bytes)
     try:
         for path, text in files:
