@@ -1,10 +1,11 @@
 """Install test: build the wheel, install it into a fresh venv, run dsv4ctl from a folder outside
 the checkout (what `pipx install .` / `uv tool install .` give an operator).
 
-No network: the wheel is built with ``pip wheel --no-deps --no-build-isolation`` when the project
-venv's setuptools can build it (>= 77: PEP 639 license string, bdist_wheel built in), else with
-pip's build isolation from the configured package index (a local mirror on CI machines); if neither
-works the test skips and says why. The fresh venv gets dsv4ctl with ``--no-deps``; its
+No network: the wheel is built with ``pip wheel --no-deps --no-build-isolation`` by the project
+venv when its setuptools can build it (>= 77: PEP 639 license string, bdist_wheel built in; the
+``test`` extra asks for it), else by ``.venv-oracle`` (setuptools 84), else with pip's build
+isolation from the configured package index (a local mirror on CI machines); if none works the
+test skips and says why. The fresh venv gets dsv4ctl with ``--no-deps``; its
 dependencies come from the project venv's site-packages, added as one path entry by a ``.pth``
 file (not processed as a site dir, so the checkout's editable-install hook stays inactive and
 ``dsv4ctl`` can only be imported from the wheel)."""
@@ -47,16 +48,16 @@ def _setuptools_version(py: str) -> tuple[int, ...]:
 
 def build_wheel(out: Path) -> Path:
     """The dsv4ctl wheel built from the checkout into ``out`` (see the module docstring)."""
-    py = sys.executable
     src = out / "src"                    # a clean copy: no build/ or egg-info of the checkout involved
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv*", ".cache", "build", "*.egg-info",
                                                              "__pycache__", ".pytest_cache", ".hypothesis", "tests"))
-    tries = []
-    if _setuptools_version(py) >= (77,):
-        tries.append(["--no-build-isolation"])
-    tries.append([])
+    # a frontend whose setuptools builds it without isolation: the project venv (test extra
+    # setuptools>=77), else the oracle venv scripts/test.sh builds; else pip's build isolation
+    tries = [(py, ["--no-build-isolation"]) for py in (sys.executable, str(REPO / ".venv-oracle/bin/python"))
+             if Path(py).exists() and _setuptools_version(py) >= (77,)][:1]
+    tries.append((sys.executable, []))
     errors = []
-    for extra in tries:
+    for py, extra in tries:
         p = _run([py, "-m", "pip", "wheel", "-q", "--no-deps", *extra, "-w", str(out / "dist"), str(src)],
                  env=dict(CLEAN, PIP_DISABLE_PIP_VERSION_CHECK="1"), timeout=300)
         wheels = sorted((out / "dist").glob("dsv4ctl-*.whl"))
