@@ -195,3 +195,27 @@ def test_start_a_profile_and_never_edit_the_installed_one(installed):
     assert r.returncode == 0, r.stderr
     assert "enable-hierarchical-cache: false\n" in (work / "my/prefill.yaml").read_text()
     assert shipped.read_bytes() == before
+
+
+def test_constraints_pin_every_runtime_dependency_inside_its_range():
+    """constraints.txt: one exact pin per runtime dependency (direct ones inside pyproject's
+    ranges), matching what the project venv runs."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            assert ver, f"constraints.txt: {line!r} is not an exact pin"
+            pins[canonicalize_name(name)] = ver
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for d in deps:
+        req = Requirement(d)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"constraints.txt does not pin {req.name}"
+        assert req.specifier.contains(pins[name]), f"{req.name}=={pins[name]} is outside {req.specifier}"
+        assert version(req.name) == pins[name], f"the project venv runs {req.name} {version(req.name)}"
