@@ -60,7 +60,8 @@ def show(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Shippe
 def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
     """The files ``profile init`` writes for a copy of profile ``src`` at ``dest``: the profile
     text with a header (schema line, what to edit next), serve configs moved to ``<dest stem>/``
-    and a relative ``sglang.series`` made absolute; and each serve config's text. Pure."""
+    and a relative ``sglang.series`` made absolute; and each serve config's text. Reads ``src``
+    and its serve configs, writes nothing."""
     from ..errors import InputError
     from ..profile.model import load_profile
     from ..resources import schema_path
