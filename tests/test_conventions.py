@@ -149,6 +149,9 @@ def test_a_mutating_command_never_edits_the_shipped_profile(tmp_path):
         assert r.err == (f"dsv4ctl: error: {cfg}: shipped with dsv4ctl, not edited; start from your own copy: "
                          "dsv4ctl profile init my-profile.yaml\n")
         assert cfg.read_bytes() == before
+    # --remote: refused before any host is contacted (it would rewrite the local copy afterwards)
+    r = run_cli("hicache", "off", "dsv4-flash-8xb200-pd", "-g", "prefill", "--remote", cwd=tmp_path)
+    assert r.code == 2 and "shipped with dsv4ctl, not edited" in r.err and cfg.read_bytes() == before
     r = run_cli("hicache", "off", "dsv4-flash-8xb200-pd", "-g", "prefill", "--dry-run", cwd=tmp_path)
     assert r.code == 0 and "dry run: would write 1 file(s)" in r.out     # a dry run only reads
 
