@@ -14,8 +14,8 @@ Conditions are those of an installed dsv4ctl: bytecode caching on (a ``PYTHONDON
 in the environment is dropped; .pyc files go to a throw-away ``PYTHONPYCACHEPREFIX``, so nothing
 is written into the checkout).
 
-    .venv/bin/python benchmarks/startup.py              # 15 runs each
-    .venv/bin/python benchmarks/startup.py -n 30 --check  # exit 1 when a median ratio misses its target
+    .venv/bin/python benchmarks/startup.py              # 15 runs each; exit 1 when a median ratio misses its target
+    .venv/bin/python benchmarks/startup.py --report-only  # always exit 0 (just the numbers)
     .venv/bin/python benchmarks/startup.py --imports    # + what the plan run imports (-X importtime)
 
 The CLI is run the way a user runs it: the ``dsv4ctl`` console script next to the interpreter
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", "--runs", type=int, default=15, help="measured runs per command (default 15)")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the dsv4ctl install")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a median ratio misses its target")
+    ap.add_argument("--check", action="store_true", help="(the default) exit 1 when a median ratio misses its target")
+    ap.add_argument("--report-only", action="store_true", help="print the numbers; exit 0 even when a target is missed")
     ap.add_argument("--imports", action="store_true", help="also print import costs of the plan run")
     a = ap.parse_args(argv)
 
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(a: argparse.Namespace, tmp: Path) -> int:
-    """Measure, print the table and the verdict; the exit code for --check."""
+    """Measure, print the table and the verdict; exit code 1 when a target is missed (unless
+    ``--report-only``)."""
     times = measure(a.python, a.runs, tmp)
     labels = list(times)
     base = labels[0]
@@ -150,7 +152,7 @@ def report(a: argparse.Namespace, tmp: Path) -> int:
         print("cumulative import ms, one `dsv4ctl plan` run (-X importtime; absent = not imported):")
         for mod, ms in import_costs(a.python, tmp):
             print(f"  {mod:24} {ms:8.1f}")
-    return 1 if a.check and missed else 0
+    return 1 if missed and not getattr(a, "report_only", False) else 0
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-c
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit diagnose report patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
     'check') echo 'smoke load' ;;
     'runbook') echo 'list show run' ;;
+    'profile') echo 'list show init' ;;
   esac
 }
 
@@ -34,11 +35,13 @@ _dsv4ctl_opts() {
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -h --help' ;;
     'report') echo '-o --output --title -h --help' ;;
+    'schema') echo '--path --json -h --help' ;;
+    'completion') echo '-h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
     'patch revert') echo '--base --host -p --profile -n --dry-run --json -h --help' ;;
-    'patch check') echo '--base --series --keep --json --markdown -h --help' ;;
+    'patch check') echo '--base --series --keep --dry-run --json --markdown -h --help' ;;
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
@@ -53,6 +56,10 @@ _dsv4ctl_opts() {
     'runbook list') echo '--json -h --help' ;;
     'runbook show') echo '--json -h --help' ;;
     'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -h --help' ;;
+    'profile') echo '-h --help' ;;
+    'profile list') echo '--json -h --help' ;;
+    'profile show') echo '--json -h --help' ;;
+    'profile init') echo '--from --force -h --help' ;;
   esac
 }
 
@@ -146,6 +153,7 @@ _dsv4ctl_optkind() {
     'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
+    'profile init|--from') echo any ;;
   esac
 }
 
@@ -163,6 +171,8 @@ _dsv4ctl_argkind() {
     'logs|1') echo yaml:w2 ;;
     'audit|0') echo yaml:w2 ;;
     'diagnose|0') echo yaml:w2 ;;
+    'schema|0') echo any ;;
+    'completion|0') echo any ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;
@@ -175,6 +185,8 @@ _dsv4ctl_argkind() {
     'check load|0') echo any ;;
     'runbook show|0') echo yaml:w3 ;;
     'runbook run|0') echo yaml:w3 ;;
+    'profile show|0') echo any ;;
+    'profile init|0') echo file ;;
   esac
   case "$1" in
     'report') [[ $2 -ge 0 ]] && echo any ;;

@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-st
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote status logs audit diagnose report patch config hicache check runbook
+            echo plan deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -21,6 +21,8 @@ function __dsv4ctl_subs
             echo smoke load
         case 'runbook'
             echo list show run
+        case 'profile'
+            echo list show init
     end
 end
 
@@ -69,6 +71,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --gateway-metrics --model --answer-words --api-key --turns-csv
         case 'runbook run'
             contains -- $argv[2] -p --profile --resume --report-dir
+        case 'profile init'
+            contains -- $argv[2] --from
         case '*'
             return 1
     end
@@ -158,11 +162,14 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inline SVG, no script, no network) with a chart and a table pe...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'schema' -d 'Print the JSON Schema NAME (draft 2020-12). Editors use the profile schema th...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'completion' -d 'Print the completion script for SHELL on stdout (how to install it: on stderr...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'check' -d 'Tool-call correctness checks: smoke (endpoints) and load (corruption gate).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'runbook' -d 'Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'profile' -d 'Shipped profiles: list, show, and init (a starting profile of your own).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l version -d 'Print the version and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l install-completion -d 'Install completion for the current shell.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l show-completion -d 'Show completion for the current shell, to copy it or customize the installation.'
@@ -256,6 +263,10 @@ complete -c dsv4ctl -n '__dsv4ctl_arg \'diagnose\' 0' -f -a '(__dsv4ctl_yaml w2)
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s o -l output -r -F -d 'The HTML file to write (\'-\': standard output).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -l title -r -f -d 'Page title (default: dsv4ctl report).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'schema\'' -l path -d 'Print the schema file\'s path instead of its content.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'schema\'' -l json -d 'With no NAME: the list as JSON.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'schema\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'completion\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'
@@ -288,6 +299,7 @@ complete -c dsv4ctl -n '__dsv4ctl_arg \'patch revert\' 0' -f -a '(__fish_complet
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l base -r -f -d 'PACKAGE==VERSION to prove against (default: the series\' base).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l series -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Series directory (default: the shipped patches/sglang-0.5.23).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l keep -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Build the tree in this (new) directory and keep it.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l dry-run -d 'Load the series and say where the pristine wheel would come from; fetch and b...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -s h -l help -d 'Show this message and exit.'
@@ -387,3 +399,15 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l resume -r -f -d 'Resume
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l report-dir -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Where the run\'s state and incident report go (default: $DSV4CTL_STATE_DIR/run...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 0' -f -a '(__dsv4ctl_yaml w3)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'list' -d 'The shipped profiles, with their files.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'show' -d 'Print a profile\'s YAML followed by the paths of its serve configs.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'init' -d 'Write a commented starting profile and its serve configs (outside the install...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile list\'' -l json -d 'Print JSON.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile list\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile show\'' -l json -d 'Print JSON: path, serve configs, the parsed profile.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile show\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l from -r -f -d 'Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l force -d 'Overwrite existing files.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'profile init\' 0' -F

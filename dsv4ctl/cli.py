@@ -18,18 +18,38 @@ HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hica
 
 # Command modules under dsv4ctl/commands/, in --help order. Each defines ``register(app)``;
 # a module that is not in the tree is skipped, an import error inside one is raised.
-COMMAND_MODULES = ("plan", "patch", "deploy", "day2", "config", "hicache", "check", "diagnose", "runbook", "report")
+COMMAND_MODULES = ("plan", "patch", "deploy", "day2", "config", "hicache", "check", "diagnose", "runbook", "report",
+                   "profiles", "schema", "completion")
 # Top-level command name -> the module that registers it (for the start-up fast path).
 COMMAND_OWNER = {"plan": "plan", "patch": "patch", "deploy": "deploy", "rollback": "deploy",
                  "releases": "deploy", "promote": "deploy", "config": "config", "hicache": "hicache", "check": "check",
                  "runbook": "runbook", "diagnose": "diagnose", "report": "report", "status": "day2", "logs": "day2",
-                 "audit": "day2"}
+                 "audit": "day2", "profile": "profiles", "schema": "schema", "completion": "completion"}
 
 
 def _version(value: bool) -> None:
     if value:
         print(f"dsv4ctl {__version__} (SGLang 0.5.23)")
         raise typer.Exit()
+
+
+def version_doc() -> dict:
+    """``dsv4ctl --version --json``: dsv4ctl's and the target SGLang's versions, the Python running
+    it, and where its shipped data is read from."""
+    import platform
+
+    from .resources import shipped_dir
+    return {"schema": "dsv4ctl.version/1", "dsv4ctl": __version__, "sglang": "0.5.23",
+            "python": platform.python_version(), "shipped": str(shipped_dir("profiles").parent)}
+
+
+def conventions_error(args: list[str]) -> str | None:
+    """The one-line usage error for option combinations no command accepts (``--json`` with
+    ``--markdown``), else None. Arguments after ``--`` are not options."""
+    opts = args[:args.index("--")] if "--" in args else args
+    if "--json" in opts and "--markdown" in opts:
+        return "--json and --markdown cannot be used together (pick one output format)"
+    return None
 
 
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
@@ -53,6 +73,8 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
         if importlib.util.find_spec(mod_name) is None:
             continue
         importlib.import_module(mod_name).register(application)
+    from .commands.examples import apply as add_examples
+    add_examples(application)
     return application
 
 
@@ -80,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         args = sys.argv[1:] if argv is None else argv
         if not args:
             args = ["--help"]       # bare `dsv4ctl`: the help, not a usage error
+        bad = conventions_error(args)
+        if bad:
+            error_line(bad)
+            return EXIT_USAGE
+        if "--version" in args and "--json" in args and all(a.startswith("-") for a in args):
+            from .render import dump_json
+            print(dump_json(version_doc()))
+            return 0
         result = build_app(modules_for(args))(args=args, standalone_mode=False, prog_name="dsv4ctl")
         if isinstance(result, int) and not isinstance(result, bool) and result:
             # typer turns Ctrl-C into a returned 130 in non-standalone mode

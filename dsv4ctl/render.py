@@ -21,16 +21,66 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(out)
 
 
+# Columns whose text wraps when a table is too wide; every other column keeps its cells on one
+# line (a path, file:line, URL, id or number is useless cut in two).
+WRAP_COLUMNS = frozenset({"message", "reason", "detail", "details", "description", "summary", "what", "note",
+                          "notes", "result", "fix", "fixes", "action", "actions", "error", "warning", "why",
+                          "expected", "got", "step", "title", "checks", "last audit"})
+
+
+def ascii_tables() -> bool:
+    """Plain ASCII table borders: stdout is not a terminal (a pipe, a file, CI logs)."""
+    return not sys.stdout.isatty()
+
+
 def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence[int] = ()):
-    """A rich Table (imported lazily to keep start-up fast)."""
+    """A rich Table (imported lazily to keep start-up fast): ASCII borders when stdout is not a
+    terminal; when it is too wide, only the message-like columns (:data:`WRAP_COLUMNS`) wrap."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
-    t = Table(title=escape(title), title_justify="left")
+    rows = [list(r) for r in rows]
+    wraps = [str(h).strip().lower() in WRAP_COLUMNS for h in headers]
+    if any(wraps) and not all(wraps):
+        stacked = _stacked(title, headers, rows, wraps)
+        if stacked is not None:
+            return stacked
+    t = Table(title=escape(title), title_justify="left", box=box.ASCII if ascii_tables() else box.HEAVY_HEAD)
     for i, h in enumerate(headers):
-        t.add_column(escape(str(h)), justify="right" if i in right else "left")
+        t.add_column(escape(str(h)), justify="right" if i in right else "left",
+                     no_wrap=any(wraps) and not wraps[i], overflow="fold")
     for r in rows:      # cells are data (log lines, reasons, paths): never rich markup
         t.add_row(*[escape(str(x)) for x in r])
     return t
+
+
+def _width() -> int:
+    import shutil
+    return shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else (output_width() or 200)
+
+
+MIN_MESSAGE_WIDTH = 24
+
+
+def _stacked(title: str, headers: Sequence[str], rows: list, wraps: list[bool]):
+    """When a table with message-like columns cannot fit the width with its other cells on one
+    line and the messages at least MIN_MESSAGE_WIDTH wide: each row as one line of the other cells
+    (paths whole) and its messages below, indented and wrapped. None when the table fits."""
+    cells = [[str(x) for x in r] for r in rows]
+    fixed = sum(max([len(str(h))] + [len(r[i]) for r in cells]) for i, h in enumerate(headers) if not wraps[i])
+    n_wrap = sum(wraps)
+    if fixed + n_wrap * MIN_MESSAGE_WIDTH + 3 * len(headers) + 1 <= _width():
+        return None
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+    parts = [Text(title, style="italic")] if title else []
+    for r in cells:
+        parts.append(Text("  ".join(c for i, c in enumerate(r) if not wraps[i])))
+        for i, c in enumerate(r):
+            if wraps[i] and c:
+                parts.append(Padding(Text(f"{headers[i]}: {c}" if n_wrap > 1 else c), (0, 0, 0, 4)))
+    return Group(*parts)
 
 
 def _tty(stream) -> bool:
@@ -89,17 +139,36 @@ def text_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
     def rule(left, mid, rgt, ch):
         return left + mid.join(ch * (w + 2) for w in widths) + rgt
     out = [styled(title, "italic")] if title else []
+    if ascii_tables():      # the layout of rich's box.ASCII
+        out += [rule("+", "-", "+", "-"), line(heads, "|", "bold"), rule("|", "+", "|", "-")]
+        out += [line(r, "|") for r in body]
+        out.append(rule("+", "-", "+", "-"))
+        return "\n".join(out)
     out += [rule("┏", "┳", "┓", "━"), line(heads, "┃", "bold"), rule("┡", "╇", "┩", "━")]
     out += [line(r, "│") for r in body]
     out.append(rule("└", "┴", "┘", "─"))
     return "\n".join(out)
 
 
+def output_width() -> int | None:
+    """Width for rich output off a terminal: ``$COLUMNS`` when set (at least 40), else 200; None on
+    a terminal (rich asks the terminal)."""
+    import os
+    if sys.stdout.isatty():
+        return None
+    try:
+        return max(40, int(os.environ.get("COLUMNS") or 200))
+    except ValueError:
+        return 200
+
+
 def console(stderr: bool = False):
-    """A rich Console on stdout (or stderr)."""
+    """A rich Console on stdout (or stderr). No colour with ``NO_COLOR`` set (rich honours it)."""
+    import os
+
     from rich.console import Console
     return Console(stderr=stderr, highlight=False, soft_wrap=False, emoji=False,  # no ":name:" rewriting
-                   width=None if sys.stdout.isatty() else 200)
+                   width=output_width(), no_color=bool(os.environ.get("NO_COLOR")) or None)
 
 
 def error_line(message: str) -> None:

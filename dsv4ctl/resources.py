@@ -1,7 +1,16 @@
-"""Locations of data shipped with dsv4ctl: model configs, profiles, patch series, playbooks.
+"""Locations of data shipped with dsv4ctl and of its local folders.
 
-In a checkout (or an editable install) the repository's own ``profiles/``, ``patches/`` and
-``playbooks/`` are used; a wheel carries copies under ``dsv4ctl/_shipped/``."""
+Shipped data: model configs, the argument table and the JSON Schemas live in the package
+(``dsv4ctl/data/``). Profiles (with their serve configs), patch series, playbooks and shell
+completions live in the repository's ``profiles/``, ``patches/``, ``playbooks/`` and
+``completions/``; the wheel carries copies of them under ``dsv4ctl/_shipped/`` (setup.py). A
+wheel install (pip, pipx, uv tool) reads ``_shipped/``; a checkout or an editable install, which
+has no ``_shipped/``, reads the repository folders. Same names, same files either way.
+
+Local folders: one cache (``$DSV4CTL_CACHE``, else ``$XDG_CACHE_HOME/dsv4ctl``, else
+``~/.cache/dsv4ctl``: release builds, pristine SGLang wheels and trees, parsed YAML), one state
+folder (``$DSV4CTL_STATE_DIR``, else ``$XDG_STATE_HOME/dsv4ctl``, else ``~/.local/state/dsv4ctl``:
+run log, runbook runs, promotion evidence)."""
 
 from __future__ import annotations
 
@@ -10,21 +19,37 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
-MODELS_DIR = PACKAGE_DIR / "data" / "models"
+DATA_DIR = PACKAGE_DIR / "data"
+MODELS_DIR = DATA_DIR / "models"
+SCHEMAS_DIR = DATA_DIR / "schemas"
+SHIPPED_DIR = PACKAGE_DIR / "_shipped"
+SHIPPED_FOLDERS = ("profiles", "patches", "playbooks", "completions")
 DEFAULT_PROFILE_NAME = "dsv4-flash-8xb200-pd"
+# The profiles dsv4ctl ships (``profiles/NAME.yaml`` + ``profiles/NAME/``); setup.py copies these
+# into the wheel and no command edits them. Other files an operator adds to ``profiles/`` are theirs.
+SHIPPED_PROFILES = ("dsv4-flash-8xb200-pd",)
 
 
 def shipped_dir(name: str) -> Path:
-    """``profiles`` / ``patches`` / ``playbooks``: the repository folder, else the wheel's copy."""
-    repo = REPO_DIR / name
-    if repo.is_dir():
-        return repo
-    return PACKAGE_DIR / "_shipped" / name
+    """``profiles`` / ``patches`` / ``playbooks`` / ``completions``: the wheel's copy
+    (``dsv4ctl/_shipped/NAME``) when dsv4ctl runs from a wheel, else the checkout's folder."""
+    if name not in SHIPPED_FOLDERS:
+        raise ValueError(f"not a shipped folder: {name}")
+    wheel = SHIPPED_DIR / name
+    if wheel.is_dir():
+        return wheel
+    return REPO_DIR / name
 
 
 def default_profile_path() -> Path:
     """Path of the embedded default profile ``profiles/dsv4-flash-8xb200-pd.yaml``."""
     return shipped_dir("profiles") / f"{DEFAULT_PROFILE_NAME}.yaml"
+
+
+def shipped_profile_names() -> list[str]:
+    """Names of the shipped profiles (``profiles/*.yaml`` stems), sorted."""
+    d = shipped_dir("profiles")
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
 def resolve_profile(arg: str | None) -> Path:
@@ -37,17 +62,80 @@ def resolve_profile(arg: str | None) -> Path:
     return shipped_dir("profiles") / f"{arg}.yaml"
 
 
+def is_shipped(path: Path) -> bool:
+    """True when ``path`` is data shipped with dsv4ctl, which a command must never rewrite (start
+    from a copy: ``dsv4ctl profile init``): anything under the installation's ``_shipped/``, or in
+    a checkout a shipped profile (:data:`SHIPPED_PROFILES`) with its serve-config folder, a patch
+    series, a playbook or a completion script. Symlinks are followed."""
+    try:
+        real = Path(os.path.realpath(path))
+    except (OSError, ValueError):
+        return False
+    prof = REPO_DIR / "profiles"
+    files = [prof / f"{n}.yaml" for n in SHIPPED_PROFILES]
+    folders = [SHIPPED_DIR, *(prof / n for n in SHIPPED_PROFILES),
+               *(REPO_DIR / n for n in SHIPPED_FOLDERS if n != "profiles")]
+    if any(real == Path(os.path.realpath(f)) for f in files):
+        return True
+    for root in folders:
+        r = Path(os.path.realpath(root))
+        if real == r or r in real.parents:
+            return True
+    return False
+
+
+def schema_path(name: str) -> Path:
+    """The shipped JSON Schema ``dsv4ctl/data/schemas/NAME.schema.json``."""
+    return SCHEMAS_DIR / f"{name}.schema.json"
+
+
+def schema_names() -> list[str]:
+    """Names of the shipped JSON Schemas (``profile``, ``plan``, …), sorted."""
+    return sorted(p.name[:-len(".schema.json")] for p in SCHEMAS_DIR.glob("*.schema.json"))
+
+
+def _xdg(var: str, default: str) -> str:
+    """``$VAR`` when it is an absolute path (the XDG spec ignores relative ones), else ``default``."""
+    v = os.environ.get(var) or ""
+    return v if os.path.isabs(v) else os.path.expanduser(default)
+
+
 def cache_root() -> Path:
-    """dsv4ctl's local cache folder (release builds, pristine SGLang wheels, parsed YAML):
-    ``$DSV4CTL_CACHE``, else ``$XDG_CACHE_HOME/dsv4ctl``, else ``~/.cache/dsv4ctl``."""
-    base = os.environ.get("DSV4CTL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsv4ctl")
+    """dsv4ctl's local cache folder (release builds, pristine SGLang wheels and trees, parsed YAML):
+    ``$DSV4CTL_CACHE``, else ``$XDG_CACHE_HOME/dsv4ctl``, else ``~/.cache/dsv4ctl``. Anything here
+    can be deleted; state that must survive lives in :func:`state_root`."""
+    base = os.environ.get("DSV4CTL_CACHE") or os.path.join(_xdg("XDG_CACHE_HOME", "~/.cache"), "dsv4ctl")
     return Path(base).expanduser()
 
 
 def state_root() -> Path:
-    """dsv4ctl's local state folder (runbook runs, the run log): ``$DSV4CTL_STATE_DIR``, else
-    ``$XDG_STATE_HOME/dsv4ctl``, else ``~/.local/state/dsv4ctl``."""
-    base = os.environ.get("DSV4CTL_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dsv4ctl")
+    """dsv4ctl's local state folder (the run log, runbook runs, promotion evidence):
+    ``$DSV4CTL_STATE_DIR``, else ``$XDG_STATE_HOME/dsv4ctl``, else ``~/.local/state/dsv4ctl``."""
+    base = os.environ.get("DSV4CTL_STATE_DIR") or os.path.join(_xdg("XDG_STATE_HOME", "~/.local/state"), "dsv4ctl")
     return Path(base).expanduser()
+
+
+def prune_files(folder: Path, keep: int, pattern: str = "*") -> int:
+    """Delete the least recently modified files matching ``pattern`` in ``folder`` beyond the
+    newest ``keep``; best effort (a file that vanishes or cannot be removed is skipped). Returns
+    how many were deleted."""
+    try:
+        entries = []
+        for p in folder.glob(pattern):
+            try:
+                entries.append((p.stat().st_mtime, p))
+            except OSError:
+                continue
+    except OSError:
+        return 0
+    if len(entries) <= keep:
+        return 0
+    entries.sort(key=lambda e: e[0], reverse=True)
+    gone = 0
+    for _, p in entries[keep:]:
+        try:
+            p.unlink()
+            gone += 1
+        except OSError:
+            pass
+    return gone

@@ -205,7 +205,7 @@ def golden(name: str, r: Run, norm: Normaliser, code: int) -> dict:
 def cache_env(tmp_path_factory) -> dict[str, str]:
     """Keep dsv4ctl's caches (profile validation, releases) out of the user's ~/.cache."""
     d = tmp_path_factory.mktemp("golden-cache")
-    return {"DSV4CTL_CACHE_DIR": str(d / "pcache"), "DSV4CTL_CACHE": str(d / "cache")}
+    return {"DSV4CTL_STATE_DIR": str(d / "state"), "DSV4CTL_CACHE": str(d / "cache")}
 
 
 # -- 1. plan / 2. config lint on the embedded default profile -----------------------------------
@@ -335,7 +335,7 @@ class LocalWorld:
             del self.prof["deploy"]["launch"]["router"]
         self.profile = self.write_profile("profile.yaml", self.prof)
         self.commit = git(self.tree, "rev-parse", "HEAD").strip()
-        self.env = {"DSV4CTL_CACHE": str(tmp / "cache"), "DSV4CTL_CACHE_DIR": str(tmp / "pcache")}
+        self.env = {"DSV4CTL_CACHE": str(tmp / "cache"), "DSV4CTL_STATE_DIR": str(tmp / "state")}
 
     def write_profile(self, name: str, prof: dict) -> Path:
         p = self.cfgdir / name

@@ -107,7 +107,7 @@ def test_promotion_gate_rollback_then_good_release(world):
     pr = rep["promotion"]
     assert pr["canary"] == ["h0", "h1"] and pr["rest"] == []          # first deploy: all hosts are the canary
     assert [(c["check"], c["passed"]) for c in pr["checks"]] == [("smoke", True), ("load", True)]
-    load = json.loads((w.cache / "evidence" / good).glob("*/load.json").__next__().read_text())
+    load = json.loads((w.state_dir / "evidence" / good).glob("*/load.json").__next__().read_text())
     assert load["schema"] == "dsv4ctl.check.load/1" and load["pass"] is True
     lv = load["levels"][0]
     assert lv["concurrency"] == 60 and lv["turns"] >= 381 and lv["corrupted"] == 0
@@ -131,7 +131,7 @@ def test_promotion_gate_rollback_then_good_release(world):
     assert starts(w, "h0", "a") == [good, bad, good]     # canary switched, then put back
     assert starts(w, "h1", "b") == [good]                # the rest never saw the bad release
     assert w.running_config("h0").endswith(f"releases/{good}/configs/a.yaml")
-    edir = next((w.cache / "evidence" / bad).iterdir())
+    edir = next((w.state_dir / "evidence" / bad).iterdir())
     load = json.loads((edir / "load.json").read_text())
     assert load["pass"] is False and load["levels"][0]["concurrency"] == 60
     assert load["levels"][0]["rate"] > 0.05                            # ~15 % at 60 in flight
@@ -183,11 +183,11 @@ def test_promotion_gate_rollback_then_good_release(world):
     r = cli(w, "promote", good)                     # the profile still has HiCache on
     assert r.code == 2 and f"promote {good}: the profile's serve config of group(s) a, b differs" in r.err
     w.hicache(False)
-    n_ev = len(list((w.cache / "evidence" / good).iterdir()))
+    n_ev = len(list((w.state_dir / "evidence" / good).iterdir()))
     r = cli(w, "promote", good, "--dry-run")
     assert r.code == 0, r.err
     assert f"dsv4ctl check load --profile {w.profile} --json --no-progress" in r.out
-    assert len(list((w.cache / "evidence" / good).iterdir())) == n_ev
+    assert len(list((w.state_dir / "evidence" / good).iterdir())) == n_ev
     r = cli(w, "promote", good, "--json")
     assert r.code == 0, r.err
     doc = r.json()
@@ -223,7 +223,7 @@ def test_pd_decode_canary_checked_through_the_router(pd_world):
     assert pr["canary"] == ["h1"] and pr["rest"] == ["h0", "h2"] and pr["check_target"] == router
     assert [(c["check"], c["target"], c["passed"]) for c in pr["checks"]] == [
         ("smoke", router, True), ("load", router, True), ("smoke-all", "profile", True)]
-    edir = next((w.cache / "evidence" / new).iterdir())
+    edir = next((w.state_dir / "evidence" / new).iterdir())
     load = json.loads(edir.joinpath("load.json").read_text())
     assert load["levels"][0]["concurrency"] == 40 and load["levels"][0]["corrupted"] == 0
     smoke = json.loads(edir.joinpath("smoke.json").read_text())
@@ -272,7 +272,7 @@ def test_rest_failing_its_health_gate_rolls_the_canary_back_too(world):
     assert f"rolled back h0, h1 to {good}" in r.err
     assert w.currents() == {"h0": good, "h1": good}
     assert starts(w, "h0", "a") == [good, bad, good] and starts(w, "h1", "b") == [good, bad, good]
-    edir = next((w.cache / "evidence" / bad).iterdir())
+    edir = next((w.state_dir / "evidence" / bad).iterdir())
     assert [c["passed"] for c in json.loads((edir / "summary.json").read_text())["checks"]] == [True, True]
     for h in ("h0", "h1"):
         assert w.state(h)["releases"][bad]["state"] == "failed"

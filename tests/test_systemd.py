@@ -119,7 +119,7 @@ class SysWorld:
 
     def cli(self, *args, timeout=180):
         return run_cli(*args, str(self.profile), env={"DSV4CTL_CACHE": str(self.base / "cache"),
-                                                      "DSV4CTL_CACHE_DIR": str(self.base / "pcache")}, timeout=timeout)
+                                                      "DSV4CTL_STATE_DIR": str(self.base / "state")}, timeout=timeout)
 
     def deploy_ok(self, *extra) -> str:
         r = self.cli("deploy", "--json", *extra)

@@ -240,6 +240,8 @@ def load(
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
                 "gateway_metrics": gateway_metrics}
+    import sys
+
     from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
     from ..check.load import run_load
     try:
@@ -248,7 +250,7 @@ def load(
         raise InputError(f"check load: {e}") from None
     try:
         doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
-                                   metrics, metric_urls, rec_file, _Progress if progress else None, settings,
+                                   metrics, metric_urls, rec_file, _Progress if progress and sys.stderr.isatty() else None, settings,
                                    api_key, turn_timeout, thinking, gateway_metrics))
     except (ConnectError, BadResponse) as e:
         raise _connect_error(e) from None

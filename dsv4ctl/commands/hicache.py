@@ -18,7 +18,7 @@ SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
             tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None) -> None:
     from ..serve.hicache import Options
-    from ..serve.hicache_local import prepare_edits, select_groups, write_all
+    from ..serve.hicache_local import prepare_edits, refuse_shipped, select_groups, write_all
     from .common import load_deployment_arg
 
     prof = load_deployment_arg(profile, acts_on_hosts=True)      # on/off edit files (or hosts)
@@ -29,6 +29,8 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
                    storage_backend=storage_backend)
     edits = prepare_edits(prof, groups, action, opts, tree)
     out = _printer(set().union(*(e.secrets for e in edits)))
+    if not dry_run:     # before any host is touched: --remote also rewrites the local copies
+        refuse_shipped([e.path for e in edits if e.new != e.old])
     if remote:
         _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout)
         return

@@ -158,6 +158,7 @@ def revert(tree: str = typer.Argument(..., help="SGLang git tree."),
 def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERSION to prove against (default: the series' base)."),
           series: Optional[str] = typer.Option(None, "--series", help="Series directory (default: the shipped patches/sglang-0.5.23)."),
           keep: Optional[str] = typer.Option(None, "--keep", help="Build the tree in this (new) directory and keep it."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="Load the series and say where the pristine wheel would come from; fetch and build nothing."),
           as_json: bool = _JSON, markdown: bool = _MD) -> None:
     """Build a pristine tree of the base version (from the released wheel, cached), apply the
     series and compile every touched Python file. Exit 0 when proven, 1 when not."""
@@ -169,6 +170,18 @@ def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERS
     pkg, ver = parse_base(base, "--base") if base else (ls.series.package, ls.series.version)
     if (pkg, ver) != (ls.series.package, ls.series.version):
         print(f"note: series is cut for {ls.series.base}; checking against {pkg}=={ver}")
+    if dry_run:
+        from ..patches.pristine import fetch_plan
+        names = [e.name for e in ls.series.entries]
+        src = fetch_plan(pkg, ver)
+        if as_json:
+            print(dump_json(dict(schema="dsv4ctl.patch-check/1", dry_run=True, base=f"{pkg}=={ver}", series=str(ls.dir),
+                                 series_identity=ls.identity, patches=names, wheel=src)))
+        else:
+            print(f"patch check --dry-run: {len(names)} patches of {ls.dir} on pristine {pkg}=={ver}; {src}")
+            for n in names:
+                print(f"  {n}")
+        return
     workdir = None
     if keep:
         workdir = Path(keep).expanduser()
@@ -196,6 +209,8 @@ def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERS
         if rep.ok:
             print(f"ok: {len(rep.patches)} patches apply to pristine {rep.base}; "
                   f"{sum(len(p.compiled) for p in rep.patches)} touched files compile")
+        if keep:
+            print(f"tree kept: {rep.tree}")
     if not rep.ok:
         raise VerdictError("patch check: " + rep.errors[0])
 

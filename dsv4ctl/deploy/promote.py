@@ -16,7 +16,8 @@ Pipeline (issue 7, item 1)::
 
 A failing check or gate puts every switched host back on its previous release (restarted) and
 marks the release ``failed`` with the failing check; the check reports are kept as evidence in
-``$DSV4CTL_CACHE/evidence/<id>/<stamp>/`` locally and ``<root>/evidence/<id>/<stamp>/`` on each
+``<state>/evidence/<id>/<stamp>/`` locally (:func:`dsv4ctl.resources.state_root`: ``$DSV4CTL_STATE_DIR``,
+else ``$XDG_STATE_HOME/dsv4ctl``; evidence is state, not cache) and ``<root>/evidence/<id>/<stamp>/`` on each
 host. The checks run as ``python -m dsv4ctl.cli check ... --json`` child processes, so the gate
 (Wilson upper bound vs ``max_corruption``) and its verdict are exactly the check command's."""
 
@@ -234,11 +235,12 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
 
 # -- checks and evidence -----------------------------------------------------------------------
 
-def evidence_dir(cache: Path | None, rid: str, stamp: str) -> Path:
-    """Local evidence folder: ``<cache root>/evidence/<id>/<stamp>/`` (cache root: the parent
-    of the release cache, i.e. ``$DSV4CTL_CACHE``)."""
-    from .release import default_cache
-    return Path(cache or default_cache()).parent / "evidence" / rid / stamp
+def evidence_dir(rid: str, stamp: str) -> Path:
+    """Local evidence folder: ``<state>/evidence/<id>/<stamp>/`` in dsv4ctl's state folder
+    (:func:`dsv4ctl.resources.state_root`), never the cache: it records why a release is
+    good or failed."""
+    from ..resources import state_root
+    return state_root() / "evidence" / rid / stamp
 
 
 def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str | None = None,
@@ -301,7 +303,7 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     if len(canary) == len(site.hosts) and len(po.canary_hosts) < len(site.hosts):
         opts.log("first deploy (no host runs a release): every host is the canary")
     stamp = po.stamp
-    edir = evidence_dir(opts.cache, rid, stamp)
+    edir = evidence_dir(rid, stamp)
     reverts = {s.host: s for s in revert_steps(site, site.hosts, rid, spec)}
     rec = {"action": "deploy", "release": rid, "promote": True, "canary": canary}
     report["promotion"] = {"canary": canary, "rest": rest, "check_target": url or "profile", "preflight": po.preflight,
@@ -454,7 +456,7 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
         if opts.dry_run:
             return {"schema": "dsv4ctl.promote/1", "dry_run": True, "release": rid, "actions": run.lines(),
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
-        edir = evidence_dir(opts.cache, rid, stamp)
+        edir = evidence_dir(rid, stamp)
         results, bad = [], None
         for st in run.of("check"):
             E.trace(site, st)

@@ -145,9 +145,14 @@ class GroupView:
         if self._serve is None and self.group.serve_config is not None:
             p = self._dep.profile
             gi = p.groups.index(self.group)
-            if not self.group.serve_config.is_file():
+            if not self.group.serve_config.exists():
                 raise InputError(f"{p.positions.where(('groups', gi, 'serve_config'))}: "
                                  f"groups[{gi}].serve_config: no such file {self.group.serve_config}")
+            if not self.group.serve_config.is_file():
+                raise InputError(f"{p.positions.where(('groups', gi, 'serve_config'))}: "
+                                 f"groups[{gi}].serve_config: not a regular file "
+                                 f"({'a folder' if self.group.serve_config.is_dir() else 'a device, pipe or socket'}) "
+                                 f"{self.group.serve_config}")
             self._serve = read_serve_config(self.group.serve_config)
         return self._serve
 

@@ -15,6 +15,8 @@ from typing import Any
 from ..errors import InputError
 
 _CACHE_VERSION = 1
+CACHE_MAX = 512     # parsed-YAML cache entries before a prune (each is one distinct file text)
+CACHE_KEEP = 256    # entries a prune keeps: the most recently used
 
 # Largest YAML file read (bytes): profiles and serve configs are a few KiB.
 MAX_YAML_BYTES = 16 * 1024 * 1024
@@ -113,14 +115,21 @@ def _construct_collection(node, path: tuple, pos: Positions, loader,
 def read_yaml_bytes(path: Path | str) -> bytes:
     """The bytes of a YAML file, at most MAX_YAML_BYTES.
 
-    Raises InputError (exit 2): a missing file, a folder, an unreadable file, a file over the limit."""
+    Raises InputError (exit 2): a missing file, a folder, device or pipe ("not a regular file"),
+    an unreadable file, a file over the limit."""
+    import stat
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+                else "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+            raise InputError(f"{path}: not a regular file ({kind})")
         with open(path, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, not a file") from None
+        raise InputError(f"{path}: not a regular file (a folder)") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
     if len(raw) > MAX_YAML_BYTES:
@@ -189,9 +198,14 @@ def _jsonable(x: Any) -> bool:
 def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
     """(data, positions) of ``text`` from the cache, or None (absent, unreadable, not this text)."""
     try:
-        doc = json.loads(_cache_file(text).read_text())
+        f = _cache_file(text)
+        doc = json.loads(f.read_text())
         if not isinstance(doc, dict) or doc.get("v") != _CACHE_VERSION or doc.get("text") != text:
             return None
+        try:
+            os.utime(f)         # recently used: kept by the prune
+        except OSError:
+            pass
         pos = Positions(label)
         pos.lines = {tuple(p): ln for p, ln in doc["lines"]}
         return doc["data"], pos
@@ -217,7 +231,23 @@ def _cache_put(text: str, data: Any, pos: Positions) -> None:
                                   "lines": [[list(p), ln] for p, ln in pos.lines.items()]}))
         os.replace(tmp, f)
     except (OSError, ValueError):
-        pass
+        return
+    _maybe_prune(f.parent)
+
+
+def _maybe_prune(folder: Path) -> None:
+    """Keep the parsed-YAML cache bounded: past CACHE_MAX entries, the least recently used are
+    deleted down to CACHE_KEEP (a hit refreshes an entry's mtime). The legacy validated-profile
+    markers (``<cache>/valid-profiles/``, no longer read) are removed at the same time."""
+    try:
+        if sum(1 for _ in os.scandir(folder)) <= CACHE_MAX:
+            return
+    except OSError:
+        return
+    from ..resources import prune_files
+    prune_files(folder, CACHE_KEEP, "*.json")
+    import shutil
+    shutil.rmtree(folder.parent / "valid-profiles", ignore_errors=True)
 
 
 def load_yaml(path: Path) -> tuple[Any, Positions]:

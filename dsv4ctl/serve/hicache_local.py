@@ -86,6 +86,17 @@ def _rel(p: Path) -> str:
         return str(p).lstrip("/")
 
 
+def refuse_shipped(paths) -> None:
+    """InputError (exit 2) when one of ``paths`` is data shipped with dsv4ctl
+    (:func:`dsv4ctl.resources.is_shipped`): commands edit the operator's copy, never the
+    installation's (``dsv4ctl profile init`` makes one)."""
+    from ..resources import is_shipped
+    for path in paths:
+        if is_shipped(path):
+            raise InputError(f"{path}: shipped with dsv4ctl, not edited; start from your own copy: "
+                             "dsv4ctl profile init my-profile.yaml")
+
+
 def write_all(files: list[tuple[Path, str]]) -> None:
     """Write several local files as one step: all or nothing.
 
@@ -93,7 +104,10 @@ def write_all(files: list[tuple[Path, str]]) -> None:
     link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
     and gives it the target's mode; any failure removes every temp file and raises DsvError (exit 3,
     no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs the
-    folders; if a rename fails, the files already renamed get their old bytes back the same way."""
+    folders; if a rename fails, the files already renamed get their old bytes back the same way.
+    A file shipped with dsv4ctl (the installation's or the checkout's shipped profiles and serve
+    configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``, nothing changed."""
+    refuse_shipped([p for p, _ in files])
     staged: list[tuple[Path, str, bytes]] = []      # (target, temp path, old bytes)
     try:
         for path, text in files:

@@ -41,6 +41,7 @@ class PromoteWorld:
         self.hosts = cluster.hosts[:3 if pd else 2]
         self.tree = make_tree(tmp / "sglang", files=8)
         self.cache = tmp / "cache"
+        self.state_dir = tmp / "state"    # run log, promotion evidence
         self.cfgdir = tmp / "profile"
         self.cfgdir.mkdir()
         self.roots = {h.name: tmp / "roots" / h.name for h in self.hosts}
@@ -93,7 +94,7 @@ class PromoteWorld:
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
 
     def env(self) -> dict:
-        return {"DSV4CTL_CACHE": str(self.cache), "DSV4CTL_CACHE_DIR": str(self.tmp / "pcache")}
+        return {"DSV4CTL_CACHE": str(self.cache), "DSV4CTL_STATE_DIR": str(self.state_dir)}
 
     def current(self, host: str) -> str | None:
         p = self.roots[host] / "current"

@@ -65,6 +65,7 @@ class World:
         self.tree = make_tree(tmp / "sglang")
         self.patch = make_patch(self.tree, tmp / "0001-index-k.patch")
         self.cache = tmp / "cache"
+        self.state_dir = tmp / "state"    # run log, promotion evidence
         self.cfgdir = tmp / "profile"
         self.cfgdir.mkdir()
         self.roots = {h.name: tmp / "roots" / h.name for h in self.hosts}
@@ -105,7 +106,7 @@ class World:
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
 
     def env(self) -> dict:
-        return {"DSV4CTL_CACHE": str(self.cache), "DSV4CTL_CACHE_DIR": str(self.tmp / "pcache")}
+        return {"DSV4CTL_CACHE": str(self.cache), "DSV4CTL_STATE_DIR": str(self.state_dir)}
 
     # -- host state -------------------------------------------------------------------------
     def current(self, host: str) -> str | None:

@@ -1,0 +1,146 @@
+"""``dsv4ctl profile list|show|init``: the shipped profiles, and a starting profile of your own
+(written outside the installation, so commands that edit serve configs can edit it)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+profile_app = typer.Typer(help="Shipped profiles: list, show, and init (a starting profile of your own).",
+                          no_args_is_help=True)
+
+SCHEMA_LINE = "# yaml-language-server: $schema="
+
+
+def _source(name: Optional[str]) -> Path:
+    """The profile file of NAME (a shipped name or a path; None: the embedded default)."""
+    from ..errors import InputError
+    from ..resources import resolve_profile, shipped_profile_names
+    p = resolve_profile(name)
+    if not p.is_file():
+        raise InputError(f"{name}: no such profile (shipped: {', '.join(shipped_profile_names())})")
+    return p
+
+
+@profile_app.command("list")
+def list_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """The shipped profiles, with their files."""
+    from ..render import dump_json
+    from ..resources import shipped_dir, shipped_profile_names
+    rows = [(n, str(shipped_dir("profiles") / f"{n}.yaml")) for n in shipped_profile_names()]
+    if as_json:
+        print(dump_json({"profiles": [{"name": n, "path": p} for n, p in rows]}))
+        return
+    for n, p in rows:
+        print(f"{n}  {p}")
+
+
+@profile_app.command("show")
+def show(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Shipped name or path (default: the embedded dsv4-flash-8xb200-pd)."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON: path, serve configs, the parsed profile.")) -> None:
+    """Print a profile's YAML followed by the paths of its serve configs."""
+    from ..profile.model import load_profile
+    from ..render import dump_json
+    src = _source(name)
+    prof = load_profile(src)
+    configs = {g.name: str(g.serve_config) for g in prof.groups if g.serve_config}
+    if as_json:
+        print(dump_json({"name": prof.name, "path": str(src), "serve_configs": configs, "profile": prof.raw}))
+        return
+    text = src.read_text()
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    for g, c in configs.items():
+        print(f"# serve config of {g}: {c}")
+
+
+def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
+    """The files ``profile init`` writes for a copy of profile ``src`` at ``dest``: the profile
+    text with a header (schema line, what to edit next), serve configs moved to ``<dest stem>/``
+    and a relative ``sglang.series`` made absolute; and each serve config's text. Reads ``src``
+    and its serve configs, writes nothing."""
+    from ..errors import InputError
+    from ..profile.model import load_profile
+    from ..resources import schema_path
+    from .. import __version__
+    prof = load_profile(src)
+    text = src.read_text()
+    lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith(SCHEMA_LINE)]
+    text = "".join(lines)
+    out: dict[Path, str] = {}
+    used: set[str] = set()
+    for raw_g, g in zip(prof.raw.get("groups", []), prof.groups):
+        rel = raw_g.get("serve_config")
+        if not rel or g.serve_config is None:
+            continue
+        base = Path(rel).name
+        if base in used:
+            base = f"{g.name}-{base}"
+        used.add(base)
+        new_rel = f"{dest.stem}/{base}"
+        pat = re.compile(r"(serve_config:\s*)" + re.escape(rel) + r"(?=\s|$)")
+        text, n = pat.subn(lambda m: m.group(1) + new_rel, text, count=1)
+        if n != 1:
+            raise InputError(f"{src}: group {g.name}: cannot rewrite serve_config {rel!r} (write it as a plain value)")
+        try:
+            out[dest.parent / new_rel] = g.serve_config.read_text()
+        except OSError as e:
+            raise InputError(f"{g.serve_config}: {e.strerror or e}") from None
+    series = (prof.raw.get("sglang") or {}).get("series")
+    if isinstance(series, str) and not Path(series).expanduser().is_absolute():
+        absolute = str((src.parent / series).resolve())
+        pat = re.compile(r"^(\s*series:\s*)" + re.escape(series) + r"(\s*#.*)?$", re.M)
+        text = pat.sub(lambda m: f"{m.group(1)}{absolute}  # {src.name}'s series; copy it to change it",
+                       text, count=1)
+    text = re.sub(r"^name:\s*" + re.escape(prof.name) + r"(?=\s|$)", lambda m: f"name: {dest.stem}", text,
+                  count=1, flags=re.M)
+    header = (f"{SCHEMA_LINE}{schema_path('profile')}\n"
+              f"# Written by `dsv4ctl profile init` (dsv4ctl {__version__}) from {src.name}.\n"
+              f"# Edit hosts[] (address, ssh, root), sglang.tree/base_ref, groups[].memory (measured GiB),\n"
+              f"# then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}   dsv4ctl deploy {dest} --dry-run\n"
+              f"# Every key: `dsv4ctl schema profile` and the README's Profiles table.\n")
+    out = {dest: header + text, **out}
+    return out
+
+
+@profile_app.command("init")
+def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile file (.yaml); its serve configs go to PATH's folder/<stem>/."),
+         from_: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd)."),
+         force: bool = typer.Option(False, "--force", help="Overwrite existing files.")) -> None:
+    """Write a commented starting profile and its serve configs (outside the installation, so
+    hicache on/off and deploy can use and edit them). Exit 2 when a file exists (without
+    --force) or PATH is inside the installation."""
+    from ..errors import InputError
+    from ..profile.model import load_profile
+    from ..resources import is_shipped
+    dest = Path(path).expanduser()
+    if dest.suffix.lower() not in (".yaml", ".yml"):
+        raise InputError(f"{path}: a profile file ends in .yaml or .yml")
+    files = starting_profile(_source(from_), dest)
+    for f in files:
+        if is_shipped(f):
+            raise InputError(f"{f}: inside dsv4ctl's shipped data; write your profile elsewhere")
+        if f.exists() and not force:
+            raise InputError(f"{f}: already exists (--force overwrites)")
+        if f.exists() and not f.is_file():
+            raise InputError(f"{f}: not a regular file")
+    for f, text in files.items():
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_name(f".{f.name}.tmp")
+            tmp.write_text(text)
+            tmp.replace(f)
+        except OSError as e:
+            raise InputError(f"{f}: cannot write ({e.strerror or e})") from None
+    load_profile(dest)          # what was written loads
+    for f in files:
+        print(f"wrote {f}")
+    print(f"next: edit hosts and sglang.tree, then: dsv4ctl plan {dest}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``profile``."""
+    app.add_typer(profile_app, name="profile")
