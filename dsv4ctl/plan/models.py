@@ -15,19 +15,42 @@ from ..errors import InputError
 from ..resources import MODELS_DIR
 
 
+CHECKPOINT_FORMATS = ("fp4", "fp8")
+
+
 @dataclass(frozen=True)
 class ModelFacts:
-    """Facts for estimates when the operator has not measured them (⚠ estimates).
+    """Facts for estimates when the operator has not measured them (⚠ estimates; a measured
+    ``weights_gib_per_rank`` / ``draft_weights_gib_per_rank`` always wins).
 
-    ``checkpoint_gib``: checkpoint tensor payload in GiB (Flash ≈149 GiB, third-party notes;
-    Pro 805.33 GiB, checkpoint inspection report; capacity reference §1.1)."""
+    ``checkpoint_gib``: checkpoint tensor payload in GiB of the published checkpoint, whose
+    routed experts are FP4 (MXFP4 packed in int8, e8m0 scale per 32) and the rest FP8 (Flash
+    ≈149 GiB, third-party notes; Pro 805.33 GiB, checkpoint inspection report; capacity
+    reference §1.1). ``checkpoint_gib_fp8``: the same model with FP8 routed experts (block
+    scales [128,128]): the routed-expert payload doubles and the per-32 e8m0 scales go, so
+    experts x 2 x 16/17 (Flash 137.1 GiB -> 258.1, Pro 765.6 GiB -> 1,441.1; reference §1.1).
+    ``mtp_layer_gib``: the MTP (nextn) draft layer, one layer's routed experts plus attention
+    (Flash 3.19 + 0.2, Pro 12.55 + 0.45 GiB for FP4; FP8: experts x 32/17), sharded by TP/EP."""
 
     checkpoint_gib: Optional[float]
+    checkpoint_gib_fp8: Optional[float] = None
+    mtp_layer_gib: Optional[float] = None
+    mtp_layer_gib_fp8: Optional[float] = None
+
+    def checkpoint(self, fmt: str) -> Optional[float]:
+        """Checkpoint GiB of format ``fmt`` (fp4 = the published mixed FP4/FP8 checkpoint)."""
+        return self.checkpoint_gib_fp8 if fmt == "fp8" else self.checkpoint_gib
+
+    def mtp_layer(self, fmt: str) -> Optional[float]:
+        """GiB of the MTP draft layer in format ``fmt``."""
+        return self.mtp_layer_gib_fp8 if fmt == "fp8" else self.mtp_layer_gib
 
 
 SHIPPED = {
-    "deepseek-v4-flash": ModelFacts(checkpoint_gib=149.0),
-    "deepseek-v4-pro": ModelFacts(checkpoint_gib=805.33),
+    "deepseek-v4-flash": ModelFacts(checkpoint_gib=149.0, checkpoint_gib_fp8=270.0,
+                                    mtp_layer_gib=3.39, mtp_layer_gib_fp8=6.2),
+    "deepseek-v4-pro": ModelFacts(checkpoint_gib=805.33, checkpoint_gib_fp8=1480.8,
+                                  mtp_layer_gib=13.0, mtp_layer_gib_fp8=24.08),
 }
 ALIASES = {
     "flash": "deepseek-v4-flash", "pro": "deepseek-v4-pro",
