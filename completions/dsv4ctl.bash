@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
+    '') echo 'plan facts deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -25,6 +25,7 @@ _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --from-log -h --help' ;;
+    'facts') echo '-g --group --json --timeout -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
@@ -60,6 +61,8 @@ _dsv4ctl_optkind() {
     'plan|-s'|'plan|--set') echo wn:w1 ;;
     'plan|-g'|'plan|--group') echo any ;;
     'plan|--from-log') echo file ;;
+    'facts|-g'|'facts|--group') echo any ;;
+    'facts|--timeout') echo any ;;
     'deploy|--tree') echo dir ;;
     'deploy|--base') echo any ;;
     'deploy|--patch') echo any ;;
@@ -143,6 +146,7 @@ _dsv4ctl_optkind() {
 _dsv4ctl_argkind() {
   case "$1|$2" in
     'plan|0') echo yaml:w2 ;;
+    'facts|0') echo yaml:w2 ;;
     'deploy|0') echo yaml:w2 ;;
     'rollback|0') echo yaml:w2 ;;
     'releases|0') echo yaml:w2 ;;

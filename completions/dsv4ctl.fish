@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transf
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote status logs audit patch config hicache check runbook
+            echo plan facts deploy rollback releases promote status logs audit patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -29,6 +29,8 @@ function __dsv4ctl_takes_value
     switch $argv[1]
         case 'plan'
             contains -- $argv[2] -s --set -g --group --from-log
+        case 'facts'
+            contains -- $argv[2] -g --group --timeout
         case 'deploy'
             contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests
         case 'rollback'
@@ -145,6 +147,7 @@ end
 complete -c dsv4ctl -f
 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K s...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'facts' -d 'Per GPU of each server group: total / used / free memory and the processes ho...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs), push it to every host...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
@@ -168,6 +171,11 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l json -d 'Print the dsv4ctl.facts/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l timeout -r -f -d 'Seconds per host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'facts\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Local SGLang git checkout (default: sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l base -r -f -d 'Base ref (default: sglang.base_ref).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l patch -r -f -d 'Patch file, in order (repeatable; default: sglang.series).'

@@ -372,7 +372,14 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         raise InputError(f"group {group.name}: {e}") from None
 
     mem = group.memory
+    per_gpu = None
+    if "free_gib_before_load" not in args and "other_gib" not in args and not topo_set:
+        per_gpu = mem.per_gpu(len(group.gpus))
     p_gib = args.get("free_gib_before_load", mem.free_gib_before_load)
+    if per_gpu is not None:
+        p_gib = min(per_gpu[0]) if None not in per_gpu[0] else None
+    elif isinstance(p_gib, list):
+        p_gib = min(p_gib)
     if p_gib is None:
         if gpu_mib is None:
             raise InputError(f"group {group.name}: host {host.name} has no gpus.memory_mib")
@@ -416,6 +423,17 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         estimated.append(f"draft_weights_gib_per_rank={dw_gib} (MTP layer {layer} GiB/tp, {fmt.upper()})")
     dw_gib = float(dw_gib or 0.0) if spec_algo else 0.0
     other = args.get("other_gib", mem.other_gib)
+    rank_resident = None
+    if per_gpu is not None:
+        frees = [p_gib if f is None else f for f in per_gpu[0]]
+        # F per GPU; SGLang MIN-reduces P and F across the world (reference §3.2)
+        rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, per_gpu[1])]
+        other = max(per_gpu[1])
+        worst_p, best_p = min(frees), max(frees)
+        if worst_p < 0.9 * best_p:
+            # srt/distributed/bootstrap.py _check_tp_memory_balance: MIN < 0.9 x local before weight load
+            estimated.append(f"unbalanced: free before load {worst_p} GiB on one GPU < 0.9 x {best_p} GiB on "
+                             "another: SGLang refuses to start ('The memory capacity is unbalanced')")
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
@@ -426,7 +444,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     logits_rows = 0 if disagg == "decode" else (chunked if chunked > 0 else max_prefill)
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
                        activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
-                       draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt,
+                       draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
                        min_requests=min_req, logits_rows=logits_rows,
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
@@ -686,6 +704,9 @@ def _evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Ver
     except CapacityError as e:
         deciding = "weights" if "do not fit in" in str(e) else "no_kv_memory"
         return None, vd.Verdict("fails", deciding, -1), str(e)
+    unbalanced = [e for e in gi.estimated if e.startswith("unbalanced: ")]
+    if unbalanced:
+        return stages, vd.Verdict("fails", "unbalanced", -1), unbalanced[0][len("unbalanced: "):]
     if gi.available_bytes_override is not None and resident_gib(gi) < 0:
         w = gi.weights_gib_per_rank + gi.draft_weights_gib_per_rank
         return stages, vd.Verdict("fails", "weights", -1), (
@@ -824,6 +845,8 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         return gp
     gp.warnings.extend(tree_notes)
     for note in gi.estimated:
+        if note.startswith("unbalanced: "):
+            continue
         gp.warnings.append(f"estimated input: {note}; measure it for an exact plan")
     st = min(stages, key=lambda s: s.headroom_bytes)
     over = st.alloc_real.c4_index_k - st.alloc_budget.c4_index_k

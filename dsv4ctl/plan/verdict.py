@@ -202,7 +202,7 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     return Verdict("fits", name, headroom - need)
 
 
-DECIDING_ORDER = ("weights", "no_kv_memory", "pools", "activation", "requests", "activation_floor",
+DECIDING_ORDER = ("unbalanced", "weights", "no_kv_memory", "pools", "activation", "requests", "activation_floor",
                   "indexer_logits", "margin", "available_bytes")
 
 
