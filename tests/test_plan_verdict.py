@@ -227,3 +227,50 @@ def test_attn_dp_size_and_cuda_graph_max_bs_decode(prof):
     g = plan_doc(str(prof), "-g", "decode", "--set", "attn_dp_size=4")["groups"][0]
     assert (g["dp"], g["dp_attention"], g["server_args"]["attn_dp_size"]) == (4, True, 4)
     assert g["ranks"][0]["max_running_requests"] == 128 // 4
+
+
+# ------------------------------------------------------------------------------ --from-log
+def test_from_log_gates_bytes_per_full_token_under_a_token_cap():
+    """A --max-total-tokens cap makes the pools equal while bytes per full token differs (a stock
+    7086.75 server against a bf16/exact plan of 7737.75): the comparison must not say "matches"."""
+    from dsv4ctl.commands.planlog import log_report
+    doc = plan_doc("-g", "decode", "--set", "index_k_accounting=exact", "--set", "max_total_tokens=1048576")
+    r = doc["groups"][0]["ranks"][0]
+    assert r["full_max_total_num_tokens"] == 1_048_576 and r["bytes_per_full_token"] == 7737.75
+    line = lambda tp, bpft: (f"[2026-01-01 00:00:00 TP{tp}] DSV4 memory calculation: unified=False, "
+                             f"bytes_per_full_token={bpft}, available_bytes=112.99 GB, full_token=1048576\n"
+                             f"[2026-01-01 00:00:00 TP{tp}] DSV4 pool sizes: full={r['full_max_total_num_tokens']}, "
+                             f"swa={r['swa_max_total_num_tokens']}, c4={r['c4_max_total_num_tokens']}, "
+                             f"c128={r['c128_max_total_num_tokens']}, c4_state={r['c4_state_pool_size']}, c128_state=0\n")
+    rep = log_report(doc, "".join(line(t, 7086.75) for t in range(4)), "server.log", None)
+    assert rep["ok"] is False
+    assert all(all(d["diff"] == 0 for d in x["pools"].values()) for x in rep["ranks"])
+    assert rep["ranks"][0]["bytes_per_full_token"] == dict(logged=7086.75, planned=7737.75, match=False)
+    rep = log_report(doc, "".join(line(t, 7737.75) for t in range(4)), "server.log", None)
+    assert rep["ok"] is True
+
+
+def test_from_log_uses_the_generic_max_total_num_tokens_line():
+    from dsv4ctl.commands.planlog import log_report
+    doc = plan_doc("-g", "decode")
+    full = doc["groups"][0]["ranks"][0]["full_max_total_num_tokens"]
+    generic = (f"[2026-01-01 00:00:00 TP0] max_total_num_tokens={{n}}, chunked_prefill_size=8192, "
+               "max_prefill_tokens=16384, max_running_requests=128, context_len=1048576, available_gpu_mem=9.15 GB\n")
+    rep = log_report(doc, generic.format(n=full), "server.log", None)
+    assert rep["ok"] is True and rep["ranks"][0]["source"] == "max_total_num_tokens"
+    assert rep["ranks"][0]["pools"] == {"full": dict(planned=full, logged=full, diff=0, pct=0.0)}
+    rep = log_report(doc, generic.format(n=full - 256), "server.log", None)
+    assert rep["ok"] is False and rep["ranks"][0]["pools"]["full"]["diff"] == -256
+
+
+def test_deep_json_and_long_model_path_are_one_line_errors(tmp_path):
+    deep = tmp_path / "config.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    code, out, err = run("plan", "--set", f"model={deep}")
+    assert code == 2 and len(err.splitlines()) == 1 and "not a readable config.json (RecursionError" in err
+    code, out, err = run("plan", "--set", "model=/tmp/" + "a" * 5000)
+    assert code == 2 and len(err.splitlines()) == 1 and "(5005 characters)" in err and len(err) < 600
+    log = tmp_path / "deep.log"
+    log.write_text("DSV4_POOL_PLAN " + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, out, err = run("plan", "-g", "decode", "--from-log", str(log))
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -63,6 +63,8 @@ ALIASES = {
 REPLICATED_WEIGHTS_GIB = 3.0
 # Largest config.json read (bytes); published DSV4 configs are ~2 KiB.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
+# Longest model reference echoed in an error line (a 5,000-character path is cut).
+MAX_SHOWN = 200
 
 
 def shipped_names() -> list[str]:
@@ -82,15 +84,22 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
             return ModelGeometry.from_config(cfg, key), SHIPPED[key]
         except CapacityError as e:  # pragma: no cover - shipped data is tested
             raise InputError(str(e)) from None
-    path = Path(ref).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
+    shown = ref if len(ref) <= MAX_SHOWN else ref[:MAX_SHOWN] + f"... ({len(ref)} characters)"
+    try:
+        path = Path(ref).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if path.is_dir():
+            path = path / "config.json"
+        found = path.is_file()
+    except (OSError, ValueError, RuntimeError) as e:   # name too long, NUL byte, unknown ~user
+        raise InputError(f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
+                         f"and not a readable path ({type(e).__name__})") from None
+    if not found:
+        where = str(path) if len(str(path)) <= MAX_SHOWN else shown
         raise InputError(
-            f"unknown model {ref!r}: not a shipped model ({', '.join(shipped_names())}) "
-            f"and no config.json at {path}")
+            f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
+            f"and no config.json at {where}")
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
@@ -98,7 +107,7 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
             raise InputError(f"{path}: config.json larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
         cfg = json.loads(raw.decode())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise InputError(f"{path}: not a readable config.json ({type(e).__name__}: {e})") from None
+        raise InputError(f"{path}: not a readable config.json ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: config.json must be a JSON object")
     try:

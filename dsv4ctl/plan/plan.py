@@ -843,7 +843,7 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         gp.warnings.append(f"tight: {msg}")
     if not stages:
         return gp
-    gp.warnings.extend(tree_notes)
+    gp.warnings[0:0] = tree_notes      # what the tree carries first, as before the verdict
     for note in gi.estimated:
         if note.startswith("unbalanced: "):
             continue
