@@ -76,7 +76,8 @@ def plan(
 ) -> None:
     """Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K sizing.
 
-    Exit 0 when every group fits, 1 when a group does not (the fix is printed), 2 on bad input."""
+    Exit 0 when every group fits or is tight (a warning), 1 when a group fails (the deciding term
+    first, then fixes that were re-planned), 2 on bad input. README: "Verdicts"."""
     from ..plan.plan import build_plan, parse_set
     from .common import load_deployment_arg
 
