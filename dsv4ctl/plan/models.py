@@ -114,3 +114,27 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
         return ModelGeometry.from_config(cfg, str(path)), ModelFacts(checkpoint_gib=None)
     except CapacityError as e:
         raise InputError(str(e)) from None
+
+
+def model_type_of(ref: str, base_dir: Optional[Path] = None) -> Optional[str]:
+    """``model_type`` of a shipped name or a ``config.json`` path (None when it cannot be read).
+    Lint uses it to apply DeepSeek-V4 rules to DeepSeek-V4 models only (a V3.2 config has no
+    ``compress_ratios`` and :func:`load_model` refuses it)."""
+    key = ALIASES.get(ref.lower(), ref.lower())
+    if key in SHIPPED:
+        return "deepseek_v4"
+    try:
+        path = Path(ref).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if path.is_dir():
+            path = path / "config.json"
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        cfg = json.loads(raw.decode()) if len(raw) <= MAX_CONFIG_BYTES else None
+    except (OSError, ValueError, RecursionError, RuntimeError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    mt = cfg.get("model_type")
+    return str(mt) if isinstance(mt, str) else None
