@@ -29,7 +29,9 @@ METRICS = [
     ("index-K over-commit GiB", lambda g, r, rs: r["index_k"]["overcommit_gib"]),
     ("full tokens, exact accounting", lambda g, r, rs: f"{r['index_k']['exact']['full_max_total_num_tokens']:,}"),
     ("allocated GiB (real)", lambda g, r, rs: r["allocated_gib"]),
+    ("rounding / allocator / draft GiB", lambda g, r, rs: f"{r['rounding_gib']} / {r['allocator_gib']} / {r['draft_pool_gib']}"),
     ("headroom GiB", lambda g, r, rs: r["headroom_gib"]),
+    ("verdict", lambda g, r, rs: f"{r['verdict']} ({r['deciding']})"),
     ("max requests @ context", lambda g, r, rs: f"{r['max_concurrent_requests']} @ {g['context_length']:,}"),
 ]
 

@@ -255,11 +255,6 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
 
     n_ranks = tp * pp * (1 if dpa else dp)
     topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention") if k in overrides]
-    if topo_set and group.gpus and n_ranks != len(group.gpus):
-        # the same rule as the profile's own tp/pp/dp (profile/model.py), for a what-if
-        what = "tp*pp" if dpa or dp == 1 else "tp*pp*dp"
-        raise InputError(f"--set {', '.join(topo_set)}: group {group.name}: {what} = {n_ranks} does not match "
-                         f"the {len(group.gpus)} GPUs of the group")
     if n_ranks > MAX_RANKS:
         what = "tp_size*pp_size" if dpa else "tp_size*pp_size*dp_size"
         raise InputError(f"group {group.name}: {what} = {n_ranks} ranks exceeds {MAX_RANKS} "
@@ -338,6 +333,11 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                 cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
         except CapacityError as e:
             raise InputError(f"{psrc}: {e}") from None
+    if topo_set and group.gpus and n_ranks != len(group.gpus):
+        # the same rule as the profile's own tp/pp/dp (profile/model.py), for a what-if
+        what = "tp*pp" if dpa or dp == 1 else "tp*pp*dp"
+        raise InputError(f"--set {', '.join(topo_set)}: group {group.name}: {what} = {n_ranks} does not match "
+                         f"the {len(group.gpus)} GPUs of the group")
     sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = cap.PoolInputs(
         page_size=args.get("page_size", 256),
@@ -688,9 +688,9 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
         return (f"headroom {h} GiB is under SGLang's {gi.activation_reserve_gib} GiB activation reserve "
                 f"(its estimate without the floor: {gi.activation_estimate_gib} GiB)")
     if v.deciding == "indexer_logits":
-        return (f"headroom {h} GiB leaves less than the indexer logits transient ({_gib(st.logits_bytes)} GiB at "
-                f"{gi.logits_rows:,} rows x {gi.context_length:,} context) above the activation estimate "
-                f"({gi.activation_estimate_gib} GiB): SGLang chunks the logits, long prefills slow down")
+        return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.activation_estimate_gib} GiB) plus the "
+                f"indexer logits of one prefill chunk ({_gib(st.logits_bytes)} GiB at {gi.logits_rows:,} rows x "
+                f"{gi.context_length:,} context): SGLang chunks the logits under free memory, long prefills slow down")
     if v.deciding == "margin":
         need = h - _gib(v.slack)
         return f"headroom {h} GiB is within {TIGHT_TEXT_GIB:g} GiB of what the rank needs ({round(need, 3)} GiB)"
