@@ -671,6 +671,10 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
     """One line naming the deciding term first, with the same headroom as the table row."""
     m = st.memory
     h = _gib(m.headroom)
+    if v.level == "fits":
+        return (f"headroom {h} GiB, {_gib(v.slack)} GiB above the largest need ({v.deciding}: SGLang's "
+                f"activation estimate {gi.activation_estimate_gib} GiB, reserve {gi.activation_reserve_gib} GiB, "
+                f"indexer logits {_gib(st.logits_bytes)} GiB)")
     if v.deciding == "pools":
         return (f"the pools ({_gib(m.pools)} GiB as allocated + {_gib(m.pools_rounding)} GiB 2 MiB rounding), "
                 f"req_to_token ({_gib(m.req_to_token)} GiB), SGLang's allocator ({_gib(m.allocator)} GiB)"
