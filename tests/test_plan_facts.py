@@ -113,3 +113,9 @@ def test_per_gpu_values_must_match_the_gpus(prof):
     set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0]\n")
     code, out, err = run("plan", str(prof), "-g", "decode")
     assert code == 2 and "memory.free_gib_before_load" in err and "2 per-GPU values for the group's 4 GPUs" in err
+
+
+def test_profile_plan_min_requests(prof):
+    prof.write_text(prof.read_text().replace("check:\n", "plan:\n  min_requests: 20\ncheck:\n", 1))
+    code, out, err = run("plan", str(prof), "-g", "decode")
+    assert code == 1 and "16 request(s) fit at context_length 1,048,576" in err and "at least 20 needed" in err

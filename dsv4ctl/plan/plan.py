@@ -437,7 +437,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
-    min_req = args.get("min_requests", 1)
+    min_req = args.get("min_requests", (profile.raw.get("plan") or {}).get("min_requests", 1))
     if min_req < 1:
         raise InputError(f"--set min_requests: must be >= 1, got {min_req}")
     # one prefill chunk of query rows scores the C4 indexer (decode rows are graph-captured: no budget)

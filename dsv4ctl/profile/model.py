@@ -61,6 +61,11 @@ PROFILE_SCHEMA: dict = {
                 "launch": {"type": "object", "additionalProperties": {"type": "string"}},
             },
         },
+        "plan": {
+            # requests that must fit at the context length for plan's verdict (default 1)
+            "type": "object", "additionalProperties": False,
+            "properties": {"min_requests": _pos_int},
+        },
         "check": {
             "type": "object", "additionalProperties": False,
             "properties": {
