@@ -274,3 +274,9 @@ def test_deep_json_and_long_model_path_are_one_line_errors(tmp_path):
     log.write_text("DSV4_POOL_PLAN " + "[" * 100_000 + "]" * 100_000 + "\n")
     code, out, err = run("plan", "-g", "decode", "--from-log", str(log))
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_serve_keys_are_real_0523_options():
+    from dsv4ctl.plan.argnames import option_names
+    from dsv4ctl.plan.plan import SERVE_KEYS
+    assert [k for k in SERVE_KEYS if k not in option_names()] == []

@@ -130,7 +130,8 @@ SET_KEYS: dict[str, str] = {
 SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
 for _k in ("model", "available_bytes", "index_k_dtype", "index_k_accounting", "free_gib_before_load",
            "weights_gib_per_rank", "other_gib", "gpu_memory_mib", "draft_weights_gib_per_rank",
-           "checkpoint_format", "min_requests"):
+           "checkpoint_format", "min_requests",
+           "cuda_graph_max_bs"):     # not a 0.5.23 option: an ambiguous abbreviation of -decode/-prefill
     SERVE_KEYS.pop(_k.replace("_", "-"), None)
 ENV_KEYS = [k for k in SET_KEYS if k.startswith("SGLANG_")]
 
@@ -213,10 +214,14 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         from .argnames import AmbiguousOption, resolve_option
         for key, value in serve.args().items():
             loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
-            try:
-                full = resolve_option(key) or key       # argparse abbreviations, as SGLang resolves them
-            except AmbiguousOption as e:
-                raise InputError(f"{loc}: {key}: SGLang rejects it: {e}") from None
+            full = key
+            if key not in SERVE_KEYS and any(k.startswith(key) for k in SERVE_KEYS):
+                # could abbreviate an argument plan reads: resolve it as argparse does (the table is
+                # only loaded then, for start-up time)
+                try:
+                    full = resolve_option(key) or key
+                except AmbiguousOption as e:
+                    raise InputError(f"{loc}: {key}: SGLang rejects it: {e}") from None
             if full in SERVE_KEYS:
                 name = SERVE_KEYS[full]
                 if name in where:
