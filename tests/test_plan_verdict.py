@@ -280,3 +280,12 @@ def test_serve_keys_are_real_0523_options():
     from dsv4ctl.plan.argnames import option_names
     from dsv4ctl.plan.plan import SERVE_KEYS
     assert [k for k in SERVE_KEYS if k not in option_names()] == []
+
+
+def test_hicache_on_refuses_page_size_1_on_both_pd_sides(prof):
+    for g in ("prefill", "decode"):
+        f = prof.parent / DEFAULT_PROFILE.stem / f"{g}.yaml"
+        f.write_text(f.read_text().replace("enable-hierarchical-cache: true", "enable-hierarchical-cache: false")
+                     + "page-size: 1\n")
+    code, out, err = run("hicache", "on", str(prof), "--group", "prefill", "--dry-run")
+    assert code == 2 and "DSV118 dsv4-page-size" in err and "page-size 1" in err and len(err.splitlines()) == 1
