@@ -254,7 +254,7 @@ def test_from_log_uses_the_generic_max_total_num_tokens_line():
     from dsv4ctl.commands.planlog import log_report
     doc = plan_doc("-g", "decode")
     full = doc["groups"][0]["ranks"][0]["full_max_total_num_tokens"]
-    generic = (f"[2026-01-01 00:00:00 TP0] max_total_num_tokens={{n}}, chunked_prefill_size=8192, "
+    generic = ("[2026-01-01 00:00:00 TP0] max_total_num_tokens={n}, chunked_prefill_size=8192, "
                "max_prefill_tokens=16384, max_running_requests=128, context_len=1048576, available_gpu_mem=9.15 GB\n")
     rep = log_report(doc, generic.format(n=full), "server.log", None)
     assert rep["ok"] is True and rep["ranks"][0]["source"] == "max_total_num_tokens"
