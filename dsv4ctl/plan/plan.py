@@ -844,6 +844,10 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         msg = (f"the given available_bytes ({gi.available_bytes_override:,} B), the weights and what SGLang builds "
                f"before serving exceed the GPU ({msg}): check the available_bytes value against "
                f"weights_gib_per_rank and the GPU memory")
+    if stages and gi.rank_resident_gib and len(set(gi.rank_resident_gib)) > 1:
+        r = gi.rank_resident_gib.index(min(gi.rank_resident_gib))
+        gpu = group.gpus[r] if r < len(group.gpus) else None
+        msg += f" (rank {r}, GPU {gpu}: the tightest of the group's per-GPU memory)"
     gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
     if v.level == "fails":
         gp.errors.append(msg)
