@@ -4,14 +4,14 @@
 # Install: `source completions/dsv4ctl.bash`, or copy it to
 # ~/.local/share/bash-completion/completions/dsv4ctl (bash-completion loads it on demand).
 
-_dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set available_bytes chunked_prefill_size context_length cuda_graph_max_bs disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_memory_mib index_k_accounting index_k_dtype max_prefill_tokens max_running_requests max_total_tokens mem_fraction_static model moe_a2a_backend other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
+_dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set attn_dp_size available_bytes checkpoint_format chunked_prefill_size context_length cuda_graph_max_bs cuda_graph_max_bs_decode cuda_graph_max_bs_prefill disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size draft_weights_gib_per_rank dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_memory_mib index_k_accounting index_k_dtype max_prefill_tokens max_running_requests max_total_tokens mem_fraction_static min_requests model moe_a2a_backend other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
 _dsv4ctl_w2='dsv4-flash-8xb200-pd'
 _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-corruption transfer-wedge'
 
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile' ;;
+    '') echo 'plan facts deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -26,6 +26,7 @@ _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
+    'facts') echo '-g --group --json --timeout -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
@@ -69,6 +70,8 @@ _dsv4ctl_optkind() {
     'plan|-s'|'plan|--set') echo wn:w1 ;;
     'plan|-g'|'plan|--group') echo any ;;
     'plan|--from-log') echo file ;;
+    'facts|-g'|'facts|--group') echo any ;;
+    'facts|--timeout') echo any ;;
     'deploy|--tree') echo dir ;;
     'deploy|--base') echo any ;;
     'deploy|--patch') echo any ;;
@@ -161,6 +164,7 @@ _dsv4ctl_optkind() {
 _dsv4ctl_argkind() {
   case "$1|$2" in
     'plan|0') echo yaml:w2 ;;
+    'facts|0') echo yaml:w2 ;;
     'deploy|0') echo yaml:w2 ;;
     'rollback|0') echo yaml:w2 ;;
     'releases|0') echo yaml:w2 ;;

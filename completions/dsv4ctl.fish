@@ -3,14 +3,14 @@
 
 # Install: copy to ~/.config/fish/completions/dsv4ctl.fish, or `source completions/dsv4ctl.fish`.
 
-set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'available_bytes' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_prefill_tokens' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'model' 'moe_a2a_backend' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
+set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'attn_dp_size' 'available_bytes' 'checkpoint_format' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'cuda_graph_max_bs_decode' 'cuda_graph_max_bs_prefill' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'draft_weights_gib_per_rank' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_prefill_tokens' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'min_requests' 'model' 'moe_a2a_backend' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
 set -g __dsv4ctl_w2 'dsv4-flash-8xb200-pd'
 set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-stall' 'toolcall-corruption' 'transfer-wedge'
 
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile
+            echo plan facts deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -31,6 +31,8 @@ function __dsv4ctl_takes_value
     switch $argv[1]
         case 'plan'
             contains -- $argv[2] -s --set -g --group --from-log
+        case 'facts'
+            contains -- $argv[2] -g --group --timeout
         case 'deploy'
             contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests
         case 'rollback'
@@ -153,6 +155,7 @@ end
 complete -c dsv4ctl -f
 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K s...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'facts' -d 'Per GPU of each server group: total / used / free memory and the processes ho...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs), push it to every host...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
@@ -182,6 +185,11 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l json -d 'Print the dsv4ctl.facts/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l timeout -r -f -d 'Seconds per host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'facts\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Local SGLang git checkout (default: sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l base -r -f -d 'Base ref (default: sglang.base_ref).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l patch -r -f -d 'Patch file, in order (repeatable; default: sglang.series).'

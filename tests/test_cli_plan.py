@@ -64,7 +64,7 @@ def test_default_profile_json_has_the_documented_schema(default_doc):
         missing = [k for k in keys if k not in obj]
         assert missing == []
     assert list(d)[:len(TOP_KEYS)] == TOP_KEYS
-    assert d["schema"] == "dsv4ctl.plan/1" and d["sglang_version"] == "0.5.23"
+    assert d["schema"] == "dsv4ctl.plan/2" and d["sglang_version"] == "0.5.23"
     assert d["profile"] == "dsv4-flash-8xb200-pd" and d["profile_path"] == str(DEFAULT_PROFILE)
     assert d["model"] == "deepseek-v4-flash" and d["ok"] is True
     assert [g["name"] for g in d["groups"]] == ["prefill", "decode"]          # the router has no pools
@@ -110,20 +110,20 @@ def test_default_decode_numbers_follow_sglang_formulas(default_doc):
 def test_default_prefill_numbers(default_doc):
     g = group(default_doc, "prefill")
     r = g["ranks"][0]
-    assert g["mem_fraction_static"] == 0.87
-    assert r["available_bytes"] == int((177.0 - 43.66 - 177.0 * (1 - 0.87)) * GIB)
+    assert g["mem_fraction_static"] == 0.865
+    assert r["available_bytes"] == int((177.0 - 43.66 - 177.0 * (1 - 0.865)) * GIB)
     assert r["fixed_bytes"] == 2_715_811_840                     # mrr 256: the §2.7 TP8 figure (oracle)
     assert r["full_max_total_num_tokens"] == int((r["available_bytes"] - 2_715_811_840) / FLASH_BPFT_FP8) // PAGE * PAGE
-    assert r["full_max_total_num_tokens"] == 16_333_312
+    assert r["full_max_total_num_tokens"] == 16_199_168
     assert g["server_args"]["chunked_prefill_size"] == 8192 and g["server_args"]["disaggregation_mode"] == "prefill"
-    assert any("9.903 GiB per rank over budget" in w for w in g["warnings"])
+    assert any("9.822 GiB per rank over budget" in w for w in g["warnings"])
 
 
 def test_default_table_and_markdown_show_the_same_numbers():
     r = run_cli("plan")
     assert r.code == 0, r.err
     assert "prefill ranks 0-3" in r.out and "decode ranks 0-3" in r.out
-    assert "16,924,928" in r.out and "16,333,312" in r.out
+    assert "16,924,928" in r.out and "16,199,168" in r.out
     assert "mem_fraction_static 0.885 (serve config)" in r.out
 
     m = run_cli("plan", "--markdown")
@@ -131,7 +131,7 @@ def test_default_table_and_markdown_show_the_same_numbers():
     lines = m.out.splitlines()
     assert lines[0] == "## dsv4ctl plan: dsv4-flash-8xb200-pd (deepseek-v4-flash, SGLang 0.5.23)"
     assert "| per rank | prefill ranks 0-3 | decode ranks 0-3 |" in lines
-    assert "| full tokens | 16,333,312 | 16,924,928 |" in lines
+    assert "| full tokens | 16,199,168 | 16,924,928 |" in lines
     assert "| GPUs | 0,1,2,3 | 4,5,6,7 |" in lines
     assert any(ln.startswith("- **warning** `decode`: index-K is bf16 (256 B/slot)") for ln in lines)
 
@@ -144,33 +144,29 @@ def test_overcommit_beyond_headroom_exits_1_and_prints_working_fixes():
     r = run_cli("plan", "--set", "mem_fraction_static=0.95", "-g", "decode")
     assert r.code == 1
     err = r.err.splitlines()
-    assert len(err) == 1 and err[0].startswith("dsv4ctl: error: plan: decode: index-K is bf16 (256 B/slot) but SGLang budgets 132 B/slot")
-    assert "exceeds it: the pools do not fit" in err[0] and "Traceback" not in r.err
-    assert "fix decode: apply the index-K sizing patch (index_k_accounting: exact)" in r.out
+    # the deciding term first, with the table row's headroom
+    assert len(err) == 1 and err[0].startswith("dsv4ctl: error: plan: decode: the pools (135.823 GiB as allocated")
+    assert err[0].endswith("exceed the 133.34 GiB left after weights: headroom -3.349 GiB") and "Traceback" not in r.err
 
     d = plan_json("--set", "mem_fraction_static=0.95", "-g", "decode", code=1)
     g = group(d, "decode")
     assert d["ok"] is False and len(g["errors"]) == 1
+    assert g["verdict"]["level"] == "fails" and g["verdict"]["deciding"] == "pools"
     rank = g["ranks"][0]
+    assert rank["headroom_gib"] == -3.349 and rank["verdict"] == "fails" and rank["deciding"] == "pools"
     fixes = g["fixes"]
-    assert fixes[0] == (f"apply the index-K sizing patch (index_k_accounting: exact): full tokens "
-                        f"{rank['full_max_total_num_tokens']:,} -> {rank['index_k']['exact']['full_max_total_num_tokens']:,}")
-    assert fixes[2] == "or store index-K in fp8 (index_k_dtype: fp8)"
-    mfs = float(fixes[1].split("set mem-fraction-static: ")[1].split(" ")[0])
-    assert fixes[1] == f"set mem-fraction-static: {mfs} (from 0.95) in the serve config"
-    assert 0.885 < mfs < 0.95
-    # each fix really makes the plan pass
-    for fix in (["--set", f"mem_fraction_static={mfs}"],
+    # smallest change first: a serve-config value, then the tree changes
+    assert fixes[0].startswith("set mem-fraction-static: 0.912 (from 0.95) in the serve config (re-planned: tight")
+    assert fixes[1].startswith(f"or apply the index-K sizing patch (index_k_accounting: exact): full tokens "
+                               f"{rank['full_max_total_num_tokens']:,} -> {rank['index_k']['exact']['full_max_total_num_tokens']:,}")
+    assert fixes[2].startswith("or store index-K in fp8 (index_k_dtype: fp8)")
+    # each fix really makes the plan pass, and 0.913 does not
+    for fix in (["--set", "mem_fraction_static=0.912"],
                 ["--set", "mem_fraction_static=0.95", "--set", "index_k_accounting=exact"],
                 ["--set", "mem_fraction_static=0.95", "--set", "index_k_dtype=fp8"]):
         ok = plan_json(*fix, "-g", "decode")
         assert ok["ok"] is True, fix
-    # the suggestion restores the headroom SGLang intended at 0.95 (named in the error), and is
-    # the largest 3-decimal value that does
-    intended = float(g["errors"][0].split("taken from the ")[1].split(" GiB headroom")[0])
-    assert group(plan_json("--set", f"mem_fraction_static={mfs}", "-g", "decode"), "decode")["ranks"][0]["headroom_gib"] >= intended - 0.001
-    above = group(plan_json("--set", f"mem_fraction_static={mfs + 0.001:.3f}", "-g", "decode"), "decode")
-    assert above["ranks"][0]["headroom_gib"] < intended
+    assert plan_json("--set", "mem_fraction_static=0.913", "-g", "decode", code=1)["ok"] is False
 
 
 # ------------------------------------------------------------------------------- what-ifs
@@ -227,9 +223,9 @@ def test_pp2_stage1_matches_the_oracle_fixture():
      [19_158_016, 1_915_648, 4_789_504, 149_672, 59_864, 32_896]),
     (["--set", "available_bytes=138484778008", "--set", "index_k_accounting=exact"], 7737.75,
      [17_546_240, 1_754_624, 4_386_560, 137_080, 54_832, 32_896]),
-    (["--set", "model=deepseek-v4-pro", "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8"], 10115.25,
+    (["--set", "model=deepseek-v4-pro", "--set", "available_bytes=48569637666", "--set", "weights_gib_per_rank=105.57", "--set", "index_k_dtype=fp8"], 10115.25,
      [4_385_280, 438_528, 1_096_320, 34_260, 13_704, 32_896]),
-    (["--set", "model=deepseek-v4-pro", "--set", "available_bytes=48569637666", "--set", "index_k_accounting=exact"], 11045.25,
+    (["--set", "model=deepseek-v4-pro", "--set", "available_bytes=48569637666", "--set", "weights_gib_per_rank=105.57", "--set", "index_k_accounting=exact"], 11045.25,
      [4_016_128, 401_408, 1_004_032, 31_376, 12_544, 32_896]),
     (["--set", "available_bytes=138484778008", "--set", "index_k_dtype=fp8",
       "--set", "SGLANG_DSV4_COMPRESS_STATE_DTYPE=bf16"], 6750.75,
@@ -237,7 +233,7 @@ def test_pp2_stage1_matches_the_oracle_fixture():
     (["--set", "available_bytes=138484778008", "--set", "index_k_dtype=fp8",
       "--set", "SGLANG_OPT_USE_ONLINE_COMPRESS=1"], 7086.75,
      [19_536_640, 1_953_536, 4_884_160, 152_630, 61_048, 257]),
-    (["--set", "model=pro", "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8",
+    (["--set", "model=pro", "--set", "available_bytes=48569637666", "--set", "weights_gib_per_rank=105.57", "--set", "index_k_dtype=fp8",
       "--set", "swa_full_tokens_ratio=0.075"], 8983.125,
      [4_937_984, 370_176, 1_234_496, 38_578, 11_568, 32_896]),
 ], ids=["flash-fp8", "flash-bf16-exact", "pro-fp8", "pro-bf16-exact", "flash-bf16-state", "flash-online-c128",
@@ -253,10 +249,11 @@ def test_model_and_switch_what_ifs_match_sglang_oracle(args, bpft, expected):
 def test_available_bytes_from_memory_matches_the_worked_example():
     """§4 worked example: TP8, mfs 0.852, P 177 GiB, W 21.83 GiB -> 138,484,778,008 B and, with
     fp8 index-K, the oracle's 19,158,016 full tokens; 8 ranks (4 beyond the group's GPUs)."""
-    d = plan_json("--set", "tp_size=8", "--set", "mem_fraction_static=0.852", "--set", "free_gib_before_load=177.0",
+    # the TP8 figures on the 4-GPU prefill group: the pools of a rank do not depend on tp (§3.3)
+    d = plan_json("--set", "mem_fraction_static=0.852", "--set", "free_gib_before_load=177.0",
                   "--set", "weights_gib_per_rank=21.83", "--set", "index_k_dtype=fp8", "-g", "prefill")
     g = group(d, "prefill")
-    assert len(g["ranks"]) == 8 and [r["gpu"] for r in g["ranks"]][4:] == [None] * 4
+    assert len(g["ranks"]) == 4
     r = g["ranks"][0]
     assert r["available_bytes"] == 138_484_778_008
     assert r["full_max_total_num_tokens"] == 19_158_016
@@ -323,15 +320,22 @@ def test_unknown_command_is_a_one_line_usage_error():
         "dsv4ctl: error: dsv4ctl: No such command 'plna'. Did you mean 'plan'? (see 'dsv4ctl --help')"]
 
 
-def test_given_available_bytes_that_cannot_fit_warns():
-    """--set available_bytes is taken as given (the pools are sized from it, as SGLang would),
-    but when it, the weights and req_to_token exceed the GPU the plan says the inputs disagree."""
+def test_pro_what_if_names_the_weights_first_and_offers_only_gpus():
+    """Issue 18: Pro on the 4-GPU group fails on the weights (estimated 805.33/4 + 3 GiB per rank),
+    named first; no mem-fraction or index-K fix is offered (they cannot work), only more GPUs,
+    re-planned."""
     r = run_cli("plan", "-g", "decode", "--json", "--set", "model=deepseek-v4-pro",
                 "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8")
-    d = json.loads(r.out)
-    (g,) = d["groups"]
-    warn = [w for w in g["warnings"] if w.startswith("the given available_bytes (48,569,637,666 B)")]
-    assert len(warn) == 1 and "exceed the GPU by 73.09 GiB" in warn[0], g["warnings"]
-    # the default (Flash) profile with an available_bytes that fits: no such warning
+    assert r.code == 1
+    (g,) = json.loads(r.out)["groups"]
+    assert g["errors"] == ["the weights (204.333 GiB per rank) and other memory do not fit in 177.0 GiB free per GPU "
+                           "on 4 GPUs (tp4 pp1)"]
+    assert g["verdict"]["deciding"] == "weights"
+    assert g["fixes"] == ["use 8 GPUs per group (tp-size: 8, weights ~103.666 GiB per rank) (re-planned: fits, headroom 27.174 GiB)"]
+    # the given available_bytes with weights that fit but a GPU it cannot fit: a warning, not a verdict
+    r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=150000000000", "--set", "index_k_dtype=fp8")
+    g = json.loads(r.out)["groups"][0]
+    assert r.code == 0 and g["verdict"]["deciding"] == "available_bytes"
+    assert [w for w in g["warnings"] if "the given available_bytes (150,000,000,000 B)" in w]
     r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=100000000000", "--set", "index_k_dtype=fp8")
     assert not [w for w in json.loads(r.out)["groups"][0]["warnings"] if "the given available_bytes" in w]

@@ -118,6 +118,14 @@ CASES = [
      dict(p=dict(hicache_mem_layout="page_first", hicache_ratio=2.5), ram=4096.0)),
     ("DSV117", dict(extra_p="kv-cache-dtype: fp8_e5m2\n", extra_d="kv-cache-dtype: fp8_e5m2\n"),
      dict(extra_p="kv-cache-dtype: bf16\n", extra_d="kv-cache-dtype: bfloat16\n")),
+    # issue 16: page-size 1 on both sides passed (the pair agrees); the DSV4 pool builder asserts 256
+    ("DSV118", dict(extra_p="page-size: 1\n", extra_d="page-size: 1\n"), dict(extra_p="page-size: 256\n", extra_d="page-size: 256\n")),
+    # issue 16: a prefill on mooncake paired with a decode on nixl
+    ("DSV107", dict(extra_p="disaggregation-transfer-backend: mooncake\n", extra_d="disaggregation-transfer-backend: nixl\n"),
+     dict(extra_p="disaggregation-transfer-backend: nixl\n", extra_d="disaggregation-transfer-backend: nixl\n")),
+    # issue 16: PD + HiCache + EAGLE + page_first_direct (sglang #31252)
+    ("DSV119", dict(p=dict(hicache_mem_layout="page_first_direct", hicache_io_backend="direct"), extra_p="speculative-algorithm: EAGLE\n"),
+     dict(p=dict(hicache_mem_layout="page_first"), extra_p="speculative-algorithm: EAGLE\n")),
 ]
 
 
@@ -193,3 +201,39 @@ def test_convert_like_sglang(key, value, expect):
 def test_convert_rejects_like_sglang(key, value):
     with pytest.raises(ConvertError):
         convert(T.get(key), value)
+
+
+def test_issue16_lint_messages():
+    # DSV108 with only the reasoning parser missing says what 0.5.23 does with the reasoning
+    f = next(f for f in _build(dict(p=dict(reasoning_parser=None))) if f.rule == "DSV108")
+    assert f.message == ("reasoning-parser is not set: the reasoning text goes into content, without its think tags "
+                         "(set reasoning-parser: deepseek-v4)")
+    # enable-dp-attention: the fix is attn-dp-size
+    f = next(f for f in _build(dict(extra_p="enable-dp-attention: true\n")) if f.rule == "SGL003")
+    assert "use attn-dp-size: N" in f.message
+    # monokernel-backend takes a value (DeprecatedStoreConstAction, nargs None): not a bare flag
+    arg = T.get("monokernel-backend")
+    assert arg.config == "value" and convert(arg, "amd") == "amd"
+    with pytest.raises(ConvertError):
+        convert(arg, "nvidia")
+    assert "SGL006" not in rules(_build(dict(extra_p="monokernel-backend: amd\n")))
+
+
+def test_v32_model_gets_no_dsv4_rules(tmp_path):
+    """A DeepSeek-V3.2 config (model_type deepseek_v32, no compress_ratios) is not DSV4."""
+    import json
+    import shutil
+    from dsv4ctl.plan.models import model_type_of
+    from dsv4ctl.profile.deployment import resolve
+    from dsv4ctl.profile.model import load_profile
+    from dsv4ctl.serve.lintinput import is_dsv4
+    from tests.conftest import DEFAULT_PROFILE
+    (tmp_path / "v32").mkdir()
+    (tmp_path / "v32" / "config.json").write_text(json.dumps({"model_type": "deepseek_v32", "num_hidden_layers": 61}))
+    shutil.copytree(DEFAULT_PROFILE.parent / DEFAULT_PROFILE.stem, tmp_path / DEFAULT_PROFILE.stem)
+    text = DEFAULT_PROFILE.read_text().replace("model: deepseek-v4-flash", "model: v32")
+    text = text.replace("series: ../patches/sglang-0.5.23", "series: null")
+    (tmp_path / "p.yaml").write_text(text)
+    assert model_type_of("v32", tmp_path) == "deepseek_v32" and model_type_of("flash") == "deepseek_v4"
+    assert model_type_of("nope", tmp_path) is None
+    assert is_dsv4(resolve(load_profile(tmp_path / "p.yaml"))) is False

@@ -188,7 +188,7 @@ def test_pp_partition_from_profile_env_names_the_line(tmp_path):
 
 def test_valid_pp_partition_still_plans():
     from tests.conftest import DEFAULT_PROFILE
-    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--json", "--set", "pp_size=2",
+    r = run_cli("plan", str(DEFAULT_PROFILE), "-g", "decode", "--json", "--set", "pp_size=2", "--set", "tp_size=2",
                 "--set", "SGLANG_PP_LAYER_PARTITION=21,22")
     assert r.code in (0, 1), r.err
     ranks = json.loads(r.out)["groups"][0]["ranks"]

@@ -104,7 +104,7 @@ def test_from_log_matches_the_patched_server(patched, real_lines, tmp_path):
     assert r0["source"] == "DSV4_POOL_PLAN" and r0["rank"] == "TP0" and r0["plan_rank"] == 0
     assert r0["pools"]["full"] == dict(planned=17546240, logged=17546240, diff=0, pct=0.0)
     assert r0["pools"]["c128_state"]["logged"] == 32896
-    assert r0["bytes_per_full_token"] == dict(logged=7737.75, planned=7737.75)
+    assert r0["bytes_per_full_token"] == dict(logged=7737.75, planned=7737.75, match=True)
     assert r0["available"]["logged_bytes"] == r0["available"]["planned_bytes"] == FLASH_BYTES
     text = run_cli("plan", str(p), "--set", f"available_bytes={FLASH_BYTES}", "--from-log", str(log), env=ENV)
     assert text.code == 0 and "ok: the log matches the plan" in text.out
@@ -123,9 +123,9 @@ def test_from_log_reports_the_difference_per_pool(patched, real_lines, tmp_path)
     assert r0["source"] == "DSV4 pool sizes" and "c128_state" not in r0["pools"]
     assert r0["pools"]["full"] == dict(planned=17546240, logged=19158016, diff=1611776, pct=9.186)
     assert r0["pools"]["c4"]["diff"] == 4789504 - 4386560
-    assert r0["bytes_per_full_token"] == dict(logged=7086.75, planned=7737.75)
+    assert r0["bytes_per_full_token"] == dict(logged=7086.75, planned=7737.75, match=False)
     assert r0["available"]["logged_gib"] == 128.97
-    assert "40 pool value(s) differ from the plan" in r.err
+    assert "40 pool value(s) differ from the plan; bytes per full token differs on 8 rank(s)" in r.err
 
 
 def test_from_log_errors(tmp_path):

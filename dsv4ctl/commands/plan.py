@@ -29,7 +29,9 @@ METRICS = [
     ("index-K over-commit GiB", lambda g, r, rs: r["index_k"]["overcommit_gib"]),
     ("full tokens, exact accounting", lambda g, r, rs: f"{r['index_k']['exact']['full_max_total_num_tokens']:,}"),
     ("allocated GiB (real)", lambda g, r, rs: r["allocated_gib"]),
+    ("rounding / allocator / draft GiB", lambda g, r, rs: f"{r['rounding_gib']} / {r['allocator_gib']} / {r['draft_pool_gib']}"),
     ("headroom GiB", lambda g, r, rs: r["headroom_gib"]),
+    ("verdict", lambda g, r, rs: f"{r['verdict']} ({r['deciding']})"),
     ("max requests @ context", lambda g, r, rs: f"{r['max_concurrent_requests']} @ {g['context_length']:,}"),
 ]
 
@@ -77,7 +79,8 @@ def plan(
 ) -> None:
     """Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K sizing.
 
-    Exit 0 when every group fits, 1 when a group does not (the fix is printed), 2 on bad input."""
+    Exit 0 when every group fits or is tight (a warning), 1 when a group fails (the deciding term
+    first, then fixes that were re-planned), 2 on bad input. README: "Verdicts"."""
     from ..plan.plan import build_plan, parse_set
     from .common import load_deployment_arg
     if as_json + markdown + csv > 1:

@@ -14,14 +14,14 @@ def log_report(doc: dict, text: str, log_name: str, groups: Optional[list[str]])
     """The ``dsv4ctl.plan-log/1`` document: ``doc`` is a ``dsv4ctl.plan/1`` plan, ``text`` the
     log. Pure. InputError when the log has no DSV4 pool line, a pool line has malformed fields
     (``LOG:LINE: FIELD: message``) or the group is ambiguous."""
-    from ..plan.poollog import LogFormatError, compare, match_rank, parse_log
+    from ..plan.poollog import BPFT_TOLERANCE, LogFormatError, compare, match_rank, parse_log
     try:
         records = parse_log(text)
     except LogFormatError as e:
         raise InputError(f"{log_name}:{e.line}: {e.field}: {e.message}") from None
     if not records:
-        raise InputError(f"{log_name}: no 'DSV4 pool sizes' or 'DSV4_POOL_PLAN' line (SGLang 0.5.23 "
-                         "logs them at start-up, before 'KV Cache is allocated')")
+        raise InputError(f"{log_name}: no 'DSV4 pool sizes' or 'DSV4_POOL_PLAN' line, nor SGLang's "
+                         "'max_total_num_tokens=' line (SGLang 0.5.23 logs them at start-up)")
     gs = doc["groups"]
     if len(gs) != 1:
         raise InputError(f"--from-log: the plan has groups {', '.join(g['name'] for g in gs)}; "
@@ -44,6 +44,11 @@ def log_report(doc: dict, text: str, log_name: str, groups: Optional[list[str]])
             entry["pools"][d.pool] = dict(planned=d.planned, logged=d.logged, diff=d.diff, pct=d.pct)
             ok = ok and d.diff == 0
         entry["bytes_per_full_token"]["planned"] = pr["bytes_per_full_token"]
+        if rec.bytes_per_full_token is not None:
+            # gated: a token cap (--max-total-tokens, the PP MIN) can hide a bytes-per-token difference
+            same = abs(rec.bytes_per_full_token - pr["bytes_per_full_token"]) <= BPFT_TOLERANCE
+            entry["bytes_per_full_token"]["match"] = same
+            ok = ok and same
         entry["available"]["planned_bytes"] = pr["available_bytes"]
         ranks.append(entry)
     return dict(schema="dsv4ctl.plan-log/1", profile=doc["profile"], group=g["name"], log=log_name,
@@ -94,4 +99,6 @@ def from_log(doc: dict, path: str, as_json: bool, markdown: bool) -> None:
     if not rep["ok"]:
         bad = sum(1 for r in rep["ranks"] for d in r["pools"].values() if d["diff"]) + \
             sum(1 for r in rep["ranks"] if "error" in r)
-        raise VerdictError(f"plan --from-log: {bad} pool value(s) differ from the plan")
+        bpft = sum(1 for r in rep["ranks"] if r["bytes_per_full_token"].get("match") is False)
+        raise VerdictError(f"plan --from-log: {bad} pool value(s) differ from the plan"
+                           + (f"; bytes per full token differs on {bpft} rank(s)" if bpft else ""))

@@ -13,12 +13,13 @@ from typing import Any, Optional
 from . import capacity as cap
 from .capacity import GIB, CapacityError
 from ..errors import InputError
-from .models import REPLICATED_WEIGHTS_GIB, load_model
+from .models import CHECKPOINT_FORMATS, REPLICATED_WEIGHTS_GIB, load_model
+from . import verdict as vd
 from ..profile.model import MAX_GIB, Group, Profile
 from ..profile.deployment import Deployment, as_deployment
 from ..profile.serveconfig import ServeConfig, canonical
 
-SCHEMA = "dsv4ctl.plan/1"
+SCHEMA = "dsv4ctl.plan/2"   # /2: headroom_gib counts 2 MiB rounding, the allocator and the draft pool
 SGLANG_VERSION = "0.5.23"
 # GiB a B200-class GPU has in use before weight load (CUDA context, NCCL): 179.06 - 177.0 (⚠).
 PRELOAD_USED_GIB = 2.06
@@ -35,6 +36,27 @@ WEIGHT_TOPOLOGY_KEYS = ("model", "tp_size", "pp_size", "dp_size", "enable_dp_att
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _attn_dp(args: dict, where: dict) -> None:
+    """Map SGLang 0.5.23's ``attn-dp-size N`` (the replacement of ``--dp-size N
+    --enable-dp-attention``, ``srt/arg_groups/fields/parallel.py:81-212``) and
+    ``cuda-graph-max-bs-decode`` onto the plan's dp_size/enable_dp_attention and cuda_graph_max_bs."""
+    if "attn_dp_size" in args:
+        n = args.pop("attn_dp_size")
+        loc = where.get("attn_dp_size", "--set")
+        if n < 1:
+            raise InputError(f"{loc}: attn-dp-size must be >= 1, got {n}")
+        if args.get("dp_size", n) != n and args.get("enable_dp_attention"):
+            raise InputError(f"{loc}: attn-dp-size {n} disagrees with dp-size {args['dp_size']}")
+        if n > 1:
+            args["dp_size"], args["enable_dp_attention"] = n, True
+            where.setdefault("dp_size", loc)
+            where.setdefault("enable_dp_attention", loc)
+    if "cuda_graph_max_bs_decode" in args:
+        args["cuda_graph_max_bs"] = args.pop("cuda_graph_max_bs_decode")
+        where.setdefault("cuda_graph_max_bs", where.get("cuda_graph_max_bs_decode", "--set"))
+    args.pop("cuda_graph_max_bs_prefill", None)   # the DSV4 prefill graph is disabled (cuda_graph_hook.py)
 
 
 def _bool(key: str, v: Any) -> bool:
@@ -95,6 +117,8 @@ SET_KEYS: dict[str, str] = {
     "disable_radix_cache": "bool", "disable_overlap_schedule": "bool", "swa_prefix_tails": "int",
     "moe_a2a_backend": "optstr", "cuda_graph_max_bs": "int", "disable_cuda_graph": "bool",
     "_swa_full_tokens_ratio_explicitly_set": "bool",
+    "attn_dp_size": "int", "cuda_graph_max_bs_decode": "int", "cuda_graph_max_bs_prefill": "int",
+    "draft_weights_gib_per_rank": "gib", "checkpoint_format": "str", "min_requests": "int",
     "free_gib_before_load": "gib", "weights_gib_per_rank": "gib", "other_gib": "gib",
     "gpu_memory_mib": "mib",
     "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "bool",
@@ -104,9 +128,10 @@ SET_KEYS: dict[str, str] = {
 }
 # serve-config dashed names that plan reads (others are ignored by the capacity model).
 SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
-SERVE_KEYS.update({"cuda-graph-max-bs-decode": "cuda_graph_max_bs", "cuda-graph-max-bs": "cuda_graph_max_bs"})
 for _k in ("model", "available_bytes", "index_k_dtype", "index_k_accounting", "free_gib_before_load",
-           "weights_gib_per_rank", "other_gib", "gpu_memory_mib"):
+           "weights_gib_per_rank", "other_gib", "gpu_memory_mib", "draft_weights_gib_per_rank",
+           "checkpoint_format", "min_requests",
+           "cuda_graph_max_bs"):     # not a 0.5.23 option: an ambiguous abbreviation of -decode/-prefill
     SERVE_KEYS.pop(_k.replace("_", "-"), None)
 ENV_KEYS = [k for k in SET_KEYS if k.startswith("SGLANG_")]
 
@@ -167,7 +192,13 @@ class GroupInputs:
     available_bytes_override: Optional[int]
     pp_partition: Optional[tuple[int, ...]]
     pool: cap.PoolInputs
-    activation_reserve_gib: float = 0.0   # SGLang's own activation/graph estimate (memory_hook.py)
+    rank_resident_gib: Optional[list[float]] = None   # per rank F (per-GPU memory), else uniform
+    activation_reserve_gib: float = 0.0   # SGLang's reserve outside mfs, 10 GiB floor (memory_hook.py)
+    activation_estimate_gib: float = 0.0  # the same estimate without the floor (verdict: fails below)
+    draft_weights_gib_per_rank: float = 0.0
+    checkpoint_format: str = "fp4"
+    min_requests: int = 1
+    logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
 
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
@@ -180,12 +211,26 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     args: dict[str, Any] = {}
     where = {}
     if serve is not None:
+        from .argnames import AmbiguousOption, resolve_option
         for key, value in serve.args().items():
-            if key in SERVE_KEYS:
-                name = SERVE_KEYS[key]
-                loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
+            loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
+            full = key
+            if key not in SERVE_KEYS and any(k.startswith(key) for k in SERVE_KEYS):
+                # could abbreviate an argument plan reads: resolve it as argparse does (the table is
+                # only loaded then, for start-up time)
+                try:
+                    full = resolve_option(key) or key
+                except AmbiguousOption as e:
+                    raise InputError(f"{loc}: {key}: SGLang rejects it: {e}") from None
+            if full in SERVE_KEYS:
+                name = SERVE_KEYS[full]
+                if name in where:
+                    raise InputError(f"{loc}: {key}: given twice ({full} at {where[name]})")
                 args[name] = _coerce(f"{loc}: {key}", SET_KEYS[name], value)
                 where[name] = loc
+    _attn_dp(args, where)
+    overrides = dict(overrides)
+    _attn_dp(overrides, {k: "--set" for k in overrides})
     topo = {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
             "enable_dp_attention": group.dp_attention}
     for k, v in topo.items():
@@ -214,6 +259,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
 
     n_ranks = tp * pp * (1 if dpa else dp)
+    topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention") if k in overrides]
     if n_ranks > MAX_RANKS:
         what = "tp_size*pp_size" if dpa else "tp_size*pp_size*dp_size"
         raise InputError(f"group {group.name}: {what} = {n_ranks} ranks exceeds {MAX_RANKS} "
@@ -292,6 +338,11 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                 cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
         except CapacityError as e:
             raise InputError(f"{psrc}: {e}") from None
+    if topo_set and group.gpus and n_ranks != len(group.gpus):
+        # the same rule as the profile's own tp/pp/dp (profile/model.py), for a what-if
+        what = "tp*pp" if dpa or dp == 1 else "tp*pp*dp"
+        raise InputError(f"--set {', '.join(topo_set)}: group {group.name}: {what} = {n_ranks} does not match "
+                         f"the {len(group.gpus)} GPUs of the group")
     sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = cap.PoolInputs(
         page_size=args.get("page_size", 256),
@@ -326,7 +377,14 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         raise InputError(f"group {group.name}: {e}") from None
 
     mem = group.memory
+    per_gpu = None
+    if "free_gib_before_load" not in args and "other_gib" not in args and not topo_set:
+        per_gpu = mem.per_gpu(len(group.gpus))
     p_gib = args.get("free_gib_before_load", mem.free_gib_before_load)
+    if per_gpu is not None:
+        p_gib = min(per_gpu[0]) if None not in per_gpu[0] else None
+    elif isinstance(p_gib, list):
+        p_gib = min(p_gib)
     if p_gib is None:
         if gpu_mib is None:
             raise InputError(f"group {group.name}: host {host.name} has no gpus.memory_mib")
@@ -349,16 +407,50 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         w_gib = None
         estimated.append(f"measured weights_gib_per_rank ({mem.weights_gib_per_rank}) ignored: "
                          f"--set {', '.join(topology_changed)} changes the weights per rank")
+    fmt = str(args.get("checkpoint_format", "fp4")).lower()
+    if fmt not in CHECKPOINT_FORMATS:
+        raise InputError(f"--set checkpoint_format: {fmt!r} not in {'|'.join(CHECKPOINT_FORMATS)}")
     if w_gib is None:
-        if facts.checkpoint_gib is None:
+        ckpt = facts.checkpoint(fmt)
+        if ckpt is None:
             raise InputError(f"group {group.name}: memory.weights_gib_per_rank is required for a custom model")
-        w_gib = round(facts.checkpoint_gib / (tp * pp) + REPLICATED_WEIGHTS_GIB, 3)
-        estimated.append(f"weights_gib_per_rank={w_gib} (checkpoint/(tp*pp) + {REPLICATED_WEIGHTS_GIB} GiB)")
+        w_gib = round(ckpt / (tp * pp) + REPLICATED_WEIGHTS_GIB, 3)
+        estimated.append(f"weights_gib_per_rank={w_gib} ({fmt.upper()} checkpoint {ckpt} GiB/(tp*pp) + "
+                         f"{REPLICATED_WEIGHTS_GIB} GiB)")
+    # the EAGLE/MTP draft worker loads its nextn layer after the target (F counts both, reference §3.2)
+    dw_gib = args.get("draft_weights_gib_per_rank", getattr(mem, "draft_weights_gib_per_rank", None))
+    if spec_algo and dw_gib is None:
+        layer = facts.mtp_layer(fmt)
+        if layer is None:
+            raise InputError(f"group {group.name}: memory.draft_weights_gib_per_rank is required for "
+                             "speculative decoding with a custom model")
+        dw_gib = round(layer / tp, 3)
+        estimated.append(f"draft_weights_gib_per_rank={dw_gib} (MTP layer {layer} GiB/tp, {fmt.upper()})")
+    dw_gib = float(dw_gib or 0.0) if spec_algo else 0.0
     other = args.get("other_gib", mem.other_gib)
+    rank_resident = None
+    if per_gpu is not None:
+        frees = [p_gib if f is None else f for f in per_gpu[0]]
+        # F per GPU; SGLang MIN-reduces P and F across the world (reference §3.2)
+        rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, per_gpu[1])]
+        other = max(per_gpu[1])
+        worst_p, best_p = min(frees), max(frees)
+        if worst_p < 0.9 * best_p:
+            # srt/distributed/bootstrap.py _check_tp_memory_balance: MIN < 0.9 x local before weight load
+            estimated.append(f"unbalanced: free before load {worst_p} GiB on one GPU < 0.9 x {best_p} GiB on "
+                             "another: SGLang refuses to start ('The memory capacity is unbalanced')")
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
+    min_req = args.get("min_requests", (profile.raw.get("plan") or {}).get("min_requests", 1))
+    if min_req < 1:
+        raise InputError(f"--set min_requests: must be >= 1, got {min_req}")
+    # one prefill chunk of query rows scores the C4 indexer (decode rows are graph-captured: no budget)
+    logits_rows = 0 if disagg == "decode" else (chunked if chunked > 0 else max_prefill)
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
+                       activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
+                       draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
+                       min_requests=min_req, logits_rows=logits_rows,
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
                        free_gib_before_load=p_gib, weights_gib_per_rank=w_gib, other_gib=other,
@@ -370,9 +462,17 @@ def _gib(x: float) -> float:
     return round(x / GIB, 3)
 
 
+def resident_gib(gi: GroupInputs) -> float:
+    """F: GiB free on the tightest rank after target and draft weights and other memory (SGLang
+    MIN-reduces free memory across the world before sizing, reference §3.2)."""
+    if gi.rank_resident_gib:
+        return min(gi.rank_resident_gib)
+    return gi.free_gib_before_load - gi.weights_gib_per_rank - gi.draft_weights_gib_per_rank - gi.other_gib
+
+
 @dataclass
 class StagePlan:
-    """One PP stage of a group (identical for all its TP/DP ranks)."""
+    """One PP stage of a group (identical pools for all its TP/DP ranks)."""
 
     pp_rank: int
     conf: cap.Configurator
@@ -382,32 +482,36 @@ class StagePlan:
     alloc_budget: cap.Allocation
     alloc_real: cap.Allocation
     req_to_token_bytes: int
-    headroom_bytes: int           # after the real allocation
-    headroom_budgeted_bytes: int  # had the buffer held what was budgeted
+    headroom_bytes: int           # after everything built before serving (verdict.RankMemory), tightest rank
+    headroom_budgeted_bytes: int  # had the index-K buffer held what was budgeted (no rounding terms)
+    memory: vd.RankMemory = None
+    logits_bytes: int = 0
+    concurrent: int = 0
+    verdict: vd.Verdict = None
 
 
 def _available(gi: GroupInputs, mfs: float) -> int:
     if gi.available_bytes_override is not None:
         return gi.available_bytes_override
-    free_before_kv = gi.free_gib_before_load - gi.weights_gib_per_rank - gi.other_gib
-    return cap.available_bytes_from_memory(gi.free_gib_before_load, free_before_kv, mfs)
+    return cap.available_bytes_from_memory(gi.free_gib_before_load, resident_gib(gi), mfs)
 
 
 def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] = None,
                 pool: Optional[cap.PoolInputs] = None) -> list[StagePlan]:
-    """Per-PP-stage pool decisions with the PP MIN of full tokens (config_from_budget).
+    """Per-PP-stage pool decisions with the PP MIN of full tokens (config_from_budget), each with
+    its memory before serving and its verdict (:mod:`dsv4ctl.plan.verdict`) on the tightest rank.
 
     Raises CapacityError when SGLang would refuse to start (no memory, SWA too small)."""
     mfs = gi.mem_fraction_static if mfs is None else mfs
     pool = pool or gi.pool
     avail = _available(gi, mfs)
     if avail <= 0:
-        free_before_kv = gi.free_gib_before_load - gi.weights_gib_per_rank - gi.other_gib
-        need = cap.min_viable_mem_fraction_static(gi.free_gib_before_load, free_before_kv)
+        need = cap.min_viable_mem_fraction_static(gi.free_gib_before_load, resident_gib(gi))
         if need >= 1:
+            w = gi.weights_gib_per_rank + gi.draft_weights_gib_per_rank
             raise CapacityError(
-                f"the weights ({gi.weights_gib_per_rank} GiB per rank) and other memory do not fit in "
-                f"{gi.free_gib_before_load} GiB free per GPU: use more GPUs per group (tp/pp) or larger GPUs")
+                f"the weights ({round(w, 3)} GiB per rank) and other memory do not fit in "
+                f"{gi.free_gib_before_load} GiB free per GPU on {gi.tp * gi.pp} GPUs (tp{gi.tp} pp{gi.pp})")
         raise CapacityError(
             f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}. "
             f"Raise --mem-fraction-static above {need}")
@@ -424,18 +528,25 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
 
     confs, exact_confs = stage_confs(pool), stage_confs(exact_pool)
     sizes, exact_sizes = solve(confs), solve(exact_confs)
+    resident = int(resident_gib(gi) * GIB)
+    total = gi.gpu_memory_mib * (1 << 20) if gi.gpu_memory_mib else None
+    logits = vd.indexer_logits_bytes(gi.logits_rows, gi.context_length, total, mfs)
     out = []
     for r in range(gi.pp):
         c, s = confs[r], sizes[r]
         budget = cap.allocated_bytes(c, s, c.idx_budget)
         real = cap.allocated_bytes(c, s, c.idx_real)
         r2t = s.num_req_slots * gi.context_length * 4
-        resident = int((gi.free_gib_before_load - gi.weights_gib_per_rank - gi.other_gib) * GIB)
+        memory = vd.rank_memory(c, s, c.idx_real, resident, r2t)
+        conc = cap.max_concurrent_requests(c, s, gi.context_length)
+        verdict = vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
+                            int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests)
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
                              exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
                              req_to_token_bytes=r2t,
-                             headroom_bytes=resident - real.total - r2t,
-                             headroom_budgeted_bytes=resident - budget.total - r2t))
+                             headroom_bytes=memory.headroom,
+                             headroom_budgeted_bytes=resident - budget.total - r2t,
+                             memory=memory, logits_bytes=logits, concurrent=conc, verdict=verdict))
     return out
 
 
@@ -450,21 +561,31 @@ class GroupPlan:
     errors: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     index_k_source: str = "profile"
+    verdict: Optional[dict] = None
 
-    def ranks(self) -> list[dict]:
-        """Every GPU rank: rank, gpu, tp/pp/dp rank and that rank's pool numbers."""
-        gi, g = self.inputs, self.group
+    def rank_layout(self) -> list[tuple[int, int, int, StagePlan]]:
+        """(rank, tp_rank, dp_rank, stage) of every GPU rank, in the group's GPU order."""
+        gi = self.inputs
         replicas = 1 if gi.dp_attention else gi.dp
         out = []
-        rank = 0
         for rep in range(replicas):
             for st in self.stages:
                 for tp_rank in range(gi.tp):
                     dp_rank = tp_rank // (gi.tp // gi.dp) if gi.dp_attention else rep
-                    out.append(dict(rank=rank, gpu=g.gpus[rank] if rank < len(g.gpus) else None,
-                                    tp_rank=tp_rank, pp_rank=st.pp_rank, dp_rank=dp_rank,
-                                    **_stage_numbers(self, st)))
-                    rank += 1
+                    out.append((len(out), tp_rank, dp_rank, st))
+        return out
+
+    def ranks(self) -> list[dict]:
+        """Every GPU rank: rank, gpu, tp/pp/dp rank and that rank's pool numbers and verdict."""
+        g, gi = self.group, self.inputs
+        out = []
+        for rank, tp_rank, dp_rank, st in self.rank_layout():
+            own = None
+            if gi.rank_resident_gib and rank < len(gi.rank_resident_gib):
+                own = int(gi.rank_resident_gib[rank] * GIB)
+            out.append(dict(rank=rank, gpu=g.gpus[rank] if rank < len(g.gpus) else None,
+                            tp_rank=tp_rank, pp_rank=st.pp_rank, dp_rank=dp_rank,
+                            **_stage_numbers(self, st, own)))
         return out
 
     def to_dict(self) -> dict:
@@ -478,15 +599,29 @@ class GroupPlan:
             memory_inputs=dict(free_gib_before_load=gi.free_gib_before_load,
                                weights_gib_per_rank=gi.weights_gib_per_rank, other_gib=gi.other_gib,
                                available_bytes_override=gi.available_bytes_override,
-                               estimated=gi.estimated),
+                               estimated=gi.estimated,
+                               draft_weights_gib_per_rank=gi.draft_weights_gib_per_rank,
+                               checkpoint_format=gi.checkpoint_format,
+                               rank_resident_gib=gi.rank_resident_gib),
             server_args={k: v for k, v in asdict(gi.pool).items()},
             ranks=self.ranks(), warnings=self.warnings, errors=self.errors, fixes=self.fixes,
-            index_k_source=self.index_k_source)
+            index_k_source=self.index_k_source,
+            activation_estimate_gib=gi.activation_estimate_gib,
+            verdict=self.verdict)
 
 
-def _stage_numbers(gp: GroupPlan, st: StagePlan) -> dict:
+def _rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) -> tuple[vd.RankMemory, vd.Verdict]:
+    if own_resident is None:
+        return st.memory, st.verdict
+    mem = cap.replace(st.memory, resident=own_resident)
+    return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
+                          st.logits_bytes, st.concurrent, gi.min_requests)
+
+
+def _stage_numbers(gp: GroupPlan, st: StagePlan, own_resident: Optional[int] = None) -> dict:
     s, e = st.sizes, st.exact_sizes
-    conc = cap.max_concurrent_requests(st.conf, s, gp.inputs.context_length)
+    gi = gp.inputs
+    mem, v = _rank_verdict(gi, st, own_resident)
     return dict(
         layers=list(s.layers),
         available_bytes=s.available_bytes,
@@ -521,86 +656,224 @@ def _stage_numbers(gp: GroupPlan, st: StagePlan) -> dict:
                        c128_state_pool_size=e.c128_state_pool_size),
         ),
         req_to_token_gib=_gib(st.req_to_token_bytes),
-        headroom_gib=_gib(st.headroom_bytes),
-        max_concurrent_requests=conc,
+        headroom_gib=_gib(mem.headroom),
+        max_concurrent_requests=st.concurrent,
+        resident_gib=_gib(mem.resident),
+        rounding_gib=_gib(mem.pools_rounding),
+        allocator_gib=_gib(mem.allocator),
+        draft_pool_gib=_gib(mem.draft_pool),
+        indexer_logits_gib=_gib(st.logits_bytes),
+        verdict=v.level,
+        deciding=v.deciding,
+        slack=v.slack if v.deciding == "requests" else _gib(v.slack),
     )
 
 
-def _suggest_mfs(model, gi: GroupInputs, target_headroom: int) -> Optional[float]:
-    """Largest mfs (3 decimals, below the current) whose real allocation leaves at least
-    ``target_headroom`` bytes; None if none does."""
-    m = round(gi.mem_fraction_static - 0.001, 3)
-    while m > 0.3:
-        try:
-            stages = plan_stages(model, gi, mfs=m)
-        except CapacityError:
-            return None
-        if min(st.headroom_bytes for st in stages) >= target_headroom:
-            return m
-        m = round(m - 0.001, 3)
+TIGHT_TEXT_GIB = vd.TIGHT_MARGIN_BYTES / GIB
+
+
+def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
+    """One line naming the deciding term first, with the same headroom as the table row."""
+    m = st.memory
+    h = _gib(m.headroom)
+    if v.level == "fits":
+        return (f"headroom {h} GiB, {_gib(v.slack)} GiB above the largest need ({v.deciding}: SGLang's "
+                f"activation estimate {gi.activation_estimate_gib} GiB, reserve {gi.activation_reserve_gib} GiB, "
+                f"indexer logits {_gib(st.logits_bytes)} GiB)")
+    if v.deciding == "pools":
+        return (f"the pools ({_gib(m.pools)} GiB as allocated + {_gib(m.pools_rounding)} GiB 2 MiB rounding), "
+                f"req_to_token ({_gib(m.req_to_token)} GiB), SGLang's allocator ({_gib(m.allocator)} GiB)"
+                + (f" and the draft pool ({_gib(m.draft_pool)} GiB)" if m.draft_pool else "")
+                + f" exceed the {_gib(m.resident)} GiB left after weights: headroom {h} GiB")
+    if v.deciding == "activation":
+        return (f"headroom {h} GiB is below 90 % of SGLang's own activation/CUDA-graph estimate "
+                f"({gi.activation_estimate_gib} GiB, memory_hook.py): the first large prefill chunk or graph capture runs out of memory")
+    if v.deciding == "requests":
+        s = st.sizes
+        return (f"{st.concurrent} request(s) fit at context_length {gi.context_length:,} (full pool "
+                f"{s.full_max_total_num_tokens:,} tokens, SWA {s.swa_max_total_num_tokens:,}, max running "
+                f"{s.max_running_requests}); at least {gi.min_requests} needed")
+    if v.deciding == "activation_floor":
+        return (f"headroom {h} GiB is under SGLang's {gi.activation_reserve_gib} GiB activation reserve "
+                f"(its estimate without the floor: {gi.activation_estimate_gib} GiB)")
+    if v.deciding == "indexer_logits":
+        return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.activation_estimate_gib} GiB) plus the "
+                f"indexer logits of one prefill chunk ({_gib(st.logits_bytes)} GiB at {gi.logits_rows:,} rows x "
+                f"{gi.context_length:,} context): SGLang chunks the logits under free memory, long prefills slow down")
+    if v.deciding == "margin":
+        need = h - _gib(v.slack)
+        return f"headroom {h} GiB is within {TIGHT_TEXT_GIB:g} GiB of what the rank needs ({round(need, 3)} GiB)"
+    return f"headroom {h} GiB"
+
+
+def _evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Verdict, str]:
+    """Plan ``gi`` and judge it: (stages or None, worst verdict, one-line message)."""
+    try:
+        stages = plan_stages(model, gi)
+    except CapacityError as e:
+        deciding = "weights" if "do not fit in" in str(e) else "no_kv_memory"
+        return None, vd.Verdict("fails", deciding, -1), str(e)
+    unbalanced = [e for e in gi.estimated if e.startswith("unbalanced: ")]
+    if unbalanced:
+        return stages, vd.Verdict("fails", "unbalanced", -1), unbalanced[0][len("unbalanced: "):]
+    if gi.available_bytes_override is not None and resident_gib(gi) < 0:
+        w = gi.weights_gib_per_rank + gi.draft_weights_gib_per_rank
+        return stages, vd.Verdict("fails", "weights", -1), (
+            f"the weights ({round(w, 3)} GiB per rank) and other memory do not fit in "
+            f"{gi.free_gib_before_load} GiB free per GPU on {gi.tp * gi.pp} GPUs (tp{gi.tp} pp{gi.pp})")
+    v = vd.worst([s.verdict for s in stages])
+    st = next(s for s in stages if s.verdict == v)
+    return stages, v, _message(gi, st, v)
+
+
+def _replanned(model, gi: GroupInputs) -> Optional[tuple[vd.Verdict, Optional[float]]]:
+    """(verdict, tightest headroom GiB) of a candidate fix, or None when it still fails."""
+    stages, v, _ = _evaluate(model, gi)
+    if v.level == "fails" or stages is None:
+        return None
+    return v, min(_gib(s.headroom_bytes) for s in stages)
+
+
+def _with_pool(gi: GroupInputs, **changes) -> GroupInputs:
+    return cap.replace(gi, pool=cap.replace(gi.pool, **changes))
+
+
+def _search_mfs(model, gi: GroupInputs, down: bool) -> Optional[tuple[float, tuple]]:
+    """The closest 3-decimal mem_fraction_static below (``down``) or above the current one whose
+    re-plan does not fail."""
+    cur = gi.mem_fraction_static
+    step = -0.01 if down else 0.01
+    m, last_bad = round(cur + step, 3), cur
+    while 0.3 <= m <= 0.99:
+        r = _replanned(model, cap.replace(gi, mem_fraction_static=m))
+        if r is not None:
+            # refine between the last failing value and m, 0.001 at a time
+            fine = round(last_bad + step / 10, 3)
+            while (fine > m) if down else (fine < m):
+                rf = _replanned(model, cap.replace(gi, mem_fraction_static=fine))
+                if rf is not None:
+                    return fine, rf
+                fine = round(fine + step / 10, 3)
+            return m, r
+        last_bad, m = m, round(m + step, 3)
     return None
+
+
+def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePlan]]) -> list[str]:
+    """Fixes that work: every candidate is re-planned and kept only when it no longer fails;
+    smallest change first (serve-config values by relative change, then tree changes, then GPUs)."""
+    out: list[tuple[tuple, str]] = []
+
+    def add(cost: tuple, text: str, r: tuple) -> None:
+        out.append((cost, f"{text} (re-planned: {r[0].level}, headroom {r[1]} GiB)"))
+
+    cur = gi.mem_fraction_static
+    if v.deciding in ("pools", "activation") and gi.available_bytes_override is None:
+        f = _search_mfs(model, gi, down=True)
+        if f:
+            add((0, (cur - f[0]) / cur), f"set mem-fraction-static: {f[0]} (from {cur}) in the serve config", f[1])
+    if v.deciding in ("requests", "no_kv_memory") and gi.available_bytes_override is None:
+        f = _search_mfs(model, gi, down=False)
+        if f:
+            add((0, (f[0] - cur) / cur), f"set mem-fraction-static: {f[0]} (from {cur}) in the serve config", f[1])
+    if v.deciding in ("pools", "activation", "requests") and stages:
+        mrr = gi.pool.max_running_requests
+        for frac in (0.75, 0.5, 0.25, 0.125):
+            new = max(1, int(mrr * frac))
+            if new >= mrr or new < gi.min_requests:
+                continue
+            r = _replanned(model, _with_pool(gi, max_running_requests=new))
+            if r is not None:
+                add((0, 1 - new / mrr), f"set max-running-requests: {new} (from {mrr}) in the serve config", r)
+                break
+        ctx = gi.context_length
+        for frac in (0.75, 0.5, 0.25, 0.125, 1 / 16, 1 / 32):
+            new = int(ctx * frac) // 1024 * 1024
+            if new < 4096:
+                break
+            r = _replanned(model, cap.replace(gi, context_length=new))
+            if r is not None:
+                add((0, 1 - new / ctx), f"set context-length: {new} (from {ctx}) in the serve config", r)
+                break
+    if stages and v.deciding in ("pools", "activation", "requests"):
+        st = stages[0]
+        if st.sizes.index_k_real_bytes > st.sizes.index_k_budget_bytes and gi.pool.index_k_accounting != "exact":
+            r = _replanned(model, _with_pool(gi, index_k_accounting="exact"))
+            if r is not None:
+                add((1, 0.0), f"apply the index-K sizing patch (index_k_accounting: exact): full tokens "
+                              f"{st.sizes.full_max_total_num_tokens:,} -> {st.exact_sizes.full_max_total_num_tokens:,}", r)
+        if gi.pool.index_k_dtype == "bf16":
+            r = _replanned(model, _with_pool(gi, index_k_dtype="fp8"))
+            if r is not None:
+                add((1, 0.1), "store index-K in fp8 (index_k_dtype: fp8)", r)
+    if v.deciding in ("weights", "pools", "activation", "no_kv_memory"):
+        for mult in (2, 4, 8):
+            tp = gi.tp * mult
+            if tp > MAX_PARALLEL:
+                break
+            w = round((gi.weights_gib_per_rank - REPLICATED_WEIGHTS_GIB) / mult + REPLICATED_WEIGHTS_GIB, 3)
+            g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
+                             draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
+                             rank_resident_gib=None)
+            r = _replanned(model, g2)
+            if r is not None:
+                add((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)", r)
+                break
+    out.sort(key=lambda x: x[0])
+    return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]
 
 
 def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
                serve: Optional[ServeConfig] = None) -> GroupPlan:
     """Plan one server group (``serve``: its parsed serve config); capacity errors become plan
-    errors (verdict), not exceptions. ``tree``: :class:`dsv4ctl.patches.planfacts.TreeFacts`, or None."""
+    errors (verdict ``fails``), not exceptions. ``tree``: :class:`dsv4ctl.patches.planfacts.TreeFacts`, or None.
+
+    The group's verdict is its worst rank's (:mod:`dsv4ctl.plan.verdict`): ``fails`` is an error
+    (exit 1) with fixes that were each re-planned and pass; ``tight`` is a warning."""
     tree_idx, tree_notes = tree.for_env(group.env) if tree else ({}, [])
     gi = resolve_group(profile, group, model, facts, overrides, tree_idx, serve)
     source = "--set" if {"index_k_dtype", "index_k_accounting"} & set(overrides) else (
         tree.source(tree_idx) if tree_idx else "profile")
-    try:
-        stages = plan_stages(model, gi)
-    except CapacityError as e:
-        gp = GroupPlan(group=group, inputs=gi, stages=[], index_k_source=source)
-        gp.errors.append(str(e))
+    stages, v, msg = _evaluate(model, gi)
+    gp = GroupPlan(group=group, inputs=gi, stages=stages or [], index_k_source=source)
+    override_disagrees = (gi.available_bytes_override is not None and v.deciding in ("pools", "activation"))
+    if override_disagrees:
+        # --set available_bytes is taken as given (SGLang's own number, e.g. from a log); with this
+        # group's weights and req_to_token it does not fit the GPU: the inputs disagree
+        v = vd.Verdict("tight", "available_bytes", v.slack)
+        msg = (f"the given available_bytes ({gi.available_bytes_override:,} B), the weights and what SGLang builds "
+               f"before serving exceed the GPU ({msg}): check the available_bytes value against "
+               f"weights_gib_per_rank and the GPU memory")
+    if stages and gi.rank_resident_gib and len(set(gi.rank_resident_gib)) > 1:
+        r = gi.rank_resident_gib.index(min(gi.rank_resident_gib))
+        gpu = group.gpus[r] if r < len(group.gpus) else None
+        msg += f" (rank {r}, GPU {gpu}: the tightest of the group's per-GPU memory)"
+    gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
+    if v.level == "fails":
+        gp.errors.append(msg)
+        gp.fixes.extend(_fixes(model, gi, v, stages))
+    elif v.level == "tight":
+        gp.warnings.append(f"tight: {msg}")
+    if not stages:
         return gp
-    gp = GroupPlan(group=group, inputs=gi, stages=stages, index_k_source=source)
-    gp.warnings.extend(tree_notes)
+    gp.warnings[0:0] = tree_notes      # what the tree carries first, as before the verdict
     for note in gi.estimated:
+        if note.startswith("unbalanced: "):
+            continue
         gp.warnings.append(f"estimated input: {note}; measure it for an exact plan")
     st = min(stages, key=lambda s: s.headroom_bytes)
     over = st.alloc_real.c4_index_k - st.alloc_budget.c4_index_k
     dtype = cap.index_k_dtype_of(st.conf.inputs)
-    if st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None:
-        # nothing to do with index-K: the budget itself leaves no room (req_to_token, weights, mfs)
-        gp.errors.append(f"the pools as SGLang budgets them, the weights and req_to_token "
-                         f"({_gib(st.req_to_token_bytes)} GiB) exceed the GPU by {_gib(-st.headroom_budgeted_bytes)} GiB")
-        m = _suggest_mfs(model, gi, 0) if gi.available_bytes_override is None else None
-        if m is not None:
-            gp.fixes.append(f"set mem-fraction-static: {m} (from {gi.mem_fraction_static}) in the serve config")
-        if st.req_to_token_bytes > GIB:
-            gp.fixes.append("or lower context-length / max-running-requests (req_to_token is "
-                            f"{_gib(st.req_to_token_bytes)} GiB)")
-    elif st.headroom_budgeted_bytes < 0:
-        # --set available_bytes is taken as given (SGLang's own number, e.g. from a log); but with
-        # this group's weights and req_to_token it does not fit the GPU: the inputs disagree
-        gp.warnings.append(f"the given available_bytes ({gi.available_bytes_override:,} B), the weights and "
-                           f"req_to_token exceed the GPU by {_gib(-st.headroom_budgeted_bytes)} GiB: check the "
-                           f"available_bytes value against weights_gib_per_rank and the GPU memory")
-    if over > 0 and not (st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None):
-        msg = (f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
-               f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(over)} GiB per rank over budget, "
-               f"taken from the {_gib(st.headroom_budgeted_bytes)} GiB headroom")
-        if over > st.headroom_budgeted_bytes:
-            gp.errors.append(msg + " — exceeds it: the pools do not fit")
-            e = st.exact_sizes
-            gp.fixes.append(f"apply the index-K sizing patch (index_k_accounting: exact): full tokens "
-                            f"{st.sizes.full_max_total_num_tokens:,} -> {e.full_max_total_num_tokens:,}")
-            m = _suggest_mfs(model, gi, st.headroom_budgeted_bytes) if gi.available_bytes_override is None else None
-            if m is not None:
-                gp.fixes.append(f"set mem-fraction-static: {m} (from {gi.mem_fraction_static}) in the serve config")
-            gp.fixes.append("or store index-K in fp8 (index_k_dtype: fp8)")
-        else:
-            gp.warnings.append(f"{msg} SGLang budgets ({_gib(st.headroom_bytes)} GiB left after the real "
-                               f"allocation: the table's headroom row)")
-    elif over < 0 and not (st.headroom_budgeted_bytes < 0 and gi.available_bytes_override is None):
+    if over > 0:
+        gp.warnings.append(f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
+                           f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(over)} GiB per rank over budget, "
+                           f"taken from the {_gib(st.headroom_budgeted_bytes)} GiB headroom SGLang budgets "
+                           f"({_gib(st.headroom_bytes)} GiB left before serving: the table's headroom row)")
+    elif over < 0:
         gp.warnings.append(f"index-K is {dtype} ({st.sizes.index_k_real_bytes} B/slot) but SGLang budgets "
                            f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(-over)} GiB per rank budgeted and unused")
-    reserve = gp.inputs.activation_reserve_gib
-    if 0 <= st.headroom_bytes < reserve * GIB / 2:
-        gp.warnings.append(f"headroom {_gib(st.headroom_bytes)} GiB after allocation is under half of SGLang's "
-                           f"own activation/CUDA-graph estimate ({reserve} GiB, memory_hook.py): OOM likely under load")
+    if gi.pool.speculative_algorithm == "DSPARK":
+        gp.warnings.append("DSPARK's draft pool is not modelled (EAGLE's is): headroom is optimistic")
     return gp
 
 

@@ -8,6 +8,9 @@ Lines understood (``srt/model_executor/pool_configurator.py``, ``DSV4PoolConfigu
 * ``DSV4 pool sizes: full=…, swa=…, c4=…, c128=…, c4_state=…, c128_state=…`` (``_to_config``).
   In stock 0.5.23 this line is printed *before* ``finalize_with_max_running_requests``, so its
   ``c128_state`` is always 0: it is not a final value and is not compared.
+* ``max_total_num_tokens=…, chunked_prefill_size=…, max_prefill_tokens=…, max_running_requests=…``
+  (``srt/managers/scheduler.py:1267-1276``): SGLang's generic line, used only when a rank has no
+  DSV4 pool line (a log cut short, or another log level): compared on the full pool alone.
 * ``DSV4_POOL_PLAN {json}`` — the final sizes, from the ``0002-dsv4-log-pool-plan`` patch of
   ``patches/sglang-0.5.23`` (keys ``full swa c4 c128 c4_state c128_state max_running_requests
   bytes_per_full_token available_bytes fixed_bytes …``).
@@ -35,6 +38,12 @@ _SIZES_RE = re.compile(r"DSV4 pool sizes: full=(\d+), swa=(\d+), c4=(\d+), c128=
 _CALC_RE = re.compile(r"DSV4 memory calculation: (.*)$")
 _PLAN_RE = re.compile(r"DSV4_POOL_PLAN (\{.*\})\s*$")
 _GB_RE = re.compile(r"^([0-9.]+) GB$")
+# SGLang's generic start-up line (srt/managers/scheduler.py:1267-1276, tp_rank 0 of each DP/PP
+# rank): for DeepSeek-V4 its max_total_num_tokens is the full pool (full_max_total_num_tokens).
+_GENERIC_RE = re.compile(r"\bmax_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), "
+                         r"max_prefill_tokens=(\d+), max_running_requests=(\d+)")
+# bytes per full token: the memory calculation line prints it with 2 decimals at most
+BPFT_TOLERANCE = 0.006
 
 
 class LogFormatError(ValueError):
@@ -133,6 +142,14 @@ def parse_log(text: str) -> list[RankPools]:
                 vals = [int(x) for x in m.groups()]
                 r.pools = dict(zip(POOLS[:5], vals[:5]))
                 r.source, r.line = "DSV4 pool sizes", no
+            continue
+        m = _GENERIC_RE.search(line)
+        if m:
+            r = get(_rank(line, m.start()))
+            if r.source in ("", "max_total_num_tokens"):
+                r.pools = {"full": int(m.group(1))}
+                r.source, r.line = "max_total_num_tokens", no
+                r.max_running_requests = int(m.group(4))
             continue
         m = _CALC_RE.search(line)
         if m:

@@ -25,6 +25,8 @@ _num = {"type": "number", "minimum": 0, "maximum": 1e9}
 # GiB of memory: 100000 GiB per GPU or host is far beyond any hardware (typo / 1e300 guard).
 MAX_GIB = 100000
 _gib = {"type": "number", "minimum": 0, "maximum": MAX_GIB}
+# GiB for every GPU of a group, or a list with one value per GPU (minimum/maximum apply to numbers only)
+_gib_per_gpu = {"type": ["number", "array"], "minimum": 0, "maximum": MAX_GIB, "items": _gib, "minItems": 1}
 _pos_int = {"type": "integer", "minimum": 1}
 _par = {"type": "integer", "minimum": 1, "maximum": 1024}   # tp/dp/ep/pp sizes
 PROFILE_SCHEMA: dict = {
@@ -58,6 +60,11 @@ PROFILE_SCHEMA: dict = {
                 "python": {"type": "string"},
                 "launch": {"type": "object", "additionalProperties": {"type": "string"}},
             },
+        },
+        "plan": {
+            # requests that must fit at the context length for plan's verdict (default 1)
+            "type": "object", "additionalProperties": False,
+            "properties": {"min_requests": _pos_int},
         },
         "check": {
             "type": "object", "additionalProperties": False,
@@ -119,9 +126,11 @@ PROFILE_SCHEMA: dict = {
                     "memory": {
                         "type": "object", "additionalProperties": False,
                         "properties": {
-                            "free_gib_before_load": _gib,
+                            # a number for every GPU of the group, or one per GPU (in ``gpus`` order)
+                            "free_gib_before_load": _gib_per_gpu,
                             "weights_gib_per_rank": _gib,
-                            "other_gib": _gib,
+                            "draft_weights_gib_per_rank": _gib,
+                            "other_gib": _gib_per_gpu,
                         },
                     },
                     "prefill": {"type": "array", "items": {"type": "string"}},
@@ -159,11 +168,23 @@ class Host:
 
 @dataclass
 class Memory:
-    """Measured inputs (GiB): free before weight load (P), weights per rank (W), other resident."""
+    """Measured inputs (GiB): free before weight load (P), weights per rank (W), draft (MTP/EAGLE)
+    weights per rank, other resident memory. ``free_gib_before_load`` and ``other_gib`` may be one
+    value per GPU of the group (a list in ``gpus`` order, as ``dsv4ctl facts`` writes them): real
+    hosts differ per GPU (field report C6) and SGLang sizes the pools from the minimum."""
 
-    free_gib_before_load: Optional[float] = None
+    free_gib_before_load: Optional[float | list[float]] = None
     weights_gib_per_rank: Optional[float] = None
-    other_gib: float = 0.0
+    other_gib: float | list[float] = 0.0
+    draft_weights_gib_per_rank: Optional[float] = None
+
+    def per_gpu(self, n: int) -> Optional[tuple[list[Optional[float]], list[float]]]:
+        """(free before load, other) per GPU when either is a list, else None."""
+        if not isinstance(self.free_gib_before_load, list) and not isinstance(self.other_gib, list):
+            return None
+        free = self.free_gib_before_load if isinstance(self.free_gib_before_load, list) else [self.free_gib_before_load] * n
+        other = self.other_gib if isinstance(self.other_gib, list) else [self.other_gib] * n
+        return list(free), list(other)
 
 
 @dataclass
@@ -424,6 +445,11 @@ def load_profile(path: Path | str) -> Profile:
                 what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
                 raise _fail(pos, gp + ("tp",),
                             f"{what} = {need} does not match the {len(grp.gpus)} GPUs of the group")
+            for key in ("free_gib_before_load", "other_gib"):
+                v = g.get("memory", {}).get(key)
+                if isinstance(v, list) and len(v) != len(grp.gpus):
+                    raise _fail(pos, gp + ("memory", key),
+                                f"{len(v)} per-GPU values for the group's {len(grp.gpus)} GPUs")
             if grp.dp_attention and grp.tp % grp.dp:
                 raise _fail(pos, gp + ("dp",), f"dp {grp.dp} must divide tp {grp.tp} with dp_attention")
             if not host.gpu_memory_mib:

@@ -67,9 +67,14 @@ def load_table(path: Path = TABLE_PATH) -> Table:
     args = []
     by_key: dict[str, Arg] = {}
     for a in doc["arguments"]:
+        config = a["config"]
+        if a["action"].endswith("StoreConstAction") and a["nargs"] is None and a["choices"]:
+            # --monokernel-backend amd: SGLang's DeprecatedStoreConstAction with nargs=None takes one
+            # value (server_args.py:424-432); the extraction classed it as a bare flag
+            config = "value"
         arg = Arg(name=a["name"], aliases=tuple(a["aliases"]), dest=a["dest"], action=a["action"],
                   type=a["type"], choices=tuple(a["choices"]) if a["choices"] is not None else None,
-                  default=a["default"], nargs=a["nargs"], config=a["config"])
+                  default=a["default"], nargs=a["nargs"], config=config)
         args.append(arg)
         for k in arg.spellings:
             by_key[k] = arg

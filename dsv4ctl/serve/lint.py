@@ -47,6 +47,8 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV115": ("hicache-host-fraction", "error", "hicache-host-memory-fraction in (0, 1]", "ops §2.2; hicache_hook.py"),
     "DSV116": ("page-first-direct-large-pool", "warning", "page_first_direct host pools past 256 GiB per rank crash without the alignment fix", "field report H5"),
     "DSV117": ("dsv4-kv-dtype", "error", "DSV4 accepts kv-cache-dtype fp8_e4m3 or bfloat16 only", "ops §7.1; model_overrides/deepseek_v4.py"),
+    "DSV118": ("dsv4-page-size", "error", "DSV4 pools need page-size 256 on CUDA (the pool builder asserts it)", "kv_cache_configurator.py _build_dsv4_kv_pool"),
+    "DSV119": ("pd-hicache-eagle-page-first-direct", "error", "PD prefill + HiCache + EAGLE + page_first_direct: known failure", "sglang #31252"),
 }
 
 
@@ -146,6 +148,8 @@ def check_keys(cfg: ServeConfig, table: Table, group: Optional[str] = None) -> t
             out.append(_f("SGL003", cfg, key, f"{key}: SGLang rejects {arg.action} flags in --config "
                                              f"(pass --{arg.name} / --no-{arg.name} on the command line)"
                           if arg.action == "BooleanOptionalAction" else
+                          f"{key}: SGLang rejects {arg.action} flags in --config; use attn-dp-size: N (N = the "
+                          f"dp-size you meant), its 0.5.23 replacement" if arg.name == "enable-dp-attention" else
                           f"{key}: SGLang rejects {arg.action} flags in --config (pass it on the command line)", group))
             continue
         if arg.dest in given:
@@ -236,11 +240,21 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
         if kvd not in DSV4_KV_DTYPES:
             out.append(_f("DSV117", cfg, _key(r, "kv_cache_dtype"),
                           f"kv-cache-dtype {kvd}: DeepSeek-V4 accepts fp8_e4m3 or bfloat16 (auto = fp8_e4m3)", g.name))
+        page = a.get("page_size")
+        if page is not None and page != 256:
+            out.append(_f("DSV118", cfg, _key(r, "page_size"),
+                          f"page-size {page}: the DeepSeek-V4 pool builder asserts page_size == 256 on CUDA "
+                          "(leave page-size out: DSV4 defaults to 256)", g.name))
+        unset_effect = {
+            "tool_call_parser": "tool calls reach clients as raw DSML text in content",
+            # 0.5.23 without a reasoning parser: the reasoning goes into content, its think tags stripped
+            "reasoning_parser": "the reasoning text goes into content, without its think tags",
+        }
         for dest, want in (("tool_call_parser", "deepseekv4"), ("reasoning_parser", "deepseek-v4")):
             have = a.get(dest)
             name = dest.replace("_", "-")
             if have is None:
-                out.append(_f("DSV108", cfg, None, f"{name} is not set: clients get raw DSML/think text "
+                out.append(_f("DSV108", cfg, None, f"{name} is not set: {unset_effect[dest]} "
                                                    f"(set {name}: {want})", g.name))
             elif have not in (want, "auto"):
                 out.append(_f("DSV108", cfg, _key(r, dest), f"{name} {have}: DeepSeek-V4 needs {want}", g.name))
@@ -277,6 +291,11 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
         if layout not in DSV4_HOST_LAYOUTS:
             out.append(_f("DSV104", cfg, _key(r, "hicache_mem_layout") or hk,
                           f"hicache-mem-layout {layout}: DeepSeek-V4 host pools accept {', '.join(DSV4_HOST_LAYOUTS)}", g.name))
+        if layout == "page_first_direct" and mode == "prefill" and a.get("speculative_algorithm"):
+            out.append(_f("DSV119", cfg, _key(r, "hicache_mem_layout", "speculative_algorithm") or hk,
+                          f"PD prefill with HiCache, {a.get('speculative_algorithm')} and page_first_direct: the "
+                          "combination of sglang #31252 (use hicache-mem-layout: page_first, or no speculative "
+                          "decoding on this server)", g.name))
         ratio = a.get("hicache_ratio")
         if layout == "page_first_direct" and ratio and g.rank_device_gib:
             worst = max(g.rank_device_gib) * ratio
@@ -302,6 +321,7 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
 
 PD_KEYS = (
     ("page_size", "page-size"),
+    ("disaggregation_transfer_backend", "disaggregation-transfer-backend"),
     ("kv_cache_dtype", "kv-cache-dtype"),
     ("enable_deepseek_v4_fp4_indexer", "enable-deepseek-v4-fp4-indexer"),
     ("dsv4_attn_backend", "dsv4-attn-backend"),

@@ -24,14 +24,12 @@ def device_pool_gib(dep: Deployment) -> tuple[dict[str, list[float]], Optional[s
 
 
 def is_dsv4(dep: Deployment) -> bool:
-    """True unless the profile's model config says another model type (an unreadable one counts as DSV4)."""
-    from ..plan.models import load_model
+    """True unless the profile's model config says another model type: a DeepSeek-V3.2 config
+    (``deepseek_v32``, no ``compress_ratios``) gets no DSV4 rules. An unreadable one counts as DSV4."""
+    from ..plan.models import model_type_of
     profile = dep.profile
-    try:
-        model, _ = load_model(profile.model, profile.base_dir)
-    except InputError:
-        return True
-    return str(getattr(model, "model_type", "deepseek_v4")).startswith("deepseek_v4")
+    mt = model_type_of(profile.model, profile.base_dir)
+    return mt is None or mt.startswith("deepseek_v4")
 
 
 def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] = None,

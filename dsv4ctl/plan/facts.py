@@ -1,0 +1,73 @@
+"""Measured memory inputs of a group from nvidia-smi (pure; the fact itself is
+:mod:`dsv4ctl.hosts.gpus`: one read-only command and its parser).
+
+``free_gib_before_load`` (P, reference §3.2) is what a rank has free after its CUDA context and
+NCCL set-up, before weights load. On an idle GPU nvidia-smi's ``memory.free`` already excludes the
+driver's reserved memory (H200 fixture: 616 MiB, ``nvidia-smi -q -d MEMORY``), so
+P = ``memory.free`` - :data:`CONTEXT_GIB`, the CUDA context + NCCL buffers of a rank (B200:
+179.06 GiB total - 0.6 GiB reserved - 177.0 GiB free before load = 1.46 GiB, ⚠ estimate; the
+plan's :data:`~dsv4ctl.plan.plan.PRELOAD_USED_GIB` is the same figure counted from the total).
+Units: MiB as nvidia-smi prints, GiB (2**30 B) for the plan inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..hosts.gpus import Gpu
+
+CONTEXT_GIB = 1.46
+
+
+@dataclass
+class GroupFacts:
+    """One group's GPUs as measured: per GPU (in the group's ``gpus`` order) the nvidia-smi row,
+    the derived P, and the notes an operator must read before using them."""
+
+    group: str
+    host: str
+    gpus: list[Optional[Gpu]]
+    free_gib_before_load: list[Optional[float]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(group=self.group, host=self.host,
+                    gpus=[g.as_dict() if g else None for g in self.gpus],
+                    memory=dict(free_gib_before_load=self.free_gib_before_load), notes=self.notes)
+
+
+def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu]) -> GroupFacts:
+    """Derive a group's measured ``free_gib_before_load`` per GPU from its host's GPUs (pure).
+
+    A GPU index nvidia-smi does not list gives None and a note; a GPU with processes holding
+    memory gives its current free memory and a note (if that process is this group's server,
+    the value is not the free memory before weight load)."""
+    by_index = {g.index: g for g in gpus}
+    rows, frees, notes = [], [], []
+    for i in indices:
+        g = by_index.get(i)
+        rows.append(g)
+        if g is None or g.free_mib is None:
+            frees.append(None)
+            notes.append(f"GPU {i}: not reported by nvidia-smi on {host}")
+            continue
+        frees.append(round(g.free_mib / 1024 - CONTEXT_GIB, 3))
+        if g.processes:
+            held = ", ".join(f"{p.name or '?'} (pid {p.pid}, {p.used_mib if p.used_mib is not None else '?'} MiB)"
+                             for p in g.processes)
+            notes.append(f"GPU {i}: memory held by {held}: stop them (or the server) to measure free memory "
+                         "before weight load")
+    known = [f for f in frees if f is not None]
+    if known and min(known) < 0.9 * max(known):
+        notes.append(f"unbalanced: {min(known)} GiB free on one GPU < 0.9 x {max(known)} GiB on another "
+                     "(SGLang 0.5.23 refuses to start: 'The memory capacity is unbalanced')")
+    return GroupFacts(group=group, host=host, gpus=rows, free_gib_before_load=frees, notes=notes)
+
+
+def memory_yaml(facts: list[GroupFacts]) -> str:
+    """The profile lines to paste under each group (``memory:``), one group after another."""
+    out = []
+    for f in facts:
+        vals = ", ".join("null" if v is None else f"{v}" for v in f.free_gib_before_load)
+        out.append(f"# group {f.group} ({f.host}): groups[].memory\n    free_gib_before_load: [{vals}]")
+    return "\n".join(out)

@@ -1,0 +1,213 @@
+"""The plan's verdict for one rank: ``fails`` / ``tight`` / ``fits``, and the term that decided.
+
+Pure arithmetic (no I/O) on top of :mod:`dsv4ctl.plan.capacity`. Units: bytes (int) unless a name
+ends in ``_gib`` (GiB = 2**30 bytes).
+
+What a rank holds before it serves its first request, beyond the pool sizes the configurator
+computes (which are exact, see ``tests/test_capacity_oracle.py``):
+
+* **2 MiB segment rounding.** PyTorch's CUDA caching allocator serves every buffer above 1 MiB
+  from a segment rounded up to 2 MiB (``c10/cuda/CUDACachingAllocator.cpp``, ``kRoundLarge``), and
+  SGLang 0.5.23 allocates one buffer per layer and pool: ``DeepSeekV4SingleKVPool.kv_buffer``
+  (``srt/mem_cache/deepseek_v4_memory_pool.py:286-293``), ``DeepSeekV4IndexerPool.
+  index_k_with_scale_buffer`` (l.626-634), one compress-state pool per c4/c128 layer and one per
+  c4 indexer layer (``_init_paged_compress_states``, l.1786-1818), plus ``ReqToTokenPool.
+  req_to_token`` (``srt/mem_cache/memory_pool.py:406-408``). About 168 buffers on a Flash rank.
+* **SWATokenToKVPoolAllocator.** Built right after the pools (``srt/mem_cache/
+  kv_cache_configurator.py:2875-2884``) with ``size = full_max_total_num_tokens`` and
+  ``size_swa = swa_max_total_num_tokens``: two ``PagedTokenToKVPoolAllocator`` whose ``clear()``
+  allocates ``free_pages = arange(1, size // page_size + 1)`` int64 (``srt/mem_cache/allocator/
+  paged.py:395-399``), and ``full_to_swa_index_mapping = cat([zeros(size + page_size), [-1]])``
+  int64 (``srt/mem_cache/allocator/swa.py:107-116``): the zeros tensor and the concatenation are
+  both live while ``cat`` runs, and the freed zeros segment stays reserved in PyTorch's cache.
+* **EAGLE draft pool.** The draft worker builds its own pool through the same
+  ``_build_dsv4_kv_pool`` (``kv_cache_configurator.py:2054-2131``) with the target's sizes
+  (``memory_pool_config`` is shared, l.470-474) and ``compression_ratios =
+  [COMPRESS_RATIO_NEXTN_LAYER] * 1`` (= 0, ``srt/models/deepseek_v4_nextn.py:53``): one SWA-only
+  layer of ``swa_max_total_num_tokens`` slots. The budget covers it through the (L+1)/L inflation,
+  but the plan's allocation has to add it.
+* **Activation estimate.** SGLang's own activation/CUDA-graph estimate ``reserved_mb``
+  (``srt/arg_groups/memory_hook.py:47-355``) without the 10 GiB floor is what the rank needs
+  free to run a prefill chunk and capture its graphs; the floored value is SGLang's safety margin.
+* **Indexer logits transient.** The C4 indexer scores ``[query rows, compressed columns]`` fp32
+  logits per layer (``srt/layers/attention/mqa_logits_utils.py:20-101``): row stride padded to 256
+  columns, and above 8,000,000 elements chunked by rows under ``min(0.3 * total, 0.2 * (1 - mfs)
+  * total)`` (and 0.2 of the free memory at run time). A prefill chunk of ``chunked_prefill_size``
+  rows at ``context_length // 4`` columns therefore takes ``min(rows * row_bytes, budget)``.
+
+Verdict (first match wins; README "plan verdicts"):
+
+==============  ======  ======================================================================
+deciding        level   condition (per rank)
+==============  ======  ======================================================================
+pools           fails   headroom < 0: pools (2 MiB rounded), req_to_token, allocator, draft pool
+                        do not fit in the memory left after weights and other memory
+activation      fails   headroom < 0.9 x SGLang's activation estimate (``reserved_mb`` unfloored)
+requests        fails   fewer than ``min_requests`` (default 1) requests fit at context_length
+activation_floor tight  headroom < SGLang's reserve (the estimate, floored at 10 GiB above 60 GiB GPUs)
+indexer_logits  tight   headroom < activation estimate + indexer logits transient
+margin          tight   headroom < the largest of the above + ``TIGHT_MARGIN_BYTES``
+headroom        fits    otherwise
+==============  ======  ======================================================================
+
+Why 0.9 for ``fails``: SGLang's default ``mem_fraction_static`` is ``1 - reserved / total``
+(memory_hook.py), so with its own default a rank keeps ``P * (1 - mfs)`` minus req_to_token, the
+allocator and rounding: 1-2 GiB (5-8 %) under the estimate on a B200. Below 90 % of the estimate the
+rank is short of what SGLang itself plans for activations and graphs; between 90 % and the reserve
+it is ``tight``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from . import capacity as cap
+
+SEGMENT_BYTES = 2 << 20               # PyTorch CUDA caching allocator: large blocks round to 2 MiB
+TIGHT_MARGIN_BYTES = 1 << 30          # 1 GiB above the binding need: "tight", not "fits"
+ACTIVATION_FAIL_FRACTION = 0.9        # fails below 90 % of SGLang's activation estimate
+MQA_LOGITS_STATIC_SKIP_ELEMS = 8_000_000   # mqa_logits_utils.py:21
+MQA_LOGITS_TOTAL_MEM_FRACTION = 0.3         # mqa_logits_utils.py:22
+MQA_LOGITS_FREE_MEM_FRACTION = 0.2          # SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION, environ.py:1985
+MQA_LOGITS_ROW_ALIGN = 256                  # mqa_logits_utils.py:26
+LEVELS = ("fits", "tight", "fails")
+
+
+def segment(nbytes: int) -> int:
+    """Bytes a buffer of ``nbytes`` reserves: rounded up to a 2 MiB segment (0 stays 0)."""
+    return -(-nbytes // SEGMENT_BYTES) * SEGMENT_BYTES if nbytes > 0 else 0
+
+
+def pool_buffers(conf: cap.Configurator, sizes: cap.PoolSizes, index_k_bytes: int) -> list[tuple[str, int, int]]:
+    """The DSV4 pool buffers of one rank as ``(name, bytes each, count)``: one buffer per layer and
+    pool, the per-layer share of :func:`capacity.allocated_bytes` (whose totals equal SGLang's
+    allocation to the byte). ``sum(b * n)`` equals ``allocated_bytes(...).total``."""
+    a = cap.allocated_bytes(conf, sizes, index_k_bytes)
+    n_all, n4, n128 = conf.num_layers_total, conf.n4, conf.n128
+    out = [("swa_latent", a.swa_latent // n_all, n_all)]
+    for name, total, n in (("c4_latent", a.c4_latent, n4), ("c128_latent", a.c128_latent, n128),
+                           ("c4_index_k", a.c4_index_k, n4), ("c4_attn_state", a.c4_attn_state, n4),
+                           ("c4_index_state", a.c4_index_state, n4), ("c128_state", a.c128_state, n128)):
+        if n:
+            out.append((name, total // n, n))
+    return out
+
+
+def allocator_buffers(full_tokens: int, swa_tokens: int, page_size: int) -> list[tuple[str, int, int]]:
+    """``SWATokenToKVPoolAllocator`` tensors (int64), see the module docstring for source lines."""
+    return [("full_free_pages", full_tokens // page_size * 8, 1),
+            ("swa_free_pages", swa_tokens // page_size * 8, 1),
+            ("full_to_swa_zeros", (full_tokens + page_size) * 8, 1),
+            ("full_to_swa_index_mapping", (full_tokens + page_size + 1) * 8, 1),
+            ("minus_one", 8, 1)]
+
+
+def draft_pool_bytes(conf: cap.Configurator, sizes: cap.PoolSizes) -> int:
+    """Bytes of the EAGLE/MTP draft worker's pool: one SWA-only layer of
+    ``swa_max_total_num_tokens`` slots at the main cache's page geometry
+    (``_num_dsv4_physical_kv_pages``, deepseek_v4_memory_pool.py:166-171; ``create_buffer``
+    l.306-328). 0 without speculative decoding. Flash, v4 layout, 1,047,296 SWA slots:
+    4,092 pages x 149,760 B = 612,817,920 B."""
+    if not conf.spec:
+        return 0
+    P = conf.inputs.page_size
+    per_page = conf.kv_bytes * P if conf.trtllm else cap.page_bytes(conf.layout_for(0), P)
+    return -(-(sizes.swa_max_total_num_tokens + P) // P) * per_page
+
+
+def indexer_logits_bytes(rows: int, context_length: int, total_gpu_bytes: Optional[int],
+                         mem_fraction_static: float) -> int:
+    """Peak fp32 indexer logits of one prefill chunk: ``rows`` query rows against
+    ``context_length // 4`` compressed columns (row stride padded to 256 columns), capped by
+    SGLang 0.5.23's row chunking budget ``min(0.3 * total, 0.2 * total * (1 - mfs))``
+    (``mqa_logits_utils.py:37-101``; field report C2). 0 when rows <= 0 or below the 8e6-element
+    skip. ``total_gpu_bytes`` None: no cap."""
+    cols = context_length // 4
+    if rows <= 0 or cols <= 0:
+        return 0
+    row_bytes = -(-cols // MQA_LOGITS_ROW_ALIGN) * MQA_LOGITS_ROW_ALIGN * 4
+    full = rows * row_bytes
+    if rows * cols < MQA_LOGITS_STATIC_SKIP_ELEMS or total_gpu_bytes is None:
+        return full
+    budget = max(1, min(int(total_gpu_bytes * MQA_LOGITS_TOTAL_MEM_FRACTION),
+                        int(int(total_gpu_bytes * max(0.0, 1.0 - mem_fraction_static)) * MQA_LOGITS_FREE_MEM_FRACTION)))
+    if full <= budget:
+        return full
+    return max(budget // row_bytes, 1) * row_bytes
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Everything one rank holds before serving, in bytes."""
+
+    resident: int            # free after weights and other memory (F)
+    pools: int               # pool bytes as allocated (exact)
+    pools_rounding: int      # extra from 2 MiB segments over the pool buffers and req_to_token
+    req_to_token: int
+    allocator: int           # SWATokenToKVPoolAllocator tensors, 2 MiB rounded
+    draft_pool: int          # EAGLE draft pool, 2 MiB rounded
+
+    @property
+    def used(self) -> int:
+        return self.pools + self.pools_rounding + self.req_to_token + self.allocator + self.draft_pool
+
+    @property
+    def headroom(self) -> int:
+        return self.resident - self.used
+
+
+def rank_memory(conf: cap.Configurator, sizes: cap.PoolSizes, index_k_bytes: int, resident: int,
+                req_to_token: int) -> RankMemory:
+    """A rank's memory before serving (see module docstring for every term)."""
+    bufs = pool_buffers(conf, sizes, index_k_bytes)
+    exact = sum(b * n for _, b, n in bufs)
+    rounded = sum(segment(b) * n for _, b, n in bufs) + segment(req_to_token)
+    alloc = sum(segment(b) * n for _, b, n in allocator_buffers(
+        sizes.full_max_total_num_tokens, sizes.swa_max_total_num_tokens, conf.inputs.page_size))
+    return RankMemory(resident=resident, pools=exact, pools_rounding=rounded - exact - req_to_token,
+                      req_to_token=req_to_token, allocator=alloc,
+                      draft_pool=segment(draft_pool_bytes(conf, sizes)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One rank's verdict: ``level`` in LEVELS, ``deciding`` the term (module table), ``slack``
+    bytes above the deciding need (negative when it fails)."""
+
+    level: str
+    deciding: str
+    slack: int
+
+
+def decide(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int,
+           requests: int, min_requests: int = 1) -> Verdict:
+    """The verdict for a rank's ``headroom`` (bytes) against SGLang's activation estimate and
+    floored reserve, the indexer logits transient and the requests that fit at context."""
+    if headroom < 0:
+        return Verdict("fails", "pools", headroom)
+    fail_line = int(activation_estimate * ACTIVATION_FAIL_FRACTION)
+    if headroom < fail_line:
+        return Verdict("fails", "activation", headroom - fail_line)
+    if requests < min_requests:
+        return Verdict("fails", "requests", requests - min_requests)
+    needs = [("activation_floor", activation_reserve),
+             ("indexer_logits", activation_estimate + indexer_logits),
+             ("activation", activation_estimate)]
+    name, need = max(needs, key=lambda x: x[1])
+    if headroom < need:
+        return Verdict("tight", name, headroom - need)
+    if headroom < need + TIGHT_MARGIN_BYTES:
+        return Verdict("tight", "margin", headroom - need)
+    return Verdict("fits", name, headroom - need)
+
+
+DECIDING_ORDER = ("unbalanced", "weights", "no_kv_memory", "pools", "activation", "requests", "activation_floor",
+                  "indexer_logits", "margin", "available_bytes")
+
+
+def worst(verdicts: list[Verdict]) -> Verdict:
+    """The worst of several ranks' verdicts: highest level, then the deciding term's order, then
+    least slack."""
+    return min(verdicts, key=lambda v: (-LEVELS.index(v.level), DECIDING_ORDER.index(v.deciding)
+                                        if v.deciding in DECIDING_ORDER else 99, v.slack))

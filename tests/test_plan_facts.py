@@ -1,0 +1,122 @@
+"""Per-GPU memory (issue 16 item 4): ``dsv4ctl facts`` reads nvidia-smi through the GPU fact
+(:mod:`dsv4ctl.hosts.gpus`, fixtures in tests/data/gpus/) and ``plan`` sizes pools from the
+minimum across the group's GPUs as SGLang does, reporting each rank's own headroom (field report
+C6: uneven non-torch memory per rank)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.hosts.gpus import parse_gpus
+from dsv4ctl.plan.facts import CONTEXT_GIB, group_facts
+from tests.conftest import DEFAULT_PROFILE
+
+DATA = Path(__file__).parent / "data" / "gpus"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    from dsv4ctl.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def prof(tmp_path):
+    shutil.copytree(DEFAULT_PROFILE.parent / DEFAULT_PROFILE.stem, tmp_path / DEFAULT_PROFILE.stem)
+    text = DEFAULT_PROFILE.read_text().replace("series: ../patches/sglang-0.5.23", "series: null")
+    text = text.replace("    address: 127.0.0.1 ", "    local: true\n    address: 127.0.0.1 ")
+    p = tmp_path / DEFAULT_PROFILE.name
+    p.write_text(text)
+    return p
+
+
+def set_decode_memory(prof: Path, lines: str) -> None:
+    s = prof.read_text()
+    i = s.index("  - name: decode")
+    j = s.index("      free_gib_before_load: 177.0\n", i)
+    prof.write_text(s[:j] + lines + s[j + len("      free_gib_before_load: 177.0\n"):])
+
+
+def test_group_facts_from_the_busy_b200_fixture():
+    gpus = parse_gpus((DATA / "b200x8-busy.txt").read_text())
+    f = group_facts("decode", "b200-0", [4, 5, 6, 7], gpus)
+    p = round(182723 / 1024 - CONTEXT_GIB, 3)
+    assert f.free_gib_before_load == [p, p, round(162243 / 1024 - CONTEXT_GIB, 3), p] == [176.98, 176.98, 156.98, 176.98]
+    assert any(n.startswith("GPU 6: memory held by python3 (pid 5120, 20460 MiB)") for n in f.notes)
+    assert any(n.startswith("unbalanced: 156.98 GiB") for n in f.notes)
+    f = group_facts("x", "h", [0, 9], gpus)
+    assert f.free_gib_before_load[1] is None and "GPU 9: not reported by nvidia-smi on h" in f.notes
+
+
+def test_facts_command_reads_nvidia_smi_on_the_host(prof, tmp_path, monkeypatch):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    smi = bin_ / "nvidia-smi"
+    fixture = DATA / "b200x8-busy.txt"
+    smi.write_text("#!/bin/bash\n"
+                   f"if [[ \"$*\" == *query-gpu* ]]; then awk '/^@gpus/{{f=1;next}}/^@apps/{{f=0}}f' {fixture}; "
+                   f"else awk '/^@apps/{{f=1;next}}f' {fixture}; fi\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    code, out, err = run("facts", str(prof), "--json", "-g", "decode")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["schema"] == "dsv4ctl.facts/1"
+    (g,) = d["groups"]
+    assert g["memory"]["free_gib_before_load"] == [176.98, 176.98, 156.98, 176.98]
+    assert [x["index"] for x in g["gpus"]] == [4, 5, 6, 7] and g["gpus"][2]["processes"][0]["pid"] == 5120
+    code, out, err = run("facts", str(prof), "-g", "router")
+    assert code == 2 and "router" in err
+
+
+def test_facts_without_nvidia_smi_is_a_remote_error(prof, tmp_path, monkeypatch):
+    only = tmp_path / "only-bash"
+    only.mkdir()
+    (only / "bash").symlink_to(shutil.which("bash"))
+    monkeypatch.setenv("PATH", str(only))               # bash, and no nvidia-smi
+    code, out, err = run("facts", str(prof))
+    assert code == 3 and err.strip().endswith("nvidia-smi not found") and len(err.splitlines()) == 1
+
+
+def test_plan_sizes_from_the_minimum_and_reports_each_rank(prof):
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 177.0, 177.0]\n      other_gib: [4.0, 0, 0, 0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json")
+    assert code == 0, err
+    g = json.loads(out)["groups"][0]
+    assert g["memory_inputs"]["rank_resident_gib"] == [129.34, 133.34, 133.34, 133.34]
+    rs = g["ranks"]
+    # one pool size for all (the minimum F: 177 - 43.66 - 4), each rank's own headroom
+    assert len({r["full_max_total_num_tokens"] for r in rs}) == 1
+    assert rs[0]["available_bytes"] == int((129.34 - 177.0 * (1 - 0.885)) * 2**30)
+    assert [r["headroom_gib"] for r in rs] == [9.49, 13.49, 13.49, 13.49]
+    assert [r["verdict"] for r in rs] == ["tight", "fits", "fits", "fits"]
+    assert g["verdict"]["level"] == "tight"
+    assert g["verdict"]["message"].endswith("(rank 0, GPU 4: the tightest of the group's per-GPU memory)")
+
+
+def test_unbalanced_free_memory_fails_as_sglang_refuses(prof):
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode")
+    assert code == 1
+    assert err.startswith("dsv4ctl: error: plan: decode: free before load 157.0 GiB on one GPU < 0.9 x 177.0 GiB")
+
+
+def test_per_gpu_values_must_match_the_gpus(prof):
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode")
+    assert code == 2 and "memory.free_gib_before_load" in err and "2 per-GPU values for the group's 4 GPUs" in err
+
+
+def test_profile_plan_min_requests(prof):
+    prof.write_text(prof.read_text().replace("check:\n", "plan:\n  min_requests: 20\ncheck:\n", 1))
+    code, out, err = run("plan", str(prof), "-g", "decode")
+    assert code == 1 and "16 request(s) fit at context_length 1,048,576" in err and "at least 20 needed" in err
