@@ -61,7 +61,7 @@ def test_every_fixture_kind_is_told_by_its_schema():
                      "load-compare.json": "load", "smoke.json": "smoke", "incident/incident.json": "incident",
                      "plan-log.json": "plan-log"}
     for bad, msg in (([1], "not a dsv4ctl JSON document"), ({"a": 1}, "no 'schema' field"),
-                     ({"schema": "dsv4ctl.plan/2"}, "schema 'dsv4ctl.plan/2' is not one dsv4ctl report draws")):
+                     ({"schema": "dsv4ctl.plan/9"}, "schema 'dsv4ctl.plan/9' is not one dsv4ctl report draws")):
         with pytest.raises(ValueError, match=re.escape(msg)):
             kind_of(bad)
 
@@ -327,8 +327,8 @@ def test_cli_plan_bar_and_csv(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["plan"]) == 0
     out = capsys.readouterr().out
-    assert "prefill ranks 0-3 ·WWWW" in out and "0.912 GiB short of SGLang's 13 GiB activation reserve" in out
-    assert out.index("└") < out.index("GPU memory per rank") < out.index("prefill: tp4")     # under the table
+    assert "prefill ranks 0-3 ·WWWW" in out and "0.305 GiB short of SGLang's 13 GiB activation reserve" in out
+    assert out.index("max requests @ context") < out.index("GPU memory per rank") < out.index("prefill: tp4")  # under the table
     assert main(["plan", "--csv", "-g", "decode"]) == 0
     assert len(list(csv.DictReader(io.StringIO(capsys.readouterr().out)))) == 4
     assert main(["plan", "--csv", "--json"]) == 2

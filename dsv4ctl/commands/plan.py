@@ -71,7 +71,7 @@ def plan(
     set_: Optional[list[str]] = typer.Option(None, "--set", "-s", metavar="KEY=VALUE",
                                    help="What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16, SGLANG_DSV4_KV_LAYOUT=v41, available_bytes=...). Repeatable."),
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
-    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/1 JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/2 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
     csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per rank (memory segments in GiB, pool sizes)."),
     from_log: Optional[str] = typer.Option(None, "--from-log", metavar="FILE",

@@ -11,7 +11,7 @@ from ..render import console, dump_json, markdown_table, rich_table
 
 
 def log_report(doc: dict, text: str, log_name: str, groups: Optional[list[str]]) -> dict:
-    """The ``dsv4ctl.plan-log/1`` document: ``doc`` is a ``dsv4ctl.plan/1`` plan, ``text`` the
+    """The ``dsv4ctl.plan-log/1`` document: ``doc`` is a ``dsv4ctl.plan/2`` plan, ``text`` the
     log. Pure. InputError when the log has no DSV4 pool line, a pool line has malformed fields
     (``LOG:LINE: FIELD: message``) or the group is ambiguous."""
     from ..plan.poollog import BPFT_TOLERANCE, LogFormatError, compare, match_rank, parse_log

@@ -3,7 +3,7 @@
 Inputs per server group: the profile (topology, GPU memory, measured memory), the group's serve
 config (server arguments), its env switches, the tree's index-K dtype/accounting, and what-if
 overrides (``--set KEY=VALUE``). The arithmetic is :mod:`dsv4ctl.capacity`; this module
-resolves inputs, walks ranks and builds a JSON-ready report (schema ``dsv4ctl.plan/1``)."""
+resolves inputs, walks ranks and builds a JSON-ready report (schema ``dsv4ctl.plan/2``)."""
 
 from __future__ import annotations
 
@@ -890,7 +890,7 @@ class PlanReport:
         return not any(g.errors for g in self.groups)
 
     def to_dict(self) -> dict:
-        """The ``dsv4ctl.plan/1`` JSON document (see README, "plan JSON")."""
+        """The ``dsv4ctl.plan/2`` JSON document (see README, "plan JSON")."""
         return dict(schema=SCHEMA, sglang_version=SGLANG_VERSION, profile=self.profile.name,
                     profile_path=str(self.profile.path), model=self.model.name, ok=self.ok,
                     groups=[g.to_dict() for g in self.groups])

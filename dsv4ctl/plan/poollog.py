@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 POOLS = ("full", "swa", "c4", "c128", "c4_state", "c128_state")
-# plan JSON (dsv4ctl.plan/1) rank field for each pool
+# plan JSON (dsv4ctl.plan/2) rank field for each pool
 PLAN_FIELDS = {"full": "full_max_total_num_tokens", "swa": "swa_max_total_num_tokens",
                "c4": "c4_max_total_num_tokens", "c128": "c128_max_total_num_tokens",
                "c4_state": "c4_state_pool_size", "c128_state": "c128_state_pool_size"}
@@ -185,7 +185,7 @@ class PoolDiff:
 
 
 def compare(planned_rank: dict, logged: RankPools) -> list[PoolDiff]:
-    """Per pool: the plan's value (a ``dsv4ctl.plan/1`` rank dict) vs the log's. Only pools the
+    """Per pool: the plan's value (a ``dsv4ctl.plan/2`` rank dict) vs the log's. Only pools the
     log states are compared (the stock line has no final ``c128_state``)."""
     return [PoolDiff(p, planned_rank[PLAN_FIELDS[p]], logged.pools[p])
             for p in POOLS if p in logged.pools]

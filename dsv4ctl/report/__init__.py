@@ -20,6 +20,7 @@ from __future__ import annotations
 #: builder written for /1 reads every /1 document.
 KINDS = {
     "dsv4ctl.plan/1": "plan",
+    "dsv4ctl.plan/2": "plan",     # /2 changed what headroom_gib counts; the fields the report reads are in both
     "dsv4ctl.check.load/1": "load",
     "dsv4ctl.check.smoke/1": "smoke",
     "dsv4ctl.incident/1": "incident",

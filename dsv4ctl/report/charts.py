@@ -42,7 +42,7 @@ def _y_axis(s: Svg, x0: float, y0: float, w: float, h: float, ymax: float, label
 # -- plan: per-rank memory ------------------------------------------------------------------
 
 def plan_memory_svg(doc: dict) -> str:
-    """Stacked bar of GiB per group and set of identical ranks of a ``dsv4ctl.plan/1`` document
+    """Stacked bar of GiB per group and set of identical ranks of a ``dsv4ctl.plan/2`` document
     against the GPU's memory: weights, pools, index-K as budgeted and over budget (hatched red),
     req_to_token, SGLang's activation reserve and the rest of the headroom; requests at the
     context length written on each bar; a bracket under it where SGLang's reserve should be,

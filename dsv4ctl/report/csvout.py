@@ -41,7 +41,7 @@ PLAN_RANK_FIELDS = ("full_max_total_num_tokens", "swa_max_total_num_tokens", "c4
 
 
 def plan_csv(doc: dict) -> str:
-    """One row per rank of every group of a ``dsv4ctl.plan/1`` document: group, role, rank,
+    """One row per rank of every group of a ``dsv4ctl.plan/2`` document: group, role, rank,
     GPU, TP/PP/DP rank, GPU memory (GiB), each memory segment of the report's bar
     (``<segment>_gib``, :data:`dsv4ctl.report.memory.SEGMENTS`), SGLang's activation reserve,
     the pool sizes (tokens, rows), requests at ``context_length``, index-K dtype and accounting."""

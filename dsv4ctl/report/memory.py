@@ -1,7 +1,7 @@
 """A plan rank's GPU memory as stacked segments, in GiB: what the HTML bar, the terminal bar
 and ``plan --csv`` draw (one source for the three). Pure.
 
-For a rank of a ``dsv4ctl.plan/1`` group, left to right the segments fill the GPU:
+For a rank of a ``dsv4ctl.plan/2`` group, left to right the segments fill the GPU:
 
     before load (CUDA context, other processes) + weights + other resident
     + SWA / c4 / c128 latent + compressor states (c4 attention, c4 index, c128)
@@ -68,7 +68,7 @@ class Bar:
 
 
 def rank_segments(group: dict, rank: dict) -> list[tuple[str, float]]:
-    """[(segment key, GiB)] of one rank of a ``dsv4ctl.plan/1`` group, in :data:`SEGMENTS`
+    """[(segment key, GiB)] of one rank of a ``dsv4ctl.plan/2`` group, in :data:`SEGMENTS`
     order, each rounded to 3 decimals (the plan's own precision)."""
     mi = group["memory_inputs"]
     gpu = group["gpu_memory_mib"] / 1024 if group.get("gpu_memory_mib") else None
@@ -101,7 +101,7 @@ def _signature(rank: dict) -> tuple:
 
 
 def plan_bars(doc: dict) -> list[Bar]:
-    """One :class:`Bar` per group and set of identical ranks of a ``dsv4ctl.plan/1`` document
+    """One :class:`Bar` per group and set of identical ranks of a ``dsv4ctl.plan/2`` document
     (ranks that differ only in rank, GPU and TP rank share a bar, titled ``decode ranks 0-3``),
     in document order. Groups that failed before sizing have no ranks and no bar."""
     bars = []

@@ -70,7 +70,7 @@ def _notes(items: Sequence[tuple[str, str]]) -> str:
 # -- sections per kind ------------------------------------------------------------------------
 
 def plan_section(doc: dict) -> str:
-    """Chart and table of a ``dsv4ctl.plan/1`` document: GiB per segment and bar, headroom,
+    """Chart and table of a ``dsv4ctl.plan/2`` document: GiB per segment and bar, headroom,
     reserve, requests at context; the plan's errors, fixes and warnings."""
     bars = plan_bars(doc)
     out = [CH.plan_memory_svg(doc)]

@@ -31,7 +31,7 @@ def _cells(segments: list[tuple[str, float]], top: float, width: int) -> list[tu
 
 
 def plan_bar_lines(doc: dict, width: int = 60, stream=None) -> list[str]:
-    """The memory bar of each group and set of identical ranks of a ``dsv4ctl.plan/1``
+    """The memory bar of each group and set of identical ranks of a ``dsv4ctl.plan/2``
     document (``stream``: where it is printed, default stdout), ``width`` characters for the largest of the GPU memory and the bars' sums (GiB):
     a title line, then per bar one line of segments (colour blocks on a terminal, a letter per
     segment otherwise) ending at ``|`` (the GPU's memory) and one line of requests at context,
