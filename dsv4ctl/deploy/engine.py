@@ -30,7 +30,7 @@ from ..hosts.service import backend, log_tail_cmd
 from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from .push import kill_rsyncs, push_host, rsync_user_args
-from .release import Release, build_release, launch_spec, release_id, release_inputs, resolve_base, sha256_file
+from .release import Release, build_release, private_groups, launch_spec, release_id, release_inputs, resolve_base, sha256_file
 from .site import Options, Site, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
@@ -315,7 +315,8 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             doc["actions"] = [f"preflight: {pre['summary'] if pre else 'skipped (--no-preflight)'}"] + doc["actions"]
             return doc
         t_build = time.monotonic()
-        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident)
+        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident,
+                            private=private_groups(dep))
         opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")

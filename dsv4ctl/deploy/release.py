@@ -178,6 +178,12 @@ def _scan(root: Path, rels=None) -> tuple[dict, dict]:
     return files, links
 
 
+def _write_new(path: Path, data: bytes, private: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def _place(tmp: Path, final: Path, marker: str) -> None:
     """Rename the finished folder ``tmp`` to ``final``; when a concurrent run placed a complete one
     first (its ``marker`` file exists), drop ``tmp`` and keep that one. OSError otherwise."""
@@ -213,9 +219,48 @@ def export_base(tree: Path, commit: str, cache: Path) -> Path:
     return exp
 
 
+def private_files(configs: dict[str, bytes], launch: dict, private: set[str] | frozenset = frozenset()) -> set[str]:
+    """Release paths that hold a secret and are kept owner-only (0400 once read-only): the serve
+    config of every group in ``private`` (its source file is not readable by group/others) or
+    whose values include a secret (``api-key``, …), and ``launch.json`` when an env value or a
+    launch command flag is secret (pure)."""
+    import re
+
+    import yaml
+
+    from ..profile.secrets import is_secret_key, secret_strings
+    out = set()
+    for g, b in configs.items():
+        try:
+            data = yaml.safe_load(b)
+        except yaml.YAMLError:
+            data = None
+        if g in private or secret_strings(data):
+            out.add(f"configs/{g}.yaml")
+    flags = [m.group(1) for s in launch.values() if isinstance(s, dict)
+             for m in re.finditer(r"--([A-Za-z0-9-]+)", str(s.get("cmd", "")))]
+    if secret_strings(launch) or any(is_secret_key(f) for f in flags):
+        out.add("launch.json")
+    return out
+
+
+def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
+    """Drop the write bits of every regular file under ``root`` (other bits kept); the paths in
+    ``private`` become 0400. A release is never edited in place: not in the cache, not on a host."""
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            f = Path(dirpath) / n
+            if f.is_symlink() or not f.is_file():
+                continue
+            rel = str(f.relative_to(root))
+            mode = 0o400 if rel in private else (f.stat().st_mode & 0o7777 & ~0o222)
+            if f.stat().st_mode & 0o7777 != mode:
+                os.chmod(f, mode)
+
+
 def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
                   launch: dict, *, cache: Path | None = None, who: str = "",
-                  series_identity: str | None = None) -> Release:
+                  series_identity: str | None = None, private: set[str] | frozenset = frozenset()) -> Release:
     """Build (or reuse from ``cache``) the release for these inputs; returns it.
 
     ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able).
@@ -231,7 +276,9 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
     rid = release_id(commit, pinfo, chash, launch, series_identity)
     final = cache / rid
+    secret = private_files(configs, launch, private)
     if (final / "RELEASE.json").is_file():
+        make_read_only(final, secret)      # a release cached before releases were read-only
         return load_release(final)
     cache.mkdir(parents=True, exist_ok=True)
     exp = export_base(tree, commit, cache)
@@ -252,7 +299,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
                 f = tmp / "tree" / rel
                 if f.is_file() and not f.is_symlink():
                     data = f.read_bytes()
-                    mode = f.stat().st_mode
+                    mode = f.stat().st_mode | 0o200    # writable while the patches apply
                     f.unlink()
                     f.write_bytes(data)
                     os.chmod(f, mode)
@@ -271,9 +318,10 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         files = {"tree/" + k: v for k, v in files.items()}
         links = {"tree/" + k: v for k, v in links.items()}
         (tmp / "configs").mkdir()
-        for g, b in configs.items():
-            (tmp / "configs" / f"{g}.yaml").write_bytes(b)
-        (tmp / "launch.json").write_text(json.dumps(launch, indent=2, sort_keys=True) + "\n")
+        for g, b in configs.items():        # a secret-holding file is created owner-only, never 0644
+            _write_new(tmp / "configs" / f"{g}.yaml", b, f"configs/{g}.yaml" in secret)
+        _write_new(tmp / "launch.json", (json.dumps(launch, indent=2, sort_keys=True) + "\n").encode(),
+                   "launch.json" in secret)
         xf, _ = _scan(tmp, ["launch.json"] + [f"configs/{g}.yaml" for g in configs])
         files.update(xf)
         meta = {"schema": "dsv4ctl.release/1", "id": rid, "base_ref": base_ref, "base_commit": commit,
@@ -286,6 +334,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         for extra in ("MANIFEST.json", "RELEASE.json"):  # content mtimes: same size ≠ same file
             m = content_mtime(sha256_file(tmp / extra))
             os.utime(tmp / extra, (m, m))
+        make_read_only(tmp, secret)
         _place(tmp, final, "RELEASE.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -338,3 +387,17 @@ def release_inputs(profile, tree: str | None, base_ref: str | None, patches: lis
     return tree_p, base_ref, pl, configs, launch_spec(dep), ident
 
 
+
+
+def private_groups(profile) -> set[str]:
+    """Server groups whose serve config file is readable by its owner only (mode & 077 == 0):
+    their copy in a release stays private (:func:`private_files`)."""
+    dep = as_deployment(profile)
+    out = set()
+    for g in dep.servers():
+        try:
+            if g.serve_config_path is not None and not os.stat(g.serve_config_path).st_mode & 0o077:
+                out.add(g.name)
+        except OSError:
+            pass
+    return out
