@@ -22,7 +22,8 @@ COMMAND_MODULES = ("plan", "patch", "deploy", "day2", "config", "hicache", "chec
 # Top-level command name -> the module that registers it (for the start-up fast path).
 COMMAND_OWNER = {"plan": "plan", "patch": "patch", "deploy": "deploy", "rollback": "deploy",
                  "releases": "deploy", "promote": "deploy", "config": "config", "hicache": "hicache", "check": "check",
-                 "runbook": "runbook", "status": "day2", "logs": "day2", "audit": "day2"}
+                 "runbook": "runbook", "status": "day2", "logs": "day2", "audit": "day2",
+                 "verify": "day2"}
 
 
 def _version(value: bool) -> None:

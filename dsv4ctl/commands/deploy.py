@@ -96,16 +96,25 @@ def _profile(arg):
 
 
 class _Interrupted:
-    """Turn KeyboardInterrupt into DsvError(exit 130): typer maps a bare KeyboardInterrupt to an
-    exit code that ``cli.main`` does not see when ``standalone_mode=False``."""
+    """Turn KeyboardInterrupt (Ctrl-C, or SIGTERM: :func:`_sigterm_as_interrupt`) into
+    DsvError(exit 130): typer maps a bare KeyboardInterrupt to an exit code that ``cli.main``
+    does not see when ``standalone_mode=False``. Every error message leaves with the known
+    ``secrets`` masked (a gate failure quotes server log lines and HTTP bodies, which may echo a
+    key back)."""
+
+    def __init__(self, secrets=frozenset()):
+        self.secrets = secrets
 
     def __enter__(self):
         return self
 
     def __exit__(self, et, e, tb):
+        from ..errors import EXIT_INTERRUPTED, DsvError
         if et is KeyboardInterrupt:
-            from ..errors import EXIT_INTERRUPTED, DsvError
             raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from e
+        if isinstance(e, DsvError) and self.secrets:
+            from ..deploy.steps import mask_secrets
+            e.args = (mask_secrets(str(e), self.secrets),) + tuple(e.args[1:])
         return False
 
 
@@ -213,7 +222,7 @@ def deploy(
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
-    with _Interrupted(), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
+    with _Interrupted(secrets), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
                      force_failed=force_failed, preflight=not no_preflight, runlog=runlog)
@@ -293,7 +302,8 @@ def promote(
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
-    with _Interrupted(), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
+    _sigterm_as_interrupt()
+    with _Interrupted(secrets), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
         rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        break_lock=break_lock, verbose=verbose, quiet=quiet, runlog=runlog),
                               release, po)
@@ -330,7 +340,7 @@ def rollback(
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
-    with _Interrupted(), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
+    with _Interrupted(secrets), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
         rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        health_timeout=health_timeout, break_lock=break_lock, verbose=verbose,
                                        quiet=quiet, force_failed=force_failed, runlog=runlog), to=to)

@@ -31,7 +31,7 @@ from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from .push import kill_rsyncs, push_host, rsync_user_args
 from .release import Release, build_release, private_groups, launch_spec, release_id, release_inputs, resolve_base, sha256_file
-from .site import Options, Site, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
+from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
 
@@ -119,6 +119,40 @@ def release_locks(site: Site, hosts: list[str] | None = None) -> None:
     run_parallel({h: site.transports[h] for h in hs}, unlock, timeout=60)
 
 
+# -- verify ------------------------------------------------------------------------------------
+
+def run_verify(site: Site, steps: list[Step]) -> str:
+    """Run verify steps (hosts in parallel; an interrupt lets each finish). Returns "" when every
+    target is intact, else the drift (or the error) per host, one line."""
+    from .drift import drift_text, verify_releases
+    if not steps:
+        return ""
+    by_host = {s.host: s for s in steps}
+
+    def body(t):
+        st = by_host[t.name]
+        trace(site, st)
+        t0 = time.monotonic()
+        try:
+            return verify_releases(t, site.python[t.name], [site.paths[t.name].release(st.extra["rid"])])
+        finally:
+            step_done(site, st, time.monotonic() - t0)
+    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
+                       finish_on_interrupt=True)
+    out = []
+    for h, r in res.items():
+        if not r.ok:
+            out.append(f"{h}: {r.error}")
+        elif drift_text(r.value):
+            out.append(f"{h}: {drift_text(r.value)}")
+    return "; ".join(out)
+
+
+def drift_error(rid: str, why: str) -> RemoteError:
+    return RemoteError(f"release {rid} differs from its manifest (edited on the host?): {why}; no host was "
+                       "switched (dsv4ctl verify lists the drift of every release)")
+
+
 # -- switch and gate ---------------------------------------------------------------------------
 
 def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str]:
@@ -154,7 +188,8 @@ def run_gate(site: Site, steps: list[Step]) -> list:
         t, p, f = site.transports[h], site.paths[h], site.facts[h]
         alive_cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(p, g)
         alive = (lambda t=t, c=alive_cmd: t.run(c, check=False, timeout=30).code == 0)
-        tgt = health.Target(h, g, s.extra["url"], alive)
+        tgt = health.Target(h, g, s.extra["url"], alive,
+                            api_key(site.profile, g) if s.extra["kind"] == "chat" else None)
         if s.extra["kind"] == "health":
             workers.append(tgt)
         else:
@@ -360,7 +395,8 @@ def _announce(site: Site, run: RunSteps) -> None:
         site.opts.steps(RunSteps(site.locked_steps + run.steps, run.on_failure))
 
 
-def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> dict:
+def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, action: str = "deploy",
+                   restart: frozenset | None = None, record: dict | None = None) -> dict:
     opts = site.opts
     report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
               "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
@@ -368,13 +404,18 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
               "hosts": {h: {"from": site.facts[h].current} for h in site.hosts}}
     old_current = {h: site.facts[h].current for h in site.hosts}
     frm = {h: {"from": c} for h, c in old_current.items()}
-    base_rec = {"action": "deploy", "release": rel.id, **_record_extras(site, rel.id, promote)}
+    extra = {**_record_extras(site, rel.id, promote), **(record or {})}
+    base_rec = {"action": action, "release": rel.id, **extra}
     spec = json.loads((rel.path / "launch.json").read_text())
     run = promote.steps(site, rel.id, spec) if promote is not None else \
-        deploy_steps(site, rel.id, spec, extra=_record_extras(site, rel.id, promote))
+        deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart)
     _announce(site, run)
     if promote is None and nothing_to_do(site, rel.id):
-        opts.log(f"{rel.id} is already the active, good release on every host: nothing to do")
+        drift = run_verify(site, run.of("verify"))
+        if drift:
+            close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
+            raise drift_error(rel.id, drift)
+        opts.log(f"{rel.id} is already the active release on every host and matches its manifest: nothing to do")
         run_close(site, run.of("close"))
         report.update(result="ok", unchanged=True, steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
         for h in site.hosts:
@@ -405,6 +446,10 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
             opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
                                  f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
                                  f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+        drift = run_verify(site, run.of("verify"))
+        if drift:
+            close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
+            raise drift_error(rel.id, drift)
     except KeyboardInterrupt:
         kill_rsyncs()
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during push; no host switched"},
@@ -414,7 +459,8 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
         return promote.run_locked(site, rel, spec, run, report, frm, t_start)
     t_act = time.monotonic()
     try:
-        ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"), revert_steps(site, site.hosts, rel.id, spec))
+        ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
+                                   revert_steps(site, site.hosts, rel.id, spec, restart=restart))
     except KeyboardInterrupt:
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"},
                   event=(rel.id, "failed", {"failed_check": "interrupted", "failure": "interrupted during activation"}),
@@ -424,7 +470,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
         close_all(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]},
                   event=(rel.id, "failed", {"failed_check": "health gate", "failure": why[:1000]}), per_host=frm)
         back = sorted({o or "(none)" for o in old_current.values()})
-        raise VerdictError(f"deploy of {rel.id} rolled back to {', '.join(back)} on all hosts "
+        raise VerdictError(f"{action} of {rel.id} rolled back to {', '.join(back)} on all hosts "
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
     return finish_good(site, rel.id, run.of("close"), report, t_start)
@@ -521,6 +567,14 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
             _announce(site, run)
             old_current = {h: site.facts[h].current for h in site.hosts}
             rec = {"action": "rollback", "release": target, **_record_extras(site, target, True)}
+            try:
+                drift = run_verify(site, run.of("verify"))
+            except KeyboardInterrupt:
+                close_all(site, {**rec, "result": "interrupted", "detail": "interrupted before any switch"})
+                raise
+            if drift:
+                close_all(site, {**rec, "result": "failed", "detail": "verify: " + drift[:1500]})
+                raise drift_error(target, drift)
             try:
                 ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
                                            revert_steps(site, site.hosts, target, spec))

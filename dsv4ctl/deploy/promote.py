@@ -188,8 +188,8 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     """Every step of ``deploy --promote`` of ``rid``: lock, push, the canary's switch and gate,
     the checks (``dsv4ctl check`` children), the rest's switch and gate (and a smoke of the whole
     deployment), the evidence, the close-out. Returns a :class:`~dsv4ctl.deploy.steps.RunSteps`."""
-    from .steps import (RunSteps, Step, close_step, gate_steps, lock_step, next_previous, prune_after_switch,
-                        push_step, revert_steps, switch_step)
+    from .steps import (RunSteps, Step, close_step, gate_steps, lock_step, next_previous, present_verify_steps,
+                        prune_after_switch, push_step, revert_steps, switch_step)
     hosts = site.hosts
     canary = first_deploy_canary([h for h in hosts if h in po.canary_hosts], {h: site.facts[h].current for h in hosts})
     rest = [h for h in hosts if h not in canary]
@@ -198,7 +198,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     g = gate_settings(site.profile, po)
     path = str(site.profile.path)
     steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
-    steps += [push_step(site, h, rid) for h in hosts]
+    steps += [push_step(site, h, rid) for h in hosts] + present_verify_steps(site, rid)
     for name, hs in (("canary", canary), ("rest", rest)):
         steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
                   for h in hs]
@@ -251,8 +251,12 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
     log(f"check {kind}: dsv4ctl {' '.join(argv)}")
     edir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    from .site import api_key
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    key = api_key(profile)          # on the child's environment, never on its argv
+    if key:
+        env["DSV4CTL_API_KEY"] = key
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True, env=env)
     (edir / f"{name}.json").write_text(p.stdout)
     (edir / f"{name}.err").write_text(p.stderr)
     try:

@@ -85,7 +85,10 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
         v = None
     if v is not None and not v["ok"] and not v.get("error"):
         raise RemoteError(f"{t.name}: release {rel.id} failed manifest verification "
-                          f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})")
+                          f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})"
+                          + (f"; its unchanged files are hard links into {', '.join(bases[:1])}: a hash problem "
+                             "there means that release was edited in place on the host (dsv4ctl verify)"
+                             if bases else ""))
     if r.code != 0 or v is None:
         if v is not None and v.get("error"):
             raise RemoteError(f"{t.name}: verifying/placing release {rel.id}: {v['error']}")

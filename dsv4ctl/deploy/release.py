@@ -401,3 +401,58 @@ def private_groups(profile) -> set[str]:
         except OSError:
             pass
     return out
+
+
+def derive_release(base: Release, configs: dict[str, bytes], *, cache: Path | None = None, who: str = "",
+                   change: str = "", private: set[str] | frozenset = frozenset()) -> Release:
+    """The release ``base`` with some serve configs replaced (``configs`` {group: new bytes}):
+    the same tree, patches and launch spec, so its id is exactly the one a deploy of a profile
+    with these serve configs gives (:func:`release_id`). Built in the cache as a hard-link copy
+    of ``base`` whose changed configs are new files (``base`` is never written), placed by
+    rename; reused when it exists. ``change`` is recorded in RELEASE.json (``derived_from``)."""
+    cache = Path(cache or default_cache())
+    launch = json.loads((base.path / "launch.json").read_text())
+    m = base.meta
+    old_cfg = {g: (base.path / "configs" / f"{g}.yaml").read_bytes() for g in m.get("configs", {})}
+    unknown = sorted(set(configs) - set(old_cfg))
+    if unknown:
+        raise InputError(f"release {base.id} has no serve config for group(s) {', '.join(unknown)}")
+    new_cfg = {**old_cfg, **configs}
+    chash = {g: hashlib.sha256(b).hexdigest() for g, b in new_cfg.items()}
+    pinfo = [(p["name"], p["sha256"]) for p in m.get("patches", [])]
+    rid = release_id(m["base_commit"], pinfo, chash, launch, m.get("series_identity"))
+    final = cache / rid
+    secret = private_files(new_cfg, launch, set(private) | {g for g in old_cfg if not
+                                                            (base.path / "configs" / f"{g}.yaml").stat().st_mode & 0o077})
+    if (final / "RELEASE.json").is_file():
+        make_read_only(final, secret)
+        return load_release(final)
+    tmp = cache / f".build-{rid}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        r = subprocess.run(["cp", "-al", str(base.path), str(tmp)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise InputError(f"{tmp}: cannot hard-link release {base.id}: {r.stderr.strip()}")
+        for x in ("MANIFEST.json", "RELEASE.json"):
+            (tmp / x).unlink()
+        for g, b in configs.items():
+            f = tmp / "configs" / f"{g}.yaml"
+            f.unlink()                       # a new inode: the base release keeps its own
+            _write_new(f, b, f"configs/{g}.yaml" in secret)
+        files = dict(base.files)
+        xf, _ = _scan(tmp, [f"configs/{g}.yaml" for g in configs])
+        files.update(xf)
+        meta = {**m, "id": rid, "configs": {g: chash[g] for g in sorted(chash)}, "built_at": now_iso(),
+                "built_by": who, "files": len(files), "bytes": sum(v[1] for v in files.values()),
+                "derived_from": base.id, "change": change}
+        (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": base.links}, sort_keys=True))
+        (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
+        for extra in ("MANIFEST.json", "RELEASE.json"):
+            mt = content_mtime(sha256_file(tmp / extra))
+            os.utime(tmp / extra, (mt, mt))
+        make_read_only(tmp, secret)
+        _place(tmp, final, "RELEASE.json")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load_release(final)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -19,6 +19,7 @@ class Target:
     group: str
     url: str
     alive: Callable[[], bool] | None = None
+    api_key: str | None = field(default=None, repr=False)     # bearer token of the chat completion
 
 
 @dataclass
@@ -61,7 +62,8 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
     last = "no answer"
     while True:
         try:
-            async with session.post(t.url + "/v1/chat/completions", json=body,
+            headers = {"Authorization": f"Bearer {t.api_key}"} if t.api_key else {}
+            async with session.post(t.url + "/v1/chat/completions", json=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=30)) as r:
                 if r.status == 200:
                     doc = await r.json(content_type=None)
@@ -69,9 +71,14 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
                         return None
                     last = "chat completion without choices"
                 else:
-                    last = f"chat completion answered {r.status}: {(await r.text())[:120]}"
+                    text = (await r.text())[:120]
+                    if t.api_key:         # a server may echo the request back: never show the key
+                        text = text.replace(t.api_key, "***")
+                    last = f"chat completion answered {r.status}: {text}"
         except Exception as e:
             last = f"chat completion: {type(e).__name__}: {e}"
+            if t.api_key:
+                last = last.replace(t.api_key, "***")
         if time.monotonic() >= deadline:
             return Failure(t.host, t.group, last)
         await asyncio.sleep(poll)
