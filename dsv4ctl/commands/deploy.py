@@ -90,6 +90,23 @@ def _out(rep: dict, secrets) -> str:
     return mask_secrets(dump_json(rep), secrets)
 
 
+#: The longest health wait a run accepts (s): a day. nan, inf, 0 and negatives are refused.
+MAX_HEALTH_TIMEOUT = 86400.0
+
+
+def check_health_timeout(value, option: str = "--health-timeout"):
+    """``value`` (seconds) when it is None or a finite number in (0, a day], else InputError
+    (exit 2, before anything is read or locked): ``nan`` used to wait forever holding every
+    host's lock, ``-5`` was accepted."""
+    import math
+    if value is None:
+        return None
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_HEALTH_TIMEOUT):
+        from ..errors import InputError
+        raise InputError(f"{option} {value!r}: expected a finite number of seconds in (0, {MAX_HEALTH_TIMEOUT:g}]")
+    return float(value)
+
+
 def _profile(arg):
     from .common import load_deployment_arg
     return load_deployment_arg(arg, acts_on_hosts=True)
@@ -214,6 +231,7 @@ def deploy(
     · 2 bad input (or a preflight lint error) · 3 SSH/lock/push failure (no host switched) · 130
     interrupted (hosts rolled back)."""
     from ..deploy import engine
+    check_health_timeout(health_timeout)
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
     if po is not None and no_preflight:
         from ..errors import InputError
@@ -336,6 +354,7 @@ def rollback(
     Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
     host · 3 SSH/lock failure or the gate failed (hosts put back)."""
     from ..deploy import engine
+    check_health_timeout(health_timeout)
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)

@@ -21,6 +21,8 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     from ..serve.hicache_local import prepare_edits, select_groups, write_all
     from .common import load_deployment_arg
 
+    from .deploy import check_health_timeout
+    check_health_timeout(health_timeout)
     prof = load_deployment_arg(profile, acts_on_hosts=True)      # on/off edit files (or hosts)
     groups = select_groups(prof, group, action)
     if not groups:
