@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release oom-at-startup toolcall-corruption transfer-wedge'
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan deploy rollback releases promote status logs audit patch config hicache check runbook' ;;
+    '') echo 'plan deploy rollback releases promote status logs audit verify patch config hicache check runbook' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -32,6 +32,7 @@ _dsv4ctl_opts() {
     'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
+    'verify') echo '-r --release --accept-new-host-keys --json --markdown -h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
     'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
@@ -41,8 +42,8 @@ _dsv4ctl_opts() {
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
     'hicache') echo '-h --help' ;;
-    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -h --help' ;;
-    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -h --help' ;;
+    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
+    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
@@ -82,6 +83,7 @@ _dsv4ctl_optkind() {
     'logs|--interval') echo any ;;
     'audit|--since') echo any ;;
     'audit|--host') echo any ;;
+    'verify|-r'|'verify|--release') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo any ;;
@@ -152,6 +154,7 @@ _dsv4ctl_argkind() {
     'logs|0') echo any ;;
     'logs|1') echo yaml:w2 ;;
     'audit|0') echo yaml:w2 ;;
+    'verify|0') echo yaml:w2 ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;

@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'oom-at-startup' 'toolcall-corruption' 'transf
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan deploy rollback releases promote status logs audit patch config hicache check runbook
+            echo plan deploy rollback releases promote status logs audit verify patch config hicache check runbook
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -41,6 +41,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] -n --lines --host --grep --interval
         case 'audit'
             contains -- $argv[2] --since --host
+        case 'verify'
+            contains -- $argv[2] -r --release
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -152,6 +154,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state, process alive, /health,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on, each line prefixed with th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
@@ -237,6 +240,12 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.au
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'audit\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s r -l release -r -f -d 'Only this release id (repeatable; default: every release on every host).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l json -d 'Print the dsv4ctl.verify/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'verify\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'status' -d 'Base version and commit, which series patches are applied (by git patch-id),...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'apply' -d 'Apply the missing series patches with git am -3 onto the clean tree. On a con...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'revert' -d 'git revert commits; each revert is a commit that patch status lists (and patc...'
@@ -299,16 +308,18 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l storage-backend -r -f -d
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Edit the live files on the groups\' hosts (<root>/current/configs/G.yaml): bac...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache on\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Edit the live files on the groups\' hosts (<root>/current/configs/G.yaml): bac...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache off\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s g -l group -r -f -d 'Only these groups. Repeatable.'

@@ -50,6 +50,7 @@ def test_malformed_state_json_names_host_and_path(body, why):
 def test_malformed_launch_and_release_json_are_one_line_errors():
     for sec, body, want in [("launch", "{oops", "/srv/current/launch.json"),
                             ("launch", '{"g": 1}', "/srv/current/launch.json"),
+                            ("launch", '[]', "/srv/current/launch.json"),
                             ("release", "[]", "a RELEASE.json under /srv/releases"),
                             ("release", '{"no": "id"}', "a RELEASE.json under /srv/releases")]:
         with pytest.raises(StateFileError) as e:

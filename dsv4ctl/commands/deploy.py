@@ -68,7 +68,8 @@ class _RunLog:
         from ..resources import state_root
         code = 0 if et is None else (e.exit_code if isinstance(e, DsvError) else 130 if et is KeyboardInterrupt else 1)
         rec = {"ts": now_iso(), "who": who(), "command": self.command, "profile": str(self.profile.path),
-               "exit_code": code, "error": mask_secrets(str(e), self.secrets) if e else None,
+               "exit_code": code,
+               "error": "interrupted" if et is KeyboardInterrupt else mask_secrets(str(e), self.secrets) if e else None,
                **self.result, "steps": self.steps}
         try:
             d = state_root()

@@ -1,5 +1,5 @@
 """``dsv4ctl hicache on|off|status``: thin CLI over :mod:`dsv4ctl.serve.hicache_local` (the
-profile's serve configs), :mod:`dsv4ctl.serve.hicache_live` (the live files on hosts) and
+profile's serve configs), :mod:`dsv4ctl.serve.hicache_live` (the running release's configs; the change is a release, :mod:`dsv4ctl.deploy.change`) and
 :mod:`dsv4ctl.serve.hicache` (edits and status)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
 
 
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
-            tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None) -> None:
+            tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None,
+            verbose: bool = False) -> None:
     from ..serve.hicache import Options
     from ..serve.hicache_local import prepare_edits, select_groups, write_all
     from .common import load_deployment_arg
@@ -32,7 +33,7 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     edits = prepare_edits(prof, groups, action, opts, tree)
     out = _printer(set().union(*(e.secrets for e in edits)))
     if remote:
-        _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout)
+        _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout, verbose)
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
@@ -55,7 +56,7 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
         out(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
 
 
-def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout) -> None:
+def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout, verbose=False) -> None:
     """``--remote``: every change to a host is a release. The running release's serve configs are
     edited (:mod:`dsv4ctl.serve.hicache_live`), a new release is derived from it and deployed
     (:mod:`dsv4ctl.deploy.change`: delta push, verify, switch under the deploy lock, restart of the
@@ -88,6 +89,9 @@ def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, hea
         from ..serve.edit import scrub
         return scrub(s, secrets)
     o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log)
+    if verbose and not dry_run:
+        o.trace = lambda st: log("step " + st.line(True))
+        o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
     if not dry_run:
         _sigterm_as_interrupt()
     err = None
@@ -181,6 +185,7 @@ _REMOTE = typer.Option(False, "--remote", help="Change the running release: a ne
                                               "pushed (delta), switched under the deploy lock, only the changed groups "
                                               "restarted, the deploy's health gate (rolled back on failure), audit log; "
                                               "then the local copies.")
+_VERBOSE = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked).")
 _HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900).")
 
 
@@ -188,23 +193,23 @@ def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio:
        write_policy: Optional[str] = _O["write_policy"], io_backend: Optional[str] = _O["io_backend"],
        mem_layout: Optional[str] = _O["mem_layout"], storage_backend: Optional[str] = _O["storage_backend"],
        tree: Optional[str] = _TREE, dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
-       health_timeout: Optional[float] = _HEALTH) -> None:
+       health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE) -> None:
     """Turn HiCache on in the selected groups' serve configs (diff printed, linted before writing).
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
     _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run,
-            as_json, remote, health_timeout)
+            as_json, remote, health_timeout, verbose)
 
 
 def off(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], tree: Optional[str] = _TREE,
         dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
-        health_timeout: Optional[float] = _HEALTH) -> None:
+        health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE) -> None:
     """Turn HiCache off (``enable-hierarchical-cache: false``; other hicache-* keys are kept, inert).
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
-    _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout)
+    _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout, verbose)
 
 
 async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[dict], Optional[str]]]:

@@ -176,7 +176,7 @@ def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str
     return [r.error for r in res.values() if not r.ok]
 
 
-def run_gate(site: Site, steps: list[Step]) -> list:
+def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> list:
     """Run the gate steps (:func:`dsv4ctl.hosts.health.gate`); [] = healthy. A worker whose
     process has exited fails at once (its service backend's alive command)."""
     for s in steps:
@@ -195,11 +195,12 @@ def run_gate(site: Site, steps: list[Step]) -> list:
         else:
             chat.append(tgt)
             model = s.extra["model"]
+    wait = health_timeout(site) if timeout is None else timeout
     site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
-                  f"(timeout {health_timeout(site):g} s)")
+                  f"(timeout {wait:g} s)")
     t0, ended = time.monotonic(), {}
     try:
-        return health.gate(workers, chat, health_timeout(site), model, ended=ended)
+        return health.gate(workers, chat, wait, model, ended=ended)
     finally:
         t1 = max([ended[k] for k in ended if k[0] == "health"], default=t0)
         for s in steps:
@@ -240,6 +241,10 @@ def switch_with_gate(site: Site, switches: list[Step], gates: list[Step], revert
             if not fails:
                 return True, ""
             reason = failure_text(site, fails)
+    except KeyboardInterrupt:
+        revert(site, [back[h] for h in switched])
+        wait_restored(site, [back[h] for h in switched])
+        raise
     except BaseException:
         revert(site, [back[h] for h in switched])
         raise
@@ -258,6 +263,33 @@ def revert(site: Site, steps: list[Step]) -> None:
     errors = run_switches(site, steps, [])
     if errors:
         site.opts.log("rollback failed on: " + "; ".join(errors))
+
+
+#: How long an interrupted run waits for the release it put back to be healthy (s, at most).
+RESTORE_WAIT_S = 120.0
+
+
+def wait_restored(site: Site, reverts: list[Step]) -> str:
+    """After an interrupt put ``reverts``' hosts back: wait (at most ``RESTORE_WAIT_S`` s, or the
+    health timeout when shorter) for the restored release's gate and say so; a second interrupt
+    stops waiting. The outcome goes to ``site.restored`` (the close record's detail adds it)."""
+    gates = revert_gate(site, reverts)
+    if not gates:
+        site.restored = ""
+        return ""
+    t = min(health_timeout(site), RESTORE_WAIT_S)
+    site.opts.log(f"interrupted: waiting up to {t:g} s for the restored release to be healthy "
+                  "(interrupt again to stop waiting)")
+    try:
+        fails = run_gate(site, gates, timeout=t)
+    except KeyboardInterrupt:
+        site.restored = "restored release not waited for (second interrupt)"
+        site.opts.log(site.restored)
+        return site.restored
+    site.restored = ("restored release healthy" if not fails
+                     else f"restored release not healthy after {t:g} s: {failure_text(site, fails)}")
+    site.opts.log(site.restored)
+    return site.restored
 
 
 def revert_gate(site: Site, reverts: list[Step]) -> list[Step]:
@@ -433,7 +465,10 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
                 return push_host(t, site, rel)
             finally:
                 step_done(site, pushes[t.name], time.monotonic() - t1)
-        res = run_parallel(site.transports, push, timeout=opts.host_timeout)
+        with _stop_pushes_on_interrupt():
+            # an interrupt stops the rsyncs at once, then waits for every push thread to end
+            # (each tells its host-side script to give up): the close-out must not race them
+            res = run_parallel(site.transports, push, timeout=opts.host_timeout, finish_on_interrupt=True)
         report["push_seconds"] = round(time.monotonic() - t0, 3)
         bad = [r for r in res.values() if not r.ok]
         if bad:
@@ -462,7 +497,8 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
                                    revert_steps(site, site.hosts, rel.id, spec, restart=restart))
     except KeyboardInterrupt:
-        close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"},
+        close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"
+                         + (f"; {site.restored}" if site.restored else "")},
                   event=(rel.id, "failed", {"failed_check": "interrupted", "failure": "interrupted during activation"}),
                   per_host=frm)
         raise
@@ -474,6 +510,36 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
     return finish_good(site, rel.id, run.of("close"), report, t_start)
+
+
+class _stop_pushes_on_interrupt:
+    """While pushes run: SIGINT/SIGTERM terminate the rsync children first, then raise
+    KeyboardInterrupt as usual (main thread only; the previous handlers come back after)."""
+
+    def __enter__(self):
+        import signal
+        self.old = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old = signal.getsignal(sig)
+            if not callable(old) and sig == signal.SIGTERM:
+                continue          # SIGTERM not handled as an interrupt here: leave it alone
+            self.old[sig] = old
+
+            def h(signum, frame, old=old):
+                kill_rsyncs()
+                if callable(old):
+                    old(signum, frame)
+                raise KeyboardInterrupt
+            signal.signal(sig, h)
+        return self
+
+    def __exit__(self, *a):
+        import signal
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        return False
 
 
 def _record_extras(site: Site, rid: str, promote) -> dict:
@@ -579,7 +645,8 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
                 ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
                                            revert_steps(site, site.hosts, target, spec))
             except KeyboardInterrupt:
-                close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"})
+                close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"
+                                 + (f"; {site.restored}" if site.restored else "")})
                 raise
             if not ok:
                 close_all(site, {**rec, "result": "failed", "detail": why[:2000]},

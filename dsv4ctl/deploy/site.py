@@ -52,6 +52,7 @@ class Site:
     manifests: dict = field(default_factory=dict)           # release id -> MANIFEST.json (local cache)
     manifest_lock: threading.Lock = field(default_factory=threading.Lock)
     durations: list = field(default_factory=list)           # (Step, seconds) of every timed step, as they end
+    restored: str = ""                                      # after an interrupt: how the put-back release is
 
     @property
     def hosts(self) -> list[str]:

@@ -60,7 +60,8 @@ def tree(root):
     return res
 HASHES = {}          # (st_dev, st_ino) -> sha256: each inode is hashed once per run
 MAN = {}
-def digest(path, s):
+USED = set()         # inodes a verification needed ("hashed": their number, whenever they were hashed)
+def digest(path, s, count=True):
     k = (s.st_dev, s.st_ino)
     if k not in HASHES:
         d = hashlib.sha256()
@@ -68,7 +69,9 @@ def digest(path, s):
             for c in iter(lambda: f.read(1 << 20), b""):
                 d.update(c)
         HASHES[k] = d.hexdigest()
-        out["hashed"] += 1
+    if count:
+        USED.add(k)
+        out["hashed"] = len(USED)
     return HASHES[k]
 def check(rel, have=None):
     """([problem, ...], extra files not listed) of the release folder rel against its MANIFEST.json.
@@ -163,7 +166,7 @@ try:
             try:
                 s_ = os.lstat(x[1][1])
                 if stat.S_ISREG(s_.st_mode):
-                    digest(x[1][1], s_)
+                    digest(x[1][1], s_, count=False)
             except OSError:
                 pass
     w = job.get("wait")

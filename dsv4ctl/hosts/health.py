@@ -94,9 +94,9 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
     ``chat``)."""
     ended = {} if ended is None else ended
 
-    async def done(kind, t, aw):
-        try:
-            return await aw
+    async def done(kind, t, make):
+        try:       # the probe coroutine is made here, so an interrupt never leaves one un-awaited
+            return await make()
         finally:
             ended[(kind, t.host, t.group)] = time.monotonic()
 
@@ -105,17 +105,18 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as s:
-            fails = [f for f in await asyncio.gather(*(done("health", t, _wait_one(s, t, deadline, poll, loop, timeout))
-                                                       for t in workers)) if f]
+            fails = [f for f in await asyncio.gather(*[
+                done("health", t, lambda t=t: _wait_one(s, t, deadline, poll, loop, timeout)) for t in workers]) if f]
             if fails:
                 return fails
-            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop, timeout) for t in chat)) if f]
+            fails = [f for f in await asyncio.gather(*[
+                done("router", t, lambda t=t: _wait_one(s, t, deadline, poll, loop, timeout)) for t in chat]) if f]
             if fails:  # the router's own /health first
                 for t in chat:
                     ended[("chat", t.host, t.group)] = time.monotonic()
                 return fails
-            return [f for f in await asyncio.gather(*(done("chat", t, _chat(s, t, deadline, model, poll))
-                                                      for t in chat)) if f]
+            return [f for f in await asyncio.gather(*[
+                done("chat", t, lambda t=t: _chat(s, t, deadline, model, poll)) for t in chat]) if f]
     return asyncio.run(main())
 
 

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         print(f"RuntimeError: {cfg['standin-crash']}", file=sys.stderr, flush=True)
         return 1
     t0 = time.monotonic()
-    startup = float(cfg.get("standin-startup-s", 0))
+    startup = float(cfg.get("standin-startup-s", os.environ.get("STANDIN_STARTUP_S", 0)))
     never = bool(cfg.get("standin-never-healthy"))
 
     def healthy() -> bool:
