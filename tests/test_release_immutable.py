@@ -99,16 +99,25 @@ def test_in_place_edit_of_a_shared_inode_is_caught_before_every_switch(world):
     assert f"release {r1} differs from its manifest" in r.err and w.currents() == {h: r2 for h in w.roots}
     assert w.audit("h1")[-1]["action"] == "rollback" and w.audit("h1")[-1]["result"] == "failed"
 
-    # a delta push whose base (r2) holds the edited inode: the new release fails its verification
+    # a delta push whose base (r2) holds the edited inode: its verification catches it, and h1 gets
+    # the whole release again (rsync --checksum): the new release has a fresh, correct copy
     w.extra["prefill"] = {"chunked-prefill-size": 4096}
     w.write()
-    r = cli(w, "deploy", "--patch", str(w.patch), "--no-preflight")
-    assert r.code == 3, r.err
-    assert "failed manifest verification" in r.err and f"hash {SHARED}" in r.err and "edited in place" in r.err
-    assert w.currents() == {h: r2 for h in w.roots}
-    assert not any(p.name.startswith(".incoming") for p in (root / "releases").iterdir())
+    r = cli(w, "deploy", "--patch", str(w.patch), "--no-preflight", "--json")
+    assert r.code == 0, r.err
+    r3 = r.json()["release"]
+    assert "h1: release " + r3 + " failed manifest verification" in r.err and f"hash {SHARED}" in r.err
+    assert "pushing the whole release again (rsync --checksum)" in r.err
+    assert r.json()["hosts"]["h1"]["push"]["repaired"] is True and "repaired" not in r.json()["hosts"]["h0"]["push"]
+    assert w.currents() == {h: r3 for h in w.roots}
+    c = root / "releases" / r3 / SHARED
+    assert c.stat().st_ino != a.stat().st_ino and c.read_bytes() == (w.roots["h0"] / "releases" / r3 / SHARED).read_bytes()
     for h in w.roots:
+        w.assert_complete(h)
+        assert not any(p.name.startswith(".incoming") for p in (w.roots[h] / "releases").iterdir())
         assert not (w.roots[h] / ".lock").exists()
+    r = cli(w, "verify", "--json")
+    assert r.code == 1 and sorted(r.json()["drift"]) == sorted([f"h1: {r1}: hash {SHARED}", f"h1: {r2} (previous): hash {SHARED}"])
     del before
 
     # a deleted and a modified file in r1 on h0 too: rollback names both

@@ -94,7 +94,11 @@ def change_configs(profile, opts: Options, edit: Callable[[dict[str, str], str],
                         "unchanged": True, "hosts": {h: {"from": rid} for h in site.hosts}}
             rel = derive_release(base, new, cache=opts.cache, who=who(), change=what)
             opts.log(f"built {rel.id} from {rid} with the new serve config of {', '.join(sorted(new))}")
-            E.refuse(site, rel.id, False)
+            from .states import Refused, refusals
+            bad = refusals(site.facts, rel.id, opts.force_failed)
+            if bad:       # this exact change failed its gate before
+                raise Refused(bad[0] + f"; this exact change of {rid} failed before: change something else, or edit "
+                              "the profile's serve config the same way and run dsv4ctl deploy --force-failed")
             rep = E._deploy_locked(site, rel, t_start, None, action=action, restart=frozenset(new),
                                    record={**(record or {}), "groups": sorted(new)})
             rep["changed"] = sorted(new)
