@@ -203,3 +203,6 @@ def test_hicache_remote_secret_config_stays_private_and_masked(world):
     assert "chat completion answered 401" in r.err and "Bearer ***" in r.err
     assert "wrongkey-4567" not in r.out + r.err and "sk-verysecret-123" not in r.out + r.err
     assert w.current("h0") == rid
+    for h in w.roots:         # the audit detail quotes the server's answer: masked there too
+        text = (w.roots[h] / "audit.jsonl").read_text()
+        assert "Bearer ***" in text and "wrongkey-4567" not in text and "sk-verysecret-123" not in text

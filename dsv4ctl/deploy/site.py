@@ -53,6 +53,7 @@ class Site:
     manifest_lock: threading.Lock = field(default_factory=threading.Lock)
     durations: list = field(default_factory=list)           # (Step, seconds) of every timed step, as they end
     restored: str = ""                                      # after an interrupt: how the put-back release is
+    secrets: set | None = None                              # values no record may carry (steps.site_secrets)
 
     @property
     def hosts(self) -> list[str]:

@@ -103,6 +103,13 @@ def mask_secrets(text: str, secrets: set[str] = frozenset()) -> str:
                      else m.group(0)[:m.start("val") - m.start()] + MASK, text)
 
 
+def site_secrets(site: Site) -> set[str]:
+    """:func:`deployment_secrets` of the site's Deployment, computed once per run."""
+    if site.secrets is None:
+        site.secrets = deployment_secrets(site.profile)
+    return site.secrets
+
+
 def listing(steps: list[Step], verbose: bool = False) -> list[str]:
     """The lines ``--dry-run`` prints for ``steps`` (in order)."""
     return [s.line(verbose) for s in steps]
@@ -278,6 +285,8 @@ def close_step(site: Site, host: str, record: dict, *, event: tuple | None = Non
     host and operator are added); ``event``: ``(release id, event, info)`` the close applies to the
     release's state (:func:`dsv4ctl.deploy.states.transition`; the listing names the outcome)."""
     from .states import next_state
+    if isinstance(record.get("detail"), str):   # server log lines and HTTP bodies may echo a secret
+        record = {**record, "detail": mask_secrets(record["detail"], site_secrets(site))}
     rec = record_fields(host, **record)
     if prune or "pruned" in record:
         rec["pruned"] = list(prune)
