@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, VerdictError
+from ..errors import DsvError, InputError, VerdictError
 from ..hosts.audit import file_stamp, now_iso
 
 CHECKS = ("smoke", "load")
@@ -460,13 +460,26 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         edir = evidence_dir(opts.cache, rid, stamp)
         results, bad = [], None
-        for st in run.of("check"):
-            E.trace(site, st)
-            r = run_check(st.extra["kind"], profile, po, edir, opts.log)
-            results.append(r)
-            if not r["passed"]:
-                bad = r
-                break
+        try:
+            for st in run.of("check"):
+                E.trace(site, st)
+                r = run_check(st.extra["kind"], profile, po, edir, opts.log)
+                results.append(r)
+                if not r["passed"]:
+                    bad = r
+                    break
+        except KeyboardInterrupt:
+            # the check child was stopped (subprocess.run kills it); nothing was changed on a host:
+            # say so in every host's audit log (under the lock; a held lock is left alone)
+            try:
+                E.acquire_locks(site, f"promote {rid}")
+                E.close_all(site, {"action": "promote", "release": rid, "result": "interrupted",
+                                   "detail": f"interrupted during the checks; {rid} not marked"})
+            except (DsvError, KeyboardInterrupt):
+                pass
+            finally:
+                E.release_locks(site)
+            raise
         try:
             E.acquire_locks(site, f"promote {rid}")
             run = by_hand_steps(site, rid, po, hrel)
