@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-c
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan facts deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile' ;;
+    '') echo 'plan facts deploy rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint' ;;
     'hicache') echo 'on off status' ;;
@@ -34,6 +34,7 @@ _dsv4ctl_opts() {
     'status') echo '--timeout --accept-new-host-keys --json --markdown -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -h --help' ;;
+    'verify') echo '-r --release --accept-new-host-keys --json --markdown -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -h --help' ;;
     'report') echo '-o --output --title -h --help' ;;
     'schema') echo '--path --json -h --help' ;;
@@ -47,8 +48,8 @@ _dsv4ctl_opts() {
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
     'hicache') echo '-h --help' ;;
-    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -h --help' ;;
-    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -h --help' ;;
+    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
+    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
@@ -94,6 +95,7 @@ _dsv4ctl_optkind() {
     'logs|--interval') echo any ;;
     'audit|--since') echo any ;;
     'audit|--host') echo any ;;
+    'verify|-r'|'verify|--release') echo any ;;
     'diagnose|-g'|'diagnose|--group') echo any ;;
     'diagnose|--since') echo any ;;
     'diagnose|--window') echo any ;;
@@ -174,6 +176,7 @@ _dsv4ctl_argkind() {
     'logs|0') echo any ;;
     'logs|1') echo yaml:w2 ;;
     'audit|0') echo yaml:w2 ;;
+    'verify|0') echo yaml:w2 ;;
     'diagnose|0') echo yaml:w2 ;;
     'schema|0') echo any ;;
     'completion|0') echo any ;;

@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-st
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan facts deploy rollback releases promote status logs audit diagnose report schema completion patch config hicache check runbook profile
+            echo plan facts deploy rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -45,6 +45,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] -n --lines --host --grep --interval
         case 'audit'
             contains -- $argv[2] --since --host
+        case 'verify'
+            contains -- $argv[2] -r --release
         case 'diagnose'
             contains -- $argv[2] -g --group --since --window -n --lines --api-key
         case 'report'
@@ -163,6 +165,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state, process alive, /health,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on, each line prefixed with th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inline SVG, no script, no network) with a chart and a table pe...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'schema' -d 'Print the JSON Schema NAME (draft 2020-12). Editors use the profile schema th...'
@@ -179,7 +182,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l show-completion -d 'Show completio
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_keys w1)' -d 'What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.plan/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.plan/2 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per rank (memory segments in GiB, pool sizes).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
@@ -259,6 +262,12 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.au
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'audit\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s r -l release -r -f -d 'Only this release id (repeatable; default: every release on every host).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l json -d 'Print the dsv4ctl.verify/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'verify\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -d 'Only this server group (repeatable).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l since -r -f -d 'Only log lines from this time on: 15m, 2h or an ISO time (UTC).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l window -r -f -d 'Seconds between the two /metrics reads (0..300).'
@@ -338,16 +347,18 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l storage-backend -r -f -d
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Edit the live files on the groups\' hosts (<root>/current/configs/G.yaml): bac...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache on\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Edit the live files on the groups\' hosts (<root>/current/configs/G.yaml): bac...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache off\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s g -l group -r -f -d 'Only these groups. Repeatable.'

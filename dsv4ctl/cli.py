@@ -24,7 +24,7 @@ COMMAND_MODULES = ("plan", "facts", "patch", "deploy", "day2", "config", "hicach
 COMMAND_OWNER = {"plan": "plan", "facts": "facts", "patch": "patch", "deploy": "deploy", "rollback": "deploy",
                  "releases": "deploy", "promote": "deploy", "config": "config", "hicache": "hicache", "check": "check",
                  "runbook": "runbook", "diagnose": "diagnose", "report": "report", "status": "day2", "logs": "day2",
-                 "audit": "day2", "profile": "profiles", "schema": "schema", "completion": "completion"}
+                 "audit": "day2", "verify": "day2", "profile": "profiles", "schema": "schema", "completion": "completion"}
 
 
 def _version(value: bool) -> None:

@@ -78,7 +78,7 @@ def test_delta_merge_then_verify(delta):
     code, v = run(inc, side, base)
     assert code == 0 and v["ok"], v
     assert v["merged"] == 6 and v["checked"] == len(new_files())
-    assert v["hashed"] == 3                     # changed + added + file->folder; the 39 others trusted by inode
+    assert v["hashed"] == len(new_files())      # every file's content: no file is trusted for its inode
     assert not side.exists()
     assert (inc / "tree/pkg/mod007.py").read_bytes() == b"x = 'patched'\n"
     assert os.readlink(inc / "tree/pkg/alias.py") == "mod001.py"
@@ -86,7 +86,7 @@ def test_delta_merge_then_verify(delta):
     # the release it was linked from is untouched
     assert {p: (base / p).read_bytes() for p in OLD} == before
     assert os.readlink(base / "tree/pkg/alias.py") == "mod000.py"
-    code, v = run(base, None)
+    code, v = run(base, None, readonly=False)
     assert code == 0 and v["hashed"] == len(OLD) and not v["placed"]
 
 
@@ -120,26 +120,54 @@ def test_tampered_release_fails(delta, fault, expect):
     assert code == 1 and not v["ok"] and expect in v["bad"], v
 
 
-def test_trust_needs_the_same_hash_in_the_base_manifest(delta):
-    """A file hard-linked from a base whose manifest gives another hash is hashed, not trusted."""
+def test_an_in_place_edit_of_a_shared_inode_is_caught(delta):
+    """Issue 13: a delta push trusted a drifted hard link as verified. The base release's file is
+    edited in place (same inode, same size): the new release, which hard-links it, fails."""
     base, inc, side = delta
-    man = json.loads((base / "MANIFEST.json").read_text())
-    man["files"]["tree/pkg/mod020.py"][0] = "0" * 64
-    (base / "MANIFEST.json").write_text(json.dumps(man))
+    f = base / "tree/pkg/mod020.py"
+    ino, size = f.stat().st_ino, f.stat().st_size
+    with open(f, "r+b") as fh:                       # in place: the inode every release shares
+        fh.write(b"y")
+    assert f.stat().st_ino == ino and f.stat().st_size == size
+    assert (inc / "tree/pkg/mod020.py").read_bytes().startswith(b"y")
     code, v = run(inc, side, base)
-    assert code == 0 and v["hashed"] == 4, v
+    assert code == 1 and not v["ok"] and "hash tree/pkg/mod020.py" in v["bad"], v
 
 
-def test_later_bases_are_read_only_when_needed(delta, tmp_path):
-    """A second link-dest release is consulted for files the first does not vouch for; a
-    missing or unreadable one is skipped."""
+def test_verify_only_reports_drift_per_release_and_hashes_each_inode_once(delta, tmp_path):
     base, inc, side = delta
-    other = write_release(tmp_path / "releases" / "rOTHER", {"tree/pkg/sub/new/added.py": b"added = True\n"}, {},
-                          "rOTHER")
-    (side / "tree/pkg/sub/new/added.py").unlink()
-    os.link(other / "tree/pkg/sub/new/added.py", side / "tree/pkg/sub/new/added.py")
-    code, v = run(inc, side, base, tmp_path / "releases" / "rMISSING", other)
-    assert code == 0 and v["hashed"] == 2, v        # added.py trusted through rOTHER
+    code, v = run(inc, side, base)
+    assert code == 0 and v["ok"]
+    new = inc
+    # an in-place edit of an inode both releases share, a deleted file in the old one
+    with open(base / "tree/pkg/mod030.py", "r+b") as fh:
+        fh.write(b"z")
+    (base / "tree/pkg/mod031.py").unlink()
+    doc = {"verify": [str(base), str(new), str(tmp_path / "releases" / "rGONE")]}
+    r = subprocess.run([sys.executable, "-S", "-c", SCRIPT], input=json.dumps(doc), capture_output=True, text=True,
+                       timeout=60)
+    v = json.loads(r.stdout)
+    assert r.returncode == 1 and not v["ok"], v
+    rels = v["releases"]
+    assert rels[str(base)]["bad"] == ["hash tree/pkg/mod030.py", "missing tree/pkg/mod031.py"]
+    assert rels[str(new)]["bad"] == ["hash tree/pkg/mod030.py"] and rels[str(new)]["nbad"] == 1
+    assert rels[str(tmp_path / "releases" / "rGONE")]["bad"] == ["missing release folder"]
+    # shared inodes are hashed once: the union of both trees' distinct inodes
+    inodes = {(base / p).stat().st_ino for p in OLD if (base / p).is_file()} | \
+        {(new / p).stat().st_ino for p in new_files()}
+    assert v["hashed"] == len(inodes)
+    # verify-only changed nothing
+    assert (base / "tree/pkg/mod030.py").read_bytes().startswith(b"z")
+
+
+def test_placed_release_is_read_only_modes_otherwise_kept(delta):
+    base, inc, side = delta
+    (side / "tree/pkg/mod007.py").chmod(0o600)       # a private file stays private
+    code, v = run(inc, side, base)
+    assert code == 0 and v["ok"]
+    modes = {p: (inc / p).stat().st_mode & 0o777 for p in new_files()}
+    assert modes["tree/pkg/mod007.py"] == 0o400
+    assert all(m & 0o222 == 0 for m in modes.values()), modes
 
 
 def test_stage_wait_merge_verify_place(tmp_path):
@@ -169,7 +197,7 @@ def test_stage_wait_merge_verify_place(tmp_path):
                   wait={"marker": str(side), "timeout": 30},
                   place={"final": str(final), "state": str(state), "doc": '{"placed": 1}\n'})
     th.join()
-    assert code == 0 and v["ok"] and v["placed"] and v["merged"] == 6 and v["hashed"] == 3, v
+    assert code == 0 and v["ok"] and v["placed"] and v["merged"] == 6 and v["hashed"] == v["checked"] == 42, v   # every file, each inode once
     assert sorted(x.name for x in rel_dir.iterdir()) == ["rNEW", "rOLD"]     # no incoming, side or marker left
     assert (final / "tree/pkg/mod007.py").read_bytes() == b"x = 'patched'\n"
     assert (final / "tree/pkg/mod008.py").stat().st_ino == (base / "tree/pkg/mod008.py").stat().st_ino

@@ -1,204 +1,208 @@
-"""``hicache off/on --remote`` against a real OpenSSH sshd host running the stand-in SGLang server
-under the launcher convention (pid file, own process group): backup, atomic write, restart,
-/health, audit log; off then on restores the live file byte for byte."""
+"""``hicache on|off --remote`` is a release (issue 13, one write path): real sshd hosts, the
+stand-in SGLang servers under the launcher, deployed by ``dsv4ctl deploy``. The change builds a
+release from the running one with the edited serve config, pushes only that, switches under the
+deploy lock, restarts only the changed group, runs the deploy's gate; a failed gate rolls back
+like a deploy; ``rollback`` undoes it; no file of any release is ever written."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import subprocess
-import sys
-import time
-import urllib.request
+import stat
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO
-from tests.conftest import run_cli as _run_cli
-
-
-def run_cli(*args, **kw):
-    kw.setdefault("timeout", 400)      # SSH + restart + /health on a loaded 2-core CI runner
-    return _run_cli(*args, **kw)
-from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401  (fixtures)
-from tests.standin.harness import free_port, kill_groups
-from tests.standin.harness import wait_health as _wait_health
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.world import World
 
 pytestmark = pytest.mark.sshd
-SRC = REPO / "profiles" / "dsv4-flash-8xb200-pd"
-
-
-def _info(url: str) -> dict:
-    with urllib.request.urlopen(url + "/server_info", timeout=5) as r:
-        return json.load(r)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie child of this test process is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
 def world(live_cluster, tmp_path):
-    """Host h0 (sshd on 127.0.0.2) with a deployed-looking root: releases/r1/configs/{prefill,decode}.yaml,
-    current -> releases/r1, and the prefill stand-in started like the launcher does."""
-    c = live_cluster
-    h = c.hosts[0]
-    root = tmp_path / "root"
-    rel = root / "releases" / "r1" / "configs"
-    rel.mkdir(parents=True)
-    for g in ("prefill", "decode"):
-        (rel / f"{g}.yaml").write_bytes((SRC / f"{g}.yaml").read_bytes())
-    os.symlink("releases/r1", root / "current")
-    (root / "run").mkdir()
-    (root / "logs").mkdir()
-    port = free_port()
-    local = tmp_path / "local"
-    local.mkdir()
-    for g in ("prefill", "decode"):
-        (local / f"{g}.yaml").write_bytes((SRC / f"{g}.yaml").read_bytes())
-    prof = yaml.safe_load((REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml").read_text())
-    prof["sglang"]["series"] = None
-    prof["hosts"] = [c.host_yaml(h, root, ram_gib=2048)]
-    for g in prof["groups"]:
-        g["host"] = h.name
-        if g["name"] in ("prefill", "decode"):
-            g["serve_config"] = f"local/{g['name']}.yaml"
-            g["port"] = port if g["name"] == "prefill" else free_port()
-    pfile = tmp_path / "p.yaml"
-    pfile.write_text(yaml.safe_dump(prof, sort_keys=False))
-    cmd = [sys.executable, "-m", "tests.standin.server", "--config", str(root / "current" / "configs" / "prefill.yaml"),
-           "--host", h.address, "--port", str(port)]
-    log = open(root / "logs" / "prefill.log", "ab")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    pidfile = root / "run" / "prefill.pid"
-    pidfile.write_text(str(proc.pid))
-    started = {proc.pid}
-    try:
-        url = f"http://{h.address}:{port}"
-        _wait_health(url, timeout=90)
-        w = dict(profile=pfile, root=root, live=root / "current" / "configs" / "prefill.yaml", url=url,
-                 local=local / "prefill.yaml", pidfile=pidfile, host=h, proc=proc, started=started)
-        yield w
-    finally:
-        # every stand-in this test started: the first one and each one a restart wrote to the pid file
-        if pidfile.exists() and pidfile.read_text().strip():
-            started.add(int(pidfile.read_text()))
-        for line in (root / "audit.jsonl").read_text().splitlines() if (root / "audit.jsonl").exists() else []:
-            pid = ((json.loads(line).get("restart") or {}).get("new_pid"))
-            if pid:
-                started.add(pid)
-        kill_groups(started)
-        proc.wait(timeout=30)
-        log.close()
+    w = World(live_cluster, tmp_path, keep=5)
+    # HiCache on prefill needs an explicit ratio and host RAM to hold it (lint)
+    import yaml
+    prof = yaml.safe_load(w.profile.read_text())
+    for h in prof["hosts"]:
+        h["ram_gib"] = 2048
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    yield w
+    w.stop_services()
 
 
-def _audit(root: Path) -> list[dict]:
-    p = root / "audit.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+def cli(w: World, *args, timeout=300):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
 
 
-def test_remote_off_then_on_restores_bytes_and_restarts(world):
-    orig = world["live"].read_bytes()
-    pid0 = int(world["pidfile"].read_text())
-    assert _info(world["url"])["enable_hierarchical_cache"] is True
+def info(w: World, group: str) -> dict:
+    """What the group's running server was started with: the serve config on its command line
+    (the sshd stand-in has no /server_info), parsed."""
+    import yaml
+    host = {"prefill": "h0", "decode": "h1"}[group]
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tests.sshd.standin_sglang" in argv and b"--config" in argv:
+            cfg = argv[argv.index(b"--config") + 1].decode()
+            if cfg.startswith(str(w.roots[host])) and cfg.endswith(f"/{group}.yaml"):
+                found.append(cfg)
+    assert len(found) == 1, found
+    data = yaml.safe_load(Path(found[0]).read_text())
+    return {"config": found[0], "enable_hierarchical_cache": bool(data.get("enable-hierarchical-cache"))}
 
-    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote", "--dry-run")
+
+def pid(w: World, host: str, group: str) -> int:
+    return int((w.roots[host] / "run" / f"{group}.pid").read_text())
+
+
+def hicache(w: World, verb: str, *extra):
+    r = run_cli("hicache", verb, str(w.profile), "-g", "prefill", "--remote", *extra, env=w.env(), timeout=300)
+    return r
+
+
+def test_hicache_remote_is_a_release_only_the_changed_group_restarts_rollback_undoes_it(world):
+    w = world
+    r = cli(w, "deploy", "--json")
     assert r.code == 0, r.err
-    assert f"dry run: h0: back up {world['live']}" in r.out
-    assert "dry run: h0: restart group prefill" in r.out
-    assert world["live"].read_bytes() == orig and int(world["pidfile"].read_text()) == pid0
+    r1 = r.json()["release"]
+    assert info(w, "prefill")["enable_hierarchical_cache"] is False
+    pids = {("h0", "prefill"): pid(w, "h0", "prefill"), ("h1", "decode"): pid(w, "h1", "decode"),
+            ("h2", "router"): pid(w, "h2", "router")}
+    local0 = (w.cfgdir / "prefill.yaml").read_bytes()
+    r1cfg = w.roots["h0"] / "releases" / r1 / "configs" / "prefill.yaml"
+    r1bytes, r1ino = r1cfg.read_bytes(), r1cfg.stat().st_ino
 
-    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote", "--health-timeout", "120")
+    # dry run: the diff and the deploy steps; nothing changes
+    d = hicache(w, "on", "--dry-run")
+    assert d.code == 0, d.err
+    assert "+enable-hierarchical-cache: true" in d.out and f"dry run: release r" in d.out
+    assert "h0: switch" in d.out and "start prefill (launcher)" in d.out and "no group restarted" in d.out
+    assert w.currents() == {h: r1 for h in w.roots} and (w.cfgdir / "prefill.yaml").read_bytes() == local0
+
+    r = hicache(w, "on", "--json")
     assert r.code == 0, (r.out, r.err)
-    assert "-enable-hierarchical-cache: true\n+enable-hierarchical-cache: false\n" in r.out
-    assert f"h0: prefill: wrote {world['live']}" in r.out and "restarted (launcher), healthy" in r.out
-    assert world["live"].read_bytes() == orig.replace(b"enable-hierarchical-cache: true", b"enable-hierarchical-cache: false")
-    assert world["local"].read_bytes() == world["live"].read_bytes()        # the profile copy follows
-    pid1 = int(world["pidfile"].read_text())
-    assert pid1 != pid0 and not _alive(pid0) and _alive(pid1)
-    assert _info(world["url"])["enable_hierarchical_cache"] is False
-    (rec,) = _audit(world["root"])
-    assert rec["action"] == "hicache-off" and rec["group"] == "prefill" and rec["host"] == "h0"
-    assert rec["result"] == "ok" and rec["healthy"] is True and rec["ts"].endswith("Z")
-    assert rec["sha256_before"] == hashlib.sha256(orig).hexdigest()
-    assert rec["restart"] == {"how": "launcher", "old_pid": pid0, "new_pid": pid1}
-    assert Path(rec["backup"]).read_bytes() == orig
-    assert "=== dsv4ctl restart prefill (hicache)" in (world["root"] / "logs" / "prefill.log").read_text()
-    r = run_cli("hicache", "status", str(world["profile"]), "-g", "prefill", "--remote", "--json")
+    doc = json.loads(r.out)
+    r2 = doc["release"]
+    assert r2 != r1 and doc["previous"] == r1 and doc["groups"][0]["written"] is True
+    assert w.currents() == {h: r2 for h in w.roots}
+    for h in w.roots:
+        assert os.readlink(w.roots[h] / "previous") == f"releases/{r1}"
+        w.assert_complete(h)
+        rec = w.audit(h)[-1]
+        assert (rec["action"], rec["result"], rec["release"], rec["from"], rec["groups"]) == \
+            ("hicache-on", "ok", r2, r1, ["prefill"])
+        assert w.state(h)["releases"][r2]["state"] == "active"
+    assert info(w, "prefill")["enable_hierarchical_cache"] is True
+    # only prefill restarted; decode and router kept running
+    assert pid(w, "h0", "prefill") != pids[("h0", "prefill")]
+    assert pid(w, "h1", "decode") == pids[("h1", "decode")] and pid(w, "h2", "router") == pids[("h2", "router")]
+    # the old release was never written: same inode, same bytes; the new config is a new, read-only file
+    assert r1cfg.read_bytes() == r1bytes and r1cfg.stat().st_ino == r1ino
+    new = w.roots["h0"] / "releases" / r2 / "configs" / "prefill.yaml"
+    assert b"enable-hierarchical-cache: true" in new.read_bytes() and new.stat().st_mode & 0o222 == 0
+    assert (w.roots["h0"] / "releases" / r2 / "tree/python/sglang/srt/mod007.py").stat().st_ino == \
+        (w.roots["h0"] / "releases" / r1 / "tree/python/sglang/srt/mod007.py").stat().st_ino
+    # the profile's copy follows, so a deploy of the profile is the same release: "already active"
+    assert (w.cfgdir / "prefill.yaml").read_bytes() == new.read_bytes()
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0 and r.json()["release"] == r2 and r.json().get("unchanged") is True, r.err
+
+    # the same again: nothing to do, no new release
+    r = hicache(w, "on", "--json")
+    assert r.code == 0 and json.loads(r.out)["groups"][0]["changed"] is False
+    assert w.currents() == {h: r2 for h in w.roots}
+
+    # rollback undoes it
+    r = cli(w, "rollback", "--to", r1)
     assert r.code == 0, r.err
-    (st,) = r.json()["groups"]
-    assert st["file"] == f"h0:{world['live']}" and st["match"] is True
-    assert st["file_says"]["enable_hierarchical_cache"] is False and st["server_says"]["enable_hierarchical_cache"] is False
+    assert w.currents() == {h: r1 for h in w.roots} and info(w, "prefill")["enable_hierarchical_cache"] is False
+    r = cli(w, "verify", "--json")
+    assert r.code == 0 and r.json()["ok"], r.out
 
-    r = run_cli("hicache", "on", str(world["profile"]), "-g", "prefill", "--remote", "--json")
+
+def test_hicache_remote_failed_gate_rolls_back_like_a_deploy(world):
+    w = world
+    r = cli(w, "deploy", "--json")
     assert r.code == 0, r.err
-    doc = r.json()
-    assert doc["remote"] is True and doc["groups"][0]["written"] is True and doc["groups"][0]["healthy"] is True
-    assert world["live"].read_bytes() == orig                               # byte for byte
-    assert world["local"].read_bytes() == orig
-    pid2 = int(world["pidfile"].read_text())
-    assert pid2 not in (pid0, pid1) and not _alive(pid1)
-    assert _info(world["url"])["enable_hierarchical_cache"] is True
-    assert [a["action"] for a in _audit(world["root"])] == ["hicache-off", "hicache-on"]
-
-
-def test_remote_unhealthy_group_is_rolled_back(world, tmp_path):
-    orig = world["live"].read_bytes()
-    prof = yaml.safe_load(world["profile"].read_text())
-    for g in prof["groups"]:
-        if g["name"] == "prefill":
-            g["port"] = free_port()          # nothing answers there: /health never 200
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(prof, sort_keys=False))
-    (tmp_path / "local").mkdir(exist_ok=True)
-    pid0 = int(world["pidfile"].read_text())
-    r = run_cli("hicache", "off", str(bad), "-g", "prefill", "--remote", "--health-timeout", "2")
+    r1 = r.json()["release"]
+    import yaml
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["groups"][0]["env"] = {"STANDIN_CRASH_ON_HICACHE": "CUDA out of memory allocating the host pool"}
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    r1 = r.json()["release"]
+    local0 = (w.cfgdir / "prefill.yaml").read_bytes()
+    r = hicache(w, "on")
     assert r.code == 1, (r.out, r.err)
-    assert "not healthy after the health timeout of 2 s" in r.err and "old file was restored" in r.err
-    assert world["live"].read_bytes() == orig
-    assert world["local"].read_bytes() == orig                              # local copy untouched
-    pid2 = int(world["pidfile"].read_text())
-    assert pid2 != pid0 and _alive(pid2)                                    # restarted twice, running the old file
-    _wait_health(world["url"], timeout=90)
-    assert _info(world["url"])["enable_hierarchical_cache"] is True
-    (rec,) = _audit(world["root"])
-    assert rec["result"] == "rolled-back" and rec["healthy"] is False and "not healthy after the health timeout of 2 s" in rec["detail"]
+    assert "CUDA out of memory allocating the host pool" in r.err
+    assert "hicache-on of r" in r.err and f"rolled back to {r1} on all hosts" in r.err
+    assert w.currents() == {h: r1 for h in w.roots}
+    rec = w.audit("h0")[-1]
+    assert rec["action"] == "hicache-on" and rec["result"] == "rolled-back"
+    r2 = rec["release"]
+    assert w.state("h0")["releases"][r2]["state"] == "failed"
+    assert (w.cfgdir / "prefill.yaml").read_bytes() == local0          # local copy untouched
+    for h in w.roots:
+        w.assert_complete(h)
+        assert not (w.roots[h] / ".lock").exists()
 
 
-def test_remote_group_not_running_exit_3_file_restored(world):
-    orig = world["live"].read_bytes()
-    pid0 = int(world["pidfile"].read_text())
-    os.killpg(pid0, 9)
-    world["proc"].wait(timeout=10)
-    world["pidfile"].unlink()
-    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote", "--health-timeout", "2")
-    assert r.code == 3, (r.out, r.err)
-    assert "restart prefill: group prefill is not running under dsv4ctl here" in r.err
-    assert world["live"].read_bytes() == orig and world["local"].read_bytes() == orig
-    (rec,) = _audit(world["root"])
-    assert (rec["result"], rec["detail"]) == ("failed", "old file restored")
-    world["pidfile"].write_text(str(pid0))
+def test_hicache_remote_takes_the_deploy_lock(world):
+    """Issue 13: it checked the lock but did not take it. A held lock refuses it (exit 3), nothing
+    changed; the holder is named."""
+    w = world
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    r1 = r.json()["release"]
+    lock = w.roots["h1"] / ".lock"
+    lock.mkdir()
+    (lock / "holder.json").write_text(json.dumps({"who": "ops@box", "what": "deploy rX", "pid": 7, "since": "t"}))
+    r = hicache(w, "on")
+    assert r.code == 3 and "held by ops@box" in r.err, (r.out, r.err)
+    assert w.currents() == {h: r1 for h in w.roots}
+    assert [p.name for p in (w.roots["h0"] / "releases").iterdir()] == [r1]
+    assert info(w, "prefill")["enable_hierarchical_cache"] is False
 
 
-def test_remote_missing_live_file_exit_2(world):
-    world["live"].unlink()
-    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote")
-    assert r.code == 2 and r.err.strip().endswith("no such file on the host (deploy a release first)")
-
-
-def test_remote_refuses_while_a_deploy_holds_the_lock(world):
-    orig = world["live"].read_bytes()
-    (world["root"] / ".lock").mkdir()
-    (world["root"] / ".lock" / "holder.json").write_text('{"who": "ops@box", "what": "deploy"}')
-    r = run_cli("hicache", "off", str(world["profile"]), "-g", "prefill", "--remote")
-    assert r.code == 3 and "/.lock held by ops@box (deploy, pid ?, since ?); try again when it is done" in r.err
-    assert world["live"].read_bytes() == orig and not (world["root"] / "audit.jsonl").exists()
+def test_hicache_remote_secret_config_stays_private_and_masked(world):
+    """A 0600 serve config with api-key: the derived release keeps it 0400 on every host; the gate
+    authenticates with it; the key is never printed."""
+    w = world
+    w.extra["prefill"] = {"api-key": "sk-verysecret-123"}
+    w.extra["decode"] = {"api-key": "sk-verysecret-123"}
+    w.write()
+    import yaml
+    prof = yaml.safe_load(w.profile.read_text())
+    for h in prof["hosts"]:
+        h["ram_gib"] = 2048
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    for g in ("prefill", "decode"):
+        (w.cfgdir / f"{g}.yaml").chmod(0o600)
+    r = cli(w, "deploy", "--json", "-v")
+    assert r.code == 0, r.err
+    assert "sk-verysecret-123" not in r.out + r.err
+    r = hicache(w, "on")
+    assert r.code == 0, (r.out, r.err)
+    assert "sk-verysecret-123" not in r.out + r.err
+    rid = w.current("h0")
+    for h in w.roots:
+        m = stat.S_IMODE((w.roots[h] / "releases" / rid / "configs" / "prefill.yaml").stat().st_mode)
+        assert m == 0o400, (h, oct(m))
+    assert stat.S_IMODE((w.cfgdir / "prefill.yaml").stat().st_mode) == 0o600
+    # DSV4CTL_API_KEY wins; a wrong one: 401, and the server's echo of the header is masked
+    r = run_cli("hicache", "off", str(w.profile), "-g", "prefill", "--remote",
+                env={**w.env(), "DSV4CTL_API_KEY": "wrongkey-4567"}, timeout=300)
+    assert r.code == 1, (r.out, r.err)
+    assert "chat completion answered 401" in r.err and "Bearer ***" in r.err
+    assert "wrongkey-4567" not in r.out + r.err and "sk-verysecret-123" not in r.out + r.err
+    assert w.current("h0") == rid
+    for h in w.roots:         # the audit detail quotes the server's answer: masked there too
+        text = (w.roots[h] / "audit.jsonl").read_text()
+        assert "Bearer ***" in text and "wrongkey-4567" not in text and "sk-verysecret-123" not in text

@@ -320,3 +320,43 @@ def test_sigterm_during_check_load_puts_the_canary_back(world):
     assert f"dsv4ctl {child}" in err
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert child not in ps
+
+
+def test_sigint_during_promote_by_hand_checks_audits_and_leaves_no_child(world):
+    """Issue 13: ``promote ID`` interrupted during its checks (SIGINT to dsv4ctl alone): exit 130,
+    the check child stopped, the release not marked, an ``interrupted`` audit record on every
+    host, no lock left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    w = world
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "promote", rid, str(w.profile), "--turns", "400",
+                             "--concurrency", "4"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, **w.env()))
+    err = ""
+    deadline = time.monotonic() + 120
+    while "check load: dsv4ctl check load" not in err and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        err += line
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, rest = proc.communicate(timeout=120)
+    err += rest
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "dsv4ctl: error: interrupted"
+    for h in ("h0", "h1"):
+        assert w.state(h)["releases"][rid]["state"] == "active"
+        rec = w.audit(h)[-1]
+        assert (rec["action"], rec["result"]) == ("promote", "interrupted"), rec
+        assert not (w.roots[h] / ".lock").exists()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not [ln for ln in ps.splitlines() if str(w.profile) in ln]     # neither dsv4ctl nor its check child

@@ -6,8 +6,6 @@ measures again, and writes the incident report and audit records. --dry-run chan
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 import urllib.request
@@ -49,19 +47,20 @@ def incident(live_cluster, tmp_path):
     h = live_cluster.hosts[0]
     port = free_port()
     root = tmp_path / "root"
-    (root / "releases" / "r1" / "configs").mkdir(parents=True)
-    os.symlink("releases/r1", root / "current")
-    (root / "run").mkdir()
-    (root / "logs").mkdir()
     serve = SERVE.format(port=port)
-    (root / "current" / "configs" / "prefill.yaml").write_text(serve)
     local = tmp_path / "local"
     local.mkdir()
     (local / "prefill.yaml").write_text(serve)
+    # a real release, deployed by dsv4ctl: hicache --remote changes the running release (issue 13)
+    from tests.sshd.world import make_tree
+    tree = make_tree(tmp_path / "sglang")
+    server = (f"env PYTHONPATH={REPO} {{python}} -m tests.standin.server --config {{config}} --host {{address}} "
+              "--port {port} --ttft-ms 2 --itl-ms 0")
     prof = {
         "version": 1, "name": "incident", "model": "deepseek-v4-flash",
-        "sglang": {"version": "0.5.23", "index_k_dtype": "bf16", "index_k_accounting": "exact"},
-        "deploy": {"health_timeout_s": 120, "python": sys.executable},
+        "sglang": {"version": "0.5.23", "index_k_dtype": "bf16", "index_k_accounting": "exact",
+                   "tree": str(tree), "base_ref": "v0.5.23", "series": None},
+        "deploy": {"health_timeout_s": 120, "python": sys.executable, "launch": {"server": server}},
         "check": {"concurrency": 60, "max_corruption": 0.01, "turns": 3},
         "hosts": [live_cluster.host_yaml(h, root, ram_gib=2048)],
         "groups": [{"name": "prefill", "role": "colocated", "host": h.name, "gpus": [0, 1, 2, 3], "tp": 4,
@@ -70,36 +69,31 @@ def incident(live_cluster, tmp_path):
     }
     pfile = tmp_path / "incident.yaml"
     pfile.write_text(yaml.safe_dump(prof, sort_keys=False))
-    log = open(root / "logs" / "prefill.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "tests.standin.server", "--config",
-                             str(root / "current" / "configs" / "prefill.yaml"), "--host", h.address,
-                             "--port", str(port), "--ttft-ms", "2", "--itl-ms", "0"],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    (root / "run" / "prefill.pid").write_text(str(proc.pid))
+    r = run_cli("deploy", str(pfile), "--no-preflight", timeout=300)
+    assert r.code == 0, r.err
+    proc = None
     url = f"http://{h.address}:{port}"
     try:
         wait_health(url, timeout=90)
         yield dict(profile=pfile, root=root, url=url, live=root / "current" / "configs" / "prefill.yaml",
                    local=local / "prefill.yaml", runs=tmp_path / "runs")
     finally:
-        pids = {proc.pid}
+        pids = set()
         pf = root / "run" / "prefill.pid"
         if pf.exists() and pf.read_text().strip():
             pids.add(int(pf.read_text()))
         kill_groups(pids)
-        proc.wait(timeout=30)
-        log.close()
 
 
 def test_dry_run_changes_nothing(incident):
     before = incident["live"].read_bytes()
+    audit0 = (incident["root"] / "audit.jsonl").read_bytes()
     r = run_cli("runbook", "run", "toolcall-corruption", "--profile", str(incident["profile"]), "--dry-run",
                 env={"DSV4CTL_STATE_DIR": str(incident["runs"])}, timeout=300)
     assert r.code == 0, r.err
     assert "only if measure.passed == false" in r.out and "enable-hierarchical-cache: false" in r.out
     assert incident["live"].read_bytes() == before and incident["local"].read_bytes() == before
-    assert not (incident["root"] / "audit.jsonl").exists()
+    assert (incident["root"] / "audit.jsonl").read_bytes() == audit0       # only the fixture's deploy
     assert not list(incident["runs"].glob("*/state.json"))
     assert _get(incident["url"] + "/server_info")["enable_hierarchical_cache"] is True
 
@@ -125,5 +119,5 @@ def test_toolcall_corruption_runbook_reproduces_the_seed_story(incident):
     md = (incident["runs"] / "r" / "incident.md").read_text()
     assert "hicache_off" in md and "remeasure" in md
     audit = [json.loads(x) for x in (incident["root"] / "audit.jsonl").read_text().splitlines()]
-    assert [a["action"] for a in audit] == ["hicache-off", "runbook-toolcall-corruption"]
+    assert [a["action"] for a in audit] == ["deploy", "hicache-off", "runbook-toolcall-corruption"]
     assert audit[-1]["result"] == "completed" and audit[-1]["run_id"] == doc["run_id"]

@@ -75,13 +75,16 @@ def status(profile: Optional[str] = _P,
     import math
     if not (math.isfinite(timeout) and 0 < timeout <= 3600):
         raise InputError(f"--timeout {timeout!r}: expected seconds in (0, 3600]")
+    from ..deploy.drift import verify_command
     dep, site = _site(profile, accept_new)
     groups = {h: [g.name for g in dep.groups.values() if g.group.host == h] for h in dep.hosts}
     try:
         res = run_parallel(site.transports, lambda t: parse_status(
             t.name, site.paths[t.name].root, t.run(status_command(site.paths[t.name].root, groups[t.name],
-                                                                  dep.deploy.service), timeout=60).out),
-            timeout=60 + 15)
+                                                                  dep.deploy.service,
+                                                                  verify=verify_command(site.python[t.name])),
+                                                   timeout=600).out),
+            timeout=600 + 15)
     finally:
         site.close()
     probes = asyncio.run(_probe({g.name: g.url for g in dep.groups.values()}, timeout))
@@ -99,7 +102,20 @@ def status(profile: Optional[str] = _P,
         if cur and f.recorded(cur) == "failed":
             unhealthy.append(f"{h}: the active release {cur} is recorded as failed ({f.state['releases'][cur].get('failed_check', '?')})")
         hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
-                "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {}}
+                "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {},
+                "verified": None, "drift": []}
+        if cur:
+            v = st.verify or {}
+            rep = next(iter((v.get("releases") or {}).values()), None)
+            if rep is None:
+                hdoc["drift"] = [f"not verified: {v.get('error') or 'no report'}"]
+            else:
+                hdoc["drift"] = rep.get("bad", []) + ([f"+{rep['nbad'] - len(rep['bad'])} more"]
+                                                      if rep.get("nbad", 0) > len(rep.get("bad", [])) else [])
+            hdoc["verified"] = not hdoc["drift"]
+            if hdoc["drift"]:
+                unhealthy.append(f"{h}: the active release {cur} differs from its manifest: "
+                                 + ", ".join(hdoc["drift"][:3]) + " (dsv4ctl verify)")
         for name in groups[h]:
             g = dep.groups[name]
             err, info = probes[name]
@@ -114,7 +130,8 @@ def status(profile: Optional[str] = _P,
                 unhealthy.append(f"{h}/{name}: " + ("process not running" if not alive else err or diffs[0]))
             hdoc["groups"][name] = {"role": g.role, "url": g.url, "alive": alive, "health": err or "ok",
                                     "hicache_differences": diffs}
-            rows.append([h, name, f"{cur or '-'} ({hdoc['state'] or '-'})", "yes" if alive else "NO",
+            rows.append([h, name, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
+                         + ")", "yes" if alive else "NO",
                          err or "ok", "; ".join(diffs) or "match" if info is not None else "-",
                          hdoc["lock"] or "-"])
         hosts[h] = hdoc
@@ -129,6 +146,8 @@ def status(profile: Optional[str] = _P,
         else:
             console().print(rich_table(f"dsv4ctl status: {dep.name}", headers, rows))
         for h, hd in hosts.items():
+            if hd.get("drift"):
+                print(f"{h}: DRIFT in {hd['current']}: {', '.join(hd['drift'][:5])} (dsv4ctl verify)")
             la = hd.get("last_audit")
             if la:
                 print(f"{h}: last audit: {la.get('ts', '?')} {la.get('who', '?')} {la.get('action', '?')} "
@@ -270,8 +289,57 @@ def _since(text: str) -> str:
     return d.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def verify(profile: Optional[str] = _P,
+           release: list[str] = typer.Option([], "--release", "-r", help="Only this release id (repeatable; default: every release on every host)."),
+           accept_new: bool = _ACCEPT,
+           as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.verify/1 JSON document."),
+           markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
+    """Hash every file of every release on every host against its MANIFEST.json and report drift
+    per host, release and file (an in-place edit of a hard link shared by several releases shows
+    in each of them). Read-only. Each file's inode is hashed once per host.
+
+    Exit 0 every release intact · 1 drift found · 2 bad input · 3 a host could not be read."""
+    from ..deploy.drift import verify_fleet
+    from ..deploy.site import Options
+    from .common import load_deployment_arg
+    dep = load_deployment_arg(profile, acts_on_hosts=True)
+    for r in release:
+        if not re.fullmatch(r"r[0-9a-f]{12}", r):
+            raise InputError(f"--release {r!r}: expected a release id (r + 12 hex digits)")
+    doc = verify_fleet(dep, Options(accept_new_host_keys=accept_new), release or None)
+    doc["profile"] = dep.name
+    if as_json:
+        print(dump_json(doc))
+    else:
+        headers = ["host", "release", "role", "files", "verdict"]
+        rows = []
+        for h, hd in doc["hosts"].items():
+            if "error" in hd:
+                rows.append([h, "-", "", "", "UNREACHABLE: " + hd["error"][:80]])
+                continue
+            if not hd["releases"]:
+                rows.append([h, "-", "", "", "no releases"])
+            for rid, v in hd["releases"].items():
+                role = "current" if rid == hd["current"] else "previous" if rid == hd["previous"] else ""
+                rows.append([h, rid, role, v["checked"], "ok" if v["ok"] else
+                             "DRIFT: " + ", ".join(v["problems"][:3]) + (f" (+{v['nbad'] - 3} more)" if v["nbad"] > 3 else "")])
+        if markdown:
+            print(markdown_table(headers, rows))
+        else:
+            console().print(rich_table(f"dsv4ctl verify: {dep.name}", headers, rows))
+        for line in doc["drift"]:
+            print(f"drift: {line}")
+    if doc["unreachable"]:
+        raise DsvError(f"verify: {len(doc['unreachable'])} host(s) could not be read: {doc['unreachable'][0]}",
+                       EXIT_REMOTE)
+    if doc["drift"]:
+        raise DsvError(f"verify: {len(doc['drift'])} release(s) differ from their manifest: {doc['drift'][0]}",
+                       EXIT_FAILED)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``status``, ``logs`` and ``audit`` to the root app."""
     app.command("status")(status)
     app.command("logs")(logs)
     app.command("audit")(audit)
+    app.command("verify")(verify)

@@ -68,7 +68,8 @@ class _RunLog:
         from ..resources import state_root
         code = 0 if et is None else (e.exit_code if isinstance(e, DsvError) else 130 if et is KeyboardInterrupt else 1)
         rec = {"ts": now_iso(), "who": who(), "command": self.command, "profile": str(self.profile.path),
-               "exit_code": code, "error": mask_secrets(str(e), self.secrets) if e else None,
+               "exit_code": code,
+               "error": "interrupted" if et is KeyboardInterrupt else mask_secrets(str(e), self.secrets) if e else None,
                **self.result, "steps": self.steps}
         try:
             d = state_root()
@@ -90,22 +91,48 @@ def _out(rep: dict, secrets) -> str:
     return mask_secrets(dump_json(rep), secrets)
 
 
+#: The longest health wait a run accepts (s): a day. nan, inf, 0 and negatives are refused.
+MAX_HEALTH_TIMEOUT = 86400.0
+
+
+def check_health_timeout(value, option: str = "--health-timeout"):
+    """``value`` (seconds) when it is None or a finite number in (0, a day], else InputError
+    (exit 2, before anything is read or locked): ``nan`` used to wait forever holding every
+    host's lock, ``-5`` was accepted."""
+    import math
+    if value is None:
+        return None
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_HEALTH_TIMEOUT):
+        from ..errors import InputError
+        raise InputError(f"{option} {value!r}: expected a finite number of seconds in (0, {MAX_HEALTH_TIMEOUT:g}]")
+    return float(value)
+
+
 def _profile(arg):
     from .common import load_deployment_arg
     return load_deployment_arg(arg, acts_on_hosts=True)
 
 
 class _Interrupted:
-    """Turn KeyboardInterrupt into DsvError(exit 130): typer maps a bare KeyboardInterrupt to an
-    exit code that ``cli.main`` does not see when ``standalone_mode=False``."""
+    """Turn KeyboardInterrupt (Ctrl-C, or SIGTERM: :func:`_sigterm_as_interrupt`) into
+    DsvError(exit 130): typer maps a bare KeyboardInterrupt to an exit code that ``cli.main``
+    does not see when ``standalone_mode=False``. Every error message leaves with the known
+    ``secrets`` masked (a gate failure quotes server log lines and HTTP bodies, which may echo a
+    key back)."""
+
+    def __init__(self, secrets=frozenset()):
+        self.secrets = secrets
 
     def __enter__(self):
         return self
 
     def __exit__(self, et, e, tb):
+        from ..errors import EXIT_INTERRUPTED, DsvError
         if et is KeyboardInterrupt:
-            from ..errors import EXIT_INTERRUPTED, DsvError
             raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from e
+        if isinstance(e, DsvError) and self.secrets:
+            from ..deploy.steps import mask_secrets
+            e.args = (mask_secrets(str(e), self.secrets),) + tuple(e.args[1:])
         return False
 
 
@@ -205,6 +232,7 @@ def deploy(
     · 2 bad input (or a preflight lint error) · 3 SSH/lock/push failure (no host switched) · 130
     interrupted (hosts rolled back)."""
     from ..deploy import engine
+    check_health_timeout(health_timeout)
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
     if po is not None and no_preflight:
         from ..errors import InputError
@@ -213,7 +241,7 @@ def deploy(
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
-    with _Interrupted(), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
+    with _Interrupted(secrets), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
                      force_failed=force_failed, preflight=not no_preflight, runlog=runlog)
@@ -293,7 +321,8 @@ def promote(
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
-    with _Interrupted(), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
+    _sigterm_as_interrupt()
+    with _Interrupted(secrets), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
         rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        break_lock=break_lock, verbose=verbose, quiet=quiet, runlog=runlog),
                               release, po)
@@ -326,11 +355,12 @@ def rollback(
     Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
     host · 3 SSH/lock failure or the gate failed (hosts put back)."""
     from ..deploy import engine
+    check_health_timeout(health_timeout)
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     _sigterm_as_interrupt()
-    with _Interrupted(), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
+    with _Interrupted(secrets), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
         rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        health_timeout=health_timeout, break_lock=break_lock, verbose=verbose,
                                        quiet=quiet, force_failed=force_failed, runlog=runlog), to=to)

@@ -21,6 +21,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "promote": ("dsv4ctl promote ID profiles/my.yaml",),
     "status": ("dsv4ctl status profiles/my.yaml",),
     "logs": ("dsv4ctl logs decode profiles/my.yaml -n 100 --grep 'OOM|Traceback'",),
+    "verify": ("dsv4ctl verify profiles/my.yaml          # every release on every host against its manifest",
+               "dsv4ctl verify profiles/my.yaml -r ID --json"),
     "audit": ("dsv4ctl audit profiles/my.yaml --since 2026-12-01",),
     "config lint": ("dsv4ctl config lint",
                     "dsv4ctl config lint profiles/my.yaml --tree ~/src/sglang"),

@@ -1,5 +1,5 @@
 """``dsv4ctl hicache on|off|status``: thin CLI over :mod:`dsv4ctl.serve.hicache_local` (the
-profile's serve configs), :mod:`dsv4ctl.serve.hicache_live` (the live files on hosts) and
+profile's serve configs), :mod:`dsv4ctl.serve.hicache_live` (the running release's configs; the change is a release, :mod:`dsv4ctl.deploy.change`) and
 :mod:`dsv4ctl.serve.hicache` (edits and status)."""
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
 
 
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
-            tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None) -> None:
+            tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None,
+            verbose: bool = False) -> None:
     from ..serve.hicache import Options
     from ..serve.hicache_local import prepare_edits, refuse_shipped, select_groups, write_all
     from .common import load_deployment_arg
 
+    from .deploy import check_health_timeout
+    check_health_timeout(health_timeout)
     prof = load_deployment_arg(profile, acts_on_hosts=True)      # on/off edit files (or hosts)
     groups = select_groups(prof, group, action)
     if not groups:
@@ -32,7 +35,7 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     if not dry_run:     # before any host is touched: --remote also rewrites the local copies
         refuse_shipped([e.path for e in edits if e.new != e.old])
     if remote:
-        _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout)
+        _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout, verbose)
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
@@ -55,67 +58,94 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
         out(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
 
 
-def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout) -> None:
-    """``--remote``: the live files on the hosts (backup, atomic write, restart, health, audit), then
-    the profile's local copies (so the next deploy keeps the setting)."""
+def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout, verbose=False) -> None:
+    """``--remote``: every change to a host is a release. The running release's serve configs are
+    edited (:mod:`dsv4ctl.serve.hicache_live`), a new release is derived from it and deployed
+    (:mod:`dsv4ctl.deploy.change`: delta push, verify, switch under the deploy lock, restart of the
+    changed groups only, the deploy's health gate; a failure or an interrupt puts every host back),
+    then the profile's local copies get the same edit (so the next deploy keeps it)."""
+    from ..deploy.change import change_configs
+    from ..deploy.site import Options as DeployOptions
+    from ..deploy.steps import Step, deployment_secrets, mask_secrets
     from ..serve import hicache_live as hr
     from ..serve.hicache_local import write_all
-    from ..remote import connect, describe_actions
+    from .deploy import _Interrupted, _sigterm_as_interrupt
 
-    hosts = sorted({g.group.host for g in groups})
-    transports = {h: connect(prof.hosts[h], hosts=prof.hosts) for h in hosts}
-    try:
-        redits = hr.plan_remote(prof, groups, action, opts, tree, transports)
-        out = _printer(set().union(*(e.secrets for e in local_edits), *(_secrets_of(e.old) for e in redits)))
-        acts = hr.actions(prof, redits)
+    secrets = set(deployment_secrets(prof)) | set().union(*(e.secrets for e in local_edits))
+    out = _printer(secrets)
+    names = [g.name for g in groups]
+    redits: list = []
+
+    def edit(texts: dict[str, str], rid: str) -> dict[str, bytes]:
+        redits[:] = hr.edit_release_configs(prof, groups, action, opts, tree, texts, rid)
+        for e in redits:
+            secrets.update(_secrets_of(e.old))
+        return {e.group: e.new.encode() for e in redits if e.new != e.old}
+
+    def log(s: str) -> None:
         if not as_json:
-            for e in redits:
-                if e.new == e.old:
-                    out(f"{e.group}: {e.host}:{e.path}: HiCache already {action}, unchanged")
-                else:
-                    out(e.diff, end="")
-                    for f in e.findings:
-                        out(f.format())
-            if dry_run:
-                for line in describe_actions(acts):
-                    out(f"dry run: {line}")
-                for e in redits:
-                    if e.new != e.old:
-                        out(f"dry run: wait for {e.url}/health, append to {e.host}:{e.root}/audit.jsonl")
-        timeout = health_timeout if health_timeout is not None else prof.deploy.health_timeout_s
-        err = None
-        if not dry_run:
-            try:
-                hr.apply_remote(prof, redits, transports, action, timeout, log=(lambda s: None) if as_json else out)
-            except DsvError as e:
-                err = e
-        changed_local = [e for e in local_edits if e.new != e.old]
-        if not dry_run and err is None and changed_local:
-            write_all([(e.path, e.new) for e in changed_local])
-        if as_json:
-            out(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run, remote=True,
-                                 groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
-                                              written=(e.new != e.old) and not dry_run and not e.rolled_back and err is None,
-                                              backup=e.backup if e.new != e.old else None, diff=e.diff,
-                                              restart=e.restart, healthy=e.healthy, rolled_back=e.rolled_back,
-                                              findings=[f.to_dict() for f in e.findings]) for e in redits],
-                                 local=[dict(group=e.group, file=str(e.path), changed=e.new != e.old, diff=e.diff)
-                                        for e in local_edits])))
-        else:
-            for e in changed_local:
+            import sys
+            print(f"dsv4ctl: {mask_secrets(scrub_all(s), secrets)}", file=sys.stderr, flush=True)
+
+    def scrub_all(s: str) -> str:
+        from ..serve.edit import scrub
+        return scrub(s, secrets)
+    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log)
+    if verbose and not dry_run:
+        o.trace = lambda st: log("step " + st.line(True))
+        o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
+    if not dry_run:
+        _sigterm_as_interrupt()
+    err = None
+    rep: dict = {}
+    with _Interrupted(secrets):
+        try:
+            rep = change_configs(prof, o, edit, action=f"hicache-{action}", groups=names)
+        except DsvError as e:
+            err = e
+    if err is not None and not redits:
+        raise err
+    changed_local = [e for e in local_edits if e.new != e.old]
+    wrote_local = False
+    if not dry_run and err is None and changed_local:
+        write_all([(e.path, e.new) for e in changed_local])
+        wrote_local = True
+    changed = [e for e in redits if e.new != e.old]
+    rid, frm = rep.get("release"), rep.get("from")
+    if as_json:
+        out(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run, remote=True,
+                           release=rid if changed else None, previous=frm,
+                           groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
+                                        written=(e.new != e.old) and not dry_run and err is None, release=rid,
+                                        diff=e.diff, findings=[f.to_dict() for f in e.findings]) for e in redits],
+                           local=[dict(group=e.group, file=str(e.path), changed=e.new != e.old, diff=e.diff,
+                                       written=wrote_local and e.new != e.old) for e in local_edits],
+                           error=str(err) if err is not None else None)))
+    else:
+        for e in redits:
+            if e.new == e.old:
+                out(f"{e.group}: {e.host}:{e.path}: HiCache already {action}, unchanged")
+            else:
                 out(e.diff, end="")
-            if not dry_run and err is None:
-                done = [e for e in redits if e.new != e.old]
-                for e in done:
-                    how = (e.restart or {}).get("how", "?")
-                    out(f"{e.host}: {e.group}: wrote {e.path} (backup {e.backup}), restarted ({how}), healthy")
-                if changed_local:
-                    out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
-        if err is not None:
-            raise err
-    finally:
-        for t in transports.values():
-            t.close()
+                for f in e.findings:
+                    out(f.format())
+        if dry_run and changed:
+            out(f"dry run: release {rid} = {frm} with the new serve config of {', '.join(e.group for e in changed)}; "
+                "steps (nothing changed):")
+            for st in rep.get("steps", []):
+                out("  " + mask_secrets(Step(**st).line(False), secrets))
+            if rep.get("on_failure"):
+                out("  on a failed gate or an interrupt, instead:")
+                for st in rep["on_failure"]:
+                    out("    " + mask_secrets(Step(**st).line(False), secrets))
+        if not dry_run and err is None and changed:
+            out(f"released {rid} (from {frm}): restarted {', '.join(f'{e.group} on {e.host}' for e in changed)}; "
+                f"healthy; dsv4ctl rollback --to {frm} undoes it")
+        if wrote_local:
+            out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
+    if err is not None:
+        err.args = (mask_secrets(scrub_all(str(err)), secrets),) + tuple(err.args[1:])
+        raise err
 
 
 def _secrets_of(text: str) -> set[str]:
@@ -153,8 +183,11 @@ _PROFILE = typer.Argument(None, help="Profile path or shipped name (default: the
 _TREE = typer.Option(None, "--tree", help="SGLang tree for the index-K gating check (default: the profile's sglang.tree).")
 _DRY = typer.Option(False, "--dry-run", help="Print the diff and lint result; write nothing.")
 _JSON = typer.Option(False, "--json", help="Print the dsv4ctl.hicache-edit/1 JSON document.")
-_REMOTE = typer.Option(False, "--remote", help="Edit the live files on the groups' hosts (<root>/current/configs/G.yaml): "
-                                              "backup, atomic write, restart, wait for /health, audit log; then the local copies.")
+_REMOTE = typer.Option(False, "--remote", help="Change the running release: a new release with the edited serve configs, "
+                                              "pushed (delta), switched under the deploy lock, only the changed groups "
+                                              "restarted, the deploy's health gate (rolled back on failure), audit log; "
+                                              "then the local copies.")
+_VERBOSE = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked).")
 _HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900).")
 
 
@@ -162,23 +195,23 @@ def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio:
        write_policy: Optional[str] = _O["write_policy"], io_backend: Optional[str] = _O["io_backend"],
        mem_layout: Optional[str] = _O["mem_layout"], storage_backend: Optional[str] = _O["storage_backend"],
        tree: Optional[str] = _TREE, dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
-       health_timeout: Optional[float] = _HEALTH) -> None:
+       health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE) -> None:
     """Turn HiCache on in the selected groups' serve configs (diff printed, linted before writing).
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
     _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run,
-            as_json, remote, health_timeout)
+            as_json, remote, health_timeout, verbose)
 
 
 def off(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], tree: Optional[str] = _TREE,
         dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
-        health_timeout: Optional[float] = _HEALTH) -> None:
+        health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE) -> None:
     """Turn HiCache off (``enable-hierarchical-cache: false``; other hicache-* keys are kept, inert).
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
-    _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout)
+    _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout, verbose)
 
 
 async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[dict], Optional[str]]]:

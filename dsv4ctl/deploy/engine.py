@@ -30,8 +30,8 @@ from ..hosts.service import backend, log_tail_cmd
 from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from .push import kill_rsyncs, push_host, rsync_user_args
-from .release import Release, build_release, launch_spec, release_id, release_inputs, resolve_base, sha256_file
-from .site import Options, Site, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
+from .release import Release, build_release, private_groups, launch_spec, release_id, release_inputs, resolve_base, sha256_file
+from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
 
@@ -119,6 +119,40 @@ def release_locks(site: Site, hosts: list[str] | None = None) -> None:
     run_parallel({h: site.transports[h] for h in hs}, unlock, timeout=60)
 
 
+# -- verify ------------------------------------------------------------------------------------
+
+def run_verify(site: Site, steps: list[Step]) -> str:
+    """Run verify steps (hosts in parallel; an interrupt lets each finish). Returns "" when every
+    target is intact, else the drift (or the error) per host, one line."""
+    from .drift import drift_text, verify_releases
+    if not steps:
+        return ""
+    by_host = {s.host: s for s in steps}
+
+    def body(t):
+        st = by_host[t.name]
+        trace(site, st)
+        t0 = time.monotonic()
+        try:
+            return verify_releases(t, site.python[t.name], [site.paths[t.name].release(st.extra["rid"])])
+        finally:
+            step_done(site, st, time.monotonic() - t0)
+    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
+                       finish_on_interrupt=True)
+    out = []
+    for h, r in res.items():
+        if not r.ok:
+            out.append(f"{h}: {r.error}")
+        elif drift_text(r.value):
+            out.append(f"{h}: {drift_text(r.value)}")
+    return "; ".join(out)
+
+
+def drift_error(rid: str, why: str) -> RemoteError:
+    return RemoteError(f"release {rid} differs from its manifest (edited on the host?): {why}; no host was "
+                       "switched (dsv4ctl verify lists the drift of every release)")
+
+
 # -- switch and gate ---------------------------------------------------------------------------
 
 def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str]:
@@ -142,7 +176,7 @@ def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str
     return [r.error for r in res.values() if not r.ok]
 
 
-def run_gate(site: Site, steps: list[Step]) -> list:
+def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> list:
     """Run the gate steps (:func:`dsv4ctl.hosts.health.gate`); [] = healthy. A worker whose
     process has exited fails at once (its service backend's alive command)."""
     for s in steps:
@@ -154,17 +188,19 @@ def run_gate(site: Site, steps: list[Step]) -> list:
         t, p, f = site.transports[h], site.paths[h], site.facts[h]
         alive_cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(p, g)
         alive = (lambda t=t, c=alive_cmd: t.run(c, check=False, timeout=30).code == 0)
-        tgt = health.Target(h, g, s.extra["url"], alive)
+        tgt = health.Target(h, g, s.extra["url"], alive,
+                            api_key(site.profile, g) if s.extra["kind"] == "chat" else None)
         if s.extra["kind"] == "health":
             workers.append(tgt)
         else:
             chat.append(tgt)
             model = s.extra["model"]
+    wait = health_timeout(site) if timeout is None else timeout
     site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
-                  f"(timeout {health_timeout(site):g} s)")
+                  f"(timeout {wait:g} s)")
     t0, ended = time.monotonic(), {}
     try:
-        return health.gate(workers, chat, health_timeout(site), model, ended=ended)
+        return health.gate(workers, chat, wait, model, ended=ended)
     finally:
         t1 = max([ended[k] for k in ended if k[0] == "health"], default=t0)
         for s in steps:
@@ -205,6 +241,10 @@ def switch_with_gate(site: Site, switches: list[Step], gates: list[Step], revert
             if not fails:
                 return True, ""
             reason = failure_text(site, fails)
+    except KeyboardInterrupt:
+        revert(site, [back[h] for h in switched])
+        wait_restored(site, [back[h] for h in switched])
+        raise
     except BaseException:
         revert(site, [back[h] for h in switched])
         raise
@@ -223,6 +263,33 @@ def revert(site: Site, steps: list[Step]) -> None:
     errors = run_switches(site, steps, [])
     if errors:
         site.opts.log("rollback failed on: " + "; ".join(errors))
+
+
+#: How long an interrupted run waits for the release it put back to be healthy (s, at most).
+RESTORE_WAIT_S = 120.0
+
+
+def wait_restored(site: Site, reverts: list[Step]) -> str:
+    """After an interrupt put ``reverts``' hosts back: wait (at most ``RESTORE_WAIT_S`` s, or the
+    health timeout when shorter) for the restored release's gate and say so; a second interrupt
+    stops waiting. The outcome goes to ``site.restored`` (the close record's detail adds it)."""
+    gates = revert_gate(site, reverts)
+    if not gates:
+        site.restored = ""
+        return ""
+    t = min(health_timeout(site), RESTORE_WAIT_S)
+    site.opts.log(f"interrupted: waiting up to {t:g} s for the restored release to be healthy "
+                  "(interrupt again to stop waiting)")
+    try:
+        fails = run_gate(site, gates, timeout=t)
+    except KeyboardInterrupt:
+        site.restored = "restored release not waited for (second interrupt)"
+        site.opts.log(site.restored)
+        return site.restored
+    site.restored = ("restored release healthy" if not fails
+                     else f"restored release not healthy after {t:g} s: {failure_text(site, fails)}")
+    site.opts.log(site.restored)
+    return site.restored
 
 
 def revert_gate(site: Site, reverts: list[Step]) -> list[Step]:
@@ -315,7 +382,8 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             doc["actions"] = [f"preflight: {pre['summary'] if pre else 'skipped (--no-preflight)'}"] + doc["actions"]
             return doc
         t_build = time.monotonic()
-        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident)
+        rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident,
+                            private=private_groups(dep))
         opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
@@ -359,7 +427,8 @@ def _announce(site: Site, run: RunSteps) -> None:
         site.opts.steps(RunSteps(site.locked_steps + run.steps, run.on_failure))
 
 
-def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> dict:
+def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, action: str = "deploy",
+                   restart: frozenset | None = None, record: dict | None = None) -> dict:
     opts = site.opts
     report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
               "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
@@ -367,13 +436,18 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
               "hosts": {h: {"from": site.facts[h].current} for h in site.hosts}}
     old_current = {h: site.facts[h].current for h in site.hosts}
     frm = {h: {"from": c} for h, c in old_current.items()}
-    base_rec = {"action": "deploy", "release": rel.id, **_record_extras(site, rel.id, promote)}
+    extra = {**_record_extras(site, rel.id, promote), **(record or {})}
+    base_rec = {"action": action, "release": rel.id, **extra}
     spec = json.loads((rel.path / "launch.json").read_text())
     run = promote.steps(site, rel.id, spec) if promote is not None else \
-        deploy_steps(site, rel.id, spec, extra=_record_extras(site, rel.id, promote))
+        deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart)
     _announce(site, run)
     if promote is None and nothing_to_do(site, rel.id):
-        opts.log(f"{rel.id} is already the active, good release on every host: nothing to do")
+        drift = run_verify(site, run.of("verify"))
+        if drift:
+            close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
+            raise drift_error(rel.id, drift)
+        opts.log(f"{rel.id} is already the active release on every host and matches its manifest: nothing to do")
         run_close(site, run.of("close"))
         report.update(result="ok", unchanged=True, steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
         for h in site.hosts:
@@ -391,7 +465,10 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
                 return push_host(t, site, rel)
             finally:
                 step_done(site, pushes[t.name], time.monotonic() - t1)
-        res = run_parallel(site.transports, push, timeout=opts.host_timeout)
+        with _stop_pushes_on_interrupt():
+            # an interrupt stops the rsyncs at once, then waits for every push thread to end
+            # (each tells its host-side script to give up): the close-out must not race them
+            res = run_parallel(site.transports, push, timeout=opts.host_timeout, finish_on_interrupt=True)
         report["push_seconds"] = round(time.monotonic() - t0, 3)
         bad = [r for r in res.values() if not r.ok]
         if bad:
@@ -404,6 +481,10 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
             opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
                                  f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
                                  f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+        drift = run_verify(site, run.of("verify"))
+        if drift:
+            close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
+            raise drift_error(rel.id, drift)
     except KeyboardInterrupt:
         kill_rsyncs()
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during push; no host switched"},
@@ -413,9 +494,11 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
         return promote.run_locked(site, rel, spec, run, report, frm, t_start)
     t_act = time.monotonic()
     try:
-        ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"), revert_steps(site, site.hosts, rel.id, spec))
+        ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
+                                   revert_steps(site, site.hosts, rel.id, spec, restart=restart))
     except KeyboardInterrupt:
-        close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"},
+        close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"
+                         + (f"; {site.restored}" if site.restored else "")},
                   event=(rel.id, "failed", {"failed_check": "interrupted", "failure": "interrupted during activation"}),
                   per_host=frm)
         raise
@@ -423,10 +506,40 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None) -> di
         close_all(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]},
                   event=(rel.id, "failed", {"failed_check": "health gate", "failure": why[:1000]}), per_host=frm)
         back = sorted({o or "(none)" for o in old_current.values()})
-        raise VerdictError(f"deploy of {rel.id} rolled back to {', '.join(back)} on all hosts "
+        raise VerdictError(f"{action} of {rel.id} rolled back to {', '.join(back)} on all hosts "
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
     return finish_good(site, rel.id, run.of("close"), report, t_start)
+
+
+class _stop_pushes_on_interrupt:
+    """While pushes run: SIGINT/SIGTERM terminate the rsync children first, then raise
+    KeyboardInterrupt as usual (main thread only; the previous handlers come back after)."""
+
+    def __enter__(self):
+        import signal
+        self.old = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old = signal.getsignal(sig)
+            if not callable(old) and sig == signal.SIGTERM:
+                continue          # SIGTERM not handled as an interrupt here: leave it alone
+            self.old[sig] = old
+
+            def h(signum, frame, old=old):
+                kill_rsyncs()
+                if callable(old):
+                    old(signum, frame)
+                raise KeyboardInterrupt
+            signal.signal(sig, h)
+        return self
+
+    def __exit__(self, *a):
+        import signal
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        return False
 
 
 def _record_extras(site: Site, rid: str, promote) -> dict:
@@ -521,10 +634,19 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
             old_current = {h: site.facts[h].current for h in site.hosts}
             rec = {"action": "rollback", "release": target, **_record_extras(site, target, True)}
             try:
+                drift = run_verify(site, run.of("verify"))
+            except KeyboardInterrupt:
+                close_all(site, {**rec, "result": "interrupted", "detail": "interrupted before any switch"})
+                raise
+            if drift:
+                close_all(site, {**rec, "result": "failed", "detail": "verify: " + drift[:1500]})
+                raise drift_error(target, drift)
+            try:
                 ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
                                            revert_steps(site, site.hosts, target, spec))
             except KeyboardInterrupt:
-                close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"})
+                close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"
+                                 + (f"; {site.restored}" if site.restored else "")})
                 raise
             if not ok:
                 close_all(site, {**rec, "result": "failed", "detail": why[:2000]},

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, VerdictError
+from ..errors import DsvError, InputError, VerdictError
 from ..hosts.audit import file_stamp, now_iso
 
 CHECKS = ("smoke", "load")
@@ -189,8 +189,8 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     """Every step of ``deploy --promote`` of ``rid``: lock, push, the canary's switch and gate,
     the checks (``dsv4ctl check`` children), the rest's switch and gate (and a smoke of the whole
     deployment), the evidence, the close-out. Returns a :class:`~dsv4ctl.deploy.steps.RunSteps`."""
-    from .steps import (RunSteps, Step, close_step, gate_steps, lock_step, next_previous, prune_after_switch,
-                        push_step, revert_steps, switch_step)
+    from .steps import (RunSteps, Step, close_step, gate_steps, lock_step, next_previous, present_verify_steps,
+                        prune_after_switch, push_step, revert_steps, switch_step)
     hosts = site.hosts
     canary = first_deploy_canary([h for h in hosts if h in po.canary_hosts], {h: site.facts[h].current for h in hosts})
     rest = [h for h in hosts if h not in canary]
@@ -199,7 +199,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     g = gate_settings(site.profile, po)
     path = str(site.profile.path)
     steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
-    steps += [push_step(site, h, rid) for h in hosts]
+    steps += [push_step(site, h, rid) for h in hosts] + present_verify_steps(site, rid)
     for name, hs in (("canary", canary), ("rest", rest)):
         steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
                   for h in hs]
@@ -253,8 +253,12 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
     log(f"check {kind}: dsv4ctl {' '.join(argv)}")
     edir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    from .site import api_key
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    key = api_key(profile)          # on the child's environment, never on its argv
+    if key:
+        env["DSV4CTL_API_KEY"] = key
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True, env=env)
     (edir / f"{name}.json").write_text(p.stdout)
     (edir / f"{name}.err").write_text(p.stderr)
     try:
@@ -458,13 +462,26 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         edir = evidence_dir(rid, stamp)
         results, bad = [], None
-        for st in run.of("check"):
-            E.trace(site, st)
-            r = run_check(st.extra["kind"], profile, po, edir, opts.log)
-            results.append(r)
-            if not r["passed"]:
-                bad = r
-                break
+        try:
+            for st in run.of("check"):
+                E.trace(site, st)
+                r = run_check(st.extra["kind"], profile, po, edir, opts.log)
+                results.append(r)
+                if not r["passed"]:
+                    bad = r
+                    break
+        except KeyboardInterrupt:
+            # the check child was stopped (subprocess.run kills it); nothing was changed on a host:
+            # say so in every host's audit log (under the lock; a held lock is left alone)
+            try:
+                E.acquire_locks(site, f"promote {rid}")
+                E.close_all(site, {"action": "promote", "release": rid, "result": "interrupted",
+                                   "detail": f"interrupted during the checks; {rid} not marked"})
+            except (DsvError, KeyboardInterrupt):
+                pass
+            finally:
+                E.release_locks(site)
+            raise
         try:
             E.acquire_locks(site, f"promote {rid}")
             run = by_hand_steps(site, rid, po, hrel)

@@ -45,7 +45,29 @@ def parse_rsync_stats(text: str) -> dict:
             "total_size": num("Total file size")}
 
 
-def push_host(t: Transport, site: Site, rel: Release) -> dict:
+class DriftedBase(RemoteError):
+    """A delta push failed verification on a file hard-linked from its base release: that release
+    was edited in place on the host."""
+
+
+def push_host(t: Transport, site: Site, rel: Release, repair: bool = False) -> dict:
+    """:func:`push_host_once`; when a delta push fails its verification because a file it
+    hard-linked from the base release was edited in place there (drift), the host gets the whole
+    release again — one rsync with ``--checksum`` against the same link-dest releases, so only
+    files whose content matches are linked and the drifted inode is replaced by a fresh copy in
+    the new release (the base keeps its drift: ``dsv4ctl verify`` reports it)."""
+    try:
+        return push_host_once(t, site, rel, repair)
+    except DriftedBase as e:
+        if repair or not use_rsync(site.facts[t.name]):
+            raise
+        site.opts.log(f"{e}; pushing the whole release again (rsync --checksum)")
+        st = push_host_once(t, site, rel, True)
+        st["repaired"] = True
+        return st
+
+
+def push_host_once(t: Transport, site: Site, rel: Release, repair: bool = False) -> dict:
     """Put ``rel`` into ``releases/<id>`` on one host (delta), verified. Returns push stats.
 
     The transfer (:func:`_push_rsync`, :func:`_push_copy`) and the host-side script of
@@ -54,12 +76,14 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
     Leftover ``.incoming-*`` folders of other runs are removed by the first command."""
     f, p = site.facts[t.name], site.paths[t.name]
     t0 = time.monotonic()
-    if rel.id in f.releases:
+    if rel.id in f.releases and not repair:
         return {"skipped": True, "bytes_sent": 0, "files_transferred": 0, "seconds": 0.0, "hashed": 0}
     inc = p.incoming(rel.id)
     bases = link_bases(f, rel.id)
-    stale = " ".join(q(p.incoming(x)) for x in f.incoming if x != rel.id)
+    stale = " ".join(q(p.incoming(x)) for x in f.incoming if x != rel.id or repair)
     clean = f"rm -rf {stale} && " if stale else ""
+    if repair:
+        clean = f"rm -rf {q(inc)} && " + clean
     st = f.state.setdefault("releases", {})
     before = dict(st.get(rel.id, {}))
     st[rel.id] = transition(st.get(rel.id), "pushed", at=now_iso(), by=who())
@@ -71,7 +95,7 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
         st.pop(rel.id, None)
     place = f"{q(site.python[t.name])} -S -c {q(VERIFY_SCRIPT)}"
     if use_rsync(f):
-        stats, r = _push_rsync(t, site, rel, inc, bases, clean, job, place)
+        stats, r = _push_rsync(t, site, rel, inc, bases, clean, job, place, repair)
     else:
         t1 = time.monotonic()
         stats = _push_copy(t, site, rel, inc, bases, clean)
@@ -84,8 +108,12 @@ def push_host(t: Transport, site: Site, rel: Release) -> dict:
     except ValueError:
         v = None
     if v is not None and not v["ok"] and not v.get("error"):
-        raise RemoteError(f"{t.name}: release {rel.id} failed manifest verification "
-                          f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})")
+        drifted = bool(bases) and any(b.startswith(("hash ", "size ")) for b in v["bad"])
+        raise (DriftedBase if drifted else RemoteError)(f"{t.name}: release {rel.id} failed manifest verification "
+                          f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})"
+                          + (f"; its unchanged files are hard links into {', '.join(bases[:1])}: a hash problem "
+                             "there means that release was edited in place on the host (dsv4ctl verify)"
+                             if bases else ""))
     if r.code != 0 or v is None:
         if v is not None and v.get("error"):
             raise RemoteError(f"{t.name}: verifying/placing release {rel.id}: {v['error']}")
@@ -134,7 +162,7 @@ BULK_BYTES = 32 << 20
 
 
 def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[str], clean: str,
-                job: dict, place: str):
+                job: dict, place: str, repair: bool = False):
     """rsync the release to the host, then the host-side script ``place`` runs ``job``.
     Returns (rsync stats, the script's CmdResult).
 
@@ -156,12 +184,12 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
     rsync) and ``verify_seconds`` (the script after it: for a delta, the wait after the marker)."""
     p = site.paths[t.name]
     user = rsync_user_args()
-    old = _base_manifest(t, site, bases[0]) if bases else None
+    old = _base_manifest(t, site, bases[0]) if bases and not repair else None
     if old is None:
         if clean:
             t.run(clean + "true", timeout=300)
         extra, dest = t.rsync_dest(inc + "/", bulk=True)
-        argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user,
+        argv = ["rsync", "-a", "--delete", "--stats", "--info=progress2", *user, *(["--checksum"] if repair else []),
                 *[f"--link-dest={p.release(b)}" for b in bases], *extra, f"{rel.path}/", dest]
         t1 = time.monotonic()
         stats = _run_rsync(t, site, rel, argv)

@@ -178,6 +178,12 @@ def _scan(root: Path, rels=None) -> tuple[dict, dict]:
     return files, links
 
 
+def _write_new(path: Path, data: bytes, private: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def _place(tmp: Path, final: Path, marker: str) -> None:
     """Rename the finished folder ``tmp`` to ``final``; when a concurrent run placed a complete one
     first (its ``marker`` file exists), drop ``tmp`` and keep that one. OSError otherwise."""
@@ -213,9 +219,48 @@ def export_base(tree: Path, commit: str, cache: Path) -> Path:
     return exp
 
 
+def private_files(configs: dict[str, bytes], launch: dict, private: set[str] | frozenset = frozenset()) -> set[str]:
+    """Release paths that hold a secret and are kept owner-only (0400 once read-only): the serve
+    config of every group in ``private`` (its source file is not readable by group/others) or
+    whose values include a secret (``api-key``, …), and ``launch.json`` when an env value or a
+    launch command flag is secret (pure)."""
+    import re
+
+    import yaml
+
+    from ..profile.secrets import is_secret_key, secret_strings
+    out = set()
+    for g, b in configs.items():
+        try:
+            data = yaml.safe_load(b)
+        except yaml.YAMLError:
+            data = None
+        if g in private or secret_strings(data):
+            out.add(f"configs/{g}.yaml")
+    flags = [m.group(1) for s in launch.values() if isinstance(s, dict)
+             for m in re.finditer(r"--([A-Za-z0-9-]+)", str(s.get("cmd", "")))]
+    if secret_strings(launch) or any(is_secret_key(f) for f in flags):
+        out.add("launch.json")
+    return out
+
+
+def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
+    """Drop the write bits of every regular file under ``root`` (other bits kept); the paths in
+    ``private`` become 0400. A release is never edited in place: not in the cache, not on a host."""
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            f = Path(dirpath) / n
+            if f.is_symlink() or not f.is_file():
+                continue
+            rel = str(f.relative_to(root))
+            mode = 0o400 if rel in private else (f.stat().st_mode & 0o7777 & ~0o222)
+            if f.stat().st_mode & 0o7777 != mode:
+                os.chmod(f, mode)
+
+
 def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
                   launch: dict, *, cache: Path | None = None, who: str = "",
-                  series_identity: str | None = None) -> Release:
+                  series_identity: str | None = None, private: set[str] | frozenset = frozenset()) -> Release:
     """Build (or reuse from ``cache``) the release for these inputs; returns it.
 
     ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able).
@@ -231,7 +276,9 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
     rid = release_id(commit, pinfo, chash, launch, series_identity)
     final = cache / rid
+    secret = private_files(configs, launch, private)
     if (final / "RELEASE.json").is_file():
+        make_read_only(final, secret)      # a release cached before releases were read-only
         return load_release(final)
     cache.mkdir(parents=True, exist_ok=True)
     exp = export_base(tree, commit, cache)
@@ -252,7 +299,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
                 f = tmp / "tree" / rel
                 if f.is_file() and not f.is_symlink():
                     data = f.read_bytes()
-                    mode = f.stat().st_mode
+                    mode = f.stat().st_mode | 0o200    # writable while the patches apply
                     f.unlink()
                     f.write_bytes(data)
                     os.chmod(f, mode)
@@ -271,9 +318,10 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         files = {"tree/" + k: v for k, v in files.items()}
         links = {"tree/" + k: v for k, v in links.items()}
         (tmp / "configs").mkdir()
-        for g, b in configs.items():
-            (tmp / "configs" / f"{g}.yaml").write_bytes(b)
-        (tmp / "launch.json").write_text(json.dumps(launch, indent=2, sort_keys=True) + "\n")
+        for g, b in configs.items():        # a secret-holding file is created owner-only, never 0644
+            _write_new(tmp / "configs" / f"{g}.yaml", b, f"configs/{g}.yaml" in secret)
+        _write_new(tmp / "launch.json", (json.dumps(launch, indent=2, sort_keys=True) + "\n").encode(),
+                   "launch.json" in secret)
         xf, _ = _scan(tmp, ["launch.json"] + [f"configs/{g}.yaml" for g in configs])
         files.update(xf)
         meta = {"schema": "dsv4ctl.release/1", "id": rid, "base_ref": base_ref, "base_commit": commit,
@@ -286,6 +334,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
         for extra in ("MANIFEST.json", "RELEASE.json"):  # content mtimes: same size ≠ same file
             m = content_mtime(sha256_file(tmp / extra))
             os.utime(tmp / extra, (m, m))
+        make_read_only(tmp, secret)
         _place(tmp, final, "RELEASE.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -338,3 +387,72 @@ def release_inputs(profile, tree: str | None, base_ref: str | None, patches: lis
     return tree_p, base_ref, pl, configs, launch_spec(dep), ident
 
 
+
+
+def private_groups(profile) -> set[str]:
+    """Server groups whose serve config file is readable by its owner only (mode & 077 == 0):
+    their copy in a release stays private (:func:`private_files`)."""
+    dep = as_deployment(profile)
+    out = set()
+    for g in dep.servers():
+        try:
+            if g.serve_config_path is not None and not os.stat(g.serve_config_path).st_mode & 0o077:
+                out.add(g.name)
+        except OSError:
+            pass
+    return out
+
+
+def derive_release(base: Release, configs: dict[str, bytes], *, cache: Path | None = None, who: str = "",
+                   change: str = "", private: set[str] | frozenset = frozenset()) -> Release:
+    """The release ``base`` with some serve configs replaced (``configs`` {group: new bytes}):
+    the same tree, patches and launch spec, so its id is exactly the one a deploy of a profile
+    with these serve configs gives (:func:`release_id`). Built in the cache as a hard-link copy
+    of ``base`` whose changed configs are new files (``base`` is never written), placed by
+    rename; reused when it exists. ``change`` is recorded in RELEASE.json (``derived_from``)."""
+    cache = Path(cache or default_cache())
+    launch = json.loads((base.path / "launch.json").read_text())
+    m = base.meta
+    old_cfg = {g: (base.path / "configs" / f"{g}.yaml").read_bytes() for g in m.get("configs", {})}
+    unknown = sorted(set(configs) - set(old_cfg))
+    if unknown:
+        raise InputError(f"release {base.id} has no serve config for group(s) {', '.join(unknown)}")
+    new_cfg = {**old_cfg, **configs}
+    chash = {g: hashlib.sha256(b).hexdigest() for g, b in new_cfg.items()}
+    pinfo = [(p["name"], p["sha256"]) for p in m.get("patches", [])]
+    rid = release_id(m["base_commit"], pinfo, chash, launch, m.get("series_identity"))
+    final = cache / rid
+    secret = private_files(new_cfg, launch, set(private) | {g for g in old_cfg if not
+                                                            (base.path / "configs" / f"{g}.yaml").stat().st_mode & 0o077})
+    if (final / "RELEASE.json").is_file():
+        make_read_only(final, secret)
+        return load_release(final)
+    tmp = cache / f".build-{rid}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        r = subprocess.run(["cp", "-al", str(base.path), str(tmp)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise InputError(f"{tmp}: cannot hard-link release {base.id}: {r.stderr.strip()}")
+        for x in ("MANIFEST.json", "RELEASE.json"):
+            (tmp / x).unlink()
+        for g, b in configs.items():
+            f = tmp / "configs" / f"{g}.yaml"
+            f.unlink()                       # a new inode: the base release keeps its own
+            _write_new(f, b, f"configs/{g}.yaml" in secret)
+        files = dict(base.files)
+        xf, _ = _scan(tmp, [f"configs/{g}.yaml" for g in configs])
+        files.update(xf)
+        meta = {**m, "id": rid, "configs": {g: chash[g] for g in sorted(chash)}, "built_at": now_iso(),
+                "built_by": who, "files": len(files), "bytes": sum(v[1] for v in files.values()),
+                "derived_from": base.id, "change": change}
+        (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": base.links}, sort_keys=True))
+        (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
+        for extra in ("MANIFEST.json", "RELEASE.json"):
+            mt = content_mtime(sha256_file(tmp / extra))
+            os.utime(tmp / extra, (mt, mt))
+        make_read_only(tmp, secret)
+        _place(tmp, final, "RELEASE.json")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load_release(final)

@@ -52,6 +52,8 @@ class Site:
     manifests: dict = field(default_factory=dict)           # release id -> MANIFEST.json (local cache)
     manifest_lock: threading.Lock = field(default_factory=threading.Lock)
     durations: list = field(default_factory=list)           # (Step, seconds) of every timed step, as they end
+    restored: str = ""                                      # after an interrupt: how the put-back release is
+    secrets: set | None = None                              # values no record may carry (steps.site_secrets)
 
     @property
     def hosts(self) -> list[str]:
@@ -132,3 +134,28 @@ def state_doc(f: HostFacts) -> bytes:
     return (json.dumps(f.state, indent=1, sort_keys=True) + "\n").encode()
 
 
+
+
+def api_key(dep, group: str | None = None) -> str | None:
+    """The bearer token a gate or check sends to the servers: ``DSV4CTL_API_KEY``, else the
+    ``api-key`` of ``group``'s serve config, else (a router, or no group) that of the first server
+    group with one, decode and colocated groups first (SGLang 0.5.23 ``srt/utils/auth.py``: with
+    ``--api-key`` every endpoint but ``/health*``, ``/ready*``, ``/metrics*`` needs it). Never
+    printed: :func:`dsv4ctl.deploy.steps.deployment_secrets` holds it."""
+    import os
+    env = os.environ.get("DSV4CTL_API_KEY")
+    if env:
+        return env
+
+    def of(g):
+        if g is None or not g.is_server or g.serve_config_path is None:
+            return None
+        try:
+            v = g.serve.data.get("api-key")
+        except Exception:
+            return None
+        return str(v) if v not in (None, "", False) else None
+    if group is not None and of(dep.groups.get(group)):
+        return of(dep.groups.get(group))
+    order = sorted(dep.servers(), key=lambda g: (g.role not in ("decode", "colocated"), g.name))
+    return next((k for k in (of(g) for g in order) if k), None)

@@ -7,6 +7,8 @@ A :class:`Step` is one thing done on one host (or one HTTP probe, or one local c
 * ``lock``   ``mkdir <root>/.lock`` with ``holder.json``, plus the host's facts in the same round trip;
 * ``push``   the release into ``releases/.incoming-<id>``, verified and renamed on the host
   (:mod:`dsv4ctl.deploy.push`; its rsync/tar and verify commands are that one step);
+* ``verify`` the release a switch will activate, already on the host, hashed against its
+  manifest (:mod:`dsv4ctl.deploy.drift`: catches an in-place edit of a shared hard link);
 * ``switch`` stop the host's groups (old and new), re-point ``previous``/``current``, start the
   new release's groups — one shell command;
 * ``gate``   ``GET /health`` of a worker, ``POST /v1/chat/completions`` through the router;
@@ -69,7 +71,10 @@ def deployment_secrets(dep) -> set[str]:
     (``HF_TOKEN``, ``*_API_KEY``, …), secret serve-config values (``api-key``, …, also inside JSON
     strings) and the values of secret flags in launch templates (``--api-key X``)."""
     from ..profile.secrets import is_secret_key, secret_strings
+    import os
     out: set[str] = set()
+    if len(os.environ.get("DSV4CTL_API_KEY", "")) >= 4:
+        out.add(os.environ["DSV4CTL_API_KEY"])
     for g in dep.groups.values():
         out |= secret_strings(g.env)
         if g.serve_config_path is not None and g.serve_config_path.is_file():
@@ -96,6 +101,13 @@ def mask_secrets(text: str, secrets: set[str] = frozenset()) -> str:
                          else f"{m.group('pre')}{m.group('key')}={MASK}", text)
     return _FLAG.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
                      else m.group(0)[:m.start("val") - m.start()] + MASK, text)
+
+
+def site_secrets(site: Site) -> set[str]:
+    """:func:`deployment_secrets` of the site's Deployment, computed once per run."""
+    if site.secrets is None:
+        site.secrets = deployment_secrets(site.profile)
+    return site.secrets
 
 
 def listing(steps: list[Step], verbose: bool = False) -> list[str]:
@@ -130,15 +142,16 @@ def stop_groups(spec: dict | None, stop_spec: dict | None, host: str) -> list[st
 
 
 def activate_cmd(site: Site, host: str, rid: str | None, prev: str | None,
-                 spec: dict | None, stop_spec: dict | None) -> str:
+                 spec: dict | None, stop_spec: dict | None, restart: frozenset | None = None) -> str:
     """One shell command: stop :func:`stop_groups`, switch ``current``/``previous`` atomically,
-    start the groups of ``spec`` (servers first)."""
+    start the groups of ``spec`` (servers first). ``restart``: only these groups are stopped and
+    started (a serve-config change; the others keep running, their files are the same inodes)."""
     f, p = site.facts[host], site.paths[host]
     svc = backend(site.profile.deploy.service, f.systemd)
-    parts = [svc.stop_cmd(p, g) for g in stop_groups(spec, stop_spec, host)]
+    parts = [svc.stop_cmd(p, g) for g in stop_groups(spec, stop_spec, host) if restart is None or g in restart]
     parts.append(switch_cmd(p, rid, prev))
     if rid:
-        for g in host_groups(spec or {}, host):
+        for g in [g for g in host_groups(spec or {}, host) if restart is None or g in restart]:
             s_ = spec[g]
             parts.append(svc.start_cmd(p, g, rid, start_command(site, host, rid, g, s_), s_.get("env", {})))
     return " && ".join(f"( {x} )" for x in parts)
@@ -151,18 +164,22 @@ def next_previous(f: HostFacts, rid: str) -> str | None:
 
 
 def switch_step(site: Site, host: str, rid: str | None, prev: str | None, spec: dict | None,
-                stop_spec: dict | None, stage: str = "", frm: str | None = "") -> Step:
+                stop_spec: dict | None, stage: str = "", frm: str | None = "",
+                restart: frozenset | None = None) -> Step:
     """The switch of ``host`` to ``rid`` (None: remove ``current``) with ``previous`` -> ``prev``;
-    ``frm``: what ``current`` points at then (default: what the facts say)."""
+    ``frm``: what ``current`` points at then (default: what the facts say); ``restart``: only
+    these groups are restarted (None: every group of both releases on the host)."""
     f, p = site.facts[host], site.paths[host]
     frm = f.current if frm == "" else frm
     svc = backend(site.profile.deploy.service, f.systemd)
-    stops = stop_groups(spec, stop_spec, host)
-    starts = host_groups(spec or {}, host) if rid else []
+    stops = [g for g in stop_groups(spec, stop_spec, host) if restart is None or g in restart]
+    starts = [g for g in host_groups(spec or {}, host) if restart is None or g in restart] if rid else []
     summary = (f"switch {p.current}: {frm or '(none)'} -> {rid or '(none)'} (previous -> {prev or '(none)'})"
                + (f"; stop {', '.join(stops)}" if stops else "")
                + (f"; start {', '.join(starts)} ({svc.name})" if starts else ""))
-    return Step("switch", host, summary, activate_cmd(site, host, rid, prev, spec, stop_spec), stage,
+    if restart is not None and not stops and not starts:
+        summary += "; no group restarted"
+    return Step("switch", host, summary, activate_cmd(site, host, rid, prev, spec, stop_spec, restart), stage,
                 extra={"rid": rid, "prev": prev})
 
 
@@ -229,6 +246,18 @@ def push_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
                               + f"; verify the manifest on the host, rename to {p.release(rid)}", None, stage)
 
 
+def verify_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
+    """Hash every file of ``rid`` (on ``host`` already) against its manifest before a switch to it
+    (:mod:`dsv4ctl.deploy.drift`; the script and its job on stdin are that one step)."""
+    return Step("verify", host, f"verify {site.paths[host].release(rid)} against its MANIFEST.json (every file "
+                                "hashed; drift stops the run before any switch)", None, stage, extra={"rid": rid})
+
+
+def present_verify_steps(site: Site, rid: str, stage: str = "") -> list[Step]:
+    """Verify steps for the hosts that already hold ``rid`` (a push verifies what it places)."""
+    return [verify_step(site, h, rid, stage) for h in site.hosts if rid in site.facts[h].releases]
+
+
 def incoming_rm(p: Paths, rid: str) -> str:
     """Shell: remove ``.incoming-<rid>`` and its ``.delta-*`` side folders."""
     return f"rm -rf {q(p.incoming(rid))} {q(p.incoming(rid))}.delta-*"
@@ -256,6 +285,8 @@ def close_step(site: Site, host: str, record: dict, *, event: tuple | None = Non
     host and operator are added); ``event``: ``(release id, event, info)`` the close applies to the
     release's state (:func:`dsv4ctl.deploy.states.transition`; the listing names the outcome)."""
     from .states import next_state
+    if isinstance(record.get("detail"), str):   # server log lines and HTTP bodies may echo a secret
+        record = {**record, "detail": mask_secrets(record["detail"], site_secrets(site))}
     rec = record_fields(host, **record)
     if prune or "pruned" in record:
         rec["pruned"] = list(prune)
@@ -309,37 +340,41 @@ def nothing_to_do(site: Site, rid: str) -> bool:
     return all(site.facts[h].current == rid and site.facts[h].recorded(rid) in ("active", "good") for h in site.hosts)
 
 
-def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str = "") -> list[Step]:
+def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str = "",
+                 restart: frozenset | None = None) -> list[Step]:
     """Put ``hosts`` back from ``rid`` onto the release (and ``previous``) they run now."""
     out = []
     for h in hosts:
         f = site.facts[h]
-        out.append(switch_step(site, h, f.current, f.previous, f.current_launch, spec, stage, frm=rid))
+        out.append(switch_step(site, h, f.current, f.previous, f.current_launch, spec, stage, frm=rid, restart=restart))
     return out
 
 
-def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra: dict | None = None) -> RunSteps:
+def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra: dict | None = None,
+                 action: str = "deploy", restart: frozenset | None = None, lock_what: str | None = None) -> RunSteps:
     """Every step of ``deploy`` of ``rid`` (launch spec ``spec``) from the hosts' facts. With
     ``locked`` the lock steps are left out (they ran already: the facts came with the locks);
-    ``extra``: audit fields every close record carries (a forced run)."""
+    ``extra``: audit fields every close record carries (a forced run). A serve-config change
+    (``hicache on|off --remote``) is the same run with its ``action`` and only the groups in
+    ``restart`` restarted."""
     extra = extra or {}
     hosts = site.hosts
-    locks = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
+    locks = [] if locked else [lock_step(site, h, lock_what or f"{action} {rid}") for h in hosts]
     if nothing_to_do(site, rid):
-        return RunSteps(locks + [close_step(site, h, {"action": "deploy", "release": rid, **extra, "result": "ok",
-                                                      "detail": "already active", "from": rid})
-                                 for h in hosts], [])
+        return RunSteps(locks + present_verify_steps(site, rid) + [
+            close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok", "detail": "already active",
+                                 "from": rid}) for h in hosts], [])
     keep = site.profile.deploy.keep_releases
-    steps = locks + [push_step(site, h, rid) for h in hosts]
-    steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch)
-              for h in hosts]
+    steps = locks + [push_step(site, h, rid) for h in hosts] + present_verify_steps(site, rid)
+    steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch,
+                          restart=restart) for h in hosts]
     steps += gate_steps(site, spec)
-    steps += [close_step(site, h, {"action": "deploy", "release": rid, **extra, "result": "ok", "detail": "",
+    steps += [close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok", "detail": "",
                                    "from": site.facts[h].current},
                          event=(rid, "healthy", {}), prune=prune_after_switch(site.facts[h], rid, keep))
               for h in hosts]
-    fail = revert_steps(site, hosts, rid, spec)
-    fail += [Step("close", h, f"close: mark {rid} failed with the reason; audit deploy rolled-back (or "
+    fail = revert_steps(site, hosts, rid, spec, restart=restart)
+    fail += [Step("close", h, f"close: mark {rid} failed with the reason; audit {action} rolled-back (or "
                               "interrupted); unlock") for h in hosts]
     return RunSteps(steps, fail)
 
@@ -349,6 +384,7 @@ def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, 
     extra = extra or {}
     hosts = site.hosts
     steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
+    steps += [verify_step(site, h, target) for h in hosts]
     steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch)
               for h in hosts]
     steps += gate_steps(site, spec)

@@ -10,27 +10,30 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
    and the script also reads the trees and the link-dest manifest it will need, then
 2. **waits** for ``marker + ".done"`` (rsync finished) — or ``.fail``, ``rel`` vanishing
    (a cleanup), its own stdout closing (the SSH session is gone) or the timeout, which abort
-   (exit 3) and remove the staged folders — so after the transfer only the changed files are
-   left to check. Folders left empty by the dropped paths are removed, as a full push would not
-   have them.
+   (exit 3) and remove the staged folders — hashing the staged files meanwhile. Folders left
+   empty by the dropped paths are removed, as a full push would not have them.
 3. **Merge** ``side``: every file and symlink is renamed into ``rel`` at the same path
    (``rename(2)`` replaces the hard link there, so the release it was linked from is never
    modified), then ``side`` is removed.
-4. **Verify** against ``rel/MANIFEST.json``: a file that is the same inode as the same path in
-   a link-dest release (``bases``, nearest first) whose manifest has the same sha256 is
-   trusted (that release was verified when it was pushed, and releases are immutable); every
-   other file is hashed. Inode numbers come from ``readdir`` (``os.scandir``: no ``stat`` per
-   file); a mismatch falls back to ``lstat`` before hashing, so a filesystem whose ``readdir``
-   inodes differ from ``stat`` is slower, never wrong. A link-dest manifest is read only when a
-   file is not trusted by the ones before it. Extra, missing, resized or rewritten files, wrong
-   symlink targets and a missing RELEASE.json are problems.
+4. **Verify** against ``rel/MANIFEST.json``: the content of **every** file is hashed — a file
+   hard-linked from another release is not trusted for its inode, because an in-place edit of
+   that inode (``vi``, ``sed -i`` keeps it for some editors, ``>`` and ``dd conv=notrunc``
+   always do) changes every release that holds it without changing size or inode. Each inode
+   is hashed once per run. Extra, missing, resized or rewritten files, wrong symlink targets
+   and a missing RELEASE.json are problems. Then every file loses its write bits (other bits
+   kept, so a 0600 file becomes 0400): nothing edits a file inside a release.
 5. **Place**: rename ``rel`` to ``final`` (a complete release under its final name, or
    nothing; a leftover folder already there, which the host's facts did not count as a
    release, is replaced) and replace ``state`` atomically with ``doc`` (a 0600 temp file,
    fsync, the old file's mode, rename; the temp file removed on failure).
 
 Prints one JSON line ``{"ok", "checked", "hashed", "merged", "bad": [...], "nbad", "placed"}``
-(plus ``"aborted"`` or ``"error"``); exit 0 placed, 1 verification failed, 3 aborted, 2 error."""
+(plus ``"aborted"`` or ``"error"``); exit 0 placed, 1 verification failed, 3 aborted, 2 error.
+
+**Verify only** (``{"verify": [RELEASE, ...]}``): check each release folder as in 4., change
+nothing, print ``{"ok", "hashed", "releases": {RELEASE: {"bad", "nbad", "checked"}}}``; exit 0
+all intact, 1 drift. This is what runs before every switch (deploy, rollback, an "already
+active" deploy) and what ``dsv4ctl verify`` runs."""
 
 SCRIPT = r'''
 import hashlib, json, os, shutil, stat, subprocess, sys, tempfile, time
@@ -55,9 +58,80 @@ def tree(root):
                 else:
                     res[p] = [e.inode(), e.path]
     return res
+HASHES = {}          # (st_dev, st_ino) -> sha256: each inode is hashed once per run
+MAN = {}
+USED = set()         # inodes a verification needed ("hashed": their number, whenever they were hashed)
+def digest(path, s, count=True):
+    k = (s.st_dev, s.st_ino)
+    if k not in HASHES:
+        d = hashlib.sha256()
+        with open(path, "rb") as f:
+            for c in iter(lambda: f.read(1 << 20), b""):
+                d.update(c)
+        HASHES[k] = d.hexdigest()
+    if count:
+        USED.add(k)
+        out["hashed"] = len(USED)
+    return HASHES[k]
+def check(rel, have=None):
+    """([problem, ...], extra files not listed) of the release folder rel against its MANIFEST.json.
+    Every file's content is hashed (an in-place edit of an inode shared by hard link with
+    another release keeps size and inode: only the content tells); an inode is hashed once."""
+    if have is None:
+        have = tree(rel)
+    try:
+        man = MAN[rel] = json.load(open(os.path.join(rel, "MANIFEST.json")))
+        files, links = man["files"], man.get("links", {})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        MAN[rel] = {"files": {}}
+        return ["manifest MANIFEST.json (%s)" % type(e).__name__], 0
+    bad = []
+    for p, (h, size, ex) in sorted(files.items()):
+        e = have.get(p)
+        if e is None:
+            bad.append("missing " + p); continue
+        s = os.lstat(e[1])
+        if not stat.S_ISREG(s.st_mode) or s.st_size != size:
+            bad.append("size " + p); continue
+        if digest(e[1], s) != h:
+            bad.append("hash " + p)
+    for p, target in sorted(links.items()):
+        try:
+            if os.readlink(os.path.join(rel, p)) != target:
+                bad.append("link " + p)
+        except OSError:
+            bad.append("link " + p)
+    extra = sorted(set(have) - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})
+    bad += ["extra " + p for p in extra[:5]]
+    if "RELEASE.json" not in have:
+        bad.append("missing RELEASE.json")
+    return bad, max(0, len(extra) - 5)
+def readonly(rel, have):
+    """Drop the write bits of every file of the placed release (other bits kept: a 0600 serve
+    config stays private): nothing edits a file inside a release."""
+    for p, (ino, full) in have.items():
+        try:
+            s = os.lstat(full)
+            if stat.S_ISREG(s.st_mode) and s.st_mode & 0o222:
+                os.chmod(full, stat.S_IMODE(s.st_mode) & ~0o222)
+        except OSError:
+            pass
 try:
     try:
         job = json.load(sys.stdin)
+        if "verify" in job:
+            rels = job["verify"]
+            if not isinstance(rels, list) or not all(isinstance(r, str) for r in rels):
+                raise ValueError("verify must be a list of paths")
+            res = {}
+            for r in rels:
+                if not os.path.isdir(r):
+                    res[r] = {"bad": ["missing release folder"], "nbad": 1}
+                    continue
+                b, nx = check(r)
+                res[r] = {"bad": b[:10], "nbad": len(b) + nx, "checked": len(MAN[r]["files"])}
+            done(0 if all(not v["nbad"] for v in res.values()) else 1,
+                 ok=all(not v["nbad"] for v in res.values()), releases=res)
         rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []
         if not isinstance(rel, str) or not (side is None or isinstance(side, str)) or \
                 not all(isinstance(b, str) for b in bases):
@@ -83,20 +157,18 @@ try:
                     break
                 d = os.path.dirname(d)
     have = tree(rel)
-    dev = os.stat(rel).st_dev
-    loaded = []       # [(manifest files, tree)] of the link-dest releases read so far
-    def base(i):
-        while len(loaded) <= i:
-            b = bases[len(loaded)]
+    pending = iter(sorted(have.items()))      # hashed while rsync still runs (each inode once)
+    def prehash(n):
+        for _ in range(n):
+            x = next(pending, None)
+            if x is None:
+                return
             try:
-                if os.stat(b).st_dev != dev:
-                    raise OSError("other filesystem")
-                loaded.append((json.load(open(os.path.join(b, "MANIFEST.json")))["files"], tree(b)))
-            except Exception:
-                loaded.append(({}, {}))
-        return loaded[i]
-    if bases:
-        base(0)       # read while rsync still runs
+                s_ = os.lstat(x[1][1])
+                if stat.S_ISREG(s_.st_mode):
+                    digest(x[1][1], s_, count=False)
+            except OSError:
+                pass
     w = job.get("wait")
     if w:
         deadline = time.monotonic() + float(w["timeout"])
@@ -115,7 +187,8 @@ try:
                     except FileNotFoundError:
                         pass
                 done(3, aborted=True)
-            time.sleep(0.01)
+            prehash(64)
+            time.sleep(0.001)
         os.unlink(w["marker"] + ".done")
     if side:
         for p, (ino, src) in sorted(tree(side).items()):
@@ -128,52 +201,12 @@ try:
             have[p] = [ino, dst]
             out["merged"] += 1
         shutil.rmtree(side)
-    man = json.load(open(os.path.join(rel, "MANIFEST.json")))
-    files, links = man["files"], man.get("links", {})
-    def same_inode(a, b):
-        if a[0] == b[0]:
-            return True
-        try:
-            x, y = os.lstat(a[1]), os.lstat(b[1])
-        except OSError:
-            return False
-        return (x.st_ino, x.st_dev) == (y.st_ino, y.st_dev)
-    bad = []
-    for p, (h, size, ex) in files.items():
-        e = have.get(p)
-        if e is None:
-            bad.append("missing " + p); continue
-        trusted = False
-        for i in range(len(bases)):
-            of, ot = base(i)
-            o = ot.get(p)
-            if o is not None and of.get(p, [None])[0] == h and same_inode(e, o):
-                trusted = True; break
-        if trusted:
-            continue
-        s = os.lstat(e[1])
-        if not stat.S_ISREG(s.st_mode) or s.st_size != size:
-            bad.append("size " + p); continue
-        d = hashlib.sha256()
-        with open(e[1], "rb") as f:
-            for c in iter(lambda: f.read(1 << 20), b""):
-                d.update(c)
-        out["hashed"] += 1
-        if d.hexdigest() != h:
-            bad.append("hash " + p)
-    for p, target in links.items():
-        try:
-            if os.readlink(os.path.join(rel, p)) != target:
-                bad.append("link " + p)
-        except OSError:
-            bad.append("link " + p)
-    extra = sorted(set(have) - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})
-    bad += ["extra " + p for p in extra[:5]]
-    if "RELEASE.json" not in have:
-        bad.append("missing RELEASE.json")
-    out.update(checked=len(files), bad=bad[:10], nbad=len(bad) + max(0, len(extra) - 5), ok=not bad)
+    bad, nextra = check(rel, have)
+    out.update(checked=len(MAN[rel]["files"]), bad=bad[:10], nbad=len(bad) + nextra, ok=not bad)
     if bad:
         done(1)
+    if job.get("readonly", True):
+        readonly(rel, have)
     pl = job.get("place")
     if pl:
         final = pl["final"]

@@ -18,12 +18,16 @@ class HostStatus:
     facts: HostFacts
     alive: dict[str, bool] = field(default_factory=dict)
     last_audit: dict | None = None
+    verify: dict | None = None       # the current release against its manifest (verify-only report)
 
 
-def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None) -> str:
+def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None,
+                   verify: str | None = None) -> str:
     """One shell command: the host's facts (:func:`facts_command`), then ``@alive G yes|no`` per
     group (the service backend's alive check: both backends are asked when ``systemd`` is not
-    known yet, launcher first), then ``@audit`` and the last line of ``audit.jsonl``."""
+    known yet, launcher first), then with ``verify`` (a command that reads a verify job on stdin,
+    :func:`dsv4ctl.deploy.drift.verify_command`) ``@verify`` and its report on the current release,
+    then ``@audit`` and the last line of ``audit.jsonl``."""
     p = Paths(root)
     lines = [facts_command(root)]
     for g in groups:
@@ -31,6 +35,9 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
                                                                           backend("systemd", True)]
         test = " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
         lines.append(f"if {test}; then echo {q('@alive ' + g + ' yes')}; else echo {q('@alive ' + g + ' no')}; fi")
+    if verify:
+        job = q('{"verify": ["' + p.current.replace("\\", "\\\\").replace('"', '\\"') + '"]}')
+        lines.append(f"echo @verify; if [ -d {q(p.current)} ]; then printf '%s' {job} | {verify} 2>&1 || true; fi")
     lines.append(f"echo @audit; tail -n 1 {q(p.audit)} 2>/dev/null || true")
     return "\n".join(lines)
 
@@ -42,6 +49,16 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
     head, tail = lines[:i], lines[i + 1:]
     alive: dict[str, bool] = {}
     keep = []
+    ver = None
+    if "@verify" in head:
+        j = head.index("@verify")
+        head, vlines = head[:j], [ln for ln in head[j + 1:] if ln.strip()]
+        try:
+            ver = json.loads(vlines[-1]) if vlines else None
+        except ValueError:
+            ver = {"error": vlines[-1][:200]}
+        if ver is not None and not isinstance(ver, dict):
+            ver = {"error": str(ver)[:200]}
     for ln in head:
         if ln.startswith("@alive "):
             _, g, v = ln.split(" ", 2)
@@ -57,7 +74,7 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
             last = None
         if not isinstance(last, dict):
             last = {"unreadable": tail[-1][:200]}
-    return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last)
+    return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last, ver)
 
 
 def log_read_command(p: Paths, group: str, offset: int | None, lines: int) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -19,6 +19,7 @@ class Target:
     group: str
     url: str
     alive: Callable[[], bool] | None = None
+    api_key: str | None = field(default=None, repr=False)     # bearer token of the chat completion
 
 
 @dataclass
@@ -61,7 +62,8 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
     last = "no answer"
     while True:
         try:
-            async with session.post(t.url + "/v1/chat/completions", json=body,
+            headers = {"Authorization": f"Bearer {t.api_key}"} if t.api_key else {}
+            async with session.post(t.url + "/v1/chat/completions", json=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=30)) as r:
                 if r.status == 200:
                     doc = await r.json(content_type=None)
@@ -69,9 +71,14 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
                         return None
                     last = "chat completion without choices"
                 else:
-                    last = f"chat completion answered {r.status}: {(await r.text())[:120]}"
+                    text = (await r.text())[:120]
+                    if t.api_key:         # a server may echo the request back: never show the key
+                        text = text.replace(t.api_key, "***")
+                    last = f"chat completion answered {r.status}: {text}"
         except Exception as e:
             last = f"chat completion: {type(e).__name__}: {e}"
+            if t.api_key:
+                last = last.replace(t.api_key, "***")
         if time.monotonic() >= deadline:
             return Failure(t.host, t.group, last)
         await asyncio.sleep(poll)
@@ -87,9 +94,9 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
     ``chat``)."""
     ended = {} if ended is None else ended
 
-    async def done(kind, t, aw):
-        try:
-            return await aw
+    async def done(kind, t, make):
+        try:       # the probe coroutine is made here, so an interrupt never leaves one un-awaited
+            return await make()
         finally:
             ended[(kind, t.host, t.group)] = time.monotonic()
 
@@ -98,17 +105,18 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as s:
-            fails = [f for f in await asyncio.gather(*(done("health", t, _wait_one(s, t, deadline, poll, loop, timeout))
-                                                       for t in workers)) if f]
+            fails = [f for f in await asyncio.gather(*[
+                done("health", t, lambda t=t: _wait_one(s, t, deadline, poll, loop, timeout)) for t in workers]) if f]
             if fails:
                 return fails
-            fails = [f for f in await asyncio.gather(*(_wait_one(s, t, deadline, poll, loop, timeout) for t in chat)) if f]
+            fails = [f for f in await asyncio.gather(*[
+                done("router", t, lambda t=t: _wait_one(s, t, deadline, poll, loop, timeout)) for t in chat]) if f]
             if fails:  # the router's own /health first
                 for t in chat:
                     ended[("chat", t.host, t.group)] = time.monotonic()
                 return fails
-            return [f for f in await asyncio.gather(*(done("chat", t, _chat(s, t, deadline, model, poll))
-                                                      for t in chat)) if f]
+            return [f for f in await asyncio.gather(*[
+                done("chat", t, lambda t=t: _chat(s, t, deadline, model, poll)) for t in chat]) if f]
     return asyncio.run(main())
 
 

@@ -96,8 +96,37 @@ class StateFileError(RemoteError):
     """The host's state.json cannot be read as a state document (exit 3): nothing is written over it."""
 
 
+_TEXT_FIELDS = ("state", "activated_at", "pushed_at", "promoted_at", "failed_at", "forced_at", "built_at")
+
+
+def parse_state(host: str, root: str, body: str) -> dict:
+    """The host's ``state.json`` (pure): ``{"releases": {id: {state, ...}}}`` with text states and
+    times. Anything else — not JSON, another shape, a number where a time belongs — is a
+    StateFileError naming the host and the path (exit 3, one line; nothing is written over it)."""
+    def bad(why: str) -> StateFileError:
+        return StateFileError(f"{host}: {root}/state.json is not a dsv4ctl state document ({why}); "
+                              "move it aside or repair it")
+    try:
+        st = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"not JSON: {str(e)[:80]}") from None
+    if not isinstance(st, dict):
+        raise bad(f"a JSON {type(st).__name__}, not an object")
+    recs = st.get("releases", {})
+    if not isinstance(recs, dict):
+        raise bad("releases is not {id: {state, ...}}")
+    for rid, rec in recs.items():
+        if not isinstance(rec, dict):
+            raise bad(f"releases.{rid[:40]} is not an object")
+        for k in _TEXT_FIELDS:
+            if k in rec and rec[k] is not None and not isinstance(rec[k], str):
+                raise bad(f"releases.{rid[:40]}.{k} is not text")
+    st["releases"] = recs
+    return st
+
+
 def parse_facts(host: str, root: str, text: str) -> HostFacts:
-    """HostFacts from the output of :func:`facts_command` (pure). Unreadable JSON → RuntimeError."""
+    """HostFacts from the output of :func:`facts_command` (pure). A malformed state.json, launch.json or RELEASE.json → StateFileError (exit 3) naming the host and path."""
     sections: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("@") and line[1:].isalpha():
@@ -110,16 +139,7 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
         if name in ("current", "previous") and body:
             setattr(f, name, body.rstrip("/").rsplit("/", 1)[-1])
         elif name == "state" and body:
-            try:
-                st = json.loads(body)
-            except ValueError:
-                st = None
-            recs = st.get("releases", {}) if isinstance(st, dict) else None
-            if not isinstance(recs, dict) or not all(isinstance(v, dict) for v in recs.values()):
-                raise StateFileError(f"{host}: {root}/state.json is not a dsv4ctl state document "
-                                     "(releases: {id: {state, ...}}); move it aside or repair it")
-            st["releases"] = recs
-            f.state = st
+            f.state = parse_state(host, root, body)
         elif name == "lock" and body:
             try:
                 f.lock = json.loads(body)
@@ -130,11 +150,24 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
         elif name == "systemd":
             f.systemd = body == "yes"
         elif name == "launch" and body:
-            f.current_launch = json.loads(body)
+            try:
+                f.current_launch = json.loads(body)
+            except ValueError:
+                f.current_launch = None
+            if not isinstance(f.current_launch, dict) or not all(isinstance(v, dict)
+                                                                 for v in f.current_launch.values()):
+                raise StateFileError(f"{host}: {root}/current/launch.json is not a dsv4ctl launch spec "
+                                     "(a release file was edited on the host: dsv4ctl verify)")
         elif name == "incoming" and body:
             f.incoming = [x[len(".incoming-"):] for x in body.split()]
         elif name == "release" and body:
-            meta = json.loads(body)
+            try:
+                meta = json.loads(body)
+            except ValueError:
+                meta = None
+            if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
+                raise StateFileError(f"{host}: a RELEASE.json under {root}/releases is not a release record "
+                                     "(a release file was edited on the host: dsv4ctl verify)")
             f.releases[meta["id"]] = meta
     return f
 

@@ -1,6 +1,6 @@
 """``hicache on|off`` on the profile's local serve configs: choose groups, edit and lint
 (:func:`prepare_edits`, nothing written), then write every changed file as one step
-(:func:`write_all`). The live files on hosts are :mod:`dsv4ctl.serve.hicache_live`."""
+(:func:`write_all`). A change of the running release on the hosts (a new release) is :mod:`dsv4ctl.serve.hicache_live`."""
 
 from __future__ import annotations
 

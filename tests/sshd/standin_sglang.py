@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 
@@ -38,12 +39,14 @@ def main(argv=None) -> int:
             cfg = yaml.safe_load(f) or {}
     model = cfg.get("served-model-name") or cfg.get("model-path") or "default"
     print(f"stand-in: server_args model={model} port={a.port} config={a.config}", flush=True)
+    if cfg.get("enable-hierarchical-cache") is True and os.environ.get("STANDIN_CRASH_ON_HICACHE"):
+        cfg["standin-crash"] = os.environ["STANDIN_CRASH_ON_HICACHE"]     # a HiCache start-up failure
     if cfg.get("standin-crash"):
         print("Loading safetensors checkpoint shards:   0% Completed | 0/64", flush=True)
         print(f"RuntimeError: {cfg['standin-crash']}", file=sys.stderr, flush=True)
         return 1
     t0 = time.monotonic()
-    startup = float(cfg.get("standin-startup-s", 0))
+    startup = float(cfg.get("standin-startup-s", os.environ.get("STANDIN_STARTUP_S", 0)))
     never = bool(cfg.get("standin-never-healthy"))
 
     def healthy() -> bool:
@@ -76,6 +79,11 @@ def main(argv=None) -> int:
     async def chat(req):
         if a.router:
             return await forward(req, "/v1/chat/completions")
+        key = cfg.get("api-key")
+        if key and req.headers.get("Authorization") != f"Bearer {key}":
+            # SGLang answers 401; this one also echoes what it got, as a hostile proxy would
+            return web.json_response({"error": "Unauthorized",
+                                      "got": req.headers.get("Authorization", "(none)")}, status=401)
         body = await req.json()
         if not healthy():
             return web.json_response({"object": "error", "message": "server not ready", "code": 503}, status=503)

@@ -1,0 +1,107 @@
+"""Drift: is a release on a host still exactly what its manifest says? A fact (one read-only
+command, :data:`dsv4ctl.deploy.verify.SCRIPT` in verify-only mode, and a pure parser).
+
+Every file's content is hashed, each inode once per run: releases share unchanged files by
+hard link, so an in-place edit of one inode changes every release that holds it without
+changing its size, inode or (if the editor restores it) its mtime; only the content tells.
+Run before every switch (deploy, rollback, an "already active" deploy; a delta push verifies
+its base's files as part of the new release) and by ``dsv4ctl verify`` / ``status``."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import RemoteError
+from ..remote import Transport, q
+from .verify import SCRIPT
+
+
+def verify_command(python: str) -> str:
+    """The host command; the job (``{"verify": [path, ...]}``) goes on its stdin."""
+    return f"{q(python)} -S -c {q(SCRIPT)}"
+
+
+def verify_job(paths: list[str]) -> bytes:
+    return json.dumps({"verify": list(paths)}).encode()
+
+
+def parse_verify(host: str, code: int, out: str, err: str = "") -> dict[str, dict]:
+    """{release path: {"bad": [...], "nbad": N, "checked": N}} from the script's output (pure).
+    RemoteError when the script did not run (no JSON line, or its own error)."""
+    lines = out.strip().splitlines()
+    try:
+        v = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        v = None
+    if not isinstance(v, dict) or "releases" not in v:
+        why = (v or {}).get("error") if isinstance(v, dict) else None
+        raise RemoteError(f"{host}: verifying releases failed (exit {code}): "
+                          + (why or (err.strip().splitlines() or ["no report"])[-1]))
+    return v["releases"]
+
+
+def verify_releases(t: Transport, python: str, paths: list[str], timeout: float = 1800) -> dict[str, dict]:
+    """Run the verify-only job on the host behind ``t`` (nothing changes)."""
+    if not paths:
+        return {}
+    r = t.run(verify_command(python), input=verify_job(paths), timeout=timeout, check=False)
+    return parse_verify(t.name, r.code, r.out, r.err)
+
+
+def drift_text(res: dict) -> str:
+    """``path: problem, problem (+N more)`` of each drifted release in ``res``, ``; ``-joined."""
+    out = []
+    for path, v in res.items():
+        if v.get("nbad"):
+            more = v["nbad"] - len(v["bad"][:3])
+            out.append(f"{path}: " + ", ".join(v["bad"][:3]) + (f" (+{more} more)" if more > 0 else ""))
+    return "; ".join(out)
+
+
+def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
+    """``dsv4ctl verify``: every complete release on every host (or only ``releases``) hashed
+    against its manifest, hosts in parallel, nothing changed. A ``dsv4ctl.verify/1`` document:
+    per host ``{current, previous, releases: {id: {ok, problems, nbad, checked}}}`` or
+    ``{error}``; ``drift``: one line per drifted release (``host: id: problem, ...``)."""
+    import time
+
+    from ..hosts.layout import read_facts
+    from ..remote import run_parallel
+    from .site import open_site
+    site = open_site(profile, opts)
+
+    def body(t):
+        p = site.paths[t.name]
+        f = read_facts(t, p.root)
+        ids = sorted(f.releases) if releases is None else [r for r in releases if r in f.releases]
+        t0 = time.monotonic()
+        res = verify_releases(t, site.python[t.name], [p.release(r) for r in ids])
+        return f, {r: res[p.release(r)] for r in ids}, time.monotonic() - t0
+    try:
+        out = run_parallel(site.transports, body, timeout=(opts.host_timeout or 3600) + opts.connect_timeout)
+    finally:
+        site.close()
+    doc = {"schema": "dsv4ctl.verify/1", "hosts": {}, "drift": [], "unreachable": []}
+    for h, r in out.items():
+        if not r.ok:
+            doc["hosts"][h] = {"error": r.error}
+            doc["unreachable"].append(r.error)
+            continue
+        f, res, secs = r.value
+        rels = {}
+        for rid, v in res.items():
+            rels[rid] = {"ok": not v.get("nbad"), "problems": v.get("bad", []), "nbad": v.get("nbad", 0),
+                         "checked": v.get("checked", 0)}
+            if v.get("nbad"):
+                more = v["nbad"] - len(v["bad"])
+                doc["drift"].append(f"{h}: {rid}" + (" (current)" if rid == f.current else "")
+                                    + (" (previous)" if rid == f.previous else "") + ": "
+                                    + ", ".join(v["bad"]) + (f" (+{more} more)" if more > 0 else ""))
+        missing = [x for x in (releases or []) if x not in f.releases]
+        for x in missing:
+            rels[x] = {"ok": False, "problems": ["not on the host"], "nbad": 1, "checked": 0}
+            doc["drift"].append(f"{h}: {x}: not on the host")
+        doc["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous, "releases": rels,
+                           "seconds": round(secs, 3)}
+    doc["ok"] = not doc["drift"] and not doc["unreachable"]
+    return doc
