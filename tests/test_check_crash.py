@@ -358,6 +358,7 @@ def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
     import subprocess
     import sys
     import threading
+    import time
     from tests.standin.harness import REPO, free_port, wait_health, write_config
     cfg = write_config(tmp_path / "serve.yaml")
     port = free_port()
@@ -367,11 +368,23 @@ def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_health(url, 60)
-        t = threading.Timer(2.0, lambda: os.kill(p.pid, signal.SIGSTOP))
+        rec = tmp_path / "r.jsonl"
+        done = threading.Event()
+
+        def stop_when_running() -> None:
+            # SIGSTOP once turns are being answered (a fixed delay raced the client's start-up on a
+            # loaded machine: discovery itself then timed out, exit 2)
+            while not done.is_set():
+                if rec.exists() and rec.stat().st_size > 0:
+                    os.kill(p.pid, signal.SIGSTOP)
+                    return
+                time.sleep(0.05)
+        t = threading.Thread(target=stop_when_running, daemon=True)
         t.start()
         r = run_cli("check", "load", url, "-c", "4,8", "--turns", "4", "--min-requests", "100000",
-                    "--stall-timeout", "2", "--no-progress", "--no-metrics", "--json", timeout=240)
-        t.cancel()
+                    "--stall-timeout", "2", "--no-progress", "--no-metrics", "--json", "--records", str(rec),
+                    timeout=240)
+        done.set()
     finally:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()

@@ -81,8 +81,11 @@ def _open_records(records: Path):
     return f
 
 
-def _connect_error(e: Exception) -> DsvError:
-    return DsvError(str(e), exit_code=EXIT_USAGE)
+def _connect_error(e: Exception, what: str) -> DsvError:
+    """Exit 2 with the one line of a connection / discovery failure (:mod:`dsv4ctl.check.driver`
+    words it: "cannot connect to HOST:PORT (connection refused)")."""
+    from ..render import printable
+    return DsvError(f"{what}: " + printable(str(e)).replace("\n", " "), exit_code=EXIT_USAGE)
 
 
 @check_app.command("smoke")
@@ -122,8 +125,11 @@ def smoke(
     else:
         entry = normalize_url(url)
         workers = [Worker(name=u, url=u) for u in dict.fromkeys(normalize_url(w) for w in worker or [])]
+    from ..check.driver import ConnectError
     try:
         lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
+    except ConnectError as e:       # this machine failed (descriptors, DNS): no verdict on the server
+        raise _connect_error(e, "check smoke") from None
     except KeyboardInterrupt:
         raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from None
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
@@ -143,7 +149,8 @@ def smoke(
             t.add_row(r[0], r[1], f"[{style}]{r[2]}[/]", r[3])
         con.print(t)
     if not reachable:
-        raise DsvError(f"check smoke: {entry} unreachable", exit_code=EXIT_USAGE)
+        why = next((x["reason"] for x in lines if x["check"] == "models" and x["status"] == "fail"), f"{entry} unreachable")
+        raise DsvError(f"check smoke: {why}", exit_code=EXIT_USAGE)
     if not doc["pass"]:
         failed = [f"{x['check']} {x['target']}: {x['reason']}" for x in lines if x["status"] == "fail"]
         raise VerdictError(f"check smoke: {len(failed)} check(s) failed: {failed[0]}")
@@ -244,7 +251,7 @@ def load(
                                    metrics, metric_urls, rec_file, _Progress if progress else None, settings,
                                    api_key, turn_timeout, thinking, gateway_metrics))
     except (ConnectError, BadResponse) as e:
-        raise _connect_error(e) from None
+        raise _connect_error(e, "check load") from None
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
         # non-standalone mode, which the CLI entry point does not pass on
