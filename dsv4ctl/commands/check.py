@@ -24,32 +24,9 @@ def _profile_targets(profile: str):
     return prof, from_profile(prof)
 
 
-#: Upper bounds of the load knobs: a typo (``-c 60000``) must fail at once, not open tens of
-#: thousands of sockets or plan billions of turns.
-MAX_CONCURRENCY = 4096
-MAX_LEVELS = 64
-MAX_TURNS = 10_000
-MAX_MIN_REQUESTS = 10_000_000
-
-
-def _parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)") from None
-    if not levels or any(x < 1 for x in levels):
-        raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)")
-    if max(levels) > MAX_CONCURRENCY or len(levels) > MAX_LEVELS:
-        raise InputError(f"--concurrency {text!r}: at most {MAX_LEVELS} levels of at most {MAX_CONCURRENCY} sessions")
-    return levels
-
-
-def _positive_seconds(value: float, option: str) -> float:
-    """``value`` if it is a finite number > 0, else InputError naming ``option``."""
-    import math
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{option} {value!r}: expected a finite number of seconds > 0")
-    return value
+from .options import MAX_ANSWER_WORDS, MAX_MIN_REQUESTS, MAX_TURNS  # noqa: E402  (the limits' one home)
+from .options import concurrency_levels as _parse_levels  # noqa: E402
+from .options import seconds as _seconds  # noqa: E402
 
 
 def _check_api_key(key: Optional[str]) -> None:
@@ -117,7 +94,7 @@ def smoke(
         raise InputError("check smoke: give a URL or --profile (not both)")
     if worker and profile:
         raise InputError("check smoke: --worker goes with a URL (with --profile the workers are its server groups)")
-    _positive_seconds(timeout, "--timeout")
+    _seconds(timeout, "--timeout")
     _check_api_key(api_key)
     if profile:
         _, t = _profile_targets(profile)
@@ -217,23 +194,21 @@ def load(
     turns = turns if turns is not None else defaults.turns
     max_c = max_corruption if max_corruption is not None else defaults.max_corruption
     stall = stall_timeout if stall_timeout is not None else defaults.stall_timeout_s
-    if not 1 <= turns <= MAX_TURNS:
-        raise InputError(f"--turns must be in 1..{MAX_TURNS}")
-    if not 0 <= max_c < 1:
-        raise InputError("--max-corruption must be in [0, 1)")
-    _positive_seconds(stall, "--stall-timeout")
-    _positive_seconds(turn_timeout, "--turn-timeout")
+    from .options import fraction, integer
+    integer(turns, "--turns", 1, MAX_TURNS)
+    fraction(max_c, "--max-corruption")
+    _seconds(stall, "--stall-timeout")
+    _seconds(turn_timeout, "--turn-timeout")
     _check_api_key(api_key)
     if stream not in ("on", "off", "mixed"):
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")
-    if answer_words < 1:
-        raise InputError("--answer-words must be >= 1")
+    integer(answer_words, "--answer-words", 1, MAX_ANSWER_WORDS)
     if gateway_metrics is not None:
         gateway_metrics = normalize_url(gateway_metrics)
     if min_requests is None:
         min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
-    elif not 0 <= min_requests <= MAX_MIN_REQUESTS:
-        raise InputError(f"--min-requests must be in 0..{MAX_MIN_REQUESTS:,}")
+    else:
+        integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
     rec_file = None
     if records is not None:
         rec_file = _open_records(records)

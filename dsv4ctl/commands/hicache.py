@@ -20,6 +20,9 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     from ..serve.hicache import Options
     from ..serve.hicache_local import prepare_edits, select_groups, write_all
     from .common import load_deployment_arg
+    from .options import positive, seconds
+    seconds(health_timeout, "--health-timeout")
+    positive(ratio, "--ratio", 1000.0)
 
     prof = load_deployment_arg(profile, acts_on_hosts=True)      # on/off edit files (or hosts)
     groups = select_groups(prof, group, action)
@@ -210,6 +213,9 @@ def status(profile: Optional[str] = _PROFILE,
 
     Exit 0 all match, 1 a file and its server differ, 2 bad input, 3 a server could not be queried."""
     import asyncio
+
+    from .options import seconds
+    seconds(timeout, "--timeout", hi=3600)
 
     from ..profile.serveconfig import parse_serve_config
     from ..serve.argtable import load_table

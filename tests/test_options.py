@@ -1,0 +1,80 @@
+"""Number and timeout options of every command (dsv4ctl/commands/options.py, issue 13 "Inputs"):
+finite and in range, else one line and exit 2 before anything is read or changed. In-process
+(dsv4ctl.cli.main): a few ms per case."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4ctl.cli import main
+from dsv4ctl.commands import options as O
+from dsv4ctl.errors import InputError
+
+NOPE = "/nonexistent/profile.yaml"     # the option check comes first: no profile is read
+
+
+def run(capsys, *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, err
+
+
+SECONDS = "expected a finite number of seconds > 0"
+CASES = [
+    # before: accepted (deploy waited forever holding every host's lock on nan)
+    (("deploy", NOPE, "--health-timeout", "nan"), f"--health-timeout nan: {SECONDS}"),
+    (("deploy", NOPE, "--health-timeout", "-5"), f"--health-timeout -5.0: {SECONDS}"),
+    (("deploy", NOPE, "--health-timeout", "1e300"), "--health-timeout 1e+300: expected seconds in 0..86400"),
+    (("rollback", NOPE, "--health-timeout", "inf"), f"--health-timeout inf: {SECONDS}"),
+    (("hicache", "on", NOPE, "--health-timeout", "nan"), f"--health-timeout nan: {SECONDS}"),
+    (("hicache", "on", NOPE, "--ratio", "nan"), "--ratio nan: expected a finite number > 0 and <= 1000"),
+    (("hicache", "on", NOPE, "--ratio", "inf"), "--ratio inf: expected a finite number > 0 and <= 1000"),
+    # before: a traceback (OverflowError) for inf, a query with a negative timeout for -5
+    (("hicache", "status", "--timeout", "inf"), f"--timeout inf: {SECONDS}"),
+    (("hicache", "status", "--timeout", "-5"), f"--timeout -5.0: {SECONDS}"),
+    (("status", NOPE, "--timeout", "nan"), f"--timeout nan: {SECONDS}"),
+    (("status", NOPE, "--timeout", "7200"), "--timeout 7200.0: expected seconds in 0..3600"),
+    (("logs", "decode", NOPE, "--interval", "0.01"), "--interval 0.01: expected seconds in 0.05..3600"),
+    (("logs", "decode", NOPE, "-n", "0"), "-n/--lines must be in 1..100,000"),
+    (("check", "smoke", "http://127.0.0.1:9", "--timeout", "1e300"), "--timeout 1e+300: expected seconds in 0..86400"),
+    (("check", "load", "http://127.0.0.1:9", "--turn-timeout", "1e300"), "--turn-timeout 1e+300: expected seconds in 0..86400"),
+    (("check", "load", "http://127.0.0.1:9", "--answer-words", "99999999999"), "--answer-words must be in 1..100,000"),
+    (("check", "load", "http://127.0.0.1:9", "--max-corruption", "nan"), "--max-corruption must be in [0, 1)"),
+    (("deploy", NOPE, "--promote", "--turns", "99999999999"), "--turns must be in 1..10000"),
+    (("deploy", NOPE, "--promote", "--min-requests", "-1"), "--min-requests must be in 0..10,000,000"),
+    (("deploy", NOPE, "--promote", "--concurrency", "60000"), "--concurrency '60000': at most 64 levels of at most 4096 sessions"),
+    (("deploy", NOPE, "--promote", "--max-corruption", "inf"), "--max-corruption must be in [0, 1)"),
+    (("promote", "r1", NOPE, "--concurrency", "99999999999"), "--concurrency '99999999999': at most 64 levels of at most 4096 sessions"),
+]
+
+
+@pytest.mark.parametrize("args,msg", CASES, ids=[" ".join(a[:1] + a[-2:]) for a, _ in CASES])
+def test_number_options_are_checked_before_anything(capsys, args, msg):
+    code, err = run(capsys, *args)
+    assert (code, err) == (2, f"dsv4ctl: error: {msg}\n")
+
+
+def test_checker_functions():
+    assert O.seconds(None, "--x") is None and O.seconds(5, "--x") == 5.0
+    assert O.seconds(0.05, "--x", lo=0.05) == 0.05
+    for bad in (float("nan"), float("inf"), float("-inf"), 0, -1e-9, True, "5"):
+        with pytest.raises(InputError, match="expected a finite number of seconds > 0"):
+            O.seconds(bad, "--x")
+    with pytest.raises(InputError, match=r"--x 86401.0: expected seconds in 0..86400"):
+        O.seconds(86401.0, "--x")
+    assert O.integer(1, "--n", 1, 3) == 1 and O.integer(None, "--n", 1, 3) is None
+    for bad in (0, 4, True, 2.0):
+        with pytest.raises(InputError, match=r"^--n must be in 1..3$"):
+            O.integer(bad, "--n", 1, 3)
+    assert O.fraction(0, "--f") == 0.0
+    for bad in (1, 1.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(InputError, match=r"^--f must be in \[0, 1\)$"):
+            O.fraction(bad, "--f")
+    assert O.positive(2, "--r", 10) == 2.0
+    for bad in (0, -1, float("nan"), float("inf"), 11):
+        with pytest.raises(InputError, match="expected a finite number > 0 and <= 10"):
+            O.positive(bad, "--r", 10)
+    assert O.concurrency_levels("1, 20,40") == [1, 20, 40] and O.concurrency_levels(None) is None
+    for bad in ("0", "x", "", "1,,-2", "4097", ",".join(["1"] * 65)):
+        with pytest.raises(InputError, match="--concurrency"):
+            O.concurrency_levels(bad)
