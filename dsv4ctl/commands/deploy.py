@@ -205,8 +205,6 @@ def deploy(
     · 2 bad input (or a preflight lint error) · 3 SSH/lock/push failure (no host switched) · 130
     interrupted (hosts rolled back)."""
     from ..deploy import engine
-    from .options import seconds
-    seconds(health_timeout, "--health-timeout")
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
     if po is not None and no_preflight:
         from ..errors import InputError
@@ -320,8 +318,6 @@ def rollback(
     Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
     host · 3 SSH/lock failure or the gate failed (hosts put back)."""
     from ..deploy import engine
-    from .options import seconds
-    seconds(health_timeout, "--health-timeout")
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)

@@ -20,9 +20,6 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     from ..serve.hicache import Options
     from ..serve.hicache_local import prepare_edits, select_groups, write_all
     from .common import load_deployment_arg
-    from .options import positive, seconds
-    seconds(health_timeout, "--health-timeout")
-    positive(ratio, "--ratio", 1000.0)
 
     prof = load_deployment_arg(profile, acts_on_hosts=True)      # on/off edit files (or hosts)
     groups = select_groups(prof, group, action)
@@ -168,6 +165,8 @@ def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio:
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
+    from .options import positive
+    positive(ratio, "--ratio", 1000.0)
     _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run,
             as_json, remote, health_timeout)
 

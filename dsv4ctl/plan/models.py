@@ -62,9 +62,14 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
     path = Path(ref).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        usable = path.is_file()
+    except OSError as e:      # a 5,000-character path: ENAMETOOLONG, never a traceback
+        shown = ref if len(ref) <= 80 else f"{ref[:60]}... ({len(ref)} characters)"
+        raise InputError(f"model {shown!r}: not a usable path ({(e.strerror or str(e)).lower()})") from None
+    if not usable:
         raise InputError(
             f"unknown model {ref!r}: not a shipped model ({', '.join(shipped_names())}) "
             f"and no config.json at {path}")
