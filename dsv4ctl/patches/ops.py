@@ -128,15 +128,21 @@ def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Ac
         res.head_after = state.head
         return res
     mbox = "".join(ls.texts[n] if ls.texts[n].endswith("\n") else ls.texts[n] + "\n" for n in todo)
-    try:
-        r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
-    except KeyboardInterrupt:
-        _restore_after_interrupt(git, state, "am")
-        raise
-    if r.ok:
-        res.applied = todo
-        res.head_after = git.out("rev-parse", "HEAD")
-        return res
+    with interrupts():
+        try:
+            r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
+            if r.ok:
+                res.applied = todo
+                res.head_after = git.out("rev-parse", "HEAD")
+                return res
+            return _failed_apply(git, ls, state, todo, r)
+        except KeyboardInterrupt:
+            _restore_after_interrupt(git, state, "am")
+            raise _interrupted(state) from None
+
+
+def _failed_apply(git: Git, ls: LoadedSeries, state: TreeState, todo: list[str], r) -> ApplyResult:
+    """The am session stopped: restore the tree, then VerdictError naming patch, file and hunk."""
     # Which patch stopped the session, and where.
     text = r.out + "\n" + r.err
     m = re.search(r"Patch failed at (\d+)", text)
@@ -172,27 +178,62 @@ def explain_conflict(git: Git, rev: str, patch_text: str, conflicted: list[str])
     return ""
 
 
+class interrupts:
+    """While a tree is being changed, SIGTERM is handled like Ctrl-C (SIGINT): KeyboardInterrupt in
+    the main thread. The git child is in its own process group (:func:`.gitio.local_runner`) and is
+    stopped first; the caller then puts the tree back (exit 130). Outside the main thread (no
+    signals there) this does nothing."""
+
+    def __enter__(self):
+        import signal
+        import threading
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            def raise_interrupt(signum, frame):
+                raise KeyboardInterrupt
+            self.old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        for s, h in (self.old or {}).items():
+            signal.signal(s, h)
+        return False
+
+
+def _interrupted(state: TreeState) -> DsvError:
+    from ..errors import EXIT_INTERRUPTED
+    return DsvError(f"{state.tree}: interrupted; tree restored to {state.head[:12]}", exit_code=EXIT_INTERRUPTED)
+
+
 def _restore_after_interrupt(git: Git, state: TreeState, op: str) -> None:
-    """Ctrl-C during ``git op``: git got the SIGINT too and may have stopped mid-session; put the
-    tree back exactly (a second Ctrl-C during the restore is ignored until it is done)."""
+    """Interrupted (SIGINT or SIGTERM) while ``git op`` ran or right after: the git child has been
+    stopped (:func:`.gitio.local_runner`); put the tree back exactly. Further SIGINT/SIGTERM are
+    ignored until that is done (a second Ctrl-C must not leave a half-restored tree)."""
     import signal
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import threading
+    sigs = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
     try:
         _restore(git, state, op)
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _restore(git: Git, state: TreeState, op: str) -> None:
     """Abort the git ``op`` session and prove the tree is back at ``state`` (HEAD and status)."""
+    def now() -> tuple[str, list[str]]:
+        status = git.run("status", "--porcelain=v1", "--untracked-files=normal", check=False).out
+        return (git.run("rev-parse", "HEAD", check=False).out.strip(), [ln for ln in status.splitlines() if ln.strip()])
     git.run(op, "--abort", check=False)
-    head = git.run("rev-parse", "HEAD", check=False).out.strip()
-    if head != state.head:
+    head, dirty = now()
+    if head != state.head or dirty != state.dirty:
+        # a git stopped by a signal can leave a file it was writing changed in the work tree even
+        # after --abort; the tree was clean (tracked files) before, so reset --hard is exact
         git.run("reset", "--hard", "-q", state.head, check=False)
-    status = git.run("status", "--porcelain=v1", "--untracked-files=normal", check=False).out
-    now = [ln for ln in status.splitlines() if ln.strip()]
-    head = git.run("rev-parse", "HEAD", check=False).out.strip()
-    if head != state.head or now != state.dirty:
+        head, dirty = now()
+    if head != state.head or dirty != state.dirty:
         raise DsvError(f"{state.tree}: git {op} failed and the tree could not be restored to "
                        f"{state.head[:12]}; run 'git -C {state.tree} {op} --abort'")
 
@@ -224,19 +265,20 @@ def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[st
     shas = [a.target for a in actions if a.kind == "revert"]
     if not shas:
         return []
-    try:
-        r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
-    except KeyboardInterrupt:
-        _restore_after_interrupt(git, state, "revert")
-        raise
-    if not r.ok:
-        conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
-        current = git.run("rev-parse", "-q", "--verify", "REVERT_HEAD", check=False).out.strip()
-        _restore(git, state, "revert")
-        what = f"in {conflicted[0]}" if conflicted else last_line(r.err or r.out)
-        raise VerdictError(f"{state.tree}: revert of {(current or shas[0])[:12]} conflicts {what}; "
-                           f"tree restored to {state.head[:12]}")
-    return git.out("rev-list", "--reverse", f"{state.head}..HEAD").split()
+    with interrupts():
+        try:
+            r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
+            if not r.ok:
+                conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
+                current = git.run("rev-parse", "-q", "--verify", "REVERT_HEAD", check=False).out.strip()
+                _restore(git, state, "revert")
+                what = f"in {conflicted[0]}" if conflicted else last_line(r.err or r.out)
+                raise VerdictError(f"{state.tree}: revert of {(current or shas[0])[:12]} conflicts {what}; "
+                                   f"tree restored to {state.head[:12]}")
+            return git.out("rev-list", "--reverse", f"{state.head}..HEAD").split()
+        except KeyboardInterrupt:
+            _restore_after_interrupt(git, state, "revert")
+            raise _interrupted(state) from None
 
 
 # -- export --------------------------------------------------------------------------------
