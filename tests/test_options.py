@@ -130,3 +130,29 @@ def test_tracebacks_of_the_issue_are_one_line(capsys, tmp_path):
     code, err = run(capsys, "plan", "-g", "decode", "--from-log", str(log))
     assert code == 2 and err == (f"dsv4ctl: error: {log}: no 'DSV4 pool sizes' or 'DSV4_POOL_PLAN' line "
                                  "(SGLang 0.5.23 logs them at start-up, before 'KV Cache is allocated')\n")
+
+
+@pytest.mark.parametrize("field,path", [
+    ("groups[0].serve_config", ("groups", 0, "serve_config")),
+    ("sglang.tree", ("sglang", "tree")),
+])
+def test_a_path_the_system_refuses_is_a_profile_error(capsys, tmp_path, field, path):
+    # found by tests/test_fuzz_inputs.py: a path field with a name over 255 bytes escaped as an
+    # OSError (ENAMETOOLONG) traceback from Path.is_file()
+    import shutil
+
+    import yaml
+
+    from tests.conftest import REPO
+    src = REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml"
+    shutil.copytree(REPO / "profiles" / "dsv4-flash-8xb200-pd", tmp_path / "dsv4-flash-8xb200-pd")
+    doc = yaml.safe_load(src.read_text())
+    node = doc
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = "x" * 300 + ".yaml"
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, err = run(capsys, "plan", str(prof))
+    assert code == 2 and err.startswith(f"dsv4ctl: error: {prof}:") and err.endswith(
+        f": {field}: not a usable path (a name over 255 bytes)\n"), err
