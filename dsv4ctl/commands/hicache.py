@@ -165,8 +165,6 @@ def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio:
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
-    from .options import positive
-    positive(ratio, "--ratio", 1000.0)
     _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run,
             as_json, remote, health_timeout)
 
