@@ -329,3 +329,25 @@ def test_descriptors_already_in_use_count_against_the_limit(root):
                         "--no-progress", "--no-metrics"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("dsv4ctl: error: check load: 100 sessions need about "), p.stderr
     assert "in use), but the limit is 300 (raise it with ulimit -n)" in p.stderr
+
+
+def test_sigterm_during_load_is_exit_130_with_the_records_kept(root, tmp_path):
+    # before: SIGTERM killed check load at once (exit -15, no message); now like Ctrl-C
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    rec = tmp_path / "r.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "check", "load", root + "/nullchoice", "-c", "2",
+                          "--turns", "2", "--min-requests", "10000000", "--no-progress", "--no-metrics",
+                          "--records", str(rec)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (rec.exists() and rec.stat().st_size > 0):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, err) == (130, f"dsv4ctl: error: interrupted (records so far in {rec})\n")
+    assert all(json.loads(x)["class"] == "http_error" for x in rec.read_text().splitlines())
