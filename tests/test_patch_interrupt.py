@@ -113,7 +113,7 @@ def test_signal_to_dsv4ctl_alone_mid_apply_stops_git_and_restores(tmp_path, sig)
     time.sleep(0.5)                                     # nothing changes the tree afterwards either
     assert git(tree, "rev-parse", "HEAD").strip() == head
     assert git(tree, "status", "--porcelain") == ""
-    assert not (tree / ".git" / "rebase-apply").exists() and not (tree / ".git" / "index.lock").exists()
+    assert not (tree / ".git" / "rebase-apply").exists() and list((tree / ".git").rglob("*.lock")) == []
 
 
 def test_sigterm_mid_revert_stops_git_and_restores(tmp_path):
@@ -128,3 +128,7 @@ def test_sigterm_mid_revert_stops_git_and_restores(tmp_path):
     time.sleep(0.5)
     assert git(tree, "rev-parse", "HEAD").strip() == head and git(tree, "status", "--porcelain") == ""
     assert not (tree / ".git" / "sequencer").exists() and not (tree / ".git" / "REVERT_HEAD").exists()
+    assert list((tree / ".git").rglob("*.lock")) == []
+    r = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "patch", "status", str(tree), "--json",
+                        "--series", str(tmp_path / "series-dir")], cwd=REPO, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and '"operation": null' in r.stdout, r.stderr      # no git revert left "in progress"

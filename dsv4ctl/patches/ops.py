@@ -4,6 +4,7 @@ then executed. Apply and revert restore the tree exactly when git stops on a con
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -128,6 +129,7 @@ def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Ac
         res.head_after = state.head
         return res
     mbox = "".join(ls.texts[n] if ls.texts[n].endswith("\n") else ls.texts[n] + "\n" for n in todo)
+    started = time.time()
     with interrupts():
         try:
             r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
@@ -137,7 +139,7 @@ def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Ac
                 return res
             return _failed_apply(git, ls, state, todo, r)
         except KeyboardInterrupt:
-            _restore_after_interrupt(git, state, "am")
+            _restore_after_interrupt(git, state, "am", started)
             raise _interrupted(state) from None
 
 
@@ -206,7 +208,29 @@ def _interrupted(state: TreeState) -> DsvError:
     return DsvError(f"{state.tree}: interrupted; tree restored to {state.head[:12]}", exit_code=EXIT_INTERRUPTED)
 
 
-def _restore_after_interrupt(git: Git, state: TreeState, op: str) -> None:
+def _remove_stale_locks(git: Git, since: float) -> None:
+    """Lock files a git stopped by a signal may leave (``index.lock``, ``HEAD.lock``,
+    ``MERGE_MSG.lock``, ref locks) and that
+    appeared after ``since`` (this run's git made them; a lock of someone else's older git is left
+    alone). Local trees only (dsv4ctl stopped that git itself)."""
+    from pathlib import Path
+
+    from .gitio import local_runner
+    if git.runner is not local_runner:
+        return
+    r = git.run("rev-parse", "--absolute-git-dir", check=False)
+    if not r.ok:
+        return
+    gitdir = Path(r.out.strip())
+    for p in [*gitdir.glob("*.lock"), *gitdir.glob("refs/**/*.lock")]:
+        try:
+            if p.stat().st_mtime >= since - 1:
+                p.unlink()
+        except OSError:
+            pass
+
+
+def _restore_after_interrupt(git: Git, state: TreeState, op: str, since: float = 0.0) -> None:
     """Interrupted (SIGINT or SIGTERM) while ``git op`` ran or right after: the git child has been
     stopped (:func:`.gitio.local_runner`); put the tree back exactly. Further SIGINT/SIGTERM are
     ignored until that is done (a second Ctrl-C must not leave a half-restored tree)."""
@@ -215,6 +239,8 @@ def _restore_after_interrupt(git: Git, state: TreeState, op: str) -> None:
     sigs = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
     old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
     try:
+        if since:
+            _remove_stale_locks(git, since)
         _restore(git, state, op)
     finally:
         for s, h in old.items():
@@ -233,6 +259,10 @@ def _restore(git: Git, state: TreeState, op: str) -> None:
         # after --abort; the tree was clean (tracked files) before, so reset --hard is exact
         git.run("reset", "--hard", "-q", state.head, check=False)
         head, dirty = now()
+    if head == state.head and dirty == state.dirty:
+        # an abort that failed half-way (git stopped mid-sequence) can leave the session folder
+        # (.git/sequencer, .git/rebase-apply): forget it, the tree itself is back
+        git.run(op, "--quit", check=False)
     if head != state.head or dirty != state.dirty:
         raise DsvError(f"{state.tree}: git {op} failed and the tree could not be restored to "
                        f"{state.head[:12]}; run 'git -C {state.tree} {op} --abort'")
@@ -265,6 +295,7 @@ def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[st
     shas = [a.target for a in actions if a.kind == "revert"]
     if not shas:
         return []
+    started = time.time()
     with interrupts():
         try:
             r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
@@ -277,7 +308,7 @@ def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[st
                                    f"tree restored to {state.head[:12]}")
             return git.out("rev-list", "--reverse", f"{state.head}..HEAD").split()
         except KeyboardInterrupt:
-            _restore_after_interrupt(git, state, "revert")
+            _restore_after_interrupt(git, state, "revert", started)
             raise _interrupted(state) from None
 
 
