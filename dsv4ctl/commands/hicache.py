@@ -190,8 +190,13 @@ async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Op
                 if r.status != 200:
                     return None, f"/server_info HTTP {r.status}"
                 return await r.json(content_type=None), None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            return None, f"unreachable ({type(e).__name__}{': ' + str(e) if str(e) else ''})"
+        except aiohttp.ClientError as e:     # operator words: "cannot connect to HOST:PORT (connection refused)"
+            from ..check.driver import describe_client_error
+            return None, f"unreachable: {describe_client_error(e, url + '/server_info')[1]}"
+        except asyncio.TimeoutError:
+            return None, f"unreachable: no answer within {timeout:g} s"
+        except (ValueError, RecursionError):
+            return None, "/server_info: not a JSON document"
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         res = await asyncio.gather(*(one(s, u) for u in urls.values()))
