@@ -358,6 +358,7 @@ def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
     import subprocess
     import sys
     import threading
+    import time
     from tests.standin.harness import REPO, free_port, wait_health, write_config
     cfg = write_config(tmp_path / "serve.yaml")
     port = free_port()
@@ -367,31 +368,24 @@ def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_health(url, 60)
-        stop = threading.Event()
+        rec = tmp_path / "r.jsonl"
+        done = threading.Event()
 
-        def freeze_once_load_began():
-            # SIGSTOP once the first chat request arrived (a fixed delay raced the CLI's start-up
-            # and discovery on a loaded machine)
-            import json
-            import urllib.request
-            while not stop.is_set():
-                try:
-                    with urllib.request.urlopen(url + "/_standin/requests", timeout=2) as resp:
-                        seen = json.loads(resp.read())["requests"]
-                    if any("chat/completions" in str(x.get("path", "")) for x in seen):
-                        break
-                except OSError:
-                    pass
-                stop.wait(0.05)
-            if not stop.is_set():
-                os.kill(p.pid, signal.SIGSTOP)
-
-        t = threading.Thread(target=freeze_once_load_began, daemon=True)
+        def stop_when_running() -> None:
+            # SIGSTOP once turns are being answered (a fixed delay raced the client's start-up on a
+            # loaded machine: discovery itself then timed out, exit 2)
+            while not done.is_set():
+                if rec.exists() and rec.stat().st_size > 0:
+                    os.kill(p.pid, signal.SIGSTOP)
+                    return
+                time.sleep(0.05)
+        t = threading.Thread(target=stop_when_running, daemon=True)
         t.start()
         r = run_cli("check", "load", url, "-c", "4,8", "--turns", "4", "--min-requests", "100000",
-                    "--stall-timeout", "2", "--no-progress", "--no-metrics", "--json", timeout=240)
+                    "--stall-timeout", "2", "--no-progress", "--no-metrics", "--json", "--records", str(rec),
+                    timeout=240)
+        done.set()
     finally:
-        stop.set()
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
     assert r.code == 1, r.err

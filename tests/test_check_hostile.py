@@ -167,7 +167,7 @@ def test_unwritable_records_fail_before_the_load(root, tmp_path):
 
 def test_load_rejects_a_model_id_that_is_not_a_string(root):
     r = run_cli("check", "load", root + "/models_weird", *LOAD)
-    assert r.code == 2 and r.err.strip() == f"dsv4ctl: error: {root}/models_weird/v1/models: HTTP 200, no model listed"
+    assert r.code == 2 and r.err.strip() == f"dsv4ctl: error: check load: {root}/models_weird/v1/models: HTTP 200, no model listed"
     r = run_cli("check", "load", root + "/hugemodels", *LOAD)
     assert r.code == 2 and r.err.strip().endswith(f"larger than {C.MAX_JSON_BODY} bytes") and "Traceback" not in r.err
 
@@ -210,3 +210,144 @@ def test_records_write_failing_mid_run_is_one_line_exit_2(root, tmp_path):
                         "--records", str(rec)], cwd=REPO, capture_output=True, text=True, preexec_fn=limit, timeout=60)
     assert p.returncode == 2 and p.stderr == f"dsv4ctl: error: --records {rec}: write failed: File too large\n"
     assert p.stdout == "" and rec.stat().st_size <= 3000
+
+
+# --- connection-level attacks (tests/hostile/server.py raw_server) and client-side failures ------
+from tests.hostile.server import RAW_MODES, closed_port, raw_server  # noqa: E402
+
+RAW_MESSAGES = {
+    "disconnect": "{hp} closed the connection without an HTTP answer (GET /disconnect/v1/models)",
+    "badstatus": "{hp}: GET /badstatus/v1/models: broken HTTP answer (Bad status line)",
+    "bigheader": "{hp}: GET /bigheader/v1/models: broken HTTP answer (Got more than 8190 bytes when reading)",
+    "badchunk": "{hp}: GET /badchunk/v1/models: broken HTTP answer (Invalid character in chunk size)",
+    "redirect": "{hp}: GET /redirect/v1/models: too many redirects (a redirect loop)",
+    "reset": "{hp} reset the connection (GET /reset/v1/models)",
+    "garbage": "{hp}: GET /garbage/v1/models: broken HTTP answer (Bad status line)",
+}
+
+
+@pytest.fixture(scope="module")
+def raw_root():
+    with raw_server() as url:
+        yield url
+
+
+def test_every_raw_mode_has_a_message():
+    assert set(RAW_MESSAGES) == set(RAW_MODES)
+
+
+@pytest.mark.parametrize("cmd", ["smoke", "load"])
+@pytest.mark.parametrize("mode", sorted(RAW_MODES))
+def test_broken_http_at_discovery_is_one_line_exit_2(raw_root, mode, cmd):
+    hp = raw_root.removeprefix("http://")
+    extra = ("--timeout", "10") if cmd == "smoke" else LOAD
+    r = run_cli("check", cmd, f"{raw_root}/{mode}", *extra, timeout=60)
+    want = f"dsv4ctl: error: check {cmd}: " + RAW_MESSAGES[mode].format(hp=hp)
+    assert (r.code, r.err) == (2, want + "\n")
+
+
+@pytest.mark.parametrize("cmd", ["smoke", "load"])
+def test_connection_refused_speaks_operator(cmd):
+    port = closed_port()
+    r = run_cli("check", cmd, f"http://127.0.0.1:{port}", *(() if cmd == "smoke" else LOAD))
+    assert (r.code, r.err) == (2, f"dsv4ctl: error: check {cmd}: cannot connect to 127.0.0.1:{port} (connection refused)\n")
+
+
+def _no_dns(monkeypatch, name: str) -> None:
+    """Name resolution of ``name`` fails as for a name that does not exist (no resolver traffic)."""
+    import socket
+    real = socket.getaddrinfo
+
+    def fake(host, *a, **kw):
+        if host == name:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *a, **kw)
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+
+
+@pytest.mark.parametrize("cmd,extra", [
+    ("smoke", ()),
+    ("load", LOAD),
+    # with --model there is no discovery: the turns hit it. Before: every turn an http_error, the
+    # gate failed (exit 1) on a server never reached
+    ("load", LOAD + ("--model", "m")),
+])
+def test_dns_failure_is_client_side_exit_2_not_corruption(monkeypatch, capsys, tmp_path, cmd, extra):
+    from dsv4ctl.cli import main
+    _no_dns(monkeypatch, "dsv4ctl-nxdomain.test")
+    rec = tmp_path / "r.jsonl"
+    args = ["check", cmd, "http://dsv4ctl-nxdomain.test:8000", *extra] + (["--records", str(rec)] if cmd == "load" else [])
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert (code, err) == (2, f"dsv4ctl: error: check {cmd}: cannot resolve dsv4ctl-nxdomain.test "
+                              "(name or service not known)\n")
+    if cmd == "load":
+        assert out == "" and rec.read_text() == ""       # no turn recorded, no report
+
+
+_EMFILE_CHILD = r'''
+import os, resource, sys
+import dsv4ctl.check.driver as D
+D.ensure_fd_limit = lambda c, spare=64: 0     # as if the limit fitted at start, then ran out
+from dsv4ctl.cli import main
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))
+sys.exit(main(sys.argv[2:]))
+'''
+
+
+def test_out_of_descriptors_mid_run_is_exit_2_never_corruption(root, tmp_path):
+    # Before: turns whose connect failed with EMFILE were http_error corruption and failed the gate
+    # (exit 1: "67.83 % corruption" on a healthy server). Now the run stops, exit 2, no verdict.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    rec = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-c", _EMFILE_CHILD, "48", "check", "load", root + "/good", "-c", "64",
+                        "--turns", "2", "--min-requests", "128", "--model", "m", "--no-progress", "--json",
+                        "--no-metrics", "--records", str(rec)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stderr[-2000:])
+    assert p.stderr.startswith("dsv4ctl: error: check load: cannot connect to 127.0.0.1:") and p.stderr.endswith(
+        ": this machine is out of file descriptors (raise the limit with ulimit -n or use fewer sessions)\n")
+    recs = [json.loads(x) for x in rec.read_text().splitlines()]
+    # the turns that were answered are recorded as judged (this server makes no tool calls); none
+    # is an http_error: the EMFILE turn is no turn
+    assert all(x["class"] != "http_error" and x["http_status"] == 200 for x in recs), [x["reason"] for x in recs][:3]
+
+
+def test_descriptors_already_in_use_count_against_the_limit(root):
+    # the limit check counts descriptors already open: 200 held of 300 leave no room for 100
+    # sessions (before: 100 + 64 <= 300 passed, then the run ran out of descriptors)
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    child = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300)); "
+             "held = [os.open('/dev/null', os.O_RDONLY) for _ in range(200)]; "
+             "from dsv4ctl.cli import main; sys.exit(main(sys.argv[1:]))")
+    p = subprocess.run([sys.executable, "-c", child, "check", "load", root + "/good", "-c", "100", "--model", "m",
+                        "--no-progress", "--no-metrics"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("dsv4ctl: error: check load: 100 sessions need about "), p.stderr
+    assert "in use), but the limit is 300 (raise it with ulimit -n)" in p.stderr
+
+
+def test_sigterm_during_load_is_exit_130_with_the_records_kept(root, tmp_path):
+    # before: SIGTERM killed check load at once (exit -15, no message); now like Ctrl-C
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    rec = tmp_path / "r.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "check", "load", root + "/nullchoice", "-c", "2",
+                          "--turns", "2", "--min-requests", "10000000", "--no-progress", "--no-metrics",
+                          "--records", str(rec)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (rec.exists() and rec.stat().st_size > 0):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, err) == (130, f"dsv4ctl: error: interrupted (records so far in {rec})\n")
+    assert all(json.loads(x)["class"] == "http_error" for x in rec.read_text().splitlines())

@@ -123,7 +123,7 @@ def test_stuck_transfers_are_detected(tmp_path):
 def test_usage_and_connection_errors_exit_2(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
     cases = [
-        (("check", "load", dead, "-c", "2"), "cannot connect to " + dead),
+        (("check", "load", dead, "-c", "2"), "check load: cannot connect to " + dead.removeprefix("http://") + " (connection refused)"),
         (("check", "load", "127.0.0.1:8000"), "must start with http://"),
         (("check", "load", dead, "-c", "0"), "--concurrency '0'"),
         (("check", "load", dead, "-c", "4,x"), "positive integers"),

@@ -190,7 +190,16 @@ def test_unknown_host_key_refused_then_accept_new(live_cluster, tmp_path):
     w = World(live_cluster, tmp_path / "w", nhosts=3, known_hosts=kh)
     r = cli(w, "deploy", "--dry-run")
     assert r.code == 3 and "h2: unknown host key ssh-ed25519 SHA256:" in r.err and "--accept-new-host-keys" in r.err
+    before = kh.read_bytes()
+    # a dry run trusts the new key for the run but writes nothing, known_hosts included (issue 13;
+    # before, it appended h2's key)
     r = cli(w, "deploy", "--dry-run", "--accept-new-host-keys")
+    assert r.code == 0, r.err
+    assert kh.read_bytes() == before
+    r = cli(w, "deploy", "--dry-run")
+    assert r.code == 3 and "h2: unknown host key" in r.err
+    # a real (read-only) command with accept-new records it, like OpenSSH's accept-new
+    r = cli(w, "releases", "--accept-new-host-keys")
     assert r.code == 0, r.err
     assert f"[127.0.0.4]:{live_cluster.hosts[2].port} ssh-ed25519" in kh.read_text()
     r = cli(w, "deploy", "--dry-run")

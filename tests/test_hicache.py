@@ -171,8 +171,11 @@ def test_status_against_running_standin_servers(site):
         assert r.code == 1
         assert r.json()["groups"][0]["differences"] == ["hicache-ratio: file 3.0, server 2.0"]
     # servers gone: exit 3, the table still printed
-    r = run_cli("hicache", "status", str(site["profile"]), "--timeout", "2")
-    assert r.code == 3 and "unreachable" in r.out and r.err.startswith("dsv4ctl: error: hicache status: prefill")
+    r = run_cli("hicache", "status", str(site["profile"]), "--timeout", "2", "--json")
+    assert r.code == 3 and r.err.startswith("dsv4ctl: error: hicache status: prefill")
+    # issue 18: operator words, not "ClientConnectorError: ... ssl:default [Connect call failed ...]"
+    assert "unreachable: cannot connect to 127.0.0.1:" in r.out and "(connection refused)" in r.out
+    assert "ClientConnectorError" not in r.out + r.err and "ssl:default" not in r.out + r.err
     r = run_cli("hicache", "status", str(site["profile"]), "--no-server", "--markdown")
     assert r.code == 0 and "| prefill | prefill | b200-0 | on ratio 3.0 write_through page_first/kernel | - | not queried |" in r.out
 

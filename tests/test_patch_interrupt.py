@@ -1,17 +1,22 @@
-"""Ctrl-C during `patch apply` (a long `git am` session on a real git tree): the command exits 130
-and the tree is exactly as before (HEAD, status, no git am session left), or — if the signal came
-after git finished — fully applied; never in between."""
+"""Ctrl-C or SIGTERM during `patch apply` / `patch revert` (a long `git am` / `git revert`
+session on a real git tree): the command exits 130 and the tree is exactly as before (HEAD,
+status, no git am / sequencer session left), or — if the signal came after git finished — fully
+applied; never in between; and no git child keeps running after dsv4ctl has exited."""
 
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
 ENV = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
            GIT_COMMITTER_EMAIL="t@t")
+N = 150
 
 
 def git(tree, *args):
@@ -19,16 +24,17 @@ def git(tree, *args):
                           env=ENV).stdout
 
 
-def test_interrupted_apply_restores_the_tree(tmp_path):
+def make_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A tree at v0.5.23 and a series of N one-file patches on it (the tree is reset to the base)."""
     tree = tmp_path / "sglang"
     (tree / "python" / "sglang").mkdir(parents=True)
-    for i in range(150):
+    for i in range(N):
         (tree / "python" / "sglang" / f"m{i:03d}.py").write_text(f"x = {i}\n")
     git(tree, "init", "-q")
     git(tree, "add", "-A")
     git(tree, "commit", "-q", "-m", "base")
     git(tree, "tag", "v0.5.23")
-    for i in range(150):
+    for i in range(N):
         (tree / "python" / "sglang" / f"m{i:03d}.py").write_text(f"x = {i + 1000}\n")
         git(tree, "commit", "-q", "-am", f"change {i}")
     series = tmp_path / "series-dir"
@@ -36,6 +42,40 @@ def test_interrupted_apply_restores_the_tree(tmp_path):
     git(tree, "format-patch", "-q", "-o", str(series), "v0.5.23..HEAD")
     names = sorted(p.name for p in series.glob("*.patch"))
     (series / "series").write_text("base sglang==0.5.23\n" + "".join(f"{n}\n" for n in names))
+    return tree, series
+
+
+def git_children_on(tree: Path) -> list[str]:
+    """Command lines of running processes that work on ``tree`` (git -C TREE ...)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = next((ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if str(tree) in cmd and "git" in cmd and "zombie" not in state:
+            out.append(cmd)
+    return out
+
+
+def start(args, tree: Path, marker: str) -> subprocess.Popen:
+    """Start ``dsv4ctl ARGS`` in its own session and wait until git's session folder ``marker``
+    (under .git) exists: git is mid-way."""
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, env=ENV)
+    deadline = time.monotonic() + 60
+    while not (tree / ".git" / marker).exists():
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, "git never started"
+        time.sleep(0.005)
+    return p
+
+
+def test_interrupted_apply_restores_the_tree(tmp_path):
+    tree, series = make_tree(tmp_path)
     git(tree, "reset", "-q", "--hard", "v0.5.23")
     head = git(tree, "rev-parse", "HEAD").strip()
 
@@ -54,4 +94,41 @@ def test_interrupted_apply_restores_the_tree(tmp_path):
         assert now == head and "interrupted" in err
     else:
         assert p.returncode == 0, err
-        assert len(git(tree, "rev-list", f"{head}..HEAD").split()) == 150
+        assert len(git(tree, "rev-list", f"{head}..HEAD").split()) == N
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_dsv4ctl_alone_mid_apply_stops_git_and_restores(tmp_path, sig):
+    # SIGTERM (or a SIGINT sent to dsv4ctl only, as `kill -INT PID` does) while `git am` runs.
+    # Before: SIGTERM killed dsv4ctl at once; its `git am` went on as an orphan and applied the
+    # series (or stopped half-way with .git/rebase-apply left) after dsv4ctl had died.
+    tree, series = make_tree(tmp_path)
+    git(tree, "reset", "-q", "--hard", "v0.5.23")
+    head = git(tree, "rev-parse", "HEAD").strip()
+    p = start(["patch", "apply", str(tree), "--series", str(series)], tree, "rebase-apply")
+    os.kill(p.pid, sig)
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (130, f"dsv4ctl: error: {tree}: interrupted; tree restored to {head[:12]}\n")
+    assert git_children_on(tree) == []
+    time.sleep(0.5)                                     # nothing changes the tree afterwards either
+    assert git(tree, "rev-parse", "HEAD").strip() == head
+    assert git(tree, "status", "--porcelain") == ""
+    assert not (tree / ".git" / "rebase-apply").exists() and list((tree / ".git").rglob("*.lock")) == []
+
+
+def test_sigterm_mid_revert_stops_git_and_restores(tmp_path):
+    tree, _ = make_tree(tmp_path)
+    head = git(tree, "rev-parse", "HEAD").strip()
+    commits = git(tree, "rev-list", "v0.5.23..HEAD").split()      # newest first
+    p = start(["patch", "revert", str(tree), *commits], tree, "sequencer")
+    os.kill(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (130, f"dsv4ctl: error: {tree}: interrupted; tree restored to {head[:12]}\n")
+    assert git_children_on(tree) == []
+    time.sleep(0.5)
+    assert git(tree, "rev-parse", "HEAD").strip() == head and git(tree, "status", "--porcelain") == ""
+    assert not (tree / ".git" / "sequencer").exists() and not (tree / ".git" / "REVERT_HEAD").exists()
+    assert list((tree / ".git").rglob("*.lock")) == []
+    r = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "patch", "status", str(tree), "--json",
+                        "--series", str(tmp_path / "series-dir")], cwd=REPO, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and '"operation": null' in r.stdout, r.stderr      # no git revert left "in progress"

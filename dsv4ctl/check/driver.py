@@ -43,28 +43,123 @@ ClientPayloadError (the body was cut short: the server went away mid-answer). Ti
 connect timeouts) are not: they are ``stuck`` turns, caught before these."""
 
 
+LOCAL_ERRNOS = ("EMFILE", "ENFILE", "EADDRNOTAVAIL", "ENOBUFS", "ENOMEM")
+"""errno names of a connection that failed for a reason of this machine (out of file descriptors,
+local ports, buffers or memory): they say nothing about the server."""
+
+
+def _os_error(e: BaseException) -> Optional[OSError]:
+    err = getattr(e, "os_error", None)
+    if isinstance(err, OSError):
+        return err
+    return e if isinstance(e, OSError) else None
+
+
 def _local_limit(e: BaseException) -> bool:
-    """True when a connection failed for a reason of this machine (out of file descriptors),
-    which says nothing about the server."""
+    """True when a connection failed for a reason of this machine (:data:`LOCAL_ERRNOS`), which
+    says nothing about the server."""
     import errno
-    err = getattr(e, "os_error", None) or e
-    return getattr(err, "errno", None) in (errno.EMFILE, errno.ENFILE)
+    err = _os_error(e)
+    return err is not None and err.errno in {getattr(errno, n) for n in LOCAL_ERRNOS if hasattr(errno, n)}
+
+
+def _dns_failure(e: BaseException) -> bool:
+    """True for a name that could not be resolved (aiohttp ``ClientConnectorDNSError``, a
+    ``socket.gaierror`` underneath)."""
+    import socket
+    return isinstance(e, getattr(aiohttp, "ClientConnectorDNSError", ())) or isinstance(_os_error(e), socket.gaierror)
+
+
+def _host_port(url) -> str:
+    """``host:port`` of ``url`` (``[v6]:port`` for an IPv6 literal), or the URL when it has none."""
+    from yarl import URL
+    try:
+        u = URL(str(url))
+        host, port = u.raw_host, u.port
+    except (ValueError, TypeError):
+        return str(url)
+    if not host:
+        return str(url)
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port else host
+
+
+def _first_line(text: str, n: int = 100) -> str:
+    from ..render import printable
+    t = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    t = t.split(": b'", 1)[0].split(': b"', 1)[0].rstrip(":. ")
+    return printable(t if len(t) <= n else t[:n] + "...")
+
+
+def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[str, str]:
+    """(kind, one-line message) for an aiohttp error of a request to ``url``, in the operator's
+    words (no library class names). ``kind``: ``local`` (this machine: out of descriptors or
+    ports; a name that does not resolve), ``connect`` (no HTTP answer: refused, reset, closed,
+    unreachable) or ``protocol`` (the server answered with broken HTTP)."""
+    import errno
+    import os
+
+    from yarl import URL
+    hp = _host_port(url)
+    try:
+        path = URL(str(url)).raw_path_qs or "/"
+    except (ValueError, TypeError):
+        path = str(url)
+    what = f"{method} {path}"
+    err = _os_error(e)
+    code = err.errno if err is not None and isinstance(err.errno, int) and err.errno > 0 else None
+    strerror = ((os.strerror(code) if code in errno.errorcode else None)
+                or (err.strerror if err is not None else None) or "").strip().lower()
+    if _dns_failure(e):
+        host = getattr(e, "host", None) or hp.rsplit(":", 1)[0]
+        return "local", f"cannot resolve {host} ({strerror or 'name resolution failed'})"
+    if _local_limit(e):
+        name = errno.errorcode.get(err.errno, "")
+        why = {"EMFILE": "out of file descriptors (raise the limit with ulimit -n or use fewer sessions)",
+               "ENFILE": "the system is out of file descriptors",
+               "EADDRNOTAVAIL": "out of local ports (use fewer sessions)"}.get(name, strerror or name)
+        return "local", f"cannot connect to {hp}: this machine is {why}" if name in (
+            "EMFILE", "ENFILE", "EADDRNOTAVAIL") else f"cannot connect to {hp}: this machine: {why}"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "connect", f"cannot connect to {hp} ({strerror or _first_line(e)})"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "connect", f"{hp} closed the connection without an HTTP answer ({what})"
+    if isinstance(e, aiohttp.TooManyRedirects):
+        return "protocol", f"{hp}: {what}: too many redirects (a redirect loop)"
+    if isinstance(e, aiohttp.RedirectClientError):
+        return "protocol", f"{hp}: {what}: a redirect to a URL that is not http(s)"
+    if isinstance(e, aiohttp.ClientOSError):
+        if err is not None and err.errno == errno.ECONNRESET:
+            return "connect", f"{hp} reset the connection ({what})"
+        return "connect", f"{hp}: {what}: {strerror or _first_line(e)}"
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return "protocol", f"{hp}: {what}: broken HTTP body ({_first_line(e)})"
+    if isinstance(e, aiohttp.ClientResponseError):
+        return "protocol", f"{hp}: {what}: broken HTTP answer ({_first_line(e.message)})"
+    if isinstance(e, aiohttp.InvalidURL):
+        return "connect", f"{_first_line(url)}: not a usable URL"
+    return "connect", f"{hp}: {what}: {_first_line(e) or type(e).__name__}"
 
 
 def ensure_fd_limit(concurrency: int, spare: int = 64) -> int:
-    """Make room for ``concurrency`` connections plus ``spare`` descriptors: raise the soft
-    RLIMIT_NOFILE up to the hard limit when needed. Returns the soft limit; ValueError (one line)
-    when even the hard limit is too small."""
+    """Make room for ``concurrency`` connections plus ``spare`` descriptors on top of the ones
+    already open: raise the soft RLIMIT_NOFILE up to the hard limit when needed. Returns the soft
+    limit; ValueError (one line) when even the hard limit is too small."""
+    import os
     import resource
-    need = concurrency + spare
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 0
+    need = in_use + concurrency + spare
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return soft
     if hard == resource.RLIM_INFINITY or hard >= need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
         return need
-    raise ValueError(f"{concurrency} sessions need about {need} open files, but the limit is {hard} "
-                     f"(raise it with ulimit -n)")
+    raise ValueError(f"{concurrency} sessions need about {need} open files ({in_use} in use), but the limit is "
+                     f"{hard} (raise it with ulimit -n)")
 
 
 def crash_threshold(concurrency: int) -> int:
@@ -74,6 +169,11 @@ def crash_threshold(concurrency: int) -> int:
 
 class ConnectError(Exception):
     """The target cannot be reached at all (connection refused, DNS, TLS)."""
+
+
+class ClientSideError(ConnectError):
+    """A failure of this machine, not of the server (out of file descriptors or local ports, a
+    name that does not resolve): the run stops (exit 2) and nothing is counted as corruption."""
 
 
 class BadResponse(Exception):
@@ -142,12 +242,19 @@ async def fetch_json(http: aiohttp.ClientSession, url: str, timeout: float = 10.
                 return r.status, json.loads(text)
             except (ValueError, RecursionError):
                 return r.status, text
-    except aiohttp.ClientConnectorError as e:
-        raise ConnectError(f"cannot connect to {url}: {e.os_error.strerror or e.os_error}") from e
-    except (aiohttp.ClientOSError, aiohttp.InvalidURL) as e:
-        raise ConnectError(f"cannot connect to {url}: {e}") from e
+    except aiohttp.ClientError as e:
+        kind, msg = describe_client_error(e, url)
+        raise (ClientSideError if kind == "local" else ConnectError)(msg) from e
     except asyncio.TimeoutError as e:
-        raise ConnectError(f"no answer from {url} within {timeout:g} s") from e
+        raise ConnectError(f"{_host_port(url)}: GET {_path(url)}: no answer within {timeout:g} s") from e
+
+
+def _path(url) -> str:
+    from yarl import URL
+    try:
+        return URL(str(url)).raw_path_qs or "/"
+    except (ValueError, TypeError):
+        return str(url)
 
 
 async def discover_model(http: aiohttp.ClientSession, base: str) -> str:
@@ -198,7 +305,9 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
     so one id names the turn in the client's records and the gateway's and server's logs.
     ``timing["echoed_request_id"]`` is the response's ``X-Request-Id`` (None without one).
 
-    Never raises for transport problems: they become ``error``/``stalled`` in the TurnResult;
+    Never raises for the server's transport problems: they become ``error``/``stalled`` in the
+    TurnResult; a failure of this machine (out of descriptors or ports, DNS) raises
+    :class:`ClientSideError` (it is not the server's answer, so it is no turn);
     ``timing["connection_error"]`` is True when the turn failed with one of
     :data:`CONNECTION_ERRORS` (no HTTP answer, or the answer cut off), else False.
     ``turn_timeout``: seconds for the complete answer (past it the turn is ``stalled``, even if
@@ -254,8 +363,11 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                or sock_read is None else f"no progress for {sock_read:g} s")
         return C.TurnResult(http_status=None, stalled=True, error=why), timing
     except aiohttp.ClientError as e:
+        if _local_limit(e) or _dns_failure(e):
+            # this machine's failure, not the server's: never a turn, never corruption
+            raise ClientSideError(describe_client_error(e, url, "POST")[1]) from e
         timing["e2e_s"] = time.perf_counter() - t0
-        timing["connection_error"] = isinstance(e, CONNECTION_ERRORS) and not _local_limit(e)
+        timing["connection_error"] = isinstance(e, CONNECTION_ERRORS)
         return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
 
 
@@ -272,6 +384,8 @@ async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 
     except asyncio.TimeoutError:
         return f"GET /health: no answer within {timeout:g} s" if silent_is_dead else None
     except CONNECTION_ERRORS as e:
+        if _local_limit(e) or _dns_failure(e):
+            raise ClientSideError(describe_client_error(e, base.rstrip("/") + "/health")[1]) from e
         return f"GET /health: {type(e).__name__}: {str(e)[:160]}"
     except aiohttp.ClientError:
         return None
@@ -298,7 +412,11 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     turn in between, ``LevelRun.crash`` is set and every worker stops before its next turn (turns
     in flight finish and are recorded). If the level ends with 1..K−1 trailing connection-error
     turns (target reached, or fewer than K turns), one ``GET /health`` decides: cannot connect →
-    crash. Not after ``stop()`` (an interrupt)."""
+    crash. Not after ``stop()`` (an interrupt).
+
+    A failure of this machine in any turn (:class:`ClientSideError`: out of file descriptors or
+    local ports, DNS) stops every worker before its next turn and is raised once they are done;
+    the turn it hit is not recorded (it says nothing about the server)."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     specs = C.tool_specs(TOOLS)
     level = LevelRun(url=url, concurrency=concurrency, target=target)
@@ -311,8 +429,10 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     stalls = 0             # how many turns of the streak stalled (no answer within the stall timeout)
     probing = False        # a /health probe for a stalled streak is in flight
 
+    failure: list[ClientSideError] = []   # this machine failed: every worker stops, the level raises
+
     def halted() -> bool:
-        return level.crash is not None or bool(stop and stop())
+        return level.crash is not None or bool(failure) or bool(stop and stop())
 
     def declare(why: str, probe: Optional[str] = None) -> None:
         first = level.records[streak_start]
@@ -333,7 +453,11 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                 spec = s.spec()
                 rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"
                 t_start = time.time()
-                result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream, turn_timeout)
+                try:
+                    result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream, turn_timeout)
+                except ClientSideError as e:
+                    failure.append(e)
+                    return
                 v = E.judge(result, requires_tool=spec.requires_tool, tools=specs, expected=spec.expected_calls,
                             tool_choice=spec.tool_choice, thinking_requested=thinking)
                 rec = {
@@ -369,9 +493,14 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                             # stalls too: dead only if /health does not answer either (a server
                             # with wedged transfers still answers it)
                             probing = True
-                            probe = await probe_health(http, url, timeout=min(10.0, http.timeout.sock_read or 10.0),
-                                                       silent_is_dead=True)
-                            probing = False
+                            try:
+                                probe = await probe_health(http, url, silent_is_dead=True,
+                                                           timeout=min(10.0, http.timeout.sock_read or 10.0))
+                            except ClientSideError as e:
+                                failure.append(e)
+                                return
+                            finally:
+                                probing = False
                             if probe is not None and level.crash is None:
                                 declare(f"K = {k}, {stalls} of them stalled, and {probe}", probe)
                             elif probe is None:
@@ -390,6 +519,8 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     level.duration_s = time.perf_counter() - t0
     level.client_cpu_s = time.process_time() - c0
+    if failure:
+        raise failure[0]
     if level.crash is None and streak and not (stop and stop()):
         probe = await probe_health(http, url)
         if probe is not None:

@@ -21,7 +21,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     ``rec_file``: a text file for one JSON line per turn, or None; ``progress``: None, or a factory
     ``progress(total) -> obj`` with ``update(description=..., advance=..., bad=...)`` and ``stop()``.
     Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used,
-    KeyboardInterrupt on Ctrl-C (every session stopped first). ``thinking``: requests ask for
+    KeyboardInterrupt on Ctrl-C or SIGTERM (every session stopped first). ``thinking``: requests ask for
     thinking (:func:`dsv4ctl.check.driver.run_level`). ``gateway_metrics``: the gateway's own
     Prometheus URL (e.g. ``http://router:29000/metrics``), scraped before and after each level
     (:mod:`dsv4ctl.check.gateway`; each level's ``gateway``), or None.
@@ -51,10 +51,11 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
         nonlocal interrupted
         interrupted = True
         main_task.cancel()
-    try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
-        pass
+    for sig in (signal.SIGINT, signal.SIGTERM):     # SIGTERM (kill, systemd, a runbook's stop) like Ctrl-C
+        try:
+            loop.add_signal_handler(sig, on_sigint)
+        except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
+            pass
 
     def on_record(rec: dict) -> None:
         nonlocal bad
@@ -109,10 +110,11 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
             raise KeyboardInterrupt from None
         raise
     finally:
-        try:
-            loop.remove_signal_handler(signal.SIGINT)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
         if prog is not None:
             prog.stop()
     settings = dict(settings, run_id=run_id, models=models)

@@ -39,7 +39,7 @@ import aiohttp
 
 from . import classify as C
 from . import expect as E
-from .driver import BadResponse, ConnectError, fetch_json, run_turn
+from .driver import BadResponse, ClientSideError, ConnectError, fetch_json, run_turn
 from .workload import CALL_INSTRUCTION, SYSTEM_PROMPT, TOOLS, Session, known_instruction
 
 EXPECT_VERSION = "0.5.23"
@@ -324,7 +324,9 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
     (health, server_info) to read; [] = the entry's own, or the workers a gateway at the entry
     lists (:func:`workers_for`). ``api_key``: bearer token. ``timeout``: seconds for each probe's
     complete answer (also the no-progress limit); a body over the size limits of :mod:`.classify`
-    fails its line."""
+    fails its line. The entry is unreachable (returned False; the ``models`` line says why) when
+    ``GET /v1/models`` gets no HTTP answer or a broken one. Raises :class:`.driver.ClientSideError`
+    for a failure of this machine (out of file descriptors, DNS)."""
     from .driver import auth_headers
     out: list[dict] = []
     specs = C.tool_specs(TOOLS)
@@ -334,6 +336,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         if not any(w.url == entry for w in workers):
             try:
                 gateway = await probe_gateway(http, entry, timeout)
+            except ClientSideError:
+                raise          # this machine's failure: the run stops (exit 2)
             except (ConnectError, BadResponse):
                 gateway = None          # the models line says why
         if gateway is not None:
@@ -353,6 +357,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                 status, _ = await fetch_json(http, w.url + "/health", timeout=timeout)
                 out.append(line("health", w.name, "pass" if status == 200 else "fail",
                                 "200" if status == 200 else f"HTTP {status}", url=w.url))
+            except ClientSideError:
+                raise          # this machine's failure: the run stops (exit 2)
             except (ConnectError, BadResponse) as e:
                 out.append(line("health", w.name, "fail", str(e), url=w.url))
         reachable = True
@@ -369,6 +375,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                 model = model or ids[0]
             else:
                 out.append(line("models", entry, "fail", f"HTTP {status}, no model listed"))
+        except ClientSideError:
+            raise          # this machine's failure: the run stops (exit 2)
         except ConnectError as e:
             out.append(line("models", entry, "fail", str(e)))
             reachable = False
@@ -387,6 +395,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                 else:
                     infos.append(info)
                     out.append(judge_server_info(info, w))
+            except ClientSideError:
+                raise          # this machine's failure: the run stops (exit 2)
             except (ConnectError, BadResponse) as e:
                 out.append(line("server_info", w.name, "fail", str(e)))
         if not reachable:

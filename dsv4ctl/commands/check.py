@@ -24,32 +24,9 @@ def _profile_targets(profile: str):
     return prof, from_profile(prof)
 
 
-#: Upper bounds of the load knobs: a typo (``-c 60000``) must fail at once, not open tens of
-#: thousands of sockets or plan billions of turns.
-MAX_CONCURRENCY = 4096
-MAX_LEVELS = 64
-MAX_TURNS = 10_000
-MAX_MIN_REQUESTS = 10_000_000
-
-
-def _parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)") from None
-    if not levels or any(x < 1 for x in levels):
-        raise InputError(f"--concurrency {text!r}: expected N or N,N,... (positive integers)")
-    if max(levels) > MAX_CONCURRENCY or len(levels) > MAX_LEVELS:
-        raise InputError(f"--concurrency {text!r}: at most {MAX_LEVELS} levels of at most {MAX_CONCURRENCY} sessions")
-    return levels
-
-
-def _positive_seconds(value: float, option: str) -> float:
-    """``value`` if it is a finite number > 0, else InputError naming ``option``."""
-    import math
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{option} {value!r}: expected a finite number of seconds > 0")
-    return value
+from .options import MAX_ANSWER_WORDS, MAX_MIN_REQUESTS, MAX_TURNS  # noqa: E402  (the limits' one home)
+from .options import concurrency_levels as _parse_levels  # noqa: E402
+from .options import seconds as _seconds  # noqa: E402
 
 
 def _check_api_key(key: Optional[str]) -> None:
@@ -81,8 +58,11 @@ def _open_records(records: Path):
     return f
 
 
-def _connect_error(e: Exception) -> DsvError:
-    return DsvError(str(e), exit_code=EXIT_USAGE)
+def _connect_error(e: Exception, what: str) -> DsvError:
+    """Exit 2 with the one line of a connection / discovery failure (:mod:`dsv4ctl.check.driver`
+    words it: "cannot connect to HOST:PORT (connection refused)")."""
+    from ..render import printable
+    return DsvError(f"{what}: " + printable(str(e)).replace("\n", " "), exit_code=EXIT_USAGE)
 
 
 @check_app.command("smoke")
@@ -114,7 +94,7 @@ def smoke(
         raise InputError("check smoke: give a URL or --profile (not both)")
     if worker and profile:
         raise InputError("check smoke: --worker goes with a URL (with --profile the workers are its server groups)")
-    _positive_seconds(timeout, "--timeout")
+    _seconds(timeout, "--timeout")
     _check_api_key(api_key)
     if profile:
         _, t = _profile_targets(profile)
@@ -122,8 +102,11 @@ def smoke(
     else:
         entry = normalize_url(url)
         workers = [Worker(name=u, url=u) for u in dict.fromkeys(normalize_url(w) for w in worker or [])]
+    from ..check.driver import ConnectError
     try:
         lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
+    except ConnectError as e:       # this machine failed (descriptors, DNS): no verdict on the server
+        raise _connect_error(e, "check smoke") from None
     except KeyboardInterrupt:
         raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from None
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
@@ -143,7 +126,8 @@ def smoke(
             t.add_row(r[0], r[1], f"[{style}]{r[2]}[/]", r[3])
         con.print(t)
     if not reachable:
-        raise DsvError(f"check smoke: {entry} unreachable", exit_code=EXIT_USAGE)
+        why = next((x["reason"] for x in lines if x["check"] == "models" and x["status"] == "fail"), f"{entry} unreachable")
+        raise DsvError(f"check smoke: {why}", exit_code=EXIT_USAGE)
     if not doc["pass"]:
         failed = [f"{x['check']} {x['target']}: {x['reason']}" for x in lines if x["status"] == "fail"]
         raise VerdictError(f"check smoke: {len(failed)} check(s) failed: {failed[0]}")
@@ -214,23 +198,21 @@ def load(
     turns = turns if turns is not None else defaults.turns
     max_c = max_corruption if max_corruption is not None else defaults.max_corruption
     stall = stall_timeout if stall_timeout is not None else defaults.stall_timeout_s
-    if not 1 <= turns <= MAX_TURNS:
-        raise InputError(f"--turns must be in 1..{MAX_TURNS}")
-    if not 0 <= max_c < 1:
-        raise InputError("--max-corruption must be in [0, 1)")
-    _positive_seconds(stall, "--stall-timeout")
-    _positive_seconds(turn_timeout, "--turn-timeout")
+    from .options import fraction, integer
+    integer(turns, "--turns", 1, MAX_TURNS)
+    fraction(max_c, "--max-corruption")
+    _seconds(stall, "--stall-timeout")
+    _seconds(turn_timeout, "--turn-timeout")
     _check_api_key(api_key)
     if stream not in ("on", "off", "mixed"):
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")
-    if answer_words < 1:
-        raise InputError("--answer-words must be >= 1")
+    integer(answer_words, "--answer-words", 1, MAX_ANSWER_WORDS)
     if gateway_metrics is not None:
         gateway_metrics = normalize_url(gateway_metrics)
     if min_requests is None:
         min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
-    elif not 0 <= min_requests <= MAX_MIN_REQUESTS:
-        raise InputError(f"--min-requests must be in 0..{MAX_MIN_REQUESTS:,}")
+    else:
+        integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
     rec_file = None
     if records is not None:
         rec_file = _open_records(records)
@@ -253,7 +235,7 @@ def load(
                                    metrics, metric_urls, rec_file, _Progress if progress and sys.stderr.isatty() else None, settings,
                                    api_key, turn_timeout, thinking, gateway_metrics))
     except (ConnectError, BadResponse) as e:
-        raise _connect_error(e) from None
+        raise _connect_error(e, "check load") from None
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
         # non-standalone mode, which the CLI entry point does not pass on

@@ -72,9 +72,8 @@ def status(profile: Optional[str] = _P,
     from ..serve.hicache import compare, file_view
     from ..serve.lint import check_keys
 
-    import math
-    if not (math.isfinite(timeout) and 0 < timeout <= 3600):
-        raise InputError(f"--timeout {timeout!r}: expected seconds in (0, 3600]")
+    from .options import seconds
+    seconds(timeout, "--timeout", hi=3600)
     from ..deploy.drift import verify_command
     dep, site = _site(profile, accept_new)
     groups = {h: [g.name for g in dep.groups.values() if g.group.host == h] for h in dep.hosts}
@@ -173,10 +172,9 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
     from ..hosts.day2 import log_read_command, parse_log_read
     from ..remote import run_parallel
 
-    if not 1 <= lines <= 100_000:
-        raise InputError("-n/--lines must be in 1..100000")
-    if not (0.05 <= interval <= 3600):
-        raise InputError("--interval must be in 0.05..3600 seconds")
+    from .options import integer, seconds
+    integer(lines, "-n/--lines", 1, 100_000)
+    seconds(interval, "--interval", lo=0.05, hi=3600)
     try:
         rx = re.compile(grep) if grep else None
     except re.error as e:

@@ -279,19 +279,11 @@ def _promote_opts(promote, canary, concurrency, max_corruption, turns, min_reque
         if used:
             raise InputError(f"{used[0]} needs --promote")
         return None
-    if turns is not None and turns < 1:
-        raise InputError("--turns must be >= 1")
-    if max_corruption is not None and not 0 <= max_corruption < 1:
-        raise InputError("--max-corruption must be in [0, 1)")
-    if min_requests is not None and min_requests < 0:
-        raise InputError("--min-requests must be >= 0")
-    if concurrency is not None:
-        try:
-            ok = all(int(x) >= 1 for x in concurrency.split(","))
-        except ValueError:
-            ok = False
-        if not ok:
-            raise InputError(f"--concurrency {concurrency!r}: expected N or N,N,... (positive integers)")
+    from .options import MAX_MIN_REQUESTS, MAX_TURNS, concurrency_levels, fraction, integer
+    integer(turns, "--turns", 1, MAX_TURNS)
+    fraction(max_corruption, "--max-corruption")
+    integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
+    concurrency_levels(concurrency)
     from ..deploy.promote import PromoteOptions
     return PromoteOptions(canary=canary, concurrency=concurrency, max_corruption=max_corruption, turns=turns,
                           min_requests=min_requests)

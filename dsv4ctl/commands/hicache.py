@@ -225,8 +225,13 @@ async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Op
                 if r.status != 200:
                     return None, f"/server_info HTTP {r.status}"
                 return await r.json(content_type=None), None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            return None, f"unreachable ({type(e).__name__}{': ' + str(e) if str(e) else ''})"
+        except aiohttp.ClientError as e:     # operator words: "cannot connect to HOST:PORT (connection refused)"
+            from ..check.driver import describe_client_error
+            return None, f"unreachable: {describe_client_error(e, url + '/server_info')[1]}"
+        except asyncio.TimeoutError:
+            return None, f"unreachable: no answer within {timeout:g} s"
+        except (ValueError, RecursionError):
+            return None, "/server_info: not a JSON document"
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
         res = await asyncio.gather(*(one(s, u) for u in urls.values()))
@@ -245,6 +250,9 @@ def status(profile: Optional[str] = _PROFILE,
 
     Exit 0 all match, 1 a file and its server differ, 2 bad input, 3 a server could not be queried."""
     import asyncio
+
+    from .options import seconds
+    seconds(timeout, "--timeout", hi=3600)
 
     from ..profile.serveconfig import parse_serve_config
     from ..serve.argtable import load_table

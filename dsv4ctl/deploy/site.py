@@ -71,7 +71,8 @@ def open_site(profile, opts: Options) -> Site:
     s = Site(dep, opts)
     for name, h in dep.hosts.items():
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
-                                     connect_timeout=opts.connect_timeout, hosts=dep.hosts)
+                                     connect_timeout=opts.connect_timeout, hosts=dep.hosts,
+                                     record_host_keys=not opts.dry_run)
         s.paths[name] = Paths(dep.host_root(name))
         s.python[name] = dep.deploy.python
     return s

@@ -22,13 +22,50 @@ GIT_ENV = {"LC_ALL": "C", "LANG": "C", "GIT_PAGER": "cat", "GIT_EDITOR": "true",
            "GIT_TERMINAL_PROMPT": "0", "GIT_MERGE_AUTOEDIT": "no"}
 
 
+STOP_GRACE_S = 10.0
+"""Seconds a git child gets to end after SIGTERM (git removes its lock files on SIGTERM) before
+SIGKILL."""
+
+
 def local_runner(argv: list[str], input: Optional[bytes] = None) -> tuple[int, bytes, bytes]:
-    """Run ``argv`` on this machine with :data:`GIT_ENV`."""
+    """Run ``argv`` on this machine with :data:`GIT_ENV`, in its own process group: a Ctrl-C in
+    the terminal reaches dsv4ctl only, and when dsv4ctl is interrupted (any exception while it
+    waits, e.g. KeyboardInterrupt from SIGINT/SIGTERM) the child's whole group is stopped before
+    the exception goes on, so no git keeps changing the tree after dsv4ctl has given up on it."""
     try:
-        p = subprocess.run(argv, input=input, capture_output=True, env={**os.environ, **GIT_ENV})
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **GIT_ENV},
+                             process_group=0)
     except FileNotFoundError:
         raise DsvError(f"{argv[0]}: not found on PATH") from None
-    return p.returncode, p.stdout, p.stderr
+    try:
+        out, err = p.communicate(input)
+    except BaseException:
+        stop_group(p)
+        raise
+    return p.returncode, out, err
+
+
+def stop_group(p: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group of ``p`` (its own, :func:`local_runner`), wait up to ``grace``
+    seconds, then SIGKILL it; reaps ``p``."""
+    import signal
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 def transport_runner(transport) -> Runner:

@@ -4,6 +4,7 @@ then executed. Apply and revert restore the tree exactly when git stops on a con
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -128,15 +129,22 @@ def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Ac
         res.head_after = state.head
         return res
     mbox = "".join(ls.texts[n] if ls.texts[n].endswith("\n") else ls.texts[n] + "\n" for n in todo)
-    try:
-        r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
-    except KeyboardInterrupt:
-        _restore_after_interrupt(git, state, "am")
-        raise
-    if r.ok:
-        res.applied = todo
-        res.head_after = git.out("rev-parse", "HEAD")
-        return res
+    started = time.time()
+    with interrupts():
+        try:
+            r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
+            if r.ok:
+                res.applied = todo
+                res.head_after = git.out("rev-parse", "HEAD")
+                return res
+            return _failed_apply(git, ls, state, todo, r)
+        except KeyboardInterrupt:
+            _restore_after_interrupt(git, state, "am", started)
+            raise _interrupted(state) from None
+
+
+def _failed_apply(git: Git, ls: LoadedSeries, state: TreeState, todo: list[str], r) -> ApplyResult:
+    """The am session stopped: restore the tree, then VerdictError naming patch, file and hunk."""
     # Which patch stopped the session, and where.
     text = r.out + "\n" + r.err
     m = re.search(r"Patch failed at (\d+)", text)
@@ -172,27 +180,90 @@ def explain_conflict(git: Git, rev: str, patch_text: str, conflicted: list[str])
     return ""
 
 
-def _restore_after_interrupt(git: Git, state: TreeState, op: str) -> None:
-    """Ctrl-C during ``git op``: git got the SIGINT too and may have stopped mid-session; put the
-    tree back exactly (a second Ctrl-C during the restore is ignored until it is done)."""
+class interrupts:
+    """While a tree is being changed, SIGTERM is handled like Ctrl-C (SIGINT): KeyboardInterrupt in
+    the main thread. The git child is in its own process group (:func:`.gitio.local_runner`) and is
+    stopped first; the caller then puts the tree back (exit 130). Outside the main thread (no
+    signals there) this does nothing."""
+
+    def __enter__(self):
+        import signal
+        import threading
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            def raise_interrupt(signum, frame):
+                raise KeyboardInterrupt
+            self.old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        for s, h in (self.old or {}).items():
+            signal.signal(s, h)
+        return False
+
+
+def _interrupted(state: TreeState) -> DsvError:
+    from ..errors import EXIT_INTERRUPTED
+    return DsvError(f"{state.tree}: interrupted; tree restored to {state.head[:12]}", exit_code=EXIT_INTERRUPTED)
+
+
+def _remove_stale_locks(git: Git, since: float) -> None:
+    """Lock files a git stopped by a signal may leave (``index.lock``, ``HEAD.lock``,
+    ``MERGE_MSG.lock``, ref locks) and that
+    appeared after ``since`` (this run's git made them; a lock of someone else's older git is left
+    alone). Local trees only (dsv4ctl stopped that git itself)."""
+    from pathlib import Path
+
+    from .gitio import local_runner
+    if git.runner is not local_runner:
+        return
+    r = git.run("rev-parse", "--absolute-git-dir", check=False)
+    if not r.ok:
+        return
+    gitdir = Path(r.out.strip())
+    for p in [*gitdir.glob("*.lock"), *gitdir.glob("refs/**/*.lock")]:
+        try:
+            if p.stat().st_mtime >= since - 1:
+                p.unlink()
+        except OSError:
+            pass
+
+
+def _restore_after_interrupt(git: Git, state: TreeState, op: str, since: float = 0.0) -> None:
+    """Interrupted (SIGINT or SIGTERM) while ``git op`` ran or right after: the git child has been
+    stopped (:func:`.gitio.local_runner`); put the tree back exactly. Further SIGINT/SIGTERM are
+    ignored until that is done (a second Ctrl-C must not leave a half-restored tree)."""
     import signal
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import threading
+    sigs = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
     try:
+        if since:
+            _remove_stale_locks(git, since)
         _restore(git, state, op)
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _restore(git: Git, state: TreeState, op: str) -> None:
     """Abort the git ``op`` session and prove the tree is back at ``state`` (HEAD and status)."""
+    def now() -> tuple[str, list[str]]:
+        status = git.run("status", "--porcelain=v1", "--untracked-files=normal", check=False).out
+        return (git.run("rev-parse", "HEAD", check=False).out.strip(), [ln for ln in status.splitlines() if ln.strip()])
     git.run(op, "--abort", check=False)
-    head = git.run("rev-parse", "HEAD", check=False).out.strip()
-    if head != state.head:
+    head, dirty = now()
+    if head != state.head or dirty != state.dirty:
+        # a git stopped by a signal can leave a file it was writing changed in the work tree even
+        # after --abort; the tree was clean (tracked files) before, so reset --hard is exact
         git.run("reset", "--hard", "-q", state.head, check=False)
-    status = git.run("status", "--porcelain=v1", "--untracked-files=normal", check=False).out
-    now = [ln for ln in status.splitlines() if ln.strip()]
-    head = git.run("rev-parse", "HEAD", check=False).out.strip()
-    if head != state.head or now != state.dirty:
+        head, dirty = now()
+    if head == state.head and dirty == state.dirty:
+        # an abort that failed half-way (git stopped mid-sequence) can leave the session folder
+        # (.git/sequencer, .git/rebase-apply): forget it, the tree itself is back
+        git.run(op, "--quit", check=False)
+    if head != state.head or dirty != state.dirty:
         raise DsvError(f"{state.tree}: git {op} failed and the tree could not be restored to "
                        f"{state.head[:12]}; run 'git -C {state.tree} {op} --abort'")
 
@@ -224,19 +295,21 @@ def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[st
     shas = [a.target for a in actions if a.kind == "revert"]
     if not shas:
         return []
-    try:
-        r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
-    except KeyboardInterrupt:
-        _restore_after_interrupt(git, state, "revert")
-        raise
-    if not r.ok:
-        conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
-        current = git.run("rev-parse", "-q", "--verify", "REVERT_HEAD", check=False).out.strip()
-        _restore(git, state, "revert")
-        what = f"in {conflicted[0]}" if conflicted else last_line(r.err or r.out)
-        raise VerdictError(f"{state.tree}: revert of {(current or shas[0])[:12]} conflicts {what}; "
-                           f"tree restored to {state.head[:12]}")
-    return git.out("rev-list", "--reverse", f"{state.head}..HEAD").split()
+    started = time.time()
+    with interrupts():
+        try:
+            r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())
+            if not r.ok:
+                conflicted = git.run("diff", "--name-only", "--diff-filter=U", check=False).out.split()
+                current = git.run("rev-parse", "-q", "--verify", "REVERT_HEAD", check=False).out.strip()
+                _restore(git, state, "revert")
+                what = f"in {conflicted[0]}" if conflicted else last_line(r.err or r.out)
+                raise VerdictError(f"{state.tree}: revert of {(current or shas[0])[:12]} conflicts {what}; "
+                                   f"tree restored to {state.head[:12]}")
+            return git.out("rev-list", "--reverse", f"{state.head}..HEAD").split()
+        except KeyboardInterrupt:
+            _restore_after_interrupt(git, state, "revert", started)
+            raise _interrupted(state) from None
 
 
 # -- export --------------------------------------------------------------------------------

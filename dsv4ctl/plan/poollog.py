@@ -117,7 +117,7 @@ def parse_log(text: str) -> list[RankPools]:
         if m:
             try:
                 doc = json.loads(m.group(1))
-            except ValueError:
+            except (ValueError, RecursionError):     # not JSON, or nested too deep to be a pool record
                 continue
             if not isinstance(doc, dict) or not all(p in doc for p in POOLS):
                 continue

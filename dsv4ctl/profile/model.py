@@ -381,6 +381,40 @@ def _env(env: dict, pos: Positions, path: tuple) -> dict[str, str]:
     return out
 
 
+NAME_MAX = 255       # bytes of one path component (Linux)
+PATH_MAX = 4095      # bytes of a whole path
+
+
+def _path_problem(value: str) -> Optional[str]:
+    """Why ``value`` cannot be a path on this system (None when it can): a NUL byte, a component
+    over NAME_MAX bytes or a path over PATH_MAX bytes (the system refuses them with ENAMETOOLONG,
+    which used to escape as a traceback)."""
+    raw = value.encode("utf-8", "surrogateescape")
+    if b"\0" in raw:
+        return "not a usable path (a NUL byte)"
+    if len(raw) > PATH_MAX:
+        return f"not a usable path ({len(raw)} bytes, the limit is {PATH_MAX})"
+    if any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        return f"not a usable path (a name over {NAME_MAX} bytes)"
+    return None
+
+
+def _check_paths(data: dict, pos: Positions) -> None:
+    """Every path field of the profile can be a path on this system (see :func:`_path_problem`)."""
+    fields = [("sglang", "tree"), ("sglang", "series"), ("deploy", "root")]
+    fields += [("groups", i, "serve_config") for i in range(len(data.get("groups") or []))]
+    for i, h in enumerate(data.get("hosts") or []):
+        fields += [("hosts", i, "root"), ("hosts", i, "ssh", "key"), ("hosts", i, "ssh", "known_hosts")]
+    for f in fields:
+        v = data
+        for k in f:
+            v = v.get(k) if isinstance(v, dict) else (v[k] if isinstance(v, list) and k < len(v) else None)
+            if v is None:
+                break
+        if isinstance(v, str) and (why := _path_problem(v)):
+            raise _fail(pos, f, why)
+
+
 def load_profile(path: Path | str) -> Profile:
     """Load and validate a profile file. Raises InputError (exit 2) naming file:line and field."""
     path = Path(path)
@@ -390,6 +424,7 @@ def load_profile(path: Path | str) -> Profile:
     if not isinstance(data, dict):
         raise InputError(f"{path}:1: a profile must be a mapping")
     _validate_schema(data, pos)
+    _check_paths(data, pos)
 
     hosts: dict[str, Host] = {}
     for i, h in enumerate(data["hosts"]):

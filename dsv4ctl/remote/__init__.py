@@ -23,8 +23,10 @@ from .ops import (Action, append_jsonl, append_jsonl_cmd, atomic_write, atomic_w
 
 
 def connect(host, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
-            hosts: dict | None = None) -> Transport:
+            hosts: dict | None = None, record_host_keys: bool = True) -> Transport:
     """A :class:`Transport` for a profile ``Host``: local when ``host.local``, else SSH.
+    ``record_host_keys`` False (``--dry-run``): a key accepted with ``accept_new_host_keys`` is
+    trusted for the run but known_hosts is not written.
 
     ``hosts`` (name → Host) lets ``ssh.jump`` name another profile host. The SSH connection is
     opened lazily on the first ``run``; errors are :class:`~dsv4ctl.errors.RemoteError`
@@ -33,7 +35,7 @@ def connect(host, *, accept_new_host_keys: bool = False, connect_timeout: float 
         return LocalTransport(host.name)
     from .ssh import SSHTransport
     return SSHTransport.from_host(host, accept_new_host_keys=accept_new_host_keys,
-                                  connect_timeout=connect_timeout, hosts=hosts)
+                                  connect_timeout=connect_timeout, hosts=hosts, record_host_keys=record_host_keys)
 
 
 __all__ = ["Transport", "CmdResult", "LocalTransport", "connect", "q", "HostResult", "run_parallel",

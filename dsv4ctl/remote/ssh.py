@@ -26,22 +26,53 @@ def fingerprint(key) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
+def connect_reason(e: BaseException, timeout: float | None = None) -> str:
+    """Why an SSH connection failed, in the operator's words ("connection refused", "timed out
+    after 10 s", "cannot resolve HOST: ..."), never a library class name or ``[Errno None]``."""
+    import errno
+    import socket
+
+    errs = getattr(e, "errors", None)          # paramiko NoValidConnectionsError: {(addr, port): OSError}
+    if isinstance(errs, dict) and errs:
+        reasons = list(dict.fromkeys(connect_reason(x, timeout) for x in errs.values()))
+        return "; ".join(reasons)
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve the name: {(e.strerror or str(e)).lower()}"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return f"timed out after {timeout:g} s" if timeout else "timed out"
+    code = getattr(e, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        return os.strerror(code).lower()
+    text = " ".join(str(e).split())
+    if not text:
+        return type(e).__name__
+    low = text.lower()
+    if "protocol banner" in low:
+        return f"not an SSH server? ({text[:120]})"
+    return text[:160]
+
+
 def known_hosts_name(address: str, port: int) -> str:
     """The known_hosts host field OpenSSH and paramiko use: ``addr`` or ``[addr]:port``."""
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def _policy(name: str, known_hosts: Path, accept_new: bool):
+def _policy(name: str, known_hosts: Path, accept_new: bool, record: bool = True):
     import paramiko
 
     class Policy(paramiko.MissingHostKeyPolicy):
-        """Unknown key: refuse, or with accept-new append it to known_hosts (OpenSSH accept-new)."""
+        """Unknown key: refuse, or with accept-new append it to known_hosts (OpenSSH accept-new);
+        with ``record`` False (a dry run) the key is trusted for this connection only and
+        known_hosts is not written."""
 
         def missing_host_key(self, client, hostname, key):
             if not accept_new:
                 raise RemoteError(
                     f"{name}: unknown host key {key.get_name()} {fingerprint(key)} for {hostname} "
                     f"(not in {known_hosts}); verify it and add it, or pass --accept-new-host-keys")
+            if not record:
+                client.get_host_keys().add(hostname, key.get_name(), key)
+                return
             line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
             with _KH_LOCK:
                 known_hosts.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +93,7 @@ class SSHTransport(Transport):
     def __init__(self, name: str, address: str, *, user: str | None = None, port: int | None = None,
                  key: str | None = None, jump: "SSHTransport | None" = None,
                  known_hosts: str | None = None, accept_new_host_keys: bool = False,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, record_host_keys: bool = True):
         self.name = name
         self.address = address
         self.user = user
@@ -71,29 +102,33 @@ class SSHTransport(Transport):
         self.jump = jump
         self.known_hosts = Path(os.path.expanduser(known_hosts or "~/.ssh/known_hosts"))
         self.accept_new = accept_new_host_keys
+        self.record_host_keys = record_host_keys     # False: accept-new keys are not written (--dry-run)
         self.connect_timeout = connect_timeout
         self._conn = None
         self._lock = threading.Lock()
         self._rsync: dict | None = None    # the listener rsync's bridge talks to (rsync_dest)
 
     @classmethod
-    def from_host(cls, host, *, accept_new_host_keys=False, connect_timeout=10.0, hosts=None):
-        """From a profile Host; ``ssh.jump`` is a profile host name or ``[user@]addr[:port]``."""
+    def from_host(cls, host, *, accept_new_host_keys=False, connect_timeout=10.0, hosts=None,
+                  record_host_keys=True):
+        """From a profile Host; ``ssh.jump`` is a profile host name or ``[user@]addr[:port]``.
+        ``record_host_keys`` False (a dry run): keys accepted with accept-new are not written."""
         jump = None
         if host.jump:
             if hosts and host.jump in hosts:
                 jump = cls.from_host(hosts[host.jump], accept_new_host_keys=accept_new_host_keys,
-                                     connect_timeout=connect_timeout, hosts=None)
+                                     connect_timeout=connect_timeout, hosts=None, record_host_keys=record_host_keys)
             else:
                 spec = host.jump
                 user, _, rest = spec.rpartition("@")
                 addr, _, port = rest.partition(":")
                 jump = cls(f"{host.name}-jump", addr, user=user or host.user, port=int(port) if port else None,
                            key=host.key, known_hosts=host.known_hosts,
-                           accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout)
+                           accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout,
+                           record_host_keys=record_host_keys)
         return cls(host.name, host.address, user=host.user, port=host.port, key=host.key, jump=jump,
                    known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys,
-                   connect_timeout=connect_timeout)
+                   connect_timeout=connect_timeout, record_host_keys=record_host_keys)
 
     # -- connection -------------------------------------------------------------------------
     def _connection(self):
@@ -107,7 +142,8 @@ class SSHTransport(Transport):
                        gateway=gw, connect_timeout=int(self.connect_timeout))
         if self.known_hosts.exists():
             c.client.load_host_keys(str(self.known_hosts))
-        c.client.set_missing_host_key_policy(_policy(self.name, self.known_hosts, self.accept_new))
+        c.client.set_missing_host_key_policy(_policy(self.name, self.known_hosts, self.accept_new,
+                                                     self.record_host_keys))
         return c
 
     def open(self):
@@ -129,8 +165,8 @@ class SSHTransport(Transport):
             except paramiko.AuthenticationException as e:
                 raise RemoteError(f"{self.name}: SSH authentication failed for {c.user}@{self.address}:{c.port}: {e}")
             except Exception as e:  # socket errors, timeouts, gateway failures
-                raise RemoteError(f"{self.name}: cannot connect to {self.address}:{c.port}: "
-                                  f"{type(e).__name__}: {e}".rstrip(": "))
+                hp = f"[{self.address}]:{c.port}" if ":" in self.address else f"{self.address}:{c.port}"
+                raise RemoteError(f"{self.name}: cannot connect to {hp} ({connect_reason(e, self.connect_timeout)})")
             self._conn = c
             return c
 

@@ -102,46 +102,48 @@ def write_all(files: list[tuple[Path, str]]) -> None:
 
     Each target is resolved first (a symlinked serve config is written through to its target; the
     link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
-    and gives it the target's mode; any failure removes every temp file and raises DsvError (exit 3,
-    no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs the
-    folders; if a rename fails, the files already renamed get their old bytes back the same way.
-    A file shipped with dsv4ctl (the installation's or the checkout's shipped profiles and serve
-    configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``, nothing changed."""
+    and gives it the target's mode and owner; any failure removes every temp file and raises DsvError
+    (exit 3, no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs
+    the folders; if a rename fails, the files already renamed get their old bytes, mode and owner
+    back the same way. A file shipped with dsv4ctl (the installation's or the checkout's shipped
+    profiles and serve configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``,
+    nothing changed."""
     refuse_shipped([p for p, _ in files])
-    staged: list[tuple[Path, str, bytes]] = []      # (target, temp path, old bytes)
+    staged: list[tuple[Path, str, bytes, os.stat_result]] = []      # (target, temp path, old bytes, old stat)
     try:
         for path, text in files:
             target = Path(os.path.realpath(path))
             st = target.stat()
             old = target.read_bytes()
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            staged.append((target, tmp, old))
+            staged.append((target, tmp, old, st))
             with os.fdopen(fd, "wb") as f:
                 f.write(text.encode("utf-8"))
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, st.st_mode & 0o7777)
+            _same_mode_and_owner(tmp, st)
     except OSError as e:
-        _unlink_all(t for _, t, _ in staged)
+        _unlink_all(t for _, t, _, _ in staged)
         where = e.filename or (staged[-1][0] if staged else (files[0][0] if files else "?"))
         raise DsvError(f"{where}: cannot write ({e.strerror or e}); no file was changed", EXIT_REMOTE) from None
-    done: list[tuple[Path, bytes]] = []
+    done: list[tuple[Path, bytes, os.stat_result]] = []
     try:
-        for target, tmp, old in staged:
+        for target, tmp, old, st in staged:
             os.replace(tmp, target)
-            done.append((target, old))
+            done.append((target, old, st))
     except OSError as e:
-        _unlink_all(t for _, t, _ in staged[len(done):])
-        for target, old in done:
+        _unlink_all(t for _, t, _, _ in staged[len(done):])
+        for target, old, st in done:
             try:
                 fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
                 with os.fdopen(fd, "wb") as f:
                     f.write(old)
+                _same_mode_and_owner(tmp, st)      # mkstemp makes 0600 files of whoever runs dsv4ctl
                 os.replace(tmp, target)
             except OSError:
                 pass
         raise DsvError(f"{e.filename or '?'}: rename failed ({e.strerror or e}); files put back", EXIT_REMOTE) from None
-    for d in {t.parent for t, _ in done}:
+    for d in {t.parent for t, _, _ in done}:
         try:
             dfd = os.open(d, os.O_RDONLY)
             try:
@@ -150,6 +152,17 @@ def write_all(files: list[tuple[Path, str]]) -> None:
                 os.close(dfd)
         except OSError:
             pass
+
+
+def _same_mode_and_owner(path: str, st: os.stat_result) -> None:
+    """Give ``path`` the owner (when this process may: root, or its own files) and mode of ``st``;
+    chown first, since it can clear set-id bits."""
+    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.chown(path, st.st_uid, st.st_gid)
+        except PermissionError:
+            pass
+    os.chmod(path, st.st_mode & 0o7777)
 
 
 def _unlink_all(paths) -> None:

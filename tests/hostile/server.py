@@ -153,3 +153,95 @@ def hostile_server() -> Iterator[str]:
     finally:
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
+
+
+# --- connection-level attacks: a raw TCP server (aiohttp's web server cannot send broken HTTP) ---
+RAW_MODES = {
+    "disconnect": "reads the request, closes without a byte (ServerDisconnectedError)",
+    "badstatus": "a status line that is not HTTP ('HTTP/1.1 abc')",
+    "bigheader": "a 100 KiB header line (over aiohttp's 8190-byte limit)",
+    "badchunk": "Transfer-Encoding: chunked with a chunk size that is not hex",
+    "redirect": "302 to itself, forever (a redirect loop)",
+    "reset": "reads the request, then a TCP reset (SO_LINGER 0)",
+    "garbage": "bytes that are not HTTP at all",
+}
+
+
+def _raw_answer(mode: str, path: str) -> bytes | None:
+    if mode == "badstatus":
+        return b"HTTP/1.1 abc\r\n\r\n"
+    if mode == "bigheader":
+        return b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (100 << 10) + b"\r\nContent-Length: 2\r\n\r\n{}"
+    if mode == "badchunk":
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"zz\r\n{}\r\n0\r\n\r\n")
+    if mode == "redirect":
+        return b"HTTP/1.1 302 Found\r\nLocation: " + path.encode() + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    if mode == "garbage":
+        return b"\x00\x01\x02 this is not HTTP \xff\xfe\r\n\r\n"
+    return None
+
+
+@contextlib.contextmanager
+def raw_server() -> Iterator[str]:
+    """A raw TCP server on 127.0.0.1 in a thread; the first path segment of each request picks a
+    :data:`RAW_MODES` attack. Yields its root URL (append ``/<mode>`` for a base URL)."""
+    import socket
+    import struct
+
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(256)
+    srv.settimeout(0.2)
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            buf = b""
+            try:
+                while b"\r\n\r\n" not in buf and len(buf) < 65536:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                first = buf.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                path = first[1] if len(first) > 1 else "/"
+                mode = path.lstrip("/").split("/", 1)[0]
+                if mode == "reset":
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                answer = _raw_answer(mode, path)
+                if answer is not None:
+                    conn.sendall(answer)
+            except OSError:
+                pass
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except (socket.timeout, OSError):
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+        srv.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def closed_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound, then closed)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port

@@ -1,0 +1,156 @@
+"""Number and timeout options of every command (dsv4ctl/commands/options.py, issue 13 "Inputs"):
+finite and in range, else one line and exit 2 before anything is read or changed. In-process
+(dsv4ctl.cli.main): a few ms per case."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4ctl.cli import main
+from dsv4ctl.commands import options as O
+from dsv4ctl.errors import InputError
+
+NOPE = "/nonexistent/profile.yaml"     # the option check comes first: no profile is read
+
+
+def run(capsys, *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, err
+
+
+SECONDS = "expected a finite number of seconds > 0"
+CASES = [
+    # before: accepted. (deploy/rollback/hicache --health-timeout: the release branch checks them)
+    # before: a traceback (OverflowError) for inf, a query with a negative timeout for -5
+    (("hicache", "status", "--timeout", "inf"), f"--timeout inf: {SECONDS}"),
+    (("hicache", "status", "--timeout", "-5"), f"--timeout -5.0: {SECONDS}"),
+    (("status", NOPE, "--timeout", "nan"), f"--timeout nan: {SECONDS}"),
+    (("status", NOPE, "--timeout", "7200"), "--timeout 7200.0: expected seconds in 0..3600"),
+    (("logs", "decode", NOPE, "--interval", "0.01"), "--interval 0.01: expected seconds in 0.05..3600"),
+    (("logs", "decode", NOPE, "-n", "0"), "-n/--lines must be in 1..100,000"),
+    (("check", "smoke", "http://127.0.0.1:9", "--timeout", "1e300"), "--timeout 1e+300: expected seconds in 0..86400"),
+    (("check", "load", "http://127.0.0.1:9", "--turn-timeout", "1e300"), "--turn-timeout 1e+300: expected seconds in 0..86400"),
+    (("check", "load", "http://127.0.0.1:9", "--answer-words", "99999999999"), "--answer-words must be in 1..100,000"),
+    (("check", "load", "http://127.0.0.1:9", "--max-corruption", "nan"), "--max-corruption must be in [0, 1)"),
+    (("deploy", NOPE, "--promote", "--turns", "99999999999"), "--turns must be in 1..10000"),
+    (("deploy", NOPE, "--promote", "--min-requests", "-1"), "--min-requests must be in 0..10,000,000"),
+    (("deploy", NOPE, "--promote", "--concurrency", "60000"), "--concurrency '60000': at most 64 levels of at most 4096 sessions"),
+    (("deploy", NOPE, "--promote", "--max-corruption", "inf"), "--max-corruption must be in [0, 1)"),
+    (("promote", "r1", NOPE, "--concurrency", "99999999999"), "--concurrency '99999999999': at most 64 levels of at most 4096 sessions"),
+]
+
+
+@pytest.mark.parametrize("args,msg", CASES, ids=[" ".join(a[:1] + a[-2:]) for a, _ in CASES])
+def test_number_options_are_checked_before_anything(capsys, args, msg):
+    code, err = run(capsys, *args)
+    assert (code, err) == (2, f"dsv4ctl: error: {msg}\n")
+
+
+def test_checker_functions():
+    assert O.seconds(None, "--x") is None and O.seconds(5, "--x") == 5.0
+    assert O.seconds(0.05, "--x", lo=0.05) == 0.05
+    for bad in (float("nan"), float("inf"), float("-inf"), 0, -1e-9, True, "5"):
+        with pytest.raises(InputError, match="expected a finite number of seconds > 0"):
+            O.seconds(bad, "--x")
+    with pytest.raises(InputError, match=r"--x 86401.0: expected seconds in 0..86400"):
+        O.seconds(86401.0, "--x")
+    assert O.integer(1, "--n", 1, 3) == 1 and O.integer(None, "--n", 1, 3) is None
+    for bad in (0, 4, True, 2.0):
+        with pytest.raises(InputError, match=r"^--n must be in 1..3$"):
+            O.integer(bad, "--n", 1, 3)
+    assert O.fraction(0, "--f") == 0.0
+    for bad in (1, 1.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(InputError, match=r"^--f must be in \[0, 1\)$"):
+            O.fraction(bad, "--f")
+    assert O.positive(2, "--r", 10) == 2.0
+    for bad in (0, -1, float("nan"), float("inf"), 11):
+        with pytest.raises(InputError, match="expected a finite number > 0 and <= 10"):
+            O.positive(bad, "--r", 10)
+    assert O.concurrency_levels("1, 20,40") == [1, 20, 40] and O.concurrency_levels(None) is None
+    for bad in ("0", "x", "", "1,,-2", "4097", ",".join(["1"] * 65)):
+        with pytest.raises(InputError, match="--concurrency"):
+            O.concurrency_levels(bad)
+
+
+def test_a_local_write_put_back_keeps_mode_and_owner(tmp_path, monkeypatch):
+    # hicache on|off writes several serve configs as one step; when a rename fails half-way the
+    # files already replaced are put back. Before: put back as 0600 files of the user running
+    # dsv4ctl (root), not with their mode and owner.
+    import os
+
+    from dsv4ctl.errors import DsvError
+    from dsv4ctl.serve import hicache_local as H
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("a: 1\n")
+    b.write_text("b: 1\n")
+    os.chmod(a, 0o644)
+    owner = (1234, 1234) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    os.chown(a, *owner)
+    real, calls = os.replace, []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:                     # the second target's rename fails
+            raise OSError(5, "Input/output error", str(dst))
+        return real(src, dst)
+    monkeypatch.setattr(H.os, "replace", flaky)
+    with pytest.raises(DsvError, match="files put back"):
+        H.write_all([(a, "a: 2\n"), (b, "b: 2\n")])
+    st = a.stat()
+    assert a.read_text() == "a: 1\n" and b.read_text() == "b: 1\n"
+    assert (oct(st.st_mode & 0o7777), (st.st_uid, st.st_gid)) == ("0o644", owner)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "b.yaml"]     # no temp left
+
+
+def test_a_local_write_keeps_mode_and_owner(tmp_path):
+    import os
+
+    from dsv4ctl.serve import hicache_local as H
+    a = tmp_path / "a.yaml"
+    a.write_text("a: 1\n")
+    os.chmod(a, 0o640)
+    owner = (1234, 4321) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    os.chown(a, *owner)
+    H.write_all([(a, "a: 2\n")])
+    st = a.stat()
+    assert (a.read_text(), oct(st.st_mode & 0o7777), (st.st_uid, st.st_gid)) == ("a: 2\n", "0o640", owner)
+
+
+def test_tracebacks_of_the_issue_are_one_line(capsys, tmp_path):
+    # a 5,000-character model path (ENAMETOOLONG) and a 100,000-deep JSON in a --from-log line
+    long = "/tmp/" + "a" * 5000
+    code, err = run(capsys, "plan", "--set", f"model={long}")
+    assert (code, err) == (2, "dsv4ctl: error: --set model: model '" + long[:60] + "... (5005 characters)': "
+                              "not a usable path (file name too long)\n")
+    log = tmp_path / "deep.log"
+    log.write_text('DSV4_POOL_PLAN {"a": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    code, err = run(capsys, "plan", "-g", "decode", "--from-log", str(log))
+    assert code == 2 and err == (f"dsv4ctl: error: {log}: no 'DSV4 pool sizes' or 'DSV4_POOL_PLAN' line "
+                                 "(SGLang 0.5.23 logs them at start-up, before 'KV Cache is allocated')\n")
+
+
+@pytest.mark.parametrize("field,path", [
+    ("groups[0].serve_config", ("groups", 0, "serve_config")),
+    ("sglang.tree", ("sglang", "tree")),
+])
+def test_a_path_the_system_refuses_is_a_profile_error(capsys, tmp_path, field, path):
+    # found by tests/test_fuzz_inputs.py: a path field with a name over 255 bytes escaped as an
+    # OSError (ENAMETOOLONG) traceback from Path.is_file()
+    import shutil
+
+    import yaml
+
+    from tests.conftest import REPO
+    src = REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml"
+    shutil.copytree(REPO / "profiles" / "dsv4-flash-8xb200-pd", tmp_path / "dsv4-flash-8xb200-pd")
+    doc = yaml.safe_load(src.read_text())
+    node = doc
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = "x" * 300 + ".yaml"
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, err = run(capsys, "plan", str(prof))
+    assert code == 2 and err.startswith(f"dsv4ctl: error: {prof}:") and err.endswith(
+        f": {field}: not a usable path (a name over 255 bytes)\n"), err
