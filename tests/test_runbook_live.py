@@ -60,16 +60,22 @@ def _chat(url: str, timeout: float = 5) -> None:
 
 
 class Rig:
-    """One deploy root on sshd host h0 with release r1 (configs, launch.json) and groups started
-    by dsv4ctl's launcher (pid file, log with start header and exit line)."""
+    """One deploy root on sshd host h0 with its groups started by dsv4ctl's launcher (pid file,
+    log with start header and exit line). Either a hand-built release ``r1`` (configs,
+    launch.json; :func:`launch` starts the groups), or (``deploy``) a real release made by
+    ``dsv4ctl deploy`` (:meth:`deploy`): ``hicache --remote`` changes the running release, which
+    must be one dsv4ctl deployed (issue 13). Each group's command template carries its fault flags."""
 
-    def __init__(self, cluster, base: Path, groups: dict[str, dict], check: dict | None = None):
+    def __init__(self, cluster, base: Path, groups: dict[str, dict], check: dict | None = None,
+                 deploy: bool = False):
         self.h = cluster.hosts[0]
         self.base = base
         self.root = base / "root"
+        self.rid = "r1"
         rel = self.root / "releases" / "r1"
-        (rel / "configs").mkdir(parents=True)
-        os.symlink("releases/r1", self.root / "current")
+        if not deploy:
+            (rel / "configs").mkdir(parents=True)
+            os.symlink("releases/r1", self.root / "current")
         local = base / "local"
         local.mkdir()
         spec, pgroups = {}, []
@@ -80,20 +86,28 @@ class Rig:
             self.ports[name], self.urls[name] = port, f"http://{self.h.address}:{port}"
             extra = (HICACHE if g.get("hicache") else "") + "".join(f"{k}: {v}\n" for k, v in g.get("serve", {}).items())
             text = SERVE.format(port=port, extra=extra, tp=len(gpus))
-            (rel / "configs" / f"{name}.yaml").write_text(text)
+            if not deploy:
+                (rel / "configs" / f"{name}.yaml").write_text(text)
             (local / f"{name}.yaml").write_text(text)
             cmd = ("{python} -m tests.standin.server --config {config} --host {address} --port {port} "
                    "--ttft-ms 2 --itl-ms 0 " + " ".join(g.get("flags", [])))
             spec[name] = {"role": g.get("role", "colocated"), "host": self.h.name, "port": port, "cmd": cmd,
                           "env": {"PYTHONPATH": str(REPO)}, "model": "deepseek-v4-flash"}
-            pgroups.append({"name": name, "role": g.get("role", "colocated"), "host": self.h.name,
-                            "gpus": gpus, "tp": len(gpus), "port": port,
-                            "serve_config": f"local/{name}.yaml",
-                            "memory": {"free_gib_before_load": 177.0, "weights_gib_per_rank": 43.66}})
-        (rel / "launch.json").write_text(json.dumps(spec, indent=2))
+            pg = {"name": name, "role": g.get("role", "colocated"), "host": self.h.name,
+                  "gpus": gpus, "tp": len(gpus), "port": port,
+                  "serve_config": f"local/{name}.yaml",
+                  "memory": {"free_gib_before_load": 177.0, "weights_gib_per_rank": 43.66}}
+            if deploy:
+                pg["launch"] = f"env PYTHONPATH={REPO} {cmd}"
+            pgroups.append(pg)
+        sglang = {"version": "0.5.23", "index_k_dtype": "bf16", "index_k_accounting": "exact"}
+        if deploy:
+            from tests.sshd.world import make_tree
+            sglang.update(tree=str(make_tree(base / "sglang", files=4)), base_ref="v0.5.23", series=None)
+        else:
+            (rel / "launch.json").write_text(json.dumps(spec, indent=2))
         self.spec = spec
-        prof = {"version": 1, "name": "live", "model": "deepseek-v4-flash",
-                "sglang": {"version": "0.5.23", "index_k_dtype": "bf16", "index_k_accounting": "exact"},
+        prof = {"version": 1, "name": "live", "model": "deepseek-v4-flash", "sglang": sglang,
                 "deploy": {"health_timeout_s": 60, "python": sys.executable, "service": "launcher"},
                 "check": check or {"concurrency": 4, "max_corruption": 0.05, "turns": 2},
                 "hosts": [cluster.host_yaml(self.h, self.root, ram_gib=2048)], "groups": pgroups}
@@ -102,6 +116,14 @@ class Rig:
         self.paths = Paths(str(self.root))
         self.cluster = cluster
         self.extra_stop: list = []
+
+    def deploy(self) -> None:
+        """``dsv4ctl deploy``: the release (the groups' templates with their fault flags) pushed,
+        switched, every group started and through the deploy's gate (/health, one 1-token chat)."""
+        r = run_cli("deploy", str(self.profile), "--no-preflight", "--json", timeout=300)
+        assert r.code == 0, r.out + r.err
+        self.rid = self.deployed = r.json()["release"]
+        self.spec = json.loads((self.root / "current" / "launch.json").read_text())
 
     def pid(self, name: str) -> int | None:
         pf = Path(self.paths.pidfile(name))
@@ -128,6 +150,18 @@ class Rig:
     def live_config(self, name: str) -> str:
         return (self.root / "current" / "configs" / f"{name}.yaml").read_text()
 
+    def current(self) -> str:
+        return Path(os.readlink(self.root / "current")).name
+
+    def check_release_change(self, audit: list[dict]) -> None:
+        """The fixture's deploy first; ``hicache off --remote`` made a new release from it (the
+        deploy engine's record: action hicache-off, the new release, from, the changed groups)."""
+        dep = next(a for a in audit if a["action"] == "deploy")
+        off = next(a for a in audit if a["action"] == "hicache-off")
+        assert (dep["result"], dep["release"], dep["preflight"]) == ("ok", self.deployed, "skipped")
+        assert off["result"] == "ok" and off["from"] == self.deployed and off["groups"] == ["prefill"]
+        assert off["release"] == self.current() != self.deployed
+
     def stop(self) -> None:
         kill_groups([p for p in (self.pid(n) for n in self.spec) if p])
         for fn in self.extra_stop:
@@ -137,11 +171,11 @@ class Rig:
 def launch(rig: Rig, name: str, wait: bool = True) -> None:
     from dsv4ctl.hosts.layout import render_launch
     s = rig.spec[name]
-    rd = rig.paths.release("r1")
+    rd = rig.paths.release(rig.rid)
     cmd = render_launch(s["cmd"], {"python": sys.executable, "release": rd, "tree": f"{rd}/tree",
                                    "config": f"{rd}/configs/{name}.yaml", "port": s["port"], "group": name,
                                    "root": str(rig.root), "address": rig.h.address, "router_args": ""})
-    subprocess.run(["bash", "-c", Launcher().start_cmd(rig.paths, name, "r1", cmd, s["env"])], check=True)
+    subprocess.run(["bash", "-c", Launcher().start_cmd(rig.paths, name, rig.rid, cmd, s["env"])], check=True)
     if wait:
         wait_health(rig.urls[name], timeout=60)
 
@@ -173,8 +207,9 @@ class Scenario:
     """One live scenario: its rig, the groups started before it (``wait`` False: expected to die
     at start-up), ``trigger(rig)`` (faults after start) and ``act(rig, tmp) -> dict`` (the CLI run)."""
 
-    def __init__(self, name, groups, act, trigger=None, check=None, no_wait=()):
+    def __init__(self, name, groups, act, trigger=None, check=None, no_wait=(), deploy=False):
         self.name, self.groups, self.act, self.trigger, self.check, self.no_wait = name, groups, act, trigger, check, no_wait
+        self.deploy = deploy
         self.rig: Rig | None = None
         self.out: dict = {}
         self.error: BaseException | None = None
@@ -302,12 +337,15 @@ SCENARIOS = [
         "stall": {"flags": ["--stall-after", "0", "--fault-log", str(DATA / "watchdog_eviction_deadlock.log")]},
         "wedge": {"flags": ["--stuck-rate", "1.0"]},
         "fine": {}}, _diag_act, _diag_trigger, no_wait=("oom",)),
+    # hicache off --remote changes the running release: a real deploy. Its gate sends one chat
+    # (chat 1), so --crash-after 1 fires at the trigger's first chat, and again in a process the
+    # runbook starts from the release (the flags are in its launch.json) once it gets traffic
     Scenario("toolcall", {"prefill": {"hicache": True, "flags": ["--crash-after", "1", "--fault-needs-hicache",
                                                                  "--fault-log", str(DATA / "nan_sampling.log")]}},
-             _toolcall_act, lambda rg: _crash(rg, "prefill")),
+             _toolcall_act, lambda rg: _crash(rg, "prefill"), deploy=True),
     Scenario("hicache", {"prefill": {"hicache": True, "flags": ["--crash-after", "1", "--fault-needs-hicache", "--fault-log",
                                                                 str(DATA / "illegal_memory_access.log")]}},
-             _hicache_act, lambda rg: _crash(rg, "prefill")),
+             _hicache_act, lambda rg: _crash(rg, "prefill"), deploy=True),
     Scenario("stall", {"decode": {"flags": ["--stall-after", "30", "--fault-log", str(DATA / "watchdog_full_pool.log")]}},
              _stall_act, _stall_trigger),
     # PD roles in the profile; the stand-ins answer the check directly (no gateway in between)
@@ -327,13 +365,16 @@ def live(sshd_cluster, tmp_path_factory):
     t0 = time.monotonic()
     for sc in SCENARIOS:
         sc.tmp = tmp_path_factory.mktemp(sc.name)
-        sc.rig = Rig(sshd_cluster, sc.tmp, sc.groups, sc.check)
-        for g in sc.groups:
-            launch(sc.rig, g, wait=False)
+        sc.rig = Rig(sshd_cluster, sc.tmp, sc.groups, sc.check, deploy=sc.deploy)
+        if not sc.deploy:
+            for g in sc.groups:
+                launch(sc.rig, g, wait=False)
 
     def one(sc):
         t = time.monotonic()
         try:
+            if sc.deploy:
+                sc.rig.deploy()
             for g in sc.groups:
                 if g not in sc.no_wait:
                     wait_health(sc.rig.urls[g], timeout=120)
@@ -430,7 +471,8 @@ def test_toolcall_corruption_with_the_server_down(live):
     assert "enable-hierarchical-cache: false" in rg.live_config("prefill") and rg.alive("prefill")
     assert _get(rg.urls["prefill"] + "/server_info")["enable_hierarchical_cache"] is False
     audit = rg.audit()
-    assert [a["action"] for a in audit] == ["service-start", "hicache-off", "runbook-toolcall-corruption"]
+    assert [a["action"] for a in audit] == ["deploy", "service-start", "hicache-off", "runbook-toolcall-corruption"]
+    rg.check_release_change(audit)
     assert audit[-1]["result"] == "completed" and audit[-1]["run_id"] == doc["run_id"]
     md = (o["rep"] / "incident.md").read_text()
     assert "| diag" in md and "nan_sampling" in md
@@ -447,7 +489,10 @@ def test_hicache_crash_repeats_then_hicache_off(live):
     assert res["start_again"]["started"] == ["prefill"] and res["hicache_off"]["ok"] is True
     assert res["verify"]["passed"] is True and res["record_off"]["ran"] is True
     assert "enable-hierarchical-cache: false" in rg.live_config("prefill") and rg.alive("prefill")
-    assert [a["action"] for a in rg.audit()] == ["service-start", "service-start", "hicache-off", "runbook-hicache-crash"]
+    audit = rg.audit()
+    assert [a["action"] for a in audit] == ["deploy", "service-start", "service-start", "hicache-off",
+                                            "runbook-hicache-crash"]
+    rg.check_release_change(audit)
     assert rg.log("prefill").count("illegal memory access") == 2
 
 
