@@ -167,7 +167,7 @@ def run_on(root: Path, profile: Path) -> None:
             assert snapshot(root) == before, (args, err)
         if args[0] == "plan" and code in (0, 1):
             doc = json.loads(out)           # a plan that ran is a JSON document with finite numbers
-            assert doc["schema"] == "dsv4ctl.plan/1"
+            assert doc["schema"] == "dsv4ctl.plan/2"
             json.dumps(doc, allow_nan=False)
 
 

@@ -94,7 +94,7 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
         found = path.is_file()
     except (OSError, ValueError, RuntimeError) as e:   # name too long, NUL byte, unknown ~user
         raise InputError(f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
-                         f"and not a readable path ({type(e).__name__})") from None
+                         f"and not a readable path ({(getattr(e, 'strerror', None) or type(e).__name__).lower()})") from None
     if not found:
         where = str(path) if len(str(path)) <= MAX_SHOWN else shown
         raise InputError(
