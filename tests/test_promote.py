@@ -360,3 +360,34 @@ def test_sigint_during_promote_by_hand_checks_audits_and_leaves_no_child(world):
         assert not (w.roots[h] / ".lock").exists()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert not [ln for ln in ps.splitlines() if str(w.profile) in ln]     # neither dsv4ctl nor its check child
+
+
+def test_a_check_that_cannot_run_is_no_verdict_the_release_is_not_marked_failed(world):
+    """The check child hits a client-side limit (too few file descriptors for the gate's
+    concurrency: exit 2): the canary is put back, the release is NOT marked failed, exit 2."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    w = world
+    args = ("--concurrency", "20", "--min-requests", "40", "--max-corruption", "0.1")
+    r = cli(w, "deploy", "--promote", "--json", *args)
+    assert r.code == 0, r.err
+    good = r.json()["release"]
+    cfg = w.cfgdir / "a.yaml"
+    cfg.write_text(cfg.read_text() + "# a new release\n")
+    # 80 descriptors: enough for the deploy, not for check load at 20 sessions (~94 needed)
+    p = subprocess.run(["prlimit", "--nofile=80:80", sys.executable, "-m", "dsv4ctl.cli", "deploy", "--promote",
+                        *args, str(w.profile)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, NO_COLOR="1", COLUMNS="200", **w.env()))
+    assert p.returncode == 2, p.stderr
+    new = next(x.name for x in (w.cache / "releases").iterdir() if x.name.startswith("r") and x.name != good)
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith(f"dsv4ctl: error: deploy --promote of {new}: check load could not run: ")
+    assert "open files" in err and f"rolled back h0 to {good}" in err and "not marked failed" in err
+    assert w.currents() == {"h0": good, "h1": good}
+    for h in ("h0", "h1"):
+        assert w.state(h)["releases"][new].get("state") != "failed"
+        assert w.audit(h)[-1]["result"] == "check-not-run"
+    summary = json.loads((next((w.state_dir / "evidence" / new).iterdir()) / "summary.json").read_text())
+    assert summary["result"] == "not-run" and [c["exit_code"] for c in summary["checks"]] == [0, 2]

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DsvError, InputError, VerdictError
+from ..errors import EXIT_USAGE, DsvError, InputError, VerdictError
 from ..hosts.audit import file_stamp, now_iso
 
 CHECKS = ("smoke", "load")
@@ -178,7 +178,9 @@ def effective_options(profile, po: PromoteOptions, url: str | None) -> PromoteOp
 def check_verdict(kind: str, code: int, doc: dict | None, err: str) -> tuple[bool, str]:
     """(passed, one-line reason) from a check child's exit code, JSON document and last stderr
     line. Exit 0 passes; 1 is the check's own failure (its message); anything else (2 usage /
-    unreachable, a crash) fails too, with the child's error line."""
+    unreachable / a client-side limit, a crash) fails too, with the child's error line. In
+    ``deploy --promote`` a canary check that exits 2 is "could not run": no verdict, the canary goes
+    back, the release is not marked failed, exit 2."""
     if code == 0 and isinstance(doc, dict) and doc.get("pass", False):
         return True, "pass"
     msg = err.removeprefix("dsv4ctl: error: ").strip() or f"check {kind} exited {code}"
@@ -343,6 +345,20 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
                            + (f"; {', '.join(never)} never switched" if never else "")
                            + (f"; evidence in {edir}" if results else ""))
 
+    def not_run(bad: dict, results: list[dict]):
+        # The check could not run (exit 2: the client's own failure, e.g. out of descriptors,
+        # DNS, a usage error): no verdict on the release. The canary goes back (an unproven
+        # release does not stay in service), the release is not marked failed, exit 2.
+        why = bad["reason"] + put_back()
+        summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "not-run", "failed": None,
+                   "reason": why, "canary": canary, "checks": results, "at": now_iso()}
+        hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
+        E.close_all(site, {**rec, "result": "check-not-run", "detail": why[:2000], "evidence": hrel}, per_host=frm)
+        raise DsvError(f"deploy --promote of {rid}: check {bad['check']} could not run: {why}; "
+                       f"rolled back {', '.join(switched)} to "
+                       f"{', '.join(sorted({(before[h] or '(none)') for h in switched}))}; the release is not "
+                       f"marked failed (no verdict); evidence in {edir}", EXIT_USAGE)
+
     def checks(stage: str) -> tuple[list[dict], dict | None]:
         out = []
         for st in run.of("check", stage):
@@ -365,6 +381,8 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
         switched += canary
         results, bad = checks("canary")
         report["promotion"]["checks"] = results
+        if bad and bad["exit_code"] == EXIT_USAGE:
+            not_run(bad, results)
         if bad:
             fail(f"check {bad['check']}", bad["reason"], results)
         if rest:
