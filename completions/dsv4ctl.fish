@@ -190,7 +190,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this messag
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l json -d 'Print the dsv4ctl.facts/1 JSON document.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l timeout -r -f -d 'Seconds per host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l timeout -r -f -d 'Seconds per host (finite, at most 3600).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'facts\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Local SGLang git checkout (default: sglang.tree).'

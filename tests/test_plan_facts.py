@@ -16,7 +16,7 @@ import pytest
 
 from dsv4ctl.hosts.gpus import parse_gpus
 from dsv4ctl.plan.facts import CONTEXT_GIB, group_facts
-from tests.conftest import DEFAULT_PROFILE
+from tests.conftest import DEFAULT_PROFILE, run_cli
 
 DATA = Path(__file__).parent / "data" / "gpus"
 
@@ -120,3 +120,9 @@ def test_profile_plan_min_requests(prof):
     prof.write_text(prof.read_text().replace("check:\n", "plan:\n  min_requests: 20\ncheck:\n", 1))
     code, out, err = run("plan", str(prof), "-g", "decode")
     assert code == 1 and "16 request(s) fit at context_length 1,048,576" in err and "at least 20 needed" in err
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "-1", "0", "1e9"])
+def test_facts_timeout_is_checked_before_anything_runs(bad):
+    r = run_cli("facts", "--timeout", bad)
+    assert r.code == 2 and r.err.startswith(f"dsv4ctl: error: --timeout {float(bad)!r}:") and r.err.count("\n") == 1

@@ -14,7 +14,7 @@ def facts(
     profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name."),
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.facts/1 JSON document."),
-    timeout: float = typer.Option(30.0, "--timeout", min=1.0, help="Seconds per host."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (finite, at most 3600)."),
 ) -> None:
     """Per GPU of each server group: total / used / free memory and the processes holding it
     (nvidia-smi over SSH), and the measured ``free_gib_before_load`` per GPU to paste into the
@@ -25,7 +25,9 @@ def facts(
     from ..plan.facts import group_facts, memory_yaml
     from ..remote import connect, run_parallel
     from .common import load_deployment_arg
+    from .options import seconds
 
+    seconds(timeout, "--timeout", hi=3600)
     dep = load_deployment_arg(profile, acts_on_hosts=True)
     prof = dep.profile
     groups = prof.servers()
