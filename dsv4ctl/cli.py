@@ -95,9 +95,50 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+class _QuietPipe:
+    """Standard output that stops writing, silently, once its reader has gone (``dsv4ctl plan |
+    head -1``): the exit code stays the command's own (0 fits, 1 does not fit) instead of Python's
+    BrokenPipeError, which would exit 1, the code of a negative verdict."""
+
+    def __init__(self, stream):
+        self._s = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._s.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._s.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        # point the descriptor at /dev/null, so the interpreter's last flush cannot fail either
+        import os
+        self.gone = True
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, self._s.fileno())
+            os.close(fd)
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code."""
     from .render import error_line
+    if argv is None and not isinstance(sys.stdout, _QuietPipe):
+        sys.stdout = _QuietPipe(sys.stdout)
     try:
         args = sys.argv[1:] if argv is None else argv
         if not args:

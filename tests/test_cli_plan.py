@@ -336,6 +336,13 @@ def test_pro_what_if_names_the_weights_first_and_offers_only_gpus():
     r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=150000000000", "--set", "index_k_dtype=fp8")
     g = json.loads(r.out)["groups"][0]
     assert r.code == 0 and g["verdict"]["deciding"] == "available_bytes"
+    assert {(x["verdict"], x["deciding"]) for x in g["ranks"]} == {("tight", "available_bytes")}   # ranks agree
     assert [w for w in g["warnings"] if "the given available_bytes (150,000,000,000 B)" in w]
     r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=100000000000", "--set", "index_k_dtype=fp8")
     assert not [w for w in json.loads(r.out)["groups"][0]["warnings"] if "the given available_bytes" in w]
+
+
+def test_available_bytes_above_the_gpu_is_bad_input():
+    r = run_cli("plan", "-g", "decode", "--set", "available_bytes=1000000000000")
+    assert r.code == 2 and r.err == ("dsv4ctl: error: available_bytes 1,000,000,000,000 B is more than the GPU's memory "
+                                     "(183,359 MiB = 192,265,846,784 B): it cannot be SGLang's number for this group\n")

@@ -352,3 +352,18 @@ def test_every_dsv4ctl_variable_is_in_the_readme_table():
     listed = set(re.findall(r"^\| `(DSV4CTL_[A-Z_]+)`", table, re.M))
     assert sorted(used - listed) == []
     assert sorted(listed - used) == []
+
+
+def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
+    """`dsv4ctl plan | head -1`: the verdict's exit code (0 fits, 1 does not), never a
+    BrokenPipeError's 1 and nothing on stderr."""
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    py = f"PYTHONPATH={REPO} {sys.executable} -m dsv4ctl.cli"
+    for args, code in (("plan", 0), ("plan --set mem_fraction_static=0.95 -g decode", 1)):
+        p = subprocess.run(["bash", "-c", f"cd {REPO} && {py} {args} 2>{tmp_path}/err.txt | head -c 1 >/dev/null; "
+                                          f"echo ${{PIPESTATUS[0]}}; cat {tmp_path}/err.txt"],
+                           capture_output=True, text=True, timeout=60)
+        status, *err = p.stdout.splitlines()
+        assert int(status) == code and not [ln for ln in err if "Broken" in ln or "Traceback" in ln]

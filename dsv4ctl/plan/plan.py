@@ -445,6 +445,10 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     min_req = args.get("min_requests", (profile.raw.get("plan") or {}).get("min_requests", 1))
     if min_req < 1:
         raise InputError(f"--set min_requests: must be >= 1, got {min_req}")
+    avail = args.get("available_bytes")
+    if avail is not None and gpu_mib and avail > gpu_mib * (1 << 20):
+        raise InputError(f"available_bytes {avail:,} B is more than the GPU's memory ({gpu_mib:,} MiB = "
+                         f"{gpu_mib * (1 << 20):,} B): it cannot be SGLang's number for this group")
     # one prefill chunk of query rows scores the C4 indexer (decode rows are graph-captured: no budget)
     logits_rows = 0 if disagg == "decode" else (chunked if chunked > 0 else max_prefill)
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
@@ -539,8 +543,8 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
         r2t = s.num_req_slots * gi.context_length * 4
         memory = vd.rank_memory(c, s, c.idx_real, resident, r2t)
         conc = cap.max_concurrent_requests(c, s, gi.context_length)
-        verdict = vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
-                            int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests)
+        verdict = _as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
+                                          int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests))
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
                              exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
                              req_to_token_bytes=r2t,
@@ -823,6 +827,16 @@ def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePla
     return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]
 
 
+def _as_given(gi, v: vd.Verdict) -> vd.Verdict:
+    """``--set available_bytes`` is taken as given (SGLang's own number, e.g. from a log): when,
+    with the group's weights and what SGLang builds before serving, it does not fit the GPU, the
+    inputs disagree: ``tight`` with the deciding term ``available_bytes`` (for the rank and the
+    group alike), not a verdict on the pools."""
+    if gi.available_bytes_override is not None and v.deciding in ("pools", "activation"):
+        return vd.Verdict("tight", "available_bytes", v.slack)
+    return v
+
+
 def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
                serve: Optional[ServeConfig] = None) -> GroupPlan:
     """Plan one server group (``serve``: its parsed serve config); capacity errors become plan
@@ -836,11 +850,7 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         tree.source(tree_idx) if tree_idx else "profile")
     stages, v, msg = _evaluate(model, gi)
     gp = GroupPlan(group=group, inputs=gi, stages=stages or [], index_k_source=source)
-    override_disagrees = (gi.available_bytes_override is not None and v.deciding in ("pools", "activation"))
-    if override_disagrees:
-        # --set available_bytes is taken as given (SGLang's own number, e.g. from a log); with this
-        # group's weights and req_to_token it does not fit the GPU: the inputs disagree
-        v = vd.Verdict("tight", "available_bytes", v.slack)
+    if v.deciding == "available_bytes" and gi.available_bytes_override is not None:
         msg = (f"the given available_bytes ({gi.available_bytes_override:,} B), the weights and what SGLang builds "
                f"before serving exceed the GPU ({msg}): check the available_bytes value against "
                f"weights_gib_per_rank and the GPU memory")
