@@ -153,7 +153,8 @@ def test_a_mutating_command_never_edits_the_shipped_profile(tmp_path):
     r = run_cli("hicache", "off", "dsv4-flash-8xb200-pd", "-g", "prefill", "--remote", cwd=tmp_path)
     assert r.code == 2 and "shipped with dsv4ctl, not edited" in r.err and cfg.read_bytes() == before
     r = run_cli("hicache", "off", "dsv4-flash-8xb200-pd", "-g", "prefill", "--dry-run", cwd=tmp_path)
-    assert r.code == 0 and "dry run: would write 1 file(s)" in r.out     # a dry run only reads
+    # the dry run is the run: it refuses the same way, before printing a diff it would never write
+    assert r.code == 2 and "profile init" in r.err and "would write" not in r.out
 
 
 def test_a_copy_that_points_at_shipped_serve_configs_is_refused_too(tmp_path):

@@ -32,8 +32,9 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
                    storage_backend=storage_backend)
     edits = prepare_edits(prof, groups, action, opts, tree)
     out = _printer(set().union(*(e.secrets for e in edits)))
-    if not dry_run:     # before any host is touched: --remote also rewrites the local copies
-        refuse_shipped([e.path for e in edits if e.new != e.old])
+    # before any host is touched (--remote also rewrites the local copies), and in a dry run too:
+    # the dry run is the run, and the run refuses
+    refuse_shipped([e.path for e in edits if e.new != e.old])
     if remote:
         _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout, verbose)
         return
