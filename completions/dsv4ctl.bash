@@ -192,6 +192,7 @@ _dsv4ctl_argkind() {
     'check load|0') echo any ;;
     'runbook show|0') echo yaml:w3 ;;
     'runbook run|0') echo yaml:w3 ;;
+    'runbook run|1') echo any ;;
     'profile show|0') echo any ;;
     'profile init|0') echo file ;;
   esac

@@ -406,7 +406,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'list' -d 'List the ship
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'show' -d 'Print a runbook\'s steps with their conditions.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -f -a 'run' -d 'Run a runbook step by step; the state and incident report are written after e...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook\'' -s h -l help -d 'Show this message and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -l json -d 'Print [{name, description, pd_only, path}] as JSON.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -l json -d 'Print {schema, runbooks: [{name, description, pd_only, path}]} as JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -l json -d 'Print the runbook (name, description, pd_only, steps) as JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -s h -l help -d 'Show this message and exit.'

@@ -90,6 +90,7 @@ def test_shipped_profile_names_its_schema():
 
 def test_profile_list_and_show():
     r = run_cli("profile", "list", "--json")
+    assert json.loads(r.out)["schema"] == "dsv4ctl.profiles/1"
     assert json.loads(r.out)["profiles"] == [
         {"name": "dsv4-flash-8xb200-pd", "path": str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml")}]
     r = run_cli("profile", "show", "dsv4-flash-8xb200-pd")

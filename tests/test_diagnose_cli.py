@@ -12,7 +12,7 @@ def test_unreachable_host_exit_3_with_the_document(cli):
     assert doc["schema"] == "dsv4ctl.diagnose/1" and doc["ok"] is False
     assert doc["hosts"]["b200-0"]["error"].startswith("b200-0: cannot connect")
     assert {g: d["findings"][0]["rule"] for g, d in doc["groups"].items()} == {"prefill": "unknown", "decode": "unknown"}
-    assert doc["groups"]["prefill"]["health"].startswith("cannot connect to http://127.0.0.1:30000/health")
+    assert doc["groups"]["prefill"]["health"] == "cannot connect to 127.0.0.1:30000 (connection refused)"
 
 
 def test_bad_inputs_exit_2(cli):

@@ -88,11 +88,13 @@ def test_dry_run_of_an_invalid_playbook_creates_no_folder(cli, tmp_path):
 def test_list_and_show_json(cli):
     r = cli("runbook", "list", "--json")
     assert r.code == 0, r.err
-    rows = {x["name"]: x for x in json.loads(r.out)}
+    assert json.loads(r.out)["schema"] == "dsv4ctl.runbooks/1"
+    rows = {x["name"]: x for x in json.loads(r.out)["runbooks"]}
     assert set(rows) >= {"toolcall-corruption", "hicache-crash", "scheduler-stall", "transfer-wedge"}
     assert rows["transfer-wedge"]["pd_only"] is True and rows["toolcall-corruption"]["pd_only"] is False
     s = cli("runbook", "show", "toolcall-corruption", "--json")
     doc = json.loads(s.out)
+    assert doc["schema"] == "dsv4ctl.runbook/1" and doc["name"] == "toolcall-corruption"
     steps = {x["id"]: x for x in doc["steps"]}
     assert steps["measure"]["continue_on_failure"] is True and steps["diag"]["when"] == "measure.ok == false"
     assert "groups" not in steps["hicache_off"]["args"]      # no hard-coded prefill: colocated works

@@ -24,8 +24,6 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
     /metrics delta (one parallel round per host), then name the cause with its evidence line and
     the runbook to run. Works with the server down.
 
-    Examples: dsv4ctl diagnose profiles/my.yaml · dsv4ctl diagnose -g decode --since 30m --json
-
     Exit 0 every group healthy · 1 a finding · 2 bad input · 3 a host could not be read."""
     from ..diagnose.collect import parse_since
     from ..diagnose.run import diagnose_deployment, diagnosis_lines

@@ -33,7 +33,7 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) 
     from ..resources import shipped_dir, shipped_profile_names
     rows = [(n, str(shipped_dir("profiles") / f"{n}.yaml")) for n in shipped_profile_names()]
     if as_json:
-        print(dump_json({"profiles": [{"name": n, "path": p} for n, p in rows]}))
+        print(dump_json({"schema": "dsv4ctl.profiles/1", "profiles": [{"name": n, "path": p} for n, p in rows]}))
         return
     for n, p in rows:
         print(f"{n}  {p}")
@@ -49,7 +49,7 @@ def show(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Shippe
     prof = load_profile(src)
     configs = {g.name: str(g.serve_config) for g in prof.groups if g.serve_config}
     if as_json:
-        print(dump_json({"name": prof.name, "path": str(src), "serve_configs": configs, "profile": prof.raw}))
+        print(dump_json({"schema": "dsv4ctl.profile-show/1", "name": prof.name, "path": str(src), "serve_configs": configs, "profile": prof.raw}))
         return
     text = src.read_text()
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

@@ -43,10 +43,8 @@ def _pd_profile(prof) -> bool:
 
 
 @runbook_app.command("list")
-def list_(as_json: bool = typer.Option(False, "--json", help="Print [{name, description, pd_only, path}] as JSON.")) -> None:
-    """List the shipped runbooks.
-
-    Example: dsv4ctl runbook list --json"""
+def list_(as_json: bool = typer.Option(False, "--json", help="Print {schema, runbooks: [{name, description, pd_only, path}]} as JSON.")) -> None:
+    """List the shipped runbooks."""
     from ..resources import shipped_dir
     from ..profile.yamlpos import load_yaml
     rows = []
@@ -56,7 +54,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print [{name, desc
         desc = str(data.get("description", "")).strip()
         rows.append({"name": p.stem, "description": desc, "pd_only": bool(data.get("pd_only", False)), "path": str(p)})
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"schema": "dsv4ctl.runbooks/1", "runbooks": rows}, indent=2))
         return
     for r in rows:
         first = r["description"].splitlines()[0] if r["description"] else ""
@@ -66,13 +64,11 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print [{name, desc
 @runbook_app.command("show")
 def show(name: str = typer.Argument(..., help="Runbook name or playbook path."),
          as_json: bool = typer.Option(False, "--json", help="Print the runbook (name, description, pd_only, steps) as JSON.")) -> None:
-    """Print a runbook's steps with their conditions.
-
-    Example: dsv4ctl runbook show toolcall-corruption"""
+    """Print a runbook's steps with their conditions."""
     from ..runbook.actions import builtin_actions
     pb = _load(name, builtin_actions())
     if as_json:
-        print(json.dumps({"name": pb.name, "description": pb.description, "pd_only": pb.pd_only,
+        print(json.dumps({"schema": "dsv4ctl.runbook/1", "name": pb.name, "description": pb.description, "pd_only": pb.pd_only,
                           "steps": [{"id": s.id, "action": s.action, "args": s.args, "when": s.when,
                                      "repeat_max": s.repeat_max, "until": s.until,
                                      "continue_on_failure": s.continue_on_failure, "description": s.description}
@@ -88,6 +84,8 @@ def show(name: str = typer.Argument(..., help="Runbook name or playbook path."),
 @runbook_app.command("run")
 def run(
     name: str = typer.Argument(..., help="Runbook name (playbooks/NAME.yaml) or a playbook path."),
+    profile_arg: Optional[str] = typer.Argument(None, metavar="[PROFILE]",
+                                                help="Profile path or shipped name (the same as -p)."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile path or shipped name (or DSV4CTL_PROFILE); required unless --dry-run."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before mutating steps."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and what it would do; change nothing anywhere."),
@@ -96,15 +94,15 @@ def run(
 ) -> None:
     """Run a runbook step by step; the state and incident report are written after every step.
 
-    Examples: dsv4ctl runbook run toolcall-corruption -p profiles/my.yaml --dry-run ·
-    dsv4ctl runbook run scheduler-stall -p profiles/my.yaml --yes
-
     Exit 0 completed · 1 a step failed or was declined (or, with --dry-run, a step reports that the
     run would stop) · 2 bad input · 130 interrupted (SIGINT or SIGTERM; resume with --resume ID)."""
     from ..runbook.actions import RunContext, builtin_actions
     from ..runbook.engine import RunState, execute
     from ..runbook.report import incident_document, incident_markdown
 
+    if profile_arg is not None and profile is not None and profile_arg != profile:
+        raise InputError(f"runbook run: two profiles given ({profile_arg!r} and -p {profile!r}): give one")
+    profile = profile if profile is not None else profile_arg
     actions = builtin_actions()
     pb = _load(name, actions)
     from .common import load_deployment_arg

@@ -20,7 +20,7 @@ def schema(name: Optional[str] = typer.Argument(None, metavar="NAME", help="prof
     names = schema_names()
     if name is None:
         if as_json:
-            print(dump_json({"schemas": [{"name": n, "path": str(schema_path(n))} for n in names]}))
+            print(dump_json({"schema": "dsv4ctl.schemas/1", "schemas": [{"name": n, "path": str(schema_path(n))} for n in names]}))
         else:
             for n in names:
                 print(f"{n:12} {schema_path(n)}")

@@ -147,7 +147,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if key not in SET_KEYS:
             hint = key.replace("-", "_")
             more = f" (did you mean {hint}?)" if hint in SET_KEYS else ""
-            raise InputError(f"--set {key}: unknown key{more}; known: {', '.join(sorted(SET_KEYS))}")
+            raise InputError(f"--set {key}: unknown key{more}; known: {', '.join(sorted(k for k in SET_KEYS if not k.startswith('_')))}")
         out[key] = _coerce(f"--set {key}", SET_KEYS[key], value)
     return out
 
