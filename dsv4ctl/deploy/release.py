@@ -329,17 +329,23 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
                 "configs": {g: chash[g] for g in sorted(chash)}, "groups": sorted(launch),
                 "built_at": now_iso(), "built_by": who,
                 "files": len(files), "bytes": sum(v[1] for v in files.values())}
-        (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": links}, sort_keys=True))
-        (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
-        for extra in ("MANIFEST.json", "RELEASE.json"):  # content mtimes: same size ≠ same file
-            m = content_mtime(sha256_file(tmp / extra))
-            os.utime(tmp / extra, (m, m))
-        make_read_only(tmp, secret)
-        _place(tmp, final, "RELEASE.json")
+        _seal(tmp, final, files, links, meta, secret)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load_release(final)
+
+
+def _seal(tmp: Path, final: Path, files: dict, links: dict, meta: dict, secret) -> None:
+    """Write MANIFEST.json and RELEASE.json into the staged release ``tmp`` (content mtimes: same
+    size is not same file), make it read-only and move it into place as ``final``."""
+    (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": links}, sort_keys=True))
+    (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
+    for extra in ("MANIFEST.json", "RELEASE.json"):
+        m = content_mtime(sha256_file(tmp / extra))
+        os.utime(tmp / extra, (m, m))
+    make_read_only(tmp, secret)
+    _place(tmp, final, "RELEASE.json")
 
 
 # -- what a release is built from: the Deployment's tree, series, serve configs, launch spec --
@@ -445,13 +451,7 @@ def derive_release(base: Release, configs: dict[str, bytes], *, cache: Path | No
         meta = {**m, "id": rid, "configs": {g: chash[g] for g in sorted(chash)}, "built_at": now_iso(),
                 "built_by": who, "files": len(files), "bytes": sum(v[1] for v in files.values()),
                 "derived_from": base.id, "change": change}
-        (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": base.links}, sort_keys=True))
-        (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
-        for extra in ("MANIFEST.json", "RELEASE.json"):
-            mt = content_mtime(sha256_file(tmp / extra))
-            os.utime(tmp / extra, (mt, mt))
-        make_read_only(tmp, secret)
-        _place(tmp, final, "RELEASE.json")
+        _seal(tmp, final, files, base.links, meta, secret)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

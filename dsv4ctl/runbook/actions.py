@@ -166,22 +166,11 @@ def _progress_hint(ctx: RunContext, argv: list[str]) -> str:
 
 def stop_child(proc) -> None:
     """SIGTERM the child's process group, SIGKILL it after :data:`CHILD_STOP_S` s (the child
-    finishes or undoes its change and writes its audit record in between)."""
-    import os
-    import signal
-    import subprocess
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, CHILD_STOP_S), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    finishes or undoes its change and writes its audit record in between); the one group stop
+    (:func:`dsv4ctl.patches.gitio.stop_group`)."""
+    from ..patches.gitio import stop_group
+    if proc.poll() is None:
+        stop_group(proc, CHILD_STOP_S)
 
 
 def _profile_args(ctx: RunContext) -> list[str]:
