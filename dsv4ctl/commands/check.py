@@ -29,6 +29,21 @@ from .options import concurrency_levels as _parse_levels  # noqa: E402
 from .options import seconds as _seconds  # noqa: E402
 
 
+def masked(x, key: Optional[str]):
+    """``x`` (a check's lines or document: dicts, lists, strings) with every occurrence of the
+    bearer ``key`` replaced by ``***``: a server that echoes request headers back (in an error body,
+    a model id) never gets the key printed, in tables, JSON or error lines."""
+    if not key:
+        return x
+    if isinstance(x, str):
+        return x.replace(key, "***")
+    if isinstance(x, dict):
+        return {masked(k, key): masked(v, key) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [masked(v, key) for v in x]
+    return x
+
+
 def _check_api_key(key: Optional[str]) -> None:
     """A bearer token must be printable ASCII (it goes into an HTTP header); the key itself is
     never echoed."""
@@ -109,10 +124,11 @@ def smoke(
         raise _connect_error(e, "check smoke") from None
     except KeyboardInterrupt:
         raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from None
+    lines = masked(lines, api_key)
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
            "checks": lines}
     headers = ["check", "target", "status", "reason"]
-    rows = [[x["check"], x["target"], x["status"], x["reason"]] for x in lines]
+    rows = [[printable(str(c)) for c in (x["check"], x["target"], x["status"], x["reason"])] for x in lines]
     if as_json:
         print(dump_json(doc))
     elif markdown:
@@ -249,6 +265,7 @@ def load(
                 rec_file.close()
             except OSError:     # line-buffered: only the part of a line that failed is lost
                 pass
+    doc = masked(doc, api_key)
     if csv:
         from ..report.csvout import load_levels_csv
         print(load_levels_csv(doc), end="")
@@ -321,7 +338,7 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     con = console()
     for title, (h, rows) in tables:
         if rows:
-            con.print(rich_table(f"dsv4ctl check load: {title}", h, rows))
+            con.print(rich_table(f"dsv4ctl check load: {title}", h, [[printable(str(c)) for c in r] for r in rows]))
     ex = R.example_lines(doc)
     if ex:
         con.print(f"dsv4ctl check load: {examples_title}", style="italic")
