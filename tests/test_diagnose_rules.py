@@ -164,3 +164,27 @@ def test_kv_canary_violations():
     f = _top("kv_canary.log", hicache=True)
     assert (f.rule, f.detail["count"], f.runbook) == ("kv_canary", 2, "hicache-crash")
     assert "kv canary violation" in f.evidence[0]
+
+
+HEALTHY = dict(group="decode", alive=True, health="ok")
+
+
+@pytest.mark.parametrize("line", [
+    "[2026-12-01 10:00:00] Receive: obj=GenerateReqInput(text='my job died with CUDA out of memory, why?', "
+    "sampling_params={'max_new_tokens': 64})",
+    "[2026-12-01 10:00:00] Finish: obj=GenerateReqInput(text='RuntimeError: invalid argument in flash_mla kernel')",
+    '[2026-12-01 10:00:00] Receive: {"messages": [{"role": "user", "content": "an illegal memory access was encountered"}]}',
+    "[2026-12-01 10:00:00] Receive: obj=ChatCompletionRequest(messages=[...'watchdog timeout, the scheduler kills it'])",
+    "[2026-12-01 10:00:00] Prefill batch. financial maintenance banana sampling_params temperature=0.6",
+])
+def test_request_echoes_and_lookalikes_are_not_findings(line):
+    ev = Evidence(log=line + "\n", **HEALTHY)
+    assert [f.rule for f in diagnose(ev) if f.severity in ("crash", "stall")] == []
+
+
+def test_long_lines_are_cut_and_ansi_removed():
+    ev = Evidence(log="watchdog " * 200_000 + "\n", **HEALTHY)
+    assert [len(x) for x in ev.lines()] == [2000]
+    ev = Evidence(log="\x1b[31mtorch.OutOfMemoryError: CUDA\x1b[0m out of memory. Tried to allocate 2.00 GiB\n",
+                  group="decode", alive=False, health="cannot connect")
+    assert "cuda_oom" in [f.rule for f in diagnose(ev)]

@@ -39,6 +39,13 @@ POOL_FREE_SHARE = 0.05
 POOL_EVICTABLE_SHARE = 0.5
 
 
+MAX_LINE = 2000       # characters of one log line the rules read
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)")
+# SGLang's request logging (--log-requests, the HTTP server's request echo): user-controlled text
+_ECHO = re.compile(r"Receive: obj=|Finish: obj=|GenerateReqInput\(|ChatCompletionRequest\(|EmbeddingReqInput\("
+                   r"|[\"']messages[\"']\s*:|\btext=[\"']|\bprompt=[\"']|input_ids=\[")
+
+
 @dataclass
 class Evidence:
     """What was collected for one server group (module docstring)."""
@@ -60,7 +67,15 @@ class Evidence:
     hicache: Optional[bool] = None
 
     def lines(self) -> list[str]:
-        return self.log.splitlines()
+        """The log's lines as the rules read them: ANSI colour codes removed, each cut at
+        :data:`MAX_LINE` characters (rules stay linear on a hostile 1 MB line), and lines that echo
+        a request (``--log-requests``: the user's own text, which may say "CUDA out of memory")
+        blanked, so line numbers still match the collected tail."""
+        out = []
+        for ln in self.log.splitlines():
+            ln = _ANSI.sub("", ln[:MAX_LINE * 2])[:MAX_LINE]
+            out.append("" if _ECHO.search(ln) else ln)
+        return out
 
 
 @dataclass
@@ -147,7 +162,7 @@ def rule_nan_sampling(ev: Evidence) -> list[Finding]:
     SWA write-position corruption, caught with ``--kv-canary=log``)."""
     lines = ev.lines()
     hits = _find(lines, r"probability tensor contains either `?inf`?, `?nan`?|NaN (?:in|detected in) (?:logits|sampling)"
-                        r"|nan.*sampl|sampl.*\bnan\b", re.I)
+                        r"|\bnan\b.{0,80}\bsampl|\bsampl\w*\b.{0,80}\bnan\b", re.I)
     if not hits:
         return []
     i, line = hits[0]
@@ -174,7 +189,7 @@ def rule_hicache_load_back(ev: Evidence) -> list[Finding]:
                 "field-reports H5; sglang#32331, PR #26691", "hicache-crash")]
 
 
-_KERNEL_ARG = r"(?:CUDA error|RuntimeError).*invalid argument|invalid argument.*(?:flash_mla|FlashMLA|kernel)"
+_KERNEL_ARG = r"(?:CUDA error|RuntimeError).{0,200}invalid argument|invalid argument.{0,200}(?:flash_mla|FlashMLA|kernel)"
 
 
 def rule_kernel_argument(ev: Evidence) -> list[Finding]:
@@ -220,7 +235,7 @@ def rule_watchdog_stall(ev: Evidence) -> list[Finding]:
     an eviction deadlock (nothing frees what could be freed); ``available`` and ``evictable`` both
     low is a full pool (too much admitted: lower max-running-requests)."""
     lines = ev.lines()
-    hits = _find(lines, r"[Ww]atchdog timeout|[Ss]cheduler watchdog|watchdog.*(?:kill|hang|stuck)|Scheduler hang")
+    hits = _find(lines, r"[Ww]atchdog timeout|[Ss]cheduler watchdog|watchdog.{0,200}(?:kill|hang|stuck)|Scheduler hang")
     if not hits:
         return []
     i, line = hits[-1]
@@ -342,7 +357,7 @@ def rule_kv_canary(ev: Evidence) -> list[Finding]:
     HiCache SWA write-position corruption): log lines naming the canary and a violation,
     mismatch or corruption. The exact wording is not pinned in the ops reference, so the pattern
     is deliberately loose: ``kv[ _-]?canary`` and ``violat|mismatch|corrupt`` on one line."""
-    hits = _find(ev.lines(), r"(?i)kv[ _-]?canary.*(?:violat|mismatch|corrupt)")
+    hits = _find(ev.lines(), r"(?i)kv[ _-]?canary.{0,200}(?:violat|mismatch|corrupt)")
     if not hits:
         return []
     return [_mk(ev, "kv_canary", f"{len(hits)} KV canary violation(s) logged", "degraded",
