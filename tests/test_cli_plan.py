@@ -346,3 +346,12 @@ def test_available_bytes_above_the_gpu_is_bad_input():
     r = run_cli("plan", "-g", "decode", "--set", "available_bytes=1000000000000")
     assert r.code == 2 and r.err == ("dsv4ctl: error: available_bytes 1,000,000,000,000 B is more than the GPU's memory "
                                      "(183,359 MiB = 192,265,846,784 B): it cannot be SGLang's number for this group\n")
+
+
+@pytest.mark.parametrize("sets, said", [
+    (("free_gib_before_load=5000",), "free_gib_before_load 5000.0 GiB is more than the GPU's memory (183,359 MiB"),
+    (("gpu_memory_mib=1",), "free_gib_before_load 177.0 GiB is more than the GPU's memory (1 MiB"),
+])
+def test_free_memory_above_the_gpu_is_bad_input(sets, said):
+    r = run_cli("plan", "-g", "decode", *[x for s in sets for x in ("--set", s)])
+    assert r.code == 2 and said in r.err and r.err.count("\n") == 1

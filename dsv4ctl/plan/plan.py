@@ -381,6 +381,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     if "free_gib_before_load" not in args and "other_gib" not in args and not topo_set:
         per_gpu = mem.per_gpu(len(group.gpus))
     p_gib = args.get("free_gib_before_load", mem.free_gib_before_load)
+    given = [v for v in (per_gpu[0] if per_gpu is not None else p_gib if isinstance(p_gib, list) else [p_gib])
+             if isinstance(v, (int, float))]
     if per_gpu is not None:
         p_gib = min(per_gpu[0]) if None not in per_gpu[0] else None
     elif isinstance(p_gib, list):
@@ -400,6 +402,10 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         else:
             src = f"group {group.name}: free_gib_before_load (estimated from gpu_memory_mib {gpu_mib})"
         raise InputError(f"{src}: must be > 0 GiB, got {p_gib}")
+    if gpu_mib and given and max(given) > gpu_mib / 1024:
+        raise InputError(f"group {group.name}: free_gib_before_load {max(given)} GiB is more than the GPU's memory "
+                         f"({gpu_mib:,} MiB = {gpu_mib / 1024:.3f} GiB): measure it (dsv4ctl facts) or fix "
+                         "gpus.memory_mib")
     w_gib = args.get("weights_gib_per_rank", mem.weights_gib_per_rank)
     topology_changed = sorted(k for k in WEIGHT_TOPOLOGY_KEYS if k in overrides)
     if "weights_gib_per_rank" not in overrides and mem.weights_gib_per_rank is not None and topology_changed:
