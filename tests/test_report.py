@@ -423,3 +423,24 @@ def test_a_real_crash_without_any_rated_turn():
     html = build_html([load_input(str(DATA / "load-crash.json"))], generated="t", version="v")
     assert html.count('class="chart"') == 3
     assert list(csv.DictReader(io.StringIO(load_levels_csv(d))))[0]["rate"] == ""
+
+
+def test_hostile_inputs_and_outputs_are_one_line_exit_2(tmp_path):
+    import os
+    plan = json.loads((DATA / "plan.json").read_text())
+    huge = dict(plan, groups=[dict(plan["groups"][0], gpu_memory_mib=10 ** 400)] + plan["groups"][1:])
+    (tmp_path / "huge.json").write_text(json.dumps(huge))
+    (tmp_path / "nan.json").write_text((DATA / "plan.json").read_text().replace('"headroom_gib": ', '"headroom_gib": NaN, "x": ', 1))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "in.json").write_text((DATA / "plan.json").read_text())
+    cases = [(["huge.json"], "a value the report cannot draw (OverflowError"),
+             (["nan.json"], "nan.json: not JSON (NaN is not a number a dsv4ctl document holds)"),
+             (["deep.json"], "deep.json: nested too deeply"),
+             (["fifo"], "fifo: not a regular file"),
+             (["in.json", "-o", "."], "--output '.': not a file name"),
+             (["in.json", "-o", "in.json"], "--output in.json: is one of the inputs; it would be overwritten")]
+    for args, said in cases:
+        r = run_cli("report", *args, cwd=tmp_path, timeout=60)
+        assert r.code == 2 and said in r.err and r.err.count("\n") == 1, (args, r.err)
+    assert json.loads((tmp_path / "in.json").read_text())["schema"].startswith("dsv4ctl.plan/")

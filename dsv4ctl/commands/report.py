@@ -28,15 +28,25 @@ def report(
     from ..report.inputs import load_inputs
     from ..report.page import BadDocument, build_html
 
+    if output != "-":
+        out = Path(output).expanduser()
+        if not out.name or out.name in (".", "..") or out.is_dir():
+            raise InputError(f"--output {output!r}: not a file name")
+        for i in inputs:
+            p = Path(i).expanduser()
+            if p.is_file() and out.exists() and out.resolve() == p.resolve():
+                raise InputError(f"--output {output}: is one of the inputs; it would be overwritten")
     docs = load_inputs(inputs)
     try:
         html = build_html(docs, generated=now_iso(), version=__version__, title=title)
     except BadDocument as e:
         raise InputError(str(e)) from None
+    except (OverflowError, ValueError, TypeError, ZeroDivisionError, RecursionError) as e:
+        # numbers no dsv4ctl document holds (10**400, a float that overflows): one line, exit 2
+        raise InputError(f"an input holds a value the report cannot draw ({type(e).__name__}: {e})") from None
     if output == "-":
         print(html, end="")
         return
-    out = Path(output).expanduser()
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         tmp.write_text(html, encoding="utf-8")

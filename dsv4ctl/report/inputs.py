@@ -16,7 +16,13 @@ from .page import Input
 MAX_INPUT_BYTES = 64 << 20
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a dsv4ctl document holds")
+
+
 def _read_json(path: Path, label: str) -> object:
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise InputError(f"{label}: not a regular file")
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_INPUT_BYTES + 1)
@@ -25,12 +31,14 @@ def _read_json(path: Path, label: str) -> object:
     if len(raw) > MAX_INPUT_BYTES:
         raise InputError(f"{label}: larger than {MAX_INPUT_BYTES >> 20} MiB: not a dsv4ctl JSON document")
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise InputError(f"{label}: nested too deeply: not a dsv4ctl JSON document") from None
     except UnicodeDecodeError:
         raise InputError(f"{label}: not UTF-8 text: not a dsv4ctl JSON document") from None
     except ValueError as e:
         line = getattr(e, "lineno", None)
-        raise InputError(f"{label}:{line}: not JSON ({getattr(e, 'msg', e)})" if line else f"{label}: not JSON") from None
+        raise InputError(f"{label}:{line}: not JSON ({getattr(e, 'msg', e)})" if line else f"{label}: not JSON ({e})") from None
 
 
 def evidence_names(doc: dict) -> list[str]:
