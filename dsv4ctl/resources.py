@@ -64,7 +64,8 @@ def resolve_profile(arg: str | None) -> Path:
 
 def is_shipped(path: Path) -> bool:
     """True when ``path`` is data shipped with dsv4ctl, which a command must never rewrite (start
-    from a copy: ``dsv4ctl profile init``): anything under the installation's ``_shipped/``, or in
+    from a copy: ``dsv4ctl profile init``): anything in the ``dsv4ctl`` package folder (its
+    ``_shipped/`` and ``data/`` included), or in
     a checkout a shipped profile (:data:`SHIPPED_PROFILES`) with its serve-config folder, a patch
     series, a playbook or a completion script. Symlinks are followed."""
     try:
@@ -73,7 +74,7 @@ def is_shipped(path: Path) -> bool:
         return False
     prof = REPO_DIR / "profiles"
     files = [prof / f"{n}.yaml" for n in SHIPPED_PROFILES]
-    folders = [SHIPPED_DIR, *(prof / n for n in SHIPPED_PROFILES),
+    folders = [SHIPPED_DIR, Path(__file__).resolve().parent, *(prof / n for n in SHIPPED_PROFILES),
                *(REPO_DIR / n for n in SHIPPED_FOLDERS if n != "profiles")]
     if any(real == Path(os.path.realpath(f)) for f in files):
         return True

@@ -369,3 +369,10 @@ def test_a_reader_that_goes_away_does_not_change_the_exit_code(tmp_path):
                            capture_output=True, text=True, timeout=60)
         status, *err = p.stdout.splitlines()
         assert int(status) == code and not [ln for ln in err if "Broken" in ln or "Traceback" in ln]
+
+
+def test_profile_init_never_writes_inside_the_package(tmp_path):
+    from tests.conftest import REPO
+    r = run_cli("profile", "init", str(REPO / "dsv4ctl" / "data" / "x.yaml"), cwd=tmp_path)
+    assert r.code == 2 and "inside dsv4ctl's shipped data" in r.err
+    assert not (REPO / "dsv4ctl" / "data" / "x.yaml").exists()
