@@ -68,7 +68,7 @@ def world(live_cluster, tmp_path):
 
 
 def env(w: World) -> dict:
-    return dict(os.environ, **w.env(), DSV4CTL_STATE_DIR=str(w.tmp / "state"), COLUMNS="200", NO_COLOR="1")
+    return dict(os.environ, **{**w.env(), "DSV4CTL_STATE_DIR": str(w.tmp / "state")}, COLUMNS="200", NO_COLOR="1")
 
 
 def run(w: World, *args) -> subprocess.CompletedProcess:
