@@ -72,6 +72,16 @@ def shipped_names() -> list[str]:
     return sorted(SHIPPED)
 
 
+def _config_path(ref: str, base_dir: Optional[Path]) -> Path:
+    """The ``config.json`` a model path names: ``~`` expanded, relative to ``base_dir``, a folder's
+    ``config.json``. OSError / ValueError / RuntimeError pass through (name too long, NUL byte,
+    unknown ``~user``)."""
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path / "config.json" if path.is_dir() else path
+
+
 def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry, ModelFacts]:
     """Resolve a shipped name (``deepseek-v4-flash``, ``flash``, ``deepseek-ai/DeepSeek-V4-Pro``)
     or a path to a ``config.json`` (relative to ``base_dir``). Raises InputError (exit 2) for an
@@ -86,11 +96,7 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
             raise InputError(str(e)) from None
     shown = ref if len(ref) <= MAX_SHOWN else ref[:MAX_SHOWN] + f"... ({len(ref)} characters)"
     try:
-        path = Path(ref).expanduser()
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        if path.is_dir():
-            path = path / "config.json"
+        path = _config_path(ref, base_dir)
         found = path.is_file()
     except (OSError, ValueError, RuntimeError) as e:   # name too long, NUL byte, unknown ~user
         raise InputError(f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
@@ -124,11 +130,7 @@ def model_type_of(ref: str, base_dir: Optional[Path] = None) -> Optional[str]:
     if key in SHIPPED:
         return "deepseek_v4"
     try:
-        path = Path(ref).expanduser()
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        if path.is_dir():
-            path = path / "config.json"
+        path = _config_path(ref, base_dir)
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
         cfg = json.loads(raw.decode()) if len(raw) <= MAX_CONFIG_BYTES else None
