@@ -355,3 +355,19 @@ def test_available_bytes_above_the_gpu_is_bad_input():
 def test_free_memory_above_the_gpu_is_bad_input(sets, said):
     r = run_cli("plan", "-g", "decode", *[x for s in sets for x in ("--set", s)])
     assert r.code == 2 and said in r.err and r.err.count("\n") == 1
+
+
+def test_a_context_or_token_cap_failure_offers_a_fix_that_passes():
+    """--set context_length=10^9: req_to_token alone is 480 GiB; the fix is the largest context
+    length (to 1,024 tokens) that re-plans without failing. --set max_total_tokens=1: no KV
+    memory; the fix removes the cap."""
+    r = run_cli("plan", "-g", "decode", "--json", "--set", "context_length=1000000000")
+    assert r.code == 1
+    (fix,) = json.loads(r.out)["groups"][0]["fixes"]
+    assert fix.startswith("set context-length: 12119040 (from 1000000000) in the serve config (re-planned: ")
+    assert run_cli("plan", "-g", "decode", "--set", "context_length=12119040").code == 0
+    assert run_cli("plan", "-g", "decode", "--set", "context_length=12120064").code == 1
+    r = run_cli("plan", "-g", "decode", "--json", "--set", "max_total_tokens=1")
+    g = json.loads(r.out)["groups"][0]
+    assert r.code == 1 and g["verdict"]["deciding"] == "no_kv_memory"
+    assert g["fixes"][0].startswith("remove max-total-tokens (1) from the serve config (re-planned: tight")

@@ -797,14 +797,24 @@ def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePla
                 add((0, 1 - new / mrr), f"set max-running-requests: {new} (from {mrr}) in the serve config", r)
                 break
         ctx = gi.context_length
-        for frac in (0.75, 0.5, 0.25, 0.125, 1 / 16, 1 / 32):
-            new = int(ctx * frac) // 1024 * 1024
-            if new < 4096:
-                break
+        new, fails = int(ctx * 0.75) // 1024 * 1024, ctx     # 3/4, then halving down to 4,096 tokens
+        while new >= 4096:
             r = _replanned(model, cap.replace(gi, context_length=new))
             if r is not None:
+                while fails - new > 1024:       # the largest passing length, to 1,024 tokens
+                    mid = (new + fails) // 2 // 1024 * 1024
+                    rm = _replanned(model, cap.replace(gi, context_length=mid)) if mid > new else None
+                    if rm is None:
+                        fails = mid if mid > new else new + 1024
+                    else:
+                        new, r = mid, rm
                 add((0, 1 - new / ctx), f"set context-length: {new} (from {ctx}) in the serve config", r)
                 break
+            new, fails = new // 2 // 1024 * 1024, new
+    if v.deciding in ("requests", "no_kv_memory") and gi.pool.max_total_tokens is not None:
+        r = _replanned(model, _with_pool(gi, max_total_tokens=None))
+        if r is not None:
+            add((0, 0.5), f"remove max-total-tokens ({gi.pool.max_total_tokens:,}) from the serve config", r)
     if stages and v.deciding in ("pools", "activation", "requests"):
         st = stages[0]
         if st.sizes.index_k_real_bytes > st.sizes.index_k_budget_bytes and gi.pool.index_k_accounting != "exact":
