@@ -13,7 +13,7 @@ _dsv4ctl_subs() {
   case "$1" in
     '') echo 'plan facts deploy rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
-    'config') echo 'lint' ;;
+    'config') echo 'lint set' ;;
     'hicache') echo 'on off status' ;;
     'check') echo 'smoke load' ;;
     'runbook') echo 'list show run' ;;
@@ -47,6 +47,7 @@ _dsv4ctl_opts() {
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
+    'config set') echo '-g --group --unset --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
     'hicache') echo '-h --help' ;;
     'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
     'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
@@ -122,6 +123,10 @@ _dsv4ctl_optkind() {
     'patch export|--fact') echo any ;;
     'config lint|-g'|'config lint|--group') echo any ;;
     'config lint|--tree') echo dir ;;
+    'config set|-g'|'config set|--group') echo any ;;
+    'config set|--unset') echo any ;;
+    'config set|--tree') echo dir ;;
+    'config set|--health-timeout') echo any ;;
     'hicache on|-g'|'hicache on|--group') echo any ;;
     'hicache on|--ratio') echo any ;;
     'hicache on|--write-policy') echo any ;;
@@ -185,6 +190,7 @@ _dsv4ctl_argkind() {
     'patch revert|0') echo dir ;;
     'patch export|0') echo any ;;
     'config lint|0') echo yaml:w2 ;;
+    'config set|0') echo yaml:w2 ;;
     'hicache on|0') echo yaml:w2 ;;
     'hicache off|0') echo yaml:w2 ;;
     'hicache status|0') echo yaml:w2 ;;
@@ -199,6 +205,7 @@ _dsv4ctl_argkind() {
   case "$1" in
     'report') [[ $2 -ge 0 ]] && echo any ;;
     'patch revert') [[ $2 -ge 1 ]] && echo any ;;
+    'config set') [[ $2 -ge 1 ]] && echo any ;;
   esac
   return 0
 }

@@ -14,7 +14,7 @@ function __dsv4ctl_subs
         case 'patch'
             echo status apply revert check export
         case 'config'
-            echo lint
+            echo lint set
         case 'hicache'
             echo on off status
         case 'check'
@@ -63,6 +63,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --series --tree --fact
         case 'config lint'
             contains -- $argv[2] -g --group --tree
+        case 'config set'
+            contains -- $argv[2] -g --group --unset --tree --health-timeout
         case 'hicache on'
             contains -- $argv[2] -g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --health-timeout
         case 'hicache off'
@@ -171,7 +173,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inl
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'schema' -d 'Print the JSON Schema NAME (draft 2020-12). Editors use the profile schema th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'completion' -d 'Print the completion script for SHELL on stdout (how to install it: on stderr...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint, set.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'check' -d 'Tool-call correctness checks: smoke (endpoints) and load (corruption gate).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'runbook' -d 'Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--...'
@@ -327,6 +329,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -s n -l dry-run -d 'Print
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'lint' -d 'Lint the profile\'s serve configs against SGLang 0.5.23\'s real argument table...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'set' -d 'Set (or --unset) SGLang server arguments in the selected groups\' serve config...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree whose index-K gating is checked (default: the profile\'s sglang.tr...'
@@ -334,6 +337,16 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l json -d 'Print the dsv4
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config lint\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s g -l group -r -f -d 'Groups to edit (required). Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l unset -r -f -d 'Remove this key from the serve config. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l dry-run -d 'Print the diff, the lint result (and with --remote the release steps); change...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l json -d 'Print the dsv4ctl.config-set/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'config set\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'on' -d 'Turn HiCache on in the selected groups\' serve configs (diff printed, linted b...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'off' -d 'Turn HiCache off (enable-hierarchical-cache: false; other hicache-* keys are...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'status' -d 'Per group: HiCache as the serve config says (resolved like SGLang) and as the...'

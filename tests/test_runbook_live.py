@@ -479,21 +479,35 @@ def test_toolcall_corruption_with_the_server_down(live):
 
 
 def test_hicache_crash_repeats_then_hicache_off(live):
+    """Prefill crashed with HiCache on (illegal memory access). The runbook puts the crashed group
+    (only it) on a release with kv-canary: log, which starts it; smoke traffic crashes it again,
+    now with SGLang's KV canary violation line first; the watch counts it; HiCache off (a second
+    release, from the canary one) and the group serves."""
     rg, o = _scenario(live, "hicache")
     doc = _results(o)
     assert o["r"].code == 0, o["r"].out + o["r"].err
     res = doc["results"]
     assert res["diag"]["rule"] == "illegal_memory_access" and res["diag"]["runbook"] == "hicache-crash"
-    assert res["restart"]["started"] == ["prefill"]               # the process was gone: started
-    assert res["watch"]["repeats"] == 1 and res["watch"]["rule"] == "illegal_memory_access"
+    assert res["diag"]["hicache_crash_groups"] == ["prefill"]
+    assert res["canary"]["changed"] == ["prefill"] and res["canary"]["restarted"] is True
+    assert res["restart"] == {"ran": False, "ok": True}          # the canary release started it
+    assert res["watch"]["repeats"] == 1 and res["watch"]["canary_polls"] == 1
     assert res["start_again"]["started"] == ["prefill"] and res["hicache_off"]["ok"] is True
     assert res["verify"]["passed"] is True and res["record_off"]["ran"] is True
-    assert "enable-hierarchical-cache: false" in rg.live_config("prefill") and rg.alive("prefill")
+    live_cfg = rg.live_config("prefill")
+    assert "enable-hierarchical-cache: false" in live_cfg and "kv-canary: log" in live_cfg and rg.alive("prefill")
+    assert "kv-canary" not in rg.live_config("decode")
     audit = rg.audit()
-    assert [a["action"] for a in audit] == ["deploy", "service-start", "service-start", "hicache-off",
+    assert [a["action"] for a in audit] == ["deploy", "config-set", "service-start", "hicache-off",
                                             "runbook-hicache-crash"]
-    rg.check_release_change(audit)
-    assert rg.log("prefill").count("illegal memory access") == 2
+    canary = audit[1]
+    assert (canary["result"], canary["from"], canary["groups"]) == ("ok", rg.deployed, ["prefill"])
+    off = audit[3]
+    assert off["from"] == canary["release"] and off["release"] == rg.current() not in (rg.deployed, canary["release"])
+    log = rg.log("prefill")
+    assert log.count("illegal memory access") == 2 and log.count("kv_canary violation: launch_tag=SWEEP_K_SWA") == 1
+    md = (o["rep"] / "incident.md").read_text()
+    assert "kv_canary" in md and "| canary" in md
 
 
 def test_scheduler_stall_restart_clears_it(live):

@@ -1,4 +1,6 @@
-"""``dsv4ctl config lint``: thin CLI over :mod:`dsv4ctl.lint` (rules) and :mod:`dsv4ctl.configs` (reading)."""
+"""``dsv4ctl config lint|set``: thin CLI over :mod:`dsv4ctl.serve.lint` (rules),
+:mod:`dsv4ctl.serve.setargs` (``KEY=VALUE`` edits) and :mod:`dsv4ctl.commands.serve_change`
+(local files, or ``--remote``: a release)."""
 
 from __future__ import annotations
 
@@ -86,8 +88,56 @@ def lint_cmd(
         raise InputError(f"config lint: {len(errs)} error(s); first: {errs[0].format()}")
 
 
+SET_SCHEMA = "dsv4ctl.config-set/1"
+
+
+def set_cmd(
+    profile: Optional[str] = typer.Argument(None, help="Profile path (a shipped profile is never edited: dsv4ctl profile init)."),
+    settings: list[str] = typer.Argument(None, metavar="KEY=VALUE...", help="Serve-config keys to set, e.g. kv-canary=log (values are YAML)."),
+    group: list[str] = typer.Option([], "--group", "-g", help="Groups to edit (required). Repeatable."),
+    unset: list[str] = typer.Option([], "--unset", help="Remove this key from the serve config. Repeatable."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="SGLang tree for the index-K gating check (default: the profile's sglang.tree)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff, the lint result (and with --remote the release steps); change nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.config-set/1 JSON document."),
+    remote: bool = typer.Option(False, "--remote", help="Change the running release: a new release with the edited serve configs, "
+                                                      "pushed (delta), switched under the deploy lock, only the changed groups "
+                                                      "restarted, the deploy's health gate (rolled back on failure), audit log; "
+                                                      "then the local copies."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked)."),
+) -> None:
+    """Set (or --unset) SGLang server arguments in the selected groups' serve configs, e.g.
+    ``kv-canary=log``: keys and values checked against SGLang 0.5.23's argument table, the whole
+    profile linted before anything is written, comments and key order kept.
+
+    Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
+    2 bad input or a lint error (nothing written), 3 a host step failed."""
+    from ..serve.argtable import load_table
+    from ..serve.hicache_local import select_groups
+    from ..serve.setargs import changes_for_set, parse_assignment
+    from .common import load_deployment_arg
+    from .serve_change import run_change
+
+    if not group:
+        raise InputError("config set: name the groups to edit (--group/-g)")
+    sets = [parse_assignment(s) for s in settings or []]
+    if not sets and not unset:
+        raise InputError("config set: nothing to set (give KEY=VALUE or --unset KEY)")
+    table = load_table()
+    changes_for_set({}, sets, unset, table, "config set")       # the keys and values, before any file is read
+    prof = load_deployment_arg(profile, acts_on_hosts=True)
+    groups = select_groups(prof, group, "set")
+    desc = ", ".join([f"{k}={v}" for k, v in sets] + [f"-{k}" for k in unset])
+    run_change(prof, groups, what="config set", action="config-set",
+               changes=lambda data, tbl, label: changes_for_set(data, sets, unset, tbl, label),
+               tree=tree, dry_run=dry_run, as_json=as_json, remote=remote, health_timeout=health_timeout,
+               verbose=verbose, schema=SET_SCHEMA,
+               doc=dict(set={k: v for k, v in sets}, unset=list(unset)), unchanged=f"already {desc}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``config`` group (``config lint``) to the root app."""
-    sub = typer.Typer(help="Serve configs (SGLang --config YAML): lint.", no_args_is_help=True)
+    """Add the ``config`` group (``config lint``, ``config set``) to the root app."""
+    sub = typer.Typer(help="Serve configs (SGLang --config YAML): lint, set.", no_args_is_help=True)
     sub.command("lint")(lint_cmd)
+    sub.command("set")(set_cmd)
     app.add_typer(sub, name="config")

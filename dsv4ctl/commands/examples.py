@@ -26,6 +26,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "audit": ("dsv4ctl audit profiles/my.yaml --since 2026-12-01",),
     "config lint": ("dsv4ctl config lint",
                     "dsv4ctl config lint profiles/my.yaml --tree ~/src/sglang"),
+    "config set": ("dsv4ctl config set profiles/my.yaml kv-canary=log -g prefill --dry-run",
+                   "dsv4ctl config set profiles/my.yaml kv-canary=log -g prefill --remote   # a release; only prefill restarts"),
     "hicache on": ("dsv4ctl hicache on profiles/my.yaml -g prefill --dry-run",),
     "hicache off": ("dsv4ctl hicache off profiles/my.yaml -g prefill --dry-run",),
     "hicache status": ("dsv4ctl hicache status profiles/my.yaml",),

@@ -18,11 +18,12 @@ SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
             tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None,
             verbose: bool = False) -> None:
-    from ..serve.hicache import Options
-    from ..serve.hicache_local import prepare_edits, refuse_shipped, select_groups, write_all
+    from ..serve.hicache import Options, changes_for
+    from ..serve.hicache_local import select_groups
     from .common import load_deployment_arg
-
     from .deploy import check_health_timeout
+    from .serve_change import run_change
+
     check_health_timeout(health_timeout)
     prof = load_deployment_arg(profile, acts_on_hosts=True)      # on/off edit files (or hosts)
     groups = select_groups(prof, group, action)
@@ -30,142 +31,10 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
         raise InputError(f"hicache {action}: no group selected (use --group)")
     opts = Options(ratio=ratio, write_policy=write_policy, io_backend=io_backend, mem_layout=mem_layout,
                    storage_backend=storage_backend)
-    edits = prepare_edits(prof, groups, action, opts, tree)
-    out = _printer(set().union(*(e.secrets for e in edits)))
-    # before any host is touched (--remote also rewrites the local copies), and in a dry run too:
-    # the dry run is the run, and the run refuses
-    refuse_shipped([e.path for e in edits if e.new != e.old])
-    if remote:
-        _remote(prof, groups, action, opts, tree, dry_run, as_json, edits, health_timeout, verbose)
-        return
-    changed = [e for e in edits if e.new != e.old]
-    if not dry_run and changed:
-        write_all([(e.path, e.new) for e in changed])
-    if as_json:
-        out(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run,
-                             groups=[dict(group=e.group, file=str(e.path), changed=e.new != e.old,
-                                          written=(e.new != e.old) and not dry_run, diff=e.diff,
-                                          findings=[f.to_dict() for f in e.findings]) for e in edits])))
-        return
-    for e in edits:
-        if e.new == e.old:
-            out(f"{e.group}: {e.path}: HiCache already {action}, unchanged")
-            continue
-        out(e.diff, end="" if e.diff.endswith("\n") else "\n")
-        for f in e.findings:
-            out(f.format())
-    if changed:
-        verb = "dry run: would write" if dry_run else "wrote"
-        out(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
-
-
-def _remote(prof, groups, action, opts, tree, dry_run, as_json, local_edits, health_timeout, verbose=False) -> None:
-    """``--remote``: every change to a host is a release. The running release's serve configs are
-    edited (:mod:`dsv4ctl.serve.hicache_live`), a new release is derived from it and deployed
-    (:mod:`dsv4ctl.deploy.change`: delta push, verify, switch under the deploy lock, restart of the
-    changed groups only, the deploy's health gate; a failure or an interrupt puts every host back),
-    then the profile's local copies get the same edit (so the next deploy keeps it)."""
-    from ..deploy.change import change_configs
-    from ..deploy.site import Options as DeployOptions
-    from ..deploy.steps import Step, deployment_secrets, mask_secrets
-    from ..serve import hicache_live as hr
-    from ..serve.hicache_local import write_all
-    from .deploy import _Interrupted, _sigterm_as_interrupt
-
-    secrets = set(deployment_secrets(prof)) | set().union(*(e.secrets for e in local_edits))
-    out = _printer(secrets)
-    names = [g.name for g in groups]
-    redits: list = []
-
-    def edit(texts: dict[str, str], rid: str) -> dict[str, bytes]:
-        redits[:] = hr.edit_release_configs(prof, groups, action, opts, tree, texts, rid)
-        for e in redits:
-            secrets.update(_secrets_of(e.old))
-        return {e.group: e.new.encode() for e in redits if e.new != e.old}
-
-    def log(s: str) -> None:
-        if not as_json:
-            import sys
-            print(f"dsv4ctl: {mask_secrets(scrub_all(s), secrets)}", file=sys.stderr, flush=True)
-
-    def scrub_all(s: str) -> str:
-        from ..serve.edit import scrub
-        return scrub(s, secrets)
-    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log)
-    if verbose and not dry_run:
-        o.trace = lambda st: log("step " + st.line(True))
-        o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
-    if not dry_run:
-        _sigterm_as_interrupt()
-    err = None
-    rep: dict = {}
-    with _Interrupted(secrets):
-        try:
-            rep = change_configs(prof, o, edit, action=f"hicache-{action}", groups=names)
-        except DsvError as e:
-            err = e
-    if err is not None and not redits:
-        raise err
-    changed_local = [e for e in local_edits if e.new != e.old]
-    wrote_local = False
-    if not dry_run and err is None and changed_local:
-        write_all([(e.path, e.new) for e in changed_local])
-        wrote_local = True
-    changed = [e for e in redits if e.new != e.old]
-    rid, frm = rep.get("release"), rep.get("from")
-    if as_json:
-        out(dump_json(dict(schema=SCHEMA_EDIT, action=action, profile=prof.name, dry_run=dry_run, remote=True,
-                           release=rid if changed else None, previous=frm,
-                           groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
-                                        written=(e.new != e.old) and not dry_run and err is None, release=rid,
-                                        diff=e.diff, findings=[f.to_dict() for f in e.findings]) for e in redits],
-                           local=[dict(group=e.group, file=str(e.path), changed=e.new != e.old, diff=e.diff,
-                                       written=wrote_local and e.new != e.old) for e in local_edits],
-                           error=str(err) if err is not None else None)))
-    else:
-        for e in redits:
-            if e.new == e.old:
-                out(f"{e.group}: {e.host}:{e.path}: HiCache already {action}, unchanged")
-            else:
-                out(e.diff, end="")
-                for f in e.findings:
-                    out(f.format())
-        if dry_run and changed:
-            out(f"dry run: release {rid} = {frm} with the new serve config of {', '.join(e.group for e in changed)}; "
-                "steps (nothing changed):")
-            for st in rep.get("steps", []):
-                out("  " + mask_secrets(Step(**st).line(False), secrets))
-            if rep.get("on_failure"):
-                out("  on a failed gate or an interrupt, instead:")
-                for st in rep["on_failure"]:
-                    out("    " + mask_secrets(Step(**st).line(False), secrets))
-        if not dry_run and err is None and changed:
-            out(f"released {rid} (from {frm}): restarted {', '.join(f'{e.group} on {e.host}' for e in changed)}; "
-                f"healthy; dsv4ctl rollback --to {frm} undoes it")
-        if wrote_local:
-            out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
-    if err is not None:
-        err.args = (mask_secrets(scrub_all(str(err)), secrets),) + tuple(err.args[1:])
-        raise err
-
-
-def _secrets_of(text: str) -> set[str]:
-    from ..serve.edit import secret_values
-    import yaml
-    try:
-        return secret_values(yaml.safe_load(text))
-    except yaml.YAMLError:
-        return set()
-
-
-def _printer(secrets: set[str]):
-    """``print`` that replaces the serve configs' secret values with ``***`` (diffs are already
-    masked line by line; this also covers findings, JSON and host output)."""
-    from ..serve.edit import scrub
-
-    def out(s: str = "", end: str = "\n") -> None:
-        print(scrub(s, secrets), end=end)
-    return out
+    run_change(prof, groups, what=f"hicache {action}", action=f"hicache-{action}",
+               changes=lambda data, table, label: changes_for(action, data, opts, table, label),
+               tree=tree, dry_run=dry_run, as_json=as_json, remote=remote, health_timeout=health_timeout,
+               verbose=verbose, schema=SCHEMA_EDIT, doc=dict(action=action), unchanged=f"HiCache already {action}")
 
 
 def _opts_doc():

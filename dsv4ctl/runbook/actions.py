@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import InputError
-from .engine import DRY_RUN_ERROR, Action
+from .engine import DRY_RUN_ERROR, Action, is_ref
 
 MAX_WAIT_S = 3600
 
@@ -39,11 +39,24 @@ class RunContext:
         return self._deployment
 
     def groups(self, args: dict) -> list:
-        """The server groups named by ``args.groups`` (default: all server groups)."""
-        names = args.get("groups")
-        if not names:
+        """The server groups named by ``args.groups``; without the key every server group; a
+        key resolved to nothing (``"@diag.hicache_crash_groups"`` naming none) none. InputError
+        for an unresolved reference (describe it with :func:`groups_line` instead)."""
+        if "groups" not in args:
             return self.profile.servers()
-        return [self.profile.group(n) for n in names]
+        names = args["groups"]
+        if is_ref(names):
+            raise InputError(f"groups: {names} is known when the step runs")
+        if isinstance(names, str):
+            names = [names]
+        return [self.profile.group(n) for n in names or []]
+
+
+def groups_line(ctx: RunContext, args: dict) -> Optional[str]:
+    """For a describe (dry run): the group words of an unresolved ``"@step.field"`` groups arg
+    (``the groups diag.hicache_crash_groups names``), else None."""
+    g = args.get("groups")
+    return f"the groups {g[1:]} names (known when it runs)" if is_ref(g) else None
 
 
 def _note_run(ctx: RunContext, args: dict) -> dict:
@@ -249,6 +262,53 @@ def _hicache(state: str):
     return run, describe
 
 
+_CONFIG_FLAGS = {"groups": "--group", "unset": "--unset", "remote": "--remote", "health_timeout": "--health-timeout",
+                 "tree": "--tree"}
+
+
+def _config_set_argv(ctx: RunContext, args: dict) -> list[str]:
+    import json
+    a = dict(args)
+    sets = a.pop("set", None) or {}
+    if not isinstance(sets, dict):
+        raise InputError(f"config.set: set must be a mapping of serve-config keys to values, got {sets!r}")
+    return _cli_argv(ctx, ["config", "set"] + _profile_args(ctx) + [f"{k}={json.dumps(v)}" for k, v in sets.items()],
+                     a, _CONFIG_FLAGS)
+
+
+def _config_set_run(ctx: RunContext, args: dict) -> dict:
+    """``dsv4ctl config set PROFILE KEY=VALUE... -g G [--remote]``: with ``remote`` a release
+    with the edited serve configs, only the changed groups restarted behind the deploy's gate.
+    Result: ``changed`` (groups), ``release``, ``restarted`` (a release restarted them: the
+    watch's ``last_start`` is now). No group to change → nothing run, ``changed`` []."""
+    from ..hosts.audit import now_iso
+    if "groups" in args and not args["groups"]:
+        return {"ok": True, "changed": [], "restarted": False, "note": "no group to change"}
+    started = now_iso()
+    code, doc, err = _run_cli(ctx, _config_set_argv(ctx, args) + ["--json"], "config-set")
+    if args.get("remote"):
+        ctx.touched_hosts.update(g.host for g in ctx.groups(args))
+    if code or not isinstance(doc, dict):
+        return {"ok": False, "restarted": False, "error": err or f"config set exited {code}"}
+    changed = sorted(g["group"] for g in doc.get("groups", []) if g.get("changed"))
+    restarted = bool(args.get("remote")) and bool(changed)
+    if restarted:
+        ctx.extra["last_start"] = started
+    return {"ok": True, "changed": changed, "restarted": restarted, "release": doc.get("release")}
+
+
+def _config_set_describe(ctx: RunContext, args: dict) -> list[str]:
+    if groups_line(ctx, args):
+        a = {k: v for k, v in args.items() if k != "groups"}
+        return [f"dsv4ctl {' '.join(_config_set_argv(ctx, a))} -g <{groups_line(ctx, args)}>"
+                + (": a release with the edited serve configs; only those groups restart behind the deploy's gate"
+                   if args.get("remote") else "")]
+    code, _, err = _run_cli(ctx, _config_set_argv(ctx, args) + ["--dry-run"], "config-set-dry-run")
+    out = (ctx.run_dir / "config-set-dry-run.out").read_text().splitlines()
+    return [f"dsv4ctl {' '.join(_config_set_argv(ctx, args))}"] + out[:40] + \
+        ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
+
+
 def _patch(verb: str):
     def argv(ctx: RunContext, args: dict) -> list[str]:
         a = dict(args)
@@ -273,6 +333,9 @@ def _patch(verb: str):
 
 def _restart_describe(ctx: RunContext, args: dict) -> list[str]:
     from ..hosts.layout import Paths
+    if groups_line(ctx, args):
+        return [f"restart {groups_line(ctx, args)} in place (started from the active release when the "
+                "process is gone), wait for /health, audit"]
     dep = ctx.deployment
     return [f"{g.host}: restart group {g.name} in place ({Paths(dep.host_root(g.host)).pidfile(g.name)}), "
             f"wait for /health, audit" for g in ctx.groups(args)]
@@ -416,6 +479,8 @@ def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False) -> d
 
 
 def _start_describe(ctx: RunContext, args: dict) -> list[str]:
+    if groups_line(ctx, args):
+        return [f"start {groups_line(ctx, args)} from the active release if not running, wait for /health, audit"]
     return [f"{g.host}: start group {g.name} from the active release if its process is not running "
             "(running groups are left alone), wait for /health, audit" for g in ctx.groups(args)]
 
@@ -463,7 +528,7 @@ def _diagnose_argv(ctx: RunContext, args: dict) -> list[str]:
 def summarize_diagnosis(doc: dict) -> dict:
     """The fields a playbook's conditions use, from a ``dsv4ctl.diagnose/1`` document (pure):
     ``healthy``, ``rule``/``cause``/``runbook`` of the top finding, ``hicache_crash`` (a finding
-    names the hicache-crash runbook), ``crash``, ``stall``, ``down`` (a group not alive or not
+    names the hicache-crash runbook) and ``hicache_crash_groups`` (the groups of those findings), ``crash``, ``stall``, ``down`` (a group not alive or not
     answering /health), ``rules`` (every rule that fired), ``groups`` (groups with a finding)."""
     fs = [f for f in doc.get("findings", []) if f["rule"] != "healthy"]
     top = fs[0] if fs else None
@@ -471,6 +536,7 @@ def summarize_diagnosis(doc: dict) -> dict:
     return {"healthy": bool(doc.get("ok")), "rule": top["rule"] if top else "healthy",
             "cause": top["cause"] if top else "healthy", "runbook": top["runbook"] if top else None,
             "hicache_crash": any(f["runbook"] == "hicache-crash" for f in fs),
+            "hicache_crash_groups": sorted({f["group"] for f in fs if f["runbook"] == "hicache-crash" and f.get("group")}),
             "crash": any(f["rule"] in _CRASH_RULES for f in fs), "stall": any(f["rule"] in _STALL_RULES for f in fs),
             "down": any(g.get("alive") is False or g.get("health") != "ok" for g in gd.values()),
             "rules": sorted({f["rule"] for f in fs}), "groups": sorted({f["group"] for f in fs}),
@@ -546,6 +612,7 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
     for state in ("on", "off"):
         run, describe = _hicache(state)
         acts[f"hicache.{state}"] = Action(f"hicache.{state}", True, run, describe)
+    acts["config.set"] = Action("config.set", True, _config_set_run, _config_set_describe)
     for verb in ("apply", "revert"):
         run, describe = _patch(verb)
         acts[f"patch.{verb}"] = Action(f"patch.{verb}", True, run, describe)

@@ -15,6 +15,12 @@ Playbook shape (``playbooks/*.yaml``, validated by ``PLAYBOOK_SCHEMA``)::
         action: hicache.off
         when: measure.corruption_upper > 0.01
         repeat: {max: 3, until: "remeasure.ok == true"}   # optional
+      - id: canary
+        action: config.set
+        args: {groups: "@diag.hicache_crash_groups", set: {kv-canary: log}}
+
+An arg whose value is ``"@step.field"`` takes an earlier step's result when the step runs
+(:func:`resolve_args`); a dry run shows the reference (:func:`is_ref`).
 """
 
 from __future__ import annotations
@@ -130,6 +136,26 @@ def _lookup(results: dict[str, dict], ref: tuple[str, ...]) -> Any:
     return cur
 
 
+_REF = re.compile(r"^@(?P<ref>[a-z0-9_]+(?:\.[A-Za-z0-9_]+)+)$")
+
+
+def is_ref(value: Any) -> bool:
+    """True for an arg value ``"@step.field[.sub]"`` (a reference to an earlier step's result)."""
+    return isinstance(value, str) and _REF.match(value) is not None
+
+
+def arg_refs(args: dict) -> list[tuple[str, ...]]:
+    """The references among ``args``' top-level values, as ``(step, field, ...)`` tuples."""
+    return [tuple(_REF.match(v)["ref"].split(".")) for v in args.values() if is_ref(v)]
+
+
+def resolve_args(args: dict, results: dict[str, dict]) -> dict:
+    """``args`` with each ``"@step.field"`` value replaced by that earlier result (None when the
+    step did not run or has no such field). Pure."""
+    return {k: _lookup(results, tuple(_REF.match(v)["ref"].split("."))) if is_ref(v) else v
+            for k, v in args.items()}
+
+
 def evaluate(cond: list[list[Comparison]], results: dict[str, dict]) -> bool:
     """Evaluate a parsed condition against earlier step results (missing values compare False)."""
     ops: dict[str, Callable[[Any, Any], bool]] = {
@@ -221,6 +247,9 @@ def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Pla
                         if c.ref[0] not in seen:
                             raise InputError(f"{where}: steps[{i}].{key}: refers to {c.ref[0]!r}, "
                                              "which is not an earlier step")
+        for ref in arg_refs(s.get("args", {})):
+            if ref[0] not in seen:
+                raise InputError(f"{where}: steps[{i}].args: refers to {ref[0]!r}, which is not an earlier step")
         seen.add(s["id"])
         rep = s.get("repeat", {})
         if rep.get("until"):
@@ -299,7 +328,8 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
     * A failed step (``ok`` False or an exception) stops the run unless ``continue_on_failure``;
       ``state.failed_step`` names it and a later call resumes there.
     * ``dry_run`` runs nothing: each step's ``describe`` lines are recorded, conditions on
-      unknown results are shown as such.
+      unknown results are shown as such; ``"@step.field"`` args reach ``describe`` unresolved.
+    * Otherwise ``"@step.field"`` args are resolved from the results so far (:func:`resolve_args`).
     """
     state.failed_step = None
     for step in pb.steps:
@@ -326,8 +356,9 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
                                         lines=[f"condition false: {step.when}"]))
             save(state)
             continue
+        args = resolve_args(step.args, state.results)
         if action.mutating:
-            lines = action.describe(ctx, step.args)
+            lines = action.describe(ctx, args)
             if not confirm(step, lines):
                 state.timeline.append(Event(step.id, step.action, "declined", t0, clock(), lines=lines))
                 save(state)
@@ -337,7 +368,7 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
             attempt += 1
             t0 = clock()
             try:
-                result = dict(action.run(ctx, step.args))
+                result = dict(action.run(ctx, args))
             except InputError:
                 raise
             except KeyboardInterrupt:   # SIGINT, or SIGTERM turned into one by the command

@@ -1,11 +1,11 @@
-"""``hicache on|off --remote``: the HiCache edit of the serve configs a running release was
-built with. Nothing here writes to a host: the edited configs become a new release
+"""``hicache on|off --remote`` and ``config set --remote``: an edit of the serve configs a
+running release was built with. Nothing here writes to a host: the edited configs become a new release
 (:mod:`dsv4ctl.deploy.change`), pushed, switched and gated like a deploy — releases are
 immutable, and every change to a host is a release.
 
 :func:`edit_release_configs` takes the release's serve configs (the text each server runs
 with, ``<root>/current/configs/<group>.yaml``), applies the same round-trip edit as the local
-command (:func:`dsv4ctl.serve.hicache.changes_for`) and lints the result with the whole profile
+command (:func:`dsv4ctl.serve.hicache.changes_for`, :func:`dsv4ctl.serve.setargs.changes_for_set`) and lints the result with the whole profile
 (pairs, host RAM, index-K gating): an error refuses the change (exit 2, nothing written)."""
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ class ReleaseEdit:
     findings: list = field(default_factory=list)
 
 
-def edit_release_configs(prof, groups, action: str, opts, tree: Optional[str], texts: dict[str, str],
+def edit_release_configs(prof, groups, what: str, changes, tree: Optional[str], texts: dict[str, str],
                          release: str) -> list[ReleaseEdit]:
-    """The edits of ``groups`` (GroupViews of the Deployment ``prof``) applied to ``texts`` (the
-    running release's serve configs {group: text}); linted. InputError (exit 2) for a group the
+    """The edits ``changes(data, table, label)`` (:data:`dsv4ctl.serve.hicache_local.ChangesFn`)
+    of ``groups`` (GroupViews of the Deployment ``prof``) applied to ``texts`` (the running
+    release's serve configs {group: text}); linted; ``what`` names the command in errors. InputError (exit 2) for a group the
     release has no config for, a YAML error, a bad option or a lint error. Pure."""
     from dataclasses import replace
 
     from ..profile.serveconfig import parse_serve_config
     from .argtable import load_table
     from .edit import apply_changes, unified_diff
-    from .hicache import changes_for
     from .lint import lint
     from .lintinput import build_input, restrict
 
@@ -57,8 +57,8 @@ def edit_release_configs(prof, groups, action: str, opts, tree: Optional[str], t
         if text is None:
             raise InputError(f"{label}: release {release} has no serve config for group {g.name}")
         cfg = parse_serve_config(text, label)
-        changes = changes_for(action, cfg.data, opts, table, label)
-        new = apply_changes(text, changes, label) if changes else text
+        edits_ = changes(cfg.data, table, label)
+        new = apply_changes(text, edits_, label) if edits_ else text
         out.append(ReleaseEdit(group=g.name, host=g.group.host, path=path, old=text, new=new,
                                diff=unified_diff(text, new, label)))
     changed = [e for e in out if e.new != e.old]
@@ -73,6 +73,6 @@ def edit_release_configs(prof, groups, action: str, opts, tree: Optional[str], t
             e.findings = [f for f in findings if f.group == e.group or f.file == f"{e.host}:{e.path}"]
         errs = [f for f in findings if f.severity == "error"]
         if errs:
-            raise InputError(f"hicache {action}: not changed: {errs[0].format()}"
+            raise InputError(f"{what}: not changed: {errs[0].format()}"
                              + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""))
     return out

@@ -1,4 +1,4 @@
-"""``hicache on|off`` on the profile's local serve configs: choose groups, edit and lint
+"""Serve-config changes (``hicache on|off``, ``config set``) on the profile's local serve configs: choose groups, edit and lint
 (:func:`prepare_edits`, nothing written), then write every changed file as one step
 (:func:`write_all`). A change of the running release on the hosts (a new release) is :mod:`dsv4ctl.serve.hicache_live`."""
 
@@ -8,11 +8,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from ..errors import EXIT_REMOTE, DsvError, InputError
 from ..profile.deployment import Deployment, GroupView
-from .hicache import changes_for
+from .edit import Change
+
+#: the edits of one serve config: (raw mapping, argument table, label) -> changes
+ChangesFn = Callable[[dict, Any, str], list[Change]]
 
 
 @dataclass
@@ -42,9 +45,12 @@ def select_groups(dep: Deployment, names: list[str], action: str) -> list[GroupV
     return dep.servers()
 
 
-def prepare_edits(dep: Deployment, groups: list[GroupView], action: str, opts, tree: Optional[str]) -> list[Edit]:
+def prepare_edits(dep: Deployment, groups: list[GroupView], what: str, changes: ChangesFn,
+                  tree: Optional[str]) -> list[Edit]:
     """Edit and lint every selected group's serve config (as the Deployment read it); nothing is
-    written.
+    written. ``changes(data, table, label)`` gives the edits of one file (its raw mapping) —
+    :func:`dsv4ctl.serve.hicache.changes_for`, :func:`dsv4ctl.serve.setargs.changes_for_set`;
+    ``what`` names the command in errors (``hicache on``).
 
     Raises InputError (exit 2) for a missing file, a YAML error, text that is not UTF-8, a bad
     option value, or a lint error in an edited file (the first error, one line)."""
@@ -61,8 +67,8 @@ def prepare_edits(dep: Deployment, groups: list[GroupView], action: str, opts, t
         cfg = g.serve
         old = cfg.text
         label = str(g.serve_config_path)
-        changes = changes_for(action, cfg.data, opts, table, label)
-        new = apply_changes(old, changes, label) if changes else old
+        edits_ = changes(cfg.data, table, label)
+        new = apply_changes(old, edits_, label) if edits_ else old
         edits.append(Edit(g.name, g.serve_config_path, old, new, unified_diff(old, new, _rel(g.serve_config_path)), [],
                           frozenset(secret_values(cfg.data))))
     changed = [e for e in edits if e.new != e.old]
@@ -73,7 +79,7 @@ def prepare_edits(dep: Deployment, groups: list[GroupView], action: str, opts, t
             e.findings = [f for f in findings if f.file == str(e.path) or f.group == e.group]
         errs = [f for f in findings if f.severity == "error"]
         if errs:
-            raise InputError(scrub(f"hicache {action}: not written: {errs[0].format()}"
+            raise InputError(scrub(f"{what}: not written: {errs[0].format()}"
                                    + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""),
                                    set().union(*(e.secrets for e in edits))))
     return edits

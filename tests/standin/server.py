@@ -39,7 +39,8 @@ request N+1 arrives (``0``: at start-up, before listening: an OOM at start-up);
 ``--stall-after N`` prints it once at chat N+1 and from then on holds every chat request forever
 (counted as running, no tokens) and answers ``/health`` with 503 after 1 s, as SGLang does when no
 scheduler output arrives; ``--fault-needs-hicache`` arms both only when the config turns HiCache on
-(the server restarted with HiCache off serves normally).
+(the server restarted with HiCache off serves normally); with ``kv-canary: log`` (or ``raise``) in the
+config a KV canary violation in SGLang's log format is printed before the fault log.
 
 PD behind a real gateway (tests/gateway.py): with ``disaggregation-mode: prefill`` it listens on
 ``disaggregation-bootstrap-port`` too (default 8998, SGLang's; :func:`start_bootstrap`).
@@ -83,8 +84,23 @@ DEFAULTS: dict[str, Any] = {
     "enable_hierarchical_cache": False, "hicache_ratio": None, "hicache_write_policy": "write_through",
     "hicache_io_backend": "kernel", "hicache_mem_layout": "page_first", "hicache_storage_backend": None,
     "enable_metrics": False, "enable_cache_report": False, "api_key": None, "context_length": None,
-    "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT,
+    "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT, "kv_canary": "none",
 }
+
+#: what SGLang 0.5.23's KV canary logs for one violation in ``--kv-canary log`` mode (a WARNING of
+#: srt/kv_canary/runner/violation_reporter.py ``_format_violation``: the frozen one-line
+#: ``kv_canary violation:`` summary, then the readable block); the values are the stand-in's, the
+#: shape is SGLang's: a write-position mismatch of the SWA pool, the sglang#33656 corruption
+CANARY_VIOLATION = (
+    "[{ts} TP0] kv_canary violation: launch_tag=SWEEP_K_SWA fail_reason=write_position slot_idx=18432 "
+    "position=4097 stored_token=128825 expected_token=128825 stored_chain_hash=0x5a1c3e77d2b40c19 "
+    "expected_aux=0x0000000000001000\n"
+    "KV cache canary violation detected (kernel_kind=SWEEP_K_SWA, slot_idx=18432, position=4097)\n"
+    "canary_kind:       sweep_k_swa\n"
+    "  fail_reasons: write_position\n"
+    "  actual:   token_id=128825   position=4097 prev_hash=0x5a1c3e77d2b40c19\n"
+    "  expected: token_id=128825   position=4096\n"
+    "  total_violations=1 ring_overflow=False step_when_pumped={step}\n")
 
 
 def corruption_probability(concurrency: float, hicache: bool, scale: float = 1.0) -> float:
@@ -196,7 +212,13 @@ class StandIn:
         self.stalled = False
 
     def fire(self) -> None:
-        """Write the fault log to stdout (the server log) once, stamped with the current time."""
+        """Write the fault log to stdout (the server log) once, stamped with the current time;
+        with ``kv-canary: log|raise`` a :data:`CANARY_VIOLATION` first (the canary sees the
+        corruption before it crashes the server)."""
+        if self.fault_log and self.args.get("kv_canary") in ("log", "raise"):
+            from datetime import datetime, timezone
+            ts = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            sys.stdout.write(CANARY_VIOLATION.format(ts=ts, step=self.chats))
         if self.fault_log:
             sys.stdout.write(stamp_now(self.fault_log))
             sys.stdout.flush()
