@@ -161,3 +161,33 @@ def test_dry_run_marks_a_step_whose_describe_fails():
 def test_yaml11_boolean_id_hint():
     with pytest.raises(InputError, match=r'steps\[0\]\.id: read as the boolean False .*quote it'):
         load_playbook_data({"name": "x", "steps": [{"id": False, "action": "note"}]}, "pb", Recorder({}).actions())
+
+
+def test_args_take_earlier_results_by_reference():
+    """``"@step.field"`` in args: resolved when the step runs (confirmation lines included),
+    shown unresolved in a dry run, None when the step did not run; refused at load when the step
+    is not an earlier one."""
+    pb = {"name": "ref", "steps": [
+        {"id": "m1", "action": "measure"},
+        {"id": "fix", "action": "mitigate", "args": {"groups": "@m1.groups", "n": 3, "text": "@ not a ref"}},
+        {"id": "skip", "action": "measure", "when": "m1.ok == false"},
+        {"id": "rec", "action": "note", "args": {"what": "@skip.groups", "deep": "@m1.sub.x"}},
+    ]}
+    r = Recorder({"measure": [{"ok": True, "groups": ["prefill"], "sub": {"x": 7}}]})
+    acts = r.actions()
+    seen = []
+    st = execute(load_playbook_data(pb, "ref.yaml", acts), acts, None, RunState("ref", "r1"),
+                 confirm=lambda step, lines: seen.append(lines) or True)
+    assert r.calls == [("measure", {}), ("mitigate", {"groups": ["prefill"], "n": 3, "text": "@ not a ref"}),
+                       ("note", {"what": None, "deep": 7})]
+    assert seen == [["mitigate {'groups': ['prefill'], 'n': 3, 'text': '@ not a ref'}"]]
+    assert st.done == ["m1", "fix", "skip", "rec"]
+    r2 = Recorder({})
+    acts2 = r2.actions()
+    st = execute(load_playbook_data(pb, "ref.yaml", acts2), acts2, None, RunState("ref", "r2"), dry_run=True)
+    assert st.timeline[1].lines == ["mitigate {'groups': '@m1.groups', 'n': 3, 'text': '@ not a ref'}"]
+    bad = {"name": "bad", "steps": [{"id": "a", "action": "note", "args": {"g": "@b.groups"}},
+                                    {"id": "b", "action": "measure"}]}
+    with pytest.raises(InputError) as e:
+        load_playbook_data(bad, "bad.yaml", acts)
+    assert str(e.value) == "bad.yaml: steps[0].args: refers to 'b', which is not an earlier step"

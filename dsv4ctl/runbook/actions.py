@@ -560,7 +560,8 @@ def _watch_run(ctx: RunContext, args: dict) -> dict:
     crash signature or a KV canary violation (``count: crash``, the default) or any finding but
     healthy (``count: any``) shows in the evidence since the watch started (``from: last_start``:
     since the last service.restart/service.start of this run; a resumed run starts from now);
-    stops early at ``stop_after`` such polls. ``repeats`` > 0 means it came back."""
+    stops early at ``stop_after`` such polls. ``repeats`` > 0 means it came back; ``rules`` are the
+    last poll's (``kv_canary`` among them when the canary logged a violation)."""
     from ..hosts.audit import now_iso
     secs = _wait_seconds({"seconds": args.get("seconds", 60)})
     interval = max(1.0, float(args.get("interval", 10)))
@@ -591,7 +592,7 @@ def _watch_run(ctx: RunContext, args: dict) -> dict:
             break
         ctx.sleep(interval)
     return {"ok": True, "polls": polls, "repeats": repeats, "canary_polls": canary, "since": since,
-            "rule": last.get("rule"), "cause": last.get("cause")}
+            "rule": last.get("rule"), "cause": last.get("cause"), "rules": last.get("rules", [])}
 
 
 def _describe(fmt: str) -> Callable[[RunContext, dict], list[str]]:

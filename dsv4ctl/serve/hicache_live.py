@@ -6,7 +6,8 @@ immutable, and every change to a host is a release.
 :func:`edit_release_configs` takes the release's serve configs (the text each server runs
 with, ``<root>/current/configs/<group>.yaml``), applies the same round-trip edit as the local
 command (:func:`dsv4ctl.serve.hicache.changes_for`, :func:`dsv4ctl.serve.setargs.changes_for_set`) and lints the result with the whole profile
-(pairs, host RAM, index-K gating): an error refuses the change (exit 2, nothing written)."""
+(pairs, host RAM, index-K gating): an error the edit brings refuses the change (exit 2, nothing
+written; :func:`dsv4ctl.serve.hicache_local.new_errors`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def edit_release_configs(prof, groups, what: str, changes, tree: Optional[str], 
     from .argtable import load_table
     from .edit import apply_changes, unified_diff
     from .lint import lint
+    from .hicache_local import new_errors
     from .lintinput import build_input, restrict
 
     table = load_table()
@@ -63,15 +65,17 @@ def edit_release_configs(prof, groups, what: str, changes, tree: Optional[str], 
                                diff=unified_diff(text, new, label)))
     changed = [e for e in out if e.new != e.old]
     if changed:
-        inp = build_input(prof, None, tree, texts={e.group: e.new for e in changed})
-        for gi in inp.groups:     # findings on the release's text name the host path
-            e = next((e for e in changed if e.group == gi.name), None)
-            if e is not None and gi.config is not None:
-                gi.config = replace(gi.config, path=f"{e.host}:{e.path}")
-        findings = restrict(lint(inp, table), inp, [e.group for e in changed])
+        def findings_of(texts: dict[str, str]) -> list:
+            inp = build_input(prof, None, tree, texts=texts)
+            for gi in inp.groups:     # findings on the release's text name the host path
+                e = next((e for e in changed if e.group == gi.name), None)
+                if e is not None and gi.config is not None:
+                    gi.config = replace(gi.config, path=f"{e.host}:{e.path}")
+            return restrict(lint(inp, table), inp, [e.group for e in changed])
+        findings = findings_of({e.group: e.new for e in changed})
         for e in changed:
             e.findings = [f for f in findings if f.group == e.group or f.file == f"{e.host}:{e.path}"]
-        errs = [f for f in findings if f.severity == "error"]
+        errs = new_errors(findings, findings_of({e.group: e.old for e in changed}))
         if errs:
             raise InputError(f"{what}: not changed: {errs[0].format()}"
                              + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""))

@@ -73,16 +73,30 @@ def prepare_edits(dep: Deployment, groups: list[GroupView], what: str, changes: 
                           frozenset(secret_values(cfg.data))))
     changed = [e for e in edits if e.new != e.old]
     if changed:
-        inp = build_input(dep, None, tree, texts={e.group: e.new for e in changed})
-        findings = restrict(lint(inp, table), inp, [e.group for e in changed])
+        def findings_of(texts: dict[str, str]) -> list:
+            inp = build_input(dep, None, tree, texts=texts)
+            return restrict(lint(inp, table), inp, [e.group for e in changed])
+        findings = findings_of({e.group: e.new for e in changed})
         for e in changed:
             e.findings = [f for f in findings if f.file == str(e.path) or f.group == e.group]
-        errs = [f for f in findings if f.severity == "error"]
+        errs = new_errors(findings, findings_of({e.group: e.old for e in changed}))
         if errs:
             raise InputError(scrub(f"{what}: not written: {errs[0].format()}"
                                    + (f" (+{len(errs) - 1} more error(s))" if len(errs) > 1 else ""),
                                    set().union(*(e.secrets for e in edits))))
     return edits
+
+
+def new_errors(after: list, before: list) -> list:
+    """The error findings of ``after`` (lint of the edited texts) that refuse the edit: those
+    ``before`` (lint of the same files unedited) does not have, and every ``SGL*`` error (SGLang
+    0.5.23 itself would refuse to start with that file: never written). A DSV rule's error the
+    running config already had does not block a change it does not cause — an incident runbook
+    must be able to add ``kv-canary: log`` to a config whose bf16 index-K is ungated (DSV111).
+    Findings compare by rule, group and message."""
+    key = lambda f: (f.rule, f.group, f.message)      # noqa: E731
+    had = {key(f) for f in before if f.severity == "error"}
+    return [f for f in after if f.severity == "error" and (f.rule.startswith("SGL") or key(f) not in had)]
 
 
 def _rel(p: Path) -> str:

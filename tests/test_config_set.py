@@ -1,0 +1,155 @@
+"""``dsv4ctl config set``: KEY=VALUE parsing and checks (pure, against SGLang 0.5.23's table),
+round-trip edits of the profile's serve configs, lint before write, exit codes. The ``--remote``
+path (a release) is the one ``hicache --remote`` uses (tests/test_hicache_remote.py) and runs
+live in the hicache-crash runbook test (tests/test_runbook_live.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.errors import InputError
+from dsv4ctl.serve.argtable import load_table
+from dsv4ctl.serve.edit import REMOVE, apply_changes
+from dsv4ctl.serve.setargs import changes_for_set, parse_assignment
+from tests.conftest import REPO, run_cli
+
+PREFILL = (REPO / "profiles" / "dsv4-flash-8xb200-pd" / "prefill.yaml").read_text()
+
+
+@pytest.mark.parametrize("text,want", [
+    ("kv-canary=log", ("kv-canary", "log")),
+    ("--max-running-requests=64", ("max-running-requests", 64)),
+    ("enable-metrics=true", ("enable-metrics", True)),
+    ("cuda-graph-bs=[1, 2, 4]", ("cuda-graph-bs", [1, 2, 4])),
+    ("mem-fraction-static=0.85", ("mem-fraction-static", 0.85)),
+    ('kv-canary="raise"', ("kv-canary", "raise")),
+])
+def test_parse_assignment_reads_the_value_as_yaml(text, want):
+    assert parse_assignment(text) == want
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("kv-canary", "'kv-canary': expected KEY=VALUE (e.g. kv-canary=log)"),
+    ("=log", "'=log': expected KEY=VALUE (e.g. kv-canary=log)"),
+    ("kv-canary=[log", "kv-canary: value '[log' is not YAML"),
+])
+def test_parse_assignment_errors(text, msg):
+    with pytest.raises(InputError) as e:
+        parse_assignment(text)
+    assert str(e.value).startswith(msg)
+
+
+def _set(sets, unsets=(), data=None):
+    import yaml
+    data = yaml.safe_load(PREFILL) if data is None else data
+    return changes_for_set(data, sets, list(unsets), load_table(), "prefill.yaml")
+
+
+def test_set_kv_canary_appends_one_line_and_keeps_the_rest():
+    ch = _set([("kv-canary", "log")])
+    assert [(c.key, c.value) for c in ch] == [("kv-canary", "log")]
+    new = apply_changes(PREFILL, ch, "prefill.yaml")
+    assert new == PREFILL + "kv-canary: log\n"
+    # again: nothing to do
+    import yaml
+    assert _set([("kv-canary", "log")], data=yaml.safe_load(new)) == []
+
+
+def test_existing_key_edited_in_place_and_unset_removes_it():
+    assert "mem-fraction-static: 0.865" in PREFILL
+    new = apply_changes(PREFILL, _set([("mem-fraction-static", 0.86)], ["enable-cache-report"]), "prefill.yaml")
+    # the value changes, its trailing comment stays in its column
+    assert "mem-fraction-static: 0.86      # leaves room for the bf16 index-K overshoot" in new   # column kept
+    assert "0.865" not in new and "enable-cache-report" not in new
+    assert len(new.splitlines()) == len(PREFILL.splitlines()) - 1
+    assert _set([], ["kv-canary"]) == []            # not there: nothing to remove
+    assert _set([], ["enable-cache-report"])[0].value is REMOVE
+
+
+@pytest.mark.parametrize("sets,unsets,msg", [
+    ([("kv-canary", "bogus")], [], "prefill.yaml: kv-canary: invalid choice: 'bogus' (choose from 'none', 'log', 'raise')"),
+    ([("kv-canry", "log")], [], "kv-canry: not an SGLang 0.5.23 server argument"),
+    ([("tp", 4)], [], "tp: not an SGLang 0.5.23 server argument (did you mean "),
+    ([("max-running-requests", "abc")], [], "prefill.yaml: max-running-requests: invalid int value: 'abc'"),
+    ([("enable-metrics", "yes")], [], "prefill.yaml: enable-metrics: is a flag: use true (or leave it out), not 'yes'"),
+    ([("enable-hierarchical-cache", False)], [], "enable-hierarchical-cache: set it with dsv4ctl hicache on|off"),
+    ([("enable-hicache", True)], [], "enable-hicache: set it with dsv4ctl hicache on|off"),
+    ([("kv-canary", "log")], ["kv-canary"], "kv-canary: given twice (also as kv-canary)"),
+])
+def test_bad_keys_and_values_are_one_line_errors(sets, unsets, msg):
+    with pytest.raises(InputError) as e:
+        _set(sets, unsets)
+    assert str(e.value).startswith(msg), str(e.value)
+
+
+@pytest.fixture
+def prof(tmp_path) -> Path:
+    shutil.copytree(REPO / "profiles" / "dsv4-flash-8xb200-pd", tmp_path / "dsv4-flash-8xb200-pd")
+    text = (REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml").read_text()
+    p = tmp_path / "p.yaml"
+    p.write_text(text.replace("series: ../patches/sglang-0.5.23", "series: null"))
+    return p
+
+
+def test_cli_dry_run_writes_nothing_then_writes_one_group(prof):
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    d = prof.parent / "dsv4-flash-8xb200-pd" / "decode.yaml"
+    before, dbefore = f.read_text(), d.read_text()
+    r = run_cli("config", "set", str(prof), "kv-canary=log", "-g", "prefill", "--dry-run")
+    assert r.code == 0, r.err
+    assert "+kv-canary: log" in r.out and "dry run: would write 1 file(s)" in r.out
+    assert f.read_text() == before
+    r = run_cli("config", "set", str(prof), "kv-canary=log", "-g", "prefill", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["schema"] == "dsv4ctl.config-set/1" and doc["set"] == {"kv-canary": "log"} and doc["unset"] == []
+    assert [(g["group"], g["changed"], g["written"]) for g in doc["groups"]] == [("prefill", True, True)]
+    assert f.read_text() == before + "kv-canary: log\n" and d.read_text() == dbefore
+    r = run_cli("config", "set", str(prof), "kv-canary=log", "-g", "prefill")
+    assert r.code == 0 and r.out.strip().endswith("already kv-canary=log, unchanged")
+
+
+def test_cli_lint_error_writes_nothing(prof):
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    before = f.read_text()
+    # a page size SGLang's DSV4 path rejects: the whole profile is linted before the write
+    r = run_cli("config", "set", str(prof), "page-size=1", "-g", "prefill")
+    assert r.code == 2 and r.err.startswith("dsv4ctl: error: config set: not written:"), r.err
+    assert r.err.count("\n") == 1 and f.read_text() == before
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["kv-canary=log"], "config set: name the groups to edit (--group/-g)"),
+    (["-g", "prefill"], "config set: nothing to set (give KEY=VALUE or --unset KEY)"),
+    (["kv-canary=bogus", "-g", "prefill"], "config set: kv-canary: invalid choice: 'bogus'"),
+    (["kv-canary=log", "-g", "router"], "group 'router' is the router: it has no serve config"),
+    (["kv-canary=log", "-g", "nope"], "no group 'nope'"),
+])
+def test_cli_bad_input_exit_2(prof, argv, msg):
+    r = run_cli("config", "set", str(prof), *argv)
+    assert r.code == 2 and msg in r.err and r.err.count("\n") == 1 and "Traceback" not in r.err, r.err
+
+
+def test_cli_refuses_the_shipped_profile():
+    r = run_cli("config", "set", "dsv4-flash-8xb200-pd", "kv-canary=log", "-g", "prefill")
+    assert r.code == 2 and "shipped with dsv4ctl, not edited" in r.err, r.err
+
+
+def test_an_error_the_config_already_has_does_not_block_a_change(prof, tmp_path):
+    """The incident case: bf16 index-K with HiCache on a tree without the gating (DSV111, an
+    error lint already reports for the unedited file). Adding kv-canary does not cause it, so
+    it is written (the finding is still printed); a change that brings a new error is refused."""
+    empty = tmp_path / "empty-tree"
+    empty.mkdir()
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    before = f.read_text()
+    lint = run_cli("config", "lint", str(prof), "--tree", str(empty), "--json")
+    assert lint.code == 2 and "DSV111" in [x["rule"] for x in lint.json()["findings"]]
+    r = run_cli("config", "set", str(prof), "kv-canary=log", "-g", "prefill", "--tree", str(empty))
+    assert r.code == 0, r.err
+    assert "error DSV111 index-k-ungated" in r.out and f.read_text() == before + "kv-canary: log\n"
+    r = run_cli("config", "set", str(prof), "page-size=1", "-g", "prefill", "--tree", str(empty))
+    assert r.code == 2 and "not written" in r.err and "DSV111" not in r.err, r.err
