@@ -86,6 +86,7 @@ CASES = [
     ("SGL005", dict(extra_p="served-model-name: null\n"), dict(extra_p="served-model-name: v4\n")),
     ("SGL006", dict(extra_p="trust-remote-code: false\n"), dict(extra_p="trust-remote-code: true\n")),
     ("SGL007", dict(extra_p="enable-hicache: true\n"), dict()),
+    ("SGL008", dict(extra_p="kv-canary-sweep-interval: 100\n"), dict(extra_p="kv-canary-sweep-interval: 100\nkv-canary: log\n")),
     ("DSV101", dict(extra_p="disable-radix-cache: true\n"), dict(extra_p="disable-radix-cache: false\n")),
     ("DSV101", dict(extra_p="enable-lmcache: true\n"), dict()),
     ("DSV102", dict(p=dict(hicache_ratio=None)), dict()),

@@ -153,3 +153,15 @@ def test_an_error_the_config_already_has_does_not_block_a_change(prof, tmp_path)
     assert "error DSV111 index-k-ungated" in r.out and f.read_text() == before + "kv-canary: log\n"
     r = run_cli("config", "set", str(prof), "page-size=1", "-g", "prefill", "--tree", str(empty))
     assert r.code == 2 and "not written" in r.err and "DSV111" not in r.err, r.err
+
+
+def test_canary_sweep_needs_the_canary_on(prof):
+    """SGLang 0.5.23 refuses kv-canary-sweep-interval > 0 with kv-canary none
+    (srt/arg_groups/validation_hook.py:374): lint SGL008, so config set writes nothing."""
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    before = f.read_text()
+    r = run_cli("config", "set", str(prof), "kv-canary-sweep-interval=100", "-g", "prefill")
+    assert r.code == 2 and "SGL008 kv-canary-sweep-alone" in r.err and f.read_text() == before, r.err
+    r = run_cli("config", "set", str(prof), "kv-canary-sweep-interval=100", "kv-canary=log", "-g", "prefill")
+    assert r.code == 0, r.err
+    assert f.read_text() == before + "kv-canary-sweep-interval: 100\nkv-canary: log\n"

@@ -30,6 +30,7 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "SGL005": ("null-value", "warning", "null becomes the string 'None'; omit the key", "ops §1.2"),
     "SGL006": ("flag-false", "info", "false on a store_true flag is omitted; it cannot switch a flag off", "ops §1.2"),
     "SGL007": ("duplicate-argument", "error", "one argument given under two spellings", "ops §1.2 (argparse keeps the last)"),
+    "SGL008": ("kv-canary-sweep-alone", "error", "kv-canary-sweep-interval > 0 needs kv-canary log or raise", "srt/arg_groups/validation_hook.py:374"),
     "DSV101": ("hicache-needs-radix", "error", "HiCache needs the radix cache; exclusive with LMCache / the external linker", "ops §2.2; kv_cache_hook.py, hicache_hook.py"),
     "DSV102": ("hicache-ratio-required", "error", "DSV4 HiCache needs an explicit hicache-ratio (no auto-sizing)", "ops §2.3; hicache_auto_size.py"),
     "DSV103": ("hicache-size-rejected", "error", "DSV4 HiCache rejects hicache-size > 0", "ops §2.3; hybrid_pool_assembler.py"),
@@ -173,6 +174,11 @@ def check_keys(cfg: ServeConfig, table: Table, group: Optional[str] = None) -> t
         given[arg.dest] = key
         if v is not None:
             args[arg.dest] = v
+    sweep = args.get("kv_canary_sweep_interval")
+    if isinstance(sweep, int) and sweep > 0 and args.get("kv_canary", "none") == "none":
+        # SGLang 0.5.23 raises at start-up (srt/arg_groups/validation_hook.py:374)
+        out.append(_f("SGL008", cfg, given.get("kv_canary_sweep_interval"),
+                      "kv-canary-sweep-interval requires kv-canary: log or raise (SGLang refuses to start)", group))
     return out, Resolved(args=args, given=given)
 
 
