@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..hosts.gpus import Gpu
+from .verdict import unbalanced
 
 CONTEXT_GIB = 1.46
 
@@ -57,10 +58,9 @@ def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu]) -> G
                              for p in g.processes)
             notes.append(f"GPU {i}: memory held by {held}: stop them (or the server) to measure free memory "
                          "before weight load")
-    known = [f for f in frees if f is not None]
-    if known and min(known) < 0.9 * max(known):
-        notes.append(f"unbalanced: {min(known)} GiB free on one GPU < 0.9 x {max(known)} GiB on another "
-                     "(SGLang 0.5.23 refuses to start: 'The memory capacity is unbalanced')")
+    why = unbalanced([f for f in frees if f is not None])
+    if why:
+        notes.append(f"unbalanced: {why}")
     return GroupFacts(group=group, host=host, gpus=rows, free_gib_before_load=frees, notes=notes)
 
 
