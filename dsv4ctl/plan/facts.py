@@ -71,3 +71,46 @@ def memory_yaml(facts: list[GroupFacts]) -> str:
         vals = ", ".join("null" if v is None else f"{v}" for v in f.free_gib_before_load)
         out.append(f"# group {f.group} ({f.host}): groups[].memory\n    free_gib_before_load: [{vals}]")
     return "\n".join(out)
+
+
+FREE_KEY = ("memory", "free_gib_before_load")
+"""Where a group's measured P goes in the profile: ``groups[<i>].memory.free_gib_before_load``."""
+
+
+def values_to_write(f: GroupFacts, gpus: list[int], old, force: bool = False) -> tuple[Optional[list[float]], list[str]]:
+    """The per-GPU ``free_gib_before_load`` list to write for a group (GiB, ``gpus`` order) and the
+    reasons it must not be written (pure).
+
+    A GPU with processes holding memory (its free memory is not the free memory before load) or
+    one nvidia-smi did not report is a reason, one line each naming group and GPU. With ``force``
+    the first is written as measured and the second keeps the profile's value for that GPU
+    (``old``: the current value, a number or a per-GPU list, or None); a GPU with neither stays a
+    reason. Values is None when there is a reason."""
+    problems, out = [], []
+    for i, (idx, gpu, v) in enumerate(zip(gpus, f.gpus, f.free_gib_before_load)):
+        if v is None:
+            kept = old[i] if isinstance(old, list) and i < len(old) else old if isinstance(old, (int, float)) else None
+            if force and kept is not None:
+                out.append(kept)
+                continue
+            problems.append(f"group {f.group}: GPU {idx} on {f.host} not reported by nvidia-smi"
+                            + (" and the profile has no value to keep" if force else ""))
+            continue
+        if gpu is not None and gpu.processes and not force:
+            held = ", ".join(f"{p.name or '?'} pid {p.pid}" for p in gpu.processes)
+            problems.append(f"group {f.group}: GPU {idx} on {f.host} has processes holding memory ({held}): "
+                            "its free memory is not the free memory before load")
+            continue
+        out.append(v)
+    return (None if problems else out), problems
+
+
+def profile_with_facts(text: str, label: str, values: dict[int, list[float]], stamp: str) -> str:
+    """The profile ``text`` with ``groups[i].memory.free_gib_before_load`` set to ``values[i]``
+    for each group index ``i`` (round-trip: :func:`dsv4ctl.profile.edit.set_value`, every other
+    byte kept), each line commented ``# measured by dsv4ctl facts <stamp>``. Raises InputError
+    when the profile cannot be edited that way."""
+    from ..profile.edit import set_value
+    for i, vals in values.items():
+        text = set_value(text, ("groups", i) + FREE_KEY, vals, label, f"# measured by dsv4ctl facts {stamp}")
+    return text

@@ -211,10 +211,13 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
                                  f"add {_dotted(path)} by hand")
             last_k, last_v = node.value[-1]
             at = _last_line(lines, last_k.start_mark.line, last_v) + 1
-            if at == len(lines) and lines and not line_ending(lines[-1]):
+            no_eol = at == len(lines) and lines and not line_ending(lines[-1])
+            if no_eol:          # the file ends without a line end: so does the inserted block
                 lines[-1] += newline
             nl = line_ending(lines[at - 1]) or newline
             new = _new_block(rest, rendered, node.value[0][0].start_mark.column, _child_indent(node), comment, nl)
+            if no_eol:
+                new[-1] = new[-1].rstrip("\r\n")
             lines[at:at] = new
             break
         key, node = found
