@@ -82,6 +82,19 @@ def line_ending(line: str) -> str:
     return line[len(body):]
 
 
+def compose_lines(text: str, label: str) -> tuple[Any, list[str], str]:
+    """``(root node, lines with their endings, the file's line end)`` of ``text``: the root is
+    ruamel.yaml's composed node (None for an empty document), every node with its start/end marks.
+    Raises InputError (``label:line``) for a YAML syntax error."""
+    from ruamel.yaml.error import YAMLError
+    try:
+        node = yaml_rt().compose(text)
+    except YAMLError as e:
+        raise syntax_error(label, e) from None
+    lines = text.splitlines(keepends=True)
+    return node, lines, next((line_ending(l) for l in lines if line_ending(l)), "\n")
+
+
 def aligned_comment(before: str, comment: str, col: int) -> str:
     """``before`` then ``comment`` (``# ...``) starting at column ``col`` when it fits, else one
     space after ``before`` (so a comment keeps its column when the value before it changes length)."""
@@ -172,17 +185,11 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
     must (a sequence index out of range, a key under something that is not a mapping), a value
     that is an alias, anchored or tagged, a flow mapping (``{...}``) that would need a new key, or
     a result that does not parse to exactly the old data with ``path`` set to ``value``."""
-    from ruamel.yaml.error import YAMLError
     from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
     before = _load(text, label)
     if not isinstance(before, dict):
         raise InputError(f"{label}:1: the document must be a mapping")
-    try:
-        node = yaml_rt().compose(text)
-    except YAMLError as e:
-        raise syntax_error(label, e) from None
-    lines = text.splitlines(keepends=True)
-    newline = next((line_ending(l) for l in lines if line_ending(l)), "\n")
+    node, lines, newline = compose_lines(text, label)
     rendered = render_value(value)
     path = tuple(path)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import InputError
-from ..profile.edit import aligned_comment, line_ending as _ending, render_value, syntax_error as _syntax_error
-from ..profile.edit import yaml_rt as _yaml_rt
+from ..profile.edit import aligned_comment, compose_lines, line_ending as _ending, render_value
+from ..profile.edit import syntax_error as _syntax_error
 from ..profile.secrets import is_secret_key
 
 
@@ -79,14 +79,8 @@ def compose(text: str, label: str) -> Doc:
     """Positions of the top-level entries of ``text``.
 
     Raises InputError (``label:line``) for a YAML syntax error or a root that is not a mapping."""
-    from ruamel.yaml.error import YAMLError
     from ruamel.yaml.nodes import MappingNode
-    try:
-        node = _yaml_rt().compose(text)
-    except YAMLError as e:
-        raise _syntax_error(label, e) from None
-    lines = text.splitlines(keepends=True)
-    newline = next((_ending(l) for l in lines if _ending(l)), "\n")
+    node, lines, newline = compose_lines(text, label)
     doc = Doc(lines=lines, newline=newline)
     if node is None:
         return doc
