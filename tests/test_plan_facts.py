@@ -169,3 +169,20 @@ def test_one_gpu_per_tp_group_is_never_unbalanced(prof):
     set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
     code, out, err = run("plan", str(prof), "-g", "decode", "--json")
     assert code == 0 and json.loads(out)["groups"][0]["verdict"]["deciding"] != "unbalanced", err
+
+
+def test_unbalanced_fix_is_dropped_when_its_replan_fails(prof):
+    # GPU 4's other memory makes it the tightest F: freeing 2.3 GiB on GPU 6 raises the minimum P
+    # (157.0 -> 159.3), SGLang reserves more outside the pools and the full pool drops from
+    # 14,243,072 to 14,202,880 tokens: 99 requests of 142,336 tokens, under the 100 required
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n      other_gib: [20.0, 0, 0, 0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json", "--set", "context_length=142336",
+                         "--set", "min_requests=100")
+    g = json.loads(out)["groups"][0]
+    assert code == 1 and g["verdict"]["deciding"] == "unbalanced" and g["fixes"] == []
+    assert {r["max_concurrent_requests"] for r in g["ranks"]} == {100}
+    prof.write_text(prof.read_text().replace("[177.0, 177.0, 157.0, 177.0]", "[177.0, 177.0, 159.3, 177.0]"))
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json", "--set", "context_length=142336",
+                         "--set", "min_requests=100")
+    g = json.loads(out)["groups"][0]
+    assert code == 1 and g["verdict"]["deciding"] == "requests" and g["ranks"][0]["full_max_total_num_tokens"] == 14202880
