@@ -286,3 +286,18 @@ def test_shipped_profiles_and_usage_are_refused_before_any_host_is_read():
     for flag in ("--dry-run", "--force"):
         code, out, err = run("facts", str(DEFAULT_PROFILE), flag)
         assert code == 2 and err == f"dsv4ctl: error: {flag} goes with --write\n"
+
+
+def test_a_profile_that_would_not_load_is_not_written(prof, gpu_host, monkeypatch):
+    import dsv4ctl.plan.facts as pf
+    set_gpus(gpu_host[1])
+    real = pf.profile_with_facts
+    monkeypatch.setattr(pf, "profile_with_facts",
+                        lambda *a: real(*a).replace("    tp: 4\n    serve_config: dsv4-flash-8xb200-pd/decode.yaml",
+                                                    "    tp: 3\n    serve_config: dsv4-flash-8xb200-pd/decode.yaml"))
+    before = prof.read_bytes()
+    code, out, err = run("facts", str(prof), "-g", "decode", "--write")
+    assert code == 2 and prof.read_bytes() == before
+    assert err.startswith(f"dsv4ctl: error: {prof}:") and "tp*pp = 3 does not match the 4 GPUs" in err
+    assert err.endswith("(after the edit); nothing written\n") and err.count("\n") == 1
+    assert not [f for f in os.listdir(prof.parent) if f.startswith(".")]

@@ -3,6 +3,7 @@ read-only fact :mod:`dsv4ctl.hosts.gpus`), and the per-GPU memory inputs ``plan`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import typer
@@ -103,12 +104,14 @@ def facts(
                            "or --force")
 
 
+@dataclass
 class _Written:
     """What ``--write`` did: group names written (empty in a dry run or when refused), the
     unified diff, the reasons it refused (one line each)."""
 
-    def __init__(self, written: list[str], diff: str, problems: list[str]):
-        self.written, self.diff, self.problems = written, diff, problems
+    written: list[str]
+    diff: str
+    problems: list[str]
 
 
 def _write(prof, out, force: bool, dry_run: bool) -> _Written:
