@@ -53,6 +53,7 @@ def test_group_facts_from_the_busy_b200_fixture():
     assert f.free_gib_before_load == [p, p, round(162243 / 1024 - CONTEXT_GIB, 3), p] == [176.98, 176.98, 156.98, 176.98]
     assert any(n.startswith("GPU 6: memory held by python3 (pid 5120, 20460 MiB)") for n in f.notes)
     assert "unbalanced: free before load 156.98 GiB on one GPU < 0.9 x 176.98 GiB on another: SGLang refuses to start ('The memory capacity is unbalanced')" in f.notes
+    assert not any(n.startswith("unbalanced") for n in group_facts("decode", "b200-0", [4, 5, 6, 7], gpus, tp=1).notes)
     f = group_facts("x", "h", [0, 9], gpus)
     assert f.free_gib_before_load[1] is None and "GPU 9: not reported by nvidia-smi on h" in f.notes
 

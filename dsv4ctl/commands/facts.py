@@ -69,7 +69,7 @@ def facts(
             parsed[h] = parse_gpus(r.value)
         except GpuFactError as e:
             raise RemoteError(f"{h}: {e}") from None
-    out = [group_facts(g.name, g.host, list(g.gpus), parsed[g.host]) for g in groups]
+    out = [group_facts(g.name, g.host, list(g.gpus), parsed[g.host], tp=g.tp) for g in groups]
     result = _write(prof, out, force, dry_run) if write else None
     if as_json:
         doc = dict(schema="dsv4ctl.facts/1", profile=prof.name, groups=[f.to_dict() for f in out],

@@ -37,12 +37,14 @@ class GroupFacts:
                     memory=dict(free_gib_before_load=self.free_gib_before_load), notes=self.notes)
 
 
-def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu]) -> GroupFacts:
+def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu], tp: int = 2) -> GroupFacts:
     """Derive a group's measured ``free_gib_before_load`` per GPU from its host's GPUs (pure).
 
     A GPU index nvidia-smi does not list gives None and a note; a GPU with processes holding
     memory gives its current free memory and a note (if that process is this group's server,
-    the value is not the free memory before weight load)."""
+    the value is not the free memory before weight load). With ``tp`` (the group's tp-size) > 1,
+    free memories SGLang would refuse as unbalanced (:func:`dsv4ctl.plan.verdict.unbalanced`)
+    give a note too."""
     by_index = {g.index: g for g in gpus}
     rows, frees, notes = [], [], []
     for i in indices:
@@ -58,7 +60,7 @@ def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu]) -> G
                              for p in g.processes)
             notes.append(f"GPU {i}: memory held by {held}: stop them (or the server) to measure free memory "
                          "before weight load")
-    why = unbalanced([f for f in frees if f is not None])
+    why = unbalanced([f for f in frees if f is not None]) if tp > 1 else None
     if why:
         notes.append(f"unbalanced: {why}")
     return GroupFacts(group=group, host=host, gpus=rows, free_gib_before_load=frees, notes=notes)
