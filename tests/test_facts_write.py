@@ -89,6 +89,21 @@ def test_insert_the_memory_block_when_absent():
     assert new == text + "\n    memory:\n      other_gib: 1.0"
 
 
+def test_empty_values_are_filled_in():
+    block = "    memory:\n      free_gib_before_load: 177.0\n      weights_gib_per_rank: 43.66\n"
+    path = ("groups", 1, "memory", "free_gib_before_load")
+    line = f"      free_gib_before_load: [1.0]  {MEASURED}\n"
+    text = SHIPPED.replace(block, "    memory:   # to measure\n")
+    assert set_value(text, path, [1.0], "p.yaml", MEASURED) == SHIPPED.replace(block, "    memory:   # to measure\n" + line)
+    text = decode_replaced(SHIPPED, "      free_gib_before_load:\n")
+    assert set_value(text, path, [1.0], "p.yaml", MEASURED) == decode_replaced(SHIPPED, line)
+    # a file ending in "memory:" without a line end keeps ending without one
+    text = SHIPPED[:SHIPPED.index(block)] + "    memory:"
+    assert set_value(text, path, [1.0], "p.yaml", MEASURED) == text + "\n" + line.rstrip("\n")
+    with pytest.raises(InputError, match=r"p.yaml:\d+: groups\[1\]\.memory is null: give it a value by hand"):
+        set_value(SHIPPED.replace(block, "    memory: ~\n"), path, [1.0], "p.yaml")
+
+
 def test_a_block_sequence_becomes_one_line_and_crlf_stays():
     text = SHIPPED.replace(PREFILL_LINE, "      free_gib_before_load:   # per GPU\n        - 1\n        - 2\n"
                                          "        - 3\n        - 4\n      # measured by hand\n")

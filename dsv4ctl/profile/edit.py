@@ -142,6 +142,11 @@ def _last_line(lines: list[str], first: int, node) -> int:
     return last
 
 
+def _empty(node) -> bool:
+    """True for a value written as nothing at all (``key:`` then a line end or a comment)."""
+    return node.start_mark.index == node.end_mark.index
+
+
 def _child_indent(mapping) -> int:
     """Indentation of a nested block under ``mapping``'s keys, copied from an existing one."""
     from ruamel.yaml.nodes import MappingNode
@@ -165,6 +170,15 @@ def _new_block(keys: Sequence[str], rendered: str, indent: int, step: int, comme
     return out
 
 
+def _insert_block(lines: list[str], at: int, block: list[str], newline: str) -> None:
+    """Insert ``block`` (lines with their ends) before line ``at``; a file that ends without a line
+    end still does after the insertion at its end."""
+    if at == len(lines) and lines and not line_ending(lines[-1]):
+        lines[-1] += newline
+        block = block[:-1] + [block[-1].rstrip("\r\n")]
+    lines[at:at] = block
+
+
 def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comment: Optional[str] = None) -> str:
     """``text`` (a YAML document whose root is a mapping) with the value at ``path`` set to
     ``value``, rendered on one line (a list as a flow list ``[a, b]``); every other line is kept
@@ -174,7 +188,8 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
     "memory", "free_gib_before_load")``. Sequences and the mappings on the path must exist up to
     the first missing mapping key; from there the rest of the path (keys only) is inserted as a
     new block after the last entry of that mapping, indented as its keys (nested levels by the
-    file's own step, else :data:`INDENT_STEP`).
+    file's own step, else :data:`INDENT_STEP`). A key written with no value at all (``memory:``,
+    maybe with a comment) gets the block under its line; an empty leaf (``key:``) gets the value.
 
     ``comment`` (``"# ..."``): the edited line's comment. It replaces a trailing comment on the
     value's line (kept at its column when the new value fits before it) and is added to an
@@ -183,7 +198,8 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
 
     Raises InputError (``label:line``): a YAML syntax error, a path that does not exist where it
     must (a sequence index out of range, a key under something that is not a mapping), a value
-    that is an alias, anchored or tagged, a flow mapping (``{...}``) that would need a new key, or
+    that is an alias, anchored or tagged, a flow mapping (``{...}``) that would need a new key, a
+    ``null``/``~`` written where a mapping is needed, or
     a result that does not parse to exactly the old data with ``path`` set to ``value``."""
     from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
     before = _load(text, label)
@@ -196,15 +212,24 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
     def where(n) -> str:
         return f"{label}:{n.start_mark.line + 1}"
 
+    parent = None       # (mapping, key) whose value ``node`` is
     for depth, part in enumerate(path):
         if isinstance(part, int):
             if not isinstance(node, SequenceNode) or not 0 <= part < len(node.value):
                 raise InputError(f"{where(node)}: {_dotted(path[:depth + 1])}: no such item")
-            node = node.value[part]
+            node, parent = node.value[part], None
             continue
         if isinstance(node, ScalarNode) and str(node.tag).endswith(":null") and node.value in ("", "~", "null"):
-            # ``memory:`` with nothing (or null) after it: the block goes under its key's line
-            raise InputError(f"{where(node)}: {_dotted(path[:depth])} is empty (null): give it a value by hand")
+            rest = path[depth:]
+            if not (_empty(node) and parent and all(isinstance(p, str) for p in rest)):
+                raise InputError(f"{where(node)}: {_dotted(path[:depth])} is null: give it a value by hand")
+            # ``memory:`` with nothing after it (maybe a comment): the block goes under its key's line
+            pmap, pkey = parent
+            step, at = _child_indent(pmap), pkey.start_mark.line + 1
+            nl = line_ending(lines[at - 1]) or newline
+            _insert_block(lines, at, _new_block(rest, rendered, pkey.start_mark.column + step, step, comment, nl),
+                          newline)
+            break
         if not isinstance(node, MappingNode):
             raise InputError(f"{where(node)}: {_dotted(path[:depth])} is not a mapping")
         found = next(((k, v) for k, v in node.value if isinstance(k, ScalarNode) and k.value == part), None)
@@ -218,15 +243,11 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
                                  f"add {_dotted(path)} by hand")
             last_k, last_v = node.value[-1]
             at = _last_line(lines, last_k.start_mark.line, last_v) + 1
-            no_eol = at == len(lines) and lines and not line_ending(lines[-1])
-            if no_eol:          # the file ends without a line end: so does the inserted block
-                lines[-1] += newline
             nl = line_ending(lines[at - 1]) or newline
-            new = _new_block(rest, rendered, node.value[0][0].start_mark.column, _child_indent(node), comment, nl)
-            if no_eol:
-                new[-1] = new[-1].rstrip("\r\n")
-            lines[at:at] = new
+            _insert_block(lines, at, _new_block(rest, rendered, node.value[0][0].start_mark.column,
+                                                _child_indent(node), comment, nl), newline)
             break
+        parent = (node, found[0])
         key, node = found
         if depth < len(path) - 1:
             continue
@@ -234,8 +255,8 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
     out = "".join(lines)
     expected = copy.deepcopy(before)
     cur = expected
-    for depth, part in enumerate(path[:-1]):
-        if isinstance(part, str) and part not in cur:
+    for part in path[:-1]:
+        if isinstance(part, str) and cur.get(part) is None:
             cur[part] = {}
         cur = cur[part]
     cur[path[-1]] = value
@@ -252,9 +273,13 @@ def _replace(lines: list[str], key, node, rendered: str, comment: Optional[str],
     if getattr(node, "anchor", None) or not str(node.tag).startswith("tag:yaml.org,2002:") \
             or lines[node.start_mark.line][node.start_mark.column:node.start_mark.column + 1] in ("&", "!"):
         raise InputError(f"{label}:{first + 1}: {name} is anchored or tagged; refusing to edit it (set it by hand)")
-    last = _last_line(lines, first, node)
-    vl = node.start_mark.line
-    same_line = node.end_mark.line == vl and last == vl
+    if _empty(node):        # ``key:`` and nothing (its marks point past the key's line)
+        last = vl = first
+        same_line = False
+    else:
+        last = _last_line(lines, first, node)
+        vl = node.start_mark.line
+        same_line = node.end_mark.line == vl and last == vl
     if same_line:
         body = lines[vl].rstrip("\r\n")
         nl = line_ending(lines[vl])
