@@ -199,8 +199,8 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
     Raises InputError (``label:line``): a YAML syntax error, a path that does not exist where it
     must (a sequence index out of range, a key under something that is not a mapping), a value
     that is an alias, anchored or tagged, a flow mapping (``{...}``) that would need a new key, a
-    ``null``/``~`` written where a mapping is needed, or
-    a result that does not parse to exactly the old data with ``path`` set to ``value``."""
+    ``null``/``~`` written where a mapping is needed, or a result that does not parse to exactly
+    the old data with ``path`` set to ``value``."""
     from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
     before = _load(text, label)
     if not isinstance(before, dict):
