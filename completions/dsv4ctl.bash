@@ -26,7 +26,7 @@ _dsv4ctl_opts() {
   case "$1" in
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
-    'facts') echo '-g --group --json --timeout -h --help' ;;
+    'facts') echo '-g --group --json --timeout --write --dry-run --force -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;

@@ -52,7 +52,8 @@ def test_group_facts_from_the_busy_b200_fixture():
     p = round(182723 / 1024 - CONTEXT_GIB, 3)
     assert f.free_gib_before_load == [p, p, round(162243 / 1024 - CONTEXT_GIB, 3), p] == [176.98, 176.98, 156.98, 176.98]
     assert any(n.startswith("GPU 6: memory held by python3 (pid 5120, 20460 MiB)") for n in f.notes)
-    assert any(n.startswith("unbalanced: 156.98 GiB") for n in f.notes)
+    assert "unbalanced: free before load 156.98 GiB on one GPU < 0.9 x 176.98 GiB on another: SGLang refuses to start ('The memory capacity is unbalanced')" in f.notes
+    assert not any(n.startswith("unbalanced") for n in group_facts("decode", "b200-0", [4, 5, 6, 7], gpus, tp=1).notes)
     f = group_facts("x", "h", [0, 9], gpus)
     assert f.free_gib_before_load[1] is None and "GPU 9: not reported by nvidia-smi on h" in f.notes
 
@@ -126,3 +127,63 @@ def test_profile_plan_min_requests(prof):
 def test_facts_timeout_is_checked_before_anything_runs(bad):
     r = run_cli("facts", "--timeout", bad)
     assert r.code == 2 and r.err.startswith(f"dsv4ctl: error: --timeout {float(bad)!r}:") and r.err.count("\n") == 1
+
+
+def test_balance_line_is_sglangs():
+    from dsv4ctl.plan.verdict import to_balance, unbalanced
+    # bootstrap.py:444: MIN across ranks < 0.9 x a rank's own -> RuntimeError
+    assert unbalanced([177.0, 159.3]) is None and unbalanced([177.0, 159.29]).startswith("free before load 159.29 GiB")
+    assert to_balance([177.0, 177.0, 157.0, 140.0]) == [(2, 2.3), (3, 19.3)]
+    assert to_balance([177.0, 159.29]) == [(1, 0.1)] and to_balance([177.0, 159.3]) == []
+
+
+def test_unbalanced_plan_offers_the_memory_to_free_and_the_fix_replans(prof):
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json")
+    assert code == 1
+    g = json.loads(out)["groups"][0]
+    assert g["verdict"]["deciding"] == "unbalanced"
+    assert g["fixes"] == ["free 2.3 GiB on GPU 6 (other processes hold it; dsv4ctl facts shows which): SGLang needs "
+                          "every GPU's free memory >= 0.9 x 177.0 GiB (re-planned: tight, headroom 8.66 GiB)"]
+    # the fix applied: GPU 6 at 157.0 + 2.3 GiB plans without error, with the same headroom
+    prof.write_text(prof.read_text().replace("[177.0, 177.0, 157.0, 177.0]", "[177.0, 177.0, 159.3, 177.0]"))
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json")
+    g = json.loads(out)["groups"][0]
+    assert code == 0 and g["verdict"]["level"] == "tight" and min(r["headroom_gib"] for r in g["ranks"]) == 8.66
+
+
+def test_unbalanced_fix_names_every_gpu_and_other_gib(prof):
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 140.0]\n      other_gib: [0, 0, 20.0, 0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode")
+    assert code == 1
+    assert ("fix decode: free 2.3 GiB on GPU 6 (other_gib 20.0 GiB) and 19.3 GiB on GPU 7 (other processes hold it; "
+            "dsv4ctl facts shows which): SGLang needs every GPU's free memory >= 0.9 x 177.0 GiB "
+            "(re-planned: tight, headroom 10.468 GiB)") in out
+
+
+def test_one_gpu_per_tp_group_is_never_unbalanced(prof):
+    # SGLang checks the balance only when tp_size > 1 (bootstrap.py:214)
+    s = prof.read_text().replace("    gpus: [4, 5, 6, 7]\n    tp: 4\n", "    gpus: [4, 5, 6, 7]\n    tp: 1\n    dp: 4\n")
+    prof.write_text(s)
+    sc = prof.parent / "dsv4-flash-8xb200-pd" / "decode.yaml"
+    sc.write_text(sc.read_text().replace("tp-size: 4\n", "tp-size: 1\ndp-size: 4\n"))
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json")
+    assert code == 0 and json.loads(out)["groups"][0]["verdict"]["deciding"] != "unbalanced", err
+
+
+def test_unbalanced_fix_is_dropped_when_its_replan_fails(prof):
+    # GPU 4's other memory makes it the tightest F: freeing 2.3 GiB on GPU 6 raises the minimum P
+    # (157.0 -> 159.3), SGLang reserves more outside the pools and the full pool drops from
+    # 14,243,072 to 14,202,880 tokens: 99 requests of 142,336 tokens, under the 100 required
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n      other_gib: [20.0, 0, 0, 0]\n")
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json", "--set", "context_length=142336",
+                         "--set", "min_requests=100")
+    g = json.loads(out)["groups"][0]
+    assert code == 1 and g["verdict"]["deciding"] == "unbalanced" and g["fixes"] == []
+    assert {r["max_concurrent_requests"] for r in g["ranks"]} == {100}
+    prof.write_text(prof.read_text().replace("[177.0, 177.0, 157.0, 177.0]", "[177.0, 177.0, 159.3, 177.0]"))
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json", "--set", "context_length=142336",
+                         "--set", "min_requests=100")
+    g = json.loads(out)["groups"][0]
+    assert code == 1 and g["verdict"]["deciding"] == "requests" and g["ranks"][0]["full_max_total_num_tokens"] == 14202880

@@ -7,7 +7,8 @@ from __future__ import annotations
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "plan": ("dsv4ctl plan",
              "dsv4ctl plan profiles/my.yaml -g decode --set mem_fraction_static=0.9 --json"),
-    "facts": ("dsv4ctl facts profiles/my.yaml          # nvidia-smi on every host: per-GPU memory for the plan",),
+    "facts": ("dsv4ctl facts profiles/my.yaml          # nvidia-smi on every host: per-GPU memory for the plan",
+              "dsv4ctl facts profiles/my.yaml --write --dry-run   # the profile diff; --write writes it"),
     "patch status": ("dsv4ctl patch status ~/src/sglang",),
     "patch apply": ("dsv4ctl patch apply ~/src/sglang --dry-run",),
     "patch revert": ("dsv4ctl patch revert ~/src/sglang 1a2b3c4d",),

@@ -3,6 +3,7 @@ read-only fact :mod:`dsv4ctl.hosts.gpus`), and the per-GPU memory inputs ``plan`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import typer
@@ -15,21 +16,37 @@ def facts(
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.facts/1 JSON document."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (finite, at most 3600)."),
+    write: bool = typer.Option(False, "--write", help="Write each group's measured free_gib_before_load "
+                               "(one value per GPU) into the profile; only that value's line changes."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="With --write: print the diff, write nothing."),
+    force: bool = typer.Option(False, "--force", help="With --write: write GPUs with processes holding memory "
+                               "as measured, and keep the profile's value for a GPU nvidia-smi did not report."),
 ) -> None:
     """Per GPU of each server group: total / used / free memory and the processes holding it
-    (nvidia-smi over SSH), and the measured ``free_gib_before_load`` per GPU to paste into the
-    profile's ``groups[].memory`` (plan sizes pools from the minimum and reports each rank's own
-    headroom). Exit 0, 2 on bad input, 3 when a host or nvidia-smi cannot be read."""
-    from ..errors import InputError, RemoteError
+    (nvidia-smi over SSH), and the measured ``free_gib_before_load`` per GPU (plan sizes pools from
+    the minimum and reports each rank's own headroom). Without ``--write`` it prints the YAML to
+    paste under ``groups[].memory``; ``--write`` sets ``groups[].memory.free_gib_before_load`` in the
+    profile (a list in the group's ``gpus`` order, commented ``# measured by dsv4ctl facts <UTC
+    time>``), every other byte kept, atomically, after checking that the profile still loads. It
+    writes all selected groups or none: a GPU with processes holding memory, or not reported,
+    refuses the write (exit 1) unless ``--force``. Shipped profiles are never written (exit 2).
+    Exit 0, 1 when the write is refused, 2 on bad input, 3 when a host or nvidia-smi cannot be read
+    or the profile cannot be written."""
+    from ..errors import InputError, RemoteError, VerdictError
     from ..hosts.gpus import GpuFactError, gpus_command, parse_gpus
     from ..plan.facts import group_facts, memory_yaml
     from ..remote import connect, run_parallel
     from .common import load_deployment_arg
     from .options import seconds
 
+    if (dry_run or force) and not write:
+        raise InputError(f"{'--dry-run' if dry_run else '--force'} goes with --write")
     seconds(timeout, "--timeout", hi=3600)
     dep = load_deployment_arg(profile, acts_on_hosts=True)
     prof = dep.profile
+    if write:
+        from ..serve.hicache_local import refuse_shipped
+        refuse_shipped([prof.path])          # before any host is read: the run would refuse too
     groups = prof.servers()
     if group:
         groups = [prof.group(n) for n in dict.fromkeys(group)]
@@ -52,22 +69,100 @@ def facts(
             parsed[h] = parse_gpus(r.value)
         except GpuFactError as e:
             raise RemoteError(f"{h}: {e}") from None
-    out = [group_facts(g.name, g.host, list(g.gpus), parsed[g.host]) for g in groups]
+    out = [group_facts(g.name, g.host, list(g.gpus), parsed[g.host], tp=g.tp) for g in groups]
+    result = _write(prof, out, force, dry_run) if write else None
     if as_json:
-        print(dump_json(dict(schema="dsv4ctl.facts/1", profile=prof.name, groups=[f.to_dict() for f in out])))
-        return
+        doc = dict(schema="dsv4ctl.facts/1", profile=prof.name, groups=[f.to_dict() for f in out],
+                   written=result.written if result else [])
+        if result:
+            doc.update(file=str(prof.path), dry_run=dry_run, diff=result.diff, refused=result.problems)
+        print(dump_json(doc))
+    else:
+        for f in out:
+            print(f"{f.group} on {f.host}:")
+            for i, (idx, gpu) in enumerate(zip(prof.group(f.group).gpus, f.gpus)):
+                if gpu is None:
+                    print(f"  GPU {idx}: not reported")
+                    continue
+                procs = ", ".join(f"{p.name} {p.used_mib} MiB" for p in gpu.processes) or "no processes"
+                print(f"  GPU {idx}: {gpu.name}: total {gpu.total_mib} MiB, used {gpu.used_mib} MiB, free {gpu.free_mib} MiB "
+                      f"-> free_gib_before_load {f.free_gib_before_load[i]} ({procs})")
+            for n in f.notes:
+                print(f"  note: {n}")
+        if result is None:
+            print(memory_yaml(out))
+        elif not result.problems:
+            print(result.diff, end="" if result.diff.endswith("\n") or not result.diff else "\n")
+            verb = "dry run: would write" if dry_run else "wrote"
+            print(f"{verb} {prof.path}: groups[].memory.free_gib_before_load of {', '.join(f.group for f in out)}")
+    if result and result.problems:
+        more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
+        bad = [f.group for f in out if any(p.startswith(f"group {f.group}: ") for p in result.problems)]
+        fine = [f.group for f in out if f.group not in bad]
+        raise VerdictError(f"facts --write: {result.problems[0]}{more}; nothing written (refused: {', '.join(bad)}"
+                           + (f"; writable: {', '.join(fine)}" if fine else "") + "): measure again on idle GPUs, "
+                           "or --force")
+
+
+@dataclass
+class _Written:
+    """What ``--write`` did: group names written (empty in a dry run or when refused), the
+    unified diff, the reasons it refused (one line each)."""
+
+    written: list[str]
+    diff: str
+    problems: list[str]
+
+
+def _write(prof, out, force: bool, dry_run: bool) -> _Written:
+    """Edit the profile with every group's measured values, check that it loads, and replace it
+    atomically (mode and owner kept), or write nothing (a refusal, a dry run)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from ..errors import EXIT_REMOTE, DsvError, InputError
+    from ..hosts.audit import now_iso
+    from ..plan.facts import profile_with_facts, values_to_write
+    from ..profile.model import load_profile
+    from ..profile.yamlpos import read_yaml_bytes
+    from ..serve.edit import unified_diff
+    from ..serve.hicache_local import write_local
+
+    path = Path(prof.path)
+    problems, values = [], {}
     for f in out:
-        print(f"{f.group} on {f.host}:")
-        for i, (idx, gpu) in enumerate(zip(prof.group(f.group).gpus, f.gpus)):
-            if gpu is None:
-                print(f"  GPU {idx}: not reported")
-                continue
-            procs = ", ".join(f"{p.name} {p.used_mib} MiB" for p in gpu.processes) or "no processes"
-            print(f"  GPU {idx}: {gpu.name}: total {gpu.total_mib} MiB, used {gpu.used_mib} MiB, free {gpu.free_mib} MiB "
-                  f"-> free_gib_before_load {f.free_gib_before_load[i]} ({procs})")
-        for n in f.notes:
-            print(f"  note: {n}")
-    print(memory_yaml(out))
+        g = prof.group(f.group)
+        vals, why = values_to_write(f, list(g.gpus), g.memory.free_gib_before_load, force)
+        problems += why
+        if vals is not None:
+            values[prof.groups.index(g)] = vals
+    if problems:
+        return _Written([], "", problems)
+    raw = read_yaml_bytes(path)
+    try:
+        old = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    new = profile_with_facts(old, str(path), values, now_iso())
+    try:        # next to the profile: its relative paths (serve configs, series) resolve as they will
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".check.yaml", dir=path.parent)
+    except OSError as e:
+        raise DsvError(f"{path.parent}: cannot write ({e.strerror or e}); nothing written", EXIT_REMOTE) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(new)
+        try:
+            load_profile(tmp)
+        except InputError as e:
+            raise InputError(f"{str(e).replace(tmp, str(path))} (after the edit); nothing written") from None
+    finally:
+        os.unlink(tmp)
+    diff = unified_diff(old, new, str(path).lstrip("/"))
+    if dry_run:
+        return _Written([], diff, [])
+    write_local(path, new)
+    return _Written([f.group for f in out], diff, [])
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..hosts.gpus import Gpu
+from .verdict import unbalanced
 
 CONTEXT_GIB = 1.46
 
@@ -36,12 +37,14 @@ class GroupFacts:
                     memory=dict(free_gib_before_load=self.free_gib_before_load), notes=self.notes)
 
 
-def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu]) -> GroupFacts:
+def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu], tp: int = 2) -> GroupFacts:
     """Derive a group's measured ``free_gib_before_load`` per GPU from its host's GPUs (pure).
 
     A GPU index nvidia-smi does not list gives None and a note; a GPU with processes holding
     memory gives its current free memory and a note (if that process is this group's server,
-    the value is not the free memory before weight load)."""
+    the value is not the free memory before weight load). With ``tp`` (the group's tp-size) > 1,
+    free memories SGLang would refuse as unbalanced (:func:`dsv4ctl.plan.verdict.unbalanced`)
+    give a note too."""
     by_index = {g.index: g for g in gpus}
     rows, frees, notes = [], [], []
     for i in indices:
@@ -57,10 +60,9 @@ def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu]) -> G
                              for p in g.processes)
             notes.append(f"GPU {i}: memory held by {held}: stop them (or the server) to measure free memory "
                          "before weight load")
-    known = [f for f in frees if f is not None]
-    if known and min(known) < 0.9 * max(known):
-        notes.append(f"unbalanced: {min(known)} GiB free on one GPU < 0.9 x {max(known)} GiB on another "
-                     "(SGLang 0.5.23 refuses to start: 'The memory capacity is unbalanced')")
+    why = unbalanced([f for f in frees if f is not None]) if tp > 1 else None
+    if why:
+        notes.append(f"unbalanced: {why}")
     return GroupFacts(group=group, host=host, gpus=rows, free_gib_before_load=frees, notes=notes)
 
 
@@ -71,3 +73,46 @@ def memory_yaml(facts: list[GroupFacts]) -> str:
         vals = ", ".join("null" if v is None else f"{v}" for v in f.free_gib_before_load)
         out.append(f"# group {f.group} ({f.host}): groups[].memory\n    free_gib_before_load: [{vals}]")
     return "\n".join(out)
+
+
+FREE_KEY = ("memory", "free_gib_before_load")
+"""Where a group's measured P goes in the profile: ``groups[<i>].memory.free_gib_before_load``."""
+
+
+def values_to_write(f: GroupFacts, gpus: list[int], old, force: bool = False) -> tuple[Optional[list[float]], list[str]]:
+    """The per-GPU ``free_gib_before_load`` list to write for a group (GiB, ``gpus`` order) and the
+    reasons it must not be written (pure).
+
+    A GPU with processes holding memory (its free memory is not the free memory before load) or
+    one nvidia-smi did not report is a reason, one line each naming group and GPU. With ``force``
+    the first is written as measured and the second keeps the profile's value for that GPU
+    (``old``: the current value, a number or a per-GPU list, or None); a GPU with neither stays a
+    reason. Values is None when there is a reason."""
+    problems, out = [], []
+    for i, (idx, gpu, v) in enumerate(zip(gpus, f.gpus, f.free_gib_before_load)):
+        if v is None:
+            kept = old[i] if isinstance(old, list) and i < len(old) else old if isinstance(old, (int, float)) else None
+            if force and kept is not None:
+                out.append(kept)
+                continue
+            problems.append(f"group {f.group}: GPU {idx} on {f.host} not reported by nvidia-smi"
+                            + (" and the profile has no value to keep" if force else ""))
+            continue
+        if gpu is not None and gpu.processes and not force:
+            held = ", ".join(f"{p.name or '?'} pid {p.pid}" for p in gpu.processes)
+            problems.append(f"group {f.group}: GPU {idx} on {f.host} has processes holding memory ({held}): "
+                            "its free memory is not the free memory before load")
+            continue
+        out.append(v)
+    return (None if problems else out), problems
+
+
+def profile_with_facts(text: str, label: str, values: dict[int, list[float]], stamp: str) -> str:
+    """The profile ``text`` with ``groups[i].memory.free_gib_before_load`` set to ``values[i]``
+    for each group index ``i`` (round-trip: :func:`dsv4ctl.profile.edit.set_value`, every other
+    byte kept), each line commented ``# measured by dsv4ctl facts <stamp>``. Raises InputError
+    when the profile cannot be edited that way."""
+    from ..profile.edit import set_value
+    for i, vals in values.items():
+        text = set_value(text, ("groups", i) + FREE_KEY, vals, label, f"# measured by dsv4ctl facts {stamp}")
+    return text

@@ -193,6 +193,9 @@ class GroupInputs:
     pp_partition: Optional[tuple[int, ...]]
     pool: cap.PoolInputs
     rank_resident_gib: Optional[list[float]] = None   # per rank F (per-GPU memory), else uniform
+    free_gib_per_gpu: Optional[list[float]] = None    # per-GPU P in the group's ``gpus`` order, else uniform
+    other_gib_per_gpu: Optional[list[float]] = None   # per-GPU other memory (same order), else uniform
+    gpus: tuple[int, ...] = ()                        # the group's GPU indices (fix texts)
     activation_reserve_gib: float = 0.0   # SGLang's reserve outside mfs, 10 GiB floor (memory_hook.py)
     activation_estimate_gib: float = 0.0  # the same estimate without the floor (verdict: fails below)
     draft_weights_gib_per_rank: float = 0.0
@@ -440,11 +443,6 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         # F per GPU; SGLang MIN-reduces P and F across the world (reference §3.2)
         rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, per_gpu[1])]
         other = max(per_gpu[1])
-        worst_p, best_p = min(frees), max(frees)
-        if worst_p < 0.9 * best_p:
-            # srt/distributed/bootstrap.py _check_tp_memory_balance: MIN < 0.9 x local before weight load
-            estimated.append(f"unbalanced: free before load {worst_p} GiB on one GPU < 0.9 x {best_p} GiB on "
-                             "another: SGLang refuses to start ('The memory capacity is unbalanced')")
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
@@ -460,6 +458,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
                        activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
                        draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
+                       free_gib_per_gpu=frees if per_gpu is not None else None,
+                       other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None, gpus=tuple(group.gpus),
                        min_requests=min_req, logits_rows=logits_rows,
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
@@ -723,9 +723,9 @@ def _evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Ver
     except CapacityError as e:
         deciding = "weights" if "do not fit in" in str(e) else "no_kv_memory"
         return None, vd.Verdict("fails", deciding, -1), str(e)
-    unbalanced = [e for e in gi.estimated if e.startswith("unbalanced: ")]
-    if unbalanced:
-        return stages, vd.Verdict("fails", "unbalanced", -1), unbalanced[0][len("unbalanced: "):]
+    why = vd.unbalanced(gi.free_gib_per_gpu or []) if gi.tp > 1 else None
+    if why:
+        return stages, vd.Verdict("fails", "unbalanced", -1), why
     if gi.available_bytes_override is not None and resident_gib(gi) < 0:
         w = gi.weights_gib_per_rank + gi.draft_weights_gib_per_rank
         return stages, vd.Verdict("fails", "weights", -1), (
@@ -826,6 +826,10 @@ def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePla
             r = _replanned(model, _with_pool(gi, index_k_dtype="fp8"))
             if r is not None:
                 add((1, 0.1), "store index-K in fp8 (index_k_dtype: fp8)", r)
+    if v.deciding == "unbalanced" and gi.free_gib_per_gpu:
+        r = _balance_fix(model, gi)
+        if r is not None:
+            add((0, 0.0), r[0], r[1])
     if v.deciding in ("weights", "pools", "activation", "no_kv_memory"):
         for mult in (2, 4, 8):
             tp = gi.tp * mult
@@ -834,13 +838,40 @@ def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePla
             w = round((gi.weights_gib_per_rank - REPLICATED_WEIGHTS_GIB) / mult + REPLICATED_WEIGHTS_GIB, 3)
             g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
                              draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
-                             rank_resident_gib=None)
+                             rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
             r = _replanned(model, g2)
             if r is not None:
                 add((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)", r)
                 break
     out.sort(key=lambda x: x[0])
     return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]
+
+
+def _balance_fix(model, gi: GroupInputs) -> Optional[tuple[str, tuple]]:
+    """Free memory on the GPUs below SGLang's balance line (:func:`verdict.to_balance`): the fix
+    text and the re-plan with those GPUs' free memory (P, and F with it) raised by the amount freed;
+    None when nothing is below the line or the re-plan still fails."""
+    frees = list(gi.free_gib_per_gpu or [])
+    need = vd.to_balance(frees)
+    if not need:
+        return None
+    resident = list(gi.rank_resident_gib or [])
+    for i, gib in need:
+        frees[i] = round(frees[i] + gib, 3)
+        if i < len(resident):
+            resident[i] = round(resident[i] + gib, 3)
+    r = _replanned(model, cap.replace(gi, free_gib_per_gpu=frees, rank_resident_gib=resident or None,
+                                      free_gib_before_load=min(frees)))
+    if r is None:
+        return None
+    others = gi.other_gib_per_gpu or []
+    parts = []
+    for i, gib in need:
+        gpu = gi.gpus[i] if i < len(gi.gpus) else f"#{i}"
+        held = f" (other_gib {others[i]} GiB)" if i < len(others) and others[i] else ""
+        parts.append(f"{gib} GiB on GPU {gpu}{held}")
+    return (f"free {' and '.join(parts)} (other processes hold it; dsv4ctl facts shows which): "
+            f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {max(frees)} GiB"), r
 
 
 def _as_given(gi, v: vd.Verdict) -> vd.Verdict:
@@ -884,8 +915,6 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         return gp
     gp.warnings[0:0] = tree_notes      # what the tree carries first, as before the verdict
     for note in gi.estimated:
-        if note.startswith("unbalanced: "):
-            continue
         gp.warnings.append(f"estimated input: {note}; measure it for an exact plan")
     st = min(stages, key=lambda s: s.headroom_bytes)
     over = st.alloc_real.c4_index_k - st.alloc_budget.c4_index_k

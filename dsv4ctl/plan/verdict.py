@@ -72,6 +72,8 @@ MQA_LOGITS_TOTAL_MEM_FRACTION = 0.3         # mqa_logits_utils.py:22
 MQA_LOGITS_FREE_MEM_FRACTION = 0.2          # SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION, environ.py:1985
 MQA_LOGITS_ROW_ALIGN = 256                  # mqa_logits_utils.py:26
 LEVELS = ("fits", "tight", "fails")
+BALANCE_FRACTION = 0.9                      # srt/distributed/bootstrap.py:444 (_check_tp_memory_balance)
+BALANCE_STEP_GIB = 0.1                      # a fix frees memory in steps of 0.1 GiB
 
 
 def segment(nbytes: int) -> int:
@@ -200,6 +202,43 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     if headroom < need + TIGHT_MARGIN_BYTES:
         return Verdict("tight", "margin", headroom - need)
     return Verdict("fits", name, headroom - need)
+
+
+def unbalanced(frees_gib: list[float]) -> Optional[str]:
+    """Why SGLang 0.5.23 refuses to start a TP group with these per-GPU free memories (GiB, one per
+    GPU, before weight load), or None when it starts.
+
+    ``srt/distributed/bootstrap.py:213-218`` (``tp_size > 1``, target worker) calls
+    ``_check_tp_memory_balance`` (l.441-452) with ``pre_model_load_memory`` = the MIN across the
+    world of ``get_available_gpu_memory`` and ``local_gpu_memory`` = this rank's own; it raises
+    ``RuntimeError("The memory capacity is unbalanced. ...")`` when ``pre_model_load_memory <
+    local_gpu_memory * 0.9`` (``SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK``, default true, environ.py:500;
+    false makes it a warning). Some rank raises exactly when ``min < 0.9 x max``."""
+    if not frees_gib:
+        return None
+    lo, hi = min(frees_gib), max(frees_gib)
+    if lo < hi * BALANCE_FRACTION:
+        return (f"free before load {lo} GiB on one GPU < {BALANCE_FRACTION:g} x {hi} GiB on another: "
+                "SGLang refuses to start ('The memory capacity is unbalanced')")
+    return None
+
+
+def to_balance(frees_gib: list[float]) -> list[tuple[int, float]]:
+    """The GiB to free on each GPU below ``0.9 x max`` so that :func:`unbalanced` passes: a list of
+    ``(position in frees_gib, GiB)``, each rounded up to :data:`BALANCE_STEP_GIB` (so the GPU ends at
+    or above the threshold); empty when balanced. Pure; GiB = 2**30 bytes."""
+    if unbalanced(frees_gib) is None:
+        return []
+    line = max(frees_gib) * BALANCE_FRACTION
+    out = []
+    for i, f in enumerate(frees_gib):
+        if f >= line:
+            continue
+        steps = -(-round((line - f) * 1000) // round(BALANCE_STEP_GIB * 1000))    # ceil in 1/1000 GiB
+        while round(f + steps * BALANCE_STEP_GIB, 3) < line:
+            steps += 1
+        out.append((i, round(steps * BALANCE_STEP_GIB, 3)))
+    return out
 
 
 DECIDING_ORDER = ("unbalanced", "weights", "no_kv_memory", "pools", "activation", "requests", "activation_floor",

@@ -16,13 +16,14 @@ Pure: text in, text out. Reading and writing files is the caller's job."""
 from __future__ import annotations
 
 import difflib
-import io
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..profile.secrets import is_secret_key
 from ..errors import InputError
+from ..profile.edit import aligned_comment, compose_lines, line_ending as _ending, render_value
+from ..profile.edit import syntax_error as _syntax_error
+from ..profile.secrets import is_secret_key
 
 
 class _Remove:
@@ -74,33 +75,12 @@ class Doc:
     newline: str = "\n"
 
 
-def _yaml_rt():
-    from ruamel.yaml import YAML
-    y = YAML(typ="rt")
-    y.width = 1 << 16
-    y.default_flow_style = False
-    return y
-
-
-def _syntax_error(label: str, e: Exception) -> InputError:
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    line = mark.line + 1 if mark is not None else 1
-    what = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
-    return InputError(f"{label}:{line}: YAML syntax error: {what}")
-
-
 def compose(text: str, label: str) -> Doc:
     """Positions of the top-level entries of ``text``.
 
     Raises InputError (``label:line``) for a YAML syntax error or a root that is not a mapping."""
-    from ruamel.yaml.error import YAMLError
     from ruamel.yaml.nodes import MappingNode
-    try:
-        node = _yaml_rt().compose(text)
-    except YAMLError as e:
-        raise _syntax_error(label, e) from None
-    lines = text.splitlines(keepends=True)
-    newline = next((_ending(l) for l in lines if _ending(l)), "\n")
+    node, lines, newline = compose_lines(text, label)
     doc = Doc(lines=lines, newline=newline)
     if node is None:
         return doc
@@ -128,32 +108,6 @@ def _is_trailer(lines: list[str], i: int) -> bool:
     return not s or s.startswith("#")
 
 
-def render_value(value: Any) -> str:
-    """``value`` as ruamel.yaml writes it on one line (``2.0``, ``'true'``, ``[a, b]``)."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
-    if value is None:
-        return "null"
-    y = _yaml_rt()
-    if isinstance(value, list):
-        v = CommentedSeq(value)
-        v.fa.set_flow_style()
-    elif isinstance(value, dict):
-        v = CommentedMap(value)
-        v.fa.set_flow_style()
-    else:
-        v = value
-    buf = io.StringIO()
-    y.dump({"k": v}, buf)
-    out = buf.getvalue()
-    assert out.startswith("k:"), out
-    body = out[2:].strip()
-    if "\n" in body:
-        raise InputError(f"value {value!r} cannot be written on one line")
-    if body.endswith("..."):
-        body = body[:-3].rstrip()
-    return body
-
-
 def _find(doc: Doc, names: Sequence[str]) -> Optional[int]:
     for i, e in enumerate(doc.entries):
         if e.key in names:
@@ -166,11 +120,6 @@ _BOOL_FAMILIES = {w: fam for fam in (("true", "false"), ("True", "False"), ("TRU
                   for w in fam}
 """YAML 1.1 booleans as PyYAML (sglang 0.5.23's ``--config`` reader) resolves them; a toggle keeps
 the family the file uses (``yes`` → ``no`` → ``yes``), so off then on restores the bytes."""
-
-
-def _ending(line: str) -> str:
-    body = line.rstrip("\r\n")
-    return line[len(body):]
 
 
 def _replace_value(doc: Doc, e: Entry, key: str, text: str, value: Any = None, label: str = "") -> list[str]:
@@ -193,9 +142,7 @@ def _replace_value(doc: Doc, e: Entry, key: str, text: str, value: Any = None, l
         head, rest = body[:colon + 1], body[colon + 1:]
         comment = rest.lstrip(" ")
         if comment.startswith("#"):
-            col = colon + 1 + (len(rest) - len(comment))
-            gap = max(1, col - (len(head) + 1 + len(text)))
-            return [f"{head} {text}{' ' * gap}{comment}{nl}"]
+            return [aligned_comment(f"{head} {text}", comment, colon + 1 + (len(rest) - len(comment))) + nl]
         return [f"{head} {text}{nl}"]
     vl = e.value_line
     one_line = e.last == vl and (e.value_end_line == vl or (e.value_end_line == vl + 1 and e.value_end_col == 0))
@@ -220,10 +167,9 @@ def _replace_value(doc: Doc, e: Entry, key: str, text: str, value: Any = None, l
         head, rest = body[:start], body[end_col:]
         if rest.strip().startswith("#") and not isinstance(value, bool):
             comment = rest.lstrip(" ")
-            col = end_col + (len(rest) - len(comment))
-            gap = max(1, col - (len(head) + len(text)))
-            rest = " " * gap + comment
-        new = head + text + rest + nl
+            new = aligned_comment(head + text, comment, end_col + (len(rest) - len(comment))) + nl
+        else:
+            new = head + text + rest + nl
         if vl == e.first:
             return [new]
         return list(doc.lines[e.first:vl]) + [new]
