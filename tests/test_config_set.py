@@ -140,8 +140,9 @@ def test_cli_refuses_the_shipped_profile():
 
 def test_an_error_the_config_already_has_does_not_block_a_change(prof, tmp_path):
     """The incident case: bf16 index-K with HiCache on a tree without the gating (DSV111, an
-    error lint already reports for the unedited file). Adding kv-canary does not cause it, so
-    it is written (the finding is still printed); a change that brings a new error is refused."""
+    error lint already reports for the unedited file, about behaviour under load). Adding
+    kv-canary does not cause it, so it is written (the finding is still printed); a change that
+    brings a new error is refused, and so is any edit of a file SGLang would not start with."""
     empty = tmp_path / "empty-tree"
     empty.mkdir()
     f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
@@ -153,6 +154,10 @@ def test_an_error_the_config_already_has_does_not_block_a_change(prof, tmp_path)
     assert "error DSV111 index-k-ungated" in r.out and f.read_text() == before + "kv-canary: log\n"
     r = run_cli("config", "set", str(prof), "page-size=1", "-g", "prefill", "--tree", str(empty))
     assert r.code == 2 and "not written" in r.err and "DSV111" not in r.err, r.err
+    # an error SGLang refuses to start with blocks every edit, also one the file already had
+    f.write_text(before + "page-size: 1\n")
+    r = run_cli("config", "set", str(prof), "kv-canary=raise", "-g", "prefill", "--tree", str(empty))
+    assert r.code == 2 and "DSV107 pd-mismatch: page-size" in r.err and f.read_text() == before + "page-size: 1\n", r.err
 
 
 def test_canary_sweep_needs_the_canary_on(prof):

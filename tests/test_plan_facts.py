@@ -187,3 +187,18 @@ def test_unbalanced_fix_is_dropped_when_its_replan_fails(prof):
                          "--set", "min_requests=100")
     g = json.loads(out)["groups"][0]
     assert code == 1 and g["verdict"]["deciding"] == "requests" and g["ranks"][0]["full_max_total_num_tokens"] == 14202880
+
+
+def test_balance_check_switched_off_in_the_group_env_is_a_warning(prof):
+    """SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false (environ.py:500): SGLang logs a warning and
+    starts, sizing the pools from the least free GPU: plan warns instead of failing."""
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
+    s = prof.read_text().replace("    gpus: [4, 5, 6, 7]\n    tp: 4\n",
+                                 "    gpus: [4, 5, 6, 7]\n    tp: 4\n    env: {SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK: 'false'}\n")
+    assert s != prof.read_text()
+    prof.write_text(s)
+    code, out, err = run("plan", str(prof), "-g", "decode", "--json")
+    g = json.loads(out)["groups"][0]
+    assert code == 0 and g["verdict"]["deciding"] != "unbalanced", err
+    assert ("unbalanced: free before load 157.0 GiB on one GPU < 0.9 x 177.0 GiB on another; with "
+            "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false SGLang only warns and starts") in " ".join(g["warnings"])

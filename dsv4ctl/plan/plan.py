@@ -124,7 +124,7 @@ SET_KEYS: dict[str, str] = {
     "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "bool",
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
     "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "bool", "SGLANG_PP_LAYER_PARTITION": "str",
-    "SGLANG_SWA_EVICTION_INTERVAL": "int",
+    "SGLANG_SWA_EVICTION_INTERVAL": "int", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "bool",
 }
 # serve-config dashed names that plan reads (others are ignored by the capacity model).
 SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
@@ -202,6 +202,7 @@ class GroupInputs:
     checkpoint_format: str = "fp4"
     min_requests: int = 1
     logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
+    balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
 
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
@@ -461,6 +462,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        free_gib_per_gpu=frees if per_gpu is not None else None,
                        other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None, gpus=tuple(group.gpus),
                        min_requests=min_req, logits_rows=logits_rows,
+                       balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
                        free_gib_before_load=p_gib, weights_gib_per_rank=w_gib, other_gib=other,
@@ -723,7 +725,7 @@ def _evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Ver
     except CapacityError as e:
         deciding = "weights" if "do not fit in" in str(e) else "no_kv_memory"
         return None, vd.Verdict("fails", deciding, -1), str(e)
-    why = vd.unbalanced(gi.free_gib_per_gpu or []) if gi.tp > 1 else None
+    why = vd.unbalanced(gi.free_gib_per_gpu or []) if gi.tp > 1 and gi.balance_check else None
     if why:
         return stages, vd.Verdict("fails", "unbalanced", -1), why
     if gi.available_bytes_override is not None and resident_gib(gi) < 0:
@@ -929,6 +931,11 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
                            f"{st.sizes.index_k_budget_bytes} B/slot: {_gib(-over)} GiB per rank budgeted and unused")
     if gi.pool.speculative_algorithm == "DSPARK":
         gp.warnings.append("DSPARK's draft pool is not modelled (EAGLE's is): headroom is optimistic")
+    frees = gi.free_gib_per_gpu or []
+    if gi.tp > 1 and not gi.balance_check and vd.unbalanced(frees):
+        gp.warnings.append(f"unbalanced: free before load {min(frees)} GiB on one GPU < {vd.BALANCE_FRACTION:g} x "
+                           f"{max(frees)} GiB on another; with SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false SGLang "
+                           "only warns and starts: pools are sized from the GPU with the least free memory")
     return gp
 
 

@@ -87,16 +87,22 @@ def prepare_edits(dep: Deployment, groups: list[GroupView], what: str, changes: 
     return edits
 
 
+#: lint errors about how a config that starts behaves under load (a race, wrong output, a
+#: corruption report), not about whether SGLang starts with it: index-K read ungated with HiCache,
+#: the DSV4 parsers, the sglang#31252 combination
+RISK_RULES = frozenset({"DSV108", "DSV111", "DSV119"})
+
+
 def new_errors(after: list, before: list) -> list:
-    """The error findings of ``after`` (lint of the edited texts) that refuse the edit: those
-    ``before`` (lint of the same files unedited) does not have, and every ``SGL*`` error (SGLang
-    0.5.23 itself would refuse to start with that file: never written). A DSV rule's error the
-    running config already had does not block a change it does not cause — an incident runbook
-    must be able to add ``kv-canary: log`` to a config whose bf16 index-K is ungated (DSV111).
+    """The error findings of ``after`` (lint of the edited texts) that refuse the edit: every
+    error, except a :data:`RISK_RULES` error that ``before`` (lint of the same files unedited)
+    already had — the edit does not cause it, and an incident runbook must be able to add
+    ``kv-canary: log`` to a config whose bf16 index-K is ungated (DSV111) while it runs. Errors
+    SGLang refuses to start with (unknown keys, page size, pairs, …) block every edit.
     Findings compare by rule, group and message."""
     key = lambda f: (f.rule, f.group, f.message)      # noqa: E731
-    had = {key(f) for f in before if f.severity == "error"}
-    return [f for f in after if f.severity == "error" and (f.rule.startswith("SGL") or key(f) not in had)]
+    had = {key(f) for f in before if f.severity == "error" and f.rule in RISK_RULES}
+    return [f for f in after if f.severity == "error" and key(f) not in had]
 
 
 def _rel(p: Path) -> str:
