@@ -5,9 +5,6 @@ live in the hicache-crash runbook test (tests/test_runbook_live.py)."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from dsv4ctl.errors import InputError
@@ -15,6 +12,7 @@ from dsv4ctl.serve.argtable import load_table
 from dsv4ctl.serve.edit import REMOVE, apply_changes
 from dsv4ctl.serve.setargs import changes_for_set, parse_assignment
 from tests.conftest import REPO, run_cli
+from tests.test_config_cli import prof  # noqa: F401 - the profile copy fixture (series: null)
 
 PREFILL = (REPO / "profiles" / "dsv4-flash-8xb200-pd" / "prefill.yaml").read_text()
 
@@ -83,15 +81,6 @@ def test_bad_keys_and_values_are_one_line_errors(sets, unsets, msg):
     with pytest.raises(InputError) as e:
         _set(sets, unsets)
     assert str(e.value).startswith(msg), str(e.value)
-
-
-@pytest.fixture
-def prof(tmp_path) -> Path:
-    shutil.copytree(REPO / "profiles" / "dsv4-flash-8xb200-pd", tmp_path / "dsv4-flash-8xb200-pd")
-    text = (REPO / "profiles" / "dsv4-flash-8xb200-pd.yaml").read_text()
-    p = tmp_path / "p.yaml"
-    p.write_text(text.replace("series: ../patches/sglang-0.5.23", "series: null"))
-    return p
 
 
 def test_cli_dry_run_writes_nothing_then_writes_one_group(prof):
