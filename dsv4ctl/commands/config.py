@@ -92,7 +92,7 @@ SET_SCHEMA = "dsv4ctl.config-set/1"
 
 
 def set_cmd(
-    profile: Optional[str] = typer.Argument(None, help="Profile path (a shipped profile is never edited: dsv4ctl profile init)."),
+    profile: Optional[str] = typer.Argument(None, help="Profile path (or DSV4CTL_PROFILE; required: a shipped profile is never edited, start from dsv4ctl profile init)."),
     settings: list[str] = typer.Argument(None, metavar="KEY=VALUE...", help="Serve-config keys to set, e.g. kv-canary=log (values are YAML)."),
     group: list[str] = typer.Option([], "--group", "-g", help="Groups to edit (required). Repeatable."),
     unset: list[str] = typer.Option([], "--unset", help="Remove this key from the serve config. Repeatable."),
@@ -118,9 +118,17 @@ def set_cmd(
     from .common import load_deployment_arg
     from .serve_change import run_change
 
+    import os
+    settings = list(settings or [])
+    if profile is not None and "=" in profile and not os.path.exists(profile):
+        # `config set kv-canary=log -g prefill`: the first setting was taken for the profile
+        if not os.environ.get("DSV4CTL_PROFILE"):
+            raise InputError(f"config set: {profile!r} is a setting, not a profile: give the profile first "
+                             "(dsv4ctl config set PROFILE KEY=VALUE... -g GROUP) or set DSV4CTL_PROFILE")
+        profile, settings = None, [profile] + settings
     if not group:
         raise InputError("config set: name the groups to edit (--group/-g)")
-    sets = [parse_assignment(s) for s in settings or []]
+    sets = [parse_assignment(s) for s in settings]
     if not sets and not unset:
         raise InputError("config set: nothing to set (give KEY=VALUE or --unset KEY)")
     table = load_table()

@@ -12,7 +12,7 @@ from ..render import dump_json
 
 
 def facts(
-    profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name."),
+    profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (or DSV4CTL_PROFILE; required: it names real hosts)."),
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.facts/1 JSON document."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (finite, at most 3600)."),

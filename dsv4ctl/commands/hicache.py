@@ -50,6 +50,7 @@ def _opts_doc():
 
 _O = _opts_doc()
 _PROFILE = typer.Argument(None, help="Profile path or shipped name (default: the embedded dsv4-flash-8xb200-pd).")
+_PROFILE_EDIT = typer.Argument(None, help="Profile path (or DSV4CTL_PROFILE; required: a shipped profile is never edited, start from dsv4ctl profile init).")
 _TREE = typer.Option(None, "--tree", help="SGLang tree for the index-K gating check (default: the profile's sglang.tree).")
 _DRY = typer.Option(False, "--dry-run", help="Print the diff and lint result; write nothing.")
 _JSON = typer.Option(False, "--json", help="Print the dsv4ctl.hicache-edit/1 JSON document.")
@@ -61,7 +62,7 @@ _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --remote: each step
 _HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900).")
 
 
-def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio: Optional[float] = _O["ratio"],
+def on(profile: Optional[str] = _PROFILE_EDIT, group: list[str] = _O["group"], ratio: Optional[float] = _O["ratio"],
        write_policy: Optional[str] = _O["write_policy"], io_backend: Optional[str] = _O["io_backend"],
        mem_layout: Optional[str] = _O["mem_layout"], storage_backend: Optional[str] = _O["storage_backend"],
        tree: Optional[str] = _TREE, dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
@@ -74,7 +75,7 @@ def on(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], ratio:
             as_json, remote, health_timeout, verbose)
 
 
-def off(profile: Optional[str] = _PROFILE, group: list[str] = _O["group"], tree: Optional[str] = _TREE,
+def off(profile: Optional[str] = _PROFILE_EDIT, group: list[str] = _O["group"], tree: Optional[str] = _TREE,
         dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
         health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE) -> None:
     """Turn HiCache off (``enable-hierarchical-cache: false``; other hicache-* keys are kept, inert).

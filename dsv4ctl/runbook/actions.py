@@ -250,12 +250,19 @@ def _hicache(state: str):
         return _cli_argv(ctx, ["hicache", state] + _profile_args(ctx), args, flags)
 
     def run(ctx: RunContext, args: dict) -> dict:
+        if "groups" in args and not args["groups"]:     # a reference that names no group: not "every group"
+            return {"ok": True, "hicache": state, "changed": [], "note": "no group to change"}
         code, doc, err = _run_cli(ctx, argv(ctx, args) + ["--json"], f"hicache-{state}")
         if args.get("remote"):
             ctx.touched_hosts.update(g.host for g in ctx.groups(args))
         return {"ok": code == 0, "error": err} if code else {"ok": True, "hicache": state}
 
     def describe(ctx: RunContext, args: dict) -> list[str]:
+        if groups_line(ctx, args):
+            a = {k: v for k, v in args.items() if k != "groups"}
+            return [f"dsv4ctl {' '.join(argv(ctx, a))} -g <{groups_line(ctx, args)}>"
+                    + (": a release with the edited serve configs; only those groups restart behind the deploy's gate"
+                       if args.get("remote") else "")]
         code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"hicache-{state}-dry-run")
         out = (ctx.run_dir / f"hicache-{state}-dry-run.out").read_text().splitlines()
         return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
@@ -272,7 +279,16 @@ def _config_set_argv(ctx: RunContext, args: dict) -> list[str]:
     sets = a.pop("set", None) or {}
     if not isinstance(sets, dict):
         raise InputError(f"config.set: set must be a mapping of serve-config keys to values, got {sets!r}")
-    return _cli_argv(ctx, ["config", "set"] + _profile_args(ctx) + [f"{k}={json.dumps(v)}" for k, v in sets.items()],
+    def text(v) -> str:       # YAML for the CLI: a plain string stays plain when it reads back as itself
+        import yaml
+        if isinstance(v, str):
+            try:
+                if yaml.safe_load(v) == v:
+                    return v
+            except yaml.YAMLError:
+                pass
+        return json.dumps(v)
+    return _cli_argv(ctx, ["config", "set"] + _profile_args(ctx) + [f"{k}={text(v)}" for k, v in sets.items()],
                      a, _CONFIG_FLAGS)
 
 
