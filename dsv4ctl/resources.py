@@ -47,9 +47,11 @@ def default_profile_path() -> Path:
 
 
 def shipped_profile_names() -> list[str]:
-    """Names of the shipped profiles (``profiles/*.yaml`` stems), sorted."""
+    """Names of the shipped profiles (:data:`SHIPPED_PROFILES` present in ``profiles/``), sorted; an
+    operator's own profile made in a checkout's ``profiles/`` (``profile init profiles/my.yaml``)
+    is not one of them."""
     d = shipped_dir("profiles")
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return sorted(n for n in SHIPPED_PROFILES if (d / f"{n}.yaml").is_file())
 
 
 def resolve_profile(arg: str | None) -> Path:
