@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
-#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium) when missing, the .venv with dsv4ctl and
+#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium, procps,
+#   pythonX-venv) when missing, the .venv with dsv4ctl and
 #   its test extras, the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a source of
 #   SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
 #   reference by the oracle, patch and argument-table tests, and the real PD gateways
@@ -19,6 +20,9 @@ command -v fish >/dev/null 2>&1 || need+=(fish)
 [ -x /lib/systemd/systemd ] || need+=(systemd)      # tests/test_systemd.py boots it in a namespace
 { command -v unshare && command -v nsenter; } >/dev/null 2>&1 || need+=(util-linux)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)   # tests/test_report_browser.py renders the report
+{ command -v ps && command -v pgrep; } >/dev/null 2>&1 || need+=(procps)   # process checks of the signal tests
+PYV=$(command -v python3.11 || command -v python3)
+"$PYV" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=("$(basename "$PYV")-venv")   # Debian/Ubuntu split venv out
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -28,7 +32,12 @@ fi
 
 PY=$(command -v python3.11 || command -v python3)
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
-.venv/bin/pip install -q -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+# pip's own exit status decides (this machine's pip prints a "Location ... is ignored" warning
+# per missing find-links folder: filtered from the output only)
+rc=0
+out=$(.venv/bin/pip install -q -e '.[test]' 2>&1) || rc=$?
+printf '%s\n' "$out" | grep -v -e '^WARNING: Location' -e '^$' >&2 || true
+[ "$rc" = 0 ] || { echo "test.sh: pip install -e '.[test]' failed (exit $rc)" >&2; exit "$rc"; }
 .venv/bin/python -c 'import dsv4ctl, pytest' >/dev/null
 
 if [ -z "${DSV4CTL_SKIP_ORACLE:-}" ]; then
