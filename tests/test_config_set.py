@@ -32,7 +32,8 @@ def test_parse_assignment_reads_the_value_as_yaml(text, want):
 @pytest.mark.parametrize("text,msg", [
     ("kv-canary", "'kv-canary': expected KEY=VALUE (e.g. kv-canary=log)"),
     ("=log", "'=log': expected KEY=VALUE (e.g. kv-canary=log)"),
-    ("kv-canary=[log", "kv-canary: value '[log' is not YAML"),
+    ("kv-canary=[log", "kv-canary: the value is not YAML (expected ',' or ']', but got '<stream end>')"),
+    ("api-key=@SECRETPW1", "api-key: the value is not YAML (found character '@' that cannot start any token)"),
 ])
 def test_parse_assignment_errors(text, msg):
     with pytest.raises(InputError) as e:
@@ -159,3 +160,38 @@ def test_canary_sweep_needs_the_canary_on(prof):
     r = run_cli("config", "set", str(prof), "kv-canary-sweep-interval=100", "kv-canary=log", "-g", "prefill")
     assert r.code == 0, r.err
     assert f.read_text() == before + "kv-canary-sweep-interval: 100\nkv-canary: log\n"
+
+
+@pytest.mark.parametrize("setting", ["tp-size=2", "tensor-parallel-size=8", "dp-size=2", "pp-size=2", "port=30001",
+                                     "base-gpu-id=4", "model-path=x", "model=x", "disaggregation-mode=decode"])
+def test_topology_keys_belong_to_the_profile(prof, setting):
+    r = run_cli("config", "set", str(prof), setting, "-g", "prefill")
+    assert r.code == 2 and "part of the group's topology in the profile" in r.err and r.err.count("\n") == 1, r.err
+
+
+@pytest.mark.parametrize("setting,deciding", [("max-total-tokens=1", "no_kv_memory"), ("mem-fraction-static=0.99", "pools"),
+                                              ("context-length=5000000", "activation")])
+def test_an_edit_that_makes_the_plan_fail_is_refused(prof, setting, deciding):
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    before = f.read_text()
+    r = run_cli("config", "set", str(prof), setting, "-g", "prefill")
+    assert r.code == 2 and f"config set: not written: prefill would fail its plan ({deciding}):" in r.err, r.err
+    assert f.read_text() == before
+
+
+def test_new_secret_values_are_never_printed(prof):
+    for extra in ([], ["--json"], ["--dry-run", "--json"]):
+        r = run_cli("config", "set", str(prof), "api-key=SUPERSECRET123", "-g", "prefill", *extra)
+        assert r.code == 0 and "SUPERSECRET123" not in r.out + r.err, (extra, r.out)
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    assert "api-key: SUPERSECRET123\n" in f.read_text()
+    assert run_cli("config", "set", str(prof), "api-key=SUPERSECRET123", "-g", "prefill", "--json").json()["set"] == {"api-key": "***"}
+
+
+def test_unset_repairs_an_unknown_key_and_groups_count_once(prof):
+    f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    before = f.read_text()
+    f.write_text(before + "kv-canry: log\n")
+    assert run_cli("config", "lint", str(prof)).code == 2                 # SGL001: SGLang would not start
+    r = run_cli("config", "set", str(prof), "-g", "prefill", "-g", "prefill", "--unset", "kv-canry")
+    assert r.code == 0 and f.read_text() == before and r.out.count("wrote 1 file(s)") == 1, r.out + r.err

@@ -191,3 +191,19 @@ def test_args_take_earlier_results_by_reference():
     with pytest.raises(InputError) as e:
         load_playbook_data(bad, "bad.yaml", acts)
     assert str(e.value) == "bad.yaml: steps[0].args: refers to 'b', which is not an earlier step"
+
+
+def test_references_nested_or_to_a_missing_field_are_refused():
+    acts = Recorder({"measure": [{"ok": True, "groups": ["prefill"]}]}).actions()
+    nested = {"name": "n", "steps": [{"id": "m", "action": "measure"},
+                                     {"id": "f", "action": "mitigate", "args": {"set": {"x": "@m.groups"}}}]}
+    with pytest.raises(InputError) as e:
+        load_playbook_data(nested, "n.yaml", acts)
+    assert str(e.value).startswith("n.yaml: steps[1].args: @m.groups: a reference is only taken as a whole top-level")
+    typo = {"name": "t", "steps": [{"id": "m", "action": "measure"},
+                                   {"id": "f", "action": "mitigate", "args": {"groups": "@m.grups"}}]}
+    r = Recorder({"measure": [{"ok": True, "groups": ["prefill"]}]})
+    acts = r.actions()
+    st = execute(load_playbook_data(typo, "t.yaml", acts), acts, None, RunState("t", "r"))
+    assert [c[0] for c in r.calls] == ["measure"] and st.failed_step == "f"
+    assert st.results["f"]["error"] == "args.groups: @m.grups: step m's result has no grups (it has: attempts, groups, ok, ran)"

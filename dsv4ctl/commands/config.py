@@ -135,12 +135,16 @@ def set_cmd(
     changes_for_set({}, sets, unset, table, "config set")       # the keys and values, before any file is read
     prof = load_deployment_arg(profile, acts_on_hosts=True)
     groups = select_groups(prof, group, "set")
-    desc = ", ".join([f"{k}={v}" for k, v in sets] + [f"-{k}" for k in unset])
+    from ..profile.secrets import is_secret_key, secret_strings
+    secrets = frozenset(secret_strings({k: v for k, v in sets}))     # new secret values: never printed
+    shown = {k: "***" if is_secret_key(k) else v for k, v in sets}
+    desc = ", ".join([f"{k}={v}" for k, v in shown.items()] + [f"-{k}" for k in unset])
+    groups = list({g.name: g for g in groups}.values())             # -g prefill -g prefill: once
     run_change(prof, groups, what="config set", action="config-set",
                changes=lambda data, tbl, label: changes_for_set(data, sets, unset, tbl, label),
                tree=tree, dry_run=dry_run, as_json=as_json, remote=remote, health_timeout=health_timeout,
-               verbose=verbose, schema=SET_SCHEMA,
-               doc=dict(set={k: v for k, v in sets}, unset=list(unset)), unchanged=f"already {desc}")
+               verbose=verbose, schema=SET_SCHEMA, doc=dict(set=shown, unset=list(unset)),
+               unchanged=f"already {desc}", secrets=secrets)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from ..errors import DsvError
+from ..errors import DsvError, InputError
 from ..render import dump_json
 
 
@@ -35,13 +35,14 @@ def printer(secrets: set[str]):
 
 def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[str], dry_run: bool, as_json: bool,
                remote: bool, health_timeout: Optional[float], verbose: bool, schema: str, doc: dict,
-               unchanged: str) -> None:
+               unchanged: str, secrets: frozenset = frozenset()) -> None:
     """Apply ``changes`` (:data:`dsv4ctl.serve.hicache_local.ChangesFn`) to the serve configs of
     ``groups`` (GroupViews of the Deployment ``prof``): locally, or with ``remote`` as a release.
 
     ``what`` names the command in lines and errors (``hicache on``), ``action`` the audit/lock
     action (``hicache-on``), ``schema`` and ``doc`` head the ``--json`` document, ``unchanged``
-    ends the line of a file that already says it (``HiCache already on``). Raises InputError
+    ends the line of a file that already says it (``HiCache already on``), ``secrets`` are values
+    never printed (new secret values being set; the files' own are found here). Raises InputError
     (exit 2: bad value, lint error, nothing written), HealthError (exit 1: a restarted group was
     unhealthy, rolled back), RemoteError (exit 3)."""
     from ..serve.hicache_local import prepare_edits, refuse_shipped, write_all
@@ -49,13 +50,20 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
 
     check_health_timeout(health_timeout)
     edits = prepare_edits(prof, groups, what, changes, tree)
-    out = printer(set().union(*(e.secrets for e in edits)))
+    secrets = set(secrets).union(*(e.secrets for e in edits))
+    out = printer(secrets)
+    from ..serve.edit import scrub
+    from ..serve.hicache_local import plan_guard
+    try:
+        plan_guard(prof, {e.group: e.new for e in edits if e.new != e.old}, what)
+    except InputError as e:
+        raise InputError(scrub(str(e), secrets)) from None
     # before any host is touched (--remote also rewrites the local copies), and in a dry run too:
     # the dry run is the run, and the run refuses
     refuse_shipped([e.path for e in edits if e.new != e.old])
     if remote:
         _remote(prof, groups, what, action, changes, tree, dry_run, as_json, edits, health_timeout, verbose,
-                schema, doc, unchanged)
+                schema, doc, unchanged, secrets)
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
@@ -79,7 +87,7 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
 
 
 def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_edits, health_timeout, verbose,
-            schema, doc, unchanged) -> None:
+            schema, doc, unchanged, extra_secrets=frozenset()) -> None:
     """``--remote``: every change to a host is a release. The running release's serve configs are
     edited (:mod:`dsv4ctl.serve.hicache_live`), a new release is derived from it and deployed
     (:mod:`dsv4ctl.deploy.change`), then the profile's local copies get the same edit (so the
@@ -91,7 +99,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     from ..serve.hicache_local import write_all
     from .deploy import _Interrupted, _sigterm_as_interrupt
 
-    secrets = set(deployment_secrets(prof)) | set().union(*(e.secrets for e in local_edits))
+    secrets = set(deployment_secrets(prof)) | set(extra_secrets) | set().union(*(e.secrets for e in local_edits))
     out = printer(secrets)
     names = [g.name for g in groups]
     redits: list = []

@@ -52,6 +52,15 @@ class RunContext:
         return [self.profile.group(n) for n in names or []]
 
 
+def _bad_groups(args: dict) -> Optional[str]:
+    """Why ``args.groups`` is not a group name or a list of names (e.g. a reference that resolved
+    to a boolean), else None."""
+    g = args.get("groups")
+    if g is None or isinstance(g, str) or (isinstance(g, list) and all(isinstance(x, str) for x in g)):
+        return None
+    return f"groups: expected a group name or a list of names, got {g!r}"
+
+
 def groups_line(ctx: RunContext, args: dict) -> Optional[str]:
     """For a describe (dry run): the group words of an unresolved ``"@step.field"`` groups arg
     (``the groups diag.hicache_crash_groups names``), else None."""
@@ -250,6 +259,8 @@ def _hicache(state: str):
         return _cli_argv(ctx, ["hicache", state] + _profile_args(ctx), args, flags)
 
     def run(ctx: RunContext, args: dict) -> dict:
+        if _bad_groups(args):
+            return {"ok": False, "error": _bad_groups(args)}
         if "groups" in args and not args["groups"]:     # a reference that names no group: not "every group"
             return {"ok": True, "hicache": state, "changed": [], "note": "no group to change"}
         code, doc, err = _run_cli(ctx, argv(ctx, args) + ["--json"], f"hicache-{state}")
@@ -279,6 +290,11 @@ def _config_set_argv(ctx: RunContext, args: dict) -> list[str]:
     sets = a.pop("set", None) or {}
     if not isinstance(sets, dict):
         raise InputError(f"config.set: set must be a mapping of serve-config keys to values, got {sets!r}")
+    from ..profile.secrets import is_secret_key
+    bad = [k for k in sets if is_secret_key(str(k))]
+    if bad:      # a playbook's args end up in argv, the dry run and the evidence files
+        raise InputError(f"config.set: {bad[0]} is a secret: set it in the serve config by hand "
+                         "(dsv4ctl config set keeps it out of its output, a playbook cannot)")
     def text(v) -> str:       # YAML for the CLI: a plain string stays plain when it reads back as itself
         import yaml
         if isinstance(v, str):
@@ -298,6 +314,8 @@ def _config_set_run(ctx: RunContext, args: dict) -> dict:
     Result: ``changed`` (groups), ``release``, ``restarted`` (a release restarted them: the
     watch's ``last_start`` is now). No group to change → nothing run, ``changed`` []."""
     from ..hosts.audit import now_iso
+    if _bad_groups(args):
+        return {"ok": False, "restarted": False, "error": _bad_groups(args)}
     if "groups" in args and not args["groups"]:
         return {"ok": True, "changed": [], "restarted": False, "note": "no group to change"}
     started = now_iso()

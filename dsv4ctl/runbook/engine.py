@@ -149,11 +149,38 @@ def arg_refs(args: dict) -> list[tuple[str, ...]]:
     return [tuple(_REF.match(v)["ref"].split(".")) for v in args.values() if is_ref(v)]
 
 
+def nested_refs(args: dict) -> list[str]:
+    """``"@step.field"`` strings inside a list or mapping arg (not supported: a playbook that has one
+    is refused at load; only a whole top-level value is a reference)."""
+    def inside(x: Any) -> list[str]:
+        if isinstance(x, dict):
+            return [r for v in x.values() for r in inside(v)]
+        if isinstance(x, list):
+            return [r for v in x for r in inside(v)]
+        return [x] if is_ref(x) else []
+    return [r for v in args.values() if isinstance(v, (dict, list)) for r in inside(v)]
+
+
 def resolve_args(args: dict, results: dict[str, dict]) -> dict:
-    """``args`` with each ``"@step.field"`` value replaced by that earlier result (None when the
-    step did not run or has no such field). Pure."""
-    return {k: _lookup(results, tuple(_REF.match(v)["ref"].split("."))) if is_ref(v) else v
-            for k, v in args.items()}
+    """``args`` with each ``"@step.field"`` value replaced by that earlier result: None when the
+    step did not run (skipped by its condition). InputError when the step ran and its result has
+    no such field (a misspelt reference must not turn into "nothing to do"). Pure."""
+    out = {}
+    for k, v in args.items():
+        if not is_ref(v):
+            out[k] = v
+            continue
+        ref = tuple(_REF.match(v)["ref"].split("."))
+        res = results.get(ref[0])
+        if res is not None and res.get("ran", True) is not False:
+            cur: Any = res
+            for part in ref[1:]:
+                if not isinstance(cur, dict) or part not in cur:
+                    raise InputError(f"args.{k}: {v}: step {ref[0]}'s result has no {'.'.join(ref[1:])} "
+                                     f"(it has: {', '.join(sorted(res)) or 'nothing'})")
+                cur = cur[part]
+        out[k] = _lookup(results, ref)
+    return out
 
 
 def evaluate(cond: list[list[Comparison]], results: dict[str, dict]) -> bool:
@@ -247,6 +274,10 @@ def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Pla
                         if c.ref[0] not in seen:
                             raise InputError(f"{where}: steps[{i}].{key}: refers to {c.ref[0]!r}, "
                                              "which is not an earlier step")
+        deep = nested_refs(s.get("args", {}))
+        if deep:
+            raise InputError(f"{where}: steps[{i}].args: {deep[0]}: a reference is only taken as a whole "
+                             "top-level arg value (e.g. groups: \"@diag.hicache_crash_groups\")")
         for ref in arg_refs(s.get("args", {})):
             if ref[0] not in seen:
                 raise InputError(f"{where}: steps[{i}].args: refers to {ref[0]!r}, which is not an earlier step")
@@ -356,7 +387,14 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
                                         lines=[f"condition false: {step.when}"]))
             save(state)
             continue
-        args = resolve_args(step.args, state.results)
+        try:
+            args = resolve_args(step.args, state.results)
+        except InputError as e:     # a reference to a field the step's result does not have
+            state.results[step.id] = {"ok": False, "ran": True, "error": str(e)}
+            state.timeline.append(Event(step.id, step.action, "failed", t0, clock(), result=state.results[step.id]))
+            state.failed_step = step.id
+            save(state)
+            return state
         if action.mutating:
             lines = action.describe(ctx, args)
             if not confirm(step, lines):

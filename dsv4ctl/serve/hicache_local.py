@@ -105,6 +105,35 @@ def new_errors(after: list, before: list) -> list:
     return [f for f in after if f.severity == "error" and key(f) not in had]
 
 
+def plan_guard(dep: Deployment, texts: dict[str, str], what: str) -> None:
+    """Refuse (InputError, exit 2) serve-config edits ``texts`` {group: new text} that break the
+    group's plan: the profile cannot be planned with them (a size the profile disagrees with, a
+    bad value the plan reads) or a changed group's verdict becomes ``fails`` (``dsv4ctl plan``:
+    it would not start or serve) when it did not fail before. Plans both (SGLang 0.5.23 pool
+    model, :mod:`dsv4ctl.plan.plan`); a profile that cannot be planned before the edit is not
+    judged here."""
+    from ..plan.plan import build_plan
+    from ..profile.deployment import resolve
+    from ..profile.serveconfig import parse_serve_config
+    try:
+        before = {gp.group.name: gp.verdict for gp in build_plan(dep).groups}
+    except InputError:
+        return
+    new = resolve(dep.profile)
+    for name, text in texts.items():
+        g = new.groups[name]
+        g._serve = parse_serve_config(text, str(g.serve_config_path))
+    try:
+        after = build_plan(new).groups
+    except InputError as e:
+        raise InputError(f"{what}: not written: the profile cannot be planned with the edit: {e}") from None
+    for gp in after:
+        n = gp.group.name
+        if n in texts and gp.verdict.get("level") == "fails" and (before.get(n) or {}).get("level") != "fails":
+            raise InputError(f"{what}: not written: {n} would fail its plan ({gp.verdict.get('deciding')}): "
+                             f"{gp.verdict.get('message')}")
+
+
 def _rel(p: Path) -> str:
     try:
         return str(Path(p).resolve().relative_to(Path.cwd()))

@@ -21,6 +21,11 @@ OWNED = {
     "enable-hierarchical-cache": "dsv4ctl hicache on|off",
     "config": "the serve config cannot name another config file",
 }
+#: argument dests that are the group's topology in the profile (model, tp/dp/pp/ep/attn-dp sizes,
+#: GPUs, address, port, PD role, multi-node set-up): routers, plans, gates and other groups depend
+#: on them, so they change with the profile and a deploy, not one serve config at a time
+TOPOLOGY = frozenset({"model_path", "tp_size", "dp_size", "pp_size", "ep_size", "attn_dp_size", "base_gpu_id",
+                      "gpu_id_step", "host", "port", "disaggregation_mode", "nnodes", "node_rank", "dist_init_addr"})
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -34,7 +39,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise InputError(f"{key}: value {raw!r} is not YAML: {str(e).splitlines()[0]}") from None
+        # the value itself is never echoed: it may be a secret (api-key=...)
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{key}: the value is not YAML ({what}); quote it, e.g. {key}='\"...\"'") from None
     return key, value
 
 
@@ -46,6 +53,10 @@ def _arg(table: Table, key: str):
         raise InputError(f"{key}: not an SGLang {table.version} server argument{hint}")
     if key in OWNED or arg.name in OWNED:
         raise InputError(f"{key}: set it with {OWNED.get(key) or OWNED[arg.name]}")
+    if arg.dest in TOPOLOGY:
+        raise InputError(f"{key}: part of the group's topology in the profile (model, parallel sizes, GPUs, "
+                         "address, port, PD role): edit the profile and its serve configs together, then "
+                         "dsv4ctl deploy")
     if arg.config == "unsupported":
         raise InputError(f"{key}: SGLang {table.version}'s --config reader rejects this key "
                          "(BooleanOptionalAction or deprecated flag); it cannot be set in a serve config")
@@ -60,11 +71,20 @@ def changes_for_set(data: dict, sets: Sequence[tuple[str, Any]], unsets: Sequenc
     Each value is converted as SGLang 0.5.23 would convert it at start-up
     (:func:`dsv4ctl.serve.argtable.convert`: type, choices, flag-ness); InputError (exit 2,
     ``label: key: reason``) for an unknown key, a key set twice, a value SGLang rejects, or a key
-    another command owns (:data:`OWNED`). An existing spelling of the key (an alias) is edited in
-    place; a new key goes after the last entry."""
+    another command owns (:data:`OWNED`) or the profile's topology holds (:data:`TOPOLOGY`). An existing spelling of the key (an alias) is edited in
+    place; a new key goes after the last entry. ``--unset`` also takes a key SGLang does not know
+    (the repair of a typo)."""
     seen: dict[str, str] = {}
     out: list[Change] = []
     for key, value in list(sets) + [(k, REMOVE) for k in unsets]:
+        if value is REMOVE and table.get(key) is None:
+            # a key SGLang does not know (a typo lint reports as SGL001) can be removed: the repair
+            if key in seen:
+                raise InputError(f"{key}: given twice")
+            seen[key] = key
+            if key in data:
+                out.append(Change(key, REMOVE, spellings=(key,)))
+            continue
         arg = _arg(table, key)
         if arg.name in seen:
             raise InputError(f"{key}: given twice (also as {seen[arg.name]})")
