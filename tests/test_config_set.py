@@ -195,3 +195,37 @@ def test_unset_repairs_an_unknown_key_and_groups_count_once(prof):
     assert run_cli("config", "lint", str(prof)).code == 2                 # SGL001: SGLang would not start
     r = run_cli("config", "set", str(prof), "-g", "prefill", "-g", "prefill", "--unset", "kv-canry")
     assert r.code == 0 and f.read_text() == before and r.out.count("wrote 1 file(s)") == 1, r.out + r.err
+
+
+def test_a_signal_during_a_multi_file_write_waits_for_all_files(tmp_path, monkeypatch):
+    """SIGTERM (or SIGINT) while write_all renames: held until every file is written, then
+    delivered; no half-written set, no temp file left."""
+    import os
+    import signal
+    from dsv4ctl.serve import hicache_local
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("x: 1\n")
+    b.write_text("y: 1\n")
+
+    class Stopped(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stopped()
+    old = signal.signal(signal.SIGTERM, handler)
+    real = os.replace
+    calls = []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)      # arrives between the two renames
+        return real(src, dst)
+    monkeypatch.setattr(hicache_local.os, "replace", replace)
+    try:
+        with pytest.raises(Stopped):
+            hicache_local.write_all([(a, "x: 2\n"), (b, "y: 2\n")])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert (a.read_text(), b.read_text()) == ("x: 2\n", "y: 2\n") and len(calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "b.yaml"]

@@ -316,3 +316,32 @@ def test_a_profile_that_would_not_load_is_not_written(prof, gpu_host, monkeypatc
     assert err.startswith(f"dsv4ctl: error: {prof}:") and "tp*pp = 3 does not match the 4 GPUs" in err
     assert err.endswith("(after the edit); nothing written\n") and err.count("\n") == 1
     assert not [f for f in os.listdir(prof.parent) if f.startswith(".")]
+
+
+def test_editor_refuses_a_shared_memory_mapping_and_keeps_flow_mappings_valid():
+    """``memory: &mem {...}`` / ``memory: *mem``: an edit of one group's values would change the
+    other's: refused. A flow mapping gets the new value and no comment inside its braces."""
+    from dsv4ctl.errors import InputError
+    from dsv4ctl.profile.edit import set_value
+    shared = ("groups:\n  - name: prefill\n    memory: &mem\n      free_gib_before_load: 177.0\n"
+              "  - name: decode\n    memory: *mem\n")
+    for i in (0, 1):
+        with pytest.raises(InputError) as e:
+            set_value(shared, ("groups", i, "memory", "free_gib_before_load"), [171.0], "p.yaml", "# measured")
+        assert "is an alias or anchored (shared with another part of the file)" in str(e.value)
+    flow = "groups:\n  - name: decode\n    memory: {free_gib_before_load: 177.0, weights_gib_per_rank: 43.66}\n"
+    out = set_value(flow, ("groups", 0, "memory", "free_gib_before_load"), [171.0, 170.5], "p.yaml", "# measured")
+    assert out == ("groups:\n  - name: decode\n    memory: {free_gib_before_load: [171.0, 170.5], "
+                   "weights_gib_per_rank: 43.66}\n")
+
+
+def test_editors_count_lines_as_yaml_does():
+    """U+2028 inside a value is not a line break for YAML (str.splitlines would split there and
+    every later position would be off by one)."""
+    from dsv4ctl.profile.edit import set_value
+    from dsv4ctl.serve.edit import Change, apply_changes
+    text = "served-model-name: \"a\u2028b\"\nmem-fraction-static: 0.865\nport: 30000\n"
+    out = apply_changes(text, [Change("mem-fraction-static", 0.86)], "p.yaml")
+    assert out == "served-model-name: \"a\u2028b\"\nmem-fraction-static: 0.86\nport: 30000\n"
+    prof = "name: \"x\u2028y\"\ngroups:\n  - name: d\n    memory:\n      free_gib_before_load: 1.0\n"
+    assert set_value(prof, ("groups", 0, "memory", "free_gib_before_load"), [2.0], "p.yaml") == prof.replace("1.0", "[2.0]")

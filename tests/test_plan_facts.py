@@ -202,3 +202,17 @@ def test_balance_check_switched_off_in_the_group_env_is_a_warning(prof):
     assert code == 0 and g["verdict"]["deciding"] != "unbalanced", err
     assert ("unbalanced: free before load 157.0 GiB on one GPU < 0.9 x 177.0 GiB on another; with "
             "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false SGLang only warns and starts") in " ".join(g["warnings"])
+
+
+@pytest.mark.parametrize("value,code", [("n", 0), ("No", 0), ("0", 0), ("off", 2), ("", 2), ("y", 1)])
+def test_sglang_env_switches_read_as_sglang_reads_them(prof, value, code):
+    """EnvBool (srt/environ.py:143-150): n/no/0 switch the balance check off; 'off' and '' are
+    not values SGLang reads (it warns and keeps the default: the check is on)."""
+    set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
+    prof.write_text(prof.read_text().replace(
+        "    gpus: [4, 5, 6, 7]\n    tp: 4\n",
+        f"    gpus: [4, 5, 6, 7]\n    tp: 4\n    env: {{SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK: '{value}'}}\n"))
+    c, out, err = run("plan", str(prof), "-g", "decode")
+    assert c == code, err
+    if code == 2:
+        assert "is not a value SGLang's EnvBool reads (true/1/yes/y, false/0/no/n)" in err

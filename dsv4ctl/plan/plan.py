@@ -70,6 +70,25 @@ def _bool(key: str, v: Any) -> bool:
     raise InputError(f"{key}: expected a boolean, got {v!r}")
 
 
+_ENV_TRUE, _ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+
+
+def _env_bool(key: str, v: Any) -> bool:
+    """An SGLang boolean environment switch read exactly as SGLang 0.5.23's ``EnvBool.parse``
+    (srt/environ.py:143-150: true/1/yes/y, false/0/no/n, any case). Any other text SGLang replaces
+    by the switch's default with only a warning (``EnvField.get``): InputError here, so a profile
+    never says ``off`` while the server runs with the default."""
+    if isinstance(v, bool):
+        return v
+    s = str(v).lower()
+    if s in _ENV_TRUE:
+        return True
+    if s in _ENV_FALSE:
+        return False
+    raise InputError(f"{key}: {v!r} is not a value SGLang's EnvBool reads (true/1/yes/y, false/0/no/n): "
+                     "SGLang would warn and use the default")
+
+
 def _int(key: str, v: Any, minimum: int = 0) -> int:
     try:
         if isinstance(v, bool):
@@ -121,10 +140,10 @@ SET_KEYS: dict[str, str] = {
     "draft_weights_gib_per_rank": "gib", "checkpoint_format": "str", "min_requests": "int",
     "free_gib_before_load": "gib", "weights_gib_per_rank": "gib", "other_gib": "gib",
     "gpu_memory_mib": "mib",
-    "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "bool",
+    "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "envbool",
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
-    "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "bool", "SGLANG_PP_LAYER_PARTITION": "str",
-    "SGLANG_SWA_EVICTION_INTERVAL": "int", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "bool",
+    "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "envbool", "SGLANG_PP_LAYER_PARTITION": "str",
+    "SGLANG_SWA_EVICTION_INTERVAL": "int", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "envbool",
 }
 # serve-config dashed names that plan reads (others are ignored by the capacity model).
 SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
@@ -168,6 +187,8 @@ def _coerce(label: str, kind: str, value: Any) -> Any:
         return x
     if kind == "bool":
         return _bool(label, value)
+    if kind == "envbool":
+        return _env_bool(label, value)
     if kind == "optstr":
         return _opt_str(value)
     return str(value)

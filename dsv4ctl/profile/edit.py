@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 from typing import Any, Optional, Sequence
 
 from ..errors import InputError
@@ -82,6 +83,16 @@ def line_ending(line: str) -> str:
     return line[len(body):]
 
 
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def yaml_lines(text: str) -> list[str]:
+    """``text`` split into lines with their endings the way YAML (and ruamel.yaml's marks) count
+    them: at ``\n``, ``\r\n`` and ``\r`` only (``str.splitlines`` also splits at U+2028, U+2029,
+    U+0085 and form feeds, which a YAML value may hold)."""
+    return _LINE.findall(text)
+
+
 def compose_lines(text: str, label: str) -> tuple[Any, list[str], str]:
     """``(root node, lines with their endings, the file's line end)`` of ``text``: the root is
     ruamel.yaml's composed node (None for an empty document), every node with its start/end marks.
@@ -91,7 +102,7 @@ def compose_lines(text: str, label: str) -> tuple[Any, list[str], str]:
         node = yaml_rt().compose(text)
     except YAMLError as e:
         raise syntax_error(label, e) from None
-    lines = text.splitlines(keepends=True)
+    lines = yaml_lines(text)
     return node, lines, next((line_ending(l) for l in lines if line_ending(l)), "\n")
 
 
@@ -213,7 +224,9 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
         return f"{label}:{n.start_mark.line + 1}"
 
     parent = None       # (mapping, key) whose value ``node`` is
+    in_flow = False     # a ``{...}``/``[...]`` on the path: no comment can go on the value's line
     for depth, part in enumerate(path):
+        in_flow = in_flow or bool(getattr(node, "flow_style", False))
         if isinstance(part, int):
             if not isinstance(node, SequenceNode) or not 0 <= part < len(node.value):
                 raise InputError(f"{where(node)}: {_dotted(path[:depth + 1])}: no such item")
@@ -250,8 +263,13 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
         parent = (node, found[0])
         key, node = found
         if depth < len(path) - 1:
+            if node.start_mark.index < key.end_mark.index or getattr(node, "anchor", None):
+                # ``memory: *mem`` / ``memory: &mem {...}``: shared with another part of the file,
+                # an edit here would change the other one too
+                raise InputError(f"{label}:{key.start_mark.line + 1}: {_dotted(path[:depth + 1])} is an alias or "
+                                 "anchored (shared with another part of the file); refusing to edit it (set it by hand)")
             continue
-        _replace(lines, key, node, rendered, comment, label, _dotted(path))
+        _replace(lines, key, node, rendered, None if in_flow else comment, label, _dotted(path))
     out = "".join(lines)
     expected = copy.deepcopy(before)
     cur = expected

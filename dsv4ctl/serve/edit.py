@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import InputError
-from ..profile.edit import aligned_comment, compose_lines, line_ending as _ending, render_value
+from ..profile.edit import aligned_comment, compose_lines, line_ending as _ending, render_value, yaml_lines
 from ..profile.edit import syntax_error as _syntax_error
 from ..profile.secrets import is_secret_key
 
@@ -283,7 +283,7 @@ def redact(text: str, diff: bool = False) -> str:
     (``hicache-storage-backend-extra-config: '{"secret_key": "X"}'`` → ``"secret_key": "***"``)."""
     out = []
     block = None      # indent of a secret key whose value continues on the next lines
-    for raw in text.splitlines(keepends=True):
+    for raw in yaml_lines(text):
         body = raw.rstrip("\r\n")
         nl = raw[len(body):]
         pre = ""

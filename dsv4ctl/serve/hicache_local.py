@@ -160,10 +160,22 @@ def write_all(files: list[tuple[Path, str]]) -> None:
     and gives it the target's mode and owner; any failure removes every temp file and raises DsvError
     (exit 3, no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs
     the folders; if a rename fails, the files already renamed get their old bytes, mode and owner
-    back the same way. A file shipped with dsv4ctl (the installation's or the checkout's shipped
+    back the same way. SIGINT and SIGTERM are held while both phases run. A file shipped with dsv4ctl (the installation's or the checkout's shipped
     profiles and serve configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``,
     nothing changed."""
     refuse_shipped([p for p, _ in files])
+    import signal
+    # SIGINT/SIGTERM wait until the files are all written or all put back (a few small local
+    # files: milliseconds); a signal that came meanwhile is delivered when the mask is restored
+    held = {signal.SIGINT, signal.SIGTERM}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        _write_all(files)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _write_all(files: list[tuple[Path, str]]) -> None:
     staged: list[tuple[Path, str, bytes, os.stat_result]] = []      # (target, temp path, old bytes, old stat)
     try:
         for path, text in files:
@@ -182,8 +194,10 @@ def write_all(files: list[tuple[Path, str]]) -> None:
         where = e.filename or (staged[-1][0] if staged else (files[0][0] if files else "?"))
         raise DsvError(f"{where}: cannot write ({e.strerror or e}); no file was changed", EXIT_REMOTE) from None
     done: list[tuple[Path, bytes, os.stat_result]] = []
+    current = None
     try:
         for target, tmp, old, st in staged:
+            current = target
             os.replace(tmp, target)
             done.append((target, old, st))
     except OSError as e:
@@ -197,7 +211,8 @@ def write_all(files: list[tuple[Path, str]]) -> None:
                 os.replace(tmp, target)
             except OSError:
                 pass
-        raise DsvError(f"{e.filename or '?'}: rename failed ({e.strerror or e}); files put back", EXIT_REMOTE) from None
+        raise DsvError(f"{current or e.filename or '?'}: rename failed ({e.strerror or e}); files put back",
+                       EXIT_REMOTE) from None
     for d in {t.parent for t, _, _ in done}:
         try:
             dfd = os.open(d, os.O_RDONLY)
