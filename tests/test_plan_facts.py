@@ -216,3 +216,24 @@ def test_sglang_env_switches_read_as_sglang_reads_them(prof, value, code):
     assert c == code, err
     if code == 2:
         assert "is not a value SGLang's EnvBool reads (true/1/yes/y, false/0/no/n)" in err
+
+
+def test_unbalanced_fix_raises_every_gpu_to_the_most_free_when_the_line_is_not_enough(prof):
+    """Up to the 0.9 line the prefill's pools (sized from the least free GPU) do not fit; with every
+    GPU at the most free one's memory they do: that fix is printed, re-planned."""
+    s = prof.read_text()
+    i = s.index("  - name: prefill")
+    j = s.index("      free_gib_before_load: 177.0", i)
+    e = s.index("\n", j)
+    prof.write_text(s[:j] + "      free_gib_before_load: [174.4, 175.117, 157.6, 165.623]" + s[e:])
+    code, out, err = run("plan", str(prof), "-g", "prefill", "--json")
+    g = json.loads(out)["groups"][0]
+    assert code == 1 and g["verdict"]["deciding"] == "unbalanced"
+    assert g["fixes"] == ["free 0.717 GiB on GPU 0 and 17.517 GiB on GPU 2 and 9.494 GiB on GPU 3 (other processes "
+                          "hold it; dsv4ctl facts shows which): SGLang needs every GPU's free memory >= 0.9 x 175.117 "
+                          "GiB, and the pools, sized from the least free GPU, fit only with every GPU at 175.117 GiB "
+                          "(re-planned: tight, headroom 12.549 GiB)"]
+    prof.write_text(prof.read_text().replace("[174.4, 175.117, 157.6, 165.623]", "[175.117, 175.117, 175.117, 175.117]"))
+    code, out, err = run("plan", str(prof), "-g", "prefill", "--json")
+    g = json.loads(out)["groups"][0]
+    assert code == 0 and min(r["headroom_gib"] for r in g["ranks"]) == 12.549

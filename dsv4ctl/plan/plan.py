@@ -872,29 +872,38 @@ def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePla
 
 def _balance_fix(model, gi: GroupInputs) -> Optional[tuple[str, tuple]]:
     """Free memory on the GPUs below SGLang's balance line (:func:`verdict.to_balance`): the fix
-    text and the re-plan with those GPUs' free memory (P, and F with it) raised by the amount freed;
-    None when nothing is below the line or the re-plan still fails."""
-    frees = list(gi.free_gib_per_gpu or [])
-    need = vd.to_balance(frees)
-    if not need:
+    text and the re-plan with those GPUs' free memory (P, and F with it) raised by the amount freed.
+    The smallest change first: up to the 0.9 line; when that re-plan still fails (the pools are
+    sized from the least free GPU), up to the most free GPU's memory. None when nothing is below
+    the line or neither re-plan passes."""
+    frees0 = list(gi.free_gib_per_gpu or [])
+    if not vd.to_balance(frees0):
         return None
-    resident = list(gi.rank_resident_gib or [])
-    for i, gib in need:
-        frees[i] = round(frees[i] + gib, 3)
-        if i < len(resident):
-            resident[i] = round(resident[i] + gib, 3)
-    r = _replanned(model, cap.replace(gi, free_gib_per_gpu=frees, rank_resident_gib=resident or None,
-                                      free_gib_before_load=min(frees)))
-    if r is None:
-        return None
-    others = gi.other_gib_per_gpu or []
-    parts = []
-    for i, gib in need:
-        gpu = gi.gpus[i] if i < len(gi.gpus) else f"#{i}"
-        held = f" (other_gib {others[i]} GiB)" if i < len(others) and others[i] else ""
-        parts.append(f"{gib} GiB on GPU {gpu}{held}")
-    return (f"free {' and '.join(parts)} (other processes hold it; dsv4ctl facts shows which): "
-            f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {max(frees)} GiB"), r
+    top = max(frees0)
+    line_need = vd.to_balance(frees0)
+    full_need = [(i, round(top - f, 3)) for i, f in enumerate(frees0) if f < top]
+    for need, line in ((line_need, True), (full_need, False)):
+        frees = list(frees0)
+        resident = list(gi.rank_resident_gib or [])
+        for i, gib in need:
+            frees[i] = round(frees[i] + gib, 3)
+            if i < len(resident):
+                resident[i] = round(resident[i] + gib, 3)
+        r = _replanned(model, cap.replace(gi, free_gib_per_gpu=frees, rank_resident_gib=resident or None,
+                                          free_gib_before_load=min(frees)))
+        if r is None:
+            continue
+        others = gi.other_gib_per_gpu or []
+        parts = []
+        for i, gib in need:
+            gpu = gi.gpus[i] if i < len(gi.gpus) else f"#{i}"
+            held = f" (other_gib {others[i]} GiB)" if i < len(others) and others[i] else ""
+            parts.append(f"{gib} GiB on GPU {gpu}{held}")
+        why = (f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {top} GiB" if line else
+               f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {top} GiB, and the pools, "
+               f"sized from the least free GPU, fit only with every GPU at {top} GiB")
+        return f"free {' and '.join(parts)} (other processes hold it; dsv4ctl facts shows which): {why}", r
+    return None
 
 
 def _as_given(gi, v: vd.Verdict) -> vd.Verdict:
