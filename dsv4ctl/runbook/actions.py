@@ -269,15 +269,24 @@ def _hicache(state: str):
         return {"ok": code == 0, "error": err} if code else {"ok": True, "hicache": state}
 
     def describe(ctx: RunContext, args: dict) -> list[str]:
-        if groups_line(ctx, args):
-            a = {k: v for k, v in args.items() if k != "groups"}
-            return [f"dsv4ctl {' '.join(argv(ctx, a))} -g <{groups_line(ctx, args)}>"
-                    + (": a release with the edited serve configs; only those groups restart behind the deploy's gate"
-                       if args.get("remote") else "")]
-        code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"hicache-{state}-dry-run")
-        out = (ctx.run_dir / f"hicache-{state}-dry-run.out").read_text().splitlines()
-        return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
+        return _serve_change_describe(ctx, args, argv, f"hicache-{state}-dry-run")
     return run, describe
+
+
+def _serve_change_describe(ctx: RunContext, args: dict, argv: Callable[[RunContext, dict], list[str]],
+                           evidence: str) -> list[str]:
+    """Dry-run lines of a serve-config change (``hicache on|off``, ``config set``): the command and
+    its own ``--dry-run`` output; with ``groups`` still a reference, the command with the groups
+    named as such (its dry run needs them)."""
+    if groups_line(ctx, args):
+        a = {k: v for k, v in args.items() if k != "groups"}
+        return [f"dsv4ctl {' '.join(argv(ctx, a))} -g <{groups_line(ctx, args)}>"
+                + (": a release with the edited serve configs; only those groups restart behind the deploy's gate"
+                   if args.get("remote") else "")]
+    code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], evidence)
+    out = (ctx.run_dir / f"{evidence}.out").read_text().splitlines()
+    return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + \
+        ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
 
 
 _CONFIG_FLAGS = {"groups": "--group", "unset": "--unset", "remote": "--remote", "health_timeout": "--health-timeout",
@@ -332,15 +341,7 @@ def _config_set_run(ctx: RunContext, args: dict) -> dict:
 
 
 def _config_set_describe(ctx: RunContext, args: dict) -> list[str]:
-    if groups_line(ctx, args):
-        a = {k: v for k, v in args.items() if k != "groups"}
-        return [f"dsv4ctl {' '.join(_config_set_argv(ctx, a))} -g <{groups_line(ctx, args)}>"
-                + (": a release with the edited serve configs; only those groups restart behind the deploy's gate"
-                   if args.get("remote") else "")]
-    code, _, err = _run_cli(ctx, _config_set_argv(ctx, args) + ["--dry-run"], "config-set-dry-run")
-    out = (ctx.run_dir / "config-set-dry-run.out").read_text().splitlines()
-    return [f"dsv4ctl {' '.join(_config_set_argv(ctx, args))}"] + out[:40] + \
-        ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
+    return _serve_change_describe(ctx, args, _config_set_argv, "config-set-dry-run")
 
 
 def _patch(verb: str):
