@@ -171,9 +171,10 @@ def console(stderr: bool = False):
                    width=output_width(), no_color=bool(os.environ.get("NO_COLOR")) or None)
 
 
-def error_line(message: str) -> None:
-    """Print ``dsv4ctl: error: <message>`` on stderr, one line."""
-    print(f"dsv4ctl: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+def error_line(message: str, label: str = "error") -> None:
+    """Print ``dsv4ctl: <label>: <message>`` on stderr, one line (``label``: ``error``, or e.g.
+    ``gate failed`` for a verdict, :attr:`dsv4ctl.errors.DsvError.label`)."""
+    print(f"dsv4ctl: {label}: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + [0x7f]}
