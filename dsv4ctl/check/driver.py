@@ -120,25 +120,29 @@ def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[s
                "EADDRNOTAVAIL": "out of local ports (use fewer sessions)"}.get(name, strerror or name)
         return "local", f"cannot connect to {hp}: this machine is {why}" if name in (
             "EMFILE", "ENFILE", "EADDRNOTAVAIL") else f"cannot connect to {hp}: this machine: {why}"
-    if isinstance(e, aiohttp.ClientConnectorError):
-        return "connect", f"cannot connect to {hp} ({strerror or _first_line(e)})"
-    if isinstance(e, aiohttp.ServerDisconnectedError):
-        return "connect", f"{hp} closed the connection without an HTTP answer ({what})"
-    if isinstance(e, aiohttp.TooManyRedirects):
-        return "protocol", f"{hp}: {what}: too many redirects (a redirect loop)"
-    if isinstance(e, aiohttp.RedirectClientError):
-        return "protocol", f"{hp}: {what}: a redirect to a URL that is not http(s)"
-    if isinstance(e, aiohttp.ClientOSError):
-        if err is not None and err.errno == errno.ECONNRESET:
-            return "connect", f"{hp} reset the connection ({what})"
-        return "connect", f"{hp}: {what}: {strerror or _first_line(e)}"
-    if isinstance(e, aiohttp.ClientPayloadError):
-        return "protocol", f"{hp}: {what}: broken HTTP body ({_first_line(e)})"
-    if isinstance(e, aiohttp.ClientResponseError):
-        return "protocol", f"{hp}: {what}: broken HTTP answer ({_first_line(e.message)})"
-    if isinstance(e, aiohttp.InvalidURL):
-        return "connect", f"{_first_line(url)}: not a usable URL"
+    facts = {"hp": hp, "what": what, "why": strerror or _first_line(e), "first": _first_line(e),
+             "message": _first_line(getattr(e, "message", "")), "url": _first_line(url)}
+    for cls, errno_name, kind, text in CLIENT_ERROR_TEXTS:
+        if isinstance(e, cls) and (errno_name is None or (err is not None and err.errno == getattr(errno, errno_name))):
+            return kind, text.format(**facts)
     return "connect", f"{hp}: {what}: {_first_line(e) or type(e).__name__}"
+
+
+CLIENT_ERROR_TEXTS: tuple[tuple[type, Optional[str], str, str], ...] = (
+    (aiohttp.ClientConnectorError, None, "connect", "cannot connect to {hp} ({why})"),
+    (aiohttp.ServerDisconnectedError, None, "connect", "{hp} closed the connection without an HTTP answer ({what})"),
+    (aiohttp.TooManyRedirects, None, "protocol", "{hp}: {what}: too many redirects (a redirect loop)"),
+    (aiohttp.RedirectClientError, None, "protocol", "{hp}: {what}: a redirect to a URL that is not http(s)"),
+    (aiohttp.ClientOSError, "ECONNRESET", "connect", "{hp} reset the connection ({what})"),
+    (aiohttp.ClientOSError, None, "connect", "{hp}: {what}: {why}"),
+    (aiohttp.ClientPayloadError, None, "protocol", "{hp}: {what}: broken HTTP body ({first})"),
+    (aiohttp.ClientResponseError, None, "protocol", "{hp}: {what}: broken HTTP answer ({message})"),
+    (aiohttp.InvalidURL, None, "connect", "{url}: not a usable URL"),
+)
+"""How :func:`describe_client_error` words an aiohttp error that is not this machine's: (class,
+errno name or None, kind, text), first match wins (subclasses before their bases). The text's
+fields: ``hp`` (host:port), ``what`` (``METHOD /path``), ``why`` (the OS's words, else the
+error's first line), ``first`` (the error's first line), ``message`` (its ``message``), ``url``."""
 
 
 def ensure_fd_limit(concurrency: int, spare: int = 64) -> int:
