@@ -169,9 +169,11 @@ def test_api_key_is_sent_and_never_printed(tmp_path):
     cfg = write_config(tmp_path / "s.yaml", api_key=key)
     with standin(cfg, *FAST) as url:
         r = run_cli("check", "smoke", url, "--json")
-        assert r.code == 1
-        st = statuses(r.json())
-        assert st[("health", url)] == "pass" and st[("models", url)] == "fail"     # /health stays open
+        # no key: the client's problem, no verdict (before: failed lines, exit 1)
+        hp = url.split("://")[1]
+        assert r.code == 2 and r.out == "" and r.err.strip() == (
+            f"dsv4ctl: error: check smoke: {hp} needs an API key (HTTP 401 for GET /v1/models): "
+            "set DSV4CTL_API_KEY or the serve config's api-key")
         r = run_cli("check", "smoke", url, "--json", env={"DSV4CTL_API_KEY": key})
         assert r.code == OK_CODE, r.out
         assert_all_pass_but_standin_fails(r.json()["checks"])
@@ -182,7 +184,11 @@ def test_api_key_is_sent_and_never_printed(tmp_path):
         assert r.json()["levels"][0]["turns"] == 8
         assert key not in r.out + r.err + (tmp_path / "r.jsonl").read_text()
         r = run_cli("check", "load", url, "-c", "4", "--no-progress")
-        assert r.code == 2 and "HTTP 401" in r.err
+        assert r.code == 2 and "needs an API key (HTTP 401 for GET /v1/models)" in r.err
+        r = run_cli("check", "load", url, "-c", "4", "--no-progress", "--model", "m", "--api-key", "other-key")
+        assert r.code == 2 and r.err.strip() == (
+            f"dsv4ctl: error: check load: {hp} refuses the API key (HTTP 401 for POST /v1/chat/completions): "
+            "set DSV4CTL_API_KEY or the serve config's api-key")
 
 
 def test_judge_server_info_cuts_long_server_values():

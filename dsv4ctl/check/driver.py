@@ -99,13 +99,8 @@ def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[s
     import errno
     import os
 
-    from yarl import URL
     hp = _host_port(url)
-    try:
-        path = URL(str(url)).raw_path_qs or "/"
-    except (ValueError, TypeError):
-        path = str(url)
-    what = f"{method} {path}"
+    what = f"{method} {_path(url)}"
     err = _os_error(e)
     code = err.errno if err is not None and isinstance(err.errno, int) and err.errno > 0 else None
     strerror = ((os.strerror(code) if code in errno.errorcode else None)
@@ -180,6 +175,28 @@ class ClientSideError(ConnectError):
     name that does not resolve): the run stops (exit 2) and nothing is counted as corruption."""
 
 
+AUTH_STATUSES = (401, 403)
+"""HTTP statuses of a refused API key (SGLang 0.5.23 ``srt/utils/auth.py``: 401 for a missing or
+wrong bearer token, 403 for an admin-only endpoint)."""
+
+
+class AuthRefused(ClientSideError):
+    """The server refuses the client's API key (HTTP 401 / 403) before it accepted any request of
+    the run: the client's configuration is wrong (no key, or another key than the server's), so
+    the run stops (exit 2) and nothing is judged. ``status``: the HTTP status."""
+
+    def __init__(self, status: int, url, method: str, key_sent: bool):
+        self.status = status
+        what = "refuses the API key" if key_sent else "needs an API key"
+        super().__init__(f"{_host_port(url)} {what} (HTTP {status} for {method} {_path(url)}): "
+                         f"set DSV4CTL_API_KEY or the serve config's api-key")
+
+
+def key_sent(http: aiohttp.ClientSession) -> bool:
+    """True when ``http`` sends an ``Authorization`` header (:func:`auth_headers`)."""
+    return "Authorization" in http.headers
+
+
 class BadResponse(Exception):
     """The target answered, but with a body over :data:`classify.MAX_JSON_BODY` bytes."""
 
@@ -211,6 +228,9 @@ class LevelRun:
     """CPU seconds this client process spent while the level ran (``time.process_time``)."""
     metrics_before: Optional[dict] = None
     metrics_after: Optional[dict] = None
+    key_accepted: bool = False
+    """True once a turn got an HTTP answer other than 401 / 403 (the server took the API key);
+    passed on to the next level of the same URL (:func:`run_level` ``key_accepted``)."""
     crash: Optional[dict] = None
     """None, or the crash: {reason (str), started_at (Unix s, ``t_start`` of the first turn of the
     run of connection errors), turn (1-based position of that turn in ``records``), rid (its request
@@ -263,8 +283,11 @@ def _path(url) -> str:
 
 async def discover_model(http: aiohttp.ClientSession, base: str) -> str:
     """The first model id of ``GET base/v1/models``. ConnectError if unreachable or not a model
-    list (an id that is not a non-empty string included); BadResponse if over the size limit."""
+    list (an id that is not a non-empty string included); :class:`AuthRefused` for HTTP 401 / 403;
+    BadResponse if over the size limit."""
     status, doc = await fetch_json(http, base + "/v1/models")
+    if status in AUTH_STATUSES:
+        raise AuthRefused(status, base + "/v1/models", "GET", key_sent(http))
     try:
         if status != 200:
             raise KeyError
@@ -400,7 +423,7 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
                     label: str = "", stop: Optional[Callable[[], bool]] = None,
                     turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None,
-                    thinking: bool = False) -> LevelRun:
+                    thinking: bool = False, key_accepted: bool = False) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
@@ -420,10 +443,16 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
 
     A failure of this machine in any turn (:class:`ClientSideError`: out of file descriptors or
     local ports, DNS) stops every worker before its next turn and is raised once they are done;
-    the turn it hit is not recorded (it says nothing about the server)."""
+    the turn it hit is not recorded (it says nothing about the server).
+
+    API key: a turn answered HTTP 401 / 403 before any turn of the run got another HTTP answer
+    (``key_accepted`` False: no earlier level of this URL did either) raises :class:`AuthRefused`
+    the same way (the client's key is wrong or missing; nothing is judged). Once the server has
+    taken the key, a later 401 / 403 is the server's answer (e.g. a worker behind a gateway with
+    another key) and is recorded as an ``http_error`` turn."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     specs = C.tool_specs(TOOLS)
-    level = LevelRun(url=url, concurrency=concurrency, target=target)
+    level = LevelRun(url=url, concurrency=concurrency, target=target, key_accepted=key_accepted)
     run_id = run_id or uuid.uuid4().hex[:8]
     issued = 0
     next_sid = concurrency
@@ -462,6 +491,11 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                 except ClientSideError as e:
                     failure.append(e)
                     return
+                if result.http_status in AUTH_STATUSES and not level.key_accepted:
+                    failure.append(AuthRefused(result.http_status, endpoint, "POST", key_sent(http)))
+                    return
+                if result.http_status is not None and result.http_status not in AUTH_STATUSES:
+                    level.key_accepted = True
                 v = E.judge(result, requires_tool=spec.requires_tool, tools=specs, expected=spec.expected_calls,
                             tool_choice=spec.tool_choice, thinking_requested=thinking)
                 rec = {

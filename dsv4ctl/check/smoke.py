@@ -39,7 +39,7 @@ import aiohttp
 
 from . import classify as C
 from . import expect as E
-from .driver import BadResponse, ClientSideError, ConnectError, fetch_json, run_turn
+from .driver import AUTH_STATUSES, AuthRefused, BadResponse, ClientSideError, ConnectError, fetch_json, key_sent, run_turn
 from .workload import CALL_INSTRUCTION, SYSTEM_PROMPT, TOOLS, Session, known_instruction
 
 EXPECT_VERSION = "0.5.23"
@@ -326,7 +326,10 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
     complete answer (also the no-progress limit); a body over the size limits of :mod:`.classify`
     fails its line. The entry is unreachable (returned False; the ``models`` line says why) when
     ``GET /v1/models`` gets no HTTP answer or a broken one. Raises :class:`.driver.ClientSideError`
-    for a failure of this machine (out of file descriptors, DNS)."""
+    for a failure of this machine (out of file descriptors, DNS), and :class:`.driver.AuthRefused`
+    (one) when ``/v1/models``, or a completion probe before any was taken, is answered HTTP 401 /
+    403 (the API key is missing or wrong: no verdict on the server). A 401 / 403 after a probe was
+    taken fails that probe's line."""
     from .driver import auth_headers
     out: list[dict] = []
     specs = C.tool_specs(TOOLS)
@@ -366,6 +369,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         infos: list[Any] = []
         try:
             status, doc = await fetch_json(http, entry + "/v1/models", timeout=timeout)
+            if status in AUTH_STATUSES:
+                raise AuthRefused(status, entry + "/v1/models", "GET", key_sent(http))
             models_doc = doc if status == 200 else None
             data = doc.get("data") if isinstance(doc, dict) else None
             ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
@@ -404,8 +409,18 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         url = entry + "/v1/chat/completions"
         model = model or "default"
         samples: list[tuple[str, int, C.TurnResult]] = []
+        accepted = False
+
+        async def probe(body: dict, stream: bool) -> tuple[C.TurnResult, dict]:
+            # a 401 / 403 before any probe was taken: the client's key is wrong (no verdict)
+            nonlocal accepted
+            res, timing = await run_turn(http, url, body, stream, timeout)
+            if res.http_status in AUTH_STATUSES and not accepted:
+                raise AuthRefused(res.http_status, url, "POST", key_sent(http))
+            accepted = accepted or res.http_status is not None
+            return res, timing
         body = chat_body(model, _rid())
-        res, timing = await run_turn(http, url, body, False, timeout)
+        res, timing = await probe(body, False)
         samples.append(("chat", sent_bytes(body), res))
         v = C.classify(res, requires_tool=False, tools=specs)
         out.append(line("chat", entry, "pass" if v.ok else "fail",
@@ -417,7 +432,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             body = s.request(model, rid)
             if stream:
                 body["stream_options"] = {"include_usage": True}
-            res, timing = await run_turn(http, url, body, stream, timeout)
+            res, timing = await probe(body, stream)
             samples.append((name, sent_bytes(body), res))
             spec = s.spec()         # a known answer: the calls the instruction states
             v = E.judge(res, requires_tool=True, tools=specs, expected=spec.expected_calls, tool_choice=spec.tool_choice)
@@ -428,7 +443,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             out.append(line(name, entry, "pass" if ok else "fail", reason, rid=rid))
         for kind in ("none", "required", "named"):
             body = tool_choice_body(kind, model, _rid())
-            res, _ = await run_turn(http, url, body, False, timeout)
+            res, _ = await probe(body, False)
             samples.append((f"tool_choice_{kind}", sent_bytes(body), res))
             if kind == "none":
                 ln = judge_tool_choice_none(res, entry, specs)
@@ -445,7 +460,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         else:
             body = over_length_body(model, _rid(), ctx)
             chars = len(body["messages"][0]["content"])
-            res, _ = await run_turn(http, url, body, False, timeout)
+            res, _ = await probe(body, False)
             ln = judge_over_length(res, entry, ctx, source, chars)
             ln["detail"]["rid"] = body["rid"]
             out.append(ln)
