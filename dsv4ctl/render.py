@@ -186,3 +186,18 @@ def printable(text: str) -> str:
     tab and newline kept) written as ``\\xNN`` / ``\\uNNNN``, so text a server sent cannot move the
     cursor, recolour or retitle the operator's terminal."""
     return text.translate(_CONTROL)
+
+
+def clip(text: str, n: int) -> str:
+    """``text`` when it has at most ``n`` characters; else cut to at most ``n`` characters with
+    ``…`` at the end: at the last word or field boundary (a space, ``,`` or ``;``) in the last third
+    of the room, else (one long word, a hex id) inside it. Never cuts a word in two when a
+    boundary is near; a reason stays readable and says that it was cut."""
+    text = str(text)
+    if len(text) <= n:
+        return text
+    head = text[:max(n - 1, 0)]
+    cut = max(head.rfind(" "), head.rfind(","), head.rfind(";"))
+    if cut >= (2 * len(head)) // 3:
+        head = head[:cut]
+    return head.rstrip(" ,;:") + "…"

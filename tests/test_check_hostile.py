@@ -404,3 +404,14 @@ def test_records_and_reports_mask_echoed_keys_and_authorization_headers(root, tm
     assert key not in csvf.read_text() + r.out + r.err and "Bearer ***" in csvf.read_text()
     r = run_cli("check", "smoke", root + "/echo", "--json", "--api-key", key, timeout=60)
     assert r.code == 1 and key not in r.out + r.err and "Bearer ***" in r.out
+
+
+def test_long_failure_reasons_are_cut_at_a_word_with_an_ellipsis(root):
+    # before: the server's error body was cut at 200 characters, mid-word, with no sign of the cut
+    import re
+    r, lines = smoke(root + "/longerror")
+    assert r.code == 1
+    reason = lines["chat"]["reason"]
+    assert reason.startswith('http_error: HTTP 500: {"error": {"message": "word000 word001 ') and reason.endswith("…")
+    assert re.fullmatch(r"word\d{3}", reason[:-1].split()[-1]), reason
+    assert len(reason) <= len("http_error: HTTP 500: ") + 200

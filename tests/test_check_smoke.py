@@ -195,8 +195,10 @@ def test_judge_server_info_cuts_long_server_values():
     good = {"version": "0.5.23", "tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}
     r = judge_server_info({**good, "version": "9" * 5000, "tool_call_parser": list(range(1000))}, Worker("w", "u"))
     assert r["status"] == "fail"
-    assert r["reason"].startswith("version '" + "9" * 80 + "...', expected 0.5.23; tool_call_parser '[0, 1, 2")
-    assert len(r["reason"]) < 300 and len(r["detail"]["version"]) == 83
+    # cut to 80 characters with "…": inside one long word, else at a field boundary (before: "...")
+    assert r["reason"].startswith("version '" + "9" * 79 + "…', expected 0.5.23; tool_call_parser '[0, 1, 2")
+    assert ", 20, 21…', expected 'deepseekv4'" in r["reason"]
+    assert len(r["reason"]) < 300 and len(r["detail"]["version"]) == 80
     r = judge_server_info({**good, "enable_hierarchical_cache": True, "hicache_write_policy": "p" * 1000},
                           Worker("w", "u"))
-    assert r["status"] == "pass" and r["reason"].endswith("(ratio None, " + "p" * 80 + "...)")
+    assert r["status"] == "pass" and r["reason"].endswith("(ratio None, " + "p" * 79 + "…)")

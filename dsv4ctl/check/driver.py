@@ -27,11 +27,15 @@ from typing import Any, Callable, Optional
 
 import aiohttp
 
+from ..render import clip
 from . import classify as C
 from . import expect as E
 from .workload import TOOLS, Session, body_bytes
 
 DEFAULT_TURN_TIMEOUT = 600.0     # seconds for one complete answer (``--turn-timeout``)
+ERROR_TEXT = 200
+"""Characters of a server's error body or an error's words kept in a turn's ``error`` (and so in
+its reason): cut at a word boundary with "…" (:func:`dsv4ctl.render.clip`)."""
 
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
 
@@ -85,10 +89,10 @@ def _host_port(url) -> str:
 
 
 def _first_line(text: str, n: int = 100) -> str:
-    from ..render import printable
+    from ..render import clip, printable
     t = str(text).strip().splitlines()[0] if str(text).strip() else ""
     t = t.split(": b'", 1)[0].split(': b"', 1)[0].rstrip(":. ")
-    return printable(t if len(t) <= n else t[:n] + "...")
+    return printable(clip(t, n))
 
 
 def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[str, str]:
@@ -349,9 +353,10 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
         async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=headers) as resp:
             timing["echoed_request_id"] = resp.headers.get("X-Request-Id")
             if resp.status != 200:
-                text = (await resp.content.read(4096)).decode("utf-8", "replace")[:200]
+                text = (await resp.content.read(4096)).decode("utf-8", "replace")
                 timing["e2e_s"] = time.perf_counter() - t0
-                return C.TurnResult(http_status=resp.status, error=f"HTTP {resp.status}: {text.strip()}"), timing
+                return C.TurnResult(http_status=resp.status,
+                                    error=f"HTTP {resp.status}: {clip(' '.join(text.split()), ERROR_TEXT)}"), timing
             if not stream:
                 try:
                     raw = await read_capped(resp, C.MAX_JSON_BODY)
@@ -362,7 +367,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                 try:
                     return C.parse_completion(json.loads(raw)), timing
                 except (ValueError, RecursionError) as e:     # ProtocolError and JSON/UTF-8 errors are ValueErrors
-                    return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
+                    return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
             dec, asm = C.SSEDecoder(), C.StreamAssembler()
             last = None
             seen = 0
@@ -383,7 +388,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                 return asm.result(), timing
             except (ValueError, RecursionError) as e:     # ProtocolError, UnicodeDecodeError
                 timing["e2e_s"] = time.perf_counter() - t0
-                return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
+                return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
     except asyncio.TimeoutError:
         timing["e2e_s"] = e2e = time.perf_counter() - t0
         why = (f"no complete answer within {turn_timeout:g} s" if e2e >= turn_timeout * 0.999
@@ -395,7 +400,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
             raise ClientSideError(describe_client_error(e, url, "POST")[1]) from e
         timing["e2e_s"] = time.perf_counter() - t0
         timing["connection_error"] = isinstance(e, CONNECTION_ERRORS)
-        return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
+        return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {clip(e, ERROR_TEXT)}"), timing
 
 
 async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 5.0,
@@ -413,7 +418,7 @@ async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 
     except CONNECTION_ERRORS as e:
         if _local_limit(e) or _dns_failure(e):
             raise ClientSideError(describe_client_error(e, base.rstrip("/") + "/health")[1]) from e
-        return f"GET /health: {type(e).__name__}: {str(e)[:160]}"
+        return f"GET /health: {type(e).__name__}: {clip(e, ERROR_TEXT)}"
     except aiohttp.ClientError:
         return None
 

@@ -184,8 +184,8 @@ def crash_lines(doc: dict) -> list[str]:
 def _short(text: Optional[str], n: int = 80) -> str:
     if not text:
         return "-"
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[:n - 1] + "…"
+    from ..render import clip
+    return clip(" ".join(str(text).split()), n)
 
 
 def _example_cells(ex: dict) -> tuple[str, str]:

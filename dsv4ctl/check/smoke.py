@@ -37,9 +37,11 @@ from typing import Any, Optional
 
 import aiohttp
 
+from ..render import clip
 from . import classify as C
 from . import expect as E
-from .driver import AUTH_STATUSES, AuthRefused, BadResponse, ClientSideError, ConnectError, fetch_json, key_sent, run_turn
+from .driver import (AUTH_STATUSES, AuthRefused, BadResponse, ClientSideError, ConnectError, fetch_json, key_sent,
+                     run_turn)
 from .workload import CALL_INSTRUCTION, SYSTEM_PROMPT, TOOLS, Session, known_instruction
 
 EXPECT_VERSION = "0.5.23"
@@ -61,13 +63,14 @@ def line(check: str, target: str, status: str, reason: str, **detail: Any) -> di
 
 
 def _short(v: Any, n: int = 80) -> Any:
-    """A server-reported value for a reason line: strings over ``n`` characters and containers are
-    cut to ``n`` characters (of their repr) with "..." appended; other values as they are."""
+    """A server-reported value for a reason line: a string, or a container's repr, over ``n``
+    characters is cut to ``n`` at a word or field boundary, ending in "…"
+    (:func:`dsv4ctl.render.clip`); other values as they are."""
     if isinstance(v, str):
-        return v if len(v) <= n else v[:n] + "..."
+        return clip(v, n)
     if isinstance(v, (list, dict)):
         r = repr(v)
-        return v if len(r) <= n else r[:n] + "..."
+        return v if len(r) <= n else clip(r, n)
     return v
 
 
@@ -179,7 +182,7 @@ def _answered(res: C.TurnResult) -> bool:
 
 
 def _calls(res: C.TurnResult) -> str:
-    return ", ".join(f"{c.name}({c.arguments[:40]})" for c in res.tool_calls)
+    return ", ".join(f"{c.name}({clip(c.arguments, 40)})" for c in res.tool_calls)
 
 
 def judge_tool_choice_none(res: C.TurnResult, target: str, specs: dict[str, C.ToolSpec]) -> dict:
@@ -253,7 +256,7 @@ def judge_over_length(res: C.TurnResult, target: str, context_len: int, source: 
     detail = {"context_length": context_len, "prompt_chars": prompt_chars, "http_status": res.http_status}
     if res.http_status is not None and 400 <= res.http_status < 500:
         return line("over_length", target, "pass", f"HTTP {res.http_status} for {what}",
-                    error=(res.error or "")[:200], **detail)
+                    error=clip(res.error or "", 200), **detail)
     if res.http_status == 200:
         pt = (res.usage or {}).get("prompt_tokens")
         return line("over_length", target, "fail",
@@ -262,7 +265,7 @@ def judge_over_length(res: C.TurnResult, target: str, context_len: int, source: 
     if res.http_status is None:
         return line("over_length", target, "fail", f"no answer for {what}: {res.error}", **detail)
     return line("over_length", target, "fail", f"HTTP {res.http_status} for {what}, expected a 4xx: "
-                f"{(res.error or '')[:160]}", **detail)
+                f"{clip(res.error or '', 160)}", **detail)
 
 
 def judge_prompt_tokens(samples: list[tuple[str, int, C.TurnResult]], target: str) -> dict:
@@ -437,7 +440,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             spec = s.spec()         # a known answer: the calls the instruction states
             v = E.judge(res, requires_tool=True, tools=specs, expected=spec.expected_calls, tool_choice=spec.tool_choice)
             ok = v.ok and res.finish_reason == "tool_calls"
-            reason = (f"{res.tool_calls[0].name}({res.tool_calls[0].arguments[:60]}), finish_reason tool_calls"
+            reason = (f"{res.tool_calls[0].name}({clip(res.tool_calls[0].arguments, 60)}), finish_reason tool_calls"
                       if ok else (f"{v.cls}: {v.reason}" if not v.ok else
                                   f"finish_reason {res.finish_reason!r}, expected 'tool_calls'"))
             out.append(line(name, entry, "pass" if ok else "fail", reason, rid=rid))

@@ -40,6 +40,7 @@ MODES = {
     "authchat": "chat: HTTP 401 (a gateway whose own endpoints are open, its workers need a key)",
     "authsome": "chat: the first request answered, then every second one HTTP 401",
     "echo": "chat: HTTP 500 whose body echoes the request's Authorization header",
+    "longerror": "chat: HTTP 500 with a long error message (100 words)",
 }
 _COUNT: dict[str, int] = {}
 
@@ -78,6 +79,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         _COUNT[mode] = n = _COUNT.get(mode, 0) + 1
         if mode == "authchat" or n % 2 == 0:
             return web.json_response({"error": "Unauthorized"}, status=401)
+    if rest == "/v1/chat/completions" and mode == "longerror":
+        return web.json_response({"error": {"message": " ".join(f"word{i:03d}" for i in range(100))}}, status=500)
     if rest == "/v1/chat/completions" and mode == "echo":
         auth = request.headers.get("Authorization", "")
         return web.json_response({"error": {"message": f"bad request; headers: {{'Authorization': '{auth}'}}"}},
