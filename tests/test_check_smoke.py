@@ -123,6 +123,8 @@ def deployment(tmp_path_factory):
         """)
     (d / "pd.yaml").write_text(profile.replace("DECODE", "decode.yaml"))
     (d / "pd-mismatch.yaml").write_text(profile.replace("DECODE", "decode-claims-hicache.yaml"))
+    (d / "pd-two-routers.yaml").write_text(profile.replace("DECODE", "decode.yaml") + f"  - {{name: router-b, role: router, "
+                                           f"host: local, port: {free_port()}, prefill: [prefill], decode: [decode]}}\n")
     with standin(pcfg, *FAST, port=pp), standin(dcfg, *FAST, port=dp), standin(rcfg, *FAST, port=rp) as router:
         yield {"dir": d, "router": router, "prefill": f"http://127.0.0.1:{pp}", "decode": f"http://127.0.0.1:{dp}"}
 
@@ -202,3 +204,22 @@ def test_judge_server_info_cuts_long_server_values():
     r = judge_server_info({**good, "enable_hierarchical_cache": True, "hicache_write_policy": "p" * 1000},
                           Worker("w", "u"))
     assert r["status"] == "pass" and r["reason"].endswith("(ratio None, " + "p" * 79 + "…)")
+
+
+def test_load_profile_says_which_router_metrics_are_scraped(deployment):
+    # before: the first router's gateway metrics were scraped silently; now the document and the
+    # report say which router (the entry: the only one the traffic goes to) and which are not
+    base = ("check", "load", "--profile", str(deployment["dir"] / "pd-two-routers.yaml"), "--min-requests", "8",
+            "-c", "2", "--answer-words", "20", "--no-progress", "--max-corruption", "0.5")
+    r = run_cli(*base, "--json")
+    assert r.code == 0, r.err
+    s = r.json()["settings"]
+    port = int(deployment["router"].rsplit(":", 1)[1])
+    want = (f"gateway metrics: http://127.0.0.1:{port + 21000}/metrics of router group router, the entry the "
+            "check's traffic goes to (not scraped: router group(s) router-b, which get none of it)")
+    assert s["urls"] == [deployment["router"]] and s["gateway_scope"] == want
+    r = run_cli(*base)
+    assert r.code == 0 and want in " ".join(r.out.split())
+    r = run_cli("check", "load", "--profile", str(deployment["dir"] / "pd.yaml"), "--min-requests", "8", "-c", "2",
+                "--answer-words", "20", "--no-progress", "--max-corruption", "0.5", "--json")
+    assert r.json()["settings"]["gateway_scope"].endswith("of router group router, the entry the check's traffic goes to")

@@ -210,7 +210,7 @@ def load(
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
     gateway_metrics: Optional[str] = typer.Option(None, "--gateway-metrics", metavar="URL",
-                                                  help="The gateway's own Prometheus URL (http://router:29000/metrics): its retries and circuit-breaker failures per level (default with --profile: its router's prometheus_host/prometheus_port)."),
+                                                  help="The gateway's own Prometheus URL (http://router:29000/metrics): its retries and circuit-breaker failures per level (default with --profile: the entry router's prometheus_host/prometheus_port, the first router group, which gets the traffic; other routers are not scraped)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     answer_words: int = typer.Option(150, "--answer-words", help="Length of the final long answer turn (words)."),
     thinking: bool = typer.Option(False, "--thinking", help="Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning_content is then reasoning_in_content."),
@@ -242,6 +242,7 @@ def load(
 
     defaults = CheckSettings()
     metric_urls: Optional[list[str]] = None
+    gateway_scope: Optional[str] = None
     if profile:
         prof, t = _profile_targets(profile)
         defaults = prof.check
@@ -250,6 +251,7 @@ def load(
         metric_urls = [w.url for w in t.workers]
         if gateway_metrics is None and metrics:
             gateway_metrics = t.gateway_metrics
+            gateway_scope = t.gateway_scope()
     elif compare:
         urls = [normalize_url(compare[0]), normalize_url(compare[1])]
         if urls[0] == urls[1]:
@@ -286,7 +288,7 @@ def load(
         rec_file = MaskedRecords(rec_file, secrets)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
-                "gateway_metrics": gateway_metrics}
+                "gateway_metrics": gateway_metrics, "gateway_scope": gateway_scope}
     import sys
 
     from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
