@@ -223,3 +223,32 @@ def test_load_profile_says_which_router_metrics_are_scraped(deployment):
     r = run_cli("check", "load", "--profile", str(deployment["dir"] / "pd.yaml"), "--min-requests", "8", "-c", "2",
                 "--answer-words", "20", "--no-progress", "--max-corruption", "0.5", "--json")
     assert r.json()["settings"]["gateway_scope"].endswith("of router group router, the entry the check's traffic goes to")
+
+
+def test_profile_check_sends_the_serve_configs_api_key(tmp_path):
+    # before: check --profile sent no key (only DSV4CTL_API_KEY / --api-key): 401 on every probe
+    key = "prof-key-5678"
+    port = free_port()
+    cfg = write_config(tmp_path / "c.yaml", port=port, api_key=key)
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        name: standin-key
+        model: deepseek-v4-flash
+        hosts:
+          - name: local
+            address: 127.0.0.1
+            gpus: {model: NVIDIA B200, count: 8, memory_mib: 183359}
+        groups:
+          - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """))
+    with standin(cfg, *FAST, port=port):
+        r = run_cli("check", "smoke", "--profile", str(tmp_path / "p.yaml"), "--json")
+        assert r.code == OK_CODE, r.err
+        assert key not in r.out + r.err
+        recs = tmp_path / "r.jsonl"
+        r = run_cli("check", "load", "--profile", str(tmp_path / "p.yaml"), "-c", "2", "--turns", "2",
+                    "--min-requests", "4", "--max-corruption", "0.9", "--no-progress", "--json", "--records", str(recs))
+        assert r.code == 0, r.err
+        assert key not in r.out + r.err + recs.read_text()
+        r = run_cli("check", "smoke", "--profile", str(tmp_path / "p.yaml"), env={"DSV4CTL_API_KEY": "not-the-key"})
+        assert r.code == 2 and "refuses the API key (HTTP 401 for GET /v1/models)" in r.err

@@ -130,7 +130,7 @@ def smoke(
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds for each probe's complete answer (and without progress) before it fails."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
-                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
+                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --profile else the serve config's api-key); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
@@ -140,7 +140,8 @@ def smoke(
     probes: tool_choice none / required / named, an over-length prompt that must get a 4xx, and
     usage.prompt_tokens against the bytes sent.
 
-    Exit 0 all pass, 1 a check failed, 2 usage error or the entry URL unreachable."""
+    Exit 0 all pass, 1 a check failed, 2 usage error, the entry URL unreachable or the API key
+    refused (HTTP 401/403)."""
     import asyncio
 
     from ..check.smoke import Worker, run_smoke
@@ -216,7 +217,7 @@ def load(
     thinking: bool = typer.Option(False, "--thinking", help="Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning_content is then reasoning_in_content."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
-                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
+                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --profile else the serve config's api-key); never printed or written to records."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.load/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
     csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per URL and level (rate, Wilson bounds, latency percentiles, class counts)."),
@@ -227,7 +228,8 @@ def load(
     stops answering (K = max(8, sessions) consecutive connection errors) is a crash: the ramp stops
     there and the gate fails.
 
-    Exit 0 gate passed, 1 gate failed or the server crashed, 2 usage or connection error."""
+    Exit 0 gate passed, 1 gate failed or the server crashed, 2 usage or connection error, or the
+    API key refused (HTTP 401/403 before the server took it)."""
     import asyncio
 
     from ..check import report as R
