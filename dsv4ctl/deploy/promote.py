@@ -395,6 +395,8 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
             switched += rest
             more, bad = checks("rest")
             results += more
+            if bad and bad["exit_code"] == EXIT_USAGE:
+                not_run(bad, results)
             if bad:
                 fail("check smoke (all hosts)", bad["reason"], results)
     except KeyboardInterrupt:
@@ -453,6 +455,8 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     """Mark ``rid`` good after check smoke + check load against the running deployment.
 
     ``rid`` must be the active release on every host (InputError otherwise, nothing changes).
+    A check that could not run (exit 2: a client-side limit, DNS, a refused API key) is no verdict:
+    DsvError exit 2, the release is not marked, the evidence kept.
     Failing checks: GateFailed (a VerdictError, exit 1) naming the check; the release is marked ``failed``
     (still running: nothing is switched, but ``rollback`` no longer picks it), the evidence kept. Dry run: the steps, nothing run."""
     from ..profile.deployment import as_deployment
@@ -504,11 +508,20 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
         try:
             E.acquire_locks(site, f"promote {rid}")
             run = by_hand_steps(site, rid, po, hrel)
-            summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "failed" if bad else "good",
+            no_verdict = bad is not None and bad["exit_code"] == EXIT_USAGE
+            summary = {"schema": "dsv4ctl.promotion/1", "release": rid,
+                       "result": "not-run" if no_verdict else "failed" if bad else "good",
                        "by_hand": True, "checks": results, "at": now_iso()}
             for st in run.of("evidence"):
                 E.trace(site, st)
             store_evidence(site, site.hosts, rid, stamp, edir, summary)
+            if no_verdict:
+                # the check could not run (exit 2: the client's own limits, DNS, a refused API key):
+                # no verdict, as in deploy --promote; the release is not marked failed
+                E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "check-not-run",
+                                   "detail": bad["reason"][:2000]})
+                raise DsvError(f"promote {rid}: check {bad['check']} could not run: {bad['reason']}; the release is "
+                               f"not marked failed (no verdict); evidence in {edir}", EXIT_USAGE)
             if bad:
                 E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "failed",
                                    "failed_check": f"check {bad['check']}", "detail": bad["reason"][:2000]},
