@@ -89,7 +89,7 @@ def _host_port(url) -> str:
 
 
 def _first_line(text: str, n: int = 100) -> str:
-    from ..render import clip, printable
+    from ..render import printable
     t = str(text).strip().splitlines()[0] if str(text).strip() else ""
     t = t.split(": b'", 1)[0].split(': b"', 1)[0].rstrip(":. ")
     return printable(clip(t, n))
