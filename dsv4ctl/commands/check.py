@@ -61,6 +61,7 @@ class MaskedRecords:
 
     def __init__(self, out, secrets: set[str]):
         self.out, self.secrets = out, secrets
+        masked("", secrets)     # import the masking code now: mid-run, out of descriptors, it could not be
 
     def write(self, text: str) -> int:
         """Mask and pass on the JSON lines of ``text``; returns ``len(text)``."""
