@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 error_line("interrupted")
             return result
     except DsvError as e:
-        error_line(str(e))
+        error_line(str(e), e.label)
         return e.exit_code
     except KeyboardInterrupt:
         error_line("interrupted")

@@ -20,9 +20,11 @@ EXIT_INTERRUPTED = 130
 
 
 class DsvError(Exception):
-    """An error with a one-line message and an exit code; never shown as a traceback."""
+    """An error with a one-line message and an exit code; never shown as a traceback. ``label``
+    is the word the CLI prints before the message (``dsv4ctl: <label>: <message>``)."""
 
     exit_code = EXIT_USAGE
+    label = "error"
 
     def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)
@@ -40,6 +42,14 @@ class VerdictError(DsvError):
     """The command ran; its verdict is negative (exit 1)."""
 
     exit_code = EXIT_FAILED
+
+
+class GateFailed(VerdictError):
+    """A health or promotion gate failed (the hosts were put back): a verdict on the release, not
+    an error of the command. Printed as ``dsv4ctl: gate failed: <message>``; exit 1, or the code
+    given (a ``rollback`` whose own gate fails is 3)."""
+
+    label = "gate failed"
 
 
 class RemoteError(DsvError):

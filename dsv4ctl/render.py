@@ -171,9 +171,10 @@ def console(stderr: bool = False):
                    width=output_width(), no_color=bool(os.environ.get("NO_COLOR")) or None)
 
 
-def error_line(message: str) -> None:
-    """Print ``dsv4ctl: error: <message>`` on stderr, one line."""
-    print(f"dsv4ctl: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+def error_line(message: str, label: str = "error") -> None:
+    """Print ``dsv4ctl: <label>: <message>`` on stderr, one line (``label``: ``error``, or e.g.
+    ``gate failed`` for a verdict, :attr:`dsv4ctl.errors.DsvError.label`)."""
+    print(f"dsv4ctl: {label}: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + [0x7f]}
@@ -185,3 +186,18 @@ def printable(text: str) -> str:
     tab and newline kept) written as ``\\xNN`` / ``\\uNNNN``, so text a server sent cannot move the
     cursor, recolour or retitle the operator's terminal."""
     return text.translate(_CONTROL)
+
+
+def clip(text: str, n: int) -> str:
+    """``text`` when it has at most ``n`` characters; else cut to at most ``n`` characters with
+    ``…`` at the end: at the last word or field boundary (a space, ``,`` or ``;``) in the last third
+    of the room, else (one long word, a hex id) inside it. Never cuts a word in two when a
+    boundary is near; a reason stays readable and says that it was cut."""
+    text = str(text)
+    if len(text) <= n:
+        return text
+    head = text[:max(n - 1, 0)]
+    cut = max(head.rfind(" "), head.rfind(","), head.rfind(";"))
+    if cut >= (2 * len(head)) // 3:
+        head = head[:cut]
+    return head.rstrip(" ,;:") + "…"

@@ -142,3 +142,18 @@ def prune_files(folder: Path, keep: int, pattern: str = "*") -> int:
         except OSError:
             pass
     return gone
+
+
+def read_file_capped(path: Path | str, limit: int, label: str, hint: str = "") -> bytes:
+    """The bytes of ``path``, at most ``limit`` of them (a mistaken multi-gigabyte file is never
+    read into memory). InputError (exit 2) naming ``label`` when it cannot be read
+    (``LABEL: strerror``) or is larger (``LABEL: larger than N MiB`` + ``hint``)."""
+    from .errors import InputError
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise InputError(f"{label}: {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise InputError(f"{label}: larger than {limit >> 20} MiB{hint}")
+    return raw

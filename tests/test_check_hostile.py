@@ -351,3 +351,67 @@ def test_sigterm_during_load_is_exit_130_with_the_records_kept(root, tmp_path):
     out, err = p.communicate(timeout=60)
     assert (p.returncode, err) == (130, f"dsv4ctl: error: interrupted (records so far in {rec})\n")
     assert all(json.loads(x)["class"] == "http_error" for x in rec.read_text().splitlines())
+
+
+# --- the API key: a refused key is the client's problem (exit 2), never a verdict ---------------
+AUTH_HINT = "set DSV4CTL_API_KEY or the serve config's api-key"
+
+
+@pytest.mark.parametrize("mode,status", [("auth401", 401), ("auth403", 403), ("authchat", 401)])
+@pytest.mark.parametrize("cmd", [("smoke",), ("load", *LOAD, "--model", "m"), ("load", *LOAD)])
+def test_a_refused_api_key_is_exit_2_not_a_verdict(root, mode, status, cmd, tmp_path):
+    # before: every turn an http_error, "corruption 100 %", exit 1 (smoke: failed lines, exit 1)
+    base = root + "/" + mode
+    hp = base.split("://")[1].split("/")[0]
+    recs = tmp_path / "r.jsonl"
+    extra = ("--records", str(recs)) if cmd[0] == "load" else ()
+    r = run_cli("check", *cmd, base, *extra, "--api-key", "wrong-key-1234", timeout=60)
+    assert r.code == 2, r.err + r.out
+    err = r.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"dsv4ctl: error: check {cmd[0]}: {hp} refuses the API key "
+                                                         f"(HTTP {status} for ")
+    assert err.endswith(f"): {AUTH_HINT}") and "wrong-key-1234" not in r.err + r.out
+    assert r.out == ""          # no report: nothing was judged
+    if cmd[0] == "load":
+        assert recs.read_text() == ""
+    r = run_cli("check", *cmd, base, *extra, timeout=60)
+    assert r.code == 2 and f"{hp} needs an API key (HTTP {status} for " in r.err
+
+
+def test_some_refused_turns_after_the_key_was_taken_are_counted(root, tmp_path):
+    # the server took the key, then refuses some turns (a worker behind a gateway with another
+    # key): the server's answer, counted as http_error turns (a verdict, exit 1)
+    r = run_cli("check", "load", root + "/authsome", "-c", "1", "--turns", "2", "--min-requests", "4",
+                "--no-progress", "--json", "--no-metrics", "--model", "m", timeout=60)
+    assert r.code == 1, r.err
+    lv = r.json()["levels"][0]
+    assert lv["turns"] == 4 and lv["classes"]["http_error"]["count"] == 2
+
+
+def test_records_and_reports_mask_echoed_keys_and_authorization_headers(root, tmp_path):
+    # before: --records held the key the server echoed back (Authorization: Bearer KEY)
+    key = "s3cret-token-9876"
+    recs, csvf = tmp_path / "r.jsonl", tmp_path / "t.csv"
+    r = run_cli("check", "load", root + "/echo", *LOAD, "--model", "m", "--records", str(recs),
+                env={"DSV4CTL_API_KEY": key}, timeout=60)
+    assert r.code == 1, r.err
+    text = recs.read_text()
+    assert key not in text and key not in r.out + r.err
+    rows = [json.loads(x) for x in text.splitlines()]
+    assert len(rows) == 4 and all("'Authorization': 'Bearer ***'" in x["reason"] for x in rows), rows[0]["reason"]
+    r = run_cli("check", "load", root + "/echo", *LOAD, "--model", "m", "--turns-csv", str(csvf),
+                "--api-key", key, timeout=60)
+    assert key not in csvf.read_text() + r.out + r.err and "Bearer ***" in csvf.read_text()
+    r = run_cli("check", "smoke", root + "/echo", "--json", "--api-key", key, timeout=60)
+    assert r.code == 1 and key not in r.out + r.err and "Bearer ***" in r.out
+
+
+def test_long_failure_reasons_are_cut_at_a_word_with_an_ellipsis(root):
+    # before: the server's error body was cut at 200 characters, mid-word, with no sign of the cut
+    import re
+    r, lines = smoke(root + "/longerror")
+    assert r.code == 1
+    reason = lines["chat"]["reason"]
+    assert reason.startswith('http_error: HTTP 500: {"error": {"message": "word000 word001 ') and reason.endswith("…")
+    assert re.fullmatch(r"word\d{3}", reason[:-1].split()[-1]), reason
+    assert len(reason) <= len("http_error: HTTP 500: ") + 200

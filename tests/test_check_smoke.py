@@ -123,6 +123,8 @@ def deployment(tmp_path_factory):
         """)
     (d / "pd.yaml").write_text(profile.replace("DECODE", "decode.yaml"))
     (d / "pd-mismatch.yaml").write_text(profile.replace("DECODE", "decode-claims-hicache.yaml"))
+    (d / "pd-two-routers.yaml").write_text(profile.replace("DECODE", "decode.yaml") + f"  - {{name: router-b, role: router, "
+                                           f"host: local, port: {free_port()}, prefill: [prefill], decode: [decode]}}\n")
     with standin(pcfg, *FAST, port=pp), standin(dcfg, *FAST, port=dp), standin(rcfg, *FAST, port=rp) as router:
         yield {"dir": d, "router": router, "prefill": f"http://127.0.0.1:{pp}", "decode": f"http://127.0.0.1:{dp}"}
 
@@ -169,9 +171,11 @@ def test_api_key_is_sent_and_never_printed(tmp_path):
     cfg = write_config(tmp_path / "s.yaml", api_key=key)
     with standin(cfg, *FAST) as url:
         r = run_cli("check", "smoke", url, "--json")
-        assert r.code == 1
-        st = statuses(r.json())
-        assert st[("health", url)] == "pass" and st[("models", url)] == "fail"     # /health stays open
+        # no key: the client's problem, no verdict (before: failed lines, exit 1)
+        hp = url.split("://")[1]
+        assert r.code == 2 and r.out == "" and r.err.strip() == (
+            f"dsv4ctl: error: check smoke: {hp} needs an API key (HTTP 401 for GET /v1/models): "
+            "set DSV4CTL_API_KEY or the serve config's api-key")
         r = run_cli("check", "smoke", url, "--json", env={"DSV4CTL_API_KEY": key})
         assert r.code == OK_CODE, r.out
         assert_all_pass_but_standin_fails(r.json()["checks"])
@@ -182,15 +186,68 @@ def test_api_key_is_sent_and_never_printed(tmp_path):
         assert r.json()["levels"][0]["turns"] == 8
         assert key not in r.out + r.err + (tmp_path / "r.jsonl").read_text()
         r = run_cli("check", "load", url, "-c", "4", "--no-progress")
-        assert r.code == 2 and "HTTP 401" in r.err
+        assert r.code == 2 and "needs an API key (HTTP 401 for GET /v1/models)" in r.err
+        r = run_cli("check", "load", url, "-c", "4", "--no-progress", "--model", "m", "--api-key", "other-key")
+        assert r.code == 2 and r.err.strip() == (
+            f"dsv4ctl: error: check load: {hp} refuses the API key (HTTP 401 for POST /v1/chat/completions): "
+            "set DSV4CTL_API_KEY or the serve config's api-key")
 
 
 def test_judge_server_info_cuts_long_server_values():
     good = {"version": "0.5.23", "tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}
     r = judge_server_info({**good, "version": "9" * 5000, "tool_call_parser": list(range(1000))}, Worker("w", "u"))
     assert r["status"] == "fail"
-    assert r["reason"].startswith("version '" + "9" * 80 + "...', expected 0.5.23; tool_call_parser '[0, 1, 2")
-    assert len(r["reason"]) < 300 and len(r["detail"]["version"]) == 83
+    # cut to 80 characters with "…": inside one long word, else at a field boundary (before: "...")
+    assert r["reason"].startswith("version '" + "9" * 79 + "…', expected 0.5.23; tool_call_parser '[0, 1, 2")
+    assert ", 20, 21…', expected 'deepseekv4'" in r["reason"]
+    assert len(r["reason"]) < 300 and len(r["detail"]["version"]) == 80
     r = judge_server_info({**good, "enable_hierarchical_cache": True, "hicache_write_policy": "p" * 1000},
                           Worker("w", "u"))
-    assert r["status"] == "pass" and r["reason"].endswith("(ratio None, " + "p" * 80 + "...)")
+    assert r["status"] == "pass" and r["reason"].endswith("(ratio None, " + "p" * 79 + "…)")
+
+
+def test_load_profile_says_which_router_metrics_are_scraped(deployment):
+    # before: the first router's gateway metrics were scraped silently; now the document and the
+    # report say which router (the entry: the only one the traffic goes to) and which are not
+    base = ("check", "load", "--profile", str(deployment["dir"] / "pd-two-routers.yaml"), "--min-requests", "8",
+            "-c", "2", "--answer-words", "20", "--no-progress", "--max-corruption", "0.5")
+    r = run_cli(*base, "--json")
+    assert r.code == 0, r.err
+    s = r.json()["settings"]
+    want = (f"gateway metrics: {s['gateway_metrics']} of router group router, the entry the "
+            "check's traffic goes to (not scraped: router group(s) router-b, which get none of it)")
+    assert s["urls"] == [deployment["router"]] and s["gateway_scope"] == want
+    r = run_cli(*base)
+    assert r.code == 0 and want in " ".join(r.out.split())
+    r = run_cli("check", "load", "--profile", str(deployment["dir"] / "pd.yaml"), "--min-requests", "8", "-c", "2",
+                "--answer-words", "20", "--no-progress", "--max-corruption", "0.5", "--json")
+    assert r.json()["settings"]["gateway_scope"].endswith("of router group router, the entry the check's traffic goes to")
+
+
+def test_profile_check_sends_the_serve_configs_api_key(tmp_path):
+    # before: check --profile sent no key (only DSV4CTL_API_KEY / --api-key): 401 on every probe
+    key = "prof-key-5678"
+    port = free_port()
+    cfg = write_config(tmp_path / "c.yaml", port=port, api_key=key)
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        name: standin-key
+        model: deepseek-v4-flash
+        hosts:
+          - name: local
+            address: 127.0.0.1
+            gpus: {model: NVIDIA B200, count: 8, memory_mib: 183359}
+        groups:
+          - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """))
+    with standin(cfg, *FAST, port=port):
+        r = run_cli("check", "smoke", "--profile", str(tmp_path / "p.yaml"), "--json")
+        assert r.code == OK_CODE, r.err
+        assert key not in r.out + r.err
+        recs = tmp_path / "r.jsonl"
+        r = run_cli("check", "load", "--profile", str(tmp_path / "p.yaml"), "-c", "2", "--turns", "2",
+                    "--min-requests", "4", "--max-corruption", "0.9", "--no-progress", "--json", "--records", str(recs))
+        assert r.code == 0, r.err
+        assert key not in r.out + r.err + recs.read_text()
+        r = run_cli("check", "smoke", "--profile", str(tmp_path / "p.yaml"), env={"DSV4CTL_API_KEY": "not-the-key"})
+        assert r.code == 2 and "refuses the API key (HTTP 401 for GET /v1/models)" in r.err

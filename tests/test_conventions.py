@@ -376,3 +376,23 @@ def test_profile_init_never_writes_inside_the_package(tmp_path):
     r = run_cli("profile", "init", str(REPO / "dsv4ctl" / "data" / "x.yaml"), cwd=tmp_path)
     assert r.code == 2 and "inside dsv4ctl's shipped data" in r.err
     assert not (REPO / "dsv4ctl" / "data" / "x.yaml").exists()
+
+
+@pytest.mark.parametrize("err,line,code", [
+    ("gate", "dsv4ctl: gate failed: deploy of r1 rolled back to r0 on all hosts (h0): unhealthy", 1),
+    ("gate3", "dsv4ctl: gate failed: rollback to r0 failed its health gate; hosts put back on r1: x", 3),
+    ("verdict", "dsv4ctl: error: plan: decode fails", 1),
+])
+def test_a_failed_gate_is_a_verdict_not_an_error(monkeypatch, capsys, err, line, code):
+    # a failed health / promotion gate prints "gate failed", never "error"; exit codes unchanged
+    from dsv4ctl import cli
+    from dsv4ctl.errors import EXIT_REMOTE, GateFailed, VerdictError
+    exc = {"gate": GateFailed("deploy of r1 rolled back to r0 on all hosts (h0): unhealthy"),
+           "gate3": GateFailed("rollback to r0 failed its health gate; hosts put back on r1: x", EXIT_REMOTE),
+           "verdict": VerdictError("plan: decode fails")}[err]
+
+    def app(*a, **k):
+        raise exc
+    monkeypatch.setattr(cli, "build_app", lambda *a, **k: app)
+    assert cli.main(["plan"]) == code
+    assert capsys.readouterr().err.strip() == line

@@ -139,7 +139,8 @@ def test_unhealthy_release_rolls_back_automatically(world):
     r = cli(w, "deploy", "--no-preflight")   # the crash is a stand-in control key: lint would refuse it
     assert r.code == 1, r.err
     err = r.err.strip().splitlines()[-1]
-    assert err.startswith("dsv4ctl: error: deploy of r") and f"rolled back to {good} on all hosts" in err
+    # a failed health gate is a verdict, not an error: "gate failed", exit 1 (rollback: exit 3)
+    assert err.startswith("dsv4ctl: gate failed: deploy of r") and f"rolled back to {good} on all hosts" in err
     assert "host h1 group decode: server process exited" in err
     assert "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in err
     assert "exited with status 1" in err

@@ -94,6 +94,14 @@ def test_dry_run_writes_nothing(site):
     (["on", "--ratio", "0"], "--ratio: hicache-ratio must be > 0 (host pool = ratio x device pool), got 0"),
     (["on", "--ratio", "inf"], "--ratio: hicache-ratio must be > 0"),
     (["on", "--ratio", "nan"], "--ratio: hicache-ratio must be > 0"),
+    # before: 1e300 failed on the YAML round trip ("would not parse to the intended values"), and
+    # without a plan or ram_gib any finite ratio was written
+    (["on", "--ratio", "1e300"], "--ratio: hicache-ratio 1e+300 is over 100 (SGLang 0.5.23 sizes each host pool as "
+     "hicache-ratio x its device pool and refuses to start when the host pools exceed the host's free RAM minus a "
+     "10 GiB reserve; DSV4 device pools are tens of GiB per rank, so no host fits that)"),
+    (["on", "--ratio", "100.5"], "--ratio: hicache-ratio 100.5 is over 100 (SGLang 0.5.23 sizes"),
+    # under the cap, the plan's device pools against hosts[].ram_gib (2,048 GiB): DSV109
+    (["on", "--ratio", "50"], "error DSV109 hicache-host-ram: host b200-0: HiCache host pools "),
     (["on", "-g", "router"], "router"),
     (["on", "-g", "nope"], "no group 'nope'"),
 ])
@@ -321,3 +329,21 @@ def test_on_refuses_a_file_ratio_that_is_not_positive_unless_replaced(site, bad)
     r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "1.5")
     assert r.code == 0, r.err
     assert "enable-hierarchical-cache: true\nhicache-ratio: 1.5 " in site["prefill"].read_text()
+
+
+def test_absurd_ratio_is_refused_without_a_plan_or_host_ram(site):
+    # no ram_gib: the host-RAM rule cannot run, the cap still holds (before: written)
+    text = site["profile"].read_text()
+    assert "ram_gib:" in text
+    site["profile"].write_text("\n".join(ln for ln in text.splitlines() if "ram_gib:" not in ln) + "\n")
+    snap = site["prefill"].read_bytes()
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "1e6")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--ratio: hicache-ratio 1e+06 is over 100 (" in r.err, r.err
+    assert site["prefill"].read_bytes() == snap
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "50", "--dry-run")
+    assert r.code == 0, r.err       # no RAM known: 50 is not refused
+    text = site["prefill"].read_text().replace("hicache-ratio: 2.0 ", "hicache-ratio: 1.0e+9 ")
+    site["prefill"].write_text(text.replace("enable-hierarchical-cache: true", "enable-hierarchical-cache: false"))
+    r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill")
+    assert r.code == 2 and "prefill.yaml: hicache-ratio: 1e+09 is over 100 (" in r.err and r.err.strip().endswith(
+        "; pass --ratio"), r.err

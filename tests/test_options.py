@@ -155,3 +155,62 @@ def test_a_path_the_system_refuses_is_a_profile_error(capsys, tmp_path, field, p
     code, err = run(capsys, "plan", str(prof))
     assert code == 2 and err.startswith(f"dsv4ctl: error: {prof}:") and err.endswith(
         f": {field}: not a usable path (a name over 255 bytes)\n"), err
+
+
+def test_health_timeout_is_checked_by_the_one_seconds_rule(capsys):
+    # before: check_health_timeout repeated the rule with its own wording ("in (0, 86400]")
+    from dsv4ctl.commands.deploy import MAX_HEALTH_TIMEOUT, check_health_timeout
+    for v in (float("nan"), -5.0, float("inf"), 0, 86401.0, True):
+        with pytest.raises(InputError) as want:
+            O.seconds(v, "--health-timeout", hi=MAX_HEALTH_TIMEOUT)
+        with pytest.raises(InputError) as got:
+            check_health_timeout(v)
+        assert str(got.value) == str(want.value)
+    assert check_health_timeout(None) is None and check_health_timeout(30) == 30.0
+    code, err = run(capsys, "deploy", NOPE, "--health-timeout", "90000", "--dry-run")
+    assert code == 2 and err.strip() == "dsv4ctl: error: --health-timeout 90000.0: expected seconds in 0..86400"
+
+
+def test_capped_file_reads_have_one_home(tmp_path, monkeypatch):
+    # before: report inputs and plan --from-log each opened, read and size-checked the file
+    from dsv4ctl import resources
+    from dsv4ctl.commands import planlog
+    from dsv4ctl.report import inputs
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2048)
+    with pytest.raises(InputError, match=r"^L: larger than 0 MiB; hint$"):
+        resources.read_file_capped(big, 1024, "L", "; hint")
+    with pytest.raises(InputError, match=r"^L: No such file or directory$"):
+        resources.read_file_capped(tmp_path / "none", 1024, "L")
+    assert resources.read_file_capped(big, 2048, "L") == b"x" * 2048
+    seen = []
+    real = resources.read_file_capped
+
+    def spy(path, limit, label, hint=""):
+        seen.append((limit, label))
+        return real(path, limit, label, hint)
+    monkeypatch.setattr(resources, "read_file_capped", spy)
+    with pytest.raises(InputError):
+        inputs.load_input(str(big))
+    with pytest.raises(InputError):
+        planlog.from_log({}, str(big), False, False)
+    assert seen == [(inputs.MAX_INPUT_BYTES, str(big)), (planlog.MAX_LOG_BYTES, f"--from-log {big}")]
+
+
+def test_client_errors_are_worded_from_one_table():
+    # before: one if/return per aiohttp exception class; now CLIENT_ERROR_TEXTS, first match wins
+    import errno
+
+    import aiohttp
+
+    from dsv4ctl.check import driver as D
+    url = "http://127.0.0.1:9/v1/models"
+    reset = aiohttp.ClientOSError(errno.ECONNRESET, "Connection reset by peer")
+    other = aiohttp.ClientOSError(errno.EPIPE, "Broken pipe")
+    assert D.describe_client_error(reset, url) == ("connect", "127.0.0.1:9 reset the connection (GET /v1/models)")
+    assert D.describe_client_error(other, url) == ("connect", "127.0.0.1:9: GET /v1/models: broken pipe")
+    assert D.describe_client_error(aiohttp.ServerDisconnectedError(), url, "POST") == (
+        "connect", "127.0.0.1:9 closed the connection without an HTTP answer (POST /v1/models)")
+    assert D.describe_client_error(aiohttp.ClientPayloadError("Response payload is not completed"), url) == (
+        "protocol", "127.0.0.1:9: GET /v1/models: broken HTTP body (Response payload is not completed)")
+    assert [row[0] for row in D.CLIENT_ERROR_TEXTS][:2] == [aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError]

@@ -391,3 +391,27 @@ def test_a_check_that_cannot_run_is_no_verdict_the_release_is_not_marked_failed(
         assert w.audit(h)[-1]["result"] == "check-not-run"
     summary = json.loads((next((w.state_dir / "evidence" / new).iterdir()) / "summary.json").read_text())
     assert summary["result"] == "not-run" and [c["exit_code"] for c in summary["checks"]] == [0, 2]
+
+
+def test_promote_by_hand_with_a_refused_api_key_is_no_verdict(world):
+    """The servers take an API key (their serve configs' api-key); promote by hand with another
+    key in DSV4CTL_API_KEY: check smoke exits 2 (the server refuses the key: the client's
+    problem), so the release is not marked failed and promote exits 2, as deploy --promote does
+    with a check that cannot run. Before: smoke scored the 401s (exit 1), the release was marked
+    failed."""
+    w = world
+    for g in w.groups:
+        cfg = w.cfgdir / f"{g}.yaml"
+        cfg.write_text(cfg.read_text() + "api-key: right-key-1234\n")
+    r = cli(w, "deploy")
+    assert r.code == 0, r.err
+    rid = w.current("h0")
+    r = run_cli("promote", rid, str(w.profile), env={**w.env(), "DSV4CTL_API_KEY": "wrong-key-9876"}, timeout=300)
+    assert r.code == 2, r.err
+    err = r.err.strip().splitlines()[-1]
+    assert err.startswith(f"dsv4ctl: error: promote {rid}: check smoke could not run: check smoke: ")
+    assert "refuses the API key (HTTP 401 for GET /v1/models)" in err and "not marked failed (no verdict)" in err
+    assert "wrong-key-9876" not in r.out + r.err and "right-key-1234" not in r.out + r.err
+    for h in ("h0", "h1"):
+        assert w.state(h)["releases"][rid].get("state") != "failed"
+        assert w.audit(h)[-1]["result"] == "check-not-run"

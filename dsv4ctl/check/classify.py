@@ -37,6 +37,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from ..render import clip
+
 # --- markers (U+FF5C FULLWIDTH VERTICAL LINE, U+2581 LOWER ONE EIGHTH BLOCK) -------------------
 BAR = "\uff5c"
 DSML_MARK = f"{BAR}DSML{BAR}"                  # <｜DSML｜tool_calls>, <｜DSML｜invoke …>, V4.1 "<｜DSML｜ calls>"
@@ -335,7 +337,7 @@ class StreamAssembler:
             if "error" in obj:
                 err = obj["error"]
                 msg = err.get("message") if isinstance(err, dict) else err
-                raise ProtocolError(f"server error in stream: {str(msg)[:120]}") from None
+                raise ProtocolError(f"server error in stream: {clip(msg, 120)}") from None
             choices = None
         self.chunks += 1
         if self.response_id is None:
@@ -415,7 +417,7 @@ def parse_completion(body: Any) -> TurnResult:
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
         if isinstance(body, dict) and "error" in body:
             err = body["error"]
-            raise ProtocolError(f"server error: {str(err.get('message') if isinstance(err, dict) else err)[:120]}")
+            raise ProtocolError(f"server error: {clip(err.get('message') if isinstance(err, dict) else err, 120)}")
         raise ProtocolError("response has no choices")
     ch = _obj(body["choices"][0], "choices[0]")
     msg = _opt_dict(ch.get("message"), "message")
@@ -476,7 +478,7 @@ class ToolSpec:
         try:
             for err in self._validator.iter_errors(value):
                 where = ".".join(str(p) for p in err.absolute_path)
-                return f"{where + ': ' if where else ''}{err.message}"[:160]
+                return clip(f"{where + ': ' if where else ''}{err.message}", 160)
         except (referencing.exceptions.Unresolvable, jsonschema.exceptions.UnknownType,
                 jsonschema.exceptions.SchemaError):
             return None

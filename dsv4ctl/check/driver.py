@@ -27,11 +27,15 @@ from typing import Any, Callable, Optional
 
 import aiohttp
 
+from ..render import clip
 from . import classify as C
 from . import expect as E
 from .workload import TOOLS, Session, body_bytes
 
 DEFAULT_TURN_TIMEOUT = 600.0     # seconds for one complete answer (``--turn-timeout``)
+ERROR_TEXT = 200
+"""Characters of a server's error body or an error's words kept in a turn's ``error`` (and so in
+its reason): cut at a word boundary with "…" (:func:`dsv4ctl.render.clip`)."""
 
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
 
@@ -88,7 +92,7 @@ def _first_line(text: str, n: int = 100) -> str:
     from ..render import printable
     t = str(text).strip().splitlines()[0] if str(text).strip() else ""
     t = t.split(": b'", 1)[0].split(': b"', 1)[0].rstrip(":. ")
-    return printable(t if len(t) <= n else t[:n] + "...")
+    return printable(clip(t, n))
 
 
 def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[str, str]:
@@ -99,13 +103,8 @@ def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[s
     import errno
     import os
 
-    from yarl import URL
     hp = _host_port(url)
-    try:
-        path = URL(str(url)).raw_path_qs or "/"
-    except (ValueError, TypeError):
-        path = str(url)
-    what = f"{method} {path}"
+    what = f"{method} {_path(url)}"
     err = _os_error(e)
     code = err.errno if err is not None and isinstance(err.errno, int) and err.errno > 0 else None
     strerror = ((os.strerror(code) if code in errno.errorcode else None)
@@ -120,25 +119,29 @@ def describe_client_error(e: BaseException, url, method: str = "GET") -> tuple[s
                "EADDRNOTAVAIL": "out of local ports (use fewer sessions)"}.get(name, strerror or name)
         return "local", f"cannot connect to {hp}: this machine is {why}" if name in (
             "EMFILE", "ENFILE", "EADDRNOTAVAIL") else f"cannot connect to {hp}: this machine: {why}"
-    if isinstance(e, aiohttp.ClientConnectorError):
-        return "connect", f"cannot connect to {hp} ({strerror or _first_line(e)})"
-    if isinstance(e, aiohttp.ServerDisconnectedError):
-        return "connect", f"{hp} closed the connection without an HTTP answer ({what})"
-    if isinstance(e, aiohttp.TooManyRedirects):
-        return "protocol", f"{hp}: {what}: too many redirects (a redirect loop)"
-    if isinstance(e, aiohttp.RedirectClientError):
-        return "protocol", f"{hp}: {what}: a redirect to a URL that is not http(s)"
-    if isinstance(e, aiohttp.ClientOSError):
-        if err is not None and err.errno == errno.ECONNRESET:
-            return "connect", f"{hp} reset the connection ({what})"
-        return "connect", f"{hp}: {what}: {strerror or _first_line(e)}"
-    if isinstance(e, aiohttp.ClientPayloadError):
-        return "protocol", f"{hp}: {what}: broken HTTP body ({_first_line(e)})"
-    if isinstance(e, aiohttp.ClientResponseError):
-        return "protocol", f"{hp}: {what}: broken HTTP answer ({_first_line(e.message)})"
-    if isinstance(e, aiohttp.InvalidURL):
-        return "connect", f"{_first_line(url)}: not a usable URL"
+    facts = {"hp": hp, "what": what, "why": strerror or _first_line(e), "first": _first_line(e),
+             "message": _first_line(getattr(e, "message", "")), "url": _first_line(url)}
+    for cls, errno_name, kind, text in CLIENT_ERROR_TEXTS:
+        if isinstance(e, cls) and (errno_name is None or (err is not None and err.errno == getattr(errno, errno_name))):
+            return kind, text.format(**facts)
     return "connect", f"{hp}: {what}: {_first_line(e) or type(e).__name__}"
+
+
+CLIENT_ERROR_TEXTS: tuple[tuple[type, Optional[str], str, str], ...] = (
+    (aiohttp.ClientConnectorError, None, "connect", "cannot connect to {hp} ({why})"),
+    (aiohttp.ServerDisconnectedError, None, "connect", "{hp} closed the connection without an HTTP answer ({what})"),
+    (aiohttp.TooManyRedirects, None, "protocol", "{hp}: {what}: too many redirects (a redirect loop)"),
+    (aiohttp.RedirectClientError, None, "protocol", "{hp}: {what}: a redirect to a URL that is not http(s)"),
+    (aiohttp.ClientOSError, "ECONNRESET", "connect", "{hp} reset the connection ({what})"),
+    (aiohttp.ClientOSError, None, "connect", "{hp}: {what}: {why}"),
+    (aiohttp.ClientPayloadError, None, "protocol", "{hp}: {what}: broken HTTP body ({first})"),
+    (aiohttp.ClientResponseError, None, "protocol", "{hp}: {what}: broken HTTP answer ({message})"),
+    (aiohttp.InvalidURL, None, "connect", "{url}: not a usable URL"),
+)
+"""How :func:`describe_client_error` words an aiohttp error that is not this machine's: (class,
+errno name or None, kind, text), first match wins (subclasses before their bases). The text's
+fields: ``hp`` (host:port), ``what`` (``METHOD /path``), ``why`` (the OS's words, else the
+error's first line), ``first`` (the error's first line), ``message`` (its ``message``), ``url``."""
 
 
 def ensure_fd_limit(concurrency: int, spare: int = 64) -> int:
@@ -176,6 +179,28 @@ class ClientSideError(ConnectError):
     name that does not resolve): the run stops (exit 2) and nothing is counted as corruption."""
 
 
+AUTH_STATUSES = (401, 403)
+"""HTTP statuses of a refused API key (SGLang 0.5.23 ``srt/utils/auth.py``: 401 for a missing or
+wrong bearer token, 403 for an admin-only endpoint)."""
+
+
+class AuthRefused(ClientSideError):
+    """The server refuses the client's API key (HTTP 401 / 403) before it accepted any request of
+    the run: the client's configuration is wrong (no key, or another key than the server's), so
+    the run stops (exit 2) and nothing is judged. ``status``: the HTTP status."""
+
+    def __init__(self, status: int, url, method: str, key_sent: bool):
+        self.status = status
+        what = "refuses the API key" if key_sent else "needs an API key"
+        super().__init__(f"{_host_port(url)} {what} (HTTP {status} for {method} {_path(url)}): "
+                         f"set DSV4CTL_API_KEY or the serve config's api-key")
+
+
+def key_sent(http: aiohttp.ClientSession) -> bool:
+    """True when ``http`` sends an ``Authorization`` header (:func:`auth_headers`)."""
+    return "Authorization" in http.headers
+
+
 class BadResponse(Exception):
     """The target answered, but with a body over :data:`classify.MAX_JSON_BODY` bytes."""
 
@@ -207,6 +232,9 @@ class LevelRun:
     """CPU seconds this client process spent while the level ran (``time.process_time``)."""
     metrics_before: Optional[dict] = None
     metrics_after: Optional[dict] = None
+    key_accepted: bool = False
+    """True once a turn got an HTTP answer other than 401 / 403 (the server took the API key);
+    passed on to the next level of the same URL (:func:`run_level` ``key_accepted``)."""
     crash: Optional[dict] = None
     """None, or the crash: {reason (str), started_at (Unix s, ``t_start`` of the first turn of the
     run of connection errors), turn (1-based position of that turn in ``records``), rid (its request
@@ -259,8 +287,11 @@ def _path(url) -> str:
 
 async def discover_model(http: aiohttp.ClientSession, base: str) -> str:
     """The first model id of ``GET base/v1/models``. ConnectError if unreachable or not a model
-    list (an id that is not a non-empty string included); BadResponse if over the size limit."""
+    list (an id that is not a non-empty string included); :class:`AuthRefused` for HTTP 401 / 403;
+    BadResponse if over the size limit."""
     status, doc = await fetch_json(http, base + "/v1/models")
+    if status in AUTH_STATUSES:
+        raise AuthRefused(status, base + "/v1/models", "GET", key_sent(http))
     try:
         if status != 200:
             raise KeyError
@@ -322,9 +353,10 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
         async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=headers) as resp:
             timing["echoed_request_id"] = resp.headers.get("X-Request-Id")
             if resp.status != 200:
-                text = (await resp.content.read(4096)).decode("utf-8", "replace")[:200]
+                text = (await resp.content.read(4096)).decode("utf-8", "replace")
                 timing["e2e_s"] = time.perf_counter() - t0
-                return C.TurnResult(http_status=resp.status, error=f"HTTP {resp.status}: {text.strip()}"), timing
+                return C.TurnResult(http_status=resp.status,
+                                    error=f"HTTP {resp.status}: {clip(' '.join(text.split()), ERROR_TEXT)}"), timing
             if not stream:
                 try:
                     raw = await read_capped(resp, C.MAX_JSON_BODY)
@@ -335,7 +367,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                 try:
                     return C.parse_completion(json.loads(raw)), timing
                 except (ValueError, RecursionError) as e:     # ProtocolError and JSON/UTF-8 errors are ValueErrors
-                    return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
+                    return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
             dec, asm = C.SSEDecoder(), C.StreamAssembler()
             last = None
             seen = 0
@@ -356,7 +388,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                 return asm.result(), timing
             except (ValueError, RecursionError) as e:     # ProtocolError, UnicodeDecodeError
                 timing["e2e_s"] = time.perf_counter() - t0
-                return C.TurnResult(http_status=200, error=f"protocol: {str(e)[:160]}"), timing
+                return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
     except asyncio.TimeoutError:
         timing["e2e_s"] = e2e = time.perf_counter() - t0
         why = (f"no complete answer within {turn_timeout:g} s" if e2e >= turn_timeout * 0.999
@@ -368,7 +400,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
             raise ClientSideError(describe_client_error(e, url, "POST")[1]) from e
         timing["e2e_s"] = time.perf_counter() - t0
         timing["connection_error"] = isinstance(e, CONNECTION_ERRORS)
-        return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {str(e)[:160]}"), timing
+        return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {clip(e, ERROR_TEXT)}"), timing
 
 
 async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 5.0,
@@ -386,7 +418,7 @@ async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 
     except CONNECTION_ERRORS as e:
         if _local_limit(e) or _dns_failure(e):
             raise ClientSideError(describe_client_error(e, base.rstrip("/") + "/health")[1]) from e
-        return f"GET /health: {type(e).__name__}: {str(e)[:160]}"
+        return f"GET /health: {type(e).__name__}: {clip(e, ERROR_TEXT)}"
     except aiohttp.ClientError:
         return None
 
@@ -396,7 +428,7 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
                     label: str = "", stop: Optional[Callable[[], bool]] = None,
                     turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None,
-                    thinking: bool = False) -> LevelRun:
+                    thinking: bool = False, key_accepted: bool = False) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
@@ -416,10 +448,16 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
 
     A failure of this machine in any turn (:class:`ClientSideError`: out of file descriptors or
     local ports, DNS) stops every worker before its next turn and is raised once they are done;
-    the turn it hit is not recorded (it says nothing about the server)."""
+    the turn it hit is not recorded (it says nothing about the server).
+
+    API key: a turn answered HTTP 401 / 403 before any turn of the run got another HTTP answer
+    (``key_accepted`` False: no earlier level of this URL did either) raises :class:`AuthRefused`
+    the same way (the client's key is wrong or missing; nothing is judged). Once the server has
+    taken the key, a later 401 / 403 is the server's answer (e.g. a worker behind a gateway with
+    another key) and is recorded as an ``http_error`` turn."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     specs = C.tool_specs(TOOLS)
-    level = LevelRun(url=url, concurrency=concurrency, target=target)
+    level = LevelRun(url=url, concurrency=concurrency, target=target, key_accepted=key_accepted)
     run_id = run_id or uuid.uuid4().hex[:8]
     issued = 0
     next_sid = concurrency
@@ -458,6 +496,11 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                 except ClientSideError as e:
                     failure.append(e)
                     return
+                if result.http_status in AUTH_STATUSES and not level.key_accepted:
+                    failure.append(AuthRefused(result.http_status, endpoint, "POST", key_sent(http)))
+                    return
+                if result.http_status is not None and result.http_status not in AUTH_STATUSES:
+                    level.key_accepted = True
                 v = E.judge(result, requires_tool=spec.requires_tool, tools=specs, expected=spec.expected_calls,
                             tool_choice=spec.tool_choice, thinking_requested=thinking)
                 rec = {

@@ -20,7 +20,8 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
 
     ``rec_file``: a text file for one JSON line per turn, or None; ``progress``: None, or a factory
     ``progress(total) -> obj`` with ``update(description=..., advance=..., bad=...)`` and ``stop()``.
-    Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used,
+    Raises ConnectError/BadResponse (:mod:`dsv4ctl.check.driver`) when a URL cannot be used
+    (:class:`~dsv4ctl.check.driver.AuthRefused`, a ConnectError: the server refuses the API key),
     KeyboardInterrupt on Ctrl-C or SIGTERM (every session stopped first). ``thinking``: requests ask for
     thinking (:func:`dsv4ctl.check.driver.run_level`). ``gateway_metrics``: the gateway's own
     Prometheus URL (e.g. ``http://router:29000/metrics``), scraped before and after each level
@@ -73,6 +74,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     try:
         async with D.make_client(max(levels), stall, api_key) as http:
             models = {}
+            key_accepted = {u: False for u in urls}     # the server took the API key (see run_level)
             for u in urls:
                 models[u] = model or await D.discover_model(http, u)
             if progress:
@@ -87,7 +89,9 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                         prog.update(description=f"{u} c={c}")
                     lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
                                            on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
-                                           stop=lambda: interrupted, turn_timeout=turn_timeout, thinking=thinking)
+                                           stop=lambda: interrupted, turn_timeout=turn_timeout, thinking=thinking,
+                                           key_accepted=key_accepted[u])
+                    key_accepted[u] = lv.key_accepted
                     if interrupted:
                         raise KeyboardInterrupt
                     after = await _scrape(http, scrape) if metrics else None

@@ -184,8 +184,8 @@ def crash_lines(doc: dict) -> list[str]:
 def _short(text: Optional[str], n: int = 80) -> str:
     if not text:
         return "-"
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[:n - 1] + "…"
+    from ..render import clip
+    return clip(" ".join(str(text).split()), n)
 
 
 def _example_cells(ex: dict) -> tuple[str, str]:
@@ -263,8 +263,10 @@ def class_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 def gateway_lines(doc: dict) -> list[str]:
     """One line per level whose gateway metrics were scraped: retries (hidden from the corruption
-    rate), retries exhausted, circuit-breaker failures and open breakers."""
-    out = []
+    rate), retries exhausted, circuit-breaker failures and open breakers; first, with a profile,
+    whose gateway metrics were scraped (``settings.gateway_scope``)."""
+    scope = (doc.get("settings") or {}).get("gateway_scope")
+    out = [scope] if scope else []
     for lv in doc["levels"]:
         g = lv.get("gateway")
         if not g:

@@ -37,9 +37,11 @@ from typing import Any, Optional
 
 import aiohttp
 
+from ..render import clip
 from . import classify as C
 from . import expect as E
-from .driver import BadResponse, ClientSideError, ConnectError, fetch_json, run_turn
+from .driver import (AUTH_STATUSES, AuthRefused, BadResponse, ClientSideError, ConnectError, fetch_json, key_sent,
+                     run_turn)
 from .workload import CALL_INSTRUCTION, SYSTEM_PROMPT, TOOLS, Session, known_instruction
 
 EXPECT_VERSION = "0.5.23"
@@ -61,13 +63,14 @@ def line(check: str, target: str, status: str, reason: str, **detail: Any) -> di
 
 
 def _short(v: Any, n: int = 80) -> Any:
-    """A server-reported value for a reason line: strings over ``n`` characters and containers are
-    cut to ``n`` characters (of their repr) with "..." appended; other values as they are."""
+    """A server-reported value for a reason line: a string, or a container's repr, over ``n``
+    characters is cut to ``n`` at a word or field boundary, ending in "…"
+    (:func:`dsv4ctl.render.clip`); other values as they are."""
     if isinstance(v, str):
-        return v if len(v) <= n else v[:n] + "..."
+        return clip(v, n)
     if isinstance(v, (list, dict)):
         r = repr(v)
-        return v if len(r) <= n else r[:n] + "..."
+        return v if len(r) <= n else clip(r, n)
     return v
 
 
@@ -179,7 +182,7 @@ def _answered(res: C.TurnResult) -> bool:
 
 
 def _calls(res: C.TurnResult) -> str:
-    return ", ".join(f"{c.name}({c.arguments[:40]})" for c in res.tool_calls)
+    return ", ".join(f"{c.name}({clip(c.arguments, 40)})" for c in res.tool_calls)
 
 
 def judge_tool_choice_none(res: C.TurnResult, target: str, specs: dict[str, C.ToolSpec]) -> dict:
@@ -253,7 +256,7 @@ def judge_over_length(res: C.TurnResult, target: str, context_len: int, source: 
     detail = {"context_length": context_len, "prompt_chars": prompt_chars, "http_status": res.http_status}
     if res.http_status is not None and 400 <= res.http_status < 500:
         return line("over_length", target, "pass", f"HTTP {res.http_status} for {what}",
-                    error=(res.error or "")[:200], **detail)
+                    error=clip(res.error or "", 200), **detail)
     if res.http_status == 200:
         pt = (res.usage or {}).get("prompt_tokens")
         return line("over_length", target, "fail",
@@ -262,7 +265,7 @@ def judge_over_length(res: C.TurnResult, target: str, context_len: int, source: 
     if res.http_status is None:
         return line("over_length", target, "fail", f"no answer for {what}: {res.error}", **detail)
     return line("over_length", target, "fail", f"HTTP {res.http_status} for {what}, expected a 4xx: "
-                f"{(res.error or '')[:160]}", **detail)
+                f"{clip(res.error or '', 160)}", **detail)
 
 
 def judge_prompt_tokens(samples: list[tuple[str, int, C.TurnResult]], target: str) -> dict:
@@ -326,7 +329,10 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
     complete answer (also the no-progress limit); a body over the size limits of :mod:`.classify`
     fails its line. The entry is unreachable (returned False; the ``models`` line says why) when
     ``GET /v1/models`` gets no HTTP answer or a broken one. Raises :class:`.driver.ClientSideError`
-    for a failure of this machine (out of file descriptors, DNS)."""
+    for a failure of this machine (out of file descriptors, DNS), and :class:`.driver.AuthRefused`
+    (one) when ``/v1/models``, or a completion probe before any was taken, is answered HTTP 401 /
+    403 (the API key is missing or wrong: no verdict on the server). A 401 / 403 after a probe was
+    taken fails that probe's line."""
     from .driver import auth_headers
     out: list[dict] = []
     specs = C.tool_specs(TOOLS)
@@ -366,6 +372,8 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         infos: list[Any] = []
         try:
             status, doc = await fetch_json(http, entry + "/v1/models", timeout=timeout)
+            if status in AUTH_STATUSES:
+                raise AuthRefused(status, entry + "/v1/models", "GET", key_sent(http))
             models_doc = doc if status == 200 else None
             data = doc.get("data") if isinstance(doc, dict) else None
             ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
@@ -404,8 +412,18 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         url = entry + "/v1/chat/completions"
         model = model or "default"
         samples: list[tuple[str, int, C.TurnResult]] = []
+        accepted = False
+
+        async def probe(body: dict, stream: bool) -> tuple[C.TurnResult, dict]:
+            # a 401 / 403 before any probe was taken: the client's key is wrong (no verdict)
+            nonlocal accepted
+            res, timing = await run_turn(http, url, body, stream, timeout)
+            if res.http_status in AUTH_STATUSES and not accepted:
+                raise AuthRefused(res.http_status, url, "POST", key_sent(http))
+            accepted = accepted or res.http_status is not None
+            return res, timing
         body = chat_body(model, _rid())
-        res, timing = await run_turn(http, url, body, False, timeout)
+        res, timing = await probe(body, False)
         samples.append(("chat", sent_bytes(body), res))
         v = C.classify(res, requires_tool=False, tools=specs)
         out.append(line("chat", entry, "pass" if v.ok else "fail",
@@ -417,18 +435,18 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             body = s.request(model, rid)
             if stream:
                 body["stream_options"] = {"include_usage": True}
-            res, timing = await run_turn(http, url, body, stream, timeout)
+            res, timing = await probe(body, stream)
             samples.append((name, sent_bytes(body), res))
             spec = s.spec()         # a known answer: the calls the instruction states
             v = E.judge(res, requires_tool=True, tools=specs, expected=spec.expected_calls, tool_choice=spec.tool_choice)
             ok = v.ok and res.finish_reason == "tool_calls"
-            reason = (f"{res.tool_calls[0].name}({res.tool_calls[0].arguments[:60]}), finish_reason tool_calls"
+            reason = (f"{res.tool_calls[0].name}({clip(res.tool_calls[0].arguments, 60)}), finish_reason tool_calls"
                       if ok else (f"{v.cls}: {v.reason}" if not v.ok else
                                   f"finish_reason {res.finish_reason!r}, expected 'tool_calls'"))
             out.append(line(name, entry, "pass" if ok else "fail", reason, rid=rid))
         for kind in ("none", "required", "named"):
             body = tool_choice_body(kind, model, _rid())
-            res, _ = await run_turn(http, url, body, False, timeout)
+            res, _ = await probe(body, False)
             samples.append((f"tool_choice_{kind}", sent_bytes(body), res))
             if kind == "none":
                 ln = judge_tool_choice_none(res, entry, specs)
@@ -445,7 +463,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         else:
             body = over_length_body(model, _rid(), ctx)
             chars = len(body["messages"][0]["content"])
-            res, _ = await run_turn(http, url, body, False, timeout)
+            res, _ = await probe(body, False)
             ln = judge_over_length(res, entry, ctx, source, chars)
             ln["detail"]["rid"] = body["rid"]
             out.append(ln)

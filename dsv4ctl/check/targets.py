@@ -14,11 +14,24 @@ from ..errors import InputError
 class Targets:
     """``entry``: the URL clients use (router, else the first server); ``workers``: smoke.Worker
     objects for every server group (health, server_info, /metrics); ``gateway_metrics``: the
-    entry router's own Prometheus URL (None without a router)."""
+    entry router's own Prometheus URL (None without a router); ``gateway_router``: that router
+    group's name; ``other_routers``: the profile's other router groups, which get none of the
+    check's traffic and whose metrics are not scraped."""
 
     entry: str
     workers: list
     gateway_metrics: Optional[str] = None
+    gateway_router: Optional[str] = None
+    other_routers: tuple = ()
+
+    def gateway_scope(self) -> Optional[str]:
+        """One line saying whose gateway metrics are scraped and why only its (None without a
+        router): the check's traffic goes to the entry router only."""
+        if self.gateway_router is None:
+            return None
+        return (f"gateway metrics: {self.gateway_metrics} of router group {self.gateway_router}, the entry the "
+                f"check's traffic goes to" + (f" (not scraped: router group(s) {', '.join(self.other_routers)}, "
+                                              f"which get none of it)" if self.other_routers else ""))
 
 
 def normalize_url(url: str) -> str:
@@ -40,7 +53,8 @@ def from_profile(profile) -> Targets:
     A server group's URL and port are the Deployment's (``port``, else the serve config's, else
     30000; IPv6-safe); its configured HiCache switch is the serve config's. The entry is the first
     router group, else the first server group; ``gateway_metrics`` that router's Prometheus URL
-    (its ``prometheus_host``/``prometheus_port``). InputError (exit 2) on an unreadable serve config."""
+    (its ``prometheus_host``/``prometheus_port``): only the entry router gets the check's traffic,
+    so only its metrics are scraped (:meth:`Targets.gateway_scope` says so). InputError (exit 2) on an unreadable serve config."""
     from ..profile.deployment import as_deployment
     from .smoke import Worker
 
@@ -50,4 +64,6 @@ def from_profile(profile) -> Targets:
     entry: Optional[str] = routers[0].url if routers else (workers[0].url if workers else None)
     if entry is None:
         raise InputError(f"{dep.path}: no router or server group to send traffic to")
-    return Targets(entry=entry, workers=workers, gateway_metrics=routers[0].metrics_url if routers else None)
+    return Targets(entry=entry, workers=workers, gateway_metrics=routers[0].metrics_url if routers else None,
+                   gateway_router=routers[0].name if routers else None,
+                   other_routers=tuple(r.name for r in routers[1:]))

@@ -29,19 +29,60 @@ from .options import concurrency_levels as _parse_levels  # noqa: E402
 from .options import seconds as _seconds  # noqa: E402
 
 
-def masked(x, key: Optional[str]):
-    """``x`` (a check's lines or document: dicts, lists, strings) with every occurrence of the
-    bearer ``key`` replaced by ``***``: a server that echoes request headers back (in an error body,
-    a model id) never gets the key printed, in tables, JSON or error lines."""
-    if not key:
-        return x
+def check_secrets(api_key: Optional[str], dep=None) -> set[str]:
+    """The secret values a check's output must not show: the bearer ``api_key`` (every spelling:
+    :func:`dsv4ctl.deploy.steps.secret_spellings`) and, with a profile, its Deployment's
+    (:func:`dsv4ctl.deploy.steps.deployment_secrets`)."""
+    from ..deploy.steps import deployment_secrets, secret_spellings
+    out = secret_spellings([api_key]) if api_key else set()
+    return out | deployment_secrets(dep) if dep is not None else out
+
+
+def masked(x, secrets: set[str]):
+    """``x`` (a check's lines, document or per-turn record: dicts, lists, strings) with every
+    string masked as in logs (:func:`dsv4ctl.deploy.steps.mask_secrets`: the ``secrets`` and, as a
+    second net, ``Authorization: Bearer X``, ``--api-key X``, ``API_KEY=X``): a server that echoes
+    request headers back (in an error body, a model id) never gets the key printed, in tables,
+    JSON, records or error lines."""
+    from ..deploy.steps import mask_secrets
     if isinstance(x, str):
-        return x.replace(key, "***")
+        return mask_secrets(x, secrets)
     if isinstance(x, dict):
-        return {masked(k, key): masked(v, key) for k, v in x.items()}
+        return {masked(k, secrets): masked(v, secrets) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [masked(v, key) for v in x]
+        return [masked(v, secrets) for v in x]
     return x
+
+
+class MaskedRecords:
+    """A file-like sink for ``check load``'s per-turn JSON lines that masks every string of each
+    record (:func:`masked`) before passing the line on to ``out`` (the ``--records`` file, or a
+    :class:`dsv4ctl.report.csvout.TurnsCsvWriter`)."""
+
+    def __init__(self, out, secrets: set[str]):
+        self.out, self.secrets = out, secrets
+        masked("", secrets)     # import the masking code now: mid-run, out of descriptors, it could not be
+
+    def write(self, text: str) -> int:
+        """Mask and pass on the JSON lines of ``text``; returns ``len(text)``."""
+        import json
+        lines = [json.dumps(masked(json.loads(ln), self.secrets), ensure_ascii=False) + "\n"
+                 for ln in text.splitlines() if ln.strip()]
+        self.out.write("".join(lines))
+        return len(text)
+
+    def close(self) -> None:
+        """Close ``out``."""
+        self.out.close()
+
+
+def _profile_key(dep, api_key: Optional[str]) -> Optional[str]:
+    """``api_key`` (``--api-key`` / DSV4CTL_API_KEY), else the profile's serve configs' ``api-key``
+    (:func:`dsv4ctl.deploy.site.api_key`, as ``deploy --promote`` sends it)."""
+    if api_key is not None:
+        return api_key
+    from ..deploy.site import api_key as serve_config_key
+    return serve_config_key(dep)
 
 
 def _check_api_key(key: Optional[str]) -> None:
@@ -73,11 +114,12 @@ def _open_records(records: Path):
     return f
 
 
-def _connect_error(e: Exception, what: str) -> DsvError:
+def _connect_error(message: str, what: str) -> DsvError:
     """Exit 2 with the one line of a connection / discovery failure (:mod:`dsv4ctl.check.driver`
-    words it: "cannot connect to HOST:PORT (connection refused)")."""
+    words it: "cannot connect to HOST:PORT (connection refused)", "HOST:PORT refuses the API key
+    (HTTP 401 ...)")."""
     from ..render import printable
-    return DsvError(f"{what}: " + printable(str(e)).replace("\n", " "), exit_code=EXIT_USAGE)
+    return DsvError(f"{what}: " + printable(message).replace("\n", " "), exit_code=EXIT_USAGE)
 
 
 @check_app.command("smoke")
@@ -89,7 +131,7 @@ def smoke(
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds for each probe's complete answer (and without progress) before it fails."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
-                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
+                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --profile else the serve config's api-key); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
@@ -99,7 +141,8 @@ def smoke(
     probes: tool_choice none / required / named, an over-length prompt that must get a 4xx, and
     usage.prompt_tokens against the bytes sent.
 
-    Exit 0 all pass, 1 a check failed, 2 usage error or the entry URL unreachable."""
+    Exit 0 all pass, 1 a check failed, 2 usage error, the entry URL unreachable or the API key
+    refused (HTTP 401/403)."""
     import asyncio
 
     from ..check.smoke import Worker, run_smoke
@@ -111,20 +154,24 @@ def smoke(
         raise InputError("check smoke: --worker goes with a URL (with --profile the workers are its server groups)")
     _seconds(timeout, "--timeout")
     _check_api_key(api_key)
+    dep = None
     if profile:
-        _, t = _profile_targets(profile)
+        dep, t = _profile_targets(profile)
         entry, workers = t.entry, t.workers
+        api_key = _profile_key(dep, api_key)
+        _check_api_key(api_key)
     else:
         entry = normalize_url(url)
         workers = [Worker(name=u, url=u) for u in dict.fromkeys(normalize_url(w) for w in worker or [])]
+    secrets = check_secrets(api_key, dep)
     from ..check.driver import ConnectError
     try:
         lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
-    except ConnectError as e:       # this machine failed (descriptors, DNS): no verdict on the server
-        raise _connect_error(e, "check smoke") from None
+    except ConnectError as e:       # this machine failed (descriptors, DNS, the API key): no verdict
+        raise _connect_error(masked(str(e), secrets), "check smoke") from None
     except KeyboardInterrupt:
         raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from None
-    lines = masked(lines, api_key)
+    lines = masked(lines, secrets)
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
            "checks": lines}
     headers = ["check", "target", "status", "reason"]
@@ -165,13 +212,13 @@ def load(
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
     gateway_metrics: Optional[str] = typer.Option(None, "--gateway-metrics", metavar="URL",
-                                                  help="The gateway's own Prometheus URL (http://router:29000/metrics): its retries and circuit-breaker failures per level (default with --profile: its router's prometheus_host/prometheus_port)."),
+                                                  help="The gateway's own Prometheus URL (http://router:29000/metrics): its retries and circuit-breaker failures per level (default with --profile: the entry router's prometheus_host/prometheus_port, the first router group, which gets the traffic; other routers are not scraped)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
     answer_words: int = typer.Option(150, "--answer-words", help="Length of the final long answer turn (words)."),
     thinking: bool = typer.Option(False, "--thinking", help="Ask for thinking (chat_template_kwargs.thinking); an answer without reasoning_content is then reasoning_in_content."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
-                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY); never printed."),
+                                          help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --profile else the serve config's api-key); never printed or written to records."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.load/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
     csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per URL and level (rate, Wilson bounds, latency percentiles, class counts)."),
@@ -182,7 +229,8 @@ def load(
     stops answering (K = max(8, sessions) consecutive connection errors) is a crash: the ramp stops
     there and the gate fails.
 
-    Exit 0 gate passed, 1 gate failed or the server crashed, 2 usage or connection error."""
+    Exit 0 gate passed, 1 gate failed or the server crashed, 2 usage or connection error, or the
+    API key refused (HTTP 401/403 before the server took it)."""
     import asyncio
 
     from ..check import report as R
@@ -197,13 +245,16 @@ def load(
 
     defaults = CheckSettings()
     metric_urls: Optional[list[str]] = None
+    gateway_scope: Optional[str] = None
     if profile:
         prof, t = _profile_targets(profile)
         defaults = prof.check
+        api_key = _profile_key(prof, api_key)
         urls = [t.entry]
         metric_urls = [w.url for w in t.workers]
         if gateway_metrics is None and metrics:
             gateway_metrics = t.gateway_metrics
+            gateway_scope = t.gateway_scope()
     elif compare:
         urls = [normalize_url(compare[0]), normalize_url(compare[1])]
         if urls[0] == urls[1]:
@@ -229,15 +280,18 @@ def load(
         min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
     else:
         integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
+    secrets = check_secrets(api_key, prof if profile else None)
     rec_file = None
     if records is not None:
         rec_file = _open_records(records)
     if turns_csv is not None:
         from ..report.csvout import TurnsCsvWriter
         rec_file = TurnsCsvWriter(_open_records(turns_csv), also=rec_file)
+    if rec_file is not None:        # records are masked as logs are: the key, echoed headers
+        rec_file = MaskedRecords(rec_file, secrets)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
-                "gateway_metrics": gateway_metrics}
+                "gateway_metrics": gateway_metrics, "gateway_scope": gateway_scope}
     import sys
 
     from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
@@ -251,7 +305,7 @@ def load(
                                    metrics, metric_urls, rec_file, _Progress if progress and sys.stderr.isatty() else None, settings,
                                    api_key, turn_timeout, thinking, gateway_metrics))
     except (ConnectError, BadResponse) as e:
-        raise _connect_error(e, "check load") from None
+        raise _connect_error(masked(str(e), secrets), "check load") from None
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
         # non-standalone mode, which the CLI entry point does not pass on
@@ -265,7 +319,7 @@ def load(
                 rec_file.close()
             except OSError:     # line-buffered: only the part of a line that failed is lost
                 pass
-    doc = masked(doc, api_key)
+    doc = masked(doc, secrets)
     if csv:
         from ..report.csvout import load_levels_csv
         print(load_levels_csv(doc), end="")

@@ -91,21 +91,17 @@ def _out(rep: dict, secrets) -> str:
     return mask_secrets(dump_json(rep), secrets)
 
 
-#: The longest health wait a run accepts (s): a day. nan, inf, 0 and negatives are refused.
-MAX_HEALTH_TIMEOUT = 86400.0
+#: The longest health wait a run accepts (s): a day (options.MAX_SECONDS, the bound of every wait
+#: option). nan, inf, 0 and negatives are refused.
+from .options import MAX_SECONDS as MAX_HEALTH_TIMEOUT  # noqa: E402
 
 
 def check_health_timeout(value, option: str = "--health-timeout"):
     """``value`` (seconds) when it is None or a finite number in (0, a day], else InputError
     (exit 2, before anything is read or locked): ``nan`` used to wait forever holding every
-    host's lock, ``-5`` was accepted."""
-    import math
-    if value is None:
-        return None
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= MAX_HEALTH_TIMEOUT):
-        from ..errors import InputError
-        raise InputError(f"{option} {value!r}: expected a finite number of seconds in (0, {MAX_HEALTH_TIMEOUT:g}]")
-    return float(value)
+    host's lock, ``-5`` was accepted. The rule is :func:`dsv4ctl.commands.options.seconds`."""
+    from .options import seconds
+    return seconds(value, option, hi=MAX_HEALTH_TIMEOUT)
 
 
 def _profile(arg):

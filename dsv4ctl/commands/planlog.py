@@ -63,14 +63,9 @@ MAX_LOG_BYTES = 256 << 20
 def from_log(doc: dict, path: str, as_json: bool, markdown: bool) -> None:
     """Read ``path``, print the comparison, raise VerdictError (exit 1) on any difference."""
     p = Path(path).expanduser()
-    try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_LOG_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"--from-log {path}: {e.strerror}") from None
-    if len(raw) > MAX_LOG_BYTES:
-        raise InputError(f"--from-log {path}: larger than {MAX_LOG_BYTES >> 20} MiB; pass the start-up part "
-                         f"(e.g. grep -E 'DSV4_POOL_PLAN|DSV4 memory calculation' {path} > startup.log)")
+    from ..resources import read_file_capped
+    raw = read_file_capped(p, MAX_LOG_BYTES, f"--from-log {path}", "; pass the start-up part (e.g. grep -E "
+                           f"'DSV4_POOL_PLAN|DSV4 memory calculation' {path} > startup.log)")
     text = raw.decode("utf-8", "replace")
     rep = log_report(doc, text, str(p), None)
     if as_json:

@@ -21,7 +21,7 @@ import json
 import threading
 import time
 
-from ..errors import DsvError, RemoteError, VerdictError
+from ..errors import EXIT_REMOTE, DsvError, GateFailed, RemoteError
 from ..hosts import health
 from ..hosts.audit import now_iso
 from ..hosts.layout import HostFacts, choose_rollback_target, parse_facts
@@ -348,8 +348,8 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     ``promote`` (a :class:`dsv4ctl.deploy.promote.PromoteOptions`) turns on the promotion
     pipeline of :mod:`dsv4ctl.deploy.promote`: preflight before anything, then canary, checks,
     the rest, ``good``. Raises InputError (bad inputs, nothing changed), RemoteError (a host
-    failed before any switch, or locks), VerdictError (the gate, a preflight plan or a promotion
-    check failed; every switched host was rolled back)."""
+    failed before any switch, or locks), VerdictError (a preflight plan failed), GateFailed (a
+    subclass: the gate or a promotion check failed; every switched host was rolled back)."""
     t_start = time.monotonic()
     rsync_user_args()
     dep = as_deployment(profile)
@@ -506,7 +506,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         close_all(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]},
                   event=(rel.id, "failed", {"failed_check": "health gate", "failure": why[:1000]}), per_host=frm)
         back = sorted({o or "(none)" for o in old_current.values()})
-        raise VerdictError(f"{action} of {rel.id} rolled back to {', '.join(back)} on all hosts "
+        raise GateFailed(f"{action} of {rel.id} rolled back to {', '.join(back)} on all hosts "
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
     return finish_good(site, rel.id, run.of("close"), report, t_start)
@@ -651,8 +651,9 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
             if not ok:
                 close_all(site, {**rec, "result": "failed", "detail": why[:2000]},
                           event=(target, "failed", {"failed_check": "health gate (rollback)", "failure": why[:1000]}))
-                raise RemoteError(f"rollback to {target} failed its health gate; hosts put back on "
-                                  f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}")
+                raise GateFailed(f"rollback to {target} failed its health gate; hosts put back on "
+                                 f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}",
+                                 EXIT_REMOTE)
             run_close(site, run.of("close"))
             return {"schema": "dsv4ctl.rollback/1", "release": target, "result": "ok",
                     "state": site.facts[site.hosts[0]].recorded(target),

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import EXIT_USAGE, DsvError, InputError, VerdictError
+from ..errors import EXIT_USAGE, DsvError, GateFailed, InputError
 from ..hosts.audit import file_stamp, now_iso
 
 CHECKS = ("smoke", "load")
@@ -183,7 +183,8 @@ def check_verdict(kind: str, code: int, doc: dict | None, err: str) -> tuple[boo
     back, the release is not marked failed, exit 2."""
     if code == 0 and isinstance(doc, dict) and doc.get("pass", False):
         return True, "pass"
-    msg = err.removeprefix("dsv4ctl: error: ").strip() or f"check {kind} exited {code}"
+    msg = err.removeprefix("dsv4ctl: error: ").removeprefix("dsv4ctl: gate failed: ").strip() \
+        or f"check {kind} exited {code}"
     return False, msg
 
 
@@ -267,7 +268,7 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
         doc = json.loads(p.stdout) if p.stdout.strip() else None
     except ValueError:
         doc = None
-    err = next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith("dsv4ctl: error:")), "")
+    err = next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith(("dsv4ctl: error:", "dsv4ctl: gate failed:"))), "")
     passed, reason = check_verdict(kind, p.returncode, doc, err)
     log(f"check {kind}: {'pass' if passed else 'FAIL: ' + reason} ({time.monotonic() - t0:.1f} s)")
     return {"check": name, "passed": passed, "reason": reason, "exit_code": p.returncode,
@@ -296,7 +297,7 @@ def store_evidence(site, hosts: list[str], rid: str, stamp: str, edir: Path, sum
 
 def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict, frm: dict, t_start: float) -> dict:
     """Run ``run`` (:func:`promote_steps`) after the push: canary → checks → rest → good. Raises
-    VerdictError after putting every switched host back (release marked failed, evidence kept)
+    GateFailed (a VerdictError, exit 1) after putting every switched host back (release marked failed, evidence kept)
     when a gate or check fails."""
     from . import engine as E
     from .steps import revert_steps
@@ -340,7 +341,7 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
                                            **({"evidence": hrel} if hrel else {})}), per_host=frm)
         back = sorted({(before[h] or "(none)") for h in moved})
         never = [h for h in site.hosts if h not in moved]
-        raise VerdictError(f"deploy --promote of {rid}: {what} failed: {why}; "
+        raise GateFailed(f"deploy --promote of {rid}: {what} failed: {why}; "
                            + (f"rolled back {', '.join(moved)} to {', '.join(back)}" if moved else "no host was switched")
                            + (f"; {', '.join(never)} never switched" if never else "")
                            + (f"; evidence in {edir}" if results else ""))
@@ -394,6 +395,8 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
             switched += rest
             more, bad = checks("rest")
             results += more
+            if bad and bad["exit_code"] == EXIT_USAGE:
+                not_run(bad, results)
             if bad:
                 fail("check smoke (all hosts)", bad["reason"], results)
     except KeyboardInterrupt:
@@ -452,7 +455,9 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     """Mark ``rid`` good after check smoke + check load against the running deployment.
 
     ``rid`` must be the active release on every host (InputError otherwise, nothing changes).
-    Failing checks: VerdictError (exit 1) naming the check; the release is marked ``failed``
+    A check that could not run (exit 2: a client-side limit, DNS, a refused API key) is no verdict:
+    DsvError exit 2, the release is not marked, the evidence kept.
+    Failing checks: GateFailed (a VerdictError, exit 1) naming the check; the release is marked ``failed``
     (still running: nothing is switched, but ``rollback`` no longer picks it), the evidence kept. Dry run: the steps, nothing run."""
     from ..profile.deployment import as_deployment
     from . import engine as E
@@ -503,17 +508,26 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
         try:
             E.acquire_locks(site, f"promote {rid}")
             run = by_hand_steps(site, rid, po, hrel)
-            summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "failed" if bad else "good",
+            no_verdict = bad is not None and bad["exit_code"] == EXIT_USAGE
+            summary = {"schema": "dsv4ctl.promotion/1", "release": rid,
+                       "result": "not-run" if no_verdict else "failed" if bad else "good",
                        "by_hand": True, "checks": results, "at": now_iso()}
             for st in run.of("evidence"):
                 E.trace(site, st)
             store_evidence(site, site.hosts, rid, stamp, edir, summary)
+            if no_verdict:
+                # the check could not run (exit 2: the client's own limits, DNS, a refused API key):
+                # no verdict, as in deploy --promote; the release is not marked failed
+                E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "check-not-run",
+                                   "detail": bad["reason"][:2000]})
+                raise DsvError(f"promote {rid}: check {bad['check']} could not run: {bad['reason']}; the release is "
+                               f"not marked failed (no verdict); evidence in {edir}", EXIT_USAGE)
             if bad:
                 E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "failed",
                                    "failed_check": f"check {bad['check']}", "detail": bad["reason"][:2000]},
                             event=(rid, "failed", {"failed_check": f"check {bad['check']}",
                                                    "failure": bad["reason"][:1000], "evidence": hrel}))
-                raise VerdictError(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
+                raise GateFailed(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
                                    f"marked failed (rollback will not pick it); evidence in {edir}")
             E.run_close(site, run.of("close"))
         finally:

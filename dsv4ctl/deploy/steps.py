@@ -63,6 +63,8 @@ class Step:
 
 
 _ENV_WORD = __import__("re").compile(r"(?P<pre>(?:^|[\s'\"=]))(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s'\"]+)")
+_AUTH_HEADER = __import__("re").compile(r"(?i)(?P<head>\bauthorization\\?[\"']?\s*[:=]\s*\\?[\"']?(?:(?:bearer|basic|token)\s+)?)"
+                                        r"(?P<val>[^\s\"',;}\]\\]+)")
 _FLAG = __import__("re").compile(r"--(?P<key>[A-Za-z0-9-]+)(?:=|\s+)(?P<val>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 
 
@@ -83,9 +85,15 @@ def deployment_secrets(dep) -> set[str]:
         for m in _FLAG.finditer(g.launch_template):
             if is_secret_key(m.group("key")):
                 out.add(m.group("val").strip("'\""))
+    return secret_spellings(x for x in out if len(x) >= 4)
+
+
+def secret_spellings(values) -> set[str]:
+    """Every way a secret value can show up in output: as written, shell-quoted, JSON-escaped (once
+    and twice)."""
     import json
-    spelled = set()
-    for s in (x for x in out if len(x) >= 4):      # as written, as shell-quoted, as JSON-escaped
+    spelled: set[str] = set()
+    for s in values:
         spelled |= {s, s.replace("'", "'\"'\"'"), json.dumps(s)[1:-1], json.dumps(json.dumps(s)[1:-1])[1:-1]}
     return spelled
 
@@ -93,10 +101,13 @@ def deployment_secrets(dep) -> set[str]:
 def mask_secrets(text: str, secrets: set[str] = frozenset()) -> str:
     """``text`` with every known secret value (:func:`deployment_secrets`) replaced by ``***``,
     and, as a second net, the value of every ``NAME=value`` word or ``--flag value`` whose name
-    looks secret (:func:`dsv4ctl.profile.serveconfig.is_secret_key`)."""
+    looks secret (:func:`dsv4ctl.profile.serveconfig.is_secret_key`) and the credentials of every
+    ``Authorization: [Bearer|Basic] X`` (also ``"authorization": "Bearer X"``: a header a server
+    echoes)."""
     from ..profile.secrets import is_secret_key
     from ..serve.edit import MASK, scrub
     text = scrub(text, set(secrets))
+    text = _AUTH_HEADER.sub(lambda m: m.group("head") + MASK, text)
     text = _ENV_WORD.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
                          else f"{m.group('pre')}{m.group('key')}={MASK}", text)
     return _FLAG.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))

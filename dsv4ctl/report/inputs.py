@@ -23,13 +23,8 @@ def _no_constant(name: str):
 def _read_json(path: Path, label: str) -> object:
     if path.exists() and not path.is_file() and not path.is_dir():
         raise InputError(f"{label}: not a regular file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_INPUT_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"{label}: {e.strerror or e}") from None
-    if len(raw) > MAX_INPUT_BYTES:
-        raise InputError(f"{label}: larger than {MAX_INPUT_BYTES >> 20} MiB: not a dsv4ctl JSON document")
+    from ..resources import read_file_capped
+    raw = read_file_capped(path, MAX_INPUT_BYTES, label, ": not a dsv4ctl JSON document")
     try:
         return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except RecursionError:

@@ -20,6 +20,16 @@ from .edit import Change
 
 ENABLE = "enable-hierarchical-cache"
 DEFAULT_RATIO = 2.0   # SGLang 0.5.23's resolved default in cache mode (hicache_hook.py handle_hicache_ratio_default)
+MAX_RATIO = 100.0
+"""The largest ``hicache-ratio`` taken without a plan to check it against: SGLang 0.5.23 sizes every
+DeepSeek-V4 host pool as int(device pages x hicache_ratio) (``hybrid_pool_assembler.py``
+``_deepseek_v4_num_host_pages``) and refuses to start when a host pool is over the host's free RAM
+minus a 10 GiB reserve, split over the ranks of the host (``pool_host/base.py``
+``host_memory_budget_bytes``). DSV4 device pools are tens of GiB per rank, so 100x is terabytes per
+rank: no host has that. Below it, ``config lint`` DSV109 checks the ratio against ``hosts[].ram_gib``
+and the plan's device pools."""
+SGLANG_RULE = ("SGLang 0.5.23 sizes each host pool as hicache-ratio x its device pool and refuses to start when "
+               "the host pools exceed the host's free RAM minus a 10 GiB reserve")
 OPTION_KEYS = (        # (option attribute, serve-config key)
     ("ratio", "hicache-ratio"),
     ("write_policy", "hicache-write-policy"),
@@ -82,6 +92,10 @@ def changes_for(action: str, data: dict, opts: Options, table: Table, label: str
         # pool is sized int(device_capacity_tokens * hicache_ratio) (srt/mem_cache/pool_host/base.py),
         # so a ratio <= 0 gives an empty or negative host pool: refuse it here.
         raise InputError(f"--ratio: hicache-ratio must be > 0 (host pool = ratio x device pool), got {ratio:g}")
+    if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > MAX_RATIO:
+        where = "--ratio: hicache-ratio" if "hicache-ratio" in wanted else f"{label}: hicache-ratio:"
+        raise InputError(f"{where} {ratio:g} is over {MAX_RATIO:g} ({SGLANG_RULE}; DSV4 device pools are tens of GiB "
+                         f"per rank, so no host fits that)" + ("" if "hicache-ratio" in wanted else "; pass --ratio"))
     for key, value in wanted.items():
         arg = table.get(key)
         try:

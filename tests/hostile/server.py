@@ -35,7 +35,14 @@ MODES = {
     "weird_types": "chat: content a list, name an int, finish_reason an int",
     "models_garbage": "/v1/models: bytes that are not UTF-8",
     "models_weird": "/v1/models: a model id that is an object",
+    "auth401": "everything but /health: HTTP 401 (a server started with --api-key, no or another key sent)",
+    "auth403": "everything but /health: HTTP 403",
+    "authchat": "chat: HTTP 401 (a gateway whose own endpoints are open, its workers need a key)",
+    "authsome": "chat: the first request answered, then every second one HTTP 401",
+    "echo": "chat: HTTP 500 whose body echoes the request's Authorization header",
+    "longerror": "chat: HTTP 500 with a long error message (100 words)",
 }
+_COUNT: dict[str, int] = {}
 
 
 async def _write_forever(resp: web.StreamResponse, piece: bytes, delay: float = 0.0) -> None:
@@ -66,6 +73,18 @@ async def handle(request: web.Request) -> web.StreamResponse:
     rest = "/" + rest
     if rest == "/health":
         return web.Response(text="")
+    if mode in ("auth401", "auth403"):
+        return web.json_response({"error": "Unauthorized"}, status=int(mode[4:]))
+    if rest == "/v1/chat/completions" and mode in ("authchat", "authsome"):
+        _COUNT[mode] = n = _COUNT.get(mode, 0) + 1
+        if mode == "authchat" or n % 2 == 0:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+    if rest == "/v1/chat/completions" and mode == "longerror":
+        return web.json_response({"error": {"message": " ".join(f"word{i:03d}" for i in range(100))}}, status=500)
+    if rest == "/v1/chat/completions" and mode == "echo":
+        auth = request.headers.get("Authorization", "")
+        return web.json_response({"error": {"message": f"bad request; headers: {{'Authorization': '{auth}'}}"}},
+                                 status=500)
     if rest == "/v1/models":
         if mode == "models_garbage":
             return web.Response(body=b"\x00\xff\xfe garbage", content_type="application/json")
