@@ -122,3 +122,11 @@ def test_pd_only_runbook_refuses_a_colocated_profile(cli, tmp_path):
     r = cli("runbook", "run", "transfer-wedge", "--profile", str(p), "--dry-run")
     assert r.code == 2, r.out + r.err
     assert "runbook transfer-wedge is for PD profiles" in r.err
+
+
+def test_an_unknown_runbook_name_lists_the_shipped_ones():
+    from tests.conftest import run_cli
+    r = run_cli("runbook", "show", "nosuch")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert r.err.startswith("dsv4ctl: error: nosuch: no such runbook (shipped: bad-release, hicache-crash, oom-at-startup, "
+                            "scheduler-stall, toolcall-corruption, transfer-wedge; or give a playbook file)"), r.err

@@ -22,11 +22,18 @@ def _state_root() -> Path:
 
 
 def _playbook_path(name: str) -> Path:
+    """A playbook file (``.yaml``/``.yml`` or a path) or a shipped runbook's name; InputError
+    listing the shipped runbooks for a name that is none of them."""
+    from ..errors import InputError
     from ..resources import shipped_dir
     p = Path(name)
     if p.suffix in (".yaml", ".yml") or "/" in name:
         return p
-    return shipped_dir("playbooks") / f"{name}.yaml"
+    d = shipped_dir("playbooks")
+    if not (d / f"{name}.yaml").is_file():
+        raise InputError(f"{name}: no such runbook (shipped: {', '.join(sorted(q.stem for q in d.glob('*.yaml')))}; "
+                         "or give a playbook file)")
+    return d / f"{name}.yaml"
 
 
 def _load(name: str, actions):
