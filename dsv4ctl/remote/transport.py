@@ -2,12 +2,64 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..errors import RemoteError
+
+STOP_GRACE_S = 10.0
+"""Seconds a stopped command's process group gets to end after SIGTERM before SIGKILL (git
+removes its lock files on SIGTERM)."""
+
+_worker = threading.local()
+
+
+def cancel_event(event: "threading.Event | None") -> None:
+    """Tie this thread's transport commands to ``event`` (None: untie). Once it is set, a
+    command running in this thread is stopped on its host (its process group: SIGTERM, then
+    SIGKILL) and raises RemoteError; a new command raises at once. :func:`.parallel.run_parallel`
+    sets this in its worker threads, so an interrupt stops every host's command."""
+    _worker.cancel = event
+
+
+def cancelled() -> bool:
+    """True when this thread's :func:`cancel_event` is set."""
+    ev = getattr(_worker, "cancel", None)
+    return ev is not None and ev.is_set()
+
+
+class signals_held:
+    """While stopping a command: SIGINT/SIGTERM are ignored in the main thread (a second Ctrl-C
+    must not leave a half-stopped command); outside the main thread this does nothing."""
+
+    def __enter__(self):
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+        return False
+
+
+def stop_group_cmd(pgid: int, grace: float = STOP_GRACE_S) -> str:
+    """The host command that stops process group ``pgid`` (a remote command's own group: sshd
+    starts each command in a new session): SIGTERM, wait up to ``grace`` s, SIGKILL, and return
+    once the group is gone. When ``pgid`` is no group (a server that does not start a session
+    per command) the process itself and its children are signalled."""
+    n = max(1, int(grace * 10))
+    return (f"P={int(pgid)}; if kill -0 -- -$P 2>/dev/null; then G=-$P; else G=$P; pkill -TERM -P $P 2>/dev/null; fi; "
+            f"kill -TERM -- $G 2>/dev/null; i=0; while kill -0 -- $G 2>/dev/null; do i=$((i+1)); "
+            f"if [ $i -eq {n} ]; then kill -KILL -- $G 2>/dev/null; pkill -KILL -P $P 2>/dev/null; fi; "
+            f"if [ $i -gt {n + 50} ]; then exit 1; fi; sleep 0.1; done; exit 0")
 
 
 def q(s) -> str:
@@ -81,14 +133,53 @@ class LocalTransport(Transport):
         self.name = name
 
     def run(self, cmd, *, input=None, timeout=None, check=True):
+        """As :meth:`Transport.run`; the command runs in its own process group, which is stopped
+        (SIGTERM, then SIGKILL) on a timeout, an interrupt or a :func:`cancel_event`."""
+        if cancelled():
+            raise RemoteError(f"{self.name}: interrupted")
+        p = subprocess.Popen(["bash", "-c", cmd], stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        feed = input
         try:
-            p = subprocess.run(["bash", "-c", cmd], input=input, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
-        res = CmdResult(self.name, cmd, p.returncode, p.stdout, p.stderr)
+            while True:
+                try:
+                    out, err = p.communicate(feed, timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    feed = None
+                    if cancelled():
+                        raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}")
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
+        except BaseException:
+            with signals_held():
+                _stop_local(p)
+            raise
+        res = CmdResult(self.name, cmd, p.returncode, out, err)
         if check and res.code != 0:
             raise self.fail(res, cmd.splitlines()[0][:80])
         return res
 
     def rsync_dest(self, path, bulk=False):
         return [], path
+
+
+def _stop_local(p: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM ``p``'s own process group, SIGKILL it after ``grace`` s; reaps ``p``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
