@@ -14,6 +14,8 @@ import time
 import pytest
 import yaml
 
+from pathlib import Path
+
 from tests.conftest import REPO
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.test_patch_interrupt import ENV, git, git_children_on, make_tree
@@ -31,6 +33,16 @@ def profile(c, tmp_path):
     return h, ["--host", h.name, "--profile", str(prof)]
 
 
+def slow_git(tree) -> None:
+    """Hooks that make every applied patch and every commit of the tree's git take 3 s more:
+    the git session on the host is certain to be mid-way when the signal comes, and would still
+    be running when dsv4ctl exits if dsv4ctl did not stop it."""
+    for hook in ("post-applypatch", "post-commit"):
+        f = tree / ".git" / "hooks" / hook
+        f.write_text("#!/bin/sh\nsleep 3\n")
+        f.chmod(0o755)
+
+
 def start(args, marker_path) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True, env=ENV)
@@ -42,8 +54,22 @@ def start(args, marker_path) -> subprocess.Popen:
     return p
 
 
+def working_in(tree) -> list[str]:
+    """Command lines of live processes whose working directory is in ``tree`` (git's hooks)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.readlink(d / "cwd").startswith(str(tree)) and \
+                    "zombie" not in (d / "status").read_text():
+                out.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace"))
+        except OSError:
+            continue
+    return out
+
+
 def assert_restored(tree, head):
     assert git_children_on(tree) == []                  # the host's git was stopped, not orphaned
+    assert working_in(tree) == []                       # and so were its hooks
     time.sleep(0.5)                                     # and nothing changes the tree afterwards
     assert git(tree, "rev-parse", "HEAD").strip() == head
     assert git(tree, "status", "--porcelain") == ""
@@ -59,6 +85,7 @@ def test_signal_mid_remote_apply_stops_host_git_and_restores(live_cluster, tmp_p
     h, remote = profile(live_cluster, tmp_path)
     tree, series = make_tree(tmp_path)
     git(tree, "reset", "-q", "--hard", "v0.5.23")
+    slow_git(tree)
     head = git(tree, "rev-parse", "HEAD").strip()
     p = start(["patch", "apply", str(tree), "--series", str(series), *remote], tree / ".git" / "rebase-apply")
     os.kill(p.pid, sig)
@@ -70,6 +97,7 @@ def test_signal_mid_remote_apply_stops_host_git_and_restores(live_cluster, tmp_p
 def test_sigterm_mid_remote_revert_stops_host_git_and_restores(live_cluster, tmp_path):
     h, remote = profile(live_cluster, tmp_path)
     tree, _ = make_tree(tmp_path)
+    slow_git(tree)
     head = git(tree, "rev-parse", "HEAD").strip()
     commits = git(tree, "rev-list", "v0.5.23..HEAD").split()
     p = start(["patch", "revert", str(tree), *commits, *remote], tree / ".git" / "sequencer")
