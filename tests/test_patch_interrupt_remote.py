@@ -105,3 +105,32 @@ def test_sigterm_mid_remote_revert_stops_host_git_and_restores(live_cluster, tmp
     out, err = p.communicate(timeout=120)
     assert (p.returncode, err) == (130, f"dsv4ctl: error: {h.name}:{tree}: interrupted; tree restored to {head[:12]}\n")
     assert_restored(tree, head)
+
+
+def test_stale_locks_of_a_stopped_host_git_are_removed(live_cluster, tmp_path):
+    """A host git that had to be SIGKILLed leaves its lock files: the restore removes those made
+    since the run began (by the host's clock), and leaves an older one (someone else's) alone."""
+    from dsv4ctl.patches.gitio import Git, transport_runner
+    from dsv4ctl.patches.ops import _remove_stale_locks, _tree_clock
+    from dsv4ctl.remote.ssh import SSHTransport
+    c = live_cluster
+    h = c.hosts[0]
+    t = SSHTransport(h.name, h.address, user=c.user, port=h.port, key=str(c.user_key), known_hosts=str(c.known_hosts))
+    tree = tmp_path / "t"
+    tree.mkdir()
+    git(tree, "init", "-q")
+    gd = tree / ".git"
+    old = gd / "config.lock"
+    old.write_text("")
+    os.utime(old, (time.time() - 3600,) * 2)
+    try:
+        g = Git(str(tree), transport_runner(t), where=f"{h.name}:{tree}")
+        since = _tree_clock(g)
+        assert abs(since - time.time()) < 5
+        (gd / "index.lock").write_text("")
+        (gd / "refs" / "heads" / "main.lock").write_text("")
+        _remove_stale_locks(g, since)
+    finally:
+        t.close()
+    assert not (gd / "index.lock").exists() and not (gd / "refs" / "heads" / "main.lock").exists()
+    assert old.exists()
