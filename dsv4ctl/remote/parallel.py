@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import DsvError
+from ..errors import DsvError, RemoteError
 from .transport import cancel_event
 
 
@@ -52,8 +52,9 @@ def _interrupts_deferred():
 
 
 STOP_WAIT_S = 15.0
-"""After an interrupt: at most this many seconds for the hosts' commands to be stopped (each
-worker stops its own; then every transport is closed) before the interrupt goes on."""
+"""After an interrupt: at most this many seconds for the hosts' commands to be stopped (every
+transport is closed at once, in parallel, which stops its running commands) before the
+interrupt goes on."""
 
 
 @contextlib.contextmanager
@@ -77,7 +78,10 @@ def _work(fut: cf.Future, fn: Callable[[Any], Any], t, cancel: threading.Event, 
     """One host's call in its own (daemon) thread, its transport commands tied to ``cancel``."""
     cancel_event(cancel)
     with slots:
-        if cancel.is_set() or not fut.set_running_or_notify_cancel():
+        if not fut.set_running_or_notify_cancel():
+            return
+        if cancel.is_set():
+            fut.set_exception(RemoteError(f"{t.name}: interrupted"))
             return
         try:
             fut.set_result(fn(t))

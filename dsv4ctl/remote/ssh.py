@@ -269,7 +269,7 @@ class SSHTransport(Transport):
 
         def pgid_seen() -> None:
             if entry["pgid"] is None:
-                m = _PGID_RE.search(err)
+                m = _PGID_RE.search(err, 0, 4096)
                 if m:
                     entry["pgid"] = int(m.group(1))
         chan = None
@@ -295,10 +295,10 @@ class SSHTransport(Transport):
                 if chan.closed and not got and chan.eof_received:
                     break
                 if cancelled():
-                    self._stop_unstarted(chan, entry, err)
+                    self._stop_command(chan, entry, err)
                     raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}")
                 if deadline is not None and time.monotonic() > deadline:
-                    self._stop_unstarted(chan, entry, err)
+                    self._stop_command(chan, entry, err)
                     chan.close()
                     raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
                 if not got:
@@ -324,7 +324,7 @@ class SSHTransport(Transport):
             if not isinstance(e, Exception):    # KeyboardInterrupt: make sure the group is known
                 if chan is not None and entry["pgid"] is None:
                     with signals_held():
-                        self._stop_unstarted(chan, entry, err, stop=False)
+                        self._stop_command(chan, entry, err, stop=False)
                 raise
             if cancelled():
                 raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}") from None
@@ -340,7 +340,7 @@ class SSHTransport(Transport):
             raise self.fail(res, cmd.splitlines()[0][:80])
         return res
 
-    def _stop_unstarted(self, chan, entry: dict, err: bytearray, stop: bool = True, wait: float = 2.0) -> None:
+    def _stop_command(self, chan, entry: dict, err: bytearray, stop: bool = True, wait: float = 2.0) -> None:
         """Read ``chan``'s stderr until the command's process group is known (at most ``wait``
         s, unless the command ended), then (``stop``) stop that group on the host."""
         deadline = time.monotonic() + wait
@@ -354,7 +354,7 @@ class SSHTransport(Transport):
                     time.sleep(0.02)
             except Exception:
                 break
-            m = _PGID_RE.search(err)
+            m = _PGID_RE.search(err, 0, 4096)
             if m:
                 entry["pgid"] = int(m.group(1))
         if stop and entry["pgid"] is not None and not chan.exit_status_ready():
