@@ -24,16 +24,10 @@ import json
 
 from ..errors import RemoteError
 from ..remote import q
+from ..remote.transport import GROUP_RUNNING_FN  # noqa: F401 — its home is the remote layer
 from .layout import Paths
 
 
-#: ``group_running PGID``: exit 0 while a non-zombie process of process group PGID exists
-#: (reads ``/proc/*/stat``: state and pgrp follow the last ``") "``; without /proc, any member
-#: counts). POSIX sh, no forks.
-GROUP_RUNNING_FN = (  # "kill -SIG -PGID": dash has no "kill --"
-    'group_running() { kill -0 -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
-    'for s in /proc/[0-9]*/stat; do read -r l 2>/dev/null <"$s" || continue; l=${l##*") "}; '
-    'set -- "$1" $l; [ "$4" = "$1" ] && [ "$2" != Z ] && return 0; done; return 1; };')
 
 
 def group_script(group: str, command: str) -> str:

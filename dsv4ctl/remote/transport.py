@@ -17,6 +17,15 @@ STOP_GRACE_S = 10.0
 """Seconds a stopped command's process group gets to end after SIGTERM before SIGKILL (git
 removes its lock files on SIGTERM)."""
 
+#: ``group_running PGID``: exit 0 while a non-zombie process of process group PGID exists
+#: (reads ``/proc/*/stat``: state and pgrp follow the last ``") "``; without /proc, any member
+#: counts). POSIX sh, no forks.
+GROUP_RUNNING_FN = (  # "kill -SIG -PGID": dash has no "kill --"
+    'group_running() { kill -0 -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
+    'for s in /proc/[0-9]*/stat; do read -r l 2>/dev/null <"$s" || continue; l=${l##*") "}; '
+    'set -- "$1" $l; [ "$4" = "$1" ] && [ "$2" != Z ] && return 0; done; return 1; };')
+
+
 _worker = threading.local()
 
 
@@ -52,14 +61,18 @@ class signals_held:
 
 def stop_group_cmd(pgid: int, grace: float = STOP_GRACE_S) -> str:
     """The host command that stops process group ``pgid`` (a remote command's own group: sshd
-    starts each command in a new session): SIGTERM, wait up to ``grace`` s, SIGKILL, and return
-    once the group is gone. When ``pgid`` is no group (a server that does not start a session
-    per command) the process itself and its children are signalled."""
+    starts each command in a new session): SIGTERM, wait up to ``grace`` s while a member runs
+    (zombies do not count, :data:`GROUP_RUNNING_FN`), SIGKILL; exit 0 once it is gone. When
+    ``pgid`` is no group (a server that does not start a session per command) the process and
+    its children are signalled. POSIX sh (dash's ``kill`` has no ``--``)."""
     n = max(1, int(grace * 10))
-    return (f"P={int(pgid)}; if kill -0 -- -$P 2>/dev/null; then G=-$P; else G=$P; pkill -TERM -P $P 2>/dev/null; fi; "
-            f"kill -TERM -- $G 2>/dev/null; i=0; while kill -0 -- $G 2>/dev/null; do i=$((i+1)); "
-            f"if [ $i -eq {n} ]; then kill -KILL -- $G 2>/dev/null; pkill -KILL -P $P 2>/dev/null; fi; "
-            f"if [ $i -gt {n + 50} ]; then exit 1; fi; sleep 0.1; done; exit 0")
+    return (f"{GROUP_RUNNING_FN} P={int(pgid)}; "
+            f"if kill -0 -$P 2>/dev/null; then kill -TERM -$P 2>/dev/null; i=0; "
+            f"while group_running $P; do i=$((i+1)); if [ $i -eq {n} ]; then kill -KILL -$P 2>/dev/null; fi; "
+            f"if [ $i -gt {n + 50} ]; then exit 1; fi; sleep 0.1; done; "
+            f"else pkill -TERM -P $P 2>/dev/null; kill -TERM $P 2>/dev/null; i=0; "
+            f"while kill -0 $P 2>/dev/null && [ \"$(sed 's/.*) //' /proc/$P/stat 2>/dev/null | cut -c1)\" != Z ]; do i=$((i+1)); if [ $i -eq {n} ]; then pkill -KILL -P $P 2>/dev/null; "
+            f"kill -KILL $P 2>/dev/null; fi; if [ $i -gt {n + 50} ]; then exit 1; fi; sleep 0.1; done; fi; exit 0")
 
 
 def q(s) -> str:
