@@ -73,3 +73,23 @@ def test_interrupted_parallel_read_stops_every_remote_command(live_cluster, tmp_
     left = [c for r in w.roots.values() for c in procs_mentioning(str(r))]
     assert left == [], left                                # nothing dsv4ctl started runs on a host
     assert procs_mentioning(str(w.profile)) == []           # nor dsv4ctl itself (no worker kept it alive)
+
+
+def test_sigterm_during_run_parallel_stops_local_hosts_commands(tmp_path):
+    """``local: true`` hosts: SIGTERM during ``run_parallel`` is an interrupt too, and each host's
+    command (its own process group) is stopped before KeyboardInterrupt goes on."""
+    marker = f"sleep 333.{os.getpid()}"
+    code = f'''
+import os, signal, sys, threading, time
+from dsv4ctl.remote import LocalTransport, run_parallel
+ts = {{n: LocalTransport(n) for n in ("a", "b", "c")}}
+threading.Timer(0.8, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+t0 = time.monotonic()
+try:
+    run_parallel(ts, lambda t: t.run("{marker}; echo done"))
+except KeyboardInterrupt:
+    print("interrupted", round(time.monotonic() - t0, 1))
+'''
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.stdout.startswith("interrupted") and float(r.stdout.split()[1]) < 5, (r.stdout, r.stderr)
+    assert procs_mentioning(marker) == []

@@ -144,6 +144,16 @@ class LocalTransport(Transport):
 
     def __init__(self, name: str = "local"):
         self.name = name
+        self._procs: set = set()           # running commands (close() stops them)
+        self._plock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop every command still running (from other threads): its process group gets
+        SIGTERM, then SIGKILL after :data:`STOP_GRACE_S` s."""
+        with self._plock:
+            procs = list(self._procs)
+        for p in procs:
+            _stop_local(p, close_pipes=False)
 
     def run(self, cmd, *, input=None, timeout=None, check=True):
         """As :meth:`Transport.run`; the command runs in its own process group, which is stopped
@@ -154,6 +164,8 @@ class LocalTransport(Transport):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
         deadline = None if timeout is None else time.monotonic() + timeout
         feed = input
+        with self._plock:
+            self._procs.add(p)
         try:
             while True:
                 try:
@@ -169,6 +181,9 @@ class LocalTransport(Transport):
             with signals_held():
                 _stop_local(p)
             raise
+        finally:
+            with self._plock:
+                self._procs.discard(p)
         res = CmdResult(self.name, cmd, p.returncode, out, err)
         if check and res.code != 0:
             raise self.fail(res, cmd.splitlines()[0][:80])
@@ -178,8 +193,9 @@ class LocalTransport(Transport):
         return [], path
 
 
-def _stop_local(p: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
-    """SIGTERM ``p``'s own process group, SIGKILL it after ``grace`` s; reaps ``p``."""
+def _stop_local(p: subprocess.Popen, grace: float = STOP_GRACE_S, close_pipes: bool = True) -> None:
+    """SIGTERM ``p``'s own process group, SIGKILL it after ``grace`` s; reaps ``p`` (and closes
+    its pipes unless another thread still reads them: ``close_pipes`` False)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(p.pid, sig)
@@ -190,7 +206,7 @@ def _stop_local(p: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    for f in (p.stdin, p.stdout, p.stderr):
+    for f in (p.stdin, p.stdout, p.stderr) if close_pipes else ():
         if f is not None:
             try:
                 f.close()
