@@ -8,6 +8,7 @@ Skipped, with the kernel's or the machine's reason, only where the namespace can
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -87,6 +88,7 @@ class SysWorld:
         self.ports = {g: free_port(self.h.address) for g in ("prefill", "decode", "router")}
         self.extra: dict = {"prefill": {}, "decode": {}}
         self.server_prefix = ""
+        self.service = "systemd"
         self.groups = ("prefill", "decode", "router")
         self.profile = self.cfgdir / "profile.yaml"
         self.write()
@@ -108,7 +110,7 @@ class SysWorld:
         prof = {
             "version": 1, "name": "systemd-test", "model": "deepseek-v4-flash",
             "sglang": {"version": "0.5.23", "tree": str(self.tree), "base_ref": "v0.5.23", "series": None},
-            "deploy": {"root": "/nonexistent", "keep_releases": 3, "service": "systemd", "health_timeout_s": 20,
+            "deploy": {"root": "/nonexistent", "keep_releases": 3, "service": self.service, "health_timeout_s": 20,
                        "python": sys.executable,
                        "launch": {"server": self.server_prefix + STANDIN + " --config {config} --host {address} --port {port}",
                                   "router": STANDIN + f" --host {{address}} --port {{port}} --router http://{a}:{self.ports['decode']}"}},
@@ -145,9 +147,23 @@ class SysWorld:
     def console(self) -> str:
         return "\n--- systemd console:\n" + self.b.console.read_text()[-1500:]
 
+    def launcher_pid(self, g: str) -> int:
+        f = self.root / "run" / f"{g}.pid"
+        return int(f.read_text()) if f.exists() else 0
+
+    def running(self, pid: int) -> bool:
+        """``pid`` (of the namespace) is a live process (not a zombie)."""
+        try:
+            return pid > 0 and self.b.path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+        except (OSError, IndexError):
+            return False
+
     def stop_all(self) -> None:
         for g in ("prefill", "decode", "router"):
             self.b.run("systemctl", "stop", f"dsv4ctl-{g}.service")
+            pid = self.launcher_pid(g)
+            if pid:
+                self.b.run("kill", "-KILL", f"-{pid}")
 
 
 @pytest.fixture
@@ -266,3 +282,34 @@ def test_dollar_and_percent_reach_sh_as_under_the_launcher(world):
     assert re.sub(r"pid=\d+", "pid=N", got[0]) == re.sub(r"pid=\d+", "pid=N", want_line), (got[0], want_line)
     assert f"pid={pid} " in got[0]
     assert "spec=%n %s %% 50%" in got[0] and "lit=$x" in got[0] and "var=[] " in got[0] and "bs=a\\b" in got[0]
+
+
+@pytest.mark.sshd
+@pytest.mark.systemd
+@pytest.mark.parametrize("first,then", [("launcher", "systemd"), ("systemd", "launcher")])
+def test_backend_switch_stops_old_servers(world, first, then):
+    """``deploy.service`` changes between two deploys on a host running systemd: the switch stops
+    the groups the old backend runs (launcher pid file process groups, or the units) before the
+    new backend starts them. Before: the old backend's servers kept running next to the new
+    ones (holding their GPUs and ports), in both directions."""
+    w = world
+    w.service = first
+    w.write()
+    w.deploy_ok()
+    assert w.serving()
+    old = {g: w.launcher_pid(g) if first == "launcher" else w.main_pid(g) for g in w.groups}
+    assert all(w.running(pid) for pid in old.values()), old
+    w.service = then
+    w.write()
+    rid2 = w.deploy_ok("--patch", str(w.patch))
+    assert w.current() == rid2
+    for g in w.groups:
+        assert not w.running(old[g]), f"{g}: the {first} backend's server {old[g]} still runs"
+        if then == "systemd":
+            assert w.unit(g, "ActiveState") == "active" and w.unit(g, "WorkingDirectory") == str(w.root / "releases" / rid2)
+            assert not (w.root / "run" / f"{g}.pid").exists()
+        else:
+            assert w.unit(g, "ActiveState") in ("inactive", "failed") and w.main_pid(g) == 0
+            assert w.running(w.launcher_pid(g))
+            assert os.readlink(w.b.path(f"/proc/{w.launcher_pid(g)}/cwd")) == str(w.root / "releases" / rid2)
+    assert w.serving()

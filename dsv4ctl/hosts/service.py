@@ -7,6 +7,10 @@
 * ``systemd``: a unit ``dsv4ctl-<group>.service`` per group (written atomically), restarted with
   ``systemctl``; logs appended to the same log file (``StandardOutput=append:``, not the journal).
 
+Each backend's stop also stops the group under the other backend (a unit of a host that runs
+systemd; a launcher pid file's process group): a profile whose ``service`` changed between two
+deploys leaves no server of the old backend running (holding GPUs and ports).
+
 Both backends run the same ``sh -c`` script (:func:`group_script`: the launch command, then an
 ``=== dsv4ctl: <group> exited with status N`` line). The unit quotes it for systemd
 (:func:`systemd_quote`), so ``$$``, ``%``, quotes, backslashes and newlines reach ``sh`` as the
@@ -20,16 +24,10 @@ import json
 
 from ..errors import RemoteError
 from ..remote import q
+from ..remote.transport import GROUP_RUNNING_FN  # noqa: F401 — its home is the remote layer
 from .layout import Paths
 
 
-#: ``group_running PGID``: exit 0 while a non-zombie process of process group PGID exists
-#: (reads ``/proc/*/stat``: state and pgrp follow the last ``") "``; without /proc, any member
-#: counts). POSIX sh, no forks.
-GROUP_RUNNING_FN = (  # "kill -SIG -PGID": dash has no "kill --"
-    'group_running() { kill -0 -"$1" 2>/dev/null || return 1; [ -r /proc/self/stat ] || return 0; '
-    'for s in /proc/[0-9]*/stat; do read -r l 2>/dev/null <"$s" || continue; l=${l##*") "}; '
-    'set -- "$1" $l; [ "$4" = "$1" ] && [ "$2" != Z ] && return 0; done; return 1; };')
 
 
 def group_script(group: str, command: str) -> str:
@@ -73,6 +71,11 @@ class Launcher:
         self.stop_timeout = stop_timeout
 
     def stop_cmd(self, p: Paths, group: str) -> str:
+        """:meth:`stop_pidfile_cmd`, then — on a host running systemd — the group's unit is
+        stopped too (it was started by a deploy with the systemd backend)."""
+        return f"{self.stop_pidfile_cmd(p, group)}; {Systemd().stop_unit_cmd(group, only_systemd_hosts=True)}"
+
+    def stop_pidfile_cmd(self, p: Paths, group: str) -> str:
         """SIGTERM to the group's process group, wait at least ``stop_timeout`` s (at most one
         more: a clock deadline in whole seconds, however many processes the host runs) while any
         member is still running, then SIGKILL. Zombies do not count as running: a member whose parent
@@ -124,8 +127,21 @@ class Systemd:
                  "WantedBy=multi-user.target", ""]
         return "\n".join(lines)
 
+    def __init__(self, stop_timeout: float = 10.0):
+        self.stop_timeout = stop_timeout
+
     def stop_cmd(self, p: Paths, group: str) -> str:
-        return f"systemctl stop {q(self.unit_name(group))} 2>/dev/null || true"
+        """``systemctl stop`` of the group's unit, then the launcher's stop of a pid file the group
+        may still have (started by a deploy with the launcher backend)."""
+        return f"{self.stop_unit_cmd(group)}; {Launcher(self.stop_timeout).stop_pidfile_cmd(p, group)}"
+
+    def stop_unit_cmd(self, group: str, only_systemd_hosts: bool = False) -> str:
+        """``systemctl stop`` of the group's unit (never fails; ``only_systemd_hosts``: nothing
+        on a host not running systemd)."""
+        cmd = f"systemctl stop {q(self.unit_name(group))} 2>/dev/null || true"
+        if only_systemd_hosts:
+            return f"if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then {cmd}; fi"
+        return cmd
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:
         unit = f"/etc/systemd/system/{self.unit_name(group)}"
@@ -142,7 +158,7 @@ class Systemd:
 def backend(kind: str, has_systemd: bool, stop_timeout: float = 10.0):
     """``auto`` → systemd when the host runs it, else the launcher."""
     if kind == "systemd" or (kind == "auto" and has_systemd):
-        return Systemd()
+        return Systemd(stop_timeout)
     return Launcher(stop_timeout)
 
 

@@ -129,7 +129,7 @@ def execute_apply(git: Git, ls: LoadedSeries, state: TreeState, actions: list[Ac
         res.head_after = state.head
         return res
     mbox = "".join(ls.texts[n] if ls.texts[n].endswith("\n") else ls.texts[n] + "\n" for n in todo)
-    started = time.time()
+    started = _tree_clock(git)
     with interrupts():
         try:
             r = git.run("am", "-3", "--quiet", input=mbox, check=False, config=git.identity_config())
@@ -208,18 +208,38 @@ def _interrupted(state: TreeState) -> DsvError:
     return DsvError(f"{state.tree}: interrupted; tree restored to {state.head[:12]}", exit_code=EXIT_INTERRUPTED)
 
 
+def _tree_clock(git: Git) -> float:
+    """Now, by the clock of the machine the tree is on (``date +%s`` there for a host's tree; 0
+    when that cannot be read: then no lock file is removed after an interrupt)."""
+    from .gitio import local_runner
+    if git.runner is local_runner:
+        return time.time()
+    try:
+        code, out, _ = git.runner(["date", "+%s"], None)
+        return float(out.strip()) if code == 0 else 0.0
+    except (DsvError, ValueError):
+        return 0.0
+
+
+# lock files of the git dir (top level and refs/) changed at or after $2 (epoch seconds) — on a host
+_STALE_LOCKS_SH = ('find "$1" -maxdepth 1 -name "*.lock" -newermt "@$2" -exec rm -f {} +; '
+                   '[ -d "$1/refs" ] && find "$1/refs" -name "*.lock" -newermt "@$2" -exec rm -f {} +; true')
+
+
 def _remove_stale_locks(git: Git, since: float) -> None:
     """Lock files a git stopped by a signal may leave (``index.lock``, ``HEAD.lock``,
     ``MERGE_MSG.lock``, ref locks) and that
     appeared after ``since`` (this run's git made them; a lock of someone else's older git is left
-    alone). Local trees only (dsv4ctl stopped that git itself)."""
+    alone; ``since`` is by the tree machine's clock, :func:`_tree_clock`). dsv4ctl stopped that
+    git itself (locally its process group; on a host the group of its SSH command)."""
     from pathlib import Path
 
     from .gitio import local_runner
-    if git.runner is not local_runner:
-        return
     r = git.run("rev-parse", "--absolute-git-dir", check=False)
     if not r.ok:
+        return
+    if git.runner is not local_runner:
+        git.runner(["sh", "-c", _STALE_LOCKS_SH, "sh", r.out.strip(), str(int(since) - 1)], None)
         return
     gitdir = Path(r.out.strip())
     for p in [*gitdir.glob("*.lock"), *gitdir.glob("refs/**/*.lock")]:
@@ -295,7 +315,7 @@ def execute_revert(git: Git, state: TreeState, actions: list[Action]) -> list[st
     shas = [a.target for a in actions if a.kind == "revert"]
     if not shas:
         return []
-    started = time.time()
+    started = _tree_clock(git)
     with interrupts():
         try:
             r = git.run("revert", "--no-edit", *shas, check=False, config=git.identity_config())

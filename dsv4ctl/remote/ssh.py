@@ -7,12 +7,19 @@ import base64
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
 
 from ..errors import RemoteError
-from .transport import CmdResult, Transport, q
+from .transport import STOP_GRACE_S, CmdResult, Transport, cancelled, q, signals_held, stop_group_cmd
+
+# Every command first prints its process group (sshd starts each command in a session of its
+# own: the login shell's pid is the group) on stderr, so an interrupt can stop the whole group
+# over a second channel; the line is taken out of stderr again.
+_PGID_PRINT = r"""printf '\036dsv4ctl-pgid %s\036\n' "$$" >&2"""
+_PGID_RE = re.compile(rb"\x1edsv4ctl-pgid (\d+)\x1e\n")
 
 _KH_LOCK = threading.Lock()
 
@@ -106,6 +113,9 @@ class SSHTransport(Transport):
         self.connect_timeout = connect_timeout
         self._conn = None
         self._lock = threading.Lock()
+        self._closes = 0                   # close() calls so far: a connect that raced one is dropped
+        self._active: dict[int, dict] = {}  # running commands: {id: {"pgid": int | None}}
+        self._alock = threading.Lock()
         self._rsync: dict | None = None    # the listener rsync's bridge talks to (rsync_dest)
 
     @classmethod
@@ -149,6 +159,9 @@ class SSHTransport(Transport):
     def open(self):
         """Connect (idempotent). RemoteError naming the host on any failure."""
         import paramiko
+        if cancelled():
+            raise RemoteError(f"{self.name}: interrupted")
+        closes = self._closes
         with self._lock:
             if self._conn is not None and self._conn.is_connected:
                 return self._conn
@@ -167,30 +180,104 @@ class SSHTransport(Transport):
             except Exception as e:  # socket errors, timeouts, gateway failures
                 hp = f"[{self.address}]:{c.port}" if ":" in self.address else f"{self.address}:{c.port}"
                 raise RemoteError(f"{self.name}: cannot connect to {hp} ({connect_reason(e, self.connect_timeout)})")
+            if closes != self._closes or cancelled():     # closed (interrupted) while connecting
+                try:
+                    c.close()
+                except Exception:
+                    pass
+                raise RemoteError(f"{self.name}: interrupted")
             self._conn = c
             return c
 
     def close(self):
+        """Stop every command still running over this connection (its process group on the
+        host: SIGTERM, then SIGKILL, :func:`.transport.stop_group_cmd`), then drop the
+        connection. Safe to call from another thread and twice; a connect in progress in
+        another thread is dropped when it completes. The transport can be opened again."""
+        self._closes += 1
         self._close_rsync()
-        with self._lock:
-            if self._conn is not None:
-                try:
-                    self._conn.close()
-                except Exception:
-                    pass
-                self._conn = None
+        self._stop_active()
+        conn = self._conn
+        if self._lock.acquire(timeout=1.0):
+            try:
+                conn, self._conn = self._conn, None
+            finally:
+                self._lock.release()
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
         if self.jump:
             self.jump.close()
 
+    # -- stopping a command on the host -----------------------------------------------------
+    def _stop_active(self, wait: float = 2.0) -> None:
+        """Stop the host process groups of the commands running now (other threads' ``run``)."""
+        deadline = time.monotonic() + wait
+        with self._alock:
+            entries = list(self._active.values())
+        for e in entries:
+            while e["pgid"] is None and not e["done"] and time.monotonic() < deadline:
+                time.sleep(0.02)          # its thread reads the group from stderr within 0.2 s
+            if e["pgid"] is not None and not e["done"]:
+                self.stop_group(e["pgid"])
+
+    def stop_group(self, pgid: int, grace: float = STOP_GRACE_S) -> bool:
+        """Stop process group ``pgid`` on the host over a new channel of the open connection
+        (SIGTERM, ``grace`` s, SIGKILL); True once it is gone. Never raises."""
+        conn = self._conn
+        try:
+            tr = conn.client.get_transport() if conn is not None else None
+            if tr is None or not tr.is_active():
+                return False
+            chan = tr.open_session(timeout=5)
+            chan.settimeout(grace + 15)
+            chan.exec_command(stop_group_cmd(pgid, grace))
+            chan.shutdown_write()
+            code = chan.recv_exit_status()
+            chan.close()
+            return code == 0
+        except Exception:
+            return False
+
     # -- commands ---------------------------------------------------------------------------
     def run(self, cmd, *, input=None, timeout=None, check=True):
+        """As :meth:`Transport.run`. The command runs in its own process group on the host; an
+        interrupt (KeyboardInterrupt while this waits), this thread's
+        :func:`~.transport.cancel_event`, a timeout or :meth:`close` stop that group before the
+        error goes on, so no command keeps running on the host after dsv4ctl has given up on it."""
         conn = self.open()
+        entry = {"pgid": None, "done": False}
+        with self._alock:
+            self._active[id(entry)] = entry
+        try:
+            return self._run(conn, cmd, entry, input=input, timeout=timeout, check=check)
+        except BaseException as e:
+            if entry["pgid"] is not None and not entry["done"] and not isinstance(e, Exception):
+                with signals_held():     # KeyboardInterrupt (SIGINT, or SIGTERM made one)
+                    self.stop_group(entry["pgid"])
+            raise
+        finally:
+            entry["done"] = True
+            with self._alock:
+                self._active.pop(id(entry), None)
+
+    def _run(self, conn, cmd, entry, *, input=None, timeout=None, check=True):
         deadline = None if timeout is None else time.monotonic() + timeout
         out, err = bytearray(), bytearray()
+
+        def pgid_seen() -> None:
+            if entry["pgid"] is None:
+                m = _PGID_RE.search(err, 0, 4096)
+                if m:
+                    entry["pgid"] = int(m.group(1))
+        chan = None
         try:
             chan = conn.client.get_transport().open_session(timeout=self.connect_timeout)
             chan.settimeout(0.2)
-            chan.exec_command(cmd)
+            chan.exec_command(f"{_PGID_PRINT}\n{cmd}")
+            entry["chan"] = chan
             if input:
                 chan.settimeout(timeout)
                 chan.sendall(input)
@@ -202,11 +289,16 @@ class SSHTransport(Transport):
                     out += chan.recv(65536); got = True
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536); got = True
+                pgid_seen()
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if chan.closed and not got and chan.eof_received:
                     break
+                if cancelled():
+                    self._stop_command(chan, entry, err)
+                    raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}")
                 if deadline is not None and time.monotonic() > deadline:
+                    self._stop_command(chan, entry, err)
                     chan.close()
                     raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
                 if not got:
@@ -228,17 +320,45 @@ class SSHTransport(Transport):
             chan.close()
         except RemoteError:
             raise
-        except Exception as e:
+        except BaseException as e:
+            if not isinstance(e, Exception):    # KeyboardInterrupt: make sure the group is known
+                if chan is not None and entry["pgid"] is None:
+                    with signals_held():
+                        self._stop_command(chan, entry, err, stop=False)
+                raise
+            if cancelled():
+                raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}") from None
             self._conn = None
             raise RemoteError(f"{self.name}: SSH connection lost while running "
                               f"{cmd.splitlines()[0][:60]!r}: {type(e).__name__}: {e}".rstrip(": "))
         if code == -1:
             self._conn = None
             raise RemoteError(f"{self.name}: SSH connection lost while running {cmd.splitlines()[0][:60]!r}")
-        res = CmdResult(self.name, cmd, code, bytes(out), bytes(err))
+        entry["done"] = True
+        res = CmdResult(self.name, cmd, code, bytes(out), _PGID_RE.sub(b"", bytes(err), count=1))
         if check and code != 0:
             raise self.fail(res, cmd.splitlines()[0][:80])
         return res
+
+    def _stop_command(self, chan, entry: dict, err: bytearray, stop: bool = True, wait: float = 2.0) -> None:
+        """Read ``chan``'s stderr until the command's process group is known (at most ``wait``
+        s, unless the command ended), then (``stop``) stop that group on the host."""
+        deadline = time.monotonic() + wait
+        while entry["pgid"] is None and time.monotonic() < deadline and not chan.exit_status_ready():
+            try:
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                elif chan.recv_ready():
+                    chan.recv(65536)           # output nobody will read: keep the window open
+                else:
+                    time.sleep(0.02)
+            except Exception:
+                break
+            m = _PGID_RE.search(err, 0, 4096)
+            if m:
+                entry["pgid"] = int(m.group(1))
+        if stop and entry["pgid"] is not None and not chan.exit_status_ready():
+            self.stop_group(entry["pgid"])
 
     # -- rsync ------------------------------------------------------------------------------
     def rsync_dest(self, path, bulk=False):
