@@ -47,18 +47,8 @@ def make_tree(tmp_path: Path) -> tuple[Path, Path]:
 
 def git_children_on(tree: Path) -> list[str]:
     """Command lines of running processes that work on ``tree`` (git -C TREE ...)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-            state = next((ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:")), "")
-        except OSError:
-            continue
-        if str(tree) in cmd and "git" in cmd and "zombie" not in state:
-            out.append(cmd)
-    return out
+    from tests.test_remote_interrupt import procs_mentioning
+    return [c for c in procs_mentioning(str(tree)) if "git" in c]
 
 
 def start(args, tree: Path, marker: str) -> subprocess.Popen:

@@ -48,24 +48,10 @@ def local_runner(argv: list[str], input: Optional[bytes] = None) -> tuple[int, b
 
 def stop_group(p: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
     """SIGTERM the process group of ``p`` (its own, :func:`local_runner`), wait up to ``grace``
-    seconds, then SIGKILL it; reaps ``p``."""
-    import signal
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            p.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    for f in (p.stdin, p.stdout, p.stderr):
-        if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass
+    seconds, then SIGKILL it; reaps ``p`` and closes its pipes
+    (:func:`dsv4ctl.remote.transport.stop_process_group`, the one group stop)."""
+    from ..remote.transport import stop_process_group
+    stop_process_group(p, grace)
 
 
 def transport_runner(transport) -> Runner:

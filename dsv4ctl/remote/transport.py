@@ -153,7 +153,7 @@ class LocalTransport(Transport):
         with self._plock:
             procs = list(self._procs)
         for p in procs:
-            _stop_local(p, close_pipes=False)
+            stop_process_group(p, close_pipes=False)
 
     def run(self, cmd, *, input=None, timeout=None, check=True):
         """As :meth:`Transport.run`; the command runs in its own process group, which is stopped
@@ -179,7 +179,7 @@ class LocalTransport(Transport):
                         raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
         except BaseException:
             with signals_held():
-                _stop_local(p)
+                stop_process_group(p)
             raise
         finally:
             with self._plock:
@@ -193,7 +193,7 @@ class LocalTransport(Transport):
         return [], path
 
 
-def _stop_local(p: subprocess.Popen, grace: float = STOP_GRACE_S, close_pipes: bool = True) -> None:
+def stop_process_group(p: subprocess.Popen, grace: float = STOP_GRACE_S, close_pipes: bool = True) -> None:
     """SIGTERM ``p``'s own process group, SIGKILL it after ``grace`` s; reaps ``p`` (and closes
     its pipes unless another thread still reads them: ``close_pipes`` False)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
