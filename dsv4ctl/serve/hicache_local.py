@@ -120,9 +120,11 @@ def plan_guard(dep: Deployment, texts: dict[str, str], what: str) -> None:
     except InputError:
         return
     new = resolve(dep.profile)
-    for name, text in texts.items():
-        g = new.groups[name]
-        g._serve = parse_serve_config(text, str(g.serve_config_path))
+    for name, g in new.groups.items():      # the files were read once (dep): the edited texts, the rest as read
+        if name in texts:
+            g._serve = parse_serve_config(texts[name], str(g.serve_config_path))
+        elif dep.groups[name]._serve is not None:
+            g._serve = dep.groups[name]._serve
     try:
         after = build_plan(new).groups
     except InputError as e:
