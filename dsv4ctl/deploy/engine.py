@@ -304,8 +304,8 @@ def revert_gate(site: Site, reverts: list[Step]) -> list[Step]:
 def run_close(site: Site, steps: list[Step]) -> dict[str, list[str]]:
     """Run close steps (hosts in parallel): apply the step's release event
     (:func:`dsv4ctl.deploy.states.transition`, timed now) and pruning to the host's state document,
-    send it on stdin. Returns {host: pruned ids}; failures are logged, not raised (the run's
-    outcome is already decided)."""
+    send it on stdin. Returns {host: pruned ids}; failures are logged and kept in
+    ``site.close_errors`` (a success path turns them into exit 3: :func:`raise_close_errors`)."""
     from .states import transition
     by_host = {s.host: s for s in steps}
     at, by = now_iso(), who()
@@ -324,11 +324,22 @@ def run_close(site: Site, steps: list[Step]) -> dict[str, list[str]]:
         run_host_step(site, st, input=state_doc(f), timeout=900)
         return st.extra.get("prune", [])
     res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=960)
-    for r in res.values():
+    for h, r in res.items():
         if not r.ok:
             site.opts.log(f"warning: {r.error}")
-    site.unlocked |= {h for h, r in res.items() if r.ok}
+            site.close_errors[h] = r.error
+    site.unlocked |= {h for h, r in res.items() if r.ok}     # the others: release_locks tries again
     return {h: (r.value if r.ok else []) for h, r in res.items()}
+
+
+def raise_close_errors(site: Site, rid: str) -> None:
+    """RemoteError (exit 3) when a success close-out failed on a host (a full disk): the release
+    runs there but its state and audit record could not be written (the old state.json stays)."""
+    if site.close_errors:
+        h, why = sorted(site.close_errors.items())[0]
+        more = f" (and {len(site.close_errors) - 1} more host(s))" if len(site.close_errors) > 1 else ""
+        raise RemoteError(f"{rid} is running, but recording the outcome failed on {h}{more}: {why}; "
+                          "free space on the host, then run the same command again")
 
 
 def close_all(site: Site, record: dict, *, event: tuple | None = None, cleanup: str | None = None,
@@ -449,6 +460,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
             raise drift_error(rel.id, drift)
         opts.log(f"{rel.id} is already the active release on every host and matches its manifest: nothing to do")
         run_close(site, run.of("close"))
+        raise_close_errors(site, rel.id)
         report.update(result="ok", unchanged=True, steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
         for h in site.hosts:
             report["hosts"][h].update(push={"skipped": True, "bytes_sent": 0, "files_transferred": 0}, pruned=[])
@@ -558,6 +570,7 @@ def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start:
     ``gate_passed`` -> good), prune, audit, unlock. Returns ``report`` completed (pruned ids per
     host, result ok, the release's state, seconds)."""
     pruned = run_close(site, closes)
+    raise_close_errors(site, rid)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])
     report["steps"] = step_results(site)
@@ -655,6 +668,7 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
                                  f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}",
                                  EXIT_REMOTE)
             run_close(site, run.of("close"))
+            raise_close_errors(site, target)
             return {"schema": "dsv4ctl.rollback/1", "release": target, "result": "ok",
                     "state": site.facts[site.hosts[0]].recorded(target),
                     "hosts": {h: {"from": old_current[h], "to": target} for h in site.hosts}}

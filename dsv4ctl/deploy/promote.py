@@ -530,6 +530,7 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
                 raise GateFailed(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
                                    f"marked failed (rollback will not pick it); evidence in {edir}")
             E.run_close(site, run.of("close"))
+            E.raise_close_errors(site, rid)
         finally:
             E.release_locks(site)
         return {"schema": "dsv4ctl.promote/1", "release": rid, "result": "good", "checks": results,

@@ -48,6 +48,7 @@ class Site:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     token: str = ""
     unlocked: set = field(default_factory=set)
+    close_errors: dict = field(default_factory=dict)         # host -> why its close-out failed (state not written)
     locked_steps: list = field(default_factory=list)        # the lock steps this run executed
     manifests: dict = field(default_factory=dict)           # release id -> MANIFEST.json (local cache)
     manifest_lock: threading.Lock = field(default_factory=threading.Lock)

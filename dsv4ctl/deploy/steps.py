@@ -276,7 +276,8 @@ def incoming_rm(p: Paths, rid: str) -> str:
 
 def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: str | None) -> str:
     """Shell: remove ``cleanup``'s incoming folders, delete the ``prune`` releases, write
-    state.json from stdin (atomic), append ``record`` to the audit log, drop this run's lock."""
+    state.json from stdin (atomic), append ``record`` to the audit log, then drop this run's lock
+    whatever failed before; exits with the first failure's status (the old state.json intact)."""
     p = site.paths[host]
     parts = []
     if cleanup:
@@ -286,8 +287,9 @@ def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: st
         parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
     parts.append(atomic_write_cmd(p.state))
     parts.append(append_cmd(p.audit, record))
-    parts.append(f"({release_cmd(p.lock, site.token)})")
-    return " && ".join(parts)
+    # the lock is released whatever failed before (a full disk must not leave the host locked);
+    # the exit status is the first failure's
+    return f"({{ {' && '.join(parts)}; }}; rc=$?; {release_cmd(p.lock, site.token)}; exit $rc)"
 
 
 def close_step(site: Site, host: str, record: dict, *, event: tuple | None = None, prune: list[str] = (),

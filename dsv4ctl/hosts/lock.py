@@ -52,9 +52,13 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
 
 def take_cmd(lock: str, holder_doc: dict, then: str = "") -> str:
     """Shell: take ``lock`` (write ``holder.json``; its ``since`` is the host's clock) and run
-    ``then``; when held, print the holder and exit LOCK_HELD_CODE."""
+    ``then``; when held, print the holder and exit LOCK_HELD_CODE; when ``holder.json`` cannot be
+    written, remove the lock again and exit 1."""
+    # a holder.json that cannot be written (full disk) gives the lock back at once: a lock
+    # without its token could never be released by this run
     return (f"if mkdir {q(lock)} 2>/dev/null; then {stamped_json_cmd(holder_doc, key='since')} > "
-            f"{q(lock + '/holder.json')}; else cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
+            f"{q(lock + '/holder.json')} || {{ rm -rf {q(lock)}; exit 1; }}; "
+            f"else cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
             f"exit {LOCK_HELD_CODE}; fi" + (f"; {then}" if then else ""))
 
 

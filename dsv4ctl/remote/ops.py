@@ -61,17 +61,23 @@ def who() -> str:
 
 def atomic_write_cmd(path: str, mode: int | None = None, like: str | None = None) -> str:
     """The shell command :func:`atomic_write` runs (data on stdin), for composing one round
-    trip out of several steps. Runs in a subshell; exit non-zero on failure."""
+    trip out of several steps: a subshell whose exit status is non-zero when any step fails
+    (mkdir, mktemp, writing the data, chmod, fsync, rename), with the temp file removed and the
+    old file untouched. Every step is chained with ``&&``: ``set -e`` is not used, because POSIX
+    shells ignore it inside a subshell that is itself part of an ``&&`` list (a full disk then
+    renamed a truncated temp file over the previous contents)."""
     d = os.path.dirname(path) or "."
     if mode is not None:
         perm = f"chmod {mode:o} \"$t\""
     else:                         # keep the mode of ``like`` (default: the file being replaced)
         ref = q(like or path)
         # GNU and busybox stat; when the mode cannot be read, fail closed (0600), never wider
-        perm = f"if [ -e {ref} ]; then m=$(stat -c %a {ref} 2>/dev/null) || m=600; chmod \"$m\" \"$t\"; else chmod 644 \"$t\"; fi"
-    return (f"(set -e; mkdir -p {q(d)}; t=$(mktemp {q(path)}.tmp.XXXXXX); "
-            f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\"; {perm}; "
-            f"sync \"$t\" 2>/dev/null || true; mv -f \"$t\" {q(path)}; trap - EXIT)")
+        perm = (f"if [ -e {ref} ]; then m=$(stat -c %a {ref} 2>/dev/null) || m=600; chmod \"$m\" \"$t\"; "
+                f"else chmod 644 \"$t\"; fi")
+    # fsync: coreutils sync FILE (>= 8.24) reports EIO/ENOSPC; where it takes no file, a global sync
+    return (f"(mkdir -p {q(d)} && t=$(mktemp {q(path)}.tmp.XXXXXX) || exit 1; "
+            f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\" && {{ {perm}; }} && "
+            f"{{ sync \"$t\" 2>/dev/null || sync; }} && mv -f \"$t\" {q(path)} && trap - EXIT)")
 
 
 def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int | None = None,
