@@ -3,7 +3,10 @@
 A document parsed once is kept in the local cache (``<cache>/yaml/``, the exact text with its data
 and lines), so the next command that reads the same bytes does not import PyYAML (27 ms on this
 machine kind, a fifth of ``import typer``; benchmarks/startup.py): an entry is used only when its
-stored text equals the file's, and only documents made of JSON types are kept."""
+stored text equals the file's, and only documents made of JSON types are kept. The cache is an
+optimisation that cannot be trusted into harm: used only in a folder of this user's that nobody
+else can write, entries read without following links and bounded in size, documents that may
+hold a secret never stored."""
 
 from __future__ import annotations
 
@@ -180,10 +183,67 @@ def parse_yaml(raw: bytes | str, label: str) -> tuple[Any, Positions]:
 
 
 def _cache_file(text: str) -> Path:
+    """Where the entry of ``text`` lives: ``<cache>/yaml/<crc32>-<bytes>.json``."""
     import zlib
     from ..resources import cache_root
     b = text.encode("utf-8", "surrogatepass")
     return cache_root() / "yaml" / f"{zlib.crc32(b):08x}-{len(b)}.json"
+
+
+# An entry larger than this is never read (a document of MAX_CACHED_TEXT characters stores its text,
+# its data and its lines: about three times its size).
+MAX_CACHED_TEXT = 256 * 1024
+MAX_ENTRY_BYTES = 4 * MAX_CACHED_TEXT
+_warned: set[str] = set()
+
+
+def _trusted_dir(create: bool) -> int | None:
+    """A file descriptor of ``<cache>/yaml`` when it can be trusted, else None: both the cache
+    folder and ``yaml/`` must belong to this user and be writable by nobody else (another user
+    who can write there could plant an entry whose data differs from its text). ``yaml/`` is
+    opened without following a link, relative to the cache folder's descriptor (no swap between
+    the check and the use). An untrusted folder gets one warning line on stderr per process."""
+    import stat
+    from ..resources import cache_root
+    root = cache_root()
+    fds: list[int] = []
+    try:
+        if create:
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        fds.append(rfd)
+        if create:
+            try:
+                os.mkdir("yaml", 0o700, dir_fd=rfd)
+            except FileExistsError:
+                pass
+        yfd = os.open("yaml", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=rfd)
+        fds.append(yfd)
+        for fd, where in ((rfd, root), (yfd, root / "yaml")):
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                if str(where) not in _warned:
+                    _warned.add(str(where))
+                    import sys
+                    print(f"dsv4ctl: warning: cache folder {where} is not yours alone (owner uid {st.st_uid}, "
+                          f"mode {stat.S_IMODE(st.st_mode):o}): parsed-YAML cache not used", file=sys.stderr)
+                return None
+        fds.remove(yfd)
+        return yfd
+    except OSError:
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _may_hold_secret(text: str) -> bool:
+    """True when any word of ``text`` (keys, ``--flags`` in launch templates, words in comments)
+    is secret-looking by :func:`dsv4ctl.profile.secrets.is_secret_key`: such a document is never
+    cached, whatever its parsed values hold."""
+    import re
+    from .secrets import is_secret_key
+    return any(is_secret_key(w) for w in set(re.findall(r"[A-Za-z0-9_.-]{3,}", text)))
 
 
 def _jsonable(x: Any) -> bool:
@@ -196,43 +256,77 @@ def _jsonable(x: Any) -> bool:
 
 
 def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
-    """(data, positions) of ``text`` from the cache, or None (absent, unreadable, not this text)."""
+    """(data, positions) of ``text`` from the cache, or None (absent, untrusted folder, not a
+    regular file of this user, too large, too deep, unreadable, not this text). Nothing is
+    followed or waited on: links are refused, a FIFO is opened non-blocking and refused."""
+    import stat
+    if len(text) > MAX_CACHED_TEXT:
+        return None
+    d = _trusted_dir(create=False)
+    if d is None:
+        return None
     try:
-        f = _cache_file(text)
-        doc = json.loads(f.read_text())
+        name = _cache_file(text).name
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=d)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_ENTRY_BYTES:
+                return None
+            raw = os.read(fd, MAX_ENTRY_BYTES + 1)
+            try:
+                os.utime(fd)          # recently used: kept by the prune
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_ENTRY_BYTES:
+            return None
+        doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("v") != _CACHE_VERSION or doc.get("text") != text:
             return None
-        try:
-            os.utime(f)         # recently used: kept by the prune
-        except OSError:
-            pass
         pos = Positions(label)
         pos.lines = {tuple(p): ln for p, ln in doc["lines"]}
         return doc["data"], pos
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
+    finally:
+        os.close(d)
 
 
 def _cache_put(text: str, data: Any, pos: Positions) -> None:
-    """Keep a parsed document (best effort: any failure is ignored). A document holding a value
-    under a secret-looking key (``api-key``, ``HF_TOKEN``, …) is never kept; entries are 0600 in a
-    0700 folder."""
+    """Keep a parsed document (best effort: any failure is ignored). Never kept: a document with a
+    secret-looking word anywhere in its text (:func:`_may_hold_secret`) or a value under a secret
+    key, one larger than MAX_CACHED_TEXT, one not made of JSON types. Entries are 0600 in a 0700
+    folder that must be trusted (:func:`_trusted_dir`); the temp file is created with O_EXCL and
+    O_NOFOLLOW under a random name and renamed in place (a planted link is never written through)."""
+    import secrets as _rnd
     from .secrets import secret_strings
-    if not _jsonable(data) or secret_strings(data) or not all(
+    if len(text) > MAX_CACHED_TEXT or not _jsonable(data) or _may_hold_secret(text) or secret_strings(data) or not all(
             isinstance(k, (str, int)) and not isinstance(k, bool) for p in pos.lines for k in p):
         return
+    d = _trusted_dir(create=True)
+    if d is None:
+        return
     try:
-        f = _cache_file(text)
-        f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
-                                  "lines": [[list(p), ln] for p, ln in pos.lines.items()]}))
-        os.replace(tmp, f)
+        name = _cache_file(text).name
+        tmp = f".{name}.{_rnd.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
+                                      "lines": [[list(p), ln] for p, ln in pos.lines.items()]}))
+            os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=d)
+            except OSError:
+                pass
+            raise
     except (OSError, ValueError):
         return
-    _maybe_prune(f.parent)
+    finally:
+        os.close(d)
+    _maybe_prune(_cache_file(text).parent)
 
 
 def _maybe_prune(folder: Path) -> None:
