@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PKG = REPO / "dsv4ctl"
-LAYERS = (("", "errors", "render", "resources", "data"), ("profile",), ("remote",), ("hosts",), ("patches",),
+LAYERS = (("", "errors", "render", "resources", "data", "signals"), ("profile",), ("remote",), ("hosts",), ("patches",),
           ("plan",), ("check",), ("serve",), ("deploy",), ("diagnose",), ("runbook",), ("report",), ("commands",), ("cli",))
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

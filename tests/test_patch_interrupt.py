@@ -87,7 +87,7 @@ def test_interrupted_apply_restores_the_tree(tmp_path):
         assert len(git(tree, "rev-list", f"{head}..HEAD").split()) == N
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_dsv4ctl_alone_mid_apply_stops_git_and_restores(tmp_path, sig):
     # SIGTERM (or a SIGINT sent to dsv4ctl only, as `kill -INT PID` does) while `git am` runs.
     # Before: SIGTERM killed dsv4ctl at once; its `git am` went on as an orphan and applied the

@@ -78,7 +78,7 @@ def assert_restored(tree, head):
     assert list((tree / ".git").rglob("*.lock")) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_mid_remote_apply_stops_host_git_and_restores(live_cluster, tmp_path, sig):
     # Before: dsv4ctl stopped waiting but the `git am` on the host went on after it had exited
     # (and the restore ran against a tree git was still changing).

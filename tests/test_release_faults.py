@@ -1,4 +1,4 @@
-"""Issue 13 fault suite: SIGINT and SIGTERM at each phase of deploy, rollback and
+"""Issue 13 fault suite: SIGINT, SIGTERM and SIGHUP at each phase of deploy, rollback and
 ``hicache --remote`` on real sshd hosts with the launcher and the stand-in, the signal sent to the
 dsv4ctl process alone (as a supervisor's SIGTERM is: its children must be stopped by dsv4ctl).
 After every interrupted run the invariants are checked:
@@ -14,8 +14,8 @@ After every interrupted run the invariants are checked:
 * every group serves again (an interrupted run waits, bounded, for the restored release).
 
 Sampling (CI time): by default each (command, phase) runs once, the signal alternating
-SIGINT/SIGTERM along the list — 9 interrupted runs on 3 worlds, ~2-3 min on the 2-core CI VM.
-``DSV4CTL_FAULTS=all`` runs both signals at every phase (18 runs). The deploy faults of
+SIGINT/SIGTERM/SIGHUP along the list — 9 interrupted runs on 3 worlds, ~2-3 min on the 2-core CI
+VM, each signal at every command. ``DSV4CTL_FAULTS=all`` runs all three at every phase (27 runs). The deploy faults of
 ``tests/test_deploy_faults.py`` (sshd killed mid-transfer, full disk, lock/switch boundaries)
 and the SIGTERM during ``check load`` of ``tests/test_promote.py`` complete the picture."""
 
@@ -43,6 +43,8 @@ PHASES = {
     "rollback": ["verify", "switch", "gate"],
     "hicache": ["push", "switch", "gate"],
 }
+# SIGHUP: the terminal or the SSH session to the control machine closed
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 NEEDLE = {"push": "step h0: push", "verify": "step h0: verify", "switch": "step h0: switch",
           "gate": "step h0: wait for GET"}
 
@@ -50,8 +52,8 @@ NEEDLE = {"push": "step h0: push", "verify": "step h0: verify", "switch": "step 
 def cases(command: str) -> list[tuple[str, int]]:
     order = [(c, ph) for c in PHASES for ph in PHASES[c]]
     if os.environ.get("DSV4CTL_FAULTS") == "all":
-        return [(ph, s) for c, ph in order if c == command for s in (signal.SIGINT, signal.SIGTERM)]
-    return [(ph, (signal.SIGINT, signal.SIGTERM)[i % 2]) for i, (c, ph) in enumerate(order) if c == command]
+        return [(ph, s) for c, ph in order if c == command for s in SIGNALS]
+    return [(ph, SIGNALS[i % 3]) for i, (c, ph) in enumerate(order) if c == command]
 
 
 @pytest.fixture

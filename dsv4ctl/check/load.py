@@ -44,6 +44,8 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     # turn the cancellation of a read into a timeout, so the flag is what ends the run).
     import asyncio
     import signal
+
+    from ..signals import STOPPING
     interrupted = False
     main_task = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -52,7 +54,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
         nonlocal interrupted
         interrupted = True
         main_task.cancel()
-    for sig in (signal.SIGINT, signal.SIGTERM):     # SIGTERM (kill, systemd, a runbook's stop) like Ctrl-C
+    for sig in STOPPING:     # SIGTERM (kill, systemd, a runbook's stop) and SIGHUP like Ctrl-C
         try:
             loop.add_signal_handler(sig, on_sigint)
         except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
@@ -114,7 +116,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
             raise KeyboardInterrupt from None
         raise
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOPPING:
             try:
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):

@@ -110,7 +110,7 @@ def _profile(arg):
 
 
 class _Interrupted:
-    """Turn KeyboardInterrupt (Ctrl-C, or SIGTERM: :func:`_sigterm_as_interrupt`) into
+    """Turn KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP: :func:`_sigterm_as_interrupt`) into
     DsvError(exit 130): typer maps a bare KeyboardInterrupt to an exit code that ``cli.main``
     does not see when ``standalone_mode=False``. Every error message leaves with the known
     ``secrets`` masked (a gate failure quotes server log lines and HTTP bodies, which may echo a
@@ -157,11 +157,12 @@ _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every ex
 
 
 def _sigterm_as_interrupt():
+    """SIGTERM and SIGHUP (a closed terminal or SSH session) raise KeyboardInterrupt: handled like Ctrl-C."""
     import signal
 
-    def h(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, h)
+    from ..signals import TERMINATING, raise_interrupt
+    for sig in TERMINATING:
+        signal.signal(sig, raise_interrupt)
 
 
 class _Progress:

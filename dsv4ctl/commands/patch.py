@@ -2,7 +2,7 @@
 
 Exit codes: 0 ok · 1 a patch/revert does not apply (tree restored) or ``check`` failed ·
 2 bad input (tree, series, range; nothing changed) · 3 remote failure (``--host``) · 130
-interrupted (SIGINT or SIGTERM: git is stopped — on ``--host`` its process group on the host —
+interrupted (SIGINT, SIGTERM or SIGHUP: git is stopped — on ``--host`` its process group on the host —
 and the tree restored)."""
 
 from __future__ import annotations

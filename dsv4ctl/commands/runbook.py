@@ -102,7 +102,7 @@ def run(
     """Run a runbook step by step; the state and incident report are written after every step.
 
     Exit 0 completed · 1 a step failed or was declined (or, with --dry-run, a step reports that the
-    run would stop) · 2 bad input · 130 interrupted (SIGINT or SIGTERM; resume with --resume ID)."""
+    run would stop) · 2 bad input · 130 interrupted (SIGINT, SIGTERM or SIGHUP; resume with --resume ID)."""
     from ..runbook.actions import RunContext, builtin_actions
     from ..runbook.engine import RunState, execute
     from ..runbook.report import incident_document, incident_markdown

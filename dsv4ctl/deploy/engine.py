@@ -525,7 +525,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
 
 
 class _stop_pushes_on_interrupt:
-    """While pushes run: SIGINT/SIGTERM terminate the rsync children first, then raise
+    """While pushes run: SIGINT/SIGTERM/SIGHUP terminate the rsync children first, then raise
     KeyboardInterrupt as usual (main thread only; the previous handlers come back after)."""
 
     def __enter__(self):
@@ -533,10 +533,11 @@ class _stop_pushes_on_interrupt:
         self.old = {}
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        from ..signals import STOPPING
+        for sig in STOPPING:
             old = signal.getsignal(sig)
-            if not callable(old) and sig == signal.SIGTERM:
-                continue          # SIGTERM not handled as an interrupt here: leave it alone
+            if not callable(old) and sig != signal.SIGINT:
+                continue          # SIGTERM/SIGHUP not handled as an interrupt here: leave them alone
             self.old[sig] = old
 
             def h(signum, frame, old=old):

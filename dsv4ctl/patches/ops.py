@@ -181,7 +181,7 @@ def explain_conflict(git: Git, rev: str, patch_text: str, conflicted: list[str])
 
 
 class interrupts:
-    """While a tree is being changed, SIGTERM is handled like Ctrl-C (SIGINT): KeyboardInterrupt in
+    """While a tree is being changed, SIGTERM and SIGHUP are handled like Ctrl-C (SIGINT): KeyboardInterrupt in
     the main thread. The git child is in its own process group (:func:`.gitio.local_runner`) and is
     stopped first; the caller then puts the tree back (exit 130). Outside the main thread (no
     signals there) this does nothing."""
@@ -191,9 +191,8 @@ class interrupts:
         import threading
         self.old = None
         if threading.current_thread() is threading.main_thread():
-            def raise_interrupt(signum, frame):
-                raise KeyboardInterrupt
-            self.old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+            from ..signals import STOPPING, raise_interrupt
+            self.old = {s: signal.signal(s, raise_interrupt) for s in STOPPING}
         return self
 
     def __exit__(self, *exc):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DsvError, RemoteError
+from ..signals import STOPPING, TERMINATING, raise_interrupt
 from .transport import cancel_event
 
 
@@ -28,14 +29,14 @@ class HostResult:
 
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """Hold SIGINT/SIGTERM back (main thread only) until the block ends, then act on the first
+    """Hold SIGINT/SIGTERM/SIGHUP back (main thread only) until the block ends, then act on the first
     one as its handler would (KeyboardInterrupt for Ctrl-C). Blocking the signal mask is not
     enough: another thread may take the signal, and Python still raises in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     got: list[int] = []
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.getsignal(s) for s in STOPPING}
     for s in old:
         signal.signal(s, lambda signum, frame: got.append(signum))
     try:
@@ -59,19 +60,19 @@ interrupt goes on."""
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt in the main thread while the block runs, like Ctrl-C —
-    unless a handler is installed already (a command that handles it itself)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread while the block runs, like
+    Ctrl-C — each unless a handler is installed already (a command that handles it itself)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def h(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, h)
+    mine = [s for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL]
+    for s in mine:
+        signal.signal(s, raise_interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in mine:
+            signal.signal(s, signal.SIG_DFL)
 
 
 def _work(fut: cf.Future, fn: Callable[[Any], Any], t, cancel: threading.Event, slots: threading.Semaphore) -> None:

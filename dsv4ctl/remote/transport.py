@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..errors import RemoteError
+from ..signals import STOPPING
 
 STOP_GRACE_S = 10.0
 """Seconds a stopped command's process group gets to end after SIGTERM before SIGKILL (git
@@ -44,13 +45,13 @@ def cancelled() -> bool:
 
 
 class signals_held:
-    """While stopping a command: SIGINT/SIGTERM are ignored in the main thread (a second Ctrl-C
+    """While stopping a command: SIGINT/SIGTERM/SIGHUP are ignored in the main thread (a second Ctrl-C
     must not leave a half-stopped command); outside the main thread this does nothing."""
 
     def __enter__(self):
         self.old = {}
         if threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+            self.old = {s: signal.signal(s, signal.SIG_IGN) for s in STOPPING}
         return self
 
     def __exit__(self, *exc):

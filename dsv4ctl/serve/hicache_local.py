@@ -162,14 +162,15 @@ def write_all(files: list[tuple[Path, str]]) -> None:
     and gives it the target's mode and owner; any failure removes every temp file and raises DsvError
     (exit 3, no file changed). Phase 2 renames the temps over the targets (atomic per file) and fsyncs
     the folders; if a rename fails, the files already renamed get their old bytes, mode and owner
-    back the same way. SIGINT and SIGTERM are held while both phases run. A file shipped with dsv4ctl (the installation's or the checkout's shipped
+    back the same way. SIGINT, SIGTERM and SIGHUP are held while both phases run. A file shipped with dsv4ctl (the installation's or the checkout's shipped
     profiles and serve configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``,
     nothing changed."""
     refuse_shipped([p for p, _ in files])
     import signal
-    # SIGINT/SIGTERM wait until the files are all written or all put back (a few small local
+    # SIGINT/SIGTERM/SIGHUP wait until the files are all written or all put back (a few small local
     # files: milliseconds); a signal that came meanwhile is delivered when the mask is restored
-    held = {signal.SIGINT, signal.SIGTERM}
+    from ..signals import STOPPING
+    held = set(STOPPING)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         _write_all(files)
