@@ -26,6 +26,18 @@ class Result:
         return json.loads(self.out)
 
 
+def worker_index() -> int:
+    """This pytest-xdist worker's number (``gw3`` -> 3); 0 without xdist."""
+    w = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(w[2:]) if w.startswith("gw") and w[2:].isdigit() else 0
+
+
+def loopback(n: int) -> str:
+    """Loopback address ``n`` of this worker: ``127.0.<worker>.<n>`` (workers never share an
+    address, so ports picked on one cannot collide with another worker's)."""
+    return f"127.0.{worker_index()}.{n}"
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, input: str | None = None,
             timeout: float = 120) -> Result:
     """Run ``dsv4ctl ARGS`` as a user would (a new process) and capture everything."""
@@ -43,3 +55,27 @@ def cli():
 
 def oracle_available() -> bool:
     return ORACLE_PY.exists()
+
+
+# -- measuring the suite: CPU seconds per test (docs/testing.md) ---------------------------------
+
+_CPU_LOG = os.environ.get("DSV4CTL_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``DSV4CTL_TEST_CPU=FILE``: append ``nodeid<TAB>cpu_s<TAB>wall_s`` per test, where cpu_s
+    counts this process and the children it reaped during the test (a CLI run, a stand-in)."""
+    if not _CPU_LOG:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    c0, t0 = cpu(), time.monotonic()
+    yield
+    with open(_CPU_LOG, "a") as f:
+        f.write(f"{item.nodeid}\t{cpu() - c0:.2f}\t{time.monotonic() - t0:.2f}\n")

@@ -46,7 +46,7 @@ def test_dry_run_changes_nothing(world):
         assert f"  {h}: lock {w.roots[h]}/.lock\n    $ mkdir -p {w.roots[h]}/releases && if mkdir {w.roots[h]}/.lock" in r.out
         assert f"  {h}: switch {w.roots[h]}/current: (none) -> " in r.out
     assert "h1: switch" in r.out and "start decode (launcher)" in r.out and "setsid env" in r.out
-    assert f"wait for GET http://127.0.0.3:{w.ports['decode']}/health = 200" in r.out
+    assert f"wait for GET http://{w.hosts[1].address}:{w.ports['decode']}/health = 200" in r.out
     assert not any(p.exists() for p in w.roots.values())  # not even the deploy roots
     assert not (w.cache / "releases").exists()  # parsed YAML may be cached; no release was built
 
@@ -202,7 +202,7 @@ def test_unknown_host_key_refused_then_accept_new(live_cluster, tmp_path):
     # a real (read-only) command with accept-new records it, like OpenSSH's accept-new
     r = cli(w, "releases", "--accept-new-host-keys")
     assert r.code == 0, r.err
-    assert f"[127.0.0.4]:{live_cluster.hosts[2].port} ssh-ed25519" in kh.read_text()
+    assert f"[{live_cluster.hosts[2].address}]:{live_cluster.hosts[2].port} ssh-ed25519" in kh.read_text()
     r = cli(w, "deploy", "--dry-run")
     assert r.code == 0, r.err
 

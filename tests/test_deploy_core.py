@@ -153,7 +153,20 @@ def test_select_prune():
     f = _hf(["r1", "r2", "r3", "r4", "r5"], current="r5", previous="r1")
     assert select_prune(f, 3) == ["r2", "r3"]   # keeps current, previous (old but protected) and r4
     assert select_prune(f, 10) == []
-    assert select_prune(f, 1) == ["r2", "r3", "r4"]  # never current or previous
+    assert select_prune(f, 1) == ["r2", "r3"]  # never current, previous or the newest good one (r4)
+
+
+def test_select_prune_keeps_the_newest_good_release_and_drops_failed_ones_first():
+    # the field case: keep_releases 5, one promoted release and three failed ones after it
+    ids = ["r1", "r2", "r3", "r4", "r5", "r6", "r7"]
+    states = {"r1": "pushed", "r2": "pushed", "r3": "good", "r4": "failed", "r5": "failed", "r6": "failed",
+              "r7": "active"}
+    f = _hf(ids, current="r7", previous="r6", states=states)
+    assert select_prune(f, 5) == ["r4", "r5"]        # r3 (good) stays; the failed go before the pushed
+    assert select_prune(f, 3) == ["r1", "r2", "r4", "r5"]
+    assert select_prune(f, 1) == ["r1", "r2", "r4", "r5"]  # current, previous and the good one are kept
+    f = _hf(ids, current="r3", previous="r2", states={**states, "r7": "failed"})
+    assert select_prune(f, 2) == ["r1", "r4", "r5", "r6", "r7"]   # current r3 is the only good one
 
 
 def test_choose_rollback_target():

@@ -123,7 +123,7 @@ def test_full_disk_on_one_host(world):
         for h in w.roots:
             assert not (w.roots[h] / ".lock").exists()
         assert w.audit("h3")[-1]["result"] == "failed"
-        assert http_status(f"http://127.0.0.3:{w.ports['decode']}/health") == 200  # still serving a
+        assert http_status(f"http://{w.hosts[1].address}:{w.ports['decode']}/health") == 200  # still serving a
     finally:
         w.stop_services()
         subprocess.run(["umount", "-l", str(root)], capture_output=True)
@@ -142,7 +142,7 @@ def test_interrupt_during_push(world):
     for h in w.roots:
         assert not (w.roots[h] / ".lock").exists()
         assert w.audit(h)[-1]["result"] == "interrupted"
-    assert http_status(f"http://127.0.0.3:{w.ports['decode']}/health") == 200
+    assert http_status(f"http://{w.hosts[1].address}:{w.ports['decode']}/health") == 200
 
 
 def test_interrupt_during_activation_rolls_back(world):
@@ -164,7 +164,7 @@ def test_interrupt_during_activation_rolls_back(world):
         assert w.state(h)["releases"][b]["state"] == "failed"
         assert w.audit(h)[-1]["result"] == "interrupted"
         assert not (w.roots[h] / ".lock").exists()
-    assert wait_for(lambda: http_status(f"http://127.0.0.3:{w.ports['decode']}/health") == 200, timeout=30)
+    assert wait_for(lambda: http_status(f"http://{w.hosts[1].address}:{w.ports['decode']}/health") == 200, timeout=30)
     # the interrupted release is never chosen by rollback, and deploying it again works once fixed
     code, out, err = run(w, "releases", "--json")
     assert {x["id"]: x["state"] for x in json.loads(out)["hosts"]["h1"]["releases"]} == {a: "active", b: "failed"}
@@ -203,4 +203,4 @@ def test_interrupt_at_phase_boundaries(world, needle, count, delay):
     all_on(w, a)
     for h in w.roots:
         assert not (w.roots[h] / ".lock").exists(), (h, "".join(head) + err)
-    assert wait_for(lambda: http_status(f"http://127.0.0.3:{w.ports['decode']}/health") == 200, timeout=30)
+    assert wait_for(lambda: http_status(f"http://{w.hosts[1].address}:{w.ports['decode']}/health") == 200, timeout=30)

@@ -25,7 +25,7 @@ import copy
 from dataclasses import dataclass, field
 
 from ..hosts.audit import append_cmd, now_iso, record_fields
-from ..hosts.layout import HostFacts, Paths, facts_command, select_prune
+from ..hosts.layout import HostFacts, Paths, facts_command, kept_after_prune, select_prune
 from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
 from ..hosts.service import backend
 from ..profile.deployment import http_url
@@ -303,6 +303,9 @@ def close_step(site: Site, host: str, record: dict, *, event: tuple | None = Non
     rec = record_fields(host, **record)
     if prune or "pruned" in record:
         rec["pruned"] = list(prune)
+        f = site.facts[host]
+        rid_new = event[0] if event is not None else None
+        rec["kept"] = ([rid_new] if rid_new and rid_new not in f.releases else []) + kept_after_prune(f, list(prune))
     marks = ""
     if event is not None:
         rid, ev = event[0], event[1]
@@ -315,9 +318,9 @@ def close_step(site: Site, host: str, record: dict, *, event: tuple | None = Non
 
 
 def prune_after_switch(f: HostFacts, rid: str, keep: int) -> list[str]:
-    """Releases the close-out deletes on the host of ``f`` once ``rid`` is active there and good:
-    oldest first beyond ``keep``, never current/previous (:func:`select_prune` on the facts as
-    they will be)."""
+    """Releases the close-out deletes on the host of ``f`` once ``rid`` is active there: beyond
+    ``keep``, failed ones first, never current/previous nor the newest good release
+    (:func:`select_prune` on the facts as they will be)."""
     g = copy.deepcopy(f)
     g.releases.setdefault(rid, {"id": rid})
     g.previous, g.current = next_previous(f, rid), rid

@@ -178,21 +178,28 @@ def read_facts(t: Transport, root: str) -> HostFacts:
 
 
 def select_prune(facts: HostFacts, keep: int, protect: set[str] = frozenset()) -> list[str]:
-    """Release ids to delete so at most ``keep`` remain: oldest first by :meth:`HostFacts.when`,
-    never ``current``, ``previous`` or ``protect``."""
+    """Release ids to delete so at most ``keep`` remain (``keep`` >= 1). Never deleted: ``current``
+    (the running release), ``previous``, ``protect`` and the newest *good* release other than
+    ``current`` (the target of a bare ``rollback`` and of the ``bad-release`` runbook). Among the rest, failed releases go
+    first, then the others; oldest first by :meth:`HostFacts.when` within each kind. Returns the
+    ids sorted."""
     keep = max(1, keep)
-    ids = sorted(facts.releases, key=lambda r: (facts.when(r), r), reverse=True)
-    fixed = {facts.current, facts.previous} | set(protect)
+    ids = sorted(facts.releases, key=lambda r: (facts.when(r), r), reverse=True)      # newest first
+    newest_good = next((r for r in ids if facts.good(r) and r != facts.current), None)
+    fixed = {facts.current, facts.previous, newest_good} | set(protect)
     kept = [r for r in ids if r in fixed]
-    out = []
-    for r in ids:
-        if r in fixed:
-            continue
-        if len(kept) < keep:
-            kept.append(r)
-        else:
-            out.append(r)
-    return sorted(out)
+    rest = [r for r in ids if r not in fixed]
+    # keep the newest non-failed ones first, then the newest failed ones, within ``keep``
+    order = [r for r in rest if facts.recorded(r) != "failed"] + [r for r in rest if facts.recorded(r) == "failed"]
+    room = max(0, keep - len(kept))
+    return sorted(order[room:])
+
+
+def kept_after_prune(facts: HostFacts, pruned: list[str]) -> list[str]:
+    """The release ids a host keeps after ``pruned`` are deleted (newest first): what the audit
+    record states."""
+    gone = set(pruned)
+    return [r for r in sorted(facts.releases, key=lambda r: (facts.when(r), r), reverse=True) if r not in gone]
 
 
 def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None) -> str:

@@ -9,7 +9,7 @@ from . import harness
 
 @pytest.fixture(scope="session")
 def sshd_cluster(tmp_path_factory):
-    """Four real sshd hosts h0..h3 on 127.0.0.2..5 (skips when sshd/rsync are missing)."""
+    """Four real sshd hosts h0..h3 on 127.0.W.2..5 (W: the xdist worker) (skips when sshd/rsync are missing)."""
     why = harness.available()
     if why:
         pytest.skip(why)

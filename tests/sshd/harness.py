@@ -1,4 +1,5 @@
-"""Start real OpenSSH ``sshd`` processes on 127.0.0.2 … 127.0.0.N, one per simulated host.
+"""Start real OpenSSH ``sshd`` processes on 127.0.W.2 … 127.0.W.N (W: the pytest-xdist worker, 0
+without xdist), one per simulated host.
 
 Each host gets a throwaway ed25519 host key, its own port, pid file and deploy root; one
 throwaway user key logs in as the current user (root in CI). ``known_hosts`` lists every host
@@ -168,7 +169,7 @@ def sshd_config(h: "SshdHost", auth: Path) -> str:
 
 
 def start_cluster(base: Path, n: int = 4) -> Cluster:
-    """Start ``n`` sshd hosts on 127.0.0.2 … 127.0.0.(n+1) under ``base``."""
+    """Start ``n`` sshd hosts on 127.0.W.2 … 127.0.W.(n+1) under ``base`` (W: the xdist worker)."""
     base.mkdir(parents=True, exist_ok=True)
     os.makedirs("/run/sshd", exist_ok=True) if os.geteuid() == 0 else None
     c = Cluster(base=base, user=getpass.getuser())
@@ -177,8 +178,9 @@ def start_cluster(base: Path, n: int = 4) -> Cluster:
     auth = base / "authorized_keys"
     auth.write_text(Path(str(c.user_key) + ".pub").read_text())
     os.chmod(auth, 0o600)
+    from tests.conftest import loopback
     for i in range(n):
-        addr = f"127.0.0.{i + 2}"
+        addr = loopback(i + 2)
         d = base / f"h{i}"
         d.mkdir(exist_ok=True)
         hk = d / "ssh_host_ed25519_key"

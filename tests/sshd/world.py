@@ -69,7 +69,8 @@ class World:
         self.cfgdir = tmp / "profile"
         self.cfgdir.mkdir()
         self.roots = {h.name: tmp / "roots" / h.name for h in self.hosts}
-        self.ports = {"prefill": free_port("127.0.0.2"), "decode": free_port("127.0.0.3"), "router": free_port("127.0.0.4")}
+        self.ports = {"prefill": free_port(self.hosts[0].address), "decode": free_port(self.hosts[1].address),
+                      "router": free_port(self.hosts[2].address)}
         self.keep = keep
         self.known_hosts = known_hosts
         self.extra = {"prefill": {}, "decode": {}}
