@@ -194,6 +194,13 @@ def test_signals_during_hicache_remote(world):
                                     "--ratio", str(2.0 + i / 4), "-v"], phase, sig)
         check_invariants(w, err, a, "hicache-on", sig, phase)
         assert (w.cfgdir / "prefill.yaml").read_bytes() == local       # the local copy follows only a success
+    # an interrupt is not a verdict: the last interrupted change (its gate phase) runs again as typed
+    assert phase == "gate"
+    r = run(w, "hicache", "on", str(w.profile), "-g", "prefill", "--remote", "--ratio", str(2.0 + i / 4), "--json")
+    assert r.returncode == 0, r.stderr
+    rid = json.loads(r.stdout)["release"]
+    assert all(w.state(h)["releases"][rid]["state"] == "active" for h in w.roots)
+    assert all("interrupted_at" in w.state(h)["releases"][rid] for h in w.roots)
 
 
 def _fix_profile(w: World) -> None:

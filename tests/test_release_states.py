@@ -19,12 +19,13 @@ from dsv4ctl.profile.deployment import load_deployment
 from tests.test_golden import needs_rsync
 from tests.test_steps_equal import promote_world  # noqa: F401  (fixture)
 
-TABLE = {  # from-state -> {event: to-state}
-    None:     {"pushed": "pushed", "healthy": "active", "gate_passed": "good", "failed": "failed"},
-    "pushed": {"pushed": "pushed", "healthy": "active", "gate_passed": "good", "failed": "failed"},
-    "active": {"pushed": "active", "healthy": "active", "gate_passed": "good", "failed": "failed"},
-    "good":   {"pushed": "good", "healthy": "good", "gate_passed": "good", "failed": "failed"},
-    "failed": {"pushed": "failed", "healthy": "refused", "gate_passed": "good", "failed": "failed"},
+TABLE = {  # from-state -> {event: to-state}; an interrupt is not a verdict: it keeps the state
+    None:     {"pushed": "pushed", "healthy": "active", "gate_passed": "good", "failed": "failed", "interrupted": "pushed"},
+    "pushed": {"pushed": "pushed", "healthy": "active", "gate_passed": "good", "failed": "failed", "interrupted": "pushed"},
+    "active": {"pushed": "active", "healthy": "active", "gate_passed": "good", "failed": "failed", "interrupted": "active"},
+    "good":   {"pushed": "good", "healthy": "good", "gate_passed": "good", "failed": "failed", "interrupted": "good"},
+    "failed": {"pushed": "failed", "healthy": "refused", "gate_passed": "good", "failed": "failed",
+               "interrupted": "failed"},
 }
 
 

@@ -511,7 +511,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
     except KeyboardInterrupt:
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"
                          + (f"; {site.restored}" if site.restored else "")},
-                  event=(rel.id, "failed", {"failed_check": "interrupted", "failure": "interrupted during activation"}),
+                  event=(rel.id, "interrupted", {"interrupted_during": "activation"}),
                   per_host=frm)
         raise
     if not ok:

@@ -402,8 +402,7 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     except KeyboardInterrupt:
         put_back()
         E.close_all(site, {**rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
-                    event=(rid, "failed", {"failed_check": "interrupted",
-                                           "failure": "interrupted during promotion"}), per_host=frm)
+                    event=(rid, "interrupted", {"interrupted_during": "promotion"}), per_host=frm)
         raise
     summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "good", "canary": canary,
                "checks": results, "at": now_iso()}

@@ -3,17 +3,19 @@ host, ``releases.<id>``) changes.
 
 States: ``pushed`` (complete and verified on the host) -> ``active`` (switched to, health gate
 passed) -> ``good`` (a promotion gate passed: ``deploy --promote`` or ``dsv4ctl promote``); any ->
-``failed`` (a health gate or a check failed; the reason and evidence are kept).
+``failed`` (a health gate or a check failed; the reason and evidence are kept). An interrupt
+(Ctrl-C, SIGTERM, SIGHUP) is not a verdict: the ``interrupted`` event keeps the state and records
+when and where, so the same command can simply be run again.
 
-====================  ========  ========  ===========  ========
-from \\ event          pushed    healthy   gate_passed  failed
-====================  ========  ========  ===========  ========
-(no record)           pushed    active    good         failed
-pushed                pushed    active    good         failed
-active                active    active    good         failed
-good                  good      good      good         failed
-failed                failed    refused*  good         failed
-====================  ========  ========  ===========  ========
+====================  ========  ========  ===========  ========  ===========
+from \\ event          pushed    healthy   gate_passed  failed    interrupted
+====================  ========  ========  ===========  ========  ===========
+(no record)           pushed    active    good         failed    pushed
+pushed                pushed    active    good         failed    pushed
+active                active    active    good         failed    active
+good                  good      good      good         failed    good
+failed                failed    refused*  good         failed    failed
+====================  ========  ========  ===========  ========  ===========
 
 \\* a plain deploy or rollback of a failed release is refused (:class:`Refused`, exit 1) unless
 the operator forces it (``--force-failed``): then it is ``active`` (never ``good``), the failure
@@ -25,7 +27,7 @@ from __future__ import annotations
 from ..errors import VerdictError
 
 STATES = ("pushed", "active", "good", "failed")
-EVENTS = ("pushed", "healthy", "gate_passed", "failed")
+EVENTS = ("pushed", "healthy", "gate_passed", "failed", "interrupted")
 
 
 class Refused(VerdictError):
@@ -64,6 +66,11 @@ def transition(record: dict | None, event: str, *, at: str, by: str, force_faile
         elif cur != "good":
             rec["state"] = "active"
         rec.update(activated_at=at, activated_by=by, **info)
+        return rec
+    if event == "interrupted":
+        if cur is None:
+            rec.update(state="pushed", pushed_at=at, pushed_by=by)
+        rec.update(interrupted_at=at, interrupted_by=by, **info)
         return rec
     if event == "gate_passed":
         rec.update(state="good", promoted_at=at, promoted_by=by, **info)
