@@ -161,7 +161,7 @@ def _write(prof, out, force: bool, dry_run: bool) -> _Written:
     diff = unified_diff(old, new, str(path).lstrip("/"))
     if dry_run:
         return _Written([], diff, [])
-    write_local(path, new)
+    write_local(path, new, expect=old)
     return _Written([f.group for f in out], diff, [])
 
 

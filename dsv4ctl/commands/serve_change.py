@@ -67,7 +67,7 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
-        write_all([(e.path, e.new) for e in changed])
+        write_all([(e.path, e.new) for e in changed], expect={e.path: e.old for e in changed})
     if as_json:
         out(dump_json(dict(schema=schema, **doc, profile=prof.name, dry_run=dry_run,
                              groups=[dict(group=e.group, file=str(e.path), changed=e.new != e.old,
@@ -135,7 +135,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     changed_local = [e for e in local_edits if e.new != e.old]
     wrote_local = False
     if not dry_run and err is None and changed_local:
-        write_all([(e.path, e.new) for e in changed_local])
+        write_all([(e.path, e.new) for e in changed_local], expect={e.path: e.old for e in changed_local})
         wrote_local = True
     changed = [e for e in redits if e.new != e.old]
     rid, frm = rep.get("release"), rep.get("from")

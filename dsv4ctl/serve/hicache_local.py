@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -154,8 +155,21 @@ def refuse_shipped(paths) -> None:
                              "dsv4ctl profile init my-profile.yaml")
 
 
-def write_all(files: list[tuple[Path, str]]) -> None:
+class EditConflict(DsvError):
+    """A file changed between the moment a command read it and the moment it would write it
+    (another dsv4ctl edit or an editor): nothing was written (exit 3)."""
+
+    exit_code = EXIT_REMOTE
+
+
+def write_all(files: list[tuple[Path, str]], expect: dict | None = None) -> None:
     """Write several local files as one step: all or nothing.
+
+    Concurrent editors are serialised: an exclusive ``flock`` on each target's folder is held
+    from the check to the last rename, and with ``expect`` ({path: the text the edit was computed
+    from}) a target whose bytes differ now is :class:`EditConflict` (exit 3, nothing written,
+    naming the file and when it changed): two commands editing one file either both land (one
+    after the other, each on the other's result) or the loser fails; an edit is never lost.
 
     Each target is resolved first (a symlinked serve config is written through to its target; the
     link stays a link). Phase 1 writes every new text to a temp file next to its target, fsyncs it
@@ -171,15 +185,49 @@ def write_all(files: list[tuple[Path, str]]) -> None:
     # files: milliseconds); a signal that came meanwhile is delivered when the mask is restored
     from ..signals import STOPPING
     held = set(STOPPING)
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    expect = {os.path.realpath(p): t for p, t in (expect or {}).items()}
+    with _folder_locks([Path(os.path.realpath(p)).parent for p, _ in files]):
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            _write_all(files, expect)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+@contextlib.contextmanager
+def _folder_locks(folders):
+    """Exclusive ``flock`` on each folder (sorted: two writers never wait on each other in a
+    cycle); a folder that cannot be opened is not locked (the write then fails with its reason)."""
+    import fcntl
+    fds = []
     try:
-        _write_all(files)
+        for d in sorted({str(f) for f in folders}):
+            try:
+                fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            fds.append(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for fd in fds:
+            os.close(fd)         # closing the descriptor releases its lock
 
 
-def _write_all(files: list[tuple[Path, str]]) -> None:
+def _write_all(files: list[tuple[Path, str]], expect: dict[str, str]) -> None:
     staged: list[tuple[Path, str, bytes, os.stat_result]] = []      # (target, temp path, old bytes, old stat)
+    for path, _ in files:
+        target = os.path.realpath(path)
+        if target in expect:
+            try:
+                now, st = Path(target).read_bytes(), os.stat(target)
+            except OSError:
+                continue            # the write below reports it
+            if now != expect[target].encode("utf-8"):
+                import time
+                when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime))
+                raise EditConflict(f"{path}: changed at {when} by another command or editor since this command "
+                                   "read it; nothing written: run the command again")
     try:
         for path, text in files:
             target = Path(os.path.realpath(path))
@@ -246,8 +294,8 @@ def _unlink_all(paths) -> None:
             pass
 
 
-def write_local(path: Path, text: str) -> None:
-    """Atomic local write of one file (see :func:`write_all`)."""
-    write_all([(Path(path), text)])
+def write_local(path: Path, text: str, expect: str | None = None) -> None:
+    """Atomic local write of one file (see :func:`write_all`); ``expect``: the text it was read as."""
+    write_all([(Path(path), text)], None if expect is None else {Path(path): expect})
 
 
