@@ -13,9 +13,10 @@ def dump_json(doc: Any) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table; ``|`` in cells is escaped."""
+    """A GitHub-flavoured Markdown table; ``|`` in cells is escaped, control characters written
+    out (:func:`printable`)."""
     def cell(x: Any) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
+        return printable(str(x).replace("|", "\\|").replace("\n", " "))
     out = ["| " + " | ".join(map(cell, headers)) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
     return "\n".join(out)
@@ -39,7 +40,8 @@ def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
     from rich import box
     from rich.markup import escape
     from rich.table import Table
-    rows = [list(r) for r in rows]
+    # cells are data (log lines, reasons, release fields a host wrote): no terminal escapes
+    rows = [[printable(str(x)) for x in r] for r in rows]
     wraps = [str(h).strip().lower() in WRAP_COLUMNS for h in headers]
     if any(wraps) and not all(wraps):
         stacked = _stacked(title, headers, rows, wraps)
@@ -120,7 +122,7 @@ def text_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
     benchmarks/startup.py)."""
     import os
     import shutil
-    body = [[str(x) for x in r] for r in rows]
+    body = [[printable(str(x)) for x in r] for r in rows]
     heads = [str(h) for h in headers]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(heads)]
     total = sum(widths) + 3 * len(widths) + 1

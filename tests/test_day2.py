@@ -79,6 +79,48 @@ def test_logs_follow_reads_each_byte_once(tmp_path):
     assert (size, text) == (10, "c\npart")
 
 
+def test_runaway_log_lines_are_cut_on_the_host(tmp_path):
+    """A 40 MB server log line reaches dsv4ctl as LOG_LINE_MAX bytes, from ``logs`` and from the
+    tail ``diagnose`` and the gate read (the host's awk never holds it whole either)."""
+    import subprocess
+    from dsv4ctl.hosts.day2 import LOG_CHUNK_MAX, follow_offset, log_read_command
+    from dsv4ctl.hosts.layout import Paths
+    from dsv4ctl.hosts.service import LOG_LINE_MAX, log_tail_cmd
+    p = Paths(str(tmp_path))
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "g.log"
+    with log.open("w") as f:
+        f.write("=== dsv4ctl start g release r1 at T\nfirst\n" + "x" * (40 << 20) + "\nlast\n")
+    for cmd in (log_read_command(p, "g", None, 3), log_tail_cmd(p, "g", 3)):
+        # 32 MiB of address space for the host's tools: holding the 40 MB line would fail
+        r = subprocess.run(["sh", "-c", f"ulimit -v 32768; {cmd}"], capture_output=True)
+        lines = r.stdout.split(b"\n")
+        assert r.returncode == 0 and b"out of memory" not in r.stderr, (cmd, r.stderr)
+        assert max(len(x) for x in lines) == LOG_LINE_MAX, cmd
+        assert b"last" in lines and len(r.stdout) < 3 * LOG_LINE_MAX
+    # -f: the line comes in LOG_CHUNK_MAX pieces, each byte once
+    start = off = len("=== dsv4ctl start g release r1 at T\nfirst\n")
+    got = 0
+    while True:
+        out = subprocess.run(["sh", "-c", log_read_command(p, "g", off, 3)], capture_output=True).stdout
+        size, chunk = int(out.split(b"\n", 1)[0]), out.split(b"\n", 1)[1]
+        assert len(chunk) <= LOG_CHUNK_MAX
+        off, whole = follow_offset(off, chunk)
+        got += len(whole)
+        if off >= size:
+            break
+    # every byte once, plus the newline that ends each of the 10 newline-free 4 MiB pieces
+    assert off == log.stat().st_size and got == log.stat().st_size - start + (40 << 20) // LOG_CHUNK_MAX
+
+
+def test_table_cells_and_log_lines_cannot_drive_the_terminal():
+    from dsv4ctl.render import markdown_table, printable, text_table
+    evil = "id\x1b[2J\x1b]0;owned\x07\x1b]8;;http://x\x1b\\link"
+    assert "\x1b" not in printable(evil) and "\\x1b[2J" in printable(evil)
+    assert "\x1b" not in markdown_table(["release"], [[evil]])
+    assert "\x1b" not in (text_table("releases", ["release"], [[evil]]) or "")
+
+
 
 
 @pytest.fixture

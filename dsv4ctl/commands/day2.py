@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
-from ..render import console, dump_json, markdown_table, rich_table
+from ..render import console, dump_json, markdown_table, printable, rich_table
 
 
 _P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command reads hosts.")
@@ -169,7 +169,8 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
     service backends append to <root>/logs/<group>.log). -f follows until Ctrl-C.
 
     Exit 0 · 2 bad input (unknown group or host, bad --grep) · 3 a host unreachable."""
-    from ..hosts.day2 import log_read_command, parse_log_read
+    from ..hosts.day2 import follow_offset, log_read_command, parse_log_read
+    from ..hosts.service import LOG_LINE_MAX
     from ..remote import run_parallel
 
     from .options import integer, seconds
@@ -197,7 +198,7 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
             for ln in text.splitlines():
                 if rx is None or rx.search(ln):
                     m = rank.search(ln)
-                    print(f"{h}{'/' + m.group(0) if m else ''}: {ln}")
+                    print(f"{h}{'/' + m.group(0) if m else ''}: {printable(ln[:LOG_LINE_MAX])}")
             sys.stdout.flush()
 
         while True:
@@ -219,10 +220,9 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
                     show(h, text)
                     offsets[h] = size
                     continue
-                done, _, partial = text.rpartition("\n")       # an unterminated last line waits for its end
-                if done or text.endswith("\n"):
-                    show(h, done + "\n")
-                offsets[h] = size - len(partial.encode("utf-8", "surrogateescape"))
+                offsets[h], whole = follow_offset(offsets[h], text.encode("utf-8", "surrogateescape"))
+                if whole:
+                    show(h, whole.decode("utf-8", "surrogateescape"))
             if not follow:
                 return
             time.sleep(interval)

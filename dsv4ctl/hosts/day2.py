@@ -77,14 +77,33 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
     return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last, ver)
 
 
+#: Bytes one follow read (``logs -f``) takes at most; the rest comes with the next reads.
+LOG_CHUNK_MAX = 4 << 20
+
+
 def log_read_command(p: Paths, group: str, offset: int | None, lines: int) -> str:
     """Shell: print the size S of the group's log, then its last ``lines`` lines (``offset``
-    None), or exactly the bytes [offset, S) — bytes written after S are read next time, never
-    twice. Both service backends append to ``logs/<group>.log``."""
+    None; each cut to :data:`dsv4ctl.hosts.service.LOG_LINE_MAX` bytes on the host), or the bytes
+    [offset, min(S, offset + LOG_CHUNK_MAX)) — bytes not read now are read next time, never
+    twice (:func:`follow_offset`). Both service backends append to ``logs/<group>.log``."""
+    from .service import LOG_LINE_MAX
     lf = q(p.logfile(group))
-    body = (f"tail -n {int(lines)} {lf}" if offset is None else
-            f"tail -c +{int(offset) + 1} {lf} | head -c $((s - {int(offset)}))")
+    off = int(offset or 0)
+    body = (f"tail -n {int(lines)} {lf} | cut -b1-{LOG_LINE_MAX}" if offset is None else
+            f"n=$((s - {off})); [ $n -gt {LOG_CHUNK_MAX} ] && n={LOG_CHUNK_MAX}; tail -c +{off + 1} {lf} | head -c $n")
     return f"if [ -f {lf} ]; then s=$(wc -c < {lf}); echo $s; {body}; else echo -1; fi"
+
+
+def follow_offset(offset: int, chunk: bytes) -> tuple[int, bytes]:
+    """(next offset, the complete lines of ``chunk`` to show) after a follow read at ``offset``:
+    an unterminated last line waits for its end, unless the chunk is a full LOG_CHUNK_MAX of one
+    line (a runaway line is shown in pieces rather than never)."""
+    done, nl, partial = chunk.rpartition(b"\n")
+    if not nl:
+        if len(chunk) >= LOG_CHUNK_MAX:
+            return offset + len(chunk), chunk + b"\n"
+        return offset, b""
+    return offset + len(done) + 1, done + b"\n"
 
 
 def parse_log_read(text: str) -> tuple[int, str]:

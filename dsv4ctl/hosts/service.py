@@ -162,11 +162,17 @@ def backend(kind: str, has_systemd: bool, stop_timeout: float = 10.0):
     return Launcher(stop_timeout)
 
 
+#: Bytes of one server log line that reach dsv4ctl (the host cuts longer lines): a runaway line
+#: of hundreds of MB must cost neither the host's awk nor this machine its memory.
+LOG_LINE_MAX = 16384
+
+
 def log_tail_cmd(p: Paths, group: str, n: int = 10) -> str:
-    """The last ``n`` lines of the group's log since its last start header."""
+    """The last ``n`` lines of the group's log since its last start header, each cut to
+    LOG_LINE_MAX bytes on the host."""
     lf = q(p.logfile(group))
-    return (f"[ -f {lf} ] && awk '/^=== dsv4ctl start /{{buf=\"\"; c=0}} {{lines[c++]=$0}} "
-            f"END{{s=c-{n}; if(s<0)s=0; for(i=s;i<c;i++) print lines[i]}}' {lf} || true")
+    return (f"[ -f {lf} ] && cut -b1-{LOG_LINE_MAX} {lf} | awk '/^=== dsv4ctl start /{{buf=\"\"; c=0}} "
+            f"{{lines[c++]=$0}} END{{s=c-{n}; if(s<0)s=0; for(i=s;i<c;i++) print lines[i]}}' || true")
 
 
 # -- restart in place (hicache --remote, runbook service.restart) ------------------------------
