@@ -347,3 +347,21 @@ def test_absurd_ratio_is_refused_without_a_plan_or_host_ram(site):
     r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill")
     assert r.code == 2 and "prefill.yaml: hicache-ratio: 1e+09 is over 100 (" in r.err and r.err.strip().endswith(
         "; pass --ratio"), r.err
+
+
+def test_a_held_lock_names_no_option_the_command_lacks(tmp_path):
+    """``hicache --remote`` / ``config set --remote`` have no --break-lock: the held-lock error
+    must not recommend it (deploy's does)."""
+    from tests.test_golden import LocalWorld
+    w = LocalWorld(tmp_path)
+    lock = w.roots["h0"] / ".lock"
+    lock.mkdir(parents=True)
+    (lock / "holder.json").write_text('{"who": "ops@ctl", "what": "deploy r1", "pid": 7, "since": "2026-12-03T09:00:00Z"}')
+    for argv in (["hicache", "off", str(w.profile), "-g", "prefill", "--remote"],
+                 ["config", "set", str(w.profile), "kv-canary=log", "-g", "prefill", "--remote"]):
+        r = run_cli(*argv, env=w.env)
+        assert r.code == 3, r.err
+        assert "held by ops@ctl (deploy r1, pid 7" in r.err and "try again when it is done" in r.err
+        assert "--break-lock" not in r.err
+    r = run_cli("deploy", str(w.profile), "--no-preflight", env=w.env)
+    assert r.code == 3 and "--break-lock" in r.err

@@ -117,7 +117,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     def log(s: str) -> None:
         if not as_json:
             print(f"dsv4ctl: {mask_secrets(scrub_all(s), secrets)}", file=sys.stderr, flush=True)
-    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log)
+    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log, offers_break_lock=False)
     if verbose and not dry_run:
         o.trace = lambda st: log("step " + st.line(True))
         o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")

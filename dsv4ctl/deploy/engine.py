@@ -93,7 +93,7 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
         r = run_host_step(site, st, timeout=120, check=False)
         p = site.paths[t.name]
         if r.code == LOCK_HELD_CODE:
-            raise held_error(t.name, p.lock, r.out, can_break=True)
+            raise held_error(t.name, p.lock, r.out, can_break=site.opts.offers_break_lock)
         if r.code != 0:
             raise t.fail(r, f"lock {p.lock}")
         return parse_facts(t.name, p.root, r.out)

@@ -24,6 +24,7 @@ class Options:
     accept_new_host_keys: bool = False
     health_timeout: float | None = None
     break_lock: bool = False
+    offers_break_lock: bool = True                  # the command has --break-lock (a held lock's hint names it)
     connect_timeout: float = 10.0
     host_timeout: float | None = 3600.0
     cache: Path | None = None
