@@ -10,7 +10,7 @@ import sys
 import typer
 
 from . import __version__
-from .errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError
+from .errors import EXIT_INTERRUPTED, EXIT_REMOTE, EXIT_USAGE, DsvError
 
 HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
         "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
@@ -167,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except SystemExit as e:  # pragma: no cover
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    except OSError as e:      # a local file the command could not use: one line, never a traceback
+        import errno
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        error_line(f"{where}{e.strerror or e}")
+        bad_input = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.EACCES, errno.ELOOP}
+        return EXIT_USAGE if e.errno in bad_input else EXIT_REMOTE
     except Exception as e:  # click usage errors; typer vendors click (typer._click), so no `import click`
         if isinstance(e, typer.Abort):
             error_line("aborted")

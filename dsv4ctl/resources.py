@@ -55,11 +55,21 @@ def shipped_profile_names() -> list[str]:
 
 
 def resolve_profile(arg: str | None) -> Path:
-    """A profile argument: None → the default, a shipped name (``dsv4-flash-8xb200-pd``), or a path."""
+    """A profile argument: None → the default, a shipped name (``dsv4-flash-8xb200-pd``), or a path.
+    InputError (exit 2) for a path with a component longer than NAME_MAX (255 bytes)."""
     if arg is None:
         return default_profile_path()
+    long = [c for c in arg.split("/") if len(os.fsencode(c)) > 255]
+    if long:
+        from .errors import InputError
+        raise InputError(f"profile path: a component of {len(os.fsencode(long[0]))} bytes "
+                         f"({long[0][:24]}…) is longer than file names may be (255)")
     p = Path(arg).expanduser()
-    if p.exists() or "/" in arg or arg.endswith((".yaml", ".yml")):
+    try:
+        exists = p.exists()
+    except (OSError, ValueError):
+        exists = False
+    if exists or "/" in arg or arg.endswith((".yaml", ".yml")):
         return p
     return shipped_dir("profiles") / f"{arg}.yaml"
 

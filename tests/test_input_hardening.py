@@ -353,3 +353,13 @@ def test_profile_env_nan(tmp_path):
                 "    serve_config: dsv4-flash-8xb200-pd/decode.yaml")
     assert one_error(plan(prof)) == (f"{prof}:{line_of(text, 'SGLANG_SWA_EVICTION_INTERVAL')}: "
                                      "groups[1].env.SGLANG_SWA_EVICTION_INTERVAL: must be a finite number, got nan")
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["config", "lint"], ["status"], ["deploy", "--dry-run"], ["verify"]])
+def test_an_overlong_path_component_is_one_line_exit_2(argv):
+    long = "p" * 300
+    for path in (f"{long}.yaml", f"/tmp/{long}/x.yaml"):
+        r = run_cli(*argv, path)
+        assert r.code == 2, (argv, r.err)
+        assert r.err.strip() == f"dsv4ctl: error: profile path: a component of {len(long) + 5 * path.startswith('p')} " \
+                                f"bytes ({'p' * 24}…) is longer than file names may be (255)", r.err
