@@ -31,21 +31,41 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 PY=$(command -v python3.11 || command -v python3)
-if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
-# pip's own exit status decides (this machine's pip prints a "Location ... is ignored" warning
-# per missing find-links folder: filtered from the output only)
-rc=0
-out=$(.venv/bin/pip install -q -e '.[test]' 2>&1) || rc=$?
-printf '%s\n' "$out" | grep -v -e '^WARNING: Location' -e '^$' >&2 || true
-[ "$rc" = 0 ] || { echo "test.sh: pip install -e '.[test]' failed (exit $rc)" >&2; exit "$rc"; }
-.venv/bin/python -c 'import dsv4ctl, pytest' >/dev/null
-
+t0=$(date +%s)
+# The three Python environments are independent: built side by side (each is idempotent; a
+# complete one is left as it is, so a second run of the same checkout starts pytest at once).
+setup_venv() {
+  if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
+  # pip's own exit status decides (this machine's pip prints a "Location ... is ignored" warning
+  # per missing find-links folder: filtered from the output only)
+  local rc=0 out
+  out=$(.venv/bin/pip install -q -e '.[test]' 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -v -e '^WARNING: Location' -e '^$' >&2 || true
+  [ "$rc" = 0 ] || { echo "test.sh: pip install -e '.[test]' failed (exit $rc)" >&2; return "$rc"; }
+  .venv/bin/python -c 'import dsv4ctl, pytest, xdist' >/dev/null
+}
+setup_venv & venv_pid=$!
+oracle_pid=""
 if [ -z "${DSV4CTL_SKIP_ORACLE:-}" ]; then
-  bash scripts/oracle-env.sh
+  bash scripts/oracle-env.sh & oracle_pid=$!
 fi
 # the real PD gateways (sglang-router 0.3.2, smg 1.13.0) for tests/test_gateway.py and the PD
 # promote tests; without the registry the script fails and those tests skip, saying why
+router_pid=""
 if [ -z "${DSV4CTL_SKIP_ROUTER:-}" ]; then
-  bash scripts/router-env.sh || echo "test.sh: .venv-router not built: the gateway tests will skip" >&2
+  bash scripts/router-env.sh & router_pid=$!
 fi
-exec .venv/bin/python -m pytest "$@"
+wait "$venv_pid" || exit $?
+if [ -n "$oracle_pid" ]; then wait "$oracle_pid" || exit $?; fi
+if [ -n "$router_pid" ]; then
+  wait "$router_pid" || echo "test.sh: .venv-router not built: the gateway tests will skip" >&2
+fi
+echo "test.sh: set-up took $(( $(date +%s) - t0 )) s" >&2
+
+# Parallel workers (pytest-xdist; docs/testing.md): most of the suite waits on real servers,
+# sshd hosts and subprocesses, so 4 workers keep 2 cores busy. DSV4CTL_TEST_WORKERS=0 runs in
+# this process; each worker has its own loopback addresses (tests/conftest.py: loopback).
+workers=${DSV4CTL_TEST_WORKERS:-4}
+par=()
+if [ "$workers" != 0 ]; then par=(-n "$workers" --dist worksteal); fi
+exec .venv/bin/python -m pytest "${par[@]}" --durations=25 "$@"

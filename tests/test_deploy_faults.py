@@ -161,13 +161,15 @@ def test_interrupt_during_activation_rolls_back(world):
     all_on(w, a)
     for h in w.roots:
         assert os.readlink(w.roots[h] / "releases" / a / ".." / ".." / "current") == f"releases/{a}"
-        assert w.state(h)["releases"][b]["state"] == "failed"
+        # an interrupt is not a verdict: recorded as interrupted, the release not marked failed
+        rec = w.state(h)["releases"][b]
+        assert rec["state"] == "pushed" and rec["interrupted_during"] == "activation" and rec["interrupted_at"]
         assert w.audit(h)[-1]["result"] == "interrupted"
         assert not (w.roots[h] / ".lock").exists()
     assert wait_for(lambda: http_status(f"http://{w.hosts[1].address}:{w.ports['decode']}/health") == 200, timeout=30)
-    # the interrupted release is never chosen by rollback, and deploying it again works once fixed
+    # the interrupted release is never chosen by a bare rollback (it never passed a gate: not good)
     code, out, err = run(w, "releases", "--json")
-    assert {x["id"]: x["state"] for x in json.loads(out)["hosts"]["h1"]["releases"]} == {a: "active", b: "failed"}
+    assert {x["id"]: x["state"] for x in json.loads(out)["hosts"]["h1"]["releases"]} == {a: "active", b: "pushed"}
 
 
 def signal_after(p: subprocess.Popen, needle: str, count: int = 1, delay: float = 0.0,

@@ -312,7 +312,8 @@ def test_sigterm_during_check_load_puts_the_canary_back(world):
     assert w.currents() == {"h0": good, "h1": good}
     bad = next(x.name for x in (w.cache / "releases").iterdir() if x.name.startswith("r") and x.name != good)
     assert starts(w, "h0", "a")[-1] == good and starts(w, "h1", "b") == [good]
-    assert w.state("h0")["releases"][bad]["state"] == "failed"
+    rec = w.state("h0")["releases"][bad]       # an interrupt is not a verdict: not failed, never good
+    assert rec["state"] not in ("failed", "good") and rec["interrupted_during"] == "promotion", rec
     assert w.audit("h0")[-1]["result"] == "interrupted"
     assert not (w.roots["h0"] / ".lock").exists()
     # the check child did not outlive the run

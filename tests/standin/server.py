@@ -480,9 +480,16 @@ def make_app(state: StandIn) -> web.Application:
             had_calls = False
             k = state.stream_interval
             steps = range(0, max(len(ids), 1), k)
+            # paced against the clock: token i is due itl * (i + 1) after the first. One
+            # asyncio.sleep per token would wait at least the event loop's 1 ms epoll tick
+            # (--itl-ms 0.1 became ~1 ms a token: 80 ms a turn instead of 8), so a delay under
+            # a millisecond only yields and is made up by the next real sleep.
+            loop = asyncio.get_running_loop()
+            t_first = loop.time()
             for i in steps:
                 group = ids[i:i + k]
-                await asyncio.sleep(state.itl * len(group))
+                delay = t_first + state.itl * (i + len(group)) - loop.time()
+                await asyncio.sleep(delay if delay >= 0.001 else 0)
                 last = i + k >= len(ids)
                 # token_output_sse_chunks (chat_encoding_adapters.py): reasoning, content, then one
                 # chunk per tool-call piece; the first piece of a call carries its id and name
