@@ -67,5 +67,5 @@ echo "test.sh: set-up took $(( $(date +%s) - t0 )) s" >&2
 # this process; each worker has its own loopback addresses (tests/conftest.py: loopback).
 workers=${DSV4CTL_TEST_WORKERS:-4}
 par=()
-if [ "$workers" != 0 ]; then par=(-n "$workers" --dist worksteal); fi
+if [ "$workers" != 0 ]; then par=(-n "$workers" --dist loadscope --no-loadscope-reorder); fi
 exec .venv/bin/python -m pytest "${par[@]}" --durations=25 "$@"

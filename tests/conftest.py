@@ -79,3 +79,30 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     with open(_CPU_LOG, "a") as f:
         f.write(f"{item.nodeid}\t{cpu() - c0:.2f}\t{time.monotonic() - t0:.2f}\n")
+
+
+# -- scheduling: the longest modules first ---------------------------------------------------------
+
+_DURATIONS = REPO / "tests" / "data" / "durations.json"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Longest modules first. ``tests/data/durations.json`` holds seconds per test id of a recorded
+    run (tests over 1 s); a module weighs the sum of its tests. scripts/test.sh runs pytest-xdist
+    with ``--dist loadscope --no-loadscope-reorder``: a module is one unit of work (its module- and
+    session-scoped fixtures — the SGLang CPU oracle, stand-in servers, a booted systemd, a built
+    wheel — are set up on one worker only) and each idle worker takes the next module in this
+    order: longest-processing-time-first, so the long waits overlap at the start instead of one
+    worker finishing alone at the end. (``--dist loadgroup`` would allow finer groups, but
+    pytest-xdist 3.8 cannot rename node ids under pytest 9, so its groups are silently ignored.)
+    Refresh the file with ``python -m tests.durations FILE`` after a ``DSV4CTL_TEST_CPU=FILE`` run."""
+    try:
+        known = json.loads(_DURATIONS.read_text())
+    except (OSError, ValueError):
+        known = {}
+    weight: dict[str, float] = {}
+    for it in items:
+        m = it.nodeid.split("::", 1)[0]
+        weight[m] = weight.get(m, 0.0) + known.get(it.nodeid, 0.0)
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (-weight[it.nodeid.split("::", 1)[0]], it.nodeid.split("::", 1)[0], order[id(it)]))

@@ -266,7 +266,8 @@ def test_step_durations_in_report_and_run_log(world, tmp_path):
         assert sum(s["duration_s"] for s in mine) < min(wall, rep["seconds"])
         push = rep["hosts"][h]["push"]
         assert 0 <= push["transfer_seconds"] and 0 <= push["verify_seconds"]
-        assert push["transfer_seconds"] + push["verify_seconds"] <= push["seconds"]
+        # each figure is rounded to the millisecond: their sum may pass the rounded total by 1 ms
+        assert push["transfer_seconds"] + push["verify_seconds"] <= push["seconds"] + 0.0015
     log = json.loads((tmp_path / "state" / "runs.jsonl").read_text().splitlines()[-1])
     assert sorted((s["phase"], s["host"], s["duration_s"]) for s in log["steps"]) == \
         sorted((s["phase"], s["host"], s["duration_s"]) for s in steps)

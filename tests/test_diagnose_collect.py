@@ -73,3 +73,10 @@ def test_summarize_diagnosis_for_conditions():
     ok = summarize_diagnosis({"ok": True, "groups": {"p": {"alive": True, "health": "ok"}},
                               "findings": [f("healthy", None, "ok")]})
     assert (ok["healthy"], ok["rule"], ok["runbook"], ok["down"]) == (True, "healthy", None, False)
+
+
+def test_since_filter_skips_stamps_that_are_no_date():
+    log = "[2026-13-45 99:99:99] garbage\n[2026-12-01 10:00:00] real\nafter\n"
+    assert since_filter(log, datetime(2026, 11, 1, tzinfo=timezone.utc)) == "[2026-12-01 10:00:00] real\nafter\n"
+    assert since_filter("[2026-13-45 99:99:99] only garbage\n", datetime(2026, 11, 1, tzinfo=timezone.utc)) \
+        == "[2026-13-45 99:99:99] only garbage\n"

@@ -55,7 +55,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, loopback, worker_index
 from tests.sshd.world import git, make_patch, make_tree
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
@@ -132,6 +132,8 @@ class Normaliser:
 
     def __init__(self, tmp: Path | None = None):
         self.literals: dict[str, str] = {str(REPO): "<REPO>", sys.executable: "<PYTHON>"}
+        if worker_index():         # golden files name the addresses of a run without xdist
+            self.literals.update({loopback(n): f"127.0.0.{n}" for n in (2, 3, 4)})
         if tmp is not None:
             t = str(tmp)
             self.literals[t] = "<TMP>"
@@ -273,7 +275,9 @@ def test_hicache_on_dry_run_after_off(profile_copy, cache_env):
 STANDIN = f"env PYTHONPATH={REPO} {{python}} -m tests.sshd.standin_sglang"
 SERVE = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "deepseek-v4-flash",
          "host": "0.0.0.0", "tp-size": 8, "reasoning-parser": "deepseek-v4", "tool-call-parser": "deepseekv4"}
-ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+# this xdist worker's loopback addresses (127.0.W.n; 127.0.0.n without xdist): servers that two
+# workers start at once never share an address, so fixed ports (the PD bootstrap port) cannot clash
+ADDRESSES = (loopback(2), loopback(3), loopback(4))
 
 
 def free_port(address: str) -> int:
@@ -418,7 +422,7 @@ def test_promote_dry_run_nothing_deployed(fresh):
 def test_deploy_dry_run_ipv6_address(tmp_path):
     """The decode host's address is an IPv6 literal (only URLs and launch commands use it); the
     router uses the built-in launch template, so its ``--prefill``/``--decode`` URLs are dsv4ctl's."""
-    w = LocalWorld(tmp_path, addresses=("127.0.0.2", "::1", "127.0.0.4"), standin_router=False)
+    w = LocalWorld(tmp_path, addresses=(loopback(2), "::1", loopback(4)), standin_router=False)
     r = w.cli("deploy", "--dry-run", "--json")
     golden("deploy_dry_run_ipv6_address", r, w.norm().release(r.json()["release"], "new"), 0)
 

@@ -40,3 +40,11 @@ def test_command_is_read_only_and_runs_without_nvidia_smi(tmp_path):
     assert "--query-gpu=index,uuid,name,memory.total" in cmd and "--query-compute-apps=" in cmd
     out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, env={"PATH": str(tmp_path)})
     assert out.returncode == 0 and out.stdout.strip() == "@error nvidia-smi not found"
+
+
+def test_nan_infinite_and_absurd_fields_are_unknown_not_a_traceback():
+    head = "@gpus\nindex, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB]\n"
+    g = parse_gpus(head + "0, GPU-1, H200, nan MiB, 1e400 MiB, 99999999999999999999 MiB\n")[0]
+    assert (g.index, g.total_mib, g.used_mib, g.free_mib) == (0, None, None, None)
+    with pytest.raises(GpuFactError, match="unreadable nvidia-smi row"):
+        parse_gpus(head + "99999999999999999999999, GPU-2, H200, 1 MiB, 1 MiB, 1 MiB\n")

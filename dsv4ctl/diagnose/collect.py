@@ -119,8 +119,11 @@ def since_filter(log: str, since: Optional[datetime]) -> str:
         m = _TS.search(ln)
         if not m:
             continue
+        try:
+            t = datetime.fromisoformat(f"{m[1]}T{m[2]}+00:00")
+        except ValueError:          # a stamp-shaped field that is no date (month 13): unstamped
+            continue
         stamped = True
-        t = datetime.fromisoformat(f"{m[1]}T{m[2]}+00:00")
         if t >= since:
             return "\n".join(lines[i:]) + "\n"
     return "" if stamped else log

@@ -70,8 +70,14 @@ def gpus_command() -> str:
             f"echo @apps; nvidia-smi --query-compute-apps={aq} --format=csv 2>&1 || true; fi")
 
 
+#: Largest number a GPU field may hold (MiB, %, W): a field beyond it is unreadable, not a fact.
+_FIELD_MAX = 1e9
+
+
 def _num(text: str, kind=float):
-    """'143771 MiB' -> 143771; '[N/A]', '[Not Supported]', '' -> None."""
+    """'143771 MiB' -> 143771; '[N/A]', '[Not Supported]', '', NaN, infinities and values beyond
+    _FIELD_MAX (a broken driver's output) -> None."""
+    import math
     t = text.strip()
     if not t or t.startswith("[") or t.upper() in ("N/A", "NONE"):
         return None
@@ -79,6 +85,8 @@ def _num(text: str, kind=float):
     try:
         v = float(t)
     except ValueError:
+        return None
+    if not math.isfinite(v) or abs(v) > _FIELD_MAX:
         return None
     return int(v) if kind is int else v
 
@@ -113,6 +121,8 @@ def parse_gpus(text: str) -> list[Gpu]:
     for r in _rows(gpu_lines):
         try:
             idx = int(r["index"])
+            if not 0 <= idx < 4096:
+                raise ValueError
         except (KeyError, ValueError):
             raise GpuFactError(f"unreadable nvidia-smi row: {','.join(r.values())[:120]}") from None
         g = Gpu(index=idx, uuid=r.get("uuid", "").strip(), name=r.get("name", "").strip(),

@@ -75,6 +75,8 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
                     if t.api_key:         # a server may echo the request back: never show the key
                         text = text.replace(t.api_key, "***")
                     last = f"chat completion answered {r.status}: {text}"
+                    if r.status in (401, 403):     # a wrong or missing key: waiting cannot fix it
+                        return Failure(t.host, t.group, last)
         except Exception as e:
             last = f"chat completion: {type(e).__name__}: {e}"
             if t.api_key:

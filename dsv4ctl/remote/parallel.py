@@ -28,7 +28,7 @@ class HostResult:
 
 
 @contextlib.contextmanager
-def _interrupts_deferred():
+def interrupts_deferred():
     """Hold SIGINT/SIGTERM/SIGHUP back (main thread only) until the block ends, then act on the first
     one as its handler would (KeyboardInterrupt for Ctrl-C). Blocking the signal mask is not
     enough: another thread may take the signal, and Python still raises in the main thread."""
@@ -142,7 +142,7 @@ def run_parallel(transports: dict, fn: Callable[[Any], Any], *, timeout: float |
         try:
             # SIGINT/SIGTERM wait until every thread is started: a KeyboardInterrupt inside
             # Thread.start() can leave a started thread unknown here, or its lock held for good
-            with _interrupts_deferred():
+            with interrupts_deferred():
                 for n in names:
                     f: cf.Future = cf.Future()
                     futs[f] = n

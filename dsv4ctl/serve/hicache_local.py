@@ -180,18 +180,15 @@ def write_all(files: list[tuple[Path, str]], expect: dict | None = None) -> None
     profiles and serve configs) is never written: InputError (exit 2) naming ``dsv4ctl profile init``,
     nothing changed."""
     refuse_shipped([p for p, _ in files])
-    import signal
     # SIGINT/SIGTERM/SIGHUP wait until the files are all written or all put back (a few small local
-    # files: milliseconds); a signal that came meanwhile is delivered when the mask is restored
-    from ..signals import STOPPING
-    held = set(STOPPING)
+    # files: milliseconds) and are acted on afterwards. Their handlers are swapped, not the signal
+    # mask: with other threads alive (SSH transports) the kernel may hand a blocked signal to one of
+    # them and Python would still run the handler in the main thread, mid-write.
+    from ..remote.parallel import interrupts_deferred
     expect = {os.path.realpath(p): t for p, t in (expect or {}).items()}
     with _folder_locks([Path(os.path.realpath(p)).parent for p, _ in files]):
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-        try:
+        with interrupts_deferred():
             _write_all(files, expect)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
 @contextlib.contextmanager
