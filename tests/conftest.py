@@ -38,6 +38,20 @@ def loopback(n: int) -> str:
     return f"127.0.{worker_index()}.{n}"
 
 
+def mount_tmpfs(path: Path, size: str) -> None:
+    """Mount a tmpfs of ``size`` (``64k``, ``3m``) on the existing folder ``path`` (a small disk
+    to fill); the test skips where mounting is not allowed. Undo with :func:`umount`."""
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
+
+
+def umount(path: Path) -> None:
+    """Unmount ``path`` (lazily when it is still busy)."""
+    if subprocess.run(["umount", str(path)], capture_output=True).returncode:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, input: str | None = None,
             timeout: float = 120) -> Result:
     """Run ``dsv4ctl ARGS`` as a user would (a new process) and capture everything."""

@@ -19,6 +19,8 @@ from dsv4ctl.deploy.steps import close_cmd
 from dsv4ctl.hosts.layout import Paths
 from dsv4ctl.hosts.lock import holder, take_cmd
 from dsv4ctl.remote.ops import atomic_write_cmd
+from tests.conftest import mount_tmpfs, umount
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 
 PAGE = 4096
 
@@ -39,14 +41,12 @@ def tmpfs(tmp_path):
     """A 64 KiB tmpfs mounted on a test folder (skips where mount is not allowed)."""
     d = tmp_path / "fs"
     d.mkdir()
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True, text=True)
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
+    mount_tmpfs(d, "64k")
 
     try:
         yield d
     finally:
-        subprocess.run(["umount", str(d)], capture_output=True).returncode and subprocess.run(["umount", "-l", str(d)], capture_output=True)
+        umount(d)
 
 
 def sh(cmd: str, data: bytes = b"") -> subprocess.CompletedProcess:
@@ -124,9 +124,7 @@ def test_rollback_with_a_full_host_root(live_cluster, tmp_path, free_pages):
     w = World(live_cluster, tmp_path)
     root = w.roots["h3"]
     root.mkdir(parents=True)
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(root)], capture_output=True, text=True)
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
+    mount_tmpfs(root, "3m")
     try:
         code, out, err = run(w, "deploy", "--json")
         assert code == 0, err
@@ -154,7 +152,5 @@ def test_rollback_with_a_full_host_root(live_cluster, tmp_path, free_pages):
             assert set(w.currents().values()) <= {a, b}
     finally:
         w.stop_services()
-        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+        umount(root)
 
-
-from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: E402,F401
