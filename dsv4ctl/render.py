@@ -176,17 +176,21 @@ def console(stderr: bool = False):
 def error_line(message: str, label: str = "error") -> None:
     """Print ``dsv4ctl: <label>: <message>`` on stderr, one line (``label``: ``error``, or e.g.
     ``gate failed`` for a verdict, :attr:`dsv4ctl.errors.DsvError.label`)."""
-    print(f"dsv4ctl: {label}: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+    try:          # a hung-up terminal (EIO) or a closed pipe must not turn an error into a traceback
+        print(f"dsv4ctl: {label}: {printable(message.splitlines()[0]) if message else 'failed'}", file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + [0x7f]}
-_CONTROL.update({c: f"\\u{c:04x}" for c in range(0x80, 0xa0)})
+_CONTROL.update({c: f"\\u{c:04x}" for c in [*range(0x80, 0xa0), *range(0x202a, 0x202f), *range(0x2066, 0x206a)]})
 
 
 def printable(text: str) -> str:
     """``text`` with C0/C1 control characters (ESC, CSI, OSC, BEL, backspace, carriage return …;
-    tab and newline kept) written as ``\\xNN`` / ``\\uNNNN``, so text a server sent cannot move the
-    cursor, recolour or retitle the operator's terminal."""
+    tab and newline kept) and the bidirectional overrides/isolates (U+202A-202E, U+2066-2069)
+    written as ``\\xNN`` / ``\\uNNNN``, so text a server or host sent cannot move the cursor,
+    recolour or retitle the operator's terminal, nor reorder what it shows."""
     return text.translate(_CONTROL)
 
 

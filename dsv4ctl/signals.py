@@ -19,5 +19,36 @@ STOPPING: tuple[signal.Signals, ...] = (signal.SIGINT, *TERMINATING)
 
 
 def raise_interrupt(signum, frame):
-    """A signal handler: raise KeyboardInterrupt (handled exactly like Ctrl-C)."""
+    """A signal handler: raise KeyboardInterrupt (handled exactly like Ctrl-C). On SIGHUP the
+    terminal is gone: stdout/stderr that are terminals are pointed at /dev/null first, so the
+    clean-up's messages cannot fail with EIO and cut the clean-up short."""
+    if signum == signal.SIGHUP:
+        detach_terminal()
     raise KeyboardInterrupt
+
+
+def detach_terminal() -> None:
+    """Point file descriptors 1 and 2 at /dev/null where they are terminals (character devices
+    other than /dev/null itself); pipes and files are kept (a reader may still be there)."""
+    import os
+    import stat
+    import sys
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        dev_null = os.fstat(null).st_rdev
+        for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev != dev_null:
+                    try:
+                        stream.flush()
+                    except (OSError, ValueError):
+                        pass
+                    os.dup2(null, fd)
+            except OSError:
+                continue
+    finally:
+        os.close(null)

@@ -174,3 +174,11 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
     assert r.code == 1 and f"{host}/{group}: process not running" in r.err
     assert r.json()["hosts"][host]["groups"][group]["alive"] is False
+
+
+def test_error_lines_cannot_drive_the_terminal(capsys):
+    from dsv4ctl.render import error_line
+    error_line("h0: deploy lock held by mallory\x1b]0;PWNED\x07\x1b[2J\u202e (deploy r1)")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\u202e" not in err
+    assert err.startswith("dsv4ctl: error: h0: deploy lock held by mallory\\x1b]0;PWNED\\x07")

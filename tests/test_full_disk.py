@@ -19,7 +19,7 @@ from dsv4ctl.deploy.steps import close_cmd
 from dsv4ctl.hosts.layout import Paths
 from dsv4ctl.hosts.lock import holder, take_cmd
 from dsv4ctl.remote.ops import atomic_write_cmd
-from tests.conftest import mount_tmpfs, umount
+from tests.conftest import REPO as REPO_ROOT, mount_tmpfs, umount
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 
 PAGE = 4096
@@ -154,3 +154,56 @@ def test_rollback_with_a_full_host_root(live_cluster, tmp_path, free_pages):
         w.stop_services()
         umount(root)
 
+
+
+def test_a_lock_that_cannot_be_made_is_an_error_not_held(tmp_path):
+    """A file in the way of ``.lock`` (or no inodes, a read-only root): mkdir's error, exit 1 —
+    never 'held by unknown holder' (exit 75), which --break-lock could not clear."""
+    lock = tmp_path / ".lock"
+    lock.write_text("stray file")
+    r = sh(take_cmd(str(lock), holder("deploy", "tok1"), then="echo facts"))
+    assert r.returncode == 1 and b"facts" not in r.stdout and b"File exists" in r.stderr
+    lock.unlink()
+    lock.mkdir()
+    (lock / "holder.json").write_text('{"who": "x@y"}')
+    assert sh(take_cmd(str(lock), holder("deploy", "tok1"))).returncode == 75     # a real lock is held
+
+
+def test_atomic_write_through_a_symlink_keeps_the_targets_mode(tmp_path):
+    real = tmp_path / "real.yaml"
+    real.write_text("api-key: sk-1\n")
+    os.chmod(real, 0o600)
+    link = tmp_path / "link.yaml"
+    os.symlink(real, link)
+    assert sh(atomic_write_cmd(str(link)), b"api-key: sk-2\n").returncode == 0
+    assert oct(link.stat().st_mode & 0o777) == "0o600"          # not the link's own 0777
+
+
+def test_sighup_with_the_terminal_gone_lets_the_clean_up_print(tmp_path):
+    """The SSH session to the control machine closes: the terminal is hung up, every write to it
+    fails with EIO. The SIGHUP handler points stdout/stderr that are terminals at /dev/null, so the
+    clean-up's messages cannot cut the clean-up short (it used to exit 1 with a traceback)."""
+    import pty
+    import signal
+    import sys
+    import time
+    prog = ("import signal, sys, time\n"
+            "from dsv4ctl.signals import TERMINATING, raise_interrupt\n"
+            "for s in TERMINATING: signal.signal(s, raise_interrupt)\n"
+            "print('ready', flush=True)\n"
+            "try:\n    time.sleep(30)\n"
+            "except KeyboardInterrupt:\n"
+            "    for i in range(200): print('putting the hosts back', i, file=sys.stderr, flush=True)\n"
+            f"    open({str(tmp_path / 'done')!r}, 'w').write('cleaned up')\n"
+            "    sys.exit(130)\n")
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", prog], stdin=slave, stdout=slave, stderr=slave, cwd=str(REPO_ROOT))
+    os.close(slave)
+    buf = b""
+    while b"ready" not in buf:
+        buf += os.read(master, 100)
+    os.close(master)                     # the terminal goes away ...
+    time.sleep(0.2)
+    p.send_signal(signal.SIGHUP)         # ... and its session leader's hangup reaches dsv4ctl
+    assert p.wait(timeout=30) == 130
+    assert (tmp_path / "done").read_text() == "cleaned up"

@@ -134,3 +134,10 @@ def test_ordinary_serve_configs_are_still_cached(cache):
     doc.write_text("max-total-tokens: 100000\nmax-prefill-tokens: 8192\nport: 30000\n")
     yamlpos.load_yaml(doc)
     assert len(list((c / "yaml").iterdir())) == 1
+
+
+def test_a_secret_flag_spelled_with_a_yaml_escape_is_not_stored(cache):
+    c, doc = cache
+    doc.write_text('deploy:\n  launch: "python -m sglang.launch_server --api\\x2dkey sk-live-Zq81 --config {config}"\n')
+    assert yamlpos.load_yaml(doc)[0]["deploy"]["launch"].count("--api-key sk-live-Zq81") == 1
+    assert not (c / "yaml").exists() or list((c / "yaml").iterdir()) == []

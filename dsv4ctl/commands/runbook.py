@@ -264,7 +264,8 @@ class _signals_as_interrupt:
 
     @staticmethod
     def _raise(signum, frame):
-        raise KeyboardInterrupt
+        from ..signals import raise_interrupt
+        raise_interrupt(signum, frame)
 
     def __exit__(self, *exc):
         import signal

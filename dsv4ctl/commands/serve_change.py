@@ -67,6 +67,8 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
+        from .deploy import _sigterm_as_interrupt
+        _sigterm_as_interrupt()        # SIGTERM/SIGHUP: the files are all written first, then exit 130
         write_all([(e.path, e.new) for e in changed], expect={e.path: e.old for e in changed})
     if as_json:
         out(dump_json(dict(schema=schema, **doc, profile=prof.name, dry_run=dry_run,

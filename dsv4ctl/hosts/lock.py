@@ -53,13 +53,16 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
 def take_cmd(lock: str, holder_doc: dict, then: str = "") -> str:
     """Shell: take ``lock`` (write ``holder.json``; its ``since`` is the host's clock) and run
     ``then``; when held, print the holder and exit LOCK_HELD_CODE; when ``holder.json`` cannot be
-    written, remove the lock again and exit 1."""
+    written, remove the lock again and exit 1; when the lock folder cannot be made for another
+    reason than an existing lock, exit 1 with mkdir's error."""
     # a holder.json that cannot be written (full disk) gives the lock back at once: a lock
     # without its token could never be released by this run
+    # a mkdir that fails for another reason than an existing lock folder (no inodes, a read-only
+    # root, a file in the way) is that error (exit 1), never "held"
     return (f"if mkdir {q(lock)} 2>/dev/null; then {stamped_json_cmd(holder_doc, key='since')} > "
             f"{q(lock + '/holder.json')} || {{ rm -rf {q(lock)}; exit 1; }}; "
-            f"else cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
-            f"exit {LOCK_HELD_CODE}; fi" + (f"; {then}" if then else ""))
+            f"elif [ -d {q(lock)} ] && [ ! -L {q(lock)} ]; then cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
+            f"exit {LOCK_HELD_CODE}; else mkdir {q(lock)}; exit 1; fi" + (f"; {then}" if then else ""))
 
 
 def held_cmd(lock: str) -> str:

@@ -237,13 +237,27 @@ def _trusted_dir(create: bool) -> int | None:
             os.close(fd)
 
 
-def _may_hold_secret(text: str) -> bool:
+def _may_hold_secret(text: str, data: Any = None) -> bool:
     """True when any word of ``text`` (keys, ``--flags`` in launch templates, words in comments)
+    or of a string in its parsed ``data`` (a flag spelled with a YAML escape, ``--api\\x2dkey``)
     is secret-looking by :func:`dsv4ctl.profile.secrets.is_secret_key`: such a document is never
     cached, whatever its parsed values hold."""
     import re
     from .secrets import is_secret_key
-    return any(is_secret_key(w) for w in set(re.findall(r"[A-Za-z0-9_.-]{3,}", text)))
+    words = set(re.findall(r"[A-Za-z0-9_.-]{3,}", text))
+
+    def walk(x) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(k)
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, str):
+            words.update(re.findall(r"[A-Za-z0-9_.-]{3,}", x))
+    walk(data)
+    return any(is_secret_key(w) for w in words)
 
 
 def _jsonable(x: Any) -> bool:
@@ -301,7 +315,7 @@ def _cache_put(text: str, data: Any, pos: Positions) -> None:
     O_NOFOLLOW under a random name and renamed in place (a planted link is never written through)."""
     import secrets as _rnd
     from .secrets import secret_strings
-    if len(text) > MAX_CACHED_TEXT or not _jsonable(data) or _may_hold_secret(text) or secret_strings(data) or not all(
+    if len(text) > MAX_CACHED_TEXT or not _jsonable(data) or _may_hold_secret(text, data) or secret_strings(data) or not all(
             isinstance(k, (str, int)) and not isinstance(k, bool) for p in pos.lines for k in p):
         return
     d = _trusted_dir(create=True)

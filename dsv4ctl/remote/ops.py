@@ -72,12 +72,13 @@ def atomic_write_cmd(path: str, mode: int | None = None, like: str | None = None
     else:                         # keep the mode of ``like`` (default: the file being replaced)
         ref = q(like or path)
         # GNU and busybox stat; when the mode cannot be read, fail closed (0600), never wider
-        perm = (f"if [ -e {ref} ]; then m=$(stat -c %a {ref} 2>/dev/null) || m=600; chmod \"$m\" \"$t\"; "
+        # (-L: the mode of a symlink's target, never the link's own 0777)
+        perm = (f"if [ -e {ref} ]; then m=$(stat -L -c %a {ref} 2>/dev/null) || m=600; chmod \"$m\" \"$t\"; "
                 f"else chmod 644 \"$t\"; fi")
-    # fsync: coreutils sync FILE (>= 8.24) reports EIO/ENOSPC; where it takes no file, a global sync
+    # fsync: coreutils sync FILE (>= 8.24) reports EIO/ENOSPC of the write-back: a failure stops the write
     return (f"(mkdir -p {q(d)} && t=$(mktemp {q(path)}.tmp.XXXXXX) || exit 1; "
             f"trap 'rm -f \"$t\"' EXIT; cat > \"$t\" && {{ {perm}; }} && "
-            f"{{ sync \"$t\" 2>/dev/null || sync; }} && mv -f \"$t\" {q(path)} && trap - EXIT)")
+            f"sync \"$t\" && mv -f \"$t\" {q(path)} && trap - EXIT)")
 
 
 def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int | None = None,
