@@ -18,7 +18,7 @@ import pytest
 from dsv4ctl.deploy.steps import close_cmd
 from dsv4ctl.hosts.layout import Paths
 from dsv4ctl.hosts.lock import holder, take_cmd
-from dsv4ctl.remote.ops import atomic_write_cmd
+from dsv4ctl.remote.ops import atomic_write_cmd as _atomic_write_cmd, framed
 from tests.conftest import REPO as REPO_ROOT, mount_tmpfs, umount
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 
@@ -53,28 +53,34 @@ def sh(cmd: str, data: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run(["/bin/sh", "-c", cmd], input=data, capture_output=True, timeout=30)
 
 
+def atomic_write_cmd(path: str, **kw) -> str:
+    """The command as a close step builds it: the expected size and sha256 on stdin
+    (:func:`framed`), so the data below go through :func:`framed`."""
+    return _atomic_write_cmd(path, size=None, **kw)
+
+
 def test_atomic_write_on_a_full_disk_keeps_the_old_file(tmpfs):
     path = tmpfs / "state.json"
     path.write_text('{"old": true}\n')
     os.chmod(path, 0o600)
     fill(tmpfs)
-    r = sh(atomic_write_cmd(str(path)), b'{"new": true}\n' * 500)
+    r = sh(atomic_write_cmd(str(path)), framed(b'{"new": true}\n' * 500))
     assert r.returncode != 0
     assert path.read_text() == '{"old": true}\n'
     assert sorted(p.name for p in tmpfs.iterdir()) == [".filler", "state.json"]   # no temp file left
     # the same command composed into an && list (as close_cmd does) still fails
-    r = sh(f"true && {atomic_write_cmd(str(path))} && echo next", b"x" * 20000)
+    r = sh(f"true && {atomic_write_cmd(str(path))} && echo next", framed(b"x" * 20000))
     assert r.returncode != 0 and b"next" not in r.stdout
     assert path.read_text() == '{"old": true}\n'
 
 
 def test_atomic_write_with_room_replaces_and_keeps_the_mode(tmpfs):
     path = tmpfs / "sub" / "state.json"
-    r = sh(atomic_write_cmd(str(path)), b"first\n")
+    r = sh(atomic_write_cmd(str(path)), framed(b"first\n"))
     assert r.returncode == 0, r.stderr
     assert path.read_bytes() == b"first\n" and oct(path.stat().st_mode & 0o777) == "0o644"
     os.chmod(path, 0o600)
-    assert sh(atomic_write_cmd(str(path)), b"second\n").returncode == 0
+    assert sh(atomic_write_cmd(str(path)), framed(b"second\n")).returncode == 0
     assert path.read_bytes() == b"second\n" and oct(path.stat().st_mode & 0o777) == "0o600"
 
 
@@ -93,7 +99,7 @@ def test_close_on_a_full_disk_keeps_state_and_unlocks(tmpfs):
     assert (tmpfs / ".lock" / "holder.json").exists()
     fill(tmpfs)
     site = SimpleNamespace(paths={"h": p}, token="tok123")
-    r = sh(close_cmd(site, "h", {"action": "rollback", "result": "ok"}, [], None), b'{"releases": {"x": {}}}\n' * 300)
+    r = sh(close_cmd(site, "h", {"action": "rollback", "result": "ok"}, [], None), framed(b'{"releases": {"x": {}}}\n' * 300))
     assert r.returncode != 0
     assert json.loads((tmpfs / "state.json").read_text()) == {"releases": {}}
     assert not (tmpfs / ".lock").exists()
@@ -104,7 +110,7 @@ def test_close_with_room_records_and_unlocks(tmpfs):
     p = Paths(str(tmpfs))
     assert sh(take_cmd(p.lock, holder("deploy", "tok9"))).returncode == 0
     site = SimpleNamespace(paths={"h": p}, token="tok9")
-    r = sh(close_cmd(site, "h", {"action": "deploy", "result": "ok"}, [], None), b'{"releases": {"y": {}}}\n')
+    r = sh(close_cmd(site, "h", {"action": "deploy", "result": "ok"}, [], None), framed(b'{"releases": {"y": {}}}\n'))
     assert r.returncode == 0, r.stderr
     assert json.loads((tmpfs / "state.json").read_text()) == {"releases": {"y": {}}}
     assert json.loads((tmpfs / "audit.jsonl").read_text())["action"] == "deploy"
@@ -175,7 +181,7 @@ def test_atomic_write_through_a_symlink_keeps_the_targets_mode(tmp_path):
     os.chmod(real, 0o600)
     link = tmp_path / "link.yaml"
     os.symlink(real, link)
-    assert sh(atomic_write_cmd(str(link)), b"api-key: sk-2\n").returncode == 0
+    assert sh(atomic_write_cmd(str(link)), framed(b"api-key: sk-2\n")).returncode == 0
     assert oct(link.stat().st_mode & 0o777) == "0o600"          # not the link's own 0777
 
 

@@ -29,6 +29,7 @@ from ..hosts.lock import LOCK_HELD_CODE, held_error, holder_text, release_cmd
 from ..hosts.service import backend, log_tail_cmd
 from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
+from ..remote.ops import framed
 from .push import kill_rsyncs, push_host, rsync_user_args
 from .release import Release, build_release, private_groups, launch_spec, release_id, release_inputs, resolve_base, sha256_file
 from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
@@ -321,7 +322,7 @@ def run_close(site: Site, steps: list[Step]) -> dict[str, list[str]]:
         for r in st.extra.get("prune", []):
             f.releases.pop(r, None)
             f.state.get("releases", {}).pop(r, None)
-        run_host_step(site, st, input=state_doc(f), timeout=900)
+        run_host_step(site, st, input=framed(state_doc(f)), timeout=900)
         return st.extra.get("prune", [])
     res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=960)
     for h, r in res.items():

@@ -276,8 +276,9 @@ def incoming_rm(p: Paths, rid: str) -> str:
 
 def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: str | None) -> str:
     """Shell: remove ``cleanup``'s incoming folders, delete the ``prune`` releases, write
-    state.json from stdin (atomic), append ``record`` to the audit log, then drop this run's lock
-    whatever failed before; exits with the first failure's status (the old state.json intact)."""
+    state.json from stdin (atomic; :func:`dsv4ctl.remote.ops.framed`: a cut stream is refused),
+    append ``record`` to the audit log, then drop this run's lock whatever failed before; exits
+    with the first failure's status (the old state.json intact)."""
     p = site.paths[host]
     parts = []
     if cleanup:
@@ -285,7 +286,7 @@ def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: st
     for r in prune:
         trash = p.releases + "/.trash-" + r
         parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
-    parts.append(atomic_write_cmd(p.state))
+    parts.append(atomic_write_cmd(p.state, size=None))     # stdin: framed(state document)
     parts.append(append_cmd(p.audit, record))
     # the lock is released whatever failed before (a full disk must not leave the host locked);
     # the exit status is the first failure's
