@@ -30,6 +30,18 @@ def test_parse_status_and_audit_with_data():
     assert "@alive g yes" in status_command("/srv", ["g"], "launcher", False)
 
 
+def test_a_torn_audit_line_does_not_swallow_the_next_record():
+    """Before appends started on a fresh line, a record appended after a torn one joined its
+    line: the torn part is unreadable, the record after it is read; deep nesting is unreadable."""
+    torn = '{"ts":"2026-12-01T00:00:01Z","who":"a@b","host":"h0","action":"deploy","res'
+    whole = '{"ts":"2026-12-01T00:00:02Z","who":"a@b","host":"h0","action":"rollback","result":"ok"}'
+    recs = parse_audit("h0", f"{torn}{whole}\n{torn}\n{whole}\n" + "[" * 100000 + "\n")
+    assert [(r["action"], r.get("unreadable")) for r in recs] == [
+        ("?", torn), ("rollback", None), ("?", torn), ("rollback", None), ("?", "[" * 200)]
+    assert recs[1] == json.loads(whole)
+    assert [r["action"] for r in merge_audit({"h0": recs}, since="2026-12-01T00:00:02Z")] == ["rollback", "rollback"]
+
+
 @pytest.mark.parametrize("argv", [["deploy"], ["rollback"], ["releases"], ["promote", "r0123456789ab"], ["status"],
                                   ["logs", "decode"], ["audit"], ["hicache", "off"], ["hicache", "on"]])
 def test_host_acting_commands_need_an_explicit_profile(argv):

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from dsv4ctl.deploy.steps import close_cmd
+from dsv4ctl.hosts.day2 import parse_audit
 from dsv4ctl.hosts.layout import Paths
 from dsv4ctl.hosts.lock import holder, take_cmd
 from dsv4ctl.remote.ops import atomic_write_cmd as _atomic_write_cmd, framed
@@ -115,6 +116,55 @@ def test_close_with_room_records_and_unlocks(tmpfs):
     assert json.loads((tmpfs / "state.json").read_text()) == {"releases": {"y": {}}}
     assert json.loads((tmpfs / "audit.jsonl").read_text())["action"] == "deploy"
     assert not (tmpfs / ".lock").exists()
+
+
+def test_close_on_a_near_full_disk_audits_before_the_state(tmpfs):
+    """Room for one more page: the audit record takes it (whole, on its own line), state.json
+    then cannot be written (the old one stays), the exit status says so, the lock is released.
+    (The state used to be written first and the audit line torn by the full disk.)"""
+    p = Paths(str(tmpfs))
+    audit = tmpfs / "audit.jsonl"
+    first = json.dumps({"ts": "2026-12-01T00:00:00Z", "action": "deploy", "result": "ok"}, separators=(",", ":"))
+    audit.write_text(first + "\n" + "x" * (PAGE - len(first) - 2 - 40) + "\n")   # 40 bytes left in its last page
+    assert sh(take_cmd(p.lock, holder("deploy", "tok7"))).returncode == 0
+    fill(tmpfs, free_pages=1)
+    site = SimpleNamespace(paths={"h": p}, token="tok7")
+    r = sh(close_cmd(site, "h", {"action": "rollback", "result": "ok", "detail": "d" * 300}, [], None),
+           framed(b'{"releases": {"x": {}}}\n' * 100))        # one page: it would fit alone
+    assert r.returncode != 0
+    assert not (tmpfs / "state.json").exists()
+    recs = parse_audit("h", audit.read_text())
+    assert [(x["action"], x.get("detail")) for x in recs] == [("deploy", None), ("?", None), ("rollback", "d" * 300)]
+    assert not (tmpfs / ".lock").exists()
+
+
+def test_an_append_after_a_torn_line_starts_on_a_fresh_line(tmpfs):
+    """A full disk tears an audit line (its exit status says so); once there is room again the
+    next record is a line of its own: the torn line is unreadable, nothing after it is lost."""
+    from dsv4ctl.hosts.audit import append_cmd
+    from dsv4ctl.remote import LocalTransport, append_jsonl
+    from dsv4ctl.remote.ops import append_jsonl_cmd
+    audit = tmpfs / "audit.jsonl"
+    audit.write_text("a" * (PAGE - 11) + "\n")                            # 10 bytes left in its last page
+    fill(tmpfs)
+    r = sh(append_cmd(str(audit), {"action": "deploy", "result": "ok"}))
+    assert r.returncode != 0                                               # the failed append is an error
+    assert not audit.read_bytes().endswith(b"\n")                          # ... and tore the line
+    (tmpfs / ".filler").unlink()
+    assert sh(append_cmd(str(audit), {"action": "rollback", "result": "ok"})).returncode == 0
+    assert sh(append_jsonl_cmd(str(audit), {"ts": "t2", "action": "promote"})).returncode == 0
+    append_jsonl(LocalTransport("h"), str(audit), {"ts": "t3", "action": "runbook"})
+    recs = parse_audit("h", audit.read_text())
+    assert [x["action"] for x in recs] == ["?", "?", "rollback", "promote", "runbook"]
+    assert recs[1]["unreadable"].startswith('{"ts":"20') and len(recs[1]["unreadable"]) == 10
+    lines = audit.read_text().splitlines()
+    assert len(lines) == 5 and all(json.loads(x)["action"] for x in lines[2:])
+    # an appended file that ends in a newline gets none added; a new file starts at once
+    before = audit.read_bytes()
+    assert sh(append_jsonl_cmd(str(audit), {"n": 1})).returncode == 0
+    assert audit.read_bytes() == before + b'{"n":1}\n'
+    assert sh(append_jsonl_cmd(str(tmpfs / "new" / "a.jsonl"), {"n": 2})).returncode == 0
+    assert (tmpfs / "new" / "a.jsonl").read_bytes() == b'{"n":2}\n'
 
 
 # -- end to end: rollback onto a host whose root is full ---------------------------------------

@@ -13,8 +13,8 @@ A :class:`Step` is one thing done on one host (or one HTTP probe, or one local c
   new release's groups — one shell command;
 * ``gate``   ``GET /health`` of a worker, ``POST /v1/chat/completions`` through the router;
 * ``check``  a ``dsv4ctl check`` child (promote);
-* ``close``  prune, state.json (atomic; the document on stdin), one audit line (its ``ts`` is the
-  host's clock when it runs), unlock — one shell command.
+* ``close``  prune, one audit line (its ``ts`` is the host's clock when it runs), state.json
+  (atomic; the document on stdin), unlock — one shell command.
 
 Commands hold no value that changes between building and running (the audit time is taken on
 the host), so a run's executed commands are exactly its listed ones (tests/test_steps_equal.py)."""
@@ -275,10 +275,12 @@ def incoming_rm(p: Paths, rid: str) -> str:
 
 
 def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: str | None) -> str:
-    """Shell: remove ``cleanup``'s incoming folders, delete the ``prune`` releases, write
-    state.json from stdin (atomic; :func:`dsv4ctl.remote.ops.framed`: a cut stream is refused),
-    append ``record`` to the audit log, then drop this run's lock whatever failed before; exits
-    with the first failure's status (the old state.json intact)."""
+    """Shell: remove ``cleanup``'s incoming folders, delete the ``prune`` releases, then append
+    ``record`` to the audit log (first: a full disk must not leave a state.json that no audit line
+    explains) and write state.json from stdin (atomic; :func:`dsv4ctl.remote.ops.framed`: a cut
+    stream is refused) — each tried whatever the other did —, then drop this run's lock whatever
+    failed before. Exits with the first failure's status (a failed append included; a failed
+    write leaves the old state.json intact)."""
     p = site.paths[host]
     parts = []
     if cleanup:
@@ -286,11 +288,14 @@ def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: st
     for r in prune:
         trash = p.releases + "/.trash-" + r
         parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
-    parts.append(atomic_write_cmd(p.state, size=None))     # stdin: framed(state document)
-    parts.append(append_cmd(p.audit, record))
-    # the lock is released whatever failed before (a full disk must not leave the host locked);
-    # the exit status is the first failure's
-    return f"({{ {' && '.join(parts)}; }}; rc=$?; {release_cmd(p.lock, site.token)}; exit $rc)"
+    state = atomic_write_cmd(p.state, size=None)     # stdin: framed(state document)
+    audit = append_cmd(p.audit, record)
+    # the record and the state are written only when the clean-up and pruning worked (the state
+    # document on stdin drops the pruned releases); the lock is released whatever failed before
+    # (a full disk must not leave the host locked); the exit status is the first failure's
+    return (f"(rc=0; {{ {' && '.join(parts) or 'true'}; }} || rc=$?; "
+            f"if [ $rc -eq 0 ]; then {audit} || rc=$?; {state} || {{ s=$?; [ $rc -ne 0 ] || rc=$s; }}; fi; "
+            f"{release_cmd(p.lock, site.token)}; exit $rc)")
 
 
 def close_step(site: Site, host: str, record: dict, *, event: tuple | None = None, prune: list[str] = (),

@@ -11,6 +11,7 @@ import os
 import time
 
 from ..remote import q, who
+from ..remote.ops import fresh_line_cmd
 
 #: The host's UTC clock in :func:`now_iso`'s spelling (POSIX ``date``).
 HOST_NOW = "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -45,9 +46,12 @@ def stamped_json_cmd(doc: dict, key: str = "ts") -> str:
 
 def append_cmd(path: str, record: dict) -> str:
     """Shell: append ``record`` (an :func:`audit_record` without its ``ts``, or with it: the
-    host's time replaces it) as one line to the audit log ``path``; the folder is created."""
+    host's time replaces it) as one line to the audit log ``path``; the folder is created. A torn
+    last line (a full disk cut an earlier append) is ended first, so this record is a line of its
+    own (:func:`dsv4ctl.remote.ops.fresh_line_cmd`). Exit status non-zero when the line could
+    not be written whole."""
     d = os.path.dirname(path) or "."
-    return f"(mkdir -p {q(d)} && {stamped_json_cmd(record)} >> {q(path)})"
+    return f"(mkdir -p {q(d)} && {fresh_line_cmd(path)} && {stamped_json_cmd(record)} >> {q(path)})"
 
 
 def record_fields(host: str, action: str, result: str, detail: str = "", **extra) -> dict:

@@ -120,18 +120,46 @@ def audit_command(p: Paths) -> str:
     return f"cat {q(p.audit)} 2>/dev/null || true"
 
 
+#: Where a record begins: every audit record is one JSON object whose first key is ``ts``
+#: (:func:`dsv4ctl.hosts.audit.audit_record`, :func:`dsv4ctl.hosts.audit.stamped_json_cmd`); inside a
+#: JSON string the quotes are escaped, so this text starts a record and nothing else.
+_RECORD_START = '{"ts":'
+
+
+def _record(text: str) -> dict | None:
+    """One JSON object, or None (not JSON, not an object, nested too deep)."""
+    try:
+        rec = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def parse_audit(host: str, text: str) -> list[dict]:
-    """Audit records of one host (JSON lines; an unreadable line is kept as ``unreadable``)."""
+    """Audit records of one host (JSON lines). An unreadable line is kept as a record with
+    ``unreadable`` (its first 200 characters) and action ``?``. A line torn by a full disk that
+    the next append continued (``{"ts":…,"act{"ts":…}``, written before appends started on a
+    fresh line) is split: the torn part is the unreadable record, the whole record after it is
+    read as usual."""
+    def bad(ln: str) -> dict:
+        return {"ts": "", "host": host, "action": "?", "result": "?", "unreadable": ln[:200]}
+
     out = []
     for ln in text.splitlines():
         if not ln.strip():
             continue
-        try:
-            rec = json.loads(ln)
-            if not isinstance(rec, dict):
-                raise ValueError
-        except ValueError:
-            rec = {"ts": "", "host": host, "action": "?", "result": "?", "unreadable": ln[:200]}
+        rec = _record(ln)
+        if rec is None:
+            # the last whole record appended onto a torn one (at most a few tries per line)
+            i, tries = ln.find(_RECORD_START, 1), 0
+            while i > 0 and tries < 8:
+                rec = _record(ln[i:])
+                if rec is not None:
+                    out.append(bad(ln[:i]))
+                    break
+                i, tries = ln.find(_RECORD_START, i + 1), tries + 1
+            if rec is None:
+                rec = bad(ln)
         rec.setdefault("host", host)
         out.append(rec)
     return out

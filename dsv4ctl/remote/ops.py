@@ -127,19 +127,29 @@ def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int | None
           input=data, timeout=timeout)
 
 
+def fresh_line_cmd(path: str) -> str:
+    """Shell: end ``path`` with a newline when it is not empty and does not end with one (a line
+    torn by a full disk or a killed writer), so the next appended line starts on a line of its own
+    instead of joining the torn one. Exit status non-zero only when that newline cannot be written."""
+    f = q(path)
+    return f"{{ [ ! -s {f} ] || [ $(tail -c 1 {f} | wc -l) -eq 1 ] || printf '\\n' >> {f}; }}"
+
+
 def append_jsonl_cmd(path: str, record: dict) -> str:
-    """The shell command appending ``record`` as one JSON line to ``path`` (no stdin needed)."""
+    """The shell command appending ``record`` as one JSON line to ``path`` (no stdin needed),
+    on a fresh line (:func:`fresh_line_cmd`); non-zero when the line cannot be written whole."""
     line = json.dumps(record, sort_keys=False, default=str, separators=(",", ":"))
     d = os.path.dirname(path) or "."
-    return f"(mkdir -p {q(d)} && printf '%s\\n' {q(line)} >> {q(path)})"
+    return f"(mkdir -p {q(d)} && {fresh_line_cmd(path)} && printf '%s\\n' {q(line)} >> {q(path)})"
 
 
 def append_jsonl(t: Transport, path: str, record: dict, *, timeout: float | None = 30) -> None:
     """Append one JSON object as one line to ``path`` on the host (O_APPEND; the file is created
-    if missing, never rewritten). Records must not contain secrets."""
+    if missing, never rewritten; a torn last line is ended first, :func:`fresh_line_cmd`).
+    Records must not contain secrets. RemoteError when the line cannot be written (full disk)."""
     line = json.dumps(record, sort_keys=False, default=str, separators=(",", ":")) + "\n"
     d = os.path.dirname(path) or "."
-    t.run(f"mkdir -p {q(d)} && cat >> {q(path)}", input=line.encode(), timeout=timeout)
+    t.run(f"mkdir -p {q(d)} && {fresh_line_cmd(path)} && cat >> {q(path)}", input=line.encode(), timeout=timeout)
 
 
 def read_text(t: Transport, path: str, *, default: str | None = None, timeout: float | None = 30) -> str | None:
