@@ -169,10 +169,15 @@ LOG_LINE_MAX = 16384
 
 def log_tail_cmd(p: Paths, group: str, n: int = 10) -> str:
     """The last ``n`` lines of the group's log since its last start header, each cut to
-    LOG_LINE_MAX bytes on the host."""
+    LOG_LINE_MAX bytes on the host. awk keeps a ring of the last ``n`` lines (reset at each start
+    header), so its memory is bounded by ``n`` x LOG_LINE_MAX whatever the log's size
+    (benchmarks/log_tail.py)."""
     lf = q(p.logfile(group))
-    return (f"[ -f {lf} ] && cut -b1-{LOG_LINE_MAX} {lf} | awk '/^=== dsv4ctl start /{{buf=\"\"; c=0}} "
-            f"{{lines[c++]=$0}} END{{s=c-{n}; if(s<0)s=0; for(i=s;i<c;i++) print lines[i]}}' || true")
+    n = max(0, int(n))
+    if n == 0:
+        return "true"
+    return (f"[ -f {lf} ] && cut -b1-{LOG_LINE_MAX} {lf} | awk -v n={n} '/^=== dsv4ctl start /{{c=0}} "
+            f"{{lines[c % n]=$0; c++}} END{{s=c-n; if(s<0)s=0; for(i=s;i<c;i++) print lines[i % n]}}' || true")
 
 
 # -- restart in place (hicache --remote, runbook service.restart) ------------------------------
