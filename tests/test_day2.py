@@ -14,7 +14,7 @@ from tests.sshd.promote_world import PromoteWorld
 
 
 def test_parse_status_and_audit_with_data():
-    text = ("@current\nr1\n@previous\n@state\n{\"releases\": {\"r1\": {\"state\": \"good\"}}}\n@lock\n@rsync\nyes\n"
+    text = ("@current\nreleases/r1\n@previous\n@state\n{\"releases\": {\"r1\": {\"state\": \"good\"}}}\n@lock\n@rsync\nyes\n"
             "@systemd\n@launch\n@incoming\n@end\n@alive a yes\n@alive b no\n@audit\n"
             '{"ts": "2026-12-01T00:00:00Z", "action": "deploy", "result": "ok"}\n')
     st = parse_status("h0", "/srv", text)
@@ -194,3 +194,43 @@ def test_error_lines_cannot_drive_the_terminal(capsys):
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\x07" not in err and "\u202e" not in err
     assert err.startswith("dsv4ctl: error: h0: deploy lock held by mallory\\x1b]0;PWNED\\x07")
+
+
+def test_status_reads_a_bounded_last_audit_line(tmp_path):
+    """``status`` reads the last audit line from the last AUDIT_TAIL_MAX bytes: a huge last line
+    arrives cut and is an unreadable last record (said so), never a traceback nor megabytes."""
+    import subprocess
+    from dsv4ctl.hosts.day2 import AUDIT_TAIL_MAX, last_audit_text
+
+    def status_of(audit: bytes):
+        (tmp_path / "audit.jsonl").write_bytes(audit)
+        out = subprocess.run(["/bin/sh", "-c", status_command(str(tmp_path), [], "launcher", False)],
+                             capture_output=True, timeout=60).stdout
+        return len(out), parse_status("h0", str(tmp_path), out.decode("utf-8", "replace")).last_audit
+
+    good = b'{"ts":"2026-12-01T00:00:00Z","who":"a@b","action":"deploy","release":"r0123456789ab","result":"ok"}\n'
+    huge = b'{"ts":"2026-12-01T00:00:01Z","action":"deploy","detail":"' + b"x" * (8 << 20) + b'"}\n'
+    size, last = status_of(good + huge)
+    assert size < AUDIT_TAIL_MAX + 4096
+    assert last == {"unreadable": "x" * 200, "cut": True}
+    assert last_audit_text(last) == f"unreadable last record (longer than {AUDIT_TAIL_MAX} bytes: cut): " + "x" * 79 + "…"
+    # a huge line before a normal last one costs nothing either
+    size, last = status_of(huge + good)
+    assert size < AUDIT_TAIL_MAX + 4096 and last["action"] == "deploy"
+    assert last_audit_text(last) == "2026-12-01T00:00:00Z a@b deploy r0123456789ab ok"
+    # no final newline, a line just under the window, JSON nested too deep, not an object
+    assert status_of(good + huge[:-1])[1]["cut"] is True
+    line = b'{"ts":"t","detail":"' + b"y" * (AUDIT_TAIL_MAX - 100) + b'"}\n'
+    assert status_of(good + line)[1]["detail"] == "y" * (AUDIT_TAIL_MAX - 100)
+    assert status_of(good + b"[" * 50000 + b"\n")[1] == {"unreadable": "[" * 200}
+    assert status_of(good + b"[1, 2]\n")[1] == {"unreadable": "[1, 2]"}
+    assert status_of(b"")[1] is None
+
+
+def test_the_last_audit_line_cannot_drive_the_terminal():
+    from dsv4ctl.hosts.day2 import last_audit_text
+    rec = json.loads('{"ts": "\\udcff", "who": "\\u001b]0;owned\\u0007", "action": "deploy\\u001b[2J", "result": 1}')
+    text = last_audit_text(rec)
+    assert text == "\\udcff \\x1b]0;owned\\x07 deploy\\x1b[2J 1"
+    text.encode("utf-8")                                  # printable on any UTF-8 terminal
+    assert last_audit_text({"unreadable": "bad \x1b[2J"}) == "unreadable last record: bad \\x1b[2J"

@@ -18,22 +18,49 @@ from dsv4ctl.hosts.layout import (HostFacts, Paths, choose_rollback_target, fact
                                    render_launch, select_prune)
 from dsv4ctl.hosts.service import GROUP_RUNNING_FN, Launcher, Systemd, backend, log_tail_cmd
 from dsv4ctl.errors import InputError
-from dsv4ctl.deploy.release import (MTIME_BASE, build_release, content_mtime, manifest_diff, patch_paths,
-                             release_id, series_patches)
+from dsv4ctl.deploy.release import (MTIME_BASE, RELEASE_SCHEMA, build_release, content_mtime, input_key,
+                                    manifest_diff, patch_paths, release_id, seal_problems, series_patches)
 from dsv4ctl.remote import LocalTransport
 from tests.sshd.world import git, make_patch, make_tree
 
 
-def test_release_id_is_deterministic_and_input_sensitive():
-    a = release_id("c1", [("p1", "h1")], {"decode": "x", "prefill": "y"})
-    assert a == release_id("c1", [("p1", "h1")], {"prefill": "y", "decode": "x"})  # config order irrelevant
-    assert a.startswith("r") and len(a) == 13
-    others = {release_id("c2", [("p1", "h1")], {"decode": "x", "prefill": "y"}),
-              release_id("c1", [("p1", "h2")], {"decode": "x", "prefill": "y"}),
-              release_id("c1", [], {"decode": "x", "prefill": "y"}),
-              release_id("c1", [("p1", "h1")], {"decode": "z", "prefill": "y"}),
-              release_id("c1", [("p1", "h1")], {"decode": "x", "prefill": "y"}, {"decode": {"port": 1}})}
+def test_input_key_is_deterministic_and_input_sensitive():
+    a = input_key("c1", [("p1", "h1")], {"decode": "x", "prefill": "y"})
+    assert a == input_key("c1", [("p1", "h1")], {"prefill": "y", "decode": "x"})  # config order irrelevant
+    assert a.startswith("k") and len(a) == 25
+    others = {input_key("c2", [("p1", "h1")], {"decode": "x", "prefill": "y"}),
+              input_key("c1", [("p1", "h2")], {"decode": "x", "prefill": "y"}),
+              input_key("c1", [], {"decode": "x", "prefill": "y"}),
+              input_key("c1", [("p1", "h1")], {"decode": "z", "prefill": "y"}),
+              input_key("c1", [("p1", "h1")], {"decode": "x", "prefill": "y"}, {"decode": {"port": 1}})}
     assert a not in others and len(others) == 5
+
+
+META = {"schema": RELEASE_SCHEMA, "base_commit": "c1", "patches": [{"name": "p1", "sha256": "h1"}],
+        "series_identity": None, "configs": {"decode": "x", "prefill": "y"}}
+
+
+def test_release_id_covers_the_record_and_the_manifest():
+    a = release_id(META, "m" * 64)
+    assert a.startswith("r") and len(a) == 13 and all(c in "0123456789abcdef" for c in a[1:])
+    assert a == release_id({**META, "configs": {"prefill": "y", "decode": "x"}, "built_by": "x"}, "m" * 64)
+    others = {release_id(META, "n" * 64), release_id({**META, "base_commit": "c2"}, "m" * 64),
+              release_id({**META, "patches": []}, "m" * 64),
+              release_id({**META, "series_identity": "s"}, "m" * 64),
+              release_id({**META, "configs": {"decode": "z", "prefill": "y"}}, "m" * 64)}
+    assert a not in others and len(others) == 5
+
+
+def test_seal_problems():
+    rid = release_id(META, "m" * 64)
+    assert seal_problems(rid, {**META, "id": rid}, "m" * 64) == []
+    assert seal_problems(rid, {**META, "id": rid}, "n" * 64) == ["seal MANIFEST.json"]      # manifest edited
+    assert seal_problems(rid, {**META, "id": rid, "configs": {"decode": "q"}}, "m" * 64) == ["seal MANIFEST.json"]
+    assert seal_problems(rid, {**META, "id": "r000000000000"}, "m" * 64) == ["id RELEASE.json"]
+    assert seal_problems(rid, None, "m" * 64) == ["id RELEASE.json"]
+    assert seal_problems(rid, {**META, "id": rid, "schema": "dsv4ctl.release/1"}, "m" * 64) == ["unsealed RELEASE.json"]
+    assert seal_problems(rid, {"id": rid, "schema": RELEASE_SCHEMA}, "m" * 64) == ["seal MANIFEST.json"]
+    assert seal_problems(rid, {**META, "id": rid}, None) == ["seal MANIFEST.json"]
 
 
 def test_content_mtime():

@@ -17,11 +17,13 @@ from dsv4ctl.deploy.verify import SCRIPT
 
 
 def write_release(root: Path, files: dict[str, bytes], links: dict[str, str], rid: str) -> Path:
-    """A release folder as the builder lays it out: files, symlinks, MANIFEST.json, RELEASE.json."""
+    """A release folder as the builder lays it out: read-only files, symlinks, MANIFEST.json,
+    RELEASE.json."""
     root.mkdir(parents=True)
     for p, data in files.items():
         (root / p).parent.mkdir(parents=True, exist_ok=True)
         (root / p).write_bytes(data)
+        os.chmod(root / p, 0o444)
     for p, target in links.items():
         (root / p).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(target, root / p)

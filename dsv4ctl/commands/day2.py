@@ -65,7 +65,7 @@ def status(profile: Optional[str] = _P,
     Exit 0 all healthy · 1 something unhealthy or differing · 2 bad input · 3 a host unreachable."""
     import asyncio
 
-    from ..hosts.day2 import parse_status, status_command
+    from ..hosts.day2 import last_audit_text, parse_status, status_command
     from ..hosts.lock import holder_text
     from ..remote import run_parallel
     from ..serve.argtable import load_table
@@ -103,13 +103,19 @@ def status(profile: Optional[str] = _P,
         hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
                 "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {},
                 "verified": None, "drift": []}
+        for link, target in f.foreign.items():
+            hdoc["drift"].append(f"{link} -> {target}: outside {f.root}/releases")
+            unhealthy.append(f"{h}: {f.root}/{link} points outside its releases ({target}); the next deploy "
+                             "or rollback replaces it (dsv4ctl verify)")
         if cur:
+            from ..deploy.drift import bind_seal
             v = st.verify or {}
-            rep = next(iter((v.get("releases") or {}).values()), None)
+            rep = next(iter((v.get("releases") or {}).items()), None)
+            rep = bind_seal(*rep) if rep is not None and isinstance(rep[1], dict) else None
             if rep is None:
-                hdoc["drift"] = [f"not verified: {v.get('error') or 'no report'}"]
+                hdoc["drift"] += [f"not verified: {v.get('error') or 'no report'}"]
             else:
-                hdoc["drift"] = rep.get("bad", []) + ([f"+{rep['nbad'] - len(rep['bad'])} more"]
+                hdoc["drift"] += rep.get("bad", []) + ([f"+{rep['nbad'] - len(rep['bad'])} more"]
                                                       if rep.get("nbad", 0) > len(rep.get("bad", [])) else [])
             hdoc["verified"] = not hdoc["drift"]
             if hdoc["drift"]:
@@ -149,8 +155,7 @@ def status(profile: Optional[str] = _P,
                 print(f"{h}: DRIFT in {hd['current']}: {', '.join(hd['drift'][:5])} (dsv4ctl verify)")
             la = hd.get("last_audit")
             if la:
-                print(f"{h}: last audit: {la.get('ts', '?')} {la.get('who', '?')} {la.get('action', '?')} "
-                      f"{la.get('release', '')} {la.get('result', '?')}".replace("  ", " "))
+                print(f"{h}: last audit: {last_audit_text(la)}")
     if down:
         raise DsvError(f"status: {len(down)} host(s) could not be read: {down[0]}", EXIT_REMOTE)
     if unhealthy:

@@ -18,7 +18,7 @@ from typing import Callable
 from ..errors import InputError, RemoteError
 from ..profile.deployment import as_deployment
 from ..remote import who
-from .release import Release, build_release, default_cache, derive_release, load_release, private_groups, release_inputs
+from .release import Release, build_release, cached_release, default_cache, derive_release, private_groups, release_inputs
 from .site import Options, Site, gather_facts, open_site
 
 
@@ -39,8 +39,9 @@ def local_base(dep, rid: str, cache) -> Release:
     """Release ``rid`` from the local cache, else built from the profile (it must give ``rid``)."""
     from pathlib import Path
     c = Path(cache or default_cache())
-    if (c / rid / "RELEASE.json").is_file():
-        return load_release(c / rid)
+    rel = cached_release(c, rid)
+    if rel is not None:
+        return rel
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(dep, None, None, None)
     rel = build_release(tree_p, base_ref, pl, configs, spec, cache=c, who=who(), series_identity=ident,
                         private=private_groups(dep))

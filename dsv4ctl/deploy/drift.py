@@ -25,9 +25,26 @@ def verify_job(paths: list[str]) -> bytes:
     return json.dumps({"verify": list(paths)}).encode()
 
 
+def bind_seal(path: str, v: dict) -> dict:
+    """The verify report ``v`` of the release folder ``path`` with the id binding checked (pure):
+    :func:`dsv4ctl.deploy.release.seal_problems` of the folder's real name, RELEASE.json's id
+    fields and the MANIFEST.json sha256 the script reported go first in ``bad`` (``nbad``
+    counts them). A report without ``seal`` (the manifest was unreadable) is returned as is."""
+    from .release import seal_problems
+    seal = v.get("seal")
+    if not isinstance(seal, dict):
+        return v
+    extra = seal_problems(seal.get("name") or path.rstrip("/").rsplit("/", 1)[-1], seal.get("meta"),
+                          seal.get("manifest_sha256"))
+    if extra:
+        v = {**v, "bad": extra + list(v.get("bad", [])), "nbad": v.get("nbad", 0) + len(extra)}
+    return v
+
+
 def parse_verify(host: str, code: int, out: str, err: str = "") -> dict[str, dict]:
-    """{release path: {"bad": [...], "nbad": N, "checked": N}} from the script's output (pure).
-    RemoteError when the script did not run (no JSON line, or its own error)."""
+    """{release path: {"bad": [...], "nbad": N, "checked": N}} from the script's output (pure),
+    each bound to its id (:func:`bind_seal`). RemoteError when the script did not run (no JSON
+    line, or its own error)."""
     lines = out.strip().splitlines()
     try:
         v = json.loads(lines[-1]) if lines else None
@@ -37,7 +54,7 @@ def parse_verify(host: str, code: int, out: str, err: str = "") -> dict[str, dic
         why = (v or {}).get("error") if isinstance(v, dict) else None
         raise RemoteError(f"{host}: verifying releases failed (exit {code}): "
                           + (why or (err.strip().splitlines() or ["no report"])[-1]))
-    return v["releases"]
+    return {p: bind_seal(p, r) if isinstance(r, dict) else r for p, r in v["releases"].items()}
 
 
 def verify_releases(t: Transport, python: str, paths: list[str], timeout: float = 1800) -> dict[str, dict]:
@@ -97,11 +114,15 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
                 doc["drift"].append(f"{h}: {rid}" + (" (current)" if rid == f.current else "")
                                     + (" (previous)" if rid == f.previous else "") + ": "
                                     + ", ".join(v["bad"]) + (f" (+{more} more)" if more > 0 else ""))
+        for link, target in f.foreign.items():
+            doc["drift"].append(f"{h}: {f.root}/{link} -> {target}: outside {f.root}/releases "
+                                "(the next deploy or rollback replaces it)")
         missing = [x for x in (releases or []) if x not in f.releases]
         for x in missing:
             rels[x] = {"ok": False, "problems": ["not on the host"], "nbad": 1, "checked": 0}
             doc["drift"].append(f"{h}: {x}: not on the host")
         doc["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous, "releases": rels,
+                           "foreign": dict(f.foreign),
                            "seconds": round(secs, 3)}
     doc["ok"] = not doc["drift"] and not doc["unreachable"]
     return doc

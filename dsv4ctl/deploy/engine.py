@@ -31,7 +31,7 @@ from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from ..remote.ops import framed
 from .push import kill_rsyncs, push_host, rsync_user_args
-from .release import Release, build_release, private_groups, launch_spec, release_id, release_inputs, resolve_base, sha256_file
+from .release import Release, build_release, private_groups, launch_spec, release_inputs, resolve_base, sha256_file
 from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
@@ -376,10 +376,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     site = open_site(dep, opts)
     try:
         if opts.dry_run:
-            commit = resolve_base(tree_p, base_ref)
-            rid = release_id(commit, [(p.name, sha256_file(p)) for p in pl],
-                             {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec, ident)
-            _trial_build(tree_p, base_ref, pl, configs, spec, ident, rid, opts)
+            rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts)
             gather_facts(site)
             refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
@@ -409,17 +406,22 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         site.close()
 
 
-def _trial_build(tree_p, base_ref, pl, configs, spec, ident, rid: str, opts: Options) -> None:
-    """A dry run proves the release builds (every patch applies) the way the run will build it:
-    a release already in the local cache is proof; otherwise it is built in a throw-away folder
-    (the cache is not touched). InputError (exit 2) naming the patch that does not apply."""
+def _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts: Options) -> str:
+    """The id of the release a run would build. A dry run proves the release builds (every patch
+    applies) the way the run will build it: a checked release of the same inputs in the local
+    cache is proof; otherwise it is built in a throw-away folder (the cache is not touched; the
+    build is deterministic, so the id is the run's). InputError (exit 2) naming the patch that
+    does not apply."""
     import tempfile
     from pathlib import Path
-    from .release import default_cache
-    if (Path(opts.cache or default_cache()) / rid / "RELEASE.json").is_file():
-        return
+    from .release import cached_build, default_cache, input_key
+    key = input_key(resolve_base(tree_p, base_ref), [(p.name, sha256_file(p)) for p in pl],
+                    {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}, spec, ident)
+    rel = cached_build(Path(opts.cache or default_cache()), key)
+    if rel is not None:
+        return rel.id
     with tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-") as tmp:
-        build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp), series_identity=ident)
+        return build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp), series_identity=ident).id
 
 
 def refuse(site: Site, rid: str, gated: bool, how: str = "deploy") -> None:

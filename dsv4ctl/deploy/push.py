@@ -55,13 +55,16 @@ def push_host(t: Transport, site: Site, rel: Release, repair: bool = False) -> d
     hard-linked from the base release was edited in place there (drift), the host gets the whole
     release again — one rsync with ``--checksum`` against the same link-dest releases, so only
     files whose content matches are linked and the drifted inode is replaced by a fresh copy in
-    the new release (the base keeps its drift: ``dsv4ctl verify`` reports it)."""
+    the new release (the base keeps its drift: ``dsv4ctl verify`` reports it). Any problem of a
+    delta push counts (a file missing from the base, a mode changed there): the new release was
+    staged from the base. Without rsync the repair is a full tar of the release."""
     try:
         return push_host_once(t, site, rel, repair)
     except DriftedBase as e:
-        if repair or not use_rsync(site.facts[t.name]):
+        if repair:
             raise
-        site.opts.log(f"{e}; pushing the whole release again (rsync --checksum)")
+        site.opts.log(f"{e}; pushing the whole release again"
+                      + (" (rsync --checksum)" if use_rsync(site.facts[t.name]) else " (tar)"))
         st = push_host_once(t, site, rel, True)
         st["repaired"] = True
         return st
@@ -98,7 +101,7 @@ def push_host_once(t: Transport, site: Site, rel: Release, repair: bool = False)
         stats, r = _push_rsync(t, site, rel, inc, bases, clean, job, place, repair)
     else:
         t1 = time.monotonic()
-        stats = _push_copy(t, site, rel, inc, bases, clean)
+        stats = _push_copy(t, site, rel, inc, [] if repair else bases, clean)
         t2 = time.monotonic()
         r = t.run(place, input=json.dumps(job).encode(), timeout=1800, check=False)
         stats.update(transfer_seconds=round(t2 - t1, 3), verify_seconds=round(time.monotonic() - t2, 3))
@@ -108,11 +111,11 @@ def push_host_once(t: Transport, site: Site, rel: Release, repair: bool = False)
     except ValueError:
         v = None
     if v is not None and not v["ok"] and not v.get("error"):
-        drifted = bool(bases) and any(b.startswith(("hash ", "size ")) for b in v["bad"])
+        drifted = bool(bases)     # staged from a base: whatever differs may come from it
         raise (DriftedBase if drifted else RemoteError)(f"{t.name}: release {rel.id} failed manifest verification "
                           f"({v['nbad']} problem(s): {', '.join(v['bad'][:3])})"
-                          + (f"; its unchanged files are hard links into {', '.join(bases[:1])}: a hash problem "
-                             "there means that release was edited in place on the host (dsv4ctl verify)"
+                          + (f"; its unchanged files are hard links into {', '.join(bases[:1])}: a problem "
+                             "there means that release changed on the host (dsv4ctl verify)"
                              if bases else ""))
     if r.code != 0 or v is None:
         if v is not None and v.get("error"):

@@ -8,9 +8,13 @@ A release is a folder::
     MANIFEST.json    {path: [sha256, size, exec]} for every regular file, {path: target} for links
     RELEASE.json     id, base ref/commit, patches, configs, built when/by, file count, bytes
 
-The id is ``r`` + 12 hex of sha256 over (base commit, each patch's name and sha256, each
-config's group and sha256, launch spec): the same inputs always give the same id, any change
-gives a new one. File mtimes are derived from content (``content_mtime``) so rsync's quick
+The id is ``r`` + 12 hex of sha256 over what RELEASE.json says it was built from (base commit,
+each patch's name and sha256, the series identity, each config's group and sha256) **and the
+sha256 of its MANIFEST.json** (:func:`release_id`): the id binds the content, so a file edited
+inside a release together with its manifest entry no longer matches the release's id
+(:func:`seal_problems`, checked by every verify). A build is deterministic, so the same inputs
+always give the same id and any change gives a new one; the local cache finds a build of the
+same inputs by :func:`input_key`. File mtimes are derived from content (``content_mtime``) so rsync's quick
 check (size + mtime) reuses every unchanged file with ``--link-dest`` across rebuilds, even
 though ``git archive`` stamps every file with the commit time."""
 
@@ -33,9 +37,11 @@ MTIME_BASE = 1_500_000_000  # 2017-07-14; content mtimes live in [base, base + 2
 
 # -- pure core ---------------------------------------------------------------------------------
 
-def release_id(base_commit: str, patches: list[tuple[str, str]], configs: dict[str, str],
+def input_key(base_commit: str, patches: list[tuple[str, str]], configs: dict[str, str],
                launch: dict | None = None, series_identity: str | None = None) -> str:
-    """``r`` + 12 hex digits of sha256 over the canonical JSON of the inputs.
+    """``k`` + 24 hex digits of sha256 over the canonical JSON of a build's inputs: the name under
+    which the local cache finds an earlier build of the same inputs (``cache/.inputs/<key>``,
+    holding the release id). Not a release id: it says nothing about the content built.
 
     ``patches`` is [(name, sha256)] in series order; ``configs`` {group: sha256 of the rendered
     serve config}; ``launch`` the launch spec (JSON-able); ``series_identity`` the patch
@@ -45,7 +51,40 @@ def release_id(base_commit: str, patches: list[tuple[str, str]], configs: dict[s
            "configs": dict(sorted(configs.items())), "launch": launch or {}}
     if series_identity:
         doc["series"] = series_identity
+    return "k" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+RELEASE_SCHEMA = "dsv4ctl.release/2"      # /2: the id covers MANIFEST.json (/1 ids did not)
+
+
+def release_id(meta: dict, manifest_sha256: str) -> str:
+    """``r`` + 12 hex digits of sha256 over the canonical JSON of the release's own record
+    (``meta``: RELEASE.json's ``base_commit``, ``patches`` [{name, sha256}], ``series_identity``,
+    ``configs`` {group: sha256}) and ``manifest_sha256``, the sha256 of the MANIFEST.json bytes,
+    which lists every file's sha256/size/exec bit and every link (launch.json and the serve
+    configs included). KeyError/TypeError when ``meta`` lacks those fields."""
+    doc = {"base": meta["base_commit"], "patches": [[p["name"], p["sha256"]] for p in meta.get("patches") or []],
+           "series": meta.get("series_identity"), "configs": dict(sorted((meta.get("configs") or {}).items())),
+           "manifest": manifest_sha256}
     return "r" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def seal_problems(rid: str, meta, manifest_sha256: str | None) -> list[str]:
+    """Problems binding the release folder ``releases/<rid>`` to its content (pure): ``[]`` when
+    RELEASE.json (``meta``) names ``rid`` and :func:`release_id` of it and of the MANIFEST.json
+    digest gives ``rid``. Else ``id RELEASE.json`` (another id, or not a record),
+    ``unsealed RELEASE.json`` (schema other than /2: built before ids covered the manifest; a
+    new deploy of the same inputs gives a sealed release) or ``seal MANIFEST.json`` (the manifest
+    or RELEASE.json changed after the release was built: an edit made to match edited files)."""
+    if not isinstance(meta, dict) or meta.get("id") != rid:
+        return ["id RELEASE.json"]
+    if meta.get("schema") != RELEASE_SCHEMA:
+        return ["unsealed RELEASE.json"]
+    try:
+        ok = manifest_sha256 is not None and release_id(meta, manifest_sha256) == rid
+    except (KeyError, TypeError, AttributeError):
+        ok = False
+    return [] if ok else ["seal MANIFEST.json"]
 
 
 def content_mtime(sha256_hex: str) -> int:
@@ -129,9 +168,121 @@ def sha256_file(path: Path) -> str:
 
 
 def load_release(path: Path) -> Release:
+    """The release folder ``path`` as a Release (RELEASE.json + MANIFEST.json; not checked:
+    :func:`cached_release` checks)."""
     meta = json.loads((path / "RELEASE.json").read_text())
     man = json.loads((path / "MANIFEST.json").read_text())
     return Release(meta["id"], path, meta, man["files"], man.get("links", {}))
+
+
+#: Bits no file of a release may have: write (nothing edits a release), set-uid/gid, sticky.
+BAD_MODE_BITS = 0o222 | 0o7000
+
+
+def check_release(path: Path) -> list[str]:
+    """Problems of the release folder ``path`` against its MANIFEST.json and its id (read-only;
+    the same words as the host-side verify, :mod:`dsv4ctl.deploy.verify`): ``seal``/``id``/
+    ``unsealed`` (:func:`seal_problems`), ``missing``/``size``/``hash``/``mode``/``link``/``extra
+    PATH``, ``manifest MANIFEST.json``. Every file's content is hashed (an edit in place keeps
+    inode, size and, if restored, mtime). Cost: one read of every byte (about 0.3 s for the
+    sglang 0.5.23 tree, 117 MiB)."""
+    rid = path.name
+    try:
+        mbytes = (path / "MANIFEST.json").read_bytes()
+        man = json.loads(mbytes)
+        files, links = man["files"], man.get("links", {})
+        meta = json.loads((path / "RELEASE.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["manifest MANIFEST.json"]
+    bad = seal_problems(rid, meta, hashlib.sha256(mbytes).hexdigest())
+    have: set[str] = set()
+    for dirpath, dirnames, names in os.walk(path):
+        for n in names + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            have.add(os.path.relpath(os.path.join(dirpath, n), path))
+    for p_, v in sorted(files.items()):
+        f = path / p_
+        try:
+            st = os.lstat(f)
+        except OSError:
+            bad.append("missing " + p_)
+            continue
+        import stat as _stat
+        if not _stat.S_ISREG(st.st_mode) or st.st_size != v[1]:
+            bad.append("size " + p_)
+        elif sha256_file(f) != v[0]:
+            bad.append("hash " + p_)
+        elif st.st_mode & BAD_MODE_BITS or bool(st.st_mode & 0o111) != bool(v[2]):
+            bad.append("mode " + p_)
+    for p_, target in sorted(links.items()):
+        try:
+            if os.readlink(path / p_) != target:
+                bad.append("link " + p_)
+        except OSError:
+            bad.append("link " + p_)
+    bad += ["extra " + p_ for p_ in sorted(have - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})]
+    return bad
+
+
+def cached_release(cache: Path, rid: str, log=None) -> Release | None:
+    """Release ``rid`` from the local cache ``cache`` after :func:`check_release`; None when it is
+    not there. A cached release that fails the check (edited with or without its manifest) is
+    moved aside to ``cache/.tampered-<rid>-<pid>``, never shipped, the export of its base commit
+    (whose inodes it shares) is dropped, and None is returned so the caller builds it again from
+    its inputs; ``log`` (default: stderr) gets one line naming the problems."""
+    import sys
+    path = Path(cache) / rid
+    if not (path / "RELEASE.json").is_file():
+        return None
+    bad = check_release(path)
+    if not bad:
+        return load_release(path)
+    try:
+        commit = json.loads((path / "RELEASE.json").read_text()).get("base_commit")
+    except (OSError, ValueError, AttributeError):
+        commit = None
+    n = 0
+    while True:
+        aside = Path(cache) / f".tampered-{rid}-{os.getpid()}" if not n else Path(cache) / f".tampered-{rid}-{os.getpid()}.{n}"
+        try:
+            os.rename(path, aside)
+            break
+        except OSError:
+            if not aside.exists() or n > 100:
+                raise
+            n += 1
+    if isinstance(commit, str) and len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+        # the release shares its unpatched files' inodes with the export of its base: whatever
+        # changed there would come back in the rebuild
+        shutil.rmtree(Path(cache).parent / "exports" / commit, ignore_errors=True)
+    msg = (f"release {rid} in the local cache differs from its manifest or id ({', '.join(bad[:3])}"
+           + (f", +{len(bad) - 3} more" if len(bad) > 3 else "") + f"): moved aside to {aside}, not shipped")
+    (log or (lambda m: print(f"dsv4ctl: warning: {m}", file=sys.stderr)))(msg)
+    return None
+
+
+def _indexed(cache: Path, key: str) -> str | None:
+    """The release id an earlier build of the inputs ``key`` gave (``cache/.inputs/<key>``)."""
+    try:
+        rid = (Path(cache) / ".inputs" / key).read_text().strip()
+    except OSError:
+        return None
+    return rid if len(rid) == 13 and rid[0] == "r" and all(c in "0123456789abcdef" for c in rid[1:]) else None
+
+
+def _index(cache: Path, key: str, rid: str) -> None:
+    """Record that the inputs ``key`` build release ``rid`` (atomic: temp file + rename)."""
+    d = Path(cache) / ".inputs"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{key}.{os.getpid()}"
+    tmp.write_text(rid + "\n")
+    os.replace(tmp, d / key)
+
+
+def cached_build(cache: Path, key: str, log=None) -> Release | None:
+    """The checked release (:func:`cached_release`) an earlier build of the inputs ``key`` placed
+    in ``cache``, None when there is none (or it was tampered with and moved aside)."""
+    rid = _indexed(cache, key)
+    return cached_release(cache, rid, log) if rid else None
 
 
 def default_cache() -> Path:
@@ -261,28 +412,43 @@ def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
 def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
                   launch: dict, *, cache: Path | None = None, who: str = "",
                   series_identity: str | None = None, private: set[str] | frozenset = frozenset()) -> Release:
-    """Build (or reuse from ``cache``) the release for these inputs; returns it.
+    """Build (or reuse from ``cache``) the release for these inputs; returns it, checked.
 
     ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able).
     Steps: resolve the base commit; export it once (:func:`export_base`); hard-link the export
     into a new folder; break the links of the files the patches touch and ``git apply`` each
     patch in order (an InputError names the patch that does not apply); re-hash only touched
-    files; write configs, launch.json, MANIFEST.json, RELEASE.json; rename the folder into
-    place (a partial build is never visible). Cost after the first build of a base: one
-    hard-link copy plus the patched files."""
+    files; write configs, launch.json, MANIFEST.json, then the id and RELEASE.json; rename the
+    folder into place (a partial build is never visible). Cost after the first build of a
+    base: one hard-link copy plus the patched files, then one read of the release
+    (:func:`check_release`): a release shares inodes with the base export, so an edit made
+    through another release would otherwise ship. A build that fails the check is moved aside
+    (one warning line), the export of its base is dropped and the release built once more from
+    git; a reused release is checked the same way (:func:`cached_build`)."""
     cache = Path(cache or default_cache())
+    for attempt in range(2):
+        rel, fresh = _build(tree, base_ref, patches, configs, launch, cache, who, series_identity, private)
+        if not fresh or cached_release(cache, rel.id) is not None:
+            return rel
+        shutil.rmtree(cache.parent / "exports" / rel.meta["base_commit"], ignore_errors=True)
+    raise InputError(f"release {rel.id} built in {cache} fails its own check twice: the cache folder is being "
+                     "changed while dsv4ctl builds")
+
+
+def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes], launch: dict, cache: Path,
+           who: str, series_identity: str | None, private) -> tuple[Release, bool]:
+    """(release, built now) of :func:`build_release` (a checked cached build is reused)."""
     commit = resolve_base(tree, base_ref)
     pinfo = [(p.name, sha256_file(p)) for p in patches]
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
-    rid = release_id(commit, pinfo, chash, launch, series_identity)
-    final = cache / rid
+    key = input_key(commit, pinfo, chash, launch, series_identity)
     secret = private_files(configs, launch, private)
-    if (final / "RELEASE.json").is_file():
-        make_read_only(final, secret)      # a release cached before releases were read-only
-        return load_release(final)
+    done = cached_build(cache, key)
+    if done is not None:
+        return done, False
     cache.mkdir(parents=True, exist_ok=True)
     exp = export_base(tree, commit, cache)
-    tmp = cache / f".build-{rid}-{os.getpid()}"
+    tmp = cache / f".build-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -324,28 +490,34 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
                    "launch.json" in secret)
         xf, _ = _scan(tmp, ["launch.json"] + [f"configs/{g}.yaml" for g in configs])
         files.update(xf)
-        meta = {"schema": "dsv4ctl.release/1", "id": rid, "base_ref": base_ref, "base_commit": commit,
+        meta = {"schema": RELEASE_SCHEMA, "base_ref": base_ref, "base_commit": commit,
                 "patches": [{"name": n, "sha256": h} for n, h in pinfo], "series_identity": series_identity,
                 "configs": {g: chash[g] for g in sorted(chash)}, "groups": sorted(launch),
                 "built_at": now_iso(), "built_by": who,
                 "files": len(files), "bytes": sum(v[1] for v in files.values())}
-        _seal(tmp, final, files, links, meta, secret)
+        rid = _seal(tmp, cache, files, links, meta, secret)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return load_release(final)
+    _index(cache, key, rid)
+    return load_release(cache / rid), True
 
 
-def _seal(tmp: Path, final: Path, files: dict, links: dict, meta: dict, secret) -> None:
-    """Write MANIFEST.json and RELEASE.json into the staged release ``tmp`` (content mtimes: same
-    size is not same file), make it read-only and move it into place as ``final``."""
-    (tmp / "MANIFEST.json").write_text(json.dumps({"files": files, "links": links}, sort_keys=True))
+def _seal(tmp: Path, cache: Path, files: dict, links: dict, meta: dict, secret) -> str:
+    """Write MANIFEST.json, then the id (:func:`release_id` over ``meta`` and the manifest's
+    sha256) and RELEASE.json into the staged release ``tmp`` (content mtimes: same size is not
+    same file), make it read-only and move it into place as ``cache/<id>``. Returns the id."""
+    mbytes = json.dumps({"files": files, "links": links}, sort_keys=True).encode()
+    (tmp / "MANIFEST.json").write_bytes(mbytes)
+    meta["id"] = rid = release_id(meta, hashlib.sha256(mbytes).hexdigest())
+    meta = {"schema": meta.pop("schema"), "id": meta.pop("id"), **meta}
     (tmp / "RELEASE.json").write_text(json.dumps(meta, indent=2) + "\n")
     for extra in ("MANIFEST.json", "RELEASE.json"):
         m = content_mtime(sha256_file(tmp / extra))
         os.utime(tmp / extra, (m, m))
     make_read_only(tmp, secret)
-    _place(tmp, final, "RELEASE.json")
+    _place(tmp, cache / rid, "RELEASE.json")
+    return rid
 
 
 # -- what a release is built from: the Deployment's tree, series, serve configs, launch spec --
@@ -426,14 +598,13 @@ def derive_release(base: Release, configs: dict[str, bytes], *, cache: Path | No
     new_cfg = {**old_cfg, **configs}
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in new_cfg.items()}
     pinfo = [(p["name"], p["sha256"]) for p in m.get("patches", [])]
-    rid = release_id(m["base_commit"], pinfo, chash, launch, m.get("series_identity"))
-    final = cache / rid
+    key = input_key(m["base_commit"], pinfo, chash, launch, m.get("series_identity"))
     secret = private_files(new_cfg, launch, set(private) | {g for g in old_cfg if not
                                                             (base.path / "configs" / f"{g}.yaml").stat().st_mode & 0o077})
-    if (final / "RELEASE.json").is_file():
-        make_read_only(final, secret)
-        return load_release(final)
-    tmp = cache / f".build-{rid}-{os.getpid()}"
+    done = cached_build(cache, key)
+    if done is not None:
+        return done
+    tmp = cache / f".build-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         r = subprocess.run(["cp", "-al", str(base.path), str(tmp)], capture_output=True, text=True)
@@ -448,11 +619,13 @@ def derive_release(base: Release, configs: dict[str, bytes], *, cache: Path | No
         files = dict(base.files)
         xf, _ = _scan(tmp, [f"configs/{g}.yaml" for g in configs])
         files.update(xf)
-        meta = {**m, "id": rid, "configs": {g: chash[g] for g in sorted(chash)}, "built_at": now_iso(),
-                "built_by": who, "files": len(files), "bytes": sum(v[1] for v in files.values()),
-                "derived_from": base.id, "change": change}
-        _seal(tmp, final, files, base.links, meta, secret)
+        meta = {**m, "schema": RELEASE_SCHEMA, "configs": {g: chash[g] for g in sorted(chash)},
+                "built_at": now_iso(), "built_by": who, "files": len(files),
+                "bytes": sum(v[1] for v in files.values()), "derived_from": base.id, "change": change}
+        meta.pop("id", None)
+        rid = _seal(tmp, cache, files, base.links, meta, secret)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return load_release(final)
+    _index(cache, key, rid)
+    return load_release(cache / rid)

@@ -20,8 +20,9 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
    that inode (``vi``, ``sed -i`` keeps it for some editors, ``>`` and ``dd conv=notrunc``
    always do) changes every release that holds it without changing size or inode. Each inode
    is hashed once per run. Extra, missing, resized or rewritten files, wrong symlink targets
-   and a missing RELEASE.json are problems. Then every file loses its write bits (other bits
-   kept, so a 0600 file becomes 0400): nothing edits a file inside a release.
+   set-uid/gid or sticky bits and an exec bit other than the manifest's (``mode PATH``), and a
+   missing RELEASE.json are problems. Then every file loses its write bits (other bits kept, so
+   a 0600 file becomes 0400): nothing edits a file inside a release.
 5. **Place**: rename ``rel`` to ``final`` (a complete release under its final name, or
    nothing; a leftover folder already there, which the host's facts did not count as a
    release, is replaced) and replace ``state`` atomically with ``doc`` (a 0600 temp file,
@@ -31,8 +32,11 @@ Prints one JSON line ``{"ok", "checked", "hashed", "merged", "bad": [...], "nbad
 (plus ``"aborted"`` or ``"error"``); exit 0 placed, 1 verification failed, 3 aborted, 2 error.
 
 **Verify only** (``{"verify": [RELEASE, ...]}``): check each release folder as in 4., change
-nothing, print ``{"ok", "hashed", "releases": {RELEASE: {"bad", "nbad", "checked"}}}``; exit 0
-all intact, 1 drift. This is what runs before every switch (deploy, rollback, an "already
+nothing, print ``{"ok", "hashed", "releases": {RELEASE: {"bad", "nbad", "checked", "seal"}}}``
+(a placed release's write bits are a ``mode`` problem too; ``seal``: the MANIFEST.json sha256,
+RELEASE.json's id fields and the folder's real name, which the control machine binds to the
+release id with :func:`dsv4ctl.deploy.release.seal_problems` — the one copy of the id rule);
+exit 0 all intact, 1 drift. This is what runs before every switch (deploy, rollback, an "already
 active" deploy) and what ``dsv4ctl verify`` runs."""
 
 SCRIPT = r'''
@@ -60,6 +64,7 @@ def tree(root):
     return res
 HASHES = {}          # (st_dev, st_ino) -> sha256: each inode is hashed once per run
 MAN = {}
+SEAL = {}            # release folder -> {"manifest_sha256", "meta", "name"} (the id binding, checked by the caller)
 USED = set()         # inodes a verification needed ("hashed": their number, whenever they were hashed)
 def digest(path, s, count=True):
     k = (s.st_dev, s.st_ino)
@@ -73,18 +78,31 @@ def digest(path, s, count=True):
         USED.add(k)
         out["hashed"] = len(USED)
     return HASHES[k]
-def check(rel, have=None):
+def check(rel, have=None, placed=True):
     """([problem, ...], extra files not listed) of the release folder rel against its MANIFEST.json.
     Every file's content is hashed (an in-place edit of an inode shared by hard link with
-    another release keeps size and inode: only the content tells); an inode is hashed once."""
+    another release keeps size and inode: only the content tells); an inode is hashed once.
+    Modes: set-uid/gid or sticky bits, an exec bit other than the manifest's, and (placed
+    releases) write bits are problems. SEAL[rel] gets the MANIFEST.json sha256 and the id
+    fields of RELEASE.json, which the control machine binds to the release id."""
     if have is None:
         have = tree(rel)
     try:
-        man = MAN[rel] = json.load(open(os.path.join(rel, "MANIFEST.json")))
+        with open(os.path.join(rel, "MANIFEST.json"), "rb") as f:
+            mb = f.read()
+        man = MAN[rel] = json.loads(mb)
         files, links = man["files"], man.get("links", {})
     except (OSError, ValueError, KeyError, TypeError) as e:
         MAN[rel] = {"files": {}}
         return ["manifest MANIFEST.json (%s)" % type(e).__name__], 0
+    try:
+        with open(os.path.join(rel, "RELEASE.json")) as f:
+            meta = json.load(f)
+        meta = {k: meta.get(k) for k in ("schema", "id", "base_commit", "patches", "series_identity", "configs")}
+    except (OSError, ValueError, AttributeError):
+        meta = None
+    SEAL[rel] = {"manifest_sha256": hashlib.sha256(mb).hexdigest(), "meta": meta,
+                 "name": os.path.basename(os.path.realpath(rel))}
     bad = []
     for p, (h, size, ex) in sorted(files.items()):
         e = have.get(p)
@@ -95,6 +113,8 @@ def check(rel, have=None):
             bad.append("size " + p); continue
         if digest(e[1], s) != h:
             bad.append("hash " + p)
+        elif s.st_mode & (0o7000 | (0o222 if placed else 0)) or bool(s.st_mode & 0o111) != bool(ex):
+            bad.append("mode " + p)
     for p, target in sorted(links.items()):
         try:
             if os.readlink(os.path.join(rel, p)) != target:
@@ -130,6 +150,8 @@ try:
                     continue
                 b, nx = check(r)
                 res[r] = {"bad": b[:10], "nbad": len(b) + nx, "checked": len(MAN[r]["files"])}
+                if r in SEAL:
+                    res[r]["seal"] = SEAL[r]
             done(0 if all(not v["nbad"] for v in res.values()) else 1,
                  ok=all(not v["nbad"] for v in res.values()), releases=res)
         rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []
@@ -201,7 +223,7 @@ try:
             have[p] = [ino, dst]
             out["merged"] += 1
         shutil.rmtree(side)
-    bad, nextra = check(rel, have)
+    bad, nextra = check(rel, have, placed=False)
     out.update(checked=len(MAN[rel]["files"]), bad=bad[:10], nbad=len(bad) + nextra, ok=not bad)
     if bad:
         done(1)

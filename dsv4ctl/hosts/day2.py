@@ -21,13 +21,19 @@ class HostStatus:
     verify: dict | None = None       # the current release against its manifest (verify-only report)
 
 
+#: Bytes at the end of ``audit.jsonl`` that ``status`` reads for the last record; a last line
+#: this long or longer arrives cut and is reported as an unreadable last record.
+AUDIT_TAIL_MAX = 65536
+
+
 def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None,
                    verify: str | None = None) -> str:
     """One shell command: the host's facts (:func:`facts_command`), then ``@alive G yes|no`` per
     group (the service backend's alive check: both backends are asked when ``systemd`` is not
     known yet, launcher first), then with ``verify`` (a command that reads a verify job on stdin,
     :func:`dsv4ctl.deploy.drift.verify_command`) ``@verify`` and its report on the current release,
-    then ``@audit`` and the last line of ``audit.jsonl``."""
+    then ``@audit`` and the last line of ``audit.jsonl`` (of its last :data:`AUDIT_TAIL_MAX` bytes:
+    a huge last line costs neither the host nor this machine more)."""
     p = Paths(root)
     lines = [facts_command(root)]
     for g in groups:
@@ -38,12 +44,14 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
     if verify:
         job = q('{"verify": ["' + p.current.replace("\\", "\\\\").replace('"', '\\"') + '"]}')
         lines.append(f"echo @verify; if [ -d {q(p.current)} ]; then printf '%s' {job} | {verify} 2>&1 || true; fi")
-    lines.append(f"echo @audit; tail -n 1 {q(p.audit)} 2>/dev/null || true")
+    lines.append(f"echo @audit; tail -c {AUDIT_TAIL_MAX} {q(p.audit)} 2>/dev/null | tail -n 1 || true")
     return "\n".join(lines)
 
 
 def parse_status(host: str, root: str, text: str) -> HostStatus:
-    """HostStatus from :func:`status_command`'s output (pure)."""
+    """HostStatus from :func:`status_command`'s output (pure). A last audit line that is no JSON
+    object is ``{"unreadable": its first 200 characters}``, plus ``"cut": true`` when it filled the
+    :data:`AUDIT_TAIL_MAX` bytes read (longer than that on the host)."""
     lines = text.splitlines()
     i = lines.index("@audit") if "@audit" in lines else len(lines)
     head, tail = lines[:i], lines[i + 1:]
@@ -68,13 +76,30 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
     last = None
     tail = [ln for ln in tail if ln.strip()]
     if tail:
-        try:
-            last = json.loads(tail[-1])
-        except ValueError:
-            last = None
-        if not isinstance(last, dict):
-            last = {"unreadable": tail[-1][:200]}
+        # the host sent at most AUDIT_TAIL_MAX bytes (one replacement character per bad byte)
+        if len(tail[-1].encode("utf-8", "surrogateescape")) >= AUDIT_TAIL_MAX - 1:
+            last = {"unreadable": tail[-1][:200], "cut": True}
+        else:
+            last = _record(tail[-1])
+            if last is None:
+                last = {"unreadable": tail[-1][:200]}
     return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last, ver)
+
+
+def last_audit_text(rec: dict) -> str:
+    """One printable line for a host's last audit record (pure): ``ts who action release
+    result``, or ``unreadable last record`` (and why) with its start. Control characters and
+    lone surrogates (a ``\\udcff`` escape in the JSON) are written out, never sent to the terminal."""
+    from ..render import clip, printable
+
+    def show(v) -> str:
+        return printable(str(v).encode("utf-8", "backslashreplace").decode("utf-8"))
+    if "unreadable" in rec:
+        why = f" (longer than {AUDIT_TAIL_MAX} bytes: cut)" if rec.get("cut") else ""
+        return f"unreadable last record{why}: {clip(show(rec['unreadable']), 80)}"
+    words = [rec.get("ts", "?"), rec.get("who", "?"), rec.get("action", "?"), rec.get("release", ""),
+             rec.get("result", "?")]
+    return " ".join(clip(show(w), 120) for w in words if w not in ("", None))
 
 
 #: Bytes one follow read (``logs -f``) takes at most; the rest comes with the next reads.

@@ -52,6 +52,7 @@ class HostFacts:
     systemd: bool = False
     incoming: list[str] = field(default_factory=list)
     current_launch: dict | None = None
+    foreign: dict[str, str] = field(default_factory=dict)   # current/previous -> a target outside releases/
 
     def release_state(self, rid: str) -> str:
         """active / previous / good / failed / pushed."""
@@ -125,6 +126,19 @@ def parse_state(host: str, root: str, body: str) -> dict:
     return st
 
 
+def release_link(root: str, target: str) -> str | None:
+    """The release id a ``current``/``previous`` symlink target names (pure): ``releases/<id>``
+    as the switch writes it, or ``<root>/releases/<id>``; None for anything else (a link into
+    another folder, ``..`` tricks): that is not a release of this root."""
+    t = target.rstrip("/")
+    for pre in ("releases/", root.rstrip("/") + "/releases/"):
+        if t.startswith(pre):
+            rid = t[len(pre):]
+            if rid and "/" not in rid and rid not in (".", "..") and not rid.startswith("."):
+                return rid
+    return None
+
+
 def parse_facts(host: str, root: str, text: str) -> HostFacts:
     """HostFacts from the output of :func:`facts_command` (pure). A malformed state.json, launch.json or RELEASE.json → StateFileError (exit 3) naming the host and path."""
     sections: list[tuple[str, list[str]]] = []
@@ -137,7 +151,11 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
     for name, lines in sections:
         body = "\n".join(lines).strip()
         if name in ("current", "previous") and body:
-            setattr(f, name, body.rstrip("/").rsplit("/", 1)[-1])
+            rid = release_link(root, body)
+            if rid is None:
+                f.foreign[name] = body[:200]      # not ours: drift, replaced by the next switch
+            else:
+                setattr(f, name, rid)
         elif name == "state" and body:
             f.state = parse_state(host, root, body)
         elif name == "lock" and body:

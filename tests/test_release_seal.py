@@ -1,0 +1,190 @@
+"""Issue 32 item 7: a release id binds its content. The id covers MANIFEST.json, so a file edited
+inside a release *together with* its manifest entry is caught by every verify (host and local
+cache) and before any switch; a file missing from the running release, a mode change and a
+``current`` that points outside ``releases/`` are drift that the next deploy repairs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+
+import pytest
+
+from dsv4ctl.deploy.release import build_release, check_release, load_release, release_id
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.world import World, make_patch, make_tree
+
+MOD = "tree/python/sglang/srt/mod003.py"
+
+
+def forge(rel_dir, path: str, data: bytes, *, manifest: bool = True) -> None:
+    """Replace ``path`` inside the release folder by a new file holding ``data`` (a new inode, so
+    no other release changes) and, with ``manifest``, update MANIFEST.json to match: what a
+    careful hand edit does to make ``verify`` pass."""
+    f = rel_dir / path
+    mode = stat.S_IMODE(f.stat().st_mode)
+    f.unlink()
+    f.write_bytes(data)
+    os.chmod(f, mode)
+    if manifest:
+        m = rel_dir / "MANIFEST.json"
+        man = json.loads(m.read_text())
+        man["files"][path] = [hashlib.sha256(data).hexdigest(), len(data), man["files"][path][2]]
+        mm = stat.S_IMODE(m.stat().st_mode)
+        m.unlink()
+        m.write_text(json.dumps(man, sort_keys=True))
+        os.chmod(m, mm)
+
+
+# -- the local cache ---------------------------------------------------------------------------
+
+@pytest.fixture
+def built(tmp_path):
+    tree = make_tree(tmp_path / "t", files=5)
+    patch = make_patch(tree, tmp_path / "0001.patch")
+    cache = tmp_path / "cache"
+    args = (tree, "v0.5.23", [patch], {"decode": b"enable-hierarchical-cache: false\n"}, {"decode": {"cmd": "x"}})
+    return args, cache, build_release(*args, cache=cache, who="me")
+
+
+def test_the_id_is_the_record_and_the_manifest(built):
+    args, cache, rel = built
+    meta = json.loads((rel.path / "RELEASE.json").read_text())
+    assert meta["schema"] == "dsv4ctl.release/2" and meta["id"] == rel.id == rel.path.name
+    assert release_id(meta, hashlib.sha256((rel.path / "MANIFEST.json").read_bytes()).hexdigest()) == rel.id
+    assert check_release(rel.path) == []
+    # deterministic: a second build of the same inputs in another cache gives the same id
+    assert build_release(*args, cache=cache.parent / "other").id == rel.id
+
+
+@pytest.mark.parametrize("how, problems", [
+    ("config+manifest", ["seal MANIFEST.json"]),
+    ("config only", ["hash configs/decode.yaml"]),
+    ("setuid", ["mode " + MOD]),
+    ("writable", ["mode " + MOD]),
+    ("exec bit", ["mode " + MOD]),
+    ("missing", ["missing " + MOD]),
+    ("extra", ["extra tree/evil.py"]),
+    ("record", ["seal MANIFEST.json"]),
+])
+def test_a_tampered_cached_release_is_never_shipped(built, how, problems, capsys):
+    args, cache, rel = built
+    good = (rel.path / "configs/decode.yaml").read_bytes()
+    if how == "config+manifest":
+        forge(rel.path, "configs/decode.yaml", b"enable-hierarchical-cache: true\n")
+    elif how == "config only":
+        forge(rel.path, "configs/decode.yaml", b"enable-hierarchical-cache: true \n", manifest=False)
+    elif how == "setuid":
+        os.chmod(rel.path / MOD, 0o4555)
+    elif how == "writable":
+        os.chmod(rel.path / MOD, 0o666)
+    elif how == "exec bit":
+        os.chmod(rel.path / MOD, 0o555)
+    elif how == "missing":
+        (rel.path / MOD).unlink()
+    elif how == "extra":
+        (rel.path / "tree/evil.py").write_text("import os\n")
+    elif how == "record":                     # RELEASE.json says another base commit, same id
+        f = rel.path / "RELEASE.json"
+        meta = json.loads(f.read_text())
+        meta["base_commit"] = "0" * 40
+        f.chmod(0o644)
+        f.write_text(json.dumps(meta))
+    assert check_release(rel.path) == problems
+    again = build_release(*args, cache=cache)
+    err = capsys.readouterr().err
+    assert f"release {rel.id} in the local cache differs from its manifest or id ({problems[0]}" in err
+    assert "not shipped" in err and err.count("\n") == 1
+    aside = [p for p in cache.iterdir() if p.name.startswith(f".tampered-{rel.id}-")]
+    assert len(aside) == 1
+    # rebuilt from its inputs: the same id, the original content, and it checks clean
+    assert again.id == rel.id and check_release(again.path) == []
+    assert (again.path / "configs/decode.yaml").read_bytes() == good
+    assert load_release(again.path).files == rel.files
+
+
+# -- hosts -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def world(live_cluster, tmp_path):
+    w = World(live_cluster, tmp_path, keep=5)
+    yield w
+    w.stop_services()
+
+
+def cli(w: World, *args, timeout=180):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
+
+
+@pytest.mark.sshd
+def test_tampered_releases_on_hosts_are_drift_and_the_next_deploy_repairs(world):
+    w = world
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    r1 = r.json()["release"]
+    r = cli(w, "deploy", "--patch", str(w.patch), "--json")
+    assert r.code == 0, r.err
+    r2 = r.json()["release"]
+
+    # h1 (decode): r1's serve config turned HiCache on, its manifest updated to match
+    rel1 = w.roots["h1"] / "releases" / r1
+    cfg = (rel1 / "configs/decode.yaml").read_bytes()
+    forge(rel1, "configs/decode.yaml", cfg + b"enable-hierarchical-cache: true\n")
+    # h2: a set-uid bit on a file r1 and r2 share; h3: a file deleted from the running r2
+    os.chmod(w.roots["h2"] / "releases" / r2 / MOD, 0o4555)
+    (w.roots["h3"] / "releases" / r2 / MOD).unlink()
+    # h0: current points at a copy of r2 outside releases/
+    foreign = w.tmp / "elsewhere" / r2
+    shutil.copytree(w.roots["h0"] / "releases" / r2, foreign, symlinks=True)
+    (w.roots["h0"] / "current").unlink()
+    os.symlink(str(foreign), w.roots["h0"] / "current")
+
+    r = cli(w, "verify", "--json")
+    assert r.code == 1, r.err
+    doc = r.json()
+    assert doc["hosts"]["h1"]["releases"][r1]["problems"] == ["seal MANIFEST.json"]
+    assert doc["hosts"]["h1"]["releases"][r2]["problems"] == []
+    assert doc["hosts"]["h2"]["releases"][r1]["problems"] == ["mode " + MOD]
+    assert doc["hosts"]["h2"]["releases"][r2]["problems"] == ["mode " + MOD]
+    assert doc["hosts"]["h3"]["releases"][r2]["problems"] == ["missing " + MOD]
+    assert doc["hosts"]["h0"]["current"] is None and doc["hosts"]["h0"]["foreign"] == {"current": str(foreign)}
+    assert f"h0: {w.roots['h0']}/current -> {foreign}: outside {w.roots['h0']}/releases " \
+           "(the next deploy or rollback replaces it)" in doc["drift"]
+
+    r = cli(w, "status", "--json")
+    assert r.code == 1
+    st = r.json()
+    assert st["hosts"]["h0"]["drift"] == [f"current -> {foreign}: outside {w.roots['h0']}/releases"]
+    assert st["hosts"]["h3"]["drift"] == ["missing " + MOD]
+    assert any("points outside its releases" in u for u in st["unhealthy"])
+
+    # a rollback to the forged r1 is refused before any host is switched
+    before = w.currents()
+    r = cli(w, "rollback", "--to", r1)
+    assert r.code == 3, r.err
+    assert f"release {r1} differs from its manifest" in r.err and "seal MANIFEST.json" in r.err
+    assert w.currents() == before
+
+    # the next deploy gets every host onto a clean, complete release: h3's push (staged from r2,
+    # which lacks a file) and h2's (a set-uid inode) are repaired; h0's foreign current replaced
+    w.extra["prefill"] = {"chunked-prefill-size": 4096}
+    w.write()
+    r = cli(w, "deploy", "--patch", str(w.patch), "--no-preflight", "--json")
+    assert r.code == 0, r.err
+    r3 = r.json()["release"]
+    assert w.currents() == {h: r3 for h in w.roots}
+    hosts = r.json()["hosts"]
+    assert hosts["h3"]["push"]["repaired"] is True and hosts["h2"]["push"]["repaired"] is True
+    for h in w.roots:
+        w.assert_complete(h)
+    assert not (w.roots["h2"] / "releases" / r3 / MOD).stat().st_mode & 0o7000
+    r = cli(w, "verify", "--json")
+    assert r.code == 1
+    doc = r.json()
+    assert all(doc["hosts"][h]["releases"][r3]["ok"] for h in w.roots)
+    assert doc["hosts"]["h0"]["foreign"] == {} and doc["hosts"]["h0"]["current"] == r3
+    assert sorted(d.split(": ", 1)[0] for d in doc["drift"]) == ["h1", "h2", "h2", "h3"]
