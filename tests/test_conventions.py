@@ -129,6 +129,23 @@ def test_profile_init_writes_a_commented_profile_and_its_serve_configs(tmp_path)
     assert r.code == 2 and r.err == "dsv4ctl: error: prod.txt: a profile file ends in .yaml or .yml\n"
 
 
+def test_profile_init_of_a_path_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    """A file or folder name with bytes that are not UTF-8 (``$'\\xff'.yaml``) cannot be written
+    into the profile's UTF-8 text: exit 2, one line showing the bytes, nothing written (it was a
+    UnicodeEncodeError traceback, leaving ``.\\xff.yaml.tmp`` behind)."""
+    os.mkdir(os.fsencode(tmp_path) + b"/d\xfe")
+    for path, shown in (("\udcff.yaml", "\\xff.yaml"), ("d\udcfe/prod.yaml", "d\\xfe/prod.yaml")):
+        r = run_cli("profile", "init", path, cwd=tmp_path)
+        assert r.code == 2 and "Traceback" not in r.err
+        assert r.err == (f"dsv4ctl: error: {shown}: the path is not valid UTF-8; a profile names its file and "
+                         "serve configs in UTF-8 text: choose a UTF-8 path\n")
+    assert os.listdir(os.fsencode(tmp_path)) == [b"d\xfe"] and os.listdir(os.fsencode(tmp_path) + b"/d\xfe") == []
+    # a UTF-8 name inside a folder whose own name is not UTF-8: the profile holds relative paths only
+    r = run_cli("profile", "init", "prod.yaml", cwd=Path(os.fsdecode(os.fsencode(tmp_path) + b"/d\xfe")))
+    assert r.code == 0, r.err
+    assert sorted(os.listdir(os.fsencode(tmp_path) + b"/d\xfe")) == [b"prod", b"prod.yaml"]
+
+
 def test_profile_init_refuses_the_shipped_folder():
     target = REPO / "profiles/dsv4-flash-8xb200-pd.yaml"
     before = target.read_bytes()

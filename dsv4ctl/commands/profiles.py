@@ -106,17 +106,31 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
     return out
 
 
+def _utf8(path: str) -> None:
+    """InputError (exit 2) when ``path`` holds bytes that are not UTF-8 (the file system allows
+    them; Python carries them as lone surrogates): the profile names itself after the file and
+    its serve configs by path, and a YAML file is UTF-8 text, so such a name cannot be written."""
+    from ..errors import InputError
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise InputError(f"{shown}: the path is not valid UTF-8; a profile names its file and serve configs "
+                         "in UTF-8 text: choose a UTF-8 path") from None
+
+
 @profile_app.command("init")
 def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile file (.yaml); its serve configs go to PATH's folder/<stem>/."),
          from_: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd)."),
          force: bool = typer.Option(False, "--force", help="Overwrite existing files.")) -> None:
     """Write a commented starting profile and its serve configs (outside the installation, so
     hicache on/off and deploy can use and edit them). Exit 2 when a file exists (without
-    --force) or PATH is inside the installation."""
+    --force), PATH is inside the installation or is not valid UTF-8."""
     from ..errors import InputError
     from ..profile.model import load_profile
     from ..resources import is_shipped
     dest = Path(path).expanduser()
+    _utf8(str(dest))
     if dest.suffix.lower() not in (".yaml", ".yml"):
         raise InputError(f"{path}: a profile file ends in .yaml or .yml")
     files = starting_profile(_source(from_), dest)
@@ -128,12 +142,13 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         if f.exists() and not f.is_file():
             raise InputError(f"{f}: not a regular file")
     for f, text in files.items():
+        tmp = f.with_name(f".{f.name}.tmp")
         try:
             f.parent.mkdir(parents=True, exist_ok=True)
-            tmp = f.with_name(f".{f.name}.tmp")
-            tmp.write_text(text)
+            tmp.write_text(text, encoding="utf-8")
             tmp.replace(f)
         except OSError as e:
+            tmp.unlink(missing_ok=True)
             raise InputError(f"{f}: cannot write ({e.strerror or e})") from None
     load_profile(dest)          # what was written loads
     for f in files:
