@@ -130,3 +130,47 @@ def test_an_unknown_runbook_name_lists_the_shipped_ones():
     assert r.code == 2 and r.err.count("\n") == 1
     assert r.err.startswith("dsv4ctl: error: nosuch: no such runbook (shipped: bad-release, hicache-crash, oom-at-startup, "
                             "scheduler-stall, toolcall-corruption, transfer-wedge; or give a playbook file)"), r.err
+
+
+TUNE = """\
+name: tune
+steps:
+  - id: change
+    action: config.set
+    args: {groups: [decode], set: {chunked-prefill-size: 4096}}
+  - id: after
+    action: note
+    args: {text: changed}
+"""
+
+
+def test_a_step_to_confirm_without_a_terminal_stops_with_a_resumable_run(cli, tmp_path):
+    """No terminal and no --yes: the run stops before the first step that changes things, its
+    state saved, and the run id it printed resumes there with --yes (it used to name a run id
+    whose --resume said 'no run state')."""
+    import re
+    assert cli("profile", "init", str(tmp_path / "p.yaml")).code == 0
+    decode = tmp_path / "p" / "decode.yaml"
+    before = decode.read_text()
+    (tmp_path / "tune.yaml").write_text(TUNE)
+    env = {"DSV4CTL_STATE_DIR": str(tmp_path / "state")}
+    r = cli("runbook", "run", str(tmp_path / "tune.yaml"), "-p", str(tmp_path / "p.yaml"), env=env, input="")
+    assert r.code == 2, r.err
+    run_id = re.fullmatch(r"run (\S+): tune on p; state and report in (.+)", r.out.splitlines()[0])[1]
+    assert r.err == (f"dsv4ctl: error: step change (config.set) changes things; confirm interactively or pass "
+                     f"--yes (nothing of it ran; resume with --resume {run_id} --yes)\n")
+    run_dir = tmp_path / "state" / "runs" / run_id
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["run_id"] == run_id and state["done"] == [] and state["failed_step"] is None
+    assert [(e["step"], e["status"]) for e in state["timeline"]] == [("change", "declined")]
+    assert json.loads((run_dir / "incident.json").read_text())["completed"] is False
+    assert decode.read_text() == before
+    # the printed id resumes at that step
+    r = cli("runbook", "run", str(tmp_path / "tune.yaml"), "-p", str(tmp_path / "p.yaml"), "--resume", run_id,
+            "--yes", env=env, input="")
+    assert r.code == 0, r.err
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["done"] == ["change", "after"]
+    assert [(e["step"], e["status"]) for e in state["timeline"]] == [("change", "declined"), ("change", "ran"),
+                                                                     ("after", "ran")]
+    assert "chunked-prefill-size: 4096" in decode.read_text()

@@ -102,7 +102,8 @@ def run(
     """Run a runbook step by step; the state and incident report are written after every step.
 
     Exit 0 completed · 1 a step failed or was declined (or, with --dry-run, a step reports that the
-    run would stop) · 2 bad input · 130 interrupted (SIGINT, SIGTERM or SIGHUP; resume with --resume ID)."""
+    run would stop) · 2 bad input, or a step to confirm without a terminal and without --yes (the
+    run stops before it, resumable) · 130 interrupted (SIGINT, SIGTERM or SIGHUP; resume with --resume ID)."""
     from ..runbook.actions import RunContext, builtin_actions
     from ..runbook.engine import RunState, execute
     from ..runbook.report import incident_document, incident_markdown
@@ -176,6 +177,8 @@ def run(
         _atomic(state_file, json.dumps(st.to_dict(), indent=2, default=str))
         write_report(st)
 
+    unconfirmed: list = []      # the step that needed a confirmation no terminal could give
+
     def confirm(step, lines) -> bool:
         measured = _measured(state)
         if yes:
@@ -183,7 +186,10 @@ def run(
                 print(f"  {line}")
             return True
         if not os.isatty(0):
-            raise InputError(f"step {step.id} ({step.action}) changes things; confirm interactively or pass --yes")
+            # nobody to ask: the run stops before the step as if declined, with its state saved,
+            # so the run id printed above resumes here (with --yes)
+            unconfirmed.append(step)
+            return False
         print(f"step {step.id}: {step.action}")
         if measured:
             print("  measured so far:")
@@ -227,12 +233,17 @@ def run(
                "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
         for w in audit_touched(ctx, rec):
             print(f"warning: {w}")
+    again = f"--resume {state.run_id}" + (f" --report-dir {report_dir}" if report_dir else "")
     if interrupted:
         raise DsvError(f"runbook {pb.name} interrupted at {state.failed_step or 'a step'}; "
-                       f"resume with --resume {state.run_id}", EXIT_INTERRUPTED)
+                       f"resume with {again}", EXIT_INTERRUPTED)
+    if unconfirmed and not doc["completed"]:
+        step = unconfirmed[-1]
+        raise InputError(f"step {step.id} ({step.action}) changes things; confirm interactively or pass --yes "
+                         f"(nothing of it ran; resume with {again} --yes)")
     if not doc["completed"]:
         where = state.failed_step or "a declined step"
-        raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with --resume {state.run_id}")
+        raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with {again}")
 
 
 def _atomic(path: Path, text: str) -> None:

@@ -32,10 +32,12 @@ def _short(result: dict) -> str:
 def incident_document(state: RunState, *, who: str, profile: str, dry_run: bool,
                       before: Any = None, after: Any = None) -> dict:
     """The JSON incident report: who ran which playbook on which profile, the timeline with
-    UTC timestamps, every step's result, and the state before and after (as collected)."""
+    UTC timestamps, every step's result, and the state before and after (as collected).
+    ``completed``: no step failed and every declined step ran later (a resumed run)."""
     return dict(schema=SCHEMA, playbook=state.playbook, run_id=state.run_id, who=who,
                 profile=profile, dry_run=dry_run, failed_step=state.failed_step,
-                completed=state.failed_step is None and not any(e.status == "declined" for e in state.timeline),
+                completed=state.failed_step is None and all(e.step in state.done for e in state.timeline
+                                                            if e.status == "declined"),
                 state_before=before, state_after=after,
                 timeline=[e.to_dict() for e in state.timeline], results=state.results)
 
