@@ -244,8 +244,11 @@ def audit(profile: Optional[str] = _P,
           as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.audit/1 JSON document."),
           markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
     """Every host's audit log merged by time: when, who, host, what, release, result, detail.
+    Each host's clock is read in the same round trip: --since is taken in each host's time and
+    a host more than a minute off gets a warning line.
 
     Exit 0 · 2 bad input · 3 a host unreachable (the others are still printed)."""
+    from ..hosts.clock import run_clocked, skew_warning
     from ..hosts.day2 import audit_command, merge_audit, parse_audit
     from ..remote import run_parallel
 
@@ -256,15 +259,26 @@ def audit(profile: Optional[str] = _P,
         site.close()
         raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")
     sel = {h: t for h, t in site.transports.items() if host in (None, h)}
+
+    def read(t):
+        out, clock = run_clocked(t, audit_command(site.paths[t.name]), timeout=60)
+        return parse_audit(t.name, out.out), clock
+
     try:
-        res = run_parallel(sel, lambda t: parse_audit(t.name, t.run(audit_command(site.paths[t.name]), timeout=60).out),
-                           timeout=75)
+        res = run_parallel(sel, read, timeout=75)
     finally:
         site.close()
     down = [r.error for r in res.values() if not r.ok]
-    recs = merge_audit({h: r.value for h, r in res.items() if r.ok}, since, host)
+    clocks = {h: r.value[1] for h, r in res.items() if r.ok}
+    for h, c in clocks.items():
+        warn = skew_warning(h, c.offset_s if c else None)
+        if warn:
+            print(warn, file=sys.stderr)
+    recs = merge_audit({h: r.value[0] for h, r in res.items() if r.ok}, since, host,
+                       offsets={h: c.applied for h, c in clocks.items() if c})
     if as_json:
-        print(dump_json({"schema": "dsv4ctl.audit/1", "profile": dep.name, "records": recs, "unreachable": down}))
+        print(dump_json({"schema": "dsv4ctl.audit/1", "profile": dep.name, "records": recs, "unreachable": down,
+                         "clock_offsets_s": {h: round(c.offset_s, 1) if c else None for h, c in clocks.items()}}))
     else:
         headers = ["when", "who", "host", "action", "release", "result", "detail"]
         rows = [[r.get("ts", ""), r.get("who", ""), r.get("host", ""), r.get("action", ""), r.get("release", ""),

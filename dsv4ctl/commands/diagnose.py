@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
 import typer
@@ -22,10 +23,12 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
                                                    help="Bearer token for /server_info (or DSV4CTL_API_KEY).")) -> None:
     """Collect each group's log tail, process state, nvidia-smi, /health, /server_info and a
     /metrics delta (one parallel round per host), then name the cause with its evidence line and
-    the runbook to run. Works with the server down.
+    the runbook to run. Works with the server down. --since is taken in each host's time (its
+    clock is read in the same round trip; more than a minute off: a warning line).
 
     Exit 0 every group healthy · 1 a finding · 2 bad input · 3 a host could not be read."""
     from ..diagnose.collect import parse_since
+    from ..hosts.clock import skew_warning
     from ..diagnose.run import diagnose_deployment, diagnosis_lines
     from ..render import dump_json
     from .common import load_deployment_arg
@@ -42,6 +45,10 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
             raise InputError(f"--group {g!r}: not a server group of {dep.name} ({', '.join(sorted(servers))})")
     doc = diagnose_deployment(dep, list(dict.fromkeys(group)) if group else None, since=when, window=window,
                               lines=lines, accept_new_host_keys=accept_new, api_key=api_key)
+    for h, hd in doc["hosts"].items():
+        warn = skew_warning(h, hd.get("clock_offset_s"))
+        if warn:
+            print(warn, file=sys.stderr)
     if as_json:
         print(dump_json(doc))
     else:

@@ -5,7 +5,8 @@ The document (``dsv4ctl.diagnose/1``, documented in the README)::
     {"schema": "dsv4ctl.diagnose/1", "profile": NAME, "since": ISO | null, "window_s": 5.0,
      "ok": bool,                                   # every group healthy and every host read
      "hosts": {HOST: {"current": RID | null, "state": "good" | ... | null, "error": null | WHY,
-                      "gpu_error": null | WHY, "last_audit": {...} | null}},
+                      "gpu_error": null | WHY, "last_audit": {...} | null,
+                      "clock_offset_s": S | null}},   # the host's clock minus this machine's
      "groups": {GROUP: {"host", "role", "url", "alive", "exit_status", "restarts", "health",
                         "hicache", "release", "log_source", "log_lines", "gpus": [...],
                         "metrics_delta": {name: after - before} | null,
@@ -46,8 +47,11 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
                         window: float = 5.0, lines: int = DEFAULT_LINES, accept_new_host_keys: bool = False,
                         api_key: Optional[str] = None) -> dict:
     """Collect and classify every server group of ``dep`` (or ``groups``): the module docstring's
-    document. SSH failures are recorded per host (``hosts[H].error``), never raised."""
+    document. SSH failures are recorded per host (``hosts[H].error``), never raised. Each host's
+    clock is read in the same round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's
+    time) is converted to the host's time before its log lines are filtered."""
     from ..deploy.site import Options, open_site
+    from ..hosts.clock import host_cutoff, run_clocked
     from ..remote import run_parallel
 
     chosen = [dep.groups[n] for n in (groups or [g.name for g in dep.servers()])]
@@ -56,11 +60,13 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
         by_host.setdefault(g.group.host, []).append(g.name)
     site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
     transports = {h: t for h, t in site.transports.items() if h in by_host}
+    def collect(t):
+        out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines),
+                                 timeout=60)
+        return parse_host(t.name, site.paths[t.name].root, out.out), clock
+
     try:
-        res = run_parallel(transports, lambda t: parse_host(
-            t.name, site.paths[t.name].root,
-            t.run(host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines), timeout=60).out),
-            timeout=75)
+        res = run_parallel(transports, collect, timeout=75)
     finally:
         site.close()
     probes = probe_groups({g.name: g.url for g in chosen}, window, api_key)
@@ -70,17 +76,20 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     for h in by_host:
         r = res[h]
         if not r.ok:
-            hosts_doc[h] = {"current": None, "state": None, "error": r.error, "gpu_error": None, "last_audit": None}
+            hosts_doc[h] = {"current": None, "state": None, "error": r.error, "gpu_error": None, "last_audit": None,
+                            "clock_offset_s": None}
             continue
-        f = r.value.status.facts
+        hev, clock = r.value
+        f = hev.status.facts
         hosts_doc[h] = {"current": f.current, "state": f.recorded(f.current) if f.current else None, "error": None,
-                        "gpu_error": r.value.gpu_error, "last_audit": r.value.status.last_audit}
+                        "gpu_error": hev.gpu_error, "last_audit": hev.status.last_audit,
+                        "clock_offset_s": round(clock.offset_s, 1) if clock else None}
     for g in chosen:
         h = g.group.host
         r = res[h]
-        hev = r.value if r.ok else None
+        hev, clock = r.value if r.ok else (None, None)
         size, log = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
-        log = since_filter(log, since)
+        log = since_filter(log, host_cutoff(since, clock.applied) if since is not None and clock else since)
         exit_status, starts = process_facts(g.name, log)
         alive = hev.status.alive.get(g.name) if hev else None
         pr = probes[g.name]

@@ -190,10 +190,22 @@ def parse_audit(host: str, text: str) -> list[dict]:
     return out
 
 
-def merge_audit(per_host: dict[str, list[dict]], since: str | None = None, host: str | None = None) -> list[dict]:
+def merge_audit(per_host: dict[str, list[dict]], since: str | None = None, host: str | None = None,
+                offsets: dict[str, float] | None = None) -> list[dict]:
     """Every host's records merged by time (``ts``, ISO 8601 UTC), optionally from ``since`` on
-    and of one ``host``."""
-    recs = [r for h, rs in per_host.items() if host in (None, h) for r in rs]
+    and of one ``host``. ``offsets`` ({host: seconds its clock is ahead of this machine's,
+    :attr:`dsv4ctl.hosts.clock.ClockReading.applied`}): ``since`` (this machine's time) is compared
+    with each host's records in that host's time, and records are ordered by this machine's time
+    (a record keeps the ``ts`` its host wrote)."""
+    from .clock import host_cutoff_iso
+    offsets = offsets or {}
+    pairs = [(h, r) for h, rs in per_host.items() if host in (None, h) for r in rs]
     if since:
-        recs = [r for r in recs if str(r.get("ts", "")) >= since]
-    return sorted(recs, key=lambda r: (str(r.get("ts", "")), r.get("host", "")))
+        cut = {h: host_cutoff_iso(since, offsets[h]) if offsets.get(h) else since for h in per_host}
+        pairs = [(h, r) for h, r in pairs if str(r.get("ts", "")) >= cut[h]]
+
+    def when(h: str, r: dict) -> str:
+        ts = str(r.get("ts", ""))
+        return host_cutoff_iso(ts, -offsets[h]) if offsets.get(h) else ts
+    pairs.sort(key=lambda p: (when(*p), p[1].get("host", "")))
+    return [r for _, r in pairs]
