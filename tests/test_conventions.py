@@ -144,6 +144,27 @@ def test_profile_init_of_a_path_that_is_not_utf8_is_a_one_line_error(tmp_path):
     r = run_cli("profile", "init", "prod.yaml", cwd=Path(os.fsdecode(os.fsencode(tmp_path) + b"/d\xfe")))
     assert r.code == 0, r.err
     assert sorted(os.listdir(os.fsencode(tmp_path) + b"/d\xfe")) == [b"prod", b"prod.yaml"]
+    # --from a profile whose own name is not UTF-8: named in the header's comment as \xNN
+    src = Path(os.fsdecode(os.fsencode(tmp_path) + b"/d\xfe/prod.yaml"))
+    os.rename(src, os.fsdecode(os.fsencode(tmp_path) + b"/d\xfe/\xfc.yaml"))
+    r = run_cli("profile", "init", "copy.yaml", "--from", "d\udcfe/\udcfc.yaml", cwd=tmp_path)
+    assert r.code == 0 and "Traceback" not in r.err, r.err
+    assert "from \\xfc.yaml.\n" in (tmp_path / "copy.yaml").read_text()
+    # a relative series inside a folder that is not UTF-8 cannot be written as an absolute path
+    (tmp_path / "ok").mkdir()
+    text = (REPO / "profiles/dsv4-flash-8xb200-pd.yaml").read_text().replace(
+        "series: ../patches/sglang-0.5.23", "series: ../d\udcfe")
+    assert "series: ../d\udcfe" in text
+    (tmp_path / "ok" / "p.yaml").write_text(text.replace("\udcfe", "-x"))
+    os.symlink(REPO / "profiles/dsv4-flash-8xb200-pd", tmp_path / "ok" / "dsv4-flash-8xb200-pd")
+    import shutil
+    shutil.copytree(REPO / "patches/sglang-0.5.23", os.fsdecode(os.fsencode(tmp_path) + b"/d\xfe/series"))
+    os.symlink(os.fsencode(tmp_path) + b"/d\xfe/series", tmp_path / "d-x")
+    r = run_cli("profile", "init", "third.yaml", "--from", "ok/p.yaml", cwd=tmp_path)
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert r.err.startswith(f"dsv4ctl: error: {tmp_path}/d\\xfe/series: p.yaml's sglang.series: the path is not "
+                            "valid UTF-8")
+    assert not (tmp_path / "third.yaml").exists()
 
 
 def test_profile_init_refuses_the_shipped_folder():

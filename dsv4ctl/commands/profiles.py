@@ -93,12 +93,15 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
     if isinstance(series, str) and not Path(series).expanduser().is_absolute():
         absolute = str((src.parent / series).resolve())
         pat = re.compile(r"^(\s*series:\s*)" + re.escape(series) + r"(\s*#.*)?$", re.M)
-        text = pat.sub(lambda m: f"{m.group(1)}{absolute}  # {src.name}'s series; copy it to change it",
+        if not _is_utf8(absolute):
+            raise InputError(f"{_shown(absolute)}: {_shown(src.name)}'s sglang.series: the path is not "
+                             "valid UTF-8 and cannot be written into the new profile: give the series as a UTF-8 path")
+        text = pat.sub(lambda m: f"{m.group(1)}{absolute}  # {_shown(src.name)}'s series; copy it to change it",
                        text, count=1)
     text = re.sub(r"^name:\s*" + re.escape(prof.name) + r"(?=\s|$)", lambda m: f"name: {dest.stem}", text,
                   count=1, flags=re.M)
     header = (f"{SCHEMA_LINE}{schema_path('profile')}\n"
-              f"# Written by `dsv4ctl profile init` (dsv4ctl {__version__}) from {src.name}.\n"
+              f"# Written by `dsv4ctl profile init` (dsv4ctl {__version__}) from {_shown(src.name)}.\n"
               f"# Edit hosts[] (address, ssh, root), sglang.tree/base_ref, groups[].memory (measured GiB),\n"
               f"# then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}   dsv4ctl deploy {dest} --dry-run\n"
               f"# Every key: `dsv4ctl schema profile` and the README's Profiles table.\n")
@@ -106,17 +109,27 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
     return out
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(path: str) -> str:
+    """``path`` with bytes that are not UTF-8 written as ``\\xNN`` (for messages and comments)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _utf8(path: str) -> None:
     """InputError (exit 2) when ``path`` holds bytes that are not UTF-8 (the file system allows
     them; Python carries them as lone surrogates): the profile names itself after the file and
     its serve configs by path, and a YAML file is UTF-8 text, so such a name cannot be written."""
     from ..errors import InputError
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise InputError(f"{shown}: the path is not valid UTF-8; a profile names its file and serve configs "
-                         "in UTF-8 text: choose a UTF-8 path") from None
+    if not _is_utf8(path):
+        raise InputError(f"{_shown(path)}: the path is not valid UTF-8; a profile names its file and serve configs "
+                         "in UTF-8 text: choose a UTF-8 path")
 
 
 @profile_app.command("init")
@@ -134,6 +147,10 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
     if dest.suffix.lower() not in (".yaml", ".yml"):
         raise InputError(f"{path}: a profile file ends in .yaml or .yml")
     files = starting_profile(_source(from_), dest)
+    for f, text in files.items():
+        if not _is_utf8(text):          # a path taken into the text that is not UTF-8: nothing written
+            raise InputError(f"{_shown(str(f))}: its text would hold a path that is not valid UTF-8; "
+                             "rename it (or the files it names) to UTF-8")
     for f in files:
         if is_shipped(f):
             raise InputError(f"{f}: inside dsv4ctl's shipped data; write your profile elsewhere")
