@@ -54,12 +54,39 @@ def umount(path: Path) -> None:
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, input: str | None = None,
             timeout: float = 120) -> Result:
-    """Run ``dsv4ctl ARGS`` as a user would (a new process) and capture everything."""
+    """Run ``dsv4ctl ARGS`` as a user would and capture everything: a child forked from the
+    per-process pre-imported server of :mod:`tests.cliserver` (what ``python -m dsv4ctl.cli``
+    would be, without paying Python's start-up and the imports per run), or with
+    ``DSV4CTL_TEST_FORK=0`` a new process per run."""
     e = dict(os.environ, COLUMNS="200", NO_COLOR="1")
     e.update(env or {})
+    server = _cli_server()
+    if server is not None:
+        code, out, err = server.run([str(a) for a in args], e, str(cwd or REPO), input, timeout)
+        return Result(code, out, err)
     p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *args], cwd=cwd or REPO, env=e,
                        capture_output=True, text=True, timeout=timeout, input=input)
     return Result(p.returncode, p.stdout, p.stderr)
+
+
+_SERVER: list = []
+
+
+def _cli_server():
+    """This process's :class:`tests.cliserver.Server` (started on first use, stopped at exit);
+    None with ``DSV4CTL_TEST_FORK=0``."""
+    if os.environ.get("DSV4CTL_TEST_FORK", "1") == "0":
+        return None
+    if not _SERVER:
+        import atexit
+        import tempfile
+
+        from tests.cliserver import Server
+        d = tempfile.mkdtemp(prefix="dsv4ctl-cli-")
+        srv = Server(os.path.join(d, "sock"), str(REPO), os.path.join(d, "server.log"))
+        _SERVER.append(srv)
+        atexit.register(srv.close)
+    return _SERVER[0]
 
 
 @pytest.fixture
@@ -98,6 +125,15 @@ def pytest_runtest_protocol(item, nextitem):
 # -- scheduling: the longest modules first ---------------------------------------------------------
 
 _DURATIONS = REPO / "tests" / "data" / "durations.json"
+
+
+def pytest_configure(config):
+    """The processes the tests start get the SIGINT disposition a terminal gives: a suite started
+    as a background job (``cmd &`` in a non-interactive shell) inherits SIGINT ignored, which
+    every child would inherit too, so a test's Ctrl-C to dsv4ctl would never land."""
+    import signal
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(session, config, items):

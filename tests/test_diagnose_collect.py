@@ -22,7 +22,7 @@ def test_host_command_is_one_read_only_round_with_markers():
 
 def test_parse_host_splits_status_logs_and_gpus():
     text = "\n".join([
-        f"{MARK} status", "@current", "r7", "@alive prefill no", "@audit", '{"action": "deploy"}',
+        f"{MARK} status", "@current", "releases/r7", "@alive prefill no", "@audit", '{"action": "deploy"}',
         f"{MARK} log prefill", "42", "=== dsv4ctl start prefill release r7 at 2026-12-01T10:00:00Z",
         "[2026-12-01 10:00:05 TP0] boom", "=== dsv4ctl: prefill exited with status 137",
         f"{MARK} gpus", "@error nvidia-smi not found", ""])

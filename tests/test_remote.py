@@ -408,18 +408,29 @@ def test_run_parallel_finish_on_interrupt():
     for finish in (True, False):
         done, masks = [], []
 
+        started, fired = [], threading.Event()
+
         def slow(t):
             masks.append(subprocess.run(["sh", "-c", "grep SigBlk /proc/self/status"], capture_output=True,
                                         text=True).stdout.split()[1])
-            time.sleep(0.6)
+            started.append(t.name)
+            fired.wait(60)                 # busy until the interrupt has landed, then a while more
+            time.sleep(1.0)
             done.append(t.name)
+
+        def interrupt():                   # once every host's call runs: no fixed delay to lose under load
+            end = time.monotonic() + 60
+            while len(started) < 3 and time.monotonic() < end:
+                time.sleep(0.01)
+            os.kill(os.getpid(), sig.SIGINT)
+            fired.set()
         ts = {n: T(n) for n in ("a", "b", "c")}
-        threading.Timer(0.2, lambda: os.kill(os.getpid(), sig.SIGINT)).start()
+        threading.Thread(target=interrupt, daemon=True).start()
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             run_parallel(ts, slow, finish_on_interrupt=finish)
         if finish:
-            assert sorted(done) == ["a", "b", "c"] and time.monotonic() - t0 >= 0.6
+            assert sorted(done) == ["a", "b", "c"] and time.monotonic() - t0 >= 1.0
             assert not any(t.closed for t in ts.values())
             assert all(int(m, 16) & (1 << (sig.SIGINT - 1)) == 0 for m in masks), masks
         else:

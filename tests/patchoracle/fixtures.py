@@ -37,20 +37,44 @@ def drive(pythonpath: str, cases: list[dict]) -> list[dict]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def shared_once(tmp_path_factory, name: str, build):
+    """``build(folder)``'s JSON-able result, computed once per test run however many xdist
+    workers ask: the first one builds under a file lock in the run's shared base folder, the
+    others wait and read its result (``folder`` stays for all of them; tests must not change it)."""
+    import fcntl
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent                # shared by the workers of this run
+    folder = base / f"shared-{name}"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / "result.json"
+        if not done.is_file():
+            folder.mkdir(exist_ok=True)
+            result = build(folder)
+            done.write_text(json.dumps(result))
+        return json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def patched_tree(tmp_path_factory):
-    """A fresh pristine tree with ``patches/sglang-0.5.23`` applied by ``dsv4ctl patch apply``.
-    Tests must not change it."""
-    tree = fresh_tree(tmp_path_factory.mktemp("patched") / "sglang")
-    r = run_cli("patch", "apply", str(tree), env=ENV, timeout=300)
-    assert r.code == 0, r.err
-    return tree
+    """A fresh pristine tree with ``patches/sglang-0.5.23`` applied by ``dsv4ctl patch apply``,
+    built once per run (:func:`shared_once`). Tests must not change it."""
+    from pathlib import Path
+
+    def build(folder):
+        tree = fresh_tree(folder / "sglang")
+        r = run_cli("patch", "apply", str(tree), env=ENV, timeout=300)
+        assert r.code == 0, r.err
+        return str(tree)
+    return Path(shared_once(tmp_path_factory, "patched-tree", build))
 
 
 @pytest.fixture(scope="session")
-def oracle_runs(patched_tree):
-    """``{(model, available_bytes, switch): result}`` from the patched tree's real configurator;
-    ``switch`` is "bf16", "off" or "int8" (the last: Flash only, an invalid value)."""
+def oracle_runs(patched_tree, tmp_path_factory):
+    """``{(model, available_bytes, switch): result}`` from the patched tree's real configurator,
+    run once per test run (:func:`shared_once`); ``switch`` is "bf16", "off" or "int8" (the
+    last: Flash only, an invalid value)."""
     if not ORACLE_PY.exists():
         pytest.skip("needs .venv-oracle (bash scripts/oracle-env.sh)")
     keys, cases = [], []
@@ -65,4 +89,6 @@ def oracle_runs(patched_tree):
     keys.append(("deepseek-v4-flash", FLASH_BYTES, "int8"))
     cases.append(dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES,
                       env={"SGLANG_DSV4_INDEX_K_DTYPE": "int8"}))
-    return dict(zip(keys, drive(f"{patched_tree}/python:{REPO}", cases)))
+    runs = shared_once(tmp_path_factory, "oracle-runs",
+                       lambda folder: drive(f"{patched_tree}/python:{REPO}", cases))
+    return dict(zip(keys, runs))
