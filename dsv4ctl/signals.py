@@ -18,6 +18,33 @@ STOPPING: tuple[signal.Signals, ...] = (signal.SIGINT, *TERMINATING)
 """Every signal that stops a command: what a critical section holds back."""
 
 
+def terminate_as_interrupt() -> None:
+    """For the rest of the process: SIGTERM and SIGHUP raise KeyboardInterrupt (handled like
+    Ctrl-C: the command's own clean-up runs, exit 130). Main thread only (Python's rule)."""
+    for sig in TERMINATING:
+        signal.signal(sig, raise_interrupt)
+
+
+class terminate_as_interrupt_while:
+    """A block during which SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C — each unless a
+    handler is installed already (a command that handles it itself); restored on exit. Outside
+    the main thread it does nothing."""
+
+    def __enter__(self):
+        import threading
+        self.mine = []
+        if threading.current_thread() is threading.main_thread():
+            self.mine = [s for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL]
+            for s in self.mine:
+                signal.signal(s, raise_interrupt)
+        return self
+
+    def __exit__(self, *exc):
+        for s in self.mine:
+            signal.signal(s, signal.SIG_DFL)
+        return False
+
+
 def raise_interrupt(signum, frame):
     """A signal handler: raise KeyboardInterrupt (handled exactly like Ctrl-C). On SIGHUP the
     terminal is gone: stdout/stderr that are terminals are pointed at /dev/null first, so the

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ..render import console, dump_json, markdown_table, rich_table
+from ..signals import terminate_as_interrupt
 
 _P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command acts on hosts.")
 
@@ -156,15 +157,6 @@ def _print_actions(title: str, rep: dict, verbose: bool = False, secrets=frozens
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every exact command; in a run: each step as it runs, and its duration when it ends (secret values masked).")
 
 
-def _sigterm_as_interrupt():
-    """SIGTERM and SIGHUP (a closed terminal or SSH session) raise KeyboardInterrupt: handled like Ctrl-C."""
-    import signal
-
-    from ..signals import TERMINATING, raise_interrupt
-    for sig in TERMINATING:
-        signal.signal(sig, raise_interrupt)
-
-
 class _Progress:
     """rich progress bars for pushes (stderr, only on a terminal)."""
 
@@ -237,7 +229,7 @@ def deploy(
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
-    _sigterm_as_interrupt()
+    terminate_as_interrupt()
     with _Interrupted(secrets), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
@@ -310,7 +302,7 @@ def promote(
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
-    _sigterm_as_interrupt()
+    terminate_as_interrupt()
     with _Interrupted(secrets), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
         rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        break_lock=break_lock, verbose=verbose, quiet=quiet, runlog=runlog),
@@ -348,7 +340,7 @@ def rollback(
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
-    _sigterm_as_interrupt()
+    terminate_as_interrupt()
     with _Interrupted(secrets), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
         rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        health_timeout=health_timeout, break_lock=break_lock, verbose=verbose,

@@ -161,8 +161,8 @@ def _write(prof, out, force: bool, dry_run: bool) -> _Written:
     diff = unified_diff(old, new, str(path).lstrip("/"))
     if dry_run:
         return _Written([], diff, [])
-    from .deploy import _sigterm_as_interrupt
-    _sigterm_as_interrupt()            # SIGTERM/SIGHUP: the profile is written whole first, then exit 130
+    from ..signals import terminate_as_interrupt
+    terminate_as_interrupt()            # SIGTERM/SIGHUP: the profile is written whole first, then exit 130
     write_local(path, new, expect=old)
     return _Written([f.group for f in out], diff, [])
 

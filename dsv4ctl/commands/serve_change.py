@@ -67,8 +67,8 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
-        from .deploy import _sigterm_as_interrupt
-        _sigterm_as_interrupt()        # SIGTERM/SIGHUP: the files are all written first, then exit 130
+        from ..signals import terminate_as_interrupt
+        terminate_as_interrupt()        # SIGTERM/SIGHUP: the files are all written first, then exit 130
         write_all([(e.path, e.new) for e in changed], expect={e.path: e.old for e in changed})
     if as_json:
         out(dump_json(dict(schema=schema, **doc, profile=prof.name, dry_run=dry_run,
@@ -99,7 +99,8 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     from ..deploy.steps import Step, deployment_secrets, mask_secrets
     from ..serve import hicache_live as hr
     from ..serve.hicache_local import write_all
-    from .deploy import _Interrupted, _sigterm_as_interrupt
+    from ..signals import terminate_as_interrupt
+    from .deploy import _Interrupted
 
     secrets = set(deployment_secrets(prof)) | set(extra_secrets) | set().union(*(e.secrets for e in local_edits))
     out = printer(secrets)
@@ -124,7 +125,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
         o.trace = lambda st: log("step " + st.line(True))
         o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
     if not dry_run:
-        _sigterm_as_interrupt()
+        terminate_as_interrupt()
     err = None
     rep: dict = {}
     with _Interrupted(secrets):

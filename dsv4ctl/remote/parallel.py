@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DsvError, RemoteError
-from ..signals import STOPPING, TERMINATING, raise_interrupt
+from ..signals import STOPPING, terminate_as_interrupt_while
 from .transport import cancel_event
 
 
@@ -56,23 +56,6 @@ STOP_WAIT_S = 15.0
 """After an interrupt: at most this many seconds for the hosts' commands to be stopped (every
 transport is closed at once, in parallel, which stops its running commands) before the
 interrupt goes on."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread while the block runs, like
-    Ctrl-C — each unless a handler is installed already (a command that handles it itself)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    mine = [s for s in TERMINATING if signal.getsignal(s) == signal.SIG_DFL]
-    for s in mine:
-        signal.signal(s, raise_interrupt)
-    try:
-        yield
-    finally:
-        for s in mine:
-            signal.signal(s, signal.SIG_DFL)
 
 
 def _work(fut: cf.Future, fn: Callable[[Any], Any], t, cancel: threading.Event, slots: threading.Semaphore) -> None:
@@ -138,7 +121,7 @@ def run_parallel(transports: dict, fn: Callable[[Any], Any], *, timeout: float |
     t0 = time.monotonic()
     futs: dict = {}
     threads: list[threading.Thread] = []
-    with _sigterm_as_interrupt():
+    with terminate_as_interrupt_while():
         try:
             # SIGINT/SIGTERM wait until every thread is started: a KeyboardInterrupt inside
             # Thread.start() can leave a started thread unknown here, or its lock held for good
