@@ -14,9 +14,9 @@ import stat
 import pytest
 
 from dsv4ctl.deploy.release import build_release, check_release, load_release, release_id
-from tests.conftest import run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
-from tests.sshd.world import World, make_patch, make_tree
+from tests.sshd.world import make_patch, make_tree
+from tests.test_release_immutable import cli, world  # noqa: F401  (the same four-host world)
 
 MOD = "tree/python/sglang/srt/mod003.py"
 
@@ -108,17 +108,6 @@ def test_a_tampered_cached_release_is_never_shipped(built, how, problems, capsys
 
 
 # -- hosts -------------------------------------------------------------------------------------
-
-@pytest.fixture
-def world(live_cluster, tmp_path):
-    w = World(live_cluster, tmp_path, keep=5)
-    yield w
-    w.stop_services()
-
-
-def cli(w: World, *args, timeout=180):
-    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
-
 
 @pytest.mark.sshd
 def test_tampered_releases_on_hosts_are_drift_and_the_next_deploy_repairs(world):
