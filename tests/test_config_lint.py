@@ -50,9 +50,10 @@ def edit(text: str, **kv) -> str:
 
 
 def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=("bf16"), gating=None,
-        env_p=None, env_d=None, raw_prefill=None):
+        env_p=None, env_d=None, raw_prefill=None, topo_p=None):
     pc = parse_config_text(prefill, "prefill.yaml") if raw_prefill is None else raw_prefill
-    groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools)),
+    groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools),
+                         topology_error=topo_p),
               GroupInput("decode", "decode", "h0", parse_config_text(decode, "decode.yaml"), env=env_d or {},
                          rank_device_gib=list(pools))]
     inp = LintInput(groups=groups, pairs=[("prefill", "decode")], host_ram_gib={"h0": ram},
@@ -127,6 +128,9 @@ CASES = [
     # issue 16: PD + HiCache + EAGLE + page_first_direct (sglang #31252)
     ("DSV119", dict(p=dict(hicache_mem_layout="page_first_direct", hicache_io_backend="direct"), extra_p="speculative-algorithm: EAGLE\n"),
      dict(p=dict(hicache_mem_layout="page_first"), extra_p="speculative-algorithm: EAGLE\n")),
+    # issue 25: the profile's topology is not what the serve config runs (dsv4ctl.plan.plan.topology's words)
+    ("DSV120", dict(topo_p="prefill.yaml:2: tp-size: 8 disagrees with the profile's group 'prefill' (tp: 4)"), dict()),
+    ("DSV120", dict(topo_p="prefill.yaml: no tp-size: SGLang runs tp-size 1 (its default), but ..."), dict()),
 ]
 
 

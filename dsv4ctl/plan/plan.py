@@ -38,6 +38,11 @@ _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off", ""}
 
 
+# SGLang 0.5.23 srt/server_args.py defaults of the topology a serve config may leave out
+# (tp_size, dp_size, pp_size: 1; enable_dp_attention: False, attn_dp_size 1).
+SGLANG_TOPOLOGY_DEFAULTS = {"tp_size": 1, "dp_size": 1, "pp_size": 1, "enable_dp_attention": False}
+
+
 def _attn_dp(args: dict, where: dict) -> None:
     """Map SGLang 0.5.23's ``attn-dp-size N`` (the replacement of ``--dp-size N
     --enable-dp-attention``, ``srt/arg_groups/fields/parallel.py:81-212``) and
@@ -226,15 +231,14 @@ class GroupInputs:
     balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
 
 
-def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
-                  overrides: dict[str, Any], tree_idx: Optional[dict] = None,
-                  serve: Optional[ServeConfig] = None) -> GroupInputs:
-    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides.
-
-    Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
-    profile's topology."""
+def serve_args(serve: Optional[ServeConfig]) -> tuple[dict[str, Any], dict[str, str]]:
+    """({plan key: typed value}, {plan key: ``file:line``}) of the server arguments plan reads from
+    a serve config, keys resolved as SGLang 0.5.23's argparse does (aliases, unambiguous
+    abbreviations) and ``attn-dp-size`` mapped onto dp_size + enable_dp_attention (:func:`_attn_dp`).
+    ``({}, {})`` for None. InputError (exit 2) for a bad value, an ambiguous abbreviation or a key
+    given twice."""
     args: dict[str, Any] = {}
-    where = {}
+    where: dict[str, str] = {}
     if serve is not None:
         from .argnames import AmbiguousOption, resolve_option
         for key, value in serve.args().items():
@@ -254,15 +258,54 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                 args[name] = _coerce(f"{loc}: {key}", SET_KEYS[name], value)
                 where[name] = loc
     _attn_dp(args, where)
+    return args, where
+
+
+def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args: dict[str, Any],
+             where: dict[str, str], overrides: dict[str, Any]) -> dict[str, Any]:
+    """{tp_size, dp_size, pp_size, enable_dp_attention} a group runs with (pure). SGLang reads only
+    the serve config, so with one its values (or SGLang's defaults, :data:`SGLANG_TOPOLOGY_DEFAULTS`)
+    are what runs; the profile's ``tp``/``dp``/``pp``/``dp_attention`` must agree and a
+    disagreement — including a key the serve config leaves to its default — is an InputError
+    naming both places. Without a serve config the profile's values count. ``--set`` wins."""
+    out = {}
+    gi = profile.groups.index(group)
+    for k, v in {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
+                 "enable_dp_attention": group.dp_attention}.items():
+        pkey = k.split("_")[0] if k != "enable_dp_attention" else "dp_attention"
+        if k in overrides:
+            out[k] = overrides[k]
+            continue
+        if k in args:
+            if args[k] != v:
+                raise InputError(f"{where[k]}: {k.replace('_', '-')}: {args[k]} disagrees with the profile's "
+                                 f"group {group.name!r} ({pkey}: {v})")
+            out[k] = v
+            continue
+        if serve is not None and v != SGLANG_TOPOLOGY_DEFAULTS[k]:
+            # without the key SGLang runs its default, whatever the profile says: planning the
+            # profile's value would plan a server that never runs
+            fix = (f"attn-dp-size: {group.dp}" if k in ("dp_size", "enable_dp_attention") and group.dp_attention
+                   else f"{k.replace('_', '-')}: {v}")
+            raise InputError(
+                f"{serve.path}: no {k.replace('_', '-')}: SGLang runs {k.replace('_', '-')} "
+                f"{SGLANG_TOPOLOGY_DEFAULTS[k]} (its default), but the profile's group {group.name!r} says "
+                f"{pkey}: {v} ({profile.positions.where(('groups', gi, pkey))}): put {fix} in the serve config")
+        out[k] = v if serve is None else SGLANG_TOPOLOGY_DEFAULTS[k]
+    return out
+
+
+def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
+                  overrides: dict[str, Any], tree_idx: Optional[dict] = None,
+                  serve: Optional[ServeConfig] = None) -> GroupInputs:
+    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides.
+
+    Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
+    profile's topology."""
+    args, where = serve_args(serve)
     overrides = dict(overrides)
     _attn_dp(overrides, {k: "--set" for k in overrides})
-    topo = {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
-            "enable_dp_attention": group.dp_attention}
-    for k, v in topo.items():
-        if k in args and args[k] != v and k not in overrides:
-            raise InputError(f"{where[k]}: {k.replace('_', '-')}: {args[k]} disagrees with the profile's "
-                             f"group {group.name!r} ({k.split('_')[0] if k != 'enable_dp_attention' else 'dp_attention'}: {v})")
-        args[k] = v
+    args.update(topology(profile, group, serve, args, where, overrides))
     env: dict[str, Any] = {}
     for k, v in group.env.items():
         if k in SET_KEYS:

@@ -18,15 +18,27 @@ from .yamlpos import parse_yaml, read_yaml_bytes
 # sglang 0.5.23 srt/utils/server_args_config_parser.py: ``path.suffix.lower() not in [".yaml", ".yml"]``.
 SUFFIXES = (".yaml", ".yml")
 
-# Common argparse aliases of 0.5.23 server arguments → canonical dashed name.
+# The argparse aliases of 0.5.23 server arguments → canonical dashed name: every alias of
+# dsv4ctl/data/server_args-0.5.23.json except the ``no-X`` negations of boolean options (those
+# invert the value). Kept here for start-up time (the table is 150 KB of JSON);
+# tests/test_serve_aliases.py proves it equals the table's.
 ALIASES = {
-    "tensor-parallel-size": "tp-size",
-    "pipeline-parallel-size": "pp-size",
+    "attention-context-parallel-size": "attn-cp-size",
+    "attention-data-parallel-size": "attn-dp-size",
+    "context-bucket": "cuda-graph-prefill-max-context",
     "data-parallel-size": "dp-size",
-    "expert-parallel-size": "ep-size",
-    "ep": "ep-size",
+    "decode-context-parallel-size": "dcp-size",
     "enable-hicache": "enable-hierarchical-cache",
+    "ep": "ep-size",
+    "expert-parallel-size": "ep-size",
+    "grpc-http-sidecar-port": "smg-http-sidecar-port",
+    "hierarchical-sparse-attention-extra-config": "hisparse-config",
     "model": "model-path",
+    "moe-data-parallel-size": "moe-dp-size",
+    "nccl-init-addr": "dist-init-addr",
+    "pipeline-parallel-size": "pp-size",
+    "speculative-draft-model": "speculative-draft-model-path",
+    "tensor-parallel-size": "tp-size",
 }
 HICACHE_KEYS = ("enable-hierarchical-cache", "enable-hicache")
 

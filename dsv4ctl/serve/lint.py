@@ -50,6 +50,7 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV117": ("dsv4-kv-dtype", "error", "DSV4 accepts kv-cache-dtype fp8_e4m3 or bfloat16 only", "ops §7.1; model_overrides/deepseek_v4.py"),
     "DSV118": ("dsv4-page-size", "error", "DSV4 pools need page-size 256 on CUDA (the pool builder asserts it)", "kv_cache_configurator.py _build_dsv4_kv_pool"),
     "DSV119": ("pd-hicache-eagle-page-first-direct", "error", "PD prefill + HiCache + EAGLE + page_first_direct: known failure", "sglang #31252"),
+    "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP; SGLang's defaults when a key is left out)", "server_args.py; dsv4ctl.plan.plan.topology"),
 }
 
 
@@ -89,6 +90,7 @@ class GroupInput:
     config: Optional[ServeConfig]
     env: dict[str, str] = field(default_factory=dict)
     rank_device_gib: Optional[list[float]] = None
+    topology_error: Optional[str] = None     # :func:`dsv4ctl.plan.plan.topology`'s refusal, if any
 
 
 @dataclass
@@ -223,11 +225,17 @@ def _mode(g: GroupInput, r: Resolved) -> Optional[str]:
 
 
 def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
-    """DSV4 rules of one group (DSV101-DSV106, DSV108, DSV111-DSV117)."""
+    """DSV4 rules of one group (DSV101-DSV106, DSV108, DSV111-DSV117, DSV120)."""
     cfg = g.config
     assert cfg is not None
     a = r.args
     out: list[Finding] = []
+    if g.topology_error:      # "FILE:LINE: text" (a key that disagrees) or "FILE: text" (a key left out)
+        msg, line = g.topology_error, 1
+        if msg.startswith(cfg.path + ":"):
+            head, _, rest = msg[len(cfg.path) + 1:].partition(": ")
+            msg, line = (rest, int(head)) if head.isdigit() else (msg[len(cfg.path) + 2:], 1)
+        out.append(Finding("DSV120", RULES["DSV120"][1], cfg.path, line, msg, g.name))
     hk = _key(r, "enable_hierarchical_cache")
     mode = _mode(g, r)
     file_mode = a.get("disaggregation_mode")

@@ -23,6 +23,24 @@ def device_pool_gib(dep: Deployment) -> tuple[dict[str, list[float]], Optional[s
     return {gp.group.name: [r["allocated_gib"] for r in gp.ranks()] for gp in report.groups if gp.stages}, None
 
 
+def topology_error(dep: Deployment, group, cfg) -> Optional[str]:
+    """Why the serve config ``cfg`` of ``group`` does not run the topology its profile says
+    (:func:`dsv4ctl.plan.plan.topology`, the rule plan applies), None when it does or when the
+    file has other errors (the SGL rules report those)."""
+    if cfg is None:
+        return None
+    from ..plan.plan import serve_args, topology
+    try:
+        args, where = serve_args(cfg)
+    except InputError:
+        return None
+    try:
+        topology(dep.profile, group, cfg, args, where, {})
+    except InputError as e:
+        return str(e)
+    return None
+
+
 def is_dsv4(dep: Deployment) -> bool:
     """True unless the profile's model config says another model type: a DeepSeek-V3.2 config
     (``deepseek_v32``, no ``compress_ratios``) gets no DSV4 rules. An unreadable one counts as DSV4."""
@@ -53,7 +71,8 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
                 cfg = parse_serve_config(texts[g.name], str(path))
             elif g.name in selected or path.exists():
                 cfg = g.serve
-        ginputs.append(GroupInput(name=g.name, role=g.role, host=g.group.host, config=cfg, env=g.env))
+        ginputs.append(GroupInput(name=g.name, role=g.role, host=g.group.host, config=cfg, env=g.env,
+                                  topology_error=topology_error(dep, g.group, cfg)))
     inp = LintInput(groups=ginputs, pairs=dep.router_pairs(),
                     host_ram_gib={h.name: h.ram_gib for h in dep.hosts.values()},
                     index_k_dtype=dep.sglang.index_k_dtype, dsv4=is_dsv4(dep))
