@@ -98,7 +98,8 @@ class SysWorld:
             cfg = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "deepseek-v4-flash",
                    "host": "0.0.0.0", "port": self.ports[g], "tp-size": 1, "disaggregation-mode": g,
                    "disaggregation-bootstrap-port": 8998, "reasoning-parser": "deepseek-v4",
-                   "tool-call-parser": "deepseekv4", **self.extra[g]}
+                   "tool-call-parser": "deepseekv4", **({"base-gpu-id": 1} if g == "decode" else {}),
+                   **self.extra[g]}      # decode runs on GPU 1 of the host, as the profile says
             (self.cfgdir / f"{g}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         a = self.h.address
         groups = [{"name": "prefill", "role": "prefill", "host": "s0", "gpus": [0], "tp": 1,

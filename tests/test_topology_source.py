@@ -86,3 +86,32 @@ def test_the_shipped_profile_agrees_and_set_still_wins(tmp_path):
     r = run_cli("plan", "-g", "prefill", "--set", "tp_size=2", "--json", env=env(tmp_path))
     assert r.code in (0, 1, 2), r.err
     assert "disagrees" not in r.err and "no tp-size" not in r.err
+
+
+def test_placement_is_sglangs_rank_to_gpu_rule():
+    from dsv4ctl.plan.plan import placement
+    assert placement(4, 1, 1) == [0, 1, 2, 3]
+    assert placement(4, 1, 1, base=4) == [4, 5, 6, 7]
+    assert placement(2, 2, 1, base=0, step=2) == [0, 2, 2, 4]      # engine.py: the pp offset is not stepped
+    assert placement(2, 1, 2, base=0, step=2) == [0, 2, 4, 6]      # a DP replica starts tp*pp*step further
+    assert placement(1, 1, 4, base=4) == [4, 5, 6, 7]
+
+
+def test_two_servers_on_the_same_gpus_are_refused(tmp_path):
+    """decode's serve config without base-gpu-id runs on GPUs 0-3, where prefill runs."""
+    prof, _ = copy_profile(tmp_path)
+    dec = tmp_path / "dsv4-flash-8xb200-pd" / "decode.yaml"
+    dec.write_text(dec.read_text().replace("base-gpu-id: 4\n", ""))
+    gpus_line = [i for i, ln in enumerate(prof.read_text().splitlines(), 1) if ln.strip() == "gpus: [4, 5, 6, 7]"][0]
+    msg = (f"{dec}: SGLang puts group 'decode' on GPUs 0,1,2,3 (base-gpu-id 0, gpu-id-step 1, 4 rank(s)), but the "
+           f"profile lists GPUs 4,5,6,7 ({prof}:{gpus_line}): set base-gpu-id: 4 in the serve config")
+    r = run_cli("plan", str(prof), env=env(tmp_path))
+    assert r.code == 2 and r.err == f"dsv4ctl: error: {msg}\n"
+    r = run_cli("config", "lint", str(prof), "--json", env=env(tmp_path))
+    hit = next(f for f in r.json()["findings"] if f["rule"] == "DSV120")
+    assert (hit["file"], hit["group"], hit["message"]) == (str(dec), "decode", msg.split(": ", 1)[1])
+    # gpu-id-step 1 with base-gpu-id 4 is what the profile says; a step of 2 is not
+    dec.write_text(dec.read_text() + "base-gpu-id: 4\ngpu-id-step: 2\n")
+    r = run_cli("plan", str(prof), "-g", "decode", env=env(tmp_path))
+    assert r.code == 2 and "on GPUs 4,6,8,10 (base-gpu-id 4, gpu-id-step 2" in r.err
+    assert "make the profile's gpus the GPUs SGLang uses" in r.err

@@ -144,7 +144,7 @@ SET_KEYS: dict[str, str] = {
     "attn_dp_size": "int", "cuda_graph_max_bs_decode": "int", "cuda_graph_max_bs_prefill": "int",
     "draft_weights_gib_per_rank": "gib", "checkpoint_format": "str", "min_requests": "int",
     "free_gib_before_load": "gib", "weights_gib_per_rank": "gib", "other_gib": "gib",
-    "gpu_memory_mib": "mib",
+    "gpu_memory_mib": "mib", "base_gpu_id": "int", "gpu_id_step": "int",
     "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "envbool",
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
     "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "envbool", "SGLANG_PP_LAYER_PARTITION": "str",
@@ -267,7 +267,11 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
     the serve config, so with one its values (or SGLang's defaults, :data:`SGLANG_TOPOLOGY_DEFAULTS`)
     are what runs; the profile's ``tp``/``dp``/``pp``/``dp_attention`` must agree and a
     disagreement — including a key the serve config leaves to its default — is an InputError
-    naming both places. Without a serve config the profile's values count. ``--set`` wins."""
+    naming both places. So are GPUs: the profile's ``gpus`` must be the GPUs SGLang puts the
+    ranks on from ``base-gpu-id`` / ``gpu-id-step`` (:func:`placement`; two servers given the
+    same GPUs by their serve configs are caught this way, as the profile lists each GPU once).
+    Without a serve config the profile's values count. ``--set`` of any of these is a what-if:
+    not checked against the profile."""
     out = {}
     gi = profile.groups.index(group)
     for k, v in {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
@@ -292,7 +296,35 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
                 f"{SGLANG_TOPOLOGY_DEFAULTS[k]} (its default), but the profile's group {group.name!r} says "
                 f"{pkey}: {v} ({profile.positions.where(('groups', gi, pkey))}): put {fix} in the serve config")
         out[k] = v if serve is None else SGLANG_TOPOLOGY_DEFAULTS[k]
+    if serve is not None and group.gpus and not any(k in overrides for k in (*out, "base_gpu_id", "gpu_id_step")):
+        base, step = args.get("base_gpu_id", 0), args.get("gpu_id_step", 1)
+        places = placement(out["tp_size"], out["pp_size"], 1 if out["enable_dp_attention"] else out["dp_size"],
+                           base, step)
+        if sorted(places) != sorted(group.gpus):
+            at = where.get("base_gpu_id") or serve.path
+            want = sorted(group.gpus)
+            fix = (f"set base-gpu-id: {want[0]} in the serve config" if len(want) == len(places)
+                   and placement(out["tp_size"], out["pp_size"], 1 if out["enable_dp_attention"] else out["dp_size"],
+                                 want[0], step) == want
+                   else "make the profile's gpus the GPUs SGLang uses")
+            raise InputError(
+                f"{at}: SGLang puts group {group.name!r} on GPUs {_gpu_list(places)} (base-gpu-id {base}, "
+                f"gpu-id-step {step}, {len(places)} rank(s)), but the profile lists GPUs {_gpu_list(group.gpus)} "
+                f"({profile.positions.where(('groups', gi, 'gpus'))}): {fix}")
     return out
+
+
+def placement(tp: int, pp: int, replicas: int, base: int = 0, step: int = 1) -> list[int]:
+    """GPU index of every rank of a one-node server, in rank order (dp replica, pp rank, tp rank):
+    SGLang 0.5.23's ``base_gpu_id + (pp_rank % pp_per_node) * tp_per_node + (tp_rank %
+    tp_per_node) * gpu_id_step`` (srt/entrypoints/engine.py), each DP replica (DP without
+    attention DP) ``tp * pp * gpu_id_step`` further on (srt/managers/data_parallel_controller.py
+    ``launch_dp_schedulers``). ``replicas`` is 1 with attention DP (its ranks share the TP group)."""
+    return [base + d * tp * pp * step + p * tp + t * step for d in range(replicas) for p in range(pp) for t in range(tp)]
+
+
+def _gpu_list(gpus) -> str:
+    return ",".join(str(g) for g in gpus)
 
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
