@@ -167,10 +167,20 @@ def test_requests_at_context_fail_with_working_fixes():
             assert plan_doc("-g", "decode", "--set", "min_requests=20", "--set", f"context_length={ctx}")["ok"]
 
 
-def test_set_topology_that_does_not_match_the_gpus_is_refused_like_the_profile():
-    code, out, err = run("plan", "--set", "tp_size=3", "-g", "decode")
-    assert code == 2 and out == ""
-    assert err == "dsv4ctl: error: --set tp_size: group decode: tp*pp = 3 does not match the 4 GPUs of the group\n"
+def test_set_topology_beyond_the_groups_gpus_is_a_what_if_on_hypothetical_gpus():
+    """Issue 25: "what if TP8?" on a 4-GPU group is planned, on GPUs the group does not have, and
+    the plan says so (it was refused, exit 2)."""
+    c, out, err = run("plan", "--json", "--set", "tp_size=8", "-g", "decode")
+    assert c in (0, 1), err
+    g = json.loads(out)["groups"][0]
+    assert (g["tp"], len(g["ranks"])) == (8, 8)
+    assert [r["gpu"] for r in g["ranks"]] == [None] * 8
+    assert ("what-if: --set tp_size plans 8 rank(s) on hypothetical GPUs like host b200-0's (NVIDIA B200, "
+            "183,359 MiB), not the group's 4 GPU(s) 4,5,6,7") in g["memory_inputs"]["estimated"]
+    # the same topology as the group's GPUs stays on them
+    g = json.loads(run("plan", "--json", "--set", "tp_size=4", "-g", "decode")[1])["groups"][0]
+    assert [r["gpu"] for r in g["ranks"]] == [4, 5, 6, 7]
+    assert not [e for e in g["memory_inputs"]["estimated"] if e.startswith("what-if")]
 
 
 # ------------------------------------------------------------------- serve-config inputs

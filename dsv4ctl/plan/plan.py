@@ -438,11 +438,12 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                 cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
         except CapacityError as e:
             raise InputError(f"{psrc}: {e}") from None
-    if topo_set and group.gpus and n_ranks != len(group.gpus):
-        # the same rule as the profile's own tp/pp/dp (profile/model.py), for a what-if
-        what = "tp*pp" if dpa or dp == 1 else "tp*pp*dp"
-        raise InputError(f"--set {', '.join(topo_set)}: group {group.name}: {what} = {n_ranks} does not match "
-                         f"the {len(group.gpus)} GPUs of the group")
+    hypothetical = bool(topo_set and group.gpus and n_ranks != len(group.gpus))
+    if hypothetical:
+        # "what if TP8 / two nodes?": planned on GPUs the group does not have, said so (issue 25)
+        estimated.append(f"what-if: --set {', '.join(topo_set)} plans {n_ranks} rank(s) on hypothetical GPUs like "
+                         f"host {host.name}'s ({host.gpu_model or 'GPU'}, {gpu_mib:,} MiB), not the group's "
+                         f"{len(group.gpus)} GPU(s) {_gpu_list(group.gpus)}")
     sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = cap.PoolInputs(
         page_size=args.get("page_size", 256),
@@ -556,7 +557,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
                        draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
                        free_gib_per_gpu=frees if per_gpu is not None else None,
-                       other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None, gpus=tuple(group.gpus),
+                       other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None,
+                       gpus=() if hypothetical else tuple(group.gpus),
                        min_requests=min_req, logits_rows=logits_rows,
                        balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
@@ -685,13 +687,13 @@ class GroupPlan:
 
     def ranks(self) -> list[dict]:
         """Every GPU rank: rank, gpu, tp/pp/dp rank and that rank's pool numbers and verdict."""
-        g, gi = self.group, self.inputs
+        gi = self.inputs
         out = []
         for rank, tp_rank, dp_rank, st in self.rank_layout():
             own = None
             if gi.rank_resident_gib and rank < len(gi.rank_resident_gib):
                 own = int(gi.rank_resident_gib[rank] * GIB)
-            out.append(dict(rank=rank, gpu=g.gpus[rank] if rank < len(g.gpus) else None,
+            out.append(dict(rank=rank, gpu=gi.gpus[rank] if rank < len(gi.gpus) else None,
                             tp_rank=tp_rank, pp_rank=st.pp_rank, dp_rank=dp_rank,
                             **_stage_numbers(self, st, own)))
         return out
