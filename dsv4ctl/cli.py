@@ -96,9 +96,12 @@ def __getattr__(name: str):
 
 
 class _QuietPipe:
-    """Standard output that stops writing, silently, once its reader has gone (``dsv4ctl plan |
-    head -1``): the exit code stays the command's own (0 fits, 1 does not fit) instead of Python's
-    BrokenPipeError, which would exit 1, the code of a negative verdict."""
+    """Standard output or error that stops writing, silently, once its reader has gone
+    (``dsv4ctl plan | head -1``; ``deploy ... 2>&1 | tee log`` whose tee died with the terminal's
+    Ctrl-C or hangup; a terminal gone, EIO): the exit code stays the command's own (0 fits, 1 does
+    not fit) instead of Python's BrokenPipeError, which would exit 1, the code of a negative
+    verdict — and, on stderr, a clean-up in progress (a deploy putting hosts back, its audit
+    records) is never cut short by its own progress line."""
 
     def __init__(self, stream):
         self._s = stream
@@ -108,7 +111,7 @@ class _QuietPipe:
         if not self.gone:
             try:
                 return self._s.write(text)
-            except BrokenPipeError:
+            except OSError:
                 self._drop()
         return len(text)
 
@@ -116,7 +119,7 @@ class _QuietPipe:
         if not self.gone:
             try:
                 self._s.flush()
-            except BrokenPipeError:
+            except OSError:
                 self._drop()
 
     def _drop(self) -> None:
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     from .render import error_line
     if argv is None and not isinstance(sys.stdout, _QuietPipe):
         sys.stdout = _QuietPipe(sys.stdout)
+    if argv is None and not isinstance(sys.stderr, _QuietPipe):
+        sys.stderr = _QuietPipe(sys.stderr)
     try:
         args = sys.argv[1:] if argv is None else argv
         if not args:

@@ -36,17 +36,22 @@ def _start_standin(config: Path, *flags: str) -> tuple[subprocess.Popen, str]:
                              "127.0.0.1", "--port", str(port), *flags], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        assert proc.poll() is None, "stand-in exited"
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "stand-in not healthy"
-        time.sleep(0.05)
+    deadline = time.monotonic() + 120      # an event poll: a loaded 2-core machine may take a while
+    try:
+        while True:
+            assert proc.poll() is None, "stand-in exited"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return proc, url
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "stand-in not healthy"
+            time.sleep(0.05)
+    except BaseException:
+        proc.kill()                        # never leave it running behind a failed test
+        proc.wait()
+        raise
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -184,3 +184,21 @@ def test_audit_since_on_a_host_3_hours_behind(skewed_host, tmp_path):
     # the table: the host's own times, the same record
     r = run_cli("audit", str(profile), "--since", since, timeout=120)
     assert r.code == 0 and "rollback" in r.out and "| deploy" not in r.out.replace("  ", " ")
+
+
+def test_a_clock_that_prints_nonsense_is_reported_never_applied():
+    """Review of issue 32: a ``date`` printing a 300-digit number, infinity or year 5138 gave
+    OverflowError tracebacks (diagnose, audit) or silently dropped every audit record."""
+    from datetime import datetime, timezone
+
+    from dsv4ctl.hosts import clock as c
+    for digits in ("9" * 300, "9" * 400, "100000000000"):
+        r = c.read_offset(f"{c.CLOCK_MARK} {digits}\n", 1_000.0, 1_001.0)
+        assert r is not None and r.applied == 0.0
+        assert not c.usable(r.offset_s)
+        since = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        assert c.host_cutoff(since, r.offset_s) == since
+        assert c.host_cutoff_iso("2026-12-01T00:00:00Z", r.offset_s) == "2026-12-01T00:00:00Z"
+        w = c.skew_warning("h1", r.offset_s)
+        assert w.startswith("warning: h1: its clock reads no usable time") and w.endswith("this machine's time for h1")
+    assert c.usable(-2400.0) and c.read_offset(f"{c.CLOCK_MARK} 100\n", 2_500.0, 2_500.0).applied == -2400.0

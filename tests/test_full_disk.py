@@ -256,7 +256,7 @@ def test_sighup_with_the_terminal_gone_lets_the_clean_up_print(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", prog], stdin=slave, stdout=slave, stderr=slave, cwd=str(REPO_ROOT))
     os.close(slave)
     buf = b""
-    while b"ready" not in buf:
+    while b"ready" not in buf or not buf.endswith(b"\n"):     # the whole line: print is done with it
         buf += os.read(master, 100)
     os.close(master)                     # the terminal goes away ...
     time.sleep(0.2)

@@ -177,3 +177,66 @@ def test_tampered_releases_on_hosts_are_drift_and_the_next_deploy_repairs(world)
     assert all(doc["hosts"][h]["releases"][r3]["ok"] for h in w.roots)
     assert doc["hosts"]["h0"]["foreign"] == {} and doc["hosts"]["h0"]["current"] == r3
     assert sorted(d.split(": ", 1)[0] for d in doc["drift"]) == ["h1", "h2", "h2", "h3"]
+
+
+def test_an_index_entry_naming_another_release_is_not_followed(built, tmp_path, capsys):
+    """The cache index (``.inputs/<key>``) is a hint: a release it names is used only when the
+    release's own record and launch.json give that key (it was the older release, deployed silently)."""
+    from dsv4ctl.deploy.release import input_key, release_key
+    args, cache, rel = built
+    other = build_release(args[0], "v0.5.23", [], args[3], args[4], cache=cache)      # the unpatched one
+    assert other.id != rel.id and release_key(other) != release_key(rel)
+    key = release_key(rel)
+    assert key == input_key(rel.meta["base_commit"], [(p["name"], p["sha256"]) for p in rel.meta["patches"]],
+                            rel.meta["configs"], args[4], None)
+    (cache / ".inputs" / key).write_text(other.id + "\n")       # the index points at the wrong release
+    capsys.readouterr()
+    again = build_release(*args, cache=cache)
+    assert again.id == rel.id
+    assert "names release " + other.id + " for inputs it was not built from" in capsys.readouterr().err
+    assert (cache / ".inputs" / key).read_text().strip() == rel.id
+
+
+def test_a_release_cache_others_can_write_is_refused(built):
+    from dsv4ctl.errors import InputError
+    args, cache, rel = built
+    os.chmod(cache, 0o777)
+    with pytest.raises(InputError, match=r"release cache folder .*/cache is not yours alone "
+                                         r"\(owner uid \d+, mode 777\)"):
+        build_release(*args, cache=cache)
+    os.chmod(cache, 0o755)
+    os.chmod(cache.parent, 0o770)
+    with pytest.raises(InputError, match="is not yours alone"):
+        build_release(*args, cache=cache)
+    os.chmod(cache.parent, 0o700)
+    assert build_release(*args, cache=cache).id == rel.id
+
+
+@pytest.mark.sshd
+def test_a_running_release_without_its_manifest_is_drift_and_redeployed(world):
+    """Review of issue 32: with MANIFEST.json deleted from the running release, any edit there was
+    invisible (verify exit 0, the release no longer listed) and a deploy said "nothing to do"."""
+    w = world
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    rel = w.roots["h1"] / "releases" / rid
+    (rel / "MANIFEST.json").unlink()
+    cfg = rel / "configs/decode.yaml"
+    data = cfg.read_bytes()
+    cfg.unlink()
+    cfg.write_bytes(data + b"enable-hierarchical-cache: true\n")
+    os.chmod(w.roots["h2"] / "releases" / rid / "configs", 0o777)        # a folder anyone can write
+    r = cli(w, "verify", "--json")
+    assert r.code == 1
+    doc = r.json()
+    assert doc["hosts"]["h1"]["releases"][rid]["problems"] == ["missing MANIFEST.json or RELEASE.json"]
+    assert f"h1: {rid} (current): missing MANIFEST.json or RELEASE.json" in doc["drift"][0] or \
+        any(d.startswith(f"h1: {rid} (current): missing MANIFEST.json") for d in doc["drift"])
+    assert doc["hosts"]["h2"]["releases"][rid]["problems"] == ["mode configs/"]
+    r = cli(w, "deploy", "--json")            # the same profile: not "nothing to do" on h1
+    assert r.code in (0, 3), r.err
+    assert "nothing to do" not in r.err
+    if r.code == 0:
+        assert (w.roots["h1"] / "releases" / rid / "MANIFEST.json").is_file()
+        assert b"enable-hierarchical-cache" not in (w.roots["h1"] / "current/configs/decode.yaml").read_bytes()

@@ -248,7 +248,7 @@ def audit(profile: Optional[str] = _P,
     a host more than a minute off gets a warning line.
 
     Exit 0 · 2 bad input · 3 a host unreachable (the others are still printed)."""
-    from ..hosts.clock import run_clocked, skew_warning
+    from ..hosts.clock import run_clocked, skew_warning, usable
     from ..hosts.day2 import audit_command, merge_audit, parse_audit
     from ..remote import run_parallel
 
@@ -278,7 +278,8 @@ def audit(profile: Optional[str] = _P,
                        offsets={h: c.applied for h, c in clocks.items() if c})
     if as_json:
         print(dump_json({"schema": "dsv4ctl.audit/1", "profile": dep.name, "records": recs, "unreachable": down,
-                         "clock_offsets_s": {h: round(c.offset_s, 1) if c else None for h, c in clocks.items()}}))
+                         "clock_offsets_s": {h: round(c.offset_s, 1) if c and usable(c.offset_s) else None
+                                             for h, c in clocks.items()}}))
     else:
         headers = ["when", "who", "host", "action", "release", "result", "detail"]
         rows = [[r.get("ts", ""), r.get("who", ""), r.get("host", ""), r.get("action", ""), r.get("release", ""),

@@ -46,7 +46,7 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
     doc = diagnose_deployment(dep, list(dict.fromkeys(group)) if group else None, since=when, window=window,
                               lines=lines, accept_new_host_keys=accept_new, api_key=api_key)
     for h, hd in doc["hosts"].items():
-        warn = skew_warning(h, hd.get("clock_offset_s"))
+        warn = skew_warning(h, float("inf") if hd.get("clock_unusable") else hd.get("clock_offset_s"))
         if warn:
             print(warn, file=sys.stderr)
     if as_json:

@@ -72,12 +72,12 @@ def change_configs(profile, opts: Options, edit: Callable[[dict[str, str], str],
             from .release import default_cache as dc
             cache = Path(opts.cache or dc())
             with tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-") as tmp:
-                base = local_base(dep, rid, cache if (cache / rid / "RELEASE.json").is_file() else Path(tmp))
+                base = local_base(dep, rid, cache if (cache / rid / "RELEASE.json").is_file() else Path(tmp) / "releases")
                 new = edit(_configs(base), base.id)
                 if not new:
                     return {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid, "from": rid, "changed": [],
                             "actions": [], "steps": [], "on_failure": []}
-                rel = derive_release(base, new, cache=Path(tmp), change=what)
+                rel = derive_release(base, new, cache=Path(tmp) / "releases", change=what)
                 site.token = DRY_RUN_TOKEN
                 run = deploy_steps(site, rel.id, _spec(rel), locked=False, extra=record, action=action,
                                    restart=frozenset(new), lock_what=what)

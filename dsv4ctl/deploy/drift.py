@@ -114,6 +114,11 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
                 doc["drift"].append(f"{h}: {rid}" + (" (current)" if rid == f.current else "")
                                     + (" (previous)" if rid == f.previous else "") + ": "
                                     + ", ".join(v["bad"]) + (f" (+{more} more)" if more > 0 else ""))
+        for b in f.broken:
+            role = " (current)" if b == f.current else " (previous)" if b == f.previous else ""
+            rels[b] = {"ok": False, "problems": ["missing MANIFEST.json or RELEASE.json"], "nbad": 1, "checked": 0}
+            doc["drift"].append(f"{h}: {b}{role}: missing MANIFEST.json or RELEASE.json (the next deploy pushes it "
+                                "again if it is the one deployed)")
         for link, target in f.foreign.items():
             doc["drift"].append(f"{h}: {f.root}/{link} -> {target}: outside {f.root}/releases "
                                 "(the next deploy or rollback replaces it)")

@@ -421,7 +421,7 @@ def _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts: Options) -> s
     if rel is not None:
         return rel.id
     with tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-") as tmp:
-        return build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp), series_identity=ident).id
+        return build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp) / "releases", series_identity=ident).id
 
 
 def refuse(site: Site, rid: str, gated: bool, how: str = "deploy") -> None:

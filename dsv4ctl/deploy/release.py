@@ -220,6 +220,9 @@ def check_release(path: Path) -> list[str]:
         except OSError:
             bad.append("link " + p_)
     bad += ["extra " + p_ for p_ in sorted(have - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})]
+    for d, _dirs, _names in os.walk(path):
+        if os.lstat(d).st_mode & 0o022:
+            bad.append("mode " + (os.path.relpath(d, path) + "/" if Path(d) != path else "./"))
     return bad
 
 
@@ -228,9 +231,10 @@ def cached_release(cache: Path, rid: str, log=None) -> Release | None:
     not there. A cached release that fails the check (edited with or without its manifest) is
     moved aside to ``cache/.tampered-<rid>-<pid>``, never shipped, the export of its base commit
     (whose inodes it shares) is dropped, and None is returned so the caller builds it again from
-    its inputs; ``log`` (default: stderr) gets one line naming the problems."""
+    its inputs; ``log`` (default: stderr) gets one line naming the problems. InputError for a
+    cache folder others can write (:func:`trusted_cache`)."""
     import sys
-    path = Path(cache) / rid
+    path = trusted_cache(Path(cache)) / rid
     if not (path / "RELEASE.json").is_file():
         return None
     bad = check_release(path)
@@ -260,6 +264,27 @@ def cached_release(cache: Path, rid: str, log=None) -> Release | None:
     return None
 
 
+def trusted_cache(cache: Path) -> Path:
+    """``cache`` (the release build cache) after checking that it, its parent (the cache root)
+    and the ``exports``, ``.inputs`` folders in use belong to this user and are writable by nobody
+    else: another user who can write there could plant a release, an index entry or a base export
+    that a deploy would ship. Folders are created 0700. InputError (exit 2, nothing built)
+    otherwise."""
+    import stat
+    cache = Path(cache)
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for d in (cache.parent, cache, cache.parent / "exports", cache / ".inputs"):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise InputError(f"release cache folder {d} is not yours alone (owner uid {st.st_uid}, mode "
+                             f"{stat.S_IMODE(st.st_mode):o}): another user could plant a release there; make it "
+                             "yours with mode 700, or point DSV4CTL_CACHE at a private folder")
+    return cache
+
+
 def _indexed(cache: Path, key: str) -> str | None:
     """The release id an earlier build of the inputs ``key`` gave (``cache/.inputs/<key>``)."""
     try:
@@ -278,11 +303,37 @@ def _index(cache: Path, key: str, rid: str) -> None:
     os.replace(tmp, d / key)
 
 
+def release_key(rel: Release) -> str:
+    """The :func:`input_key` of what ``rel`` was built from, read from the release itself (its
+    RELEASE.json record and its launch.json, both bound to its id by :func:`seal_problems`)."""
+    m = rel.meta
+    launch = json.loads((rel.path / "launch.json").read_text())
+    return input_key(m["base_commit"], [(p["name"], p["sha256"]) for p in m.get("patches") or []],
+                     dict(m.get("configs") or {}), launch, m.get("series_identity"))
+
+
 def cached_build(cache: Path, key: str, log=None) -> Release | None:
     """The checked release (:func:`cached_release`) an earlier build of the inputs ``key`` placed
-    in ``cache``, None when there is none (or it was tampered with and moved aside)."""
+    in ``cache``, None when there is none, it was tampered with (moved aside) or it was built
+    from other inputs (an index entry pointing at another release: dropped, with a warning)."""
+    import sys
     rid = _indexed(cache, key)
-    return cached_release(cache, rid, log) if rid else None
+    rel = cached_release(cache, rid, log) if rid else None
+    if rel is None:
+        return None
+    try:
+        same = release_key(rel) == key
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        same = False
+    if not same:
+        (log or (lambda m: print(f"dsv4ctl: warning: {m}", file=sys.stderr)))(
+            f"the local cache's index names release {rid} for inputs it was not built from: entry dropped, built again")
+        try:
+            os.unlink(Path(cache) / ".inputs" / key)
+        except OSError:
+            pass
+        return None
+    return rel
 
 
 def default_cache() -> Path:
@@ -396,9 +447,14 @@ def private_files(configs: dict[str, bytes], launch: dict, private: set[str] | f
 
 
 def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
-    """Drop the write bits of every regular file under ``root`` (other bits kept); the paths in
-    ``private`` become 0400. A release is never edited in place: not in the cache, not on a host."""
+    """Drop the write bits of every regular file under ``root`` (other bits kept) and the
+    group/other write bits of every folder; the paths in ``private`` become 0400. A release is
+    never edited in place: not in the cache, not on a host."""
+    import stat
     for dirpath, _dirs, names in os.walk(root):
+        dm = stat.S_IMODE(os.lstat(dirpath).st_mode)
+        if dm & 0o022:               # a umask of 002: nobody but the owner writes a release folder
+            os.chmod(dirpath, dm & ~0o022)
         for n in names:
             f = Path(dirpath) / n
             if f.is_symlink() or not f.is_file():
@@ -425,7 +481,7 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
     through another release would otherwise ship. A build that fails the check is moved aside
     (one warning line), the export of its base is dropped and the release built once more from
     git; a reused release is checked the same way (:func:`cached_build`)."""
-    cache = Path(cache or default_cache())
+    cache = trusted_cache(Path(cache or default_cache()))
     for attempt in range(2):
         rel, fresh = _build(tree, base_ref, patches, configs, launch, cache, who, series_identity, private)
         if not fresh or cached_release(cache, rel.id) is not None:
@@ -588,7 +644,7 @@ def derive_release(base: Release, configs: dict[str, bytes], *, cache: Path | No
     with these serve configs gives (:func:`release_id`). Built in the cache as a hard-link copy
     of ``base`` whose changed configs are new files (``base`` is never written), placed by
     rename; reused when it exists. ``change`` is recorded in RELEASE.json (``derived_from``)."""
-    cache = Path(cache or default_cache())
+    cache = trusted_cache(Path(cache or default_cache()))
     launch = json.loads((base.path / "launch.json").read_text())
     m = base.meta
     old_cfg = {g: (base.path / "configs" / f"{g}.yaml").read_bytes() for g in m.get("configs", {})}

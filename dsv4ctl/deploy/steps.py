@@ -357,9 +357,11 @@ class RunSteps:
 
 
 def nothing_to_do(site: Site, rid: str) -> bool:
-    """True when ``rid`` already runs on every host and its record says it passed its health gate
-    there (``active`` or ``good``)."""
-    return all(site.facts[h].current == rid and site.facts[h].recorded(rid) in ("active", "good") for h in site.hosts)
+    """True when ``rid`` already runs on every host as a complete release (its MANIFEST.json and
+    RELEASE.json there: a folder missing one is pushed again) and its record says it passed its
+    health gate there (``active`` or ``good``)."""
+    return all(site.facts[h].current == rid and rid in site.facts[h].releases
+               and site.facts[h].recorded(rid) in ("active", "good") for h in site.hosts)
 
 
 def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str = "",

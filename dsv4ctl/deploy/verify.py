@@ -22,7 +22,8 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
    is hashed once per run. Extra, missing, resized or rewritten files, wrong symlink targets
    set-uid/gid or sticky bits and an exec bit other than the manifest's (``mode PATH``), and a
    missing RELEASE.json are problems. Then every file loses its write bits (other bits kept, so
-   a 0600 file becomes 0400): nothing edits a file inside a release.
+   a 0600 file becomes 0400) and every folder its group/other write bits: nothing edits a file
+   inside a release. (Verify-only: a folder others can write is ``mode DIR/``.)
 5. **Place**: rename ``rel`` to ``final`` (a complete release under its final name, or
    nothing; a leftover folder already there, which the host's facts did not count as a
    release, is replaced) and replace ``state`` atomically with ``doc`` (a 0600 temp file,
@@ -121,6 +122,13 @@ def check(rel, have=None, placed=True):
                 bad.append("link " + p)
         except OSError:
             bad.append("link " + p)
+    if placed:        # a folder others can write lets them swap a file after any verify
+        for d, _dirs, _names in os.walk(rel):
+            try:      # the release folder itself may be reached through a link (status: current)
+                if (os.stat(d) if d == rel else os.lstat(d)).st_mode & 0o022:
+                    bad.append("mode " + (os.path.relpath(d, rel) + "/" if d != rel else "./"))
+            except OSError:
+                pass
     extra = sorted(set(have) - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})
     bad += ["extra " + p for p in extra[:5]]
     if "RELEASE.json" not in have:
@@ -128,7 +136,15 @@ def check(rel, have=None, placed=True):
     return bad, max(0, len(extra) - 5)
 def readonly(rel, have):
     """Drop the write bits of every file of the placed release (other bits kept: a 0600 serve
-    config stays private): nothing edits a file inside a release."""
+    config stays private) and group/other write bits of its folders (a umask of 002 on the
+    control machine): nothing edits a file inside a release."""
+    for d, _dirs, _names in os.walk(rel):
+        try:
+            m = stat.S_IMODE(os.lstat(d).st_mode)
+            if m & 0o022:
+                os.chmod(d, m & ~0o022)
+        except OSError:
+            pass
     for p, (ino, full) in have.items():
         try:
             s = os.lstat(full)

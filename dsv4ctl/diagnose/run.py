@@ -6,7 +6,8 @@ The document (``dsv4ctl.diagnose/1``, documented in the README)::
      "ok": bool,                                   # every group healthy and every host read
      "hosts": {HOST: {"current": RID | null, "state": "good" | ... | null, "error": null | WHY,
                       "gpu_error": null | WHY, "last_audit": {...} | null,
-                      "clock_offset_s": S | null}},   # the host's clock minus this machine's
+                      "clock_offset_s": S | null,     # the host's clock minus this machine's
+                      "clock_unusable": bool}},       # its date printed no usable time (not applied)
      "groups": {GROUP: {"host", "role", "url", "alive", "exit_status", "restarts", "health",
                         "hicache", "release", "log_source", "log_lines", "gpus": [...],
                         "metrics_delta": {name: after - before} | null,
@@ -51,7 +52,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     clock is read in the same round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's
     time) is converted to the host's time before its log lines are filtered."""
     from ..deploy.site import Options, open_site
-    from ..hosts.clock import host_cutoff, run_clocked
+    from ..hosts.clock import host_cutoff, run_clocked, usable
     from ..remote import run_parallel
 
     chosen = [dep.groups[n] for n in (groups or [g.name for g in dep.servers()])]
@@ -77,13 +78,14 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
         r = res[h]
         if not r.ok:
             hosts_doc[h] = {"current": None, "state": None, "error": r.error, "gpu_error": None, "last_audit": None,
-                            "clock_offset_s": None}
+                            "clock_offset_s": None, "clock_unusable": False}
             continue
         hev, clock = r.value
         f = hev.status.facts
         hosts_doc[h] = {"current": f.current, "state": f.recorded(f.current) if f.current else None, "error": None,
                         "gpu_error": hev.gpu_error, "last_audit": hev.status.last_audit,
-                        "clock_offset_s": round(clock.offset_s, 1) if clock else None}
+                        "clock_offset_s": round(clock.offset_s, 1) if clock and usable(clock.offset_s) else None,
+                        "clock_unusable": bool(clock) and not usable(clock.offset_s)}
     for g in chosen:
         h = g.group.host
         r = res[h]

@@ -64,10 +64,22 @@ def host_stamps(stderr: str) -> list[float]:
     return out
 
 
+#: An offset beyond this (10 years) or not a finite number is no clock reading: a ``date`` that
+#: prints nonsense. It is reported, never applied.
+MAX_SKEW_S = 10 * 366 * 86400.0
+
+
+def usable(offset_s: Optional[float]) -> bool:
+    """True for an offset that can be a clock's (finite, within :data:`MAX_SKEW_S`)."""
+    import math
+    return offset_s is not None and math.isfinite(offset_s) and abs(offset_s) <= MAX_SKEW_S
+
+
 def read_offset(stderr: str, sent: float, answered: float) -> Optional[ClockReading]:
     """The host's clock against this machine's (pure): ``stderr`` of a :func:`clocked` command
     sent at ``sent`` and answered at ``answered`` (this machine's ``time.time()``). None when the
-    host printed no reading."""
+    host printed no reading; a reading that is no clock's (:func:`usable`) has an infinite
+    uncertainty, so it is never applied."""
     stamps = host_stamps(stderr)
     if not stamps:
         return None
@@ -79,6 +91,8 @@ def read_offset(stderr: str, sent: float, answered: float) -> Optional[ClockRead
     else:
         offset = stamps[0] - mid
         outside = answered - sent
+    if not usable(offset):
+        return ClockReading(offset, float("inf"))
     return ClockReading(offset, max(0.0, outside) / 2)
 
 
@@ -90,8 +104,14 @@ def run_clocked(t, cmd: str, *, timeout: float | None = None, clock=time.time):
 
 
 def host_cutoff(since: datetime, offset_s: float) -> datetime:
-    """``since`` (this machine's clock) as the host's clock shows that moment (pure)."""
-    return since + timedelta(seconds=offset_s)
+    """``since`` (this machine's clock) as the host's clock shows that moment (pure); ``since``
+    itself for an offset that is no clock's (:func:`usable`)."""
+    if not usable(offset_s):
+        return since
+    try:
+        return since + timedelta(seconds=offset_s)
+    except OverflowError:
+        return since
 
 
 def host_cutoff_iso(since: str, offset_s: float) -> str:
@@ -100,6 +120,8 @@ def host_cutoff_iso(since: str, offset_s: float) -> str:
     no such time comes back unchanged."""
     m = re.fullmatch(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})Z?", since)
     if not m:
+        return since
+    if not usable(offset_s):
         return since
     try:
         t = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
@@ -123,7 +145,12 @@ def skew_text(offset_s: float) -> str:
 def skew_warning(host: str, offset_s: Optional[float]) -> Optional[str]:
     """The one warning line for a host whose clock is more than :data:`SKEW_WARN_S` off this
     machine's (``offset_s``: :attr:`ClockReading.offset_s`), else None (pure)."""
-    if offset_s is None or abs(offset_s) <= SKEW_WARN_S:
+    if offset_s is None:
+        return None
+    if not usable(offset_s):
+        return (f"warning: {host}: its clock reads no usable time ({offset_s!r:.40} s off this machine's); "
+                f"--since is taken in this machine's time for {host}")
+    if abs(offset_s) <= SKEW_WARN_S:
         return None
     return (f"warning: {host}: its clock is {skew_text(offset_s)} this machine's ({offset_s:+.0f} s); "
             f"--since is taken in {host}'s time")

@@ -53,6 +53,7 @@ class HostFacts:
     incoming: list[str] = field(default_factory=list)
     current_launch: dict | None = None
     foreign: dict[str, str] = field(default_factory=dict)   # current/previous -> a target outside releases/
+    broken: list[str] = field(default_factory=list)         # release folders missing MANIFEST.json or RELEASE.json
 
     def release_state(self, rid: str) -> str:
         """active / previous / good / failed / pushed."""
@@ -87,6 +88,10 @@ echo @rsync; command -v rsync >/dev/null 2>&1 && echo yes || true
 echo @systemd; [ -d /run/systemd/system ] && echo yes || true
 echo @launch; cat "$R/current/launch.json" 2>/dev/null; echo
 echo @incoming; ls -1a "$R/releases" 2>/dev/null | grep '^\\.incoming-' || true
+echo @broken
+for d in "$R"/releases/r*/; do
+  if [ -d "$d" ] && ! {{ [ -f "$d/RELEASE.json" ] && [ -f "$d/MANIFEST.json" ]; }}; then basename "$d"; fi
+done
 for d in "$R"/releases/r*/; do
   if [ -f "$d/RELEASE.json" ] && [ -f "$d/MANIFEST.json" ]; then echo @release; cat "$d/RELEASE.json"; echo; fi
 done
@@ -129,9 +134,13 @@ def parse_state(host: str, root: str, body: str) -> dict:
 def release_link(root: str, target: str) -> str | None:
     """The release id a ``current``/``previous`` symlink target names (pure): ``releases/<id>``
     as the switch writes it, or ``<root>/releases/<id>``; None for anything else (a link into
-    another folder, ``..`` tricks): that is not a release of this root."""
-    t = target.rstrip("/")
-    for pre in ("releases/", root.rstrip("/") + "/releases/"):
+    another folder, any ``..``: lexical normalisation cannot follow symlinks): that is not a
+    release of this root. Empty and ``.`` components are dropped (``./releases//<id>``)."""
+    def norm(p: str) -> str:
+        parts = [x for x in p.split("/") if x not in ("", ".")]
+        return ("/" if p.startswith("/") else "") + "/".join(parts) if ".." not in parts else "\0"
+    t = norm(target)
+    for pre in ("releases/", norm(root) + "/releases/"):
         if t.startswith(pre):
             rid = t[len(pre):]
             if rid and "/" not in rid and rid not in (".", "..") and not rid.startswith("."):
@@ -178,6 +187,8 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
                                      "(a release file was edited on the host: dsv4ctl verify)")
         elif name == "incoming" and body:
             f.incoming = [x[len(".incoming-"):] for x in body.split()]
+        elif name == "broken" and body:
+            f.broken = body.split()
         elif name == "release" and body:
             try:
                 meta = json.loads(body)

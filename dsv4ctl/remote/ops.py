@@ -110,7 +110,7 @@ def atomic_write_cmd(path: str, mode: int | None = None, like: str | None = None
     # fsync: coreutils sync FILE (>= 8.24) reports EIO/ENOSPC of the write-back: a failure stops the write
     return (f"(mkdir -p {q(d)} && t=$(mktemp {q(path)}.tmp.XXXXXX) || exit 1; "
             f"trap 'rm -f \"$t\"' EXIT; {expect} && cat > \"$t\" && {check} && {{ {perm}; }} && "
-            f"sync \"$t\" && mv -f \"$t\" {q(path)} && trap - EXIT)")
+            f"sync \"$t\" && mv -fT \"$t\" {q(path)} && trap - EXIT)")
 
 
 def atomic_write(t: Transport, path: str, data: bytes | str, *, mode: int | None = None,
