@@ -127,6 +127,13 @@ def test_profile_init_writes_a_commented_profile_and_its_serve_configs(tmp_path)
     assert (tmp_path / "prod/decode.yaml").read_text() == "mine\n"
     r = run_cli("profile", "init", "prod.txt", cwd=tmp_path)
     assert r.code == 2 and r.err == "dsv4ctl: error: prod.txt: a profile file ends in .yaml or .yml\n"
+    # a name the profile schema would refuse (quotes, spaces, an ESC): exit 2 and nothing written
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for bad in ("a b'q\".yaml", "esc\x1b[2J.yaml"):
+        r = run_cli("profile", "init", bad, cwd=tmp_path)
+        assert r.code == 2 and "the file name before .yaml becomes the profile's name" in r.err, r.err
+        assert "\x1b" not in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_profile_init_of_a_path_that_is_not_utf8_is_a_one_line_error(tmp_path):

@@ -146,6 +146,10 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
     _utf8(str(dest))
     if dest.suffix.lower() not in (".yaml", ".yml"):
         raise InputError(f"{path}: a profile file ends in .yaml or .yml")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", dest.stem):
+        # the stem becomes the profile's name and its serve-config folder (profile schema: name)
+        raise InputError(f"{_shown(path)}: the file name before .yaml becomes the profile's name: use letters, "
+                         "digits, '.', '_' and '-' only")
     files = starting_profile(_source(from_), dest)
     for f, text in files.items():
         if not _is_utf8(text):          # a path taken into the text that is not UTF-8: nothing written
@@ -167,7 +171,12 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise InputError(f"{f}: cannot write ({e.strerror or e})") from None
-    load_profile(dest)          # what was written loads
+    try:
+        load_profile(dest)          # what was written loads
+    except InputError:
+        for f in files:             # nothing half-made stays behind
+            f.unlink(missing_ok=True)
+        raise
     for f in files:
         print(f"wrote {f}")
     print(f"next: edit hosts and sglang.tree, then: dsv4ctl plan {dest}")
