@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,8 +207,7 @@ def check_release(path: Path) -> list[str]:
         except OSError:
             bad.append("missing " + p_)
             continue
-        import stat as _stat
-        if not _stat.S_ISREG(st.st_mode) or st.st_size != v[1]:
+        if not stat.S_ISREG(st.st_mode) or st.st_size != v[1]:
             bad.append("size " + p_)
         elif sha256_file(f) != v[0]:
             bad.append("hash " + p_)
@@ -270,7 +270,6 @@ def trusted_cache(cache: Path) -> Path:
     else: another user who can write there could plant a release, an index entry or a base export
     that a deploy would ship. Folders are created 0700. InputError (exit 2, nothing built)
     otherwise."""
-    import stat
     cache = Path(cache)
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     for d in (cache.parent, cache, cache.parent / "exports", cache / ".inputs"):
@@ -450,7 +449,6 @@ def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
     """Drop the write bits of every regular file under ``root`` (other bits kept) and the
     group/other write bits of every folder; the paths in ``private`` become 0400. A release is
     never edited in place: not in the cache, not on a host."""
-    import stat
     for dirpath, _dirs, names in os.walk(root):
         dm = stat.S_IMODE(os.lstat(dirpath).st_mode)
         if dm & 0o022:               # a umask of 002: nobody but the owner writes a release folder
