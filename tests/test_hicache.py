@@ -153,8 +153,18 @@ def _info(url):
         return json.load(r)
 
 
+def own_bootstrap_port(site) -> None:
+    """Both serve configs on a free KV bootstrap port: the stand-in binds it, and the shipped 8998
+    collides with another worker's stand-in."""
+    boot = free_port()
+    for g in ("prefill", "decode"):
+        f = site[g]
+        f.write_text(f.read_text().replace("disaggregation-bootstrap-port: 8998", f"disaggregation-bootstrap-port: {boot}"))
+
+
 def test_status_against_running_standin_servers(site):
     p, d = site["ports"]["prefill"], site["ports"]["decode"]
+    own_bootstrap_port(site)
     with standin(site["prefill"], port=p) as purl, standin(site["decode"], port=d) as durl:
         assert _info(purl)["enable_hierarchical_cache"] is True and _info(durl)["enable_hierarchical_cache"] is False
         r = run_cli("hicache", "status", str(site["profile"]), "--json")
