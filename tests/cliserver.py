@@ -40,8 +40,64 @@ def preload() -> None:
     import dsv4ctl.plan.plan  # noqa: F401
 
 
-def _child(req: dict, fds: list[int], closing: list) -> None:
-    """In the forked child: become ``python -m dsv4ctl.cli ARGV`` and exit as it would."""
+_SRC_AT_PRELOAD: list = []
+
+
+def preload_standin() -> None:
+    """The stand-in server's imports and its SGLang served path (the DeepSeek-V4 tokenizer and
+    recipe: about 1.2 of the 1.6 CPU-s a stand-in start costs, tests/standin/served.py)."""
+    import tests.standin.server  # noqa: F401
+    from tests.standin.served import ServedPathUnavailable, served_path
+    _SRC_AT_PRELOAD.append(os.environ.get("DSV4CTL_SGLANG_SRC"))
+    try:
+        served_path()
+    except ServedPathUnavailable:
+        pass            # each stand-in reports it as it would without the fork server
+
+
+def _main_cli(argv: list[str]):
+    import dsv4ctl.cli as cli
+    sys.argv = [cli.__file__, *argv]
+    sys.modules["__main__"] = cli
+    return cli.main()          # what ``if __name__ == "__main__": sys.exit(main())`` does
+
+
+def _fresh_stdio() -> None:
+    """``sys.stdout`` / ``sys.stderr`` as a new process would make them over fds 1 and 2:
+    unbuffered with ``PYTHONUNBUFFERED`` (``python -u``), else block-buffered stdout on a pipe;
+    stderr line-buffered with backslashreplace (the server's own are a log file's)."""
+    import io
+    unbuf = bool(os.environ.get("PYTHONUNBUFFERED"))
+
+    def stream(fd: int, err: bool):
+        raw = io.FileIO(fd, "w", closefd=False)
+        return io.TextIOWrapper(raw if unbuf else io.BufferedWriter(raw), encoding="utf-8",
+                                errors="backslashreplace" if err else "strict",
+                                line_buffering=err or os.isatty(fd), write_through=unbuf)
+    sys.stdout, sys.stderr = stream(1, False), stream(2, True)
+
+
+def _main_standin(argv: list[str]):
+    import tests.standin.server as server
+    from tests.standin import served
+    _fresh_stdio()
+    if os.environ.get("DSV4CTL_SGLANG_SRC") != _SRC_AT_PRELOAD[0]:
+        # another SGLang source than the one preloaded: load it as a new process would
+        served.served_path.cache_clear()
+        served.sglang_parser_modules.cache_clear()
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]
+    sys.argv = [server.__file__, *argv]
+    sys.modules["__main__"] = server
+    return server.main(argv)
+
+
+KINDS = {"cli": (preload, _main_cli), "standin": (preload_standin, _main_standin)}
+"""What a server of each kind pre-imports, and the ``python -m MODULE`` its children become."""
+
+
+def _child(req: dict, fds: list[int], closing: list, main) -> None:
+    """In the forked child: become ``python -m MODULE ARGV`` (``main``) and exit as it would."""
     for x in closing:
         try:
             x.close()
@@ -56,11 +112,8 @@ def _child(req: dict, fds: list[int], closing: list) -> None:
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    import dsv4ctl.cli as cli
-    sys.argv = [cli.__file__, *req["argv"]]
-    sys.modules["__main__"] = cli
     try:
-        code = cli.main()          # what ``if __name__ == "__main__": sys.exit(main())`` does
+        code = main(req["argv"])
     except SystemExit as e:
         code = e.code
     except BaseException:
@@ -86,9 +139,11 @@ def _child(req: dict, fds: list[int], closing: list) -> None:
     os._exit(code & 0xFF)
 
 
-def serve(path: str) -> None:
-    """Listen on the unix socket ``path`` until the parent closes our stdin (or SIGTERM)."""
-    preload()
+def serve(path: str, kind: str = "cli") -> None:
+    """Listen on the unix socket ``path`` until the parent closes our stdin (or SIGTERM); children
+    become what :data:`KINDS` says for ``kind``."""
+    load, main = KINDS[kind]
+    load()
     import gc
     gc.collect()
     gc.freeze()       # the preloaded objects are never collected: children do not copy their pages
@@ -145,7 +200,7 @@ def serve(path: str) -> None:
                     sel.close()
                     os.close(rpipe)
                     os.close(wpipe)
-                    _child(req, list(fds), [lsock, conn, *conns.values()])
+                    _child(req, list(fds), [lsock, conn, *conns.values()], main)
                 for fd in fds:
                     os.close(fd)
                 conns[pid] = conn
@@ -153,12 +208,13 @@ def serve(path: str) -> None:
 
 
 class Server:
-    """The client side: start ``python -m tests.cliserver SOCKET`` once, then :meth:`run`."""
+    """The client side: start ``python -m tests.cliserver [--kind K] SOCKET`` once, then
+    :meth:`run` (a CLI run to its end) or :meth:`spawn` (a long-running child, e.g. a stand-in)."""
 
-    def __init__(self, path: str, cwd: str, log: str):
+    def __init__(self, path: str, cwd: str, log: str, kind: str = "cli"):
         import subprocess
         self.path = path
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cliserver", path], cwd=cwd,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cliserver", "--kind", kind, path], cwd=cwd,
                                      stdin=subprocess.PIPE, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -236,13 +292,82 @@ class Server:
         dec = lambda b: b.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")  # noqa: E731
         return code, dec(b"".join(out)), dec(b"".join(err))
 
+    def spawn(self, argv: list[str], env: dict, cwd: str, stdin: int, stdout: int, stderr: int) -> "Forked":
+        """Fork a child running ``argv`` with the given stdio descriptors (the caller keeps and
+        closes its copies); a :class:`Forked` handle to it."""
+        s = self._connect()
+        body = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+        s.sendall(struct.pack(">I", len(body)))
+        s.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [stdin, stdout, stderr]))])
+        f = s.makefile("rb")
+        line = f.readline()
+        if not line.startswith(b"pid "):
+            s.close()
+            raise RuntimeError("tests.cliserver went away")
+        return Forked(int(line.split()[1]), s, f)
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()
             self.proc.wait(10)
         except Exception:
             self.proc.kill()
+        import shutil
+        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+
+
+class Forked:
+    """A child of the fork server, with the part of ``subprocess.Popen``'s interface the harness
+    uses: ``pid``, ``returncode``, :meth:`poll`, :meth:`wait`, :meth:`terminate`, :meth:`kill`.
+    The exit status comes from the server (which reaps it), as ``-SIG`` for a signal death."""
+
+    def __init__(self, pid: int, sock: socket.socket, f):
+        self.pid = pid
+        self.returncode = None
+        self._sock, self._f = sock, f
+
+    def _read(self, timeout) -> None:
+        """Take the server's ``status S`` line when it arrives within ``timeout`` seconds (None:
+        wait for it). A connection the server dropped counts as SIGKILL."""
+        import select
+        if self.returncode is not None:
+            return
+        if not select.select([self._sock], [], [], timeout)[0]:
+            return
+        try:
+            line = self._f.readline()
+        except OSError:
+            line = b""
+        self.returncode = int(line.split()[1]) if line.startswith(b"status ") else -9
+        self._sock.close()
+
+    def poll(self):
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import subprocess
+        self._read(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+        return self.returncode
+
+    def send_signal(self, sig) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    if sys.argv[1] == "--kind":
+        serve(sys.argv[3], sys.argv[2])
+    else:
+        serve(sys.argv[1])

@@ -20,7 +20,7 @@ import pytest
 
 from dsv4ctl.check import report as R
 from tests.conftest import REPO, run_cli
-from tests.standin.harness import free_port, write_config
+from tests.standin.harness import free_port, popen_standin, write_config
 
 FAST = ("--ttft-ms", "2", "--itl-ms", "0.1")
 
@@ -32,9 +32,7 @@ def _records(path: Path) -> list[dict]:
 def _start_standin(config: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     """The stand-in as a process of its own (so the test can SIGKILL it); (process, base URL)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.standin.server", "--config", str(config), "--host",
-                             "127.0.0.1", "--port", str(port), *flags], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = popen_standin(["--config", str(config), "--host", "127.0.0.1", "--port", str(port), *flags], quiet=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120      # an event poll: a loaded 2-core machine may take a while
     try:
@@ -360,16 +358,14 @@ def test_a_server_that_stops_answering_is_a_crash_and_stops_the_ramp(tmp_path):
     """SIGSTOP: the port accepts connections, nothing answers; stalls + a silent /health = crash."""
     import os
     import signal
-    import subprocess
     import sys
     import threading
     import time
     from tests.standin.harness import REPO, free_port, wait_health, write_config
     cfg = write_config(tmp_path / "serve.yaml")
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tests.standin.server", "--config", str(cfg), "--host", "127.0.0.1",
-                          "--port", str(port), "--ttft-ms", "5", "--itl-ms", "1"], cwd=REPO,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = popen_standin(["--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--ttft-ms", "5",
+                       "--itl-ms", "1"], quiet=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_health(url, 60)

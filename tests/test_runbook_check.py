@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.standin.harness import wait_health
+from tests.standin.harness import popen_standin, wait_health
 
 
 def _free_port() -> int:
@@ -25,9 +25,7 @@ def standin(tmp_path):
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("served-model-name: deepseek-v4-flash\ntool-call-parser: deepseekv4\n"
                    "reasoning-parser: deepseek-v4\nenable-hierarchical-cache: true\nhicache-ratio: 2.0\n")
-    proc = subprocess.Popen([sys.executable, "-m", "tests.standin.server", "--config", str(cfg),
-                             "--port", str(port), "--ttft-ms", "2", "--itl-ms", "0"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = popen_standin(["--config", str(cfg), "--port", str(port), "--ttft-ms", "2", "--itl-ms", "0"], quiet=True)
     url = f"http://127.0.0.1:{port}"
     wait_health(url, timeout=120)      # a loaded machine takes many seconds to start it
     yield url
