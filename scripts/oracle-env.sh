@@ -9,10 +9,12 @@ if [ -f "$V/.complete" ]; then exit 0; fi
 PY=$(command -v python3.11 || true)
 if [ -z "$PY" ]; then echo "oracle-env.sh: python3.11 is required for the sglang 0.5.23 wheel" >&2; exit 2; fi
 rm -rf "$V"
-"$PY" -m venv "$V"
-q() { "$V/bin/pip" install -q "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
+. scripts/pyinstall.sh
+pyvenv "$V" "$PY"
+# No bytecode compiled up front (torch alone: 70 CPU-s here): scripts/test.sh lets the tests'
+# first imports write it, for the modules that are used.
+q() { PYINSTALL_COMPILE=0 pyinstall "$V/bin/python" "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
 q "torch==2.13.0"
-q --no-deps "sglang==0.5.23"
-q --no-deps -r tests/oracle/requirements.txt
+q --no-deps "sglang==0.5.23" -r tests/oracle/requirements.txt
 "$V/bin/python" -c 'import torch, sglang' >/dev/null
 touch "$V/.complete"

@@ -11,8 +11,9 @@ if [ -f "$V/.complete" ]; then exit 0; fi
 PY=$(command -v python3.11 || command -v python3 || true)
 if [ -z "$PY" ]; then echo "router-env.sh: python3 is required" >&2; exit 2; fi
 rm -rf "$V"
-"$PY" -m venv "$V"
-if ! "$V/bin/pip" install -q "sglang-router==0.3.2" "smg==1.13.0" 2>"$V/pip.err"; then
+. scripts/pyinstall.sh
+pyvenv "$V" "$PY"
+if ! pyinstall "$V/bin/python" "sglang-router==0.3.2" "smg==1.13.0" 2>"$V/pip.err"; then
   echo "router-env.sh: cannot install sglang-router==0.3.2 / smg==1.13.0 (registry unreachable?): $(tail -1 "$V/pip.err")" >&2
   exit 3
 fi
