@@ -11,10 +11,12 @@ if [ -z "$PY" ]; then echo "oracle-env.sh: python3.11 is required for the sglang
 rm -rf "$V"
 . scripts/pyinstall.sh
 pyvenv "$V" "$PY"
-# No bytecode compiled up front (torch alone: 70 CPU-s here): scripts/test.sh lets the tests'
-# first imports write it, for the modules that are used.
+# No bytecode compiled for every file (torch's alone: 70 CPU-s here): the imports the tests use
+# write theirs at the end.
 q() { PYINSTALL_COMPILE=0 pyinstall "$V/bin/python" "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
 q "torch==2.13.0"
 q --no-deps "sglang==0.5.23" -r tests/oracle/requirements.txt
-"$V/bin/python" -c 'import torch, sglang' >/dev/null
+# the bytecode of what the tests import, written once here instead of by every test process
+env -u PYTHONDONTWRITEBYTECODE PYTHONPATH=. "$V/bin/python" -W ignore -c 'import torch, sglang, tests.oracle.driver
+import sglang.srt.server_args, sglang.srt.arg_groups.memory_hook, sglang.srt.arg_groups.overrides' >/dev/null
 touch "$V/.complete"

@@ -7,7 +7,8 @@ A test-only stand-in for ``python -m dsv4ctl.cli``; what a user runs is the real
 is given exactly what a new process would get: argv (``sys.argv[0]`` is ``dsv4ctl/cli.py`` and
 ``__main__`` is ``dsv4ctl.cli``, so usage lines read ``python -m dsv4ctl.cli``), the environment,
 the working directory, its own stdin/stdout/stderr pipes (passed over the socket with
-SCM_RIGHTS), default signal dispositions and Python's exit (non-daemon threads joined, atexit handlers, stdio flushed; the modules are not torn down). The server reports the
+SCM_RIGHTS), the signal dispositions of a new Python process (defaults; SIGPIPE and SIGXFSZ ignored)
+and Python's exit (non-daemon threads joined, atexit handlers, stdio flushed; the modules are not torn down). The server reports the
 child's wait status, so a signal death reads as ``-SIG`` like ``subprocess``.
 
 Protocol (one connection per run, unix stream socket): the client sends a 4-byte big-endian
@@ -103,8 +104,12 @@ def _child(req: dict, fds: list[int], closing: list, main) -> None:
             x.close()
         except OSError:
             pass
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGQUIT):
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    # as Python's start-up sets them: a write to a closed pipe or socket raises BrokenPipeError
+    # instead of killing the process (a stand-in whose client went away died of SIGPIPE)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
