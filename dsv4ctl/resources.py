@@ -27,7 +27,7 @@ SHIPPED_FOLDERS = ("profiles", "patches", "playbooks", "completions")
 DEFAULT_PROFILE_NAME = "dsv4-flash-8xb200-pd"
 # The profiles dsv4ctl ships (``profiles/NAME.yaml`` + ``profiles/NAME/``); setup.py copies these
 # into the wheel and no command edits them. Other files an operator adds to ``profiles/`` are theirs.
-SHIPPED_PROFILES = ("dsv4-flash-8xb200-pd",)
+SHIPPED_PROFILES = ("dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd")
 
 
 def shipped_dir(name: str) -> Path:

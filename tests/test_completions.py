@@ -101,7 +101,7 @@ def test_model_covers_every_command_of_the_cli():
     assert _option(plan, "--json")["value"] == {"kind": "none"}
     assert _option(plan, "--help")["names"] == ["-h", "--help"]
     assert plan["args"] == [{"name": "profile", "nargs": 1, "required": False,
-                             "value": {"kind": "yaml", "words": ["dsv4-flash-8xb200-pd"]}}]
+                             "value": {"kind": "yaml", "words": ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]}}]
 
 
 class Colour(str, enum.Enum):
@@ -203,9 +203,9 @@ def test_bash_completes_commands_options_keys_and_profiles(fresh):
     assert bash_complete("dsv4ctl plan -s index_k_", script) == ["index_k_accounting=", "index_k_dtype="]
     assert bash_complete("dsv4ctl plan --set index_k_dtype=", script) == []
     # the value of --group is skipped: the next word is the profile argument again
-    assert bash_complete("dsv4ctl plan --group decode --set x=1 profiles/dsv4", script) == [
+    assert bash_complete("dsv4ctl plan --group decode --set x=1 profiles/dsv4-f", script) == [
         "profiles/dsv4-flash-8xb200-pd", "profiles/dsv4-flash-8xb200-pd.yaml"]
-    assert bash_complete("dsv4ctl plan dsv4-", script) == ["dsv4-flash-8xb200-pd"]
+    assert bash_complete("dsv4ctl plan dsv4-", script) == ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]
     assert bash_complete("dsv4ctl plan profiles/dsv4-flash-8xb200-pd.yaml ", script) == []
     assert bash_complete("dsv4ctl plan x --j", script) == ["--json"]
 
@@ -217,7 +217,7 @@ def test_bash_completes_nested_groups_and_dir_values(fresh):
         pytest.skip("no patch group in this CLI")
     assert bash_complete("dsv4ctl patch ", script) == [s["path"][-1] for s in _node(model, "patch")["subs"]]
     assert bash_complete("dsv4ctl patch status --series scr", script) == ["scripts"]
-    assert bash_complete("dsv4ctl patch status --profile=dsv4-", script) == ["dsv4-flash-8xb200-pd"]
+    assert bash_complete("dsv4ctl patch status --profile=dsv4-f", script) == ["dsv4-flash-8xb200-pd"]
 
 
 def test_bash_toy_cli_choices_and_rest_arguments(tmp_path):
@@ -241,9 +241,9 @@ def test_fish_completes_commands_options_keys_and_profiles(fresh):
     assert sorted(fish_complete("dsv4ctl plan --", script)) == sorted(longs)
     assert fish_complete("dsv4ctl plan --set mem_", script) == ["mem_fraction_static="]
     assert fish_complete("dsv4ctl plan --set index_k_dtype=", script) == []
-    assert sorted(fish_complete("dsv4ctl plan --group decode profiles/dsv4", script)) == [
+    assert sorted(fish_complete("dsv4ctl plan --group decode profiles/dsv4-f", script)) == [
         "profiles/dsv4-flash-8xb200-pd.yaml", "profiles/dsv4-flash-8xb200-pd/"]
-    assert fish_complete("dsv4ctl plan dsv4-", script) == ["dsv4-flash-8xb200-pd"]
+    assert fish_complete("dsv4ctl plan dsv4-", script) == ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]
     assert fish_complete("dsv4ctl plan profiles/dsv4-flash-8xb200-pd.yaml ", script) == []
 
 
@@ -254,7 +254,7 @@ def test_zsh_completes_commands_options_keys_and_profiles(fresh):
     longs = [x for o in _node(gen.build_model(), "plan")["options"] for x in o["names"] if x.startswith("--")]
     assert sorted(set(zsh_complete("dsv4ctl plan --", script))) == sorted(longs)
     assert zsh_complete("dsv4ctl plan --set mem_", script) == ["mem_fraction_static"]  # "=" is compadd's suffix
-    assert sorted(set(zsh_complete("dsv4ctl plan dsv4-", script))) == ["dsv4-flash-8xb200-pd"]
+    assert sorted(set(zsh_complete("dsv4ctl plan dsv4-", script))) == ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]
 
 
 @pytest.mark.parametrize("shell,render,argv", [

@@ -50,12 +50,13 @@ def edit(text: str, **kv) -> str:
 
 
 def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=("bf16"), gating=None,
-        env_p=None, env_d=None, raw_prefill=None, topo_p=None):
+        env_p=None, env_d=None, raw_prefill=None, topo_p=None, ports=(30000, 30001)):
     pc = parse_config_text(prefill, "prefill.yaml") if raw_prefill is None else raw_prefill
     groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools),
-                         topology_error=topo_p),
+                         topology_error=topo_p, binds=[("h0", ports[0], ports[0], "HTTP port", "prefill.yaml:3"),
+                                                       ("h0", 8998, 8998, "KV bootstrap port", "prefill.yaml:9")]),
               GroupInput("decode", "decode", "h0", parse_config_text(decode, "decode.yaml"), env=env_d or {},
-                         rank_device_gib=list(pools))]
+                         rank_device_gib=list(pools), binds=[("h0", ports[1], ports[1], "HTTP port", "decode.yaml:3")])]
     inp = LintInput(groups=groups, pairs=[("prefill", "decode")], host_ram_gib={"h0": ram},
                     index_k_dtype=dkv, gating=gating, tree="/t" if gating else None)
     return lint(inp, T)
@@ -131,6 +132,9 @@ CASES = [
     # issue 25: the profile's topology is not what the serve config runs (dsv4ctl.plan.plan.topology's words)
     ("DSV120", dict(topo_p="prefill.yaml:2: tp-size: 8 disagrees with the profile's group 'prefill' (tp: 4)"), dict()),
     ("DSV120", dict(topo_p="prefill.yaml: no tp-size: SGLang runs tp-size 1 (its default), but ..."), dict()),
+    # issue 25: two listeners on one host and port (here decode's HTTP port on prefill's KV bootstrap port)
+    ("DSV121", dict(ports=(30000, 8998)), dict(ports=(30000, 8999))),
+    ("DSV121", dict(ports=(30000, 30000)), dict()),
 ]
 
 
@@ -242,3 +246,14 @@ def test_v32_model_gets_no_dsv4_rules(tmp_path):
     assert model_type_of("v32", tmp_path) == "deepseek_v32" and model_type_of("flash") == "deepseek_v4"
     assert model_type_of("nope", tmp_path) is None
     assert is_dsv4(resolve(load_profile(tmp_path / "p.yaml"))) is False
+
+
+def test_host_ram_counts_each_node_of_a_multi_node_server_on_its_own_host():
+    # prefill over two hosts, two ranks on each: 2.0 x 2 x 120 = 480 GiB per host, not 960 on h0
+    pc = parse_config_text(PREFILL, "prefill.yaml")
+    groups = [GroupInput("prefill", "prefill", "h0", pc, rank_device_gib=[120.0] * 4,
+                         rank_hosts=["h0", "h0", "h1", "h1"])]
+    inp = LintInput(groups=groups, host_ram_gib={"h0": 600.0, "h1": 480.0}, gating=GATED, tree="/t")
+    fs = [f for f in lint(inp, T) if f.rule in ("DSV109", "DSV110")]
+    assert [(f.rule, f.message.split(":")[0]) for f in fs] == [("DSV109", "host h1"), ("DSV110", "host h0")]
+    assert "HiCache host pools 480.0 GiB (prefill 480.0)" in fs[0].message

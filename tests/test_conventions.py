@@ -92,14 +92,15 @@ def test_profile_list_and_show():
     r = run_cli("profile", "list", "--json")
     assert json.loads(r.out)["schema"] == "dsv4ctl.profiles/1"
     assert json.loads(r.out)["profiles"] == [
-        {"name": "dsv4-flash-8xb200-pd", "path": str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml")}]
+        {"name": "dsv4-flash-8xb200-pd", "path": str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml")},
+        {"name": "dsv4-pro-4xh200-pd", "path": str(REPO / "profiles/dsv4-pro-4xh200-pd.yaml")}]
     r = run_cli("profile", "show", "dsv4-flash-8xb200-pd")
     assert r.code == 0
     assert r.out.startswith((REPO / "profiles/dsv4-flash-8xb200-pd.yaml").read_text())
     assert r.out.endswith(f"# serve config of prefill: {REPO}/profiles/dsv4-flash-8xb200-pd/prefill.yaml\n"
                           f"# serve config of decode: {REPO}/profiles/dsv4-flash-8xb200-pd/decode.yaml\n")
     r = run_cli("profile", "show", "nope")
-    assert r.code == 2 and r.err == "dsv4ctl: error: nope: no such profile (shipped: dsv4-flash-8xb200-pd)\n"
+    assert r.code == 2 and r.err == "dsv4ctl: error: nope: no such profile (shipped: dsv4-flash-8xb200-pd, dsv4-pro-4xh200-pd)\n"
 
 
 def test_profile_init_writes_a_commented_profile_and_its_serve_configs(tmp_path):

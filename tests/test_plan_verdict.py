@@ -231,12 +231,17 @@ def test_attn_dp_size_and_cuda_graph_max_bs_decode(prof):
     # decode reserve: 512 + 1.5*2048 + 512 + 2*64 MB unfloored (memory_hook.py)
     assert g["activation_estimate_gib"] == round((512 + 3072 + 512 + 128) / 1024, 3)
     set_decode(prof, **{"attn-dp-size": 4})
-    code, out, err = run("plan", str(prof), "-g", "decode")
-    # the profile says dp 1 without dp-attention: the serve config disagrees (exit 2, one line)
-    assert code == 2 and "disagrees with the profile" in err and len(err.splitlines()) == 1
-    g = plan_doc(str(prof), "-g", "decode", "--set", "attn_dp_size=4")["groups"][0]
+    # the profile leaves dp to the serve config (issue 25): attention DP 4 on the 4 GPUs is what runs
+    g = plan_doc(str(prof), "-g", "decode")["groups"][0]
     assert (g["dp"], g["dp_attention"], g["server_args"]["attn_dp_size"]) == (4, True, 4)
     assert g["ranks"][0]["max_running_requests"] == 128 // 4
+    # a profile that says dp 1 disagrees with it (exit 2, one line)
+    text = prof.read_text()
+    prof.write_text(text.replace("    gpus: [4, 5, 6, 7]\n    tp: 4\n", "    gpus: [4, 5, 6, 7]\n    tp: 4\n    dp: 1\n"))
+    code, out, err = run("plan", str(prof), "-g", "decode")
+    assert code == 2 and "dp-size: 4 disagrees with the profile's group 'decode' (dp: 1)" in err and len(err.splitlines()) == 1
+    g = plan_doc(str(prof), "-g", "decode", "--set", "attn_dp_size=4")["groups"][0]
+    assert (g["dp"], g["dp_attention"], g["server_args"]["attn_dp_size"]) == (4, True, 4)
 
 
 # ------------------------------------------------------------------------------ --from-log

@@ -157,10 +157,13 @@ def test_a_good_edit_of_the_copy_still_plans(tmp_path):
 SERVE_CASES = [
     ("tp-disagrees", "decode.yaml", "tp-size: 4", "tp-size: 8", "tp-size: 8",
      "tp-size: 8 disagrees with the profile's group 'decode' (tp: 4)"),
-    ("dp-attention-disagrees", "decode.yaml", "tp-size: 4\n", "tp-size: 4\nenable-dp-attention: true\n", "enable-dp-attention",
-     "enable-dp-attention: True disagrees with the profile's group 'decode' (dp_attention: False)"),
-    ("pp-disagrees", "prefill.yaml", "tp-size: 4\n", "tp-size: 4\npp-size: 2\n", "pp-size",
-     "pp-size: 2 disagrees with the profile's group 'prefill' (pp: 1)"),
+    # the profile leaves dp and pp to the serve config (issue 25): SGLang's placement decides
+    ("dp-more-ranks", "decode.yaml", "tp-size: 4\n", "tp-size: 4\ndp-size: 2\n", "base-gpu-id",
+     "SGLang puts group 'decode' on GPUs 4,5,6,7,8,9,10,11 (base-gpu-id 4, gpu-id-step 1, 8 rank(s)), but the "
+     "profile lists GPUs 4,5,6,7 (PROFILE:47): make the profile's gpus the GPUs SGLang uses"),
+    ("pp-more-ranks", "prefill.yaml", "tp-size: 4\n", "tp-size: 4\npp-size: 2\n", "base-gpu-id",
+     "SGLang puts group 'prefill' on GPUs 0,1,2,3,4,5,6,7 (base-gpu-id 0, gpu-id-step 1, 8 rank(s)), but the "
+     "profile lists GPUs 0,1,2,3 (PROFILE:38): make the profile's gpus the GPUs SGLang uses"),
     ("underscore-key", "decode.yaml", "max-running-requests: 128", "max_running_requests: 128", "max_running",
      "max_running_requests: SGLang --config keys use dashes (max-running-requests)"),
     ("alias-twice", "decode.yaml", "tp-size: 4\n", "tensor-parallel-size: 4\ntp-size: 4\n", "tp-size: 4",
@@ -180,4 +183,4 @@ def test_bad_serve_config_is_one_line_with_file_line_and_field(tmp_path, which, 
     sc = tmp_path / SERVE_DIR.name / which
     text = edit(sc, old, new)
     line = line_of(text, anchor) if expected.startswith("YAML") is False else line_of(text, anchor) + 1
-    assert one_error(run_cli("plan", str(prof))) == f"{sc}:{line}: {expected}"
+    assert one_error(run_cli("plan", str(prof))) == f"{sc}:{line}: {expected.replace('PROFILE', str(prof))}"

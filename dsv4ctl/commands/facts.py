@@ -34,7 +34,7 @@ def facts(
     or the profile cannot be written."""
     from ..errors import InputError, RemoteError, VerdictError
     from ..hosts.gpus import GpuFactError, gpus_command, parse_gpus
-    from ..plan.facts import group_facts, memory_yaml
+    from ..plan.facts import memory_yaml, server_facts
     from ..remote import connect, run_parallel
     from .common import load_deployment_arg
     from .options import seconds
@@ -53,7 +53,7 @@ def facts(
         for g in groups:
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no GPUs")
-    hosts = sorted({g.host for g in groups})
+    hosts = sorted({h for g in groups for h in g.hosts})     # every node of every server
     transports = {h: connect(prof.hosts[h], hosts=prof.hosts) for h in hosts}
     cmd = gpus_command()
     try:
@@ -69,7 +69,8 @@ def facts(
             parsed[h] = parse_gpus(r.value)
         except GpuFactError as e:
             raise RemoteError(f"{h}: {e}") from None
-    out = [group_facts(g.name, g.host, list(g.gpus), parsed[g.host], tp=g.tp) for g in groups]
+    out = [server_facts(g.name, _places(g), {h: parsed[h] for h in g.hosts}, tp=_tp(dep, g))
+           for g in groups]
     result = _write(prof, out, force, dry_run) if write else None
     if as_json:
         doc = dict(schema="dsv4ctl.facts/1", profile=prof.name, groups=[f.to_dict() for f in out],
@@ -79,13 +80,13 @@ def facts(
         print(dump_json(doc))
     else:
         for f in out:
-            print(f"{f.group} on {f.host}:")
-            for i, (idx, gpu) in enumerate(zip(prof.group(f.group).gpus, f.gpus)):
+            print(f"{f.group} on {', '.join(dict.fromkeys(h for h, _ in f.places))}:")
+            for i, gpu in enumerate(f.gpus):
                 if gpu is None:
-                    print(f"  GPU {idx}: not reported")
+                    print(f"  {f.gpu_name(i)}: not reported")
                     continue
                 procs = ", ".join(f"{p.name} {p.used_mib} MiB" for p in gpu.processes) or "no processes"
-                print(f"  GPU {idx}: {gpu.name}: total {gpu.total_mib} MiB, used {gpu.used_mib} MiB, free {gpu.free_mib} MiB "
+                print(f"  {f.gpu_name(i)}: {gpu.name}: total {gpu.total_mib} MiB, used {gpu.used_mib} MiB, free {gpu.free_mib} MiB "
                       f"-> free_gib_before_load {f.free_gib_before_load[i]} ({procs})")
             for n in f.notes:
                 print(f"  note: {n}")
@@ -102,6 +103,22 @@ def facts(
         raise VerdictError(f"facts --write: {result.problems[0]}{more}; nothing written (refused: {', '.join(bad)}"
                            + (f"; writable: {', '.join(fine)}" if fine else "") + "): measure again on idle GPUs, "
                            "or --force")
+
+
+def _tp(dep, g) -> int:
+    """The tp-size the group's server runs (its serve config's, else the profile's): the
+    imbalance note applies with tp > 1."""
+    v = dep.groups[g.name].arg("tp-size") if g.serve_config and g.serve_config.is_file() else None
+    try:
+        return int(v) if v is not None else g.tp
+    except (TypeError, ValueError):
+        return g.tp
+
+
+def _places(g) -> list[tuple[str, int]]:
+    """(host, GPU index) of every GPU of every server of group ``g``, replica- then node-major:
+    the order of the profile's per-GPU memory lists."""
+    return [(node.host, i) for srv in g.servers for node in srv for i in node.gpus]
 
 
 @dataclass
@@ -133,7 +150,7 @@ def _write(prof, out, force: bool, dry_run: bool) -> _Written:
     problems, values = [], {}
     for f in out:
         g = prof.group(f.group)
-        vals, why = values_to_write(f, list(g.gpus), g.memory.free_gib_before_load, force)
+        vals, why = values_to_write(f, [i for _, i in _places(g)], g.memory.free_gib_before_load, force)
         problems += why
         if vals is not None:
             values[prof.groups.index(g)] = vals

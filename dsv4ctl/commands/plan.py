@@ -9,9 +9,28 @@ import typer
 from ..errors import InputError, VerdictError
 from ..render import console, dump_json, markdown_table, rich_table, styled, text_table
 
+def _span(values: list) -> str:
+    """``3``, ``0-15`` (a contiguous run) or ``0,2,5``."""
+    vs = sorted(set(values))
+    if len(vs) > 2 and vs == list(range(vs[0], vs[-1] + 1)):
+        return f"{vs[0]}-{vs[-1]}"
+    return ",".join(map(str, vs))
+
+
+def _gpus(rs: list[dict]) -> str:
+    """The GPUs of a set of ranks: ``0,1,2,3``, or per host for a multi-node server
+    (``h200-0: 0-7 · h200-1: 0-7``); ``-`` for what-if ranks."""
+    if any(x["gpu"] is None for x in rs):
+        return "-"
+    hosts = list(dict.fromkeys(x.get("host") for x in rs))
+    if len(hosts) == 1:
+        return ",".join(str(x["gpu"]) for x in rs)
+    return " · ".join(f"{h}: {_span([x['gpu'] for x in rs if x.get('host') == h])}" for h in hosts)
+
+
 METRICS = [
-    ("GPUs", lambda g, r, rs: ",".join(str(x["gpu"]) for x in rs) if all(x["gpu"] is not None for x in rs) else "-"),
-    ("pp / dp rank", lambda g, r, rs: f"{r['pp_rank']} / {r['dp_rank']}"),
+    ("GPUs", lambda g, r, rs: _gpus(rs)),
+    ("pp / dp rank", lambda g, r, rs: f"{r['pp_rank']} / {_span([x['dp_rank'] for x in rs])}"),
     ("layers", lambda g, r, rs: f"{r['layers'][0]}..{r['layers'][1] - 1}"),
     ("available GiB", lambda g, r, rs: f"{r['available_bytes'] / 2**30:.3f}"),
     ("bytes per full token", lambda g, r, rs: f"{r['bytes_per_full_token']:.2f}"),
@@ -38,16 +57,8 @@ METRICS = [
 
 def _columns(doc: dict) -> list[tuple[str, dict, dict, list]]:
     """One column per group and set of identical ranks: (title, group, rank, ranks)."""
-    cols = []
-    for g in doc["groups"]:
-        seen: dict = {}
-        for r in g["ranks"]:
-            key = tuple((k, str(v)) for k, v in r.items() if k not in ("rank", "gpu", "tp_rank"))
-            seen.setdefault(key, []).append(r)
-        for rs in seen.values():
-            label = f"ranks {rs[0]['rank']}-{rs[-1]['rank']}" if len(rs) > 1 else f"rank {rs[0]['rank']}"
-            cols.append((f"{g['name']} {label}", g, rs[0], rs))
-    return cols
+    from ..report.memory import rank_label, rank_sets
+    return [(f"{g['name']} {rank_label(rs)}", g, rs[0], rs) for g in doc["groups"] for rs in rank_sets(g)]
 
 
 def _table(doc: dict) -> tuple[list[str], list[list]]:

@@ -66,10 +66,25 @@ class Site:
             t.close()
 
 
+def refuse_multi_node(dep: Deployment) -> None:
+    """InputError (exit 2, nothing touched) for a server group over several nodes or with
+    replicas: the commands that act on hosts start, check and roll back one host per group;
+    ``plan``, ``config lint`` and ``facts`` cover such groups."""
+    from ..errors import InputError
+    for g in dep.servers():
+        grp = g.group
+        if grp.nnodes > 1 or grp.replicas > 1:
+            what = f"{grp.nnodes} nodes" if grp.nnodes > 1 else f"{grp.replicas} replicas"
+            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: deploy, rollback and the "
+                             "day-2 commands act on one-host groups only so far (plan, config lint and facts "
+                             "cover it); nothing was changed")
+
+
 def open_site(profile, opts: Options) -> Site:
     """Transports (not yet connected) and deploy roots for every host of the Deployment (a
     Profile is resolved first)."""
     dep = as_deployment(profile)
+    refuse_multi_node(dep)
     s = Site(dep, opts)
     for name, h in dep.hosts.items():
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,

@@ -30,40 +30,62 @@ class GroupFacts:
     gpus: list[Optional[Gpu]]
     free_gib_before_load: list[Optional[float]]
     notes: list[str] = field(default_factory=list)
+    places: list[tuple[str, int]] = field(default_factory=list)   # (host, GPU index) per value
+
+    @property
+    def multi_host(self) -> bool:
+        return len({h for h, _ in self.places}) > 1
+
+    def gpu_name(self, i: int) -> str:
+        """``GPU 3`` (one host) or ``GPU 3 of h200-1`` for the ``i``-th value."""
+        h, idx = self.places[i]
+        return f"GPU {idx} of {h}" if self.multi_host else f"GPU {idx}"
 
     def to_dict(self) -> dict:
-        return dict(group=self.group, host=self.host,
+        return dict(group=self.group, host=self.host, hosts=list(dict.fromkeys(h for h, _ in self.places)),
+                    places=[dict(host=h, gpu=i) for h, i in self.places],
                     gpus=[g.as_dict() if g else None for g in self.gpus],
                     memory=dict(free_gib_before_load=self.free_gib_before_load), notes=self.notes)
 
 
 def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu], tp: int = 2) -> GroupFacts:
-    """Derive a group's measured ``free_gib_before_load`` per GPU from its host's GPUs (pure).
+    """:func:`server_facts` of a group on one host."""
+    return server_facts(group, [(host, i) for i in indices], {host: gpus}, tp)
+
+
+def server_facts(group: str, places: list[tuple[str, int]], gpus: dict[str, list[Gpu]], tp: int = 2) -> GroupFacts:
+    """Derive a group's measured ``free_gib_before_load`` per GPU (pure): ``places`` are its
+    (host, GPU index) in the profile's order (node-major, replica-major: every node of every
+    server), ``gpus`` each host's nvidia-smi rows.
 
     A GPU index nvidia-smi does not list gives None and a note; a GPU with processes holding
     memory gives its current free memory and a note (if that process is this group's server,
     the value is not the free memory before weight load). With ``tp`` (the group's tp-size) > 1,
     free memories SGLang would refuse as unbalanced (:func:`dsv4ctl.plan.verdict.unbalanced`)
     give a note too."""
-    by_index = {g.index: g for g in gpus}
+    by_index = {(h, g.index): g for h, rows in gpus.items() for g in rows}
+    multi = len({h for h, _ in places}) > 1
     rows, frees, notes = [], [], []
-    for i in indices:
-        g = by_index.get(i)
+    for host, i in places:
+        g = by_index.get((host, i))
         rows.append(g)
+        name = f"GPU {i} of {host}" if multi else f"GPU {i}"
         if g is None or g.free_mib is None:
             frees.append(None)
-            notes.append(f"GPU {i}: not reported by nvidia-smi on {host}")
+            notes.append(f"{name}: not reported by nvidia-smi on {host}")
             continue
         frees.append(round(g.free_mib / 1024 - CONTEXT_GIB, 3))
         if g.processes:
             held = ", ".join(f"{p.name or '?'} (pid {p.pid}, {p.used_mib if p.used_mib is not None else '?'} MiB)"
                              for p in g.processes)
-            notes.append(f"GPU {i}: memory held by {held}: stop them (or the server) to measure free memory "
+            notes.append(f"{name}: memory held by {held}: stop them (or the server) to measure free memory "
                          "before weight load")
+    # SGLang's imbalance check spans every rank of a server, all nodes (model_runner.py)
     why = unbalanced([f for f in frees if f is not None]) if tp > 1 else None
     if why:
         notes.append(f"unbalanced: {why}")
-    return GroupFacts(group=group, host=host, gpus=rows, free_gib_before_load=frees, notes=notes)
+    return GroupFacts(group=group, host=places[0][0] if places else "", gpus=rows, free_gib_before_load=frees,
+                      notes=notes, places=list(places))
 
 
 def memory_yaml(facts: list[GroupFacts]) -> str:
@@ -71,7 +93,8 @@ def memory_yaml(facts: list[GroupFacts]) -> str:
     out = []
     for f in facts:
         vals = ", ".join("null" if v is None else f"{v}" for v in f.free_gib_before_load)
-        out.append(f"# group {f.group} ({f.host}): groups[].memory\n    free_gib_before_load: [{vals}]")
+        where = ", ".join(dict.fromkeys(h for h, _ in f.places)) or f.host
+        out.append(f"# group {f.group} ({where}): groups[].memory\n    free_gib_before_load: [{vals}]")
     return "\n".join(out)
 
 
@@ -90,17 +113,18 @@ def values_to_write(f: GroupFacts, gpus: list[int], old, force: bool = False) ->
     reason. Values is None when there is a reason."""
     problems, out = [], []
     for i, (idx, gpu, v) in enumerate(zip(gpus, f.gpus, f.free_gib_before_load)):
+        on = f.places[i][0] if i < len(f.places) else f.host
         if v is None:
             kept = old[i] if isinstance(old, list) and i < len(old) else old if isinstance(old, (int, float)) else None
             if force and kept is not None:
                 out.append(kept)
                 continue
-            problems.append(f"group {f.group}: GPU {idx} on {f.host} not reported by nvidia-smi"
+            problems.append(f"group {f.group}: GPU {idx} on {on} not reported by nvidia-smi"
                             + (" and the profile has no value to keep" if force else ""))
             continue
         if gpu is not None and gpu.processes and not force:
             held = ", ".join(f"{p.name or '?'} pid {p.pid}" for p in gpu.processes)
-            problems.append(f"group {f.group}: GPU {idx} on {f.host} has processes holding memory ({held}): "
+            problems.append(f"group {f.group}: GPU {idx} on {on} has processes holding memory ({held}): "
                             "its free memory is not the free memory before load")
             continue
         out.append(v)

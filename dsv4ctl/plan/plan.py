@@ -40,7 +40,7 @@ _BOOL_FALSE = {"0", "false", "no", "off", ""}
 
 # SGLang 0.5.23 srt/server_args.py defaults of the topology a serve config may leave out
 # (tp_size, dp_size, pp_size: 1; enable_dp_attention: False, attn_dp_size 1).
-SGLANG_TOPOLOGY_DEFAULTS = {"tp_size": 1, "dp_size": 1, "pp_size": 1, "enable_dp_attention": False}
+SGLANG_TOPOLOGY_DEFAULTS = {"tp_size": 1, "dp_size": 1, "pp_size": 1, "enable_dp_attention": False, "nnodes": 1}
 
 
 def _attn_dp(args: dict, where: dict) -> None:
@@ -144,7 +144,7 @@ SET_KEYS: dict[str, str] = {
     "attn_dp_size": "int", "cuda_graph_max_bs_decode": "int", "cuda_graph_max_bs_prefill": "int",
     "draft_weights_gib_per_rank": "gib", "checkpoint_format": "str", "min_requests": "int",
     "free_gib_before_load": "gib", "weights_gib_per_rank": "gib", "other_gib": "gib",
-    "gpu_memory_mib": "mib", "base_gpu_id": "int", "gpu_id_step": "int",
+    "gpu_memory_mib": "mib", "base_gpu_id": "int", "gpu_id_step": "int", "nnodes": "int",
     "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "envbool",
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
     "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "envbool", "SGLANG_PP_LAYER_PARTITION": "str",
@@ -221,7 +221,8 @@ class GroupInputs:
     rank_resident_gib: Optional[list[float]] = None   # per rank F (per-GPU memory), else uniform
     free_gib_per_gpu: Optional[list[float]] = None    # per-GPU P in the group's ``gpus`` order, else uniform
     other_gib_per_gpu: Optional[list[float]] = None   # per-GPU other memory (same order), else uniform
-    gpus: tuple[int, ...] = ()                        # the group's GPU indices (fix texts)
+    gpus: tuple[int, ...] = ()                        # the GPU index of every rank (rank order)
+    places: tuple[tuple[int, str, int], ...] = ()     # (node rank, host, GPU index) of every rank
     activation_reserve_gib: float = 0.0   # SGLang's reserve outside mfs, 10 GiB floor (memory_hook.py)
     activation_estimate_gib: float = 0.0  # the same estimate without the floor (verdict: fails below)
     draft_weights_gib_per_rank: float = 0.0
@@ -229,6 +230,16 @@ class GroupInputs:
     min_requests: int = 1
     logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
     balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
+    replica: Optional[int] = None         # with replicas: the one planned (the tightest)
+
+    def gpu_name(self, rank: int) -> str:
+        """``GPU 3``, or ``GPU 3 of host h1 (node 1)`` for a multi-node server; ``GPU #5`` when the
+        rank has no GPU of the profile (a what-if)."""
+        if rank >= len(self.places):
+            return f"GPU #{rank}"
+        node, host, gpu = self.places[rank]
+        multi = len({p[0] for p in self.places}) > 1
+        return f"GPU {gpu} of host {host} (node {node})" if multi else f"GPU {gpu}"
 
 
 def serve_args(serve: Optional[ServeConfig]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -263,30 +274,37 @@ def serve_args(serve: Optional[ServeConfig]) -> tuple[dict[str, Any], dict[str, 
 
 def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args: dict[str, Any],
              where: dict[str, str], overrides: dict[str, Any]) -> dict[str, Any]:
-    """{tp_size, dp_size, pp_size, enable_dp_attention} a group runs with (pure). SGLang reads only
-    the serve config, so with one its values (or SGLang's defaults, :data:`SGLANG_TOPOLOGY_DEFAULTS`)
-    are what runs; the profile's ``tp``/``dp``/``pp``/``dp_attention`` must agree and a
-    disagreement — including a key the serve config leaves to its default — is an InputError
-    naming both places. So are GPUs: the profile's ``gpus`` must be the GPUs SGLang puts the
-    ranks on from ``base-gpu-id`` / ``gpu-id-step`` (:func:`placement`; two servers given the
-    same GPUs by their serve configs are caught this way, as the profile lists each GPU once).
-    Without a serve config the profile's values count. ``--set`` of any of these is a what-if:
-    not checked against the profile."""
+    """{tp_size, dp_size, pp_size, enable_dp_attention, nnodes} a group runs with (pure).
+
+    SGLang reads only the serve config, so with one its values (or SGLang's defaults,
+    :data:`SGLANG_TOPOLOGY_DEFAULTS`) are what runs. The profile says where: its nodes (``nnodes``
+    = their count) and each node's GPUs must be where SGLang puts the ranks from ``base-gpu-id`` /
+    ``gpu-id-step`` (:func:`node_placement`); its ``tp``/``dp``/``pp``/``dp_attention``, when
+    given, must agree. A disagreement — including a key the serve config leaves to its default —
+    is an InputError naming both places, as is a ``dist-init-addr`` whose host is not node 0's
+    address. Without a serve config the profile's values count. ``--set`` of any of these is a
+    what-if: not checked against the profile."""
     out = {}
     gi = profile.groups.index(group)
-    for k, v in {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
-                 "enable_dp_attention": group.dp_attention}.items():
-        pkey = k.split("_")[0] if k != "enable_dp_attention" else "dp_attention"
+    prof = {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
+            "enable_dp_attention": group.dp_attention, "nnodes": group.nnodes}
+    for k, v in prof.items():
+        pkey = {"enable_dp_attention": "dp_attention", "nnodes": "nodes"}.get(k, k.split("_")[0])
+        stated = pkey in group.stated or k == "nnodes"      # the profile always says its nodes
         if k in overrides:
             out[k] = overrides[k]
             continue
-        if k in args:
-            if args[k] != v:
-                raise InputError(f"{where[k]}: {k.replace('_', '-')}: {args[k]} disagrees with the profile's "
-                                 f"group {group.name!r} ({pkey}: {v})")
+        if serve is None:
             out[k] = v
             continue
-        if serve is not None and v != SGLANG_TOPOLOGY_DEFAULTS[k]:
+        shown = f"{pkey}: {v}" if k != "nnodes" else f"{v} node(s)"
+        if k in args:
+            if stated and args[k] != v:
+                raise InputError(f"{where[k]}: {k.replace('_', '-')}: {args[k]} disagrees with the profile's "
+                                 f"group {group.name!r} ({shown})")
+            out[k] = args[k]
+            continue
+        if stated and v != SGLANG_TOPOLOGY_DEFAULTS[k]:
             # without the key SGLang runs its default, whatever the profile says: planning the
             # profile's value would plan a server that never runs
             fix = (f"attn-dp-size: {group.dp}" if k in ("dp_size", "enable_dp_attention") and group.dp_attention
@@ -294,33 +312,86 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
             raise InputError(
                 f"{serve.path}: no {k.replace('_', '-')}: SGLang runs {k.replace('_', '-')} "
                 f"{SGLANG_TOPOLOGY_DEFAULTS[k]} (its default), but the profile's group {group.name!r} says "
-                f"{pkey}: {v} ({profile.positions.where(('groups', gi, pkey))}): put {fix} in the serve config")
-        out[k] = v if serve is None else SGLANG_TOPOLOGY_DEFAULTS[k]
-    if serve is not None and group.gpus and not any(k in overrides for k in (*out, "base_gpu_id", "gpu_id_step")):
-        base, step = args.get("base_gpu_id", 0), args.get("gpu_id_step", 1)
-        places = placement(out["tp_size"], out["pp_size"], 1 if out["enable_dp_attention"] else out["dp_size"],
-                           base, step)
-        if sorted(places) != sorted(group.gpus):
-            at = where.get("base_gpu_id") or serve.path
-            want = sorted(group.gpus)
-            fix = (f"set base-gpu-id: {want[0]} in the serve config" if len(want) == len(places)
-                   and placement(out["tp_size"], out["pp_size"], 1 if out["enable_dp_attention"] else out["dp_size"],
-                                 want[0], step) == want
-                   else "make the profile's gpus the GPUs SGLang uses")
-            raise InputError(
-                f"{at}: SGLang puts group {group.name!r} on GPUs {_gpu_list(places)} (base-gpu-id {base}, "
-                f"gpu-id-step {step}, {len(places)} rank(s)), but the profile lists GPUs {_gpu_list(group.gpus)} "
-                f"({profile.positions.where(('groups', gi, 'gpus'))}): {fix}")
+                f"{shown} ({profile.positions.where(('groups', gi, pkey))}): put {fix} in the serve config")
+        out[k] = SGLANG_TOPOLOGY_DEFAULTS[k]
+    if serve is None or any(k in overrides for k in (*out, "base_gpu_id", "gpu_id_step")):
+        return out
+    tp, pp, nn = out["tp_size"], out["pp_size"], out["nnodes"]
+    if nn > 1 and out["dp_size"] > 1 and not out["enable_dp_attention"]:
+        # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
+        raise InputError(f"{where.get('dp_size', serve.path)}: dp-size {out['dp_size']} with nnodes {nn}: SGLang "
+                         "refuses data-parallel replicas across nodes: use attn-dp-size, or the group's replicas")
+    base, step = args.get("base_gpu_id", 0), args.get("gpu_id_step", 1)
+    try:
+        places = node_placement(tp, pp, 1 if out["enable_dp_attention"] else out["dp_size"], nn, base, step)
+    except ValueError as e:
+        raise InputError(f"{where.get('nnodes', serve.path)}: {e}") from None
+    for n, node in enumerate(group.nodes):
+        mine = [g for (nr, g) in places if nr == n]
+        if sorted(mine) == sorted(node.gpus):
+            continue
+        at = where.get("base_gpu_id") or serve.path
+        want = sorted(node.gpus)
+        path = ("groups", gi, "nodes", n) if group.nnodes > 1 else ("groups", gi, "gpus")
+        on = f" node {n} ({node.host})" if group.nnodes > 1 else ""
+        fix = ("make the profile's gpus the GPUs SGLang uses" if len(want) != len(mine) or
+               [g for (nr, g) in node_placement(tp, pp, 1 if out["enable_dp_attention"] else out["dp_size"], nn,
+                                                want[0], step) if nr == n] != want
+               else f"set base-gpu-id: {want[0]} in the serve config")
+        raise InputError(
+            f"{at}: SGLang puts group {group.name!r}{on} on GPUs {_gpu_list(mine) or 'none'} (base-gpu-id {base}, "
+            f"gpu-id-step {step}, {len(mine)} rank(s){f' of {len(places)} over {nn} nodes' if nn > 1 else ''}), "
+            f"but the profile lists GPUs {_gpu_list(node.gpus)} ({profile.positions.where(path)}): {fix}")
+    addr = serve.get("dist-init-addr")
+    if addr is not None and nn > 1:
+        host = str(addr).rsplit(":", 1)[0].strip("[]")
+        node0 = profile.hosts[group.nodes[0].host]
+        loc = serve.where("dist-init-addr")
+        if group.replicas > 1:
+            raise InputError(f"{loc}: dist-init-addr: {addr}: the group has {group.replicas} replicas, each with its own "
+                             "node 0: remove it (dsv4ctl passes --dist-init-addr per server; the port is "
+                             "the group's dist_init_port)")
+        if host != node0.address:
+            raise InputError(f"{loc}: dist-init-addr: {addr}: node 0 of group {group.name!r} is host {node0.name} "
+                             f"({node0.address}): the other nodes would wait for a rendezvous that never comes")
     return out
+
+
+def topo_keys_set(overrides: dict) -> bool:
+    """True when ``overrides`` (--set) change a topology key (a what-if topology)."""
+    return any(k in overrides for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes"))
+
+
+def node_placement(tp: int, pp: int, replicas: int = 1, nnodes: int = 1, base: int = 0,
+                   step: int = 1) -> list[tuple[int, int]]:
+    """(node rank, GPU index) of every rank of a server, in rank order (dp replica, pp rank, tp
+    rank), as SGLang 0.5.23 places them (srt/entrypoints/engine.py ``_calculate_rank_ranges`` and
+    the GPU id ``base_gpu_id + (pp_rank % pp_per_node) * tp_per_node + (tp_rank % tp_per_node) *
+    gpu_id_step``): node n holds pp ranks ``[pp_per_node * (n // nodes_per_pp), ...)`` and tp ranks
+    ``[tp_per_node * (n % nodes_per_pp), ...)``. Each DP replica (DP without attention DP; one node
+    only) is ``tp * pp * gpu_id_step`` further on (srt/managers/data_parallel_controller.py);
+    ``replicas`` is 1 with attention DP. ValueError when SGLang's ranges leave a node without its
+    share (``tp * pp`` not a multiple of ``nnodes``, or a pp/nnodes split SGLang cannot make)."""
+    if (tp * pp) % nnodes:
+        raise ValueError(f"tp-size {tp} x pp-size {pp} is not a multiple of nnodes {nnodes} "
+                         "(SGLang: tp_size must be divisible by number of nodes)")
+    pp_per_node = max(pp // nnodes, 1)
+    nodes_per_pp = max(nnodes // pp, 1)
+    tp_per_node = tp // nodes_per_pp
+    if (pp % nnodes if pp >= nnodes else nnodes % pp) or tp % nodes_per_pp:
+        raise ValueError(f"nnodes {nnodes} with tp-size {tp} and pp-size {pp}: SGLang's rank ranges "
+                         "(engine.py _calculate_rank_ranges) need pp-size a multiple of nnodes, or nnodes a "
+                         "multiple of pp-size with tp-size a multiple of nnodes / pp-size")
+    one = [((p // pp_per_node) * nodes_per_pp + t // tp_per_node,
+            base + (p % pp_per_node) * tp_per_node + (t % tp_per_node) * step)
+           for p in range(pp) for t in range(tp)]
+    return [(n, g + d * tp * pp * step) for d in range(replicas) for (n, g) in one]
 
 
 def placement(tp: int, pp: int, replicas: int, base: int = 0, step: int = 1) -> list[int]:
     """GPU index of every rank of a one-node server, in rank order (dp replica, pp rank, tp rank):
-    SGLang 0.5.23's ``base_gpu_id + (pp_rank % pp_per_node) * tp_per_node + (tp_rank %
-    tp_per_node) * gpu_id_step`` (srt/entrypoints/engine.py), each DP replica (DP without
-    attention DP) ``tp * pp * gpu_id_step`` further on (srt/managers/data_parallel_controller.py
-    ``launch_dp_schedulers``). ``replicas`` is 1 with attention DP (its ranks share the TP group)."""
-    return [base + d * tp * pp * step + p * tp + t * step for d in range(replicas) for p in range(pp) for t in range(tp)]
+    :func:`node_placement` on one node."""
+    return [g for _, g in node_placement(tp, pp, replicas, 1, base, step)]
 
 
 def _gpu_list(gpus) -> str:
@@ -351,6 +422,17 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         if not 1 <= args[k] <= MAX_PARALLEL:
             raise InputError(f"{k} must be within 1..{MAX_PARALLEL}, got {args[k]}")
     dpa = args["enable_dp_attention"]
+    nnodes = args.get("nnodes", group.nnodes)
+    if not 1 <= nnodes <= MAX_PARALLEL:
+        raise InputError(f"nnodes must be within 1..{MAX_PARALLEL}, got {nnodes}")
+    if "nnodes" in overrides or topo_keys_set(overrides):
+        try:
+            node_placement(tp, pp, 1 if dpa else dp, nnodes)
+        except ValueError as e:
+            raise InputError(f"--set: {e}") from None
+        if nnodes > 1 and dp > 1 and not dpa:
+            raise InputError(f"--set: dp_size {dp} with nnodes {nnodes}: SGLang refuses data-parallel replicas "
+                             "across nodes (use attn_dp_size)")
     gidx = profile.groups.index(group)
 
     def src(key: str, profile_path: tuple) -> str:
@@ -359,7 +441,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
 
     n_ranks = tp * pp * (1 if dpa else dp)
-    topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention") if k in overrides]
+    topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes") if k in overrides]
+    places = group.server_gpus
     if n_ranks > MAX_RANKS:
         what = "tp_size*pp_size" if dpa else "tp_size*pp_size*dp_size"
         raise InputError(f"group {group.name}: {what} = {n_ranks} ranks exceeds {MAX_RANKS} "
@@ -438,12 +521,13 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                 cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
         except CapacityError as e:
             raise InputError(f"{psrc}: {e}") from None
-    hypothetical = bool(topo_set and group.gpus and n_ranks != len(group.gpus))
+    hypothetical = bool(topo_set and places and (n_ranks != len(places) or args.get("nnodes", 1) != group.nnodes))
     if hypothetical:
         # "what if TP8 / two nodes?": planned on GPUs the group does not have, said so (issue 25)
         estimated.append(f"what-if: --set {', '.join(topo_set)} plans {n_ranks} rank(s) on hypothetical GPUs like "
                          f"host {host.name}'s ({host.gpu_model or 'GPU'}, {gpu_mib:,} MiB), not the group's "
-                         f"{len(group.gpus)} GPU(s) {_gpu_list(group.gpus)}")
+                         + (f"{len(places)} GPU(s) {_gpu_list(g for _, _, g in places)}" if group.nnodes == 1
+                            else f"{len(places)} GPU(s) on {group.nnodes} nodes"))
     sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = cap.PoolInputs(
         page_size=args.get("page_size", 256),
@@ -479,8 +563,19 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
 
     mem = group.memory
     per_gpu = None
+    replica = None
     if "free_gib_before_load" not in args and "other_gib" not in args and not topo_set:
-        per_gpu = mem.per_gpu(len(group.gpus))
+        lists = [v for v in (mem.free_gib_before_load, mem.other_gib) if isinstance(v, list)]
+        n = len(places)
+        per_gpu = mem.per_gpu(len(lists[0]) if lists else n)
+        if per_gpu is not None and len(per_gpu[0]) > n:
+            # one value per GPU of every replica (replica-major): plan the tightest replica
+            def least(r: int) -> float:
+                return min((f if f is not None else float("inf")) - o for f, o in
+                           zip(per_gpu[0][r * n:(r + 1) * n], per_gpu[1][r * n:(r + 1) * n]))
+            replica = min(range(group.replicas), key=least)
+            per_gpu = (per_gpu[0][replica * n:(replica + 1) * n], per_gpu[1][replica * n:(replica + 1) * n])
+            places = [(k, node.host, g) for k, node in enumerate(group.servers[replica]) for g in node.gpus]
     p_gib = args.get("free_gib_before_load", mem.free_gib_before_load)
     given = [v for v in (per_gpu[0] if per_gpu is not None else p_gib if isinstance(p_gib, list) else [p_gib])
              if isinstance(v, (int, float))]
@@ -558,7 +653,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
                        free_gib_per_gpu=frees if per_gpu is not None else None,
                        other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None,
-                       gpus=() if hypothetical else tuple(group.gpus),
+                       gpus=() if hypothetical else tuple(g for _, _, g in places),
+                       places=() if hypothetical else tuple(places), replica=replica,
                        min_requests=min_req, logits_rows=logits_rows,
                        balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
@@ -693,7 +789,8 @@ class GroupPlan:
             own = None
             if gi.rank_resident_gib and rank < len(gi.rank_resident_gib):
                 own = int(gi.rank_resident_gib[rank] * GIB)
-            out.append(dict(rank=rank, gpu=gi.gpus[rank] if rank < len(gi.gpus) else None,
+            node, host, gpu = gi.places[rank] if rank < len(gi.places) else (None, None, None)
+            out.append(dict(rank=rank, node=node, host=host, gpu=gpu,
                             tp_rank=tp_rank, pp_rank=st.pp_rank, dp_rank=dp_rank,
                             **_stage_numbers(self, st, own)))
         return out
@@ -701,7 +798,10 @@ class GroupPlan:
     def to_dict(self) -> dict:
         g, gi = self.group, self.inputs
         return dict(
-            name=g.name, role=g.role, host=g.host, tp=gi.tp, dp=gi.dp, pp=gi.pp, ep=g.ep,
+            name=g.name, role=g.role, host=g.host, nnodes=g.nnodes, replicas=g.replicas,
+            nodes=[dict(host=n.host, gpus=list(n.gpus)) for n in
+                   (g.servers[gi.replica] if gi.replica is not None else g.nodes)],
+            replica=gi.replica, tp=gi.tp, dp=gi.dp, pp=gi.pp, ep=g.ep,
             dp_attention=gi.dp_attention, mem_fraction_static=gi.mem_fraction_static,
             mem_fraction_static_source=gi.mfs_source, context_length=gi.context_length,
             activation_reserve_gib=gi.activation_reserve_gib,
@@ -973,9 +1073,8 @@ def _balance_fix(model, gi: GroupInputs) -> Optional[tuple[str, tuple]]:
         others = gi.other_gib_per_gpu or []
         parts = []
         for i, gib in need:
-            gpu = gi.gpus[i] if i < len(gi.gpus) else f"#{i}"
             held = f" (other_gib {others[i]} GiB)" if i < len(others) and others[i] else ""
-            parts.append(f"{gib} GiB on GPU {gpu}{held}")
+            parts.append(f"{gib} GiB on {gi.gpu_name(i)}{held}")
         why = (f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {top} GiB" if line else
                f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {top} GiB, and the pools, "
                f"sized from the least free GPU, fit only with every GPU at {top} GiB")
@@ -1012,8 +1111,7 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
                f"weights_gib_per_rank and the GPU memory")
     if stages and gi.rank_resident_gib and len(set(gi.rank_resident_gib)) > 1:
         r = gi.rank_resident_gib.index(min(gi.rank_resident_gib))
-        gpu = group.gpus[r] if r < len(group.gpus) else None
-        msg += f" (rank {r}, GPU {gpu}: the tightest of the group's per-GPU memory)"
+        msg += f" (rank {r}, {gi.gpu_name(r)}: the tightest of the group's per-GPU memory)"
     gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
     if v.level == "fails":
         gp.errors.append(msg)
@@ -1023,6 +1121,9 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     if not stages:
         return gp
     gp.warnings[0:0] = tree_notes      # what the tree carries first, as before the verdict
+    if gi.replica is not None:
+        gp.warnings.append(f"replica {gi.replica} of {group.replicas} planned: the one with the least free GPU "
+                           "memory (memory lists give every replica's GPUs); the others have at least its headroom")
     for note in gi.estimated:
         gp.warnings.append(f"estimated input: {note}; measure it for an exact plan")
     st = min(stages, key=lambda s: s.headroom_bytes)

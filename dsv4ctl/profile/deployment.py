@@ -25,6 +25,11 @@ DEFAULT_ROUTER_PORT = 8000
 # server's KV bootstrap listener is when its serve config does not say.
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_GATEWAY = "sglang-router"
+# A multi-node server's torch.distributed rendezvous port on node 0 when neither the group's
+# ``dist_init_port`` nor the serve config's ``dist-init-addr`` gives one. SGLang 0.5.23 reserves it
+# and the next six (server_args.py PortArgs: port_base = dist_init_port + 1 .. + 6).
+DEFAULT_DIST_INIT_PORT = 5000
+DIST_INIT_PORTS = 7
 # Both gateways open a Prometheus listener, default 0.0.0.0:29000; a second router on the host
 # then dies with "Address already in use". dsv4ctl passes router port + this offset instead
 # (8000 -> 29000, the gateway's own default), minus it when that is over 65535.
@@ -206,6 +211,46 @@ class GroupView:
         as ``bootstrap_port``; ``none`` would make it send null)."""
         b = self.bootstrap_port
         return DEFAULT_BOOTSTRAP_PORT if b is None else b
+
+    @property
+    def dist_init_port(self) -> int:
+        """Node 0's ``--dist-init-addr`` port of a multi-node server: the group's
+        ``dist_init_port``, else the serve config's ``dist-init-addr`` port, else 5000."""
+        if self.group.dist_init_port:
+            return int(self.group.dist_init_port)
+        v = self.arg("dist-init-addr")
+        if v is not None and ":" in str(v):
+            return _port(str(v).rsplit(":", 1)[1], self.serve.where("dist-init-addr"), "dist-init-addr port")
+        return DEFAULT_DIST_INIT_PORT
+
+    def binds(self) -> list[tuple[str, int, int, str, str]]:
+        """(host, first port, last port, what, where) of every TCP port a server of this group
+        listens on, per server (replica): node 0's HTTP port, a prefill server's KV bootstrap
+        port, a multi-node server's dist-init ports (:data:`DIST_INIT_PORTS` from
+        :attr:`dist_init_port`); a router's port and Prometheus port. ``where`` is ``file:line``."""
+        p = self._dep.profile
+        gi = p.groups.index(self.group)
+
+        def at(key: str, profile_key: str) -> str:
+            if self.serve is not None and self.serve.get(key) is not None and not (
+                    profile_key == "port" and self.group.port):
+                return self.serve.where(key)
+            return p.positions.where(("groups", gi, profile_key))
+        if self.role == "router":
+            return [(self.group.host, self.port, self.port, "port", at("port", "port")),
+                    (self.group.host, self.prometheus_port, self.prometheus_port, "Prometheus port",
+                     p.positions.where(("groups", gi, "prometheus_port")))]
+        out = []
+        for srv in self.group.servers:
+            h = srv[0].host
+            out.append((h, self.port, self.port, "HTTP port", at("port", "port")))
+            if self.role == "prefill":
+                b = self.bootstrap_port_effective
+                out.append((h, b, b, "KV bootstrap port", at("disaggregation-bootstrap-port", "serve_config")))
+            if len(srv) > 1:
+                d = self.dist_init_port
+                out.append((h, d, d + DIST_INIT_PORTS - 1, "dist-init ports", at("dist-init-addr", "dist_init_port")))
+        return out
 
     @property
     def gateway(self) -> str:

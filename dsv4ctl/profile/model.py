@@ -29,6 +29,12 @@ _gib = {"type": "number", "minimum": 0, "maximum": MAX_GIB}
 _gib_per_gpu = {"type": ["number", "array"], "minimum": 0, "maximum": MAX_GIB, "items": _gib, "minItems": 1}
 _pos_int = {"type": "integer", "minimum": 1}
 _par = {"type": "integer", "minimum": 1, "maximum": 1024}   # tp/dp/ep/pp sizes
+_gpus = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+# a node: a host name (the group's ``gpus`` on it) or {host, gpus}
+_nodes = {"type": "array", "minItems": 1, "items": {"oneOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "object", "additionalProperties": False, "required": ["host"],
+     "properties": {"host": {"type": "string", "minLength": 1}, "gpus": _gpus}}]}}
 PROFILE_SCHEMA: dict = {
     "type": "object",
     "additionalProperties": False,
@@ -112,12 +118,21 @@ PROFILE_SCHEMA: dict = {
             "type": "array", "minItems": 1,
             "items": {
                 "type": "object", "additionalProperties": False,
-                "required": ["name", "role", "host"],
+                "required": ["name", "role"],
                 "properties": {
                     "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+\\Z"},
                     "role": {"enum": list(ROLES)},
                     "host": {"type": "string"},
-                    "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    # one server over several hosts: node-rank = position (SGLang --nnodes/--node-rank)
+                    "nodes": _nodes,
+                    # N independent servers of the group's shape, each on its own host(s)
+                    "replicas": {"type": "array", "minItems": 1, "items": {"oneOf": [
+                        {"type": "string", "minLength": 1},
+                        {"type": "object", "additionalProperties": False,
+                         "properties": {"host": {"type": "string", "minLength": 1}, "nodes": _nodes,
+                                        "gpus": _gpus}}]}},
+                    "dist_init_port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                    "gpus": _gpus,
                     "tp": _par, "dp": _par, "ep": _par, "pp": _par,
                     "dp_attention": {"type": "boolean"},
                     "serve_config": {"type": "string"},
@@ -187,14 +202,35 @@ class Memory:
         return list(free), list(other)
 
 
+@dataclass(frozen=True)
+class Node:
+    """One node of an SGLang server: a host and the GPU indices the server uses on it. A server's
+    nodes are in node-rank order (SGLang ``--node-rank`` = position; node 0 serves HTTP)."""
+
+    host: str
+    gpus: tuple[int, ...] = ()
+
+
+TOPOLOGY_KEYS = ("tp", "dp", "pp", "ep", "dp_attention")
+"""A group's topology keys in the profile: optional, since SGLang reads its topology from the serve
+config; when given they must agree with it (:func:`dsv4ctl.plan.plan.topology`)."""
+
+
 @dataclass
 class Group:
-    """A serving group: one SGLang server (or the router) on ``gpus`` of ``host``."""
+    """A serving group: one SGLang server (or the router), or ``replicas`` servers of one shape.
+
+    ``servers``: every server of the group, each a tuple of :class:`Node` in node-rank order (one
+    node for a one-host server). ``host`` / ``gpus`` are node 0 of the first server (where its
+    HTTP endpoint is); ``stated``: the topology keys the profile gives (:data:`TOPOLOGY_KEYS`)."""
 
     name: str
     role: str
     host: str
     gpus: list[int] = field(default_factory=list)
+    servers: list[tuple[Node, ...]] = field(default_factory=list)
+    stated: frozenset = frozenset()
+    dist_init_port: Optional[int] = None
     tp: int = 1
     dp: int = 1
     ep: int = 1
@@ -217,6 +253,31 @@ class Group:
     def is_server(self) -> bool:
         """True for SGLang servers (everything but the router)."""
         return self.role != "router"
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The first server's nodes in node-rank order (one for a one-host group)."""
+        return self.servers[0] if self.servers else (Node(self.host, tuple(self.gpus)),)
+
+    @property
+    def nnodes(self) -> int:
+        """Nodes per server (SGLang ``--nnodes``)."""
+        return len(self.nodes)
+
+    @property
+    def replicas(self) -> int:
+        """Independent servers of the group (1 without ``replicas``)."""
+        return max(len(self.servers), 1)
+
+    @property
+    def server_gpus(self) -> list[tuple[int, str, int]]:
+        """(node rank, host, GPU index) of every GPU of the first server, node-major."""
+        return [(n, node.host, g) for n, node in enumerate(self.nodes) for g in node.gpus]
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every host the group runs on (all nodes of all servers), first use order, once each."""
+        return list(dict.fromkeys(node.host for srv in (self.servers or [self.nodes]) for node in srv))
 
     @property
     def attn_dp_size(self) -> int:
@@ -415,6 +476,89 @@ def _check_paths(data: dict, pos: Positions) -> None:
             raise _fail(pos, f, why)
 
 
+def _servers(g: dict, gp: tuple, hosts: dict[str, Host], pos: Positions) -> list[tuple[Node, ...]]:
+    """The servers of a profile group: ``host`` (one server, one node), ``nodes`` (one server over
+    several hosts) or ``replicas`` (several servers, each a ``host``, a host name or ``nodes``).
+    A node's GPUs are its own ``gpus``, else the replica's, else the group's. InputError (file:line)
+    for none or two of the three, an unknown host or a host twice in one server."""
+    given = [k for k in ("host", "nodes", "replicas") if k in g]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(given)
+        raise _fail(pos, gp + ((given[1],) if len(given) > 1 else ("name",)),
+                    f"a group runs on one of host, nodes or replicas (got {what})")
+    gpus = tuple(g.get("gpus", ()))
+
+    def nodes(items: list, path: tuple, default: tuple) -> tuple[Node, ...]:
+        out = []
+        for k, it in enumerate(items):
+            host, own = (it, default) if isinstance(it, str) else (it["host"], tuple(it.get("gpus", default)))
+            where = path + (k,) if isinstance(it, str) else path + (k, "host")
+            if host not in hosts:
+                raise _fail(pos, where, f"unknown host {host!r} (hosts: {', '.join(hosts)})")
+            if any(n.host == host for n in out):
+                raise _fail(pos, where, f"host {host!r} is already node {[n.host for n in out].index(host)} "
+                                        "of this server (one node per host)")
+            out.append(Node(host, own))
+        return tuple(out)
+
+    if "host" in g:
+        if g["host"] not in hosts:
+            raise _fail(pos, gp + ("host",), f"unknown host {g['host']!r} (hosts: {', '.join(hosts)})")
+        return [(Node(g["host"], gpus),)]
+    if "nodes" in g:
+        return [nodes(g["nodes"], gp + ("nodes",), gpus)]
+    out = []
+    for r, rep in enumerate(g["replicas"]):
+        rp = gp + ("replicas", r)
+        if isinstance(rep, str):
+            if rep not in hosts:
+                raise _fail(pos, rp, f"unknown host {rep!r} (hosts: {', '.join(hosts)})")
+            out.append((Node(rep, gpus),))
+            continue
+        if ("host" in rep) == ("nodes" in rep):
+            raise _fail(pos, rp, "a replica runs on host or nodes (one of them)")
+        own = tuple(rep.get("gpus", gpus))
+        out.append(nodes([rep["host"]] if "host" in rep else rep["nodes"],
+                         rp + (("nodes",) if "nodes" in rep else ()), own))
+    return out
+
+
+def _check_server_gpus(g: dict, gp: tuple, grp: Group, hosts: dict[str, Host],
+                       used: dict[tuple[str, int], str], pos: Positions) -> None:
+    """Every node of every server of ``grp`` has GPU indices its host has, none twice, none used
+    by another server (of this or another group), the same count on every node of a server (SGLang
+    puts tp*pp/nnodes ranks on each), and its host's ``memory_mib``. InputError (file:line)."""
+    for r, srv in enumerate(grp.servers):
+        for n, node in enumerate(srv):
+            host = hosts[node.host]
+            if "replicas" in g:
+                rep = g["replicas"][r]
+                path = gp + (("replicas", r, "nodes", n) if isinstance(rep, dict) and "nodes" in rep
+                             else ("replicas", r))
+            elif "nodes" in g:
+                path = gp + ("nodes", n)
+            else:
+                path = gp + ("gpus",)
+            label = "" if len(srv) == 1 and len(grp.servers) == 1 else (
+                f"node {n} ({node.host})" + (f" of replica {r}" if len(grp.servers) > 1 else "") + ": ")
+            if not node.gpus:
+                raise _fail(pos, path, f"{label}a server group needs GPU indices (gpus)")
+            if len(set(node.gpus)) != len(node.gpus):
+                raise _fail(pos, path, f"{label}GPU index listed twice")
+            if len(node.gpus) != len(srv[0].gpus):
+                raise _fail(pos, path, f"{label}{len(node.gpus)} GPUs, but node 0 has {len(srv[0].gpus)}: SGLang "
+                                       "puts the same number of ranks (tp*pp/nnodes) on every node")
+            for gi in node.gpus:
+                if host.gpu_count and gi >= host.gpu_count:
+                    raise _fail(pos, path, f"{label}GPU {gi} outside host {host.name}'s {host.gpu_count} GPUs")
+                if (host.name, gi) in used:
+                    raise _fail(pos, path, f"{label}GPU {gi} of {host.name} already used by {used[(host.name, gi)]}")
+                used[(host.name, gi)] = f"group {grp.name!r}" + (f" replica {r}" if len(grp.servers) > 1 else "")
+            if not host.gpu_memory_mib:
+                raise _fail(pos, ("hosts", list(hosts).index(host.name), "gpus"),
+                            "memory_mib is required for hosts that run server groups")
+
+
 def load_profile(path: Path | str) -> Profile:
     """Load and validate a profile file. Raises InputError (exit 2) naming file:line and field."""
     path = Path(path)
@@ -446,11 +590,11 @@ def load_profile(path: Path | str) -> Profile:
         if g["name"] in names:
             raise _fail(pos, gp + ("name",), f"duplicate group name {g['name']!r}")
         names.add(g["name"])
-        if g["host"] not in hosts:
-            raise _fail(pos, gp + ("host",), f"unknown host {g['host']!r} (hosts: {', '.join(hosts)})")
-        host = hosts[g["host"]]
+        servers = _servers(g, gp, hosts, pos)
+        node0 = servers[0][0]
         grp = Group(
-            name=g["name"], role=g["role"], host=g["host"], gpus=list(g.get("gpus", [])),
+            name=g["name"], role=g["role"], host=node0.host, gpus=list(node0.gpus), servers=servers,
+            stated=frozenset(k for k in TOPOLOGY_KEYS if k in g), dist_init_port=g.get("dist_init_port"),
             tp=g.get("tp", 1), dp=g.get("dp", 1), ep=g.get("ep", 1), pp=g.get("pp", 1),
             dp_attention=g.get("dp_attention", False),
             serve_config=(path.parent / g["serve_config"]) if g.get("serve_config") else None,
@@ -462,34 +606,35 @@ def load_profile(path: Path | str) -> Profile:
         for key in ROUTER_ONLY:
             if key in g and grp.is_server:
                 raise _fail(pos, gp + (key,), f"{key} is a router group's setting (this group is {grp.role})")
+        if not grp.is_server:
+            for key in ("nodes", "replicas", "dist_init_port"):
+                if key in g:
+                    raise _fail(pos, gp + (key,), f"{key} is a server group's setting (this group is the router)")
         if grp.prometheus_port is not None and grp.prometheus_port == grp.port:
             raise _fail(pos, gp + ("prometheus_port",), f"prometheus_port {grp.prometheus_port} is the router's own port")
         if grp.is_server:
-            if not grp.gpus:
-                raise _fail(pos, gp + ("gpus",), "a server group needs GPU indices")
-            if len(set(grp.gpus)) != len(grp.gpus):
-                raise _fail(pos, gp + ("gpus",), "GPU index listed twice")
-            for gi in grp.gpus:
-                if host.gpu_count and gi >= host.gpu_count:
-                    raise _fail(pos, gp + ("gpus",), f"GPU {gi} outside host {host.name}'s {host.gpu_count} GPUs")
-                if (host.name, gi) in used:
-                    raise _fail(pos, gp + ("gpus",), f"GPU {gi} of {host.name} already used by group {used[(host.name, gi)]!r}")
-                used[(host.name, gi)] = grp.name
-            need = grp.tp * grp.pp * (1 if grp.dp_attention else grp.dp)
-            if need != len(grp.gpus):
-                what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
-                raise _fail(pos, gp + ("tp",),
-                            f"{what} = {need} does not match the {len(grp.gpus)} GPUs of the group")
+            _check_server_gpus(g, gp, grp, hosts, used, pos)
+            n_gpus = len(grp.server_gpus)
+            if grp.stated & {"tp", "pp", "dp"}:
+                need = grp.tp * grp.pp * (1 if grp.dp_attention else grp.dp)
+                if need != n_gpus:
+                    what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
+                    where = "" if grp.nnodes == 1 else f" ({grp.nnodes} nodes x {len(grp.gpus)})"
+                    raise _fail(pos, gp + ("tp" if "tp" in g else "pp" if "pp" in g else "dp",),
+                                f"{what} = {need} does not match the {n_gpus} GPUs of the group{where}")
+            if grp.nnodes > 1 and grp.dp > 1 and not grp.dp_attention:
+                # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
+                raise _fail(pos, gp + ("dp",), "SGLang refuses data-parallel replicas across nodes "
+                            "(multi-node DP is not supported): use attention DP (dp_attention: true) or replicas")
             for key in ("free_gib_before_load", "other_gib"):
                 v = g.get("memory", {}).get(key)
-                if isinstance(v, list) and len(v) != len(grp.gpus):
+                total = n_gpus * grp.replicas
+                if isinstance(v, list) and len(v) not in (n_gpus, total):
+                    count = f"{n_gpus}" if total == n_gpus else f"{n_gpus} (one server) or {total} (all replicas)"
                     raise _fail(pos, gp + ("memory", key),
-                                f"{len(v)} per-GPU values for the group's {len(grp.gpus)} GPUs")
+                                f"{len(v)} per-GPU values for the group's {count} GPUs")
             if grp.dp_attention and grp.tp % grp.dp:
                 raise _fail(pos, gp + ("dp",), f"dp {grp.dp} must divide tp {grp.tp} with dp_attention")
-            if not host.gpu_memory_mib:
-                raise _fail(pos, ("hosts", list(hosts).index(host.name), "gpus"),
-                            "memory_mib is required for hosts that run server groups")
         groups.append(grp)
     for i, g in enumerate(groups):
         for key in ("prefill", "decode", "workers"):

@@ -96,23 +96,39 @@ def rank_segments(group: dict, rank: dict) -> list[tuple[str, float]]:
     return [(k, round(seg[k], 3)) for k, *_ in SEGMENTS]
 
 
-def _signature(rank: dict) -> tuple:
-    return tuple((k, str(v)) for k, v in rank.items() if k not in ("rank", "gpu", "tp_rank"))
+RANK_PLACE_KEYS = ("rank", "gpu", "tp_rank", "dp_rank", "node", "host")
+"""Keys of a plan rank that say where it runs, not what its pools are."""
+
+
+def rank_sets(group: dict) -> list[list[dict]]:
+    """The ranks of a ``dsv4ctl.plan/2`` group in sets of identical pools: ranks that differ
+    only in where they run (:data:`RANK_PLACE_KEYS`: GPU, host, node, TP and attention-DP rank)
+    share a set, in rank order."""
+    sets: dict = {}
+    for r in group["ranks"]:
+        sets.setdefault(tuple((k, str(v)) for k, v in r.items() if k not in RANK_PLACE_KEYS), []).append(r)
+    return list(sets.values())
+
+
+def rank_label(ranks: list[dict]) -> str:
+    """``rank 3``, ``ranks 0-15`` (contiguous) or ``ranks 0,2,5``."""
+    nums = [x["rank"] for x in ranks]
+    if len(nums) == 1:
+        return f"rank {nums[0]}"
+    return f"ranks {nums[0]}-{nums[-1]}" if nums == list(range(nums[0], nums[-1] + 1)) else \
+        "ranks " + ",".join(map(str, nums))
 
 
 def plan_bars(doc: dict) -> list[Bar]:
     """One :class:`Bar` per group and set of identical ranks of a ``dsv4ctl.plan/2`` document
-    (ranks that differ only in rank, GPU and TP rank share a bar, titled ``decode ranks 0-3``),
+    (ranks of one :func:`rank_sets` set share a bar, titled ``decode ranks 0-3``),
     in document order. Groups that failed before sizing have no ranks and no bar."""
     bars = []
     for g in doc["groups"]:
-        sets: dict = {}
-        for r in g["ranks"]:
-            sets.setdefault(_signature(r), []).append(r)
-        for rs in sets.values():
+        for rs in rank_sets(g):
             r = rs[0]
             nums = [x["rank"] for x in rs]
-            label = f"ranks {nums[0]}-{nums[-1]}" if len(nums) > 1 else f"rank {nums[0]}"
+            label = rank_label(rs)
             reserve = g.get("activation_reserve_gib") or 0.0
             bars.append(Bar(title=f"{g['name']} {label}", group=g["name"], ranks=nums,
                             segments=rank_segments(g, r),

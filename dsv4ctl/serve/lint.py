@@ -50,7 +50,8 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV117": ("dsv4-kv-dtype", "error", "DSV4 accepts kv-cache-dtype fp8_e4m3 or bfloat16 only", "ops §7.1; model_overrides/deepseek_v4.py"),
     "DSV118": ("dsv4-page-size", "error", "DSV4 pools need page-size 256 on CUDA (the pool builder asserts it)", "kv_cache_configurator.py _build_dsv4_kv_pool"),
     "DSV119": ("pd-hicache-eagle-page-first-direct", "error", "PD prefill + HiCache + EAGLE + page_first_direct: known failure", "sglang #31252"),
-    "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP; SGLang's defaults when a key is left out)", "server_args.py; dsv4ctl.plan.plan.topology"),
+    "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP, nnodes, GPU placement, dist-init host; SGLang's defaults when a key is left out)", "server_args.py; engine.py _calculate_rank_ranges; dsv4ctl.plan.plan.topology"),
+    "DSV121": ("port-clash", "error", "no two listeners on one host share a port: HTTP, KV bootstrap, dist-init (7 ports), router and Prometheus ports", "server_args.py PortArgs; disaggregation bootstrap"),
 }
 
 
@@ -91,6 +92,8 @@ class GroupInput:
     env: dict[str, str] = field(default_factory=dict)
     rank_device_gib: Optional[list[float]] = None
     topology_error: Optional[str] = None     # :func:`dsv4ctl.plan.plan.topology`'s refusal, if any
+    rank_hosts: Optional[list[str]] = None   # host of every GPU of every server (replica, node order)
+    binds: list = field(default_factory=list)   # (host, first, last, what, file:line): GroupView.binds
 
 
 @dataclass
@@ -397,7 +400,15 @@ def check_host_ram(inp: LintInput, resolved: dict[str, Resolved]) -> list[Findin
         r = resolved.get(g.name)
         if r is None or not _hicache_on(r) or not r.args.get("hicache_ratio") or not g.rank_device_gib:
             continue
-        by_host.setdefault(g.host, []).append((g, r.args["hicache_ratio"] * sum(g.rank_device_gib)))
+        # every node of every server holds the host pools of its own ranks
+        n = len(g.rank_device_gib)
+        for i, h in enumerate(g.rank_hosts or [g.host] * n):
+            share = r.args["hicache_ratio"] * g.rank_device_gib[i % n]
+            items = by_host.setdefault(h, [])
+            if items and items[-1][0] is g:
+                items[-1] = (g, items[-1][1] + share)
+            else:
+                items.append((g, share))
     for host, items in by_host.items():
         ram = inp.host_ram_gib.get(host)
         if ram is None:
@@ -418,6 +429,26 @@ def check_host_ram(inp: LintInput, resolved: dict[str, Resolved]) -> list[Findin
     return out
 
 
+def check_ports(inp: LintInput) -> list[Finding]:
+    """DSV121: per host, every pair of listeners (:attr:`GroupInput.binds`) whose port ranges
+    overlap, reported at the later one's ``file:line``. Pure."""
+    out = []
+    seen: dict[str, list[tuple[int, int, str, str]]] = {}
+    for g in inp.groups:
+        for host, lo, hi, what, where in g.binds:
+            for lo2, hi2, who, what2 in seen.get(host, []):
+                if lo <= hi2 and lo2 <= hi and (who, what2) != (g.name, what):
+                    ports = str(lo) if lo == hi else f"{lo}-{hi}"
+                    other = str(lo2) if lo2 == hi2 else f"{lo2}-{hi2}"
+                    file, _, line = where.rpartition(":")
+                    out.append(Finding("DSV121", RULES["DSV121"][1], file, int(line) if line.isdigit() else 1,
+                                       f"host {host}: group {g.name!r} {what} {ports} overlaps group {who!r} "
+                                       f"{what2} {other}: the second listener fails with 'Address already in use'",
+                                       g.name))
+            seen.setdefault(host, []).append((lo, hi, g.name, what))
+    return out
+
+
 def lint(inp: LintInput, table: Table) -> list[Finding]:
     """All findings for the groups of ``inp``, sorted by file and line. Pure."""
     out: list[Finding] = []
@@ -434,6 +465,7 @@ def lint(inp: LintInput, table: Table) -> list[Finding]:
         if pn in resolved and dn in resolved:
             out += check_pair(by_name[pn], resolved[pn], by_name[dn], resolved[dn])
     out += check_host_ram(inp, resolved)
+    out += check_ports(inp)
     seen = set()
     uniq = []
     for f in out:

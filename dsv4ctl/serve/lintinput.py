@@ -41,6 +41,15 @@ def topology_error(dep: Deployment, group, cfg) -> Optional[str]:
     return None
 
 
+def _binds(g) -> list:
+    """The group's listeners (:meth:`GroupView.binds`); none when its serve config cannot be read
+    (the SGL rules report that file)."""
+    try:
+        return g.binds()
+    except InputError:
+        return []
+
+
 def is_dsv4(dep: Deployment) -> bool:
     """True unless the profile's model config says another model type: a DeepSeek-V3.2 config
     (``deepseek_v32``, no ``compress_ratios``) gets no DSV4 rules. An unreadable one counts as DSV4."""
@@ -72,7 +81,12 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
             elif g.name in selected or path.exists():
                 cfg = g.serve
         ginputs.append(GroupInput(name=g.name, role=g.role, host=g.group.host, config=cfg, env=g.env,
-                                  topology_error=topology_error(dep, g.group, cfg)))
+                                  topology_error=topology_error(dep, g.group, cfg),
+                                  rank_hosts=[n.host for srv in g.group.servers for n in srv for _ in n.gpus],
+                                  binds=_binds(g)))
+    for r in dep.routers():
+        ginputs_r = GroupInput(name=r.name, role=r.role, host=r.group.host, config=None, binds=_binds(r))
+        ginputs.append(ginputs_r)
     inp = LintInput(groups=ginputs, pairs=dep.router_pairs(),
                     host_ram_gib={h.name: h.ram_gib for h in dep.hosts.values()},
                     index_k_dtype=dep.sglang.index_k_dtype, dsv4=is_dsv4(dep))

@@ -1,0 +1,443 @@
+"""Issue 25: one SGLang server over several hosts (``--nnodes``) and replicas in the profile,
+planned rank by rank on every node as SGLang places them; the serve config stays the one source
+of topology (nnodes included)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.errors import InputError
+from dsv4ctl.plan.plan import node_placement, placement
+from dsv4ctl.profile.model import load_profile
+from tests.conftest import REPO, run_cli
+from tests.standin.served import DEFAULT_SGLANG_SRC
+
+PRO = REPO / "profiles" / "dsv4-pro-4xh200-pd.yaml"
+
+
+def copy_pro(tmp_path, edit=None, prefill=None, decode=None) -> Path:
+    """The shipped V4-Pro 2-node PD profile and its serve configs under tmp_path, edited."""
+    shutil.copytree(PRO.parent / PRO.stem, tmp_path / PRO.stem, dirs_exist_ok=True)
+    p = tmp_path / PRO.name
+    text = PRO.read_text()
+    p.write_text(edit(text) if edit else text)
+    for name, fn in (("prefill", prefill), ("decode", decode)):
+        if fn:
+            f = tmp_path / PRO.stem / f"{name}.yaml"
+            f.write_text(fn(f.read_text()))
+    return p
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if needle in ln)
+
+
+def env(tmp_path):
+    return {"DSV4CTL_CACHE": str(tmp_path / "cache"), "DSV4CTL_STATE_DIR": str(tmp_path / "state")}
+
+
+# -- the profile -------------------------------------------------------------------------------------
+
+def test_nodes_and_replicas_load_in_node_rank_order(tmp_path):
+    prof = load_profile(PRO)
+    pre = prof.group("prefill")
+    assert (pre.host, pre.gpus, pre.nnodes, pre.replicas) == ("h200-0", list(range(8)), 2, 1)
+    assert [n.host for n in pre.nodes] == ["h200-0", "h200-1"]
+    assert pre.server_gpus[8] == (1, "h200-1", 0) and len(pre.server_gpus) == 16
+    assert pre.stated == frozenset() and pre.dist_init_port == 5000
+    p = copy_pro(tmp_path, lambda t: t.replace(
+        "    nodes: [h200-2, h200-3]\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n",
+        "    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n    replicas:\n      - h200-2\n      - {host: h200-3, gpus: [4, 5, 6, 7]}\n"))
+    dec = load_profile(p).group("decode")
+    assert [[(n.host, n.gpus) for n in s] for s in dec.servers] == [[("h200-2", tuple(range(8)))],
+                                                                    [("h200-3", (4, 5, 6, 7))]]
+    assert (dec.replicas, dec.nnodes, dec.hosts) == (2, 1, ["h200-2", "h200-3"])
+    p = copy_pro(tmp_path, lambda t: t.replace(
+        "    nodes: [h200-2, h200-3]\n",
+        "    replicas:\n      - nodes: [h200-2, {host: h200-3, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}]\n"))
+    dec = load_profile(p).group("decode")
+    assert (dec.replicas, dec.nnodes, [n.host for n in dec.nodes]) == (1, 2, ["h200-2", "h200-3"])
+
+
+@pytest.mark.parametrize("old, new, needle, message", [
+    ("    nodes: [h200-0, h200-1]         # node-rank", "    host: h200-0\n    nodes: [h200-0, h200-1]  # node-rank",
+     "    nodes: [h200-0, h200-1]", "groups[0].nodes: a group runs on one of host, nodes or replicas (got host and nodes)"),
+    ("nodes: [h200-0, h200-1]", "nodes: [h200-0, h200-9]", "nodes: [h200-0, h200-9]",
+     "groups[0].nodes[1]: unknown host 'h200-9' (hosts: h200-0, h200-1, h200-2, h200-3)"),
+    ("nodes: [h200-0, h200-1]", "nodes: [h200-0, h200-0]", "nodes: [h200-0, h200-0]",
+     "groups[0].nodes[1]: host 'h200-0' is already node 0 of this server (one node per host)"),
+    ("nodes: [h200-0, h200-1]", "nodes: [h200-0, {host: h200-1, gpus: [0, 1, 2, 3]}]", "gpus: [0, 1, 2, 3]}]",
+     "groups[0].nodes[1]: node 1 (h200-1): 4 GPUs, but node 0 has 8: SGLang puts the same number of ranks "
+     "(tp*pp/nnodes) on every node"),
+    ("nodes: [h200-2, h200-3]", "nodes: [h200-2, h200-1]", "nodes: [h200-2, h200-1]",
+     "groups[1].nodes[1]: node 1 (h200-1): GPU 0 of h200-1 already used by group 'prefill'"),
+    ("nodes: [h200-0, h200-1]", "nodes: [h200-0, {host: h200-1, gpus: [0, 1, 2, 3, 4, 5, 6, 8]}]", "gpus: [0, 1, 2, 3, 4, 5, 6, 8]",
+     "groups[0].nodes[1]: node 1 (h200-1): GPU 8 outside host h200-1's 8 GPUs"),
+    ("    dist_init_port: 5000\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml",
+     "    dist_init_port: 5000\n    tp: 8\n    dp: 2\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml", "    dp: 2",
+     "groups[0].dp: SGLang refuses data-parallel replicas across nodes (multi-node DP is not supported): use "
+     "attention DP (dp_attention: true) or replicas"),
+    ("    port: 8000\n", "    port: 8000\n    nodes: [h200-1]\n", "    nodes: [h200-1]",
+     "groups[2].nodes: a group runs on one of host, nodes or replicas (got host and nodes)"),
+    ("    dist_init_port: 5000\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml",
+     "    dist_init_port: 5000\n    tp: 8\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml", "    tp: 8",
+     "groups[0].tp: tp*pp = 8 does not match the 16 GPUs of the group (2 nodes x 8)"),
+])
+def test_bad_nodes_are_one_line_with_file_and_line(tmp_path, old, new, needle, message):
+    p = copy_pro(tmp_path, lambda t: t.replace(old, new, 1))
+    assert p.read_text() != PRO.read_text()
+    with pytest.raises(InputError) as e:
+        load_profile(p)
+    got = str(e.value)
+    assert got == f"{p}:{line_of(p, needle)}: {message}"
+    r = run_cli("plan", str(p), env=env(tmp_path))
+    assert (r.code, r.out) == (2, "") and r.err == f"dsv4ctl: error: {got}\n"
+
+
+def test_a_router_cannot_span_nodes(tmp_path):
+    p = copy_pro(tmp_path, lambda t: t.replace("    host: h200-0\n    port: 8000\n",
+                                               "    host: h200-0\n    dist_init_port: 6000\n    port: 8000\n"))
+    with pytest.raises(InputError, match=r"groups\[2\]\.dist_init_port: dist_init_port is a server group's setting"):
+        load_profile(p)
+
+
+# -- where SGLang puts the ranks -------------------------------------------------------------------
+
+def _sglang_rank_ranges():
+    """SGLang 0.5.23's own ``_calculate_rank_ranges`` (srt/entrypoints/engine.py), compiled from
+    the wheel's source with ``get_parallel`` bound to the arguments given."""
+    src = (DEFAULT_SGLANG_SRC / "srt" / "entrypoints" / "engine.py").read_text()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "_calculate_rank_ranges")
+    # the GPU id formula this module mirrors (engine.py, the scheduler launch loop)
+    assert ("+ ((pp_rank % pp_size_per_node) * tp_size_per_node)\n"
+            "                        + (tp_rank % tp_size_per_node) * get_device().gpu_id_step") in src
+
+    def ranges(tp, pp, nnodes, node_rank):
+        class P:
+            pass
+        par = P()
+        par.tp_size, par.pp_size, par.nnodes = tp, pp, nnodes
+        ns = {"get_parallel": lambda: par, "Tuple": tuple, "range": range, "max": max}
+        exec(compile(ast.Module([fn], []), "engine.py", "exec"), ns)
+        return ns["_calculate_rank_ranges"](node_rank)
+    return ranges
+
+
+@pytest.mark.skipif(not (DEFAULT_SGLANG_SRC / "srt" / "entrypoints" / "engine.py").is_file(),
+                    reason="the sglang 0.5.23 source (.venv-oracle) is not installed: bash scripts/oracle-env.sh")
+@pytest.mark.parametrize("tp, pp, nnodes", [(16, 1, 2), (8, 2, 2), (4, 4, 2), (8, 1, 4), (16, 2, 4),
+                                            (4, 2, 4), (8, 4, 4), (32, 1, 4), (2, 8, 4), (4, 1, 1)])
+@pytest.mark.parametrize("base, step", [(0, 1), (4, 1), (0, 2)])
+def test_node_placement_is_sglangs_rank_ranges(tp, pp, nnodes, base, step):
+    ranges = _sglang_rank_ranges()
+    got = node_placement(tp, pp, 1, nnodes, base, step)
+    assert len(got) == tp * pp
+    want = []
+    for p_rank in range(pp):
+        for t_rank in range(tp):
+            node = next(n for n in range(nnodes) if p_rank in ranges(tp, pp, nnodes, n)[0]
+                        and t_rank in ranges(tp, pp, nnodes, n)[1])
+            _, _, pp_per_node, tp_per_node = ranges(tp, pp, nnodes, node)
+            want.append((node, base + (p_rank % pp_per_node) * tp_per_node + (t_rank % tp_per_node) * step))
+    assert got == want
+    assert sorted({n for n, _ in got}) == list(range(nnodes))          # every node has ranks
+
+
+def test_node_placement_refuses_what_sglang_cannot_split():
+    with pytest.raises(ValueError, match="not a multiple of nnodes 3"):
+        node_placement(4, 1, 1, 3)
+    with pytest.raises(ValueError, match="need pp-size a multiple of nnodes"):
+        node_placement(4, 3, 1, 2)
+    assert placement(4, 1, 1, base=4) == [4, 5, 6, 7] == [g for _, g in node_placement(4, 1, 1, 1, 4)]
+
+
+# -- plan -----------------------------------------------------------------------------------------------
+
+def test_plan_lists_every_rank_on_its_node(tmp_path):
+    r = run_cli("plan", str(PRO), "--json", env=env(tmp_path))
+    assert r.code == 0, r.err
+    doc = r.json()
+    pre, dec = doc["groups"]
+    assert (pre["nnodes"], pre["replicas"], pre["tp"], dec["tp"], dec["dp"], dec["dp_attention"]) == (2, 1, 16, 16, 16, True)
+    assert [n["host"] for n in pre["nodes"]] == ["h200-0", "h200-1"]
+    assert [(x["rank"], x["node"], x["host"], x["gpu"], x["tp_rank"]) for x in pre["ranks"]] == \
+        [(i, i // 8, f"h200-{i // 8}", i % 8, i) for i in range(16)]
+    assert [(x["node"], x["host"], x["dp_rank"]) for x in dec["ranks"]] == \
+        [(i // 8, f"h200-{2 + i // 8}", i) for i in range(16)]
+    # one rank set per group: every rank has the same pools, the table shows them per host
+    r = run_cli("plan", str(PRO), env=env(tmp_path))
+    assert r.code == 0, r.err
+    assert "prefill ranks 0-15" in r.out and "decode ranks 0-15" in r.out
+    head = next(ln for ln in r.out.splitlines() if ln.startswith("| GPUs"))
+    assert "h200-0: 0-7 · h200-1: 0-7" in head and "h200-2: 0-7 · h200-3: 0-7" in head
+    assert "0 / 0-15" in next(ln for ln in r.out.splitlines() if ln.startswith("| pp / dp rank"))
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "dsv4ctl" / "data" / "schemas" / "plan.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+
+
+def test_the_serve_config_says_nnodes_and_the_profile_must_agree(tmp_path):
+    p = copy_pro(tmp_path, prefill=lambda t: t.replace("nnodes: 2 ", "# nnodes: 2 "))
+    pre = tmp_path / PRO.stem / "prefill.yaml"
+    r = run_cli("plan", str(p), env=env(tmp_path))
+    assert r.code == 2
+    assert r.err == (f"dsv4ctl: error: {pre}: no nnodes: SGLang runs nnodes 1 (its default), but the profile's group "
+                     f"'prefill' says 2 node(s) ({p}:{line_of(p, 'nodes: [h200-0, h200-1]')}): put nnodes: 2 in the "
+                     "serve config\n")
+    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
+    hit = next(f for f in r.json()["findings"] if f["rule"] == "DSV120")
+    assert (r.code, hit["group"], hit["file"]) == (2, "prefill", str(pre))
+    p = copy_pro(tmp_path, prefill=lambda t: t.replace("nnodes: 2 ", "nnodes: 4 "))
+    r = run_cli("plan", str(p), env=env(tmp_path))
+    assert r.code == 2 and r.err == (f"dsv4ctl: error: {pre}:{line_of(pre, 'nnodes: 4')}: nnodes: 4 disagrees with "
+                                     "the profile's group 'prefill' (2 node(s))\n")
+
+
+def test_gpus_a_node_does_not_run_on_are_named(tmp_path):
+    p = copy_pro(tmp_path, prefill=lambda t: t + "base-gpu-id: 1\n")
+    pre = tmp_path / PRO.stem / "prefill.yaml"
+    r = run_cli("plan", str(p), env=env(tmp_path))
+    assert r.code == 2
+    assert r.err == (f"dsv4ctl: error: {pre}:{line_of(pre, 'base-gpu-id')}: SGLang puts group 'prefill' node 0 "
+                     "(h200-0) on GPUs 1,2,3,4,5,6,7,8 (base-gpu-id 1, gpu-id-step 1, 8 rank(s) of 16 over 2 nodes), "
+                     f"but the profile lists GPUs 0,1,2,3,4,5,6,7 ({p}:{line_of(p, 'nodes: [h200-0, h200-1]')}): "
+                     "set base-gpu-id: 0 in the serve config\n")
+
+
+def test_dist_init_addr_must_be_node_0(tmp_path):
+    p = copy_pro(tmp_path, prefill=lambda t: t + "dist-init-addr: 127.0.1.2:5000\n")
+    pre = tmp_path / PRO.stem / "prefill.yaml"
+    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
+    hit = next(f for f in r.json()["findings"] if f["rule"] == "DSV120")
+    assert hit["line"] == line_of(pre, "dist-init-addr:")
+    assert hit["message"] == ("dist-init-addr: 127.0.1.2:5000: node 0 of group 'prefill' is host h200-0 (127.0.1.1): "
+                              "the other nodes would wait for a rendezvous that never comes")
+    p = copy_pro(tmp_path, prefill=lambda t: t + "dist-init-addr: 127.0.1.1:5000\n")
+    assert run_cli("plan", str(p), env=env(tmp_path)).code == 0
+
+
+def test_what_if_more_nodes_plans_hypothetical_gpus(tmp_path):
+    r = run_cli("plan", "-g", "prefill", "--set", "tp_size=8", "--set", "nnodes=2", "--json", env=env(tmp_path))
+    assert r.code in (0, 1), r.err
+    g = r.json()["groups"][0]
+    assert (g["tp"], len(g["ranks"])) == (8, 8)
+    assert all(x["gpu"] is None and x["host"] is None for x in g["ranks"])
+    assert any("--set tp_size, nnodes plans 8 rank(s) on hypothetical GPUs" in w for w in g["warnings"])
+    r = run_cli("plan", "-g", "prefill", "--set", "nnodes=3", env=env(tmp_path))
+    assert r.code == 2 and r.err == ("dsv4ctl: error: --set: tp-size 4 x pp-size 1 is not a multiple of nnodes 3 "
+                                     "(SGLang: tp_size must be divisible by number of nodes)\n")
+    r = run_cli("plan", "-g", "prefill", "--set", "nnodes=2", "--set", "dp_size=2", env=env(tmp_path))
+    assert r.code == 2 and "SGLang refuses data-parallel replicas across nodes" in r.err
+
+
+REPLICAS = """\
+version: 1
+name: replicas
+model: deepseek-v4-pro
+hosts:
+{hosts}
+groups:
+  - name: decode
+    role: decode
+    gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+    replicas:
+      - nodes: [h0, h1]
+      - nodes: [h2, h3]
+    serve_config: dsv4-pro-4xh200-pd/decode.yaml
+    memory:
+      free_gib_before_load: [{free}]
+"""
+
+
+def test_replicas_plan_the_tightest_one(tmp_path):
+    shutil.copytree(PRO.parent / PRO.stem, tmp_path / PRO.stem)
+    hosts = "\n".join(f"  - {{name: h{i}, address: 127.0.1.{i + 1}, gpus: {{count: 8, memory_mib: 143771}}}}"
+                      for i in range(4))
+    free = ["138.3"] * 16 + ["138.3"] * 13 + ["131.0"] + ["138.3"] * 2       # replica 1, rank 13: h3 GPU 5
+    p = tmp_path / "replicas.yaml"
+    p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free)))
+    r = run_cli("plan", str(p), "--json", env=env(tmp_path))
+    assert r.code in (0, 1), r.err
+    g = r.json()["groups"][0]
+    assert (g["replicas"], g["replica"], [n["host"] for n in g["nodes"]]) == (2, 1, ["h2", "h3"])
+    assert [x["host"] for x in g["ranks"]] == ["h2"] * 8 + ["h3"] * 8
+    assert g["memory_inputs"]["free_gib_before_load"] == 131.0
+    assert "replica 1 of 2 planned: the one with the least free GPU memory" in " ".join(g["warnings"])
+    assert "(rank 13, GPU 5 of host h3 (node 1): the tightest of the group's per-GPU memory)" in g["verdict"]["message"]
+    # a list for one server only applies to every replica; a wrong length is refused at load
+    p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free[:20])))
+    r = run_cli("plan", str(p), env=env(tmp_path))
+    assert r.code == 2 and r.err.endswith("groups[0].memory.free_gib_before_load: 20 per-GPU values for the group's "
+                                          "16 (one server) or 32 (all replicas) GPUs\n")
+    # deploy and the day-2 commands refuse such groups before touching a host
+    p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free)))
+    r = run_cli("deploy", str(p), "--dry-run", "--tree", str(tmp_path), env=env(tmp_path))
+    assert r.code == 2 and r.err == (f"dsv4ctl: error: {p}:{line_of(p, '  - name: decode')}: group 'decode' runs on 2 "
+                                     "nodes: deploy, rollback and the day-2 commands act on one-host groups only so "
+                                     "far (plan, config lint and facts cover it); nothing was changed\n")
+
+
+# -- facts over every node (real sshd hosts) -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_gpu_hosts(tmp_path_factory):
+    """Two real sshd hosts, each with a fake ``nvidia-smi`` printing rows of the real H200
+    capture (tests/data/gpus/h200-query.csv); host 1's GPU 3 has 10 GiB less free."""
+    from tests.sshd import harness
+    why = harness.available()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("facts-2")
+    c = harness.start_cluster(base / "sshd", n=2)
+    h200 = (REPO / "tests" / "data" / "gpus" / "h200-query.csv").read_text().splitlines()
+    for k, h in enumerate(c.hosts):
+        bin_ = base / f"bin{k}"
+        bin_.mkdir()
+        rows = [h200[0]]
+        for i in range(8):
+            row = h200[1].replace("0, NVIDIA", f"{i}, NVIDIA", 1).replace("-000000000000,", f"-00000000000{i},")
+            if k == 1 and i == 3:
+                row = row.replace(" 0 MiB, 143156 MiB", " 10240 MiB, 132916 MiB")
+            rows.append(row)
+        (bin_ / "gpus.csv").write_text("\n".join(rows) + "\n")
+        (bin_ / "apps.csv").write_text("gpu_uuid, pid, process_name, used_memory [MiB]\n")
+        smi = bin_ / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\ncase \"$*\" in *query-gpu*) cat {bin_}/gpus.csv ;; *) cat {bin_}/apps.csv ;; esac\n")
+        smi.chmod(0o755)
+        h.config.write_text(h.config.read_text().replace("SetEnv SHLVL=1", f"SetEnv SHLVL=1 PATH={bin_}:/usr/bin:/bin"))
+        h.kill()
+        h.start()
+    yield c
+    c.stop()
+
+
+def test_facts_reads_every_node_of_a_server(tmp_path, two_gpu_hosts):
+    from dsv4ctl.plan.facts import CONTEXT_GIB
+    c = two_gpu_hosts
+
+    def hosts(text):
+        for k, name in enumerate(("h200-0", "h200-1")):
+            h = c.hosts[k]
+            text = text.replace(f"  - name: {name}\n    address: 127.0.1.{k + 1}\n    ssh: {{user: sglang, key: ~/.ssh/id_ed25519}}\n",
+                                f"  - name: {name}\n    address: {h.address}\n    ssh: {{user: {c.user}, port: {h.port}, "
+                                f"key: {c.user_key}, known_hosts: {c.known_hosts}}}\n")
+        return text
+    p = copy_pro(tmp_path, hosts)
+    assert str(c.hosts[1].port) in p.read_text()
+    r = run_cli("facts", str(p), "-g", "prefill", "--json", env=env(tmp_path))
+    assert r.code == 0, r.err
+    g = r.json()["groups"][0]
+    full, less = round(143156 / 1024 - CONTEXT_GIB, 3), round(132916 / 1024 - CONTEXT_GIB, 3)
+    assert g["hosts"] == ["h200-0", "h200-1"]
+    assert [(x["host"], x["gpu"]) for x in g["places"]] == [("h200-0", i) for i in range(8)] + [("h200-1", i) for i in range(8)]
+    assert g["memory"]["free_gib_before_load"] == [full] * 11 + [less] + [full] * 4
+    r = run_cli("facts", str(p), "-g", "prefill", env=env(tmp_path))
+    assert r.code == 0, r.err
+    assert "GPU 3 of h200-1: NVIDIA H200: total 143771 MiB" in r.out
+    # what it measured, written and planned: the tightest rank is node 1's GPU 3
+    r = run_cli("facts", str(p), "-g", "prefill", "--write", env=env(tmp_path))
+    assert r.code == 0, r.err
+    assert load_profile(p).group("prefill").memory.free_gib_before_load == [full] * 11 + [less] + [full] * 4
+    r = run_cli("plan", str(p), "-g", "prefill", "--json", env=env(tmp_path))
+    assert r.code in (0, 1), r.err
+    g = r.json()["groups"][0]
+    assert g["memory_inputs"]["free_gib_before_load"] == less
+    assert "(rank 11, GPU 3 of host h200-1 (node 1): the tightest of the group's per-GPU memory)" in g["verdict"]["message"]
+
+
+# -- the shipped V4-Pro 2-node profile, proven by SGLang's own code (oracle) -------------------------
+
+def _pool_case(g: dict, rank: dict) -> dict:
+    """The oracle pool case of one planned rank: the plan's pool inputs under SGLang's names (the
+    inverse of tests/oracle/twin.py:pool_inputs) and the rank's available bytes."""
+    a = g["server_args"]
+    sa = {"page_size": a["page_size"], "max_running_requests": a["max_running_requests"],
+          "swa_full_tokens_ratio": a["swa_full_tokens_ratio"],
+          "_swa_full_tokens_ratio_explicitly_set": a["swa_ratio_explicit"],
+          "chunked_prefill_size": a["chunked_prefill_size"], "dsv4_attn_backend": a["attention_backend"],
+          "disaggregation_mode": a["disaggregation_mode"],
+          "disaggregation_decode_extra_slots": a["disaggregation_decode_extra_slots"]}
+    assert a["max_total_tokens"] is None and a["speculative_algorithm"] is None and a["index_k_dtype"] == "fp8"
+    return {"id": f"{g['name']}-rank{rank['rank']}", "kind": "pool", "model": "deepseek-v4-pro",
+            "available_bytes": rank["available_bytes"], "pp_size": 1, "attn_dp_size": a["attn_dp_size"],
+            "index_k": "fp8", "sm100": a["sm100"], "server_args": sa, "env": {}}
+
+
+@pytest.mark.oracle
+@pytest.mark.timeout(300)
+def test_pro_two_node_plan_is_sglangs_own_numbers(tmp_path):
+    from tests.conftest import ORACLE_PY
+    from tests.oracle.runner import run_cases
+    if not ORACLE_PY.exists():
+        pytest.skip(f"SGLang 0.5.23 CPU oracle not installed ({ORACLE_PY}): bash scripts/oracle-env.sh")
+    r = run_cli("plan", str(PRO), "--json", env=env(tmp_path))
+    assert r.code == 0, r.err
+    groups = r.json()["groups"]
+    cases, resolve = [], []
+    for g in groups:
+        sets = {json.dumps({k: v for k, v in x.items() if k not in ("rank", "gpu", "tp_rank", "dp_rank", "node", "host")},
+                           sort_keys=True) for x in g["ranks"]}
+        assert len(sets) == 1, "every rank of a node-uniform server has the same pools"
+        cases.append(_pool_case(g, g["ranks"][0]))
+        cases.append(_pool_case(g, g["ranks"][-1]))                  # node 1
+        # what SGLang resolves from the serve config the group runs (tp 16 over nnodes 2)
+        from dsv4ctl.profile.serveconfig import read_serve_config
+        serve = read_serve_config(PRO.parent / PRO.stem / f"{g['name']}.yaml")
+        sa = {"tp_size": 16, "nnodes": 2, "disaggregation_mode": g["name"]}
+        for key in ("mem-fraction-static", "max-running-requests", "attn-dp-size", "ep-size", "moe-a2a-backend"):
+            if serve.get(key) is not None:
+                sa[key.replace("-", "_")] = serve.get(key)
+        resolve.append({"id": f"{g['name']}-resolve", "kind": "resolve", "model": "deepseek-v4-pro",
+                        "gpu_memory_mib": 143771, "server_args": sa})
+    out = run_cases(cases + resolve, timeout=240)
+    by_id = {x["id"]: x for x in out["results"]}
+    fields = ("full_max_total_num_tokens", "swa_max_total_num_tokens", "c4_max_total_num_tokens",
+              "c128_max_total_num_tokens", "c4_state_pool_size", "c128_state_pool_size", "max_running_requests",
+              "bytes_per_full_token")
+    for g in groups:
+        for rank in (g["ranks"][0], g["ranks"][-1]):
+            got = by_id[f"{g['name']}-rank{rank['rank']}"]
+            assert "error" not in got, got
+            (stage,) = got["stages"]
+            assert {f: rank[f] for f in fields} == {f: stage[f] for f in fields}, (g["name"], rank["rank"])
+        res = by_id[f"{g['name']}-resolve"]
+        assert "error" not in res, res
+        assert g["mem_fraction_static"] == res["mem_fraction_static"], g["name"]
+        assert g["server_args"]["max_running_requests"] == res["max_running_requests"], g["name"]
+
+
+def test_listeners_that_share_a_port_on_a_host_are_refused(tmp_path):
+    # the router beside decode's node 0, on a port inside decode's dist-init range (5000-5006)
+    p = copy_pro(tmp_path, lambda t: t.replace("    host: h200-0\n    port: 8000\n", "    host: h200-2\n    port: 5003\n"))
+    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
+    assert r.code == 2, r.err
+    hits = [(f["file"], f["line"], f["group"], f["message"]) for f in r.json()["findings"] if f["rule"] == "DSV121"]
+    assert hits == [(str(p), line_of(p, "port: 5003"), "router",
+                     "host h200-2: group 'router' port 5003 overlaps group 'decode' dist-init ports 5000-5006: the "
+                     "second listener fails with 'Address already in use'")]
+    # two multi-node servers with node 0 on one host need their own dist-init ports
+    p = copy_pro(tmp_path, lambda t: t.replace("nodes: [h200-2, h200-3]", "nodes: [h200-0, h200-1]")
+                 .replace("nodes: [h200-0, h200-1]         # node-rank", "nodes: [h200-0, h200-1]  # node-rank", 1),
+                 decode=lambda t: t + "base-gpu-id: 0\n")
+    text = p.read_text()
+    i = text.index("  - name: decode")
+    p.write_text(text[:i] + text[i:].replace("gpus: [0, 1, 2, 3, 4, 5, 6, 7]", "gpus: [0, 1, 2, 3]", 1))
+    p.write_text(p.read_text().replace("    gpus: [0, 1, 2, 3, 4, 5, 6, 7]  # on every node", "    gpus: [4, 5, 6, 7]"))
+    for name, tp in (("prefill", "8"), ("decode", "8")):
+        f = tmp_path / PRO.stem / f"{name}.yaml"
+        f.write_text(f.read_text().replace("tp-size: 16", f"tp-size: {tp}").replace("attn-dp-size: 16", "attn-dp-size: 8")
+                     .replace("ep-size: 16", "ep-size: 8"))
+    (tmp_path / PRO.stem / "prefill.yaml").write_text((tmp_path / PRO.stem / "prefill.yaml").read_text() + "base-gpu-id: 4\n")
+    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
+    msgs = [f["message"] for f in r.json()["findings"] if f["rule"] in ("DSV120", "DSV121")]
+    assert msgs == ["host h200-0: group 'decode' dist-init ports 5000-5006 overlaps group 'prefill' dist-init ports "
+                    "5000-5006: the second listener fails with 'Address already in use'"], r.out
+    p.write_text(p.read_text().replace("    dist_init_port: 5000\n    serve_config: dsv4-pro-4xh200-pd/decode.yaml",
+                                       "    dist_init_port: 5010\n    serve_config: dsv4-pro-4xh200-pd/decode.yaml"))
+    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
+    assert r.code == 0 and not [f for f in r.json()["findings"] if f["severity"] == "error"], r.out
