@@ -53,10 +53,10 @@ def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=(
         env_p=None, env_d=None, raw_prefill=None, topo_p=None, ports=(30000, 30001)):
     pc = parse_config_text(prefill, "prefill.yaml") if raw_prefill is None else raw_prefill
     groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools),
-                         topology_error=topo_p, binds=[("h0", ports[0], ports[0], "HTTP port", "prefill.yaml:3"),
-                                                       ("h0", 8998, 8998, "KV bootstrap port", "prefill.yaml:9")]),
+                         topology_error=topo_p, binds=[("h0", ports[0], ports[0], "HTTP port", "prefill.yaml:3", 0),
+                                                       ("h0", 8998, 8998, "KV bootstrap port", "prefill.yaml:9", 0)]),
               GroupInput("decode", "decode", "h0", parse_config_text(decode, "decode.yaml"), env=env_d or {},
-                         rank_device_gib=list(pools), binds=[("h0", ports[1], ports[1], "HTTP port", "decode.yaml:3")])]
+                         rank_device_gib=list(pools), binds=[("h0", ports[1], ports[1], "HTTP port", "decode.yaml:3", 0)])]
     inp = LintInput(groups=groups, pairs=[("prefill", "decode")], host_ram_gib={"h0": ram},
                     index_k_dtype=dkv, gating=gating, tree="/t" if gating else None)
     return lint(inp, T)

@@ -52,10 +52,10 @@ def test_nodes_and_replicas_load_in_node_rank_order(tmp_path):
     assert pre.stated == frozenset() and pre.dist_init_port == 5000
     p = copy_pro(tmp_path, lambda t: t.replace(
         "    nodes: [h200-2, h200-3]\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n",
-        "    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n    replicas:\n      - h200-2\n      - {host: h200-3, gpus: [4, 5, 6, 7]}\n"))
+        "    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n    replicas:\n      - h200-2\n      - {host: h200-3, gpus: [0, 1, 2, 3, 4, 5, 6, 7]}\n"))
     dec = load_profile(p).group("decode")
     assert [[(n.host, n.gpus) for n in s] for s in dec.servers] == [[("h200-2", tuple(range(8)))],
-                                                                    [("h200-3", (4, 5, 6, 7))]]
+                                                                    [("h200-3", tuple(range(8)))]]
     assert (dec.replicas, dec.nnodes, dec.hosts) == (2, 1, ["h200-2", "h200-3"])
     p = copy_pro(tmp_path, lambda t: t.replace(
         "    nodes: [h200-2, h200-3]\n",
@@ -72,8 +72,8 @@ def test_nodes_and_replicas_load_in_node_rank_order(tmp_path):
     ("nodes: [h200-0, h200-1]", "nodes: [h200-0, h200-0]", "nodes: [h200-0, h200-0]",
      "groups[0].nodes[1]: host 'h200-0' is already node 0 of this server (one node per host)"),
     ("nodes: [h200-0, h200-1]", "nodes: [h200-0, {host: h200-1, gpus: [0, 1, 2, 3]}]", "gpus: [0, 1, 2, 3]}]",
-     "groups[0].nodes[1]: node 1 (h200-1): 4 GPUs, but node 0 has 8: SGLang puts the same number of ranks "
-     "(tp*pp/nnodes) on every node"),
+     "groups[0].nodes[1]: node 1 (h200-1): GPUs 0,1,2,3, but node 0 has 0,1,2,3,4,5,6,7: every node runs the "
+     "same serve config, which puts its ranks on the same GPU indices on each node"),
     ("nodes: [h200-2, h200-3]", "nodes: [h200-2, h200-1]", "nodes: [h200-2, h200-1]",
      "groups[1].nodes[1]: node 1 (h200-1): GPU 0 of h200-1 already used by group 'prefill'"),
     ("nodes: [h200-0, h200-1]", "nodes: [h200-0, {host: h200-1, gpus: [0, 1, 2, 3, 4, 5, 6, 8]}]", "gpus: [0, 1, 2, 3, 4, 5, 6, 8]",
@@ -411,33 +411,150 @@ def test_pro_two_node_plan_is_sglangs_own_numbers(tmp_path):
         assert g["server_args"]["max_running_requests"] == res["max_running_requests"], g["name"]
 
 
+def _lint(tmp_path, p):
+    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
+    return r, [f["message"] for f in r.json()["findings"] if f["rule"] in ("DSV120", "DSV121")]
+
+
 def test_listeners_that_share_a_port_on_a_host_are_refused(tmp_path):
-    # the router beside decode's node 0, on a port inside decode's dist-init range (5000-5006)
+    # the router beside decode's node 0, inside decode's attention-DP ZMQ ports (5001-5006 after
+    # its dist-init port 5000: server_args.py PortArgs)
     p = copy_pro(tmp_path, lambda t: t.replace("    host: h200-0\n    port: 8000\n", "    host: h200-2\n    port: 5003\n"))
-    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
-    assert r.code == 2, r.err
-    hits = [(f["file"], f["line"], f["group"], f["message"]) for f in r.json()["findings"] if f["rule"] == "DSV121"]
-    assert hits == [(str(p), line_of(p, "port: 5003"), "router",
-                     "host h200-2: group 'router' port 5003 overlaps group 'decode' dist-init ports 5000-5006: the "
-                     "second listener fails with 'Address already in use'")]
-    # two multi-node servers with node 0 on one host need their own dist-init ports
-    p = copy_pro(tmp_path, lambda t: t.replace("nodes: [h200-2, h200-3]", "nodes: [h200-0, h200-1]")
-                 .replace("nodes: [h200-0, h200-1]         # node-rank", "nodes: [h200-0, h200-1]  # node-rank", 1),
-                 decode=lambda t: t + "base-gpu-id: 0\n")
-    text = p.read_text()
-    i = text.index("  - name: decode")
-    p.write_text(text[:i] + text[i:].replace("gpus: [0, 1, 2, 3, 4, 5, 6, 7]", "gpus: [0, 1, 2, 3]", 1))
-    p.write_text(p.read_text().replace("    gpus: [0, 1, 2, 3, 4, 5, 6, 7]  # on every node", "    gpus: [4, 5, 6, 7]"))
-    for name, tp in (("prefill", "8"), ("decode", "8")):
-        f = tmp_path / PRO.stem / f"{name}.yaml"
-        f.write_text(f.read_text().replace("tp-size: 16", f"tp-size: {tp}").replace("attn-dp-size: 16", "attn-dp-size: 8")
-                     .replace("ep-size: 16", "ep-size: 8"))
-    (tmp_path / PRO.stem / "prefill.yaml").write_text((tmp_path / PRO.stem / "prefill.yaml").read_text() + "base-gpu-id: 4\n")
-    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
-    msgs = [f["message"] for f in r.json()["findings"] if f["rule"] in ("DSV120", "DSV121")]
-    assert msgs == ["host h200-0: group 'decode' dist-init ports 5000-5006 overlaps group 'prefill' dist-init ports "
-                    "5000-5006: the second listener fails with 'Address already in use'"], r.out
-    p.write_text(p.read_text().replace("    dist_init_port: 5000\n    serve_config: dsv4-pro-4xh200-pd/decode.yaml",
-                                       "    dist_init_port: 5010\n    serve_config: dsv4-pro-4xh200-pd/decode.yaml"))
-    r = run_cli("config", "lint", str(p), "--json", env=env(tmp_path))
-    assert r.code == 0 and not [f for f in r.json()["findings"] if f["severity"] == "error"], r.out
+    r, msgs = _lint(tmp_path, p)
+    assert r.code == 2
+    assert msgs == ["host h200-2: group 'router' port 5003 overlaps group 'decode' attention-DP ZMQ ports 5001-5006: "
+                    "the second listener fails with 'Address already in use'"]
+    hit = next(f for f in r.json()["findings"] if f["rule"] == "DSV121")
+    assert (hit["file"], hit["line"], hit["group"]) == (str(p), line_of(p, "port: 5003"), "router")
+    # prefill has no attention DP: only its dist-init port (the torch.distributed store) is bound
+    p = copy_pro(tmp_path, lambda t: t.replace("    host: h200-0\n    port: 8000\n", "    host: h200-0\n    port: 5003\n"))
+    assert _lint(tmp_path, p) == (_lint(tmp_path, p)[0], [])
+    p = copy_pro(tmp_path, lambda t: t.replace("    host: h200-0\n    port: 8000\n", "    host: h200-0\n    port: 5000\n"))
+    assert _lint(tmp_path, p)[1] == ["host h200-0: group 'router' port 5000 overlaps group 'prefill' dist-init port "
+                                     "5000: the second listener fails with 'Address already in use'"]
+    # near 65535 SGLang puts the ZMQ ports below the dist-init port (port_base = port - 7)
+    p = copy_pro(tmp_path, lambda t: t.replace("    nodes: [h200-2, h200-3]\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n"
+                                               "    dist_init_port: 5000\n",
+                                               "    nodes: [h200-2, h200-3]\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n"
+                                               "    dist_init_port: 65535\n")
+                 .replace("    host: h200-0\n    port: 8000\n", "    host: h200-2\n    port: 65530\n"))
+    assert _lint(tmp_path, p)[1] == ["host h200-2: group 'router' port 65530 overlaps group 'decode' attention-DP ZMQ "
+                                     "ports 65528-65533: the second listener fails with 'Address already in use'"]
+
+
+def test_replicas_on_one_host_clash_and_one_node_attention_dp_ports(tmp_path):
+    hosts = "\n".join(f"  - {{name: h{i}, address: 127.0.1.{i + 1}, gpus: {{count: 8, memory_mib: 143771}}}}"
+                      for i in range(2))
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("tp-size: 4\nattn-dp-size: 4\nport: 30000\ndisaggregation-mode: decode\n"
+                   "tool-call-parser: deepseekv4\nreasoning-parser: deepseek-v4\n")
+    p = tmp_path / "r.yaml"
+    p.write_text(f"version: 1\nname: r\nmodel: deepseek-v4-pro\nhosts:\n{hosts}\ngroups:\n  - name: decode\n"
+                 "    role: decode\n    gpus: [0, 1, 2, 3]\n    replicas: [h0, h1]\n    serve_config: d.yaml\n"
+                 "  - name: router\n    role: router\n    host: h0\n    port: 30233\n    decode: [decode]\n")
+    r, msgs = _lint(tmp_path, p)
+    # one-node attention DP opens its ports from the HTTP port + 233 (ZMQ_TCP_PORT_DELTA)
+    assert msgs == ["host h0: group 'router' port 30233 overlaps group 'decode' dist-init port 30233: the second "
+                    "listener fails with 'Address already in use'"], r.out
+    p.write_text(p.read_text().replace("replicas: [h0, h1]", "replicas: [{host: h0}, {host: h0}]")
+                 .replace("    port: 30233\n", "    port: 8000\n"))
+    r = run_cli("plan", str(p), env=env(tmp_path))
+    assert r.code == 2 and "GPU 0 of h0 already used by group 'decode' replica 0" in r.err
+
+
+def test_a_dist_init_addr_sglang_cannot_parse_is_refused(tmp_path):
+    pre = tmp_path / PRO.stem / "prefill.yaml"
+    for value, why in (("127.0.1.1", "missing port (host:port expected) in '127.0.1.1'"),
+                       ("fd00::1:5000", "a bare IPv6 address is ambiguous: 'fd00::1:5000' (write [fd00::1]:5000)"),
+                       ("127.0.1.1:abc", "port 'abc' is not a port number (1..65535)")):
+        p = copy_pro(tmp_path, prefill=lambda t: t + f"dist-init-addr: \"{value}\"\n")
+        r = run_cli("plan", str(p), env=env(tmp_path))
+        assert r.code == 2 and r.err == (f"dsv4ctl: error: {pre}:{line_of(pre, 'dist-init-addr:')}: dist-init-addr: "
+                                         f"{value}: SGLang cannot parse it ({why})\n"), r.err
+    # an abbreviation is read as SGLang's argparse reads it, and node 0's profile name is fine
+    p = copy_pro(tmp_path, prefill=lambda t: t + "dist-init: 127.0.1.2:5000\n")
+    assert "node 0 of group 'prefill' is host h200-0" in run_cli("plan", str(p), env=env(tmp_path)).err
+    p = copy_pro(tmp_path, prefill=lambda t: t + "dist-init-addr: h200-0:5000\n")
+    assert run_cli("plan", str(p), env=env(tmp_path)).code == 0
+
+
+def test_replica_shapes_and_machines_are_checked_at_load(tmp_path):
+    for edit, message in (
+            (lambda t: t.replace("    nodes: [h200-0, h200-1]         # node-rank = position: h200-0 is node 0 (HTTP, dist-init)\n",
+                                 "    replicas: [{nodes: [h200-0, h200-1]}, h200-2]\n"),
+             "replica 1 has 1 node(s), replica 0 has 2: replicas run one serve config, so they have one shape"),
+            (lambda t: t.replace("  - name: h200-1\n    address: 127.0.1.2\n", "  - name: h200-1\n    address: 127.0.1.1\n"),
+             "node 1 (h200-1): host h200-1 is the same machine as another node of this server (address 127.0.1.1): "
+             "one node per machine"),
+            (lambda t: t.replace("    memory_mib: 143771}\n", "    memory_mib: 143771}\n") +
+             "", None)):
+        p = copy_pro(tmp_path, edit)
+        if message is None:
+            continue
+        with pytest.raises(InputError) as e:
+            load_profile(p)
+        assert str(e.value).endswith(message), str(e.value)
+
+
+def test_no_serve_config_plans_the_profiles_topology_only_if_sglang_could_run_it(tmp_path):
+    p = copy_pro(tmp_path, lambda t: t.replace("    dist_init_port: 5000\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml\n",
+                                               "    dist_init_port: 5000\n"))
+    with pytest.raises(InputError, match=r"tp\*pp = 1 does not match the 16 GPUs of the group \(2 nodes x 8\)"):
+        load_profile(p)
+    p.write_text(p.read_text().replace("    dist_init_port: 5000\n", "    dist_init_port: 5000\n    tp: 16\n", 1))
+    assert run_cli("plan", str(p), "-g", "prefill", env=env(tmp_path)).code in (0, 1)
+
+
+def test_mixed_per_gpu_list_lengths_are_refused(tmp_path):
+    p = copy_pro(tmp_path, lambda t: t.replace(
+        "    serve_config: dsv4-pro-4xh200-pd/prefill.yaml\n",
+        "    serve_config: dsv4-pro-4xh200-pd/prefill.yaml\n    memory:\n"
+        f"      free_gib_before_load: [{', '.join(['138.0'] * 16)}]\n"
+        f"      other_gib: [{', '.join(['0.0'] * 15 + ['5.0'])}]\n", 1))
+    load_profile(p)          # the same length: fine
+    p.write_text(p.read_text().replace("      other_gib: [", "      other_gib: [9.0, "))
+    p.write_text(p.read_text().replace("      free_gib_before_load: [", "      free_gib_before_load: [").replace(
+        "      other_gib: [9.0, ", "      other_gib: [9.0, "))
+    with pytest.raises(InputError, match=r"17 per-GPU values for the group's 16 GPUs"):
+        load_profile(p)
+
+
+def test_a_replica_sglang_would_refuse_is_the_one_planned(tmp_path):
+    shutil.copytree(PRO.parent / PRO.stem, tmp_path / PRO.stem)
+    hosts = "\n".join(f"  - {{name: h{i}, address: 127.0.1.{i + 1}, gpus: {{count: 8, memory_mib: 143771}}}}"
+                      for i in range(4))
+    # replica 0 has one GPU at 120 GiB beside 138 (below 0.9x: SGLang refuses); replica 1 is all 115
+    free = ["138.0"] * 15 + ["120.0"] + ["115.0"] * 16
+    p = tmp_path / "replicas.yaml"
+    p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free)))
+    r = run_cli("plan", str(p), "--json", env=env(tmp_path))
+    assert r.code == 1, r.err
+    g = r.json()["groups"][0]
+    assert g["replica"] == 0 and "unbalanced" in g["verdict"]["message"].lower() + " ".join(g["errors"]).lower()
+
+
+def test_facts_judges_balance_per_replica():
+    from dsv4ctl.hosts.gpus import Gpu
+    from dsv4ctl.plan.facts import server_facts
+
+    def rows(free_mib):
+        return [Gpu(index=i, name="NVIDIA H200", uuid=f"GPU-{i}", total_mib=143771, used_mib=143771 - free_mib,
+                    free_mib=free_mib, processes=[]) for i in range(8)]
+    places = [("a", i) for i in range(8)] + [("b", i) for i in range(8)]
+    f = server_facts("decode", places, {"a": rows(143000), "b": rows(120000)}, tp=8, server_size=8)
+    assert not [n for n in f.notes if n.startswith("unbalanced")]          # each replica is balanced
+    f = server_facts("decode", places, {"a": rows(143000), "b": rows(120000)}, tp=16)
+    assert [n.split(":")[0] for n in f.notes] == ["unbalanced"]              # one 16-GPU server is not
+
+
+def test_check_targets_every_replica_at_its_node_0(tmp_path):
+    from dsv4ctl.check.targets import from_profile
+    from dsv4ctl.profile.deployment import load_deployment
+    shutil.copytree(PRO.parent / PRO.stem, tmp_path / PRO.stem)
+    hosts = "\n".join(f"  - {{name: h{i}, address: 127.0.1.{i + 1}, gpus: {{count: 8, memory_mib: 143771}}}}"
+                      for i in range(4))
+    p = tmp_path / "replicas.yaml"
+    p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(["138.0"] * 32)))
+    t = from_profile(load_deployment(p))
+    assert [(w.name, w.url) for w in t.workers] == [("decode", "http://127.0.1.1:30001"),
+                                                    ("decode#1", "http://127.0.1.3:30001")]

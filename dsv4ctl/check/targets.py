@@ -50,7 +50,7 @@ def normalize_url(url: str) -> str:
 def from_profile(profile) -> Targets:
     """Targets of a :class:`~dsv4ctl.profile.deployment.Deployment` (a Profile is resolved first).
 
-    A server group's URL and port are the Deployment's (``port``, else the serve config's, else
+    A server group's URL and port are the Deployment's (each replica's at its node 0, named ``GROUP#R``) (``port``, else the serve config's, else
     30000; IPv6-safe); its configured HiCache switch is the serve config's. The entry is the first
     router group, else the first server group; ``gateway_metrics`` that router's Prometheus URL
     (its ``prometheus_host``/``prometheus_port``): only the entry router gets the check's traffic,
@@ -59,7 +59,8 @@ def from_profile(profile) -> Targets:
     from .smoke import Worker
 
     dep = as_deployment(profile)
-    workers = [Worker(name=g.name, url=g.url, hicache_configured=g.hicache_configured) for g in dep.servers()]
+    workers = [Worker(name=name, url=url, hicache_configured=g.hicache_configured)
+               for g in dep.servers() for name, url in g.replica_urls]      # every replica, at its node 0
     routers = dep.routers()
     entry: Optional[str] = routers[0].url if routers else (workers[0].url if workers else None)
     if entry is None:

@@ -69,7 +69,8 @@ def facts(
             parsed[h] = parse_gpus(r.value)
         except GpuFactError as e:
             raise RemoteError(f"{h}: {e}") from None
-    out = [server_facts(g.name, _places(g), {h: parsed[h] for h in g.hosts}, tp=_tp(dep, g))
+    out = [server_facts(g.name, _places(g), {h: parsed[h] for h in g.hosts}, tp=_tp(dep, g),
+                        server_size=len(g.server_gpus))
            for g in groups]
     result = _write(prof, out, force, dry_run) if write else None
     if as_json:

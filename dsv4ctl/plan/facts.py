@@ -53,10 +53,11 @@ def group_facts(group: str, host: str, indices: list[int], gpus: list[Gpu], tp: 
     return server_facts(group, [(host, i) for i in indices], {host: gpus}, tp)
 
 
-def server_facts(group: str, places: list[tuple[str, int]], gpus: dict[str, list[Gpu]], tp: int = 2) -> GroupFacts:
+def server_facts(group: str, places: list[tuple[str, int]], gpus: dict[str, list[Gpu]], tp: int = 2,
+                 server_size: int = 0) -> GroupFacts:
     """Derive a group's measured ``free_gib_before_load`` per GPU (pure): ``places`` are its
     (host, GPU index) in the profile's order (node-major, replica-major: every node of every
-    server), ``gpus`` each host's nvidia-smi rows.
+    server), ``gpus`` each host's nvidia-smi rows, ``server_size`` the GPUs of one server (0: all).
 
     A GPU index nvidia-smi does not list gives None and a note; a GPU with processes holding
     memory gives its current free memory and a note (if that process is this group's server,
@@ -80,10 +81,14 @@ def server_facts(group: str, places: list[tuple[str, int]], gpus: dict[str, list
                              for p in g.processes)
             notes.append(f"{name}: memory held by {held}: stop them (or the server) to measure free memory "
                          "before weight load")
-    # SGLang's imbalance check spans every rank of a server, all nodes (model_runner.py)
-    why = unbalanced([f for f in frees if f is not None]) if tp > 1 else None
-    if why:
-        notes.append(f"unbalanced: {why}")
+    # SGLang's imbalance check spans every rank of one server, all its nodes (model_runner.py):
+    # with replicas (``server_size`` GPUs each) every replica on its own
+    size = server_size or len(frees) or 1
+    for k in range(0, len(frees), size):
+        why = unbalanced([f for f in frees[k:k + size] if f is not None]) if tp > 1 else None
+        if why:
+            rep = f" (replica {k // size})" if size < len(frees) else ""
+            notes.append(f"unbalanced{rep}: {why}")
     return GroupFacts(group=group, host=places[0][0] if places else "", gpus=rows, free_gib_before_load=frees,
                       notes=notes, places=list(places))
 

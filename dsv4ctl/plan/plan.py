@@ -314,6 +314,11 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
                 f"{SGLANG_TOPOLOGY_DEFAULTS[k]} (its default), but the profile's group {group.name!r} says "
                 f"{shown} ({profile.positions.where(('groups', gi, pkey))}): put {fix} in the serve config")
         out[k] = SGLANG_TOPOLOGY_DEFAULTS[k]
+    if serve is None and group.nnodes > 1 and not any(k in overrides for k in out):
+        try:        # the profile's values are what is planned: SGLang must be able to split them
+            node_placement(out["tp_size"], out["pp_size"], 1, group.nnodes)
+        except ValueError as e:
+            raise InputError(f"{profile.positions.where(('groups', gi, 'nodes'))}: group {group.name!r}: {e}") from None
     if serve is None or any(k in overrides for k in (*out, "base_gpu_id", "gpu_id_step")):
         return out
     tp, pp, nn = out["tp_size"], out["pp_size"], out["nnodes"]
@@ -342,19 +347,58 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
             f"{at}: SGLang puts group {group.name!r}{on} on GPUs {_gpu_list(mine) or 'none'} (base-gpu-id {base}, "
             f"gpu-id-step {step}, {len(mine)} rank(s){f' of {len(places)} over {nn} nodes' if nn > 1 else ''}), "
             f"but the profile lists GPUs {_gpu_list(node.gpus)} ({profile.positions.where(path)}): {fix}")
-    addr = serve.get("dist-init-addr")
-    if addr is not None and nn > 1:
-        host = str(addr).rsplit(":", 1)[0].strip("[]")
+    key = _given_as(serve, "dist-init-addr")
+    if key is not None:
+        from ..profile.deployment import parse_host_port
+        addr, loc = serve.data[key], serve.where(key)
+        try:
+            host = parse_host_port(str(addr))[0]
+        except ValueError as e:
+            raise InputError(f"{loc}: {key}: {addr}: SGLang cannot parse it ({e})") from None
+    if key is not None and nn > 1:
         node0 = profile.hosts[group.nodes[0].host]
-        loc = serve.where("dist-init-addr")
+        others = {h.address: h.name for h in profile.hosts.values() if h.name != node0.name}
+        others.update({h.name: h.name for h in profile.hosts.values() if h.name != node0.name})
         if group.replicas > 1:
-            raise InputError(f"{loc}: dist-init-addr: {addr}: the group has {group.replicas} replicas, each with its own "
+            raise InputError(f"{loc}: {key}: {addr}: the group has {group.replicas} replicas, each with its own "
                              "node 0: remove it (dsv4ctl passes --dist-init-addr per server; the port is "
                              "the group's dist_init_port)")
-        if host != node0.address:
-            raise InputError(f"{loc}: dist-init-addr: {addr}: node 0 of group {group.name!r} is host {node0.name} "
+        if host not in (node0.address, node0.name) and (host in others or _is_ip(host) and _is_ip(node0.address)):
+            raise InputError(f"{loc}: {key}: {addr}: node 0 of group {group.name!r} is host {node0.name} "
                              f"({node0.address}): the other nodes would wait for a rendezvous that never comes")
     return out
+
+
+def _is_ip(x: str) -> bool:
+    import ipaddress
+    try:
+        ipaddress.ip_address(x)
+        return True
+    except ValueError:
+        return False
+
+
+def _given_as(serve: ServeConfig, full: str) -> Optional[str]:
+    """The key of ``serve`` that SGLang's parser reads as the argument ``full`` (its name, an
+    alias or an unambiguous abbreviation: :mod:`dsv4ctl.plan.argnames`), None when none does."""
+    from .argnames import AmbiguousOption, resolve_option
+    for k in serve.data:
+        if not isinstance(k, str) or "_" in k:
+            continue
+        if canonical(k) == full:
+            return k
+        if full.startswith(k) or any(a.startswith(k) for a in ("nccl-init-addr",) if full == "dist-init-addr"):
+            try:
+                if resolve_option(k) == full:
+                    return k
+            except AmbiguousOption:
+                continue
+    return None
+
+
+def gi_tp_of(args: dict) -> int:
+    """tp_size of resolved arguments (1 when absent)."""
+    return int(args.get("tp_size", 1))
 
 
 def topo_keys_set(overrides: dict) -> bool:
@@ -424,7 +468,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     dpa = args["enable_dp_attention"]
     nnodes = args.get("nnodes", group.nnodes)
     if not 1 <= nnodes <= MAX_PARALLEL:
-        raise InputError(f"nnodes must be within 1..{MAX_PARALLEL}, got {nnodes}")
+        raise InputError(f"{'--set ' if 'nnodes' in overrides else ''}nnodes: must be within 1..{MAX_PARALLEL}, "
+                         f"got {nnodes}")
     if "nnodes" in overrides or topo_keys_set(overrides):
         try:
             node_placement(tp, pp, 1 if dpa else dp, nnodes)
@@ -570,9 +615,12 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         per_gpu = mem.per_gpu(len(lists[0]) if lists else n)
         if per_gpu is not None and len(per_gpu[0]) > n:
             # one value per GPU of every replica (replica-major): plan the tightest replica
-            def least(r: int) -> float:
-                return min((f if f is not None else float("inf")) - o for f, o in
-                           zip(per_gpu[0][r * n:(r + 1) * n], per_gpu[1][r * n:(r + 1) * n]))
+            def least(r: int) -> tuple[bool, float]:
+                # a replica SGLang refuses to start (unbalanced free memory) first, then the least memory
+                frees = [f for f in per_gpu[0][r * n:(r + 1) * n] if f is not None]
+                return (not (gi_tp_of(args) > 1 and vd.unbalanced(frees)),
+                        min((f if f is not None else float("inf")) - o for f, o in
+                            zip(per_gpu[0][r * n:(r + 1) * n], per_gpu[1][r * n:(r + 1) * n])))
             replica = min(range(group.replicas), key=least)
             per_gpu = (per_gpu[0][replica * n:(replica + 1) * n], per_gpu[1][replica * n:(replica + 1) * n])
             places = [(k, node.host, g) for k, node in enumerate(group.servers[replica]) for g in node.gpus]

@@ -26,10 +26,10 @@ DEFAULT_ROUTER_PORT = 8000
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_GATEWAY = "sglang-router"
 # A multi-node server's torch.distributed rendezvous port on node 0 when neither the group's
-# ``dist_init_port`` nor the serve config's ``dist-init-addr`` gives one. SGLang 0.5.23 reserves it
-# and the next six (server_args.py PortArgs: port_base = dist_init_port + 1 .. + 6).
+# ``dist_init_port`` nor the serve config's ``dist-init-addr`` gives one (dsv4ctl's choice).
 DEFAULT_DIST_INIT_PORT = 5000
-DIST_INIT_PORTS = 7
+ZMQ_PORTS = 6                 # server_args.py PortArgs: NUM_DERIVED_PORTS (port_base .. + 5)
+ZMQ_TCP_PORT_DELTA = 233      # server_args.py: one-node attention DP's ports start at port + 233
 # Both gateways open a Prometheus listener, default 0.0.0.0:29000; a second router on the host
 # then dies with "Address already in use". dsv4ctl passes router port + this offset instead
 # (8000 -> 29000, the gateway's own default), minus it when that is over 65535.
@@ -97,6 +97,40 @@ def _abs_root(value: str, where: str) -> str:
     if not root.startswith("/") or posixpath.normpath(root) in ("/", "//") or "\n" in root:
         raise InputError(f"{where}: {value!r}: must be an absolute path other than /")
     return root
+
+
+def parse_host_port(addr: str) -> tuple[str, int]:
+    """(host, port) of a ``host:port`` / ``[v6]:port`` string as SGLang 0.5.23 parses
+    ``--dist-init-addr`` (srt/utils/network.py ``NetworkAddress.parse``). ValueError (its message
+    style) for an empty string, a missing port or closing bracket, a bare IPv6 address, or a port
+    that is not an integer in 1..65535."""
+    import ipaddress
+    addr = str(addr)
+    if not addr:
+        raise ValueError("empty address")
+    if addr.startswith("["):
+        close = addr.find("]")
+        if close == -1:
+            raise ValueError(f"missing closing bracket in IPv6 address {addr!r}")
+        host, rest = addr[1:close], addr[close + 1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"invalid IPv6 address inside brackets {host!r}") from None
+        if not rest.startswith(":") or len(rest) < 2:
+            raise ValueError(f"expected ':port' after the closing bracket in {addr!r}")
+        port = rest[1:]
+    else:
+        if ":" not in addr:
+            raise ValueError(f"missing port (host:port expected) in {addr!r}")
+        host, port = addr.rsplit(":", 1)
+        if not host:
+            raise ValueError(f"empty host in {addr!r}")
+        if ":" in host:
+            raise ValueError(f"a bare IPv6 address is ambiguous: {addr!r} (write [{host}]:{port})")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port!r} is not a port number (1..65535)")
+    return host, int(port)
 
 
 def _port(value: Any, where: str, what: str = "port") -> int:
@@ -182,6 +216,14 @@ class GroupView:
         """``http://<host address>:<port>``, IPv6-safe."""
         return http_url(self.host.address, self.port)
 
+    @property
+    def replica_urls(self) -> list[tuple[str, str]]:
+        """(name, URL) of every server of the group, at its node 0: the group's name for the first,
+        ``NAME#R`` for replica R."""
+        return [(self.name if r == 0 else f"{self.name}#{r}",
+                 http_url(self._dep.profile.hosts[srv[0].host].address, self.port))
+                for r, srv in enumerate(self.group.servers or [self.group.nodes])]
+
     def url_with(self, serve: ServeConfig) -> str:
         """The URL the group has when it runs ``serve`` (e.g. the live file on its host): the
         profile's ``port``, else that file's ``port``, else the default."""
@@ -219,15 +261,22 @@ class GroupView:
         if self.group.dist_init_port:
             return int(self.group.dist_init_port)
         v = self.arg("dist-init-addr")
-        if v is not None and ":" in str(v):
-            return _port(str(v).rsplit(":", 1)[1], self.serve.where("dist-init-addr"), "dist-init-addr port")
+        if v is not None:
+            try:
+                return parse_host_port(str(v))[1]
+            except ValueError as e:
+                raise InputError(f"{self.serve.where('dist-init-addr')}: dist-init-addr: {e}") from None
         return DEFAULT_DIST_INIT_PORT
 
-    def binds(self) -> list[tuple[str, int, int, str, str]]:
-        """(host, first port, last port, what, where) of every TCP port a server of this group
-        listens on, per server (replica): node 0's HTTP port, a prefill server's KV bootstrap
-        port, a multi-node server's dist-init ports (:data:`DIST_INIT_PORTS` from
-        :attr:`dist_init_port`); a router's port and Prometheus port. ``where`` is ``file:line``."""
+    def binds(self, attn_dp: int = 1) -> list[tuple[str, int, int, str, str, int]]:
+        """(host, first port, last port, what, where, replica) of the TCP ports each server of
+        this group listens on, as SGLang 0.5.23 opens them: node 0's HTTP port; a prefill
+        server's KV bootstrap port; with several nodes the torch.distributed store on
+        :attr:`dist_init_port`; with attention DP (``attn_dp`` > 1) the six ZMQ ports after it
+        (``port_base`` = dist-init port + 1, or - 7 near 65535; server_args.py ``PortArgs``), on
+        one node from the HTTP port + 233 (``ZMQ_TCP_PORT_DELTA``) unless ``dist-init-addr`` is
+        set; a router's port and Prometheus port. ``where`` is ``file:line``. A ``dist-init-addr``
+        SGLang cannot parse adds no dist-init ports (DSV120 reports it)."""
         p = self._dep.profile
         gi = p.groups.index(self.group)
 
@@ -237,19 +286,32 @@ class GroupView:
                 return self.serve.where(key)
             return p.positions.where(("groups", gi, profile_key))
         if self.role == "router":
-            return [(self.group.host, self.port, self.port, "port", at("port", "port")),
+            return [(self.group.host, self.port, self.port, "port", at("port", "port"), 0),
                     (self.group.host, self.prometheus_port, self.prometheus_port, "Prometheus port",
-                     p.positions.where(("groups", gi, "prometheus_port")))]
+                     p.positions.where(("groups", gi, "prometheus_port")), 0)]
         out = []
-        for srv in self.group.servers:
+        for r, srv in enumerate(self.group.servers):
             h = srv[0].host
-            out.append((h, self.port, self.port, "HTTP port", at("port", "port")))
+            out.append((h, self.port, self.port, "HTTP port", at("port", "port"), r))
             if self.role == "prefill":
                 b = self.bootstrap_port_effective
-                out.append((h, b, b, "KV bootstrap port", at("disaggregation-bootstrap-port", "serve_config")))
-            if len(srv) > 1:
+                out.append((h, b, b, "KV bootstrap port", at("disaggregation-bootstrap-port", "serve_config"), r))
+            given = self.group.dist_init_port or self.arg("dist-init-addr") is not None
+            if len(srv) == 1 and attn_dp <= 1:
+                continue
+            try:
                 d = self.dist_init_port
-                out.append((h, d, d + DIST_INIT_PORTS - 1, "dist-init ports", at("dist-init-addr", "dist_init_port")))
+            except InputError:
+                continue
+            where = at("dist-init-addr", "dist_init_port")
+            if len(srv) == 1 and not given:
+                d = self.port + ZMQ_TCP_PORT_DELTA if self.port + ZMQ_TCP_PORT_DELTA <= 65535 else \
+                    self.port - ZMQ_TCP_PORT_DELTA
+                where = at("port", "port")
+            out.append((h, d, d, "dist-init port", where, r))
+            if attn_dp > 1:
+                base = d + 1 if d + ZMQ_PORTS <= 65535 else d - ZMQ_PORTS - 1
+                out.append((h, base, base + ZMQ_PORTS - 1, "attention-DP ZMQ ports", where, r))
         return out
 
     @property

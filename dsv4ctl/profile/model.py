@@ -545,15 +545,27 @@ def _check_server_gpus(g: dict, gp: tuple, grp: Group, hosts: dict[str, Host],
                 raise _fail(pos, path, f"{label}a server group needs GPU indices (gpus)")
             if len(set(node.gpus)) != len(node.gpus):
                 raise _fail(pos, path, f"{label}GPU index listed twice")
-            if len(node.gpus) != len(srv[0].gpus):
-                raise _fail(pos, path, f"{label}{len(node.gpus)} GPUs, but node 0 has {len(srv[0].gpus)}: SGLang "
-                                       "puts the same number of ranks (tp*pp/nnodes) on every node")
             for gi in node.gpus:
                 if host.gpu_count and gi >= host.gpu_count:
                     raise _fail(pos, path, f"{label}GPU {gi} outside host {host.name}'s {host.gpu_count} GPUs")
                 if (host.name, gi) in used:
                     raise _fail(pos, path, f"{label}GPU {gi} of {host.name} already used by {used[(host.name, gi)]}")
                 used[(host.name, gi)] = f"group {grp.name!r}" + (f" replica {r}" if len(grp.servers) > 1 else "")
+            first = grp.servers[0][0]
+            if len(srv) != len(grp.servers[0]):
+                raise _fail(pos, path, f"replica {r} has {len(srv)} node(s), replica 0 has {len(grp.servers[0])}: "
+                                       "replicas run one serve config, so they have one shape")
+            if sorted(node.gpus) != sorted(first.gpus):
+                # one serve config (base-gpu-id, gpu-id-step) places the ranks of every node alike
+                raise _fail(pos, path, f"{label}GPUs {','.join(map(str, node.gpus))}, but node 0"
+                                       f"{' of replica 0' if len(grp.servers) > 1 else ''} has "
+                                       f"{','.join(map(str, first.gpus))}: every node runs the same serve config, "
+                                       "which puts its ranks on the same GPU indices on each node")
+            others = [hosts[x.host] for x in srv[:n]]
+            if host.local and any(o.local for o in others) or any(o.address == host.address for o in others):
+                raise _fail(pos, path, f"{label}host {host.name} is the same machine as another node of this server "
+                                       f"({'local: true' if host.local else 'address ' + host.address}): one node "
+                                       "per machine")
             if not host.gpu_memory_mib:
                 raise _fail(pos, ("hosts", list(hosts).index(host.name), "gpus"),
                             "memory_mib is required for hosts that run server groups")
@@ -615,7 +627,8 @@ def load_profile(path: Path | str) -> Profile:
         if grp.is_server:
             _check_server_gpus(g, gp, grp, hosts, used, pos)
             n_gpus = len(grp.server_gpus)
-            if grp.stated & {"tp", "pp", "dp"}:
+            # without a serve config the profile's values are what is planned: they must fit
+            if grp.stated & {"tp", "pp", "dp"} or grp.serve_config is None:
                 need = grp.tp * grp.pp * (1 if grp.dp_attention else grp.dp)
                 if need != n_gpus:
                     what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
@@ -626,6 +639,7 @@ def load_profile(path: Path | str) -> Profile:
                 # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
                 raise _fail(pos, gp + ("dp",), "SGLang refuses data-parallel replicas across nodes "
                             "(multi-node DP is not supported): use attention DP (dp_attention: true) or replicas")
+            lists = {}
             for key in ("free_gib_before_load", "other_gib"):
                 v = g.get("memory", {}).get(key)
                 total = n_gpus * grp.replicas
@@ -633,6 +647,12 @@ def load_profile(path: Path | str) -> Profile:
                     count = f"{n_gpus}" if total == n_gpus else f"{n_gpus} (one server) or {total} (all replicas)"
                     raise _fail(pos, gp + ("memory", key),
                                 f"{len(v)} per-GPU values for the group's {count} GPUs")
+                if isinstance(v, list):
+                    lists[key] = len(v)
+            if len(set(lists.values())) > 1:
+                raise _fail(pos, gp + ("memory", "other_gib"),
+                            f"{lists['other_gib']} per-GPU values, but free_gib_before_load has "
+                            f"{lists['free_gib_before_load']}: give both for the same GPUs")
             if grp.dp_attention and grp.tp % grp.dp:
                 raise _fail(pos, gp + ("dp",), f"dp {grp.dp} must divide tp {grp.tp} with dp_attention")
         groups.append(grp)

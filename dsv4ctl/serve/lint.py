@@ -51,7 +51,7 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV118": ("dsv4-page-size", "error", "DSV4 pools need page-size 256 on CUDA (the pool builder asserts it)", "kv_cache_configurator.py _build_dsv4_kv_pool"),
     "DSV119": ("pd-hicache-eagle-page-first-direct", "error", "PD prefill + HiCache + EAGLE + page_first_direct: known failure", "sglang #31252"),
     "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP, nnodes, GPU placement, dist-init host; SGLang's defaults when a key is left out)", "server_args.py; engine.py _calculate_rank_ranges; dsv4ctl.plan.plan.topology"),
-    "DSV121": ("port-clash", "error", "no two listeners on one host share a port: HTTP, KV bootstrap, dist-init (7 ports), router and Prometheus ports", "server_args.py PortArgs; disaggregation bootstrap"),
+    "DSV121": ("port-clash", "error", "no two listeners on one host share a port: HTTP, KV bootstrap, dist-init and attention-DP ZMQ ports, router and Prometheus ports (replicas included)", "server_args.py PortArgs; disaggregation bootstrap"),
 }
 
 
@@ -435,17 +435,18 @@ def check_ports(inp: LintInput) -> list[Finding]:
     out = []
     seen: dict[str, list[tuple[int, int, str, str]]] = {}
     for g in inp.groups:
-        for host, lo, hi, what, where in g.binds:
+        for host, lo, hi, what, where, rep in g.binds:
+            me = g.name if not rep else f"{g.name} (replica {rep})"
             for lo2, hi2, who, what2 in seen.get(host, []):
-                if lo <= hi2 and lo2 <= hi and (who, what2) != (g.name, what):
+                if lo <= hi2 and lo2 <= hi:
                     ports = str(lo) if lo == hi else f"{lo}-{hi}"
                     other = str(lo2) if lo2 == hi2 else f"{lo2}-{hi2}"
                     file, _, line = where.rpartition(":")
                     out.append(Finding("DSV121", RULES["DSV121"][1], file, int(line) if line.isdigit() else 1,
-                                       f"host {host}: group {g.name!r} {what} {ports} overlaps group {who!r} "
+                                       f"host {host}: group {me!r} {what} {ports} overlaps group {who!r} "
                                        f"{what2} {other}: the second listener fails with 'Address already in use'",
                                        g.name))
-            seen.setdefault(host, []).append((lo, hi, g.name, what))
+            seen.setdefault(host, []).append((lo, hi, me, what))
     return out
 
 

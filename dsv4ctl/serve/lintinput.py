@@ -42,10 +42,15 @@ def topology_error(dep: Deployment, group, cfg) -> Optional[str]:
 
 
 def _binds(g) -> list:
-    """The group's listeners (:meth:`GroupView.binds`); none when its serve config cannot be read
-    (the SGL rules report that file)."""
+    """The group's listeners (:meth:`GroupView.binds`, with its attention-DP size); none when its
+    serve config cannot be read (the SGL rules report that file)."""
+    from ..plan.plan import serve_args
     try:
-        return g.binds()
+        attn_dp = 1
+        if g.is_server and g.serve is not None:
+            args, _ = serve_args(g.serve)
+            attn_dp = args.get("dp_size", 1) if args.get("enable_dp_attention") else 1
+        return g.binds(attn_dp)
     except InputError:
         return []
 
