@@ -558,3 +558,10 @@ def test_check_targets_every_replica_at_its_node_0(tmp_path):
     t = from_profile(load_deployment(p))
     assert [(w.name, w.url) for w in t.workers] == [("decode", "http://127.0.1.1:30001"),
                                                     ("decode#1", "http://127.0.1.3:30001")]
+
+
+def test_a_runbook_dry_run_refuses_what_the_run_would(tmp_path):
+    r = run_cli("runbook", "run", "transfer-wedge", str(PRO), "--dry-run", env=env(tmp_path))
+    assert r.code == 2 and r.out == "" and \
+        r.err.endswith("group 'prefill' runs on 2 nodes: deploy, rollback and the day-2 commands act on one-host "
+                       "groups only so far (plan, config lint and facts cover it); nothing was changed\n")
