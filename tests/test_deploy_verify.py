@@ -218,7 +218,11 @@ def test_waiting_job_aborts(tmp_path, how):
     side.mkdir()
 
     def later():
-        time.sleep(0.5)
+        # once the staged copy is complete (a fixed 0.5 s raced a slow cp -al on a loaded machine)
+        want = sum(1 for _ in base.rglob("*"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (inc.is_dir() and sum(1 for _ in inc.rglob("*")) >= want):
+            time.sleep(0.01)
         if how == "fail-marker":
             (rel_dir / ".incoming-rNEW.delta-1.fail").touch()
         elif how == "cleanup":

@@ -194,7 +194,12 @@ try:
                 except OSError:
                     break
                 d = os.path.dirname(d)
-    have = tree(rel)
+    try:
+        have = tree(rel)
+    except FileNotFoundError:
+        if os.path.isdir(rel):
+            raise
+        have = {}       # removed while listed (a clean-up of the incoming folder): the wait aborts
     pending = iter(sorted(have.items()))      # hashed while rsync still runs (each inode once)
     def prehash(n):
         for _ in range(n):
