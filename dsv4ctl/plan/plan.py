@@ -396,11 +396,6 @@ def _given_as(serve: ServeConfig, full: str) -> Optional[str]:
     return None
 
 
-def gi_tp_of(args: dict) -> int:
-    """tp_size of resolved arguments (1 when absent)."""
-    return int(args.get("tp_size", 1))
-
-
 def topo_keys_set(overrides: dict) -> bool:
     """True when ``overrides`` (--set) change a topology key (a what-if topology)."""
     return any(k in overrides for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes"))
@@ -618,7 +613,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
             def least(r: int) -> tuple[bool, float]:
                 # a replica SGLang refuses to start (unbalanced free memory) first, then the least memory
                 frees = [f for f in per_gpu[0][r * n:(r + 1) * n] if f is not None]
-                return (not (gi_tp_of(args) > 1 and vd.unbalanced(frees)),
+                return (not (args["tp_size"] > 1 and vd.unbalanced(frees)),
                         min((f if f is not None else float("inf")) - o for f, o in
                             zip(per_gpu[0][r * n:(r + 1) * n], per_gpu[1][r * n:(r + 1) * n])))
             replica = min(range(group.replicas), key=least)

@@ -89,9 +89,9 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
                                   topology_error=topology_error(dep, g.group, cfg),
                                   rank_hosts=[n.host for srv in g.group.servers for n in srv for _ in n.gpus],
                                   binds=_binds(g)))
-    for r in dep.routers():
-        ginputs_r = GroupInput(name=r.name, role=r.role, host=r.group.host, config=None, binds=_binds(r))
-        ginputs.append(ginputs_r)
+    # routers have no serve config to lint, only ports (DSV121)
+    ginputs += [GroupInput(name=r.name, role=r.role, host=r.group.host, config=None, binds=_binds(r))
+                for r in dep.routers()]
     inp = LintInput(groups=ginputs, pairs=dep.router_pairs(),
                     host_ram_gib={h.name: h.ram_gib for h in dep.hosts.values()},
                     index_k_dtype=dep.sglang.index_k_dtype, dsv4=is_dsv4(dep))
