@@ -67,7 +67,7 @@ from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # no
 from sglang.srt.model_executor import pool_configurator as pc  # noqa: E402
 from sglang.srt.runtime_context import get_context  # noqa: E402
 
-from tests.oracle.runner import DEFAULT_SERVER_ARGS  # noqa: E402
+from tests.oracle.runner import DEFAULT_SERVER_ARGS, FORKABLE_ENV  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "dsv4ctl" / "data" / "models"
@@ -242,20 +242,99 @@ def run_case(case: dict) -> dict:
     return {"id": case.get("id"), **out}
 
 
-def main() -> int:
-    cases = json.load(sys.stdin)["cases"]
-    # SGLang and its dependencies print to stdout; keep fd 1 for the JSON answer only.
-    answer = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    # Pool cases first: argument resolution leaves state behind (published defaults) that a
-    # later override_server_args must not see.
+def _import_time_env() -> None:
+    """Set again what SGLang computed from the environment at import, with that module's own
+    expression. Found by walking the module-level code of every SGLang module this driver imports
+    for environment reads: of the switches in ``runner.FORKABLE_ENV`` only
+    ``deepseek_v4_memory_pool.ONLINE_C128`` (0.5.23, line 50) is read at import; the others are
+    read when the code runs."""
+    from sglang.srt.environ import envs
+    from sglang.srt.mem_cache import deepseek_v4_memory_pool as m
+    m.ONLINE_C128 = not m._is_hip and envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get()
+
+
+def run_cases_here(cases: list[dict]) -> list[dict]:
+    """Every case in this process, in order of ``cases``. Pool cases run first: argument
+    resolution leaves state behind (published defaults) that a later override_server_args must
+    not see."""
     order = sorted(range(len(cases)), key=lambda i: cases[i].get("kind", "pool") == "resolve")
     results: list = [None] * len(cases)
     for i in order:
         results[i] = run_case(cases[i])
-    json.dump({"sglang_version": sglang.__version__, "torch_version": torch.__version__,
-               "results": results}, answer)
+    return results
+
+
+def run_batches(batches: list[dict], jobs: int) -> list[dict]:
+    """Each ``{"env": {...}, "cases": [...]}`` batch in a child forked from this process, which
+    has imported torch and SGLang once (about 15 CPU-s a process on this machine kind, nearly all
+    of a batch's cost), at most ``jobs`` at a time. A child starts from the state right after the
+    imports, sets the batch's ``SGLANG_*`` switches (only :data:`FORKABLE_ENV`; ValueError
+    otherwise) and answers ``{"results": [...]}`` or ``{"error": "..."}`` (a crash, with its
+    exit status) over a pipe."""
+    import selectors
+    for b in batches:
+        extra = set(b.get("env") or {}) - FORKABLE_ENV
+        if extra:
+            raise ValueError(f"switches read at import, not forkable: {sorted(extra)}")
+    out: list = [None] * len(batches)
+    pending = list(range(len(batches)))
+    running: dict = {}
+    sel = selectors.DefaultSelector()
+    while pending or running:
+        while pending and len(running) < jobs:
+            i = pending.pop(0)
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: the batch's switches, its cases, the answer, exit
+                os.close(r)
+                code = 0
+                try:
+                    for k in [k for k in os.environ if k.startswith("SGLANG_")]:
+                        del os.environ[k]
+                    os.environ.update({k: str(v) for k, v in (batches[i].get("env") or {}).items()})
+                    _import_time_env()
+                    data = json.dumps({"results": run_cases_here(batches[i]["cases"])}).encode()
+                except BaseException as e:  # noqa: BLE001 - reported to the parent
+                    data, code = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode(), 1
+                with os.fdopen(w, "wb") as f:
+                    f.write(data)
+                os._exit(code)
+            os.close(w)
+            f = os.fdopen(r, "rb")
+            running[f] = (i, pid, [])
+            sel.register(f, selectors.EVENT_READ)
+        for key, _ in sel.select():
+            f = key.fileobj
+            chunk = f.read1(1 << 16)
+            i, pid, parts = running[f]
+            if chunk:
+                parts.append(chunk)
+                continue
+            sel.unregister(f)
+            f.close()
+            del running[f]
+            _, status = os.waitpid(pid, 0)
+            try:
+                out[i] = json.loads(b"".join(parts))
+            except ValueError:
+                out[i] = {"error": f"batch child exited with status {status} without an answer"}
+    return out
+
+
+def main() -> int:
+    """stdin ``{"cases": [...]}`` (one batch, this process's environment) or ``{"batches":
+    [{"env", "cases"}, ...], "jobs": N}`` (:func:`run_batches`)."""
+    doc = json.load(sys.stdin)
+    # SGLang and its dependencies print to stdout; keep fd 1 for the JSON answer only.
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    head = {"sglang_version": sglang.__version__, "torch_version": torch.__version__}
+    if "batches" in doc:
+        head["batches"] = run_batches(doc["batches"], int(doc.get("jobs") or 2))
+    else:
+        head["results"] = run_cases_here(doc["cases"])
+    json.dump(head, answer)
     answer.write("\n")
     answer.flush()
     return 0
