@@ -331,7 +331,12 @@ def test_rsync_bridge_reports_a_lost_connection(live_cluster, tmp_path):
     args, dest = t.rsync_dest(str(tmp_path / "dst") + "/")
     p = subprocess.Popen(["rsync", "-a", "--bwlimit=4m", *args, f"{src}/", dest], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
+    # kill once bytes are landing (the session is established): killed earlier, the listener's
+    # child for a connection being accepted at that instant can escape the kill on a loaded machine
+    dst = tmp_path / "dst"
+    deadline = time.monotonic() + 30
+    while not (dst.is_dir() and any(dst.iterdir())) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     h.kill()
     try:
         _, err = p.communicate(timeout=60)
