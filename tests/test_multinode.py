@@ -18,6 +18,9 @@ from tests.conftest import REPO, run_cli
 from tests.standin.served import DEFAULT_SGLANG_SRC
 
 PRO = REPO / "profiles" / "dsv4-pro-4xh200-pd.yaml"
+DAY2_ONLY = ("the day-2 commands (status, logs, verify, diagnose, remote serve-config changes, runbooks) act "
+             "on one-host groups only so far (deploy, rollback, promote, releases, plan, config lint and facts "
+             "cover it); nothing was changed\n")
 
 
 def copy_pro(tmp_path, edit=None, prefill=None, decode=None) -> Path:
@@ -274,12 +277,11 @@ def test_replicas_plan_the_tightest_one(tmp_path):
     r = run_cli("plan", str(p), env=env(tmp_path))
     assert r.code == 2 and r.err.endswith("groups[0].memory.free_gib_before_load: 20 per-GPU values for the group's "
                                           "16 (one server) or 32 (all replicas) GPUs\n")
-    # deploy and the day-2 commands refuse such groups before touching a host
+    # the day-2 commands refuse such groups before touching a host (deploy runs them)
     p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free)))
-    r = run_cli("deploy", str(p), "--dry-run", "--tree", str(tmp_path), env=env(tmp_path))
+    r = run_cli("status", str(p), env=env(tmp_path))
     assert r.code == 2 and r.err == (f"dsv4ctl: error: {p}:{line_of(p, '  - name: decode')}: group 'decode' runs on 2 "
-                                     "nodes: deploy, rollback and the day-2 commands act on one-host groups only so "
-                                     "far (plan, config lint and facts cover it); nothing was changed\n")
+                                     "nodes: " + DAY2_ONLY)
 
 
 # -- facts over every node (real sshd hosts) -----------------------------------------------------------
@@ -563,5 +565,81 @@ def test_check_targets_every_replica_at_its_node_0(tmp_path):
 def test_a_runbook_dry_run_refuses_what_the_run_would(tmp_path):
     r = run_cli("runbook", "run", "transfer-wedge", str(PRO), "--dry-run", env=env(tmp_path))
     assert r.code == 2 and r.out == "" and \
-        r.err.endswith("group 'prefill' runs on 2 nodes: deploy, rollback and the day-2 commands act on one-host "
-                       "groups only so far (plan, config lint and facts cover it); nothing was changed\n")
+        r.err.endswith("group 'prefill' runs on 2 nodes: " + DAY2_ONLY)
+
+
+# -- launch (issue 25 item 4): what each node runs, the gate, the canary --------------------------------
+
+def _pro_site(tmp_path, edit=None):
+    from dsv4ctl.deploy.site import Options, Site
+    from dsv4ctl.hosts.layout import Paths
+    from dsv4ctl.profile.deployment import load_deployment
+    dep = load_deployment(copy_pro(tmp_path, edit))
+    site = Site(dep, Options())
+    for name in dep.hosts:
+        site.paths[name] = Paths(dep.host_root(name))
+        site.python[name] = "python3"
+    return dep, site
+
+
+def test_each_node_gets_its_rank_and_node_0s_dist_init_address(tmp_path):
+    from dsv4ctl.deploy.release import launch_spec
+    from dsv4ctl.deploy.site import NodeOf, host_groups, node_of, start_command
+    dep, site = _pro_site(tmp_path)
+    spec = launch_spec(dep)
+    assert spec["prefill"]["servers"] == [["h200-0", "h200-1"]] and spec["prefill"]["dist_init_port"] == 5000
+    assert spec["decode"]["servers"] == [["h200-2", "h200-3"]]
+    assert "servers" not in spec["router"]
+    assert [host_groups(spec, h) for h in ("h200-0", "h200-1", "h200-2", "h200-3")] == \
+        [["prefill", "router"], ["prefill"], ["decode"], ["decode"]]
+    assert node_of(spec["decode"], "h200-3") == NodeOf(replica=0, rank=1, nnodes=2, node0="h200-2")
+    addr = {h: dep.hosts[h].address for h in dep.hosts}
+    for host, rank in (("h200-0", 0), ("h200-1", 1)):
+        cmd = start_command(site, host, "r1", "prefill", spec["prefill"])
+        assert cmd.endswith(f"--config /srv/dsv4ctl/releases/r1/configs/prefill.yaml --port 30000 "
+                            f"--nnodes 2 --node-rank {rank} --dist-init-addr {addr['h200-0']}:5000"), cmd
+    # a template that places {node_args} gets them there, not again at the end
+    spec["decode"]["cmd"] = "run-node {node_args} --config {config}"
+    assert start_command(site, "h200-3", "r1", "decode", spec["decode"]) == \
+        f"run-node --nnodes 2 --node-rank 1 --dist-init-addr {addr['h200-2']}:5000 " \
+        "--config /srv/dsv4ctl/releases/r1/configs/decode.yaml"
+    # the router reaches each server at its node 0 only
+    args = spec["router"]["router_args"]
+    assert args[:7] == ["--pd-disaggregation", "--prefill", f"http://{addr['h200-0']}:30000", "8998",
+                        "--decode", f"http://{addr['h200-2']}:30001", "--prometheus-host"][:7]
+    assert not any(addr["h200-1"] in a or addr["h200-3"] in a for a in args)
+
+
+def test_one_host_groups_keep_their_launch_spec():
+    """No ``servers`` key for a one-host group: its launch.json, hence its release id, is the same
+    as before multi-node servers existed."""
+    from dsv4ctl.deploy.release import launch_spec
+    from dsv4ctl.profile.deployment import load_deployment
+    from tests.conftest import DEFAULT_PROFILE
+    spec = launch_spec(load_deployment(DEFAULT_PROFILE))
+    assert all(set(s) <= {"role", "host", "port", "cmd", "env", "model", "router_args"} for s in spec.values())
+
+
+def test_replicas_each_register_with_the_router_and_are_gated(tmp_path):
+    from dsv4ctl.deploy.release import launch_spec
+    from dsv4ctl.deploy.steps import gate_steps
+    dep, site = _pro_site(tmp_path, lambda t: t.replace(
+        "    nodes: [h200-2, h200-3]\n", "    replicas: [h200-2, h200-3]\n"))
+    spec = launch_spec(dep)
+    addr = {h: dep.hosts[h].address for h in dep.hosts}
+    assert spec["decode"]["servers"] == [["h200-2"], ["h200-3"]] and "dist_init_port" not in spec["decode"]
+    words = spec["router"]["router_args"]
+    assert [words[i + 1] for i, w in enumerate(words) if w == "--decode"] == \
+        [f"http://{addr['h200-2']}:30001", f"http://{addr['h200-3']}:30001"]
+    steps = gate_steps(site, spec)
+    health = [(s.host, s.extra["group"], s.extra["nodes"]) for s in steps if s.extra["kind"] == "health"]
+    assert health == [("h200-2", "decode", []), ("h200-3", "decode", []), ("h200-0", "prefill", ["h200-1"])]
+    assert [s.host for s in steps if s.extra["kind"] == "chat"] == ["h200-0"]          # the router
+
+
+def test_the_canary_takes_whole_servers(tmp_path):
+    from dsv4ctl.deploy.promote import choose_canary
+    dep, _ = _pro_site(tmp_path)
+    assert choose_canary(dep) == ["h200-2", "h200-3"]                 # decode's node 0 brings node 1
+    assert choose_canary(dep, "h200-1") == ["h200-1", "h200-0"]
+    assert choose_canary(dep, "prefill") == ["h200-0", "h200-1"]

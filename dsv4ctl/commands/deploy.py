@@ -106,11 +106,8 @@ def check_health_timeout(value, option: str = "--health-timeout"):
 
 
 def _profile(arg):
-    from ..deploy.site import refuse_multi_node
     from .common import load_deployment_arg
-    dep = load_deployment_arg(arg, acts_on_hosts=True)
-    refuse_multi_node(dep)          # before the preflight: nothing is planned for a deploy that cannot run
-    return dep
+    return load_deployment_arg(arg, acts_on_hosts=True)
 
 
 class _Interrupted:

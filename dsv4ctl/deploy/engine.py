@@ -179,16 +179,33 @@ def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str
 
 def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> list:
     """Run the gate steps (:func:`dsv4ctl.hosts.health.gate`); [] = healthy. A worker whose
-    process has exited fails at once (its service backend's alive command)."""
+    process has exited fails at once (its service backend's alive command), as does a
+    multi-node server when the process of any of its nodes has."""
     for s in steps:
         trace(site, s)
     workers, chat = [], []
     model = "default"
+
+    def alive_on(h: str, g: str):
+        t, p, f = site.transports[h], site.paths[h], site.facts[h]
+        cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(p, g)
+        return lambda: t.run(cmd, check=False, timeout=30).code == 0
+
+    def alive_nodes(h: str, g: str, nodes: list[str]):
+        checks = [(x, alive_on(x, g)) for x in [h, *nodes]]
+
+        def alive():
+            for rank, (x, check) in enumerate(checks):
+                if not check():
+                    if not nodes:
+                        return False
+                    return x, f"the server process of node {rank} (of {len(checks)}) exited"
+            return True
+        return alive
+
     for s in steps:
         h, g = s.host, s.extra["group"]
-        t, p, f = site.transports[h], site.paths[h], site.facts[h]
-        alive_cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(p, g)
-        alive = (lambda t=t, c=alive_cmd: t.run(c, check=False, timeout=30).code == 0)
+        alive = alive_nodes(h, g, s.extra.get("nodes", []))
         tgt = health.Target(h, g, s.extra["url"], alive,
                             api_key(site.profile, g) if s.extra["kind"] == "chat" else None)
         if s.extra["kind"] == "health":
@@ -373,7 +390,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         from .preflight import preflight
         pre = preflight(dep)
         opts.log(f"preflight: {pre['summary']}")
-    site = open_site(dep, opts)
+    site = open_site(dep, opts, multi_node=True)
     try:
         if opts.dry_run:
             rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts)
@@ -591,7 +608,7 @@ def releases(profile, opts: Options) -> dict:
     one the check, reason and evidence (a fact). A host that cannot be read is listed with its
     ``error`` and the others still are."""
     from ..hosts.layout import read_facts
-    site = open_site(profile, opts)
+    site = open_site(profile, opts, multi_node=True)
     try:
         res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
                            timeout=opts.connect_timeout + 60)
@@ -630,7 +647,7 @@ def target_spec(site: Site, target: str) -> dict:
 def rollback(profile, opts: Options, to: str | None = None) -> dict:
     """Activate an older release on every host (default: the newest good one present on all),
     with the same gate; a failing gate puts the hosts back where they were (exit 3)."""
-    site = open_site(profile, opts)
+    site = open_site(profile, opts, multi_node=True)
     try:
         facts = gather_facts(site)
         target = choose_rollback_target(facts, to)

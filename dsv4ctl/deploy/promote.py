@@ -74,26 +74,45 @@ class PromoteOptions:
 # -- pure cores --------------------------------------------------------------------------------
 
 def choose_canary(profile, canary: str | None = None) -> list[str]:
-    """Host names switched first. ``canary`` names a group (its host) or a host; default: the
-    hosts of the decode groups, else the host of the first server group (the traffic entry of
-    ``check`` without a router). InputError for an unknown name or a profile without servers."""
+    """Host names switched first. ``canary`` names a group (the hosts of its first server) or a
+    host; default: the decode groups' first servers, else the first server group's (the traffic
+    entry of ``check`` without a router). A multi-node server is switched as a whole: every node
+    of a server that has a node among the chosen hosts is in the canary (:func:`whole_servers`).
+    InputError for an unknown name or a profile without servers."""
     from ..profile.deployment import as_deployment
     profile = as_deployment(profile).profile
     if canary:
         names = {g.name: g for g in profile.groups}
         if canary in names:
-            return [names[canary].host]
+            return whole_servers(profile, [names[canary].host])
         if canary in profile.hosts:
-            return [canary]
+            return whole_servers(profile, [canary])
         raise InputError(f"--canary {canary!r}: not a group ({', '.join(names)}) or host "
                          f"({', '.join(profile.hosts)}) of {profile.path}")
     decode = [g.host for g in profile.groups if g.role == "decode"]
     if decode:
-        return sorted(set(decode), key=decode.index)
+        return whole_servers(profile, sorted(set(decode), key=decode.index))
     servers = profile.servers()
     if not servers:
         raise InputError(f"{profile.path}: no server group to promote")
-    return [servers[0].host]
+    return whole_servers(profile, [servers[0].host])
+
+
+def whole_servers(profile, hosts: list[str]) -> list[str]:
+    """``hosts`` plus every other node of each multi-node server that has a node on them (its
+    nodes run one release: SGLang shards the model over all of them), in first-use order; until
+    nothing changes (a host may be a node of servers of several groups)."""
+    out = list(dict.fromkeys(hosts))
+    grown = True
+    while grown:
+        grown = False
+        for g in profile.servers():
+            for srv in g.servers or [g.nodes]:
+                names = [n.host for n in srv]
+                if any(h in out for h in names) and not all(h in out for h in names):
+                    out += [h for h in names if h not in out]
+                    grown = True
+    return out
 
 
 def gate_settings(profile, po: PromoteOptions) -> dict:
@@ -136,8 +155,8 @@ def first_deploy_canary(canary: list[str], currents: dict[str, str | None]) -> l
 
 def canary_check_args(profile, kind: str, url: str | None, canary_hosts: list[str]) -> list[str]:
     """Extra argv of a canary check sent to the profile's router ``url``: ``check smoke`` gets
-    ``--worker URL`` for every server group on a canary host (its facts are read from it, not
-    from the gateway); ``check load`` gets ``--gateway-metrics`` (the router's Prometheus URL:
+    ``--worker URL`` for every server whose node 0 is on a canary host (each replica; its facts
+    are read from it, not from the gateway); ``check load`` gets ``--gateway-metrics`` (the router's Prometheus URL:
     retries the gateway hid). [] for checks not sent to the router."""
     from ..profile.deployment import as_deployment
     dep = as_deployment(profile)
@@ -145,7 +164,8 @@ def canary_check_args(profile, kind: str, url: str | None, canary_hosts: list[st
     if not url or not routers or url != routers[0].url:
         return []
     if kind == "smoke":
-        return [w for g in dep.servers() if g.group.host in canary_hosts for w in ("--worker", g.url)]
+        return [w for g in dep.servers() for srv, (_, u) in zip(g.group.servers or [g.group.nodes], g.replica_urls)
+                if srv[0].host in canary_hosts for w in ("--worker", u)]
     return ["--gateway-metrics", routers[0].metrics_url]
 
 
@@ -461,7 +481,7 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     from ..profile.deployment import as_deployment
     from . import engine as E
     profile = as_deployment(profile)
-    site = E.open_site(profile, opts)
+    site = E.open_site(profile, opts, multi_node=True)
     try:
         facts = E.gather_facts(site)
         off = {h: f.current for h, f in facts.items() if f.current != rid}

@@ -579,26 +579,39 @@ def _seal(tmp: Path, cache: Path, files: dict, links: dict, meta: dict, secret) 
 def launch_spec(profile) -> dict:
     """{group: {role, host, port, cmd (template), env, model, router_args}} written to the
     release's ``launch.json`` (the Deployment's ports, served models and launch templates; the
-    router gets ``--pd-disaggregation --prefill URL BOOTSTRAP --decode URL`` or ``--worker-urls``,
-    ops reference §1.1, §3.4; BOOTSTRAP is the prefill serve config's ``disaggregation-bootstrap-port``
-    or SGLang's default 8998, never ``none``, which makes the gateway send ``bootstrap_port: null``;
-    then ``--prometheus-host H --prometheus-port P`` from the router group, so two routers on one
-    host do not both take the gateway's default 29000). ``profile``: a Deployment (a Profile is resolved first)."""
+    router gets ``--pd-disaggregation --prefill URL BOOTSTRAP --decode URL`` (repeated) or one
+    ``--worker-urls URL...``, a URL per server of the group (replicas each; a multi-node server at its node 0, the only node
+    that serves HTTP), ops reference §1.1, §3.4; BOOTSTRAP is the prefill serve config's
+    ``disaggregation-bootstrap-port`` or SGLang's default 8998, never ``none``, which makes the
+    gateway send ``bootstrap_port: null``; then ``--prometheus-host H --prometheus-port P`` from the
+    router group, so two routers on one host do not both take the gateway's default 29000).
+
+    A server group over several nodes or with replicas also has ``servers`` (host names per
+    server, in node-rank order) and, with several nodes, ``dist_init_port`` (node 0's
+    ``--dist-init-addr`` port): :func:`dsv4ctl.deploy.site.node_of` reads them. A one-host group
+    has neither, so its launch spec (and release id) is what it was before multi-node servers.
+    ``profile``: a Deployment (a Profile is resolved first)."""
     dep = as_deployment(profile)
     spec = {}
     for g in dep.groups.values():
         s = {"role": g.role, "host": g.group.host, "port": g.port, "cmd": g.launch_template, "env": g.env,
              "model": g.served_model}
+        if g.is_server and (g.group.nnodes > 1 or g.group.replicas > 1):
+            s["servers"] = [[n.host for n in srv] for srv in g.group.servers]
+            if g.group.nnodes > 1:
+                s["dist_init_port"] = g.dist_init_port
         if g.role == "router":
             words = []
             if g.group.prefill or g.group.decode:
                 words.append("--pd-disaggregation")
                 for n in g.group.prefill:
-                    words += ["--prefill", dep.groups[n].url, str(dep.groups[n].bootstrap_port_effective)]
+                    for _, url in dep.groups[n].replica_urls:
+                        words += ["--prefill", url, str(dep.groups[n].bootstrap_port_effective)]
                 for n in g.group.decode:
-                    words += ["--decode", dep.groups[n].url]
-            for n in g.group.workers:
-                words += ["--worker-urls", dep.groups[n].url]
+                    words += [w for _, url in dep.groups[n].replica_urls for w in ("--decode", url)]
+            urls = [url for n in g.group.workers for _, url in dep.groups[n].replica_urls]
+            if urls:     # nargs="*" without append: a second --worker-urls would replace the first
+                words += ["--worker-urls", *urls]
             words += ["--prometheus-host", g.prometheus_host, "--prometheus-port", str(g.prometheus_port)]
             s["router_args"] = words
             s["model"] = next((spec[n]["model"] for n in g.group.decode + g.group.workers if n in spec), "default")

@@ -68,23 +68,28 @@ class Site:
 
 def refuse_multi_node(dep: Deployment) -> None:
     """InputError (exit 2, nothing touched) for a server group over several nodes or with
-    replicas: the commands that act on hosts start, check and roll back one host per group;
-    ``plan``, ``config lint`` and ``facts`` cover such groups."""
+    replicas: the day-2 commands (status, logs, verify, diagnose, remote serve-config changes,
+    runbooks) act on one-host groups only so far; deploy, rollback, promote, releases, ``plan``,
+    ``config lint`` and ``facts`` cover such groups."""
     from ..errors import InputError
     for g in dep.servers():
         grp = g.group
         if grp.nnodes > 1 or grp.replicas > 1:
             what = f"{grp.nnodes} nodes" if grp.nnodes > 1 else f"{grp.replicas} replicas"
-            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: deploy, rollback and the "
-                             "day-2 commands act on one-host groups only so far (plan, config lint and facts "
-                             "cover it); nothing was changed")
+            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: the "
+                             "day-2 commands (status, logs, verify, diagnose, remote serve-config changes, runbooks) "
+                             "act on one-host groups only so far (deploy, rollback, promote, releases, plan, "
+                             "config lint and facts cover it); nothing was changed")
 
 
-def open_site(profile, opts: Options) -> Site:
+def open_site(profile, opts: Options, *, multi_node: bool = False) -> Site:
     """Transports (not yet connected) and deploy roots for every host of the Deployment (a
-    Profile is resolved first)."""
+    Profile is resolved first). Without ``multi_node`` (the commands that know every node of a
+    server: deploy, rollback, promote, releases) a multi-node or replicated group is refused
+    (:func:`refuse_multi_node`)."""
     dep = as_deployment(profile)
-    refuse_multi_node(dep)
+    if not multi_node:
+        refuse_multi_node(dep)
     s = Site(dep, opts)
     for name, h in dep.hosts.items():
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
@@ -117,20 +122,66 @@ def health_timeout(site: Site) -> float:
     return site.profile.deploy.health_timeout_s
 
 
+def spec_hosts(s: dict) -> list[str]:
+    """Every host a launch-spec entry runs on: each node of each server (``servers``), else its
+    ``host``."""
+    return [h for srv in s.get("servers") or [[s["host"]]] for h in srv]
+
+
 def host_groups(spec: dict, host: str) -> list[str]:
     """Groups of ``spec`` on ``host`` in start order: servers first, then the router; by name
-    (the order does not depend on how the launch spec was read)."""
-    return sorted((g for g, s in spec.items() if s["host"] == host), key=lambda g: (spec[g]["role"] == "router", g))
+    (the order does not depend on how the launch spec was read). A group has at most one server
+    node on a host (the profile allows one node per host, and replicas use the same GPUs)."""
+    return sorted((g for g, s in spec.items() if host in spec_hosts(s)),
+                  key=lambda g: (spec[g]["role"] == "router", g))
+
+
+@dataclass(frozen=True)
+class NodeOf:
+    """Where ``host`` is in a launch-spec entry: ``replica`` (0-based), ``rank`` (SGLang
+    ``--node-rank``), ``nnodes`` and ``node0`` (the host whose address is ``--dist-init-addr``)."""
+
+    replica: int
+    rank: int
+    nnodes: int
+    node0: str
+
+
+def node_of(s: dict, host: str) -> NodeOf:
+    """:class:`NodeOf` of ``host`` in launch-spec entry ``s`` (a one-host entry: rank 0 of 1).
+    KeyError when ``host`` does not run it."""
+    for r, srv in enumerate(s.get("servers") or [[s["host"]]]):
+        if host in srv:
+            return NodeOf(r, srv.index(host), len(srv), srv[0])
+    raise KeyError(host)
+
+
+def node_args(site: Site, s: dict, host: str) -> str:
+    """SGLang's multi-node options for ``host``'s node of ``s``, shell-quoted:
+    ``--nnodes N --node-rank I --dist-init-addr ADDRESS:PORT`` (ADDRESS: node 0's host address,
+    bracketed when IPv6; SGLang 0.5.23 ``server_args.py``), or "" for a one-node server. They
+    follow the serve config on the command line, so they win over any value it has."""
+    n = node_of(s, host)
+    if n.nnodes <= 1:
+        return ""
+    addr = site.profile.hosts[n.node0].address
+    addr = f"[{addr}]" if ":" in addr else addr
+    return " ".join(q(w) for w in ("--nnodes", str(n.nnodes), "--node-rank", str(n.rank),
+                                   "--dist-init-addr", f"{addr}:{s['dist_init_port']}"))
 
 
 def start_command(site: Site, host: str, rid: str, group: str, s: dict) -> str:
+    """The launch command of ``group`` on ``host`` from its template. ``{node_args}`` is
+    :func:`node_args`; a template without it gets them at its end."""
     p = site.paths[host]
     rd = p.release(rid)
+    na = node_args(site, s, host)
     values = {"python": site.python[host], "release": rd, "tree": f"{rd}/tree",
               "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
               "address": site.profile.hosts[host].address,
-              "router_args": " ".join(q(w) for w in s.get("router_args", []))}
-    return render_launch(s["cmd"], values)
+              "router_args": " ".join(q(w) for w in s.get("router_args", [])), "node_args": na}
+    cmd = render_launch(s["cmd"], values)
+    return cmd if not na or "{node_args}" in s["cmd"] else f"{cmd} {na}"
 
 
 def read_spec(t: Transport, site: Site, rid: str) -> dict:

@@ -197,17 +197,21 @@ def switch_step(site: Site, host: str, rid: str | None, prev: str | None, spec: 
 # -- gate --------------------------------------------------------------------------------------
 
 def gate_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tuple[list, list, str]:
-    """([(host, group, url)] workers, [(host, group, url)] chat targets, model) of a launch spec:
-    workers are the server groups; chat goes through the router group(s), else through the
-    decode/colocated groups. ``hosts``: only groups on these hosts (a promotion canary)."""
+    """([(host, group, url, nodes)] workers, [(host, group, url, nodes)] chat targets, model) of
+    a launch spec: workers are the servers (every replica; a multi-node server at its node 0, the
+    only node that serves HTTP, with ``nodes`` its other hosts, whose processes must stay alive);
+    chat goes through the router group(s), else through the decode/colocated servers. ``hosts``:
+    only servers whose node 0 is on these hosts (a promotion canary: every node of a server is in
+    it or none, :func:`dsv4ctl.deploy.promote.choose_canary`)."""
     workers, routers = [], []
     order = {h: i for i, h in enumerate(site.hosts)}
-    for g, s in sorted(spec.items(), key=lambda kv: (order.get(kv[1]["host"], len(order)), kv[0])):
-        h = s["host"]
+    rows = [(srv[0], g, r, srv[1:]) for g, s in spec.items()
+            for r, srv in enumerate(s.get("servers") or [[s["host"]]])]
+    for h, g, _r, nodes in sorted(rows, key=lambda x: (order.get(x[0], len(order)), x[1], x[2])):
         if hosts is not None and h not in hosts:
             continue
-        tgt = (h, g, http_url(site.profile.hosts[h].address, s["port"]))
-        (routers if s["role"] == "router" else workers).append(tgt)
+        tgt = (h, g, http_url(site.profile.hosts[h].address, spec[g]["port"]), list(nodes))
+        (routers if spec[g]["role"] == "router" else workers).append(tgt)
     chat = routers or [w for w in workers if spec[w[1]]["role"] in ("decode", "colocated")]
     model = next((spec[c[1]]["model"] for c in chat), "default")
     return workers, chat, model
@@ -215,14 +219,20 @@ def gate_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tupl
 
 def gate_steps(site: Site, spec: dict, hosts: list[str] | None = None, stage: str = "") -> list[Step]:
     """The health gate of ``spec`` (see :func:`dsv4ctl.hosts.health.gate`): every worker's
-    ``/health``, then one 1-token chat completion per chat target."""
+    ``/health`` (a multi-node server's node 0, its other nodes' processes alive), then one 1-token
+    chat completion per chat target."""
     workers, chat, model = gate_targets(site, spec, hosts)
     t = health_timeout(site)
-    out = [Step("gate", h, f"wait for GET {u}/health = 200 (group {g}, timeout {t:g} s)", f"GET {u}/health", stage,
-                extra={"group": g, "url": u, "kind": "health"}) for h, g, u in workers]
+
+    def alive(nodes):
+        return f", processes alive on {', '.join(nodes)}" if nodes else ""
+    out = [Step("gate", h, f"wait for GET {u}/health = 200 (group {g}{alive(n)}, timeout {t:g} s)",
+                f"GET {u}/health", stage, extra={"group": g, "url": u, "kind": "health", "nodes": n})
+           for h, g, u, n in workers]
     out += [Step("gate", h, f"POST {u}/v1/chat/completions (model {model}, max_tokens 1, group {g}) "
                             "once the workers are healthy", f"POST {u}/v1/chat/completions", stage,
-                 extra={"group": g, "url": u, "kind": "chat", "model": model}) for h, g, u in chat]
+                 extra={"group": g, "url": u, "kind": "chat", "model": model, "nodes": n})
+            for h, g, u, n in chat]
     return out
 
 

@@ -13,12 +13,14 @@ from typing import Callable
 
 @dataclass
 class Target:
-    """One serving group to wait for. ``alive()`` → False when its process has exited."""
+    """One serving group to wait for. ``alive()`` → True while its processes run, else False
+    (its process exited) or ``(host, reason)``: another host's process of the server exited (a
+    node of a multi-node server), the failure is reported on that host."""
 
     host: str
     group: str
     url: str
-    alive: Callable[[], bool] | None = None
+    alive: Callable[[], "bool | tuple[str, str]"] | None = None
     api_key: str | None = field(default=None, repr=False)     # bearer token of the chat completion
 
 
@@ -48,6 +50,8 @@ async def _wait_one(session, t: Target, deadline: float, poll: float, loop, time
                 ok = await loop.run_in_executor(None, t.alive)
             except Exception as e:
                 return Failure(t.host, t.group, f"cannot check the process: {e}")
+            if isinstance(ok, tuple):
+                return Failure(ok[0], t.group, ok[1])
             if not ok:
                 return Failure(t.host, t.group, "server process exited")
         if now >= deadline:

@@ -258,8 +258,8 @@ def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None) -
 
 def render_launch(template: str, values: dict) -> str:
     """Fill ``{name}`` placeholders of a launch template (values are shell-quoted, except
-    ``router_args`` which is already a list of quoted words). InputError for an unknown name."""
-    qv = {k: (v if k == "router_args" else shlex.quote(str(v))) for k, v in values.items()}
+    ``router_args`` and ``node_args``, already quoted words). InputError for an unknown name."""
+    qv = {k: (v if k in ("router_args", "node_args") else shlex.quote(str(v))) for k, v in values.items()}
     try:
         return template.format(**qv)
     except (KeyError, IndexError) as e:

@@ -9,7 +9,11 @@ stand-in of tests/standin serves ``dsv4ctl check`` traffic.
 
 Test knobs, read from the ``--config`` YAML (so a release's serve config decides):
 ``standin-startup-s`` (503 for that long), ``standin-never-healthy`` (503 forever),
-``standin-crash`` (print the message to stderr as SGLang would log a fatal error, exit 1).
+``standin-crash`` (print the message to stderr as SGLang would log a fatal error, exit 1),
+and, from the environment (a group's ``env``), ``STANDIN_CRASH_NODE`` (only the node of that
+``--node-rank`` fails to start).
+``--nnodes/--node-rank/--dist-init-addr``: SGLang's multi-node behaviour (tests/standin/multinode.py):
+node 0 serves HTTP only once every node has joined; the other nodes serve no HTTP.
 
     python -m tests.sshd.standin_sglang --config X.yaml --host 127.0.0.2 --port 30000
 """
@@ -25,6 +29,8 @@ import time
 import yaml
 from aiohttp import ClientSession, web
 
+from tests.standin import multinode
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
@@ -32,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--router", action="append", default=[], help="worker URL (router mode)")
+    multinode.add_args(ap)
     a = ap.parse_args(argv)
     cfg = {}
     if a.config:
@@ -45,12 +52,19 @@ def main(argv=None) -> int:
         print("Loading safetensors checkpoint shards:   0% Completed | 0/64", flush=True)
         print(f"RuntimeError: {cfg['standin-crash']}", file=sys.stderr, flush=True)
         return 1
+    if a.nnodes > 1 and os.environ.get("STANDIN_CRASH_NODE") == str(a.node_rank):   # one node fails to start
+        print(f"[node {a.node_rank}] RuntimeError: CUDA error: uncorrectable ECC error encountered",
+              file=sys.stderr, flush=True)
+        return 1
+    if a.node_rank > 0:
+        return multinode.run_member(a.nnodes, a.node_rank, a.dist_init_addr)
     t0 = time.monotonic()
     startup = float(cfg.get("standin-startup-s", os.environ.get("STANDIN_STARTUP_S", 0)))
     never = bool(cfg.get("standin-never-healthy"))
+    node0 = multinode.Node0(a.nnodes, a.dist_init_addr)
 
     def healthy() -> bool:
-        return not never and time.monotonic() - t0 >= startup
+        return not never and time.monotonic() - t0 >= startup and node0.ready
 
     async def health(req):
         if a.router or healthy():
@@ -104,6 +118,8 @@ def main(argv=None) -> int:
     app.router.add_post("/v1/chat/completions", chat)
 
     async def on_start(app):
+        await node0.join()               # before the site binds: SGLang's HTTP server comes last
+
         async def ready():
             while not (a.router or healthy()):
                 await asyncio.sleep(0.05)

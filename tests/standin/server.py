@@ -67,7 +67,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import model
+from . import model, multinode
 from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
@@ -584,7 +584,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="print --fault-log at chat request N+1 and hold every chat from then on")
     ap.add_argument("--fault-log", default=None, help="text file written to stdout when a fault fires")
     ap.add_argument("--fault-needs-hicache", action="store_true", help="arm the faults only with HiCache on")
+    multinode.add_args(ap)
     ns = ap.parse_args(argv)
+    if ns.node_rank > 0:                 # SGLang's node 1..N-1: no HTTP, lives while node 0 does
+        return multinode.run_member(ns.nnodes, ns.node_rank, ns.dist_init_addr)
     from dsv4ctl.errors import DsvError
     unknown = [f for f in ns.fault if f not in model.KINDS and f not in SERVER_FAULTS]
     if unknown:
@@ -619,6 +622,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault))
         if armed:
             state.crash_after, state.stall_after, state.fault_log = ns.crash_after, ns.stall_after, fault_log
+        await multinode.Node0(ns.nnodes, ns.dist_init_addr, on_lost=lambda: setattr(state, "stalled", True)).join()
         runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, args["host"], int(args["port"]), backlog=1024)

@@ -1,0 +1,135 @@
+"""Multi-node servers deployed end to end (issue 25 item 4): four real sshd hosts, a prefill
+server over two of them and a decode server over the other two (SGLang ``--nnodes 2``), the
+stand-in reproducing SGLang's multi-node start (tests/standin/multinode.py: node 0 serves HTTP
+only once node 1 has joined its dist-init address; node 1 serves no HTTP and exits when node 0
+goes away)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.harness import free_port
+from tests.sshd.world import World, http_status, wait_for
+
+pytestmark = pytest.mark.sshd
+
+
+class TwoNodeWorld(World):
+    """prefill: nodes h0 (node 0), h1; decode: nodes h2 (node 0), h3; the router on h0. Each
+    server is TP2, one GPU per node."""
+
+    def __init__(self, cluster, tmp):
+        self.dist = {}
+        self.node_env = {}
+        super().__init__(cluster, tmp, nhosts=4)
+
+    def write(self) -> None:
+        super().write()
+        h = self.hosts
+        if not self.dist:
+            self.dist = {"prefill": free_port(h[0].address), "decode": free_port(h[2].address)}
+            self.ports["decode"] = free_port(h[2].address)
+            self.ports["router"] = free_port(h[0].address)
+        for g in ("prefill", "decode"):
+            f = self.cfgdir / f"{g}.yaml"
+            cfg = yaml.safe_load(f.read_text())
+            cfg.update({"tp-size": 2, "nnodes": 2, "port": self.ports[g], **self.extra[g]})
+            f.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        prof = yaml.safe_load(self.profile.read_text())
+        decode_url = f"http://{h[2].address}:{self.ports['decode']}"
+        prof["deploy"]["launch"]["router"] = prof["deploy"]["launch"]["router"].rsplit(" --router ", 1)[0] + \
+            " --router " + decode_url
+        for grp in prof["groups"]:
+            if grp["name"] == "prefill":
+                del grp["host"], grp["tp"]
+                grp.update(nodes=[h[0].name, h[1].name], dist_init_port=self.dist["prefill"], env=self.node_env)
+            elif grp["name"] == "decode":
+                del grp["host"], grp["tp"]
+                grp.update(nodes=[h[2].name, h[3].name], dist_init_port=self.dist["decode"])
+            else:
+                grp.update(host=h[0].name, port=self.ports["router"])
+        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+    def log(self, host: str, group: str) -> str:
+        p = self.roots[host] / "logs" / f"{group}.log"
+        return p.read_text() if p.exists() else ""
+
+    def starts(self, host: str, group: str) -> list[str]:
+        return [ln.split(" release ")[1].split()[0] for ln in self.log(host, group).splitlines()
+                if ln.startswith(f"=== dsv4ctl start {group} release ")]
+
+
+@pytest.fixture
+def world(live_cluster, tmp_path):
+    w = TwoNodeWorld(live_cluster, tmp_path)
+    yield w
+    w.stop_services()
+
+
+def cli(w, *args, timeout=240):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
+
+
+def test_two_node_servers_deploy_and_a_node_that_fails_puts_every_node_back(world):
+    w = world
+    h = [x.name for x in w.hosts]
+    addr = {x.name: x.address for x in w.hosts}
+
+    # the dry run shows each node's own command line and the gate on node 0 with node 1 alive
+    r = cli(w, "deploy", "--dry-run", "-v")
+    assert r.code == 0, r.err
+    assert f"--nnodes 2 --node-rank 1 --dist-init-addr {addr[h[0]]}:{w.dist['prefill']}" in r.out
+    assert f"--nnodes 2 --node-rank 0 --dist-init-addr {addr[h[2]]}:{w.dist['decode']}" in r.out
+    assert f"/health = 200 (group prefill, processes alive on {h[1]}," in r.out
+    assert f"http://{addr[h[1]]}:{w.ports['prefill']}/health" not in r.out      # node 1 serves no HTTP
+
+    # deploy: every node of both servers runs the release; node 0 serves once node 1 joined
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    good = r.json()["release"]
+    assert w.currents() == {x: good for x in h}
+    assert w.starts(h[0], "prefill") == [good] and w.starts(h[1], "prefill") == [good]
+    assert w.starts(h[2], "decode") == [good] and w.starts(h[3], "decode") == [good]
+    assert w.starts(h[1], "decode") == [] and w.starts(h[3], "prefill") == []
+    assert "node 1 joined" in w.log(h[0], "prefill") and "all 2 nodes joined" in w.log(h[2], "decode")
+    assert f"joined node 0 at {addr[h[0]]}:{w.dist['prefill']}" in w.log(h[1], "prefill")
+    assert http_status(f"http://{addr[h[0]]}:{w.ports['prefill']}/health") == 200
+    assert http_status(f"http://{addr[h[2]]}:{w.ports['decode']}/health") == 200
+    assert http_status(f"http://{addr[h[0]]}:{w.ports['router']}/health") == 200
+
+    # a release whose prefill node 1 cannot start: node 0 waits for it, the gate sees node 1's
+    # process gone and every node of both servers goes back to the good release
+    w.node_env = {"STANDIN_CRASH_NODE": "1"}
+    w.write()
+    r = cli(w, "deploy", "--json")
+    assert r.code == 1, r.out + r.err
+    assert f"rolled back to {good} on all hosts (h0, h1, h2, h3): host {h[1]} group prefill: the server " \
+           "process of node 1 (of 2) exited; last log lines: " in r.err
+    assert "uncorrectable ECC error" in r.err                  # node 1's log tail is quoted
+    assert w.currents() == {x: good for x in h}
+    bad = w.starts(h[1], "prefill")[1]
+    assert bad != good
+    assert w.starts(h[0], "prefill") == [good, bad, good] and w.starts(h[1], "prefill") == [good, bad, good]
+    assert w.starts(h[2], "decode") == [good, bad, good] and w.starts(h[3], "decode") == [good, bad, good]
+    assert wait_for(lambda: http_status(f"http://{addr[h[0]]}:{w.ports['prefill']}/health") == 200, 30)
+    assert w.log(h[0], "prefill").count("all 2 nodes joined") == 2
+
+
+def test_killing_node_1_stops_node_0_on_its_watchdog(world):
+    """SGLang's behaviour the day-2 diagnosis relies on: node 1 gone -> node 0 stalls (/health
+    503), then exits on the NCCL watchdog; node 0 gone -> node 1 exits."""
+    import os
+    import signal
+    w = world
+    h = [x.name for x in w.hosts]
+    r = cli(w, "deploy", "--json")
+    assert r.code == 0, r.err
+    os.killpg(int((w.roots[h[1]] / "run" / "prefill.pid").read_text()), signal.SIGKILL)
+    assert wait_for(lambda: "exited with status" in w.log(h[0], "prefill"), 30)
+    assert "Watchdog caught collective operation timeout: node 1 is gone" in w.log(h[0], "prefill")
+    os.killpg(int((w.roots[h[2]] / "run" / "decode.pid").read_text()), signal.SIGKILL)
+    assert wait_for(lambda: "exited with status 1" in w.log(h[3], "decode"), 30)
+    assert "connection to node 0" in w.log(h[3], "decode")
