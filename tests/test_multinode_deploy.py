@@ -100,6 +100,21 @@ def test_two_node_servers_deploy_and_a_node_that_fails_puts_every_node_back(worl
     assert http_status(f"http://{addr[h[2]]}:{w.ports['decode']}/health") == 200
     assert http_status(f"http://{addr[h[0]]}:{w.ports['router']}/health") == 200
 
+    # status: every node, node 1 by its process; logs: every node's log, prefixed with its host
+    r = cli(w, "status", "--json")
+    assert r.code == 0, r.err
+    hosts = r.json()["hosts"]
+    assert hosts[h[1]]["groups"]["prefill"] == {
+        "role": "prefill", "url": f"http://{addr[h[0]]}:{w.ports['prefill']}", "alive": True,
+        "replica": 0, "node": 1, "nnodes": 2, "health": None, "hicache_differences": []}
+    assert hosts[h[0]]["groups"]["prefill"]["health"] == "ok" and hosts[h[0]]["groups"]["prefill"]["node"] == 0
+    assert set(hosts[h[3]]["groups"]) == {"decode"} and set(hosts[h[0]]["groups"]) == {"prefill", "router"}
+    r = cli(w, "status")
+    assert "prefill node 1" in r.out and "served by node 0" in r.out
+    r = cli(w, "logs", "prefill")
+    assert r.code == 0, r.err
+    assert f"{h[0]}: [node 0] all 2 nodes joined" in r.out and f"{h[1]}: [node 1] joined node 0 at" in r.out
+
     # a release whose prefill node 1 cannot start: node 0 waits for it, the gate sees node 1's
     # process gone and every node of both servers goes back to the good release
     w.node_env = {"STANDIN_CRASH_NODE": "1"}
@@ -128,6 +143,10 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     r = cli(w, "deploy", "--json")
     assert r.code == 0, r.err
     os.killpg(int((w.roots[h[1]] / "run" / "prefill.pid").read_text()), signal.SIGKILL)
+    r = cli(w, "status", "--json")
+    assert r.code == 1, r.err
+    assert f"{h[1]}/prefill: node 1 of 2: process not running (node 0 stalls in its collectives until its " \
+           "watchdog ends it)" in r.json()["unhealthy"]
     assert wait_for(lambda: "exited with status" in w.log(h[0], "prefill"), 30)
     assert "Watchdog caught collective operation timeout: node 1 is gone" in w.log(h[0], "prefill")
     os.killpg(int((w.roots[h[2]] / "run" / "decode.pid").read_text()), signal.SIGKILL)

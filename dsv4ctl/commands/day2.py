@@ -22,7 +22,7 @@ def _site(profile, accept_new: bool):
     from ..deploy.site import Options, open_site
     from .common import load_deployment_arg
     dep = load_deployment_arg(profile, acts_on_hosts=True)
-    return dep, open_site(dep, Options(accept_new_host_keys=accept_new))
+    return dep, open_site(dep, Options(accept_new_host_keys=accept_new), multi_node=True)
 
 
 async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[str], Optional[dict]]]:
@@ -76,7 +76,7 @@ def status(profile: Optional[str] = _P,
     seconds(timeout, "--timeout", hi=3600)
     from ..deploy.drift import verify_command
     dep, site = _site(profile, accept_new)
-    groups = {h: [g.name for g in dep.groups.values() if g.group.host == h] for h in dep.hosts}
+    groups = {h: [g.name for g in dep.groups.values() if g.node_on(h) is not None] for h in dep.hosts}
     try:
         res = run_parallel(site.transports, lambda t: parse_status(
             t.name, site.paths[t.name].root, t.run(status_command(site.paths[t.name].root, groups[t.name],
@@ -86,7 +86,10 @@ def status(profile: Optional[str] = _P,
             timeout=600 + 15)
     finally:
         site.close()
-    probes = asyncio.run(_probe({g.name: g.url for g in dep.groups.values()}, timeout))
+    # one probe per server (every replica, at its node 0: the only node that serves HTTP)
+    urls = {(g.name, r): url for g in dep.groups.values()
+            for r, (_, url) in enumerate(g.replica_urls if g.is_server else [(g.name, g.url)])}
+    probes = asyncio.run(_probe(urls, timeout))
     table = load_table()
     hosts, rows, unhealthy, down = {}, [], [], []
     for h, r in res.items():
@@ -123,19 +126,33 @@ def status(profile: Optional[str] = _P,
                                  + ", ".join(hdoc["drift"][:3]) + " (dsv4ctl verify)")
         for name in groups[h]:
             g = dep.groups[name]
-            err, info = probes[name]
+            replica, rank = g.node_on(h)
+            url = urls[(name, replica)]
+            alive = st.alive.get(name, False)
+            gdoc = {"role": g.role, "url": url, "alive": alive}
+            if g.group.nnodes > 1 or g.group.replicas > 1:
+                gdoc.update(replica=replica, node=rank, nnodes=g.group.nnodes)
+            label = name if g.group.nnodes == 1 else f"{name} node {rank}"
+            if rank > 0:
+                # a node other than 0 serves no HTTP: its process is what can be seen of it
+                if not alive:
+                    unhealthy.append(f"{h}/{name}: node {rank} of {g.group.nnodes}: process not running "
+                                     "(node 0 stalls in its collectives until its watchdog ends it)")
+                hdoc["groups"][name] = {**gdoc, "health": None, "hicache_differences": []}
+                rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
+                             + ")", "yes" if alive else "NO", f"served by node 0 ({url})", "-", hdoc["lock"] or "-"])
+                continue
+            err, info = probes[(name, replica)]
             diffs: list[str] = []
             if g.is_server and info is not None and g.serve is not None:
                 _, resolved = check_keys(g.serve, table, name)
                 want = file_view(resolved.args)
                 diffs = compare(want, {k: info.get(k) for k in want})
-            alive = st.alive.get(name, False)
             ok = alive and err is None and not diffs
             if not ok:
                 unhealthy.append(f"{h}/{name}: " + ("process not running" if not alive else err or diffs[0]))
-            hdoc["groups"][name] = {"role": g.role, "url": g.url, "alive": alive, "health": err or "ok",
-                                    "hicache_differences": diffs}
-            rows.append([h, name, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
+            hdoc["groups"][name] = {**gdoc, "health": err or "ok", "hicache_differences": diffs}
+            rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
                          + ")", "yes" if alive else "NO",
                          err or "ok", "; ".join(diffs) or "match" if info is not None else "-",
                          hdoc["lock"] or "-"])
@@ -170,8 +187,9 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
          grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
          interval: float = typer.Option(1.0, "--interval", help="With -f: seconds between reads."),
          accept_new: bool = _ACCEPT) -> None:
-    """The group's server log from every host it runs on, each line prefixed with the host (both
-    service backends append to <root>/logs/<group>.log). -f follows until Ctrl-C.
+    """The group's server log from every host it runs on (every node of a multi-node server, every
+    replica), each line prefixed with the host (both service backends append to
+    <root>/logs/<group>.log). -f follows until Ctrl-C.
 
     Exit 0 · 2 bad input (unknown group or host, bad --grep) · 3 a host unreachable."""
     from ..hosts.day2 import follow_offset, log_read_command, parse_log_read
@@ -188,7 +206,7 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
     dep, site = _site(profile, accept_new)
     try:
         g = dep.group(group)
-        hs = [g.group.host]
+        hs = g.group.hosts                  # every node of every server of the group
         if host is not None:
             if host not in dep.hosts:
                 raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")

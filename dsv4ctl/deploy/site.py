@@ -68,24 +68,25 @@ class Site:
 
 def refuse_multi_node(dep: Deployment) -> None:
     """InputError (exit 2, nothing touched) for a server group over several nodes or with
-    replicas: the day-2 commands (status, logs, verify, diagnose, remote serve-config changes,
-    runbooks) act on one-host groups only so far; deploy, rollback, promote, releases, ``plan``,
-    ``config lint`` and ``facts`` cover such groups."""
+    replicas: diagnose, remote serve-config changes and runbooks act on one-host groups only so
+    far; deploy, rollback, promote, releases, status, logs, audit, verify, ``plan``, ``config
+    lint`` and ``facts`` cover such groups."""
     from ..errors import InputError
     for g in dep.servers():
         grp = g.group
         if grp.nnodes > 1 or grp.replicas > 1:
             what = f"{grp.nnodes} nodes" if grp.nnodes > 1 else f"{grp.replicas} replicas"
-            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: the "
-                             "day-2 commands (status, logs, verify, diagnose, remote serve-config changes, runbooks) "
-                             "act on one-host groups only so far (deploy, rollback, promote, releases, plan, "
-                             "config lint and facts cover it); nothing was changed")
+            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: diagnose, "
+                             "remote serve-config changes and runbooks act on one-host groups only so far "
+                             "(deploy, rollback, promote, releases, status, logs, audit, verify, plan, config "
+                             "lint and facts cover it); nothing was changed")
 
 
 def open_site(profile, opts: Options, *, multi_node: bool = False) -> Site:
     """Transports (not yet connected) and deploy roots for every host of the Deployment (a
     Profile is resolved first). Without ``multi_node`` (the commands that know every node of a
-    server: deploy, rollback, promote, releases) a multi-node or replicated group is refused
+    server: deploy, rollback, promote, releases, status, logs, audit, verify) a multi-node or replicated
+    group is refused
     (:func:`refuse_multi_node`)."""
     dep = as_deployment(profile)
     if not multi_node:

@@ -224,6 +224,18 @@ class GroupView:
                  http_url(self._dep.profile.hosts[srv[0].host].address, self.port))
                 for r, srv in enumerate(self.group.servers or [self.group.nodes])]
 
+    def node_on(self, host: str) -> Optional[tuple[int, int]]:
+        """(replica, node rank) of the group's server node on ``host``, or None when the group
+        does not run there. A host has at most one node of a group (the profile allows one node
+        per host, and replicas share GPU indices and ports)."""
+        if self.role == "router":
+            return (0, 0) if host == self.group.host else None
+        for r, srv in enumerate(self.group.servers or [self.group.nodes]):
+            for n, node in enumerate(srv):
+                if node.host == host:
+                    return r, n
+        return None
+
     def url_with(self, serve: ServeConfig) -> str:
         """The URL the group has when it runs ``serve`` (e.g. the live file on its host): the
         profile's ``port``, else that file's ``port``, else the default."""
