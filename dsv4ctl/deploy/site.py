@@ -123,10 +123,15 @@ def health_timeout(site: Site) -> float:
     return site.profile.deploy.health_timeout_s
 
 
+def spec_servers(s: dict) -> list[list[str]]:
+    """The servers of a launch-spec entry, each its hosts in node-rank order: ``servers``, else
+    one server on ``host``."""
+    return s.get("servers") or [[s["host"]]]
+
+
 def spec_hosts(s: dict) -> list[str]:
-    """Every host a launch-spec entry runs on: each node of each server (``servers``), else its
-    ``host``."""
-    return [h for srv in s.get("servers") or [[s["host"]]] for h in srv]
+    """Every host a launch-spec entry runs on: each node of each server."""
+    return [h for srv in spec_servers(s) for h in srv]
 
 
 def host_groups(spec: dict, host: str) -> list[str]:
@@ -151,7 +156,7 @@ class NodeOf:
 def node_of(s: dict, host: str) -> NodeOf:
     """:class:`NodeOf` of ``host`` in launch-spec entry ``s`` (a one-host entry: rank 0 of 1).
     KeyError when ``host`` does not run it."""
-    for r, srv in enumerate(s.get("servers") or [[s["host"]]]):
+    for r, srv in enumerate(spec_servers(s)):
         if host in srv:
             return NodeOf(r, srv.index(host), len(srv), srv[0])
     raise KeyError(host)

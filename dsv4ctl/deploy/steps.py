@@ -30,7 +30,7 @@ from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
 from ..hosts.service import backend
 from ..profile.deployment import http_url
 from ..remote import atomic_write_cmd, q
-from .site import Site, health_timeout, host_groups, link_bases, start_command
+from .site import Site, health_timeout, host_groups, link_bases, spec_servers, start_command
 
 
 #: The lock token a dry run shows (a run's is random, 16 hex digits).
@@ -206,7 +206,7 @@ def gate_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tupl
     workers, routers = [], []
     order = {h: i for i, h in enumerate(site.hosts)}
     rows = [(srv[0], g, r, srv[1:]) for g, s in spec.items()
-            for r, srv in enumerate(s.get("servers") or [[s["host"]]])]
+            for r, srv in enumerate(spec_servers(s))]
     for h, g, _r, nodes in sorted(rows, key=lambda x: (order.get(x[0], len(order)), x[1], x[2])):
         if hosts is not None and h not in hosts:
             continue
