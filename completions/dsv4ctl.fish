@@ -165,7 +165,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every hos
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running release good by hand after check smoke + check load (the pro...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state, process alive, /health,...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on, each line prefixed with th...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on (every node of a multi-node...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
