@@ -18,9 +18,7 @@ from tests.conftest import REPO, run_cli
 from tests.standin.served import DEFAULT_SGLANG_SRC
 
 PRO = REPO / "profiles" / "dsv4-pro-4xh200-pd.yaml"
-DAY2_ONLY = ("diagnose, remote serve-config changes and runbooks act on one-host groups only so far "
-             "(deploy, rollback, promote, releases, status, logs, audit, verify, plan, config lint and facts "
-             "cover it); nothing was changed\n")
+DAY2_ONLY = "runbooks act on one-host groups only so far (every other command covers it); nothing was changed\n"
 
 
 def copy_pro(tmp_path, edit=None, prefill=None, decode=None) -> Path:
@@ -277,9 +275,9 @@ def test_replicas_plan_the_tightest_one(tmp_path):
     r = run_cli("plan", str(p), env=env(tmp_path))
     assert r.code == 2 and r.err.endswith("groups[0].memory.free_gib_before_load: 20 per-GPU values for the group's "
                                           "16 (one server) or 32 (all replicas) GPUs\n")
-    # the day-2 commands not covered yet refuse such groups before touching a host
+    # the runbooks (not covered yet) refuse such groups before touching a host
     p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free)))
-    r = run_cli("diagnose", str(p), env=env(tmp_path))
+    r = run_cli("runbook", "run", "bad-release", str(p), "--dry-run", env=env(tmp_path))
     assert r.code == 2 and r.err == (f"dsv4ctl: error: {p}:{line_of(p, '  - name: decode')}: group 'decode' runs on 2 "
                                      "nodes: " + DAY2_ONLY)
 

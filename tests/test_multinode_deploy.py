@@ -62,6 +62,12 @@ class TwoNodeWorld(World):
                 if ln.startswith(f"=== dsv4ctl start {group} release ")]
 
 
+def ps() -> str:
+    """Every process (pid, process group, state, command): what a failed liveness assertion shows."""
+    import subprocess
+    return subprocess.run(["ps", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True).stdout
+
+
 @pytest.fixture
 def world(live_cluster, tmp_path):
     w = TwoNodeWorld(live_cluster, tmp_path)
@@ -152,3 +158,21 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     os.killpg(int((w.roots[h[2]] / "run" / "decode.pid").read_text()), signal.SIGKILL)
     assert wait_for(lambda: "exited with status 1" in w.log(h[3], "decode"), 30)
     assert "connection to node 0" in w.log(h[3], "decode")
+
+    # diagnose reads every node: the lost prefill node 1 is the cause (node 0 followed it on its
+    # watchdog); the decode's node 0 died first, so node 1's exit is not a second cause
+    r = cli(w, "diagnose", "--json", "--window", "0")
+    assert r.code == 1, r.err
+    doc = r.json()
+    pre = doc["groups"]["prefill"]
+    assert [(n["node"], n["host"], n["alive"]) for n in pre["nodes"]] == [(0, h[0], False), (1, h[1], False)], \
+        (w.log(h[0], "prefill"), (w.roots[h[0]] / "run" / "prefill.pid").read_text(), ps())
+    assert pre["nodes"][1]["exit_status"] is None or pre["nodes"][1]["exit_status"] != 0
+    lost = pre["findings"][0]
+    assert (lost["rule"], lost["host"], lost["severity"]) == ("lost_node", h[1], "crash")
+    assert lost["cause"].startswith("node 1 of 2 is dead: node 0 exited on its collective watchdog")
+    assert any(e.startswith(f"{h[0]}:") and "Watchdog caught collective operation timeout" in e for e in lost["evidence"])
+    dec = doc["groups"]["decode"]
+    assert [f["rule"] for f in dec["findings"]] == ["dead_rank"] and dec["findings"][0]["host"] == h[2]
+    assert doc["findings"][0]["rule"] == "lost_node"
+    assert f"diagnose: prefill: node 1 of 2 is dead" in r.err

@@ -68,18 +68,15 @@ class Site:
 
 def refuse_multi_node(dep: Deployment) -> None:
     """InputError (exit 2, nothing touched) for a server group over several nodes or with
-    replicas: diagnose, remote serve-config changes and runbooks act on one-host groups only so
-    far; deploy, rollback, promote, releases, status, logs, audit, verify, ``plan``, ``config
-    lint`` and ``facts`` cover such groups."""
+    replicas: runbooks act on one-host groups only so far; every other command covers such
+    groups."""
     from ..errors import InputError
     for g in dep.servers():
         grp = g.group
         if grp.nnodes > 1 or grp.replicas > 1:
             what = f"{grp.nnodes} nodes" if grp.nnodes > 1 else f"{grp.replicas} replicas"
-            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: diagnose, "
-                             "remote serve-config changes and runbooks act on one-host groups only so far "
-                             "(deploy, rollback, promote, releases, status, logs, audit, verify, plan, config "
-                             "lint and facts cover it); nothing was changed")
+            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: runbooks act on one-host "
+                             "groups only so far (every other command covers it); nothing was changed")
 
 
 def open_site(profile, opts: Options, *, multi_node: bool = False) -> Site:

@@ -11,7 +11,9 @@ Input shape (:class:`Evidence`, built by :mod:`.collect` or by tests from fixtur
              server_info=None | {...},                         # GET /server_info
              metrics_before=None | {name: value}, metrics_after=None | {name: value}, window_s=5.0,
              gpus=None | [{"index", "util_pct", "power_w", "power_limit_w", "used_mib", ...}],
-             hicache=None | bool)                              # HiCache on (server_info or serve config)
+             hicache=None | bool,                              # HiCache on (server_info or serve config)
+             node=0, nnodes=1, release=None | RID,             # multi-node: this node's rank, its host's release
+             dist_init=None | "HOST:PORT")                     # multi-node: node 0's --dist-init-addr
 
 Output: :class:`Finding` objects: ``rule`` (stable id), ``cause`` (one line), ``evidence`` (the
 lines or numbers it rests on, quoted), ``source`` (the public report the rule follows:
@@ -19,7 +21,11 @@ lines or numbers it rests on, quoted), ``source`` (the public report the rule fo
 to run, or None) and ``severity`` (``crash`` > ``stall`` > ``degraded`` > ``ok``).
 
 Each rule is ``rule(ev: Evidence) -> list[Finding]``; :func:`diagnose` runs them all and adds
-``healthy`` when nothing fired and the group answers. Log patterns are SGLang 0.5.23's messages
+``healthy`` when nothing fired and the group answers. A server over several nodes
+(``--nnodes``) is judged by :func:`diagnose_server` over every node's evidence (node 0 carries
+the HTTP probes): the same rules on every node's log, plus the rules that need all nodes — a lost
+node (node 0 stuck in a collective until its watchdog fires), an unreachable or clashing
+dist-init address, nodes on different releases. Log patterns are SGLang 0.5.23's messages
 as quoted in the public reports (the fixtures under ``tests/data/diagnose/`` are written after
 those reports and say so)."""
 
@@ -65,6 +71,10 @@ class Evidence:
     window_s: float = 0.0
     gpus: Optional[list] = None
     hicache: Optional[bool] = None
+    node: int = 0                     # SGLang --node-rank of this node (multi-node servers)
+    nnodes: int = 1
+    release: Optional[str] = None     # the release active on this node's host
+    dist_init: Optional[str] = None   # --dist-init-addr HOST:PORT (multi-node servers)
 
     def lines(self) -> list[str]:
         """The log's lines as the rules read them: ANSI colour codes removed, each cut at
@@ -392,3 +402,120 @@ def diagnose(ev: Evidence) -> list[Finding]:
                     [f"/health: ok; {len(ev.lines())} log lines read"], "-", None)]
     return [_mk(ev, "unknown", f"not serving ({ev.health or 'not probed'}) and no known signature", "degraded",
                 [f"/health: {ev.health or 'not probed'}; process alive: {ev.alive}"], "-", None)]
+
+
+# -- servers over several nodes (--nnodes) -------------------------------------------------------
+
+#: a node that could not reach node 0's dist-init address (torch.distributed's TCPStore client;
+#: the stand-in's wording last)
+_DIST_CONNECT = (r"client socket has timed out.{0,200}connect|DistNetworkError|[Ff]ailed to connect to .{0,200}"
+                 r"(?:[Cc]onnection refused|errno: 111|timed out)|timed out initializing the process group")
+#: node 0 could not open the dist-init listener (TCPStore server)
+_DIST_BIND = r"server socket has failed to (?:listen|bind)|EADDRINUSE"
+#: node 0 stuck on a collective whose peer is gone (torch ProcessGroupNCCL's watchdog)
+_COLLECTIVE_TIMEOUT = r"Watchdog caught collective operation timeout|collective operation timeout|NCCL.{0,80}timed? ?out"
+#: a node > 0 ending because node 0 went away
+_NODE0_GONE = r"connection to node 0 .{0,80}closed|Connection reset by peer|NCCL.{0,80}remote process exited|Broken pipe"
+
+
+def rule_lost_node(nodes: list[Evidence]) -> list[Finding]:
+    """A node > 0 of a multi-node server is dead. SGLang cannot lose a rank: node 0 stays stuck in
+    the collective it was in (``/health`` stops answering) until torch's NCCL watchdog fires
+    (``TORCH_NCCL_... timeout``, SGLang ``--watchdog-timeout``), then exits. The finding sits on
+    the dead node (its exit status and last lines) and quotes node 0's collective timeout when
+    logged. Not raised when node 0 died first and the others followed it (their logs say node 0
+    went away): that is node 0's own finding."""
+    head = nodes[0]
+    dead = [ev for ev in nodes[1:] if ev.alive is False]
+    out = []
+    stuck = _find(head.lines(), _COLLECTIVE_TIMEOUT)
+    for ev in dead:
+        lines = ev.lines()
+        followed = _find(lines, _NODE0_GONE)
+        if head.alive is False and followed and not stuck:
+            continue
+        cites = [f"{ev.host}: node {ev.node} process not running"
+                 + (f", exit status {ev.exit_status}" if ev.exit_status is not None else "")]
+        tail = [(i, ln) for i, ln in enumerate(lines) if ln.strip()][-2:]
+        cites += [_cite(ev, i, ln) for i, ln in tail]
+        if stuck:
+            cites.append(_cite(head, *stuck[-1]))
+        state = ("node 0 exited on its collective watchdog" if head.alive is False
+                 else f"node 0 stays stuck in a collective until its watchdog fires (/health: {head.health or 'not probed'})")
+        out.append(_mk(ev, "lost_node", f"node {ev.node} of {ev.nnodes} is dead: {state}; restart every node of the "
+                       "server together (a server cannot take a node back)", "crash", cites,
+                       "SGLang multi-node (--nnodes): a lost rank is fatal to the server", None,
+                       node=ev.node, exit_status=ev.exit_status, node0_alive=head.alive))
+    return out
+
+
+def rule_dist_init(nodes: list[Evidence]) -> list[Finding]:
+    """The dist-init address (``--dist-init-addr`` HOST:PORT, node 0's torch.distributed store)
+    does not work: node 0 could not listen on it (the port is taken: another server's dist-init
+    or HTTP port, a leftover process), or a node > 0 timed out connecting to it (firewall, wrong
+    address, node 0 not started). Node 0 then waits for every node before it serves HTTP."""
+    out = []
+    head = nodes[0]
+    addr = head.dist_init or "the dist-init address"
+    bind = _find(head.lines(), _DIST_BIND)
+    if not bind and head.dist_init:
+        port = head.dist_init.rpartition(":")[2]
+        bind = [(i, ln) for i, ln in _find(head.lines(), r"(?i)address already in use")
+                if re.search(rf"(?<!\d){re.escape(port)}(?!\d)", ln)]
+    if bind:
+        out.append(_mk(head, "dist_init_bind", f"node 0 cannot listen on {addr}: the port is taken; give the group "
+                       "another dist_init_port (profile) or stop what holds it", "crash",
+                       [_cite(head, *bind[-1])], "torch.distributed TCPStore (SGLang --dist-init-addr)", None,
+                       dist_init=head.dist_init))
+    for ev in nodes[1:]:
+        hits = _find(ev.lines(), _DIST_CONNECT)
+        if hits:
+            out.append(_mk(ev, "dist_init_unreachable", f"node {ev.node} of {ev.nnodes} cannot reach node 0 at {addr}: "
+                           "check the address, that node 0 started, and the firewall between the hosts", "crash",
+                           [_cite(ev, *hits[-1])], "torch.distributed TCPStore (SGLang --dist-init-addr)", None,
+                           node=ev.node, dist_init=head.dist_init))
+    return out
+
+
+def rule_release_split(nodes: list[Evidence]) -> list[Finding]:
+    """The nodes of one server run different releases (a deploy or rollback that did not finish
+    on every host): every node must run the same tree, or ranks disagree on the model code."""
+    rel = {ev.node: ev.release for ev in nodes if ev.release}
+    if len(set(rel.values())) <= 1:
+        return []
+    return [_mk(nodes[0], "release_split", "the nodes of this server run different releases: finish that deploy or "
+                "roll back (dsv4ctl rollback) so every node runs one", "crash",
+                [f"{ev.host}: node {ev.node} runs {ev.release or 'no release'}" for ev in nodes],
+                "SGLang multi-node: every rank loads the same model code", None, releases=rel)]
+
+
+def diagnose_server(nodes: list[Evidence]) -> list[Finding]:
+    """Findings for one server from its nodes' evidence (node-rank order; ``nodes[0]`` carries the
+    HTTP probes, the others their process and log). One node: :func:`diagnose`. Several: every
+    rule over every node's log (a crash signature anywhere counts) plus :func:`rule_lost_node`,
+    :func:`rule_dist_init` and :func:`rule_release_split`; a node > 0 found dead is reported as a
+    lost node, not a second ``dead_rank``. ``healthy`` only when node 0 is healthy, every node
+    is alive and nothing else fired; most severe first."""
+    if len(nodes) == 1:
+        return diagnose(nodes[0])
+    head = diagnose(nodes[0])
+    found = [f for f in head if f.rule not in ("healthy", "unknown")]
+    for ev in nodes[1:]:
+        found += [f for rule in RULES if rule is not rule_dead_rank for f in rule(ev)]
+    cross = rule_lost_node(nodes) + rule_dist_init(nodes) + rule_release_split(nodes)
+    found += cross
+    if cross and any(f.rule == "dead_rank" for f in found):
+        first = cross[0]
+        for f in found:
+            if f.rule == "dead_rank" and f.detail.get("explained_by") is None:
+                f.detail["explained_by"] = first.rule
+                f.runbook = first.runbook
+    down = [ev for ev in nodes[1:] if ev.alive is False]
+    if not found and down:           # a node > 0 is dead and no rule explains it (node 0 died first)
+        found.append(_mk(down[0], "dead_rank", f"node {down[0].node} of {down[0].nnodes} is not running", "crash",
+                         [f"{ev.host}: node {ev.node} not running" for ev in down], "-", None))
+    order = {r.__name__[5:]: i for i, r in enumerate(RULES)}
+    found.sort(key=lambda f: (-SEVERITY[f.severity], f.rule == "dead_rank", order.get(f.rule, 99)))
+    if found:
+        return found
+    return head

@@ -8,10 +8,13 @@ The document (``dsv4ctl.diagnose/1``, documented in the README)::
                       "gpu_error": null | WHY, "last_audit": {...} | null,
                       "clock_offset_s": S | null,     # the host's clock minus this machine's
                       "clock_unusable": bool}},       # its date printed no usable time (not applied)
-     "groups": {GROUP: {"host", "role", "url", "alive", "exit_status", "restarts", "health",
-                        "hicache", "release", "log_source", "log_lines", "gpus": [...],
-                        "metrics_delta": {name: after - before} | null,
-                        "findings": [FINDING, ...]}},
+     "groups": {SERVER: {"group", "replica",          # SERVER: the group, or GROUP#R for replica R
+                         "host", "role", "url", "alive", "exit_status", "restarts", "health",
+                         "hicache", "release", "log_source", "log_lines", "gpus": [...],   # node 0's
+                         "metrics_delta": {name: after - before} | null,
+                         "nodes": [{"node", "host", "alive", "exit_status", "restarts", "release",
+                                    "log_source", "log_lines", "gpus"}, ...],       # node-rank order
+                         "findings": [FINDING, ...]}},
      "findings": [FINDING, ...],                   # every group's, most severe first
      "runbooks": [NAME, ...]}                      # runbooks the findings name, in that order
 
@@ -25,7 +28,7 @@ from datetime import datetime
 from typing import Optional
 
 from .collect import DEFAULT_LINES, host_command, parse_host, probe_groups, process_facts, since_filter
-from .rules import SEVERITY, Evidence, diagnose
+from .rules import SEVERITY, Evidence, diagnose_server
 
 SCHEMA = "dsv4ctl.diagnose/1"
 
@@ -47,19 +50,26 @@ def _metrics_view(before: Optional[dict], after: Optional[dict]) -> Optional[dic
 def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optional[datetime] = None,
                         window: float = 5.0, lines: int = DEFAULT_LINES, accept_new_host_keys: bool = False,
                         api_key: Optional[str] = None) -> dict:
-    """Collect and classify every server group of ``dep`` (or ``groups``): the module docstring's
-    document. SSH failures are recorded per host (``hosts[H].error``), never raised. Each host's
-    clock is read in the same round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's
-    time) is converted to the host's time before its log lines are filtered."""
+    """Collect and classify every server of ``dep``'s server groups (or of ``groups``): the module
+    docstring's document, one ``groups`` entry per server (a replica R of group G is ``G#R``).
+    A server over several hosts is read on every node (process, log, GPUs, the host's release)
+    and probed over HTTP at node 0; :func:`.rules.diagnose_server` judges it. SSH failures are
+    recorded per host (``hosts[H].error``), never raised. Each host's clock is read in the same
+    round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's time) is converted to the
+    host's time before its log lines are filtered."""
     from ..deploy.site import Options, open_site
     from ..hosts.clock import host_cutoff, run_clocked, usable
     from ..remote import run_parallel
 
     chosen = [dep.groups[n] for n in (groups or [g.name for g in dep.servers()])]
+    servers = [(g, srv) for g in chosen for srv in g.server_nodes]
     by_host: dict[str, list[str]] = {}
-    for g in chosen:
-        by_host.setdefault(g.group.host, []).append(g.name)
-    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
+    for g, srv in servers:
+        for node in srv:
+            by_host.setdefault(node.host, [])
+            if g.name not in by_host[node.host]:
+                by_host[node.host].append(g.name)
+    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys), multi_node=True)
     transports = {h: t for h, t in site.transports.items() if h in by_host}
     def collect(t):
         out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines),
@@ -70,7 +80,8 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
         res = run_parallel(transports, collect, timeout=75)
     finally:
         site.close()
-    probes = probe_groups({g.name: g.url for g in chosen}, window, api_key)
+    urls = {srv[0].server: url for g in chosen for srv, (_, url) in zip(g.server_nodes, g.replica_urls)}
+    probes = probe_groups(urls, window, api_key)
     hosts_doc: dict[str, dict] = {}
     groups_doc: dict[str, dict] = {}
     found = []
@@ -86,37 +97,51 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
                         "gpu_error": hev.gpu_error, "last_audit": hev.status.last_audit,
                         "clock_offset_s": round(clock.offset_s, 1) if clock and usable(clock.offset_s) else None,
                         "clock_unusable": bool(clock) and not usable(clock.offset_s)}
-    for g in chosen:
-        h = g.group.host
+
+    def node_evidence(g, srv, node, pr: Optional[dict]) -> tuple[Evidence, int]:
+        """One node's Evidence (``pr``: the HTTP probes, node 0 only) and its log's size."""
+        h = node.host
         r = res[h]
         hev, clock = r.value if r.ok else (None, None)
         size, log = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
         log = since_filter(log, host_cutoff(since, clock.applied) if since is not None and clock else since)
         exit_status, starts = process_facts(g.name, log)
         alive = hev.status.alive.get(g.name) if hev else None
-        pr = probes[g.name]
-        info = pr["server_info"]
+        want = set(node.gpus)
+        gpus = [x for x in (hev.gpus or []) if not want or x["index"] in want] if hev else []
+        info = pr["server_info"] if pr else None
         hicache = (bool(info.get("enable_hierarchical_cache")) if isinstance(info, dict)
                    and "enable_hierarchical_cache" in info else g.hicache_configured)
-        want = set(g.group.gpus or [])
-        gpus = [x for x in (hev.gpus or [])] if hev else []
-        gpus = [x for x in gpus if not want or x["index"] in want]
-        source = f"{h}:{g.root}/logs/{g.name}.log"
-        ev = Evidence(group=g.name, host=h, role=g.role, alive=alive, exit_status=exit_status if alive is False else None,
-                      restarts=starts, log=log, log_source=source, health=pr["health"], server_info=info,
-                      metrics_before=pr["metrics_before"], metrics_after=pr["metrics_after"], window_s=window,
-                      gpus=gpus or None, hicache=hicache)
-        fs = diagnose(ev)
-        if not r.ok:
-            for x in fs:
-                x.evidence.append(f"{h}: host not read ({r.error})")
+        dist = f"{dep.hosts[srv[0].host].address}:{g.dist_init_port}" if node.nnodes > 1 else None
+        return Evidence(group=node.server, host=h, role=g.role, alive=alive,
+                        exit_status=exit_status if alive is False else None, restarts=starts, log=log,
+                        log_source=f"{h}:{g.root}/logs/{g.name}.log", health=pr["health"] if pr else None,
+                        server_info=info, metrics_before=pr["metrics_before"] if pr else None,
+                        metrics_after=pr["metrics_after"] if pr else None, window_s=window, gpus=gpus or None,
+                        hicache=hicache, node=node.node, nnodes=node.nnodes,
+                        release=hosts_doc.get(h, {}).get("current"), dist_init=dist), size
+
+    for g, srv in servers:
+        pr = probes[srv[0].server]
+        evs = [node_evidence(g, srv, node, pr if node.node == 0 else None) for node in srv]
+        fs = diagnose_server([e for e, _ in evs])
+        for x in fs:
+            bad = res[x.host] if x.host in res else None
+            if bad is not None and not bad.ok:
+                x.evidence.append(f"{x.host}: host not read ({bad.error})")
         found += fs
-        groups_doc[g.name] = {
-            "host": h, "role": g.role, "url": g.url, "alive": alive, "exit_status": ev.exit_status,
-            "restarts": starts, "health": pr["health"], "hicache": hicache,
-            "release": hosts_doc[h]["current"], "log_source": source if size >= 0 else None,
-            "log_lines": len(log.splitlines()), "gpus": gpus,
+        ev0, size0 = evs[0]
+        groups_doc[srv[0].server] = {
+            "group": g.name, "replica": srv[0].replica,
+            "host": ev0.host, "role": g.role, "url": urls[srv[0].server], "alive": ev0.alive,
+            "exit_status": ev0.exit_status, "restarts": ev0.restarts, "health": ev0.health, "hicache": ev0.hicache,
+            "release": ev0.release, "log_source": ev0.log_source if size0 >= 0 else None,
+            "log_lines": len(ev0.log.splitlines()), "gpus": ev0.gpus or [],
             "metrics_delta": _metrics_view(pr["metrics_before"], pr["metrics_after"]),
+            "nodes": [{"node": e.node, "host": e.host, "alive": e.alive, "exit_status": e.exit_status,
+                       "restarts": e.restarts, "release": e.release,
+                       "log_source": e.log_source if size >= 0 else None, "log_lines": len(e.log.splitlines()),
+                       "gpus": e.gpus or []} for e, size in evs],
             "findings": [x.to_dict() for x in fs]}
     found.sort(key=lambda x: -SEVERITY[x.severity])
     runbooks = []

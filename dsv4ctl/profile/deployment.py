@@ -143,6 +143,20 @@ def _port(value: Any, where: str, what: str = "port") -> int:
     return n
 
 
+@dataclass(frozen=True)
+class ServerNode:
+    """One node of one server of a group: ``server`` is the group's name for the first server and
+    ``NAME#R`` for replica R (as :attr:`GroupView.replica_urls`); ``node`` is SGLang's
+    ``--node-rank`` of ``nnodes``; ``gpus`` the GPU indices it uses on ``host``."""
+
+    server: str
+    replica: int
+    node: int
+    nnodes: int
+    host: str
+    gpus: tuple[int, ...]
+
+
 class GroupView:
     """One group as a command sees it: the profile's :class:`Group` plus what its serve config and
     the host say. The serve config is read on first use and kept."""
@@ -220,21 +234,27 @@ class GroupView:
     def replica_urls(self) -> list[tuple[str, str]]:
         """(name, URL) of every server of the group, at its node 0: the group's name for the first,
         ``NAME#R`` for replica R."""
-        return [(self.name if r == 0 else f"{self.name}#{r}",
-                 http_url(self._dep.profile.hosts[srv[0].host].address, self.port))
-                for r, srv in enumerate(self.group.servers or [self.group.nodes])]
+        return [(srv[0].server, http_url(self._dep.profile.hosts[srv[0].host].address, self.port))
+                for srv in self.server_nodes]
+
+    @property
+    def server_nodes(self) -> list[list["ServerNode"]]:
+        """Every server of the group (replica order), each its nodes in node-rank order (the
+        router: one server of one node). The one walk over ``servers``/``nodes`` that day-2
+        commands use."""
+        if self.role == "router":
+            return [[ServerNode(self.name, 0, 0, 1, self.group.host, ())]]
+        out = []
+        for r, srv in enumerate(self.group.servers or [self.group.nodes]):
+            name = self.name if r == 0 else f"{self.name}#{r}"
+            out.append([ServerNode(name, r, n, len(srv), node.host, tuple(node.gpus)) for n, node in enumerate(srv)])
+        return out
 
     def node_on(self, host: str) -> Optional[tuple[int, int]]:
         """(replica, node rank) of the group's server node on ``host``, or None when the group
         does not run there. A host has at most one node of a group (the profile allows one node
         per host, and replicas share GPU indices and ports)."""
-        if self.role == "router":
-            return (0, 0) if host == self.group.host else None
-        for r, srv in enumerate(self.group.servers or [self.group.nodes]):
-            for n, node in enumerate(srv):
-                if node.host == host:
-                    return r, n
-        return None
+        return next(((n.replica, n.node) for srv in self.server_nodes for n in srv if n.host == host), None)
 
     def url_with(self, serve: ServeConfig) -> str:
         """The URL the group has when it runs ``serve`` (e.g. the live file on its host): the

@@ -29,23 +29,29 @@ class PromoteWorld:
     front of the decode group; with ``gateway`` (sglang-router | smg) the REAL gateway of
     .venv-router in PD mode in front of prefill and decode, args from dsv4ctl's launch spec).
     The prefill's bootstrap port is a free one. ``hicache(on)`` rewrites the serve configs (a new release id on
-    the next deploy)."""
+    the next deploy); ``extra`` adds serve-config keys. With ``nnodes`` N (not with ``pd``): ``a`` is one
+    server over h0..h(N-1) and ``b`` over the next N hosts (SGLang ``--nnodes N``, TP 8N, node 0 first)."""
 
     def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None, pd: bool = False,
-                 gateway: str | None = None):
+                 gateway: str | None = None, nnodes: int = 1):
         self.c = cluster
         self.tmp = tmp
         self.pd = pd
         self.gateway = gateway
+        self.nnodes = nnodes
+        self.extra: dict = {}
         self.groups = ("prefill", "decode") if pd else ("a", "b")
-        self.hosts = cluster.hosts[:3 if pd else 2]
+        self.hosts = cluster.hosts[:3 if pd else 2 * nnodes]
+        self.nodes = {g: self.hosts[i * nnodes:(i + 1) * nnodes] for i, g in enumerate(self.groups)} if not pd else \
+            {g: [self.hosts[i]] for i, g in enumerate(self.groups)}
         self.tree = make_tree(tmp / "sglang", files=8)
         self.cache = tmp / "cache"
         self.state_dir = tmp / "state"    # run log, promotion evidence
         self.cfgdir = tmp / "profile"
         self.cfgdir.mkdir()
         self.roots = {h.name: tmp / "roots" / h.name for h in self.hosts}
-        self.ports = {g: free_port(self.hosts[i].address) for i, g in enumerate(self.groups)}
+        self.ports = {g: free_port(self.nodes[g][0].address) for g in self.groups}
+        self.dist = {g: free_port(self.nodes[g][0].address) for g in self.groups} if nnodes > 1 else {}
         if pd:
             self.ports["router"] = free_port(self.hosts[2].address)
             self.ports["bootstrap"] = free_port(self.hosts[0].address)
@@ -55,7 +61,9 @@ class PromoteWorld:
 
     def hicache(self, on: bool, groups: tuple[str, ...] | None = None) -> None:
         for g in self.groups:
-            cfg = dict(SERVE, port=self.ports[g])
+            cfg = dict(SERVE, port=self.ports[g], **self.extra)
+            if self.nnodes > 1:
+                cfg.update({"tp-size": 8 * self.nnodes, "nnodes": self.nnodes})
             if self.pd:
                 cfg.update({"disaggregation-mode": g, "disaggregation-bootstrap-port": self.ports["bootstrap"]})
             if on and (groups is None or g in groups):
@@ -72,6 +80,11 @@ class PromoteWorld:
             "groups": [{"name": g, "role": g if self.pd else "colocated", "host": h[i].name, "gpus": list(range(8)),
                         "tp": 8, "serve_config": f"{g}.yaml"} for i, g in enumerate(self.groups)],
         }
+        if self.nnodes > 1:
+            for grp in prof["groups"]:
+                del grp["host"]
+                grp.update(nodes=[x.name for x in self.nodes[grp["name"]]], tp=8 * self.nnodes,
+                           dist_init_port=self.dist[grp["name"]])
         if self.pd:
             decode_url = f"http://{h[1].address}:{self.ports['decode']}"
             router = {"name": "router", "role": "router", "host": h[2].name,
