@@ -19,10 +19,17 @@ rounds, with the range), each ratio with its target and PASS/FAIL:
   4. per deploy, the time dsv4ctl adds beside the transfer and the server restart, by phase
      (build, lock + facts, verify, switch, close-out, other) and, for the largest fleet, per host
      (from the report's per-step ``duration_s`` and the push's ``transfer_seconds`` /
-     ``verify_seconds``).
+     ``verify_seconds``); "server restart" is the switch on the host where it took longest plus the
+     health gate.
 
     bash scripts/oracle-env.sh          # builds .venv-oracle (the sglang 0.5.23 wheel) if missing
     .venv/bin/python benchmarks/deploy.py [--rounds N] [--sizes 16,4,1] [--keep]
+
+``--two-node`` deploys multi-node servers instead (issue 25): N hosts run N/2 servers of two nodes
+each (``--nnodes 2``, node 0 waits for node 1 before it serves), every server restarted and
+gated on each deploy; the same ratios against the same ``rsync -a``::
+
+    .venv/bin/python benchmarks/deploy.py --two-node --sizes 16,2,1     # 8 two-node servers on 16 hosts
 
 ``--profile-out DIR`` writes a cProfile of every deploy of the largest fleet (to tell dsv4ctl's
 own CPU time from the cores' contention).
@@ -77,21 +84,31 @@ def changed_text(old: str) -> str:
     return old.replace(key, key + "  # dsv4ctl benchmark", 1) if key in old else old + "\n# dsv4ctl benchmark\n"
 
 
-def write_profile(path: Path, c, hosts, roots: dict, tree: Path, port: int) -> Path:
+def write_profile(path: Path, c, hosts, roots: dict, tree: Path, port: int, two_node: bool = False) -> Path:
+    """The benchmark profile for ``hosts``: one colocated TP1 server on h0, or with ``two_node``
+    (and an even number of hosts) one two-node TP2 server per pair of hosts (``--nnodes 2``: node
+    0 on the even host, each server its own dist-init port), every one started and health-gated."""
     import yaml
     # a serve config the deploy preflight (config lint + plan) passes, as an operator's would
-    (path.parent / "colocated.yaml").write_text(yaml.safe_dump({"model-path": "deepseek-ai/DeepSeek-V4-Flash",
-                                                                 "served-model-name": "deepseek-v4-flash",
-                                                                 "port": port, "tp-size": 1,
-                                                                 "reasoning-parser": "deepseek-v4",
-                                                                 "tool-call-parser": "deepseekv4"}))
+    serve = {"model-path": "deepseek-ai/DeepSeek-V4-Flash", "served-model-name": "deepseek-v4-flash",
+             "port": port, "tp-size": 1, "reasoning-parser": "deepseek-v4", "tool-call-parser": "deepseekv4"}
+    groups = [{"name": "colocated", "role": "colocated", "host": hosts[0].name, "gpus": [0], "tp": 1,
+               "serve_config": "colocated.yaml", "memory": MEMORY}]
+    (path.parent / "colocated.yaml").write_text(yaml.safe_dump(serve))
+    if two_node and len(hosts) >= 2:
+        groups = []
+        for i in range(len(hosts) // 2):
+            name = f"s{i}"
+            (path.parent / f"{name}.yaml").write_text(yaml.safe_dump({**serve, "tp-size": 2, "nnodes": 2}))
+            groups.append({"name": name, "role": "colocated", "nodes": [hosts[2 * i].name, hosts[2 * i + 1].name],
+                           "gpus": [0], "dist_init_port": harness.free_port(hosts[2 * i].address),
+                           "serve_config": f"{name}.yaml", "memory": MEMORY})
     prof = {"version": 1, "name": "bench", "model": "deepseek-v4-flash",
             "sglang": {"tree": str(tree), "base_ref": "v0.5.23", "series": None},
             "deploy": {"root": "/nonexistent", "keep_releases": 5, "health_timeout_s": 60, "python": sys.executable,
                        "launch": {"server": STANDIN + " --config {config} --host {address} --port {port}"}},
             "hosts": [c.host_yaml(h, roots[h.name]) for h in hosts],
-            "groups": [{"name": "colocated", "role": "colocated", "host": hosts[0].name, "gpus": [0], "tp": 1,
-                        "serve_config": "colocated.yaml", "memory": MEMORY}]}
+            "groups": groups}
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
     return path
 
@@ -188,7 +205,7 @@ def breakdown(rep: dict, wall: float) -> dict:
     gates = [s for s in steps if s["phase"] == "gate"]
     gate = (max((s["duration_s"] for s in gates if not s["summary"].startswith("POST")), default=0.0)
             + max((s["duration_s"] for s in gates if s["summary"].startswith("POST")), default=0.0))
-    group_host = hosts[0]                                          # the colocated group runs on h0
+    group_host = max(hosts, key=lambda h: per_host[h]["switch"])   # where a server restarted (h0, or any node)
     restart = per_host[group_host]["switch"] + gate
     transfer = per_host[slow]["transfer"]
     build = rep.get("build_seconds") or 0.0
@@ -202,7 +219,7 @@ def breakdown(rep: dict, wall: float) -> dict:
 
 
 def one_round(work: Path, c, tree: Path, patch: Path, port: int, r: int, sizes: list[int],
-              prof_dir: Path | None) -> dict:
+              prof_dir: Path | None, two_node: bool = False) -> dict:
     """One round (see the module docstring); every deploy starts with a cold build cache."""
     hosts = c.hosts
     out = {}
@@ -215,7 +232,7 @@ def one_round(work: Path, c, tree: Path, patch: Path, port: int, r: int, sizes: 
         os.environ["DSV4CTL_CACHE"] = str(work / f"round{r}-cache{n}")
         roots = {h.name: work / f"round{r}-roots{n}" / h.name for h in hosts[:n]}
         (work / f"round{r}-p{n}").mkdir()
-        prof = write_profile(work / f"round{r}-p{n}" / "profile.yaml", c, hosts[:n], roots, tree, port)
+        prof = write_profile(work / f"round{r}-p{n}" / "profile.yaml", c, hosts[:n], roots, tree, port, two_node)
         po = (lambda what: prof_dir / f"round{r}-{what}{n}.prof") if prof_dir and n == max(sizes) else (lambda w: None)
         try:
             with Meter() as m:
@@ -268,11 +285,16 @@ def main() -> int:
     ap.add_argument("--sizes", default="16,4,1",
                     help="fleet sizes, comma-separated; must include 1 (default 16,4,1; at most 100 hosts)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--two-node", action="store_true",
+                    help="N hosts run N/2 two-node servers (--nnodes 2) instead of one server on h0; sizes must be "
+                         "even or 1 (1 host: the one server)")
     ap.add_argument("--profile-out", metavar="DIR", help="cProfile every deploy of the largest fleet into DIR")
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.sizes.split(",")}, reverse=True)
     if 1 not in sizes or sizes[0] > 100 or len(sizes) < 2:
         ap.error("--sizes: at least two sizes, one of them 1, none above 100")
+    if a.two_node and any(n % 2 for n in sizes if n != 1):
+        ap.error("--two-node: every size but 1 must be even (two hosts per server)")
     if not SGLANG.is_dir():
         print(f"benchmark: {SGLANG} missing; run: bash scripts/oracle-env.sh", file=sys.stderr)
         return 2
@@ -300,7 +322,7 @@ def main() -> int:
         rounds = []
         for r in range(a.rounds):
             t0 = time.perf_counter()
-            rounds.append(one_round(work, c, tree, patch, port, r, sizes, prof_dir))
+            rounds.append(one_round(work, c, tree, patch, port, r, sizes, prof_dir, a.two_node))
             x = rounds[-1]
             print(f"round {r + 1} ({time.perf_counter() - t0:.0f} s):")
             for n in sizes:

@@ -56,6 +56,8 @@ def shipped_profile_names() -> list[str]:
 
 def resolve_profile(arg: str | None) -> Path:
     """A profile argument: None → the default, a shipped name (``dsv4-flash-8xb200-pd``), or a path.
+    A bare name that is a folder here is the shipped profile of that name when there is one (a
+    shipped profile's serve-config folder has its name: run from ``profiles/``).
     InputError (exit 2) for a path with a component longer than NAME_MAX (255 bytes)."""
     if arg is None:
         return default_profile_path()
@@ -69,9 +71,12 @@ def resolve_profile(arg: str | None) -> Path:
         exists = p.exists()
     except (OSError, ValueError):
         exists = False
-    if exists or "/" in arg or arg.endswith((".yaml", ".yml")):
+    if "/" in arg or arg.endswith((".yaml", ".yml")):
         return p
-    return shipped_dir("profiles") / f"{arg}.yaml"
+    shipped = shipped_dir("profiles") / f"{arg}.yaml"
+    if exists and not (p.is_dir() and shipped.is_file()):
+        return p
+    return shipped
 
 
 def is_shipped(path: Path) -> bool:

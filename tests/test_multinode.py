@@ -88,6 +88,12 @@ def test_nodes_and_replicas_load_in_node_rank_order(tmp_path):
     ("    dist_init_port: 5000\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml",
      "    dist_init_port: 5000\n    tp: 8\n    serve_config: dsv4-pro-4xh200-pd/prefill.yaml", "    tp: 8",
      "groups[0].tp: tp*pp = 8 does not match the 16 GPUs of the group (2 nodes x 8)"),
+    ("nodes: [h200-0, h200-1]", "nodes: [{gpus: [0]}, h200-1]", "nodes: [{gpus: [0]}, h200-1]",
+     "groups[0].nodes[0]: 'host' is required"),
+    ("nodes: [h200-0, h200-1]", "nodes: [{host: h200-0, gpu: 1}, h200-1]", "nodes: [{host: h200-0, gpu: 1}",
+     "groups[0].nodes[0].gpu: unknown field"),
+    ("nodes: [h200-0, h200-1]", "nodes: [5, h200-1]", "nodes: [5, h200-1]",
+     "groups[0].nodes[0]: expected a host name or {host: NAME, gpus: [...]}, got 5"),
 ])
 def test_bad_nodes_are_one_line_with_file_and_line(tmp_path, old, new, needle, message):
     p = copy_pro(tmp_path, lambda t: t.replace(old, new, 1))

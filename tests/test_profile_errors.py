@@ -144,6 +144,18 @@ def test_missing_profile_file_and_unknown_shipped_name(tmp_path):
     assert msg.endswith("profiles/no-such-profile.yaml: no such file")
 
 
+def test_a_bare_name_that_is_a_folder_here_is_the_shipped_profile(tmp_path):
+    """A shipped profile's serve-config folder has the profile's name: in ``profiles/`` (or any
+    folder holding one of that name) the bare name still means the shipped profile; a folder
+    without a shipped profile of its name is reported as a folder."""
+    (tmp_path / "dsv4-pro-4xh200-pd").mkdir()
+    (tmp_path / "mine").mkdir()
+    r = run_cli("plan", "dsv4-pro-4xh200-pd", "--json", cwd=tmp_path)
+    assert r.code in (0, 1), r.err
+    assert r.json()["profile_path"].endswith("profiles/dsv4-pro-4xh200-pd.yaml")
+    assert one_error(run_cli("plan", "mine", cwd=tmp_path)) == "mine: not a regular file (a folder)"
+
+
 def test_a_good_edit_of_the_copy_still_plans(tmp_path):
     """Control for the cases above: the unedited copy plans (exit 0), so each failure is the edit's."""
     prof = copy_profile(tmp_path)

@@ -32,8 +32,8 @@ _par = {"type": "integer", "minimum": 1, "maximum": 1024}   # tp/dp/ep/pp sizes
 _gpus = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 # a node: a host name (the group's ``gpus`` on it) or {host, gpus}
 _nodes = {"type": "array", "minItems": 1, "items": {"oneOf": [
-    {"type": "string", "minLength": 1},
-    {"type": "object", "additionalProperties": False, "required": ["host"],
+    {"type": "string", "minLength": 1, "description": "a host name"},
+    {"type": "object", "description": "{host: NAME, gpus: [...]}", "additionalProperties": False, "required": ["host"],
      "properties": {"host": {"type": "string", "minLength": 1}, "gpus": _gpus}}]}}
 PROFILE_SCHEMA: dict = {
     "type": "object",
@@ -127,8 +127,8 @@ PROFILE_SCHEMA: dict = {
                     "nodes": _nodes,
                     # N independent servers of the group's shape, each on its own host(s)
                     "replicas": {"type": "array", "minItems": 1, "items": {"oneOf": [
-                        {"type": "string", "minLength": 1},
-                        {"type": "object", "additionalProperties": False,
+                        {"type": "string", "minLength": 1, "description": "a host name"},
+                        {"type": "object", "description": "{host: NAME} or {nodes: [...]}", "additionalProperties": False,
                          "properties": {"host": {"type": "string", "minLength": 1}, "nodes": _nodes,
                                         "gpus": _gpus}}]}},
                     "dist_init_port": {"type": "integer", "minimum": 1, "maximum": 65535},
@@ -343,7 +343,7 @@ def conforms(schema: dict, x: Any) -> bool:
     """True when ``x`` is valid under ``schema`` with the same rules as :func:`_validator` (strict
     ``integer``/``number``), for the keywords PROFILE_SCHEMA uses (type, enum, const, minimum,
     maximum, minLength, pattern, required, properties, additionalProperties, items, minItems,
-    oneOf; any other keyword raises KeyError, so a schema edit cannot slip past it).
+    oneOf, description; any other keyword raises KeyError, so a schema edit cannot slip past it).
 
     Own code, not jsonschema, because importing jsonschema costs 86 ms, two thirds of ``import
     typer`` (min of 12 runs on this machine kind; benchmarks/startup.py): a valid profile never
@@ -388,6 +388,8 @@ def conforms(schema: dict, x: Any) -> bool:
         elif k == "oneOf":
             if sum(conforms(s, x) for s in v) != 1:
                 return False
+        elif k == "description":
+            continue
         else:
             raise KeyError(f"conforms: schema keyword {k!r} is not implemented")
     return True
@@ -418,17 +420,34 @@ def _validate_schema(data: Any, pos: Positions) -> None:
     validator = _validator()
     errors = sorted(validator.iter_errors(data), key=lambda e: (pos.line(tuple(e.absolute_path)), list(e.absolute_path)))
     if errors:
-        e = errors[0]
-        p = tuple(e.absolute_path)
-        if e.validator == "additionalProperties":
-            extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
-            p = p + (extra[0],)
-            raise _fail(pos, p, "unknown field")
-        if e.validator == "required":
-            raise _fail(pos, p, e.message.replace("is a required property", "is required"))
-        if e.validator == "type" and isinstance(e.instance, float) and not math.isfinite(e.instance):
-            raise _fail(pos, p, f"must be a finite number, got {e.instance!r}")
-        raise _fail(pos, p, e.message)
+        _explain(errors[0], pos)
+
+
+def _explain(e, pos: Positions) -> None:
+    """InputError (file:line) for jsonschema error ``e``. A ``oneOf`` (a node: a host name or a
+    mapping) is explained by the one alternative of the value's own type (a mapping without
+    ``host``: "'host' is required"), else by naming the alternatives."""
+    p = tuple(e.absolute_path)
+    if e.validator == "oneOf":
+        alts = e.validator_value
+        same = [i for i, a in enumerate(alts) if "type" in a and conforms({"type": a["type"]}, e.instance)]
+        subs = sorted((c for c in e.context if c.relative_schema_path and c.relative_schema_path[0] in same),
+                      key=lambda c: (pos.line(tuple(c.absolute_path)), list(c.absolute_path)))
+        if len(same) == 1 and subs:
+            _explain(subs[0], pos)
+        words = {"string": "a name", "object": "a mapping", "array": "a list", "integer": "an integer",
+                 "number": "a number", "boolean": "true or false"}
+        want = " or ".join(a.get("description") or words.get(a.get("type"), "a value") for a in alts)
+        raise _fail(pos, p, f"expected {want}, got {e.instance!r}")
+    if e.validator == "additionalProperties":
+        extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
+        p = p + (extra[0],)
+        raise _fail(pos, p, "unknown field")
+    if e.validator == "required":
+        raise _fail(pos, p, e.message.replace("is a required property", "is required"))
+    if e.validator == "type" and isinstance(e.instance, float) and not math.isfinite(e.instance):
+        raise _fail(pos, p, f"must be a finite number, got {e.instance!r}")
+    raise _fail(pos, p, e.message)
 
 
 def _env(env: dict, pos: Positions, path: tuple) -> dict[str, str]:
