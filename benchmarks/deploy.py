@@ -290,9 +290,14 @@ def main() -> int:
                          "even or 1 (1 host: the one server)")
     ap.add_argument("--profile-out", metavar="DIR", help="cProfile every deploy of the largest fleet into DIR")
     a = ap.parse_args()
-    sizes = sorted({int(x) for x in a.sizes.split(",")}, reverse=True)
-    if 1 not in sizes or sizes[0] > 100 or len(sizes) < 2:
-        ap.error("--sizes: at least two sizes, one of them 1, none above 100")
+    try:
+        sizes = sorted({int(x) for x in a.sizes.split(",")}, reverse=True)
+    except ValueError:
+        ap.error(f"--sizes {a.sizes!r}: expected comma-separated host counts, e.g. 16,4,1")
+    if a.rounds < 1:
+        ap.error("--rounds: at least 1")
+    if 1 not in sizes or sizes[0] > 100 or len(sizes) < 2 or sizes[-1] < 1:
+        ap.error("--sizes: at least two sizes, one of them 1, none below 1 or above 100")
     if a.two_node and any(n % 2 for n in sizes if n != 1):
         ap.error("--two-node: every size but 1 must be even (two hosts per server)")
     if not SGLANG.is_dir():

@@ -56,8 +56,9 @@ def shipped_profile_names() -> list[str]:
 
 def resolve_profile(arg: str | None) -> Path:
     """A profile argument: None → the default, a shipped name (``dsv4-flash-8xb200-pd``), or a path.
-    A bare name that is a folder here is the shipped profile of that name when there is one (a
-    shipped profile's serve-config folder has its name: run from ``profiles/``).
+    A bare name that is a folder here (a profile's serve-config folder has its name) is
+    ``NAME.yaml`` here when that file exists (an operator's copy, or ``profiles/``), else the
+    shipped profile of that name.
     InputError (exit 2) for a path with a component longer than NAME_MAX (255 bytes)."""
     if arg is None:
         return default_profile_path()
@@ -74,9 +75,12 @@ def resolve_profile(arg: str | None) -> Path:
     if "/" in arg or arg.endswith((".yaml", ".yml")):
         return p
     shipped = shipped_dir("profiles") / f"{arg}.yaml"
-    if exists and not (p.is_dir() and shipped.is_file()):
-        return p
-    return shipped
+    if exists and p.is_dir():
+        own = Path(f"{arg}.yaml")
+        if own.is_file():           # the profile beside its serve-config folder (a copy, or profiles/)
+            return own
+        return shipped if shipped.is_file() else p
+    return p if exists else shipped
 
 
 def is_shipped(path: Path) -> bool:

@@ -38,7 +38,7 @@ def test_one_node_is_the_single_host_diagnosis():
 
 def test_dead_node_1_with_node_0_stuck_is_a_lost_node_on_node_1():
     fs = diagnose_server([_node(0, health="GET /health: HTTP 503"),
-                          _node(1, _log("mn_node1_node0_gone.log").replace("node 0", "peer"), alive=False,
+                          _node(1, HEALTHY, alive=False,
                                 exit_status=137)])
     f = fs[0]
     assert (f.rule, f.host, f.severity, f.runbook) == ("lost_node", "h1", "crash", None)
@@ -111,3 +111,39 @@ def test_nodes_on_different_releases():
 def test_a_node_with_no_release_read_is_not_a_split():
     fs = diagnose_server([_node(0, health="ok", release="r3"), _node(1, release=None)])
     assert _rules(fs) == [("healthy", "h0", "ok")]
+
+
+def test_a_request_line_in_the_access_log_is_not_evidence():
+    log = HEALTHY + ('\nINFO:     10.1.2.3:5555 - "GET /health?EADDRINUSE HTTP/1.1" 200 OK'
+                     '\nINFO:     10.1.2.3:5555 - "GET /x?DistNetworkError HTTP/1.1" 404 Not Found\n')
+    fs = diagnose_server([_node(0, log, health="ok"), _node(1, log)])
+    assert _rules(fs) == [("healthy", "h0", "ok")]
+
+
+def test_node_0_dead_without_a_watchdog_line_is_not_said_to_have_one():
+    fs = diagnose_server([_node(0, HEALTHY, alive=False, health="cannot connect"), _node(1, HEALTHY, alive=False)])
+    lost = next(f for f in fs if f.rule == "lost_node")
+    assert "node 0 is not running either" in lost.cause and "watchdog" not in lost.cause.split(";")[0]
+
+
+def test_a_collective_timeout_with_every_node_alive_is_named():
+    fs = diagnose_server([_node(0, _log("mn_node0_collective_timeout.log"), alive=False, health="cannot connect"),
+                          _node(1)])
+    assert fs[0].rule == "collective_timeout" and fs[0].host == "h0"
+    assert "Watchdog caught collective operation timeout" in fs[0].evidence[0]
+    dead = next(f for f in fs if f.rule == "dead_rank")
+    assert dead.detail["explained_by"] == "collective_timeout"
+
+
+def test_a_node_not_read_is_not_healthy():
+    fs = diagnose_server([_node(0, health="ok", release="r3"), _node(1, alive=None, release=None)])
+    assert _rules(fs) == [("node_not_read", "h1", "degraded")]
+
+
+def test_an_address_in_use_line_must_name_the_dist_init_port():
+    other = HEALTHY + ("\n[rank0]: torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+                       "local network address. port: 30001, useIpv6: 0, code: -98, name: EADDRINUSE\n")
+    assert "dist_init_bind" not in [f.rule for f in diagnose_server([_node(0, other, alive=False), _node(1)])]
+    ev0 = _node(0, HEALTHY + "\n[2026-12-03 09:00:05] address already in use\n", alive=False)
+    ev0.dist_init = "10.0.0.1:2026"                 # the year is not the port
+    assert "dist_init_bind" not in [f.rule for f in diagnose_server([ev0, _node(1)])]

@@ -18,7 +18,6 @@ from tests.conftest import REPO, run_cli
 from tests.standin.served import DEFAULT_SGLANG_SRC
 
 PRO = REPO / "profiles" / "dsv4-pro-4xh200-pd.yaml"
-DAY2_ONLY = "runbooks act on one-host groups only so far (every other command covers it); nothing was changed\n"
 
 
 def copy_pro(tmp_path, edit=None, prefill=None, decode=None) -> Path:
@@ -92,6 +91,8 @@ def test_nodes_and_replicas_load_in_node_rank_order(tmp_path):
      "groups[0].nodes[0]: 'host' is required"),
     ("nodes: [h200-0, h200-1]", "nodes: [{host: h200-0, gpu: 1}, h200-1]", "nodes: [{host: h200-0, gpu: 1}",
      "groups[0].nodes[0].gpu: unknown field"),
+    ("nodes: [h200-0, h200-1]", "nodes: [{host: h200-0, 1: a, b: c}, h200-1]", "nodes: [{host: h200-0, 1: a",
+     "groups[0].nodes[0][1]: unknown field"),
     ("nodes: [h200-0, h200-1]", "nodes: [5, h200-1]", "nodes: [5, h200-1]",
      "groups[0].nodes[0]: expected a host name or {host: NAME, gpus: [...]}, got 5"),
 ])
@@ -281,11 +282,13 @@ def test_replicas_plan_the_tightest_one(tmp_path):
     r = run_cli("plan", str(p), env=env(tmp_path))
     assert r.code == 2 and r.err.endswith("groups[0].memory.free_gib_before_load: 20 per-GPU values for the group's "
                                           "16 (one server) or 32 (all replicas) GPUs\n")
-    # the runbooks (not covered yet) refuse such groups before touching a host
+    # a runbook's service steps act on every replica and every node of each
     p.write_text(REPLICAS.format(hosts=hosts, free=", ".join(free)))
-    r = run_cli("runbook", "run", "bad-release", str(p), "--dry-run", env=env(tmp_path))
-    assert r.code == 2 and r.err == (f"dsv4ctl: error: {p}:{line_of(p, '  - name: decode')}: group 'decode' runs on 2 "
-                                     "nodes: " + DAY2_ONLY)
+    r = run_cli("runbook", "run", "scheduler-stall", str(p), "--dry-run", env=env(tmp_path))
+    # (its rollback step's own dry run reads the hosts, which do not exist here: exit 1, "would stop")
+    assert r.code == 1 and "would stop at step rollback" in r.err, r.err
+    assert "h0, h1: restart decode (one server over 2 nodes): stop every node, start every node" in r.out
+    assert "h2, h3: restart decode#1 (one server over 2 nodes)" in r.out
 
 
 # -- facts over every node (real sshd hosts) -----------------------------------------------------------
@@ -566,10 +569,12 @@ def test_check_targets_every_replica_at_its_node_0(tmp_path):
                                                     ("decode#1", "http://127.0.1.3:30001")]
 
 
-def test_a_runbook_dry_run_refuses_what_the_run_would(tmp_path):
+def test_a_runbook_restarts_a_multi_node_server_whole(tmp_path):
     r = run_cli("runbook", "run", "transfer-wedge", str(PRO), "--dry-run", env=env(tmp_path))
-    assert r.code == 2 and r.out == "" and \
-        r.err.endswith("group 'prefill' runs on 2 nodes: " + DAY2_ONLY)
+    assert r.code == 0, r.err
+    assert ("restart_decode   service.restart  only if drain.ran == true | h200-2, h200-3: restart decode (one "
+            "server over 2 nodes): stop every node, start every node from the active release (its own "
+            "--node-rank), wait for node 0's /health, audit") in r.out
 
 
 # -- launch (issue 25 item 4): what each node runs, the gate, the canary --------------------------------

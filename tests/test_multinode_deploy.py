@@ -6,6 +6,8 @@ goes away)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -141,7 +143,8 @@ def test_two_node_servers_deploy_and_a_node_that_fails_puts_every_node_back(worl
 
 def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     """SGLang's behaviour the day-2 diagnosis relies on: node 1 gone -> node 0 stalls (/health
-    503), then exits on the NCCL watchdog; node 0 gone -> node 1 exits."""
+    503), then exits on the NCCL watchdog; node 0 gone -> node 1 exits. Then diagnose names the
+    lost node, and a runbook's service.start / service.restart bring whole servers back."""
     import os
     import signal
     w = world
@@ -167,7 +170,6 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     pre = doc["groups"]["prefill"]
     assert [(n["node"], n["host"], n["alive"]) for n in pre["nodes"]] == [(0, h[0], False), (1, h[1], False)], \
         (w.log(h[0], "prefill"), (w.roots[h[0]] / "run" / "prefill.pid").read_text(), ps())
-    assert pre["nodes"][1]["exit_status"] is None or pre["nodes"][1]["exit_status"] != 0
     lost = pre["findings"][0]
     assert (lost["rule"], lost["host"], lost["severity"]) == ("lost_node", h[1], "crash")
     assert lost["cause"].startswith("node 1 of 2 is dead: node 0 exited on its collective watchdog")
@@ -176,3 +178,31 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     assert [f["rule"] for f in dec["findings"]] == ["dead_rank"] and dec["findings"][0]["host"] == h[2]
     assert doc["findings"][0]["rule"] == "lost_node"
     assert f"diagnose: prefill: node 1 of 2 is dead" in r.err
+
+    # a runbook's service.start brings each server back whole from the active release (node 0
+    # cannot take a node back: every node starts again, each with its own --node-rank) ...
+    good = w.currents()[h[0]]
+    addr = {x.name: x.address for x in w.hosts}
+    book = w.cfgdir / "multinode.yaml"
+    book.write_text(yaml.safe_dump({"name": "multinode", "description": "start, then restart, whole servers",
+                                    "steps": [{"id": "start", "action": "service.start",
+                                               "args": {"groups": ["prefill", "decode"]}}]}))
+    r = run_cli("runbook", "run", str(book), str(w.profile), "--yes", env=w.env(), timeout=240)
+    assert r.code == 0, r.out + r.err
+    assert w.starts(h[0], "prefill") == [good, good] and w.starts(h[1], "prefill") == [good, good]
+    assert w.starts(h[2], "decode") == [good, good] and w.starts(h[3], "decode") == [good, good]
+    assert http_status(f"http://{addr[h[0]]}:{w.ports['prefill']}/health") == 200
+    assert http_status(f"http://{addr[h[2]]}:{w.ports['decode']}/health") == 200
+    # ... and service.restart of a running multi-node server stops every node, then starts them all
+    book.write_text(yaml.safe_dump({"name": "multinode", "description": "restart a whole server",
+                                    "steps": [{"id": "restart", "action": "service.restart",
+                                               "args": {"groups": ["decode"]}}]}))
+    r = run_cli("runbook", "run", str(book), str(w.profile), "--yes", env=w.env(), timeout=240)
+    assert r.code == 0, r.out + r.err
+    assert w.starts(h[2], "decode") == [good] * 3 and w.starts(h[3], "decode") == [good] * 3
+    assert w.starts(h[0], "prefill") == [good, good]
+    assert http_status(f"http://{addr[h[2]]}:{w.ports['decode']}/health") == 200
+    for x in (h[2], h[3]):
+        recs = [json.loads(ln) for ln in (w.roots[x] / "audit.jsonl").read_text().splitlines()]
+        rec = [r for r in recs if r["action"] == "service-restart"]
+        assert [(r["result"], r["group"]) for r in rec] == [("ok", "decode")], recs[-3:]

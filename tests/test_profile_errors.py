@@ -154,6 +154,12 @@ def test_a_bare_name_that_is_a_folder_here_is_the_shipped_profile(tmp_path):
     assert r.code in (0, 1), r.err
     assert r.json()["profile_path"].endswith("profiles/dsv4-pro-4xh200-pd.yaml")
     assert one_error(run_cli("plan", "mine", cwd=tmp_path)) == "mine: not a regular file (a folder)"
+    # an operator's copy beside its serve-config folder (what profile init makes) is that copy
+    r = run_cli("profile", "init", "dsv4-pro-4xh200-pd.yaml", "--from", "dsv4-pro-4xh200-pd", cwd=tmp_path / "mine")
+    assert r.code == 0, r.err
+    r = run_cli("plan", "dsv4-pro-4xh200-pd", "--json", cwd=tmp_path / "mine")
+    assert r.json()["profile_path"] == "dsv4-pro-4xh200-pd.yaml" or \
+        r.json()["profile_path"] == str(tmp_path / "mine" / "dsv4-pro-4xh200-pd.yaml"), r.json()["profile_path"]
 
 
 def test_a_good_edit_of_the_copy_still_plans(tmp_path):

@@ -22,7 +22,7 @@ def _site(profile, accept_new: bool):
     from ..deploy.site import Options, open_site
     from .common import load_deployment_arg
     dep = load_deployment_arg(profile, acts_on_hosts=True)
-    return dep, open_site(dep, Options(accept_new_host_keys=accept_new), multi_node=True)
+    return dep, open_site(dep, Options(accept_new_host_keys=accept_new))
 
 
 async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[str], Optional[dict]]]:

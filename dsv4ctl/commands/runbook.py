@@ -119,9 +119,6 @@ def run(
     local_only = all(s.action in ("note", "wait", "plan") or (s.action.startswith("check.") and (s.args or {}).get("url"))
                      for s in pb.steps)
     dep = load_deployment_arg(profile, acts_on_hosts=not (dry_run or local_only))
-    if not local_only:
-        from ..deploy.site import refuse_multi_node
-        refuse_multi_node(dep)       # the dry run too: it must not promise steps the run cannot take
     prof = dep.profile
     if pb.pd_only and not _pd_profile(dep):
         raise InputError(f"runbook {pb.name} is for PD profiles (prefill and decode groups); {dep.name} has none: "

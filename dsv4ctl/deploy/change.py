@@ -61,7 +61,7 @@ def change_configs(profile, opts: Options, edit: Callable[[dict[str, str], str],
     from .steps import DRY_RUN_TOKEN, deploy_steps
     t_start = time.monotonic()
     dep = as_deployment(profile)
-    site = open_site(dep, opts, multi_node=True)     # one release on every node of every server
+    site = open_site(dep, opts)     # one release on every node of every server
     what = f"{action} {','.join(groups)}"
     try:
         if opts.dry_run:

@@ -85,7 +85,7 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
     from ..hosts.layout import read_facts
     from ..remote import run_parallel
     from .site import open_site
-    site = open_site(profile, opts, multi_node=True)      # every host's releases: no group rules
+    site = open_site(profile, opts)      # every host's releases: no group rules
 
     def body(t):
         p = site.paths[t.name]

@@ -390,7 +390,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         from .preflight import preflight
         pre = preflight(dep)
         opts.log(f"preflight: {pre['summary']}")
-    site = open_site(dep, opts, multi_node=True)
+    site = open_site(dep, opts)
     try:
         if opts.dry_run:
             rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts)
@@ -608,7 +608,7 @@ def releases(profile, opts: Options) -> dict:
     one the check, reason and evidence (a fact). A host that cannot be read is listed with its
     ``error`` and the others still are."""
     from ..hosts.layout import read_facts
-    site = open_site(profile, opts, multi_node=True)
+    site = open_site(profile, opts)
     try:
         res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
                            timeout=opts.connect_timeout + 60)
@@ -647,7 +647,7 @@ def target_spec(site: Site, target: str) -> dict:
 def rollback(profile, opts: Options, to: str | None = None) -> dict:
     """Activate an older release on every host (default: the newest good one present on all),
     with the same gate; a failing gate puts the hosts back where they were (exit 3)."""
-    site = open_site(profile, opts, multi_node=True)
+    site = open_site(profile, opts)
     try:
         facts = gather_facts(site)
         target = choose_rollback_target(facts, to)

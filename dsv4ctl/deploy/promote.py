@@ -481,7 +481,7 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     from ..profile.deployment import as_deployment
     from . import engine as E
     profile = as_deployment(profile)
-    site = E.open_site(profile, opts, multi_node=True)
+    site = E.open_site(profile, opts)
     try:
         facts = E.gather_facts(site)
         off = {h: f.current for h, f in facts.items() if f.current != rid}

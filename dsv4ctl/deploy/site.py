@@ -66,28 +66,10 @@ class Site:
             t.close()
 
 
-def refuse_multi_node(dep: Deployment) -> None:
-    """InputError (exit 2, nothing touched) for a server group over several nodes or with
-    replicas: runbooks act on one-host groups only so far; every other command covers such
-    groups."""
-    from ..errors import InputError
-    for g in dep.servers():
-        grp = g.group
-        if grp.nnodes > 1 or grp.replicas > 1:
-            what = f"{grp.nnodes} nodes" if grp.nnodes > 1 else f"{grp.replicas} replicas"
-            raise InputError(f"{dep.path}:{grp.line}: group {grp.name!r} runs on {what}: runbooks act on one-host "
-                             "groups only so far (every other command covers it); nothing was changed")
-
-
-def open_site(profile, opts: Options, *, multi_node: bool = False) -> Site:
+def open_site(profile, opts: Options) -> Site:
     """Transports (not yet connected) and deploy roots for every host of the Deployment (a
-    Profile is resolved first). Without ``multi_node`` (the commands that know every node of a
-    server: deploy, rollback, promote, releases, status, logs, audit, verify) a multi-node or replicated
-    group is refused
-    (:func:`refuse_multi_node`)."""
+    Profile is resolved first): every node of every server."""
     dep = as_deployment(profile)
-    if not multi_node:
-        refuse_multi_node(dep)
     s = Site(dep, opts)
     for name, h in dep.hosts.items():
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,

@@ -49,7 +49,9 @@ MAX_LINE = 2000       # characters of one log line the rules read
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)")
 # SGLang's request logging (--log-requests, the HTTP server's request echo): user-controlled text
 _ECHO = re.compile(r"Receive: obj=|Finish: obj=|GenerateReqInput\(|ChatCompletionRequest\(|EmbeddingReqInput\("
-                   r"|[\"']messages[\"']\s*:|\btext=[\"']|\bprompt=[\"']|input_ids=\[")
+                   r"|[\"']messages[\"']\s*:|\btext=[\"']|\bprompt=[\"']|input_ids=\["
+                   # uvicorn's access log: the request line (path and query string as the client sent them)
+                   r"|\"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) \S* ?HTTP/\d")
 
 
 @dataclass
@@ -76,15 +78,20 @@ class Evidence:
     release: Optional[str] = None     # the release active on this node's host
     dist_init: Optional[str] = None   # --dist-init-addr HOST:PORT (multi-node servers)
 
+    _lines: Optional[list] = field(default=None, repr=False, compare=False)
+
     def lines(self) -> list[str]:
         """The log's lines as the rules read them: ANSI colour codes removed, each cut at
         :data:`MAX_LINE` characters (rules stay linear on a hostile 1 MB line), and lines that echo
         a request (``--log-requests``: the user's own text, which may say "CUDA out of memory")
         blanked, so line numbers still match the collected tail."""
+        if self._lines is not None:
+            return self._lines
         out = []
         for ln in self.log.splitlines():
             ln = _ANSI.sub("", ln[:MAX_LINE * 2])[:MAX_LINE]
             out.append("" if _ECHO.search(ln) else ln)
+        self._lines = out          # every rule reads them: split and cleaned once
         return out
 
 
@@ -440,7 +447,8 @@ def rule_lost_node(nodes: list[Evidence]) -> list[Finding]:
         cites += [_cite(ev, i, ln) for i, ln in tail]
         if stuck:
             cites.append(_cite(head, *stuck[-1]))
-        state = ("node 0 exited on its collective watchdog" if head.alive is False
+        state = ("node 0 exited on its collective watchdog" if head.alive is False and stuck
+                 else "node 0 is not running either" if head.alive is False
                  else f"node 0 stays stuck in a collective until its watchdog fires (/health: {head.health or 'not probed'})")
         out.append(_mk(ev, "lost_node", f"node {ev.node} of {ev.nnodes} is dead: {state}; restart every node of the "
                        "server together (a server cannot take a node back)", "crash", cites,
@@ -457,11 +465,12 @@ def rule_dist_init(nodes: list[Evidence]) -> list[Finding]:
     out = []
     head = nodes[0]
     addr = head.dist_init or "the dist-init address"
-    bind = _find(head.lines(), _DIST_BIND)
-    if not bind and head.dist_init:
-        port = head.dist_init.rpartition(":")[2]
-        bind = [(i, ln) for i, ln in _find(head.lines(), r"(?i)address already in use")
-                if re.search(rf"(?<!\d){re.escape(port)}(?!\d)", ln)]
+    port = head.dist_init.rpartition(":")[2] if head.dist_init else None
+    names = rf"(?:port:?\s*|[:,]\s?)({re.escape(port)})(?!\d)" if port else None
+    bind = [(i, ln) for i, ln in _find(head.lines(), _DIST_BIND)      # a line naming another port is not ours
+            if not (port and re.search(r"port:?\s*\d", ln) and not re.search(names, ln))]
+    if not bind and port:
+        bind = [(i, ln) for i, ln in _find(head.lines(), r"(?i)address already in use") if re.search(names, ln)]
     if bind:
         out.append(_mk(head, "dist_init_bind", f"node 0 cannot listen on {addr}: the port is taken; give the group "
                        "another dist_init_port (profile) or stop what holds it", "crash",
@@ -489,6 +498,18 @@ def rule_release_split(nodes: list[Evidence]) -> list[Finding]:
                 "SGLang multi-node: every rank loads the same model code", None, releases=rel)]
 
 
+def rule_collective_timeout(nodes: list[Evidence]) -> list[Finding]:
+    """Node 0 logged torch's NCCL watchdog (a collective that never finished) while no node is
+    known dead: a node stalled, or the network between the nodes did (NCCL_SOCKET_IFNAME, IB)."""
+    head = nodes[0]
+    hits = _find(head.lines(), _COLLECTIVE_TIMEOUT)
+    if not hits:
+        return []
+    return [_mk(head, "collective_timeout", "node 0 timed out in a collective across the nodes (NCCL watchdog): a "
+                "node or the network between them stalled; restart every node of the server together", "crash",
+                [_cite(head, *hits[-1])], "PyTorch ProcessGroupNCCL watchdog (SGLang multi-node)", None)]
+
+
 def diagnose_server(nodes: list[Evidence]) -> list[Finding]:
     """Findings for one server from its nodes' evidence (node-rank order; ``nodes[0]`` carries the
     HTTP probes, the others their process and log). One node: :func:`diagnose`. Several: every
@@ -503,6 +524,12 @@ def diagnose_server(nodes: list[Evidence]) -> list[Finding]:
     for ev in nodes[1:]:
         found += [f for rule in RULES if rule is not rule_dead_rank for f in rule(ev)]
     cross = rule_lost_node(nodes) + rule_dist_init(nodes) + rule_release_split(nodes)
+    if not any(f.rule == "lost_node" for f in cross):
+        cross += rule_collective_timeout(nodes)
+    unread = [ev for ev in nodes[1:] if ev.alive is None]
+    cross += [_mk(ev, "node_not_read", f"node {ev.node} of {ev.nnodes} was not read: whether it runs, and which "
+                  "release, is unknown", "degraded", [f"{ev.host}: node {ev.node}: process state not read"], "-", None,
+                  node=ev.node) for ev in unread]
     found += cross
     if cross and any(f.rule == "dead_rank" for f in found):
         first = cross[0]

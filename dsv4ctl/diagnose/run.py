@@ -69,7 +69,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
             by_host.setdefault(node.host, [])
             if g.name not in by_host[node.host]:
                 by_host[node.host].append(g.name)
-    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys), multi_node=True)
+    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
     transports = {h: t for h, t in site.transports.items() if h in by_host}
     def collect(t):
         out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines),
@@ -112,7 +112,8 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
         info = pr["server_info"] if pr else None
         hicache = (bool(info.get("enable_hierarchical_cache")) if isinstance(info, dict)
                    and "enable_hierarchical_cache" in info else g.hicache_configured)
-        dist = f"{dep.hosts[srv[0].host].address}:{g.dist_init_port}" if node.nnodes > 1 else None
+        a0 = dep.hosts[srv[0].host].address
+        dist = f"{f'[{a0}]' if ':' in a0 else a0}:{g.dist_init_port}" if node.nnodes > 1 else None
         return Evidence(group=node.server, host=h, role=g.role, alive=alive,
                         exit_status=exit_status if alive is False else None, restarts=starts, log=log,
                         log_source=f"{h}:{g.root}/logs/{g.name}.log", health=pr["health"] if pr else None,

@@ -440,7 +440,7 @@ def _explain(e, pos: Positions) -> None:
         want = " or ".join(a.get("description") or words.get(a.get("type"), "a value") for a in alts)
         raise _fail(pos, p, f"expected {want}, got {e.instance!r}")
     if e.validator == "additionalProperties":
-        extra = sorted(set(e.instance) - set(e.schema.get("properties", {})))
+        extra = sorted(set(e.instance) - set(e.schema.get("properties", {})), key=lambda k: (str(type(k)), str(k)))
         p = p + (extra[0],)
         raise _fail(pos, p, "unknown field")
     if e.validator == "required":

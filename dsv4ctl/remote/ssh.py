@@ -90,6 +90,9 @@ def _policy(name: str, known_hosts: Path, accept_new: bool, record: bool = True)
     return Policy()
 
 
+#: seconds to wait for the rest of a command's output (and EOF) after its exit status arrived
+EOF_GRACE_S = 2.0
+
 class SSHTransport(Transport):
     """One SSH host. The connection opens on first use; commands run over exec channels.
 
@@ -283,6 +286,7 @@ class SSHTransport(Transport):
                 chan.sendall(input)
                 chan.settimeout(0.2)
             chan.shutdown_write()
+            exited_at = None
             while True:
                 got = False
                 while chan.recv_ready():
@@ -290,8 +294,14 @@ class SSHTransport(Transport):
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536); got = True
                 pgid_seen()
+                # OpenSSH sends exit-status when the command exits, which may be before the last of
+                # its output (still in the pipe) is forwarded: the end is EOF after exit-status. A
+                # command that leaves a child holding its stdout never sends EOF: then at most
+                # EOF_GRACE_S after the exit (seen under load: a `cat` read back empty).
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    exited_at = exited_at or time.monotonic()
+                    if chan.eof_received or time.monotonic() - exited_at > EOF_GRACE_S:
+                        break
                 if chan.closed and not got and chan.eof_received:
                     break
                 if cancelled():

@@ -265,7 +265,7 @@ def _hicache(state: str):
             return {"ok": True, "hicache": state, "changed": [], "note": "no group to change"}
         code, doc, err = _run_cli(ctx, argv(ctx, args) + ["--json"], f"hicache-{state}")
         if args.get("remote"):
-            ctx.touched_hosts.update(g.host for g in ctx.groups(args))
+            ctx.touched_hosts.update(h for g in ctx.groups(args) for h in g.hosts)
         return {"ok": code == 0, "error": err} if code else {"ok": True, "hicache": state}
 
     def describe(ctx: RunContext, args: dict) -> list[str]:
@@ -330,7 +330,7 @@ def _config_set_run(ctx: RunContext, args: dict) -> dict:
     started = now_iso()
     code, doc, err = _run_cli(ctx, _config_set_argv(ctx, args) + ["--json"], "config-set")
     if args.get("remote"):
-        ctx.touched_hosts.update(g.host for g in ctx.groups(args))
+        ctx.touched_hosts.update(h for g in ctx.groups(args) for h in g.hosts)
     if code or not isinstance(doc, dict):
         return {"ok": False, "restarted": False, "error": err or f"config set exited {code}"}
     changed = sorted(g["group"] for g in doc.get("groups", []) if g.get("changed"))
@@ -370,15 +370,28 @@ def _restart_describe(ctx: RunContext, args: dict) -> list[str]:
     from ..hosts.layout import Paths
     if groups_line(ctx, args):
         return [f"restart {groups_line(ctx, args)} in place (started from the active release when the "
-                "process is gone), wait for /health, audit"]
+                "process is gone; a multi-node server: every node stopped, then started together), wait for "
+                "/health, audit"]
     dep = ctx.deployment
-    return [f"{g.host}: restart group {g.name} in place ({Paths(dep.host_root(g.host)).pidfile(g.name)}), "
-            f"wait for /health, audit" for g in ctx.groups(args)]
+    out = []
+    for g in ctx.groups(args):
+        for srv in dep.groups[g.name].server_nodes:
+            if len(srv) == 1:
+                out.append(f"{srv[0].host}: restart group {g.name} in place "
+                           f"({Paths(dep.host_root(srv[0].host)).pidfile(g.name)}), wait for /health, audit")
+            else:
+                out.append(f"{', '.join(n.host for n in srv)}: restart {srv[0].server} (one server over "
+                           f"{len(srv)} nodes): stop every node, start every node from the active release "
+                           "(its own --node-rank), wait for node 0's /health, audit")
+    return out
 
 
 def _restart_run(ctx: RunContext, args: dict) -> dict:
-    """Restart the groups in place on their hosts (the deploy launcher or systemd unit), wait for
-    /health, and append an audit record per group."""
+    """Restart the groups' servers on their hosts (the deploy launcher or systemd unit), wait for
+    /health at each server's node 0, and append an audit record on every host restarted. A
+    one-host server restarts in place; a server over several nodes cannot take a node back, so
+    every node is stopped and all are started together from the active release
+    (:func:`start_dead_groups` with ``restart``)."""
     from ..hosts.audit import audit_record
     from ..hosts.health import wait_health
     from ..hosts.lock import check_unlocked
@@ -388,38 +401,49 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     groups = ctx.groups(args)
     timeout = float(args.get("health_timeout", dep.deploy.health_timeout_s))
     py = dep.deploy.python
-    urls = {g.name: dep.groups[g.name].url for g in groups}
+    urls = _server_urls(dep, groups)
     # a group whose process is gone cannot be restarted from /proc: start it from the active
-    # release's launch spec instead (the server-down case)
+    # release's launch spec instead (the server-down case); so is every multi-node server
     from ..hosts.audit import now_iso
     ctx.extra["last_start"] = now_iso()
-    dead = start_dead_groups(ctx, groups)
+    dead = start_dead_groups(ctx, groups, restart_multi_node=True)
     transports = {}
     try:
-        done = {}
+        done: dict[str, tuple[list, str]] = {}      # server -> ([(transport, root)], how)
         for g in groups:
-            host = ctx.profile.hosts[g.host]
-            t = transports.get(host.name) or connect(host, hosts=ctx.profile.hosts)
-            transports[host.name] = t
-            root = dep.host_root(host.name)
-            check_unlocked(t, root)
-            if g.name in dead:
-                done[g.name] = (t, root, dead[g.name])
-            else:
-                done[g.name] = (t, root, run_restart(t, py, root, g.name))
-            ctx.touched_hosts.add(host.name)
-        health = wait_health({g.name: urls[g.name] for g in groups}, timeout)
-        for g in groups:
-            t, root, info = done[g.name]
-            append_jsonl(t, f"{root}/audit.jsonl", audit_record(
-                t.name, "service-start" if g.name in dead else "service-restart",
-                "ok" if health[g.name] is None else "unhealthy", health[g.name] or "", group=g.name))
+            for srv in dep.groups[g.name].server_nodes:
+                name = srv[0].server
+                hosts = [n.host for n in srv]
+                for h in hosts:
+                    if h not in transports:
+                        transports[h] = connect(ctx.profile.hosts[h], hosts=ctx.profile.hosts)
+                ends = [(transports[h], dep.host_root(h)) for h in hosts]
+                if name in dead:
+                    done[name] = (ends, "service-start" if dead[name]["how"] == "start" else "service-restart")
+                else:
+                    t, root = ends[0]
+                    check_unlocked(t, root)
+                    run_restart(t, py, root, g.name)
+                    done[name] = (ends, "service-restart")
+                ctx.touched_hosts.update(hosts)
+        health = wait_health(urls, timeout)
+        for name, (ends, event) in done.items():
+            for t, root in ends:
+                append_jsonl(t, f"{root}/audit.jsonl", audit_record(
+                    t.name, event, "ok" if health[name] is None else "unhealthy", health[name] or "",
+                    group=name.split("#")[0]))
     finally:
         for t in transports.values():
             t.close()
     bad = {k: v for k, v in health.items() if v}
-    return {"ok": not bad, "groups": [g.name for g in groups], "started": sorted(dead),
+    return {"ok": not bad, "groups": [g.name for g in groups], "servers": sorted(urls),
+            "started": sorted(n for n, d in dead.items() if d["how"] == "start"),
             **({"error": "; ".join(f"{k}: {v}" for k, v in bad.items())} if bad else {})}
+
+
+def _server_urls(dep, groups) -> dict[str, str]:
+    """{server: node 0's URL} of every server of ``groups`` (``G``, ``G#R`` for replica R)."""
+    return {name: url for g in groups for name, url in dep.groups[g.name].replica_urls}
 
 
 _DEPLOY_FLAGS = {"tree": "--tree", "base": "--base", "patch": "--patch", "health_timeout": "--health-timeout",
@@ -475,12 +499,18 @@ def audit_touched(ctx: RunContext, record: dict) -> list[str]:
     return warnings
 
 
-def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False) -> dict[str, dict]:
-    """Start each of ``groups`` whose process is not running, from the host's active release
-    (``current/launch.json``, the same start command a deploy uses; launcher or systemd as the
-    host runs). Running groups are left alone. Returns {group: {"how": "start", "release": RID}}
-    for the groups started (with ``dry_run``: would start, nothing run). RemoteError naming the
-    host when a group has no active release or launch spec."""
+def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False, *,
+                      restart_multi_node: bool = False) -> dict[str, dict]:
+    """Start each server of ``groups`` whose process is not running, from the active release
+    (``current/launch.json``, the same start command a deploy uses, each node its own
+    ``--node-rank``; launcher or systemd as the host runs). Running servers are left alone. A
+    server over several nodes with any node down is started whole: the nodes still running are
+    stopped first (node 0 is stuck in a collective and cannot take a node back); with
+    ``restart_multi_node`` every multi-node server is (a restart). Returns {server: {"how":
+    "start" | "restart", "release": RID, "hosts": [...]}} for the servers started (``G``, ``G#R``
+    for replica R; with ``dry_run``: would start, nothing run). RemoteError naming the host when
+    a node has no active release or launch spec, or the nodes of one server run different
+    releases."""
     from ..deploy.site import Options, open_site
     from ..deploy.steps import start_command
     from ..errors import RemoteError
@@ -492,22 +522,39 @@ def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False) -> d
     out: dict[str, dict] = {}
     try:
         for g in groups:
-            t, p = site.transports[g.host], site.paths[g.host]
-            f = read_facts(t, p.root)
-            svc = backend(dep.deploy.service, f.systemd)
-            if t.run(svc.alive_cmd(p, g.name), check=False).code == 0:
-                continue
-            spec = (f.current_launch or {}).get(g.name)
-            if not f.current or not spec:
-                raise RemoteError(f"{g.host}: group {g.name} is not running and the host has no active "
-                                  f"release with a launch spec for it ({p.current}/launch.json)")
-            out[g.name] = {"how": "start", "release": f.current}
-            if dry_run:
-                continue
-            check_unlocked(t, p.root)
-            t.run(svc.start_cmd(p, g.name, f.current, start_command(site, g.host, f.current, g.name, spec),
-                                spec.get("env", {})), timeout=60)
-            ctx.touched_hosts.add(g.host)
+            for srv in dep.groups[g.name].server_nodes:
+                hosts = [n.host for n in srv]
+                facts = {h: read_facts(site.transports[h], site.paths[h].root) for h in hosts}
+                svcs = {h: backend(dep.deploy.service, facts[h].systemd) for h in hosts}
+                alive = {h: site.transports[h].run(svcs[h].alive_cmd(site.paths[h], g.name), check=False).code == 0
+                         for h in hosts}
+                restart = restart_multi_node and len(hosts) > 1 and all(alive.values())
+                if all(alive.values()) and not restart:
+                    continue
+                specs = {h: (facts[h].current_launch or {}).get(g.name) for h in hosts}
+                for h in hosts:
+                    if not facts[h].current or not specs[h]:
+                        raise RemoteError(f"{h}: group {g.name} is not running and the host has no active "
+                                          f"release with a launch spec for it ({site.paths[h].current}/launch.json)")
+                rids = {h: facts[h].current for h in hosts}
+                if len(set(rids.values())) > 1:
+                    raise RemoteError(f"group {g.name}: the nodes of {srv[0].server} run different releases ("
+                                      + ", ".join(f"{h}: {r}" for h, r in rids.items())
+                                      + "): roll back or deploy so that every node runs one, then start it")
+                rid = rids[hosts[0]]
+                out[srv[0].server] = {"how": "restart" if restart else "start", "release": rid, "hosts": hosts}
+                if dry_run:
+                    continue
+                for h in hosts:
+                    check_unlocked(site.transports[h], site.paths[h].root)
+                for h in hosts:          # a server cannot take a node back: the rest stop first
+                    if alive[h] and len(hosts) > 1:
+                        site.transports[h].run(svcs[h].stop_cmd(site.paths[h], g.name), timeout=120)
+                for h in hosts:
+                    site.transports[h].run(svcs[h].start_cmd(site.paths[h], g.name, rid,
+                                                             start_command(site, h, rid, g.name, specs[h]),
+                                                             specs[h].get("env", {})), timeout=60)
+                ctx.touched_hosts.update(hosts)
     finally:
         site.close()
     return out
@@ -516,13 +563,16 @@ def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False) -> d
 def _start_describe(ctx: RunContext, args: dict) -> list[str]:
     if groups_line(ctx, args):
         return [f"start {groups_line(ctx, args)} from the active release if not running, wait for /health, audit"]
-    return [f"{g.host}: start group {g.name} from the active release if its process is not running "
-            "(running groups are left alone), wait for /health, audit" for g in ctx.groups(args)]
+    dep = ctx.deployment
+    return [f"{', '.join(n.host for n in srv)}: start {srv[0].server} from the active release if its process is "
+            "not running (running servers are left alone" + ("; a node down: every node stopped, then all started"
+                                                            if len(srv) > 1 else "") + "), wait for /health, audit"
+            for g in ctx.groups(args) for srv in dep.groups[g.name].server_nodes]
 
 
 def _start_run(ctx: RunContext, args: dict) -> dict:
-    """Start the groups that are not running (:func:`start_dead_groups`), wait for /health of the
-    ones started, one audit record per group started."""
+    """Start the servers that are not running (:func:`start_dead_groups`), wait for /health of the
+    ones started, one audit record per host started."""
     from ..hosts.audit import audit_record
     from ..hosts.health import wait_health
     from ..remote import append_jsonl, connect
@@ -534,18 +584,20 @@ def _start_run(ctx: RunContext, args: dict) -> dict:
     started = start_dead_groups(ctx, groups)
     if started:
         ctx.say(f"started {', '.join(sorted(started))}; waiting for /health (timeout {timeout:g} s)")
-    health = wait_health({n: dep.groups[n].url for n in started}, timeout) if started else {}
-    for n in started:
-        g = dep.groups[n]
-        t = connect(ctx.profile.hosts[g.group.host], hosts=ctx.profile.hosts)
-        try:
-            append_jsonl(t, f"{g.root}/audit.jsonl", audit_record(
-                t.name, "service-start", "ok" if health[n] is None else "unhealthy", health[n] or "", group=n))
-        finally:
-            t.close()
+    urls = _server_urls(dep, groups)
+    health = wait_health({n: urls[n] for n in started}, timeout) if started else {}
+    for n, info in started.items():
+        for h in info["hosts"]:
+            t = connect(ctx.profile.hosts[h], hosts=ctx.profile.hosts)
+            try:
+                append_jsonl(t, f"{dep.host_root(h)}/audit.jsonl", audit_record(
+                    t.name, "service-start", "ok" if health[n] is None else "unhealthy", health[n] or "",
+                    group=n.split("#")[0]))
+            finally:
+                t.close()
     bad = {k: v for k, v in health.items() if v}
     return {"ok": not bad, "started": sorted(started),
-            "already_running": sorted(g.name for g in groups if g.name not in started),
+            "already_running": sorted(n for n in urls if n not in started),
             **({"error": "; ".join(f"{k}: {v}" for k, v in bad.items())} if bad else {})}
 
 
