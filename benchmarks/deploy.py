@@ -215,7 +215,8 @@ def breakdown(rep: dict, wall: float) -> dict:
              "switch": max(0.0, span["switch"] - per_host[group_host]["switch"]),
              "close": span["close"], "other": max(0.0, other)}
     return {"wall": wall, "transfer": transfer, "restart": restart, "gate": gate, "span": span,
-            "added": added, "added_total": wall - transfer - restart, "per_host": per_host, "slow": slow}
+            "added": added, "added_total": wall - transfer - restart, "per_host": per_host, "slow": slow,
+            "group_host": group_host}
 
 
 def one_round(work: Path, c, tree: Path, patch: Path, port: int, r: int, sizes: list[int],
@@ -265,7 +266,7 @@ def one_round(work: Path, c, tree: Path, patch: Path, port: int, r: int, sizes: 
 def show_breakdown(label: str, b: dict) -> None:
     a = b["added"]
     print(f"  {label}: wall {b['wall']:.2f} s = transfer {b['transfer']:.2f} + server restart {b['restart']:.2f} "
-          f"(switch on h0 + health gate {b['gate']:.2f}) + dsv4ctl {b['added_total']:.2f} "
+          f"(switch on {b['group_host']} + health gate {b['gate']:.2f}) + dsv4ctl {b['added_total']:.2f} "
           f"({b['added_total'] / b['wall']:.0%})")
     print("      dsv4ctl's part: " + ", ".join(f"{k} {v:.2f}" for k, v in a.items())
           + f"  (push phase: slowest host {b['slow']})")
@@ -395,6 +396,8 @@ def main() -> int:
                                               lambda x: x[f"sent{n}"] / x["tree_bytes"], "{:.3%}", ("<", 0.01))
             res[f"delta_vs_first_{n}"] = show(f"one-file change / first deploy, {n} hosts",
                                               lambda x: x[f"delta{n}"] / x[f"first{n}"], "{:.1%}", ("<", 0.15))
+            res[f"delta_vs_rsync_{n}"] = show(f"one-file change / rsync -a after it, {n} hosts",
+                                              lambda x: x[f"delta{n}"] / x[f"rsync_delta{n}"])
         for n in sizes:
             show(f"dsv4ctl's part of the first deploy, {n} host(s) (s)", lambda x: x[f"bd_first{n}"]["added_total"])
             show(f"dsv4ctl's part of the one-file change, {n} host(s) (s)",

@@ -46,8 +46,9 @@ def _hook(path: tuple[str, ...], name: str) -> Kind | None:
         return {"kind": "words", "words": sorted(SET_KEYS), "suffix": "="}
     if path[:1] == ("runbook",) and name == "name":
         return {"kind": "yaml", "words": _shipped_stems("playbooks")}
-    if name == "profile":
-        return {"kind": "yaml", "words": _shipped_stems("profiles")}
+    if name == "profile":          # the shipped ones only: an operator's profiles/my.yaml is not shipped
+        from dsv4ctl.resources import shipped_profile_names
+        return {"kind": "yaml", "words": shipped_profile_names()}
     return None
 
 

@@ -7,6 +7,7 @@ stalls node 0 until its watchdog ends it, tests/standin/multinode.py), real chec
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -77,7 +78,11 @@ def test_hicache_off_as_a_release_then_node_1_killed_during_the_promotion_gate(w
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, **w.env()))
     err = ""
     deadline = time.monotonic() + 120
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
     while "check load: dsv4ctl check load" not in err and time.monotonic() < deadline:
+        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            break                                      # the deadline holds even when the child is quiet
         line = proc.stderr.readline()
         if not line:
             break
