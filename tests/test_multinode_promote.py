@@ -7,7 +7,7 @@ stalls node 0 until its watchdog ends it, tests/standin/multinode.py), real chec
 from __future__ import annotations
 
 import os
-import selectors
+import select
 import signal
 import subprocess
 import sys
@@ -76,17 +76,16 @@ def test_hicache_off_as_a_release_then_node_1_killed_during_the_promotion_gate(w
     proc = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", "--promote", "--json", "--turns", "400",
                              "--concurrency", "4", prof], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, **w.env()))
-    err = ""
+    # read stderr unbuffered (a text wrapper's readline would buffer lines the selector cannot see)
+    fd, buf = proc.stderr.fileno(), b""
     deadline = time.monotonic() + 120
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    while "check load: dsv4ctl check load" not in err and time.monotonic() < deadline:
-        if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+    while b"check load: dsv4ctl check load" not in buf and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
             break                                      # the deadline holds even when the child is quiet
-        line = proc.stderr.readline()
-        if not line:
-            break
-        err += line
+        buf += chunk
+    err = buf.decode()
     assert "check load: dsv4ctl check load" in err, err
     canary = [ln for ln in err.splitlines() if ln.startswith("dsv4ctl: canary:")]
     assert canary and "h0" in canary[0] and "h1" in canary[0] and "h2" not in canary[0], err
