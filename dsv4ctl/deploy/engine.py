@@ -227,6 +227,27 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
             step_done(site, s, max(0.0, ended.get(k, time.monotonic()) - start))
 
 
+def dead_servers(site: Site, gates: list[Step]) -> str:
+    """After a failed check: the failure text (:func:`failure_text`) of every node whose server
+    process has exited, over the servers of the gate steps ``gates``, or "" when all run. A server that died while it was being checked is a verdict on the release, not a
+    check that could not run."""
+    from types import SimpleNamespace
+    out = []
+    for s in gates:
+        if s.extra.get("kind") != "health":
+            continue
+        g = s.extra["group"]
+        nodes = [s.host, *s.extra.get("nodes", [])]
+        for rank, h in enumerate(nodes):
+            f = site.facts[h]
+            cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(site.paths[h], g)
+            if site.transports[h].run(cmd, check=False, timeout=30).code != 0:
+                what = (f"the server process of node {rank} (of {len(nodes)}) exited" if len(nodes) > 1
+                        else "the server process exited")
+                out.append(SimpleNamespace(host=h, group=g, reason=what))
+    return failure_text(site, out) if out else ""
+
+
 def log_tail(site: Site, host: str, group: str, n: int = 8) -> list[str]:
     try:
         r = site.transports[host].run(log_tail_cmd(site.paths[host], group, n), check=False, timeout=30)

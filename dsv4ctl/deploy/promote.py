@@ -390,6 +390,12 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
                           extra=canary_check_args(site.profile, kind, url, canary) if stage == "canary" else ())
             out.append(r)
             if not r["passed"]:
+                # a server that died under the check (a node lost mid-load: node 0 stalls, then
+                # exits on its watchdog, and the client sees a refused connection) is a verdict
+                dead = E.dead_servers(site, run.of("gate", stage))
+                if dead:
+                    r = {**r, "exit_code": 1, "check_exit_code": r["exit_code"], "reason": f"{dead} (during check {kind})"}
+                    out[-1] = r
                 return out, r
         return out, None
 
