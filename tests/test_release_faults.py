@@ -62,8 +62,10 @@ def world(live_cluster, tmp_path):
     prof = yaml.safe_load(w.profile.read_text())
     for h in prof["hosts"]:
         h["ram_gib"] = 2048
-    # prefill takes 2 s to load: the gate phase is wide enough to land a signal in
-    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": "2"}
+    # prefill takes 4 s to load: the gate phase is wide enough to land a signal in, also on a
+    # loaded machine where the switch step itself eats into the start-up (2 s let a fresh-clone
+    # run's rollback finish its gate before the SIGHUP 0.3 s after the gate began: exit 0)
+    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": "4"}
     w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
     yield w
     w.stop_services()
