@@ -45,6 +45,11 @@ PHASES = {
 }
 # SIGHUP: the terminal or the SSH session to the control machine closed
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# prefill takes 4 s to load: the gate phase is wide enough to land a signal in, also on a loaded
+# machine where the switch step itself eats into the start-up. Both the fixture and _fix_profile
+# (which runs before every later deploy) must use it: with 2 s left in _fix_profile, a fresh-clone
+# run's rollback finished its gate before the SIGHUP 0.3 s after the gate began (exit 0).
+PREFILL_STARTUP_S = "4"
 NEEDLE = {"push": "step h0: push", "verify": "step h0: verify", "switch": "step h0: switch",
           "gate": "step h0: wait for GET"}
 
@@ -62,10 +67,7 @@ def world(live_cluster, tmp_path):
     prof = yaml.safe_load(w.profile.read_text())
     for h in prof["hosts"]:
         h["ram_gib"] = 2048
-    # prefill takes 4 s to load: the gate phase is wide enough to land a signal in, also on a
-    # loaded machine where the switch step itself eats into the start-up (2 s let a fresh-clone
-    # run's rollback finish its gate before the SIGHUP 0.3 s after the gate began: exit 0)
-    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": "4"}
+    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": PREFILL_STARTUP_S}
     w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
     yield w
     w.stop_services()
@@ -210,5 +212,5 @@ def _fix_profile(w: World) -> None:
     prof = yaml.safe_load(w.profile.read_text())
     for h in prof["hosts"]:
         h["ram_gib"] = 2048
-    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": "2"}
+    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": PREFILL_STARTUP_S}
     w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
