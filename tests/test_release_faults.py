@@ -95,15 +95,21 @@ def interrupted(w: World, argv: list[str], phase: str, sig: int) -> tuple[str, f
             lines.append(line)
             if NEEDLE[phase] in line:
                 break
+        seen = ""
         if phase == "gate":
             time.sleep(0.3)
         p.send_signal(sig)
         t0 = time.monotonic()
+        if phase == "gate":
+            # what the gate saw when the signal went: a restarted prefill still loading answers
+            # 503 (or nothing); 200 means the gate could end before the signal was handled
+            url = f"http://{w.hosts[0].address}:{w.ports['prefill']}/health"
+            seen = f"prefill /health {http_status(url, 1)} just after the signal; "
         _, err = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130, (phase, sig, "".join(lines) + err)
+    assert p.returncode == 130, (phase, sig, seen + "".join(lines) + err)
     return "".join(lines) + err, time.monotonic() - t0
 
 
