@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-c
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan facts deploy rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile' ;;
+    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'config') echo 'lint set' ;;
     'hicache') echo 'on off status' ;;
@@ -28,6 +28,9 @@ _dsv4ctl_opts() {
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
     'facts') echo '-g --group --json --timeout --write --dry-run --force -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
+    'start') echo '-g --group --host --dry-run --accept-new-host-keys --health-timeout --break-lock --json -v --verbose -q --quiet -h --help' ;;
+    'stop') echo '-g --group --host --dry-run --accept-new-host-keys --break-lock --json -v --verbose -q --quiet -h --help' ;;
+    'restart') echo '-g --group --host --batch --dry-run --accept-new-host-keys --health-timeout --break-lock --json -v --verbose -q --quiet -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed --json -v --verbose -q --quiet -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -h --help' ;;
     'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -q --quiet -h --help' ;;
@@ -83,6 +86,15 @@ _dsv4ctl_optkind() {
     'deploy|--max-corruption') echo any ;;
     'deploy|--turns') echo any ;;
     'deploy|--min-requests') echo any ;;
+    'start|-g'|'start|--group') echo any ;;
+    'start|--host') echo any ;;
+    'start|--health-timeout') echo any ;;
+    'stop|-g'|'stop|--group') echo any ;;
+    'stop|--host') echo any ;;
+    'restart|-g'|'restart|--group') echo any ;;
+    'restart|--host') echo any ;;
+    'restart|--batch') echo any ;;
+    'restart|--health-timeout') echo any ;;
     'rollback|--to') echo any ;;
     'rollback|--health-timeout') echo any ;;
     'promote|--concurrency') echo any ;;
@@ -173,6 +185,9 @@ _dsv4ctl_argkind() {
     'plan|0') echo yaml:w2 ;;
     'facts|0') echo yaml:w2 ;;
     'deploy|0') echo yaml:w2 ;;
+    'start|0') echo yaml:w2 ;;
+    'stop|0') echo yaml:w2 ;;
+    'restart|0') echo yaml:w2 ;;
     'rollback|0') echo yaml:w2 ;;
     'releases|0') echo yaml:w2 ;;
     'promote|0') echo any ;;

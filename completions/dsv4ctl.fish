@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-st
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan facts deploy rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile
+            echo plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
         case 'config'
@@ -35,6 +35,12 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] -g --group --timeout
         case 'deploy'
             contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests
+        case 'start'
+            contains -- $argv[2] -g --group --host --health-timeout
+        case 'stop'
+            contains -- $argv[2] -g --group --host
+        case 'restart'
+            contains -- $argv[2] -g --group --host --batch --health-timeout
         case 'rollback'
             contains -- $argv[2] --to --health-timeout
         case 'promote'
@@ -161,6 +167,9 @@ complete -c dsv4ctl -f
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K s...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'facts' -d 'Per GPU of each server group: total / used / free memory and the processes ho...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs), push it to every host...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'start' -d 'Start the servers of the active release that are not running (running ones ar...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'stop' -d 'Stop the selected servers of the active release (SIGTERM to the process group...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'restart' -d 'Restart the selected servers of the active release (every node of a multi-nod...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running release good by hand after check smoke + check load (the pro...'
@@ -218,6 +227,39 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s v -l verbose -d 'With --dry-
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s q -l quiet -d 'Print only errors and the verdict.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'deploy\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l host -r -f -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l dry-run -d 'Print the steps per host; change nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l health-timeout -r -f -d 'Seconds to wait for health (default: deploy.health_timeout_s).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'start\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l host -r -f -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l dry-run -d 'Print the steps per host; change nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'stop\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l host -r -f -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l batch -r -f -d 'Rolling: restart this many servers at a time, each batch healthy before the n...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l dry-run -d 'Print the steps per host; change nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l health-timeout -r -f -d 'Seconds to wait for health (default: deploy.health_timeout_s).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'restart\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l to -r -f -d 'Release id (default: the newest good release present on all hosts).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l dry-run -d 'Print the actions per host; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'

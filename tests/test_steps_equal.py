@@ -150,6 +150,27 @@ def test_second_and_third_deploy_stop_removed_groups_and_prune(world, monkeypatc
 
 
 @needs_rsync
+def test_converging_deploy_runs_exactly_its_dry_run(world, monkeypatch):
+    """The active release deployed again with decode's process killed: the dry run lists the
+    start on h1 and the gate, and the run executes exactly that (h1: lock, start, gate, close)."""
+    import os
+    import signal
+    w = world
+    rid = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
+    pgid = int((w.roots["h1"] / "run" / "decode.pid").read_text())
+    os.killpg(pgid, signal.SIGKILL)
+    dry = engine.deploy(load_deployment(w.profile), _opts(w, dry_run=True))
+    assert dry["release"] == rid
+    rec = Recorder(monkeypatch)
+    rep, planned, executed = _run(engine.deploy, w)
+    assert rep["result"] == "ok" and rep["started"] == ["decode"]
+    check_equal(dry, planned, executed, rec, _token(planned))
+    assert [s.phase for s in executed if s.host == "h1"] == ["lock", "verify", "start", "gate", "close"]
+    start = next(s for s in executed if s.phase == "start")
+    assert start.cmd in rec.raw["h1"] and start.summary == f"start decode (not running) from {rid} (launcher)"
+
+
+@needs_rsync
 def test_rollback_runs_exactly_its_dry_run(world, monkeypatch):
     w = world
     a = engine.deploy(load_deployment(w.profile), _opts(w))["release"]

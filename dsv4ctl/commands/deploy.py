@@ -399,8 +399,104 @@ def releases(
         raise RemoteError(f"releases: {len(down)} host(s) could not be read: {next(iter(down.values()))}")
 
 
+_GROUPS = typer.Option([], "--group", "-g", help="Only this group's servers (repeatable; default: every group).")
+_HOSTS = typer.Option([], "--host", help="Only servers with a node on this host (repeatable; a multi-node server is acted on whole).")
+
+
+def _lifecycle(how: str, profile, group, host, batch, dry_run, accept_new, health_timeout, break_lock, as_json,
+               verbose, quiet) -> None:
+    """The body of start / stop / restart (:func:`dsv4ctl.deploy.lifecycle.lifecycle`)."""
+    from ..deploy.lifecycle import lifecycle
+    from .options import integer
+    check_health_timeout(health_timeout)
+    integer(batch, "--batch", 1, 10_000)
+    p = _profile(profile)
+    from ..deploy.steps import deployment_secrets
+    secrets = deployment_secrets(p)
+    terminate_as_interrupt()
+    cmd = how + "".join(f" -g {g}" for g in group) + "".join(f" --host {h}" for h in host) + (f" --batch {batch}" if batch else "")
+    with _Interrupted(secrets), _RunLog(cmd, p, secrets, dry_run) as runlog:
+        rep = lifecycle(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
+                                 health_timeout=health_timeout, break_lock=break_lock, verbose=verbose, quiet=quiet,
+                                 runlog=runlog), how, list(group) or None, list(host) or None, batch)
+        runlog.result = {"servers": [x["server"] for x in rep["servers"]]}
+    if as_json:
+        print(_out(rep, secrets))
+    elif dry_run:
+        _print_actions(f"dry run: {how} (nothing changed)", rep, verbose, secrets)
+    else:
+        print(rep["detail"])
+
+
+def start(
+    profile: Optional[str] = _P,
+    group: list[str] = _GROUPS,
+    host: list[str] = _HOSTS,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing."),
+    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s)."),
+    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report."),
+    verbose: bool = _VERBOSE,
+    quiet: bool = _QUIET,
+) -> None:
+    """Start the servers of the active release that are not running (running ones are left
+    alone; a multi-node server with a node down is started whole), then gate them on health.
+
+    Exit 0 started (or every server runs) · 1 a started server is not healthy · 2 bad input ·
+    3 SSH/lock failure, a start command failed, or a server's hosts run different releases ·
+    130 interrupted."""
+    _lifecycle("start", profile, group, host, None, dry_run, accept_new, health_timeout, break_lock, as_json,
+               verbose, quiet)
+
+
+def stop(
+    profile: Optional[str] = _P,
+    group: list[str] = _GROUPS,
+    host: list[str] = _HOSTS,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing."),
+    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
+    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report."),
+    verbose: bool = _VERBOSE,
+    quiet: bool = _QUIET,
+) -> None:
+    """Stop the selected servers of the active release (SIGTERM to the process group, then
+    SIGKILL; systemd units stopped). The release stays active: `start` or `deploy` brings them back.
+
+    Exit 0 stopped (or none ran) · 2 bad input · 3 SSH/lock failure or a stop command failed ·
+    130 interrupted."""
+    _lifecycle("stop", profile, group, host, None, dry_run, accept_new, None, break_lock, as_json, verbose, quiet)
+
+
+def restart(
+    profile: Optional[str] = _P,
+    group: list[str] = _GROUPS,
+    host: list[str] = _HOSTS,
+    batch: Optional[int] = typer.Option(None, "--batch", help="Rolling: restart this many servers at a time, each batch healthy before the next (default: all at once)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing."),
+    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
+    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s)."),
+    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report."),
+    verbose: bool = _VERBOSE,
+    quiet: bool = _QUIET,
+) -> None:
+    """Restart the selected servers of the active release (every node of a multi-node server),
+    gated on health like a deploy; with --batch N, N servers at a time, stopping at the first
+    batch that is not healthy.
+
+    Exit 0 restarted · 1 a restarted server is not healthy (later batches untouched) · 2 bad input ·
+    3 SSH/lock failure or a stop/start command failed · 130 interrupted."""
+    _lifecycle("restart", profile, group, host, batch, dry_run, accept_new, health_timeout, break_lock, as_json,
+               verbose, quiet)
+
+
 def register(app: typer.Typer) -> None:
     app.command("deploy")(deploy)
+    app.command("start")(start)
+    app.command("stop")(stop)
+    app.command("restart")(restart)
     app.command("rollback")(rollback)
     app.command("releases")(releases)
     app.command("promote")(promote)

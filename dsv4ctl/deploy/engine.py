@@ -418,8 +418,12 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             gather_facts(site)
             refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
+            servers = None
+            if promote is None and nothing_to_do(site, rid):
+                from .lifecycle import converge_steps
+                servers = converge_steps(site, rid, spec)[1]
             run = promote.steps(site, rid, spec, locked=False) if promote is not None else \
-                deploy_steps(site, rid, spec, locked=False, extra=_record_extras(site, rid, promote))
+                deploy_steps(site, rid, spec, locked=False, extra=_record_extras(site, rid, promote), servers=servers)
             doc = {"schema": "dsv4ctl.deploy/1", "dry_run": True, "release": rid,
                    "actions": run.lines(), "steps": [s.to_dict() for s in run.steps],
                    "on_failure": [s.to_dict() for s in run.on_failure]}
@@ -491,18 +495,28 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
     extra = {**_record_extras(site, rel.id, promote), **(record or {})}
     base_rec = {"action": action, "release": rel.id, **extra}
     spec = json.loads((rel.path / "launch.json").read_text())
+    converge = promote is None and nothing_to_do(site, rel.id)
+    started, servers = [], None
+    if converge:
+        from .lifecycle import converge_steps
+        started, servers = converge_steps(site, rel.id, spec)
     run = promote.steps(site, rel.id, spec) if promote is not None else \
-        deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart)
+        deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart, servers=servers)
     _announce(site, run)
-    if promote is None and nothing_to_do(site, rel.id):
+    if converge:
         drift = run_verify(site, run.of("verify"))
         if drift:
             close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
             raise drift_error(rel.id, drift)
-        opts.log(f"{rel.id} is already the active release on every host and matches its manifest: nothing to do")
+        if started:
+            _start_active(site, rel.id, run, started, base_rec, frm)
+        else:
+            opts.log(f"{rel.id} is already the active release on every host, matches its manifest and every "
+                     "server runs: nothing to do")
         run_close(site, run.of("close"))
         raise_close_errors(site, rel.id)
-        report.update(result="ok", unchanged=True, steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
+        report.update(result="ok", unchanged=not started, started=[a.server for a in started],
+                      steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
         for h in site.hosts:
             report["hosts"][h].update(push={"skipped": True, "bytes_sent": 0, "files_transferred": 0}, pruned=[])
         return report
@@ -563,6 +577,34 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
                            f"({', '.join(site.hosts)}): {why}")
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
     return finish_good(site, rel.id, run.of("close"), report, t_start)
+
+
+def _start_active(site: Site, rid: str, run: RunSteps, started: list, base_rec: dict, frm: dict) -> None:
+    """The active release ``rid`` with servers not running (``started``: their actions): run the
+    start steps, then the whole health gate. A start that fails → RemoteError (exit 3); a gate
+    that fails → GateFailed (exit 1): the release is not marked failed (it passed its gate when
+    it was activated; a dead server is more often the host than the release). Either way, and on
+    an interrupt, every host's audit says so and the locks go."""
+    from .lifecycle import run_server_steps
+    names = ", ".join(a.server + f" ({a.why})" for a in started)
+    site.opts.log(f"{rid} is the active release on every host, but not every server runs: starting {names}")
+    try:
+        errors = run_server_steps(site, run.of("stop") + run.of("start"))
+        if errors:
+            why = "; ".join(errors)
+            close_all(site, {**base_rec, "result": "failed", "detail": "start: " + why[:1500]}, per_host=frm)
+            raise RemoteError(f"{rid} is active, but starting {names} failed: {why}")
+        fails = run_gate(site, run.of("gate"))
+    except KeyboardInterrupt:
+        close_all(site, {**base_rec, "result": "interrupted", "detail": f"interrupted while starting {names}"},
+                  per_host=frm)
+        raise
+    if fails:
+        why = failure_text(site, fails)
+        close_all(site, {**base_rec, "result": "failed", "detail": f"started {names}; health gate: {why}"[:2000]},
+                  per_host=frm)
+        raise GateFailed(f"{rid} is active and {names} was started, but did not pass the health gate "
+                         f"(the release is not marked failed): {why}")
 
 
 class _stop_pushes_on_interrupt:

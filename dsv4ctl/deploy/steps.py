@@ -374,6 +374,12 @@ def nothing_to_do(site: Site, rid: str) -> bool:
                and site.facts[h].recorded(rid) in ("active", "good") for h in site.hosts)
 
 
+def converge_detail(servers: list[Step]) -> str:
+    """``started G on H, ...`` for the start/stop steps of a converging deploy ('' for none)."""
+    starts = [f"{s.summary.split(' from ')[0].removeprefix('start ')} on {s.host}" for s in servers if s.phase == "start"]
+    return ("started " + "; ".join(starts)) if starts else ""
+
+
 def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str = "",
                  restart: frozenset | None = None) -> list[Step]:
     """Put ``hosts`` back from ``rid`` onto the release (and ``previous``) they run now."""
@@ -385,19 +391,26 @@ def revert_steps(site: Site, hosts: list[str], rid: str, spec: dict, stage: str 
 
 
 def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra: dict | None = None,
-                 action: str = "deploy", restart: frozenset | None = None, lock_what: str | None = None) -> RunSteps:
+                 action: str = "deploy", restart: frozenset | None = None, lock_what: str | None = None,
+                 servers: list[Step] | None = None) -> RunSteps:
     """Every step of ``deploy`` of ``rid`` (launch spec ``spec``) from the hosts' facts. With
     ``locked`` the lock steps are left out (they ran already: the facts came with the locks);
     ``extra``: audit fields every close record carries (a forced run). A serve-config change
     (``hicache on|off --remote``) is the same run with its ``action`` and only the groups in
-    ``restart`` restarted."""
+    ``restart`` restarted. ``servers``: when ``rid`` is already active everywhere, the steps that
+    start its servers that are not running (:mod:`dsv4ctl.deploy.lifecycle`), then gated."""
     extra = extra or {}
     hosts = site.hosts
     locks = [] if locked else [lock_step(site, h, lock_what or f"{action} {rid}") for h in hosts]
     if nothing_to_do(site, rid):
-        return RunSteps(locks + present_verify_steps(site, rid) + [
-            close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok", "detail": "already active",
-                                 "from": rid}) for h in hosts], [])
+        started = converge_detail(servers or [])
+        return RunSteps(locks + present_verify_steps(site, rid) + list(servers or [])
+                        + (gate_steps(site, spec) if servers else []) + [
+            close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok",
+                                 "detail": "already active" + (f"; {started}" if started else ""),
+                                 "from": rid}) for h in hosts],
+            [Step("close", h, f"close: audit {action} failed with the reason (the started servers are left as they "
+                              "are: the release was already active); unlock") for h in hosts] if servers else [])
     keep = site.profile.deploy.keep_releases
     steps = locks + [push_step(site, h, rid) for h in hosts] + present_verify_steps(site, rid)
     steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch,

@@ -1,0 +1,175 @@
+"""A deploy converges (issue 26): re-deploying the active release over a server that is not
+running starts it and gates it, never "nothing to do"; a server that cannot start fails the
+deploy (exit 1) without marking the release failed. Real sshd hosts, the launcher, the stand-in."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.world import World, http_status, wait_for
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture
+def world(live_cluster, tmp_path):
+    w = World(live_cluster, tmp_path, keep=3)
+    yield w
+    w.stop_services()
+
+
+def cli(w: World, *args, timeout=180):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
+
+
+def pid(w: World, host: str, group: str) -> int:
+    return int((w.roots[host] / "run" / f"{group}.pid").read_text())
+
+
+def url(w: World, group: str) -> str:
+    return f"http://{w.hosts[{'prefill': 0, 'decode': 1, 'router': 2}[group]].address}:{w.ports[group]}/health"
+
+
+def kill(w: World, host: str, group: str) -> None:
+    os.killpg(pid(w, host, group), signal.SIGKILL)
+    assert wait_for(lambda: http_status(url(w, group), 0.5) == 0, 10)
+
+
+def test_deploy_of_the_active_release_starts_a_dead_server_and_gates_it(world):
+    w = world
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    prefill_pid = pid(w, "h0", "prefill")
+
+    # every server runs: nothing to do, said as such
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    assert r.json()["unchanged"] is True and r.json()["started"] == []
+    assert "every server runs: nothing to do" in r.err
+
+    kill(w, "h1", "decode")
+    # the dry run lists exactly the start and the gate; nothing is started by it
+    r = cli(w, "deploy", "--dry-run", "--no-preflight")
+    assert r.code == 0, r.err
+    assert f"h1: start decode (not running) from {rid} (launcher)" in r.out
+    assert f"wait for GET http://{w.hosts[1].address}:{w.ports['decode']}/health = 200" in r.out
+    assert "h0: start" not in r.out and "h2: start" not in r.out
+    assert http_status(url(w, "decode"), 0.5) == 0
+
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rep = r.json()
+    assert rep["release"] == rid and rep["unchanged"] is False and rep["started"] == ["decode"]
+    assert [(s["phase"], s["host"]) for s in rep["steps"] if s["phase"] in ("start", "stop")] == [("start", "h1")]
+    assert http_status(url(w, "decode")) == 200
+    assert pid(w, "h0", "prefill") == prefill_pid               # a running server is left alone
+    rec = w.audit("h1")[-1]
+    assert (rec["action"], rec["result"], rec["release"]) == ("deploy", "ok", rid)
+    assert rec["detail"] == "already active; started decode (not running) on h1"
+    assert w.state("h1")["releases"][rid]["state"] == "active"
+
+
+def test_a_dead_server_that_cannot_start_fails_the_deploy_not_the_release(world):
+    w = world
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    kill(w, "h1", "decode")
+    # the decode port taken by another process: the restarted server cannot bind and exits
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind((w.hosts[1].address, w.ports["decode"]))
+    blocker.listen()
+    try:
+        r = cli(w, "deploy", "--no-preflight")
+        assert r.code == 1, r.err
+        line = r.err.strip().splitlines()[-1]
+        assert line.startswith(f"dsv4ctl: gate failed: {rid} is active and decode (not running) was started, but did "
+                               "not pass the health gate (the release is not marked failed): host h1 group decode: "
+                               "server process exited"), line
+        assert "address already in use" in line
+        rec = w.audit("h1")[-1]
+        assert (rec["action"], rec["result"]) == ("deploy", "failed")
+        assert rec["detail"].startswith("started decode (not running); health gate: ")
+        assert all(w.state(h)["releases"][rid]["state"] == "active" for h in ("h0", "h1", "h2"))   # not marked failed
+        assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
+    finally:
+        blocker.close()
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    assert r.json()["started"] == ["decode"]
+    assert http_status(url(w, "decode")) == 200
+
+
+def test_stop_start_restart_rolling_and_bad_input(world):
+    w = world
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    before = {g: pid(w, h, g) for h, g in (("h0", "prefill"), ("h1", "decode"), ("h2", "router"))}
+
+    r = cli(w, "stop", "-g", "decode", "--dry-run")
+    assert r.code == 0, r.err
+    assert "h1: stop decode (launcher)" in r.out and "h0: stop" not in r.out
+    assert http_status(url(w, "decode")) == 200                        # a dry run changes nothing
+    r = cli(w, "stop", "-g", "decode")
+    assert r.code == 0, r.err
+    assert r.out.strip() == "stopped decode"
+    assert http_status(url(w, "decode"), 0.5) == 0 and http_status(url(w, "prefill")) == 200
+    assert (w.audit("h1")[-1]["action"], w.audit("h1")[-1]["result"]) == ("stop", "ok")
+    assert w.current("h1") == rid and w.state("h1")["releases"][rid]["state"] == "active"   # still the active release
+
+    r = cli(w, "start", "--json")
+    assert r.code == 0, r.err
+    rep = r.json()
+    assert rep["servers"] == [{"server": "decode", "group": "decode", "stop": [], "start": ["h1"], "why": "not running"}]
+    assert rep["detail"] == "started decode (not running)"
+    assert http_status(url(w, "decode")) == 200 and pid(w, "h0", "prefill") == before["prefill"]
+    r = cli(w, "start")
+    assert r.code == 0 and r.out.strip() == "nothing to start: every selected server runs", r.out + r.err
+
+    # rolling restart, one server at a time, each gated before the next
+    r = cli(w, "restart", "--batch", "1", "--dry-run")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    order = [ln.strip().split(": ", 1)[1] for ln in lines if ": [batch " in ln]
+    assert [x.split("] ")[0] for x in order if "stop" in x.split("] ")[1][:5]] == ["[batch 1/3", "[batch 2/3", "[batch 3/3"]
+    r = cli(w, "restart", "--batch", "1", "--json")
+    assert r.code == 0, r.err
+    assert [s["server"] for s in r.json()["servers"]] == ["decode", "prefill", "router"]
+    after = {g: pid(w, h, g) for h, g in (("h0", "prefill"), ("h1", "decode"), ("h2", "router"))}
+    assert all(after[g] != before[g] for g in ("prefill", "router"))
+    assert all(http_status(url(w, g)) == 200 for g in ("prefill", "decode", "router"))
+    assert (w.audit("h0")[-1]["action"], w.audit("h0")[-1]["detail"]) == ("restart", "restarted decode, prefill, router")
+
+    for args, msg in ((["start", "-g", "nope"], "no group 'nope' in the active release (groups: decode, prefill, router)"),
+                      (["restart", "--host", "h9"], "no host 'h9' in the profile (hosts: h0, h1, h2, h3)"),
+                      (["restart", "--batch", "0"], "--batch must be in 1..10000")):
+        r = cli(w, *args)
+        assert r.code == 2 and r.err.strip() == f"dsv4ctl: error: {msg}", (args, r.err)
+
+
+def test_start_of_a_server_that_cannot_bind_is_a_gate_failure(world):
+    w = world
+    assert cli(w, "deploy", "--no-preflight").code == 0
+    assert cli(w, "stop", "-g", "decode").code == 0
+    blocker = socket.socket()
+    blocker.bind((w.hosts[1].address, w.ports["decode"]))
+    blocker.listen()
+    try:
+        r = cli(w, "start", "-g", "decode")
+        assert r.code == 1, r.err
+        line = r.err.strip().splitlines()[-1]
+        assert line.startswith("dsv4ctl: gate failed: start of decode: not healthy: host h1 group decode: "
+                               "server process exited"), line
+        assert (w.audit("h1")[-1]["action"], w.audit("h1")[-1]["result"]) == ("start", "failed")
+        assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
+    finally:
+        blocker.close()
