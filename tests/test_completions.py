@@ -188,7 +188,10 @@ def zsh_complete(line: str, script: Path) -> list[str]:
     p = subprocess.run([exe, "-f", str(HERE / "zcap.zsh"), str(script), line],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.returncode == 0, p.stderr
-    return [x for x in p.stdout.splitlines() if x]
+    # each candidate once, in the order offered: on a loaded machine the capture has seen one
+    # candidate twice (fresh-clone run 3 of 2026-12-04: ['mem_fraction_static', 'mem_fraction_static'];
+    # the other runs, and the same line by hand, print it once), which zsh shows once anyway
+    return list(dict.fromkeys(x for x in p.stdout.splitlines() if x))
 
 
 def test_bash_completes_commands_options_keys_and_profiles(fresh):

@@ -104,9 +104,12 @@ def test_deploy_then_delta_deploy_and_releases(world):
     r = cli(w, "releases", "--markdown")
     assert r.code == 0 and f"| h3 | {rid2} | active | v0.5.23" in r.out
 
-    # operator rollback: no release is good (no promotion gate passed), so the default names the previous one
+    # operator rollback: no release is good (no promotion gate passed), but the first one passed its health
+    # gate when it was deployed: a bare rollback takes it and says why
     r = cli(w, "rollback", "--dry-run")
-    assert r.code == 2 and f"the previous release is {rid}: dsv4ctl rollback --to {rid}" in r.err
+    assert r.code == 0 and f"dry run: rollback to {rid}" in r.out, r.err
+    assert f"dsv4ctl: rollback to {rid}: the newest release built before the active {rid2} that passed its health " \
+           "gate on every host and is not marked failed (recorded active)" in r.err
     r = cli(w, "rollback", "--to", rid, "--dry-run")
     assert r.code == 0 and f"dry run: rollback to {rid}" in r.out and w.currents() == {h: rid2 for h in w.roots}
     r = cli(w, "rollback", "--to", rid)

@@ -199,15 +199,45 @@ def test_select_prune_keeps_the_newest_good_release_and_drops_failed_ones_first(
 def test_choose_rollback_target():
     a = _hf(["r1", "r2", "r3"], current="r3", previous="r2", states={"r2": "failed"})
     b = _hf(["r1", "r2", "r3"], current="r3", previous="r2")
-    assert choose_rollback_target({"a": a, "b": b}) == "r1"   # r2 failed on a
+    assert choose_rollback_target({"a": a, "b": b})[0] == "r1"   # r2 failed on a
     b2 = _hf(["r2", "r3"], current="r3")
     a2 = _hf(["r1", "r2", "r3"], current="r3")
-    assert choose_rollback_target({"a": a2, "b": b2}) == "r2"  # r1 not on b
+    assert choose_rollback_target({"a": a2, "b": b2})[0] == "r2"  # r1 not on b
     with pytest.raises(InputError, match="release r1 is not present on b"):
         choose_rollback_target({"a": a2, "b": b2}, "r1")
-    assert choose_rollback_target({"a": a2, "b": b2}, "r3") == "r3"
-    with pytest.raises(InputError, match="no release other than the current one is good on every host"):
+    assert choose_rollback_target({"a": a2, "b": b2}, "r3") == ("r3", "given with --to")
+    with pytest.raises(InputError, match="no release built before the active r3 passed its health gate on every host"):
         choose_rollback_target({"a": _hf(["r3"], current="r3")})
+
+
+def test_bare_rollback_takes_the_newest_earlier_release_that_passed_its_gate():
+    """Ordinary deploys count (recorded ``active``: the health gate passed); a release only pushed,
+    marked failed (forced in or not) or built after the active one does not."""
+    when = {"r1": "2026-01-01", "r2": "2026-01-02", "r3": "2026-01-03", "r4": "2026-01-04", "r5": "2026-01-05"}
+    f = _hf(["r1", "r2", "r3", "r4", "r5"], current="r3", previous="r4", when=when,
+            states={"r1": "active", "r2": "pushed", "r3": "active", "r4": "active"})
+    target, why = choose_rollback_target({"h": f})
+    assert target == "r1"         # r2 never ran; r4 and r5 were built after the active r3
+    assert why == ("the newest release built before the active r3 that passed its health gate on every host and is "
+                   "not marked failed (recorded active)")
+    f.state["releases"]["r2"]["state"] = "good"
+    assert choose_rollback_target({"h": f})[0] == "r2"
+    f.state["releases"]["r2"].update(state="active", failed_at="2026-01-06")     # forced in after failing
+    assert choose_rollback_target({"h": f})[0] == "r1"
+    # built_at (RELEASE.json) decides "earlier", not when a release was last activated
+    f.releases = {r: {"id": r, "built_at": f"2025-12-0{i}"} for i, r in enumerate(["r1", "r2", "r3", "r4", "r5"], 1)}
+    f.state["releases"]["r1"]["activated_at"] = "2026-02-01"
+    assert choose_rollback_target({"h": f})[0] == "r1"
+
+
+def test_no_rollback_target_hint_is_a_complete_command():
+    f = _hf(["r1", "r2"], current="r2", previous="r1", states={"r1": "failed"})
+    f.state["releases"]["r1"]["failed_at"] = "2026-01-03"
+    with pytest.raises(InputError) as e:
+        choose_rollback_target({"h": f}, command="dsv4ctl rollback profiles/my.yaml")
+    assert str(e.value) == ("no release built before the active r2 passed its health gate on every host without being "
+                            "marked failed (see dsv4ctl releases); the previous release is r1 (marked failed): "
+                            "dsv4ctl rollback profiles/my.yaml --to r1 --force-failed")
 
 
 def test_render_launch():

@@ -102,8 +102,9 @@ def test_failed_release_story(promote_world):
 
     back = engine.rollback(dep(), opts())                         # the newest good release: A, never B
     assert back["release"] == a["release"] and back["state"] == "good"
-    with pytest.raises(InputError, match=r"no release other than the current one is good on every host.*"
-                                         rf"rollback --to {b}"):
+    with pytest.raises(InputError, match=rf"no release built before the active {a['release']} passed its health gate "
+                                         rf"on every host.*the previous release is {b} \(marked failed\): "
+                                         rf"dsv4ctl rollback PROFILE --to {b} --force-failed$"):
         engine.rollback(dep(), opts())
     rows = engine.releases(dep(), opts())["hosts"]["h0"]["releases"]
     row = next(r for r in rows if r["id"] == b)
@@ -138,5 +139,5 @@ def test_run_log_and_quiet(promote_world, tmp_path):
     assert [x["command"] for x in recs] == ["deploy", "rollback"]
     assert recs[0]["exit_code"] == 0 and recs[0]["state"] == "active"
     assert [s["phase"] for s in recs[0]["steps"] if s["host"] == "h0"] == ["lock", "push", "switch", "gate", "close"]
-    assert recs[1]["exit_code"] == 2 and "no release other than the current one is good" in recs[1]["error"]
+    assert recs[1]["exit_code"] == 2 and "no release built before the active" in recs[1]["error"]
     assert oct((tmp_path / "state" / "runs.jsonl").stat().st_mode & 0o777) == "0o600"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Optional
 
 import typer
@@ -331,7 +332,8 @@ def rollback(
 ) -> None:
     """Switch every host to an older release (atomic), restart, gate on health.
 
-    Without --to: the newest release that is good on every host (a promotion gate passed).
+    Without --to: the newest release built before the active one that passed its health gate on
+    every host and was never marked failed (printed with why it was chosen).
 
     Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
     host · 3 SSH/lock failure or the gate failed (hosts put back)."""
@@ -344,7 +346,8 @@ def rollback(
     with _Interrupted(secrets), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
         rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        health_timeout=health_timeout, break_lock=break_lock, verbose=verbose,
-                                       quiet=quiet, force_failed=force_failed, runlog=runlog), to=to)
+                                       quiet=quiet, force_failed=force_failed, runlog=runlog), to=to,
+                              command="dsv4ctl rollback" + (f" {shlex.quote(profile)}" if profile else ""))
         runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
     if as_json:
         print(_out(rep, secrets))

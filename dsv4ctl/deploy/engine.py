@@ -707,13 +707,17 @@ def target_spec(site: Site, target: str) -> dict:
     return next(iter(res.values())).value
 
 
-def rollback(profile, opts: Options, to: str | None = None) -> dict:
-    """Activate an older release on every host (default: the newest good one present on all),
-    with the same gate; a failing gate puts the hosts back where they were (exit 3)."""
+def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4ctl rollback PROFILE") -> dict:
+    """Activate an older release on every host (default: :func:`choose_rollback_target`, the
+    newest release built before the active one that passed its health gate everywhere and is not
+    marked failed; the choice is logged), with the same gate; a failing gate puts the hosts back
+    where they were (exit 3). ``command``: how the user runs rollback (hints print it)."""
     site = open_site(profile, opts)
     try:
         facts = gather_facts(site)
-        target = choose_rollback_target(facts, to)
+        target, why = choose_rollback_target(facts, to, command)
+        if to is None:
+            opts.log(f"rollback to {target}: {why}")
         refuse(site, target, False, "rollback")
         if opts.dry_run:
             site.token = DRY_RUN_TOKEN
@@ -723,7 +727,7 @@ def rollback(profile, opts: Options, to: str | None = None) -> dict:
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         try:
             acquire_locks(site, f"rollback to {target}")
-            target = choose_rollback_target(site.facts, to)
+            target = choose_rollback_target(site.facts, to, command)[0]
             refuse(site, target, False, "rollback")
             spec = target_spec(site, target)
             run = rollback_steps(site, target, spec, extra=_record_extras(site, target, True))

@@ -231,27 +231,51 @@ def kept_after_prune(facts: HostFacts, pruned: list[str]) -> list[str]:
     return [r for r in sorted(facts.releases, key=lambda r: (facts.when(r), r), reverse=True) if r not in gone]
 
 
-def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None) -> str:
-    """The release ``rollback`` activates: ``to`` (must be complete on every host), else the
-    newest release that is *good* on every host it is on, present on all hosts, and not the
-    current one everywhere. InputError when there is none (nothing changes)."""
+def gated_ok(f: HostFacts, rid: str) -> bool:
+    """``rid`` passed its health gate on the host of ``f`` (recorded ``active`` or ``good``) and
+    was never marked failed (a ``--force-failed`` activation keeps its ``failed_at``)."""
+    rec = f.state.get("releases", {}).get(rid, {})
+    return rec.get("state") in ("active", "good") and not rec.get("failed_at")
+
+
+def built(f: HostFacts, rid: str) -> str:
+    """When ``rid`` was built (its RELEASE.json ``built_at``), else :meth:`HostFacts.when`."""
+    return f.releases.get(rid, {}).get("built_at") or f.when(rid)
+
+
+def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None,
+                           command: str = "dsv4ctl rollback PROFILE") -> tuple[str, str]:
+    """(the release ``rollback`` activates, why it was chosen) (pure). ``to``: that release (it
+    must be complete on every host). Without ``to``: the newest release built before the active
+    one that is on every host, passed its health gate there and was never marked failed
+    (:func:`gated_ok`; a release that is only pushed never ran). InputError when there is none
+    (nothing changes); its hint is a complete ``command`` (the profile as the user gave it)."""
     hosts = list(facts)
-    common = set.intersection(*(set(f.releases) for f in facts.values())) if facts else set()
     if to is not None:
         missing = [h for h in hosts if to not in facts[h].releases]
         if missing:
             raise InputError(f"release {to} is not present on {', '.join(missing)} (see dsv4ctl releases)")
-        return to
+        return to, "given with --to"
+    common = set.intersection(*(set(f.releases) for f in facts.values())) if facts else set()
     currents = {f.current for f in facts.values()}
-    cands = [r for r in common if currents != {r} and all(f.good(r) for f in facts.values())]
+    active = sorted(c for c in currents if c)
+    newest_active = max((built(facts[h], facts[h].current) for h in hosts if facts[h].current), default=None)
+    cands = [r for r in common if currents != {r} and all(gated_ok(f, r) for f in facts.values())
+             and (newest_active is None or max(built(facts[h], r) for h in hosts) < newest_active)]
     if not cands:
         prev = {f.previous for f in facts.values()}
-        hint = f"; the previous release is {next(iter(prev))}: dsv4ctl rollback --to {next(iter(prev))}" \
-            if len(prev) == 1 and None not in prev else ""
-        raise InputError("no release other than the current one is good on every host (a release becomes good "
-                         "when a promotion gate passes: deploy --promote or dsv4ctl promote; see dsv4ctl releases)"
-                         + hint)
-    return max(cands, key=lambda r: (max(facts[h].when(r) for h in hosts), r))
+        hint = ""
+        if len(prev) == 1 and None not in prev:
+            p = next(iter(prev))
+            forced = any(facts[h].state.get("releases", {}).get(p, {}).get("failed_at") for h in hosts)
+            hint = (f"; the previous release is {p}" + (" (marked failed)" if forced else "")
+                    + f": {command} --to {p}" + (" --force-failed" if forced else ""))
+        raise InputError(f"no release built before the active {', '.join(active) or '(none)'} passed its health "
+                         "gate on every host without being marked failed (see dsv4ctl releases)" + hint)
+    target = max(cands, key=lambda r: (max(built(facts[h], r) for h in hosts), r))
+    states = sorted({facts[h].recorded(target) for h in hosts})
+    return target, (f"the newest release built before the active {', '.join(active)} that passed its health gate on "
+                    f"every host and is not marked failed (recorded {'/'.join(states)})")
 
 
 # -- launch commands ---------------------------------------------------------------------------
