@@ -190,7 +190,7 @@ def zsh_complete(line: str, script: Path) -> list[str]:
     assert p.returncode == 0, p.stderr
     # each candidate once, in the order offered: on a loaded machine the capture has seen one
     # candidate twice (fresh-clone run 3 of 2026-12-04: ['mem_fraction_static', 'mem_fraction_static'];
-    # the other runs, and the same line by hand, print it once), which zsh shows once anyway
+    # the other runs print it once): the assertions are about which candidates are offered
     return list(dict.fromkeys(x for x in p.stdout.splitlines() if x))
 
 
