@@ -173,3 +173,29 @@ def test_start_of_a_server_that_cannot_bind_is_a_gate_failure(world):
         assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
     finally:
         blocker.close()
+
+
+def test_rollback_of_a_decode_only_change_restarts_only_decode(world):
+    w = world
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    a = r.json()["release"]
+    w.extra["decode"] = {"chunked-prefill-size": 4096}
+    w.write()
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    b = r.json()["release"]
+    assert a != b
+    pids = {g: pid(w, h, g) for h, g in (("h0", "prefill"), ("h1", "decode"), ("h2", "router"))}
+    r = cli(w, "rollback", "--to", a, "--dry-run")
+    assert r.code == 0, r.err
+    assert f"h1: switch {w.roots['h1']}/current: {b} -> {a} (previous -> {b}); stop decode; start decode" in r.out
+    assert f"h0: switch {w.roots['h0']}/current: {b} -> {a} (previous -> {b}); no group restarted" in r.out
+    r = cli(w, "rollback", "--to", a)
+    assert r.code == 0, r.err
+    assert f"{b} and {a} differ only in the serve files of decode: restarting only those (prefill, router keep running)" in r.err
+    assert w.currents() == {h: a for h in w.roots}
+    assert pid(w, "h0", "prefill") == pids["prefill"] and pid(w, "h2", "router") == pids["router"]
+    assert pid(w, "h1", "decode") != pids["decode"]
+    assert all(http_status(url(w, g)) == 200 for g in ("prefill", "decode", "router"))
+    assert "chunked-prefill-size" not in (w.roots["h1"] / "current" / "configs" / "decode.yaml").read_text()

@@ -85,3 +85,40 @@ def test_parse_alive():
     assert parse_alive(text, ["decode", "router", "prefill", "other"]) == {
         "decode": True, "router": False, "prefill": False, "other": False}
     assert parse_alive("", []) == {}
+
+
+def _man(tree="t1", prefill="p1", decode="d1", link=None):
+    m = {"files": {"tree/python/sglang/x.py": [tree, 10, 420], "configs/prefill.yaml": [prefill, 5, 420],
+                   "configs/decode.yaml": [decode, 5, 420], "launch.json": ["l", 3, 420]}, "links": {}}
+    if link:
+        m["links"]["tree/python/sglang/alias.py"] = link
+    return m
+
+
+SPEC2 = {"prefill": {"role": "prefill", "host": "h0", "port": 1, "env": {}},
+         "decode": {"role": "decode", "host": "h1", "port": 2, "env": {}},
+         "router": {"role": "router", "host": "h2", "port": 3}}
+
+
+def test_changed_groups_serve_config_only():
+    from dsv4ctl.deploy.lifecycle import changed_groups
+    assert changed_groups(_man(), _man(decode="d2"), SPEC2, SPEC2) == frozenset({"decode"})
+    assert changed_groups(_man(), _man(), SPEC2, SPEC2) == frozenset()
+
+
+def test_changed_groups_spec_entries_added_removed_or_changed():
+    from dsv4ctl.deploy.lifecycle import changed_groups
+    env = {**SPEC2, "prefill": {**SPEC2["prefill"], "env": {"X": "1"}}}
+    assert changed_groups(_man(), _man(), SPEC2, env) == frozenset({"prefill"})
+    no_router = {g: s for g, s in SPEC2.items() if g != "router"}
+    assert changed_groups(_man(), _man(), SPEC2, no_router) == frozenset({"router"})
+    assert changed_groups(_man(), _man(), no_router, SPEC2) == frozenset({"router"})
+
+
+def test_changed_groups_tree_difference_restarts_everything():
+    from dsv4ctl.deploy.lifecycle import changed_groups
+    assert changed_groups(_man(), _man(tree="t2"), SPEC2, SPEC2) is None
+    assert changed_groups(_man(), _man(link="mod.py"), SPEC2, SPEC2) is None
+    extra = _man()
+    extra["files"]["tree/new.py"] = ["n", 1, 420]
+    assert changed_groups(_man(), extra, SPEC2, SPEC2) is None

@@ -707,6 +707,31 @@ def target_spec(site: Site, target: str) -> dict:
     return next(iter(res.values())).value
 
 
+def rollback_restart(site: Site, target: str, spec: dict) -> frozenset | None:
+    """The groups a rollback to ``target`` (launch spec ``spec``) restarts: when every host runs
+    one release, :func:`dsv4ctl.deploy.lifecycle.changed_groups` of its manifest and launch spec
+    against the target's (a serve-config-only difference restarts only that group); else, or
+    when a manifest cannot be read, None (every group). The choice is logged."""
+    from .lifecycle import changed_groups
+    from .push import _base_manifest
+    currents = {site.facts[h].current for h in site.hosts}
+    if len(currents) != 1 or None in currents:
+        return None
+    cur = currents.pop()
+    t = site.transports[site.hosts[0]]
+    cur_man, tgt_man = _base_manifest(t, site, cur), _base_manifest(t, site, target)
+    cur_spec = site.facts[site.hosts[0]].current_launch
+    if not cur_man or not tgt_man or cur_spec is None:
+        return None
+    groups = changed_groups(cur_man, tgt_man, cur_spec, spec)
+    if groups is not None:
+        kept = sorted(set(spec) - groups)
+        site.opts.log(f"{cur} and {target} differ only in the serve files of "
+                      f"{', '.join(sorted(groups)) or 'no group'}: restarting only those"
+                      + (f" ({', '.join(kept)} keep running)" if kept else ""))
+    return groups
+
+
 def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4ctl rollback PROFILE") -> dict:
     """Activate an older release on every host (default: :func:`choose_rollback_target`, the
     newest release built before the active one that passed its health gate everywhere and is not
@@ -721,8 +746,9 @@ def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4
         refuse(site, target, False, "rollback")
         if opts.dry_run:
             site.token = DRY_RUN_TOKEN
-            run = rollback_steps(site, target, target_spec(site, target), locked=False,
-                                 extra=_record_extras(site, target, True))
+            spec = target_spec(site, target)
+            run = rollback_steps(site, target, spec, locked=False, extra=_record_extras(site, target, True),
+                                 restart=rollback_restart(site, target, spec))
             return {"schema": "dsv4ctl.rollback/1", "dry_run": True, "release": target, "actions": run.lines(),
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         try:
@@ -730,7 +756,8 @@ def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4
             target = choose_rollback_target(site.facts, to, command)[0]
             refuse(site, target, False, "rollback")
             spec = target_spec(site, target)
-            run = rollback_steps(site, target, spec, extra=_record_extras(site, target, True))
+            restart = rollback_restart(site, target, spec)
+            run = rollback_steps(site, target, spec, extra=_record_extras(site, target, True), restart=restart)
             _announce(site, run)
             old_current = {h: site.facts[h].current for h in site.hosts}
             rec = {"action": "rollback", "release": target, **_record_extras(site, target, True)}
@@ -744,7 +771,7 @@ def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4
                 raise drift_error(target, drift)
             try:
                 ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
-                                           revert_steps(site, site.hosts, target, spec))
+                                           revert_steps(site, site.hosts, target, spec, restart=restart))
             except KeyboardInterrupt:
                 close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"
                                  + (f"; {site.restored}" if site.restored else "")})

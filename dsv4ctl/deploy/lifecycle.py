@@ -281,3 +281,23 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
                 release_locks(site)
     finally:
         site.close()
+
+
+def changed_groups(cur_manifest: dict, tgt_manifest: dict, cur_spec: dict, tgt_spec: dict) -> frozenset | None:
+    """The groups a switch between two releases must restart (pure): None (every group) when the
+    SGLang tree differs (any file or link under ``tree/``, or a path outside ``tree/``,
+    ``configs/`` and ``launch.json``); else the groups whose launch-spec entry (command, port,
+    env, nodes) or ``configs/G.yaml`` differ, and those in only one release. Manifests are
+    ``MANIFEST.json`` documents ({"files": {path: [sha256, size, mode]}, "links": {path: target}})."""
+    def split(man):
+        files, links = man.get("files", {}), man.get("links", {})
+        rest = {p: (v[0] if isinstance(v, (list, tuple)) else v) for p, v in files.items()
+                if not p.startswith("configs/") and p != "launch.json"}
+        rest.update({p: ("link", t) for p, t in links.items()})
+        return rest, {p: (v[0] if isinstance(v, (list, tuple)) else v) for p, v in files.items() if p.startswith("configs/")}
+    cur_rest, cur_cfg = split(cur_manifest)
+    tgt_rest, tgt_cfg = split(tgt_manifest)
+    if cur_rest != tgt_rest:
+        return None
+    return frozenset(g for g in set(cur_spec) | set(tgt_spec)
+                     if cur_spec.get(g) != tgt_spec.get(g) or cur_cfg.get(f"configs/{g}.yaml") != tgt_cfg.get(f"configs/{g}.yaml"))

@@ -426,18 +426,20 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
     return RunSteps(steps, fail)
 
 
-def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, extra: dict | None = None) -> RunSteps:
-    """Every step of ``rollback`` to ``target`` (its launch spec ``spec``, read from the hosts)."""
+def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, extra: dict | None = None,
+                   restart: frozenset | None = None) -> RunSteps:
+    """Every step of ``rollback`` to ``target`` (its launch spec ``spec``, read from the hosts);
+    ``restart``: only these groups are restarted (None: every group)."""
     extra = extra or {}
     hosts = site.hosts
     steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
     steps += [verify_step(site, h, target) for h in hosts]
-    steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch)
-              for h in hosts]
+    steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch,
+                          restart=restart) for h in hosts]
     steps += gate_steps(site, spec)
     steps += [close_step(site, h, {"action": "rollback", "release": target, **extra, "result": "ok", "detail": "",
                                    "from": site.facts[h].current}, event=(target, "healthy", {}))
               for h in hosts]
-    fail = revert_steps(site, hosts, target, spec)
+    fail = revert_steps(site, hosts, target, spec, restart=restart)
     fail += [Step("close", h, "close: audit rollback failed (or interrupted) with the reason; unlock") for h in hosts]
     return RunSteps(steps, fail)
