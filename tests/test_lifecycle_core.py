@@ -1,11 +1,12 @@
-"""The pure core of start / stop / restart (dsv4ctl.deploy.lifecycle): which servers are acted
+"""The pure core of start / stop / restart (dsv4ctl.deploy.servers, lifecycle.batches): which servers are acted
 on, multi-node servers whole, batches, and the alive parser."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsv4ctl.deploy.lifecycle import ServerAction, batches, parse_alive, plan_servers
+from dsv4ctl.deploy.lifecycle import batches
+from dsv4ctl.deploy.servers import ServerAction, parse_alive, plan_servers
 
 # prefill TP16 over h0+h1 (one server), decode with two replicas on h2 and h3, a router on h4
 SPEC = {
@@ -101,13 +102,13 @@ SPEC2 = {"prefill": {"role": "prefill", "host": "h0", "port": 1, "env": {}},
 
 
 def test_changed_groups_serve_config_only():
-    from dsv4ctl.deploy.lifecycle import changed_groups
+    from dsv4ctl.deploy.servers import changed_groups
     assert changed_groups(_man(), _man(decode="d2"), SPEC2, SPEC2) == frozenset({"decode"})
     assert changed_groups(_man(), _man(), SPEC2, SPEC2) == frozenset()
 
 
 def test_changed_groups_spec_entries_added_removed_or_changed():
-    from dsv4ctl.deploy.lifecycle import changed_groups
+    from dsv4ctl.deploy.servers import changed_groups
     env = {**SPEC2, "prefill": {**SPEC2["prefill"], "env": {"X": "1"}}}
     assert changed_groups(_man(), _man(), SPEC2, env) == frozenset({"prefill"})
     no_router = {g: s for g, s in SPEC2.items() if g != "router"}
@@ -116,7 +117,7 @@ def test_changed_groups_spec_entries_added_removed_or_changed():
 
 
 def test_changed_groups_tree_difference_restarts_everything():
-    from dsv4ctl.deploy.lifecycle import changed_groups
+    from dsv4ctl.deploy.servers import changed_groups
     assert changed_groups(_man(), _man(tree="t2"), SPEC2, SPEC2) is None
     assert changed_groups(_man(), _man(link="mod.py"), SPEC2, SPEC2) is None
     extra = _man()

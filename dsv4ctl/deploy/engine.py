@@ -177,6 +177,22 @@ def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str
     return [r.error for r in res.values() if not r.ok]
 
 
+def run_server_steps(site: Site, steps: list[Step]) -> list[str]:
+    """Run ``steps``: every ``stop`` (hosts in parallel), then every ``start``. Returns the
+    errors (one per failed host; the starts are not run after a failed stop)."""
+    for phase in ("stop", "start"):
+        by_host = {s.host: s for s in steps if s.phase == phase}
+        if not by_host:
+            continue
+        res = run_parallel({h: site.transports[h] for h in by_host},
+                           lambda t: run_host_step(site, by_host[t.name], timeout=300),
+                           timeout=site.opts.host_timeout, finish_on_interrupt=True)
+        errors = [r.error for r in res.values() if not r.ok]
+        if errors:
+            return errors
+    return []
+
+
 def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> list:
     """Run the gate steps (:func:`dsv4ctl.hosts.health.gate`); [] = healthy. A worker whose
     process has exited fails at once (its service backend's alive command), as does a
@@ -420,7 +436,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             site.token = DRY_RUN_TOKEN
             servers = None
             if promote is None and nothing_to_do(site, rid):
-                from .lifecycle import converge_steps
+                from .servers import converge_steps
                 servers = converge_steps(site, rid, spec)[1]
             run = promote.steps(site, rid, spec, locked=False) if promote is not None else \
                 deploy_steps(site, rid, spec, locked=False, extra=_record_extras(site, rid, promote), servers=servers)
@@ -498,7 +514,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
     converge = promote is None and nothing_to_do(site, rel.id)
     started, servers = [], None
     if converge:
-        from .lifecycle import converge_steps
+        from .servers import converge_steps
         started, servers = converge_steps(site, rel.id, spec)
     run = promote.steps(site, rel.id, spec) if promote is not None else \
         deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart, servers=servers)
@@ -585,7 +601,6 @@ def _start_active(site: Site, rid: str, run: RunSteps, started: list, base_rec: 
     that fails → GateFailed (exit 1): the release is not marked failed (it passed its gate when
     it was activated; a dead server is more often the host than the release). Either way, and on
     an interrupt, every host's audit says so and the locks go."""
-    from .lifecycle import run_server_steps
     names = ", ".join(a.server + f" ({a.why})" for a in started)
     site.opts.log(f"{rid} is the active release on every host, but not every server runs: starting {names}")
     try:
@@ -709,10 +724,10 @@ def target_spec(site: Site, target: str) -> dict:
 
 def rollback_restart(site: Site, target: str, spec: dict) -> frozenset | None:
     """The groups a rollback to ``target`` (launch spec ``spec``) restarts: when every host runs
-    one release, :func:`dsv4ctl.deploy.lifecycle.changed_groups` of its manifest and launch spec
+    one release, :func:`dsv4ctl.deploy.servers.changed_groups` of its manifest and launch spec
     against the target's (a serve-config-only difference restarts only that group); else, or
     when a manifest cannot be read, None (every group). The choice is logged."""
-    from .lifecycle import changed_groups
+    from .servers import changed_groups
     from .push import _base_manifest
     currents = {site.facts[h].current for h in site.hosts}
     if len(currents) != 1 or None in currents:

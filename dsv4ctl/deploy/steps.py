@@ -398,7 +398,7 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
     ``extra``: audit fields every close record carries (a forced run). A serve-config change
     (``hicache on|off --remote``) is the same run with its ``action`` and only the groups in
     ``restart`` restarted. ``servers``: when ``rid`` is already active everywhere, the steps that
-    start its servers that are not running (:mod:`dsv4ctl.deploy.lifecycle`), then gated."""
+    start its servers that are not running (:mod:`dsv4ctl.deploy.servers`), then gated."""
     extra = extra or {}
     hosts = site.hosts
     locks = [] if locked else [lock_step(site, h, lock_what or f"{action} {rid}") for h in hosts]
