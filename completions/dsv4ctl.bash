@@ -11,8 +11,9 @@ _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-c
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile' ;;
+    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch lock config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
+    'lock') echo 'status acquire release' ;;
     'config') echo 'lint set' ;;
     'hicache') echo 'on off status' ;;
     'check') echo 'smoke load' ;;
@@ -27,7 +28,7 @@ _dsv4ctl_opts() {
     '') echo '--version --install-completion --show-completion -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
     'facts') echo '-g --group --json --timeout --write --dry-run --force -h --help' ;;
-    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight --json -v --verbose -q --quiet -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight -m --message --json -v --verbose -q --quiet -h --help' ;;
     'start') echo '-g --group --host --dry-run --accept-new-host-keys --health-timeout --break-lock --json -v --verbose -q --quiet -h --help' ;;
     'stop') echo '-g --group --host --dry-run --accept-new-host-keys --break-lock --json -v --verbose -q --quiet -h --help' ;;
     'restart') echo '-g --group --host --batch --dry-run --accept-new-host-keys --health-timeout --break-lock --json -v --verbose -q --quiet -h --help' ;;
@@ -48,6 +49,10 @@ _dsv4ctl_opts() {
     'patch revert') echo '--base --host -p --profile -n --dry-run --json -h --help' ;;
     'patch check') echo '--base --series --keep --dry-run --json --markdown -h --help' ;;
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
+    'lock') echo '-h --help' ;;
+    'lock status') echo '--accept-new-host-keys --json -h --help' ;;
+    'lock acquire') echo '-m --message --accept-new-host-keys -h --help' ;;
+    'lock release') echo '--force --accept-new-host-keys -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -h --help' ;;
     'config set') echo '-g --group --unset --tree --dry-run --json --remote --health-timeout -v --verbose -h --help' ;;
@@ -86,6 +91,7 @@ _dsv4ctl_optkind() {
     'deploy|--max-corruption') echo any ;;
     'deploy|--turns') echo any ;;
     'deploy|--min-requests') echo any ;;
+    'deploy|-m'|'deploy|--message') echo any ;;
     'start|-g'|'start|--group') echo any ;;
     'start|--host') echo any ;;
     'start|--health-timeout') echo any ;;
@@ -133,6 +139,7 @@ _dsv4ctl_optkind() {
     'patch export|--series') echo dir ;;
     'patch export|--tree') echo dir ;;
     'patch export|--fact') echo any ;;
+    'lock acquire|-m'|'lock acquire|--message') echo any ;;
     'config lint|-g'|'config lint|--group') echo any ;;
     'config lint|--tree') echo dir ;;
     'config set|-g'|'config set|--group') echo any ;;
@@ -204,6 +211,9 @@ _dsv4ctl_argkind() {
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;
     'patch export|0') echo any ;;
+    'lock status|0') echo yaml:w2 ;;
+    'lock acquire|0') echo yaml:w2 ;;
+    'lock release|0') echo yaml:w2 ;;
     'config lint|0') echo yaml:w2 ;;
     'config set|0') echo yaml:w2 ;;
     'hicache on|0') echo yaml:w2 ;;

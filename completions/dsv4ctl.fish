@@ -10,9 +10,11 @@ set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-st
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch config hicache check runbook profile
+            echo plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch lock config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
+        case 'lock'
+            echo status acquire release
         case 'config'
             echo lint set
         case 'hicache'
@@ -34,7 +36,7 @@ function __dsv4ctl_takes_value
         case 'facts'
             contains -- $argv[2] -g --group --timeout
         case 'deploy'
-            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests
+            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests -m --message
         case 'start'
             contains -- $argv[2] -g --group --host --health-timeout
         case 'stop'
@@ -67,6 +69,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --base --series --keep
         case 'patch export'
             contains -- $argv[2] --series --tree --fact
+        case 'lock acquire'
+            contains -- $argv[2] -m --message
         case 'config lint'
             contains -- $argv[2] -g --group --tree
         case 'config set'
@@ -182,6 +186,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inl
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'schema' -d 'Print the JSON Schema NAME (draft 2020-12). Editors use the profile schema th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'completion' -d 'Print the completion script for SHELL on stdout (how to install it: on stderr...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'patch' -d 'Patch series on SGLang trees: status, apply, revert, check, export.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'lock' -d 'The deploy lock of every host by hand: status, acquire -m MSG, release.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGLang --config YAML): lint, set.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'check' -d 'Tool-call correctness checks: smoke (endpoints) and load (corruption gate).'
@@ -222,6 +227,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l turns -r -f -d 'With --promo
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l min-requests -r -f -d 'With --promote: turns per load level at least (default: check load\'s).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l force-failed -d 'Activate a release recorded as failed anyway (audited; it stays active, never...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l no-preflight -d 'Skip the config lint + plan preflight (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s m -l message -r -f -d 'Why this deploy (recorded in every host\'s audit log and the release\'s record;...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l json -d 'Print the dsv4ctl.deploy/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s q -l quiet -d 'Print only errors and the verdict.'
@@ -373,6 +379,22 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -l fact -r -f -d 'Fact fo
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -s n -l dry-run -d 'Print the actions; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch export\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -f -a 'status' -d 'Per host: the deploy lock, free or held — who holds it, for what (a manual lo...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -f -a 'acquire' -d 'Take the deploy lock of every host by hand (all or none), with a message: dep...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -f -a 'release' -d 'Release the manual deploy locks of every host (audited with the old holder)....'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -l json -d 'Print the dsv4ctl.lock/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'lock status\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s m -l message -r -f -d 'Why (shown to everyone a deploy or restart refuses, and audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'lock acquire\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove a lock held by a run (deploy, rollback, ...) whose process is gone.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'lock release\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'lint' -d 'Lint the profile\'s serve configs against SGLang 0.5.23\'s real argument table...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'set' -d 'Set (or --unset) SGLang server arguments in the selected groups\' serve config...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -s h -l help -d 'Show this message and exit.'

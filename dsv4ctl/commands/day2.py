@@ -255,6 +255,21 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
         site.close()
 
 
+def _result_text(r: dict) -> str:
+    """An audit record's result as what it was: ``ok`` of a --force-failed activation is
+    ``ok (forced: failed before)``, of a --no-preflight deploy ``ok (no preflight)``."""
+    res = str(r.get("result", ""))
+    marks = (["forced: failed before"] if r.get("forced_failed") else []) + \
+        (["no preflight"] if r.get("preflight") == "skipped" else []) + (["promoted"] if r.get("promote") and res == "ok" else [])
+    return res + (f" ({', '.join(marks)})" if marks else "")
+
+
+def _detail_text(r: dict) -> str:
+    """The record's detail, after its ``-m`` message (quoted) when it has one."""
+    d = str(r.get("detail", ""))
+    return (f'"{r["message"]}"' + (f"; {d}" if d else "")) if r.get("message") else d
+
+
 def audit(profile: Optional[str] = _P,
           since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this UTC time (2026-12-01 or 2026-12-01T16:00:00Z)."),
           host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
@@ -301,7 +316,7 @@ def audit(profile: Optional[str] = _P,
     else:
         headers = ["when", "who", "host", "action", "release", "result", "detail"]
         rows = [[r.get("ts", ""), r.get("who", ""), r.get("host", ""), r.get("action", ""), r.get("release", ""),
-                 r.get("result", ""), str(r.get("detail", ""))[:100]] for r in recs]
+                 _result_text(r), _detail_text(r)[:100]] for r in recs]
         if markdown:
             print(markdown_table(headers, rows))
         else:

@@ -205,6 +205,7 @@ def deploy(
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="With --promote: turns per load level at least (default: check load's)."),
     force_failed: bool = typer.Option(False, "--force-failed", help="Activate a release recorded as failed anyway (audited; it stays active, never good)."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the config lint + plan preflight (audited)."),
+    message: Optional[str] = typer.Option(None, "--message", "-m", help="Why this deploy (recorded in every host's audit log and the release's record; shown by releases)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.deploy/1 JSON report."),
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -224,6 +225,9 @@ def deploy(
     from ..deploy import engine
     check_health_timeout(health_timeout)
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
+    if message is not None and (not message.strip() or len(message) > 500 or any(ord(c) < 32 for c in message)):
+        from ..errors import InputError
+        raise InputError("--message must be one line of 1-500 printable characters")
     if po is not None and no_preflight:
         from ..errors import InputError
         raise InputError("--no-preflight cannot go with --promote: the promotion pipeline always runs its preflight")
@@ -234,7 +238,8 @@ def deploy(
     with _Interrupted(secrets), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
-                     force_failed=force_failed, preflight=not no_preflight, runlog=runlog)
+                     force_failed=force_failed, preflight=not no_preflight, runlog=runlog,
+                     message=message.strip() if message else None)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
         runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
     if as_json:
@@ -384,6 +389,9 @@ def releases(
                       + (f", evidence {r['evidence']}" if r.get("evidence") else "")
                       if r.get("recorded_state") == "failed" and r.get("failed_check")
                       else ("forced after failing" if r.get("forced_at") else "promoted" if r.get("promoted_at") else "-"))
+            if r.get("message"):
+                checks += f'; "{r["message"][:80]}"'
+
             rows.append([h, r["id"], r["state"], f"{r['base_ref']} ({(r['base_commit'] or '')[:10]})",
                          len(r["patches"]), r["when"], r["who"] or "-", checks])
         if hr.get("error"):

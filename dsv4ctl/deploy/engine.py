@@ -654,13 +654,15 @@ class _stop_pushes_on_interrupt:
 
 
 def _record_extras(site: Site, rid: str, promote) -> dict:
-    """Audit fields of a deploy that an operator forced: ``--force-failed`` on a failed release,
-    ``--no-preflight``."""
+    """Audit fields of a deploy that an operator forced (``--force-failed`` on a failed release,
+    ``--no-preflight``) and its ``-m`` message."""
     out = {}
     if site.opts.force_failed and any(f.recorded(rid) == "failed" for f in site.facts.values()):
         out["forced_failed"] = True
     if promote is None and not site.opts.preflight:
         out["preflight"] = "skipped"
+    if site.opts.message:
+        out["message"] = site.opts.message
     return out
 
 
@@ -709,7 +711,8 @@ def releases(profile, opts: Options) -> dict:
                          "state": f.release_state(rid), "recorded_state": st.get("state"),
                          "promoted_at": st.get("promoted_at"), "failed_at": st.get("failed_at"),
                          "failed_check": st.get("failed_check"), "failure": st.get("failure"),
-                         "forced_at": st.get("forced_at"), "evidence": st.get("evidence")})
+                         "forced_at": st.get("forced_at"), "evidence": st.get("evidence"),
+                         "message": st.get("message")})
         out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
                            "lock": f.lock and holder_text(f.lock), "releases": rows}
     return out

@@ -35,6 +35,7 @@ class Options:
     trace: Callable[[object], None] | None = None   # called with every Step the engine executes
     steps: Callable[[list], None] | None = None     # called with the step list a run executes
     done: Callable[[object, float], None] | None = None   # called with every executed Step and its seconds
+    message: str | None = None                      # deploy -m: why (audit records and the release's record)
 
 
 @dataclass

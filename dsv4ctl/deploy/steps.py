@@ -418,7 +418,8 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
     steps += gate_steps(site, spec)
     steps += [close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok", "detail": "",
                                    "from": site.facts[h].current},
-                         event=(rid, "healthy", {}), prune=prune_after_switch(site.facts[h], rid, keep))
+                         event=(rid, "healthy", {"message": extra["message"]} if extra.get("message") else {}),
+                         prune=prune_after_switch(site.facts[h], rid, keep))
               for h in hosts]
     fail = revert_steps(site, hosts, rid, spec, restart=restart)
     fail += [Step("close", h, f"close: mark {rid} failed with the reason; audit {action} rolled-back (or "

@@ -56,12 +56,15 @@ class HostFacts:
     broken: list[str] = field(default_factory=list)         # release folders missing MANIFEST.json or RELEASE.json
 
     def release_state(self, rid: str) -> str:
-        """active / previous / good / failed / pushed."""
+        """active / previous / good / failed / pushed / ran. Only the current release is
+        ``active``: one recorded ``active`` (its health gate passed) that is no longer current
+        is ``ran``."""
         if rid == self.current:
             return "active"
         if rid == self.previous:
             return "previous"
-        return self.state.get("releases", {}).get(rid, {}).get("state", "pushed")
+        st = self.state.get("releases", {}).get(rid, {}).get("state", "pushed")
+        return "ran" if st == "active" else st
 
     def recorded(self, rid: str) -> str | None:
         """The release's recorded state (pushed / active / good / failed), None without a record."""

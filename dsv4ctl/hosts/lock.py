@@ -44,10 +44,35 @@ def parse_holder(text: str | None) -> dict:
     return h if isinstance(h, dict) else {}
 
 
+def age_s(h: dict, now: float | None = None) -> float | None:
+    """Seconds since the holder's ``since`` (ISO 8601 UTC, the host's clock) on this machine's
+    clock; None when unreadable."""
+    import calendar
+    import time
+    try:
+        t = calendar.timegm(time.strptime(h["since"], "%Y-%m-%dT%H:%M:%SZ"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return max(0.0, (time.time() if now is None else now) - t)
+
+
+def age_text(s: float | None) -> str:
+    """``0 min``, ``3 min``, ``2.5 h``, ``4.0 d`` (``?`` for None)."""
+    if s is None:
+        return "?"
+    if s < 3600:
+        return f"{int(s // 60)} min"
+    return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} d"
+
+
 def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool) -> LockHeld:
-    """The one error for a held lock."""
-    hint = "wait for it, or break a stale lock with --break-lock" if can_break else "try again when it is done"
-    return LockHeld(f"{host}: deploy lock {lock} held by {holder_text(parse_holder(holder_json))}; {hint}")
+    """The one error for a held lock: the holder (who, what — a manual lock's message —, pid,
+    since) and its age."""
+    h = parse_holder(holder_json)
+    hint = ("wait for it, or break a stale lock with --break-lock" if can_break else "try again when it is done")
+    if str(h.get("what", "")).startswith("lock acquire: "):
+        hint = "it was taken by hand: dsv4ctl lock release PROFILE when the work it names is done"
+    return LockHeld(f"{host}: deploy lock {lock} held by {holder_text(h)}, {age_text(age_s(h))} old; {hint}")
 
 
 def take_cmd(lock: str, holder_doc: dict, then: str = "") -> str:

@@ -1,0 +1,96 @@
+"""``dsv4ctl lock status|acquire|release``: thin CLI over :mod:`dsv4ctl.deploy.hostlock`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..render import console, dump_json, rich_table
+
+_P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command reads hosts.")
+_ACCEPT = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")
+
+
+def _profile(arg):
+    from .common import load_deployment_arg
+    return load_deployment_arg(arg, acts_on_hosts=True)
+
+
+def _opts(accept_new: bool):
+    from ..deploy.site import Options
+    return Options(accept_new_host_keys=accept_new)
+
+
+def status(
+    profile: Optional[str] = _P,
+    accept_new: bool = _ACCEPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document."),
+) -> None:
+    """Per host: the deploy lock, free or held — who holds it, for what (a manual lock's
+    message), since when and how long; a lock older than an hour is flagged as possibly stale.
+
+    Exit 0 · 2 bad input · 3 a host could not be read."""
+    from ..deploy.hostlock import status as lock_status
+    from ..hosts.lock import age_text
+    rep = lock_status(_profile(profile), _opts(accept_new))
+    if as_json:
+        print(dump_json(rep))
+        return
+    rows = []
+    for h, r in rep["hosts"].items():
+        if not r["held"]:
+            rows.append([h, "free", "", ""])
+            continue
+        rows.append([h, "held (by hand)" if r["manual"] else "held", r["text"],
+                     age_text(r["age_s"]) + (" (stale?)" if r["stale"] else "")])
+    console().print(rich_table("deploy locks", ["host", "lock", "holder", "age"], rows))
+    if any(r.get("stale") for r in rep["hosts"].values()):
+        print("a lock older than an hour may be stale: if its run is gone, dsv4ctl lock release PROFILE --force")
+
+
+def acquire(
+    profile: Optional[str] = _P,
+    message: str = typer.Option(..., "--message", "-m", help="Why (shown to everyone a deploy or restart refuses, and audited)."),
+    accept_new: bool = _ACCEPT,
+) -> None:
+    """Take the deploy lock of every host by hand (all or none), with a message: deploys,
+    rollbacks, promotions, start/stop/restart and --remote changes are refused, naming who and
+    why, until `lock release`.
+
+    Exit 0 locked · 2 bad input (an empty message) · 3 a host's lock is held (nothing taken) or
+    SSH failed."""
+    from ..deploy.hostlock import acquire as lock_acquire
+    from ..errors import InputError
+    if not message.strip() or len(message) > 500 or any(ord(c) < 32 for c in message):
+        raise InputError("--message must be one line of 1-500 printable characters")
+    rep = lock_acquire(_profile(profile), _opts(accept_new), message.strip())
+    print(f"locked {', '.join(rep['hosts'])}: {rep['message']}")
+
+
+def release(
+    profile: Optional[str] = _P,
+    force: bool = typer.Option(False, "--force", help="Also remove a lock held by a run (deploy, rollback, ...) whose process is gone."),
+    accept_new: bool = _ACCEPT,
+) -> None:
+    """Release the manual deploy locks of every host (audited with the old holder). A lock held
+    by a run is left alone unless --force (then nothing is released without it).
+
+    Exit 0 released (or none was held) · 2 bad input · 3 a run holds a lock (without --force) or
+    SSH failed."""
+    from ..deploy.hostlock import release as lock_release
+    rep = lock_release(_profile(profile), _opts(accept_new), force)
+    if not rep["hosts"]:
+        print("no lock held")
+    for h in rep["hosts"]:
+        print(f"{h}: released the lock held by {rep['holders'][h]}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``lock`` group (``status``, ``acquire``, ``release``) to the root app."""
+    sub = typer.Typer(help="The deploy lock of every host by hand: status, acquire -m MSG, release.",
+                      no_args_is_help=True)
+    sub.command("status")(status)
+    sub.command("acquire")(acquire)
+    sub.command("release")(release)
+    app.add_typer(sub, name="lock")

@@ -1,0 +1,136 @@
+"""``dsv4ctl lock status|acquire|release``: the deploy lock of every host, by hand (Kamal's
+``lock``). A manual lock is the same ``<root>/.lock`` a deploy takes (:mod:`dsv4ctl.hosts.lock`),
+its holder's ``what`` is ``lock acquire: MESSAGE``: every deploy, rollback, promotion, restart or
+``--remote`` change is refused naming who holds it and why, until ``lock release``."""
+
+from __future__ import annotations
+
+import secrets
+
+from ..errors import RemoteError
+from ..hosts.audit import append_cmd, record_fields
+from ..hosts.lock import LOCK_HELD_CODE, age_s, age_text, held_error, holder, holder_text, parse_holder, release_cmd, take_cmd
+from ..remote import q, run_parallel
+from .site import Site, open_site, raise_failed
+
+MANUAL = "lock acquire: "
+"""The ``what`` of a manual lock's holder starts with this, the message follows."""
+
+STALE_S = 3600.0
+"""A lock older than this is reported as possibly stale (a deploy's longest phase, the health
+wait, is 900 s by default)."""
+
+
+def read_cmd(lock: str) -> str:
+    """Read-only shell: ``free``, or ``held`` and the holder.json on the next line."""
+    return (f"if [ -d {q(lock)} ]; then echo held; cat {q(lock + '/holder.json')} 2>/dev/null || echo '{{}}'; "
+            f"else echo free; fi")
+
+
+def parse_read(text: str) -> dict | None:
+    """The holder dict when :func:`read_cmd` says held (``{}`` if unreadable), None when free (pure)."""
+    lines = text.strip().splitlines()
+    if not lines or lines[0] != "held":
+        return None
+    return parse_holder("\n".join(lines[1:]))
+
+
+def _read(site: Site) -> dict[str, dict | None]:
+    res = run_parallel(site.transports, lambda t: parse_read(t.run(read_cmd(site.paths[t.name].lock), timeout=60).out),
+                       timeout=site.opts.connect_timeout + 60)
+    raise_failed(res, "reading the locks")
+    return {h: res[h].value for h in site.hosts}
+
+
+def status(profile, opts) -> dict:
+    """``dsv4ctl.lock/1``: per host ``held``, ``holder`` (who, what, message, pid, since), ``age_s``,
+    ``manual`` and ``stale`` (older than :data:`STALE_S`). RemoteError (exit 3) when a host
+    cannot be read."""
+    site = open_site(profile, opts)
+    try:
+        got = _read(site)
+    finally:
+        site.close()
+    hosts = {}
+    for h, hd in got.items():
+        if hd is None:
+            hosts[h] = {"held": False}
+            continue
+        a = age_s(hd)
+        hosts[h] = {"held": True, "holder": {k: v for k, v in hd.items() if k != "token"},
+                    "text": holder_text(hd), "age_s": None if a is None else round(a),
+                    "manual": str(hd.get("what", "")).startswith(MANUAL), "stale": a is not None and a > STALE_S}
+    return {"schema": "dsv4ctl.lock/1", "hosts": hosts}
+
+
+def acquire(profile, opts, message: str) -> dict:
+    """Take every host's lock with ``message`` (all or none: a host whose lock is held gives the
+    others back; LockHeld, exit 3, naming the holder and its age). Each host's audit gets
+    ``lock acquire`` with the message."""
+    site = open_site(profile, opts)
+    token = "manual-" + secrets.token_hex(8)
+    doc = {**holder(MANUAL + message, token), "message": message}
+    taken: list[str] = []
+
+    def take(t):
+        p = site.paths[t.name]
+        rec = record_fields(t.name, "lock acquire", "ok", message)
+        r = t.run(f"mkdir -p {q(p.root)} && " + take_cmd(p.lock, doc, append_cmd(p.audit, rec)), timeout=60, check=False)
+        if r.code == LOCK_HELD_CODE:
+            raise held_error(t.name, p.lock, r.out, can_break=False)
+        if r.code != 0:
+            raise t.fail(r, f"lock {p.lock}")
+        taken.append(t.name)
+        return True
+    try:
+        res = run_parallel(site.transports, take, timeout=site.opts.connect_timeout + 60, finish_on_interrupt=True)
+        if not all(r.ok for r in res.values()):
+            _give_back(site, taken, token)
+            raise_failed(res, "locking")
+    finally:
+        site.close()
+    return {"schema": "dsv4ctl.lock/1", "action": "acquire", "message": message, "hosts": sorted(taken)}
+
+
+def _give_back(site: Site, hosts: list[str], token: str) -> None:
+    if hosts:
+        run_parallel({h: site.transports[h] for h in hosts},
+                     lambda t: t.run(release_cmd(site.paths[t.name].lock, token), timeout=30),
+                     timeout=site.opts.connect_timeout + 30)
+
+
+def release(profile, opts, force: bool = False) -> dict:
+    """Remove the manual locks of every host (audited ``lock release`` with the old holder). A lock
+    a run holds (a deploy, a rollback, …) is only removed with ``force`` — nothing is removed
+    otherwise (RemoteError, exit 3, naming it). A lock re-taken between the read and the removal
+    is left alone (removal matches the holder's token)."""
+    site = open_site(profile, opts)
+    try:
+        got = _read(site)
+        runs = {h: hd for h, hd in got.items() if hd is not None and not str(hd.get("what", "")).startswith(MANUAL)}
+        if runs and not force:
+            h, hd = next(iter(runs.items()))
+            raise RemoteError(f"{h}: the lock is held by a run, not by lock acquire: {holder_text(hd)}, "
+                              f"{age_text(age_s(hd))} old; nothing released (if that run is gone: "
+                              "dsv4ctl lock release PROFILE --force)")
+        held = {h: hd for h, hd in got.items() if hd is not None}
+
+        def rm(t):
+            p, hd = site.paths[t.name], held[t.name]
+            rec = record_fields(t.name, "lock release", "ok", f"removed lock held by {holder_text(hd)}"
+                                + (f": {hd['message']}" if hd.get("message") else ""))
+            tok = hd.get("token")
+            if tok:
+                cmd = (f"if grep -q {q(tok)} {q(p.lock + '/holder.json')} 2>/dev/null; then rm -rf {q(p.lock)} && "
+                       f"{append_cmd(p.audit, rec)}; fi")
+            else:       # an unreadable holder.json: only with --force (it is no manual lock)
+                cmd = f"rm -rf {q(p.lock)} && {append_cmd(p.audit, rec)}"
+            t.run(cmd, timeout=60)
+            return True
+        res = run_parallel({h: site.transports[h] for h in held}, rm, timeout=site.opts.connect_timeout + 60,
+                           finish_on_interrupt=True)
+        raise_failed(res, "releasing the locks")
+    finally:
+        site.close()
+    return {"schema": "dsv4ctl.lock/1", "action": "release", "hosts": sorted(held),
+            "holders": {h: holder_text(hd) for h, hd in held.items()}}

@@ -1,0 +1,98 @@
+"""``dsv4ctl lock status|acquire|release`` and ``deploy -m`` on real sshd hosts (issue 26, item 3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv4ctl.hosts.layout import HostFacts
+from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.world import World
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture
+def world(live_cluster, tmp_path):
+    w = World(live_cluster, tmp_path, keep=3)
+    yield w
+    w.stop_services()
+
+
+def cli(w: World, *args, timeout=180):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
+
+
+def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
+    w = world
+    r = cli(w, "lock", "status", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["hosts"] == {h: {"held": False} for h in ("h0", "h1", "h2", "h3")}
+
+    r = cli(w, "lock", "acquire", "-m", "upgrading NVIDIA drivers")
+    assert r.code == 0, r.err
+    assert r.out.strip() == "locked h0, h1, h2, h3: upgrading NVIDIA drivers"
+    doc = cli(w, "lock", "status", "--json").json()["hosts"]["h1"]
+    assert doc["held"] and doc["manual"] and not doc["stale"] and doc["age_s"] < 120
+    assert doc["holder"]["message"] == "upgrading NVIDIA drivers" and "token" not in doc["holder"]
+    assert doc["holder"]["what"] == "lock acquire: upgrading NVIDIA drivers"
+    r = cli(w, "lock", "status")
+    assert "held (by hand)" in r.out and "lock acquire: upgrading NVIDIA" in r.out
+
+    r = cli(w, "deploy", "--no-preflight")
+    assert r.code == 3
+    line = r.err.strip().splitlines()[-1]
+    assert "deploy lock" in line and "(lock acquire: upgrading NVIDIA drivers, pid " in line
+    assert line.endswith("min old; it was taken by hand: dsv4ctl lock release PROFILE when the work it names is done")
+    assert not any((w.roots[h] / "current").exists() for h in w.roots)
+    r = cli(w, "lock", "acquire", "-m", "second")
+    assert r.code == 3 and "upgrading NVIDIA drivers" in r.err
+    assert cli(w, "lock", "status", "--json").json()["hosts"]["h0"]["holder"]["message"] == "upgrading NVIDIA drivers"
+
+    r = cli(w, "lock", "release")
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith("h0: released the lock held by ")
+    for h in w.roots:
+        recs = [(x["action"], x["result"]) for x in w.audit(h)]
+        assert recs == [("lock acquire", "ok"), ("lock release", "ok")], (h, recs)
+        assert w.audit(h)[-1]["detail"].endswith(": upgrading NVIDIA drivers")
+    assert cli(w, "lock", "release").out.strip() == "no lock held"
+
+    r = cli(w, "deploy", "--no-preflight", "-m", "bf16 index-K patch, HiCache off", "--json")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    assert w.audit("h0")[-1]["message"] == "bf16 index-K patch, HiCache off"
+    assert w.state("h0")["releases"][rid]["message"] == "bf16 index-K patch, HiCache off"
+    rows = cli(w, "releases", "--json").json()["hosts"]["h0"]["releases"]
+    assert rows[0]["id"] == rid and rows[0]["message"] == "bf16 index-K patch, HiCache off"
+    r = cli(w, "audit", "--markdown")
+    row = [ln for ln in r.out.splitlines() if "| h0 | deploy |" in ln][-1]
+    assert row.endswith(f'| {rid} | ok (no preflight) | "bf16 index-K patch, HiCache off" |'), row
+
+
+def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
+    w = world
+    lock = w.roots["h2"] / ".lock"
+    lock.mkdir(parents=True)
+    (lock / "holder.json").write_text(json.dumps({"who": "alice@ops1", "what": "deploy rX", "pid": 4242,
+                                                  "since": "2026-11-29T10:00:00Z", "token": "t0k"}))
+    r = cli(w, "lock", "status")
+    assert "alice@ops1 (deploy rX, pid 4242, since 2026-11-29T10:00:00Z)" in r.out and "(stale?)" in r.out
+    assert "if its run is gone, dsv4ctl lock release PROFILE --force" in r.out
+    r = cli(w, "lock", "release")
+    assert r.code == 3 and "h2: the lock is held by a run, not by lock acquire: alice@ops1 (deploy rX" in r.err
+    assert "nothing released" in r.err and lock.is_dir()
+    r = cli(w, "lock", "release", "--force")
+    assert r.code == 0, r.err
+    assert not lock.exists() and w.audit("h2")[-1]["action"] == "lock release"
+    for args in (["lock", "acquire", "-m", ""], ["lock", "acquire", "-m", "two\nlines"], ["deploy", "-m", " "]):
+        r = cli(w, *args)
+        assert r.code == 2 and r.err.strip() == "dsv4ctl: error: --message must be one line of 1-500 printable characters", (args, r.err)
+
+
+def test_only_the_current_release_is_active():
+    f = HostFacts("h", "/r", releases={"r1": {}, "r2": {}, "r3": {}}, current="r3", previous="r2")
+    f.state = {"releases": {"r1": {"state": "active"}, "r2": {"state": "active"}, "r3": {"state": "active"}}}
+    assert [f.release_state(r) for r in ("r1", "r2", "r3")] == ["ran", "previous", "active"]
