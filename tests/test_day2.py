@@ -175,8 +175,18 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     r = run_cli("audit", str(w.profile), "--since", "2999-01-01", "--json", env=w.env(), timeout=120)
     assert r.code == 0 and r.json()["records"] == []
 
-    # a stopped server: status says which, exit 1
-    pidfile = next(iter(w.roots.values())) / "run" / f"{group}.pid"
+    # the profile's serve config changed, not deployed: a difference with the command that
+    # applies it (a restart would start the active release's copy again), not "unhealthy"
+    w.hicache(True)
+    r = run_cli("status", str(w.profile), env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    assert f"differs from the profile's serve config: {host}/{group}: " in r.out
+    assert f"a restart starts that one again); to apply the profile's: dsv4ctl deploy {w.profile}" in r.out
+    doc = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120).json()
+    assert doc["ok"] is True and doc["unhealthy"] == [] and len(doc["differing"]) == len(w.groups)
+    w.hicache(False)
+
+    # a stopped server: status says which, exit 1, in words
     pidfile = w.roots[host] / "run" / f"{group}.pid"
     import os
     import signal
@@ -184,8 +194,10 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     os.killpg(int(pidfile.read_text()), signal.SIGKILL)
     time.sleep(0.5)
     r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
-    assert r.code == 1 and f"{host}/{group}: process not running" in r.err
-    assert r.json()["hosts"][host]["groups"][group]["alive"] is False
+    assert r.code == 1 and r.err.strip() == f"dsv4ctl: error: status: unhealthy: {host}/{group}: process not running"
+    g = r.json()["hosts"][host]["groups"][group]
+    assert g["alive"] is False
+    assert g["health"].startswith("/health: connection refused (nothing listens on ") and "Error" not in g["health"]
 
 
 def test_error_lines_cannot_drive_the_terminal(capsys):

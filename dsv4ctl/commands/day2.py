@@ -25,6 +25,29 @@ def _site(profile, accept_new: bool):
     return dep, open_site(dep, Options(accept_new_host_keys=accept_new))
 
 
+def _http_failure(e: BaseException, timeout: float) -> str:
+    """What happened to an HTTP probe, in words (not an exception class name): ``connection
+    refused (nothing listens on 10.0.0.2:30000)``, ``no answer within 5 s``, ``the server closed the
+    connection``, ``cannot resolve h200-1``, else the class name and message."""
+    import asyncio
+
+    import aiohttp
+    if isinstance(e, asyncio.TimeoutError):
+        return f"no answer within {timeout:g} s"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        err = e.os_error
+        where = f"{e.host}:{e.port}"
+        if isinstance(err, ConnectionRefusedError):
+            return f"connection refused (nothing listens on {where})"
+        if "Name or service not known" in str(err) or "nodename nor servname" in str(err) or \
+                isinstance(err, OSError) and err.errno in (-2, -3, -5):
+            return f"cannot resolve {e.host}"
+        return f"cannot connect to {where} ({getattr(err, 'strerror', None) or err})"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection without an answer"
+    return f"{type(e).__name__}: {e}"[:200]
+
+
 async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[str], Optional[dict]]]:
     """{group: (health error or None, /server_info or None)} over HTTP, all groups at once."""
     import asyncio
@@ -38,7 +61,7 @@ async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Option
                 if r.status != 200:
                     err = f"/health answered {r.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            return f"/health: {type(e).__name__}", None
+            return f"/health: {_http_failure(e, timeout)}", None
         try:
             async with s.get(url + "/server_info") as r:
                 if r.status == 200:
@@ -62,7 +85,11 @@ def status(profile: Optional[str] = _P,
     """Per host and group: the active release and its state, process alive, /health, HiCache as
     running vs the serve config, the lock holder, the last audit record.
 
-    Exit 0 all healthy · 1 something unhealthy or differing · 2 bad input · 3 a host unreachable."""
+    A running server whose HiCache settings differ from the profile's serve config is reported
+    (with the command that applies the file), not counted as unhealthy.
+
+    Exit 0 all healthy · 1 something unhealthy (a process not running, /health failing, a failed
+    or drifted active release) · 2 bad input · 3 a host unreachable."""
     import asyncio
 
     from ..hosts.day2 import last_audit_text, parse_status, status_command
@@ -91,7 +118,7 @@ def status(profile: Optional[str] = _P,
             for r, (_, url) in enumerate(g.replica_urls if g.is_server else [(g.name, g.url)])}
     probes = asyncio.run(_probe(urls, timeout))
     table = load_table()
-    hosts, rows, unhealthy, down = {}, [], [], []
+    hosts, rows, unhealthy, differing, down = {}, [], [], [], []
     for h, r in res.items():
         if not r.ok:
             down.append(r.error)
@@ -148,9 +175,12 @@ def status(profile: Optional[str] = _P,
                 _, resolved = check_keys(g.serve, table, name)
                 want = file_view(resolved.args)
                 diffs = compare(want, {k: info.get(k) for k in want})
-            ok = alive and err is None and not diffs
-            if not ok:
-                unhealthy.append(f"{h}/{name}: " + ("process not running" if not alive else err or diffs[0]))
+            if not alive or err is not None:
+                unhealthy.append(f"{h}/{name}: " + ("process not running" if not alive else err))
+            elif diffs:
+                # the running server and the profile's serve config disagree: the server runs the
+                # active release's copy, so a restart starts the same one again; deploy applies it
+                differing.append(f"{h}/{name}: {diffs[0]}" + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""))
             hdoc["groups"][name] = {**gdoc, "health": err or "ok", "hicache_differences": diffs}
             rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
                          + ")", "yes" if alive else "NO",
@@ -158,7 +188,7 @@ def status(profile: Optional[str] = _P,
                          hdoc["lock"] or "-"])
         hosts[h] = hdoc
     doc = {"schema": "dsv4ctl.status/1", "profile": dep.name, "hosts": hosts, "unhealthy": unhealthy,
-           "unreachable": down, "ok": not unhealthy and not down}
+           "differing": differing, "unreachable": down, "ok": not unhealthy and not down}
     if as_json:
         print(dump_json(doc))
     else:
@@ -173,10 +203,14 @@ def status(profile: Optional[str] = _P,
             la = hd.get("last_audit")
             if la:
                 print(f"{h}: last audit: {last_audit_text(la)}")
+        for d in differing:
+            print(f"differs from the profile's serve config: {d}: the server runs the active release's copy (a "
+                  f"restart starts that one again); to apply the profile's: dsv4ctl deploy {dep.path}")
     if down:
         raise DsvError(f"status: {len(down)} host(s) could not be read: {down[0]}", EXIT_REMOTE)
     if unhealthy:
-        raise DsvError(f"status: {len(unhealthy)} group(s) unhealthy: {unhealthy[0]}", EXIT_FAILED)
+        more = f" (and {len(unhealthy) - 1} more problem(s))" if len(unhealthy) > 1 else ""
+        raise DsvError(f"status: unhealthy: {unhealthy[0]}{more}", EXIT_FAILED)
 
 
 def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
