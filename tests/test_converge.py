@@ -199,3 +199,20 @@ def test_rollback_of_a_decode_only_change_restarts_only_decode(world):
     assert pid(w, "h1", "decode") != pids["decode"]
     assert all(http_status(url(w, g)) == 200 for g in ("prefill", "decode", "router"))
     assert "chunked-prefill-size" not in (w.roots["h1"] / "current" / "configs" / "decode.yaml").read_text()
+
+
+def test_health_wait_prints_progress_and_q_silences_it(world):
+    import yaml
+    w = world
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": "3"}          # prefill loads for 3 s
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    env = {**w.env(), "DSV4CTL_PROGRESS_S": "1"}
+    r = run_cli("deploy", str(w.profile), "--no-preflight", env=env, timeout=180)
+    assert r.code == 0, r.err
+    lines = [ln for ln in r.err.splitlines() if ln.startswith("dsv4ctl: health: 1/2 worker(s) ready, ")]
+    assert lines, r.err
+    assert " s of 20 s; prefill on h0: /health answered 503" in lines[0], lines[0]
+    assert "decode on h1" not in lines[-1]
+    r = run_cli("restart", str(w.profile), "-g", "prefill", "-q", env=env, timeout=180)
+    assert r.code == 0 and r.err == "", r.err

@@ -232,15 +232,68 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
     wait = health_timeout(site) if timeout is None else timeout
     site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
                   f"(timeout {wait:g} s)")
-    t0, ended = time.monotonic(), {}
+    t0, ended, status = time.monotonic(), {}, {}
+    ticker = _GateProgress(site, workers, ended, status, t0, wait)
     try:
-        return health.gate(workers, chat, wait, model, ended=ended)
+        with ticker:
+            return health.gate(workers, chat, wait, model, ended=ended, status=status)
     finally:
         t1 = max([ended[k] for k in ended if k[0] == "health"], default=t0)
         for s in steps:
             k = (s.extra["kind"], s.host, s.extra["group"])
             start = t0 if s.extra["kind"] == "health" else t1
             step_done(site, s, max(0.0, ended.get(k, time.monotonic()) - start))
+
+
+def progress_interval() -> float:
+    """Seconds between health-wait progress lines: ``DSV4CTL_PROGRESS_S`` when set (> 0), else 5 s
+    on a terminal and 30 s otherwise (a CI log gets a line per half minute of a 900-s wait)."""
+    import os
+    import sys
+    try:
+        v = float(os.environ.get("DSV4CTL_PROGRESS_S", ""))
+        if v > 0:
+            return v
+    except ValueError:
+        pass
+    return 5.0 if sys.stderr.isatty() else 30.0
+
+
+class _GateProgress:
+    """While a health gate waits: every :func:`progress_interval` s one line through
+    ``site.opts.log`` (nothing with ``-q``) — N/M workers ready, elapsed / timeout, and for each
+    worker still waiting its host, what its /health says and the last line of its server log."""
+
+    def __init__(self, site: Site, workers: list, ended: dict, status: dict, t0: float, wait: float):
+        self.site, self.workers, self.ended, self.status, self.t0, self.wait = site, workers, ended, status, t0, wait
+        self.stop = threading.Event()
+        self.thread = None
+
+    def __enter__(self):
+        if self.workers:
+            self.thread = threading.Thread(target=self._run, daemon=True, name="gate-progress")
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        return False
+
+    def _run(self) -> None:
+        every = progress_interval()
+        while not self.stop.wait(every):
+            waiting = [t for t in self.workers if ("health", t.host, t.group) not in self.ended]
+            if not waiting or self.stop.is_set():
+                return
+            parts = []
+            for t in waiting:
+                tail = log_tail(self.site, t.host, t.group, 1)
+                parts.append(f"{t.group} on {t.host}: {self.status.get((t.host, t.group), 'no answer yet')}"
+                             + (f", log: {tail[-1][:160]}" if tail else ""))
+            if self.stop.is_set():
+                return
+            self.site.opts.log(f"health: {len(self.workers) - len(waiting)}/{len(self.workers)} worker(s) ready, "
+                               f"{time.monotonic() - self.t0:.0f} s of {self.wait:g} s; " + "; ".join(parts))
 
 
 def dead_servers(site: Site, gates: list[Step]) -> str:

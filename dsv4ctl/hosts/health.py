@@ -31,7 +31,8 @@ class Failure:
     reason: str
 
 
-async def _wait_one(session, t: Target, deadline: float, poll: float, loop, timeout: float = 0) -> Failure | None:
+async def _wait_one(session, t: Target, deadline: float, poll: float, loop, timeout: float = 0,
+                    status: dict | None = None) -> Failure | None:
     import aiohttp
     last = "no answer"
     next_alive = time.monotonic() + 1.0
@@ -42,7 +43,10 @@ async def _wait_one(session, t: Target, deadline: float, poll: float, loop, time
                     return None
                 last = f"/health answered {r.status}"
         except Exception as e:
-            last = f"/health: {type(e).__name__}"
+            last = "/health: " + ("not listening yet" if isinstance(e, aiohttp.ClientConnectorError)
+                                  else f"{type(e).__name__}")
+        if status is not None:
+            status[(t.host, t.group)] = last
         now = time.monotonic()
         if t.alive is not None and now >= next_alive:
             next_alive = now + 1.0
@@ -91,13 +95,14 @@ async def _chat(session, t: Target, deadline: float, model: str, poll: float) ->
 
 
 def gate(workers: list[Target], chat: list[Target], timeout: float, model: str = "default",
-         poll: float = 0.1, ended: dict | None = None) -> list[Failure]:
+         poll: float = 0.1, ended: dict | None = None, status: dict | None = None) -> list[Failure]:
     """Wait until every worker's /health is 200 (or its process exits, or ``timeout`` s pass),
     then one 1-token chat completion through each ``chat`` target (the router). [] = healthy.
     ``poll`` (s) between /health probes of one target: a probe is one small GET, and a
     restarted group is seen healthy at most ``poll`` s after it is. ``ended`` (optional) gets
     ``(kind, host, group) -> time.monotonic()`` when each target is done (kind ``health`` or
-    ``chat``)."""
+    ``chat``); ``status`` (optional) gets ``(host, group) -> what the last /health probe saw``
+    while a worker is not healthy (for progress lines)."""
     ended = {} if ended is None else ended
 
     async def done(kind, t, make):
@@ -112,7 +117,7 @@ def gate(workers: list[Target], chat: list[Target], timeout: float, model: str =
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as s:
             fails = [f for f in await asyncio.gather(*[
-                done("health", t, lambda t=t: _wait_one(s, t, deadline, poll, loop, timeout)) for t in workers]) if f]
+                done("health", t, lambda t=t: _wait_one(s, t, deadline, poll, loop, timeout, status)) for t in workers]) if f]
             if fails:
                 return fails
             fails = [f for f in await asyncio.gather(*[
