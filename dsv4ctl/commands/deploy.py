@@ -411,6 +411,11 @@ def releases(
 
 
 _GROUPS = typer.Option([], "--group", "-g", help="Only this group's servers (repeatable; default: every group).")
+_L_DRY = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing.")
+_L_ACCEPT = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")
+_L_HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s).")
+_L_BREAK = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited).")
+_L_JSON = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report.")
 _HOSTS = typer.Option([], "--host", help="Only servers with a node on this host (repeatable; a multi-node server is acted on whole).")
 
 
@@ -443,11 +448,11 @@ def start(
     profile: Optional[str] = _P,
     group: list[str] = _GROUPS,
     host: list[str] = _HOSTS,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing."),
-    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s)."),
-    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report."),
+    dry_run: bool = _L_DRY,
+    accept_new: bool = _L_ACCEPT,
+    health_timeout: Optional[float] = _L_HEALTH,
+    break_lock: bool = _L_BREAK,
+    as_json: bool = _L_JSON,
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
 ) -> None:
@@ -465,10 +470,10 @@ def stop(
     profile: Optional[str] = _P,
     group: list[str] = _GROUPS,
     host: list[str] = _HOSTS,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing."),
-    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
-    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report."),
+    dry_run: bool = _L_DRY,
+    accept_new: bool = _L_ACCEPT,
+    break_lock: bool = _L_BREAK,
+    as_json: bool = _L_JSON,
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
 ) -> None:
@@ -485,11 +490,11 @@ def restart(
     group: list[str] = _GROUPS,
     host: list[str] = _HOSTS,
     batch: Optional[int] = typer.Option(None, "--batch", help="Rolling: restart this many servers at a time, each batch healthy before the next (default: all at once)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing."),
-    accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s)."),
-    break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report."),
+    dry_run: bool = _L_DRY,
+    accept_new: bool = _L_ACCEPT,
+    health_timeout: Optional[float] = _L_HEALTH,
+    break_lock: bool = _L_BREAK,
+    as_json: bool = _L_JSON,
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
 ) -> None:
