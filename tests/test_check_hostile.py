@@ -344,7 +344,8 @@ def test_sigterm_during_load_is_exit_130_with_the_records_kept(root, tmp_path):
                           "--turns", "2", "--min-requests", "10000000", "--no-progress", "--no-metrics",
                           "--records", str(rec)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not (rec.exists() and rec.stat().st_size > 0):
+    # a complete record line (the --records writability probe writes and truncates one "\n" first)
+    while not (rec.exists() and rec.read_text().strip()):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)

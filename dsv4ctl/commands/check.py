@@ -281,6 +281,10 @@ def load(
     else:
         integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
     secrets = check_secrets(api_key, prof if profile else None)
+    # SIGTERM/SIGHUP before the load's own handlers are in place (opening --records, the first
+    # connections) are an interrupt too, never a silent death (exit -15 with no message)
+    from ..signals import terminate_as_interrupt
+    terminate_as_interrupt()
     rec_file = None
     if records is not None:
         rec_file = _open_records(records)

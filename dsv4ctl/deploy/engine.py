@@ -789,6 +789,8 @@ def rollback_restart(site: Site, target: str, spec: dict) -> frozenset | None:
     if len(currents) != 1 or None in currents:
         return None
     cur = currents.pop()
+    if cur == target:       # rolling back to the active release restarts it (as it always did)
+        return None
     t = site.transports[site.hosts[0]]
     cur_man, tgt_man = _base_manifest(t, site, cur), _base_manifest(t, site, target)
     cur_spec = site.facts[site.hosts[0]].current_launch
