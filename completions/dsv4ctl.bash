@@ -25,7 +25,7 @@ _dsv4ctl_subs() {
 # options of a command path
 _dsv4ctl_opts() {
   case "$1" in
-    '') echo '--version --install-completion --show-completion -h --help' ;;
+    '') echo '--version -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -h --help' ;;
     'facts') echo '-g --group --json --timeout --write --dry-run --force -h --help' ;;
     'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight -m --message --json -v --verbose -q --quiet -h --help' ;;

@@ -193,8 +193,6 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'check' -d 'Tool-call correctne
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'runbook' -d 'Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'profile' -d 'Shipped profiles: list, show, and init (a starting profile of your own).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l version -d 'Print the version and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l install-completion -d 'Install completion for the current shell.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l show-completion -d 'Show completion for the current shell, to copy it or customize the installation.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_keys w1)' -d 'What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'

@@ -63,7 +63,8 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
     import importlib
     import importlib.util
     application = typer.Typer(
-        name="dsv4ctl", help=HELP, no_args_is_help=True, add_completion=True,
+        name="dsv4ctl", help=HELP, no_args_is_help=True,
+        add_completion=False,   # one completion mechanism: `dsv4ctl completion SHELL` (static scripts)
         pretty_exceptions_enable=False,
         rich_markup_mode=None,  # plain click help: rich help imports ~110 ms (benchmarks/startup.py)
         context_settings={"help_option_names": ["-h", "--help"]},

@@ -217,7 +217,15 @@ def run(
     if dry_run:
         for e in state.timeline[-len(pb.steps):]:
             print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))
-        bad = [e.step for e in state.timeline[-len(pb.steps):] if e.status == "dry-run-error"]
+        bad = [e for e in state.timeline[-len(pb.steps):] if e.status == "dry-run-error"]
+        if profile is None and bad and all(any("shipped with dsv4ctl, not edited" in ln for ln in e.lines) for e in bad):
+            # the embedded example is read-only by design: its dry run shows the steps; the only
+            # stops are the edits a real profile would get
+            print(f"note: steps {', '.join(e.step for e in bad)} edit serve configs: the embedded example is never "
+                  f"edited, your own profile is (dsv4ctl profile init my.yaml; dsv4ctl runbook run {pb.name} my.yaml "
+                  "--dry-run)")
+            return
+        bad = [e.step for e in bad]
         if bad:
             raise VerdictError(f"runbook {pb.name} --dry-run: the run would stop at step {bad[0]} "
                                f"({len(bad)} step(s) report an error above)")
