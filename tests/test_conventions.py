@@ -104,17 +104,28 @@ def test_profile_list_and_show():
 
 
 def test_profile_init_writes_a_commented_profile_and_its_serve_configs(tmp_path):
-    r = run_cli("profile", "init", "prod.yaml", cwd=tmp_path)
+    r = run_cli("profile", "init", "prod", cwd=tmp_path)       # ".yaml" is added to a bare name
     assert r.code == 0, r.err
     assert r.out.splitlines() == [f"wrote prod.yaml", "wrote prod/prefill.yaml", "wrote prod/decode.yaml",
+                                  "wrote prod/profile.schema.json",
                                   "next: edit hosts and sglang.tree, then: dsv4ctl plan prod.yaml"]
     text = (tmp_path / "prod.yaml").read_text()
+    # portable: nothing of the installation's own path (a reinstall elsewhere must not break it)
     assert text.splitlines()[:2] == [
-        f"# yaml-language-server: $schema={REPO / 'dsv4ctl/data/schemas/profile.schema.json'}",
+        "# yaml-language-server: $schema=prod/profile.schema.json",
         "# Written by `dsv4ctl profile init` (dsv4ctl 0.1.0) from dsv4-flash-8xb200-pd.yaml."]
+    assert str(REPO) not in text
+    assert (tmp_path / "prod/profile.schema.json").read_text() == \
+        (REPO / "dsv4ctl/data/schemas/profile.schema.json").read_text()
     assert "\nname: prod\n" in text
     assert "    serve_config: prod/prefill.yaml\n" in text and "    serve_config: prod/decode.yaml\n" in text
-    assert f"  series: {REPO / 'patches/sglang-0.5.23'}  # dsv4-flash-8xb200-pd.yaml's series" in text
+    assert "  series: sglang-0.5.23  # the shipped series, by name;" in text
+    from dsv4ctl.profile.deployment import load_deployment
+    assert load_deployment(tmp_path / "prod.yaml").sglang.series == REPO / "patches/sglang-0.5.23"
+    # a folder of that name beside the profile is taken first (a copy the operator made)
+    (tmp_path / "sglang-0.5.23").mkdir()
+    assert load_deployment(tmp_path / "prod.yaml").sglang.series == tmp_path / "sglang-0.5.23"
+    (tmp_path / "sglang-0.5.23").rmdir()
     for g in ("prefill", "decode"):
         assert (tmp_path / "prod" / f"{g}.yaml").read_text() == \
             (REPO / "profiles/dsv4-flash-8xb200-pd" / f"{g}.yaml").read_text()

@@ -90,7 +90,18 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
         except OSError as e:
             raise InputError(f"{g.serve_config}: {e.strerror or e}") from None
     series = (prof.raw.get("sglang") or {}).get("series")
-    if isinstance(series, str) and not Path(series).expanduser().is_absolute():
+    shipped_series = None
+    if isinstance(series, str):
+        from ..profile.deployment import series_path
+        from ..resources import shipped_dir
+        real = series_path(src.parent, series).resolve()
+        if real.parent == shipped_dir("patches").resolve() and real.is_dir():
+            shipped_series = real.name
+    if shipped_series is not None:      # by its shipped name: the profile survives a reinstall
+        pat = re.compile(r"^(\s*series:\s*)" + re.escape(series) + r"(\s*#.*)?$", re.M)
+        text = pat.sub(lambda m: f"{m.group(1)}{shipped_series}  # the shipped series, by name; copy the folder "
+                                 "and give its path to change it", text, count=1)
+    elif isinstance(series, str) and not Path(series).expanduser().is_absolute():
         absolute = str((src.parent / series).resolve())
         pat = re.compile(r"^(\s*series:\s*)" + re.escape(series) + r"(\s*#.*)?$", re.M)
         if not _is_utf8(absolute):
@@ -100,7 +111,10 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
                        text, count=1)
     text = re.sub(r"^name:\s*" + re.escape(prof.name) + r"(?=\s|$)", lambda m: f"name: {dest.stem}", text,
                   count=1, flags=re.M)
-    header = (f"{SCHEMA_LINE}{schema_path('profile')}\n"
+    # the schema beside the profile, referenced relatively (an install path breaks on reinstall)
+    schema_rel = f"{dest.stem}/profile.schema.json"
+    out[dest.parent / schema_rel] = schema_path("profile").read_text()
+    header = (f"{SCHEMA_LINE}{schema_rel}\n"
               f"# Written by `dsv4ctl profile init` (dsv4ctl {__version__}) from {_shown(src.name)}.\n"
               f"# Edit hosts[] (address, ssh, root), sglang.tree/base_ref, groups[].memory (measured GiB),\n"
               f"# then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}   dsv4ctl deploy {dest} --dry-run\n"
@@ -144,6 +158,8 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
     from ..resources import is_shipped
     dest = Path(path).expanduser()
     _utf8(str(dest))
+    if dest.suffix == "" and dest.name not in ("", ".", ".."):
+        dest = dest.with_name(dest.name + ".yaml")      # `profile init prod` writes prod.yaml
     if dest.suffix.lower() not in (".yaml", ".yml"):
         raise InputError(f"{path}: a profile file ends in .yaml or .yml")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", dest.stem):

@@ -477,6 +477,20 @@ def _opt_path(base: Path, value: Any) -> Optional[Path]:
     return p if p.is_absolute() else base / p
 
 
+def series_path(base: Path, value: Any) -> Optional[Path]:
+    """``sglang.series`` as a folder: absolute as given; relative from the profile's folder; a
+    bare name (no ``/``) that is no folder there names a shipped series (``sglang-0.5.23``: the
+    installation's ``patches/NAME``), so a profile written by ``profile init`` keeps working when
+    dsv4ctl is reinstalled elsewhere."""
+    p = _opt_path(base, value)
+    if p is not None and "/" not in str(value) and not p.exists():
+        from ..resources import shipped_dir
+        shipped = shipped_dir("patches") / str(value)
+        if shipped.is_dir():
+            return shipped
+    return p
+
+
 def resolve(profile: Profile) -> Deployment:
     """Resolve a loaded profile into a :class:`Deployment` (no file is read yet: serve configs are
     read on first use). Raises InputError (exit 2) for a deploy root that is not absolute."""
@@ -484,7 +498,7 @@ def resolve(profile: Profile) -> Deployment:
     base = profile.base_dir
     sglang = SGLangSettings(
         version=str(sg.get("version", "0.5.23")), tree=_opt_path(base, sg.get("tree")),
-        base_ref=sg.get("base_ref") or None, series=_opt_path(base, sg.get("series")),
+        base_ref=sg.get("base_ref") or None, series=series_path(base, sg.get("series")),
         index_k_dtype=sg.get("index_k_dtype", "fp8"), index_k_accounting=sg.get("index_k_accounting", "fp8"))
     deploy = DeploySettings(
         root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),
