@@ -306,7 +306,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l interval -r -f -d 'With -f: se
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'logs\' 1' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l since -r -f -d 'Only records at or after this UTC time (2026-12-01 or 2026-12-01T16:00:00Z).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l since -r -f -d 'Only records at or after this UTC time (2026-12-01, 2026-12-01T16:00:00Z) or...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l host -r -f -d 'Only this host.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.audit/1 JSON document.'

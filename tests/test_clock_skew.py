@@ -202,3 +202,21 @@ def test_a_clock_that_prints_nonsense_is_reported_never_applied():
         w = c.skew_warning("h1", r.offset_s)
         assert w.startswith("warning: h1: its clock reads no usable time") and w.endswith("this machine's time for h1")
     assert c.usable(-2400.0) and c.read_offset(f"{c.CLOCK_MARK} 100\n", 2_500.0, 2_500.0).applied == -2400.0
+
+
+def test_since_is_one_rule_for_audit_and_diagnose():
+    """``audit --since 1h`` was refused while ``diagnose --since 30m`` worked: one parser now."""
+    from dsv4ctl.commands.day2 import _since
+    from dsv4ctl.errors import InputError
+    from dsv4ctl.hosts.clock import parse_since
+    now = datetime(2026, 12, 4, 12, 0, 0, tzinfo=timezone.utc)
+    assert parse_since("90m", now) == datetime(2026, 12, 4, 10, 30, tzinfo=timezone.utc)
+    assert parse_since("2026-12-01", now) == datetime(2026, 12, 1, tzinfo=timezone.utc)
+    assert parse_since("2026-12-01T16", now) == datetime(2026, 12, 1, 16, tzinfo=timezone.utc)
+    assert _since("2026-12-01T16:00:00Z") == "2026-12-01T16:00:00Z" and _since("2026-12-01") == "2026-12-01T00:00:00Z"
+    for bad in ("yesterday", "400d", "-1h"):
+        with pytest.raises(InputError, match="--since"):
+            parse_since(bad, now)
+    r = run_cli("audit", "--since", "nonsense", "dsv4-flash-8xb200-pd")
+    assert r.code == 2 and r.err.strip() == ("dsv4ctl: error: --since 'nonsense': expected a duration (15m, 2h) or "
+                                             "an ISO time (2026-12-01T21:00:00Z)")

@@ -305,7 +305,7 @@ def _detail_text(r: dict) -> str:
 
 
 def audit(profile: Optional[str] = _P,
-          since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this UTC time (2026-12-01 or 2026-12-01T16:00:00Z)."),
+          since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this UTC time (2026-12-01, 2026-12-01T16:00:00Z) or this long ago (30m, 2h, 1d)."),
           host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
           accept_new: bool = _ACCEPT,
           as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.audit/1 JSON document."),
@@ -360,18 +360,12 @@ def audit(profile: Optional[str] = _P,
 
 
 def _since(text: str) -> str:
-    """``--since`` as the audit log spells time (``2026-12-01T16:00:00Z``): a UTC date, or a date
-    and hour[:minute[:second]] with an optional ``Z``. InputError for anything else."""
-    import datetime as dt
-    m = re.fullmatch(r"(\d{4}-\d{2}-\d{2})(?:T(\d{2})(?::(\d{2})(?::(\d{2}))?)?)?Z?", text.strip())
-    try:
-        if not m:
-            raise ValueError
-        d = dt.datetime.strptime(m.group(1), "%Y-%m-%d")
-        d = d.replace(hour=int(m.group(2) or 0), minute=int(m.group(3) or 0), second=int(m.group(4) or 0))
-    except ValueError:
-        raise InputError(f"--since {text!r}: expected a UTC date or time like 2026-12-01 or 2026-12-01T16:00:00Z") from None
-    return d.strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``--since`` (:func:`dsv4ctl.hosts.clock.parse_since`: an ISO date or time, or a duration
+    back from now like ``1h``) as the audit log spells time (``2026-12-01T16:00:00Z``)."""
+    from datetime import timezone
+
+    from ..hosts.clock import parse_since
+    return parse_since(text).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def verify(profile: Optional[str] = _P,

@@ -87,24 +87,9 @@ def process_facts(group: str, log: str) -> tuple[Optional[int], int]:
     return status, starts
 
 
+from ..hosts.clock import parse_since  # noqa: E402,F401 - one --since rule (audit, diagnose)
+
 _TS = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})")
-
-
-def parse_since(text: str, now: Optional[datetime] = None) -> datetime:
-    """``--since``: an ISO time (``2026-12-01T21:00:00Z``, UTC when no zone) or a duration back
-    from now (``90s``, ``15m``, ``2h``, ``1d``). InputError otherwise."""
-    now = now or datetime.now(timezone.utc)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
-    if m:
-        secs = float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
-        if secs > 366 * 86400:
-            raise InputError(f"--since {text!r}: at most a year back")
-        return now - timedelta(seconds=secs)
-    try:
-        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise InputError(f"--since {text!r}: expected a duration (15m, 2h) or an ISO time (2026-12-01T21:00:00Z)") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def since_filter(log: str, since: Optional[datetime]) -> str:
