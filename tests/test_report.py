@@ -444,3 +444,20 @@ def test_hostile_inputs_and_outputs_are_one_line_exit_2(tmp_path):
         r = run_cli("report", *args, cwd=tmp_path, timeout=60)
         assert r.code == 2 and said in r.err and r.err.count("\n") == 1, (args, r.err)
     assert json.loads((tmp_path / "in.json").read_text())["schema"].startswith("dsv4ctl.plan/")
+
+
+def test_report_reads_standard_input_once(tmp_path):
+    """``plan --json | dsv4ctl report -`` (issue 31: ``report -`` was "No such file or directory")."""
+    from tests.conftest import run_cli
+    plan = run_cli("plan", "--json")
+    assert plan.code == 0
+    r = run_cli("report", "-", "-o", str(tmp_path / "r.html"), input=plan.out)
+    assert r.code == 0, r.err
+    html = (tmp_path / "r.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html
+    out = run_cli("report", "-", "-o", "-", input=plan.out)
+    assert out.code == 0 and out.out.startswith("<!DOCTYPE html>") and out.out.count("<svg") == html.count("<svg")
+    r = run_cli("report", "-", input="{}")
+    assert r.code == 2 and r.err == "dsv4ctl: error: -: no 'schema' field: not a dsv4ctl JSON document\n"
+    r = run_cli("report", "-", "-", input=plan.out)
+    assert r.code == 2 and r.err == "dsv4ctl: error: report: '-' (standard input) can be given once\n"

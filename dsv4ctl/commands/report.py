@@ -13,7 +13,7 @@ from ..errors import InputError
 
 def report(
     inputs: list[str] = typer.Argument(..., metavar="INPUT...",
-                                       help="JSON documents of dsv4ctl: plan --json, check load --json (also --compare), check smoke --json, a runbook's incident.json (or its run folder), plan --from-log --json."),
+                                       help="JSON documents of dsv4ctl: plan --json, check load --json (also --compare), check smoke --json, a runbook's incident.json (or its run folder), plan --from-log --json; '-' reads one from standard input."),
     output: str = typer.Option("report.html", "--output", "-o", help="The HTML file to write ('-': standard output)."),
     title: Optional[str] = typer.Option(None, "--title", help="Page title (default: dsv4ctl report)."),
 ) -> None:

@@ -24,7 +24,10 @@ def _read_json(path: Path, label: str) -> object:
     if path.exists() and not path.is_file() and not path.is_dir():
         raise InputError(f"{label}: not a regular file")
     from ..resources import read_file_capped
-    raw = read_file_capped(path, MAX_INPUT_BYTES, label, ": not a dsv4ctl JSON document")
+    return _parse_json(read_file_capped(path, MAX_INPUT_BYTES, label, ": not a dsv4ctl JSON document"), label)
+
+
+def _parse_json(raw: bytes, label: str) -> object:
     try:
         return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except RecursionError:
@@ -51,9 +54,24 @@ def evidence_names(doc: dict) -> list[str]:
     return names
 
 
+def _read_stdin() -> bytes:
+    """Standard input (``-``), at most MAX_INPUT_BYTES. InputError beyond it."""
+    import sys
+    raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    if len(raw) > MAX_INPUT_BYTES:
+        raise InputError(f"-: standard input is over {MAX_INPUT_BYTES:,} bytes: not a dsv4ctl JSON document")
+    return raw
+
+
 def load_input(path: str) -> Input:
-    """Read and classify one input file. InputError (exit 2) when it cannot be read, is not
-    JSON, or is not a document kind the report draws (``PATH: schema ...``)."""
+    """Read and classify one input file (``-``: standard input, once). InputError (exit 2) when it
+    cannot be read, is not JSON, or is not a document kind the report draws (``PATH: schema ...``)."""
+    if path == "-":
+        doc = _parse_json(_read_stdin(), "-")
+        try:
+            return Input(name="-", doc=doc, kind=kind_of(doc))
+        except ValueError as e:
+            raise InputError(f"-: {e}") from None
     p = Path(path).expanduser()
     if p.is_dir() and (p / "incident.json").is_file():
         p = p / "incident.json"             # a runbook's run folder
@@ -75,9 +93,12 @@ def load_input(path: str) -> Input:
 
 
 def load_inputs(paths: list[str]) -> list[Input]:
-    """:func:`load_input` of each path, in order. InputError when none is given."""
+    """:func:`load_input` of each path, in order (``-`` at most once: standard input). InputError
+    when none is given."""
     if not paths:
         raise InputError("report: give at least one input file")
+    if paths.count("-") > 1:
+        raise InputError("report: '-' (standard input) can be given once")
     return [load_input(p) for p in paths]
 
 
