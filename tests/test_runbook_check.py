@@ -58,3 +58,30 @@ steps:
     assert len(records) == m["turns"]
     load = json.loads((run / "check-load-1.out").read_text())
     assert load["schema"] == "dsv4ctl.check.load/1" and load["pass"] is False
+
+
+def test_a_failed_final_verification_is_exit_1_not_completed(cli, tmp_path, standin):
+    """A run whose steps all ran but whose last ``verifies`` check failed did not fix anything:
+    exit 1 naming the step, the incident report and the audit say so (issue 28: scheduler-stall
+    exited 0 "completed" after its final smoke failed)."""
+    pb = tmp_path / "verify.yaml"
+    pb.write_text(f"""\
+name: verify
+steps:
+  - id: mitigate
+    action: note
+    args: {{text: pretend something was changed}}
+  - id: verify
+    action: check.load
+    verifies: true
+    args: {{url: "{standin}", concurrency: 60, turns: 3, min_requests: 240, answer_words: 20}}
+""")
+    run = tmp_path / "run"
+    r = cli("runbook", "run", str(pb), "--report-dir", str(run), timeout=300)
+    assert r.code == 1, r.err
+    assert r.err.strip() == (f"dsv4ctl: gate failed: runbook verify completed, but its final verification failed: "
+                             f"step verify (check.load); see {run / 'incident.md'}")
+    doc = json.loads((run / "incident.json").read_text())
+    assert doc["completed"] is True and doc["verification"] == {"step": "verify", "action": "check.load", "passed": False}
+    assert "- outcome: completed, but the final verification (step verify, check.load) failed" in \
+        (run / "incident.md").read_text()

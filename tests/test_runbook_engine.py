@@ -207,3 +207,40 @@ def test_references_nested_or_to_a_missing_field_are_refused():
     st = execute(load_playbook_data(typo, "t.yaml", acts), acts, None, RunState("t", "r"))
     assert [c[0] for c in r.calls] == ["measure"] and st.failed_step == "f"
     assert st.results["f"]["error"] == "args.groups: @m.grups: step m's result has no grups (it has: attempts, groups, ok, ran)"
+
+
+VERIFIED = {
+    "name": "stall",
+    "steps": [
+        {"id": "fix", "action": "mitigate"},
+        {"id": "smoke", "action": "measure", "verifies": True, "continue_on_failure": True},
+        {"id": "back", "action": "mitigate", "when": "smoke.passed == false"},
+        {"id": "verify", "action": "measure", "verifies": True, "when": "back.ran == true"},
+        {"id": "rec", "action": "note"},
+    ],
+}
+
+
+@pytest.mark.parametrize("smoke,verify,stopped,expect", [
+    ({"ok": True, "passed": True}, None, None, {"step": "smoke", "action": "measure", "passed": True}),
+    ({"ok": True, "passed": False}, {"ok": True, "passed": True}, None,
+     {"step": "verify", "action": "measure", "passed": True}),
+    # the scheduler-stall story: the rollback's smoke fails too, yet every step "completed"
+    ({"ok": True, "passed": False}, {"ok": True, "passed": False}, None,
+     {"step": "verify", "action": "measure", "passed": False}),
+    # a verify step that could not run stops the run there; the last verification that ran failed
+    ({"ok": True, "passed": False}, {"ok": False}, "verify", {"step": "smoke", "action": "measure", "passed": False}),
+])
+def test_the_last_verifying_step_that_ran_decides(smoke, verify, stopped, expect):
+    from dsv4ctl.runbook.engine import final_verification
+    pb = load_playbook_data(VERIFIED, "t", Recorder({}).actions())
+    r = Recorder({"measure": [smoke] + ([verify] if verify else [])})
+    st = execute(pb, r.actions(), None, RunState("stall", "r1"), confirm=lambda s, ln: True, save=lambda s: None)
+    assert st.failed_step == stopped
+    assert final_verification(pb, st) == expect
+
+
+def test_verifies_must_be_a_boolean():
+    bad = {**VERIFIED, "steps": [{"id": "s", "action": "measure", "verifies": "yes"}]}
+    with pytest.raises(InputError, match="steps.0.verifies: 'yes' is not of type 'boolean'"):
+        load_playbook_data(bad, "t", Recorder({}).actions())

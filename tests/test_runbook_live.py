@@ -529,13 +529,18 @@ def test_scheduler_stall_restart_clears_it(live):
 def test_transfer_wedge_pd_restarts_decode(live):
     rg, o = _scenario(live, "wedge")
     doc = _results(o)
-    assert o["r"].code == 0, o["r"].out + o["r"].err
+    # the stand-in wedges again after the restart: every step ran, but the final verification
+    # failed: exit 1, not "completed"
+    assert o["r"].code == 1, o["r"].out + o["r"].err
+    assert "runbook transfer-wedge completed, but its final verification failed: step verify (check.load)" in o["r"].err
     res = doc["results"]
+    assert doc["verification"] == {"step": "verify", "action": "check.load", "passed": False}
     assert res["measure"]["stuck"] > 0 and res["drain"]["ran"] is True
     assert res["restart_decode"]["ok"] is True and rg.pid("decode") != o["old"] and rg.alive("decode")
-    assert res["record_persisting"]["ran"] is True          # the stand-in wedges again after the restart
+    assert res["record_persisting"]["ran"] is True
     audit = rg.audit()
     assert [a["action"] for a in audit] == ["service-restart", "runbook-transfer-wedge"] and audit[0]["group"] == "decode"
+    assert audit[1]["result"] == "verification-failed"
 
 
 def test_oom_at_startup_diagnoses_where_then_plans(live):

@@ -101,11 +101,12 @@ def run(
 ) -> None:
     """Run a runbook step by step; the state and incident report are written after every step.
 
-    Exit 0 completed · 1 a step failed or was declined (or, with --dry-run, a step reports that the
-    run would stop) · 2 bad input, or a step to confirm without a terminal and without --yes (the
+    Exit 0 completed (and its final verification, the last step marked `verifies`, passed) · 1 a
+    step failed or was declined, the final verification failed (or, with --dry-run, a step reports
+    that the run would stop) · 2 bad input, or a step to confirm without a terminal and without --yes (the
     run stops before it, resumable) · 130 interrupted (SIGINT, SIGTERM or SIGHUP; resume with --resume ID)."""
     from ..runbook.actions import RunContext, builtin_actions
-    from ..runbook.engine import RunState, execute
+    from ..runbook.engine import RunState, execute, final_verification
     from ..runbook.report import incident_document, incident_markdown
 
     if profile_arg is not None and profile is not None and profile_arg != profile:
@@ -164,7 +165,8 @@ def run(
     ctx = RunContext(profile=prof, run_dir=run_dir, say=lambda m: print(m, flush=True))
 
     def write_report(st: RunState) -> dict:
-        doc = incident_document(st, who=getpass.getuser(), profile=prof.name, dry_run=dry_run)
+        doc = incident_document(st, who=getpass.getuser(), profile=prof.name, dry_run=dry_run,
+                                verification=None if dry_run else final_verification(pb, st))
         if not dry_run:
             _atomic(run_dir / "incident.json", json.dumps(doc, indent=2, default=str))
             _atomic(run_dir / "incident.md", incident_markdown(doc))
@@ -236,7 +238,8 @@ def run(
     if ctx.touched_hosts:
         from ..runbook.actions import audit_touched
         rec = {"action": f"runbook-{pb.name}",
-               "result": "interrupted" if interrupted else "completed" if doc["completed"] else "stopped",
+               "result": "interrupted" if interrupted else "stopped" if not doc["completed"] else
+               "verification-failed" if doc["verification"] and not doc["verification"]["passed"] else "completed",
                "detail": state.failed_step or "", "run_id": state.run_id,
                "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
         for w in audit_touched(ctx, rec):
@@ -252,6 +255,11 @@ def run(
     if not doc["completed"]:
         where = state.failed_step or "a declined step"
         raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with {again}")
+    v = doc["verification"]
+    if v and not v["passed"]:
+        from ..errors import GateFailed
+        raise GateFailed(f"runbook {pb.name} completed, but its final verification failed: step {v['step']} "
+                           f"({v['action']}); see {run_dir / 'incident.md'}")
 
 
 def _atomic(path: Path, text: str) -> None:

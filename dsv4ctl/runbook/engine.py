@@ -76,6 +76,7 @@ PLAYBOOK_SCHEMA: dict = {
                                        "until": {"type": "string"}},
                     },
                     "continue_on_failure": {"type": "boolean"},
+                    "verifies": {"type": "boolean"},
                 },
             },
         },
@@ -221,6 +222,7 @@ class Step:
     until: Optional[str]
     continue_on_failure: bool
     description: str = ""
+    verifies: bool = False      # a final check: the last one that ran decides the run's outcome
 
 
 @dataclass
@@ -292,7 +294,7 @@ def load_playbook_data(data: Any, where: str, actions: dict[str, Action]) -> Pla
         steps.append(Step(id=s["id"], action=s["action"], args=dict(s.get("args", {})), when=s.get("when"),
                           repeat_max=rep.get("max", 1), until=rep.get("until"),
                           continue_on_failure=s.get("continue_on_failure", False),
-                          description=s.get("description", "")))
+                          description=s.get("description", ""), verifies=bool(s.get("verifies", False))))
     return Playbook(name=data["name"], description=data.get("description", ""), steps=steps,
                     pd_only=bool(data.get("pd_only", False)))
 
@@ -438,3 +440,18 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
         state.done.append(step.id)
         save(state)
     return state
+
+
+def final_verification(pb: Playbook, state: RunState) -> dict | None:
+    """The run's final verification (pure): the last step marked ``verifies: true`` that ran, as
+    ``{"step", "action", "passed"}`` (``passed``: its result's ``passed``, else its ``ok``); None
+    when none ran. A run that completes with ``passed`` False did not fix what it was for: the
+    command exits 1."""
+    last = None
+    for st in pb.steps:
+        res = state.results.get(st.id)
+        if st.verifies and isinstance(res, dict) and res.get("ran", True) and st.id in state.done:
+            last = {"step": st.id, "action": st.action,
+                    "passed": bool(res.get("passed", res.get("ok", False)))}
+    return last
+

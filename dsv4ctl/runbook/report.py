@@ -30,16 +30,28 @@ def _short(result: dict) -> str:
 
 
 def incident_document(state: RunState, *, who: str, profile: str, dry_run: bool,
-                      before: Any = None, after: Any = None) -> dict:
+                      before: Any = None, after: Any = None, verification: dict | None = None) -> dict:
     """The JSON incident report: who ran which playbook on which profile, the timeline with
     UTC timestamps, every step's result, and the state before and after (as collected).
-    ``completed``: no step failed and every declined step ran later (a resumed run)."""
+    ``completed``: no step failed and every declined step ran later (a resumed run);
+    ``verification``: the final verification (:func:`dsv4ctl.runbook.engine.final_verification`)."""
     return dict(schema=SCHEMA, playbook=state.playbook, run_id=state.run_id, who=who,
                 profile=profile, dry_run=dry_run, failed_step=state.failed_step,
                 completed=state.failed_step is None and all(e.step in state.done for e in state.timeline
                                                             if e.status == "declined"),
+                verification=verification,
                 state_before=before, state_after=after,
                 timeline=[e.to_dict() for e in state.timeline], results=state.results)
+
+
+def _outcome(doc: dict) -> str:
+    """``completed``, ``completed, but the final verification (step X) failed`` or ``stopped at X``."""
+    if not doc["completed"]:
+        return "stopped at " + str(doc["failed_step"] or "a declined step")
+    v = doc.get("verification")
+    if v and not v["passed"]:
+        return f"completed, but the final verification (step {v['step']}, {v['action']}) failed"
+    return "completed" + (f"; verified by step {v['step']}" if v else "")
 
 
 def incident_markdown(doc: dict) -> str:
@@ -47,7 +59,7 @@ def incident_markdown(doc: dict) -> str:
     out = [f"# Incident report: {doc['playbook']} ({doc['run_id']})", "",
            f"- who: {doc['who']}", f"- profile: {doc['profile']}",
            f"- dry run: {'yes' if doc['dry_run'] else 'no'}",
-           f"- outcome: {'completed' if doc['completed'] else 'stopped at ' + str(doc['failed_step'] or 'a declined step')}",
+           f"- outcome: {_outcome(doc)}",
            "- charts: [incident.html](incident.html) (the timeline and the charts of the checks it ran)",
            "", "## Timeline", ""]
     rows = []
