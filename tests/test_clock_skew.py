@@ -214,7 +214,8 @@ def test_since_is_one_rule_for_audit_and_diagnose():
     assert parse_since("2026-12-01", now) == datetime(2026, 12, 1, tzinfo=timezone.utc)
     assert parse_since("2026-12-01T16", now) == datetime(2026, 12, 1, 16, tzinfo=timezone.utc)
     assert _since("2026-12-01T16:00:00Z") == "2026-12-01T16:00:00Z" and _since("2026-12-01") == "2026-12-01T00:00:00Z"
-    for bad in ("yesterday", "400d", "-1h"):
+    assert _since("0999-01-01") == "0999-01-01T00:00:00Z"          # sorts before every audit time
+    for bad in ("yesterday", "400d", "-1h", "0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00"):
         with pytest.raises(InputError, match="--since"):
             parse_since(bad, now)
     r = run_cli("audit", "--since", "nonsense", "dsv4-flash-8xb200-pd")

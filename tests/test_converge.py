@@ -118,6 +118,7 @@ def test_stop_start_restart_rolling_and_bad_input(world):
     r = cli(w, "stop", "-g", "decode", "--dry-run")
     assert r.code == 0, r.err
     assert "h1: stop decode (launcher)" in r.out and "h0: stop" not in r.out
+    assert all(f"  {h}: lock {w.roots[h]}/.lock" in r.out for h in w.roots)      # the run takes every lock first
     assert http_status(url(w, "decode")) == 200                        # a dry run changes nothing
     r = cli(w, "stop", "-g", "decode")
     assert r.code == 0, r.err
@@ -216,3 +217,35 @@ def test_health_wait_prints_progress_and_q_silences_it(world):
     assert "decode on h1" not in lines[-1]
     r = run_cli("restart", str(w.profile), "-g", "prefill", "-q", env=env, timeout=180)
     assert r.code == 0 and r.err == "", r.err
+
+
+def test_an_interrupt_between_stop_and_start_starts_the_server_again(world):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    w = world
+    assert cli(w, "deploy", "--no-preflight").code == 0
+    old = pid(w, "h1", "decode")
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "restart", str(w.profile), "-g", "decode", "-v"],
+                         cwd=REPO, env=dict(os.environ, **w.env()), text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    lines = []
+    while True:
+        line = p.stderr.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+        if "dsv4ctl: step h1: stop decode" in line:
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, "".join(lines) + err
+    assert err.strip().splitlines()[-1] == "dsv4ctl: error: interrupted"
+    assert "interrupted: started again (not gated): decode (restart) on h1" in err
+    assert wait_for(lambda: http_status(url(w, "decode"), 0.5) == 200, 30)
+    assert pid(w, "h1", "decode") != old
+    rec = w.audit("h1")[-1]
+    assert (rec["action"], rec["result"]) == ("restart", "interrupted")
+    assert rec["detail"] == "interrupted during restart; started again (not gated): decode (restart) on h1"
+    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
+

@@ -67,7 +67,8 @@ def test_audit_since_is_normalised_and_checked():
     from dsv4ctl.errors import InputError
     assert _since("2026-12-01T17Z") == _since("2026-12-01T17:00") == "2026-12-01T17:00:00Z"
     assert _since("2026-12-01") == "2026-12-01T00:00:00Z"
-    for bad in ("2026-13-45", "2026-12-01T99:99:99Z", "yesterday", "2026-12-01 17:00"):
+    assert _since("2026-12-01 17:00") == "2026-12-01T17:00:00Z"      # ISO 8601's space separator (one --since rule)
+    for bad in ("2026-13-45", "2026-12-01T99:99:99Z", "yesterday", "17:00", "2026-12-01T17:00+99:00"):
         with pytest.raises(InputError):
             _since(bad)
 

@@ -185,9 +185,10 @@ def test_start_a_profile_and_never_edit_the_installed_one(installed):
     assert shipped.read_bytes() == before
     r = dsv4ctl(installed, "profile", "init", "my.yaml")
     assert r.returncode == 0, r.stderr
-    assert (work / "my.yaml").read_text().startswith(
-        f"# yaml-language-server: $schema={site / 'dsv4ctl/data/schemas/profile.schema.json'}\n")
-    assert sorted(p.name for p in (work / "my").iterdir()) == ["decode.yaml", "prefill.yaml"]
+    # portable: the schema copied beside it, the series by its shipped name, no install path
+    text = (work / "my.yaml").read_text()
+    assert text.startswith("# yaml-language-server: $schema=my/profile.schema.json\n") and str(site) not in text
+    assert sorted(p.name for p in (work / "my").iterdir()) == ["decode.yaml", "prefill.yaml", "profile.schema.json"]
     r = dsv4ctl(installed, "plan", "my.yaml", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["profile"] == "my"

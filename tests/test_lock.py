@@ -87,7 +87,9 @@ def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
     r = cli(w, "lock", "release", "--force")
     assert r.code == 0, r.err
     assert not lock.exists() and w.audit("h2")[-1]["action"] == "lock release"
-    for args in (["lock", "acquire", "-m", ""], ["lock", "acquire", "-m", "two\nlines"], ["deploy", "-m", " "]):
+    for args in (["lock", "acquire", "-m", ""], ["lock", "acquire", "-m", "two\nlines"], ["deploy", "-m", " "],
+                 ["lock", "acquire", "-m", "a\u2028b"], ["lock", "acquire", "-m", "\x9b31mRED"],
+                 ["deploy", "-m", "rtl\u202eevil"], ["lock", "acquire", "-m", "x" * 501]):
         r = cli(w, *args)
         assert r.code == 2 and r.err.strip() == "dsv4ctl: error: --message must be one line of 1-500 printable characters", (args, r.err)
 
@@ -96,3 +98,29 @@ def test_only_the_current_release_is_active():
     f = HostFacts("h", "/r", releases={"r1": {}, "r2": {}, "r3": {}}, current="r3", previous="r2")
     f.state = {"releases": {"r1": {"state": "active"}, "r2": {"state": "active"}, "r3": {"state": "active"}}}
     assert [f.release_state(r) for r in ("r1", "r2", "r3")] == ["ran", "previous", "active"]
+
+
+def test_a_lock_acquire_that_cannot_take_every_host_gives_back_and_says_so(world):
+    w = world
+    lock = w.roots["h2"] / ".lock"
+    lock.mkdir(parents=True)
+    (lock / "holder.json").write_text(json.dumps({"who": "bob@ops2", "what": "deploy rY", "pid": 7,
+                                                  "since": "2026-12-04T10:00:00Z", "token": "tk"}))
+    r = cli(w, "lock", "acquire", "-m", "maintenance")
+    assert r.code == 3 and "h2: deploy lock" in r.err and "bob@ops2 (deploy rY" in r.err
+    for h in ("h0", "h1", "h3"):
+        assert not (w.roots[h] / ".lock").exists()
+        recs = [(x["action"], x["result"], x["detail"]) for x in w.audit(h)]
+        assert recs == [("lock acquire", "ok", "maintenance"),
+                        ("lock release", "ok", "given back: another host's lock could not be taken")], (h, recs)
+    assert lock.is_dir()                                  # the other run's lock is not touched
+    lock.joinpath("holder.json").unlink()
+    lock.rmdir()
+
+    # a lock taken by hand is not stale: --break-lock refuses it, only lock release removes it
+    assert cli(w, "lock", "acquire", "-m", "driver upgrade").code == 0
+    r = cli(w, "deploy", "--no-preflight", "--break-lock")
+    assert r.code == 3 and "--break-lock does not remove a lock taken by hand" in r.err, r.err
+    assert all((w.roots[h] / ".lock").is_dir() for h in w.roots)
+    assert cli(w, "lock", "release").code == 0
+

@@ -305,7 +305,7 @@ def _detail_text(r: dict) -> str:
 
 
 def audit(profile: Optional[str] = _P,
-          since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this UTC time (2026-12-01, 2026-12-01T16:00:00Z) or this long ago (30m, 2h, 1d)."),
+          since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this time (2026-12-01, 2026-12-01T16:00:00Z; taken in each host's clock) or this long ago (30m, 2h, 1d)."),
           host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
           accept_new: bool = _ACCEPT,
           as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.audit/1 JSON document."),
@@ -365,7 +365,8 @@ def _since(text: str) -> str:
     from datetime import timezone
 
     from ..hosts.clock import parse_since
-    return parse_since(text).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = parse_since(text).astimezone(timezone.utc)
+    return f"{t.year:04d}-" + t.strftime("%m-%dT%H:%M:%SZ")      # %Y is not zero-padded before 1000
 
 
 def verify(profile: Optional[str] = _P,

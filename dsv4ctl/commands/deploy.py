@@ -225,9 +225,8 @@ def deploy(
     from ..deploy import engine
     check_health_timeout(health_timeout)
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
-    if message is not None and (not message.strip() or len(message) > 500 or any(ord(c) < 32 for c in message)):
-        from ..errors import InputError
-        raise InputError("--message must be one line of 1-500 printable characters")
+    from .options import message as check_message
+    message = check_message(message)
     if po is not None and no_preflight:
         from ..errors import InputError
         raise InputError("--no-preflight cannot go with --promote: the promotion pipeline always runs its preflight")
@@ -239,7 +238,7 @@ def deploy(
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
                      force_failed=force_failed, preflight=not no_preflight, runlog=runlog,
-                     message=message.strip() if message else None)
+                     message=message)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
         runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
     if as_json:
@@ -325,13 +324,13 @@ def promote(
 
 def rollback(
     profile: Optional[str] = _P,
-    to: Optional[str] = typer.Option(None, "--to", help="Release id (default: the newest good release present on all hosts)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Release id (default: the newest release built before the active one that passed its health gate on every host and was never marked failed)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions per host; change nothing."),
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     force_failed: bool = typer.Option(False, "--force-failed", help="With --to: a release recorded as failed (audited; it stays active, never good)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.rollback/1 JSON report."),
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
 ) -> None:
@@ -341,7 +340,7 @@ def rollback(
     every host and was never marked failed (printed with why it was chosen).
 
     Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
-    host · 3 SSH/lock failure or the gate failed (hosts put back)."""
+    host · 3 SSH/lock failure or the gate failed (hosts put back) · 130 interrupted (hosts put back)."""
     from ..deploy import engine
     check_health_timeout(health_timeout)
     p = _profile(profile)

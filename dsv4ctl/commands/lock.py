@@ -61,10 +61,11 @@ def acquire(
     Exit 0 locked · 2 bad input (an empty message) · 3 a host's lock is held (nothing taken) or
     SSH failed."""
     from ..deploy.hostlock import acquire as lock_acquire
-    from ..errors import InputError
-    if not message.strip() or len(message) > 500 or any(ord(c) < 32 for c in message):
-        raise InputError("--message must be one line of 1-500 printable characters")
-    rep = lock_acquire(_profile(profile), _opts(accept_new), message.strip())
+    from ..signals import terminate_as_interrupt
+    from .options import message as check_message
+    msg = check_message(message)
+    terminate_as_interrupt()        # SIGTERM/SIGHUP: the locks taken so far are given back, exit 130
+    rep = lock_acquire(_profile(profile), _opts(accept_new), msg)
     print(f"locked {', '.join(rep['hosts'])}: {rep['message']}")
 
 

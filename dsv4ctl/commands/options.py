@@ -79,3 +79,20 @@ def concurrency_levels(text: Optional[str], option: str = "--concurrency") -> Op
     if max(levels) > MAX_CONCURRENCY or len(levels) > MAX_LEVELS:
         raise InputError(f"{option} {text!r}: at most {MAX_LEVELS} levels of at most {MAX_CONCURRENCY} sessions")
     return levels
+
+
+MAX_MESSAGE = 500
+
+
+def message(value: Optional[str], option: str = "--message") -> Optional[str]:
+    """``value`` stripped (None passes) when it is one line of 1..MAX_MESSAGE printable
+    characters; InputError otherwise. Printable: no control character (C0, C1, DEL), no line or
+    paragraph separator, no format character (bidi overrides): the message is shown to other
+    operators in error lines and tables."""
+    if value is None:
+        return None
+    import unicodedata
+    v = value.strip()
+    if not v or len(v) > MAX_MESSAGE or any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") for c in v):
+        raise InputError(f"{option} must be one line of 1-{MAX_MESSAGE} printable characters")
+    return v

@@ -87,6 +87,13 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
     site.token = secrets.token_hex(8)
     if site.opts.break_lock and not site.facts:
         gather_facts(site)
+    if site.opts.break_lock:
+        from ..hosts.lock import LockHeld, is_manual
+        manual = [h for h in site.hosts if site.facts.get(h) and is_manual(site.facts[h].lock)]
+        if manual:     # a lock taken by hand is not stale: only `lock release` removes it
+            h = manual[0]
+            raise LockHeld(f"{h}: --break-lock does not remove a lock taken by hand: {holder_text(site.facts[h].lock)}; "
+                           "dsv4ctl lock release PROFILE when the work it names is done")
     steps = {h: lock_step(site, h, what) for h in site.hosts}
 
     def lock(t):

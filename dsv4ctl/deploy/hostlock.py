@@ -9,12 +9,11 @@ import secrets
 
 from ..errors import RemoteError
 from ..hosts.audit import append_cmd, record_fields
-from ..hosts.lock import LOCK_HELD_CODE, age_s, age_text, held_error, holder, holder_text, parse_holder, release_cmd, take_cmd
+from ..hosts.lock import (LOCK_HELD_CODE, MANUAL_PREFIX, age_s, age_text, held_error, holder, holder_text, is_manual,
+                          parse_holder, take_cmd)
 from ..remote import q, run_parallel
 from .site import Site, open_site, raise_failed
 
-MANUAL = "lock acquire: "
-"""The ``what`` of a manual lock's holder starts with this, the message follows."""
 
 STALE_S = 3600.0
 """A lock older than this is reported as possibly stale (a deploy's longest phase, the health
@@ -59,7 +58,7 @@ def status(profile, opts) -> dict:
         a = age_s(hd)
         hosts[h] = {"held": True, "holder": {k: v for k, v in hd.items() if k != "token"},
                     "text": holder_text(hd), "age_s": None if a is None else round(a),
-                    "manual": str(hd.get("what", "")).startswith(MANUAL), "stale": a is not None and a > STALE_S}
+                    "manual": is_manual(hd), "stale": a is not None and a > STALE_S}
     return {"schema": "dsv4ctl.lock/1", "hosts": hosts}
 
 
@@ -69,7 +68,7 @@ def acquire(profile, opts, message: str) -> dict:
     ``lock acquire`` with the message."""
     site = open_site(profile, opts)
     token = "manual-" + secrets.token_hex(8)
-    doc = {**holder(MANUAL + message, token), "message": message}
+    doc = {**holder(MANUAL_PREFIX + message, token), "message": message}
     taken: list[str] = []
 
     def take(t):
@@ -83,20 +82,31 @@ def acquire(profile, opts, message: str) -> dict:
         taken.append(t.name)
         return True
     try:
-        res = run_parallel(site.transports, take, timeout=site.opts.connect_timeout + 60, finish_on_interrupt=True)
+        try:
+            res = run_parallel(site.transports, take, timeout=site.opts.connect_timeout + 60, finish_on_interrupt=True)
+        except KeyboardInterrupt:
+            from ..remote.transport import signals_held
+            with signals_held():            # all or none: what was taken goes back
+                _give_back(site, taken, token, "lock acquire interrupted")
+            raise
         if not all(r.ok for r in res.values()):
-            _give_back(site, taken, token)
+            _give_back(site, taken, token, "another host's lock could not be taken")
             raise_failed(res, "locking")
     finally:
         site.close()
     return {"schema": "dsv4ctl.lock/1", "action": "acquire", "message": message, "hosts": sorted(taken)}
 
 
-def _give_back(site: Site, hosts: list[str], token: str) -> None:
+def _give_back(site: Site, hosts: list[str], token: str, why: str) -> None:
+    """Release this run's lock on ``hosts`` (only where it still holds it) and audit it there, so
+    the ``lock acquire ok`` record is followed by what undid it."""
+    def back(t):
+        p = site.paths[t.name]
+        rec = record_fields(t.name, "lock release", "ok", f"given back: {why}")
+        t.run(f"if grep -q {q(token)} {q(p.lock + '/holder.json')} 2>/dev/null; then rm -rf {q(p.lock)} && "
+              f"{append_cmd(p.audit, rec)}; fi", timeout=30)
     if hosts:
-        run_parallel({h: site.transports[h] for h in hosts},
-                     lambda t: t.run(release_cmd(site.paths[t.name].lock, token), timeout=30),
-                     timeout=site.opts.connect_timeout + 30)
+        run_parallel({h: site.transports[h] for h in list(hosts)}, back, timeout=site.opts.connect_timeout + 30)
 
 
 def release(profile, opts, force: bool = False) -> dict:
@@ -107,7 +117,7 @@ def release(profile, opts, force: bool = False) -> dict:
     site = open_site(profile, opts)
     try:
         got = _read(site)
-        runs = {h: hd for h, hd in got.items() if hd is not None and not str(hd.get("what", "")).startswith(MANUAL)}
+        runs = {h: hd for h, hd in got.items() if hd is not None and not is_manual(hd)}
         if runs and not force:
             h, hd = next(iter(runs.items()))
             raise RemoteError(f"{h}: the lock is held by a run, not by lock acquire: {holder_text(hd)}, "

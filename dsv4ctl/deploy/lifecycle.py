@@ -40,6 +40,11 @@ def batches(actions: list[ServerAction], size: int | None) -> list[list[ServerAc
     return [actions[i:i + size] for i in range(0, len(actions), size)]
 
 
+def _what(how: str, groups, hosts) -> str:
+    """The lock holder's ``what`` of a start/stop/restart run."""
+    return f"{how} " + (",".join(groups) if groups else "all groups") + (f" on {','.join(hosts)}" if hosts else "")
+
+
 def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: list[str] | None = None,
               batch: int | None = None) -> dict:
     """``start`` / ``stop`` / ``restart`` the servers of the active release (``dsv4ctl.lifecycle/1``
@@ -60,8 +65,7 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
             gather_facts(site)
             site.token = DRY_RUN_TOKEN
         else:
-            what = f"{how} " + (",".join(groups) if groups else "all groups") + (f" on {','.join(hosts)}" if hosts else "")
-            acquire_locks(site, what)
+            acquire_locks(site, _what(how, groups, hosts))
         try:
             spec, rid_of, spec_of = _active_spec(site)
             select(site, spec, groups, hosts)
@@ -94,16 +98,25 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
                       "servers": [{"server": a.server, "group": a.group, "stop": list(a.stop), "start": list(a.start),
                                    "why": a.why} for a in actions]}
             if opts.dry_run:
-                from .steps import listing
-                return {**report, "actions": [detail] + listing(steps + closes),
-                        "steps": [s.to_dict() for s in steps + closes]}
+                from .steps import listing, lock_step
+                locks = [lock_step(site, h, _what(how, groups, hosts)) for h in site.hosts]
+                return {**report, "actions": [detail] + listing(locks + steps + closes),
+                        "steps": [s.to_dict() for s in locks + steps + closes]}
             if opts.steps is not None:
                 from .steps import RunSteps
                 opts.steps(RunSteps(site.locked_steps + steps + closes, []))
             opts.log(detail)
+            pending_starts: list = []        # started after an interrupt: a stop never leaves a server down
             try:
                 for part, st in stages:
-                    errors = run_server_steps(site, st)
+                    if how != "stop":
+                        pending_starts = [s for s in st if s.phase == "start"]
+                    errors = run_server_steps(site, [s for s in st if s.phase == "stop"])
+                    if not errors:
+                        # every host's start runs to its end once begun (an interrupt waits for
+                        # it): from here on nothing is left to start again
+                        pending_starts = []
+                        errors = run_server_steps(site, [s for s in st if s.phase == "start"])
                     if errors:
                         why = "; ".join(errors)
                         close_all(site, {**rec, "result": "failed", "detail": f"{how}: {why}"[:2000]})
@@ -117,9 +130,23 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
                         raise GateFailed(f"{how} of {', '.join(a.server for a in part)}: not healthy: {why}"
                                          + (f" ({rest} later server(s) left as they were)" if rest else ""))
             except KeyboardInterrupt:
-                close_all(site, {**rec, "result": "interrupted", "detail": f"interrupted during {how}"})
+                again = ""
+                if pending_starts:      # interrupted between its stop and its start: start it again
+                    from ..remote.transport import signals_held
+                    with signals_held():
+                        errs = run_server_steps(site, pending_starts)
+                    names = ", ".join(f"{s.summary.split(' from ')[0].removeprefix('start ')} on {s.host}"
+                                      for s in pending_starts)
+                    again = (f"; started again (not gated): {names}" if not errs else
+                             f"; could not start again: {'; '.join(errs)}")
+                    opts.log(f"interrupted: {again[2:]}")
+                close_all(site, {**rec, "result": "interrupted", "detail": f"interrupted during {how}{again}"})
                 raise
             run_close(site, closes)
+            if site.close_errors:
+                h, why = sorted(site.close_errors.items())[0]
+                raise RemoteError(f"{how} done ({detail}), but recording it failed on {h}: {why}; "
+                                  "free space on the host, then check with dsv4ctl audit")
             return {**report, "result": "ok", "detail": detail}
         finally:
             if not opts.dry_run:

@@ -20,7 +20,9 @@ failed                failed    refused*  good         failed    failed
 \\* a plain deploy or rollback of a failed release is refused (:class:`Refused`, exit 1) unless
 the operator forces it (``--force-failed``): then it is ``active`` (never ``good``), the failure
 stays on record and the forcing is recorded. Only a passed gate writes ``good``. A default
-``rollback`` picks only a release that is ``good`` on every host."""
+``rollback`` picks the newest release built before the active one that passed its health gate
+(``active`` or ``good``) on every host and was never marked failed
+(:func:`dsv4ctl.hosts.layout.choose_rollback_target`)."""
 
 from __future__ import annotations
 

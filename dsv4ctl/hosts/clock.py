@@ -173,6 +173,8 @@ def parse_since(text: str, now=None):
         return now - timedelta(seconds=secs)
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
+        t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+        t.astimezone(timezone.utc)          # a zone that moves it out of years 1-9999: OverflowError
+    except (ValueError, OverflowError):
         raise InputError(f"--since {text!r}: expected a duration (15m, 2h) or an ISO time (2026-12-01T21:00:00Z)") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t

@@ -15,6 +15,14 @@ from .audit import now_iso, stamped_json_cmd
 
 LOCK_HELD_CODE = 75     # exit status of the lock commands when another run holds the lock
 
+MANUAL_PREFIX = "lock acquire: "
+"""The ``what`` of a lock taken by hand (``dsv4ctl lock acquire -m MSG``) starts with this."""
+
+
+def is_manual(h: dict | None) -> bool:
+    """The holder is a lock taken by hand (never removed by ``--break-lock``: ``lock release``)."""
+    return bool(h) and str(h.get("what", "")).startswith(MANUAL_PREFIX)
+
 
 class LockHeld(RemoteError):
     """Another run holds the host's lock (exit 3)."""
@@ -70,7 +78,7 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
     since) and its age."""
     h = parse_holder(holder_json)
     hint = ("wait for it, or break a stale lock with --break-lock" if can_break else "try again when it is done")
-    if str(h.get("what", "")).startswith("lock acquire: "):
+    if is_manual(h):
         hint = "it was taken by hand: dsv4ctl lock release PROFILE when the work it names is done"
     return LockHeld(f"{host}: deploy lock {lock} held by {holder_text(h)}, {age_text(age_s(h))} old; {hint}")
 
