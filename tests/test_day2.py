@@ -186,6 +186,16 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     doc = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120).json()
     assert doc["ok"] is True and doc["unhealthy"] == [] and len(doc["differing"]) == len(w.groups)
     w.hicache(False)
+    # the profile moved a server to another port, not deployed: probed where it runs, the move is
+    # a difference (it was "connection refused", exit 1)
+    old_port = w.ports[group]
+    w.ports[group] = old_port + 1 if old_port < 65535 else old_port - 1
+    w.hicache(False)
+    doc = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120).json()
+    assert doc["ok"] is True and doc["hosts"][host]["groups"][group]["health"] == "ok"
+    assert f"{host}/{group}: port: profile {w.ports[group]}, running {old_port}" in doc["differing"]
+    w.ports[group] = old_port
+    w.hicache(False)
 
     # a stopped server: status says which, exit 1, in words
     pidfile = w.roots[host] / "run" / f"{group}.pid"

@@ -113,10 +113,24 @@ def status(profile: Optional[str] = _P,
             timeout=600 + 15)
     finally:
         site.close()
-    # one probe per server (every replica, at its node 0: the only node that serves HTTP)
-    urls = {(g.name, r): url for g in dep.groups.values()
-            for r, (_, url) in enumerate(g.replica_urls if g.is_server else [(g.name, g.url)])}
-    probes = asyncio.run(_probe(urls, timeout))
+    # one probe per server (every replica, at its node 0: the only node that serves HTTP), at the
+    # port its host's active release launched it with (the profile may have changed since)
+    from ..profile.deployment import http_url
+    urls, undeployed, moved = {}, set(), {}
+    for g in dep.groups.values():
+        for r, (_, url) in enumerate(g.replica_urls if g.is_server else [(g.name, g.url)]):
+            h0 = g.server_nodes[r][0].host
+            hv = res.get(h0)
+            launch = hv.value.facts.current_launch if hv is not None and hv.ok else None
+            if launch is not None and g.name not in launch:
+                undeployed.add((g.name, r))
+            elif launch is not None and launch[g.name].get("port") is not None:
+                running = http_url(dep.hosts[h0].address, launch[g.name]["port"])
+                if running != url:
+                    moved[(g.name, r)] = f"port: profile {url.rsplit(':', 1)[1]}, running {launch[g.name]['port']}"
+                url = running
+            urls[(g.name, r)] = url
+    probes = asyncio.run(_probe({k: u for k, u in urls.items() if k not in undeployed}, timeout))
     table = load_table()
     hosts, rows, unhealthy, differing, down = {}, [], [], [], []
     for h, r in res.items():
@@ -169,7 +183,15 @@ def status(profile: Optional[str] = _P,
                 rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
                              + ")", "yes" if alive else "NO", f"served by node 0 ({url})", "-", hdoc["lock"] or "-"])
                 continue
+            if (name, replica) in undeployed:
+                differing.append(f"{h}/{name}: in the profile, not in the active release {cur}")
+                hdoc["groups"][name] = {**gdoc, "health": None, "deployed": False, "hicache_differences": []}
+                rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'})", "yes" if alive else "-",
+                             "not deployed", "-", hdoc["lock"] or "-"])
+                continue
             err, info = probes[(name, replica)]
+            if (name, replica) in moved:
+                differing.append(f"{h}/{name}: {moved[(name, replica)]}")
             diffs: list[str] = []
             if g.is_server and info is not None and g.serve is not None:
                 _, resolved = check_keys(g.serve, table, name)
