@@ -249,3 +249,20 @@ def test_an_interrupt_between_stop_and_start_starts_the_server_again(world):
     assert rec["detail"] == "interrupted during restart; started again (not gated): decode (restart) on h1"
     assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
 
+
+
+def test_status_names_a_group_the_active_release_does_not_run(world):
+    import yaml
+    w = world
+    assert cli(w, "deploy", "--no-preflight").code == 0
+    rid = w.current("h1")
+    prof = yaml.safe_load(w.profile.read_text())
+    extra = dict(next(g for g in prof["groups"] if g["name"] == "decode"), name="decode2", host="h3")
+    prof["groups"].append(extra)
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli(w, "status", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["ok"] is True and doc["unhealthy"] == []
+    assert doc["differing"] == [f"h3/decode2: in the profile, not in the active release {rid}"]
+    assert doc["hosts"]["h3"]["groups"]["decode2"]["deployed"] is False
