@@ -7,22 +7,10 @@ import json
 import pytest
 
 from dsv4ctl.hosts.layout import HostFacts
-from tests.conftest import run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
-from tests.sshd.world import World
+from tests.test_converge import cli, world  # noqa: F401 - the same four-host world and CLI helper
 
 pytestmark = pytest.mark.sshd
-
-
-@pytest.fixture
-def world(live_cluster, tmp_path):
-    w = World(live_cluster, tmp_path, keep=3)
-    yield w
-    w.stop_services()
-
-
-def cli(w: World, *args, timeout=180):
-    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
 
 
 def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):

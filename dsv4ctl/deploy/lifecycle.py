@@ -135,8 +135,7 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
                     from ..remote.transport import signals_held
                     with signals_held():
                         errs = run_server_steps(site, pending_starts)
-                    names = ", ".join(f"{s.summary.split(' from ')[0].removeprefix('start ')} on {s.host}"
-                                      for s in pending_starts)
+                    names = ", ".join(s.extra["started"] for s in pending_starts)
                     again = (f"; started again (not gated): {names}" if not errs else
                              f"; could not start again: {'; '.join(errs)}")
                     opts.log(f"interrupted: {again[2:]}")

@@ -114,7 +114,8 @@ def server_steps(site: Site, rid_of: dict[str, str], spec_of: dict[str, dict], a
     """Steps for ``actions``: one ``stop`` step per host with something to stop, then one
     ``start`` step per host with something to start (servers before routers on a host), each
     from the host's release ``rid_of[host]`` and its launch spec ``spec_of[host]`` — the same
-    start command and service backend a deploy uses."""
+    start command and service backend a deploy uses. A start step's ``extra["started"]`` says
+    what it starts, in words (``decode (not running) on h1``)."""
     stops: dict[str, list[str]] = {}
     starts: dict[str, list[str]] = {}
     for a in actions:
@@ -133,9 +134,10 @@ def server_steps(site: Site, rid_of: dict[str, str], spec_of: dict[str, dict], a
         svc = backend(site.profile.deploy.service, site.facts[h].systemd)
         spec, rid = spec_of[h], rid_of[h]
         gs = sorted(starts[h], key=lambda g: (spec[g]["role"] == "router", g))
-        out.append(Step("start", h, f"start {', '.join(f'{g} ({why[(h, g)]})' for g in gs)} from {rid} ({svc.name})",
+        what = ", ".join(f"{g} ({why[(h, g)]})" for g in gs)
+        out.append(Step("start", h, f"start {what} from {rid} ({svc.name})",
                         " && ".join(f"( {svc.start_cmd(site.paths[h], g, rid, start_command(site, h, rid, g, spec[g]), spec[g].get('env', {}))} )"
-                                    for g in gs), stage))
+                                    for g in gs), stage, extra={"started": f"{what} on {h}"}))
     return out
 
 

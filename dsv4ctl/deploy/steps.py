@@ -376,7 +376,7 @@ def nothing_to_do(site: Site, rid: str) -> bool:
 
 def converge_detail(servers: list[Step]) -> str:
     """``started G on H, ...`` for the start/stop steps of a converging deploy ('' for none)."""
-    starts = [f"{s.summary.split(' from ')[0].removeprefix('start ')} on {s.host}" for s in servers if s.phase == "start"]
+    starts = [s.extra["started"] for s in servers if s.phase == "start"]
     return ("started " + "; ".join(starts)) if starts else ""
 
 
