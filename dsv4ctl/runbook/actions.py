@@ -511,50 +511,50 @@ def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False, *,
     for replica R; with ``dry_run``: would start, nothing run). RemoteError naming the host when
     a node has no active release or launch spec, or the nodes of one server run different
     releases."""
-    from ..deploy.site import Options, open_site
-    from ..deploy.steps import start_command
+    from ..deploy.engine import run_server_steps
+    from ..deploy.servers import plan_servers, read_alive, server_steps
+    from ..deploy.site import Options, gather_facts, open_site
     from ..errors import RemoteError
-    from ..hosts.layout import read_facts
     from ..hosts.lock import check_unlocked
-    from ..hosts.service import backend
     dep = ctx.deployment
+    names = [g.name for g in groups]
+    # the servers as the profile places them (node-rank order), in the launch-spec shape the
+    # deploy layer's plan reads: one rule for which server a start touches (deploy/servers.py)
+    topo = {g: {"role": dep.groups[g].role, "servers": [[n.host for n in srv] for srv in dep.groups[g].server_nodes]}
+            for g in names}
     site = open_site(dep, Options())
     out: dict[str, dict] = {}
     try:
-        for g in groups:
-            for srv in dep.groups[g.name].server_nodes:
-                hosts = [n.host for n in srv]
-                facts = {h: read_facts(site.transports[h], site.paths[h].root) for h in hosts}
-                svcs = {h: backend(dep.deploy.service, facts[h].systemd) for h in hosts}
-                alive = {h: site.transports[h].run(svcs[h].alive_cmd(site.paths[h], g.name), check=False).code == 0
-                         for h in hosts}
-                restart = restart_multi_node and len(hosts) > 1 and all(alive.values())
-                if all(alive.values()) and not restart:
-                    continue
-                specs = {h: (facts[h].current_launch or {}).get(g.name) for h in hosts}
-                for h in hosts:
-                    if not facts[h].current or not specs[h]:
-                        raise RemoteError(f"{h}: group {g.name} is not running and the host has no active "
-                                          f"release with a launch spec for it ({site.paths[h].current}/launch.json)")
-                rids = {h: facts[h].current for h in hosts}
-                if len(set(rids.values())) > 1:
-                    raise RemoteError(f"group {g.name}: the nodes of {srv[0].server} run different releases ("
-                                      + ", ".join(f"{h}: {r}" for h, r in rids.items())
-                                      + "): roll back or deploy so that every node runs one, then start it")
-                rid = rids[hosts[0]]
-                out[srv[0].server] = {"how": "restart" if restart else "start", "release": rid, "hosts": hosts}
-                if dry_run:
-                    continue
-                for h in hosts:
-                    check_unlocked(site.transports[h], site.paths[h].root)
-                for h in hosts:          # a server cannot take a node back: the rest stop first
-                    if alive[h] and len(hosts) > 1:
-                        site.transports[h].run(svcs[h].stop_cmd(site.paths[h], g.name), timeout=120)
-                for h in hosts:
-                    site.transports[h].run(svcs[h].start_cmd(site.paths[h], g.name, rid,
-                                                             start_command(site, h, rid, g.name, specs[h]),
-                                                             specs[h].get("env", {})), timeout=60)
-                ctx.touched_hosts.update(hosts)
+        gather_facts(site)
+        alive = read_alive(site, topo, sorted({h for t in topo.values() for srv in t["servers"] for h in srv}))
+        actions = plan_servers(topo, alive, "start", names)
+        if restart_multi_node:
+            started = {a.server for a in actions}
+            actions += [a for a in plan_servers(topo, alive, "restart", names)
+                        if len(a.start) > 1 and a.server not in started]
+        rid_of, spec_of = {}, {}
+        for a in actions:
+            for h in a.start:
+                f = site.facts[h]
+                if not f.current or not (f.current_launch or {}).get(a.group):
+                    raise RemoteError(f"{h}: group {a.group} is not running and the host has no active "
+                                      f"release with a launch spec for it ({site.paths[h].current}/launch.json)")
+                rid_of[h], spec_of[h] = f.current, f.current_launch
+            rids = {h: rid_of[h] for h in a.start}
+            if len(set(rids.values())) > 1:
+                raise RemoteError(f"group {a.group}: the nodes of {a.server} run different releases ("
+                                  + ", ".join(f"{h}: {r}" for h, r in rids.items())
+                                  + "): roll back or deploy so that every node runs one, then start it")
+            out[a.server] = {"how": "restart" if a.why == "restart" else "start", "release": rids[a.start[0]],
+                             "hosts": list(a.start)}
+        if dry_run or not actions:
+            return out
+        for h in sorted({h for a in actions for h in a.start}):
+            check_unlocked(site.transports[h], site.paths[h].root)
+        errors = run_server_steps(site, server_steps(site, rid_of, spec_of, actions))
+        if errors:
+            raise RemoteError("; ".join(errors))
+        ctx.touched_hosts.update(h for a in actions for h in a.start)
     finally:
         site.close()
     return out
