@@ -13,6 +13,15 @@ from tests.test_converge import cli, world  # noqa: F401 - the same four-host wo
 pytestmark = pytest.mark.sshd
 
 
+def run_lock(w, host: str, who: str, what: str, pid: int, since: str):
+    """A lock held on ``host`` by another run (its holder.json as a deploy writes it)."""
+    lock = w.roots[host] / ".lock"
+    lock.mkdir(parents=True)
+    (lock / "holder.json").write_text(json.dumps({"who": who, "what": what, "pid": pid, "since": since,
+                                                  "token": "tok-" + who}))
+    return lock
+
+
 def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
     w = world
     r = cli(w, "lock", "status", "--json")
@@ -62,10 +71,7 @@ def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
 
 def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
     w = world
-    lock = w.roots["h2"] / ".lock"
-    lock.mkdir(parents=True)
-    (lock / "holder.json").write_text(json.dumps({"who": "alice@ops1", "what": "deploy rX", "pid": 4242,
-                                                  "since": "2026-11-29T10:00:00Z", "token": "t0k"}))
+    lock = run_lock(w, "h2", "alice@ops1", "deploy rX", 4242, "2026-11-29T10:00:00Z")
     r = cli(w, "lock", "status")
     assert "alice@ops1 (deploy rX, pid 4242, since 2026-11-29T10:00:00Z)" in r.out and "(stale?)" in r.out
     assert "if its run is gone, dsv4ctl lock release PROFILE --force" in r.out
@@ -90,10 +96,7 @@ def test_only_the_current_release_is_active():
 
 def test_a_lock_acquire_that_cannot_take_every_host_gives_back_and_says_so(world):
     w = world
-    lock = w.roots["h2"] / ".lock"
-    lock.mkdir(parents=True)
-    (lock / "holder.json").write_text(json.dumps({"who": "bob@ops2", "what": "deploy rY", "pid": 7,
-                                                  "since": "2026-12-04T10:00:00Z", "token": "tk"}))
+    lock = run_lock(w, "h2", "bob@ops2", "deploy rY", 7, "2026-12-04T10:00:00Z")
     r = cli(w, "lock", "acquire", "-m", "maintenance")
     assert r.code == 3 and "h2: deploy lock" in r.err and "bob@ops2 (deploy rY" in r.err
     for h in ("h0", "h1", "h3"):
