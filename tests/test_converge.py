@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
-from tests.sshd.world import World, http_status, wait_for
+from tests.sshd.world import World, http_status, kill_server, wait_for
 
 pytestmark = pytest.mark.sshd
 
@@ -37,7 +37,7 @@ def url(w: World, group: str) -> str:
 
 
 def kill(w: World, host: str, group: str) -> None:
-    os.killpg(pid(w, host, group), signal.SIGKILL)
+    kill_server(w.roots[host] / "run" / f"{group}.pid")
     assert wait_for(lambda: http_status(url(w, group), 0.5) == 0, 10)
 
 

@@ -11,6 +11,7 @@ from dsv4ctl.hosts.day2 import merge_audit, parse_audit, parse_log_read, parse_s
 from tests.conftest import run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.sshd.promote_world import PromoteWorld
+from tests.sshd.world import kill_server
 
 
 def test_parse_status_and_audit_with_data():
@@ -199,11 +200,7 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
 
     # a stopped server: status says which, exit 1, in words
     pidfile = w.roots[host] / "run" / f"{group}.pid"
-    import os
-    import signal
-    import time
-    os.killpg(int(pidfile.read_text()), signal.SIGKILL)
-    time.sleep(0.5)
+    kill_server(pidfile)
     r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
     assert r.code == 1 and r.err.strip() == f"dsv4ctl: error: status: unhealthy: {host}/{group}: process not running"
     g = r.json()["hosts"][host]["groups"][group]

@@ -21,7 +21,7 @@ from dsv4ctl.errors import InputError
 from dsv4ctl.deploy.release import (MTIME_BASE, RELEASE_SCHEMA, build_release, content_mtime, input_key,
                                     manifest_diff, patch_paths, release_id, seal_problems, series_patches)
 from dsv4ctl.remote import LocalTransport
-from tests.sshd.world import git, make_patch, make_tree
+from tests.sshd.world import gone_or_zombie, git, make_patch, make_tree
 
 
 def test_input_key_is_deterministic_and_input_sensitive():
@@ -302,13 +302,6 @@ def test_launcher_start_stop_and_log_tail(tmp_path):
     time.sleep(0.3)
     assert t.run(log_tail_cmd(p, "g", 5)).out.splitlines()[1:] == ["second", "=== dsv4ctl: g exited with status 3"]
     assert t.run(L.alive_cmd(p, "g"), check=False).code != 0
-
-
-def gone_or_zombie(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])

@@ -14,7 +14,7 @@ import yaml
 from tests.conftest import run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.sshd.harness import free_port
-from tests.sshd.world import World, http_status, wait_for
+from tests.sshd.world import World, http_status, kill_server, wait_for
 
 pytestmark = pytest.mark.sshd
 
@@ -151,7 +151,7 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     h = [x.name for x in w.hosts]
     r = cli(w, "deploy", "--json")
     assert r.code == 0, r.err
-    os.killpg(int((w.roots[h[1]] / "run" / "prefill.pid").read_text()), signal.SIGKILL)
+    kill_server(w.roots[h[1]] / "run" / "prefill.pid")
     r = cli(w, "status", "--json")
     assert r.code == 1, r.err
     assert f"{h[1]}/prefill: node 1 of 2: process not running (node 0 stalls in its collectives until its " \

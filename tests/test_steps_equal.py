@@ -26,6 +26,7 @@ from dsv4ctl.deploy.site import Options
 from dsv4ctl.deploy.steps import DRY_RUN_TOKEN
 from dsv4ctl.profile.deployment import load_deployment
 from dsv4ctl.remote.transport import LocalTransport
+from tests.sshd.world import kill_server
 from tests.test_golden import LocalWorld, needs_rsync
 
 
@@ -153,12 +154,9 @@ def test_second_and_third_deploy_stop_removed_groups_and_prune(world, monkeypatc
 def test_converging_deploy_runs_exactly_its_dry_run(world, monkeypatch):
     """The active release deployed again with decode's process killed: the dry run lists the
     start on h1 and the gate, and the run executes exactly that (h1: lock, start, gate, close)."""
-    import os
-    import signal
     w = world
     rid = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
-    pgid = int((w.roots["h1"] / "run" / "decode.pid").read_text())
-    os.killpg(pgid, signal.SIGKILL)
+    kill_server(w.roots["h1"] / "run" / "decode.pid")
     dry = engine.deploy(load_deployment(w.profile), _opts(w, dry_run=True))
     assert dry["release"] == rid
     rec = Recorder(monkeypatch)

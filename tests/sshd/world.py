@@ -164,3 +164,21 @@ def wait_for(pred, timeout: float = 30, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return False
+
+
+def gone_or_zombie(pid: int) -> bool:
+    """True once process ``pid`` has exited (reaped, or a zombie waiting for its parent)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def kill_server(pidfile) -> int:
+    """SIGKILL the process group a launcher pid file names and wait (at most 10 s) until its
+    leader has exited: SIGKILL is delivered asynchronously, and on a loaded machine a probe sent
+    right after ``killpg`` can still find the process running. Returns the pid."""
+    pid = int(Path(pidfile).read_text())
+    os.killpg(pid, signal.SIGKILL)
+    assert wait_for(lambda: gone_or_zombie(pid), 10), f"process {pid} still runs 10 s after SIGKILL"
+    return pid
