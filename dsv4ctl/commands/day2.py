@@ -146,25 +146,27 @@ def status(profile: Optional[str] = _P,
             unhealthy.append(f"{h}: the active release {cur} is recorded as failed ({f.state['releases'][cur].get('failed_check', '?')})")
         hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
                 "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {},
-                "verified": None, "drift": []}
+                "verified": None, "drift": [], "environment": None}
         for link, target in f.foreign.items():
             hdoc["drift"].append(f"{link} -> {target}: outside {f.root}/releases")
             unhealthy.append(f"{h}: {f.root}/{link} points outside its releases ({target}); the next deploy "
                              "or rollback replaces it (dsv4ctl verify)")
         if cur:
-            from ..deploy.drift import bind_seal
+            from ..deploy.drift import bind_report
             v = st.verify or {}
             rep = next(iter((v.get("releases") or {}).items()), None)
-            rep = bind_seal(*rep) if rep is not None and isinstance(rep[1], dict) else None
+            rep = bind_report(*rep) if rep is not None and isinstance(rep[1], dict) else None
             if rep is None:
                 hdoc["drift"] += [f"not verified: {v.get('error') or 'no report'}"]
             else:
                 hdoc["drift"] += rep.get("bad", []) + ([f"+{rep['nbad'] - len(rep['bad'])} more"]
                                                       if rep.get("nbad", 0) > len(rep.get("bad", [])) else [])
+                hdoc["environment"] = rep.get("environment")
             hdoc["verified"] = not hdoc["drift"]
             if hdoc["drift"]:
                 unhealthy.append(f"{h}: the active release {cur} differs from its manifest: "
                                  + ", ".join(hdoc["drift"][:3]) + " (dsv4ctl verify)")
+        envtxt = f", env {hdoc['environment']['digest']}" if hdoc["environment"] else ""
         for name in groups[h]:
             g = dep.groups[name]
             replica, rank = g.node_on(h)
@@ -180,7 +182,7 @@ def status(profile: Optional[str] = _P,
                     unhealthy.append(f"{h}/{name}: node {rank} of {g.group.nnodes}: process not running "
                                      "(node 0 stalls in its collectives until its watchdog ends it)")
                 hdoc["groups"][name] = {**gdoc, "health": None, "hicache_differences": []}
-                rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
+                rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + envtxt + (", DRIFT" if hdoc["drift"] else "")
                              + ")", "yes" if alive else "NO", f"served by node 0 ({url})", "-", hdoc["lock"] or "-"])
                 continue
             if (name, replica) in undeployed:
@@ -204,7 +206,7 @@ def status(profile: Optional[str] = _P,
                 # active release's copy, so a restart starts the same one again; deploy applies it
                 differing.append(f"{h}/{name}: {diffs[0]}" + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""))
             hdoc["groups"][name] = {**gdoc, "health": err or "ok", "hicache_differences": diffs}
-            rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + (", DRIFT" if hdoc["drift"] else "")
+            rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + envtxt + (", DRIFT" if hdoc["drift"] else "")
                          + ")", "yes" if alive else "NO",
                          err or "ok", "; ".join(diffs) or "match" if info is not None else "-",
                          hdoc["lock"] or "-"])

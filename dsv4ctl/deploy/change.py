@@ -18,7 +18,8 @@ from typing import Callable
 from ..errors import InputError, RemoteError
 from ..profile.deployment import as_deployment
 from ..remote import who
-from .release import Release, build_release, cached_release, default_cache, derive_release, private_groups, release_inputs
+from .release import (Release, build_release, cached_release, default_cache, derive_release, private_groups,
+                      release_environment, release_inputs)
 from .site import Options, Site, gather_facts, open_site
 
 
@@ -44,7 +45,7 @@ def local_base(dep, rid: str, cache) -> Release:
         return rel
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(dep, None, None, None)
     rel = build_release(tree_p, base_ref, pl, configs, spec, cache=c, who=who(), series_identity=ident,
-                        private=private_groups(dep))
+                        private=private_groups(dep), environment=release_environment(dep))
     if rel.id != rid:
         raise InputError(f"the hosts run {rid}, which is not in the local release cache ({c}), and the profile builds "
                          f"{rel.id}: deploy the profile first (dsv4ctl deploy), then change it")

@@ -54,7 +54,35 @@ def parse_verify(host: str, code: int, out: str, err: str = "") -> dict[str, dic
         why = (v or {}).get("error") if isinstance(v, dict) else None
         raise RemoteError(f"{host}: verifying releases failed (exit {code}): "
                           + (why or (err.strip().splitlines() or ["no report"])[-1]))
-    return {p: bind_seal(p, r) if isinstance(r, dict) else r for p, r in v["releases"].items()}
+    return {p: bind_report(p, r) if isinstance(r, dict) else r for p, r in v["releases"].items()}
+
+
+def bind_report(path: str, v: dict) -> dict:
+    """A verify report of release folder ``path`` judged whole (pure): :func:`bind_seal` (the
+    id binding), then :func:`bind_env` (its environment against its lock)."""
+    return bind_env(bind_seal(path, v))
+
+
+def bind_env(v: dict) -> dict:
+    """The verify report ``v`` with its environment judged against the release's own lock
+    (pure): :func:`dsv4ctl.deploy.environment.env_problems` go after the tree's problems in
+    ``bad`` (``nbad`` counts them); the report keeps ``environment`` {digest, ok, problems}. A
+    report without ``env`` (a release without an environment) is returned as is."""
+    from ..errors import InputError
+    from .environment import env_problems, parse_lock
+    ev = v.get("env")
+    if not isinstance(ev, dict):
+        return v
+    try:
+        probs = env_problems(parse_lock(str(ev.get("lock") or ""), "environment.lock"), ev)
+    except InputError as e:
+        probs = [f"env lock ({e})"]
+    extra = max(0, int(ev.get("nbad") or 0) - len(ev.get("bad") or []))
+    v = {k: x for k, x in v.items() if k != "env"}
+    v["environment"] = {"digest": ev.get("digest"), "ok": not probs, "problems": probs[:10]}
+    if probs:
+        v = {**v, "bad": list(v.get("bad", [])) + probs, "nbad": v.get("nbad", 0) + len(probs) + extra}
+    return v
 
 
 def verify_releases(t: Transport, python: str, paths: list[str], timeout: float = 1800) -> dict[str, dict]:

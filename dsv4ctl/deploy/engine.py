@@ -31,7 +31,8 @@ from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from ..remote.ops import framed
 from .push import kill_rsyncs, push_host, rsync_user_args
-from .release import Release, build_release, private_groups, launch_spec, release_inputs, resolve_base, sha256_file
+from .release import (Release, build_release, private_groups, launch_spec, release_environment, release_inputs,
+                      resolve_base, sha256_file)
 from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
@@ -154,6 +155,39 @@ def run_verify(site: Site, steps: list[Step]) -> str:
         elif drift_text(r.value):
             out.append(f"{h}: {drift_text(r.value)}")
     return "; ".join(out)
+
+
+def run_envs(site: Site, steps: list[Step]) -> str:
+    """Run environment steps (hosts in parallel; an interrupt lets each finish, and the host's
+    command removes its staging folder). Returns "" when every host has the environment, else
+    ``host: why`` per failed host, ``; ``-joined (the last lines uv printed)."""
+    if not steps:
+        return ""
+    by_host = {s.host: s for s in steps}
+
+    def body(t):
+        st = by_host[t.name]
+        r = run_host_step(site, st, timeout=site.opts.host_timeout or 3600, check=False)
+        if r.code != 0:
+            tail = [ln.strip() for ln in (r.err or r.out).splitlines() if ln.strip()][-2:]
+            raise RemoteError(f"building environment {st.extra['digest']} failed (exit {r.code})"
+                              + (": " + " / ".join(tail)[:600] if tail else ""))
+        return r.out.strip().splitlines()[-1:] == ["@env built"]
+    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
+                       finish_on_interrupt=True)
+    for h, r in res.items():
+        if r.ok and r.value:
+            site.opts.log(f"{h}: built environment {by_host[h].extra['digest']}")
+    return "; ".join(f"{h}: {r.error}" for h, r in res.items() if not r.ok)
+
+
+def env_error(site: Site, rid: str, why: str, rec: dict, per_host: dict | None, action: str = "deploy") -> None:
+    """After :func:`run_envs`: nothing when ``why`` is empty; else the run is closed as failed
+    (no host was switched) and a RemoteError (exit 3) says which hosts could not build it."""
+    if not why:
+        return
+    close_all(site, {**rec, "result": "failed", "detail": "environment: " + why[:1500]}, per_host=per_host)
+    raise RemoteError(f"{action} of {rid} stopped before any host was switched: {why}")
 
 
 def drift_error(rid: str, why: str) -> RemoteError:
@@ -490,7 +524,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     site = open_site(dep, opts)
     try:
         if opts.dry_run:
-            rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts)
+            rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts, release_environment(dep))
             gather_facts(site)
             refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
@@ -510,7 +544,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             return doc
         t_build = time.monotonic()
         rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident,
-                            private=private_groups(dep))
+                            private=private_groups(dep), environment=release_environment(dep))
         opts.build_seconds = round(time.monotonic() - t_build, 3)
         opts.log(f"built {rel.id}: base {base_ref} ({rel.meta['base_commit'][:12]}), {len(pl)} patch(es), "
                  f"{len(rel.files)} files, {rel.bytes / 2**20:.1f} MiB")
@@ -524,7 +558,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         site.close()
 
 
-def _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts: Options) -> str:
+def _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts: Options, environment: bytes | None = None) -> str:
     """The id of the release a run would build. A dry run proves the release builds (every patch
     applies) the way the run will build it: a checked release of the same inputs in the local
     cache is proof; otherwise it is built in a throw-away folder (the cache is not touched; the
@@ -539,7 +573,8 @@ def _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts: Options) -> s
     if rel is not None:
         return rel.id
     with tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-") as tmp:
-        return build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp) / "releases", series_identity=ident).id
+        return build_release(tree_p, base_ref, pl, configs, spec, cache=Path(tmp) / "releases", series_identity=ident,
+                             environment=environment).id
 
 
 def refuse(site: Site, rid: str, gated: bool, how: str = "deploy") -> None:
@@ -580,6 +615,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart, servers=servers)
     _announce(site, run)
     if converge:
+        env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
         drift = run_verify(site, run.of("verify"))
         if drift:
             close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
@@ -624,6 +660,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
             opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
                                  f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
                                  f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+        env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
         drift = run_verify(site, run.of("verify"))
         if drift:
             close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
@@ -842,6 +879,7 @@ def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4
             old_current = {h: site.facts[h].current for h in site.hosts}
             rec = {"action": "rollback", "release": target, **_record_extras(site, target, True)}
             try:
+                env_error(site, target, run_envs(site, run.of("env")), rec, None, "rollback")
                 drift = run_verify(site, run.of("verify"))
             except KeyboardInterrupt:
                 close_all(site, {**rec, "result": "interrupted", "detail": "interrupted before any switch"})

@@ -26,5 +26,41 @@ def preflight(profile) -> dict:
         bad = [(g.group.name, e) for g in rep.groups for e in g.errors]
         raise VerdictError(f"preflight: plan: {len(bad)} error(s), nothing touched; group {bad[0][0]}: {bad[0][1]}")
     warns = sum(1 for f in findings if f.severity != "error")
+    env = environment_preflight(profile)
     return {"lint": {"errors": 0, "warnings": warns}, "plan": {"ok": True, "groups": [g.group.name for g in rep.groups]},
-            "summary": f"config lint ok ({warns} warning(s)), plan ok ({len(rep.groups)} group(s) fit)"}
+            "environment": env,
+            "summary": f"config lint ok ({warns} warning(s)), plan ok ({len(rep.groups)} group(s) fit)"
+                       + (f", environment {env['summary']}" if env else "")}
+
+
+def environment_preflight(dep) -> dict | None:
+    """The environment lock (``sglang.environment``) against the exact pins of the SGLang the
+    release is built from: ``python/pyproject.toml`` of the tree at the base ref (``git show``;
+    a wheel's METADATA says the same in ``Requires-Dist``), markers evaluated for a Linux x86_64
+    host. None without a lock; {digest, sglang, compared, summary}. InputError (exit 2, nothing
+    touched) naming each contradiction with both versions: ``torch: the lock has 2.9.0, SGLang
+    0.5.23 pins ==2.14.1``."""
+    import subprocess
+    from .environment import env_digest, parse_lock, pin_conflicts, requirement_pins, sglang_requirements
+    from .release import release_environment
+    data = release_environment(dep)
+    if data is None:
+        return None
+    lock = parse_lock(data.decode("utf-8", "replace"), str(dep.sglang.environment.lock))
+    tree, ref = dep.tree(required=True), dep.sglang.base_ref or "HEAD"
+    r = subprocess.run(["git", "-C", str(tree), "show", f"{ref}:python/pyproject.toml"], capture_output=True, text=True)
+    doc = {"digest": env_digest(data), "packages": len(lock), "sglang": None, "compared": 0}
+    if r.returncode != 0:
+        doc["summary"] = (f"{doc['digest']} ({len(lock)} packages; the tree has no python/pyproject.toml at {ref}: "
+                          "not compared with SGLang's pins)")
+        return doc
+    version, reqs = sglang_requirements(r.stdout)
+    pins = requirement_pins(reqs)
+    bad = pin_conflicts(lock, pins, version or ref)
+    if bad:
+        raise InputError(f"preflight: environment lock {dep.sglang.environment.lock} contradicts SGLang "
+                         f"{version or ref}'s own pins ({len(bad)}), nothing touched: " + "; ".join(bad[:4])
+                         + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""))
+    doc.update(sglang=version, compared=len(pins),
+               summary=f"{doc['digest']} ok ({len(lock)} packages, SGLang {version or ref}'s {len(pins)} pins kept)")
+    return doc

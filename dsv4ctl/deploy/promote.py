@@ -212,8 +212,8 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     """Every step of ``deploy --promote`` of ``rid``: lock, push, the canary's switch and gate,
     the checks (``dsv4ctl check`` children), the rest's switch and gate (and a smoke of the whole
     deployment), the evidence, the close-out. Returns a :class:`~dsv4ctl.deploy.steps.RunSteps`."""
-    from .steps import (RunSteps, Step, close_step, gate_steps, lock_step, next_previous, present_verify_steps,
-                        prune_after_switch, push_step, revert_steps, switch_step)
+    from .steps import (RunSteps, Step, close_step, env_steps, gate_steps, lock_step, next_previous,
+                        present_verify_steps, prune_after_switch, push_step, revert_steps, switch_step)
     hosts = site.hosts
     canary = first_deploy_canary([h for h in hosts if h in po.canary_hosts], {h: site.facts[h].current for h in hosts})
     rest = [h for h in hosts if h not in canary]
@@ -222,7 +222,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     g = gate_settings(site.profile, po)
     path = str(site.profile.path)
     steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
-    steps += [push_step(site, h, rid) for h in hosts] + present_verify_steps(site, rid)
+    steps += [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + present_verify_steps(site, rid)
     for name, hs in (("canary", canary), ("rest", rest)):
         steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
                   for h in hs]

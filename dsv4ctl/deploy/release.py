@@ -5,6 +5,8 @@ A release is a folder::
     tree/            the SGLang source at the base commit with the patch series applied
     configs/G.yaml   the rendered serve config of every server group G
     launch.json      per group: the launch command template, port, env (the service backend reads it)
+    environment.lock the hashed requirements lock of the Python environment it runs on (only
+                     with ``sglang.environment``; each group's launch spec names its digest)
     MANIFEST.json    {path: [sha256, size, exec]} for every regular file, {path: target} for links
     RELEASE.json     id, base ref/commit, patches, configs, built when/by, file count, bytes
 
@@ -465,10 +467,13 @@ def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
 
 def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
                   launch: dict, *, cache: Path | None = None, who: str = "",
-                  series_identity: str | None = None, private: set[str] | frozenset = frozenset()) -> Release:
+                  series_identity: str | None = None, private: set[str] | frozenset = frozenset(),
+                  environment: bytes | None = None) -> Release:
     """Build (or reuse from ``cache``) the release for these inputs; returns it, checked.
 
-    ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able).
+    ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able);
+    ``environment``: the environment lock's bytes, shipped as ``environment.lock`` (the launch
+    spec's ``python_env`` must be its digest: InputError otherwise).
     Steps: resolve the base commit; export it once (:func:`export_base`); hard-link the export
     into a new folder; break the links of the files the patches touch and ``git apply`` each
     patch in order (an InputError names the patch that does not apply); re-hash only touched
@@ -481,7 +486,8 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
     git; a reused release is checked the same way (:func:`cached_build`)."""
     cache = trusted_cache(Path(cache or default_cache()))
     for attempt in range(2):
-        rel, fresh = _build(tree, base_ref, patches, configs, launch, cache, who, series_identity, private)
+        rel, fresh = _build(tree, base_ref, patches, configs, launch, cache, who, series_identity, private,
+                            environment)
         if not fresh or cached_release(cache, rel.id) is not None:
             return rel
         shutil.rmtree(cache.parent / "exports" / rel.meta["base_commit"], ignore_errors=True)
@@ -490,8 +496,13 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
 
 
 def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes], launch: dict, cache: Path,
-           who: str, series_identity: str | None, private) -> tuple[Release, bool]:
+           who: str, series_identity: str | None, private, environment: bytes | None = None) -> tuple[Release, bool]:
     """(release, built now) of :func:`build_release` (a checked cached build is reused)."""
+    from .environment import LOCK_NAME, env_digest
+    want = {s.get("python_env") for s in launch.values()} - {None}
+    have = env_digest(environment) if environment is not None else None
+    if want != ({have} - {None}):
+        raise InputError(f"the launch spec names environment(s) {sorted(map(str, want))}, the lock given is {have}")
     commit = resolve_base(tree, base_ref)
     pinfo = [(p.name, sha256_file(p)) for p in patches]
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
@@ -542,11 +553,16 @@ def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, by
             _write_new(tmp / "configs" / f"{g}.yaml", b, f"configs/{g}.yaml" in secret)
         _write_new(tmp / "launch.json", (json.dumps(launch, indent=2, sort_keys=True) + "\n").encode(),
                    "launch.json" in secret)
-        xf, _ = _scan(tmp, ["launch.json"] + [f"configs/{g}.yaml" for g in configs])
+        extra = []
+        if environment is not None:
+            _write_new(tmp / LOCK_NAME, environment, False)
+            extra.append(LOCK_NAME)
+        xf, _ = _scan(tmp, ["launch.json"] + extra + [f"configs/{g}.yaml" for g in configs])
         files.update(xf)
         meta = {"schema": RELEASE_SCHEMA, "base_ref": base_ref, "base_commit": commit,
                 "patches": [{"name": n, "sha256": h} for n, h in pinfo], "series_identity": series_identity,
                 "configs": {g: chash[g] for g in sorted(chash)}, "groups": sorted(launch),
+                **({"environment": have} if have else {}),
                 "built_at": now_iso(), "built_by": who,
                 "files": len(files), "bytes": sum(v[1] for v in files.values())}
         rid = _seal(tmp, cache, files, links, meta, secret)
@@ -592,10 +608,14 @@ def launch_spec(profile) -> dict:
     has neither, so its launch spec (and release id) is what it was before multi-node servers.
     ``profile``: a Deployment (a Profile is resolved first)."""
     dep = as_deployment(profile)
+    env = release_environment(dep)
     spec = {}
     for g in dep.groups.values():
         s = {"role": g.role, "host": g.group.host, "port": g.port, "cmd": g.launch_template, "env": g.env,
              "model": g.served_model}
+        if env is not None:
+            from .environment import env_digest
+            s["python_env"] = env_digest(env)
         if g.is_server and (g.group.nnodes > 1 or g.group.replicas > 1):
             s["servers"] = [[n.host for n in srv] for srv in g.group.servers]
             if g.group.nnodes > 1:
@@ -617,6 +637,22 @@ def launch_spec(profile) -> dict:
             s["model"] = next((spec[n]["model"] for n in g.group.decode + g.group.workers if n in spec), "default")
         spec[g.name] = s
     return spec
+
+
+def release_environment(profile) -> bytes | None:
+    """The bytes of the profile's environment lock (``sglang.environment.lock``), None without
+    one. InputError (exit 2) when it cannot be read or is not a lock of exact pins with hashes
+    (:func:`dsv4ctl.deploy.environment.parse_lock`)."""
+    from .environment import parse_lock
+    env = as_deployment(profile).sglang.environment
+    if env is None:
+        return None
+    try:
+        data = env.lock.read_bytes()
+    except OSError as e:
+        raise InputError(f"{env.lock}: sglang.environment.lock: cannot read ({e.strerror or e})") from None
+    parse_lock(data.decode("utf-8", "replace"), str(env.lock))
+    return data
 
 
 def release_inputs(profile, tree: str | None, base_ref: str | None, patches: list[str] | None):

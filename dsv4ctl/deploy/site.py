@@ -158,11 +158,14 @@ def node_args(site: Site, s: dict, host: str) -> str:
 
 def start_command(site: Site, host: str, rid: str, group: str, s: dict) -> str:
     """The launch command of ``group`` on ``host`` from its template. ``{node_args}`` is
-    :func:`node_args`; a template without it gets them at its end."""
+    :func:`node_args`; a template without it gets them at its end. ``{python}`` is the release's
+    own environment's interpreter (``ROOT/envs/<digest>/bin/python``) when its launch spec names
+    one (``python_env``), else the profile's ``deploy.python``."""
     p = site.paths[host]
     rd = p.release(rid)
     na = node_args(site, s, host)
-    values = {"python": site.python[host], "release": rd, "tree": f"{rd}/tree",
+    py = f"{p.env(s['python_env'])}/bin/python" if s.get("python_env") else site.python[host]
+    values = {"python": py, "release": rd, "tree": f"{rd}/tree",
               "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
               "address": site.profile.hosts[host].address,
               "router_args": " ".join(q(w) for w in s.get("router_args", [])), "node_args": na}

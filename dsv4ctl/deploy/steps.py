@@ -274,6 +274,34 @@ def verify_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
                                 "hashed; drift stops the run before any switch)", None, stage, extra={"rid": rid})
 
 
+def spec_environment(spec: dict | None) -> str | None:
+    """The environment digest a release's launch spec names (``python_env``), None without one."""
+    return next((s.get("python_env") for s in (spec or {}).values() if s.get("python_env")), None)
+
+
+def env_steps(site: Site, rid: str, spec: dict, hosts: list[str] | None = None, stage: str = "") -> list[Step]:
+    """One step per host building the Python environment release ``rid`` runs on (its launch
+    spec ``spec`` names the digest) from the release's own ``environment.lock``, before its
+    verify: :func:`dsv4ctl.deploy.environment.build_command` (nothing to do when the host has
+    it: the command checks). No steps for a release without an environment."""
+    from .environment import LOCK_NAME, build_command
+    digest = spec_environment(spec)
+    if digest is None:
+        return []
+    env = site.profile.sglang.environment
+    uv, uv_args = (env.uv, env.uv_args) if env is not None else ("uv", ())
+    out = []
+    for h in hosts or site.hosts:
+        p = site.paths[h]
+        cmd = build_command(p.root, digest, f"{p.release(rid)}/{LOCK_NAME}", uv=uv, python=site.python[h],
+                            uv_args=uv_args)
+        what = (f"environment {digest} present ({p.env(digest)})" if digest in site.facts[h].envs else
+                f"build environment {digest} at {p.env(digest)} from {rid}'s {LOCK_NAME} (uv venv + uv pip sync "
+                "--require-hashes; read-only, renamed into place)")
+        out.append(Step("env", h, what, cmd, stage, extra={"digest": digest, "rid": rid}))
+    return out
+
+
 def present_verify_steps(site: Site, rid: str, stage: str = "") -> list[Step]:
     """Verify steps for the hosts that already hold ``rid`` (a push verifies what it places)."""
     return [verify_step(site, h, rid, stage) for h in site.hosts if rid in site.facts[h].releases]
@@ -298,6 +326,9 @@ def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: st
     for r in prune:
         trash = p.releases + "/.trash-" + r
         parts.append(f"mv -T {q(p.release(r))} {q(trash)} && rm -rf {q(trash)}")
+    if prune:
+        from .environment import gc_command
+        parts.append(gc_command(p.root))
     state = atomic_write_cmd(p.state, size=None)     # stdin: framed(state document)
     audit = append_cmd(p.audit, record)
     # the record and the state are written only when the clean-up and pruning worked (the state
@@ -326,7 +357,8 @@ def close_step(site: Site, host: str, record: dict, *, event: tuple | None = Non
     if event is not None:
         rid, ev = event[0], event[1]
         marks = f"{rid} {next_state(site.facts[host].state.get('releases', {}).get(rid), ev, site.opts.force_failed)}"
-    summary = ("close: " + (f"mark {marks}; " if marks else "") + (f"prune {', '.join(prune)}; " if prune else "")
+    summary = ("close: " + (f"mark {marks}; " if marks else "")
+               + (f"prune {', '.join(prune)} (and environments no release left uses); " if prune else "")
                + (f"remove {site.paths[host].incoming(cleanup)}; " if cleanup else "")
                + f"audit {record['action']} {record['result']}; unlock")
     return Step("close", host, summary, close_cmd(site, host, rec, list(prune), cleanup),
@@ -404,7 +436,7 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
     locks = [] if locked else [lock_step(site, h, lock_what or f"{action} {rid}") for h in hosts]
     if nothing_to_do(site, rid):
         started = converge_detail(servers or [])
-        return RunSteps(locks + present_verify_steps(site, rid) + list(servers or [])
+        return RunSteps(locks + env_steps(site, rid, spec) + present_verify_steps(site, rid) + list(servers or [])
                         + (gate_steps(site, spec) if servers else []) + [
             close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok",
                                  "detail": "already active" + (f"; {started}" if started else ""),
@@ -412,7 +444,7 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
             [Step("close", h, f"close: audit {action} failed with the reason (the started servers are left as they "
                               "are: the release was already active); unlock") for h in hosts] if servers else [])
     keep = site.profile.deploy.keep_releases
-    steps = locks + [push_step(site, h, rid) for h in hosts] + present_verify_steps(site, rid)
+    steps = locks + [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + present_verify_steps(site, rid)
     steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch,
                           restart=restart) for h in hosts]
     steps += gate_steps(site, spec)
@@ -434,6 +466,7 @@ def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, 
     extra = extra or {}
     hosts = site.hosts
     steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
+    steps += env_steps(site, target, spec)
     steps += [verify_step(site, h, target) for h in hosts]
     steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch,
                           restart=restart) for h in hosts]

@@ -134,6 +134,67 @@ def check(rel, have=None, placed=True):
     if "RELEASE.json" not in have:
         bad.append("missing RELEASE.json")
     return bad, max(0, len(extra) - 5)
+def envcheck(rel):
+    """The environment release folder rel runs on (its launch.json names ``python_env``):
+    {"digest", "lock" (environment.lock's text), "present" (ENV.json there), "python" (its
+    interpreter resolves), "dists" {name: version} of every *.dist-info, "bad" [files whose
+    content differs from their RECORD hash], "nbad"}; None for a release without one. Judged
+    against the lock by the control machine (dsv4ctl.deploy.environment.env_problems)."""
+    import base64, csv, glob
+    try:
+        with open(os.path.join(rel, "launch.json")) as f:
+            spec = json.load(f)
+        d = next((s.get("python_env") for s in spec.values() if isinstance(s, dict) and s.get("python_env")), None)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not d:
+        return None
+    try:
+        with open(os.path.join(rel, "environment.lock"), encoding="utf-8", errors="replace") as f:
+            lock = f.read()
+    except OSError:
+        lock = ""
+    env = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(rel))), "envs", d)
+    rep = {"digest": d, "lock": lock, "present": os.path.isfile(os.path.join(env, "ENV.json")), "dists": {},
+           "bad": [], "nbad": 0, "python": False}
+    if not rep["present"]:
+        return rep
+    rep["python"] = os.path.exists(os.path.join(env, "bin", "python"))
+    bad = []
+    for sp in sorted(glob.glob(os.path.join(env, "lib", "python*", "site-packages"))):
+        for di in sorted(os.listdir(sp)):
+            if not di.endswith(".dist-info"):
+                continue
+            name = ver = None
+            try:
+                with open(os.path.join(sp, di, "METADATA"), encoding="utf-8", errors="replace") as f:
+                    for line in f:
+                        if not line.strip():
+                            break
+                        if line.startswith("Name:"):
+                            name = line[5:].strip()
+                        elif line.startswith("Version:"):
+                            ver = line[8:].strip()
+                with open(os.path.join(sp, di, "RECORD"), newline="", encoding="utf-8") as f:
+                    rows = list(csv.reader(f))
+            except OSError:
+                bad.append(di)
+                continue
+            if name:
+                rep["dists"][name] = ver
+            for row in rows:
+                if len(row) < 2 or not row[1].startswith("sha256="):
+                    continue
+                p = os.path.normpath(os.path.join(sp, row[0]))
+                try:
+                    s = os.stat(p)
+                    h = base64.urlsafe_b64encode(bytes.fromhex(digest(p, s, count=False))).rstrip(b"=").decode()
+                except OSError:
+                    h = None
+                if h != row[1][7:]:
+                    bad.append(os.path.relpath(p, env))
+    rep["nbad"], rep["bad"] = len(bad), bad[:10]
+    return rep
 def readonly(rel, have):
     """Drop the write bits of every file of the placed release (other bits kept: a 0600 serve
     config stays private) and group/other write bits of its folders (a umask of 002 on the
@@ -168,6 +229,9 @@ try:
                 res[r] = {"bad": b[:10], "nbad": len(b) + nx, "checked": len(MAN[r]["files"])}
                 if r in SEAL:
                     res[r]["seal"] = SEAL[r]
+                ev = envcheck(r)
+                if ev is not None:
+                    res[r]["env"] = ev
             done(0 if all(not v["nbad"] for v in res.values()) else 1,
                  ok=all(not v["nbad"] for v in res.values()), releases=res)
         rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []

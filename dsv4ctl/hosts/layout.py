@@ -21,6 +21,7 @@ class Paths:
     @property
     def releases(self) -> str: return f"{self.root}/releases"
     def release(self, rid: str) -> str: return f"{self.root}/releases/{rid}"
+    def env(self, digest: str) -> str: return f"{self.root}/envs/{digest}"
     def incoming(self, rid: str) -> str: return f"{self.root}/releases/.incoming-{rid}"
     @property
     def current(self) -> str: return f"{self.root}/current"
@@ -54,6 +55,7 @@ class HostFacts:
     current_launch: dict | None = None
     foreign: dict[str, str] = field(default_factory=dict)   # current/previous -> a target outside releases/
     broken: list[str] = field(default_factory=list)         # release folders missing MANIFEST.json or RELEASE.json
+    envs: set[str] = field(default_factory=set)             # complete release environments (ROOT/envs/<digest>)
 
     def release_state(self, rid: str) -> str:
         """active / previous / good / failed / pushed / ran. Only the current release is
@@ -91,6 +93,7 @@ echo @rsync; command -v rsync >/dev/null 2>&1 && echo yes || true
 echo @systemd; [ -d /run/systemd/system ] && echo yes || true
 echo @launch; cat "$R/current/launch.json" 2>/dev/null; echo
 echo @incoming; ls -1a "$R/releases" 2>/dev/null | grep '^\\.incoming-' || true
+echo @envs; for d in "$R"/envs/e*/; do [ -f "$d/ENV.json" ] && basename "$d"; done; true
 echo @broken
 for d in "$R"/releases/r*/; do
   if [ -d "$d" ] && ! {{ [ -f "$d/RELEASE.json" ] && [ -f "$d/MANIFEST.json" ]; }}; then basename "$d"; fi
@@ -192,6 +195,8 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
             f.incoming = [x[len(".incoming-"):] for x in body.split()]
         elif name == "broken" and body:
             f.broken = body.split()
+        elif name == "envs" and body:
+            f.envs = set(body.split())
         elif name == "release" and body:
             try:
                 meta = json.loads(body)

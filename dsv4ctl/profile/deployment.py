@@ -56,6 +56,19 @@ class SGLangSettings:
     series: Optional[Path] = None
     index_k_dtype: str = "fp8"
     index_k_accounting: str = "fp8"
+    environment: Optional["EnvironmentSettings"] = None
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """``sglang.environment``: ``lock`` (absolute path of the hashed requirements lock the
+    release ships as ``environment.lock``), ``uv`` (the uv command on the hosts) and ``uv_args``
+    (extra ``uv pip sync`` arguments: index URL, ``--find-links``, ``--cache-dir``; not part of
+    the release id, the hashes pin the content)."""
+
+    lock: Path
+    uv: str = "uv"
+    uv_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -499,7 +512,10 @@ def resolve(profile: Profile) -> Deployment:
     sglang = SGLangSettings(
         version=str(sg.get("version", "0.5.23")), tree=_opt_path(base, sg.get("tree")),
         base_ref=sg.get("base_ref") or None, series=series_path(base, sg.get("series")),
-        index_k_dtype=sg.get("index_k_dtype", "fp8"), index_k_accounting=sg.get("index_k_accounting", "fp8"))
+        index_k_dtype=sg.get("index_k_dtype", "fp8"), index_k_accounting=sg.get("index_k_accounting", "fp8"),
+        environment=None if not sg.get("environment") else EnvironmentSettings(
+            lock=_opt_path(base, sg["environment"]["lock"]), uv=sg["environment"].get("uv", "uv"),
+            uv_args=tuple(sg["environment"].get("uv_args") or ())))
     deploy = DeploySettings(
         root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),
         service=dp.get("service", DeploySettings.service),

@@ -54,6 +54,18 @@ PROFILE_SCHEMA: dict = {
                 "index_k_dtype": {"enum": ["fp8", "bf16", "fp4"]},
                 "index_k_accounting": {"enum": ["fp8", "exact"]},
                 "python": {"type": "string"},
+                # the Python environment the release runs on: a hashed lock shipped in the release
+                "environment": {
+                    "type": "object", "additionalProperties": False, "required": ["lock"],
+                    "properties": {
+                        "lock": {"type": "string", "minLength": 1,
+                                 "description": "requirements lock with exact pins and hashes "
+                                                "(uv pip compile --generate-hashes), relative to the profile"},
+                        "uv": {"type": "string", "minLength": 1, "description": "uv on the hosts (default: uv)"},
+                        "uv_args": {"type": "array", "items": {"type": "string"},
+                                    "description": "extra uv pip sync arguments: how hosts reach packages"},
+                    },
+                },
             },
         },
         "deploy": {
@@ -481,7 +493,7 @@ def _path_problem(value: str) -> Optional[str]:
 
 def _check_paths(data: dict, pos: Positions) -> None:
     """Every path field of the profile can be a path on this system (see :func:`_path_problem`)."""
-    fields = [("sglang", "tree"), ("sglang", "series"), ("deploy", "root")]
+    fields = [("sglang", "tree"), ("sglang", "series"), ("sglang", "environment", "lock"), ("deploy", "root")]
     fields += [("groups", i, "serve_config") for i in range(len(data.get("groups") or []))]
     for i, h in enumerate(data.get("hosts") or []):
         fields += [("hosts", i, "root"), ("hosts", i, "ssh", "key"), ("hosts", i, "ssh", "known_hosts")]

@@ -1,0 +1,222 @@
+"""The Python environment belongs to the release (issue 26 item 1): real uv builds each host's
+environment from the release's hashed lock (real wheels from a local folder: no network), the
+servers run its interpreter, a rollback brings the old environment back with the tree, verify
+catches a package upgraded by hand, a build that fails leaves nothing half-built and no host
+switched, and the preflight refuses a lock that contradicts SGLang 0.5.23's own pins (read from
+the real wheel's METADATA)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, run_cli
+from tests.envkit import lock_text, make_wheel
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.world import World, git
+
+pytestmark = pytest.mark.sshd
+
+UV = str(Path(sys.executable).parent / "uv")
+STANDIN = f"env PYTHONPATH={REPO} {sys.executable} -m tests.sshd.standin_sglang"
+# the server's launch runs the release's own interpreter first ({python}: ROOT/envs/<digest>/bin/python),
+# which prints the version of the locked package it imports, then the stand-in
+PROBE = "{python} -c 'import dsv4probe; print(\"dsv4probe\", dsv4probe.__version__, flush=True)' && "
+
+
+class EnvWorld(World):
+    """World (prefill h0, decode h1, router h2) whose profile has ``sglang.environment``."""
+
+    def __init__(self, cluster, tmp: Path):
+        self.wheels = tmp / "wheels"
+        self.locks = {}
+        for v in ("1.0", "1.1"):
+            w = make_wheel(self.wheels, "dsv4probe", v, ("dsv4dep==2.0",))
+            self.locks[v] = lock_text([w, make_wheel(self.wheels, "dsv4dep", "2.0")], f"dsv4probe {v}")
+        self.lock = tmp / "profile" / "env.lock"
+        self.uv_cache = tmp / "uv-cache"
+        super().__init__(cluster, tmp, nhosts=3, keep=5)
+        self.use("1.0")
+
+    def use(self, version: str, text: str | None = None) -> None:
+        self.lock.write_text(text if text is not None else self.locks[version])
+        self.write()
+
+    def write(self) -> None:
+        super().write()
+        if not hasattr(self, "lock"):
+            return
+        prof = yaml.safe_load(self.profile.read_text())
+        prof["sglang"]["environment"] = {"lock": "env.lock", "uv": UV,
+                                         "uv_args": ["--no-index", "--find-links", str(self.wheels),
+                                                     "--cache-dir", str(self.uv_cache)]}
+        launch = prof["deploy"]["launch"]
+        launch["server"] = PROBE + STANDIN + " --config {config} --host {address} --port {port}"
+        launch["router"] = launch["router"].replace("{python}", sys.executable)   # the router's own Python
+        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+    def envs(self, host: str) -> list[str]:
+        d = self.roots[host] / "envs"
+        return sorted(x.name for x in d.iterdir()) if d.exists() else []
+
+    def last_start(self, host: str, group: str) -> str:
+        log = (self.roots[host] / "logs" / f"{group}.log").read_text()
+        return log.rsplit("=== dsv4ctl start", 1)[-1]
+
+
+@pytest.fixture
+def world(live_cluster, tmp_path):
+    w = EnvWorld(live_cluster, tmp_path)
+    yield w
+    w.stop_services()
+
+
+def cli(w, *args, timeout=240):
+    return run_cli(*args, str(w.profile), env=w.env(), timeout=timeout)
+
+
+def test_environment_built_per_lock_rolled_back_with_the_tree_and_verified(world):
+    w = world
+    h = [x.name for x in w.hosts]
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid1 = r.json()["release"]
+    meta = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())
+    d1 = meta["environment"]
+    assert d1.startswith("e") and len(d1) == 13
+    assert (w.roots[h[0]] / "releases" / rid1 / "environment.lock").read_text() == w.locks["1.0"]
+    for x in h:                              # every host of the release has it, complete, nothing staged
+        assert w.envs(x) == [d1], x
+        env = w.roots[x] / "envs" / d1
+        assert json.loads((env / "ENV.json").read_text())["digest"] == d1
+        assert not os.access(env / "ENV.json", os.W_OK) or os.geteuid() == 0
+        assert not (env.stat().st_mode & 0o222)                  # read-only
+    assert "dsv4probe 1.0" in w.last_start(h[0], "prefill") and "dsv4probe 1.0" in w.last_start(h[1], "decode")
+    assert f"{h[0]}: built environment {d1}" in r.err
+    env_steps = [s for s in r.json()["steps"] if s["phase"] == "env"]
+    assert sorted(s["host"] for s in env_steps) == sorted(h)
+    r = cli(w, "verify", "--json")
+    assert r.code == 0, r.out + r.err
+
+    # a new lock is a new release with its own environment; the old one stays for a rollback
+    built1 = (w.roots[h[0]] / "envs" / d1 / "ENV.json").stat().st_mtime_ns
+    w.use("1.1")
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid2 = r.json()["release"]
+    assert rid2 != rid1
+    d2 = json.loads((w.roots[h[0]] / "releases" / rid2 / "RELEASE.json").read_text())["environment"]
+    assert d2 != d1 and w.envs(h[0]) == sorted([d1, d2])
+    assert "dsv4probe 1.1" in w.last_start(h[0], "prefill") and "dsv4probe 1.1" in w.last_start(h[1], "decode")
+
+    # rollback: the tree and its environment together, the environment not rebuilt
+    r = cli(w, "rollback", "--json")
+    assert r.code == 0, r.err
+    assert w.currents() == {x: rid1 for x in h}
+    assert "dsv4probe 1.0" in w.last_start(h[0], "prefill") and "dsv4probe 1.0" in w.last_start(h[1], "decode")
+    assert (w.roots[h[0]] / "envs" / d1 / "ENV.json").stat().st_mtime_ns == built1
+    assert f"built environment" not in r.err
+
+    # a package upgraded by hand inside the active release's environment: verify and status say so
+    env = w.roots[h[1]] / "envs" / d1
+    p = subprocess.run([UV, "pip", "install", "--quiet", "--python", str(env / "bin" / "python"), "--no-index",
+                        "--find-links", str(w.wheels), "--cache-dir", str(w.uv_cache), "dsv4probe==1.1"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    r = cli(w, "verify", "--json")
+    assert r.code == 1, r.out + r.err
+    drift = r.json()["drift"]
+    assert any(line.startswith(f"{h[1]}: {rid1} (current): ") and "env version dsv4probe 1.1 (lock 1.0)" in line
+               for line in drift), drift
+    assert not any(line.startswith(f"{h[0]}:") for line in drift), drift
+    r = cli(w, "status", "--json")
+    assert r.code == 1
+    doc = r.json()["hosts"]
+    assert doc[h[1]]["environment"] == {"digest": d1, "ok": False, "problems": ["env version dsv4probe 1.1 (lock 1.0)"]}
+    assert doc[h[0]]["environment"] == {"digest": d1, "ok": True, "problems": []}
+    # the next deploy of that release refuses to switch onto it
+    w.use("1.0")
+    r = cli(w, "deploy", "--no-preflight")
+    assert r.code == 3, r.err
+    assert "env version dsv4probe 1.1 (lock 1.0)" in r.err
+
+
+def test_an_environment_that_cannot_be_built_switches_no_host_and_leaves_nothing(world):
+    w = world
+    h = [x.name for x in w.hosts]
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid1 = r.json()["release"]
+    d1 = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())["environment"]
+    # a lock whose pin the index does not have (a typo, a yanked version)
+    w.use("x", w.locks["1.0"].replace("dsv4probe==1.0", "dsv4probe==9.9"))
+    r = cli(w, "deploy", "--no-preflight")
+    assert r.code == 3, r.err
+    assert "stopped before any host was switched" in r.err and "building environment e" in r.err
+    assert "dsv4probe" in r.err                                  # uv's own words say which
+    assert w.currents() == {x: rid1 for x in h}
+    for x in h:
+        assert w.envs(x) == [d1], x                           # no half-built environment, no staging folder
+        assert w.audit(x)[-1]["result"] == "failed" and w.audit(x)[-1]["detail"].startswith("environment: ")
+    # uv missing on the hosts: a clear error, exit 3
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["sglang"]["environment"]["uv"] = "/nonexistent/uv"
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli(w, "deploy", "--no-preflight")
+    assert r.code == 3 and "uv not found: /nonexistent/uv" in r.err, r.err
+
+
+def test_bad_locks_are_refused_before_anything(world):
+    w = world
+    for text, why in [("dsv4probe>=1.0\n", "is not an exact pin"),
+                      ("dsv4probe==1.0\n", "has no --hash"),
+                      ("--index-url https://example.invalid/simple\n", "options are not part of a lock"),
+                      ("# nothing\n", "pins no distribution")]:
+        w.use("x", text)
+        r = cli(w, "deploy", "--dry-run", "--no-preflight")
+        assert r.code == 2 and why in r.err and "env.lock" in r.err, (text, r.err)
+        assert len(r.err.strip().splitlines()) == 1
+    assert not any((w.roots[x.name] / "envs").exists() for x in w.hosts)
+
+
+def _oracle_requires() -> list[str]:
+    import glob
+    meta = glob.glob(str(REPO / ".venv-oracle" / "lib" / "python*" / "site-packages" / "sglang-0.5.23.dist-info" / "METADATA"))
+    if not meta:
+        pytest.skip("the SGLang 0.5.23 wheel (.venv-oracle) is not installed")
+    return [ln.split(":", 1)[1].strip() for ln in Path(meta[0]).read_text().splitlines() if ln.startswith("Requires-Dist:")]
+
+
+def test_preflight_refuses_a_lock_that_contradicts_sglangs_own_pins(world):
+    """SGLang 0.5.23's real Requires-Dist (the wheel's METADATA) as the tree's pyproject: a lock
+    with another torch is refused naming both versions; a lock with its pins passes."""
+    w = world
+    reqs = _oracle_requires()
+    (w.tree / "python" / "pyproject.toml").write_text(
+        "[project]\nname = \"sglang\"\nversion = \"0.5.23\"\ndependencies = [\n"
+        + "".join(f"  {json.dumps(x)},\n" for x in reqs) + "]\n")
+    git(w.tree, "add", "-A")
+    git(w.tree, "commit", "-q", "-m", "pyproject")
+    git(w.tree, "tag", "-f", "v0.5.23")
+    from dsv4ctl.deploy.environment import requirement_pins
+    pins = requirement_pins(reqs)
+    assert pins["torch"] == "2.14.1" and pins["sglang-kernel"] == "0.4.10" and pins["deepseek-recipe"] == "0.2.0"
+    wheels = w.tmp / "pinned"
+    good = [make_wheel(wheels, n, v) for n, v in sorted(pins.items())]
+    w.use("x", lock_text(good))
+    r = cli(w, "deploy", "--dry-run")
+    assert r.code == 0, r.err
+    assert f"SGLang 0.5.23's {len(pins)} pins kept" in r.out + r.err
+    bad = [make_wheel(wheels, n, "2.9.0" if n == "torch" else v) for n, v in sorted(pins.items()) if n != "sgl-flash-mla"]
+    w.use("x", lock_text(bad))
+    r = cli(w, "deploy", "--dry-run")
+    assert r.code == 2, r.err
+    assert "contradicts SGLang 0.5.23's own pins (2)" in r.err
+    assert "sgl-flash-mla: not in the lock, SGLang 0.5.23 pins ==1.0.0" in r.err
+    assert "torch: the lock has 2.9.0, SGLang 0.5.23 pins ==2.14.1" in r.err
