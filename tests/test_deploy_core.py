@@ -409,3 +409,24 @@ def test_series_folder_identity_goes_into_the_release(tmp_path):
     (sdir / "series").write_text("base sglang==0.5.23\n0009-missing.patch\n")
     with pytest.raises(InputError, match="0009-missing.patch: no such file"):
         release_inputs(load_profile(pf), None, None, None)
+
+
+def test_push_progress_off_a_terminal_is_a_plain_periodic_line(capsys, monkeypatch):
+    """Not a terminal: a push that lasts longer than the progress interval prints where it is,
+    then its end; a quick push prints nothing (a CI log of a 4-host deploy stays short)."""
+    import time as _t
+    from dsv4ctl.commands.deploy import _Progress
+    monkeypatch.setenv("DSV4CTL_PROGRESS_S", "0.05")
+    with _Progress() as prog:
+        assert prog.p is None                      # pytest's stderr is no terminal
+        prog("h0", 10, 100)
+        prog("h1", 3, 100)
+        prog("h1", 100, 100)                       # quick: no line
+        _t.sleep(0.06)
+        prog("h0", 42, 100)
+        prog("h0", 43, 100)                        # within the interval: no line
+        prog("h0", 100, 100)
+        prog("h0", 100, 100)                       # the end once
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.rsplit(",", 1)[0] for ln in lines] == ["dsv4ctl: push h0: 42 %", "dsv4ctl: push h0: 100 %"]
+    assert all(ln.endswith(" s") for ln in lines)

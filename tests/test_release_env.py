@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ import yaml
 from tests.conftest import REPO, run_cli
 from tests.envkit import lock_text, make_wheel
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
-from tests.sshd.world import World, git
+from tests.sshd.world import World, git, http_status, wait_for
 
 pytestmark = pytest.mark.sshd
 
@@ -107,9 +109,15 @@ def test_environment_built_per_lock_rolled_back_with_the_tree_and_verified(world
     # a new lock is a new release with its own environment; the old one stays for a rollback
     built1 = (w.roots[h[0]] / "envs" / d1 / "ENV.json").stat().st_mtime_ns
     w.use("1.1")
+    dry = cli(w, "deploy", "--json", "--no-preflight", "--dry-run")
+    assert dry.code == 0, dry.err
+    planned = [(s["host"], s["summary"]) for s in dry.json()["steps"] if s["phase"] in ("push", "env", "verify", "switch")]
     r = cli(w, "deploy", "--json", "--no-preflight")
     assert r.code == 0, r.err
     rid2 = r.json()["release"]
+    ran = [(s["host"], s["summary"]) for s in r.json()["steps"] if s["phase"] in ("push", "env", "verify", "switch")]
+    assert sorted(ran) == sorted(planned)                    # the dry run is the run
+    assert sum(1 for _, s in planned if s.startswith("build environment e")) == 3
     assert rid2 != rid1
     d2 = json.loads((w.roots[h[0]] / "releases" / rid2 / "RELEASE.json").read_text())["environment"]
     assert d2 != d1 and w.envs(h[0]) == sorted([d1, d2])
@@ -220,3 +228,52 @@ def test_preflight_refuses_a_lock_that_contradicts_sglangs_own_pins(world):
     assert "contradicts SGLang 0.5.23's own pins (2)" in r.err
     assert "sgl-flash-mla: not in the lock, SGLang 0.5.23 pins ==1.0.0" in r.err
     assert "torch: the lock has 2.9.0, SGLang 0.5.23 pins ==2.14.1" in r.err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_during_the_environment_build_switches_no_host(world, sig):
+    """SIGINT / SIGTERM while uv installs on the hosts (a uv that takes its time): exit 130, the
+    old release runs on every host, no staging folder is left and an environment folder is only
+    ever complete."""
+    w = world
+    h = [x.name for x in w.hosts]
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid1 = r.json()["release"]
+    d1 = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())["environment"]
+    slow = w.tmp / "slow-uv"
+    slow.write_text(f"#!/bin/sh\nif [ \"$1\" = pip ]; then sleep 2; fi\nexec {UV} \"$@\"\n")
+    slow.chmod(0o755)
+    w.use("1.1")
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["sglang"]["environment"]["uv"] = str(slow)
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "-v", "--no-preflight"],
+                         cwd=REPO, env=dict(os.environ, **w.env(), COLUMNS="200", NO_COLOR="1"), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = []
+    try:
+        while True:
+            line = p.stderr.readline()
+            assert line, "deploy ended before its environment step: " + "".join(lines)
+            lines.append(line)
+            if "build environment e" in line:
+                break
+        time.sleep(0.5)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = "".join(lines) + err
+    assert p.returncode == 130, err
+    assert w.currents() == {x: rid1 for x in h}
+    for x in h:
+        envs = w.envs(x)
+        assert not [e for e in envs if e.startswith(".tmp-")], (x, envs)
+        for e in envs:                              # whatever is there is complete
+            assert (w.roots[x] / "envs" / e / "ENV.json").is_file(), (x, e)
+        assert d1 in envs
+        assert w.audit(x)[-1]["result"] == "interrupted", w.audit(x)[-1]
+        assert w.audit(x)[-1]["detail"] == "interrupted during environment build; no host switched"
+    assert wait_for(lambda: http_status(f"http://{w.hosts[0].address}:{w.ports['prefill']}/health") == 200, 10)

@@ -159,13 +159,18 @@ _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --dry-run: every ex
 
 
 class _Progress:
-    """rich progress bars for pushes (stderr, only on a terminal)."""
+    """Push progress: rich bars on a terminal (stderr); otherwise one plain line per host at most
+    every :func:`dsv4ctl.deploy.engine.progress_interval` s (``DSV4CTL_PROGRESS_S``) and when
+    it ends, so a CI log shows a long push moving."""
 
     def __init__(self):
         import sys
+        import time
         self.on = sys.stderr.isatty()
         self.tasks = {}
         self.p = None
+        self.last: dict[str, float] = {}
+        self.t0 = time.monotonic()
         if self.on:
             from rich.progress import BarColumn, Progress, TextColumn
             self.p = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -173,6 +178,22 @@ class _Progress:
 
     def __call__(self, host, done, total):
         if not self.p:
+            import sys
+            import time
+            from ..deploy.engine import progress_interval
+            now = time.monotonic()
+            last = self.last.setdefault(host, now)
+            if last < 0:
+                return                   # its last line was printed
+            if done >= total:            # the end, shown only for a push that showed progress
+                if host in self.tasks:
+                    print(f"dsv4ctl: push {host}: 100 %, {now - self.t0:.0f} s", file=sys.stderr, flush=True)
+                self.last[host] = -1.0
+            elif now - last >= progress_interval():
+                self.tasks[host] = True
+                self.last[host] = now
+                print(f"dsv4ctl: push {host}: {100 * done // max(total, 1)} %, {now - self.t0:.0f} s", file=sys.stderr,
+                      flush=True)
             return
         if host not in self.tasks:
             self.tasks[host] = self.p.add_task(f"push {host}", total=total)

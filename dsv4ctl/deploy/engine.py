@@ -634,6 +634,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         return report
     # push
     pushes = {s.host: s for s in run.of("push")}
+    phase = "push"
     try:
         t0 = time.monotonic()
 
@@ -660,14 +661,16 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
             opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
                                  f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
                                  f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+        phase = "environment build"
         env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
+        phase = "verify"
         drift = run_verify(site, run.of("verify"))
         if drift:
             close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
             raise drift_error(rel.id, drift)
     except KeyboardInterrupt:
         kill_rsyncs()
-        close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during push; no host switched"},
+        close_all(site, {**base_rec, "result": "interrupted", "detail": f"interrupted during {phase}; no host switched"},
                   cleanup=rel.id, per_host=frm)
         raise
     if promote is not None:
