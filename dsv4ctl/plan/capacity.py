@@ -194,6 +194,15 @@ class PoolInputs:
     index_k_accounting: str = "fp8"          # what the deployed tree budgets
     fp4_indexer: bool = False                # --enable-deepseek-v4-fp4-indexer
     sm100: bool = True                       # Blackwell (SM100/SM103): v41 layouts allowed
+    # requests per attention-DP worker floored at 1 (0.5.23: ``max(1, max_running_requests //
+    # attn_dp_size)``); 0.5.21/0.5.22 divide without the floor (dsv4ctl.plan.versions)
+    mrr_floor: bool = True
+
+    def per_worker_requests(self) -> int:
+        """``max_running_requests // attn_dp_size``, at least 1 with :attr:`mrr_floor`
+        (pool_configurator.py: the SWA cap's ``num_reqs`` and the request pool's budget)."""
+        n = self.max_running_requests // self.attn_dp_size
+        return max(1, n) if self.mrr_floor else n
 
     def validate(self) -> None:
         """Raise CapacityError for values SGLang 0.5.23 rejects or this model does not cover."""
@@ -405,7 +414,7 @@ class Configurator:
         self.idx_real = indexer_bytes_per_slot(model.index_head_dim, index_k_dtype_of(i))
         self.shrink = i.hisparse_shrink
         self.swa_ratio = i.swa_full_tokens_ratio if i.swa_ratio_explicit else 0.1
-        self.mrr_req = max(1, i.max_running_requests // i.attn_dp_size)
+        self.mrr_req = i.per_worker_requests()
         self.swa_prefix_tails = self._resolve_swa_prefix_tails()
         self.swa_cap_tokens = self._resolve_swa_cap_tokens()
         self.bytes_per_swa_token = self._bytes_per_swa_token()
@@ -480,7 +489,7 @@ class Configurator:
             raise CapacityError("cap-mode SWA sizing with speculative decoding is not modelled by dsv4ctl 0.1")
         P, W = i.page_size, self.model.sliding_window
         per_request = W + max(1, i.swa_eviction_interval) * 1 + P + P
-        num_reqs = max(1, i.max_running_requests // i.attn_dp_size)
+        num_reqs = i.per_worker_requests()
         if i.disaggregation_mode == "decode":
             cap = per_request * num_reqs + (W + P) * i.disaggregation_decode_extra_slots
         else:
@@ -683,6 +692,9 @@ class MemoryArgs:
     cuda_graph_max_bs: Optional[int] = None      # user value; None → by GPU memory
     disable_cuda_graph: bool = False
     moe_a2a_backend: Optional[str] = None
+    # the default decode CUDA-graph max_bs capped at max_running_requests (0.5.22+); 0.5.21 keeps
+    # the GPU-size default (dsv4ctl.plan.versions)
+    graph_bs_capped_by_mrr: bool = True
 
 
 def default_chunked_prefill_size(gpu_memory_mib: Optional[int]) -> int:
@@ -725,7 +737,7 @@ def reserved_mb(m: MemoryArgs, floor: bool = True) -> float:
     gpu = m.gpu_memory_mib
     chunked = m.chunked_prefill_size or default_chunked_prefill_size(gpu)
     max_bs = m.cuda_graph_max_bs or default_decode_max_bs(gpu, m.tp_size)
-    if m.max_running_requests is not None and m.cuda_graph_max_bs is None:
+    if m.max_running_requests is not None and m.cuda_graph_max_bs is None and m.graph_bs_capped_by_mrr:
         max_bs = min(max_bs, m.max_running_requests)
     if m.disaggregation_mode == "decode":
         act = max((m.max_running_requests or max_bs) * (m.speculative_num_draft_tokens or 1), 2048)

@@ -50,10 +50,25 @@ FORKABLE_ENV = frozenset({"SGLANG_DSV4_COMPRESS_STATE_DTYPE", "SGLANG_DSV4_KV_LA
                           "SGLANG_OPT_USE_ONLINE_COMPRESS"})
 
 
-def _driver(python: Path, key: tuple, doc: dict, timeout: float, what: str) -> dict:
+#: Sources of other SGLang releases (the ``sglang/`` package of each wheel, extracted by
+#: scripts/oracle-env.sh): put first on the oracle's path, they run on its torch and packages.
+VERSIONS_DIR = REPO / ".venv-oracle" / "versions"
+
+
+def version_path(version: str | None) -> str:
+    """PYTHONPATH of an oracle run of SGLang ``version`` (None: the installed 0.5.23)."""
+    if version is None:
+        return str(REPO)
+    src = VERSIONS_DIR / version
+    if not (src / "sglang").is_dir():
+        raise OracleError(f"{src}/sglang not found: run `bash scripts/oracle-env.sh` first")
+    return f"{REPO}:{src}"
+
+
+def _driver(python: Path, key: tuple, doc: dict, timeout: float, what: str, version: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     env.update(dict(key))
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(PYTHONPATH=version_path(version), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     p = subprocess.run([str(python), "-m", "tests.oracle.driver"], cwd=REPO, env=env,
                        input=json.dumps(doc), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
@@ -62,14 +77,14 @@ def _driver(python: Path, key: tuple, doc: dict, timeout: float, what: str) -> d
     return json.loads(p.stdout)
 
 
-def _run_batch(python: Path, key: tuple, cases: list[dict], timeout: float) -> dict:
-    return _driver(python, key, {"cases": cases}, timeout, f"batch {key}")
+def _run_batch(python: Path, key: tuple, cases: list[dict], timeout: float, version: str | None = None) -> dict:
+    return _driver(python, key, {"cases": cases}, timeout, f"batch {key}", version)
 
 
 def _run_forked(python: Path, keys: list[tuple], cases: list[list[dict]], jobs: int,
-                timeout: float) -> list[dict]:
+                timeout: float, version: str | None = None) -> list[dict]:
     doc = {"jobs": jobs, "batches": [{"env": dict(k), "cases": c} for k, c in zip(keys, cases)]}
-    out = _driver(python, (), doc, timeout, f"fork server for {len(keys)} batches")
+    out = _driver(python, (), doc, timeout, f"fork server for {len(keys)} batches", version)
     answers = []
     for key, b in zip(keys, out["batches"]):
         if "error" in b:
@@ -80,8 +95,9 @@ def _run_forked(python: Path, keys: list[tuple], cases: list[list[dict]], jobs: 
 
 
 def run_cases(cases: list[dict], python: Optional[Path] = None, jobs: Optional[int] = None,
-              timeout: float = 600) -> dict:
-    """Run ``cases`` through the real SGLang code.
+              timeout: float = 600, version: Optional[str] = None) -> dict:
+    """Run ``cases`` through the real SGLang code (``version``: another release's sources from
+    :data:`VERSIONS_DIR` instead of the installed 0.5.23).
 
     Returns ``{"sglang_version", "torch_version", "batches", "results"}`` with ``results`` in the
     order of ``cases`` (each result carries the case ``id``). Raises OracleError when a
@@ -98,10 +114,10 @@ def run_cases(cases: list[dict], python: Optional[Path] = None, jobs: Optional[i
     forked = [k for k in groups if {name for name, _ in k} <= FORKABLE_ENV]
     alone = [k for k in groups if k not in forked]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {key: pool.submit(_run_batch, python, key, [cases[i] for i in groups[key]], timeout)
+        futures = {key: pool.submit(_run_batch, python, key, [cases[i] for i in groups[key]], timeout, version)
                    for key in alone}
         answers = dict(zip(forked, _run_forked(python, forked, [[cases[i] for i in groups[k]] for k in forked],
-                                               jobs, timeout))) if forked else {}
+                                               jobs, timeout, version))) if forked else {}
         answers.update({key: fut.result() for key, fut in futures.items()})
     for key, out in answers.items():
         versions.add((out["sglang_version"], out["torch_version"]))

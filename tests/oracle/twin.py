@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dsv4ctl.plan import capacity as cap
 from dsv4ctl.plan.models import load_model
+from dsv4ctl.plan.versions import DEFAULT_VERSION, rules_for
 
 TRUE = ("1", "true", "yes", "on")
 
@@ -71,6 +72,7 @@ def pool_inputs(case: dict) -> cap.PoolInputs:
         index_k_accounting="exact" if idx == "bf16" else "fp8",
         fp4_indexer=arg("enable_deepseek_v4_fp4_indexer", False),
         sm100=case.get("sm100", True),
+        mrr_floor=rules_for(case.get("sglang_version", DEFAULT_VERSION)).mrr_floor,
     )
 
 
@@ -129,7 +131,8 @@ def memory_args(case: dict) -> cap.MemoryArgs:
         chunked_prefill_size=sa.get("chunked_prefill_size"),
         cuda_graph_max_bs=sa.get("cuda_graph_max_bs"),
         disable_cuda_graph=sa.get("disable_cuda_graph", False),
-        moe_a2a_backend=sa.get("moe_a2a_backend"))
+        moe_a2a_backend=sa.get("moe_a2a_backend"),
+        graph_bs_capped_by_mrr=rules_for(case.get("sglang_version", DEFAULT_VERSION)).graph_bs_capped_by_mrr)
 
 
 def resolve_result(case: dict) -> dict:
@@ -140,7 +143,7 @@ def resolve_result(case: dict) -> dict:
     if m.enable_dp_attention and m.dp_size > 1 and chunked > 0:
         chunked //= m.dp_size
     max_bs = m.cuda_graph_max_bs or cap.default_decode_max_bs(m.gpu_memory_mib, m.tp_size)
-    if m.max_running_requests is not None and m.cuda_graph_max_bs is None:
+    if m.max_running_requests is not None and m.cuda_graph_max_bs is None and m.graph_bs_capped_by_mrr:
         max_bs = min(max_bs, m.max_running_requests)
     return {
         "mem_fraction_static": cap.default_mem_fraction_static(m),
@@ -150,7 +153,7 @@ def resolve_result(case: dict) -> dict:
         "page_size": DEFAULTS.page_size,
         "swa_full_tokens_ratio": sa.get("swa_full_tokens_ratio", DEFAULTS.swa_full_tokens_ratio),
         "_swa_full_tokens_ratio_explicitly_set": DEFAULTS.swa_ratio_explicit,
-        "dsv4_attn_backend": DEFAULTS.attention_backend,
+        "dsv4_attn_backend": rules_for(case.get("sglang_version", DEFAULT_VERSION)).resolved_attn_backend,
     }
 
 

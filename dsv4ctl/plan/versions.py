@@ -1,0 +1,100 @@
+"""SGLang releases dsv4ctl plans and lints for, and what differs between them (pure).
+
+Each supported release is proven on CPU by its own code (tests/test_versions_oracle.py runs the
+release's ``DSV4PoolConfigurator`` and ``ServerArgs`` resolution, wheels fetched by
+``scripts/oracle-env.sh``, against dsv4ctl's model with that release's rules). What differs, read
+from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor/pool_configurator.py``):
+
+* 0.5.21 → 0.5.22: the default decode CUDA-graph ``max_bs`` is capped at
+  ``--max-running-requests`` (``decode_max_bs_is_default``), so the activation reserve and the
+  default ``mem_fraction_static`` of a server with few requests are smaller; the DP-attention
+  graph term is scaled by the attention-DP size instead of the DP size (equal for every
+  DeepSeek-V4 topology dsv4ctl plans: ``--attn-dp-size`` does not exist before 0.5.23).
+* 0.5.22 → 0.5.23: requests per attention-DP worker ``max(1, mrr // attn_dp_size)`` (0.5.22:
+  ``mrr // attn_dp_size``, 0 when fewer requests than workers); the prefill CUDA-graph max batch
+  2048 → ``min(8192, chunk)`` (no effect: DeepSeek-V4 disables the prefill graph); the DeepSeek-V4
+  output path goes through deepseek-recipe (0.5.22 parses with the regex detector).
+
+0.5.18–0.5.20 also serve DeepSeek-V4, but their configurator is structured differently (about
+1,000–1,360 lines against 1,550+): not supported until proven the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+DEFAULT_VERSION = "0.5.23"
+
+
+@dataclass(frozen=True)
+class VersionRules:
+    """What dsv4ctl's models need to know of one SGLang release.
+
+    ``mrr_floor``: requests per attention-DP worker floored at 1; ``graph_bs_capped_by_mrr``: the
+    default decode CUDA-graph batch capped at ``--max-running-requests``; ``output_path``:
+    ``deepseek-recipe`` (token-level parser) or ``detector`` (regex ``DeepSeekV4Detector``);
+    ``resolved_attn_backend``: ``--dsv4-attn-backend`` after server-args resolution when unset
+    (0.5.21/0.5.22 leave ``auto``, which sizes pools as flashmla: only ``trtllm`` differs)."""
+
+    version: str
+    mrr_floor: bool
+    graph_bs_capped_by_mrr: bool
+    output_path: str
+    resolved_attn_backend: str = "flashmla"
+
+    @property
+    def server_args_file(self) -> str:
+        """The shipped argument table of this release (``dsv4ctl/data/``)."""
+        return f"server_args-{self.version}.json"
+
+
+VERSIONS: dict[str, VersionRules] = {
+    "0.5.21": VersionRules("0.5.21", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
+                           resolved_attn_backend="auto"),
+    "0.5.22": VersionRules("0.5.22", mrr_floor=False, graph_bs_capped_by_mrr=True, output_path="detector",
+                           resolved_attn_backend="auto"),
+    "0.5.23": VersionRules("0.5.23", mrr_floor=True, graph_bs_capped_by_mrr=True, output_path="deepseek-recipe"),
+}
+
+
+def supported() -> str:
+    """``0.5.21, 0.5.22, 0.5.23``."""
+    return ", ".join(VERSIONS)
+
+
+def rules_for(version: str, where: str = "sglang.version") -> VersionRules:
+    """The rules of SGLang ``version``. InputError (exit 2) naming ``where`` and the supported
+    releases for anything else (no fallback: a plan for 0.5.20 computed with 0.5.23's rules
+    would be silently wrong)."""
+    v = str(version).strip()
+    if v.startswith("v"):
+        v = v[1:]
+    if v in VERSIONS:
+        return VERSIONS[v]
+    if not re.fullmatch(r"\d+\.\d+\.\d+([.-]?(post|rc|dev)\d*)?", v):
+        raise InputError(f"{where}: {version!r} is not an SGLang version (supported: {supported()})")
+    raise InputError(f"{where}: SGLang {v} is not supported (supported: {supported()}; 0.5.18-0.5.20 serve "
+                     "DeepSeek-V4 with another configurator structure that dsv4ctl does not model yet)")
+
+
+def version_from_pyproject(text: str) -> str | None:
+    """``[project] version`` of SGLang's ``python/pyproject.toml`` text (pure), None when absent
+    or not TOML."""
+    import tomllib
+    try:
+        v = (tomllib.loads(text).get("project") or {}).get("version")
+    except tomllib.TOMLDecodeError:
+        return None
+    return str(v) if v else None
+
+
+def version_from_version_py(text: str) -> str | None:
+    """``__version__ = "X"`` of ``python/sglang/version.py`` (pure). The wheel's fallback
+    ``0.0.0.dev0`` (no installed metadata) says nothing: None."""
+    m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M)
+    if not m or m.group(1).startswith("0.0.0"):
+        return None
+    return m.group(1)

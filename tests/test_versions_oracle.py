@@ -1,0 +1,84 @@
+"""Every supported SGLang release proven by its own code (issue 27 item 1): the release's
+``DSV4PoolConfigurator`` and ``ServerArgs`` resolution run on CPU (its wheel's sources on the
+oracle environment's path, scripts/oracle-env.sh) against dsv4ctl's capacity model with that
+release's rules (dsv4ctl/plan/versions.py), on a matrix chosen where the releases differ."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4ctl.plan.versions import VERSIONS
+from tests.oracle import twin
+from tests.oracle.matrix import A_FLASH, A_PRO, B200, FLASH, GB300, H200, PRO, _pool, _resolve
+from tests.oracle.runner import ORACLE_PY, VERSIONS_DIR, run_cases
+
+DECODE = dict(disaggregation_mode="decode")
+PREFILL = dict(disaggregation_mode="prefill")
+DPA = dict(enable_dp_attention=True)
+
+CASES = [
+    # where 0.5.21 and 0.5.22 differ: the decode graph batch capped at max-running-requests
+    _resolve("col-mrr32", FLASH, B200, tp_size=8, max_running_requests=32),
+    _resolve("pro-dp4-mrr16", PRO, B200, tp_size=8, dp_size=4, max_running_requests=16, **DPA),
+    _resolve("pro-dp8-mrr64-h200", PRO, H200, tp_size=8, dp_size=8, max_running_requests=64, **DPA),
+    _resolve("gb300-mrr8", PRO, GB300, tp_size=4, max_running_requests=8),
+    # where 0.5.22 and 0.5.23 differ: fewer requests than attention-DP workers
+    _pool("pool-mrr4-dp8", PRO, A_PRO, dp=8, max_running_requests=4),
+    _pool("pool-mrr7-dp8-decode", PRO, A_PRO, dp=8, max_running_requests=7, **DECODE),
+    # where they agree: the common recipes
+    _resolve("flash-b200-tp8", FLASH, B200, tp_size=8),
+    _resolve("flash-b200-decode", FLASH, B200, tp_size=8, chunked_prefill_size=8192, **DECODE),
+    _resolve("pro-prefill-chunk8k", PRO, B200, tp_size=8, chunked_prefill_size=8192, **PREFILL),
+    _resolve("pro-h200-dp8", PRO, H200, tp_size=8, dp_size=8, **DPA, **DECODE),
+    _pool("pool-flash-b200", FLASH, A_FLASH),
+    _pool("pool-pro-dp8-mrr256", PRO, A_PRO, dp=8),
+    _pool("pool-pro-eagle", PRO, A_PRO, speculative_algorithm="EAGLE", speculative_num_draft_tokens=4),
+]
+
+needs = pytest.mark.skipif(not ORACLE_PY.exists(), reason=f"{ORACLE_PY} missing: run bash scripts/oracle-env.sh")
+
+
+@pytest.fixture(scope="module")
+def answers():
+    out = {}
+    for v in VERSIONS:
+        cases = [{**c, "sglang_version": v} for c in CASES]
+        res = run_cases(cases, version=None if v == "0.5.23" else v, timeout=300)
+        assert res["sglang_version"] == v
+        out[v] = {r["id"]: r for r in res["results"]}
+    return out
+
+
+@pytest.mark.oracle
+@needs
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_dsv4ctl_reproduces_each_release(answers, version):
+    bad = []
+    for c in CASES:
+        bad += twin.diff({**c, "sglang_version": version}, answers[version][c["id"]])
+    assert bad == []
+
+
+@pytest.mark.oracle
+@needs
+@pytest.mark.timeout(600)
+def test_the_matrix_tells_the_releases_apart(answers):
+    """The cases chosen where the releases differ do differ, in the direction the code says."""
+    a = {v: answers[v] for v in VERSIONS}
+    mfs = lambda v, cid: a[v][cid]["mem_fraction_static"]  # noqa: E731
+    assert mfs("0.5.21", "col-mrr32") < mfs("0.5.22", "col-mrr32") == mfs("0.5.23", "col-mrr32")
+    assert mfs("0.5.21", "pro-dp4-mrr16") < mfs("0.5.22", "pro-dp4-mrr16")
+    assert a["0.5.22"]["pool-mrr4-dp8"] != a["0.5.23"]["pool-mrr4-dp8"]
+    assert a["0.5.21"]["pool-mrr4-dp8"] == a["0.5.22"]["pool-mrr4-dp8"]
+    same = lambda v, cid: {k: x for k, x in a[v][cid].items() if k != "dsv4_attn_backend"}  # noqa: E731
+    for cid in ("flash-b200-tp8", "pool-flash-b200", "pool-pro-eagle"):
+        assert same("0.5.21", cid) == same("0.5.22", cid) == same("0.5.23", cid), cid
+    assert a["0.5.22"]["flash-b200-tp8"]["dsv4_attn_backend"] == "auto"
+    assert a["0.5.23"]["flash-b200-tp8"]["dsv4_attn_backend"] == "flashmla"
+    # and the versions' rules are not all the same
+    assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr) for r in VERSIONS.values()}) == len(VERSIONS)
+
+
+def test_versions_dir_is_where_oracle_env_puts_them():
+    assert VERSIONS_DIR.name == "versions" and VERSIONS_DIR.parent.name == ".venv-oracle"
