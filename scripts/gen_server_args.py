@@ -6,6 +6,8 @@ Run it with the oracle environment (the sglang 0.5.23 wheel, built by scripts/or
     .venv-oracle/bin/python scripts/gen_server_args.py            # rewrite dsv4ctl/data/server_args-0.5.23.json
     .venv-oracle/bin/python scripts/gen_server_args.py --check    # exit 1 when the shipped file differs
     .venv-oracle/bin/python scripts/gen_server_args.py --stdout   # print the table
+    .venv-oracle/bin/python scripts/gen_server_args.py --version 0.5.22   # another supported release
+                            # (its sources from .venv-oracle/versions/0.5.22, scripts/oracle-env.sh)
 
 What it reads (sglang 0.5.23): ``srt/server_args.py`` builds the parser exactly as
 ``prepare_server_args`` does (``argparse.ArgumentParser`` + ``ServerArgs.add_cli_args``), and
@@ -26,7 +28,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "dsv4ctl" / "data" / "server_args-0.5.23.json"
+INSTALLED = "0.5.23"          # the oracle environment's own sglang
+
+
+def out_path(version: str) -> Path:
+    return REPO / "dsv4ctl" / "data" / f"server_args-{version}.json"
+
+
+OUT = out_path(INSTALLED)
 SCHEMA = "dsv4ctl.server_args/1"
 
 # Environment switches that change the parser's choices; cleared so the table is reproducible.
@@ -68,8 +77,18 @@ def _action_name(a: argparse.Action) -> str:
     return names.get(type(a), type(a).__name__)
 
 
+def use_version(version: str) -> None:
+    """Import SGLang ``version`` instead of the installed one: its sources from
+    ``.venv-oracle/versions/<version>`` first on ``sys.path`` (before anything imports sglang)."""
+    if version != INSTALLED:
+        src = REPO / ".venv-oracle" / "versions" / version
+        if not (src / "sglang").is_dir():
+            raise ImportError(f"{src}/sglang missing (bash scripts/oracle-env.sh fetches it)")
+        sys.path.insert(0, str(src))
+
+
 def extract() -> dict:
-    """The argument table of the installed sglang (must be 0.5.23), as a JSON-ready dict."""
+    """The argument table of the sglang imported (see :func:`use_version`), as a JSON-ready dict."""
     for k in _ENV_CLEARED:
         os.environ.pop(k, None)
     import sglang
@@ -77,6 +96,9 @@ def extract() -> dict:
     from sglang.srt.utils import server_args_config_parser as cfg
 
     version = getattr(sglang, "__version__", None)
+    if not version or version.startswith("0.0.0"):
+        from importlib.metadata import version as dist_version
+        version = dist_version("sglang")
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     merger = cfg.ConfigArgumentMerger(parser)
@@ -88,7 +110,8 @@ def extract() -> dict:
         if not a.option_strings or "--help" in a.option_strings or "--config" in a.option_strings:
             continue
         longs = [o[2:] for o in a.option_strings if o.startswith("--")]
-        keys = cfg._config_keys(a)
+        # 0.5.23 matches a YAML key against every long spelling; 0.5.21/0.5.22 against the dest only
+        keys = cfg._config_keys(a) if hasattr(cfg, "_config_keys") else {a.dest}
         if keys & unsupported:
             config = "unsupported"
         elif keys & store_true:
@@ -127,16 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the shipped file; exit 1 if it differs")
     ap.add_argument("--stdout", action="store_true", help="print instead of writing")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--version", default=INSTALLED, help="the SGLang release (default: the installed 0.5.23)")
     ns = ap.parse_args(argv)
+    ns.out = ns.out or out_path(ns.version)
     try:
+        use_version(ns.version)
         doc = extract()
     except ImportError as e:
         print(f"gen_server_args: cannot import sglang ({e}); run with .venv-oracle/bin/python "
               f"(bash scripts/oracle-env.sh builds it)", file=sys.stderr)
         return 2
-    if doc["sglang_version"] != "0.5.23":
-        print(f"gen_server_args: sglang {doc['sglang_version']} installed, 0.5.23 expected", file=sys.stderr)
+    if doc["sglang_version"] != ns.version:
+        print(f"gen_server_args: sglang {doc['sglang_version']} imported, {ns.version} expected", file=sys.stderr)
         return 2
     text = dumps(doc)
     if ns.stdout:
@@ -145,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.check:
         old = ns.out.read_text() if ns.out.exists() else ""
         if old != text:
-            print(f"gen_server_args: {ns.out} differs from the sglang 0.5.23 parser; re-run without --check",
+            print(f"gen_server_args: {ns.out} differs from the sglang {ns.version} parser; re-run without --check",
                   file=sys.stderr)
             return 1
         print(f"gen_server_args: {ns.out} matches ({len(doc['arguments'])} arguments)")

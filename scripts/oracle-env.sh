@@ -5,7 +5,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv-oracle
-if [ -f "$V/.complete" ]; then exit 0; fi
+# Other SGLang releases dsv4ctl supports (dsv4ctl/plan/versions.py): each wheel's sglang/ package
+# under $V/versions/<version>/, put first on the oracle's path by tests/oracle/runner.py (their
+# configurator and argument pipeline run on this environment's torch and packages). About 60 MB
+# of wheels, fetched once with pip's own configuration.
+OTHER_VERSIONS="0.5.21 0.5.22"
+other_versions() {
+  local v tmp
+  for v in $OTHER_VERSIONS; do
+    [ -f "$V/versions/$v/.complete" ] && continue
+    tmp=$(mktemp -d)
+    "$V/bin/python" -m pip download -q --no-deps --only-binary=:all: "sglang==$v" -d "$tmp" 2>&1 \
+      | grep -v '^WARNING: Location' || true
+    rm -rf "$V/versions/$v"
+    mkdir -p "$V/versions/$v"
+    "$V/bin/python" - "$tmp" "$V/versions/$v" <<'PY'
+import glob, sys, zipfile
+whl, = glob.glob(sys.argv[1] + "/sglang-*.whl")
+with zipfile.ZipFile(whl) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("sglang/") or ".dist-info/" in n])
+PY
+    rm -rf "$tmp"
+    touch "$V/versions/$v/.complete"
+  done
+}
+if [ -f "$V/.complete" ]; then other_versions; exit 0; fi
 PY=$(command -v python3.11 || true)
 if [ -z "$PY" ]; then echo "oracle-env.sh: python3.11 is required for the sglang 0.5.23 wheel" >&2; exit 2; fi
 rm -rf "$V"
@@ -20,3 +44,4 @@ q --no-deps "sglang==0.5.23" -r tests/oracle/requirements.txt
 env -u PYTHONDONTWRITEBYTECODE PYTHONPATH=. "$V/bin/python" -W ignore -c 'import torch, sglang, tests.oracle.driver
 import sglang.srt.server_args, sglang.srt.arg_groups.memory_hook, sglang.srt.arg_groups.overrides' >/dev/null
 touch "$V/.complete"
+other_versions

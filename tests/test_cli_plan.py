@@ -22,7 +22,7 @@ FLASH_BPFT_FP8 = 7086.75      # reference §4 / §5.5 (oracle)
 FLASH_N128 = 20
 FLASH_LAYERS = 43
 
-TOP_KEYS = ["schema", "sglang_version", "profile", "profile_path", "model", "ok", "groups"]
+TOP_KEYS = ["schema", "sglang_version", "sglang_version_source", "profile", "profile_path", "model", "ok", "groups"]
 GROUP_KEYS = ["name", "role", "host", "tp", "dp", "pp", "ep", "dp_attention", "mem_fraction_static",
               "mem_fraction_static_source", "context_length", "gpu_memory_mib", "activation_reserve_gib",
               "memory_inputs", "server_args", "ranks", "warnings", "errors", "fixes"]

@@ -18,7 +18,7 @@ def lint_doc(profile, inp, findings) -> dict:
     """The ``dsv4ctl.lint/1`` JSON document."""
     g = inp.gating
     return dict(
-        schema=LINT_SCHEMA, sglang_version="0.5.23", profile=profile.name, profile_path=str(profile.path),
+        schema=LINT_SCHEMA, sglang_version=inp.sglang_version, profile=profile.name, profile_path=str(profile.path),
         tree=inp.tree,
         gating=None if g is None else dict(gated=g.gated, summary=g.summary(),
                                            problems=[str(p) for p in g.problems]),
@@ -72,7 +72,7 @@ def lint_cmd(
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no serve config")
     inp = build_input(prof, groups, tree)
-    findings = restrict(lint(inp, load_table()), inp, groups)
+    findings = restrict(lint(inp, load_table(version=inp.sglang_version)), inp, groups)
     doc = lint_doc(prof, inp, findings)
     print_findings(findings, doc if as_json else None, markdown,
                    title=f"dsv4ctl config lint: {prof.name} (SGLang 0.5.23)")
@@ -112,7 +112,7 @@ def set_cmd(
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
-    from ..serve.argtable import load_table
+    from ..serve.argtable import table_for
     from ..serve.hicache_local import select_groups
     from ..serve.setargs import changes_for_set, parse_assignment
     from .common import load_deployment_arg
@@ -131,9 +131,9 @@ def set_cmd(
     sets = [parse_assignment(s) for s in settings]
     if not sets and not unset:
         raise InputError("config set: nothing to set (give KEY=VALUE or --unset KEY)")
-    table = load_table()
-    changes_for_set({}, sets, unset, table, "config set")       # the keys and values, before any file is read
     prof = load_deployment_arg(profile, acts_on_hosts=True)
+    table = table_for(prof)        # the argument table of the release the profile ships
+    changes_for_set({}, sets, unset, table, "config set")       # the keys and values, before any serve config is read
     groups = select_groups(prof, group, "set")
     from ..profile.secrets import is_secret_key, secret_strings
     secrets = frozenset(secret_strings({k: v for k, v in sets}))     # new secret values: never printed

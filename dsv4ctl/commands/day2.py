@@ -95,7 +95,7 @@ def status(profile: Optional[str] = _P,
     from ..hosts.day2 import last_audit_text, parse_status, status_command
     from ..hosts.lock import holder_text
     from ..remote import run_parallel
-    from ..serve.argtable import load_table
+    from ..serve.argtable import table_for
     from ..serve.hicache import compare, file_view
     from ..serve.lint import check_keys
 
@@ -131,7 +131,7 @@ def status(profile: Optional[str] = _P,
                 url = running
             urls[(g.name, r)] = url
     probes = asyncio.run(_probe({k: u for k, u in urls.items() if k not in undeployed}, timeout))
-    table = load_table()
+    table = table_for(dep)
     hosts, rows, unhealthy, differing, down = {}, [], [], [], []
     for h, r in res.items():
         if not r.ok:

@@ -126,7 +126,7 @@ def status(profile: Optional[str] = _PROFILE,
     seconds(timeout, "--timeout", hi=3600)
 
     from ..profile.serveconfig import parse_serve_config
-    from ..serve.argtable import load_table
+    from ..serve.argtable import table_for
     from ..serve.hicache import GroupStatus, compare, file_view
     from ..serve.hicache_local import select_groups
     from ..serve.lint import check_keys
@@ -134,7 +134,7 @@ def status(profile: Optional[str] = _PROFILE,
 
     prof = load_deployment_arg(profile, acts_on_hosts=remote)
     groups = select_groups(prof, group, "status")
-    table = load_table()
+    table = table_for(prof)
     rows: list[GroupStatus] = []
     live: dict[str, object] = {}
     if remote:

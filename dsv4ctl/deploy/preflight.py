@@ -17,7 +17,7 @@ def preflight(profile) -> dict:
     from ..profile.deployment import as_deployment
     profile = as_deployment(profile)
     inp = build_input(profile)
-    findings = lint(inp, load_table())
+    findings = lint(inp, load_table(version=inp.sglang_version))
     errs = [f for f in findings if f.severity == "error"]
     if errs:
         raise InputError(f"preflight: config lint: {len(errs)} error(s), nothing touched; first: {errs[0].format()}")

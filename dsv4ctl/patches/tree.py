@@ -134,13 +134,24 @@ def operation_in_progress(long_status: str) -> Optional[str]:
 
 def tree_version(git: Git, rev: str = "HEAD") -> Optional[str]:
     """The SGLang version of ``rev``: ``__version__`` in ``python/sglang/_version.py`` (a wheel-built
-    tree), else the nearest ``vX.Y.Z`` tag (an upstream checkout). None when neither exists."""
+    tree; a wheel's ``version.py`` fallback ``0.0.0.dev0`` says nothing), else ``[project]
+    version`` of ``python/pyproject.toml``, else the nearest ``vX.Y.Z`` tag (an upstream
+    checkout). None when none exists."""
     for path in VERSION_FILES:
         r = git.run("show", f"{rev}:{path}", check=False)
         if r.ok:
             m = _VERSION_RE.search(r.out)
-            if m:
+            if m and not m.group(1).startswith("0.0.0"):
                 return m.group(1)
+    r = git.run("show", f"{rev}:python/pyproject.toml", check=False)
+    if r.ok:
+        import tomllib
+        try:
+            v = (tomllib.loads(r.out).get("project") or {}).get("version")
+        except tomllib.TOMLDecodeError:
+            v = None
+        if v:
+            return str(v)
     r = git.run("describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", rev, check=False)
     if r.ok and r.out.strip():
         return r.out.strip()[1:]

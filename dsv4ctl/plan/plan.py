@@ -15,12 +15,14 @@ from .capacity import GIB, CapacityError
 from ..errors import InputError
 from .models import CHECKPOINT_FORMATS, REPLICATED_WEIGHTS_GIB, load_model
 from . import verdict as vd
+from .sglang_version import VersionChoice, resolve_version
+from .versions import DEFAULT_VERSION, VersionRules, rules_for
 from ..profile.model import MAX_GIB, Group, Profile
 from ..profile.deployment import Deployment, as_deployment
 from ..profile.serveconfig import ServeConfig, canonical
 
 SCHEMA = "dsv4ctl.plan/2"   # /2: headroom_gib counts 2 MiB rounding, the allocator and the draft pool
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = DEFAULT_VERSION      # the release planned for when nothing says otherwise
 # GiB a B200-class GPU has in use before weight load (CUDA context, NCCL): 179.06 - 177.0 (⚠).
 PRELOAD_USED_GIB = 2.06
 # Largest tp/dp/pp size accepted (a plan lists every rank; 1024 GPUs per group is far beyond
@@ -439,11 +441,13 @@ def _gpu_list(gpus) -> str:
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
                   overrides: dict[str, Any], tree_idx: Optional[dict] = None,
-                  serve: Optional[ServeConfig] = None) -> GroupInputs:
-    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides.
+                  serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
+    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides, with the
+    rules of the SGLang release ``rules`` (default: 0.5.23; :mod:`dsv4ctl.plan.versions`).
 
     Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
     profile's topology."""
+    rules = rules or rules_for(DEFAULT_VERSION)
     args, where = serve_args(serve)
     overrides = dict(overrides)
     _attn_dp(overrides, {k: "--set" for k in overrides})
@@ -521,7 +525,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         speculative_num_draft_tokens=draft if spec_algo else None,
         chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
         disable_cuda_graph=args.get("disable_cuda_graph", False),
-        moe_a2a_backend=args.get("moe_a2a_backend"))
+        moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
     mfs = args.get("mem_fraction_static")
     if mfs is None:
         mfs = cap.default_mem_fraction_static(mem_args)
@@ -595,6 +599,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         index_k_accounting=idx_acc,
         fp4_indexer=args.get("enable_deepseek_v4_fp4_indexer", False),
         sm100=sm100,
+        mrr_floor=rules.mrr_floor,
     )
     try:
         pool.validate()
@@ -1136,14 +1141,14 @@ def _as_given(gi, v: vd.Verdict) -> vd.Verdict:
 
 
 def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
-               serve: Optional[ServeConfig] = None) -> GroupPlan:
+               serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupPlan:
     """Plan one server group (``serve``: its parsed serve config); capacity errors become plan
     errors (verdict ``fails``), not exceptions. ``tree``: :class:`dsv4ctl.patches.planfacts.TreeFacts`, or None.
 
     The group's verdict is its worst rank's (:mod:`dsv4ctl.plan.verdict`): ``fails`` is an error
     (exit 1) with fixes that were each re-planned and pass; ``tight`` is a warning."""
     tree_idx, tree_notes = tree.for_env(group.env) if tree else ({}, [])
-    gi = resolve_group(profile, group, model, facts, overrides, tree_idx, serve)
+    gi = resolve_group(profile, group, model, facts, overrides, tree_idx, serve, rules)
     source = "--set" if {"index_k_dtype", "index_k_accounting"} & set(overrides) else (
         tree.source(tree_idx) if tree_idx else "profile")
     stages, v, msg = _evaluate(model, gi)
@@ -1197,14 +1202,22 @@ class PlanReport:
     profile: Profile
     model: cap.ModelGeometry
     groups: list[GroupPlan]
+    sglang: Optional[VersionChoice] = None
 
     @property
     def ok(self) -> bool:
         return not any(g.errors for g in self.groups)
 
+    @property
+    def sglang_version(self) -> str:
+        return self.sglang.version if self.sglang else DEFAULT_VERSION
+
     def to_dict(self) -> dict:
-        """The ``dsv4ctl.plan/2`` JSON document (see README, "plan JSON")."""
-        return dict(schema=SCHEMA, sglang_version=SGLANG_VERSION, profile=self.profile.name,
+        """The ``dsv4ctl.plan/2`` JSON document (see README, "plan JSON"); ``sglang_version`` is the
+        release planned for, ``sglang_version_source`` where it came from."""
+        return dict(schema=SCHEMA, sglang_version=self.sglang_version,
+                    sglang_version_source=self.sglang.source if self.sglang else "default",
+                    profile=self.profile.name,
                     profile_path=str(self.profile.path), model=self.model.name, ok=self.ok,
                     groups=[g.to_dict() for g in self.groups])
 
@@ -1235,10 +1248,12 @@ def build_plan(deployment: "Deployment | Profile", overrides: Optional[dict] = N
         for g in selected:
             if not g.is_server:
                 raise InputError(f"group {g.name!r} is the router: it has no KV pools")
+    choice = resolve_version(dep)
     tree = None
     if dep.sglang.tree is not None and dep.sglang.series is not None:  # imported only when needed: start-up
         from ..patches.planfacts import tree_facts
         tree = tree_facts(dep.sglang)
-    return PlanReport(profile=profile, model=model,
-                      groups=[plan_group(profile, g, model, facts, overrides, tree, dep.groups[g.name].serve)
+    return PlanReport(profile=profile, model=model, sglang=choice,
+                      groups=[plan_group(profile, g, model, facts, overrides, tree, dep.groups[g.name].serve,
+                                         choice.rules)
                               for g in selected])

@@ -8,8 +8,9 @@ from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor
 * 0.5.21 → 0.5.22: the default decode CUDA-graph ``max_bs`` is capped at
   ``--max-running-requests`` (``decode_max_bs_is_default``), so the activation reserve and the
   default ``mem_fraction_static`` of a server with few requests are smaller; the DP-attention
-  graph term is scaled by the attention-DP size instead of the DP size (equal for every
-  DeepSeek-V4 topology dsv4ctl plans: ``--attn-dp-size`` does not exist before 0.5.23).
+  graph term is scaled by the attention-DP size instead of the DP size (the same number:
+  ``--attn-dp-size`` first appears in 0.5.22; in 0.5.21 attention DP is ``--dp-size`` with
+  ``--enable-dp-attention``, and 0.5.21's argument table has no ``attn-dp-size``).
 * 0.5.22 → 0.5.23: requests per attention-DP worker ``max(1, mrr // attn_dp_size)`` (0.5.22:
   ``mrr // attn_dp_size``, 0 when fewer requests than workers); the prefill CUDA-graph max batch
   2048 → ``min(8192, chunk)`` (no effect: DeepSeek-V4 disables the prefill graph); the DeepSeek-V4
@@ -78,23 +79,3 @@ def rules_for(version: str, where: str = "sglang.version") -> VersionRules:
         raise InputError(f"{where}: {version!r} is not an SGLang version (supported: {supported()})")
     raise InputError(f"{where}: SGLang {v} is not supported (supported: {supported()}; 0.5.18-0.5.20 serve "
                      "DeepSeek-V4 with another configurator structure that dsv4ctl does not model yet)")
-
-
-def version_from_pyproject(text: str) -> str | None:
-    """``[project] version`` of SGLang's ``python/pyproject.toml`` text (pure), None when absent
-    or not TOML."""
-    import tomllib
-    try:
-        v = (tomllib.loads(text).get("project") or {}).get("version")
-    except tomllib.TOMLDecodeError:
-        return None
-    return str(v) if v else None
-
-
-def version_from_version_py(text: str) -> str | None:
-    """``__version__ = "X"`` of ``python/sglang/version.py`` (pure). The wheel's fallback
-    ``0.0.0.dev0`` (no installed metadata) says nothing: None."""
-    m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M)
-    if not m or m.group(1).startswith("0.0.0"):
-        return None
-    return m.group(1)

@@ -17,7 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "server_args-0.5.23.json"
+DATA = Path(__file__).resolve().parent.parent / "data"
+TABLE_PATH = DATA / "server_args-0.5.23.json"
+
+
+def table_path(version: str) -> Path:
+    """The shipped argument table of SGLang ``version`` (scripts/gen_server_args.py --version)."""
+    return DATA / f"server_args-{version}.json"
+
+
+def table_for(deployment) -> "Table":
+    """The argument table of the SGLang release the deployment ships
+    (:func:`dsv4ctl.plan.sglang_version.resolve_version`: the tree's version, else the profile's).
+    InputError (exit 2) for an unsupported release."""
+    from ..plan.sglang_version import resolve_version
+    from ..profile.deployment import as_deployment
+    return load_table(version=resolve_version(as_deployment(deployment)).version)
 
 
 @dataclass(frozen=True)
@@ -60,9 +75,11 @@ class Table:
         return sorted(k for k in self.by_key if k.startswith(key) and k != key)
 
 
-@functools.lru_cache(maxsize=1)
-def load_table(path: Path = TABLE_PATH) -> Table:
-    """Load the shipped table (about 5 ms). Raises FileNotFoundError if the data is missing."""
+@functools.lru_cache(maxsize=4)
+def load_table(path: Optional[Path] = None, version: Optional[str] = None) -> Table:
+    """Load a shipped table (about 5 ms): ``path``, else SGLang ``version``'s, else 0.5.23's.
+    Raises FileNotFoundError if the data is missing."""
+    path = path or (table_path(version) if version else TABLE_PATH)
     doc = json.loads(Path(path).read_text())
     args = []
     by_key: dict[str, Arg] = {}

@@ -44,13 +44,13 @@ def edit_release_configs(prof, groups, what: str, changes, tree: Optional[str], 
     from dataclasses import replace
 
     from ..profile.serveconfig import parse_serve_config
-    from .argtable import load_table
+    from .argtable import table_for
     from .edit import apply_changes, unified_diff
     from .lint import lint
     from .hicache_local import new_errors
     from .lintinput import build_input, restrict
 
-    table = load_table()
+    table = table_for(prof)
     out: list[ReleaseEdit] = []
     for g in groups:
         path = live_config(g.root, g.name)

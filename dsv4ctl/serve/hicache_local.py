@@ -55,12 +55,12 @@ def prepare_edits(dep: Deployment, groups: list[GroupView], what: str, changes: 
 
     Raises InputError (exit 2) for a missing file, a YAML error, text that is not UTF-8, a bad
     option value, or a lint error in an edited file (the first error, one line)."""
-    from .argtable import load_table
+    from .argtable import table_for
     from .edit import apply_changes, scrub, secret_values, unified_diff
     from .lint import lint
     from .lintinput import build_input, restrict
 
-    table = load_table()
+    table = table_for(dep)
     edits: list[Edit] = []
     for g in groups:
         if g.serve_config_path is None:

@@ -51,6 +51,7 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV118": ("dsv4-page-size", "error", "DSV4 pools need page-size 256 on CUDA (the pool builder asserts it)", "kv_cache_configurator.py _build_dsv4_kv_pool"),
     "DSV119": ("pd-hicache-eagle-page-first-direct", "error", "PD prefill + HiCache + EAGLE + page_first_direct: known failure", "sglang #31252"),
     "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP, nnodes, GPU placement, dist-init host; SGLang's defaults when a key is left out)", "server_args.py; engine.py _calculate_rank_ranges; dsv4ctl.plan.plan.topology"),
+    "DSV122": ("sglang-version-mismatch", "error", "the profile's sglang.version is the version of the SGLang tree it ships", "dsv4ctl.plan.sglang_version"),
     "DSV121": ("port-clash", "error", "no two listeners on one host share a port: HTTP, KV bootstrap, dist-init and attention-DP ZMQ ports, router and Prometheus ports (replicas included)", "server_args.py PortArgs; disaggregation bootstrap"),
 }
 
@@ -109,6 +110,8 @@ class LintInput:
     gating: Any = None
     tree: Optional[str] = None
     plan_error: Optional[str] = None
+    sglang_version: str = "0.5.23"            # the release linted for (its argument table)
+    version_mismatch: Optional[tuple[str, int, str]] = None   # (profile, line, message): DSV122
 
 
 @dataclass
@@ -467,6 +470,9 @@ def lint(inp: LintInput, table: Table) -> list[Finding]:
             out += check_pair(by_name[pn], resolved[pn], by_name[dn], resolved[dn])
     out += check_host_ram(inp, resolved)
     out += check_ports(inp)
+    if inp.version_mismatch:
+        file, line, msg = inp.version_mismatch
+        out.append(Finding("DSV122", RULES["DSV122"][1], file, line, msg))
     seen = set()
     uniq = []
     for f in out:

@@ -101,6 +101,14 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
         inp.plan_error = err
         for gi in ginputs:
             gi.rank_device_gib = pools.get(gi.name)
+    from ..plan.sglang_version import resolve_version
+    choice = resolve_version(dep)
+    inp.sglang_version = choice.version
+    if choice.disagree:
+        line = dep.profile.positions.line(("sglang", "version"))
+        inp.version_mismatch = (str(dep.profile.path), line or 1,
+                                f"sglang.version is {choice.profile} but the {choice.source} is SGLang {choice.tree}: "
+                                f"dsv4ctl plans and lints for {choice.tree}; set sglang.version: \"{choice.tree}\"")
     tp = dep.tree(tree)
     inp.tree = str(tp) if tp else None
     if tp is not None and any_hicache and inp.index_k_dtype == "bf16":

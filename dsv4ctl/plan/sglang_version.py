@@ -1,0 +1,52 @@
+"""Which SGLang release a deployment runs: the tree's own version when a tree is given (what
+really ships), else the profile's ``sglang.version``; the rules of that release
+(:mod:`dsv4ctl.plan.versions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .versions import VersionRules, rules_for
+
+
+@dataclass(frozen=True)
+class VersionChoice:
+    """``version`` used and its ``rules``; ``source`` in words (``tree /src/sglang at v0.5.22`` or
+    ``profile sglang.version``); ``profile``: the profile's value; ``tree``: the tree's (None
+    without a tree or when it says none)."""
+
+    version: str
+    rules: VersionRules
+    source: str
+    profile: str
+    tree: Optional[str]
+
+    @property
+    def disagree(self) -> bool:
+        """The profile names another release than the tree it ships."""
+        return self.tree is not None and self.tree != self.profile
+
+
+def resolve_version(dep) -> VersionChoice:
+    """The SGLang release of Deployment ``dep``. Reads the tree at ``sglang.base_ref`` (``git
+    show``; :func:`dsv4ctl.patches.tree.tree_version`) when ``sglang.tree`` is a folder. InputError
+    (exit 2) for a release dsv4ctl does not support, naming the supported ones and where the
+    version came from."""
+    prof = dep.sglang.version
+    where = f"{dep.profile.positions.where(('sglang', 'version'))}: sglang.version"
+    tree_v, tree_src = None, ""
+    tree = dep.sglang.tree
+    if tree is not None and tree.is_dir():
+        from ..patches.gitio import Git
+        from ..patches.tree import tree_version
+        ref = dep.sglang.base_ref or "HEAD"
+        try:
+            tree_v = tree_version(Git(str(tree)), ref)
+        except Exception:        # not a git checkout, a bad ref: the profile's value is all there is
+            tree_v = None
+        tree_src = f"tree {tree} at {ref}"
+    if tree_v is not None:
+        return VersionChoice(tree_v, rules_for(tree_v, f"SGLang tree {tree} (version at {dep.sglang.base_ref or 'HEAD'})"),
+                             tree_src, prof, tree_v)
+    return VersionChoice(prof, rules_for(prof, where), "profile sglang.version", prof, None)

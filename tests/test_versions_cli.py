@@ -1,0 +1,117 @@
+"""SGLang versions end to end (issue 27 item 1): the release comes from the tree when one is
+given, else the profile; an unknown one exits 2 naming the supported ones; a disagreement is a
+lint error; the plan, its JSON and lint use the release's rules and argument table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from tests.conftest import DEFAULT_PROFILE, run_cli
+from tests.sshd.world import git
+
+
+@pytest.fixture
+def prof(tmp_path):
+    """A copy of the shipped profile with its serve configs; write(version=..., tree=...)."""
+    src = DEFAULT_PROFILE.parent
+    shutil.copytree(src / DEFAULT_PROFILE.stem, tmp_path / DEFAULT_PROFILE.stem)
+    data = yaml.safe_load(DEFAULT_PROFILE.read_text())
+    data["sglang"]["series"] = None
+    path = tmp_path / "p.yaml"
+
+    def write(version=None, tree=None, ref=None, decode=None, decode_group=None):
+        d = json.loads(json.dumps(data))
+        for g in d["groups"]:
+            if g["name"] == "decode":
+                g.update(decode_group or {})
+        if version is not None:
+            d["sglang"]["version"] = version
+        d["sglang"]["tree"] = str(tree) if tree else None
+        d["sglang"]["base_ref"] = ref
+        d["sglang"]["index_k_dtype"] = "fp8"          # no bf16 gating check of the test trees
+        if decode:
+            cfg = tmp_path / DEFAULT_PROFILE.stem / "decode.yaml"
+            lines = [ln for ln in cfg.read_text().splitlines(keepends=True)
+                     if not ln.startswith(("mem-fraction-static:", "max-running-requests:"))]
+            cfg.write_text("".join(lines) + decode)
+        path.write_text(yaml.safe_dump(d, sort_keys=False))
+        return path
+    return write
+
+
+def tree_at(tmp_path, version: str):
+    t = tmp_path / f"sglang-{version}"
+    (t / "python").mkdir(parents=True)
+    (t / "python" / "pyproject.toml").write_text(f'[project]\nname = "sglang"\nversion = "{version}"\n')
+    git(t, "init", "-q")
+    git(t, "add", "-A")
+    git(t, "commit", "-q", "-m", "x")
+    return t
+
+
+def plan(path, *args):
+    return run_cli("plan", str(path), "--json", *args)
+
+
+def test_profile_version_is_planned_and_named(prof):
+    for v in ("0.5.21", "0.5.22", "0.5.23"):
+        r = plan(prof(version=v))
+        assert r.code == 0, r.err
+        d = r.json()
+        assert (d["sglang_version"], d["sglang_version_source"]) == (v, "profile sglang.version")
+    r = run_cli("plan", str(prof(version="0.5.22")))
+    assert "SGLang 0.5.22" in r.out
+
+
+@pytest.mark.parametrize("bad, words", [("9.9.9", "SGLang 9.9.9 is not supported"), ("0.5.20", "SGLang 0.5.20 is not supported"),
+                                        ("latest", "'latest' is not an SGLang version")])
+def test_an_unknown_version_exits_2_naming_the_supported_ones(prof, bad, words):
+    for cmd in (["plan"], ["config", "lint"]):
+        r = run_cli(*cmd, str(prof(version=bad)))
+        assert r.code == 2, (cmd, r.err)
+        assert words in r.err and "supported: 0.5.21, 0.5.22, 0.5.23" in r.err
+        assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+
+
+def test_the_tree_wins_and_a_disagreement_is_a_lint_error(prof, tmp_path):
+    t = tree_at(tmp_path, "0.5.22")
+    p = prof(version="0.5.23", tree=t)
+    d = plan(p).json()
+    assert d["sglang_version"] == "0.5.22" and d["sglang_version_source"] == f"tree {t} at HEAD"
+    r = run_cli("config", "lint", str(p), "--json")
+    assert r.code == 2, r.err
+    hits = [f for f in r.json()["findings"] if f["rule"] == "DSV122"]
+    assert len(hits) == 1 and hits[0]["severity"] == "error"
+    assert "sglang.version is 0.5.23 but the tree" in hits[0]["message"] and "is SGLang 0.5.22" in hits[0]["message"]
+    r = run_cli("config", "lint", str(prof(version="0.5.22", tree=t)), "--json")
+    assert r.code == 0 and not [f for f in r.json()["findings"] if f["rule"] == "DSV122"], r.out
+
+
+def test_the_release_rules_change_the_plan(prof):
+    """A DP-attention decode server with few requests: 0.5.22+ caps the decode graph batch at
+    max-running-requests (a smaller reserve, a larger default mem_fraction_static) where 0.5.21
+    keeps the GPU-size default (tests/test_versions_oracle.py proves both with SGLang's code)."""
+    dpa = dict(dp=4, dp_attention=True)
+    prof(decode="max-running-requests: 16\ndp-size: 4\nenable-dp-attention: true\n", decode_group=dpa)
+    mfs = {}
+    for v in ("0.5.21", "0.5.22", "0.5.23"):
+        p = prof(version=v, decode_group=dpa)
+        r = plan(p)
+        assert r.code == 0, r.err
+        g = next(g for g in r.json()["groups"] if g["name"] == "decode")
+        mfs[v] = g["mem_fraction_static"]
+    assert mfs["0.5.21"] < mfs["0.5.22"] == mfs["0.5.23"], mfs
+
+
+def test_lint_uses_the_releases_argument_table(prof):
+    """attn-dp-size exists from 0.5.22: a 0.5.21 serve config with it is an unknown key."""
+    p = prof(version="0.5.21", decode="max-running-requests: 128\nattn-dp-size: 1\n")
+    r = run_cli("config", "lint", str(p), "--json")
+    assert r.code == 2
+    assert any(f["rule"] == "SGL001" and "attn-dp-size" in f["message"] for f in r.json()["findings"]), r.out
+    r = run_cli("config", "lint", str(prof(version="0.5.22")), "--json")
+    assert not any(f["rule"] == "SGL001" for f in r.json()["findings"]), r.out
