@@ -89,3 +89,16 @@ def test_shipped_table_facts():
     assert "deepseekv4" in by["tool-call-parser"]["choices"]
     assert "deepseek-v4" in by["reasoning-parser"]["choices"]
     assert by["cuda-graph-bs-decode"]["nargs"] == "+" and by["cuda-graph-bs-decode"]["type"] == "int"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("version", ["0.5.21", "0.5.22"])
+def test_other_releases_tables_are_their_parsers(version):
+    """The shipped table of each other supported release is what that release's own parser
+    gives (its sources from .venv-oracle/versions, scripts/oracle-env.sh)."""
+    if not oracle_available() or not (REPO / ".venv-oracle" / "versions" / version / "sglang").is_dir():
+        pytest.skip("needs .venv-oracle with the other releases (bash scripts/oracle-env.sh)")
+    p = subprocess.run([str(ORACLE_PY), "-W", "ignore", str(GEN), "--check", "--version", version],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert f"server_args-{version}.json matches" in p.stdout
