@@ -45,7 +45,7 @@ Torch==2.14.1 ; sys_platform == 'linux' \\
     ("-e ./sglang/python\n", "options are not part of a lock"),
     ("sglang @ https://x/sglang.whl --hash=sha256:" + H, "is not an exact pin"),
     (f"torch==1 --hash=sha256:{H}\nTorch==2 --hash=sha256:{H}\n", "lock:2: torch is locked twice"),
-    ("torch==1 --hash=md5:abc", "is not a --hash=sha256:HEX"),
+    ("torch==1 --hash=md5:abc", "is not a full --hash=sha256:HEX"),
     ("# only comments\n\n", "lock: the lock pins no distribution"),
 ])
 def test_parse_lock_refuses_what_is_not_a_lock(text, why):
@@ -54,9 +54,11 @@ def test_parse_lock_refuses_what_is_not_a_lock(text, why):
     assert why in str(e.value)
 
 
-def test_digest_names_the_bytes():
-    assert env_digest(b"x") == env_digest(b"x") != env_digest(b"x\n")
-    assert env_digest(b"x") == "e2d711642b726"
+def test_digest_names_the_lock_and_the_interpreter():
+    assert env_digest(b"x", "python3") == env_digest(b"x", "python3") != env_digest(b"x\n", "python3")
+    assert env_digest(b"x", "python3") != env_digest(b"x", "/opt/py3.12/bin/python3")
+    import hashlib
+    assert env_digest(b"x", "py") == "e" + hashlib.sha256(b"x\n# python: py").hexdigest()[:12]
 
 
 def test_requirement_pins_evaluate_markers_and_skip_ranges_and_extras():
@@ -99,7 +101,7 @@ def test_env_problems_and_bind_env():
 
 def _cmd(tmp: Path, lock: str, uv: str = UV) -> tuple[str, str]:
     (tmp / "env.lock").write_text(lock)
-    d = env_digest(lock.encode())
+    d = env_digest(lock.encode(), sys.executable)
     return d, build_command(str(tmp / "root"), d, str(tmp / "env.lock"), uv=uv, python=sys.executable,
                             uv_args=("--no-index", "--find-links", str(tmp / "wheels"), "--cache-dir", str(tmp / "cache")))
 
@@ -162,3 +164,87 @@ def test_gc_keeps_environments_a_release_names(tmp_path):
     r = subprocess.run(["sh", "-c", gc_command(str(root))], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert os.listdir(root / "envs") == ["e111111111111"]
+
+
+def test_markers_are_judged_for_the_host():
+    """``uv pip compile --universal`` writes markers; a pin for another platform or Python is not
+    part of this host's environment, and one package may be locked per platform."""
+    text = (f"a==1.0 ; sys_platform == 'darwin' --hash=sha256:{H}\n"
+            f"b==1.0 ; python_full_version < '3.12' --hash=sha256:{H}\n"
+            f"b==1.1 ; python_full_version >= '3.12' --hash=sha256:{H}\n"
+            f"c==2 ; platform_machine == 'aarch64' --hash=sha256:{H}\n")
+    from dsv4ctl.deploy.environment import marker_env
+    assert {n: p.version for n, p in parse_lock(text).items()} == {"b": "1.0"}
+    assert {n: p.version for n, p in parse_lock(text, env=marker_env("aarch64", "3.12.1")).items()} == \
+        {"b": "1.1", "c": "2"}
+    with pytest.raises(InputError, match="bad environment marker"):
+        parse_lock(f"a==1 ; sys_platform === --hash=sha256:{H}\n")
+    with pytest.raises(InputError, match="locked twice for the same host"):
+        parse_lock(f"a==1 ; os_name == 'posix' --hash=sha256:{H}\na==2 --hash=sha256:{H}\n")
+    # the host's report decides: a darwin-only pin is not missing on Linux
+    lt = text
+    v = bind_env({"bad": [], "nbad": 0, "env": {"digest": "e1", "lock": lt, "present": True, "python": True,
+                                                "machine": "x86_64", "python_version": "3.11.7",
+                                                "dists": {"b": "1.0"}, "bad": []}})
+    assert v["environment"]["ok"] is True, v
+
+
+def test_versions_compare_by_pep_440():
+    lock = parse_lock(f"torch==2.9.1+cu128 --hash=sha256:{H}\nx==2.0.0 --hash=sha256:{H}\ny==1.00 --hash=sha256:{H}\n")
+    assert pin_conflicts(lock, {"torch": "2.9.1", "x": "2.0", "y": "1.0.0"}, "0.5.23") == []
+    assert pin_conflicts(lock, {"torch": "2.9.2"}, "0.5.23") == ["torch: the lock has 2.9.1+cu128, SGLang 0.5.23 pins ==2.9.2"]
+    assert env_problems(lock, {"present": True, "dists": {"torch": "2.9.1+cu128", "x": "2", "y": "1.0"}, "bad": []}) == []
+    assert env_problems(lock, {"present": True, "dists": {"torch": "2.9.1", "x": "2", "y": "1.0"}, "bad": []}) == \
+        ["env version torch 2.9.1 (lock 2.9.1+cu128)"]
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("\ufeffa==1 --hash=sha256:" + H + "\n", True),                   # a BOM
+    ("a==1 --hash sha256:" + H + "\n", True),                         # --hash with a space
+    ("a==1 --hash=sha256:" + H + "\t# via x\n", True),                # a tab before the comment
+    ("a==1 \\\r\n    --hash=sha256:" + H + "\r\n", True),            # CRLF
+    ("a==1 --hash=sha256:ab\n", False),                              # a short hash
+    ("a==1 --hash=sha256:" + H + " \\\n", False),                     # a continuation at the end
+    ("a.==1 --hash=sha256:" + H + "\n", False),                       # not a name
+    ("a==2..1 --hash=sha256:" + H + "\n", False),                     # not a version
+    ("a==1 --hash=sha256:" + H + "\x0cb==2 --hash=sha256:" + H + "\n", False),  # a form feed is no newline
+])
+def test_lock_syntax_agrees_with_uv(text, ok):
+    if ok:
+        assert list(parse_lock(text, "l")) == ["a"]
+    else:
+        with pytest.raises(InputError):
+            parse_lock(text, "l")
+
+
+def test_a_lock_that_is_not_utf8_is_refused():
+    from dsv4ctl.deploy.environment import decode_lock
+    with pytest.raises(InputError, match="l: not UTF-8 \\(byte 2\\)"):
+        decode_lock(b"# \xff\n", "l")
+
+
+def test_the_build_refuses_a_lock_edited_after_the_digest(tmp_path):
+    w = make_wheel(tmp_path / "wheels", "dsv4probe", "1.0")
+    d, cmd = _cmd(tmp_path, lock_text([w]))
+    (tmp_path / "env.lock").write_text(lock_text([w]) + "# edited\n")
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+    assert r.returncode == 1 and f"does not match environment {d} (edited on the host?): not built" in r.stderr
+    assert not (tmp_path / "root" / "envs").exists()
+
+
+def test_stale_staging_folders_of_any_digest_go_at_the_next_build(tmp_path):
+    w = make_wheel(tmp_path / "wheels", "dsv4probe", "1.0")
+    stale = tmp_path / "root" / "envs" / ".tmp-e000000000000-12345" / "lib"
+    stale.mkdir(parents=True)
+    os.chmod(stale, 0o555)
+    d, cmd = _cmd(tmp_path, lock_text([w]))
+    assert subprocess.run(["sh", "-c", cmd], capture_output=True, text=True).stdout.strip() == "@env built"
+    assert os.listdir(tmp_path / "root" / "envs") == [d]
+
+
+def test_env_problems_name_unclaimed_files_and_pyvenv_cfg():
+    lock = parse_lock(f"a==1 --hash=sha256:{H}\n")
+    rep = {"present": True, "dists": {"a": "1"}, "bad": ["unclaimed lib/python3.11/site-packages/sitecustomize.py",
+                                                     "pyvenv.cfg", "lib/python3.11/site-packages/a/x.py"]}
+    assert env_problems(lock, rep) == ["env unclaimed lib/python3.11/site-packages/sitecustomize.py", "env pyvenv.cfg",
+                                       "env hash lib/python3.11/site-packages/a/x.py"]

@@ -277,3 +277,61 @@ def test_an_interrupt_during_the_environment_build_switches_no_host(world, sig):
         assert w.audit(x)[-1]["result"] == "interrupted", w.audit(x)[-1]
         assert w.audit(x)[-1]["detail"] == "interrupted during environment build; no host switched"
     assert wait_for(lambda: http_status(f"http://{w.hosts[0].address}:{w.ports['prefill']}/health") == 200, 10)
+
+
+def test_a_new_release_on_a_drifted_shared_environment_is_refused(world):
+    """Releases of one lock share its environment: a new release (another serve config) pushed
+    onto an environment upgraded by hand is checked before the switch, refused (exit 3) with how
+    to rebuild it, and deployed once the environment is removed (rebuilt from the lock)."""
+    w = world
+    h = [x.name for x in w.hosts]
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid1 = r.json()["release"]
+    d1 = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())["environment"]
+    env = w.roots[h[0]] / "envs" / d1
+    p = subprocess.run([UV, "pip", "install", "--quiet", "--python", str(env / "bin" / "python"), "--no-index",
+                        "--find-links", str(w.wheels), "--cache-dir", str(w.uv_cache), "dsv4probe==1.1"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    w.extra["decode"] = {"max-running-requests": 64}
+    w.write()
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 3, r.err
+    assert "env version dsv4probe 1.1 (lock 1.0)" in r.err and "rm -rf ROOT/envs/DIGEST" in r.err
+    assert w.currents() == {x: rid1 for x in h}
+    subprocess.run(["chmod", "-R", "u+w", str(env)], check=True)
+    subprocess.run(["rm", "-rf", str(env)], check=True)
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    assert f"{h[0]}: built environment {d1}" in r.err
+    assert "dsv4probe 1.0" in w.last_start(h[0], "prefill")
+
+
+def test_files_dropped_into_an_environment_are_drift(world):
+    w = world
+    h = [x.name for x in w.hosts]
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    rid = r.json()["release"]
+    d = json.loads((w.roots[h[2]] / "releases" / rid / "RELEASE.json").read_text())["environment"]
+    sp = next((w.roots[h[2]] / "envs" / d / "lib").glob("python*/site-packages"))
+    (sp / "sitecustomize.py").write_text("print('PWNED')\n")
+    (sp / "zzz-evil.pth").write_text("import os\n")
+    cfg = w.roots[h[2]] / "envs" / d / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace("include-system-site-packages = false", "include-system-site-packages = true"))
+    r = cli(w, "verify", "--json")
+    assert r.code == 1, r.out
+    line = next(x for x in r.json()["drift"] if x.startswith(f"{h[2]}: {rid}"))
+    for what in ("env pyvenv.cfg", "env unclaimed lib/python", "sitecustomize.py", "zzz-evil.pth"):
+        assert what in line or what in json.dumps(r.json()), (what, line)
+
+
+def test_uv_args_passwords_never_show(world):
+    w = world
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["sglang"]["environment"]["uv_args"] += ["--extra-index-url", "https://alice:Hunter2Secret@127.0.0.1:9/simple"]
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli(w, "deploy", "--dry-run", "-v", "--no-preflight")
+    assert r.code == 0, r.err
+    assert "Hunter2Secret" not in r.out + r.err and "https://alice:***@127.0.0.1:9/simple" in r.out

@@ -69,12 +69,16 @@ def bind_env(v: dict) -> dict:
     ``bad`` (``nbad`` counts them); the report keeps ``environment`` {digest, ok, problems}. A
     report without ``env`` (a release without an environment) is returned as is."""
     from ..errors import InputError
-    from .environment import env_problems, parse_lock
+    from .environment import env_problems, marker_env, parse_lock
     ev = v.get("env")
     if not isinstance(ev, dict):
         return v
-    try:
-        probs = env_problems(parse_lock(str(ev.get("lock") or ""), "environment.lock"), ev)
+    import re
+    pyv = ".".join(re.findall(r"\d+", str(ev.get("python_version") or "3.11"))[:3]) or "3.11"
+    try:                   # the lock's markers judged for the host (its CPU, the environment's Python)
+        lock = parse_lock(str(ev.get("lock") or ""), "environment.lock",
+                          marker_env(str(ev.get("machine") or "x86_64"), pyv))
+        probs = env_problems(lock, ev)
     except InputError as e:
         probs = [f"env lock ({e})"]
     extra = max(0, int(ev.get("nbad") or 0) - len(ev.get("bad") or []))

@@ -191,8 +191,13 @@ def env_error(site: Site, rid: str, why: str, rec: dict, per_host: dict | None, 
 
 
 def drift_error(rid: str, why: str) -> RemoteError:
+    """The refusal of a switch onto a drifted release (exit 3). An environment that drifted is
+    rebuilt from its lock by the next run once its folder is removed: the message says so."""
+    env = (" An environment that drifted (env ...) is rebuilt from the release's lock by the next deploy or "
+           "rollback once its folder is removed on that host: chmod -R u+w ROOT/envs/DIGEST && rm -rf "
+           "ROOT/envs/DIGEST.") if " env " in f" {why}" or ": env " in why or ", env " in why else ""
     return RemoteError(f"release {rid} differs from its manifest (edited on the host?): {why}; no host was "
-                       "switched (dsv4ctl verify lists the drift of every release)")
+                       "switched (dsv4ctl verify lists the drift of every release)." + env)
 
 
 # -- switch and gate ---------------------------------------------------------------------------

@@ -34,13 +34,23 @@ LOCK_NAME = "environment.lock"
 ENV_MARK = "ENV.json"
 """Written last into a complete environment (before it is renamed into place)."""
 
-_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9._,\s-]*\])?\s*==\s*([A-Za-z0-9.+!_-]+)\s*(;.*)?$")
-_HASH = re.compile(r"^--hash[=\s]+(sha256|sha384|sha512):([0-9a-fA-F]+)$")
+_NAME = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(\[[A-Za-z0-9._,\s-]*\])?\s*==\s*([^\s;]+)\s*(?:;(.*))?$")
+_HASH = re.compile(r"^(sha256|sha384|sha512):([0-9a-fA-F]+)$")
+_HASH_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
 
 
 def normalize(name: str) -> str:
     """A distribution name in PEP 503 normal form (``Flash_Infer.python`` → ``flash-infer-python``)."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def marker_env(machine: str = "x86_64", python: str = "3.11") -> dict[str, str]:
+    """A PEP 508 marker environment of a Linux host of CPU ``machine`` running Python ``python``
+    (``X.Y`` or ``X.Y.Z``)."""
+    full = python if python.count(".") >= 2 else python + ".0"
+    return {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": machine,
+            "python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
+            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
 
 
 @dataclass(frozen=True)
@@ -52,38 +62,56 @@ class Pin:
     hashes: tuple[str, ...]
 
 
-def parse_lock(text: str, where: str = "environment lock") -> dict[str, Pin]:
-    """{normalized name: Pin} of a hashed requirements lock (pure). Comments, blank lines and
-    line continuations (``\\``) are understood; an environment marker after ``;`` is kept out of
-    the version. Raises InputError (one line naming ``where`` and the line) for anything that is
-    not an exact pin with at least one hash: a range, a URL or path, ``-e``, an option line
-    (``--index-url``: how hosts reach packages belongs to ``sglang.environment.uv_args``), a
-    distribution locked twice, or an empty lock."""
+def parse_lock(text: str, where: str = "environment lock", env: dict | None = None) -> dict[str, Pin]:
+    """{normalized name: Pin} of a hashed requirements lock for one host (pure): the pins whose
+    environment marker (after ``;``, as ``uv pip compile --universal`` writes them) holds for
+    ``env`` (:func:`marker_env`; default Linux x86_64, Python 3.11). Comments (``#`` after
+    whitespace), blank lines, CRLF, a UTF-8 BOM and line continuations (``\\``) are understood.
+
+    Raises InputError (one line naming ``where`` and the line) for anything that is not an
+    exact pin with at least one full-length hash: a range, a URL or path, ``-e``, an option line
+    (``--index-url``: how hosts reach packages belongs to ``sglang.environment.uv_args``), a bad
+    marker or version, a continuation at the end, a distribution locked twice for one host, or a
+    lock that pins nothing."""
+    from packaging.markers import InvalidMarker, Marker
+    from packaging.version import InvalidVersion, Version
+    env = env or marker_env()
+    text = text.lstrip("\ufeff")
     logical, cur, start = [], "", 0
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+    lines = text.split("\n")
+    for n, raw in enumerate(lines, 1):
+        raw = raw.rstrip("\r")
+        line = "" if raw.lstrip().startswith("#") else re.split(r"\s#", raw, maxsplit=1)[0].strip()
         if not cur:
             start = n
         if line.endswith("\\"):
+            if n == len(lines) or (n == len(lines) - 1 and not lines[-1].strip()):
+                raise InputError(f"{where}:{n}: a line continuation (\\) with nothing after it")
             cur += line[:-1] + " "
             continue
         cur += line
         if cur.strip():
             logical.append((start, cur.strip()))
         cur = ""
-    if cur.strip():
-        logical.append((start, cur.strip()))
     pins: dict[str, Pin] = {}
+    seen = 0
     for n, line in logical:
         words = line.split()
         req, hashes = [], []
-        for w in words:
-            if w.startswith("--hash"):
-                hashes.append(w)
+        k = 0
+        while k < len(words):
+            w = words[k]
+            if w == "--hash" and k + 1 < len(words):
+                hashes.append(words[k + 1])
+                k += 2
+                continue
+            if w.startswith("--hash="):
+                hashes.append(w[len("--hash="):])
             elif hashes:
                 raise InputError(f"{where}:{n}: '{w}' after the hashes: one requirement per entry")
             else:
                 req.append(w)
+            k += 1
         req_text = " ".join(req)
         if not req_text or req_text.startswith("-"):
             raise InputError(f"{where}:{n}: '{line[:60]}': options are not part of a lock (put index settings "
@@ -92,28 +120,65 @@ def parse_lock(text: str, where: str = "environment lock") -> dict[str, Pin]:
         if m is None:
             raise InputError(f"{where}:{n}: '{req_text[:60]}' is not an exact pin (NAME==VERSION); write the lock "
                              "with uv pip compile --generate-hashes")
+        try:
+            Version(m.group(3))
+        except InvalidVersion:
+            raise InputError(f"{where}:{n}: '{m.group(3)}' is not a version (PEP 440)") from None
         hs = []
         for h in hashes:
-            hm = _HASH.match(h.replace("--hash ", "--hash="))
-            if hm is None:
-                raise InputError(f"{where}:{n}: '{h}' is not a --hash=sha256:HEX")
+            hm = _HASH.match(h)
+            if hm is None or len(hm.group(2)) != _HASH_HEX[hm.group(1)]:
+                raise InputError(f"{where}:{n}: '--hash={h[:80]}' is not a full --hash=sha256:HEX")
             hs.append(f"{hm.group(1)}:{hm.group(2).lower()}")
         name = normalize(m.group(1))
         if not hs:
             raise InputError(f"{where}:{n}: {name}=={m.group(3)} has no --hash: a lock pins content, not only "
                              "versions (uv pip compile --generate-hashes)")
+        seen += 1
+        if m.group(4) and m.group(4).strip():
+            try:
+                applies = Marker(m.group(4).strip()).evaluate(env)
+            except InvalidMarker as e:
+                raise InputError(f"{where}:{n}: bad environment marker: {str(e).splitlines()[0][:120]}") from None
+            if not applies:
+                continue
         if name in pins:
-            raise InputError(f"{where}:{n}: {name} is locked twice")
+            raise InputError(f"{where}:{n}: {name} is locked twice for the same host")
         pins[name] = Pin(name, m.group(3), tuple(hs))
-    if not pins:
+    if not seen:
         raise InputError(f"{where}: the lock pins no distribution")
     return pins
 
 
-def env_digest(lock: bytes) -> str:
-    """``e`` + 12 hex digits of sha256 over the lock's bytes: the environment's folder name on
-    every host (two releases with the same lock share one environment)."""
-    return "e" + hashlib.sha256(lock).hexdigest()[:12]
+def decode_lock(data: bytes, where: str) -> str:
+    """The lock's text: UTF-8 (InputError naming the byte offset otherwise: uv refuses it too)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where}: not UTF-8 (byte {e.start}): a lock is a UTF-8 text file") from None
+
+
+def same_version(a: str, b: str) -> bool:
+    """PEP 440 equality (``1.0`` = ``1.00`` = ``v1.0``; a local label counts: ``2.9.1+cu128``
+    differs from ``2.9.1``); plain string equality for what is not a version."""
+    from packaging.version import InvalidVersion, Version
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def env_digest(lock: bytes, python: str) -> str:
+    """``e`` + 12 hex digits of sha256 over the lock's bytes and the interpreter the environment
+    is made with (``deploy.python``: ``LOCK + "\\n# python: " + PYTHON``): the environment's
+    folder name on every host. Two releases with the same lock and interpreter share one
+    environment; another interpreter is another environment (and another release id)."""
+    return "e" + hashlib.sha256(lock + identity_suffix(python)).hexdigest()[:12]
+
+
+def identity_suffix(python: str) -> bytes:
+    """What :func:`env_digest` adds to the lock's bytes (the host command adds the same)."""
+    return f"\n# python: {python}".encode()
 
 
 def requirement_pins(requirements: list[str], machine: str = "x86_64", python: str = "3.11") -> dict[str, str]:
@@ -124,9 +189,7 @@ def requirement_pins(requirements: list[str], machine: str = "x86_64", python: s
     another platform or only for an extra (``; extra == "..."``) is left out, and so are ranges
     (only an exact pin can be contradicted). Unparseable strings are skipped."""
     from packaging.requirements import InvalidRequirement, Requirement
-    env = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "platform_machine": machine,
-           "python_version": python, "python_full_version": python + ".0", "implementation_name": "cpython",
-           "platform_python_implementation": "CPython", "extra": ""}
+    env = marker_env(machine, python)
     out = {}
     for r in requirements:
         try:
@@ -158,12 +221,19 @@ def pin_conflicts(lock: dict[str, Pin], pins: dict[str, str], sglang_version: st
     pins it (pure): ``torch: the lock has 2.9.0, SGLang 0.5.23 pins ==2.14.1``. A pinned
     distribution the lock lacks is a conflict too (the release would run whatever the host has,
     or fail at import)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
     out = []
     for name, want in sorted(pins.items()):
         have = lock.get(name)
         if have is None:
             out.append(f"{name}: not in the lock, SGLang {sglang_version} pins =={want}")
-        elif have.version != want:
+            continue
+        try:        # PEP 440: ==2.9.1 admits 2.9.1+cu128 (a CUDA index's build), ==2.0 admits 2.0.0
+            ok = SpecifierSet(f"=={want}").contains(Version(have.version), prereleases=True)
+        except (InvalidSpecifier, InvalidVersion):
+            ok = have.version == want
+        if not ok:
             out.append(f"{name}: the lock has {have.version}, SGLang {sglang_version} pins =={want}")
     return out
 
@@ -172,8 +242,11 @@ def env_problems(lock: dict[str, Pin], report: dict) -> list[str]:
     """Problems of a built environment (pure) from the host's report (:data:`dsv4ctl.deploy.verify.SCRIPT`):
     ``report`` = {"present": bool, "python": bool, "dists": {name: version}, "bad": [path, ...]}.
     ``env not built``, ``env python`` (its interpreter is gone), ``env missing NAME==V``,
-    ``env version NAME V (lock V')``, ``env extra NAME==V`` (installed by hand), ``env hash
-    PATH`` (a file differs from its RECORD: edited or replaced in place)."""
+    ``env version NAME V (lock V')`` (PEP 440 equality), ``env extra NAME==V`` (installed by
+    hand), ``env hash PATH`` (a file differs from its RECORD: edited or replaced in place), ``env
+    unclaimed PATH`` (a file no RECORD lists: a ``sitecustomize.py``, a ``.pth``, a package
+    dropped in), ``env pyvenv.cfg`` (changed since the build: another interpreter, system
+    site-packages switched on)."""
     if not report.get("present"):
         return ["env not built"]
     out = [] if report.get("python", True) else ["env python"]
@@ -181,10 +254,11 @@ def env_problems(lock: dict[str, Pin], report: dict) -> list[str]:
     for name, p in sorted(lock.items()):
         if name not in dists:
             out.append(f"env missing {name}=={p.version}")
-        elif dists[name] != p.version:
+        elif not same_version(dists[name], p.version):
             out.append(f"env version {name} {dists[name]} (lock {p.version})")
     out += [f"env extra {n}=={v}" for n, v in sorted(dists.items()) if n not in lock]
-    out += [f"env hash {p}" for p in report.get("bad", [])]
+    out += [f"env {p}" if p.startswith("unclaimed ") or p == "pyvenv.cfg" else f"env hash {p}"
+            for p in report.get("bad", [])]
     return out
 
 
@@ -202,15 +276,22 @@ def build_command(root: str, digest: str, lock_path: str, *, uv: str, python: st
     envs = f"{root}/envs"
     final = f"{envs}/{digest}"
     extra = " ".join(q(a) for a in uv_args)
+    suffix = identity_suffix(python).decode()[1:]      # after the newline printf writes
     return (f"if [ -f {q(final + '/' + ENV_MARK)} ]; then echo '@env present'; exit 0; fi; "
             f"command -v {q(uv)} >/dev/null 2>&1 || {{ echo 'uv not found: '{q(uv)} >&2; exit 127; }}; "
+            # the lock is the release's (verified later): it must still be what the digest names
+            f"h=$({{ cat {q(lock_path)} && printf '\\n%s' {q(suffix)}; }} | sha256sum | cut -c1-12); "
+            f"if [ \"e$h\" != {q(digest)} ]; then echo {q(lock_path)}': does not match environment {digest} "
+            f"(edited on the host?): not built' >&2; exit 1; fi; "
             f"set -e; E={q(envs)}; T=\"$E/.tmp-{digest}-$$\"; mkdir -p \"$E\"; "
-            f"for d in \"$E\"/.tmp-{digest}-*; do if [ -e \"$d\" ]; then chmod -R u+w \"$d\"; rm -rf \"$d\"; fi; done; "
+            # staging folders of interrupted builds (the host lock makes this run the only builder)
+            f"for d in \"$E\"/.tmp-*; do if [ -e \"$d\" ]; then chmod -R u+w \"$d\"; rm -rf \"$d\"; fi; done; "
             "trap 'chmod -R u+w \"$T\" 2>/dev/null; rm -rf \"$T\"' EXIT; trap 'exit 130' INT TERM HUP; "
             f"{q(uv)} venv --quiet --python {q(python)} \"$T\"; "
             f"{q(uv)} pip sync --quiet --python \"$T/bin/python\" --require-hashes {extra} {q(lock_path)}; "
-            f"printf '{{\"schema\": \"dsv4ctl.env/1\", \"digest\": \"{digest}\", \"built_at\": \"%s\"}}\\n' "
-            f"\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" > \"$T/{ENV_MARK}\"; "
+            f"printf '{{\"schema\": \"dsv4ctl.env/1\", \"digest\": \"{digest}\", \"built_at\": \"%s\", "
+            f"\"pyvenv_cfg_sha256\": \"%s\"}}\\n' \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" "
+            f"\"$(sha256sum < \"$T/pyvenv.cfg\" | cut -d' ' -f1)\" > \"$T/{ENV_MARK}\"; "
             f"chmod -R a-w \"$T\"; if [ -e {q(final)} ]; then chmod -R u+w {q(final)}; rm -rf {q(final)}; fi; "
             f"mv -T \"$T\" {q(final)}; trap - EXIT; echo '@env built'")
 

@@ -46,10 +46,10 @@ def environment_preflight(dep) -> dict | None:
     data = release_environment(dep)
     if data is None:
         return None
-    lock = parse_lock(data.decode("utf-8", "replace"), str(dep.sglang.environment.lock))
+    lock = parse_lock(data.decode("utf-8"), str(dep.sglang.environment.lock))
     tree, ref = dep.tree(required=True), dep.sglang.base_ref or "HEAD"
     r = subprocess.run(["git", "-C", str(tree), "show", f"{ref}:python/pyproject.toml"], capture_output=True, text=True)
-    doc = {"digest": env_digest(data), "packages": len(lock), "sglang": None, "compared": 0}
+    doc = {"digest": env_digest(data, dep.deploy.python), "packages": len(lock), "sglang": None, "compared": 0}
     if r.returncode != 0:
         doc["summary"] = (f"{doc['digest']} ({len(lock)} packages; the tree has no python/pyproject.toml at {ref}: "
                           "not compared with SGLang's pins)")

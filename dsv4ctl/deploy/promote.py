@@ -222,7 +222,8 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     g = gate_settings(site.profile, po)
     path = str(site.profile.path)
     steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
-    steps += [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + present_verify_steps(site, rid)
+    steps += ([push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec)
+              + present_verify_steps(site, rid, spec=spec))
     for name, hs in (("canary", canary), ("rest", rest)):
         steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
                   for h in hs]

@@ -473,7 +473,8 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
 
     ``configs`` {group: rendered serve config bytes}; ``launch`` {group: spec} (JSON-able);
     ``environment``: the environment lock's bytes, shipped as ``environment.lock`` (the launch
-    spec's ``python_env`` must be its digest: InputError otherwise).
+    spec's ``python_env`` names the environment's digest; InputError when a lock is given without
+    one or the other way round).
     Steps: resolve the base commit; export it once (:func:`export_base`); hard-link the export
     into a new folder; break the links of the files the patches touch and ``git apply`` each
     patch in order (an InputError names the patch that does not apply); re-hash only touched
@@ -498,11 +499,12 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
 def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes], launch: dict, cache: Path,
            who: str, series_identity: str | None, private, environment: bytes | None = None) -> tuple[Release, bool]:
     """(release, built now) of :func:`build_release` (a checked cached build is reused)."""
-    from .environment import LOCK_NAME, env_digest
+    from .environment import LOCK_NAME
     want = {s.get("python_env") for s in launch.values()} - {None}
-    have = env_digest(environment) if environment is not None else None
-    if want != ({have} - {None}):
-        raise InputError(f"the launch spec names environment(s) {sorted(map(str, want))}, the lock given is {have}")
+    if len(want) > 1 or bool(want) != (environment is not None):
+        raise InputError(f"the launch spec names environment(s) {sorted(want)}, "
+                         + ("a lock is given" if environment is not None else "no lock is given"))
+    have = next(iter(want), None)
     commit = resolve_base(tree, base_ref)
     pinfo = [(p.name, sha256_file(p)) for p in patches]
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
@@ -615,7 +617,7 @@ def launch_spec(profile) -> dict:
              "model": g.served_model}
         if env is not None:
             from .environment import env_digest
-            s["python_env"] = env_digest(env)
+            s["python_env"] = env_digest(env, dep.deploy.python)
         if g.is_server and (g.group.nnodes > 1 or g.group.replicas > 1):
             s["servers"] = [[n.host for n in srv] for srv in g.group.servers]
             if g.group.nnodes > 1:
@@ -643,7 +645,7 @@ def release_environment(profile) -> bytes | None:
     """The bytes of the profile's environment lock (``sglang.environment.lock``), None without
     one. InputError (exit 2) when it cannot be read or is not a lock of exact pins with hashes
     (:func:`dsv4ctl.deploy.environment.parse_lock`)."""
-    from .environment import parse_lock
+    from .environment import decode_lock, parse_lock
     env = as_deployment(profile).sglang.environment
     if env is None:
         return None
@@ -651,7 +653,7 @@ def release_environment(profile) -> bytes | None:
         data = env.lock.read_bytes()
     except OSError as e:
         raise InputError(f"{env.lock}: sglang.environment.lock: cannot read ({e.strerror or e})") from None
-    parse_lock(data.decode("utf-8", "replace"), str(env.lock))
+    parse_lock(decode_lock(data, str(env.lock)), str(env.lock))
     return data
 
 

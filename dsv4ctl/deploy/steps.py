@@ -65,13 +65,15 @@ class Step:
 _ENV_WORD = __import__("re").compile(r"(?P<pre>(?:^|[\s'\"=]))(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<val>[^\s'\"]+)")
 _AUTH_HEADER = __import__("re").compile(r"(?i)(?P<head>\bauthorization\\?[\"']?\s*[:=]\s*\\?[\"']?(?:(?:bearer|basic|token)\s+)?)"
                                         r"(?P<val>[^\s\"',;}\]\\]+)")
+_URL_USERINFO = __import__("re").compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s:/@'\"]*):(?P<pw>[^\s/@'\"]+)@")
 _FLAG = __import__("re").compile(r"--(?P<key>[A-Za-z0-9-]+)(?:=|\s+)(?P<val>'[^']*'|\"[^\"]*\"|[^\s'\"]+)")
 
 
 def deployment_secrets(dep) -> set[str]:
     """Values no output may show, from the Deployment: env values under secret-looking names
     (``HF_TOKEN``, ``*_API_KEY``, …), secret serve-config values (``api-key``, …, also inside JSON
-    strings) and the values of secret flags in launch templates (``--api-key X``)."""
+    strings), the values of secret flags in launch templates (``--api-key X``) and the password of
+    every URL in ``sglang.environment.uv_args`` (``https://user:PASSWORD@index/simple``)."""
     from ..profile.secrets import is_secret_key, secret_strings
     import os
     out: set[str] = set()
@@ -85,6 +87,9 @@ def deployment_secrets(dep) -> set[str]:
         for m in _FLAG.finditer(g.launch_template):
             if is_secret_key(m.group("key")):
                 out.add(m.group("val").strip("'\""))
+    env = dep.sglang.environment
+    for a in (env.uv_args if env is not None else ()):
+        out |= {m.group("pw") for m in _URL_USERINFO.finditer(a)}
     return secret_spellings(x for x in out if len(x) >= 4)
 
 
@@ -101,12 +106,13 @@ def secret_spellings(values) -> set[str]:
 def mask_secrets(text: str, secrets: set[str] = frozenset()) -> str:
     """``text`` with every known secret value (:func:`deployment_secrets`) replaced by ``***``,
     and, as a second net, the value of every ``NAME=value`` word or ``--flag value`` whose name
-    looks secret (:func:`dsv4ctl.profile.serveconfig.is_secret_key`) and the credentials of every
+    looks secret (:func:`dsv4ctl.profile.serveconfig.is_secret_key`), the credentials of every
     ``Authorization: [Bearer|Basic] X`` (also ``"authorization": "Bearer X"``: a header a server
-    echoes)."""
+    echoes) and the password of every ``scheme://user:password@host`` URL."""
     from ..profile.secrets import is_secret_key
     from ..serve.edit import MASK, scrub
     text = scrub(text, set(secrets))
+    text = _URL_USERINFO.sub(lambda m: m.group(0)[:m.start("pw") - m.start()] + MASK + "@", text)
     text = _AUTH_HEADER.sub(lambda m: m.group("head") + MASK, text)
     text = _ENV_WORD.sub(lambda m: m.group(0) if not is_secret_key(m.group("key"))
                          else f"{m.group('pre')}{m.group('key')}={MASK}", text)
@@ -302,9 +308,12 @@ def env_steps(site: Site, rid: str, spec: dict, hosts: list[str] | None = None, 
     return out
 
 
-def present_verify_steps(site: Site, rid: str, stage: str = "") -> list[Step]:
-    """Verify steps for the hosts that already hold ``rid`` (a push verifies what it places)."""
-    return [verify_step(site, h, rid, stage) for h in site.hosts if rid in site.facts[h].releases]
+def present_verify_steps(site: Site, rid: str, stage: str = "", spec: dict | None = None) -> list[Step]:
+    """Verify steps for the hosts that already hold ``rid`` (a push verifies the tree it places);
+    for every host when ``rid`` runs on an environment (``spec`` names one): a pushed release may
+    land on an environment built before (shared by releases of one lock), judged only here."""
+    every = spec_environment(spec) is not None
+    return [verify_step(site, h, rid, stage) for h in site.hosts if every or rid in site.facts[h].releases]
 
 
 def incoming_rm(p: Paths, rid: str) -> str:
@@ -436,7 +445,7 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
     locks = [] if locked else [lock_step(site, h, lock_what or f"{action} {rid}") for h in hosts]
     if nothing_to_do(site, rid):
         started = converge_detail(servers or [])
-        return RunSteps(locks + env_steps(site, rid, spec) + present_verify_steps(site, rid) + list(servers or [])
+        return RunSteps(locks + env_steps(site, rid, spec) + present_verify_steps(site, rid, spec=spec) + list(servers or [])
                         + (gate_steps(site, spec) if servers else []) + [
             close_step(site, h, {"action": action, "release": rid, **extra, "result": "ok",
                                  "detail": "already active" + (f"; {started}" if started else ""),
@@ -444,7 +453,8 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
             [Step("close", h, f"close: audit {action} failed with the reason (the started servers are left as they "
                               "are: the release was already active); unlock") for h in hosts] if servers else [])
     keep = site.profile.deploy.keep_releases
-    steps = locks + [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + present_verify_steps(site, rid)
+    steps = (locks + [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec)
+             + present_verify_steps(site, rid, spec=spec))
     steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch,
                           restart=restart) for h in hosts]
     steps += gate_steps(site, spec)

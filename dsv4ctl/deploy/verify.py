@@ -156,11 +156,27 @@ def envcheck(rel):
         lock = ""
     env = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(rel))), "envs", d)
     rep = {"digest": d, "lock": lock, "present": os.path.isfile(os.path.join(env, "ENV.json")), "dists": {},
-           "bad": [], "nbad": 0, "python": False}
+           "bad": [], "nbad": 0, "python": False, "machine": os.uname().machine, "python_version": None}
     if not rep["present"]:
         return rep
     rep["python"] = os.path.exists(os.path.join(env, "bin", "python"))
     bad = []
+    cfg = {}
+    try:
+        with open(os.path.join(env, "pyvenv.cfg"), "rb") as f:
+            raw = f.read()
+        for line in raw.decode("utf-8", "replace").splitlines():
+            k, sep, v = line.partition("=")
+            if sep:
+                cfg[k.strip()] = v.strip()
+        with open(os.path.join(env, "ENV.json")) as f:
+            want = json.load(f).get("pyvenv_cfg_sha256")
+        if want and hashlib.sha256(raw).hexdigest() != want:
+            bad.append("pyvenv.cfg")
+    except (OSError, ValueError, AttributeError):
+        bad.append("pyvenv.cfg")
+    rep["python_version"] = cfg.get("version_info") or cfg.get("version")
+    claimed = set()
     for sp in sorted(glob.glob(os.path.join(env, "lib", "python*", "site-packages"))):
         for di in sorted(os.listdir(sp)):
             if not di.endswith(".dist-info"):
@@ -183,6 +199,8 @@ def envcheck(rel):
             if name:
                 rep["dists"][name] = ver
             for row in rows:
+                if row:
+                    claimed.add(os.path.normpath(os.path.join(sp, row[0])))
                 if len(row) < 2 or not row[1].startswith("sha256="):
                     continue
                 p = os.path.normpath(os.path.join(sp, row[0]))
@@ -193,6 +211,14 @@ def envcheck(rel):
                     h = None
                 if h != row[1][7:]:
                     bad.append(os.path.relpath(p, env))
+        # what no RECORD claims: a sitecustomize.py, a .pth file, a package dropped in by hand
+        # (bytecode caches are written by every import: not judged)
+        for d, dirs, names in os.walk(sp):
+            dirs[:] = [x for x in dirs if x != "__pycache__" and not x.endswith(".dist-info")]
+            for n in names:
+                full = os.path.normpath(os.path.join(d, n))
+                if full not in claimed and not n.endswith((".pyc", ".pyo")):
+                    bad.append("unclaimed " + os.path.relpath(full, env))
     rep["nbad"], rep["bad"] = len(bad), bad[:10]
     return rep
 def readonly(rel, have):
