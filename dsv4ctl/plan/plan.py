@@ -944,8 +944,10 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
                 + (f" and the draft pool ({_gib(m.draft_pool)} GiB)" if m.draft_pool else "")
                 + f" exceed the {_gib(m.resident)} GiB left after weights: headroom {h} GiB")
     if v.deciding == "activation":
-        return (f"headroom {h} GiB is below 90 % of SGLang's own activation/CUDA-graph estimate "
-                f"({gi.activation_estimate_gib} GiB, memory_hook.py): the first large prefill chunk or graph capture runs out of memory")
+        return (f"headroom {h} GiB is below 90 % of SGLang's activation/CUDA-graph estimate "
+                f"({gi.activation_estimate_gib} GiB, memory_hook.py, a heuristic SGLang uses only to choose "
+                "mem_fraction_static when none is set): CUDA-graph capture or a large prefill chunk may run out "
+                "of memory; published recipes run below it, so measure under load (dsv4ctl check load)")
     if v.deciding == "requests":
         s = st.sizes
         return (f"{st.concurrent} request(s) fit at context_length {gi.context_length:,} (full pool "
@@ -985,9 +987,10 @@ def _evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Ver
 
 
 def _replanned(model, gi: GroupInputs) -> Optional[tuple[vd.Verdict, Optional[float]]]:
-    """(verdict, tightest headroom GiB) of a candidate fix, or None when it still fails."""
+    """(verdict, tightest headroom GiB) of a candidate fix, or None when it still fails or lands
+    under 90 % of SGLang's activation estimate (``tight: activation``: not a fix worth printing)."""
     stages, v, _ = _evaluate(model, gi)
-    if v.level == "fails" or stages is None:
+    if v.level == "fails" or stages is None or v.deciding == "activation":
         return None
     return v, min(_gib(s.headroom_bytes) for s in stages)
 
