@@ -384,3 +384,16 @@ def test_a_context_or_token_cap_failure_offers_a_fix_that_passes():
     g = json.loads(r.out)["groups"][0]
     assert r.code == 1 and g["verdict"]["deciding"] == "no_kv_memory"
     assert g["fixes"][0].startswith("remove max-total-tokens (1) from the serve config (re-planned: tight")
+
+
+@pytest.mark.parametrize("mfs", ["0.80", "0.85", "0.88", "0.90", "0.93"])
+def test_field_proven_v4_pro_settings_do_not_fail(mfs):
+    """Issue 27: V4-Pro on H200 serves at mem-fraction-static 0.90 in the field, and every value
+    from 0.80 to 0.93 used to fail on the activation heuristic. None fails now; the plan says
+    tight, naming SGLang's estimate as a heuristic."""
+    d = plan_json("dsv4-pro-4xh200-pd", "--set", f"mem_fraction_static={mfs}")
+    assert d["ok"] is True
+    for g in d["groups"]:
+        assert g["verdict"]["level"] in ("fits", "tight"), g["verdict"]
+        if g["verdict"]["deciding"] == "activation":
+            assert "a heuristic SGLang uses only to choose mem_fraction_static" in g["verdict"]["message"]
