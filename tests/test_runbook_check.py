@@ -85,3 +85,31 @@ steps:
     assert doc["completed"] is True and doc["verification"] == {"step": "verify", "action": "check.load", "passed": False}
     assert "- outcome: completed, but the final verification (step verify, check.load) failed" in \
         (run / "incident.md").read_text()
+
+
+def test_every_steps_output_is_kept_and_the_report_points_at_each(cli, tmp_path, standin):
+    """Issue 28: a runbook that runs smoke twice kept only the last output while incident.md
+    pointed both steps at it. Each run of a command keeps its own numbered file."""
+    pb = tmp_path / "twice.yaml"
+    pb.write_text(f"""\
+name: twice
+steps:
+  - id: before
+    action: check.smoke
+    args: {{url: "{standin}"}}
+  - id: after
+    action: check.smoke
+    args: {{url: "{standin}"}}
+""")
+    run = tmp_path / "run"
+    r = cli("runbook", "run", str(pb), "--report-dir", str(run), timeout=300)
+    assert r.code == 0, r.err
+    doc = json.loads((run / "incident.json").read_text())
+    assert doc["results"]["before"]["evidence"] == "check-smoke.out"
+    assert doc["results"]["after"]["evidence"] == "check-smoke-2.out"
+    assert doc["results"]["before"]["evidence_files"] == ["check-smoke.out"]
+    assert doc["results"]["after"]["evidence_files"] == ["check-smoke-2.out"]
+    for f in ("check-smoke.out", "check-smoke-2.out"):
+        assert json.loads((run / f).read_text())["schema"].startswith("dsv4ctl.check.smoke")
+    md = (run / "incident.md").read_text()
+    assert "[check-smoke.out](check-smoke.out)" in md and "[check-smoke-2.out](check-smoke-2.out)" in md

@@ -28,7 +28,17 @@ class RunContext:
     extra: dict = field(default_factory=dict)
     touched_hosts: set = field(default_factory=set)   # hosts a mutating step changed (audit)
     children: set = field(default_factory=set)        # dsv4ctl child processes running now
+    evidence: list = field(default_factory=list)      # evidence files written so far, in order (names)
     _deployment: Any = None
+
+    def evidence_name(self, base: str) -> str:
+        """``base``, or ``base-2``, ``base-3``... when a step of this run already wrote it: a
+        step's output is never overwritten (a runbook that runs smoke twice keeps both)."""
+        name, n = base, 1
+        while (self.run_dir / f"{name}.out").exists() or name in self.evidence:
+            n += 1
+            name = f"{base}-{n}"
+        return name
 
     @property
     def deployment(self):
@@ -139,6 +149,8 @@ def _run_cli(ctx: RunContext, argv: list[str], evidence: str) -> tuple[int, Any,
     import json
     import subprocess
     import sys
+    evidence = ctx.evidence_name(evidence)
+    ctx.evidence.append(evidence)
     out_p, err_p = ctx.run_dir / f"{evidence}.out", ctx.run_dir / f"{evidence}.err"
     # the child runs in its own process group: on SIGINT/SIGTERM of the runbook it is stopped
     # (TERM to its group, KILL after CHILD_STOP_S) before the runbook exits, so nothing keeps
@@ -243,7 +255,7 @@ def _check_smoke_run(ctx: RunContext, args: dict) -> dict:
     code, doc, err = _run_cli(ctx, _cli_argv(ctx, base, a, {"model": "--model", "timeout": "--timeout"}) + ["--json"], "check-smoke")
     if code not in (0, 1):
         return {"ok": False, "reachable": False, "error": err or f"check smoke exited {code}"}
-    return {"ok": True, "reachable": True, "passed": code == 0, "evidence": "check-smoke.out"}
+    return {"ok": True, "reachable": True, "passed": code == 0, "evidence": f"{ctx.evidence[-1]}.out"}
 
 
 _HICACHE_FLAGS = {"groups": "--group", "ratio": "--ratio", "write_policy": "--write-policy",
@@ -284,7 +296,7 @@ def _serve_change_describe(ctx: RunContext, args: dict, argv: Callable[[RunConte
                 + (": a release with the edited serve configs; only those groups restart behind the deploy's gate"
                    if args.get("remote") else "")]
     code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], evidence)
-    out = (ctx.run_dir / f"{evidence}.out").read_text().splitlines()
+    out = (ctx.run_dir / f"{ctx.evidence[-1]}.out").read_text().splitlines()
     return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + \
         ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
 
@@ -474,7 +486,7 @@ def _deploy_like(verb: str):
 
     def describe(ctx: RunContext, args: dict) -> list[str]:
         code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"{verb}-dry-run")
-        out = (ctx.run_dir / f"{verb}-dry-run.out").read_text().splitlines()
+        out = (ctx.run_dir / f"{ctx.evidence[-1]}.out").read_text().splitlines()
         return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
     return run, describe
 
@@ -635,7 +647,7 @@ def _diagnose_run(ctx: RunContext, args: dict) -> dict:
     code, doc, err = _run_cli(ctx, _diagnose_argv(ctx, args), f"diagnose-{n + 1}")
     if code not in (0, 1) or not isinstance(doc, dict):
         return {"ok": False, "error": err or f"diagnose exited {code}"}
-    out = {"ok": True, **summarize_diagnosis(doc), "evidence_file": f"diagnose-{n + 1}.out"}
+    out = {"ok": True, **summarize_diagnosis(doc), "evidence_file": f"{ctx.evidence[-1]}.out"}
     ctx.say(f"diagnose: {out['cause']}" + (f" -> runbook {out['runbook']}" if out["runbook"] else ""))
     for e in out["evidence"]:
         ctx.say(f"    {e}")

@@ -407,6 +407,7 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
         while True:
             attempt += 1
             t0 = clock()
+            seen = len(getattr(ctx, "evidence", None) or [])
             try:
                 result = dict(action.run(ctx, args))
             except InputError:
@@ -423,6 +424,9 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
             result.setdefault("ok", False)
             result["ran"] = True
             result["attempts"] = attempt
+            files = list((getattr(ctx, "evidence", None) or [])[seen:])
+            if files:       # this attempt's own output files in the run folder (never overwritten)
+                result["evidence_files"] = [f"{f}.out" for f in files]
             state.results[step.id] = result
             ok = bool(result["ok"])
             state.timeline.append(Event(step.id, step.action, "ran" if ok else "failed", t0, clock(),

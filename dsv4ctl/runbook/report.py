@@ -17,7 +17,7 @@ def _ts(t: float) -> str:
 
 
 def _short(result: dict) -> str:
-    keys = [k for k in result if k not in ("ran", "attempts", "details", "lines")]
+    keys = [k for k in result if k not in ("ran", "attempts", "details", "lines", "evidence_files")]
     parts = []
     for k in keys[:6]:
         v = result[k]
@@ -66,8 +66,10 @@ def incident_markdown(doc: dict) -> str:
     for e in doc["timeline"]:
         dur = round(e["ended"] - e["started"], 1)
         detail = _short(e["result"]) if e["result"] else "; ".join(e["lines"])
-        rows.append([_ts(e["started"]), e["step"], e["action"], e["status"] + (f" (try {e['attempt']})" if e["attempt"] > 1 else ""), f"{dur}s", detail])
-    out.append(markdown_table(["UTC", "step", "action", "status", "took", "result"], rows))
+        files = (e["result"] or {}).get("evidence_files") or []
+        rows.append([_ts(e["started"]), e["step"], e["action"], e["status"] + (f" (try {e['attempt']})" if e["attempt"] > 1 else ""), f"{dur}s", detail,
+                     ", ".join(f"[{f}]({f})" for f in files) or "-"])
+    out.append(markdown_table(["UTC", "step", "action", "status", "took", "result", "output"], rows))
     for label, key in (("State before", "state_before"), ("State after", "state_after")):
         if doc.get(key) is not None:
             out += ["", f"## {label}", "", "```json", json.dumps(doc[key], indent=2, default=str), "```"]
