@@ -32,3 +32,33 @@ def test_stop_child_stops_its_whole_process_group():
     time.sleep(0.2)
     rows = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout.splitlines()
     assert [r for r in rows if not r.split()[1].startswith("Z")] == []      # zombies wait for PID 1 to reap them
+
+
+def test_numbered_evidence_names(tmp_path):
+    ctx = A.RunContext(profile=None, run_dir=tmp_path)
+    assert ctx.evidence_name("check-smoke") == "check-smoke"
+    (tmp_path / "check-smoke.out").write_text("x")
+    assert ctx.evidence_name("check-smoke") == "check-smoke-2"
+    ctx.evidence.append("check-smoke-2")
+    assert ctx.evidence_name("check-smoke") == "check-smoke-3"
+
+
+def test_patch_step_tree_of_a_profile_given_by_a_relative_path(tmp_path, monkeypatch):
+    """Issue 28: ``sglang.tree: sglang`` in ``cfg/p.yaml`` run as ``runbook run ... cfg/p.yaml``
+    gave the patch step ``cfg/cfg/sglang``. The tree is resolved from the profile's folder once."""
+    import shutil
+
+    from dsv4ctl.profile.model import load_profile
+    from tests.conftest import DEFAULT_PROFILE
+    cfg = tmp_path / "cfg"
+    shutil.copytree(DEFAULT_PROFILE.parent / DEFAULT_PROFILE.stem, cfg / DEFAULT_PROFILE.stem)
+    (cfg / "sglang").mkdir()
+    text = DEFAULT_PROFILE.read_text().replace("tree: null", "tree: sglang").replace("../patches/sglang-0.5.23", "null")
+    (cfg / "p.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    ctx = A.RunContext(profile=load_profile("cfg/p.yaml"), run_dir=tmp_path)
+    run, describe = A._patch("apply")
+    line = describe(ctx, {})[0]
+    assert f"patch apply {cfg / 'sglang'} " in line + " " and "cfg/cfg" not in line
+    line = describe(ctx, {"tree": "sglang"})[0]
+    assert f"patch apply {cfg / 'sglang'}" in line

@@ -360,11 +360,13 @@ def _patch(verb: str):
     def argv(ctx: RunContext, args: dict) -> list[str]:
         a = dict(args)
         tree = a.pop("tree", None)
-        tree_p = Path(tree) if tree else ctx.deployment.sglang.tree
+        # args.tree is taken from the profile's folder; sglang.tree already is (resolved once by
+        # the Deployment: joining the folder again doubled it for a profile given as dir/p.yaml)
+        tree_p = (Path(tree) if Path(tree).is_absolute() else ctx.profile.base_dir / tree) if tree else \
+            ctx.deployment.sglang.tree
         if tree_p is None:
             raise InputError(f"patch.{verb}: no tree (args.tree or the profile's sglang.tree)")
-        if not tree_p.is_absolute():
-            tree_p = ctx.profile.base_dir / tree_p
+        tree_p = tree_p.absolute()
         flags = {"series": "--series"} if verb == "apply" else {}
         pos = ("commits",) if verb == "revert" else ()
         return _cli_argv(ctx, ["patch", verb, str(tree_p)], a, flags, positional=pos)
