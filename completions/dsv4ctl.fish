@@ -320,7 +320,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l markdown -d 'Print Markdown.
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'verify\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -d 'Only this server group (repeatable).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l since -r -f -d 'Only log lines from this time on: 15m, 2h or an ISO time (UTC).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l since -r -f -d 'Log lines from this time on, earlier processes included: 15m, 2h or an ISO ti...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l window -r -f -d 'Seconds between the two /metrics reads (0..300).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s n -l lines -r -f -d 'Log lines read per group (1..100000).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l json -d 'Print the dsv4ctl.diagnose/1 document (README).'

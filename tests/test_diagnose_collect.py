@@ -80,3 +80,20 @@ def test_since_filter_skips_stamps_that_are_no_date():
     assert since_filter(log, datetime(2026, 11, 1, tzinfo=timezone.utc)) == "[2026-12-01 10:00:00] real\nafter\n"
     assert since_filter("[2026-13-45 99:99:99] only garbage\n", datetime(2026, 11, 1, tzinfo=timezone.utc)) \
         == "[2026-13-45 99:99:99] only garbage\n"
+
+
+def test_current_process_is_what_diagnose_judges_by_default():
+    """Issue 28: diagnose without --since reported the crash of an earlier process after a
+    recovery. By default it judges the log after the group's last start header."""
+    from dsv4ctl.diagnose.collect import current_process, process_facts
+    log = ("=== dsv4ctl start decode release r1 at 2026-12-01T10:00:00Z\n"
+           "torch.OutOfMemoryError: CUDA out of memory\n"
+           "=== dsv4ctl: decode exited with status 1\n"
+           "=== dsv4ctl start prefill release r1 at 2026-12-01T10:01:00Z\n"
+           "=== dsv4ctl start decode release r2 at 2026-12-01T10:05:00Z\n"
+           "[2026-12-01 10:05:30] The server is fired up and ready to roll!\n")
+    cur = current_process(log, "decode")
+    assert cur.startswith("=== dsv4ctl start decode release r2") and "OutOfMemoryError" not in cur
+    assert process_facts("decode", log) == (None, 2)
+    assert current_process("no header\n", "decode") == "no header\n"
+    assert current_process(log, "router") == log

@@ -14,7 +14,7 @@ from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
 
 def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (or DSV4CTL_PROFILE)."),
              group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only this server group (repeatable)."),
-             since: Optional[str] = typer.Option(None, "--since", help="Only log lines from this time on: 15m, 2h or an ISO time (UTC)."),
+             since: Optional[str] = typer.Option(None, "--since", help="Log lines from this time on, earlier processes included: 15m, 2h or an ISO time (UTC). Default: only what each server's current process wrote since its last start."),
              window: float = typer.Option(5.0, "--window", help="Seconds between the two /metrics reads (0..300)."),
              lines: int = typer.Option(400, "--lines", "-n", help="Log lines read per group (1..100000)."),
              as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.diagnose/1 document (README)."),

@@ -89,6 +89,18 @@ def process_facts(group: str, log: str) -> tuple[Optional[int], int]:
 
 from ..hosts.clock import parse_since  # noqa: E402,F401 - one --since rule (audit, diagnose)
 
+
+def current_process(log: str, group: str) -> str:
+    """The part of ``group``'s log written by its current (last started) process: from the last
+    ``=== dsv4ctl start|restart GROUP`` header on (pure). A log without a header is kept whole.
+    What ``diagnose`` judges by default: a crash before a recovery is history, not the cause."""
+    lines = log.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = _START.match(lines[i])
+        if m and m[1] == group:
+            return "\n".join(lines[i:]) + "\n"
+    return log
+
 _TS = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})")
 
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
-from .collect import DEFAULT_LINES, host_command, parse_host, probe_groups, process_facts, since_filter
+from .collect import (DEFAULT_LINES, current_process, host_command, parse_host, probe_groups, process_facts,
+                      since_filter)
 from .rules import SEVERITY, Evidence, diagnose_server
 
 SCHEMA = "dsv4ctl.diagnose/1"
@@ -103,9 +104,13 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
         h = node.host
         r = res[h]
         hev, clock = r.value if r.ok else (None, None)
-        size, log = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
-        log = since_filter(log, host_cutoff(since, clock.applied) if since is not None and clock else since)
-        exit_status, starts = process_facts(g.name, log)
+        size, full = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
+        if since is None:       # the current process only; earlier ones with --since
+            log = current_process(full, g.name)
+            exit_status, starts = process_facts(g.name, full)      # restarts count the whole tail read
+        else:
+            log = since_filter(full, host_cutoff(since, clock.applied) if clock else since)
+            exit_status, starts = process_facts(g.name, log)
         alive = hev.status.alive.get(g.name) if hev else None
         want = set(node.gpus)
         gpus = [x for x in (hev.gpus or []) if not want or x["index"] in want] if hev else []
