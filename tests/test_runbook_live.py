@@ -471,8 +471,16 @@ def test_toolcall_corruption_with_the_server_down(live):
     assert "enable-hierarchical-cache: false" in rg.live_config("prefill") and rg.alive("prefill")
     assert _get(rg.urls["prefill"] + "/server_info")["enable_hierarchical_cache"] is False
     audit = rg.audit()
-    assert [a["action"] for a in audit] == ["deploy", "service-start", "hicache-off", "runbook-toolcall-corruption"]
+    assert [a["action"] for a in audit] == ["deploy", "mark-failed", "service-start", "hicache-off",
+                                            "runbook-toolcall-corruption"]
     rg.check_release_change(audit)
+    # the crash diagnose saw marks the release that ran failed, with its evidence (issue 28): a
+    # plain deploy of it is refused from now on
+    assert res["diag"]["marked_failed"] == {"h0": rg.deployed}
+    rec = json.loads((rg.root / "state.json").read_text())["releases"][rg.deployed]
+    assert rec["state"] == "failed" and rec["failed_check"].startswith("runbook diagnose (nan_sampling"), rec
+    assert rec["evidence"] and any("NaN" in e or "nan" in e.lower() for e in rec["evidence"]), rec
+    assert audit[1]["release"] == rg.deployed and audit[1]["detail"].startswith("runbook diagnose (nan_sampling")
     assert audit[-1]["result"] == "completed" and audit[-1]["run_id"] == doc["run_id"]
     md = (o["rep"] / "incident.md").read_text()
     assert "| diag" in md and "nan_sampling" in md
@@ -498,11 +506,17 @@ def test_hicache_crash_repeats_then_hicache_off(live):
     live_cfg = rg.live_config("prefill")
     assert "enable-hierarchical-cache: false" in live_cfg and "kv-canary: log" in live_cfg and rg.alive("prefill")
     audit = rg.audit()
-    assert [a["action"] for a in audit] == ["deploy", "config-set", "service-start", "hicache-off",
-                                            "runbook-hicache-crash"]
-    canary = audit[1]
+    # the crash marks the release that ran failed, and the canary release, which crashed again, too
+    assert [a["action"] for a in audit] == ["deploy", "mark-failed", "config-set", "mark-failed", "service-start",
+                                            "hicache-off", "runbook-hicache-crash"], [a["action"] for a in audit]
+    canary = audit[2]
     assert (canary["result"], canary["from"], canary["groups"]) == ("ok", rg.deployed, ["prefill"])
-    off = audit[3]
+    assert (audit[1]["release"], audit[3]["release"]) == (rg.deployed, canary["release"])
+    assert res["watch"]["marked_failed"] == {"h0": canary["release"]}
+    states = json.loads((rg.root / "state.json").read_text())["releases"]
+    assert states[rg.deployed]["state"] == states[canary["release"]]["state"] == "failed"
+    assert states[rg.current()]["state"] != "failed"
+    off = audit[5]
     assert off["from"] == canary["release"] and off["release"] == rg.current() not in (rg.deployed, canary["release"])
     log = rg.log("prefill")
     assert log.count("illegal memory access") == 2 and log.count("kv_canary violation: launch_tag=SWEEP_K_SWA") == 1
@@ -520,7 +534,8 @@ def test_scheduler_stall_restart_clears_it(live):
     assert res["smoke"]["passed"] is True and res["recheck"]["repeats"] == 0
     assert res["rollback"]["ran"] is False and res["record_fixed"]["ran"] is True
     assert rg.pid("decode") != o["old"] and rg.alive("decode")
-    assert [a["action"] for a in rg.audit()] == ["service-restart", "runbook-scheduler-stall"]
+    assert [a["action"] for a in rg.audit()] == ["mark-failed", "service-restart", "runbook-scheduler-stall"]
+    assert res["diag"]["marked_failed"] and rg.audit()[0]["detail"].startswith("runbook diagnose (watchdog_stall")
     assert "=== dsv4ctl restart decode" in rg.log("decode")
     # the measured numbers are shown before the mitigation is confirmed
     assert "diag: ok=True, healthy=False, rule=watchdog_stall" in o["r"].out
@@ -551,7 +566,9 @@ def test_oom_at_startup_diagnoses_where_then_plans(live):
     assert res["plan_now"]["ran"] is True
     if res["plan_now"]["fits"]:
         assert o["r"].code == 0 and res["record_fit"]["ran"] is True, res
-    assert not rg.audit()                                    # nothing on the host changed
+    # nothing on the host changed but the record of the release that could not start
+    assert [a["action"] for a in rg.audit()] == ["mark-failed", "runbook-oom-at-startup"]
+    assert rg.audit()[0]["detail"].startswith("runbook diagnose (cuda_oom")
 
 
 def test_sigterm_mid_run_writes_report_stops_child_and_resumes(live):

@@ -236,9 +236,12 @@ def _check_load_run(ctx: RunContext, args: dict) -> dict:
     crashed = [lv for lv in levels if lv.get("crashed")]
     if crashed:
         # the server stopped answering: not a measurement of corruption; the playbook diagnoses
-        return {"ok": False, "reachable": False, "passed": False, "crashed": True,
-                "error": crashed[0].get("crash_reason") or err or "the server stopped answering",
-                "evidence": f"{name}.out"}
+        why = crashed[0].get("crash_reason") or err or "the server stopped answering"
+        out = {"ok": False, "reachable": False, "passed": False, "crashed": True, "error": why,
+               "evidence": f"{name}.out"}
+        out.update(_mark_failed(ctx, "runbook check.load (the server stopped answering)", why,
+                                [f"{ctx.run_dir / name}.out"], None))
+        return out
     worst = max(levels, key=lambda lv: lv["wilson95"][1]) if levels else {"wilson95": [None, None]}
     return {"ok": True, "reachable": True, "passed": code == 0, "corruption_rate": worst.get("rate"),
             "corruption_upper": worst["wilson95"][1], "concurrency": worst.get("concurrency"),
@@ -644,7 +647,7 @@ def summarize_diagnosis(doc: dict) -> dict:
             "evidence": [e for f in fs[:3] for e in f["evidence"][:2]]}
 
 
-def _diagnose_run(ctx: RunContext, args: dict) -> dict:
+def _diagnose_run(ctx: RunContext, args: dict, mark: bool = True) -> dict:
     n = sum(1 for _ in ctx.run_dir.glob("diagnose*.out"))
     code, doc, err = _run_cli(ctx, _diagnose_argv(ctx, args), f"diagnose-{n + 1}")
     if code not in (0, 1) or not isinstance(doc, dict):
@@ -653,7 +656,33 @@ def _diagnose_run(ctx: RunContext, args: dict) -> dict:
     ctx.say(f"diagnose: {out['cause']}" + (f" -> runbook {out['runbook']}" if out["runbook"] else ""))
     for e in out["evidence"]:
         ctx.say(f"    {e}")
+    if mark and (out.get("crash") or out.get("stall")):
+        hosts = sorted({f.get("host") for f in doc.get("findings") or []
+                        if f.get("severity") in ("crash", "stall") and f.get("host")}) or None
+        out.update(_mark_failed(ctx, f"runbook diagnose ({out.get('rule')})", str(out["cause"]),
+                                list(out["evidence"]), hosts))
     return out
+
+
+def _mark_failed(ctx: RunContext, check: str, failure: str, evidence: list[str], hosts: Optional[list[str]]) -> dict:
+    """A step saw a crash or a stall: the release the hosts run is recorded failed with its
+    evidence (:func:`dsv4ctl.deploy.mark.mark_running_failed`), so a plain deploy does not
+    re-activate it unawares. Returns ``{"marked_failed": {host: release}}`` or, when the hosts
+    could not be marked (a held lock, SSH), ``{"mark_error": why}``: the step's own verdict
+    stands either way. Nothing without a profile (a check against a bare URL)."""
+    if ctx.profile is None or not getattr(ctx.profile, "hosts", None):
+        return {}
+    from ..deploy.mark import mark_running_failed
+    from ..errors import DsvError
+    try:
+        marked = mark_running_failed(ctx.profile, hosts=hosts, check=check, failure=failure, evidence=evidence)
+    except DsvError as e:
+        ctx.say(f"could not mark the running release failed: {e}")
+        return {"mark_error": str(e)}
+    if marked:
+        ctx.say("marked failed: " + ", ".join(f"{r} on {h}" for h, r in sorted(marked.items())))
+        ctx.touched_hosts.update(marked)
+    return {"marked_failed": marked}
 
 
 def _watch_run(ctx: RunContext, args: dict) -> dict:
@@ -681,7 +710,7 @@ def _watch_run(ctx: RunContext, args: dict) -> dict:
     polls, repeats, canary, last = 0, 0, 0, {}
     while True:
         polls += 1
-        last = _diagnose_run(ctx, a)
+        last = _diagnose_run(ctx, a, mark=False)      # marked once, after the watch
         if last.get("ok"):
             hit = (not last.get("healthy") and last.get("rule") != "unknown") if count == "any" else \
                 bool(last.get("crash") or "kv_canary" in last.get("rules", []))
@@ -692,8 +721,12 @@ def _watch_run(ctx: RunContext, args: dict) -> dict:
         if repeats >= stop_after or time.monotonic() + interval > t_end:
             break
         ctx.sleep(interval)
-    return {"ok": True, "polls": polls, "repeats": repeats, "canary_polls": canary, "since": since,
-            "rule": last.get("rule"), "cause": last.get("cause"), "rules": last.get("rules", [])}
+    out = {"ok": True, "polls": polls, "repeats": repeats, "canary_polls": canary, "since": since,
+           "rule": last.get("rule"), "cause": last.get("cause"), "rules": last.get("rules", [])}
+    if repeats and (last.get("crash") or last.get("stall")):
+        out.update(_mark_failed(ctx, f"runbook watch ({last.get('rule')})", str(last.get("cause")),
+                                list(last.get("evidence") or []), None))
+    return out
 
 
 def _describe(fmt: str) -> Callable[[RunContext, dict], list[str]]:
@@ -708,7 +741,8 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
         "plan": Action("plan", False, _plan_run, _describe("plan the profile's groups with overrides {args}")),
     }
     acts["check.load"] = Action("check.load", False, _check_load_run,
-                                lambda ctx, a: [f"dsv4ctl {' '.join(_check_load_argv(ctx, a))}"])
+                                lambda ctx, a: [f"dsv4ctl {' '.join(_check_load_argv(ctx, a))}",
+                                                "a server that stops answering marks the release the hosts run failed"])
     acts["check.smoke"] = Action("check.smoke", False, _check_smoke_run,
                                  lambda ctx, a: [f"dsv4ctl check smoke --profile {ctx.profile.path}"])
     for state in ("on", "off"):
@@ -721,7 +755,8 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
     acts["service.restart"] = Action("service.restart", True, _restart_run, _restart_describe)
     acts["service.start"] = Action("service.start", True, _start_run, _start_describe)
     acts["diagnose"] = Action("diagnose", False, _diagnose_run,
-                              lambda ctx, a: [f"dsv4ctl {' '.join(_diagnose_argv(ctx, a))}"])
+                              lambda ctx, a: [f"dsv4ctl {' '.join(_diagnose_argv(ctx, a))}",
+                                              "a crash or stall found marks the release the hosts run failed"])
     acts["watch"] = Action("watch", False, _watch_run, lambda ctx, a: [
         f"diagnose every {float(a.get('interval', 10)):g} s for at most {_wait_seconds({'seconds': a.get('seconds', 60)}):g} s: "
         + ("count any finding" if a.get("count") == "any" else "count crash signatures and KV canary violations")
