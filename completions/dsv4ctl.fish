@@ -168,16 +168,16 @@ end
 
 complete -c dsv4ctl -f
 
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool budgets as SGLang 0.5.23 sizes them, with real index-K s...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'plan' -d 'Per-GPU-rank KV pool budgets as the SGLang release the profile ships sizes th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'facts' -d 'Per GPU of each server group: total / used / free memory and the processes ho...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs), push it to every host...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'deploy' -d 'Build a release (base + patch series + serve configs, and with sglang.environ...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'start' -d 'Start the servers of the active release that are not running (running ones ar...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'stop' -d 'Stop the selected servers of the active release (SIGTERM to the process group...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'restart' -d 'Restart the selected servers of the active release (every node of a multi-nod...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running release good by hand after check smoke + check load (the pro...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state, process alive, /health,...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state (and its Python environm...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on (every node of a multi-node...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
@@ -393,7 +393,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove 
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock release\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'lint' -d 'Lint the profile\'s serve configs against SGLang 0.5.23\'s real argument table...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'lint' -d 'Lint the profile\'s serve configs against the real argument table of the SGLan...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'set' -d 'Set (or --unset) SGLang server arguments in the selected groups\' serve config...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'

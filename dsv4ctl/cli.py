@@ -12,7 +12,7 @@ import typer
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_REMOTE, EXIT_USAGE, DsvError
 
-HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
+HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
         "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
         "2 bad input (nothing changed), 3 remote or service failure, 130 interrupted.")
 
@@ -30,17 +30,24 @@ COMMAND_OWNER = {"plan": "plan", "facts": "facts", "patch": "patch", "deploy": "
 
 def _version(value: bool) -> None:
     if value:
-        print(f"dsv4ctl {__version__} (SGLang 0.5.23)")
+        print(f"dsv4ctl {__version__} (SGLang {', '.join(_supported())})")
         raise typer.Exit()
 
 
+def _supported() -> list[str]:
+    """The SGLang releases dsv4ctl plans and lints for (:mod:`dsv4ctl.plan.versions`)."""
+    from .plan.versions import VERSIONS
+    return list(VERSIONS)
+
+
 def version_doc() -> dict:
-    """``dsv4ctl --version --json``: dsv4ctl's and the target SGLang's versions, the Python running
-    it, and where its shipped data is read from."""
+    """``dsv4ctl --version --json``: dsv4ctl's version, the default SGLang release (``sglang``) and
+    every supported one (``sglang_supported``), the Python running it, and where its shipped data
+    is read from."""
     import platform
 
     from .resources import shipped_dir
-    return {"schema": "dsv4ctl.version/1", "dsv4ctl": __version__, "sglang": "0.5.23",
+    return {"schema": "dsv4ctl.version/1", "dsv4ctl": __version__, "sglang": "0.5.23", "sglang_supported": _supported(),
             "python": platform.python_version(), "shipped": str(shipped_dir("profiles").parent)}
 
 
@@ -55,7 +62,7 @@ def conventions_error(args: list[str]) -> str | None:
 
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    """Ops toolkit for DeepSeek-V4 on SGLang 0.5.23."""
+    """Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23."""
 
 
 def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:

@@ -80,8 +80,9 @@ def table_diff(new: str, old: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from dsv4ctl.plan.versions import VERSIONS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("version")
-    ap.add_argument("--against", default=list(VERSIONS)[-1])
+    ap.add_argument("version", help="the SGLang release to add (X.Y.Z, on the package index)")
+    ap.add_argument("--against", default=list(VERSIONS)[-1],
+                    help=f"the supported release to compare with (default: the newest, {list(VERSIONS)[-1]})")
     ns = ap.parse_args(argv)
     if not ORACLE.exists():
         sys.exit("add_sglang_version: .venv-oracle missing: run bash scripts/oracle-env.sh first")

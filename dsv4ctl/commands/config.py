@@ -56,7 +56,8 @@ def lint_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lint/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
-    """Lint the profile's serve configs against SGLang 0.5.23's real argument table and the DSV4 rules.
+    """Lint the profile's serve configs against the real argument table of the SGLang release the
+    profile ships (0.5.21-0.5.23: the tree's own version, else sglang.version) and the DSV4 rules.
 
     Exit 0 when there is no error (warnings allowed), 2 when a file is missing or malformed or any
     rule reports an error."""
@@ -75,7 +76,7 @@ def lint_cmd(
     findings = restrict(lint(inp, load_table(version=inp.sglang_version)), inp, groups)
     doc = lint_doc(prof, inp, findings)
     print_findings(findings, doc if as_json else None, markdown,
-                   title=f"dsv4ctl config lint: {prof.name} (SGLang 0.5.23)")
+                   title=f"dsv4ctl config lint: {prof.name} (SGLang {inp.sglang_version})")
     if not as_json:
         g = inp.gating
         if g is not None:
@@ -107,7 +108,7 @@ def set_cmd(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked)."),
 ) -> None:
     """Set (or --unset) SGLang server arguments in the selected groups' serve configs, e.g.
-    ``kv-canary=log``: keys and values checked against SGLang 0.5.23's argument table, the whole
+    ``kv-canary=log``: keys and values checked against the argument table of the profile's SGLang release, the whole
     profile linted before anything is written, comments and key order kept.
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,

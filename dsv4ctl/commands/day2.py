@@ -82,8 +82,8 @@ def status(profile: Optional[str] = _P,
            accept_new: bool = _ACCEPT,
            as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.status/1 JSON document."),
            markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
-    """Per host and group: the active release and its state, process alive, /health, HiCache as
-    running vs the serve config, the lock holder, the last audit record.
+    """Per host and group: the active release and its state (and its Python environment), process
+    alive, /health, HiCache as running vs the serve config, the lock holder, the last audit record.
 
     A running server whose HiCache settings differ from the profile's serve config is reported
     (with the command that applies the file), not counted as unhealthy.
@@ -400,7 +400,8 @@ def verify(profile: Optional[str] = _P,
            markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
     """Hash every file of every release on every host against its MANIFEST.json and report drift
     per host, release and file (an in-place edit of a hard link shared by several releases shows
-    in each of them). Read-only. Each file's inode is hashed once per host.
+    in each of them); a release's Python environment is checked against its lock (versions, RECORD
+    hashes, unclaimed files). Read-only. Each file's inode is hashed once per host.
 
     Exit 0 every release intact · 1 drift found · 2 bad input · 3 a host could not be read."""
     from ..deploy.drift import verify_fleet

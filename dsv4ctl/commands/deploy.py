@@ -231,8 +231,10 @@ def deploy(
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
 ) -> None:
-    """Build a release (base + patch series + serve configs), push it to every host (delta),
-    switch `current` atomically, restart, gate on health; roll back automatically on failure.
+    """Build a release (base + patch series + serve configs, and with sglang.environment the hashed
+    lock of its Python environment, which every host builds with uv before the switch), push it to
+    every host (delta), switch `current` atomically, restart, gate on health; roll back
+    automatically on failure.
 
     Every deploy first runs config lint + plan on the serve configs it ships (--no-preflight skips
     it). The release ends `active` (health gate passed); `good` needs a promotion gate (--promote
