@@ -71,6 +71,21 @@ class EnvWorld(World):
         log = (self.roots[host] / "logs" / f"{group}.log").read_text()
         return log.rsplit("=== dsv4ctl start", 1)[-1]
 
+    def deploy_first(self) -> tuple[list[str], str, str]:
+        """Deploy the profile as it is: (host names, release id, its environment digest)."""
+        h = [x.name for x in self.hosts]
+        r = cli(self, "deploy", "--json", "--no-preflight")
+        assert r.code == 0, r.err
+        rid = r.json()["release"]
+        return h, rid, json.loads((self.roots[h[0]] / "releases" / rid / "RELEASE.json").read_text())["environment"]
+
+    def hand_upgrade(self, env: Path, spec: str = "dsv4probe==1.1") -> None:
+        """What an operator's ``pip install -U`` inside an environment does (real uv)."""
+        p = subprocess.run([UV, "pip", "install", "--quiet", "--python", str(env / "bin" / "python"), "--no-index",
+                            "--find-links", str(self.wheels), "--cache-dir", str(self.uv_cache), spec],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+
 
 @pytest.fixture
 def world(live_cluster, tmp_path):
@@ -133,10 +148,7 @@ def test_environment_built_per_lock_rolled_back_with_the_tree_and_verified(world
 
     # a package upgraded by hand inside the active release's environment: verify and status say so
     env = w.roots[h[1]] / "envs" / d1
-    p = subprocess.run([UV, "pip", "install", "--quiet", "--python", str(env / "bin" / "python"), "--no-index",
-                        "--find-links", str(w.wheels), "--cache-dir", str(w.uv_cache), "dsv4probe==1.1"],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    w.hand_upgrade(env)
     r = cli(w, "verify", "--json")
     assert r.code == 1, r.out + r.err
     drift = r.json()["drift"]
@@ -157,11 +169,7 @@ def test_environment_built_per_lock_rolled_back_with_the_tree_and_verified(world
 
 def test_an_environment_that_cannot_be_built_switches_no_host_and_leaves_nothing(world):
     w = world
-    h = [x.name for x in w.hosts]
-    r = cli(w, "deploy", "--json", "--no-preflight")
-    assert r.code == 0, r.err
-    rid1 = r.json()["release"]
-    d1 = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())["environment"]
+    h, rid1, d1 = w.deploy_first()
     # a lock whose pin the index does not have (a typo, a yanked version)
     w.use("x", w.locks["1.0"].replace("dsv4probe==1.0", "dsv4probe==9.9"))
     r = cli(w, "deploy", "--no-preflight")
@@ -236,11 +244,7 @@ def test_an_interrupt_during_the_environment_build_switches_no_host(world, sig):
     old release runs on every host, no staging folder is left and an environment folder is only
     ever complete."""
     w = world
-    h = [x.name for x in w.hosts]
-    r = cli(w, "deploy", "--json", "--no-preflight")
-    assert r.code == 0, r.err
-    rid1 = r.json()["release"]
-    d1 = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())["environment"]
+    h, rid1, d1 = w.deploy_first()
     slow = w.tmp / "slow-uv"
     slow.write_text(f"#!/bin/sh\nif [ \"$1\" = pip ]; then sleep 2; fi\nexec {UV} \"$@\"\n")
     slow.chmod(0o755)
@@ -284,16 +288,9 @@ def test_a_new_release_on_a_drifted_shared_environment_is_refused(world):
     onto an environment upgraded by hand is checked before the switch, refused (exit 3) with how
     to rebuild it, and deployed once the environment is removed (rebuilt from the lock)."""
     w = world
-    h = [x.name for x in w.hosts]
-    r = cli(w, "deploy", "--json", "--no-preflight")
-    assert r.code == 0, r.err
-    rid1 = r.json()["release"]
-    d1 = json.loads((w.roots[h[0]] / "releases" / rid1 / "RELEASE.json").read_text())["environment"]
+    h, rid1, d1 = w.deploy_first()
     env = w.roots[h[0]] / "envs" / d1
-    p = subprocess.run([UV, "pip", "install", "--quiet", "--python", str(env / "bin" / "python"), "--no-index",
-                        "--find-links", str(w.wheels), "--cache-dir", str(w.uv_cache), "dsv4probe==1.1"],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    w.hand_upgrade(env)
     w.extra["decode"] = {"max-running-requests": 64}
     w.write()
     r = cli(w, "deploy", "--json", "--no-preflight")
@@ -310,11 +307,7 @@ def test_a_new_release_on_a_drifted_shared_environment_is_refused(world):
 
 def test_files_dropped_into_an_environment_are_drift(world):
     w = world
-    h = [x.name for x in w.hosts]
-    r = cli(w, "deploy", "--json", "--no-preflight")
-    assert r.code == 0, r.err
-    rid = r.json()["release"]
-    d = json.loads((w.roots[h[2]] / "releases" / rid / "RELEASE.json").read_text())["environment"]
+    h, rid, d = w.deploy_first()
     sp = next((w.roots[h[2]] / "envs" / d / "lib").glob("python*/site-packages"))
     (sp / "sitecustomize.py").write_text("print('PWNED')\n")
     (sp / "zzz-evil.pth").write_text("import os\n")
