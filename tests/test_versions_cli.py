@@ -115,3 +115,16 @@ def test_lint_uses_the_releases_argument_table(prof):
     assert any(f["rule"] == "SGL001" and "attn-dp-size" in f["message"] for f in r.json()["findings"]), r.out
     r = run_cli("config", "lint", str(prof(version="0.5.22")), "--json")
     assert not any(f["rule"] == "SGL001" for f in r.json()["findings"]), r.out
+
+
+def test_plan_reads_only_keys_the_release_has(prof):
+    """attn-dp-size is a 0.5.22+ argument: under 0.5.23 a serve config's attn-dp-size: 4 plans
+    four attention-DP ranks; 0.5.21 has no such argument (its server refuses the key at start-up,
+    config lint says SGL001), so plan does not read it."""
+    r = plan(prof(version="0.5.23", decode="max-running-requests: 128\nattn-dp-size: 4\n"))
+    g = next(g for g in r.json()["groups"] if g["name"] == "decode")
+    assert (r.code, g["dp"], g["dp_attention"]) == (0, 4, True), r.err
+    r = plan(prof(version="0.5.21"))
+    assert r.code == 0, r.err
+    g = next(g for g in r.json()["groups"] if g["name"] == "decode")
+    assert (g["dp"], g["dp_attention"]) == (1, False)

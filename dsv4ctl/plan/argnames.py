@@ -24,10 +24,12 @@ class AmbiguousOption(ValueError):
     """argparse's "ambiguous option" error, phrased as argparse phrases it."""
 
 
-@functools.lru_cache(maxsize=1)
-def option_names() -> dict[str, str]:
-    """Every long spelling (name and aliases, without ``--``) -> the argument's main name."""
-    doc = json.loads(TABLE_PATH.read_text())
+@functools.lru_cache(maxsize=4)
+def option_names(version: Optional[str] = None) -> dict[str, str]:
+    """Every long spelling (name and aliases, without ``--``) -> the argument's main name, of
+    SGLang ``version``'s table (default 0.5.23's)."""
+    path = TABLE_PATH if version in (None, "0.5.23") else TABLE_PATH.with_name(f"server_args-{version}.json")
+    doc = json.loads(path.read_text())
     out: dict[str, str] = {}
     for a in doc["arguments"]:
         for k in [a["name"], *a["aliases"]]:

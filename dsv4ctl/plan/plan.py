@@ -244,17 +244,21 @@ class GroupInputs:
         return f"GPU {gpu} of host {host} (node {node})" if multi else f"GPU {gpu}"
 
 
-def serve_args(serve: Optional[ServeConfig]) -> tuple[dict[str, Any], dict[str, str]]:
+def serve_args(serve: Optional[ServeConfig], version: str = DEFAULT_VERSION) -> tuple[dict[str, Any], dict[str, str]]:
     """({plan key: typed value}, {plan key: ``file:line``}) of the server arguments plan reads from
-    a serve config, keys resolved as SGLang 0.5.23's argparse does (aliases, unambiguous
-    abbreviations) and ``attn-dp-size`` mapped onto dp_size + enable_dp_attention (:func:`_attn_dp`).
-    ``({}, {})`` for None. InputError (exit 2) for a bad value, an ambiguous abbreviation or a key
-    given twice."""
+    a serve config, keys resolved as SGLang ``version``'s argparse does (aliases, unambiguous
+    abbreviations; a key the release does not have is not read: SGLang refuses it at start-up and
+    ``config lint`` says so) and ``attn-dp-size`` mapped onto dp_size + enable_dp_attention
+    (:func:`_attn_dp`). ``({}, {})`` for None. InputError (exit 2) for a bad value, an ambiguous
+    abbreviation or a key given twice."""
     args: dict[str, Any] = {}
     where: dict[str, str] = {}
     if serve is not None:
-        from .argnames import AmbiguousOption, resolve_option
+        from .argnames import AmbiguousOption, option_names, resolve_option
+        known = option_names(version) if version != DEFAULT_VERSION else None   # 0.5.23 has every key plan reads
         for key, value in serve.args().items():
+            if known is not None and key in SERVE_KEYS and key not in known:
+                continue
             loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
             full = key
             if key not in SERVE_KEYS and any(k.startswith(key) for k in SERVE_KEYS):
@@ -448,7 +452,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
     profile's topology."""
     rules = rules or rules_for(DEFAULT_VERSION)
-    args, where = serve_args(serve)
+    args, where = serve_args(serve, rules.version)
     overrides = dict(overrides)
     _attn_dp(overrides, {k: "--set" for k in overrides})
     args.update(topology(profile, group, serve, args, where, overrides))
