@@ -52,6 +52,13 @@ class GateFailed(VerdictError):
     label = "gate failed"
 
 
+class PlanFails(VerdictError):
+    """A plan whose verdict is ``fails`` (exit 1): printed as ``dsv4ctl: plan fails: GROUP: why``,
+    the plan's own verdict line, not an error of the command."""
+
+    label = "plan fails"
+
+
 class RemoteError(DsvError):
     """A remote/service operation failed (exit 3)."""
 

@@ -67,7 +67,7 @@ def test_dead_port_is_a_crash_and_stops_the_ramp(tmp_path):
     r = run_cli("check", "load", dead, "-c", "3,40", "--model", "m", "--records", str(rec), "--json", "--no-progress")
     assert time.monotonic() - t0 < 30
     assert r.code == 1, r.err
-    assert "dsv4ctl: error: check load: crashed at concurrency 3 (" + dead + ")" in r.err
+    assert "dsv4ctl: gate failed: check load: crashed at concurrency 3 (" + dead + ")" in r.err
     assert "levels not run: 40" in r.err and f"records in {rec}" in r.err and "Traceback" not in r.err
     doc = r.json()
     assert doc["pass"] is False and doc["not_run"] == [40]
@@ -223,7 +223,7 @@ def test_a_server_that_comes_back_is_not_a_crash(tmp_path):
                     "--model", "m", "--no-metrics", "--records", str(rec), "--json", "--no-progress")
     finally:
         srv.close()
-    assert r.code == 1 and "gate failed at" in r.err and "crashed" not in r.err
+    assert r.code == 1 and "dsv4ctl: gate failed: check load: http" in r.err and "crashed" not in r.err
     doc = r.json()
     lv = doc["levels"][0]
     assert (lv["turns"], lv["crashed"], lv["crash_turns"], doc["crash"]) == (40, False, 0, None)
@@ -270,7 +270,7 @@ def test_corrupted_run_has_one_example_per_class(hicache_on, tmp_path):
     rec = tmp_path / "r.jsonl"
     r = run_cli("check", "load", hicache_on, "-c", "48", "--turns", "4", "--answer-words", "20",
                 "--min-requests", "300", "--records", str(rec), "--json", "--no-progress", timeout=300)
-    assert r.code == 1 and "gate failed at" in r.err and "crashed" not in r.err
+    assert r.code == 1 and "dsv4ctl: gate failed: check load: http" in r.err and "crashed" not in r.err
     doc = r.json()
     lv = doc["levels"][0]
     assert (lv["crashed"], lv["crash_reason"], lv["crash_turns"]) == (False, None, 0)

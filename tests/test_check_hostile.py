@@ -45,7 +45,7 @@ def test_hostile_server_good_mode_passes_smoke(root):
 ])
 def test_smoke_oversized_and_malformed_answers_fail_their_lines(root, mode, chat, stream):
     r, lines = smoke(root + "/" + mode)
-    assert r.code == 1 and r.err.startswith("dsv4ctl: error: check smoke: ")
+    assert r.code == 1 and r.err.startswith("dsv4ctl: gate failed: check smoke: ")
     assert lines["health"]["status"] == "pass" and lines["models"]["status"] == "pass"
     assert lines["chat"]["status"] == "fail"
     assert lines["chat"]["reason"] == "http_error: protocol: " + chat

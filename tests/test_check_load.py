@@ -31,7 +31,7 @@ def test_incident_reproduced_and_compared(servers, tmp_path):
     r = run_cli("check", "load", "--compare", servers["on"], servers["off"], "-c", "1,60", *COMMON,
                 "--records", str(rec), "--json", timeout=300)
     assert r.code == 1, r.err
-    assert "dsv4ctl: error: check load: gate failed at " + servers["on"] + " c=60" in r.err
+    assert "dsv4ctl: gate failed: check load: " + servers["on"] + " c=60: corruption" in r.err
     doc = r.json()
     lv = {(x["url"], x["concurrency"]): x for x in doc["levels"]}
     on1, on60, off1, off60 = (lv[(servers["on"], 1)], lv[(servers["on"], 60)],
@@ -117,7 +117,7 @@ def test_stuck_transfers_are_detected(tmp_path):
         assert aborted.endswith(" 2.0")
         r = run_cli("check", "load", url, "-c", "10", "--turns", "4", "--min-requests", "40", "--stall-timeout", "1",
                     "--answer-words", "20", "--no-progress")
-        assert r.code == 1 and "check load: gate failed" in r.err
+        assert r.code == 1 and "dsv4ctl: gate failed: check load: " in r.err
 
 
 def test_usage_and_connection_errors_exit_2(tmp_path):

@@ -70,7 +70,7 @@ def test_smoke_without_tool_call_parser_fails(tmp_path):
         assert reasons["tool_choice_required"].startswith("dsml_in_content:")      # forced calls are not parsed either
         assert reasons["tool_choice_named"].startswith("dsml_in_content:")
         assert st[("prompt_tokens", url)] == "pass"
-        assert re.match(r"dsv4ctl: error: check smoke: \d+ check\(s\) failed: server_info", r.err)
+        assert re.match(r"dsv4ctl: gate failed: check smoke: \d+ check\(s\) failed: server_info", r.err)
 
 
 def test_smoke_unreachable_and_usage_exit_2():

@@ -146,7 +146,7 @@ def test_overcommit_beyond_headroom_exits_1_and_prints_working_fixes():
     assert r.code == 1
     err = r.err.splitlines()
     # the deciding term first, with the table row's headroom
-    assert len(err) == 1 and err[0].startswith("dsv4ctl: error: plan: decode: the pools (135.823 GiB as allocated")
+    assert len(err) == 1 and err[0].startswith("dsv4ctl: plan fails: decode: the pools (135.823 GiB as allocated")
     assert err[0].endswith("exceed the 133.34 GiB left after weights: headroom -3.349 GiB") and "Traceback" not in r.err
 
     d = plan_json("--set", "mem_fraction_static=0.95", "-g", "decode", code=1)

@@ -439,15 +439,17 @@ def test_profile_init_never_writes_inside_the_package(tmp_path):
 @pytest.mark.parametrize("err,line,code", [
     ("gate", "dsv4ctl: gate failed: deploy of r1 rolled back to r0 on all hosts (h0): unhealthy", 1),
     ("gate3", "dsv4ctl: gate failed: rollback to r0 failed its health gate; hosts put back on r1: x", 3),
-    ("verdict", "dsv4ctl: error: plan: decode fails", 1),
+    ("verdict", "dsv4ctl: error: patch check: x", 1),
+    ("plan", "dsv4ctl: plan fails: decode: the pools do not fit", 1),
 ])
 def test_a_failed_gate_is_a_verdict_not_an_error(monkeypatch, capsys, err, line, code):
     # a failed health / promotion gate prints "gate failed", never "error"; exit codes unchanged
     from dsv4ctl import cli
-    from dsv4ctl.errors import EXIT_REMOTE, GateFailed, VerdictError
+    from dsv4ctl.errors import EXIT_REMOTE, GateFailed, PlanFails, VerdictError
     exc = {"gate": GateFailed("deploy of r1 rolled back to r0 on all hosts (h0): unhealthy"),
            "gate3": GateFailed("rollback to r0 failed its health gate; hosts put back on r1: x", EXIT_REMOTE),
-           "verdict": VerdictError("plan: decode fails")}[err]
+           "verdict": VerdictError("patch check: x"),
+           "plan": PlanFails("decode: the pools do not fit")}[err]
 
     def app(*a, **k):
         raise exc

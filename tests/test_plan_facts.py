@@ -108,7 +108,7 @@ def test_unbalanced_free_memory_fails_as_sglang_refuses(prof):
     set_decode_memory(prof, "      free_gib_before_load: [177.0, 177.0, 157.0, 177.0]\n")
     code, out, err = run("plan", str(prof), "-g", "decode")
     assert code == 1
-    assert err.startswith("dsv4ctl: error: plan: decode: free before load 157.0 GiB on one GPU < 0.9 x 177.0 GiB")
+    assert err.startswith("dsv4ctl: plan fails: decode: free before load 157.0 GiB on one GPU < 0.9 x 177.0 GiB")
 
 
 def test_per_gpu_values_must_match_the_gpus(prof):

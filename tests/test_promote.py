@@ -50,7 +50,7 @@ def test_preflight_errors_stop_before_any_host(world):
     cfg.write_text(good + "max-running-requests: 100000\n")         # lints, but the SWA pool cannot fit
     r = cli(w, "deploy", "--promote")
     assert r.code == 1, r.err
-    assert "preflight: plan:" in r.err and "nothing touched" in r.err
+    assert "dsv4ctl: plan fails: preflight: " in r.err and "nothing touched" in r.err
     assert not any(p.exists() for p in w.roots.values()) and not (w.cache / "releases").exists()
     r = cli(w, "deploy", "--canary", "a")
     assert r.code == 2 and "--canary needs --promote" in r.err
@@ -125,7 +125,7 @@ def test_promotion_gate_rollback_then_good_release(world):
     r = cli(w, "deploy", "--promote")
     assert r.code == 1, r.err
     bad = next(x for x in (w.cache / "releases").iterdir() if x.name.startswith("r") and x.name != good).name
-    assert f"deploy --promote of {bad}: check load failed: check load: gate failed at" in r.err
+    assert f"deploy --promote of {bad}: check load failed: check load: http" in r.err and " c=" in r.err
     assert f"c=60" in r.err and f"rolled back h0 to {good}; h1 never switched" in r.err
     assert w.currents() == {"h0": good, "h1": good}
     assert starts(w, "h0", "a") == [good, bad, good]     # canary switched, then put back
@@ -152,7 +152,7 @@ def test_promotion_gate_rollback_then_good_release(world):
     assert rows[good]["promoted_at"] and rows[good]["evidence"].startswith(f"evidence/{good}/")
     r = cli(w, "releases", "--markdown")
     assert f"| h1 | {good} | active |" in r.out and r.out.split(f"| h1 | {good} |")[1].split("\n")[0].endswith("| promoted |")
-    assert "| failed: check load (check load: gate failed at " in r.out.split(f"| h0 | {bad} |")[1].split("\n")[0]
+    assert "| failed: check load (check load: http" in r.out.split(f"| h0 | {bad} |")[1].split("\n")[0]
 
     # 3. a plain deploy of the failed release is refused; forced in, then promoted by hand: the same
     #    gate fails, marked failed again
@@ -164,7 +164,7 @@ def test_promotion_gate_rollback_then_good_release(world):
     assert w.state("h0")["releases"][bad]["state"] == "active" and w.audit("h0")[-1]["forced_failed"] is True
     r = cli(w, "promote", bad)
     assert r.code == 1, r.err
-    assert f"promote {bad}: check load failed: check load: gate failed at" in r.err
+    assert f"promote {bad}: check load failed: check load: http" in r.err
     assert all(w.state(h)["releases"][bad]["state"] == "failed" for h in ("h0", "h1"))
     assert w.audit("h0")[-1]["action"] == "promote" and w.audit("h0")[-1]["result"] == "failed"
 

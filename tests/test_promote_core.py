@@ -74,8 +74,8 @@ def test_check_argv_passes_only_overrides():
 
 def test_check_verdict():
     assert check_verdict("load", 0, {"pass": True}, "") == (True, "pass")
-    assert check_verdict("load", 1, {"pass": False}, "dsv4ctl: error: check load: gate failed at X") == (
-        False, "check load: gate failed at X")
+    assert check_verdict("load", 1, {"pass": False}, "dsv4ctl: gate failed: check load: X c=60: corruption 9 %") == (
+        False, "check load: X c=60: corruption 9 %")
     # unreachable (exit 2) and a crash fail too; exit 0 with a report that says fail never passes
     assert check_verdict("smoke", 2, None, "dsv4ctl: error: check smoke: http://x unreachable") == (
         False, "check smoke: http://x unreachable")

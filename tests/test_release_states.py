@@ -115,7 +115,7 @@ def test_failed_release_story(promote_world):
 def test_a_failing_preflight_changes_no_host(promote_world):
     w = promote_world
     (w.cfgdir / "decode.yaml").write_text((w.cfgdir / "decode.yaml").read_text() + "max-running-requests: 100000\n")
-    with pytest.raises(VerdictError, match=r"preflight: plan: .* nothing touched"):
+    with pytest.raises(VerdictError, match=r"preflight: .* nothing touched"):
         engine.deploy(load_deployment(w.profile), Options(cache=w.tmp / "cache"))
     assert not any(r.exists() for r in w.roots.values()) and not (w.tmp / "cache" / "releases").exists()
     rep = engine.deploy(load_deployment(w.profile), Options(cache=w.tmp / "cache", preflight=False))

@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 import typer
 
-from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError, InputError, VerdictError
+from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, DsvError, GateFailed, InputError
 from ..render import console, dump_json, markdown_table, printable, rich_table
 
 check_app = typer.Typer(help="Tool-call correctness checks: smoke (endpoints) and load (corruption gate).",
@@ -193,7 +193,7 @@ def smoke(
         raise DsvError(f"check smoke: {why}", exit_code=EXIT_USAGE)
     if not doc["pass"]:
         failed = [f"{x['check']} {x['target']}: {x['reason']}" for x in lines if x["status"] == "fail"]
-        raise VerdictError(f"check smoke: {len(failed)} check(s) failed: {failed[0]}")
+        raise GateFailed(f"check smoke: {len(failed)} check(s) failed: {failed[0]}")
 
 
 @check_app.command("load")
@@ -331,13 +331,13 @@ def load(
         _print_load(doc, as_json, markdown)
     if doc.get("crash"):
         c = doc["crash"]
-        raise VerdictError(f"check load: crashed at concurrency {c['concurrency']} ({c['url']}): {c['reason']}"
+        raise GateFailed(f"check load: crashed at concurrency {c['concurrency']} ({c['url']}): {c['reason']}"
                            + (f"; levels not run: {', '.join(map(str, doc['not_run']))}" if doc["not_run"] else "")
                            + (f"; records in {records}" if records else ""))
     if not doc["pass"]:
         bad = [lv for lv in doc["levels"] if not lv["pass"]][0]
-        raise VerdictError(
-            f"check load: gate failed at {bad['url']} c={bad['concurrency']}: corruption {R.fmt_pct(bad['rate'])} "
+        raise GateFailed(
+            f"check load: {bad['url']} c={bad['concurrency']}: corruption {R.fmt_pct(bad['rate'])} "
             f"(95 % Wilson upper bound {R.fmt_pct(bad['wilson95'][1])} > {R.fmt_pct(max_c)}, {bad['corrupted']}/{bad['turns']})"
             + (f"; {bad['turns']} turns cannot pass a {R.fmt_pct(max_c)} gate even with 0 corrupted: "
                f"it needs at least {R.min_requests_for_gate(max_c)} (--min-requests)"

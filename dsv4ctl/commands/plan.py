@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import InputError, VerdictError
+from ..errors import InputError, PlanFails
 from ..render import console, dump_json, markdown_table, rich_table, styled, text_table
 
 def _span(values: list) -> str:
@@ -137,7 +137,7 @@ def plan(
             style = {"error": "bold red", "fix": "green", "warning": "yellow"}[kind]
             print(f"{styled(kind, style)} {g}: {m}")
     if not report.ok:
-        raise VerdictError("plan: " + "; ".join(f"{g.group.name}: {g.errors[0]}" for g in report.groups if g.errors))
+        raise PlanFails("; ".join(f"{g.group.name}: {g.errors[0]}" for g in report.groups if g.errors))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@ series the release is built from, before any host is touched."""
 
 from __future__ import annotations
 
-from ..errors import InputError, VerdictError
+from ..errors import InputError, PlanFails
 
 
 def preflight(profile) -> dict:
@@ -24,7 +24,7 @@ def preflight(profile) -> dict:
     rep = build_plan(profile)
     if not rep.ok:
         bad = [(g.group.name, e) for g in rep.groups for e in g.errors]
-        raise VerdictError(f"preflight: plan: {len(bad)} error(s), nothing touched; group {bad[0][0]}: {bad[0][1]}")
+        raise PlanFails(f"preflight: {len(bad)} group error(s), nothing touched; group {bad[0][0]}: {bad[0][1]}")
     warns = sum(1 for f in findings if f.severity != "error")
     env = environment_preflight(profile)
     return {"lint": {"errors": 0, "warnings": warns}, "plan": {"ok": True, "groups": [g.group.name for g in rep.groups]},
