@@ -461,3 +461,16 @@ def test_report_reads_standard_input_once(tmp_path):
     assert r.code == 2 and r.err == "dsv4ctl: error: -: no 'schema' field: not a dsv4ctl JSON document\n"
     r = run_cli("report", "-", "-", input=plan.out)
     assert r.code == 2 and r.err == "dsv4ctl: error: report: '-' (standard input) can be given once\n"
+
+
+def test_the_report_says_what_the_plan_says():
+    """Issue 31: the HTML report said "fits" for a plan whose groups were both tight."""
+    from dsv4ctl.report.page import plan_words
+    g = lambda n, lv, d: {"name": n, "verdict": {"level": lv, "deciding": d}}  # noqa: E731
+    assert plan_words({"ok": True, "groups": [g("prefill", "tight", "indexer_logits"), g("decode", "tight", "margin")]}) == \
+        "tight: prefill indexer_logits, decode margin"
+    assert plan_words({"ok": True, "groups": [g("prefill", "fits", "activation"), g("decode", "tight", "margin")]}) == \
+        "tight: decode margin"
+    assert plan_words({"ok": False, "groups": [g("prefill", "fails", "pools"), g("decode", "tight", "margin")]}) == \
+        "FAILS: prefill pools"
+    assert plan_words({"ok": True, "groups": [g("prefill", "fits", "activation")]}) == "fits"

@@ -169,10 +169,23 @@ TITLES = {"plan": "Capacity plan", "load": "Load check", "smoke": "Smoke check",
           "plan-log": "Plan vs server log"}
 
 
+def plan_words(doc: dict) -> str:
+    """The plan's verdict in the plan's own words (pure): the worst group's level, ``fits``,
+    ``tight`` or ``FAILS``, with each group's (``tight: prefill indexer_logits, decode
+    activation_floor``), never ``fits`` for a plan whose groups are tight."""
+    groups = [g for g in doc.get("groups") or [] if isinstance(g, dict)]
+    levels = [(g.get("name"), (g.get("verdict") or {}).get("level"), (g.get("verdict") or {}).get("deciding"))
+              for g in groups]
+    worst = next((lv for lv in ("fails", "tight") if any(x[1] == lv for x in levels)),
+                 "fits" if doc.get("ok") else "fails")
+    named = [f"{n} {d}" for n, lv, d in levels if lv == worst and n]
+    return ("FAILS" if worst == "fails" else worst) + (f": {', '.join(named)}" if named and worst != "fits" else "")
+
+
 def _facts(inp: Input) -> str:
     d = inp.doc
     if inp.kind == "plan":
-        return f"profile {d.get('profile')}, model {d.get('model')}, {'fits' if d.get('ok') else 'DOES NOT FIT'}"
+        return f"profile {d.get('profile')}, model {d.get('model')}, SGLang {d.get('sglang_version')}, {plan_words(d)}"
     if inp.kind == "load":
         st = d.get("settings") or {}
         return (f"{', '.join(st.get('urls') or [])}; concurrency {st.get('concurrency')}; run {st.get('run_id', '-')}; "
