@@ -62,7 +62,7 @@ _dsv4ctl_opts() {
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '--json -h --help' ;;
     'runbook show') echo '--json -h --help' ;;
@@ -172,6 +172,7 @@ _dsv4ctl_optkind() {
     'check load|--stream') echo any ;;
     'check load|--stall-timeout') echo any ;;
     'check load|--turn-timeout') echo any ;;
+    'check load|--max-duration') echo any ;;
     'check load|--max-corruption') echo any ;;
     'check load|--records') echo file ;;
     'check load|--gateway-metrics') echo any ;;

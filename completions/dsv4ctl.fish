@@ -84,7 +84,7 @@ function __dsv4ctl_takes_value
         case 'check smoke'
             contains -- $argv[2] -p --profile --worker --model --timeout --api-key
         case 'check load'
-            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-corruption --records --gateway-metrics --model --answer-words --api-key --turns-csv
+            contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --gateway-metrics --model --answer-words --api-key --turns-csv
         case 'runbook run'
             contains -- $argv[2] -p --profile --resume --report-dir
         case 'profile init'
@@ -466,6 +466,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l min-requests -r -f -d 'T
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l stream -r -f -d 'on | off | mixed (even sessions stream).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l stall-timeout -r -f -d 'Seconds without a byte before a turn is stuck (default 60).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l turn-timeout -r -f -d 'Seconds for one turn\'s complete answer before it is stuck.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l max-duration -r -f -d 'Seconds a level may run: then it issues no new turn (turns in flight finish);...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l max-corruption -r -f -d 'Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (def...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l records -r -F -d 'Write per-turn records (JSONL, with request ids) here.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check load\'' -l metrics -l no-metrics -d 'Scrape /metrics before and after each level.'

@@ -165,3 +165,22 @@ def test_interrupt_exits_130_and_keeps_records(tmp_path):
         assert p.returncode == 130, err
         assert err.strip().endswith(f"dsv4ctl: error: interrupted (records so far in {rec})") and "Traceback" not in err
         assert all(json.loads(x)["class"] == "ok" for x in rec.read_text().splitlines())
+
+
+def test_max_duration_caps_a_level(servers, tmp_path):
+    """Issue 31: 381 turns at concurrency 1 take many minutes on real hardware. --max-duration
+    stops issuing turns after that many seconds per level; the level says it was capped and is
+    judged on what it has (too few turns to pass a 1 % gate: fails, exit 1)."""
+    import time
+    t0 = time.monotonic()
+    r = run_cli("check", "load", servers["off"], "-c", "1,2", "--turns", "4", "--min-requests", "100000",
+                "--max-duration", "1.5", "--answer-words", "20", "--json", "--no-progress", timeout=120)
+    took = time.monotonic() - t0
+    assert r.code == 1, r.err
+    doc = r.json()
+    assert doc["settings"]["max_duration_s"] == 1.5
+    assert [lv["capped_by_max_duration"] for lv in doc["levels"]] == [True, True]
+    assert all(0 < lv["turns"] < 100000 and lv["duration_s"] < 1.5 + 10 for lv in doc["levels"])
+    assert took < 60
+    r = run_cli("check", "load", servers["off"], "--max-duration", "0", "--no-progress")
+    assert r.code == 2 and "--max-duration" in r.err

@@ -235,6 +235,8 @@ class LevelRun:
     key_accepted: bool = False
     """True once a turn got an HTTP answer other than 401 / 403 (the server took the API key);
     passed on to the next level of the same URL (:func:`run_level` ``key_accepted``)."""
+    capped: bool = False
+    """True when ``max_duration`` ended the level before its target turns were issued."""
     crash: Optional[dict] = None
     """None, or the crash: {reason (str), started_at (Unix s, ``t_start`` of the first turn of the
     run of connection errors), turn (1-based position of that turn in ``records``), rid (its request
@@ -428,7 +430,8 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     on_record: Optional[Callable[[dict], None]] = None, run_id: str = "",
                     label: str = "", stop: Optional[Callable[[], bool]] = None,
                     turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None,
-                    thinking: bool = False, key_accepted: bool = False) -> LevelRun:
+                    thinking: bool = False, key_accepted: bool = False,
+                    max_duration: Optional[float] = None) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
@@ -454,8 +457,12 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     (``key_accepted`` False: no earlier level of this URL did either) raises :class:`AuthRefused`
     the same way (the client's key is wrong or missing; nothing is judged). Once the server has
     taken the key, a later 401 / 403 is the server's answer (e.g. a worker behind a gateway with
-    another key) and is recorded as an ``http_error`` turn."""
+    another key) and is recorded as an ``http_error`` turn.
+
+    ``max_duration``: seconds after the level's start past which no new turn is issued (turns in
+    flight finish and are recorded); ``LevelRun.capped`` says the target was not reached."""
     endpoint = url.rstrip("/") + "/v1/chat/completions"
+    deadline = time.monotonic() + max_duration if max_duration else None
     specs = C.tool_specs(TOOLS)
     level = LevelRun(url=url, concurrency=concurrency, target=target, key_accepted=key_accepted)
     run_id = run_id or uuid.uuid4().hex[:8]
@@ -470,7 +477,9 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     failure: list[ClientSideError] = []   # this machine failed: every worker stops, the level raises
 
     def halted() -> bool:
-        return level.crash is not None or bool(failure) or bool(stop and stop())
+        if deadline is not None and time.monotonic() >= deadline and issued < target:
+            level.capped = True
+        return level.crash is not None or bool(failure) or bool(stop and stop()) or level.capped
 
     def declare(why: str, probe: Optional[str] = None) -> None:
         first = level.records[streak_start]

@@ -12,7 +12,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                    answer_words: int, max_c: float, model: Optional[str], metrics: bool,
                    metric_urls: Optional[list[str]], rec_file, progress, settings: dict, api_key: Optional[str] = None,
                    turn_timeout: float = 600.0, thinking: bool = False,
-                   gateway_metrics: Optional[str] = None) -> dict:
+                   gateway_metrics: Optional[str] = None, max_duration: Optional[float] = None) -> dict:
     """Run ``levels`` (concurrent sessions) of ``turns`` against each of ``urls`` (two: an A/B
     comparison), at least ``min_requests`` turns per level, classify every turn, scrape /metrics
     (of ``metric_urls``, else the URL) before and after each level; return the
@@ -25,7 +25,8 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     KeyboardInterrupt on Ctrl-C or SIGTERM (every session stopped first). ``thinking``: requests ask for
     thinking (:func:`dsv4ctl.check.driver.run_level`). ``gateway_metrics``: the gateway's own
     Prometheus URL (e.g. ``http://router:29000/metrics``), scraped before and after each level
-    (:mod:`dsv4ctl.check.gateway`; each level's ``gateway``), or None.
+    (:mod:`dsv4ctl.check.gateway`; each level's ``gateway``), or None. ``max_duration``: seconds a
+    level may run before it issues no new turn (each level's ``capped_by_max_duration``).
 
     A crashed level (:func:`dsv4ctl.check.driver.run_level`) stops the ramp: with ``--compare`` the
     other URL still runs that level (no comparison is made for it), then no higher level is run
@@ -92,7 +93,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                     lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
                                            on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
                                            stop=lambda: interrupted, turn_timeout=turn_timeout, thinking=thinking,
-                                           key_accepted=key_accepted[u])
+                                           key_accepted=key_accepted[u], max_duration=max_duration)
                     key_accepted[u] = lv.key_accepted
                     if interrupted:
                         raise KeyboardInterrupt
@@ -102,6 +103,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
                                           itl_gaps=lv.itl_gaps, max_corruption=max_c,
                                           metrics=R.metrics_delta(before, after), crash=lv.crash,
                                           client_cpu_s=lv.client_cpu_s, gateway=gateway_delta(gw_before, gw_after))
+                    s["capped_by_max_duration"] = lv.capped
                     summaries.append(s)
                     pair.append(s)
                     if lv.crash is not None and prog is not None:

@@ -208,6 +208,7 @@ def load(
     stream: str = typer.Option("mixed", "--stream", help="on | off | mixed (even sessions stream)."),
     stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="Seconds without a byte before a turn is stuck (default 60)."),
     turn_timeout: float = typer.Option(600.0, "--turn-timeout", help="Seconds for one turn's complete answer before it is stuck."),
+    max_duration: Optional[float] = typer.Option(None, "--max-duration", help="Seconds a level may run: then it issues no new turn (turns in flight finish); a capped level says so and judges what it has (default: no cap)."),
     max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (default 0.01)."),
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
@@ -270,6 +271,8 @@ def load(
     fraction(max_c, "--max-corruption")
     _seconds(stall, "--stall-timeout")
     _seconds(turn_timeout, "--turn-timeout")
+    if max_duration is not None:
+        _seconds(max_duration, "--max-duration")
     _check_api_key(api_key)
     if stream not in ("on", "off", "mixed"):
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")
@@ -295,7 +298,7 @@ def load(
         rec_file = MaskedRecords(rec_file, secrets)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
                 "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
-                "gateway_metrics": gateway_metrics, "gateway_scope": gateway_scope}
+                "gateway_metrics": gateway_metrics, "gateway_scope": gateway_scope, "max_duration_s": max_duration}
     import sys
 
     from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
@@ -307,7 +310,7 @@ def load(
     try:
         doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
                                    metrics, metric_urls, rec_file, _Progress if progress and sys.stderr.isatty() else None, settings,
-                                   api_key, turn_timeout, thinking, gateway_metrics))
+                                   api_key, turn_timeout, thinking, gateway_metrics, max_duration))
     except (ConnectError, BadResponse) as e:
         raise _connect_error(masked(str(e), secrets), "check load") from None
     except KeyboardInterrupt:

@@ -213,7 +213,7 @@ def _profile_args(ctx: RunContext) -> list[str]:
 
 _LOAD_FLAGS = {"concurrency": "--concurrency", "turns": "--turns", "max_corruption": "--max-corruption",
                "stream": "--stream", "stall_timeout": "--stall-timeout", "min_requests": "--min-requests",
-               "answer_words": "--answer-words", "model": "--model"}
+               "answer_words": "--answer-words", "model": "--model", "max_duration": "--max-duration"}
 
 
 def _check_load_argv(ctx: RunContext, args: dict) -> list[str]:
