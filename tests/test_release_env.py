@@ -328,3 +328,21 @@ def test_uv_args_passwords_never_show(world):
     r = cli(w, "deploy", "--dry-run", "-v", "--no-preflight")
     assert r.code == 0, r.err
     assert "Hunter2Secret" not in r.out + r.err and "https://alice:***@127.0.0.1:9/simple" in r.out
+
+
+def test_status_reads_environment_sizes_verify_hashes(world):
+    """status stays fast on a multi-GB environment: files by RECORD size; verify (and every
+    switch) hashes them. A same-size edit is seen by verify, a size change by both."""
+    w = world
+    h, rid, d = w.deploy_first()
+    mod = next((w.roots[h[1]] / "envs" / d / "lib").glob("python*/site-packages")) / "dsv4probe" / "__init__.py"
+    text = mod.read_text()
+    mod.write_text(text.replace('"1.0"', '"1.9"'))            # same size
+    r = cli(w, "status", "--json")
+    assert r.json()["hosts"][h[1]]["environment"]["ok"] is True, r.out
+    r = cli(w, "verify", "--json")
+    assert r.code == 1 and any("env hash lib/python" in x and "dsv4probe/__init__.py" in x for x in r.json()["drift"])
+    mod.write_text(text + "# grown\n")
+    r = cli(w, "status", "--json")
+    env = r.json()["hosts"][h[1]]["environment"]
+    assert env["ok"] is False and any("dsv4probe/__init__.py" in p for p in env["problems"]), env

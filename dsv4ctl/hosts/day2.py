@@ -42,7 +42,9 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
         test = " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
         lines.append(f"if {test}; then echo {q('@alive ' + g + ' yes')}; else echo {q('@alive ' + g + ' no')}; fi")
     if verify:
-        job = q('{"verify": ["' + p.current.replace("\\", "\\\\").replace('"', '\\"') + '"]}')
+        # environment files by RECORD size here (a multi-GB torch environment hashed on every
+        # status would make it slow); verify and every switch hash them
+        job = q('{"verify": ["' + p.current.replace("\\", "\\\\").replace('"', '\\"') + '"], "env_hash": false}')
         lines.append(f"echo @verify; if [ -d {q(p.current)} ]; then printf '%s' {job} | {verify} 2>&1 || true; fi")
     lines.append(f"echo @audit; tail -c {AUDIT_TAIL_MAX} {q(p.audit)} 2>/dev/null | tail -n 1 || true")
     return "\n".join(lines)
