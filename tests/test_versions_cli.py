@@ -128,3 +128,16 @@ def test_plan_reads_only_keys_the_release_has(prof):
     assert r.code == 0, r.err
     g = next(g for g in r.json()["groups"] if g["name"] == "decode")
     assert (g["dp"], g["dp_attention"]) == (1, False)
+
+
+def test_the_preflight_says_when_weights_are_estimated():
+    """Issue 27: a crashing V4-Pro configuration passed the preflight as "plan ok" without saying
+    its weights were estimated. The preflight line names the groups planned on estimates."""
+    from dsv4ctl.deploy.preflight import preflight
+    from dsv4ctl.profile.deployment import load_deployment
+    from dsv4ctl.resources import shipped_dir
+    pro = preflight(load_deployment(shipped_dir("profiles") / "dsv4-pro-4xh200-pd.yaml"))
+    assert pro["estimated"] == ["prefill", "decode"]
+    assert "weights or free memory estimated for prefill, decode: measure them" in pro["summary"]
+    flash = preflight(load_deployment(shipped_dir("profiles") / "dsv4-flash-8xb200-pd.yaml"))   # measured
+    assert flash["estimated"] == [] and "estimated" not in flash["summary"]

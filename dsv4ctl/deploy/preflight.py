@@ -26,10 +26,15 @@ def preflight(profile) -> dict:
         bad = [(g.group.name, e) for g in rep.groups for e in g.errors]
         raise PlanFails(f"preflight: {len(bad)} group error(s), nothing touched; group {bad[0][0]}: {bad[0][1]}")
     warns = sum(1 for f in findings if f.severity != "error")
+    # a plan on estimated weights is not a measured fit: said on the preflight line (issue 27)
+    guessed = [g.group.name for g in rep.groups if any(e.startswith(("weights_gib_per_rank=", "free_gib_before_load="))
+                                                       for e in g.inputs.estimated)]
     env = environment_preflight(profile)
     return {"lint": {"errors": 0, "warnings": warns}, "plan": {"ok": True, "groups": [g.group.name for g in rep.groups]},
-            "environment": env,
-            "summary": f"config lint ok ({warns} warning(s)), plan ok ({len(rep.groups)} group(s) fit)"
+            "environment": env, "estimated": guessed,
+            "summary": f"config lint ok ({warns} warning(s)), plan ok ({len(rep.groups)} group(s) fit"
+                       + (f"; weights or free memory estimated for {', '.join(guessed)}: measure them (dsv4ctl facts "
+                          "--write, or weights_gib_per_rank from the server log)" if guessed else "") + ")"
                        + (f", environment {env['summary']}" if env else "")}
 
 
