@@ -62,7 +62,9 @@ def test_first_deploy_dry_run_every_host_is_the_canary_and_nothing_changes(world
     assert r.code == 0, r.err
     out = r.out
     assert out.startswith("dry run: deploy --promote r")
-    assert "preflight: config lint ok (0 warning(s)), plan ok (2 group(s) fit)" in out
+    # the promote world gives no measured memory: the preflight says its plan is on estimates
+    assert "preflight: config lint ok (0 warning(s)), plan ok (2 group(s) fit; weights or free memory estimated for " \
+        "a, b: measure them" in out, out
     assert "first deploy (no host runs a release): every host is the canary" in out
     assert f"h0: [canary] switch {w.roots['h0']}/current: (none) -> " in out
     assert f"h1: [canary] switch {w.roots['h1']}/current: (none) -> " in out and "[rest]" not in out
