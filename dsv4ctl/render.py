@@ -49,8 +49,12 @@ def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]
             return stacked
     t = Table(title=escape(title), title_justify="left", box=box.ASCII if ascii_tables() else box.HEAVY_HEAD)
     for i, h in enumerate(headers):
+        # a wrapping column is never narrower than its longest word (a URL, a class name) up to
+        # MAX_WORD: rich then breaks lines at spaces only
+        word = max((len(w) for r in rows for w in str(r[i]).split()), default=0) if i < len(headers) else 0
         t.add_column(escape(str(h)), justify="right" if i in right else "left",
-                     no_wrap=any(wraps) and not wraps[i], overflow="fold")
+                     no_wrap=any(wraps) and not wraps[i], overflow="fold",
+                     min_width=min(word, MAX_WORD) or None)
     for r in rows:      # cells are data (log lines, reasons, paths): never rich markup
         t.add_row(*[escape(str(x)) for x in r])
     return t
@@ -62,6 +66,7 @@ def _width() -> int:
 
 
 MIN_MESSAGE_WIDTH = 24
+MAX_WORD = 60          # longer words (a URL with a long path) may still fold
 
 
 def _stacked(title: str, headers: Sequence[str], rows: list, wraps: list[bool]):
