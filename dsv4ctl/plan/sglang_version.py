@@ -47,6 +47,6 @@ def resolve_version(dep) -> VersionChoice:
             tree_v = None
         tree_src = f"tree {tree} at {ref}"
     if tree_v is not None:
-        return VersionChoice(tree_v, rules_for(tree_v, f"SGLang tree {tree} (version at {dep.sglang.base_ref or 'HEAD'})"),
+        return VersionChoice(tree_v, rules_for(tree_v, f"{tree} at {dep.sglang.base_ref or 'HEAD'} (sglang.tree)"),
                              tree_src, prof, tree_v)
     return VersionChoice(prof, rules_for(prof, where), "profile sglang.version", prof, None)

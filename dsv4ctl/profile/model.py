@@ -53,7 +53,7 @@ PROFILE_SCHEMA: dict = {
                 "series": {"type": ["string", "null"]},
                 "index_k_dtype": {"enum": ["fp8", "bf16", "fp4"]},
                 "index_k_accounting": {"enum": ["fp8", "exact"]},
-                "python": {"type": "string"},
+                "python": {"type": "string", "description": "unused (kept for old profiles): the interpreter is deploy.python"},
                 # the Python environment the release runs on: a hashed lock shipped in the release
                 "environment": {
                     "type": "object", "additionalProperties": False, "required": ["lock"],
