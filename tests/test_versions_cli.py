@@ -141,3 +141,12 @@ def test_the_preflight_says_when_weights_are_estimated():
     assert "weights or free memory estimated for prefill, decode: measure them" in pro["summary"]
     flash = preflight(load_deployment(shipped_dir("profiles") / "dsv4-flash-8xb200-pd.yaml"))   # measured
     assert flash["estimated"] == [] and "estimated" not in flash["summary"]
+
+
+def test_a_tree_of_an_unsupported_release_exits_2_naming_the_tree(prof, tmp_path):
+    t = tree_at(tmp_path, "0.5.24")
+    r = run_cli("plan", str(prof(version="0.5.23", tree=t)))
+    assert r.code == 2
+    assert r.err.strip() == (f"dsv4ctl: error: {t} at HEAD (sglang.tree): SGLang 0.5.24 is not supported "
+                             "(supported: 0.5.21, 0.5.22, 0.5.23; 0.5.18-0.5.20 serve DeepSeek-V4 with another "
+                             "configurator structure that dsv4ctl does not model yet)")
