@@ -32,31 +32,33 @@ end
 function __dsv4ctl_takes_value
     switch $argv[1]
         case 'plan'
-            contains -- $argv[2] -s --set -g --group --from-log
+            contains -- $argv[2] -s --set -g --group --from-log -p --profile
         case 'facts'
-            contains -- $argv[2] -g --group --timeout
+            contains -- $argv[2] -g --group --timeout -p --profile
         case 'deploy'
-            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests -m --message
+            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests -m --message -p --profile
         case 'start'
-            contains -- $argv[2] -g --group --host --health-timeout
+            contains -- $argv[2] -g --group --host --health-timeout -p --profile
         case 'stop'
-            contains -- $argv[2] -g --group --host
+            contains -- $argv[2] -g --group --host -p --profile
         case 'restart'
-            contains -- $argv[2] -g --group --host --batch --health-timeout
+            contains -- $argv[2] -g --group --host --batch --health-timeout -p --profile
         case 'rollback'
-            contains -- $argv[2] --to --health-timeout
+            contains -- $argv[2] --to --health-timeout -p --profile
+        case 'releases'
+            contains -- $argv[2] -p --profile
         case 'promote'
-            contains -- $argv[2] --concurrency --max-corruption --turns --min-requests
+            contains -- $argv[2] --concurrency --max-corruption --turns --min-requests -p --profile
         case 'status'
-            contains -- $argv[2] --timeout
+            contains -- $argv[2] --timeout -p --profile
         case 'logs'
-            contains -- $argv[2] -n --lines --host --grep --interval
+            contains -- $argv[2] -n --lines --host --grep --interval -p --profile
         case 'audit'
-            contains -- $argv[2] --since --host
+            contains -- $argv[2] --since --host -p --profile
         case 'verify'
-            contains -- $argv[2] -r --release
+            contains -- $argv[2] -r --release -p --profile
         case 'diagnose'
-            contains -- $argv[2] -g --group --since --window -n --lines --api-key
+            contains -- $argv[2] -g --group --since --window -n --lines --api-key -p --profile
         case 'report'
             contains -- $argv[2] -o --output --title
         case 'patch status'
@@ -69,18 +71,22 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --base --series --keep
         case 'patch export'
             contains -- $argv[2] --series --tree --fact
+        case 'lock status'
+            contains -- $argv[2] -p --profile
         case 'lock acquire'
-            contains -- $argv[2] -m --message
+            contains -- $argv[2] -m --message -p --profile
+        case 'lock release'
+            contains -- $argv[2] -p --profile
         case 'config lint'
-            contains -- $argv[2] -g --group --tree
+            contains -- $argv[2] -g --group --tree -p --profile
         case 'config set'
-            contains -- $argv[2] -g --group --unset --tree --health-timeout
+            contains -- $argv[2] -g --group --unset --tree --health-timeout -p --profile
         case 'hicache on'
-            contains -- $argv[2] -g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --health-timeout
+            contains -- $argv[2] -g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --health-timeout -p --profile
         case 'hicache off'
-            contains -- $argv[2] -g --group --tree --health-timeout
+            contains -- $argv[2] -g --group --tree --health-timeout -p --profile
         case 'hicache status'
-            contains -- $argv[2] -g --group --timeout
+            contains -- $argv[2] -g --group --timeout -p --profile
         case 'check smoke'
             contains -- $argv[2] -p --profile --worker --model --timeout --api-key
         case 'check load'
@@ -200,6 +206,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.pla
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per rank (memory segments in GiB, pool sizes).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
@@ -208,6 +215,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l timeout -r -f -d 'Seconds per
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l write -d 'Write each group\'s measured free_gib_before_load (one value per GPU) into the...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l dry-run -d 'With --write: print the diff, write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l force -d 'With --write: write GPUs with processes holding memory as measured, and keep...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'facts\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Local SGLang git checkout (default: sglang.tree).'
@@ -229,6 +237,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s m -l message -r -f -d 'Why t
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l json -d 'Print the dsv4ctl.deploy/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'deploy\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
@@ -240,6 +249,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l break-lock -d 'Remove a stale
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'start\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
@@ -250,6 +260,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l break-lock -d 'Remove a stale 
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'stop\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
@@ -262,6 +273,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l break-lock -d 'Remove a sta
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'restart\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l to -r -f -d 'Release id (default: the newest release built before the active one that pass...'
@@ -273,11 +285,13 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l force-failed -d 'With --to
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l json -d 'Print the dsv4ctl.rollback/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'rollback\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l json -d 'Print the dsv4ctl.releases/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'releases\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l concurrency -r -f -d 'Load gate concurrency (default: check.concurrency).'
@@ -290,12 +304,14 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l break-lock -d 'Remove a sta
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l json -d 'Print the dsv4ctl.promote/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s q -l quiet -d 'Print only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'promote\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l timeout -r -f -d 'Seconds per HTTP probe.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l json -d 'Print the dsv4ctl.status/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'status\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s n -l lines -r -f -d 'Last lines per host (1..100000).'
@@ -304,6 +320,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l host -r -f -d 'Only this host.
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l grep -r -f -d 'Only lines matching this regular expression.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l interval -r -f -d 'With -f: seconds between reads.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'logs\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l since -r -f -d 'Only records at or after this time (2026-12-01, 2026-12-01T16:00:00Z; taken i...'
@@ -311,12 +328,14 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l host -r -f -d 'Only this host
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.audit/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'audit\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s r -l release -r -f -d 'Only this release id (repeatable; default: every release on every host).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l json -d 'Print the dsv4ctl.verify/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'verify\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -d 'Only this server group (repeatable).'
@@ -326,6 +345,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s n -l lines -r -f -d 'Log l
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l json -d 'Print the dsv4ctl.diagnose/1 document (README).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l api-key -r -f -d 'Bearer token for /server_info (or DSV4CTL_API_KEY).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'diagnose\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s o -l output -r -F -d 'The HTML file to write (\'-\': standard output).'
@@ -383,14 +403,17 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -f -a 'release' -d 'Release the m
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -l json -d 'Print the dsv4ctl.lock/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock status\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s m -l message -r -f -d 'Why (shown to everyone a deploy or restart refuses, and audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock acquire\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove a lock held by a run (deploy, rollback, ...) whose process is gone.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock release\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'lint' -d 'Lint the profile\'s serve configs against the real argument table of the SGLan...'
@@ -400,6 +423,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s g -l group -r -f -d 'On
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree whose index-K gating is checked (default: the profile\'s sglang.tr...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l json -d 'Print the dsv4ctl.lint/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config lint\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s g -l group -r -f -d 'Groups to edit (required). Repeatable.'
@@ -410,6 +434,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l json -d 'Print the dsv4c
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config set\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'on' -d 'Turn HiCache on in the selected groups\' serve configs (diff printed, linted b...'
@@ -428,6 +453,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l json -d 'Print the dsv4c
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache on\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
@@ -437,6 +463,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l json -d 'Print the dsv4
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache off\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s g -l group -r -f -d 'Only these groups. Repeatable.'
@@ -445,6 +472,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l no-server -d 'Only w
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l remote -d 'Read the live files on the hosts (<root>/current/configs/G.yaml) instead of t...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l json -d 'Print the dsv4ctl.hicache-status/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l markdown -d 'Print Markdown.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache status\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'smoke' -d '/health on every worker, /v1/models, /server_info (version, parsers, disaggre...'

@@ -83,7 +83,9 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
             continue
         importlib.import_module(mod_name).register(application)
     from .commands.examples import apply as add_examples
+    from .commands.grammar import apply as add_profile_option
     add_examples(application)
+    add_profile_option(application)
     return application
 
 
