@@ -85,7 +85,7 @@ def test_failed_release_story(promote_world):
     b = next(r for r in json.loads((w.roots["h0"] / "state.json").read_text())["releases"] if r != a["release"])
     rec = _state(w, "h1", b)
     assert rec["state"] == "failed" and rec["failed_check"] == "check load" and rec["evidence"].startswith("evidence/")
-    assert "gate failed" in rec["failure"]
+    assert "corruption" in rec["failure"] and "Wilson upper bound" in rec["failure"]
     assert {h: (r / "current").resolve().name for h, r in w.roots.items()} == {h: a["release"] for h in w.roots}
 
     before = _snapshot(w)
