@@ -11,7 +11,7 @@ _dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-c
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch lock config hicache check runbook profile' ;;
+    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose watch report schema completion patch lock config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'lock') echo 'status acquire release' ;;
     'config') echo 'lint set' ;;
@@ -40,6 +40,7 @@ _dsv4ctl_opts() {
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'verify') echo '-r --release --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -p --profile -h --help' ;;
+    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --log --print -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
     'report') echo '-o --output --title -h --help' ;;
     'schema') echo '--path --json -h --help' ;;
     'completion') echo '-h --help' ;;
@@ -134,6 +135,16 @@ _dsv4ctl_optkind() {
     'diagnose|-n'|'diagnose|--lines') echo any ;;
     'diagnose|--api-key') echo any ;;
     'diagnose|-p'|'diagnose|--profile') echo any ;;
+    'watch|--interval') echo any ;;
+    'watch|--listen') echo any ;;
+    'watch|--scrape-every') echo any ;;
+    'watch|--release-every') echo any ;;
+    'watch|--stall-timeout') echo any ;;
+    'watch|--on-alert') echo any ;;
+    'watch|--alert-window') echo any ;;
+    'watch|--log') echo file ;;
+    'watch|--print') echo any ;;
+    'watch|-p'|'watch|--profile') echo any ;;
     'report|-o'|'report|--output') echo file ;;
     'report|--title') echo any ;;
     'patch status|--series') echo dir ;;
@@ -228,6 +239,7 @@ _dsv4ctl_argkind() {
     'audit|0') echo yaml:w2 ;;
     'verify|0') echo yaml:w2 ;;
     'diagnose|0') echo yaml:w2 ;;
+    'watch|0') echo yaml:w2 ;;
     'schema|0') echo any ;;
     'completion|0') echo any ;;
     'patch status|0') echo dir ;;

@@ -10,7 +10,7 @@ set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-st
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose report schema completion patch lock config hicache check runbook profile
+            echo plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose watch report schema completion patch lock config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
         case 'lock'
@@ -59,6 +59,8 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] -r --release -p --profile
         case 'diagnose'
             contains -- $argv[2] -g --group --since --window -n --lines --api-key -p --profile
+        case 'watch'
+            contains -- $argv[2] --interval --listen --scrape-every --release-every --stall-timeout --on-alert --alert-window --log --print -p --profile
         case 'report'
             contains -- $argv[2] -o --output --title
         case 'patch status'
@@ -188,6 +190,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server 
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'watch' -d 'Probe the deployment continuously with known-answer tool calls (the gate\'s cl...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inline SVG, no script, no network) with a chart and a table pe...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'schema' -d 'Print the JSON Schema NAME (draft 2020-12). Editors use the profile schema th...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'completion' -d 'Print the completion script for SHELL on stdout (how to install it: on stderr...'
@@ -348,6 +351,24 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l api-key -r -f -d 'Bearer t
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'diagnose\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l once -d 'One round (every target probed and scraped once), then exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l json -d 'With --once: print the dsv4ctl.watch/1 JSON document.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l interval -r -f -d 'Time between probes of one target (at least 1s: one probe per second per targ...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l listen -r -f -d 'HOST:PORT of watch\'s own /metrics.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l scrape-every -r -f -d 'Time between scrapes of the servers\' and routers\' /metrics.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l release-every -r -f -d 'Time between reads of each host\'s active release (SSH).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l no-releases -d 'Do not read releases over SSH (the release label stays \'unknown\').'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l stall-timeout -r -f -d 'A probe without progress this long is stuck (default: the profile\'s check.sta...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l on-alert -r -f -d '[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default c...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l auto -d 'With --on-alert: run the runbook for real (--yes), not --dry-run.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l alert-window -r -f -d 'Long window of the in-process corruption burn (short: 1/12 of it); at most on...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l log -r -F -d 'Append every event as a JSON line to this file.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l print -r -f -d 'Print a shipped artifact and exit: rules (Prometheus rules for the profile\'s...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s q -l quiet -d 'No event lines on stderr.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'watch\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s o -l output -r -F -d 'The HTML file to write (\'-\': standard output).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -l title -r -f -d 'Page title (default: dsv4ctl report).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s h -l help -d 'Show this message and exit.'

@@ -111,6 +111,16 @@ def schema_path(name: str) -> Path:
     return SCHEMAS_DIR / f"{name}.schema.json"
 
 
+def data_path(*parts: str) -> Path:
+    """A file shipped inside the package: ``dsv4ctl/data/<parts>`` (rules, dashboards, tables)."""
+    return PACKAGE_DIR / "data" / Path(*parts)
+
+
+def runbook_names() -> list[str]:
+    """Names of the shipped runbooks (``playbooks/NAME.yaml``), sorted."""
+    return sorted(p.stem for p in shipped_dir("playbooks").glob("*.yaml"))
+
+
 def schema_names() -> list[str]:
     """Names of the shipped JSON Schemas (``profile``, ``plan``, …), sorted."""
     return sorted(p.name[:-len(".schema.json")] for p in SCHEMAS_DIR.glob("*.schema.json"))

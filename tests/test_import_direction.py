@@ -2,7 +2,7 @@
 the layers below it, never above, and the module graph has no cycle. Function-local imports count.
 
 Layers, lowest first: errors/render/resources <- profile <- remote <- hosts <- patches <- plan <-
-check <- serve <- deploy <- diagnose <- runbook <- report <- commands <- cli."""
+check <- serve <- deploy <- diagnose <- runbook <- report <- watch <- commands <- cli."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 PKG = REPO / "dsv4ctl"
 LAYERS = (("", "errors", "render", "resources", "data", "signals"), ("profile",), ("remote",), ("hosts",), ("patches",),
-          ("plan",), ("check",), ("serve",), ("deploy",), ("diagnose",), ("runbook",), ("report",), ("commands",), ("cli",))
+          ("plan",), ("check",), ("serve",), ("deploy",), ("diagnose",), ("runbook",), ("report",), ("watch",), ("commands",), ("cli", "__main__"))
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 

@@ -45,6 +45,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "check load": ("dsv4ctl check load http://127.0.0.1:8000 -c 1,20,40 --records turns.jsonl",),
     "diagnose": ("dsv4ctl diagnose profiles/my.yaml",
                  "dsv4ctl diagnose profiles/my.yaml -g decode --since 30m --json"),
+    "watch": ("dsv4ctl watch profiles/my.yaml --listen 0.0.0.0:9477 --on-alert toolcall-corruption",
+              "dsv4ctl watch profiles/my.yaml --once --json"),
     "report": ("dsv4ctl plan --json > plan.json && dsv4ctl report plan.json -o report.html",
                "dsv4ctl report plan.json sweep.json ~/.local/state/dsv4ctl/runs/RUN_ID -o incident.html"),
     "runbook list": ("dsv4ctl runbook list",),

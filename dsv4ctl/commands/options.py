@@ -38,6 +38,32 @@ def seconds(value: Optional[float], option: str, *, hi: float = MAX_SECONDS, lo:
     return float(value)
 
 
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(text: Optional[str], option: str, *, lo: float = 0.0, hi: float = MAX_SECONDS) -> Optional[float]:
+    """Seconds of a duration option: ``500ms``, ``90s``, ``15m``, ``2h``, ``1d`` or a plain number
+    of seconds (``2.5``); None passes. InputError (exit 2) naming ``option`` for anything else, or
+    a value outside ``lo``..``hi`` seconds (stated in the option's own unit style)."""
+    import re
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(text))
+    if not m:
+        raise InputError(f"{option} {text!r}: expected a duration such as 500ms, 90s, 15m, 2h or 1d")
+    secs = float(m[1]) * _UNITS[m[2] or "s"]
+    if not math.isfinite(secs) or secs <= 0 or secs < lo or secs > hi:
+        raise InputError(f"{option} {text!r}: expected {_span(lo)}..{_span(hi)}")
+    return secs
+
+
+def _span(s: float) -> str:
+    for unit, k in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= k and s % k == 0:
+            return f"{s / k:g}{unit}"
+    return f"{s:g}s"
+
+
 def integer(value: Optional[int], option: str, lo: int, hi: int) -> Optional[int]:
     """``value`` (None passes) if it is an integer in ``lo..hi``; else InputError."""
     if value is None:

@@ -1,0 +1,165 @@
+"""``dsv4ctl watch``: continuous known-answer probes and Prometheus metrics (core: :mod:`dsv4ctl.watch`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import GateFailed, InputError, RemoteError
+from ..render import dump_json
+
+DEFAULT_LISTEN = "127.0.0.1:9477"
+ARTIFACTS = ("rules", "dashboard", "unit")
+
+
+def _listen(text: str) -> tuple[str, int]:
+    from ..profile.deployment import parse_host_port
+    try:
+        host, port = parse_host_port(text)
+    except ValueError as e:
+        raise InputError(f"--listen {text!r}: {e} (expected HOST:PORT, e.g. {DEFAULT_LISTEN})") from None
+    return host.strip("[]"), port
+
+
+def _artifact(kind: str, profile_arg: Optional[str], slo: float) -> str:
+    """The text of a shipped artifact: the Prometheus rules (for the profile's SLO), the Grafana
+    dashboard, or the systemd unit (for this profile)."""
+    from ..resources import data_path
+    if kind == "rules":
+        from ..watch.rules import render_rules
+        return render_rules(slo=slo)
+    if kind == "dashboard":
+        return data_path("watch", "dashboard.json").read_text()
+    from ..watch.unit import render_unit
+    return render_unit(profile_arg)
+
+
+def watch(profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE)."),
+          once: bool = typer.Option(False, "--once", help="One round (every target probed and scraped once), then exit."),
+          as_json: bool = typer.Option(False, "--json", help="With --once: print the dsv4ctl.watch/1 JSON document."),
+          interval: str = typer.Option("10s", "--interval", help="Time between probes of one target (at least 1s: one probe per second per target, one in flight)."),
+          listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of watch's own /metrics."),
+          scrape_every: str = typer.Option("15s", "--scrape-every", help="Time between scrapes of the servers' and routers' /metrics."),
+          release_every: str = typer.Option("60s", "--release-every", help="Time between reads of each host's active release (SSH)."),
+          no_releases: bool = typer.Option(False, "--no-releases", help="Do not read releases over SSH (the release label stays 'unknown')."),
+          stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="A probe without progress this long is stuck (default: the profile's check.stall_timeout_s)."),
+          on_alert: list[str] = typer.Option([], "--on-alert", help="[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default corruption) holds. Dry run unless --auto."),
+          auto: bool = typer.Option(False, "--auto", help="With --on-alert: run the runbook for real (--yes), not --dry-run."),
+          alert_window: str = typer.Option("1h", "--alert-window", help="Long window of the in-process corruption burn (short: 1/12 of it); at most one --on-alert run per condition per window."),
+          log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
+          print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO), dashboard (Grafana JSON), unit (systemd unit for this profile)."),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="No event lines on stderr."),
+          accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")) -> None:
+    """Probe the deployment continuously with known-answer tool calls (the gate's classifier)
+    through each router and to each colocated server, scrape SGLang's and the routers' /metrics,
+    and serve watch's own Prometheus /metrics (probes and corruption by class, target and release;
+    probe latency; stuck probes; the active release). It never changes the deployment unless
+    --on-alert ... --auto says so.
+
+    Exit 0 stopped by SIGTERM (or --once: every probe ok) · 1 --once: a probe corrupted, stuck or
+    failed · 2 bad input (a profile with nothing to probe, an interval under 1s, an unknown
+    runbook) · 3 --listen cannot be bound, or --once could not reach any target · 130 SIGINT/SIGHUP."""
+    import asyncio
+    import signal
+
+    from ..commands.options import duration
+    from ..deploy.site import api_key
+    from ..watch import model as M
+    from ..watch.run import Watcher, WatchOptions, event_line
+    from .common import load_deployment_arg
+
+    if print_ is not None and print_ not in ARTIFACTS:
+        raise InputError(f"--print {print_!r}: expected one of {', '.join(ARTIFACTS)}")
+    every = duration(interval, "--interval", lo=M.MIN_INTERVAL, hi=86400)
+    scrape = duration(scrape_every, "--scrape-every", lo=1, hi=86400)
+    rel = duration(release_every, "--release-every", lo=5, hi=86400)
+    window = duration(alert_window, "--alert-window", lo=12, hi=7 * 86400)
+    if as_json and not once and print_ is None:
+        raise InputError("--json needs --once (the continuous watch serves /metrics instead)")
+    if auto and not on_alert:
+        raise InputError("--auto needs --on-alert RUNBOOK (what to run)")
+    dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
+    if print_ is not None:
+        sys.stdout.write(_artifact(print_, profile if profile is not None else str(dep.path), dep.check.max_corruption))
+        return
+    from ..resources import runbook_names
+    actions = M.parse_on_alert(on_alert, runbook_names())
+    stall = duration(stall_timeout, "--stall-timeout", lo=1, hi=3600) if stall_timeout else dep.check.stall_timeout_s
+    log_file = None
+    if log is not None:
+        try:
+            log_file = open(log, "a", encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"--log {log}: {e.strerror or e}") from None
+
+    def emit(e: dict) -> None:
+        if log_file is not None:
+            import json
+            from ..hosts.audit import now_iso
+            log_file.write(json.dumps({"ts": now_iso(), **e}, ensure_ascii=False, sort_keys=True) + "\n")
+            log_file.flush()
+        if not quiet and not (once and as_json and e.get("event") == "probe"):
+            print(event_line(e), file=sys.stderr, flush=True)
+
+    opts = WatchOptions(interval=every, stall_timeout=stall, release_every=rel, scrape_every=scrape,
+                        listen=None if once else _listen(listen), api_key=api_key(dep), slo=dep.check.max_corruption,
+                        alert_window=window, on_alert=actions, auto=auto, read_releases=not no_releases,
+                        accept_new_host_keys=accept_new, profile_arg=str(dep.path), emit=emit,
+                        turn_timeout=max(stall * 5, 60.0))
+    w = Watcher(dep, opts)
+
+    async def main() -> int:
+        if once:
+            doc = await w.once()
+            if as_json:
+                print(dump_json(doc))
+            else:
+                _print_round(doc)
+            probes = [t["probe"] for t in doc["targets"] if t["probe"]]
+            if probes and all(p["class"] == "http_error" and p["reason"].startswith(("ClientConnectorError", "ClientOSError"))
+                              for p in probes):
+                raise RemoteError("watch --once: no probed target could be reached: "
+                                  + "; ".join(f"{p['target']}: {p['reason']}" for p in probes))
+            if not doc["ok"]:
+                bad = [p for p in probes if p["outcome"] != "ok"]
+                raise GateFailed(f"{len(bad)} of {len(probes)} probes not ok: "
+                                 + "; ".join(f"{p['target']} {p['class']}" for p in bad))
+            return 0
+        loop = asyncio.get_running_loop()
+        got: list[int] = []
+
+        def stop(sig: signal.Signals) -> None:
+            got.append(sig)
+            w.stop.set()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop, sig)
+        await w.run()
+        return 0 if not got or got[0] == signal.SIGTERM else 130
+
+    try:
+        code = asyncio.run(main())
+    finally:
+        if log_file is not None:
+            log_file.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _print_round(doc: dict) -> None:
+    from ..render import console, rich_table
+    rows = []
+    for t in doc["targets"]:
+        p, s = t["probe"], t["scrape"] or {}
+        rows.append([t["name"], t["role"], t["release"], t["state"],
+                     "-" if p is None else p["class"], "-" if p is None or p["e2e_s"] is None else f"{p['e2e_s']:.2f}",
+                     "up" if s.get("up") else (s.get("error") or "-")])
+    console().print(rich_table(f"watch {doc['profile']}", ["target", "role", "release", "state", "probe", "e2e s",
+                                                           "metrics"], rows))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``watch`` to the root app."""
+    app.command("watch")(watch)

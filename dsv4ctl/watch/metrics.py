@@ -1,0 +1,100 @@
+"""The metrics ``dsv4ctl watch`` serves on its own ``/metrics`` (prometheus_client), names and
+labels in one place: the rules (:mod:`.rules`), the dashboard and the docs use these names.
+
+Labels: ``target`` is the group probed (a router group, a server group, or ``G#R`` for replica R
+of a multi-node group); ``role`` its role (``router``, ``server``; prefill and decode servers of a
+PD pair are probed through their router and only scraped); ``release`` the release id active on
+the target's node-0 host (``unknown`` until read); ``class`` a classifier class
+(:data:`dsv4ctl.check.classify.CLASSES`).
+
+Bounded memory: label sets of a release that has not been active for :data:`RELEASE_KEEP`
+release reads are removed (a watch that runs for months through many deploys keeps a fixed
+number of series per target).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "dsv4ctl_watch_"
+
+PROBES = PREFIX + "probes_total"
+"""Counter {target, role, release}: probes judged (any class)."""
+CORRUPTED = PREFIX + "probes_corrupted_total"
+"""Counter {target, role, release, class}: probes the classifier judged corrupted (every class
+but ``http_error`` and ``stuck``)."""
+FAILED = PREFIX + "probes_failed_total"
+"""Counter {target, role, release, class}: probes with no judged answer: ``http_error`` (HTTP or
+protocol error, connection refused or reset) and ``stuck`` (no progress within the stall timeout)."""
+STUCK_NOW = PREFIX + "probes_stuck"
+"""Gauge {target}: probes in flight for longer than the stall timeout right now."""
+TTFT = PREFIX + "probe_ttft_seconds"
+"""Histogram {target, role}: time to first streamed token of streaming probes."""
+E2E = PREFIX + "probe_duration_seconds"
+"""Histogram {target, role}: probe request to complete answer."""
+RELEASE = PREFIX + "release"
+"""Gauge {target, host, release, state} = 1: the release active on the target's node-0 host and
+its recorded state (``active``: health gate passed, not promoted; ``good``: promoted;
+``failed``). One series per target; it follows deploys and rollbacks."""
+RELEASE_READ_ERRORS = PREFIX + "release_read_errors_total"
+"""Counter {host}: failed reads of a host's active release (SSH)."""
+SCRAPE_UP = PREFIX + "scrape_up"
+"""Gauge {target, source}: 1 when the last ``/metrics`` scrape of the target worked (source
+``sglang`` or ``gateway``), else 0."""
+SGLANG_RUNNING = PREFIX + "sglang_running_requests"
+"""Gauge {target}: ``sglang:num_running_reqs`` summed over the target's ranks."""
+SGLANG_QUEUED = PREFIX + "sglang_queued_requests"
+"""Gauge {target}: ``sglang:num_queue_reqs`` summed over ranks."""
+SGLANG_GENERATED = PREFIX + "sglang_generation_tokens"
+"""Gauge {target}: ``sglang:generation_tokens_total`` summed over ranks (a counter as SGLang
+reports it: ``rate()`` of it is the generation throughput; it falls when the server restarts)."""
+SGLANG_TOKEN_USAGE = PREFIX + "sglang_token_usage"
+"""Gauge {target}: ``sglang:token_usage`` (KV pool fraction in use, 0..1), the largest over ranks."""
+SGLANG_TRANSFER_FAILED = PREFIX + "sglang_transfer_failed_requests"
+"""Gauge {target}: ``sglang:num_transfer_failed_reqs_total`` + ``sglang:num_bootstrap_failed_reqs_total``
+(PD KV transfer failures as SGLang counts them; a counter value)."""
+ROUNDS = PREFIX + "rounds_total"
+"""Counter: probe rounds started."""
+ALERT_ACTIONS = PREFIX + "alert_actions_total"
+"""Counter {alert, runbook, outcome}: ``--on-alert`` runbook runs (outcome ``dry_run``,
+``completed``, ``failed``, ``skipped_lock``, ``skipped_window``)."""
+
+RELEASE_KEEP = 8
+"""Releases per target whose probe series are kept after they stop being active."""
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class WatchMetrics:
+    """Every metric of one watch process in its own registry (no process/platform collectors
+    other than prometheus_client's defaults are added; tests build several in one process)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.probes = Counter(PROBES[:-6], "Known-answer probes judged.", ["target", "role", "release"], registry=r)
+        self.corrupted = Counter(CORRUPTED[:-6], "Probes judged corrupted, by class.",
+                                 ["target", "role", "release", "class"], registry=r)
+        self.failed = Counter(FAILED[:-6], "Probes without a judged answer (http_error, stuck).",
+                              ["target", "role", "release", "class"], registry=r)
+        self.stuck_now = Gauge(STUCK_NOW, "Probes in flight longer than the stall timeout.", ["target"], registry=r)
+        self.ttft = Histogram(TTFT, "Time to first token of streaming probes.", ["target", "role"],
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram(E2E, "Probe end to end latency.", ["target", "role"], buckets=E2E_BUCKETS, registry=r)
+        self.release = Gauge(RELEASE, "Release active on the target's node-0 host (value 1).",
+                             ["target", "host", "release", "state"], registry=r)
+        self.release_errors = Counter(RELEASE_READ_ERRORS[:-6], "Failed reads of a host's active release.",
+                                      ["host"], registry=r)
+        self.scrape_up = Gauge(SCRAPE_UP, "Last /metrics scrape of the target worked.", ["target", "source"],
+                               registry=r)
+        self.running = Gauge(SGLANG_RUNNING, "sglang:num_running_reqs summed over ranks.", ["target"], registry=r)
+        self.queued = Gauge(SGLANG_QUEUED, "sglang:num_queue_reqs summed over ranks.", ["target"], registry=r)
+        self.generated = Gauge(SGLANG_GENERATED, "sglang:generation_tokens_total summed over ranks.", ["target"],
+                               registry=r)
+        self.token_usage = Gauge(SGLANG_TOKEN_USAGE, "sglang:token_usage, the largest over ranks.", ["target"],
+                                 registry=r)
+        self.transfer_failed = Gauge(SGLANG_TRANSFER_FAILED, "SGLang PD transfer + bootstrap failures (counter value).",
+                                     ["target"], registry=r)
+        self.rounds = Counter(ROUNDS[:-6], "Probe rounds started.", registry=r)
+        self.alert_actions = Counter(ALERT_ACTIONS[:-6], "--on-alert runbook runs.", ["alert", "runbook", "outcome"],
+                                     registry=r)

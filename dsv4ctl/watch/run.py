@@ -1,0 +1,421 @@
+"""The ``dsv4ctl watch`` process: probe loops, scrapes, release reads, its own ``/metrics``, and
+``--on-alert`` runbook runs (asyncio; aiohttp client and server; SSH reads in worker threads).
+
+Nothing here raises for the deployment's trouble: a server that restarts, a router that is
+down, a host that cannot be reached show up as metrics and event lines; only bad input (exit 2)
+and a listen address that cannot be bound (exit 3) end the process. SIGTERM, SIGINT and SIGHUP
+stop it cleanly: probes in flight are cancelled, the metrics listener closes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import aiohttp
+
+from ..check import expect as E
+from ..check.classify import tool_specs
+from ..check.driver import ClientSideError, make_client, read_capped, run_turn
+from ..check.workload import TOOLS
+from ..errors import RemoteError
+from . import model as M
+from .metrics import RELEASE_KEEP, WatchMetrics
+from .scrape import parse_sglang
+
+SCRAPE_MAX = 8 << 20          # bytes of one /metrics body read at most
+UNKNOWN = "unknown"           # release label before the first successful read
+
+
+@dataclass
+class WatchOptions:
+    """How one watch runs. Seconds everywhere. ``listen``: (host, port) of its own ``/metrics``
+    (None: not served, e.g. ``--once``); ``on_alert``: {condition: runbook}; ``auto``: run them
+    for real (else ``--dry-run``); ``emit``: called with every event (a JSON-able dict)."""
+
+    interval: float = M.DEFAULT_INTERVAL
+    stall_timeout: float = 60.0
+    turn_timeout: float = 300.0
+    release_every: float = M.DEFAULT_RELEASE_EVERY
+    scrape_every: float = 15.0
+    listen: Optional[tuple[str, int]] = None
+    api_key: Optional[str] = None
+    slo: float = 0.01
+    alert_window: float = 3600.0
+    on_alert: dict = field(default_factory=dict)
+    auto: bool = False
+    read_releases: bool = True
+    accept_new_host_keys: bool = False
+    profile_arg: str = ""
+    emit: Callable[[dict], None] = lambda e: None
+
+
+class Watcher:
+    """One watch over a resolved Deployment's :func:`~.model.targets`."""
+
+    def __init__(self, dep, opts: WatchOptions, metrics: Optional[WatchMetrics] = None):
+        self.dep = dep
+        self.opts = opts
+        self.m = metrics or WatchMetrics()
+        self.targets = M.targets(dep)
+        self.model = {t.name: self._served_model(t) for t in self.targets}
+        self.release: dict[str, tuple[str, str]] = {t.name: (UNKNOWN, UNKNOWN) for t in self.targets}
+        self.locks: dict[str, Optional[dict]] = {}
+        self.labels = M.ReleaseLabels(keep=RELEASE_KEEP)
+        self.burn = M.BurnWindow(slo=opts.slo, long_s=opts.alert_window, short_s=opts.alert_window / 12)
+        self.gate = M.ActionGate(window_s=opts.alert_window)
+        self.in_flight: dict[str, float] = {}
+        self._release_key: dict[str, tuple] = {}
+        self._series: dict[tuple, set] = {}     # (target, release) -> {(metric, labels)} of its probe series
+        self.n = 0
+        self.last: dict[str, dict] = {}
+        self.scraped: dict[str, dict] = {}
+        self.stop = asyncio.Event()
+        self._actions: set = set()
+        self.specs = tool_specs(TOOLS)
+
+    def _served_model(self, t: M.Target) -> str:
+        groups = [self.dep.group(t.name.split("#")[0])] if t.role != "router" else self.dep.servers()
+        for g in groups:
+            try:
+                return g.served_model
+            except Exception:      # an unreadable serve config was reported by the resolver already
+                continue
+        return "default"
+
+    # --- probes ----------------------------------------------------------------------------
+    async def probe(self, http: aiohttp.ClientSession, t: M.Target) -> dict:
+        """One known-answer probe of ``t``; updates the metrics; returns its record
+        {target, release, class, outcome, reason, rid, stream, ttft_s, e2e_s}."""
+        n = self.n
+        self.n += 1
+        s = M.probe_session(n)
+        spec = s.spec()
+        rid = f"dsv4ctl-watch-{os.getpid()}-{n}"
+        release, _ = self.release[t.name]
+        started = time.monotonic()
+        self.in_flight[t.name] = started
+        try:
+            result, timing = await run_turn(http, t.url + "/v1/chat/completions", s.request(self.model[t.name], rid),
+                                            s.stream, self.opts.turn_timeout)
+            v = E.judge(result, requires_tool=True, tools=self.specs, expected=spec.expected_calls,
+                        tool_choice=spec.tool_choice)
+            cls, reason = v.cls, v.reason
+        except ClientSideError as e:           # this machine's trouble (descriptors, DNS): not the server's
+            cls, reason, timing = "client_error", str(e), {"ttft_s": None, "e2e_s": None}
+        finally:
+            self.in_flight.pop(t.name, None)
+        rec = {"target": t.name, "release": release, "class": cls, "outcome": M.outcome(cls) if cls != "client_error"
+               else "client_error", "reason": reason, "rid": rid, "stream": s.stream,
+               "ttft_s": timing.get("ttft_s"), "e2e_s": timing.get("e2e_s")}
+        if cls != "client_error":
+            self._count(self.m.probes, (t.name, t.role, release))
+            if rec["outcome"] == "corrupted":
+                self._count(self.m.corrupted, (t.name, t.role, release, cls))
+            elif rec["outcome"] == "failed":
+                self._count(self.m.failed, (t.name, t.role, release, cls))
+            if timing.get("ttft_s") is not None:
+                self.m.ttft.labels(t.name, t.role).observe(timing["ttft_s"])
+            if timing.get("e2e_s") is not None:
+                self.m.e2e.labels(t.name, t.role).observe(timing["e2e_s"])
+            if rec["outcome"] != "failed":
+                self.burn.add(t.name, time.monotonic(), rec["outcome"] == "corrupted")
+        self.last[t.name] = rec
+        if rec["outcome"] != "ok":
+            self.opts.emit({"event": "probe", **rec})
+        return rec
+
+    def _count(self, metric, labels: tuple) -> None:
+        metric.labels(*labels).inc()
+        self._series.setdefault((labels[0], labels[2]), set()).add((metric, labels))
+
+    async def _probe_loop(self, http: aiohttp.ClientSession, t: M.Target) -> None:
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            self.m.rounds.inc()
+            await self.probe(http, t)
+            await self.evaluate()
+            await self._sleep(max(0.0, self.opts.interval - (time.monotonic() - t0)))
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    def stuck(self, now: Optional[float] = None) -> dict[str, float]:
+        """Targets whose probe has been in flight longer than the stall timeout: {target: seconds}."""
+        now = time.monotonic() if now is None else now
+        return {k: now - t0 for k, t0 in self.in_flight.items() if now - t0 > self.opts.stall_timeout}
+
+    async def _ticker(self) -> None:
+        while not self.stop.is_set():
+            stuck = self.stuck()
+            for t in self.targets:
+                if t.probe:
+                    self.m.stuck_now.labels(t.name).set(1 if t.name in stuck else 0)
+            await self.evaluate()
+            await self._sleep(1.0)
+
+    # --- scrapes ---------------------------------------------------------------------------
+    async def scrape(self, http: aiohttp.ClientSession, t: M.Target) -> dict:
+        """One ``/metrics`` scrape of ``t``: {up, error?, ...gauges}; updates the metrics."""
+        doc: dict = {"up": False}
+        try:
+            async with http.get(t.metrics_url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status != 200:
+                    doc["error"] = f"HTTP {r.status}" + (" (started without --enable-metrics?)"
+                                                         if r.status == 404 and t.source == "sglang" else "")
+                else:
+                    text = (await read_capped(r, SCRAPE_MAX)).decode("utf-8", "replace")
+                    if t.source == "sglang":
+                        g = parse_sglang(text)
+                        doc.update(running=g.running, queued=g.queued, generation_tokens=g.generated,
+                                   token_usage=g.token_usage, transfer_failed=g.transfer_failed)
+                        self.m.running.labels(t.name).set(g.running)
+                        self.m.queued.labels(t.name).set(g.queued)
+                        self.m.generated.labels(t.name).set(g.generated)
+                        if g.token_usage is not None:
+                            self.m.token_usage.labels(t.name).set(g.token_usage)
+                        self.m.transfer_failed.labels(t.name).set(g.transfer_failed)
+                    doc["up"] = True
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            doc["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+        self.m.scrape_up.labels(t.name, t.source).set(1 if doc["up"] else 0)
+        self.scraped[t.name] = doc
+        return doc
+
+    async def _scrape_loop(self, http: aiohttp.ClientSession) -> None:
+        while not self.stop.is_set():
+            await asyncio.gather(*(self.scrape(http, t) for t in self.targets if t.metrics_url))
+            await self._sleep(self.opts.scrape_every)
+
+    # --- releases (SSH) --------------------------------------------------------------------
+    def read_releases(self) -> None:
+        """Blocking: read every target host's facts (one SSH command each); set the release
+        labels and lock holders. A host that cannot be read keeps its last labels and counts a
+        read error."""
+        from ..deploy.site import Options, open_site
+        from ..hosts.layout import read_facts
+        from ..remote import run_parallel
+        hosts = sorted({t.host for t in self.targets})
+        site = open_site(self.dep, Options(accept_new_host_keys=self.opts.accept_new_host_keys, dry_run=True))
+        try:
+            res = run_parallel({h: site.transports[h] for h in hosts},
+                               lambda tr: read_facts(tr, site.paths[tr.name].root), timeout=60)
+        finally:
+            site.close()
+        for h, r in res.items():
+            if not r.ok:
+                self.m.release_errors.labels(h).inc()
+                self.opts.emit({"event": "release_read_failed", "host": h, "error": r.error})
+                continue
+            f = r.value
+            self.locks[h] = f.lock
+            for t in self.targets:
+                if t.host != h:
+                    continue
+                rid = f.current or "none"
+                state = (f.recorded(f.current) or "pushed") if f.current else "none"
+                self._set_release(t, h, rid, state)
+
+    def _set_release(self, t: M.Target, host: str, rid: str, state: str) -> None:
+        old = self.release[t.name]
+        if old == (rid, state):
+            return
+        self.release[t.name] = (rid, state)
+        key = self._release_key.get(t.name)
+        if key is not None:
+            self.m.release.remove(*key)
+        self._release_key[t.name] = (t.name, host, rid, state)
+        self.m.release.labels(t.name, host, rid, state).set(1)
+        for gone in self.labels.activate(t.name, rid):
+            self._forget(t, gone)
+        self.opts.emit({"event": "release", "target": t.name, "host": host, "release": rid, "state": state,
+                        "was": old[0]})
+
+    def _forget(self, t: M.Target, release: str) -> None:
+        """Remove ``release``'s probe series of ``t`` (bounded memory; see :class:`~.model.ReleaseLabels`)."""
+        for metric, labels in self._series.pop((t.name, release), ()):
+            metric.remove(*labels)
+
+    async def _release_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await asyncio.to_thread(self.read_releases)
+            except Exception as e:       # never the end of watch: counted, said, retried
+                for h in {t.host for t in self.targets}:
+                    self.m.release_errors.labels(h).inc()
+                self.opts.emit({"event": "release_read_failed", "host": "*", "error": f"{type(e).__name__}: {e}"})
+            await self._sleep(self.opts.release_every)
+
+    # --- --on-alert ------------------------------------------------------------------------
+    def conditions(self, now: Optional[float] = None) -> dict[str, str]:
+        """Alert conditions holding now: {condition: why}."""
+        now = time.monotonic() if now is None else now
+        out = {}
+        burning = self.burn.burning(now)
+        if burning:
+            out["corruption"] = ", ".join(f"{t} {r:.0%} of probes corrupted" for t, r in burning)
+        stuck = self.stuck(now)
+        if stuck:
+            out["stuck"] = ", ".join(f"{t} probe in flight {s:.0f} s" for t, s in stuck.items())
+        return out
+
+    async def evaluate(self) -> None:
+        """Start the ``--on-alert`` runbook of every condition that holds and is due (one per
+        condition per alert window; none while a host's deploy lock is held)."""
+        if not self.opts.on_alert:
+            return
+        now = time.monotonic()
+        for cond, why in self.conditions(now).items():
+            book = self.opts.on_alert.get(cond)
+            if book is None or not self.gate.due(cond, now) or cond in self._actions:
+                continue
+            held = {h: l for h, l in self.locks.items() if l}
+            if held:
+                self.m.alert_actions.labels(cond, book, "skipped_lock").inc()
+                self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "skipped_lock",
+                                "why": why, "locked": sorted(held)})
+                continue
+            self.gate.ran(cond, now)
+            self._actions.add(cond)
+            task = asyncio.create_task(self._run_runbook(cond, book, why))
+            task.add_done_callback(lambda _t, c=cond: self._actions.discard(c))
+
+    async def _run_runbook(self, cond: str, book: str, why: str) -> None:
+        argv = [sys.executable, "-m", "dsv4ctl", "runbook", "run", book, "-p", self.opts.profile_arg,
+                "--yes" if self.opts.auto else "--dry-run"]
+        self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "started",
+                        "mode": "auto" if self.opts.auto else "dry_run", "why": why})
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        outcome = ("dry_run" if not self.opts.auto else "completed") if proc.returncode == 0 else "failed"
+        self.m.alert_actions.labels(cond, book, outcome).inc()
+        tail = out.decode("utf-8", "replace").strip().splitlines()[-3:]
+        self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": outcome,
+                        "exit": proc.returncode, "mode": "auto" if self.opts.auto else "dry_run", "why": why,
+                        "output_tail": tail})
+        if self.opts.auto:
+            await asyncio.to_thread(self._audit, cond, book, outcome, proc.returncode, why)
+
+    def _audit(self, cond: str, book: str, outcome: str, code: int, why: str) -> None:
+        """One audit record per target host: watch ran a runbook (best effort: a host that cannot
+        be reached is said as an event)."""
+        from ..deploy.site import Options, open_site
+        from ..hosts.audit import append_cmd, audit_record
+        from ..remote import run_parallel
+        hosts = sorted({t.host for t in self.targets})
+        site = open_site(self.dep, Options(accept_new_host_keys=self.opts.accept_new_host_keys))
+        try:
+            res = run_parallel({h: site.transports[h] for h in hosts}, lambda tr: tr.run(append_cmd(
+                f"{site.paths[tr.name].root}/audit.jsonl", audit_record(
+                    tr.name, "watch-on-alert", "ok" if code == 0 else "failed",
+                    f"{cond}: ran runbook {book} ({why}); exit {code}", runbook=book, condition=cond))), timeout=60)
+        finally:
+            site.close()
+        for h, r in res.items():
+            if not r.ok:
+                self.opts.emit({"event": "audit_failed", "host": h, "error": r.error})
+
+    # --- the process -----------------------------------------------------------------------
+    async def serve_metrics(self):
+        """Start the ``/metrics`` listener on ``opts.listen``; RemoteError (exit 3) when the
+        address cannot be bound. Returns the aiohttp runner (cleaned up by :meth:`run`)."""
+        from aiohttp import web
+        from prometheus_client import generate_latest
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+        async def metrics(request):
+            return web.Response(body=generate_latest(self.m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def health(request):
+            return web.Response(text="ok\n")
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        host, port = self.opts.listen
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as e:
+            await runner.cleanup()
+            raise RemoteError(f"--listen {host}:{port}: cannot listen ({e.strerror or e})") from None
+        return runner
+
+    async def run(self) -> None:
+        """Until :attr:`stop` is set: one probe loop per probed target, the scrape loop, the
+        release loop, the stuck/alert ticker and the metrics listener."""
+        runner = await self.serve_metrics() if self.opts.listen else None
+        self.opts.emit({"event": "started", "targets": [t.name for t in self.targets if t.probe],
+                        "scraped": [t.name for t in self.targets if t.metrics_url],
+                        "listen": f"{self.opts.listen[0]}:{self.opts.listen[1]}" if self.opts.listen else None,
+                        "interval_s": self.opts.interval})
+        http = make_client(len(self.targets) * 2, self.opts.stall_timeout, self.opts.api_key)
+        tasks = [asyncio.create_task(self._probe_loop(http, t)) for t in self.targets if t.probe]
+        tasks.append(asyncio.create_task(self._scrape_loop(http)))
+        tasks.append(asyncio.create_task(self._ticker()))
+        if self.opts.read_releases:
+            tasks.append(asyncio.create_task(self._release_loop()))
+        try:
+            await self.stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await http.close()
+            if runner is not None:
+                await runner.cleanup()
+            self.opts.emit({"event": "stopped", "probes": self.n})
+
+    async def once(self) -> dict:
+        """One round for cron or a pipeline: releases read once, every target scraped once and
+        every probed target probed once (concurrently). Returns the ``dsv4ctl.watch/1`` document."""
+        if self.opts.read_releases:
+            try:
+                await asyncio.to_thread(self.read_releases)
+            except Exception as e:
+                self.opts.emit({"event": "release_read_failed", "host": "*", "error": f"{type(e).__name__}: {e}"})
+        self.m.rounds.inc()
+        http = make_client(len(self.targets) * 2, self.opts.stall_timeout, self.opts.api_key)
+        try:
+            probes = await asyncio.gather(*(self.probe(http, t) for t in self.targets if t.probe))
+            await asyncio.gather(*(self.scrape(http, t) for t in self.targets if t.metrics_url))
+        finally:
+            await http.close()
+        return self.document(list(probes))
+
+    def document(self, probes: list[dict]) -> dict:
+        """The ``dsv4ctl.watch/1`` JSON document of a round: targets (role, url, release, state,
+        probe record or None, scrape) and ``ok`` (every probe ok)."""
+        by = {p["target"]: p for p in probes}
+        return {"schema": "dsv4ctl.watch/1", "profile": self.dep.name,
+                "ok": all(p["outcome"] == "ok" for p in probes),
+                "targets": [{"name": t.name, "role": t.role, "url": t.url, "host": t.host,
+                             "release": self.release[t.name][0], "state": self.release[t.name][1],
+                             "probe": by.get(t.name), "scrape": self.scraped.get(t.name)} for t in self.targets]}
+
+
+def event_line(e: dict) -> str:
+    """One log line for an event (stderr, and the ``--log`` JSONL file gets the dict itself)."""
+    kind = e.get("event")
+    if kind == "probe":
+        return f"watch: {e['target']}: probe {e['rid']} {e['outcome']} ({e['class']}: {e['reason']})"
+    if kind == "release":
+        return f"watch: {e['target']}: release {e['release']} ({e['state']}) on {e['host']}, was {e['was']}"
+    if kind == "alert_action":
+        return (f"watch: on-alert {e['condition']}: runbook {e['runbook']} {e['outcome']}"
+                + (f" (exit {e['exit']})" if "exit" in e else "") + (f": {e['why']}" if e.get("why") else ""))
+    if kind == "started":
+        return (f"watch: probing {', '.join(e['targets'])} every {e['interval_s']:g} s"
+                + (f"; metrics on http://{e['listen']}/metrics" if e.get("listen") else ""))
+    if kind == "stopped":
+        return f"watch: stopped after {e['probes']} probes"
+    return "watch: " + json.dumps({k: v for k, v in e.items() if k != "event"} | {"event": kind}, sort_keys=True)

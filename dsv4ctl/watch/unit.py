@@ -1,0 +1,54 @@
+"""The systemd unit ``dsv4ctl watch --print unit`` writes: a long-running service for one
+profile (pure)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+UNIT = """# dsv4ctl watch for profile {profile}
+# Install: dsv4ctl watch {profile_q} --print unit > /etc/systemd/system/dsv4ctl-watch@{name}.service
+#          systemctl daemon-reload && systemctl enable --now dsv4ctl-watch@{name}.service
+[Unit]
+Description=dsv4ctl watch: known-answer tool-call probes for {name}
+Documentation=https://github.com/dsv4ctl/dsv4ctl#watch
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+ExecStart={exec_start}
+# SIGTERM stops it cleanly (exit 0); it never changes the deployment without --on-alert ... --auto
+KillSignal=SIGTERM
+TimeoutStopSec=30
+Restart=on-failure
+RestartSec=15
+# probes hold at most one request per target; the process stays small
+MemoryMax=512M
+NoNewPrivileges=true
+{environment}
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def render_unit(profile: str, python: str | None = None, extra_args: tuple[str, ...] = (),
+                environment: dict[str, str] | None = None) -> str:
+    """A systemd service unit running ``python -m dsv4ctl watch PROFILE`` (``python``: this
+    interpreter by default, so the unit runs the dsv4ctl that printed it) with ``extra_args``
+    (e.g. ``--listen``); ``environment`` as ``Environment=`` lines (never a secret: use
+    ``EnvironmentFile=`` for ``DSV4CTL_API_KEY``). ``profile`` should be an absolute path or a
+    shipped name."""
+    import os
+    name = os.path.splitext(os.path.basename(profile))[0] or "default"
+    argv = [python or sys.executable, "-m", "dsv4ctl", "watch", profile, *extra_args]
+    env = "".join(f"Environment={shlex.quote(k + '=' + v)}\n" for k, v in (environment or {}).items())
+    return UNIT.format(profile=profile, profile_q=shlex.quote(profile), name=name,
+                       exec_start=" ".join(_systemd_quote(a) for a in argv), environment=env)
+
+
+def _systemd_quote(word: str) -> str:
+    """One ExecStart word: plain when safe, else double-quoted with systemd's escapes."""
+    if word and all(c.isalnum() or c in "/._-:=@+," for c in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%") + '"'

@@ -1,0 +1,429 @@
+"""``dsv4ctl watch``: the pure parts (targets, alert conditions, bounded labels, durations, SGLang
+metrics parsing, the systemd unit) and the process against the stand-in SGLang server (which
+serves through SGLang 0.5.23's real DeepSeek-V4 output path): --once, /metrics, SIGTERM, a server
+restart under watch, --on-alert, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.commands.options import duration
+from dsv4ctl.errors import InputError
+from dsv4ctl.profile.deployment import load_deployment
+from dsv4ctl.watch import model as M
+from dsv4ctl.watch.run import Watcher, WatchOptions
+from dsv4ctl.watch.scrape import parse_sglang
+from dsv4ctl.watch.unit import render_unit
+from tests.conftest import DEFAULT_PROFILE, REPO, loopback, run_cli
+from tests.standin.harness import free_port, popen_standin, standin, wait_health, write_config
+
+FAST = ("--ttft-ms", "1", "--itl-ms", "0")
+
+
+# --- pure ------------------------------------------------------------------------------------
+def test_targets_of_the_pd_profile_probe_the_router_and_scrape_every_server():
+    ts = M.targets(load_deployment(DEFAULT_PROFILE))
+    assert [(t.name, t.role, t.probe, t.source) for t in ts] == [
+        ("router", "router", True, "gateway"), ("prefill", "prefill", False, "sglang"),
+        ("decode", "decode", False, "sglang")]
+    assert ts[0].url == "http://127.0.0.1:8000" and ts[0].metrics_url == "http://127.0.0.1:29000/metrics"
+    assert ts[1].metrics_url == "http://127.0.0.1:30000/metrics"
+
+
+def _profile(tmp: Path, groups: str, port: int = 30000, address: str = "127.0.0.1") -> Path:
+    write_config(tmp / "c.yaml", port=port, enable_metrics=True, tp_size=8)
+    p = tmp / "p.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        version: 1
+        name: w
+        model: deepseek-v4-flash
+        hosts:
+          - name: local
+            address: {address}
+            gpus: {{model: NVIDIA B200, count: 8, memory_mib: 183359}}
+        groups:
+        """) + textwrap.indent(textwrap.dedent(groups), "  "))
+    return p
+
+
+def test_a_pd_profile_without_a_router_has_nothing_to_probe(tmp_path):
+    p = _profile(tmp_path, """\
+        - {name: prefill, role: prefill, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """)
+    with pytest.raises(InputError, match="nothing to probe"):
+        M.targets(load_deployment(p))
+    r = run_cli("watch", str(p), "--once", "--no-releases")
+    assert r.code == 2 and "nothing to probe: watch probes through a router group or a colocated" in r.err
+    assert "Traceback" not in r.err
+
+
+def test_probe_sessions_are_known_answer_turns_alternating_stream():
+    s0, s1 = M.probe_session(0), M.probe_session(1)
+    assert s0.stream and not s1.stream
+    for n in range(40):
+        spec = M.probe_session(n).spec()
+        assert spec.requires_tool and spec.expected_calls, n
+        assert spec.max_tokens == M.PROBE_MAX_TOKENS
+    assert M.probe_session(7).spec().instruction == M.probe_session(7).spec().instruction
+
+
+def test_outcome_of_each_class():
+    assert M.outcome("ok") == "ok"
+    assert M.outcome("http_error") == "failed" and M.outcome("stuck") == "failed"
+    assert M.outcome("dsml_in_content") == "corrupted" and M.outcome("wrong_args") == "corrupted"
+
+
+def test_burn_window_needs_both_windows_and_enough_probes():
+    b = M.BurnWindow(slo=0.01, long_s=3600, short_s=300, burn=10, min_probes=10)
+    # 9 probes, 5 corrupted: under the minimum
+    for i in range(9):
+        b.add("router", 1000 + i * 10, i < 5)
+    assert b.burning(1090) == []
+    b.add("router", 1090, True)
+    assert b.burning(1090) == [("router", pytest.approx(0.6))]
+    # 30 clean probes later the short window is clean: no burn although the long window still is
+    for i in range(30):
+        b.add("router", 1100 + i * 10, False)
+    k, n = b.ratio("router", 1400, 300)
+    assert (k, n) == (0, 30)
+    assert b.burning(1400) == []
+    # the long window forgets what is older than an hour
+    assert b.ratio("router", 1000 + 3600 + 95, 3600) == (0, 30)
+
+
+def test_burn_threshold_is_burn_times_slo():
+    b = M.BurnWindow(slo=0.01, long_s=600, short_s=60, burn=10, min_probes=10)
+    for i in range(100):                  # 10 % corrupted: exactly 10 x 1 %, not above
+        b.add("one", i, i % 10 == 0)
+    assert b.burning(99) == []
+    b.add("one", 99.5, True)
+    assert [t for t, _ in b.burning(99.5)] == ["one"]
+
+
+def test_release_labels_keep_a_bounded_history():
+    r = M.ReleaseLabels(keep=2)
+    assert r.activate("router", "a") == []
+    assert r.activate("router", "a") == []
+    assert r.activate("router", "b") == []
+    assert r.activate("router", "c") == []
+    assert r.activate("router", "d") == ["a"]        # a: not active for 2 changes
+    assert r.activate("router", "b") == []           # rollback to b keeps it
+    assert r.activate("router", "e") == ["c"]
+    assert r.activate("decode", "a") == []           # per target
+
+
+def test_parse_on_alert():
+    books = ["toolcall-corruption", "scheduler-stall"]
+    assert M.parse_on_alert(["toolcall-corruption"], books) == {"corruption": "toolcall-corruption"}
+    assert M.parse_on_alert(["stuck=scheduler-stall", "corruption = toolcall-corruption"], books) == {
+        "stuck": "scheduler-stall", "corruption": "toolcall-corruption"}
+    with pytest.raises(InputError, match="unknown condition 'latency'"):
+        M.parse_on_alert(["latency=scheduler-stall"], books)
+    with pytest.raises(InputError, match="no runbook 'nope'"):
+        M.parse_on_alert(["nope"], books)
+    with pytest.raises(InputError, match="given twice"):
+        M.parse_on_alert(["toolcall-corruption", "corruption=scheduler-stall"], books)
+
+
+def test_action_gate_once_per_window():
+    g = M.ActionGate(window_s=600)
+    assert g.due("corruption", 0)
+    g.ran("corruption", 0)
+    assert not g.due("corruption", 599) and g.due("stuck", 599)
+    assert g.due("corruption", 600)
+
+
+@pytest.mark.parametrize("text,secs", [("90s", 90), ("15m", 900), ("2h", 7200), ("1d", 86400), ("500ms", 0.5),
+                                       ("2.5", 2.5), (" 10s ", 10)])
+def test_duration_spellings(text, secs):
+    assert duration(text, "--x") == secs
+
+
+@pytest.mark.parametrize("text", ["", "10 minutes", "-5s", "1w", "0s", "s"])
+def test_duration_refuses(text):
+    with pytest.raises(InputError, match="--x"):
+        duration(text, "--x")
+
+
+def test_duration_bounds_in_words():
+    with pytest.raises(InputError, match=r"--interval '500ms': expected 1s\.\.1d"):
+        duration("500ms", "--interval", lo=1, hi=86400)
+
+
+SGLANG_TEXT = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 2.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{tp_rank="0"} 7.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{tp_rank="0"} 0.31
+sglang:token_usage{tp_rank="1"} 0.97
+# TYPE sglang:generation_tokens counter
+sglang:generation_tokens_total{tp_rank="0"} 1200.0
+sglang:generation_tokens_total{tp_rank="1"} 34.0
+# TYPE sglang:num_transfer_failed_reqs counter
+sglang:num_transfer_failed_reqs_total{tp_rank="0"} 2.0
+# TYPE sglang:num_bootstrap_failed_reqs counter
+sglang:num_bootstrap_failed_reqs_total{tp_rank="0"} 1.0
+"""
+
+
+def test_parse_sglang_sums_ranks_and_takes_the_fullest_pool():
+    g = parse_sglang(SGLANG_TEXT)
+    assert (g.running, g.queued, g.generated, g.token_usage, g.transfer_failed) == (5.0, 7.0, 1234.0, 0.97, 3.0)
+    assert parse_sglang("").token_usage is None
+    with pytest.raises(ValueError, match="not Prometheus text"):
+        parse_sglang("sglang:num_running_reqs{tp_rank=0 3\n")
+
+
+def test_unit_runs_this_interpreter_with_the_profile():
+    u = render_unit("/etc/dsv4ctl/prod pd.yaml", python="/opt/dsv4ctl/bin/python", extra_args=("--listen", "0.0.0.0:9477"))
+    assert 'ExecStart=/opt/dsv4ctl/bin/python -m dsv4ctl watch "/etc/dsv4ctl/prod pd.yaml" --listen 0.0.0.0:9477' in u
+    assert "KillSignal=SIGTERM" in u and "Restart=on-failure" in u and "WantedBy=multi-user.target" in u
+    assert "dsv4ctl-watch@prod pd.service" in u
+    assert 'ExecStart=/x/python -m dsv4ctl watch "a$$b%%c"' in render_unit("a$b%c", python="/x/python")
+
+
+# --- the process against the stand-in --------------------------------------------------------
+@pytest.fixture
+def colocated(tmp_path):
+    """A colocated profile whose server is a stand-in (metrics on, HiCache on) at this worker's
+    loopback address; yields (profile path, url, config path, port)."""
+    addr = loopback(31)
+    port = free_port()
+    p = _profile(tmp_path, """\
+        - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """, port=port, address=addr)
+    yield p, f"http://{addr}:{port}", tmp_path / "c.yaml", port, addr
+
+
+def _standin(cfg: Path, addr: str, port: int, *flags: str):
+    proc = popen_standin(["--config", str(cfg), "--host", addr, "--port", str(port), *FAST, *flags], quiet=True)
+    wait_health(f"http://{addr}:{port}", timeout=60)
+    return proc
+
+
+def _stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_once_json_judges_a_clean_server_ok(colocated):
+    p, url, cfg, port, addr = colocated
+    proc = _standin(cfg, addr, port)
+    try:
+        r = run_cli("watch", str(p), "--once", "--json", "--no-releases")
+    finally:
+        _stop(proc)
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["schema"] == "dsv4ctl.watch/1" and doc["ok"] is True
+    (t,) = doc["targets"]
+    assert t["name"] == "one" and t["probe"]["class"] == "ok" and t["probe"]["outcome"] == "ok"
+    assert t["scrape"]["up"] is True and t["scrape"]["running"] >= 0 and t["scrape"]["generation_tokens"] > 0
+    assert t["release"] == "unknown"
+
+
+def test_once_names_the_corruption_class_and_exits_1(colocated):
+    p, url, cfg, port, addr = colocated
+    proc = _standin(cfg, addr, port, "--fault", "markup_as_text")
+    try:
+        r = run_cli("watch", str(p), "--once", "--json", "--no-releases")
+    finally:
+        _stop(proc)
+    assert r.code == 1, r.err
+    assert "gate failed: 1 of 1 probes not ok: one dsml_in_content" in r.err
+    assert r.json()["targets"][0]["probe"]["outcome"] == "corrupted"
+
+
+def test_once_against_nothing_listening_exits_3(colocated):
+    p, url, cfg, port, addr = colocated
+    r = run_cli("watch", str(p), "--once", "--no-releases")
+    assert r.code == 3 and "no probed target could be reached: one:" in r.err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--interval", "500ms"], "--interval '500ms': expected 1s..1d"),
+    (["--interval", "fast"], "--interval 'fast': expected a duration"),
+    (["--json"], "--json needs --once"),
+    (["--auto"], "--auto needs --on-alert"),
+    (["--on-alert", "no-such-book"], "no runbook 'no-such-book'"),
+    (["--print", "grafana"], "--print 'grafana': expected one of rules, dashboard, unit"),
+    (["--listen", "127.0.0.1"], "--listen '127.0.0.1'"),
+    (["--log", "/nonexistent/dir/watch.jsonl"], "--log /nonexistent/dir/watch.jsonl"),
+])
+def test_bad_input_is_one_line_exit_2(colocated, args, msg):
+    p = colocated[0]
+    r = run_cli("watch", str(p), "--no-releases", *args)
+    assert r.code == 2, (r.code, r.err)
+    assert msg in r.err and r.err.count("\n") == 1 and "Traceback" not in r.err
+
+
+def test_listen_address_in_use_exits_3(colocated):
+    import socket
+    p, url, cfg, port, addr = colocated
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = run_cli("watch", str(p), "--no-releases", "--listen", f"{addr}:{busy}", timeout=60)
+    assert r.code == 3 and f"--listen {addr}:{busy}: cannot listen" in r.err
+
+
+def _metrics(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+            out[key] = s.value
+    return out
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _spawn_watch(p: Path, *args: str, log: Path | None = None):
+    env = dict(os.environ, NO_COLOR="1")
+    cmd = [sys.executable, "-m", "dsv4ctl", "watch", str(p), "--no-releases", *args] + (["--log", str(log)] if log else [])
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _scrape_or_none(url: str):
+    try:
+        return _metrics(url)
+    except OSError:
+        return None
+
+
+def test_watch_counts_probes_survives_a_restart_and_stops_on_sigterm(colocated, tmp_path):
+    p, url, cfg, port, addr = colocated
+    mport = free_port()
+    murl = f"http://{addr}:{mport}/metrics"
+    proc = _standin(cfg, addr, port)
+    log = tmp_path / "watch.jsonl"
+    w = _spawn_watch(p, "--interval", "1s", "--scrape-every", "1s", "--stall-timeout", "5s",
+                     "--listen", f"{addr}:{mport}", log=log)
+    try:
+        key = "dsv4ctl_watch_probes_total{release=unknown,role=colocated,target=one}"
+        _wait(lambda: (_scrape_or_none(murl) or {}).get(key, 0) >= 2, 60, "two probes")
+        m = _metrics(murl)
+        assert m["dsv4ctl_watch_scrape_up{source=sglang,target=one}"] == 1.0
+        assert m["dsv4ctl_watch_sglang_generation_tokens{target=one}"] > 0
+        assert m["dsv4ctl_watch_probe_duration_seconds_count{role=colocated,target=one}"] >= 2
+        # the server goes away: failed probes and a scrape down, watch keeps running
+        _stop(proc)
+        fkey = "dsv4ctl_watch_probes_failed_total{class=http_error,release=unknown,role=colocated,target=one}"
+        _wait(lambda: (_scrape_or_none(murl) or {}).get(fkey, 0) >= 1, 30, "a failed probe")
+        _wait(lambda: (_scrape_or_none(murl) or {}).get("dsv4ctl_watch_scrape_up{source=sglang,target=one}") == 0.0,
+              30, "scrape down")
+        assert w.poll() is None
+        # it comes back: probes are ok again
+        proc = _standin(cfg, addr, port)
+        before = _metrics(murl)[key]
+        _wait(lambda: (_scrape_or_none(murl) or {}).get(key, 0) >= before + 2, 60, "probes after the restart")
+        assert _metrics(murl)["dsv4ctl_watch_scrape_up{source=sglang,target=one}"] == 1.0
+        w.send_signal(signal.SIGTERM)
+        out, err = w.communicate(timeout=30)
+        assert w.returncode == 0, err
+        assert "watch: stopped after" in err
+        with pytest.raises(OSError):
+            urllib.request.urlopen(murl, timeout=2)
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        assert events[0]["event"] == "started" and events[-1]["event"] == "stopped"
+        assert any(e["event"] == "probe" and e["class"] == "http_error" for e in events)
+    finally:
+        if w.poll() is None:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait()
+        _stop(proc)
+
+
+def test_on_alert_runs_the_runbook_once_per_window_as_a_dry_run_and_says_how_it_ended(colocated, tmp_path):
+    p, url, cfg, port, addr = colocated
+    proc = _standin(cfg, addr, port, "--fault", "markup_as_text")
+    log = tmp_path / "watch.jsonl"
+    mport = free_port()
+    w = _spawn_watch(p, "--interval", "1s", "--scrape-every", "5s", "--listen", f"{addr}:{mport}",
+                     "--alert-window", "24s", "--on-alert", "toolcall-corruption", log=log)
+    try:
+        def finished():
+            if not log.exists():
+                return None
+            ev = [json.loads(x) for x in log.read_text().splitlines()]
+            return [e for e in ev if e["event"] == "alert_action" and e["outcome"] != "started"] or None
+        done = _wait(finished, 90, "the runbook run")
+        (e,) = done
+        assert e["runbook"] == "toolcall-corruption" and e["mode"] == "dry_run" and e["condition"] == "corruption"
+        # the dry run reads the hosts; this one has no sshd, so the dry run says it would stop there
+        assert e["outcome"] == "failed" and e["exit"] == 1, e["output_tail"]
+        assert "the run would stop at step hicache_off" in e["output_tail"][-1]
+        assert "one 100% of probes corrupted" in e["why"]
+        # one run per window: nothing more in the next 5 s (the window is 24 s)
+        time.sleep(5)
+        assert len(finished()) == 1
+        m = _metrics(f"http://{addr}:{mport}/metrics")
+        assert m["dsv4ctl_watch_alert_actions_total{alert=corruption,outcome=failed,runbook=toolcall-corruption}"] == 1
+    finally:
+        w.send_signal(signal.SIGTERM)
+        try:
+            w.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait()
+        _stop(proc)
+
+
+def test_print_artifacts(colocated):
+    p = colocated[0]
+    r = run_cli("watch", str(p), "--print", "unit")
+    assert r.code == 0 and f"-m dsv4ctl watch {p}" in r.out and "[Service]" in r.out
+    r = run_cli("watch", str(p), "--print", "dashboard")
+    assert r.code == 0 and json.loads(r.out)["panels"]
+    r = run_cli("watch", str(p), "--print", "rules")
+    assert r.code == 0 and "DSV4ToolCallCorruptionFastBurn" in r.out
+
+
+def test_watcher_drops_series_of_releases_long_gone(tmp_path):
+    p = _profile(tmp_path, """\
+        - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """)
+    w = Watcher(load_deployment(p), WatchOptions(read_releases=False))
+    t = w.targets[0]
+    for i in range(12):
+        w._set_release(t, "local", f"r{i}", "active")
+        w._count(w.m.probes, (t.name, t.role, f"r{i}"))
+    from prometheus_client import generate_latest
+    text = generate_latest(w.m.registry).decode()
+    kept = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_probes_total{")]
+    assert len(kept) == 9                       # the active one + RELEASE_KEEP (8) before it
+    assert 'release="r11"' in kept[-1] and not any('release="r2"' in k for k in kept)
+    rel = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_release{")]
+    assert rel == ['dsv4ctl_watch_release{host="local",release="r11",state="active",target="one"} 1.0']
