@@ -24,9 +24,33 @@ def _listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
-def _artifact(kind: str, profile_arg: Optional[str], slo: float) -> str:
+#: Options that never go into the printed unit's ExecStart (a unit is the continuous watch).
+NOT_IN_UNIT = ("profile", "profile_opt", "print_", "once", "as_json")
+
+
+def _unit_args(ctx: typer.Context) -> tuple[str, ...]:
+    """The watch options given on this command line (besides the profile, ``--print``, ``--once``
+    and ``--json``), as words for the unit's ExecStart: ``dsv4ctl watch P --listen A --print unit``
+    prints a unit that runs ``dsv4ctl watch P --listen A``. ``--log`` becomes an absolute path."""
+    import os
+    out: list[str] = []
+    for p in ctx.command.params:
+        source = ctx.get_parameter_source(p.name)
+        if p.param_type_name != "option" or p.name in NOT_IN_UNIT or getattr(source, "name", "") != "COMMANDLINE":
+            continue
+        opt, value = max(p.opts, key=len), ctx.params[p.name]
+        if p.is_flag:
+            out += [opt] if value else []
+        else:
+            for v in (value if p.multiple else [value]):
+                out += [opt, os.path.abspath(str(v)) if p.name == "log" else str(v)]
+    return tuple(out)
+
+
+def _artifact(kind: str, profile_arg: Optional[str], slo: float, unit_args: tuple[str, ...] = ()) -> str:
     """The text of a shipped artifact: the Prometheus rules (for the profile's SLO), the Grafana
-    dashboard, or the systemd unit (for this profile)."""
+    dashboard, or the systemd unit (for this profile, with the watch options of this command
+    line: ``unit_args``, see :func:`_unit_args`)."""
     from ..resources import data_path
     if kind == "rules":
         from ..watch.rules import render_rules
@@ -34,10 +58,11 @@ def _artifact(kind: str, profile_arg: Optional[str], slo: float) -> str:
     if kind == "dashboard":
         return data_path("watch", "dashboard.json").read_text()
     from ..watch.unit import render_unit
-    return render_unit(profile_arg)
+    return render_unit(profile_arg, extra_args=unit_args)
 
 
-def watch(profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE)."),
+def watch(ctx: typer.Context,
+          profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE)."),
           once: bool = typer.Option(False, "--once", help="One round (every target probed and scraped once), then exit."),
           as_json: bool = typer.Option(False, "--json", help="With --once: print the dsv4ctl.watch/1 JSON document."),
           interval: str = typer.Option("10s", "--interval", help="Time between probes of one target (at least 1s: one probe per second per target, one in flight)."),
@@ -50,7 +75,7 @@ def watch(profile: Optional[str] = typer.Argument(None, help="Profile path or sh
           auto: bool = typer.Option(False, "--auto", help="With --on-alert: run the runbook for real (--yes), not --dry-run."),
           alert_window: str = typer.Option("1h", "--alert-window", help="Long window of the in-process corruption burn (short: 1/12 of it); at most one --on-alert run per condition per window."),
           log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
-          print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO), dashboard (Grafana JSON), unit (systemd unit for this profile)."),
+          print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO), dashboard (Grafana JSON), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No event lines on stderr."),
           accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")) -> None:
     """Probe the deployment continuously with known-answer tool calls (the gate's classifier)
@@ -82,8 +107,12 @@ def watch(profile: Optional[str] = typer.Argument(None, help="Profile path or sh
     if auto and not on_alert:
         raise InputError("--auto needs --on-alert RUNBOOK (what to run)")
     dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
+    if print_ == "unit" and once:
+        raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
     if print_ is not None:
-        sys.stdout.write(_artifact(print_, profile if profile is not None else str(dep.path), dep.check.max_corruption))
+        import os
+        arg = str(dep.path) if profile is None else os.path.abspath(profile) if os.path.isfile(profile) else profile
+        sys.stdout.write(_artifact(print_, arg, dep.check.max_corruption, _unit_args(ctx) if print_ == "unit" else ()))
         return
     from ..resources import runbook_names
     actions = M.parse_on_alert(on_alert, runbook_names())
