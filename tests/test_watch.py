@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4ctl.check import classify as C
 from dsv4ctl.commands.options import duration
 from dsv4ctl.errors import InputError
 from dsv4ctl.profile.deployment import load_deployment
@@ -423,7 +424,27 @@ def test_watcher_drops_series_of_releases_long_gone(tmp_path):
     from prometheus_client import generate_latest
     text = generate_latest(w.m.registry).decode()
     kept = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_probes_total{")]
-    assert len(kept) == 9                       # the active one + RELEASE_KEEP (8) before it
-    assert 'release="r11"' in kept[-1] and not any('release="r2"' in k for k in kept)
+    # the active one + RELEASE_KEEP (8) before it; 'unknown' (before the first read) is gone too
+    assert sorted(k.split('release="')[1].split('"')[0] for k in kept) == sorted(f"r{i}" for i in range(3, 12))
+    assert all(k.endswith(" 1.0") for k in kept)
+    corrupted = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_probes_corrupted_total{")]
+    assert len(corrupted) == 9 * (len(C.CLASSES) - 2)    # every corruption class at 0 from the start
+    assert all(k.endswith(" 0.0") for k in corrupted)
     rel = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_release{")]
     assert rel == ['dsv4ctl_watch_release{host="local",release="r11",state="active",target="one"} 1.0']
+
+
+def test_probe_series_exist_at_zero_before_the_first_probe(tmp_path):
+    """A counter born at 1 is invisible to rate()/increase(): every series a rule sums starts at 0."""
+    p = _profile(tmp_path, """\
+        - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """)
+    w = Watcher(load_deployment(p), WatchOptions(read_releases=False))
+    from prometheus_client import generate_latest
+    text = generate_latest(w.m.registry).decode()
+    assert 'dsv4ctl_watch_probes_total{release="unknown",role="colocated",target="one"} 0.0' in text
+    assert 'dsv4ctl_watch_probes_corrupted_total{class="dsml_in_content",release="unknown",role="colocated",target="one"} 0.0' in text
+    assert 'dsv4ctl_watch_probes_failed_total{class="stuck",release="unknown",role="colocated",target="one"} 0.0' in text
+    w._set_release(w.targets[0], "local", "r1", "good")
+    text = generate_latest(w.m.registry).decode()
+    assert 'dsv4ctl_watch_probes_corrupted_total{class="wrong_args",release="r1",role="colocated",target="one"} 0.0' in text

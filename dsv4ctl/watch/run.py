@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import aiohttp
 
 from ..check import expect as E
+from ..check import classify as C
 from ..check.classify import tool_specs
 from ..check.driver import ClientSideError, make_client, read_capped, run_turn
 from ..check.workload import TOOLS
@@ -77,7 +78,12 @@ class Watcher:
         self.scraped: dict[str, dict] = {}
         self.stop = asyncio.Event()
         self._actions: set = set()
+        self._held: set = set()          # conditions whose run waits for a held deploy lock (said once)
         self.specs = tool_specs(TOOLS)
+        for t in self.targets:
+            if t.probe:
+                self._zeros(t.name, t.role, UNKNOWN)
+                self.labels.activate(t.name, UNKNOWN)
 
     def _served_model(self, t: M.Target) -> str:
         groups = [self.dep.group(t.name.split("#")[0])] if t.role != "router" else self.dep.servers()
@@ -131,8 +137,23 @@ class Watcher:
         return rec
 
     def _count(self, metric, labels: tuple) -> None:
+        self._zeros(labels[0], labels[1], labels[2])
         metric.labels(*labels).inc()
-        self._series.setdefault((labels[0], labels[2]), set()).add((metric, labels))
+        self._series[(labels[0], labels[2])].add((metric, labels))
+
+    def _zeros(self, target: str, role: str, release: str) -> None:
+        """Create every probe series of (target, release) at 0 on first use: a counter born at 1
+        is invisible to ``rate()``/``increase()``, so a first corruption of a class would be
+        missed by the rules."""
+        key = (target, release)
+        if key in self._series:
+            return
+        keys = {(self.m.probes, (target, role, release))}
+        keys |= {(self.m.corrupted, (target, role, release, c)) for c in C.CLASSES if c not in M.FAILED_CLASSES}
+        keys |= {(self.m.failed, (target, role, release, c)) for c in M.FAILED_CLASSES}
+        for metric, labels in keys:
+            metric.labels(*labels).inc(0)
+        self._series[key] = keys
 
     async def _probe_loop(self, http: aiohttp.ClientSession, t: M.Target) -> None:
         while not self.stop.is_set():
@@ -234,6 +255,8 @@ class Watcher:
             self.m.release.remove(*key)
         self._release_key[t.name] = (t.name, host, rid, state)
         self.m.release.labels(t.name, host, rid, state).set(1)
+        if t.probe:
+            self._zeros(t.name, t.role, rid)
         for gone in self.labels.activate(t.name, rid):
             self._forget(t, gone)
         self.opts.emit({"event": "release", "target": t.name, "host": host, "release": rid, "state": state,
@@ -279,10 +302,13 @@ class Watcher:
                 continue
             held = {h: l for h, l in self.locks.items() if l}
             if held:
-                self.m.alert_actions.labels(cond, book, "skipped_lock").inc()
-                self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "skipped_lock",
-                                "why": why, "locked": sorted(held)})
+                if cond not in self._held:     # said once per held lock, not on every evaluation
+                    self._held.add(cond)
+                    self.m.alert_actions.labels(cond, book, "skipped_lock").inc()
+                    self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book,
+                                    "outcome": "skipped_lock", "why": why, "locked": sorted(held)})
                 continue
+            self._held.discard(cond)
             self.gate.ran(cond, now)
             self._actions.add(cond)
             task = asyncio.create_task(self._run_runbook(cond, book, why))
