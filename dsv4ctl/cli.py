@@ -12,7 +12,7 @@ import typer
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_REMOTE, EXIT_USAGE, DsvError
 
-HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23: plan, patch, deploy, hicache, check, runbooks.\n\n"
+HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23: plan, patch, deploy, hicache, check, watch, runbooks.\n\n"
         "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
         "2 bad input (nothing changed), 3 remote or service failure, 130 interrupted.")
 
