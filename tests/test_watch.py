@@ -448,3 +448,32 @@ def test_probe_series_exist_at_zero_before_the_first_probe(tmp_path):
     w._set_release(w.targets[0], "local", "r1", "good")
     text = generate_latest(w.m.registry).decode()
     assert 'dsv4ctl_watch_probes_corrupted_total{class="wrong_args",release="r1",role="colocated",target="one"} 0.0' in text
+
+
+def test_a_wedged_server_makes_probes_stuck(colocated, tmp_path):
+    """The stand-in wedges every request after its headers (a decode request stuck in a KV
+    transfer, field report P1): each probe ends ``stuck`` after the stall timeout, the stuck gauge
+    stays 1, and the ``stuck`` condition names the target."""
+    p, url, cfg, port, addr = colocated
+    proc = _standin(cfg, addr, port, "--stuck-rate", "1.0")
+    mport = free_port()
+    murl = f"http://{addr}:{mport}/metrics"
+    w = _spawn_watch(p, "--interval", "1s", "--stall-timeout", "2s", "--listen", f"{addr}:{mport}",
+                     log=tmp_path / "w.jsonl")
+    try:
+        key = "dsv4ctl_watch_probes_failed_total{class=stuck,release=unknown,role=colocated,target=one}"
+        _wait(lambda: (_scrape_or_none(murl) or {}).get(key, 0) >= 2, 60, "two stuck probes")
+        m = _metrics(murl)
+        assert m["dsv4ctl_watch_probes_stuck{target=one}"] == 1.0
+        assert "dsv4ctl_watch_probes_corrupted_total{class=stuck,release=unknown,role=colocated,target=one}" not in m
+        ev = [json.loads(x) for x in (tmp_path / "w.jsonl").read_text().splitlines()]
+        stuck = [e for e in ev if e["event"] == "probe" and e["class"] == "stuck"]
+        assert stuck and stuck[0]["reason"] == "no progress for 2 s"
+    finally:
+        w.send_signal(signal.SIGTERM)
+        try:
+            w.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait()
+        _stop(proc)

@@ -27,7 +27,9 @@ FAILED = PREFIX + "probes_failed_total"
 """Counter {target, role, release, class}: probes with no judged answer: ``http_error`` (HTTP or
 protocol error, connection refused or reset) and ``stuck`` (no progress within the stall timeout)."""
 STUCK_NOW = PREFIX + "probes_stuck"
-"""Gauge {target}: probes in flight for longer than the stall timeout right now."""
+"""Gauge {target}: 1 while the target is stuck: a probe in flight longer than the stall timeout,
+or its last finished probe ended ``stuck`` (no progress within the stall timeout) and none has
+finished since; else 0."""
 TTFT = PREFIX + "probe_ttft_seconds"
 """Histogram {target, role}: time to first streamed token of streaming probes."""
 E2E = PREFIX + "probe_duration_seconds"

@@ -75,6 +75,7 @@ class Watcher:
         self._series: dict[tuple, set] = {}     # (target, release) -> {(metric, labels)} of its probe series
         self.n = 0
         self.last: dict[str, dict] = {}
+        self.last_stuck: dict[str, float] = {}   # target -> seconds its last finished probe took, when stuck
         self.scraped: dict[str, dict] = {}
         self.stop = asyncio.Event()
         self._actions: set = set()
@@ -132,6 +133,12 @@ class Watcher:
             if rec["outcome"] != "failed":
                 self.burn.add(t.name, time.monotonic(), rec["outcome"] == "corrupted")
         self.last[t.name] = rec
+        if cls == C.STUCK:
+            self.last_stuck[t.name] = time.monotonic() - started
+        else:
+            self.last_stuck.pop(t.name, None)
+        if t.probe:
+            self.m.stuck_now.labels(t.name).set(1 if t.name in self.stuck() else 0)
         if rec["outcome"] != "ok":
             self.opts.emit({"event": "probe", **rec})
         return rec
@@ -170,9 +177,13 @@ class Watcher:
             pass
 
     def stuck(self, now: Optional[float] = None) -> dict[str, float]:
-        """Targets whose probe has been in flight longer than the stall timeout: {target: seconds}."""
+        """Targets that are stuck now: {target: seconds}: a probe in flight longer than the stall
+        timeout (its age), or the last finished probe ended ``stuck`` (no progress within the stall
+        timeout; its duration) and no probe has finished since."""
         now = time.monotonic() if now is None else now
-        return {k: now - t0 for k, t0 in self.in_flight.items() if now - t0 > self.opts.stall_timeout}
+        out = {k: v for k, v in self.last_stuck.items()}
+        out.update({k: now - t0 for k, t0 in self.in_flight.items() if now - t0 > self.opts.stall_timeout})
+        return out
 
     async def _ticker(self) -> None:
         while not self.stop.is_set():
@@ -287,7 +298,7 @@ class Watcher:
             out["corruption"] = ", ".join(f"{t} {r:.0%} of probes corrupted" for t, r in burning)
         stuck = self.stuck(now)
         if stuck:
-            out["stuck"] = ", ".join(f"{t} probe in flight {s:.0f} s" for t, s in stuck.items())
+            out["stuck"] = ", ".join(f"{t} probe without progress for {s:.0f} s" for t, s in stuck.items())
         return out
 
     async def evaluate(self) -> None:
