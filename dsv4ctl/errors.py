@@ -26,10 +26,12 @@ class DsvError(Exception):
     exit_code = EXIT_USAGE
     label = "error"
 
-    def __init__(self, message: str, exit_code: int | None = None):
+    def __init__(self, message: str, exit_code: int | None = None, label: str | None = None):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+        if label is not None:
+            self.label = label
 
 
 class InputError(DsvError):
@@ -39,9 +41,12 @@ class InputError(DsvError):
 
 
 class VerdictError(DsvError):
-    """The command ran; its verdict is negative (exit 1)."""
+    """The command ran; its verdict is negative (exit 1). Never printed as ``error``: the label
+    is the verdict's word (``failed`` unless the raise names one: ``unhealthy``, ``drift``,
+    ``differs``, ``refused``, ``check failed``, ``plan differs``, ``diagnosis``)."""
 
     exit_code = EXIT_FAILED
+    label = "failed"
 
 
 class GateFailed(VerdictError):

@@ -439,7 +439,8 @@ def test_profile_init_never_writes_inside_the_package(tmp_path):
 @pytest.mark.parametrize("err,line,code", [
     ("gate", "dsv4ctl: gate failed: deploy of r1 rolled back to r0 on all hosts (h0): unhealthy", 1),
     ("gate3", "dsv4ctl: gate failed: rollback to r0 failed its health gate; hosts put back on r1: x", 3),
-    ("verdict", "dsv4ctl: error: patch check: x", 1),
+    ("verdict", "dsv4ctl: check failed: patch check: x", 1),
+    ("failed", "dsv4ctl: failed: runbook r stopped at s", 1),
     ("plan", "dsv4ctl: plan fails: decode: the pools do not fit", 1),
 ])
 def test_a_failed_gate_is_a_verdict_not_an_error(monkeypatch, capsys, err, line, code):
@@ -448,7 +449,8 @@ def test_a_failed_gate_is_a_verdict_not_an_error(monkeypatch, capsys, err, line,
     from dsv4ctl.errors import EXIT_REMOTE, GateFailed, PlanFails, VerdictError
     exc = {"gate": GateFailed("deploy of r1 rolled back to r0 on all hosts (h0): unhealthy"),
            "gate3": GateFailed("rollback to r0 failed its health gate; hosts put back on r1: x", EXIT_REMOTE),
-           "verdict": VerdictError("patch check: x"),
+           "verdict": VerdictError("patch check: x", label="check failed"),
+           "failed": VerdictError("runbook r stopped at s"),
            "plan": PlanFails("decode: the pools do not fit")}[err]
 
     def app(*a, **k):
@@ -456,3 +458,19 @@ def test_a_failed_gate_is_a_verdict_not_an_error(monkeypatch, capsys, err, line,
     monkeypatch.setattr(cli, "build_app", lambda *a, **k: app)
     assert cli.main(["plan"]) == code
     assert capsys.readouterr().err.strip() == line
+
+
+def test_no_verdict_prints_error():
+    """Exit 1 is a verdict: every raise of exit code 1 under dsv4ctl/ is a VerdictError (printed
+    with its verdict word), never a DsvError with EXIT_FAILED (printed as ``error``)."""
+    import ast
+    from tests.conftest import REPO
+    bad = []
+    for path in (REPO / "dsv4ctl").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "DsvError":
+                args = list(node.args[1:]) + [k.value for k in node.keywords if k.arg == "exit_code"]
+                if any(isinstance(a, ast.Name) and a.id == "EXIT_FAILED" or isinstance(a, ast.Constant) and a.value == 1
+                       for a in args):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert bad == []

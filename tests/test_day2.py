@@ -202,7 +202,7 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     pidfile = w.roots[host] / "run" / f"{group}.pid"
     kill_server(pidfile)
     r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
-    assert r.code == 1 and r.err.strip() == f"dsv4ctl: error: status: unhealthy: {host}/{group}: process not running"
+    assert r.code == 1 and r.err.strip() == f"dsv4ctl: unhealthy: status: {host}/{group}: process not running"
     g = r.json()["hosts"][host]["groups"][group]
     assert g["alive"] is False
     assert g["health"].startswith("/health: connection refused (nothing listens on ") and "Error" not in g["health"]

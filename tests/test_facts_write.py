@@ -264,7 +264,7 @@ def test_a_busy_gpu_refuses_the_whole_write_unless_forced(prof, gpu_host):
     before = prof.read_bytes()
     code, out, err = run("facts", str(prof), "--write")
     assert code == 1 and prof.read_bytes() == before
-    assert err == ("dsv4ctl: error: facts --write: group decode: GPU 6 on b200-0 has processes holding memory "
+    assert err == ("dsv4ctl: refused: facts --write: group decode: GPU 6 on b200-0 has processes holding memory "
                    "(python3 pid 5006): its free memory is not the free memory before load; nothing written (refused: "
                    "decode; writable: prefill): measure again on idle GPUs, or --force\n")
     code, out, err = run("facts", str(prof), "--write", "--json")
@@ -288,7 +288,7 @@ def test_a_gpu_not_reported_keeps_the_profile_value_only_when_forced(prof, gpu_h
     before = prof.read_text()
     code, out, err = run("facts", str(prof), "-g", "decode", "--write")
     assert code == 1 and prof.read_text() == before
-    assert err.startswith("dsv4ctl: error: facts --write: group decode: GPU 7 on b200-0 not reported by nvidia-smi; "
+    assert err.startswith("dsv4ctl: refused: facts --write: group decode: GPU 7 on b200-0 not reported by nvidia-smi; "
                           "nothing written") and err.count("\n") == 1
     code, out, err = run("facts", str(prof), "-g", "decode", "--write", "--force")
     assert code == 0, err

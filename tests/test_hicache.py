@@ -183,7 +183,7 @@ def test_status_against_running_standin_servers(site):
         r = run_cli("hicache", "status", str(site["profile"]))
         assert r.code == 1
         assert "DIFFERS: HiCache: file off, server on" in r.out
-        assert r.err.startswith("dsv4ctl: error: hicache status: 1 group(s) differ")
+        assert r.err.startswith("dsv4ctl: differs: hicache status: 1 group(s) differ")
         r = run_cli("hicache", "on", str(site["profile"]), "-g", "prefill", "--ratio", "3")
         r = run_cli("hicache", "status", str(site["profile"]), "--json")
         assert r.code == 1

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
+from ..errors import EXIT_REMOTE, DsvError, InputError, VerdictError
 from ..render import console, dump_json, markdown_table, printable, rich_table
 
 
@@ -234,7 +234,7 @@ def status(profile: Optional[str] = _P,
         raise DsvError(f"status: {len(down)} host(s) could not be read: {down[0]}", EXIT_REMOTE)
     if unhealthy:
         more = f" (and {len(unhealthy) - 1} more problem(s))" if len(unhealthy) > 1 else ""
-        raise DsvError(f"status: unhealthy: {unhealthy[0]}{more}", EXIT_FAILED)
+        raise VerdictError(f"status: {unhealthy[0]}{more}", label="unhealthy")
 
 
 def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
@@ -438,8 +438,8 @@ def verify(profile: Optional[str] = _P,
         raise DsvError(f"verify: {len(doc['unreachable'])} host(s) could not be read: {doc['unreachable'][0]}",
                        EXIT_REMOTE)
     if doc["drift"]:
-        raise DsvError(f"verify: {len(doc['drift'])} release(s) differ from their manifest: {doc['drift'][0]}",
-                       EXIT_FAILED)
+        raise VerdictError(f"verify: {len(doc['drift'])} release(s) differ from their manifest: {doc['drift'][0]}",
+                           label="drift")
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
+from ..errors import EXIT_REMOTE, DsvError, InputError, VerdictError
 
 
 def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (or DSV4CTL_PROFILE)."),
@@ -59,8 +59,9 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
         raise DsvError(f"diagnose: {len(down)} host(s) could not be read: {doc['hosts'][down[0]]['error']}", EXIT_REMOTE)
     if not doc["ok"]:
         bad = [f for f in doc["findings"] if f["rule"] != "healthy"]
-        raise DsvError(f"diagnose: {bad[0]['group']}: {bad[0]['cause']}"
-                       + (f" (run: dsv4ctl runbook run {bad[0]['runbook']})" if bad[0]["runbook"] else ""), EXIT_FAILED)
+        raise VerdictError(f"diagnose: {bad[0]['group']}: {bad[0]['cause']}"
+                           + (f" (run: dsv4ctl runbook run {bad[0]['runbook']})" if bad[0]["runbook"] else ""),
+                           label="diagnosis")
 
 
 def register(app: typer.Typer) -> None:

@@ -103,7 +103,7 @@ def facts(
         fine = [f.group for f in out if f.group not in bad]
         raise VerdictError(f"facts --write: {result.problems[0]}{more}; nothing written (refused: {', '.join(bad)}"
                            + (f"; writable: {', '.join(fine)}" if fine else "") + "): measure again on idle GPUs, "
-                           "or --force")
+                           "or --force", label="refused")
 
 
 def _tp(dep, g) -> int:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import EXIT_FAILED, EXIT_REMOTE, DsvError, InputError
+from ..errors import EXIT_REMOTE, DsvError, InputError, VerdictError
 from ..render import console, dump_json, markdown_table, rich_table
 
 SCHEMA_EDIT = "dsv4ctl.hicache-edit/1"
@@ -198,8 +198,8 @@ def status(profile: Optional[str] = _PROFILE,
         raise DsvError(f"hicache status: {errs[0].group}: {errs[0].url}: {errs[0].error}", EXIT_REMOTE)
     diffs = [r for r in rows if r.differences]
     if diffs:
-        raise DsvError(f"hicache status: {len(diffs)} group(s) differ from their file: "
-                       f"{diffs[0].group}: {diffs[0].differences[0]}", EXIT_FAILED)
+        raise VerdictError(f"hicache status: {len(diffs)} group(s) differ from their file: "
+                           f"{diffs[0].group}: {diffs[0].differences[0]}", label="differs")
 
 
 def register(app: typer.Typer) -> None:

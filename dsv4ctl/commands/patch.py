@@ -214,7 +214,7 @@ def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERS
         if keep:
             print(f"tree kept: {rep.tree}")
     if not rep.ok:
-        raise VerdictError("patch check: " + rep.errors[0])
+        raise VerdictError("patch check: " + rep.errors[0], label="check failed")
 
 
 @patch_app.command("export")

@@ -96,4 +96,4 @@ def from_log(doc: dict, path: str, as_json: bool, markdown: bool) -> None:
             sum(1 for r in rep["ranks"] if "error" in r)
         bpft = sum(1 for r in rep["ranks"] if r["bytes_per_full_token"].get("match") is False)
         raise VerdictError(f"plan --from-log: {bad} pool value(s) differ from the plan"
-                           + (f"; bytes per full token differs on {bpft} rank(s)" if bpft else ""))
+                           + (f"; bytes per full token differs on {bpft} rank(s)" if bpft else ""), label="plan differs")
