@@ -217,11 +217,26 @@ def test_waiting_job_aborts(tmp_path, how):
     inc, side = rel_dir / ".incoming-rNEW", rel_dir / ".incoming-rNEW.delta-1"
     side.mkdir()
 
+    def copying() -> bool:
+        """The job's ``cp -al`` into the incoming folder is still running (every entry can exist
+        before cp has finished with them: removing the folder then fails cp, an error, not the
+        abort this test is about)."""
+        for proc in Path("/proc").iterdir():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"cp", b"-al"] and str(inc).encode() in argv:
+                return True
+        return False
+
     def later():
-        # once the staged copy is complete (a fixed 0.5 s raced a slow cp -al on a loaded machine)
+        # once the staged copy is complete (a fixed 0.5 s raced a slow cp -al on a loaded machine;
+        # so did counting its entries)
         want = sum(1 for _ in base.rglob("*"))
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (inc.is_dir() and sum(1 for _ in inc.rglob("*")) >= want):
+        while time.monotonic() < deadline and not (inc.is_dir() and sum(1 for _ in inc.rglob("*")) >= want
+                                                   and not copying()):
             time.sleep(0.01)
         if how == "fail-marker":
             (rel_dir / ".incoming-rNEW.delta-1.fail").touch()
