@@ -5,10 +5,11 @@ every second and evaluating the shipped rules with every window compressed 60x
 (the HiCache race of the stand-in corrupts turns at that concurrency) fires
 ``DSV4ToolCallCorruptionFastBurn`` with the target's labels; stopping the load resolves it.
 
-Measured on the 2-core test machine under a full parallel suite run: ~37 s in all (start-up ~4 s,
-clean phase ~15 s, the alert firing 7-14 s after 40 requests are in flight, resolved 5-7 s after
-the load stops); the fault phase costs ~0.9 CPU-s per 10 s (stand-in 0.5-0.6, watch 0.12,
-Prometheus 0.1, the load threads 0.13). With ``-s`` the test prints its phases and CPU use."""
+Measured on the 2-core test machine while a full parallel suite ran (load average 12-14): 42-57 s
+in all (start-up 7-10 s, clean phase ~15 s, the alert firing 11-20 s after 40 requests are in
+flight, resolved 6-8 s after the load stops); about 5 CPU-s for the whole test, and the fault
+phase ~0.08 CPU-s per second (stand-in 0.05, watch, Prometheus and the load threads ~0.01 each).
+With ``-s`` the test prints its phases and CPU use."""
 
 from __future__ import annotations
 
@@ -50,16 +51,14 @@ TTFT_MS, ITL_MS = 300, 5
 LOAD_IN_FLIGHT = 55
 """Load threads, each with one request in flight at a time: the stand-in's corruption probability
 is flat at its 40-70 in-flight plateau (tests/standin/server.py corruption_probability)."""
-CORRUPTION_SCALE = 3.0
-"""The stand-in's ``--corruption-scale``: 3 x the incident's 15 % plateau = 45 % of turns corrupted
-under the load. Why not the incident's 15 %: (1) the compressed 1m window holds at most 60
-probes, and 15 % is only 1.5x the alert's 10 % threshold: binomial noise keeps the long-window
-ratio under it a good part of the time (in production the 1h window holds 360 probes at the
-default 10 s interval); (2) watch's per-class corruption counters appear on their first corruption
-with the value 1, which increase()/rate() cannot see, so the first corruption of each class
-(about 8 of them) is lost to the rules. A simulation of this setting (1 probe/s, 15 s clean
-phase) misses the alert within 70 s in ~60 % of the runs at 15 %, and fires within ~50 s in
-99 % of them at 45 % (median ~20 s)."""
+CORRUPTION_SCALE = 2.0
+"""The stand-in's ``--corruption-scale``: 2 x the incident's 15 % plateau = 30 % of turns corrupted
+under the load. Why not the incident's 15 %: the compressed 1m window holds at most 60 probes
+(in production the 1h window holds 360 at the default 10 s interval), and 15 % is only 1.5x the
+alert's 10 % threshold, so binomial noise keeps the long-window ratio under the threshold a good
+part of the time. A simulation of this setting (1 probe/s, 15 s clean phase, both windows, the
+guard and ``for:``) misses the alert within 75 s in 6.8 % of the runs at 15 %, 0.6 % at 20 %,
+and never at 30 % (median 13 s, 99.9 % within 54 s)."""
 LOAD_TEXT = "The scheduler keeps the decode batch busy while the cache fills. " * 35
 """Load requests are scripted plain chat answers (``standin_output``): no tool parsing, the
 stand-in only tokenizes and frames them."""
@@ -73,10 +72,10 @@ CLEAN_BOUND = 60.0
 second, plus watch's first round and the first scrapes and evaluations)."""
 FIRE_BOUND = LONG_S + 15
 """Seconds from 40 requests in flight to the alert firing: after one long window the clean probes
-of the first phase have left it and it holds only probes drawn at 45 % (at most ~8 of them lost
-to the counters, above: still over 3x the 10 % threshold), so the long condition holds; then
-the short window needs one more corrupted probe (each is, at 45 %), ``for:`` (2 s), watch's
-scrape, Prometheus' scrape and an evaluation (1 s each): 15 s for all that on a busy machine."""
+of the first phase have left it and it holds only probes drawn at 30 % (3x the 10 % threshold),
+so the long condition holds; then the short window needs one more corrupted probe (about one in
+three), ``for:`` (2 s), watch's scrape, Prometheus' scrape and an evaluation (1 s each): 15 s for
+all that on a busy machine."""
 RESOLVE_BOUND = LOAD_S + 1 + 2 * STEP_S + SHORT_S + 3 * STEP_S + 5
 """Seconds from the end of the load to the alert resolved: the last load request ends and the
 stand-in forgets its in-flight peak 1 s later, so the last probe it can corrupt starts by then
