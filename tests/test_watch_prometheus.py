@@ -201,7 +201,7 @@ def test_fast_burn_fires_under_the_hicache_race_and_resolves_when_it_ends(tmp_pa
             cwd=REPO, env=dict(os.environ, NO_COLOR="1"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=watch_err, start_new_session=True)
         prom = Prometheus(tmp_path / "prom", addr, pport, [f"{addr}:{mport}"],
-                          {"rules.yml": render_rules(scale=SCALE)}).start()
+                          {"rules.yml": render_rules(scale=SCALE, min_window=5)}).start()
         t_prom = time.monotonic()
         times["ready"] = t_prom - t_begin
 

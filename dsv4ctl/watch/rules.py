@@ -172,7 +172,7 @@ def _str(dumper: yaml.SafeDumper, s: str):
 _Dumper.add_representer(str, _str)
 
 
-def rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> dict:
+def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0) -> dict:
     """The rule file as a dict (``{"groups": [{"name", "rules": [...]}, ...]}``); arguments and
     ValueError as :func:`render_rules`."""
     if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < 1:
@@ -183,8 +183,13 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> dict:
     def d(seconds: float) -> str:
         return duration(seconds * scale)
 
+    def r(seconds: float) -> str:
+        # a range selector's window: scaled, but never under min_window (a compressed 2m stall
+        # window of 2 s holds two 1 s samples: one late scrape reads as a stall)
+        return duration(max(seconds * scale, min_window))
+
     def w(window: str) -> str:
-        return d(WINDOWS[window])
+        return r(WINDOWS[window])
 
     by = "sum by (target, release)"
 
@@ -238,8 +243,8 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> dict:
               f"timeout, for {d(STUCK_FOR)} (a scheduler stall, or on PD a wedged KV transfer: "
               "dsv4ctl runbook run transfer-wedge PROFILE)."),
         alert("DSV4ProbesFailing",
-              f"sum by (target) (rate({FAILED}[{d(FAILING_WINDOW)}]))\n"
-              f"/ sum by (target) (rate({PROBES}[{d(FAILING_WINDOW)}]))\n"
+              f"sum by (target) (rate({FAILED}[{r(FAILING_WINDOW)}]))\n"
+              f"/ sum by (target) (rate({PROBES}[{r(FAILING_WINDOW)}]))\n"
               f"> {_num(FAILING_FRACTION)}\n",
               FAILING_FOR, "page",
               "Most probes to {{ $labels.target }} fail",
@@ -249,7 +254,7 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> dict:
         # the generated-token count is a gauge holding SGLang's counter: changes() counts any
         # movement, a restart (it falls) included, so only a count frozen for the whole window fires
         alert("DSV4SchedulerStall",
-              f"{SGLANG_RUNNING} > 0\nand changes({SGLANG_GENERATED}[{d(STALL_WINDOW)}]) == 0\n",
+              f"{SGLANG_RUNNING} > 0\nand changes({SGLANG_GENERATED}[{r(STALL_WINDOW)}]) == 0\n",
               STALL_FOR, "page",
               "Scheduler stall on {{ $labels.target }}",
               "{{ $labels.target }} has {{ $value }} running request(s) and generated no token for "
@@ -264,7 +269,7 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> dict:
         # counter reset; delta() would go negative at a restart and hide the failures after it.
         # (A restart of some of the ranks only counts the other ranks' totals once.)
         alert("DSV4PDTransferFailures",
-              f"increase({SGLANG_TRANSFER_FAILED}[{d(TRANSFER_WINDOW)}]) > 0", 0, "ticket",
+              f"increase({SGLANG_TRANSFER_FAILED}[{r(TRANSFER_WINDOW)}]) > 0", 0, "ticket",
               "PD KV transfer failures on {{ $labels.target }}",
               "{{ $labels.target }} counted {{ $value | printf \"%.0f\" }} failed PD KV transfer or bootstrap "
               f"request(s) over the last {d(TRANSFER_WINDOW)}."),
@@ -292,14 +297,16 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> dict:
                        {"name": "dsv4ctl-watch-alerts", "rules": alerts[2:]}]}
 
 
-def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0) -> str:
+def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0) -> str:
     """The Prometheus rule file (YAML text, stable key order, ends in a newline) for error budget
     ``slo`` (a fraction of corrupted probes, strictly between 0 and 1; 0.01 = 1 %) with every
-    window and ``for:`` duration multiplied by ``scale`` (> 0; ``1/60`` turns 1h into 1m).
+    window and ``for:`` duration multiplied by ``scale`` (> 0; ``1/60`` turns 1h into 1m);
+    ``min_window`` (seconds) is the shortest range-selector window a scaled file uses (0: none),
+    so a compressed window still holds several scrapes.
 
     Raises ValueError for ``slo`` outside (0, 1), ``scale`` <= 0 (or not finite), or a scale that
     makes a duration shorter than 1 ms."""
-    doc = rules(slo, scale)
+    doc = rules(slo, scale, min_window)
     head = (f"# Prometheus rules of dsv4ctl watch: dsv4ctl.watch.rules.render_rules(slo={_num(slo)}, "
             f"scale={_num(scale)}).\n# Generated (python scripts/gen_watch_rules.py): do not edit.\n")
     return head + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)

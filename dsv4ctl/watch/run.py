@@ -224,8 +224,9 @@ class Watcher:
 
     async def _scrape_loop(self, http: aiohttp.ClientSession) -> None:
         while not self.stop.is_set():
+            t0 = time.monotonic()
             await asyncio.gather(*(self.scrape(http, t) for t in self.targets if t.metrics_url))
-            await self._sleep(self.opts.scrape_every)
+            await self._sleep(max(0.0, self.opts.scrape_every - (time.monotonic() - t0)))   # a period, not a gap
 
     # --- releases (SSH) --------------------------------------------------------------------
     def read_releases(self) -> None:
@@ -334,13 +335,13 @@ class Watcher:
                                                     stdin=subprocess.DEVNULL)
         out, _ = await proc.communicate()
         outcome = ("dry_run" if not self.opts.auto else "completed") if proc.returncode == 0 else "failed"
-        self.m.alert_actions.labels(cond, book, outcome).inc()
         tail = out.decode("utf-8", "replace").strip().splitlines()[-3:]
+        if self.opts.auto:          # the hosts' audit first: the event below means both are written
+            await asyncio.to_thread(self._audit, cond, book, outcome, proc.returncode, why)
+        self.m.alert_actions.labels(cond, book, outcome).inc()
         self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": outcome,
                         "exit": proc.returncode, "mode": "auto" if self.opts.auto else "dry_run", "why": why,
                         "output_tail": tail})
-        if self.opts.auto:
-            await asyncio.to_thread(self._audit, cond, book, outcome, proc.returncode, why)
 
     def _audit(self, cond: str, book: str, outcome: str, code: int, why: str) -> None:
         """One audit record per target host: watch ran a runbook (best effort: a host that cannot
