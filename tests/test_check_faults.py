@@ -69,9 +69,10 @@ def test_quoted_markup_is_a_note_not_corruption(tmp_path):
 @pytest.mark.parametrize("fault,line,words", [
     ("call_when_none", "tool_choice_none", "sglang #35736"),
     ("overlength_200", "over_length", "HTTP 200"),
+    ("overlength_200", "over_pool", "HTTP 200"),
 ])
 def test_smoke_probes_catch_server_faults(tmp_path, fault, line, words):
-    cfg = write_config(tmp_path / "serve.yaml", context_length=4096)
+    cfg = write_config(tmp_path / "serve.yaml", context_length=4096, max_total_tokens=2048)
     with standin(cfg, *FAST, "--fault", fault) as url:
         r = run_cli("check", "smoke", url, "--json", timeout=120)
     assert r.code == 1, r.err

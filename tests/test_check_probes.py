@@ -191,3 +191,38 @@ def test_judge_prompt_tokens():
     assert ln["status"] == "pass" and ln["reason"].startswith("1 probe(s)")
     ln = S.judge_prompt_tokens([("chat", 139, answer(status=500, error="HTTP 500: x"))], URL)
     assert (ln["status"], ln["reason"]) == ("skip", "no completion probe was answered")
+
+
+def test_pool_limit_is_the_smallest_reported():
+    assert S.pool_limit([{"max_req_input_len": 9000}, {"max_req_input_len": 7000}, {}, "x", {"max_req_input_len": True}]) == 7000
+    assert S.pool_limit([{}, {"max_req_input_len": 0}]) is None
+
+
+def test_over_pool_tokens_aim_inside_the_band():
+    t, skip = S.over_pool_tokens(16378, 65536, URL)
+    assert skip is None and t == 38887
+    assert 16378 < t * (1 - S.BAND_SLACK) and t * (1 + S.BAND_SLACK) < 65536
+    _, skip = S.over_pool_tokens(None, 65536, URL)
+    assert skip["status"] == "skip" and "max_req_input_len" in skip["reason"]
+    _, skip = S.over_pool_tokens(65529, 65536, URL)
+    assert "holds a full-context request" in skip["reason"]
+    _, skip = S.over_pool_tokens(60000, 65536, URL)         # 60000/0.9 > 65536/1.1
+    assert skip["reason"] == "the band 60000..65536 tokens is too narrow for a prompt sized to ±10%"
+    _, skip = S.over_pool_tokens(16378, None, URL)
+    assert skip["reason"] == "no context length known"
+
+
+def test_over_pool_body_size_is_calibrated_on_the_dsv4_tokenizer():
+    body = S.over_pool_body("m", "r", 10000)
+    assert len(body["messages"][0]["content"]) == 28500 + len(" Reply with OK.")
+
+
+def test_judge_over_pool():
+    ok = S.judge_over_pool(C.TurnResult(http_status=400, error="HTTP 400: Input length"), URL, 16378, 65536, 38887)
+    assert ok["status"] == "pass" and ok["detail"]["prompt_tokens_sent"] == 38887
+    bad = S.judge_over_pool(C.TurnResult(http_status=200, content="\x00,,,,", usage={"prompt_tokens": 1}),
+                            URL, 16378, 65536, 38887)
+    assert bad["status"] == "fail" and "HTTP 200 for a prompt of about 38887 tokens" in bad["reason"]
+    assert "prompt_tokens 1; sglang#30233" in bad["reason"]
+    none = S.judge_over_pool(C.TurnResult(http_status=None, error="reset"), URL, 1, 2, 3)
+    assert none["status"] == "fail" and none["reason"].startswith("no answer for")

@@ -13,7 +13,8 @@ from tests.standin.harness import free_port, standin, write_config
 
 FAST = ("--ttft-ms", "1", "--itl-ms", "0")
 
-PROBES = ["tool_choice_none", "tool_choice_required", "tool_choice_named", "over_length", "prompt_tokens"]
+PROBES = ["tool_choice_none", "tool_choice_required", "tool_choice_named", "over_length", "over_pool", "prompt_tokens"]
+POOL = {"max_total_tokens": 16384}     # a KV pool smaller than the context length (65,536): the over_pool band
 # Lines the clean stand-in fails (none: it honours tool_choice, the known-answer contract and the
 # context length).
 STANDIN_FAILS: dict[str, str] = {}
@@ -24,6 +25,9 @@ def assert_all_pass_but_standin_fails(checks: list[dict]) -> None:
     for c in checks:
         if c["check"] in STANDIN_FAILS:
             assert c["status"] == "fail" and c["reason"].startswith(STANDIN_FAILS[c["check"]]), c
+        elif c["check"] == "over_pool" and c["status"] == "skip":
+            # a config without max-total-tokens: the stand-in's pool holds a full-context request
+            assert "holds a full-context request" in c["reason"], c
         else:
             assert c["status"] == "pass", c
 
@@ -34,7 +38,7 @@ def statuses(doc: dict) -> dict:
 
 def test_smoke_url_all_pass(tmp_path):
     cfg = write_config(tmp_path / "s.yaml", enable_hierarchical_cache=True, hicache_ratio=2.0,
-                       disaggregation_mode="prefill")
+                       disaggregation_mode="prefill", disaggregation_bootstrap_port=free_port(), **POOL)
     with standin(cfg, *FAST) as url:
         r = run_cli("check", "smoke", url, "--json")
         assert r.code == OK_CODE, r.err
@@ -103,9 +107,9 @@ def deployment(tmp_path_factory):
     d = tmp_path_factory.mktemp("pd")
     pp, dp, rp = free_port(), free_port(), free_port()
     pcfg = write_config(d / "prefill.yaml", port=pp, disaggregation_mode="prefill", enable_hierarchical_cache=True,
-                        hicache_ratio=2.0)
-    dcfg = write_config(d / "decode.yaml", port=dp, disaggregation_mode="decode")
-    rcfg = write_config(d / "router.yaml", port=rp)
+                        hicache_ratio=2.0, disaggregation_bootstrap_port=free_port(), **POOL)
+    dcfg = write_config(d / "decode.yaml", port=dp, disaggregation_mode="decode", **POOL)
+    rcfg = write_config(d / "router.yaml", port=rp, **POOL)
     write_config(d / "decode-claims-hicache.yaml", port=dp, disaggregation_mode="decode", enable_hierarchical_cache=True)
     profile = textwrap.dedent(f"""\
         version: 1
@@ -251,3 +255,24 @@ def test_profile_check_sends_the_serve_configs_api_key(tmp_path):
         assert key not in r.out + r.err + recs.read_text()
         r = run_cli("check", "smoke", "--profile", str(tmp_path / "p.yaml"), env={"DSV4CTL_API_KEY": "not-the-key"})
         assert r.code == 2 and "refuses the API key (HTTP 401 for GET /v1/models)" in r.err
+
+
+def test_over_pool_is_skipped_when_the_pool_holds_a_full_context_request(tmp_path):
+    cfg = write_config(tmp_path / "s.yaml")          # the stand-in's pool: 4 x the context length
+    with standin(cfg, *FAST) as url:
+        r = run_cli("check", "smoke", url, "--json")
+    assert r.code == OK_CODE, r.err
+    (ln,) = [c for c in r.json()["checks"] if c["check"] == "over_pool"]
+    assert ln["status"] == "skip" and ln["reason"] == (
+        "the KV pool holds a full-context request (max_req_input_len 65530 tokens, context length 65536): "
+        "no band between them")
+
+
+def test_over_pool_pass_names_the_band(tmp_path):
+    cfg = write_config(tmp_path / "s.yaml", **POOL)
+    with standin(cfg, *FAST) as url:
+        r = run_cli("check", "smoke", url, "--json")
+    (ln,) = [c for c in r.json()["checks"] if c["check"] == "over_pool"]
+    assert ln["status"] == "pass" and ln["detail"]["max_req_input_len"] == 16378
+    assert ln["reason"].startswith("HTTP 400 for a prompt of about 38887 tokens, over the KV pool's limit 16378")
+    assert "exceeds the maximum allowed length (16378 tokens)" in ln["detail"]["error"]

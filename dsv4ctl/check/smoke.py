@@ -22,6 +22,9 @@ Checks, each pass / fail / skip with a one-line reason:
 * ``tool_choice_named``: ``{"type": "function", "function": {"name": X}}``: valid calls, all of X;
 * ``over_length``: a prompt of about context length + 1,024 tokens must get HTTP 4xx, not 200 (in
   PD a prefill abort has come back from decode as HTTP 200 with garbage and ``prompt_tokens`` 1);
+* ``over_pool``: a prompt between the KV pool's limit (``max_req_input_len`` of ``/server_info``)
+  and the context length must get HTTP 4xx too (sglang#30233: the band a PD deployment answered
+  with HTTP 200 and garbage); skipped when the pool holds a full-context request;
 * ``prompt_tokens``: ``usage.prompt_tokens`` of every completion probe that was answered lies
   between 1 token per 16 bytes and 1 token per byte of the JSON sent (messages + tools).
 
@@ -116,6 +119,8 @@ MAX_PROBED_CONTEXT = 1 << 20         # tokens; above it the over-length probe is
 # Words of at most three letters: a BPE tokenizer gives at least one token per 4 characters of
 # this, so (context + margin) x 4 characters are at least context + margin tokens.
 FILLER = "we go to it and so do we, as we may. "
+FILLER_CHARS_PER_TOKEN = 2.85        # FILLER with the DeepSeek-V4 tokenizer: 200,000 chars = 70,274 tokens
+BAND_SLACK = 0.10                    # the over_pool prompt's token count may be off by this share either way
 MIN_BYTES_PER_TOKEN = 16             # prompt_tokens below 1 per 16 bytes of the JSON sent fails
 MAX_TOKENS_PER_BYTE = 1              # prompt_tokens above 1 per byte fails
 
@@ -157,10 +162,73 @@ def tool_choice_body(kind: str, model: str, rid: str) -> dict:
 def over_length_body(model: str, rid: str, context_len: int) -> dict:
     """A prompt of (``context_len`` + :data:`OVER_LENGTH_MARGIN`) x :data:`CHARS_PER_TOKEN`
     characters (:data:`FILLER` repeated, then a one-line question)."""
-    n = (context_len + OVER_LENGTH_MARGIN) * CHARS_PER_TOKEN
+    return _filler_body(model, rid, (context_len + OVER_LENGTH_MARGIN) * CHARS_PER_TOKEN)
+
+
+def over_pool_body(model: str, rid: str, tokens: int) -> dict:
+    """A prompt of about ``tokens`` DeepSeek-V4 tokens: ``tokens`` x
+    :data:`FILLER_CHARS_PER_TOKEN` characters of :data:`FILLER` (measured, not a bound)."""
+    return _filler_body(model, rid, int(tokens * FILLER_CHARS_PER_TOKEN))
+
+
+def _filler_body(model: str, rid: str, n: int) -> dict:
     text = (FILLER * (n // len(FILLER) + 1))[:n] + " Reply with OK."
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 16,
             "temperature": 0.0, "stream": False, "rid": rid, "chat_template_kwargs": NO_THINKING}
+
+
+def pool_limit(infos: list[Any]) -> Optional[int]:
+    """The smallest ``max_req_input_len`` of the workers' ``/server_info`` (tokens; SGLang 0.5.23
+    ``tp_worker.py``: min(context length, KV pool tokens) − 1 − 5, reported by the scheduler), or
+    None when no worker reports one. A prompt at or over it is refused by that worker even when
+    it fits the context length (``validate_input_length``, an abort: HTTP 400)."""
+    known = [n for i in infos if isinstance(i, dict) and (n := _int(i.get("max_req_input_len"))) and n > 0]
+    return min(known) if known else None
+
+
+def over_pool_tokens(limit: Optional[int], context_len: Optional[int], target: str) -> tuple[Optional[int], Optional[dict]]:
+    """(prompt tokens to send, None) for the ``over_pool`` probe — a prompt between the KV pool's
+    limit and the context length, the band where a PD deployment answered with HTTP 200 and
+    garbage (sglang#30233) while every prompt over the context length was refused — or (None,
+    skipped line): no limit reported, no context length, a pool that holds a full-context
+    request (no band), or a band too narrow for a prompt whose size is known to ±
+    :data:`BAND_SLACK`."""
+    if limit is None:
+        return None, line("over_pool", target, "skip", "no server_info max_req_input_len (the KV pool's limit is unknown)")
+    if context_len is None:
+        return None, line("over_pool", target, "skip", "no context length known")
+    if limit >= context_len - 7:
+        return None, line("over_pool", target, "skip",
+                          f"the KV pool holds a full-context request (max_req_input_len {limit} tokens, context "
+                          f"length {context_len}): no band between them")
+    lo, hi = limit / (1 - BAND_SLACK), context_len / (1 + BAND_SLACK)
+    if lo >= hi:
+        return None, line("over_pool", target, "skip",
+                          f"the band {limit}..{context_len} tokens is too narrow for a prompt sized to "
+                          f"±{BAND_SLACK:.0%}")
+    tokens = int((lo + hi) / 2)
+    if tokens > MAX_PROBED_CONTEXT:
+        return None, line("over_pool", target, "skip", f"a prompt of {tokens} tokens is over {MAX_PROBED_CONTEXT}")
+    return tokens, None
+
+
+def judge_over_pool(res: C.TurnResult, target: str, limit: int, context_len: int, tokens: int) -> dict:
+    """``over_pool``: HTTP 4xx passes (SGLang refuses the prompt: longer than its KV pool);
+    HTTP 200 or no answer fails."""
+    what = (f"a prompt of about {tokens} tokens, over the KV pool's limit {limit} (server_info max_req_input_len) "
+            f"and under the context length {context_len}")
+    detail = {"max_req_input_len": limit, "context_length": context_len, "prompt_tokens_sent": tokens,
+              "http_status": res.http_status}
+    if res.http_status is not None and 400 <= res.http_status < 500:
+        return line("over_pool", target, "pass", f"HTTP {res.http_status} for {what}", error=clip(res.error or "", 200),
+                    **detail)
+    if res.http_status == 200:
+        pt = (res.usage or {}).get("prompt_tokens")
+        return line("over_pool", target, "fail",
+                    f"HTTP 200 for {what}, expected a 4xx (prompt_tokens {_short(pt)}; sglang#30233)",
+                    content_excerpt=res.content[:200], **detail)
+    return line("over_pool", target, "fail", f"{'no answer' if res.http_status is None else f'HTTP {res.http_status}'} "
+                f"for {what}: {clip(res.error or '', 160)}", **detail)
 
 
 def sent_bytes(body: dict) -> int:
@@ -465,6 +533,16 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             chars = len(body["messages"][0]["content"])
             res, _ = await probe(body, False)
             ln = judge_over_length(res, entry, ctx, source, chars)
+            ln["detail"]["rid"] = body["rid"]
+            out.append(ln)
+        limit = pool_limit(infos)
+        tokens, skipped = over_pool_tokens(limit, ctx, entry)
+        if skipped is not None:
+            out.append(skipped)
+        else:
+            body = over_pool_body(model, _rid(), tokens)
+            res, _ = await probe(body, False)
+            ln = judge_over_pool(res, entry, limit, ctx, tokens)
             ln["detail"]["rid"] = body["rid"]
             out.append(ln)
         out.append(judge_prompt_tokens(samples, entry))

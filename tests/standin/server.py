@@ -16,6 +16,8 @@ Keys it honours: ``served-model-name``/``model-path``, ``host``, ``port``, ``too
 (without it DSML is not parsed and lands in ``content``), ``reasoning-parser``,
 ``enable-hierarchical-cache`` (alias ``enable-hicache``; the corruption switch),
 ``context-length`` (prompts at or over it get SGLang's HTTP 400; ``/v1/models`` ``max_model_len``),
+``max-total-tokens`` (the KV pool: prompts at or over ``max_req_input_len`` = min(context, pool) − 6 get the
+scheduler's HTTP 400; both in ``/server_info``),
 ``enable-metrics`` (``/metrics`` exists only with it), ``enable-cache-report``
 (``usage.prompt_tokens_details.cached_tokens``), ``stream-interval``, ``disaggregation-mode``
 and the HiCache flags (reported in ``/server_info``), ``api-key`` (bearer token required as SGLang
@@ -84,6 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "enable_hierarchical_cache": False, "hicache_ratio": None, "hicache_write_policy": "write_through",
     "hicache_io_backend": "kernel", "hicache_mem_layout": "page_first", "hicache_storage_backend": None,
     "enable_metrics": False, "enable_cache_report": False, "api_key": None, "context_length": None,
+    "max_total_tokens": None,
     "disaggregation_bootstrap_port": DEFAULT_BOOTSTRAP_PORT, "kv_canary": "none",
 }
 
@@ -161,6 +164,10 @@ class StandIn:
         self._fault_i = 0
         self.chats = 0                # chat requests received (the http_503 fault answers the odd ones)
         self.context_length = int(args.get("context_length") or 1048576)
+        # the KV pool in tokens (``max-total-tokens`` caps it, as SGLang's --max-total-tokens does);
+        # SGLang 0.5.23 tp_worker.py: max_req_input_len = min(context_len - 1, pool - 1) - 5
+        self.pool_tokens = int(args.get("max_total_tokens") or 4 * self.context_length)
+        self.max_req_input_len = min(self.context_length - 1, self.pool_tokens - 1) - 5
         self.model = str(args["served_model_name"])
         self.hicache = bool(args["enable_hierarchical_cache"])
         self.ttft = ttft_ms / 1000
@@ -351,6 +358,7 @@ def make_app(state: StandIn) -> web.Application:
     async def server_info(request: web.Request) -> web.Response:
         return web.json_response({**{k: v for k, v in a.items() if k != "api_key"}, "version": VERSION, "launch_command": state.launch_command,
                                   "frontend": "standin", "startup_time": state.started,
+                                  "max_total_num_tokens": state.pool_tokens, "max_req_input_len": state.max_req_input_len,
                                   "internal_states": [{**{k: a[k] for k in ("tp_size", "dp_size", "page_size")},
                                                        "disaggregation_mode": a["disaggregation_mode"],
                                                        "effective_max_running_requests_per_dp": a["max_running_requests"],
@@ -407,9 +415,15 @@ def make_app(state: StandIn) -> web.Application:
         resp: Optional[web.StreamResponse] = None
         try:
             prompt, cached = state.prompt_tokens(body["messages"])
-            if prompt >= state.context_length // 2:
+            if prompt >= min(state.context_length, state.max_req_input_len) // 2:
                 prompt = state.served.count("".join(json.dumps(m, ensure_ascii=False) for m in body["messages"]))
-            if prompt >= state.context_length:
+            if prompt >= state.max_req_input_len and prompt < state.context_length \
+                    and "overlength_200" not in state.server_faults:
+                # SGLang 0.5.23 scheduler: validate_input_length aborts the request (HTTP 400)
+                return _error(400, f"Input length ({prompt} tokens) exceeds the maximum allowed length "
+                                   f"({state.max_req_input_len} tokens). Use a shorter input or enable "
+                                   "--allow-auto-truncate.")
+            if prompt >= state.max_req_input_len:
                 if "overlength_200" not in state.server_faults:
                     # SGLang 0.5.23 tokenizer_manager._validate_one_request
                     return _error(400, f"The input ({prompt} tokens) is longer than the model's context length "
