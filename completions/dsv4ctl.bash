@@ -6,7 +6,8 @@
 
 _dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE SGLANG_DSV4_KV_LAYOUT SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK SGLANG_EXPERIMENTAL_ONLINE_C128_MTP SGLANG_OPT_USE_ONLINE_COMPRESS SGLANG_PP_LAYER_PARTITION SGLANG_SWA_EVICTION_INTERVAL _swa_full_tokens_ratio_explicitly_set attn_dp_size available_bytes base_gpu_id checkpoint_format chunked_prefill_size context_length cuda_graph_max_bs cuda_graph_max_bs_decode cuda_graph_max_bs_prefill disable_cuda_graph disable_overlap_schedule disable_radix_cache disaggregation_decode_extra_slots disaggregation_mode dp_size draft_weights_gib_per_rank dsv4_attn_backend enable_deepseek_v4_fp4_indexer enable_dp_attention free_gib_before_load gpu_id_step gpu_memory_mib index_k_accounting index_k_dtype max_prefill_tokens max_running_requests max_total_tokens mem_fraction_static min_requests model moe_a2a_backend nnodes other_gib page_size pp_size speculative_algorithm speculative_num_draft_tokens swa_full_tokens_ratio swa_prefix_tails tp_size weights_gib_per_rank'
 _dsv4ctl_w2='dsv4-flash-8xb200-pd dsv4-pro-4xh200-pd'
-_dsv4ctl_w3='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-corruption transfer-wedge'
+_dsv4ctl_w3='corruption stuck'
+_dsv4ctl_w4='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-corruption transfer-wedge'
 
 # sub-commands of a command path
 _dsv4ctl_subs() {
@@ -79,12 +80,12 @@ _dsv4ctl_opts() {
 _dsv4ctl_optkind() {
   case "$1|$2" in
     'plan|-s'|'plan|--set') echo wn:w1 ;;
-    'plan|-g'|'plan|--group') echo any ;;
+    'plan|-g'|'plan|--group') echo dyn:groups ;;
     'plan|--from-log') echo file ;;
-    'plan|-p'|'plan|--profile') echo any ;;
-    'facts|-g'|'facts|--group') echo any ;;
+    'plan|-p'|'plan|--profile') echo prof:w2 ;;
+    'facts|-g'|'facts|--group') echo dyn:groups ;;
     'facts|--timeout') echo any ;;
-    'facts|-p'|'facts|--profile') echo any ;;
+    'facts|-p'|'facts|--profile') echo prof:w2 ;;
     'deploy|--tree') echo dir ;;
     'deploy|--base') echo any ;;
     'deploy|--patch') echo any ;;
@@ -95,88 +96,88 @@ _dsv4ctl_optkind() {
     'deploy|--turns') echo any ;;
     'deploy|--min-requests') echo any ;;
     'deploy|-m'|'deploy|--message') echo any ;;
-    'deploy|-p'|'deploy|--profile') echo any ;;
-    'start|-g'|'start|--group') echo any ;;
-    'start|--host') echo any ;;
+    'deploy|-p'|'deploy|--profile') echo prof:w2 ;;
+    'start|-g'|'start|--group') echo dyn:groups ;;
+    'start|--host') echo dyn:hosts ;;
     'start|--health-timeout') echo any ;;
-    'start|-p'|'start|--profile') echo any ;;
-    'stop|-g'|'stop|--group') echo any ;;
-    'stop|--host') echo any ;;
-    'stop|-p'|'stop|--profile') echo any ;;
-    'restart|-g'|'restart|--group') echo any ;;
-    'restart|--host') echo any ;;
+    'start|-p'|'start|--profile') echo prof:w2 ;;
+    'stop|-g'|'stop|--group') echo dyn:groups ;;
+    'stop|--host') echo dyn:hosts ;;
+    'stop|-p'|'stop|--profile') echo prof:w2 ;;
+    'restart|-g'|'restart|--group') echo dyn:groups ;;
+    'restart|--host') echo dyn:hosts ;;
     'restart|--batch') echo any ;;
     'restart|--health-timeout') echo any ;;
-    'restart|-p'|'restart|--profile') echo any ;;
-    'rollback|--to') echo any ;;
+    'restart|-p'|'restart|--profile') echo prof:w2 ;;
+    'rollback|--to') echo dyn:releases ;;
     'rollback|--health-timeout') echo any ;;
-    'rollback|-p'|'rollback|--profile') echo any ;;
-    'releases|-p'|'releases|--profile') echo any ;;
+    'rollback|-p'|'rollback|--profile') echo prof:w2 ;;
+    'releases|-p'|'releases|--profile') echo prof:w2 ;;
     'promote|--concurrency') echo any ;;
     'promote|--max-corruption') echo any ;;
     'promote|--turns') echo any ;;
     'promote|--min-requests') echo any ;;
-    'promote|-p'|'promote|--profile') echo any ;;
+    'promote|-p'|'promote|--profile') echo prof:w2 ;;
     'status|--timeout') echo any ;;
-    'status|-p'|'status|--profile') echo any ;;
+    'status|-p'|'status|--profile') echo prof:w2 ;;
     'logs|-n'|'logs|--lines') echo any ;;
-    'logs|--host') echo any ;;
+    'logs|--host') echo dyn:hosts ;;
     'logs|--grep') echo any ;;
     'logs|--interval') echo any ;;
-    'logs|-p'|'logs|--profile') echo any ;;
+    'logs|-p'|'logs|--profile') echo prof:w2 ;;
     'audit|--since') echo any ;;
-    'audit|--host') echo any ;;
-    'audit|-p'|'audit|--profile') echo any ;;
-    'verify|-r'|'verify|--release') echo any ;;
-    'verify|-p'|'verify|--profile') echo any ;;
-    'diagnose|-g'|'diagnose|--group') echo any ;;
+    'audit|--host') echo dyn:hosts ;;
+    'audit|-p'|'audit|--profile') echo prof:w2 ;;
+    'verify|-r'|'verify|--release') echo dyn:releases ;;
+    'verify|-p'|'verify|--profile') echo prof:w2 ;;
+    'diagnose|-g'|'diagnose|--group') echo dyn:groups ;;
     'diagnose|--since') echo any ;;
     'diagnose|--window') echo any ;;
     'diagnose|-n'|'diagnose|--lines') echo any ;;
     'diagnose|--api-key') echo any ;;
-    'diagnose|-p'|'diagnose|--profile') echo any ;;
+    'diagnose|-p'|'diagnose|--profile') echo prof:w2 ;;
     'watch|--interval') echo any ;;
     'watch|--listen') echo any ;;
     'watch|--scrape-every') echo any ;;
     'watch|--release-every') echo any ;;
     'watch|--stall-timeout') echo any ;;
-    'watch|--on-alert') echo any ;;
+    'watch|--on-alert') echo k:w3:w4 ;;
     'watch|--alert-window') echo any ;;
     'watch|--log') echo file ;;
     'watch|--print') echo any ;;
-    'watch|-p'|'watch|--profile') echo any ;;
+    'watch|-p'|'watch|--profile') echo prof:w2 ;;
     'report|-o'|'report|--output') echo file ;;
     'report|--title') echo any ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
-    'patch status|--host') echo any ;;
-    'patch status|-p'|'patch status|--profile') echo yaml:w2 ;;
+    'patch status|--host') echo dyn:hosts ;;
+    'patch status|-p'|'patch status|--profile') echo prof:w2 ;;
     'patch apply|--series') echo dir ;;
     'patch apply|--base') echo any ;;
-    'patch apply|--host') echo any ;;
-    'patch apply|-p'|'patch apply|--profile') echo yaml:w2 ;;
+    'patch apply|--host') echo dyn:hosts ;;
+    'patch apply|-p'|'patch apply|--profile') echo prof:w2 ;;
     'patch revert|--base') echo any ;;
-    'patch revert|--host') echo any ;;
-    'patch revert|-p'|'patch revert|--profile') echo yaml:w2 ;;
+    'patch revert|--host') echo dyn:hosts ;;
+    'patch revert|-p'|'patch revert|--profile') echo prof:w2 ;;
     'patch check|--base') echo any ;;
     'patch check|--series') echo dir ;;
     'patch check|--keep') echo dir ;;
     'patch export|--series') echo dir ;;
     'patch export|--tree') echo dir ;;
     'patch export|--fact') echo any ;;
-    'lock status|-p'|'lock status|--profile') echo any ;;
+    'lock status|-p'|'lock status|--profile') echo prof:w2 ;;
     'lock acquire|-m'|'lock acquire|--message') echo any ;;
-    'lock acquire|-p'|'lock acquire|--profile') echo any ;;
-    'lock release|-p'|'lock release|--profile') echo any ;;
-    'config lint|-g'|'config lint|--group') echo any ;;
+    'lock acquire|-p'|'lock acquire|--profile') echo prof:w2 ;;
+    'lock release|-p'|'lock release|--profile') echo prof:w2 ;;
+    'config lint|-g'|'config lint|--group') echo dyn:groups ;;
     'config lint|--tree') echo dir ;;
-    'config lint|-p'|'config lint|--profile') echo any ;;
-    'config set|-g'|'config set|--group') echo any ;;
+    'config lint|-p'|'config lint|--profile') echo prof:w2 ;;
+    'config set|-g'|'config set|--group') echo dyn:groups ;;
     'config set|--unset') echo any ;;
     'config set|--tree') echo dir ;;
     'config set|--health-timeout') echo any ;;
-    'config set|-p'|'config set|--profile') echo any ;;
-    'hicache on|-g'|'hicache on|--group') echo any ;;
+    'config set|-p'|'config set|--profile') echo prof:w2 ;;
+    'hicache on|-g'|'hicache on|--group') echo dyn:groups ;;
     'hicache on|--ratio') echo any ;;
     'hicache on|--write-policy') echo any ;;
     'hicache on|--io-backend') echo any ;;
@@ -184,20 +185,20 @@ _dsv4ctl_optkind() {
     'hicache on|--storage-backend') echo any ;;
     'hicache on|--tree') echo dir ;;
     'hicache on|--health-timeout') echo any ;;
-    'hicache on|-p'|'hicache on|--profile') echo any ;;
-    'hicache off|-g'|'hicache off|--group') echo any ;;
+    'hicache on|-p'|'hicache on|--profile') echo prof:w2 ;;
+    'hicache off|-g'|'hicache off|--group') echo dyn:groups ;;
     'hicache off|--tree') echo dir ;;
     'hicache off|--health-timeout') echo any ;;
-    'hicache off|-p'|'hicache off|--profile') echo any ;;
-    'hicache status|-g'|'hicache status|--group') echo any ;;
+    'hicache off|-p'|'hicache off|--profile') echo prof:w2 ;;
+    'hicache status|-g'|'hicache status|--group') echo dyn:groups ;;
     'hicache status|--timeout') echo any ;;
-    'hicache status|-p'|'hicache status|--profile') echo any ;;
-    'check smoke|-p'|'check smoke|--profile') echo yaml:w2 ;;
+    'hicache status|-p'|'hicache status|--profile') echo prof:w2 ;;
+    'check smoke|-p'|'check smoke|--profile') echo prof:w2 ;;
     'check smoke|--worker') echo any ;;
     'check smoke|--model') echo any ;;
     'check smoke|--timeout') echo any ;;
     'check smoke|--api-key') echo any ;;
-    'check load|-p'|'check load|--profile') echo yaml:w2 ;;
+    'check load|-p'|'check load|--profile') echo prof:w2 ;;
     'check load|--compare') echo any ;;
     'check load|-c'|'check load|--concurrency') echo any ;;
     'check load|--turns') echo any ;;
@@ -213,7 +214,7 @@ _dsv4ctl_optkind() {
     'check load|--answer-words') echo any ;;
     'check load|--api-key') echo any ;;
     'check load|--turns-csv') echo file ;;
-    'runbook run|-p'|'runbook run|--profile') echo yaml:w2 ;;
+    'runbook run|-p'|'runbook run|--profile') echo prof:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
     'profile init|--from') echo any ;;
@@ -223,42 +224,42 @@ _dsv4ctl_optkind() {
 # value kind of the positional argument number $2 (0-based) of a command path
 _dsv4ctl_argkind() {
   case "$1|$2" in
-    'plan|0') echo yaml:w2 ;;
-    'facts|0') echo yaml:w2 ;;
-    'deploy|0') echo yaml:w2 ;;
-    'start|0') echo yaml:w2 ;;
-    'stop|0') echo yaml:w2 ;;
-    'restart|0') echo yaml:w2 ;;
-    'rollback|0') echo yaml:w2 ;;
-    'releases|0') echo yaml:w2 ;;
-    'promote|0') echo any ;;
-    'promote|1') echo yaml:w2 ;;
-    'status|0') echo yaml:w2 ;;
-    'logs|0') echo any ;;
-    'logs|1') echo yaml:w2 ;;
-    'audit|0') echo yaml:w2 ;;
-    'verify|0') echo yaml:w2 ;;
-    'diagnose|0') echo yaml:w2 ;;
-    'watch|0') echo yaml:w2 ;;
+    'plan|0') echo prof:w2 ;;
+    'facts|0') echo prof:w2 ;;
+    'deploy|0') echo prof:w2 ;;
+    'start|0') echo prof:w2 ;;
+    'stop|0') echo prof:w2 ;;
+    'restart|0') echo prof:w2 ;;
+    'rollback|0') echo prof:w2 ;;
+    'releases|0') echo prof:w2 ;;
+    'promote|0') echo dyn:releases ;;
+    'promote|1') echo prof:w2 ;;
+    'status|0') echo prof:w2 ;;
+    'logs|0') echo dyn:groups ;;
+    'logs|1') echo prof:w2 ;;
+    'audit|0') echo prof:w2 ;;
+    'verify|0') echo prof:w2 ;;
+    'diagnose|0') echo prof:w2 ;;
+    'watch|0') echo prof:w2 ;;
     'schema|0') echo any ;;
     'completion|0') echo any ;;
     'patch status|0') echo dir ;;
     'patch apply|0') echo dir ;;
     'patch revert|0') echo dir ;;
     'patch export|0') echo any ;;
-    'lock status|0') echo yaml:w2 ;;
-    'lock acquire|0') echo yaml:w2 ;;
-    'lock release|0') echo yaml:w2 ;;
-    'config lint|0') echo yaml:w2 ;;
-    'config set|0') echo yaml:w2 ;;
-    'hicache on|0') echo yaml:w2 ;;
-    'hicache off|0') echo yaml:w2 ;;
-    'hicache status|0') echo yaml:w2 ;;
+    'lock status|0') echo prof:w2 ;;
+    'lock acquire|0') echo prof:w2 ;;
+    'lock release|0') echo prof:w2 ;;
+    'config lint|0') echo prof:w2 ;;
+    'config set|0') echo prof:w2 ;;
+    'hicache on|0') echo prof:w2 ;;
+    'hicache off|0') echo prof:w2 ;;
+    'hicache status|0') echo prof:w2 ;;
     'check smoke|0') echo any ;;
     'check load|0') echo any ;;
-    'runbook show|0') echo yaml:w3 ;;
-    'runbook run|0') echo yaml:w3 ;;
-    'runbook run|1') echo any ;;
+    'runbook show|0') echo yaml:w4 ;;
+    'runbook run|0') echo yaml:w4 ;;
+    'runbook run|1') echo prof:w2 ;;
     'profile show|0') echo any ;;
     'profile init|0') echo file ;;
   esac
@@ -276,8 +277,8 @@ _dsv4ctl_values() {
   case "$kind" in
     file) IFS=$'\n'; COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null ;;
     dir) IFS=$'\n'; COMPREPLY=($(compgen -d -- "$cur")); compopt -o filenames 2>/dev/null ;;
-    yaml:*)
-      w="_dsv4ctl_${kind#yaml:}"
+    yaml:* | prof:*)
+      w="_dsv4ctl_${kind#*:}"
       COMPREPLY=($(compgen -W "${!w}" -- "$cur"))
       IFS=$'\n'
       COMPREPLY+=($(compgen -d -- "$cur") $(compgen -f -X '!*.yaml' -- "$cur") $(compgen -f -X '!*.yml' -- "$cur"))
@@ -290,11 +291,27 @@ _dsv4ctl_values() {
         COMPREPLY=($(compgen -W "${!w}" -S = -- "$cur"))
         compopt -o nospace 2>/dev/null
       fi ;;
+    k:*)
+      # [KEY=]WORD values: a word, or KEY= and then a word
+      w="${kind#k:}"
+      local keys="_dsv4ctl_${w%%:*}" vals="_dsv4ctl_${w#*:}"
+      if [[ "$cur" == *=* ]]; then
+        # bash replaces only the part after "=" when "=" breaks words
+        [[ "$COMP_WORDBREAKS" == *=* ]] && w="" || w="${cur%%=*}="
+        COMPREPLY=($(compgen -W "${!vals}" -P "$w" -- "${cur#*=}"))
+      else
+        COMPREPLY=($(compgen -W "${!vals}" -- "$cur") $(compgen -W "${!keys}" -S = -- "$cur"))
+        [[ ${#COMPREPLY[@]} -eq 1 && "${COMPREPLY[0]}" == *= ]] && compopt -o nospace 2>/dev/null
+      fi ;;
+    dyn:*)
+      # a value of the profile on the command line ($3), from `dsv4ctl __complete` (no network)
+      IFS=$'\n'
+      COMPREPLY=($(compgen -W "$(command dsv4ctl __complete "${kind#dyn:}" "$3" 2>/dev/null)" -- "$cur")) ;;
   esac
 }
 
 _dsv4ctl() {
-  local line cur path="" npos=0 pending="" i w kind prefix=""
+  local line cur path="" npos=0 pending="" i w kind prefix="" profile=""
   local -a words
   COMPREPLY=()
   line="${COMP_LINE:0:COMP_POINT}"
@@ -307,15 +324,20 @@ _dsv4ctl() {
   fi
   for ((i = 1; i < ${#words[@]}; i++)); do
     w="${words[i]}"
-    if [[ -n "$pending" ]]; then pending=""; continue; fi
+    if [[ -n "$pending" ]]; then
+      [[ "$(_dsv4ctl_optkind "$path" "$pending")" == prof:* ]] && profile="$w"
+      pending=""
+      continue
+    fi
     case "$w" in
       --) ;;
-      --*=*) ;;
+      --*=*) [[ "$(_dsv4ctl_optkind "$path" "${w%%=*}")" == prof:* ]] && profile="${w#*=}" ;;
       -*) [[ -n "$(_dsv4ctl_optkind "$path" "$w")" ]] && pending="$w" ;;
       *)
         if [[ $npos -eq 0 && " $(_dsv4ctl_subs "$path") " == *" $w "* ]]; then
           path="${path:+$path }$w"
         else
+          [[ "$(_dsv4ctl_argkind "$path" "$npos")" == prof:* ]] && profile="$w"
           npos=$((npos + 1))
         fi ;;
     esac
@@ -336,7 +358,7 @@ _dsv4ctl() {
     kind="$(_dsv4ctl_argkind "$path" "$npos")"
   fi
   [[ -n "$kind" ]] || return 0
-  _dsv4ctl_values "$kind" "$cur"
+  _dsv4ctl_values "$kind" "$cur" "$profile"
   # "--opt=value": bash replaces only the part after "=" when "=" breaks words
   if [[ -n "$prefix" && "$COMP_WORDBREAKS" != *=* ]]; then
     for i in "${!COMPREPLY[@]}"; do COMPREPLY[i]="$prefix${COMPREPLY[i]}"; done

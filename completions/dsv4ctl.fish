@@ -5,7 +5,8 @@
 
 set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STATE_DTYPE' 'SGLANG_DSV4_KV_LAYOUT' 'SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK' 'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP' 'SGLANG_OPT_USE_ONLINE_COMPRESS' 'SGLANG_PP_LAYER_PARTITION' 'SGLANG_SWA_EVICTION_INTERVAL' '_swa_full_tokens_ratio_explicitly_set' 'attn_dp_size' 'available_bytes' 'base_gpu_id' 'checkpoint_format' 'chunked_prefill_size' 'context_length' 'cuda_graph_max_bs' 'cuda_graph_max_bs_decode' 'cuda_graph_max_bs_prefill' 'disable_cuda_graph' 'disable_overlap_schedule' 'disable_radix_cache' 'disaggregation_decode_extra_slots' 'disaggregation_mode' 'dp_size' 'draft_weights_gib_per_rank' 'dsv4_attn_backend' 'enable_deepseek_v4_fp4_indexer' 'enable_dp_attention' 'free_gib_before_load' 'gpu_id_step' 'gpu_memory_mib' 'index_k_accounting' 'index_k_dtype' 'max_prefill_tokens' 'max_running_requests' 'max_total_tokens' 'mem_fraction_static' 'min_requests' 'model' 'moe_a2a_backend' 'nnodes' 'other_gib' 'page_size' 'pp_size' 'speculative_algorithm' 'speculative_num_draft_tokens' 'swa_full_tokens_ratio' 'swa_prefix_tails' 'tp_size' 'weights_gib_per_rank'
 set -g __dsv4ctl_w2 'dsv4-flash-8xb200-pd' 'dsv4-pro-4xh200-pd'
-set -g __dsv4ctl_w3 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-stall' 'toolcall-corruption' 'transfer-wedge'
+set -g __dsv4ctl_w3 'corruption' 'stuck'
+set -g __dsv4ctl_w4 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-stall' 'toolcall-corruption' 'transfer-wedge'
 
 function __dsv4ctl_subs
     switch $argv[1]
@@ -102,36 +103,163 @@ function __dsv4ctl_takes_value
     end
 end
 
-# "PATH NPOS" of the command line before the cursor: the sub-command path and how many
-# positional arguments follow it
+# the position (0-based) of the positional PROFILE of command path $1
+function __dsv4ctl_profarg
+    switch $argv[1]
+        case 'plan'
+            echo 0
+        case 'facts'
+            echo 0
+        case 'deploy'
+            echo 0
+        case 'start'
+            echo 0
+        case 'stop'
+            echo 0
+        case 'restart'
+            echo 0
+        case 'rollback'
+            echo 0
+        case 'releases'
+            echo 0
+        case 'promote'
+            echo 1
+        case 'status'
+            echo 0
+        case 'logs'
+            echo 1
+        case 'audit'
+            echo 0
+        case 'verify'
+            echo 0
+        case 'diagnose'
+            echo 0
+        case 'watch'
+            echo 0
+        case 'lock status'
+            echo 0
+        case 'lock acquire'
+            echo 0
+        case 'lock release'
+            echo 0
+        case 'config lint'
+            echo 0
+        case 'config set'
+            echo 0
+        case 'hicache on'
+            echo 0
+        case 'hicache off'
+            echo 0
+        case 'hicache status'
+            echo 0
+        case 'runbook run'
+            echo 1
+    end
+end
+
+# true when option $2 of command path $1 names the profile
+function __dsv4ctl_profopt
+    switch $argv[1]
+        case 'plan'
+            contains -- $argv[2] -p --profile
+        case 'facts'
+            contains -- $argv[2] -p --profile
+        case 'deploy'
+            contains -- $argv[2] -p --profile
+        case 'start'
+            contains -- $argv[2] -p --profile
+        case 'stop'
+            contains -- $argv[2] -p --profile
+        case 'restart'
+            contains -- $argv[2] -p --profile
+        case 'rollback'
+            contains -- $argv[2] -p --profile
+        case 'releases'
+            contains -- $argv[2] -p --profile
+        case 'promote'
+            contains -- $argv[2] -p --profile
+        case 'status'
+            contains -- $argv[2] -p --profile
+        case 'logs'
+            contains -- $argv[2] -p --profile
+        case 'audit'
+            contains -- $argv[2] -p --profile
+        case 'verify'
+            contains -- $argv[2] -p --profile
+        case 'diagnose'
+            contains -- $argv[2] -p --profile
+        case 'watch'
+            contains -- $argv[2] -p --profile
+        case 'patch status'
+            contains -- $argv[2] -p --profile
+        case 'patch apply'
+            contains -- $argv[2] -p --profile
+        case 'patch revert'
+            contains -- $argv[2] -p --profile
+        case 'lock status'
+            contains -- $argv[2] -p --profile
+        case 'lock acquire'
+            contains -- $argv[2] -p --profile
+        case 'lock release'
+            contains -- $argv[2] -p --profile
+        case 'config lint'
+            contains -- $argv[2] -p --profile
+        case 'config set'
+            contains -- $argv[2] -p --profile
+        case 'hicache on'
+            contains -- $argv[2] -p --profile
+        case 'hicache off'
+            contains -- $argv[2] -p --profile
+        case 'hicache status'
+            contains -- $argv[2] -p --profile
+        case 'check smoke'
+            contains -- $argv[2] -p --profile
+        case 'check load'
+            contains -- $argv[2] -p --profile
+        case 'runbook run'
+            contains -- $argv[2] -p --profile
+        case '*'
+            return 1
+    end
+end
+
+# "PATH NPOS PROFILE" of the command line before the cursor, one per line: the sub-command path,
+# how many positional arguments follow it, and the profile it gives (positional or option; may be empty)
 function __dsv4ctl_state
     set -l tokens (commandline -opc)
     set -e tokens[1]
     set -l path ''
     set -l npos 0
-    set -l pending 0
+    set -l pending ''
+    set -l profile ''
     for t in $tokens
-        if test $pending = 1
-            set pending 0
+        if test -n "$pending"
+            __dsv4ctl_profopt "$path" $pending; and set profile $t
+            set pending ''
             continue
         end
         switch $t
             case '--'
             case '--*=*'
+                set -l kv (string split -m 1 = -- $t)
+                __dsv4ctl_profopt "$path" $kv[1]; and set profile $kv[2]
             case '-*'
                 if __dsv4ctl_takes_value "$path" $t
-                    set pending 1
+                    set pending $t
                 end
             case '*'
                 if test $npos = 0; and contains -- $t (string split ' ' -- (__dsv4ctl_subs "$path"))
                     set path (string trim -- "$path $t")
                 else
+                    set -l at (__dsv4ctl_profarg "$path")
+                    test "$npos" = "$at"; and set profile $t
                     set npos (math $npos + 1)
                 end
         end
     end
     echo "$path"
     echo $npos
+    echo "$profile"
 end
 
 # at command path $1, not after an option that wants a value
@@ -164,6 +292,27 @@ function __dsv4ctl_yaml
         test -f $f; and echo $f
     end
     __fish_complete_directories $cur
+end
+
+# [KEY=]WORD values: words (list $2), or keys (list $1) followed by "=", then KEY=word
+function __dsv4ctl_keyed
+    set -l cur (string replace -r -- '^--[^=]*=' '' (commandline -ct))
+    set -l keys __dsv4ctl_$argv[1]
+    set -l words __dsv4ctl_$argv[2]
+    if string match -q -- '*=*' $cur
+        set -l key (string split -m 1 = -- $cur)[1]
+        printf "%s\n" $key=$$words
+    else
+        printf '%s\n' $$words
+        printf '%s=\n' $$keys
+    end
+end
+
+# a value of the profile on the command line (groups, hosts, releases: $1), from
+# `dsv4ctl __complete` (no network; nothing on failure)
+function __dsv4ctl_dyn
+    set -l st (__dsv4ctl_state)
+    command dsv4ctl __complete $argv[1] "$st[3]" 2>/dev/null
 end
 
 # KEY=VALUE keys (word list $1), each followed by "="
@@ -204,21 +353,21 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'profile' -d 'Shipped profiles:
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l version -d 'Print the version and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_keys w1)' -d 'What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16,...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.plan/2 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per rank (memory segments in GiB, pool sizes).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'plan\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l json -d 'Print the dsv4ctl.facts/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l timeout -r -f -d 'Seconds per host (finite, at most 3600).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l write -d 'Write each group\'s measured free_gib_before_load (one value per GPU) into the...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l dry-run -d 'With --write: print the diff, write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -l force -d 'With --write: write GPUs with processes holding memory as measured, and keep...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'facts\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'facts\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Local SGLang git checkout (default: sglang.tree).'
@@ -240,11 +389,11 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s m -l message -r -f -d 'Why t
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l json -d 'Print the dsv4ctl.deploy/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s q -l quiet -d 'Print only errors and the verdict.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'deploy\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l host -r -f -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only this group\'s servers (repeatable; default: every group).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l dry-run -d 'Print the steps per host; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l health-timeout -r -f -d 'Seconds to wait for health (default: deploy.health_timeout_s).'
@@ -252,22 +401,22 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l break-lock -d 'Remove a stale
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s q -l quiet -d 'Print only errors and the verdict.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'start\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l host -r -f -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only this group\'s servers (repeatable; default: every group).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l dry-run -d 'Print the steps per host; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s q -l quiet -d 'Print only errors and the verdict.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'stop\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s g -l group -r -f -d 'Only this group\'s servers (repeatable; default: every group).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l host -r -f -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only this group\'s servers (repeatable; default: every group).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only servers with a node on this host (repeatable; a multi-node server is act...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l batch -r -f -d 'Rolling: restart this many servers at a time, each batch healthy before the n...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l dry-run -d 'Print the steps per host; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
@@ -276,10 +425,10 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l break-lock -d 'Remove a sta
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s q -l quiet -d 'Print only errors and the verdict.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'restart\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l to -r -f -d 'Release id (default: the newest release built before the active one that pass...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l to -r -f -a '(__dsv4ctl_dyn releases)' -d 'Release id (default: the newest release built before the active one that pass...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l dry-run -d 'Print the actions per host; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l health-timeout -r -f -d 'Seconds to wait for health.'
@@ -288,13 +437,13 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l force-failed -d 'With --to
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l json -d 'Print the dsv4ctl.rollback/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s q -l quiet -d 'Print only errors and the verdict.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'rollback\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l json -d 'Print the dsv4ctl.releases/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'releases\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'releases\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l concurrency -r -f -d 'Load gate concurrency (default: check.concurrency).'
@@ -307,48 +456,50 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l break-lock -d 'Remove a sta
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l json -d 'Print the dsv4ctl.promote/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s q -l quiet -d 'Print only errors and the verdict.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'promote\' 0' -f -a '(__dsv4ctl_dyn releases)'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'promote\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l timeout -r -f -d 'Seconds per HTTP probe.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l json -d 'Print the dsv4ctl.status/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'status\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'status\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s n -l lines -r -f -d 'Last lines per host (1..100000).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s f -l follow -d 'Keep printing new lines until Ctrl-C.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l host -r -f -d 'Only this host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only this host.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l grep -r -f -d 'Only lines matching this regular expression.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l interval -r -f -d 'With -f: seconds between reads.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'logs\' 0' -f -a '(__dsv4ctl_dyn groups)'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'logs\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l since -r -f -d 'Only records at or after this time (2026-12-01, 2026-12-01T16:00:00Z; taken i...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l host -r -f -d 'Only this host.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only this host.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l json -d 'Print the dsv4ctl.audit/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'audit\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'audit\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s r -l release -r -f -d 'Only this release id (repeatable; default: every release on every host).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s r -l release -r -f -a '(__dsv4ctl_dyn releases)' -d 'Only this release id (repeatable; default: every release on every host).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l json -d 'Print the dsv4ctl.verify/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'verify\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -d 'Only this server group (repeatable).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only this server group (repeatable).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l since -r -f -d 'Log lines from this time on, earlier processes included: 15m, 2h or an ISO ti...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l window -r -f -d 'Seconds between the two /metrics reads (0..300).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s n -l lines -r -f -d 'Log lines read per group (1..100000).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l json -d 'Print the dsv4ctl.diagnose/1 document (README).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l api-key -r -f -d 'Bearer token for /server_info (or DSV4CTL_API_KEY).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'diagnose\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l once -d 'One round (every target probed and scraped once), then exit.'
@@ -359,14 +510,14 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l scrape-every -r -f -d 'Time b
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l release-every -r -f -d 'Time between reads of each host\'s active release (SSH).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l no-releases -d 'Do not read releases over SSH (the release label stays \'unknown\').'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l stall-timeout -r -f -d 'A probe without progress this long is stuck (default: the profile\'s check.sta...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l on-alert -r -f -d '[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default c...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l on-alert -r -f -a '(__dsv4ctl_keyed w3 w4)' -d '[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default c...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l auto -d 'With --on-alert: run the runbook for real (--yes), not --dry-run.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l alert-window -r -f -d 'Long window of the in-process corruption burn (short: 1/12 of it); at most on...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l log -r -F -d 'Append every event as a JSON line to this file.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l print -r -f -d 'Print a shipped artifact and exit: rules (Prometheus rules for the profile\'s...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s q -l quiet -d 'No event lines on stderr.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'watch\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s o -l output -r -F -d 'The HTML file to write (\'-\': standard output).'
@@ -384,7 +535,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -f -a 'export' -d 'Turn commits 
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -l series -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Series directory (default: the shipped patches/sglang-<tree version>).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -l base -r -f -d 'Pristine base ref of the tree (default: tag v<version>).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -l host -r -f -d 'Run on this profile host\'s tree (through the remote layer).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Run on this profile host\'s tree (through the remote layer).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile for --host (default: the embedded one).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -l markdown -d 'Print Markdown.'
@@ -392,14 +543,14 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'patch status\'' -s h -l help -d 'Show thi
 complete -c dsv4ctl -n '__dsv4ctl_arg \'patch status\' 0' -f -a '(__fish_complete_directories (commandline -ct))'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -l series -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Series directory (default: the shipped patches/sglang-<tree version>).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -l base -r -f -d 'Pristine base ref of the tree (default: tag v<version>).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -l host -r -f -d 'Run on this profile host\'s tree (through the remote layer).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Run on this profile host\'s tree (through the remote layer).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile for --host (default: the embedded one).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s n -l dry-run -d 'Print the actions; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'patch apply\' 0' -f -a '(__fish_complete_directories (commandline -ct))'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l base -r -f -d 'Pristine base ref of the tree (default: tag v<version>).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l host -r -f -d 'Run on this profile host\'s tree (through the remote layer).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Run on this profile host\'s tree (through the remote layer).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile for --host (default: the embedded one).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -s n -l dry-run -d 'Print the actions; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l json -d 'Print JSON.'
@@ -424,30 +575,30 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -f -a 'release' -d 'Release the m
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -l json -d 'Print the dsv4ctl.lock/1 JSON document.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock status\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock status\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s m -l message -r -f -d 'Why (shown to everyone a deploy or restart refuses, and audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock acquire\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove a lock held by a run (deploy, rollback, ...) whose process is gone.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
-complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock release\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'lint' -d 'Lint the profile\'s serve configs against the real argument table of the SGLan...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -f -a 'set' -d 'Set (or --unset) SGLang server arguments in the selected groups\' serve config...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config\'' -s h -l help -d 'Show this message and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s g -l group -r -f -d 'Only these server groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree whose index-K gating is checked (default: the profile\'s sglang.tr...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l json -d 'Print the dsv4ctl.lint/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config lint\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config lint\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s g -l group -r -f -d 'Groups to edit (required). Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Groups to edit (required). Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l unset -r -f -d 'Remove this key from the serve config. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l dry-run -d 'Print the diff, the lint result (and with --remote the release steps); change...'
@@ -455,14 +606,14 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l json -d 'Print the dsv4c
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config set\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'on' -d 'Turn HiCache on in the selected groups\' serve configs (diff printed, linted b...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'off' -d 'Turn HiCache off (enable-hierarchical-cache: false; other hicache-* keys are...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -f -a 'status' -d 'Per group: HiCache as the serve config says (resolved like SGLang) and as the...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache\'' -s h -l help -d 'Show this message and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l ratio -r -f -d 'hicache-ratio: host pool / device pool (DSV4 needs it explicit; default 2.0 w...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l write-policy -r -f -d 'hicache-write-policy: write_back, write_through, write_through_selective.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l io-backend -r -f -d 'hicache-io-backend: direct, kernel, kernel_ascend.'
@@ -474,26 +625,26 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l json -d 'Print the dsv4c
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache on\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s g -l group -r -f -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Groups to edit (default: on → prefill/colocated groups, off → all server grou...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l tree -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'SGLang tree for the index-K gating check (default: the profile\'s sglang.tree).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l dry-run -d 'Print the diff and lint result; write nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l json -d 'Print the dsv4ctl.hicache-edit/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Change the running release: a new release with the edited serve configs, push...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l health-timeout -r -f -d 'Seconds to wait for /health after a restart (default deploy.health_timeout_s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache off\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s g -l group -r -f -d 'Only these groups. Repeatable.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only these groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l timeout -r -f -d 'Seconds per /server_info request.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l no-server -d 'Only what the files say; query no server.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l remote -d 'Read the live files on the hosts (<root>/current/configs/G.yaml) instead of t...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l json -d 'Print the dsv4ctl.hicache-status/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s p -l profile -r -f -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache status\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache status\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check\'' -f -a 'smoke' -d '/health on every worker, /v1/models, /server_info (version, parsers, disaggre...'
@@ -538,14 +689,15 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -l json -d 'Print {schema
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook list\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -l json -d 'Print the runbook (name, description, pd_only, steps) as JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook show\'' -s h -l help -d 'Show this message and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook show\' 0' -f -a '(__dsv4ctl_yaml w3)'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook show\' 0' -f -a '(__dsv4ctl_yaml w4)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'Profile path or shipped name (or DSV4CTL_PROFILE); required unless --dry-run.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s y -l yes -d 'Do not ask before mutating steps.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l dry-run -d 'Print every step and what it would do; change nothing anywhere.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l resume -r -f -d 'Resume run ID from its failed (or declined) step.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l report-dir -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Where the run\'s state and incident report go (default: $DSV4CTL_STATE_DIR/run...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s h -l help -d 'Show this message and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 0' -f -a '(__dsv4ctl_yaml w3)'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 0' -f -a '(__dsv4ctl_yaml w4)'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'list' -d 'The shipped profiles, with their files.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'show' -d 'Print a profile\'s YAML followed by the paths of its serve configs.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'init' -d 'Write a commented starting profile and its serve configs (outside the install...'

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_REMOTE, EXIT_USAGE, DsvError
 
@@ -30,6 +28,7 @@ COMMAND_OWNER = {"plan": "plan", "facts": "facts", "patch": "patch", "deploy": "
 
 def _version(value: bool) -> None:
     if value:
+        import typer
         print(f"dsv4ctl {__version__} (SGLang {', '.join(_supported())})")
         raise typer.Exit()
 
@@ -60,15 +59,17 @@ def conventions_error(args: list[str]) -> str | None:
     return None
 
 
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
-    """Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23."""
-
-
 def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
     """The typer app with the commands of ``modules`` (default: all of them)."""
     import importlib
     import importlib.util
+
+    import typer
+
+    def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit.")) -> None:
+        """Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23."""
+
     application = typer.Typer(
         name="dsv4ctl", help=HELP, no_args_is_help=True,
         add_completion=False,   # one completion mechanism: `dsv4ctl completion SHELL` (static scripts)
@@ -149,7 +150,15 @@ class _QuietPipe:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code."""
+    """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code.
+    ``__complete KIND [PROFILE]`` (the shell completions' helper) is answered before typer is
+    imported (:mod:`dsv4ctl.commands.complete`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["__complete"]:
+        from .commands.complete import run as complete
+        return complete(list(args[1:]))
+    import typer
+
     from .render import error_line
     if argv is None and not isinstance(sys.stdout, _QuietPipe):
         sys.stdout = _QuietPipe(sys.stdout)

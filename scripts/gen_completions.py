@@ -7,10 +7,14 @@
 The tree is ``typer.main.get_command(dsv4ctl.cli.app)``: every (non-hidden) command and
 sub-command, its options (flags vs options taking a value), its positional arguments, click
 choices, and value completions: profile arguments/options complete ``*.yaml``/``*.yml`` files,
-folders and the shipped profile names; runbook names the shipped playbooks; path-typed and
-tree/series parameters (and metavars FILE/PATH/DIR) complete files or folders; ``plan --set`` completes the what-if keys
-(``dsv4ctl.plan.plan.SET_KEYS``) followed by ``=``. tests/test_completions.py regenerates the scripts
-in memory and fails when the committed files differ."""
+folders and the shipped profile names; runbook names the shipped playbooks (``watch --on-alert``:
+``[CONDITION=]RUNBOOK``); path-typed and tree/series parameters (and metavars FILE/PATH/DIR)
+complete files or folders; ``plan --set`` completes the what-if keys (``dsv4ctl.plan.plan.SET_KEYS``)
+followed by ``=``. Parameters named (or with the metavar) group, host or release complete the
+values of the profile on the command line at TAB time: the scripts find the profile the command
+line gives (its positional PROFILE or ``-p/--profile``) and run ``dsv4ctl __complete groups|hosts|releases
+PROFILE`` (:mod:`dsv4ctl.commands.complete`; no network, nothing printed on failure).
+tests/test_completions.py regenerates the scripts in memory and fails when the committed files differ."""
 
 from __future__ import annotations
 
@@ -30,7 +34,15 @@ REGEN = "python scripts/gen_completions.py"
 DIR_PARAMS = {"tree", "series", "keep", "report_dir", "state_dir"}
 FILE_PARAMS = {"serve_config", "config", "output", "file"}
 
-Kind = dict[str, Any]  # {"kind": none|any|file|dir|yaml|words, "words": [...], "suffix": "=" or ""}
+# Parameters named (or with the metavar, upper case) like this take a value of the profile on the
+# command line: ``dsv4ctl __complete KIND PROFILE`` lists them when TAB is pressed.
+PROFILE_VALUES = {"group": "groups", "host": "hosts", "release": "releases"}
+
+# {"kind": none|any|file|dir|yaml|profile|words|keyed|dyn, "words": [...], "suffix": "=" or "",
+#  "keys": [...] (keyed: [KEY=]WORD), "what": groups|hosts|releases (dyn)}. "profile" is "yaml"
+# (shipped names + YAML files + folders) for the parameter that names the profile, which the
+# scripts remember for the dyn values.
+Kind = dict[str, Any]
 
 
 def _shipped_stems(folder: str) -> list[str]:
@@ -39,16 +51,32 @@ def _shipped_stems(folder: str) -> list[str]:
     return sorted({p.stem for p in d.glob("*.yaml")} | {p.stem for p in d.glob("*.yml")}) if d.is_dir() else []
 
 
-def _hook(path: tuple[str, ...], name: str) -> Kind | None:
+def _is_profile(param) -> bool:
+    """The parameter that names the profile: the positional ``profile`` (``runbook run``'s
+    ``[PROFILE]``) or the ``-p/--profile`` option (``profile_opt``, added by commands/grammar.py)."""
+    name = param.name or ""
+    metavar = (getattr(param, "metavar", None) or "").strip("[].").upper()
+    return name == "profile" or name.startswith("profile_") or metavar == "PROFILE"
+
+
+def _hook(path: tuple[str, ...], param) -> Kind | None:
     """Value completions that the click types cannot express."""
+    name = param.name
+    metavar = (getattr(param, "metavar", None) or "").upper()
     if path == ("plan",) and name == "set_":
         from dsv4ctl.plan.plan import SET_KEYS
         return {"kind": "words", "words": sorted(SET_KEYS), "suffix": "="}
     if path[:1] == ("runbook",) and name == "name":
         return {"kind": "yaml", "words": _shipped_stems("playbooks")}
-    if name == "profile":          # the shipped ones only: an operator's profiles/my.yaml is not shipped
+    if name == "on_alert":         # [CONDITION=]RUNBOOK
+        from dsv4ctl.watch.model import CONDITIONS
+        return {"kind": "keyed", "keys": list(CONDITIONS), "words": _shipped_stems("playbooks")}
+    if _is_profile(param):         # the shipped ones only: an operator's profiles/my.yaml is not shipped
         from dsv4ctl.resources import shipped_profile_names
-        return {"kind": "yaml", "words": shipped_profile_names()}
+        return {"kind": "profile", "words": shipped_profile_names()}
+    what = PROFILE_VALUES.get(name) or PROFILE_VALUES.get(metavar.lower())
+    if what:
+        return {"kind": "dyn", "what": what}
     return None
 
 
@@ -56,7 +84,7 @@ def _value_kind(path: tuple[str, ...], param) -> Kind:
     """How to complete the value(s) of one click parameter."""
     if getattr(param, "is_flag", False) or getattr(param, "count", False):
         return {"kind": "none"}
-    hooked = _hook(path, param.name)
+    hooked = _hook(path, param)
     if hooked is not None:
         return hooked
     t = param.type
@@ -144,8 +172,12 @@ def _kind_tag(v: Kind, words: dict[tuple, str]) -> str:
     k = v["kind"]
     if k == "words":
         return ("wn:" if v.get("suffix") else "w:") + _words_id(v["words"], words)
-    if k == "yaml":
-        return "yaml:" + _words_id(v["words"], words)
+    if k in ("yaml", "profile"):
+        return ("prof:" if k == "profile" else "yaml:") + _words_id(v["words"], words)
+    if k == "keyed":
+        return f"k:{_words_id(v['keys'], words)}:{_words_id(v['words'], words)}"
+    if k == "dyn":
+        return "dyn:" + v["what"]
     return k
 
 
@@ -201,8 +233,8 @@ _dsv4ctl_values() {
   case "$kind" in
     file) IFS=$'\n'; COMPREPLY=($(compgen -f -- "$cur")); compopt -o filenames 2>/dev/null ;;
     dir) IFS=$'\n'; COMPREPLY=($(compgen -d -- "$cur")); compopt -o filenames 2>/dev/null ;;
-    yaml:*)
-      w="_dsv4ctl_${kind#yaml:}"
+    yaml:* | prof:*)
+      w="_dsv4ctl_${kind#*:}"
       COMPREPLY=($(compgen -W "${!w}" -- "$cur"))
       IFS=$'\n'
       COMPREPLY+=($(compgen -d -- "$cur") $(compgen -f -X '!*.yaml' -- "$cur") $(compgen -f -X '!*.yml' -- "$cur"))
@@ -215,11 +247,27 @@ _dsv4ctl_values() {
         COMPREPLY=($(compgen -W "${!w}" -S = -- "$cur"))
         compopt -o nospace 2>/dev/null
       fi ;;
+    k:*)
+      # [KEY=]WORD values: a word, or KEY= and then a word
+      w="${kind#k:}"
+      local keys="_dsv4ctl_${w%%:*}" vals="_dsv4ctl_${w#*:}"
+      if [[ "$cur" == *=* ]]; then
+        # bash replaces only the part after "=" when "=" breaks words
+        [[ "$COMP_WORDBREAKS" == *=* ]] && w="" || w="${cur%%=*}="
+        COMPREPLY=($(compgen -W "${!vals}" -P "$w" -- "${cur#*=}"))
+      else
+        COMPREPLY=($(compgen -W "${!vals}" -- "$cur") $(compgen -W "${!keys}" -S = -- "$cur"))
+        [[ ${#COMPREPLY[@]} -eq 1 && "${COMPREPLY[0]}" == *= ]] && compopt -o nospace 2>/dev/null
+      fi ;;
+    dyn:*)
+      # a value of the profile on the command line ($3), from `dsv4ctl __complete` (no network)
+      IFS=$'\n'
+      COMPREPLY=($(compgen -W "$(command dsv4ctl __complete "${kind#dyn:}" "$3" 2>/dev/null)" -- "$cur")) ;;
   esac
 }
 
 _dsv4ctl() {
-  local line cur path="" npos=0 pending="" i w kind prefix=""
+  local line cur path="" npos=0 pending="" i w kind prefix="" profile=""
   local -a words
   COMPREPLY=()
   line="${COMP_LINE:0:COMP_POINT}"
@@ -232,15 +280,20 @@ _dsv4ctl() {
   fi
   for ((i = 1; i < ${#words[@]}; i++)); do
     w="${words[i]}"
-    if [[ -n "$pending" ]]; then pending=""; continue; fi
+    if [[ -n "$pending" ]]; then
+      [[ "$(_dsv4ctl_optkind "$path" "$pending")" == prof:* ]] && profile="$w"
+      pending=""
+      continue
+    fi
     case "$w" in
       --) ;;
-      --*=*) ;;
+      --*=*) [[ "$(_dsv4ctl_optkind "$path" "${w%%=*}")" == prof:* ]] && profile="${w#*=}" ;;
       -*) [[ -n "$(_dsv4ctl_optkind "$path" "$w")" ]] && pending="$w" ;;
       *)
         if [[ $npos -eq 0 && " $(_dsv4ctl_subs "$path") " == *" $w "* ]]; then
           path="${path:+$path }$w"
         else
+          [[ "$(_dsv4ctl_argkind "$path" "$npos")" == prof:* ]] && profile="$w"
           npos=$((npos + 1))
         fi ;;
     esac
@@ -261,7 +314,7 @@ _dsv4ctl() {
     kind="$(_dsv4ctl_argkind "$path" "$npos")"
   fi
   [[ -n "$kind" ]] || return 0
-  _dsv4ctl_values "$kind" "$cur"
+  _dsv4ctl_values "$kind" "$cur" "$profile"
   # "--opt=value": bash replaces only the part after "=" when "=" breaks words
   if [[ -n "$prefix" && "$COMP_WORDBREAKS" != *=* ]]; then
     for i in "${!COMPREPLY[@]}"; do COMPREPLY[i]="$prefix${COMPREPLY[i]}"; done
@@ -284,14 +337,26 @@ def _zdesc(s: str) -> str:
     return re.sub(r"([\[\]\\:])", r"\\\1", s)
 
 
-def _zaction(v: Kind, fn_words: dict[tuple, str]) -> str:
+def _profile_at(node: dict) -> str:
+    """Where command ``node`` takes the profile, as _dsv4ctl_dyn's arguments: the 1-based index of
+    the positional PROFILE in ``$line`` (0: none), then the names of the profile options."""
+    idx = next((i + 1 for i, a in enumerate(node["args"]) if a["value"]["kind"] == "profile"), 0)
+    opts = [x for o in node["options"] if o["value"]["kind"] == "profile" for x in o["names"]]
+    return " ".join([str(idx)] + opts)
+
+
+def _zaction(v: Kind, fn_words: dict[tuple, str], node: dict | None = None) -> str:
     k = v["kind"]
     if k == "file":
         return "_files"
     if k == "dir":
         return "_files -/"
-    if k == "yaml":
+    if k in ("yaml", "profile"):
         return f"_dsv4ctl_yaml_{_words_id(['yaml'] + v['words'], fn_words)}"
+    if k == "keyed":
+        return f"_dsv4ctl_keyed_{_words_id(['keyed', len(v['keys'])] + v['keys'] + v['words'], fn_words)}"
+    if k == "dyn":      # a leading space: _arguments runs it as is (the compadd options are in $expl)
+        return f" _dsv4ctl_dyn {v['what']} {_profile_at(node or {'args': [], 'options': []})}"
     if k == "words":
         if v.get("suffix"):
             return f"_dsv4ctl_keys_{_words_id(['keys'] + v['words'], fn_words)}"
@@ -319,12 +384,12 @@ def render_zsh(model: dict) -> str:
             val = ""
             if o["value"]["kind"] != "none":
                 msg = _zdesc(o["names"][-1].lstrip("-"))
-                val = f":{msg}:{_zaction(o['value'], words)}"
+                val = f":{msg}:{_zaction(o['value'], words, n)}"
             for name in names:
                 eq = "=" if name.startswith("--") and o["value"]["kind"] != "none" else ""
                 specs.append(_zq(f"{excl}{rep}{name}{eq}{desc}{val}"))
         for a in n["args"]:
-            act = _zaction(a["value"], words)
+            act = _zaction(a["value"], words, n)
             if a["nargs"] == -1:
                 specs.append(_zq(f"*:{_zdesc(a['name'])}:{act}"))
             else:
@@ -357,8 +422,19 @@ def render_zsh(model: dict) -> str:
     # argument-less function: _dsv4ctl_yaml_wN (shipped names + *.yaml/*.yml files + folders)
     # and _dsv4ctl_keys_wN (KEY=VALUE keys, completed with a removable "=").
     for (fn, *ws), wid in words.items():
-        lst = " ".join(_zq(w) for w in ws)
-        if fn == "yaml":
+        lst = " ".join(_zq(str(w)) for w in ws)
+        if fn == "keyed":
+            nkeys, ws = ws[0], ws[1:]
+            out += [f"_dsv4ctl_keyed_{wid}() {{",
+                    f"  local -a keys words; keys=({' '.join(_zq(w) for w in ws[:nkeys])})"
+                    f" words=({' '.join(_zq(w) for w in ws[nkeys:])})",
+                    "  if compset -P '*='; then",
+                    "    _wanted names expl 'runbook' compadd -a words",
+                    "  else",
+                    "    _alternative 'names:runbook:compadd -a words' 'keys:condition:compadd -S = -q -a keys'",
+                    "  fi",
+                    "}"]
+        elif fn == "yaml":
             out += [f"_dsv4ctl_yaml_{wid}() {{",
                     f"  local -a names; names=({lst})",
                     "  _alternative 'names:shipped name:compadd -a names' 'files:YAML file:_files -g \"*.(yaml|yml)(-.)\"'",
@@ -368,7 +444,7 @@ def render_zsh(model: dict) -> str:
                     f"  local -a keys; keys=({lst})",
                     "  if compset -P '*='; then _message 'value'; else compadd -S '=' -q -a keys; fi",
                     "}"]
-    out.append("")
+    out += ZSH_DYN.splitlines() + [""]
     out += funcs
     out += ["",
             "if [[ $zsh_eval_context[-1] == loadautofunc ]]; then",
@@ -377,6 +453,22 @@ def render_zsh(model: dict) -> str:
             "  compdef _dsv4ctl dsv4ctl",
             "fi", ""]
     return "\n".join(out)
+
+
+# The profile's groups/hosts/releases: `_dsv4ctl_dyn KIND PROFILE-INDEX PROFILE-OPTION...` finds the
+# profile the line gives (an option in $opt_args, else positional PROFILE-INDEX of $line: both set
+# by _arguments) and asks `dsv4ctl __complete` (no network; nothing on failure).
+ZSH_DYN = r"""_dsv4ctl_dyn() {
+  local what=$1 idx=$2 prof o
+  shift 2
+  for o in "$@"; do
+    [[ -n ${opt_args[$o]} ]] && prof=${opt_args[$o]}
+  done
+  [[ -z $prof && $idx -gt 0 ]] && prof=${line[$idx]}
+  local -a vals
+  vals=(${(f)"$(command dsv4ctl __complete $what ${(Q)prof} 2>/dev/null)"})
+  compadd "${expl[@]}" -a vals
+}"""
 
 
 # --------------------------------------------------------------------------------------- fish
@@ -389,7 +481,7 @@ def render_fish(model: dict) -> str:
     """completions/dsv4ctl.fish: ``complete -c dsv4ctl`` rules guarded by the command path."""
     words: dict[tuple, str] = {}
     lines = []
-    subs_cases, optval_cases = [], []
+    subs_cases, optval_cases, profarg_cases, profopt_cases = [], [], [], []
     for n in _walk(model):
         p = " ".join(n["path"])
         if n["subs"]:
@@ -397,6 +489,12 @@ def render_fish(model: dict) -> str:
         valued = [x for o in n["options"] if o["value"]["kind"] != "none" for x in o["names"]]
         if valued:
             optval_cases.append(f"        case {_fq(p)}\n            contains -- $argv[2] {' '.join(valued)}")
+        idx = next((i for i, a in enumerate(n["args"]) if a["value"]["kind"] == "profile"), None)
+        if idx is not None:
+            profarg_cases.append(f"        case {_fq(p)}\n            echo {idx}")
+        popts = [x for o in n["options"] if o["value"]["kind"] == "profile" for x in o["names"]]
+        if popts:
+            profopt_cases.append(f"        case {_fq(p)}\n            contains -- $argv[2] {' '.join(popts)}")
         for s in n["subs"]:
             lines.append(f"complete -c dsv4ctl -n {_fq('__dsv4ctl_at ' + _fq(p))} -f -a {_fq(s['path'][-1])}"
                          f" -d {_fq(s['help'])}")
@@ -418,6 +516,11 @@ def render_fish(model: dict) -> str:
             "# true when option $2 of command path $1 takes a value",
             "function __dsv4ctl_takes_value", "    switch $argv[1]", *optval_cases,
             "        case '*'", "            return 1", "    end", "end", "",
+            "# the position (0-based) of the positional PROFILE of command path $1",
+            "function __dsv4ctl_profarg", "    switch $argv[1]", *profarg_cases, "    end", "end", "",
+            "# true when option $2 of command path $1 names the profile",
+            "function __dsv4ctl_profopt", "    switch $argv[1]", *profopt_cases,
+            "        case '*'", "            return 1", "    end", "end", "",
             FISH_BODY, *lines, ""]
     return "\n".join(out)
 
@@ -431,8 +534,12 @@ def _fish_value(v: Kind, words: dict[tuple, str], option: bool) -> str:
         return f"{r} -F"
     if k == "dir":
         return f"{r} -f -a '(__fish_complete_directories (commandline -ct))'"
-    if k == "yaml":
+    if k in ("yaml", "profile"):
         return f"{r} -f -a '(__dsv4ctl_yaml {_words_id(v['words'], words)})'"
+    if k == "keyed":
+        return f"{r} -f -a '(__dsv4ctl_keyed {_words_id(v['keys'], words)} {_words_id(v['words'], words)})'"
+    if k == "dyn":
+        return f"{r} -f -a '(__dsv4ctl_dyn {v['what']})'"
     if k == "words":
         if v.get("suffix"):
             return f"{r} -f -a '(__dsv4ctl_keys {_words_id(v['words'], words)})'"
@@ -440,36 +547,43 @@ def _fish_value(v: Kind, words: dict[tuple, str], option: bool) -> str:
     return f"{r} -f" if option else ""
 
 
-FISH_BODY = r'''# "PATH NPOS" of the command line before the cursor: the sub-command path and how many
-# positional arguments follow it
+FISH_BODY = r'''# "PATH NPOS PROFILE" of the command line before the cursor, one per line: the sub-command path,
+# how many positional arguments follow it, and the profile it gives (positional or option; may be empty)
 function __dsv4ctl_state
     set -l tokens (commandline -opc)
     set -e tokens[1]
     set -l path ''
     set -l npos 0
-    set -l pending 0
+    set -l pending ''
+    set -l profile ''
     for t in $tokens
-        if test $pending = 1
-            set pending 0
+        if test -n "$pending"
+            __dsv4ctl_profopt "$path" $pending; and set profile $t
+            set pending ''
             continue
         end
         switch $t
             case '--'
             case '--*=*'
+                set -l kv (string split -m 1 = -- $t)
+                __dsv4ctl_profopt "$path" $kv[1]; and set profile $kv[2]
             case '-*'
                 if __dsv4ctl_takes_value "$path" $t
-                    set pending 1
+                    set pending $t
                 end
             case '*'
                 if test $npos = 0; and contains -- $t (string split ' ' -- (__dsv4ctl_subs "$path"))
                     set path (string trim -- "$path $t")
                 else
+                    set -l at (__dsv4ctl_profarg "$path")
+                    test "$npos" = "$at"; and set profile $t
                     set npos (math $npos + 1)
                 end
         end
     end
     echo "$path"
     echo $npos
+    echo "$profile"
 end
 
 # at command path $1, not after an option that wants a value
@@ -502,6 +616,27 @@ function __dsv4ctl_yaml
         test -f $f; and echo $f
     end
     __fish_complete_directories $cur
+end
+
+# [KEY=]WORD values: words (list $2), or keys (list $1) followed by "=", then KEY=word
+function __dsv4ctl_keyed
+    set -l cur (string replace -r -- '^--[^=]*=' '' (commandline -ct))
+    set -l keys __dsv4ctl_$argv[1]
+    set -l words __dsv4ctl_$argv[2]
+    if string match -q -- '*=*' $cur
+        set -l key (string split -m 1 = -- $cur)[1]
+        printf "%s\n" $key=$$words
+    else
+        printf '%s\n' $$words
+        printf '%s=\n' $$keys
+    end
+end
+
+# a value of the profile on the command line (groups, hosts, releases: $1), from
+# `dsv4ctl __complete` (no network; nothing on failure)
+function __dsv4ctl_dyn
+    set -l st (__dsv4ctl_state)
+    command dsv4ctl __complete $argv[1] "$st[3]" 2>/dev/null
 end
 
 # KEY=VALUE keys (word list $1), each followed by "="

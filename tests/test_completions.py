@@ -9,15 +9,18 @@ from __future__ import annotations
 import difflib
 import enum
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Optional
 
 import pytest
 import typer
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 COMPLETIONS = REPO / "completions"
 HERE = Path(__file__).resolve().parent / "completion"
@@ -101,7 +104,33 @@ def test_model_covers_every_command_of_the_cli():
     assert _option(plan, "--json")["value"] == {"kind": "none"}
     assert _option(plan, "--help")["names"] == ["-h", "--help"]
     assert plan["args"] == [{"name": "profile", "nargs": 1, "required": False,
-                             "value": {"kind": "yaml", "words": ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]}}]
+                             "value": {"kind": "profile", "words": ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]}}]
+    assert _option(plan, "--profile")["value"] == plan["args"][0]["value"]   # -p/--profile (grammar.py)
+    assert _option(plan, "--group")["value"] == {"kind": "dyn", "what": "groups"}
+
+
+def test_every_profile_value_is_completed_from_a_profile_the_line_can_give():
+    """Every parameter named (or with the metavar) group, host or release completes from the
+    profile (``dsv4ctl __complete``), and every command that has one takes the profile."""
+    model = gen.build_model()
+    params = {}
+    for n in gen._walk(model):
+        for o in n["options"]:
+            params[(" ".join(n["path"]), o["names"][-1])] = o["value"]
+        for a in n["args"]:
+            params[(" ".join(n["path"]), a["name"].upper())] = a["value"]
+    dyn = {k: v["what"] for k, v in params.items() if v["kind"] == "dyn"}
+    for (path, name), what in dyn.items():
+        assert params.get((path, "--profile"), {}).get("kind") == "profile", (path, name)
+    assert {k for k, v in dyn.items() if v == "groups"} >= {("plan", "--group"), ("logs", "GROUP"),
+                                                             ("config set", "--group"), ("hicache on", "--group")}
+    assert {k for k, v in dyn.items() if v == "hosts"} >= {("restart", "--host"), ("logs", "--host"),
+                                                            ("audit", "--host"), ("patch apply", "--host")}
+    assert {k for k, v in dyn.items() if v == "releases"} == {("promote", "RELEASE"), ("rollback", "--to"),
+                                                               ("verify", "--release")}
+    assert params[("runbook run", "PROFILE_ARG")]["kind"] == "profile"
+    assert params[("watch", "--on-alert")] == {"kind": "keyed", "keys": ["corruption", "stuck"],
+                                               "words": params[("runbook show", "NAME")]["words"]}
 
 
 class Colour(str, enum.Enum):
@@ -167,31 +196,41 @@ def test_script_syntax_is_valid_in_the_real_shell(shell, name, argv, which, fres
     assert p.returncode == 0, p.stderr
 
 
-def bash_complete(line: str, script: Path) -> list[str]:
+def bash_complete(line: str, script: Path, cwd: Path = REPO, env: dict | None = None) -> list[str]:
     _need("bash")
     p = subprocess.run(["bash", str(HERE / "drive.bash"), str(script), line], capture_output=True, text=True,
-                       cwd=REPO, timeout=60)
+                       cwd=cwd, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
+    assert p.stderr == "", p.stderr          # nothing is ever written into the user's prompt
     return [x for x in p.stdout.splitlines() if x]
 
 
-def fish_complete(line: str, script: Path) -> list[str]:
+def fish_complete(line: str, script: Path, cwd: Path = REPO, env: dict | None = None) -> list[str]:
     exe = _need("fish")
     p = subprocess.run([exe, "-N", "-c", f"source {script}; complete -C {line!r}"],
-                       capture_output=True, text=True, cwd=REPO, timeout=60)
+                       capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
+    assert p.stderr == "", p.stderr
     return [x.split("\t")[0] for x in p.stdout.splitlines() if x]
 
 
-def zsh_complete(line: str, script: Path) -> list[str]:
+def zsh_complete_lines(lines: list[str], script: Path, cwd: Path = REPO, env: dict | None = None) -> list[list[str]]:
+    """The candidates of each of ``lines``, typed one after the other in one interactive zsh."""
     exe = _need("zsh")
-    p = subprocess.run([exe, "-f", str(HERE / "zcap.zsh"), str(script), line],
-                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    p = subprocess.run([exe, "-f", str(HERE / "zcap.zsh"), str(script), *lines],
+                       capture_output=True, text=True, cwd=cwd, env=env, timeout=60 + 10 * len(lines))
     assert p.returncode == 0, p.stderr
     # each candidate once, in the order offered: on a loaded machine the capture has seen one
     # candidate twice (fresh-clone run 3 of 2026-12-04: ['mem_fraction_static', 'mem_fraction_static'];
     # the other runs print it once): the assertions are about which candidates are offered
-    return list(dict.fromkeys(x for x in p.stdout.splitlines() if x))
+    out = [list(dict.fromkeys(x for x in part.splitlines() if x))
+           for part in ("\n" + p.stdout).split("\n<NEXT>\n")]
+    assert len(out) == len(lines), p.stdout
+    return out
+
+
+def zsh_complete(line: str, script: Path, cwd: Path = REPO, env: dict | None = None) -> list[str]:
+    return zsh_complete_lines([line], script, cwd, env)[0]
 
 
 def test_bash_completes_commands_options_keys_and_profiles(fresh):
@@ -271,3 +310,159 @@ def test_help_with_quotes_brackets_and_colons_stays_valid(tmp_path, shell, rende
     assert p.returncode == 0, p.stderr
     if shell != "bash":  # the bash script carries no help text
         assert "Colour" in script.read_text() and "sic" in script.read_text()
+
+
+# ----------------------------------------------------- values from the profile: dsv4ctl __complete
+PROFILE_YAML = """\
+version: 1
+name: {name}
+model: deepseek-v4-flash
+hosts:
+{hosts}
+groups:
+{groups}
+"""
+GROUPS = ["prefill", "decode", "router"]
+HOSTS = ["h0", "h1"]
+# newest last in the run log: offered newest first, each once, only those of the profile
+RUNS = [("r000000000001", "prof.yaml"), ("r000000000002", "other.yaml"), ("r000000000003", "{abs}"),
+        ("r000000000001", "{abs}"), (None, "{abs}"), ("not-an-id", "{abs}")]
+RELEASES = ["r000000000001", "r000000000003"]
+
+
+def _write_profile(path: Path, groups: list[str], hosts: list[str]) -> Path:
+    path.write_text(PROFILE_YAML.format(
+        name=path.stem,
+        hosts="\n".join(f"  - {{name: {h}, address: 10.0.0.{i + 1}}}" for i, h in enumerate(hosts)),
+        groups="\n".join(f"  - {{name: {g}, role: {g if g != 'router' else 'router'}, host: {hosts[0]}}}"
+                         for g in groups)))
+    return path
+
+
+@pytest.fixture
+def site(tmp_path) -> tuple[Path, dict]:
+    """A working folder with prof.yaml (groups prefill, decode, router; hosts h0, h1), other.yaml
+    (group solo, host x9), broken.yaml (a YAML syntax error), a run log naming releases, and the
+    environment a user's shell would have: ``dsv4ctl`` on PATH, the cache and state folders here."""
+    work = tmp_path / "work"
+    work.mkdir()
+    prof = _write_profile(work / "prof.yaml", GROUPS, HOSTS)
+    _write_profile(work / "other.yaml", ["solo"], ["x9"])
+    (work / "broken.yaml").write_text("version: 1\ngroups: [prefill, decode\nhosts: {\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    with open(state / "runs.jsonl", "w") as f:
+        for rid, profile in RUNS:
+            f.write(json.dumps({"command": "deploy", "profile": profile.format(abs=prof), "release": rid}) + "\n")
+        f.write('{"torn": \n')
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = Path(sys.executable).parent / "dsv4ctl"
+    if script.is_file() and os.access(script, os.X_OK):
+        (bindir / "dsv4ctl").symlink_to(script)       # the console script, as installed
+    else:
+        (bindir / "dsv4ctl").write_text(f"#!/bin/sh\nexec {sys.executable} -m dsv4ctl \"$@\"\n")
+        (bindir / "dsv4ctl").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV4CTL_")}
+    env.update(PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", DSV4CTL_CACHE=str(tmp_path / "cache"),
+               DSV4CTL_STATE_DIR=str(state), HOME=str(tmp_path))
+    return work, env
+
+
+def test_complete_helper_prints_the_profile_values_and_nothing_on_failure(site):
+    work, env = site
+    for args, want in [(("groups", "prof.yaml"), GROUPS), (("hosts", "prof.yaml"), HOSTS),
+                       (("groups", str(work / "other.yaml")), ["solo"]),
+                       (("releases", "prof.yaml"), RELEASES), (("releases", "other.yaml"), ["r000000000002"]),
+                       (("runbooks",), gen._shipped_stems("playbooks")),
+                       (("profiles",), ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"])]:
+        r = run_cli("__complete", *args, cwd=work, env=env)
+        assert (r.code, r.out.splitlines(), r.err) == (0, want, ""), args
+    # no PROFILE: DSV4CTL_PROFILE, else the embedded default (as the commands resolve it)
+    r = run_cli("__complete", "hosts", cwd=work, env=dict(env, DSV4CTL_PROFILE="prof.yaml"))
+    assert (r.code, r.out.splitlines(), r.err) == (0, HOSTS, "")
+    r = run_cli("__complete", "hosts", "", cwd=work, env=dict(env, DSV4CTL_PROFILE="other.yaml"))
+    assert (r.code, r.out.splitlines(), r.err) == (0, ["x9"], "")
+    r = run_cli("__complete", "hosts", cwd=work, env=env)
+    assert (r.code, r.out.splitlines(), r.err) == (0, ["b200-0"], "")
+    for args in [("groups", "broken.yaml"), ("hosts", "missing.yaml"), ("groups", "."), ("groups", "x" * 300),
+                 ("nonsense", "prof.yaml"), (), ("groups", "prof.yaml", "extra"), ("releases", "broken.yaml")]:
+        r = run_cli("__complete", *args, cwd=work, env=env)
+        assert (r.code, r.out, r.err) == (0, "", ""), args
+
+
+def test_complete_helper_is_silent_when_the_cache_warns(site):
+    """A cache folder others can write makes a profile read warn on stderr: not into a prompt."""
+    work, env = site
+    cache = Path(env["DSV4CTL_CACHE"])
+    (cache / "yaml").mkdir(parents=True)
+    cache.chmod(0o777)
+    r = run_cli("__complete", "groups", "prof.yaml", cwd=work, env=env)
+    assert (r.code, r.out.splitlines(), r.err) == (0, GROUPS, "")
+    r = run_cli("plan", "prof.yaml", cwd=work, env=env)
+    assert "not yours alone" in r.err          # the same read in a command does warn
+
+
+def test_complete_helper_imports_neither_typer_nor_yaml(site):
+    """The helper runs on every TAB: no typer, and (for a profile read before) no PyYAML."""
+    from tests.test_startup_imports import PROBE
+    work, env = site
+
+    def modules() -> set[str]:
+        p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["__complete", "groups", "prof.yaml"])],
+                           capture_output=True, text=True, cwd=work, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout.strip().splitlines()[-1])
+        assert doc["rc"] == 0
+        return set(doc["modules"])
+
+    first, second = modules(), modules()
+    assert not {m for m in first if m.split(".")[0] in ("typer", "click", "rich")}
+    assert "yaml" in first and "yaml" not in second
+
+
+def _profile_value_cases(runbooks: list[str], shell: str) -> list[tuple[str, list[str], str | None]]:
+    """(line, candidates, DSV4CTL_PROFILE) for the profile-value tests."""
+    other = "other.yaml"        # -p / the positional win over the variable
+    conditions = ["corruption", "stuck"] if shell == "zsh" else ["corruption=", "stuck="]  # zsh: "=" is compadd's suffix
+    return [
+        ("dsv4ctl logs -p prof.yaml ", GROUPS, other),                        # logs GROUP, -p
+        ("dsv4ctl logs --profile=prof.yaml ", GROUPS, other),
+        ("dsv4ctl logs ", GROUPS, "prof.yaml"),                               # DSV4CTL_PROFILE
+        ("dsv4ctl logs ", ["solo"], other),
+        ("dsv4ctl plan prof.yaml -g ", GROUPS, other),                        # positional PROFILE
+        ("dsv4ctl plan prof.yaml --group d", ["decode"], other),
+        ("dsv4ctl config set prof.yaml -g ", GROUPS, other),                  # a sub-command
+        ("dsv4ctl restart prof.yaml --host ", HOSTS, other),
+        ("dsv4ctl logs decode prof.yaml --host ", HOSTS, other),              # PROFILE second
+        ("dsv4ctl audit -p prof.yaml --host h", HOSTS, other),
+        ("dsv4ctl promote -p prof.yaml ", RELEASES, other),                   # promote RELEASE PROFILE
+        ("dsv4ctl rollback prof.yaml --to ", RELEASES, other),
+        ("dsv4ctl verify prof.yaml -r ", RELEASES, other),
+        ("dsv4ctl plan broken.yaml -g ", [], other),                          # broken: nothing, no error
+        ("dsv4ctl restart missing.yaml --host ", [], other),
+        ("dsv4ctl watch prof.yaml --on-alert ", runbooks + conditions, None),  # [CONDITION=]RUNBOOK
+        ("dsv4ctl watch --on-alert bad", ["bad-release"], None),
+        # fish completes the whole word
+        ("dsv4ctl watch --on-alert stuck=", [f"stuck={r}" for r in runbooks] if shell == "fish" else runbooks, None),
+        ("dsv4ctl runbook run bad", ["bad-release"], None),
+    ]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_the_shells_complete_groups_hosts_releases_and_runbooks_from_the_profile(shell, site, fresh):
+    work, env = site
+    cases = _profile_value_cases(gen._shipped_stems("playbooks"), shell)
+    envs = {var: dict(env, DSV4CTL_PROFILE=var) if var else env for var in {c[2] for c in cases}}
+    if shell == "zsh":          # one interactive zsh per environment, every line typed in it
+        got = {}
+        for var, e in envs.items():
+            lines = [c[0] for c in cases if c[2] == var]
+            got.update({(line, var): cands for line, cands in zip(lines, zsh_complete_lines(lines, fresh / "_dsv4ctl", work, e))})
+    else:
+        run, name = (bash_complete, "dsv4ctl.bash") if shell == "bash" else (fish_complete, "dsv4ctl.fish")
+        got = {(line, var): run(line, fresh / name, work, envs[var]) for line, _, var in cases}
+    for line, want, var in cases:
+        # bash keeps the helper's order (releases newest first); fish and zsh sort what they show
+        have = got[(line, var)]
+        assert (have if shell == "bash" else sorted(have)) == (want if shell == "bash" else sorted(want)), (line, var)

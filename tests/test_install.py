@@ -157,6 +157,9 @@ def test_runs_from_the_wheel_outside_the_checkout(installed):
     # completions from the tool itself
     r = dsv4ctl(installed, "completion", "bash")
     assert r.returncode == 0 and r.stdout == (REPO / "completions" / "dsv4ctl.bash").read_text()
+    # ... and the values they ask the tool for (the embedded default profile's groups)
+    r = dsv4ctl(installed, "__complete", "groups")
+    assert (r.returncode, r.stdout.split(), r.stderr) == (0, ["prefill", "decode", "router"], "")
     r = dsv4ctl(installed, "schema", "profile")
     assert r.returncode == 0 and json.loads(r.stdout) == json.loads(
         (REPO / "dsv4ctl/data/schemas/profile.schema.json").read_text())

@@ -317,6 +317,16 @@ def _spawn_watch(p: Path, *args: str, log: Path | None = None):
                             start_new_session=True)
 
 
+def _end(w: subprocess.Popen) -> None:
+    """SIGTERM a watch; SIGKILL its process group if it has not stopped within 30 s."""
+    w.send_signal(signal.SIGTERM)
+    try:
+        w.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait()
+
+
 def _scrape_or_none(url: str):
     try:
         return _metrics(url)
@@ -393,12 +403,7 @@ def test_on_alert_runs_the_runbook_once_per_window_as_a_dry_run_and_says_how_it_
         m = _metrics(f"http://{addr}:{mport}/metrics")
         assert m["dsv4ctl_watch_alert_actions_total{alert=corruption,outcome=failed,runbook=toolcall-corruption}"] == 1
     finally:
-        w.send_signal(signal.SIGTERM)
-        try:
-            w.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(w.pid, signal.SIGKILL)
-            w.wait()
+        _end(w)
         _stop(proc)
 
 
@@ -470,10 +475,5 @@ def test_a_wedged_server_makes_probes_stuck(colocated, tmp_path):
         stuck = [e for e in ev if e["event"] == "probe" and e["class"] == "stuck"]
         assert stuck and stuck[0]["reason"] == "no progress for 2 s"
     finally:
-        w.send_signal(signal.SIGTERM)
-        try:
-            w.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(w.pid, signal.SIGKILL)
-            w.wait()
+        _end(w)
         _stop(proc)

@@ -347,7 +347,7 @@ def promote(
 
 def rollback(
     profile: Optional[str] = _P,
-    to: Optional[str] = typer.Option(None, "--to", help="Release id (default: the newest release built before the active one that passed its health gate on every host and was never marked failed)."),
+    to: Optional[str] = typer.Option(None, "--to", metavar="RELEASE", help="Release id (default: the newest release built before the active one that passed its health gate on every host and was never marked failed)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions per host; change nothing."),
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health."),
