@@ -370,6 +370,8 @@ def test_watch_counts_probes_survives_a_restart_and_stops_on_sigterm(colocated, 
         events = [json.loads(line) for line in log.read_text().splitlines()]
         assert events[0]["event"] == "started" and events[-1]["event"] == "stopped"
         assert any(e["event"] == "probe" and e["class"] == "http_error" for e in events)
+        rec = [e for e in events if e["event"] == "recovered"]
+        assert rec and rec[0]["target"] == "one" and rec[0]["after"] >= 1
     finally:
         if w.poll() is None:
             os.killpg(w.pid, signal.SIGKILL)
@@ -415,6 +417,13 @@ def test_print_artifacts(colocated):
     assert r.code == 0 and json.loads(r.out)["panels"]
     r = run_cli("watch", str(p), "--print", "rules")
     assert r.code == 0 and "DSV4ToolCallCorruptionFastBurn" in r.out
+    assert f"# Printed by: dsv4ctl watch {p} --print rules" in r.out
+    assert f"runbook: dsv4ctl runbook run toolcall-corruption {p}\n" in r.out and " PROFILE" not in r.out
+    # the install line repeats the options that go into the unit; a profile from DSV4CTL_PROFILE is absolute
+    r = run_cli("watch", "--print", "unit", "--listen", "0.0.0.0:9477", cwd=p.parent, env={"DSV4CTL_PROFILE": p.name})
+    assert r.code == 0, r.err
+    assert f"# Install: dsv4ctl watch {p} --listen 0.0.0.0:9477 --print unit > " in r.out
+    assert f"-m dsv4ctl watch {p} --listen 0.0.0.0:9477\n" in r.out
 
 
 def test_watcher_drops_series_of_releases_long_gone(tmp_path):

@@ -54,7 +54,7 @@ def _artifact(kind: str, profile_arg: Optional[str], slo: float, unit_args: tupl
     from ..resources import data_path
     if kind == "rules":
         from ..watch.rules import render_rules
-        return render_rules(slo=slo)
+        return render_rules(slo=slo, profile=profile_arg)
     if kind == "dashboard":
         return data_path("watch", "dashboard.json").read_text()
     from ..watch.unit import render_unit
@@ -67,15 +67,15 @@ def watch(ctx: typer.Context,
           as_json: bool = typer.Option(False, "--json", help="With --once: print the dsv4ctl.watch/1 JSON document."),
           interval: str = typer.Option("10s", "--interval", help="Time between probes of one target (at least 1s: one probe per second per target, one in flight)."),
           listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of watch's own /metrics."),
-          scrape_every: str = typer.Option("15s", "--scrape-every", help="Time between scrapes of the servers' and routers' /metrics."),
-          release_every: str = typer.Option("60s", "--release-every", help="Time between reads of each host's active release (SSH)."),
+          scrape_every: str = typer.Option("15s", "--scrape-every", help="Time between scrapes of the servers' and routers' /metrics (1s..1d)."),
+          release_every: str = typer.Option("60s", "--release-every", help="Time between reads of each host's active release (SSH; 5s..1d)."),
           no_releases: bool = typer.Option(False, "--no-releases", help="Do not read releases over SSH (the release label stays 'unknown')."),
-          stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="A probe without progress this long is stuck (default: the profile's check.stall_timeout_s)."),
+          stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="A probe without progress this long is stuck (1s..1h; default: the profile's check.stall_timeout_s)."),
           on_alert: list[str] = typer.Option([], "--on-alert", help="[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default corruption) holds. Dry run unless --auto."),
           auto: bool = typer.Option(False, "--auto", help="With --on-alert: run the runbook for real (--yes), not --dry-run."),
-          alert_window: str = typer.Option("1h", "--alert-window", help="Long window of the in-process corruption burn (short: 1/12 of it); at most one --on-alert run per condition per window."),
+          alert_window: str = typer.Option("1h", "--alert-window", help="Long window of the in-process corruption burn (12s..7d; short: 1/12 of it); at most one --on-alert run per condition per window."),
           log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
-          print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO), dashboard (Grafana JSON), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
+          print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO; without a profile the embedded default's, 0.01), dashboard (Grafana JSON; its ratio panels read the rules' recorded series), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No event lines on stderr."),
           accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")) -> None:
     """Probe the deployment continuously with known-answer tool calls (the gate's classifier)
@@ -111,7 +111,9 @@ def watch(ctx: typer.Context,
         raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
     if print_ is not None:
         import os
-        arg = str(dep.path) if profile is None else os.path.abspath(profile) if os.path.isfile(profile) else profile
+        # a profile file is named by its absolute path (a unit runs from /); a shipped name stays a name
+        given = profile if profile is not None else os.environ.get("DSV4CTL_PROFILE") or None
+        arg = os.path.abspath(given) if given and os.path.isfile(given) else (given or os.path.abspath(dep.path))
         sys.stdout.write(_artifact(print_, arg, dep.check.max_corruption, _unit_args(ctx) if print_ == "unit" else ()))
         return
     from ..resources import runbook_names

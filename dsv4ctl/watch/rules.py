@@ -30,6 +30,7 @@ scaled hour), so dashboards work with a scaled file too.
 from __future__ import annotations
 
 import math
+import re
 
 import yaml
 
@@ -297,16 +298,31 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
                        {"name": "dsv4ctl-watch-alerts", "rules": alerts[2:]}]}
 
 
-def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0) -> str:
+def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0,
+                 profile: str | None = None) -> str:
     """The Prometheus rule file (YAML text, stable key order, ends in a newline) for error budget
     ``slo`` (a fraction of corrupted probes, strictly between 0 and 1; 0.01 = 1 %) with every
     window and ``for:`` duration multiplied by ``scale`` (> 0; ``1/60`` turns 1h into 1m);
     ``min_window`` (seconds) is the shortest range-selector window a scaled file uses (0: none),
-    so a compressed window still holds several scrapes.
+    so a compressed window still holds several scrapes. ``profile``: the profile the commands in
+    the annotations name (``dsv4ctl watch PROFILE --print rules``), else the word ``PROFILE``.
 
     Raises ValueError for ``slo`` outside (0, 1), ``scale`` <= 0 (or not finite), or a scale that
     makes a duration shorter than 1 ms."""
     doc = rules(slo, scale, min_window)
-    head = (f"# Prometheus rules of dsv4ctl watch: dsv4ctl.watch.rules.render_rules(slo={_num(slo)}, "
-            f"scale={_num(scale)}).\n# Generated (python scripts/gen_watch_rules.py): do not edit.\n")
-    return head + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    if profile is None:
+        head = (f"# Prometheus rules of dsv4ctl watch: dsv4ctl.watch.rules.render_rules(slo={_num(slo)}, "
+                f"scale={_num(scale)}).\n# Generated (python scripts/gen_watch_rules.py): do not edit.\n")
+    else:
+        import shlex
+        head = (f"# Prometheus rules of dsv4ctl watch for {profile} (SLO {_num(slo)}: its check.max_corruption).\n"
+                f"# Printed by: dsv4ctl watch {shlex.quote(profile)} --print rules\n")
+    if profile is not None:
+        import shlex
+        word = shlex.quote(profile)
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                for k, v in (rule.get("annotations") or {}).items():
+                    rule["annotations"][k] = re.sub(r"\bPROFILE\b", lambda m: word, v)
+    text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    return head + text

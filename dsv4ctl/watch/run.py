@@ -31,6 +31,7 @@ from .scrape import parse_sglang
 
 SCRAPE_MAX = 8 << 20          # bytes of one /metrics body read at most
 UNKNOWN = "unknown"           # release label before the first successful read
+FIRST_READ_WAIT = 15.0        # seconds the probes wait for the first release read at start-up
 
 
 @dataclass
@@ -75,10 +76,12 @@ class Watcher:
         self._series: dict[tuple, set] = {}     # (target, release) -> {(metric, labels)} of its probe series
         self.n = 0
         self.last: dict[str, dict] = {}
+        self._bad_run: dict[str, int] = {}        # target -> probes not ok in a row (for the "recovered" event)
         self.last_stuck: dict[str, float] = {}   # target -> seconds its last finished probe took, when stuck
         self.scraped: dict[str, dict] = {}
         self.stop = asyncio.Event()
         self._actions: set = set()
+        self._first_read: Optional[asyncio.Event] = None
         self._held: set = set()          # conditions whose run waits for a held deploy lock (said once)
         self.specs = tool_specs(TOOLS)
         for t in self.targets:
@@ -132,6 +135,10 @@ class Watcher:
                 self.m.e2e.labels(t.name, t.role).observe(timing["e2e_s"])
             if rec["outcome"] != "failed":
                 self.burn.add(t.name, time.monotonic(), rec["outcome"] == "corrupted")
+        prev_bad = self._bad_run.get(t.name, 0)
+        self._bad_run[t.name] = 0 if rec["outcome"] == "ok" else prev_bad + 1
+        if rec["outcome"] == "ok" and prev_bad:
+            self.opts.emit({"event": "recovered", "target": t.name, "rid": rid, "after": prev_bad})
         self.last[t.name] = rec
         if cls == C.STUCK:
             self.last_stuck[t.name] = time.monotonic() - started
@@ -287,6 +294,8 @@ class Watcher:
                 for h in {t.host for t in self.targets}:
                     self.m.release_errors.labels(h).inc()
                 self.opts.emit({"event": "release_read_failed", "host": "*", "error": f"{type(e).__name__}: {e}"})
+            if self._first_read is not None:
+                self._first_read.set()
             await self._sleep(self.opts.release_every)
 
     # --- --on-alert ------------------------------------------------------------------------
@@ -397,11 +406,19 @@ class Watcher:
                         "listen": f"{self.opts.listen[0]}:{self.opts.listen[1]}" if self.opts.listen else None,
                         "interval_s": self.opts.interval})
         http = make_client(len(self.targets) * 2, self.opts.stall_timeout, self.opts.api_key)
-        tasks = [asyncio.create_task(self._probe_loop(http, t)) for t in self.targets if t.probe]
+        tasks = []
+        if self.opts.read_releases:
+            # the first read before the first probe (so its series carry the release), at most
+            # FIRST_READ_WAIT seconds: an unreachable host must not hold the probes back
+            self._first_read = asyncio.Event()
+            tasks.append(asyncio.create_task(self._release_loop()))
+            try:
+                await asyncio.wait_for(self._first_read.wait(), timeout=FIRST_READ_WAIT)
+            except asyncio.TimeoutError:
+                pass
+        tasks += [asyncio.create_task(self._probe_loop(http, t)) for t in self.targets if t.probe]
         tasks.append(asyncio.create_task(self._scrape_loop(http)))
         tasks.append(asyncio.create_task(self._ticker()))
-        if self.opts.read_releases:
-            tasks.append(asyncio.create_task(self._release_loop()))
         try:
             await self.stop.wait()
         finally:
@@ -449,8 +466,12 @@ def event_line(e: dict) -> str:
     if kind == "release":
         return f"watch: {e['target']}: release {e['release']} ({e['state']}) on {e['host']}, was {e['was']}"
     if kind == "alert_action":
+        last = (e.get("output_tail") or [""])[-1] if e.get("outcome") == "failed" else ""
         return (f"watch: on-alert {e['condition']}: runbook {e['runbook']} {e['outcome']}"
-                + (f" (exit {e['exit']})" if "exit" in e else "") + (f": {e['why']}" if e.get("why") else ""))
+                + (f" (exit {e['exit']})" if "exit" in e else "") + (f": {e['why']}" if e.get("why") else "")
+                + (f"; it said: {last}" if last else ""))
+    if kind == "recovered":
+        return f"watch: {e['target']}: probe {e['rid']} ok again after {e['after']} probe(s) not ok"
     if kind == "started":
         return (f"watch: probing {', '.join(e['targets'])} every {e['interval_s']:g} s"
                 + (f"; metrics on http://{e['listen']}/metrics" if e.get("listen") else ""))

@@ -7,11 +7,11 @@ import shlex
 import sys
 
 UNIT = """# dsv4ctl watch for profile {profile}
-# Install: dsv4ctl watch {profile_q} --print unit > /etc/systemd/system/dsv4ctl-watch@{name}.service
+# Install: dsv4ctl watch {profile_q}{args_q} --print unit > /etc/systemd/system/dsv4ctl-watch@{name}.service
 #          systemctl daemon-reload && systemctl enable --now dsv4ctl-watch@{name}.service
 [Unit]
 Description=dsv4ctl watch: known-answer tool-call probes for {name}
-Documentation=https://github.com/dsv4ctl/dsv4ctl#watch
+Documentation=https://github.com/dsv4ctl/dsv4ctl#dsv4ctl-watch--the-gate-that-never-sleeps
 After=network-online.target
 Wants=network-online.target
 
@@ -44,6 +44,7 @@ def render_unit(profile: str, python: str | None = None, extra_args: tuple[str, 
     argv = [python or sys.executable, "-m", "dsv4ctl", "watch", profile, *extra_args]
     env = "".join(f"Environment={shlex.quote(k + '=' + v)}\n" for k, v in (environment or {}).items())
     return UNIT.format(profile=profile, profile_q=shlex.quote(profile), name=name,
+                       args_q="".join(" " + shlex.quote(a) for a in extra_args),
                        exec_start=" ".join(_systemd_quote(a) for a in argv), environment=env)
 
 
