@@ -239,6 +239,11 @@ def test_once_json_judges_a_clean_server_ok(colocated):
     assert t["name"] == "one" and t["probe"]["class"] == "ok" and t["probe"]["outcome"] == "ok"
     assert t["scrape"]["up"] is True and t["scrape"]["running"] >= 0 and t["scrape"]["generation_tokens"] > 0
     assert t["release"] == "unknown"
+    import jsonschema
+    from dsv4ctl.resources import schema_path
+    jsonschema.Draft202012Validator(json.loads(schema_path("watch").read_text())).validate(doc)
+    r = run_cli("schema", "watch")
+    assert r.code == 0 and json.loads(r.out)["title"] == "dsv4ctl watch round"
 
 
 def test_once_names_the_corruption_class_and_exits_1(colocated):
