@@ -457,3 +457,23 @@ def test_too_many_content_chunks_is_a_protocol_error(monkeypatch):
     a.feed_chunk({"choices": [{"index": 0, "delta": {}}]})          # no piece: not counted
     with pytest.raises(C.ProtocolError, match="more than 5 content chunks in one response"):
         a.feed_chunk({"choices": [{"index": 0, "delta": {"content": "ab"}}]})
+
+
+def test_pd_aborts_have_classes_of_their_own():
+    """SGLang 0.5.23 PD aborts a request whose KV transfer or bootstrap failed with HTTP 500 and
+    its own message (srt/disaggregation/decode.py, prefill.py): no answer to judge, but not a
+    plain http_error either."""
+    specs = TOOLS
+    for msg, cls in [
+        ("HTTP 500: {\"message\": \"Decode transfer failed for request rank=3 decode_req.req.rid='x' "
+         "decode_req.req.bootstrap_room=7 with exception KVTransferError\"}", C.PD_TRANSFER),
+        ("HTTP 500: Prefill transfer failed for request rank=0 req.rid='y'", C.PD_TRANSFER),
+        ("HTTP 500: Decode handshake failed for request rank=1 decode_req.req.rid='z'", C.PD_BOOTSTRAP),
+        ("HTTP 500: Prefill bootstrap failed for request rank=0", C.PD_BOOTSTRAP),
+        ("HTTP 500: Internal Server Error", C.HTTP_ERROR),
+        ("HTTP 503: the transfer failed", C.HTTP_ERROR),
+    ]:
+        v = C.classify(C.TurnResult(http_status=500, error=msg), requires_tool=True, tools=specs)
+        assert (v.cls, v.flags, v.reason) == (cls, (cls,), msg), msg
+    assert set(C.NO_ANSWER) == {C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.STUCK}
+    assert all(c in C.DESCRIPTIONS for c in C.CLASSES)

@@ -95,3 +95,24 @@ def test_clean_stand_in_has_no_flagged_turn_in_5000_at_64_sessions(tmp_path):
     kinds = {("known" if x["expected_calls"] else "probe" if x["tool_choice"] not in (None, "auto") else
               "tool" if x["requires_tool"] else "answer") for x in recs}
     assert kinds == {"known", "probe", "tool", "answer"} and {x["stream"] for x in recs} == {True, False}
+
+
+def test_pd_transfer_aborts_are_their_own_class_with_a_rate_per_minute(tmp_path):
+    """The stand-in answers every fourth chat with SGLang 0.5.23's HTTP 500 for a failed PD KV
+    transfer and counts it in sglang:num_transfer_failed_reqs: check load names the class and
+    gives the client's and the server's rates per minute."""
+    cfg = write_config(tmp_path / "serve.yaml", enable_metrics=True)
+    with standin(cfg, *FAST, "--fault", "transfer_500") as url:
+        r = run_cli("check", "load", url, "-c", "2", "--turns", "2", "--min-requests", "16", "--max-corruption", "0.9",
+                    "--no-progress", "--json", timeout=120)
+    assert r.code == 0, r.err
+    (lv,) = r.json()["levels"]
+    k = lv["classes"]["pd_transfer_failed"]["count"]
+    assert k >= 3 and lv["classes"]["http_error"]["count"] == 0
+    pd = lv["pd_failures_per_min"]
+    assert pd["transfer_failed"] == pytest.approx(60 * k / lv["duration_s"], rel=0.01)
+    assert pd["server_transfer_failed"] == pytest.approx(60 * lv["metrics"]["sglang:num_transfer_failed_reqs_total"]
+                                                         / lv["duration_s"], rel=0.01)
+    assert lv["metrics"]["sglang:num_transfer_failed_reqs_total"] == k
+    assert pd["bootstrap_failed"] == 0
+    assert "Decode transfer failed for request" in lv["examples"]["pd_transfer_failed"]["reason"]

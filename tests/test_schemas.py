@@ -36,7 +36,8 @@ def test_generated_schemas_are_current():
 
 def test_every_schema_is_valid_draft_2020_12():
     names = sorted(p.name for p in SCHEMAS.glob("*.schema.json"))
-    assert names == ["check-load.schema.json", "plan.schema.json", "playbook.schema.json", "profile.schema.json"]
+    assert names == ["check-load.schema.json", "plan.schema.json", "playbook.schema.json", "profile.schema.json",
+                     "watch.schema.json"]
     for n in names:
         _validator(n[:-len(".schema.json")])
 

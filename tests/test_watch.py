@@ -447,7 +447,7 @@ def test_watcher_drops_series_of_releases_long_gone(tmp_path):
     assert sorted(k.split('release="')[1].split('"')[0] for k in kept) == sorted(f"r{i}" for i in range(3, 12))
     assert all(k.endswith(" 1.0") for k in kept)
     corrupted = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_probes_corrupted_total{")]
-    assert len(corrupted) == 9 * (len(C.CLASSES) - 2)    # every corruption class at 0 from the start
+    assert len(corrupted) == 9 * (len(C.CLASSES) - len(C.NO_ANSWER))    # every corruption class at 0 from the start
     assert all(k.endswith(" 0.0") for k in corrupted)
     rel = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_release{")]
     assert rel == ['dsv4ctl_watch_release{host="local",release="r11",state="active",target="one"} 1.0']

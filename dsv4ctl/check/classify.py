@@ -49,6 +49,8 @@ THINK_MARKS = ("<think>", "</think>")
 # --- classes, in precedence order (the first flag present is the turn's class) -----------------
 OK = "ok"
 HTTP_ERROR = "http_error"
+PD_TRANSFER = "pd_transfer_failed"
+PD_BOOTSTRAP = "pd_bootstrap_failed"
 STUCK = "stuck"
 DSML_IN_CONTENT = "dsml_in_content"
 DSML_IN_REASONING = "dsml_in_reasoning"
@@ -69,7 +71,7 @@ MISSING_CALL = "missing_call"
 EXTRA_CALL = "extra_call"
 WRONG_ARGS = "wrong_args"
 
-CLASSES = (HTTP_ERROR, STUCK,
+CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK,
            # markup leaks: the parser (or the template) let model markup through
            DSML_IN_CONTENT, DSML_IN_REASONING, SPECIAL_TOKEN_LEAK, THINK_IN_CONTENT, REASONING_IN_CONTENT,
            MARKUP_IN_ARGS,
@@ -82,6 +84,16 @@ CLASSES = (HTTP_ERROR, STUCK,
 """Every corruption class, in precedence order: errors, markup leaks, degenerate generation, call
 shape, known answer."""
 
+NO_ANSWER = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK)
+"""Classes of turns that got no answer to judge: HTTP/protocol errors (the PD ones split out:
+SGLang 0.5.23's decode or prefill aborting a request whose KV transfer or bootstrap failed) and
+stalls."""
+
+_PD_FAILURE = re.compile(r"\b(?:Decode|Prefill) (transfer|handshake|bootstrap) failed for request")
+"""The abort messages of SGLang 0.5.23 PD (``srt/disaggregation/decode.py``: "Decode transfer
+failed for request …", "Decode handshake failed …"; ``prefill.py``: "Prefill transfer failed …",
+"Prefill bootstrap failed …"), sent to the client as HTTP 500 (or an SSE error)."""
+
 DESCRIPTIONS = {
     OK: "valid",
     WRONG_TOOL: "a call names a different tool than the known answer",
@@ -89,6 +101,8 @@ DESCRIPTIONS = {
     EXTRA_CALL: "more tool calls than the known answer",
     WRONG_ARGS: "arguments differ from the known answer",
     HTTP_ERROR: "HTTP or protocol error",
+    PD_TRANSFER: "PD KV transfer failed (SGLang aborted the request: HTTP 500)",
+    PD_BOOTSTRAP: "PD bootstrap or handshake failed (SGLang aborted the request: HTTP 500)",
     STUCK: "no progress within the stall timeout",
     DSML_IN_CONTENT: "DSML tool-call markup in content",
     DSML_IN_REASONING: "DSML tool-call markup in reasoning_content",
@@ -881,7 +895,9 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
         return Verdict(STUCK, (STUCK,), turn.error or "no progress within the stall timeout")
     if turn.error or turn.http_status != 200:
         why = turn.error or f"HTTP {turn.http_status}"
-        return Verdict(HTTP_ERROR, (HTTP_ERROR,), why)
+        pd = _PD_FAILURE.search(why)
+        cls = HTTP_ERROR if pd is None else PD_TRANSFER if pd.group(1) == "transfer" else PD_BOOTSTRAP
+        return Verdict(cls, (cls,), why)
     allowed = (allowed_markup,) if isinstance(allowed_markup, str) else tuple(a for a in allowed_markup if a)
 
     flags: dict[str, str] = {}

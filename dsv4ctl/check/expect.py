@@ -130,7 +130,7 @@ def merge_verdict(v: Verdict, extra: dict[str, str], order: Optional[Iterable[st
     in ``order`` (default ``classify.CLASSES`` followed by :data:`CLASSES` not already in it), the
     class is the first flag, the reason that of that class. An ``http_error`` / ``stuck`` verdict
     is returned as is (the body was not judged)."""
-    if not extra or v.cls in (C.HTTP_ERROR, C.STUCK):
+    if not extra or v.cls in C.NO_ANSWER:
         return v
     order = tuple(order) if order is not None else C.CLASSES + tuple(c for c in CLASSES if c not in C.CLASSES)
     present = set(v.flags) | set(extra)

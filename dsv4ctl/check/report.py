@@ -97,7 +97,11 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
     (:func:`dsv4ctl.check.gateway.gateway_delta`: retries, retries_by_worker_type,
     retries_exhausted, circuit_breaker_failures, circuit_breakers_open), None when not scraped;
     turns the gateway retried to success are ``ok`` here: ``gateway.retries`` says how many
-    failures the corruption rate does not see."""
+    failures the corruption rate does not see. ``pd_failures_per_min``: PD aborts per minute of the
+    level: ``transfer_failed`` / ``bootstrap_failed`` as the client saw them (the classes
+    ``pd_transfer_failed`` / ``pd_bootstrap_failed``) and ``server_transfer_failed`` /
+    ``server_bootstrap_failed`` from the servers' counters (None when not scraped: SGLang counts
+    failures a gateway retried to success too)."""
     skip = crash_turn_indexes(records, crash)
     assessed = [r for i, r in enumerate(records) if i not in skip]
     n = len(assessed)
@@ -117,6 +121,13 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
     e2e = [r["e2e_s"] for r in records if r["class"] == C.OK and r.get("e2e_s") is not None]
     tokens = sum(r.get("completion_tokens") or 0 for r in records)
     total = len(records)
+    per_min = (lambda k: round(60.0 * k / duration_s, 3)) if duration_s > 0 else (lambda k: None)
+    server = metrics or {}
+    pd = {"transfer_failed": per_min(by_class[C.PD_TRANSFER]), "bootstrap_failed": per_min(by_class[C.PD_BOOTSTRAP]),
+          "server_transfer_failed": per_min(server["sglang:num_transfer_failed_reqs_total"])
+          if "sglang:num_transfer_failed_reqs_total" in server else None,
+          "server_bootstrap_failed": per_min(server["sglang:num_bootstrap_failed_reqs_total"])
+          if "sglang:num_bootstrap_failed_reqs_total" in server else None}
     return {
         "url": url, "concurrency": concurrency, "turns": total, "corrupted": bad,
         "rate": round(bad / n, 6) if n else None, "wilson95": [round(lo, 6), round(hi, 6)],
@@ -127,7 +138,7 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
         "client_cpu_ms_per_request": round(1e3 * client_cpu_s / total, 3) if client_cpu_s is not None and total else None,
         "output_tokens_per_s": round(tokens / duration_s, 1) if duration_s > 0 else None,
         "ttft_s": _pcts(ttft), "itl_s": _pcts(itl_gaps), "e2e_s": _pcts(e2e),
-        "metrics": metrics, "gateway": gateway,
+        "metrics": metrics, "gateway": gateway, "pd_failures_per_min": pd,
         "crashed": crash is not None, "crash_reason": crash["reason"] if crash else None,
         "crash_started_at": crash["started_at"] if crash else None,
         "crash_turn": crash["turn"] if crash else None, "crash_rid": crash["rid"] if crash else None,
@@ -253,10 +264,13 @@ def level_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def class_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
-    """Per-class counts, one column per level (only classes seen anywhere)."""
-    seen = [c for c in C.CLASSES if any(lv["classes"][c]["count"] for lv in doc["levels"])]
+    """Per-class counts, one column per level (only classes seen anywhere; a document written
+    before a class existed has no entry for it: 0 there)."""
+    none = {"count": 0, "rate": None}
+    seen = [c for c in C.CLASSES if any(lv["classes"].get(c, none)["count"] for lv in doc["levels"])]
     headers = ["class"] + [f"{lv['url']} c={lv['concurrency']}" for lv in doc["levels"]]
-    rows = [[f"{c} ({C.DESCRIPTIONS[c]})"] + [f"{lv['classes'][c]['count']} ({fmt_pct(lv['classes'][c]['rate'])})"
+    rows = [[f"{c} ({C.DESCRIPTIONS[c]})"] + [f"{lv['classes'].get(c, none)['count']} "
+                                               f"({fmt_pct(lv['classes'].get(c, none)['rate'])})"
                                                for lv in doc["levels"]] for c in seen]
     return headers, rows
 

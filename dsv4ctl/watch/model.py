@@ -24,8 +24,9 @@ MIN_INTERVAL = 1.0
 """The cap: never more than one probe per second per target (and one in flight)."""
 DEFAULT_RELEASE_EVERY = 60.0
 """Seconds between reads of the hosts' active releases (one SSH command per host)."""
-FAILED_CLASSES = (C.HTTP_ERROR, C.STUCK)
-"""Classes that are no judged answer (counted as failed, not corrupted)."""
+FAILED_CLASSES = C.NO_ANSWER
+"""Classes that are no judged answer (counted as failed, not corrupted): HTTP errors, the PD
+transfer and bootstrap failures, stalls."""
 PROBE_MAX_TOKENS = 512
 CONDITIONS = ("corruption", "stuck")
 """``--on-alert`` conditions: ``corruption`` (the fast burn of the shipped rules, computed in

@@ -200,7 +200,7 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
         return f"{by} (increase({metric}[{w(win)}]))\nor 0 * {by} (increase({PROBES}[{w(win)}]))"
 
     records: list[dict] = [{"record": SLO_RECORD, "expr": f"vector({_num(slo)})"}]
-    # answered: probes with a judged answer (probes_total counts failed ones too: http_error, stuck)
+    # answered: probes with a judged answer (probes_total counts failed ones too: http_error, PD failures, stuck)
     records += [{"record": count_record(win), "expr": (
         f"{by} (increase({PROBES}[{w(win)}]))\n- (\n  " + counted(FAILED, win).replace("\n", "\n  ") + "\n)\n")}
         for win in WINDOWS]

@@ -30,7 +30,9 @@ the decode batch); 0 with HiCache off. Draws use error diffusion (an accumulator
 rate tracks the probability closely and tests are not flaky. A corrupted turn gets a kind drawn from
 :data:`tests.standin.model.INCIDENT_KINDS`; ``--fault KIND`` (repeatable) instead corrupts *every*
 turn with the given kinds in turn (``overlength_200`` answers an over-length prompt with HTTP 200,
-garbage and ``prompt_tokens: 1``, the PD fault; ``http_503`` answers every other chat request,
+garbage and ``prompt_tokens: 1``, the PD fault; ``transfer_500`` answers every fourth chat request
+with SGLang's HTTP 500 for a failed PD KV transfer ("Decode transfer failed for request …") and
+counts it in ``sglang:num_transfer_failed_reqs``; ``http_503`` answers every other chat request,
 the first included, with HTTP 503 before any work: a gateway that retries hides it). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
@@ -73,7 +75,7 @@ from . import model, multinode
 from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
-SERVER_FAULTS = ("overlength_200", "http_503")
+SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500")
 SEEN_MAX = 4096                      # requests kept for GET /_standin/requests
 DEFAULT_BOOTSTRAP_PORT = 8998        # SGLang 0.5.23 server_args: disaggregation_bootstrap_port
 READY_LINE = "The server is fired up and ready to roll!"   # SGLang's ready log line
@@ -403,6 +405,15 @@ def make_app(state: StandIn) -> web.Application:
                 state.leave()
         if "http_503" in state.server_faults and state.chats % 2 == 1:
             return _error(503, "Service Unavailable (stand-in fault http_503)")
+        if "transfer_500" in state.server_faults and state.chats % 4 == 1:
+            # SGLang 0.5.23 decode.py pop_transferred: a failed KV transfer aborts the request with
+            # HTTP 500 and counts it in sglang:num_transfer_failed_reqs
+            state.m_transfer_failed.inc()
+            return web.json_response({"object": "error", "type": "InternalServerError", "param": None, "code": 500,
+                                      "message": f"Decode transfer failed for request rank=0 decode_req.req.rid="
+                                                 f"'{body.get('rid')}' decode_req.req.bootstrap_room=7 with exception "
+                                                 "KVTransferError(bootstrap_room=7): Failed to get kvcache from "
+                                                 "prefill instance, it might be dead"}, status=500)
         stream = bool(body.get("stream"))
         if "seen" in request:
             request["seen"].update({k: body.get(k) for k in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room")},
