@@ -246,7 +246,11 @@ def _check_load_run(ctx: RunContext, args: dict) -> dict:
     return {"ok": True, "reachable": True, "passed": code == 0, "corruption_rate": worst.get("rate"),
             "corruption_upper": worst["wilson95"][1], "concurrency": worst.get("concurrency"),
             "stuck": sum(lv.get("stuck", 0) for lv in levels),
-            "transfer_failed": sum((lv.get("metrics") or {}).get("sglang:num_transfer_failed_reqs_total", 0) for lv in levels),
+            # the servers' counter when scraped, and never fewer than the PD aborts the client saw
+            "transfer_failed": sum(max((lv.get("metrics") or {}).get("sglang:num_transfer_failed_reqs_total", 0),
+                                       sum((lv.get("classes") or {}).get(c, {}).get("count", 0)
+                                           for c in ("pd_transfer_failed", "pd_bootstrap_failed")))
+                                   for lv in levels),
             "aborted": sum((lv.get("metrics") or {}).get("sglang:num_aborted_requests_total", 0) for lv in levels),
             "turns": sum(lv.get("turns", 0) for lv in levels), "evidence": f"{name}.out"}
 
