@@ -477,3 +477,23 @@ def test_pd_aborts_have_classes_of_their_own():
         assert (v.cls, v.flags, v.reason) == (cls, (cls,), msg), msg
     assert set(C.NO_ANSWER) == {C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.STUCK}
     assert all(c in C.DESCRIPTIONS for c in C.CLASSES)
+
+
+def test_language_drift_is_judged_against_the_prompts_script():
+    """A short answer wholly in another language passes the mid-answer switch rule; with the
+    prompt's script known it is drift. English identifiers in Chinese prose do not make it
+    English, and an English answer that names identifiers or quotes Chinese is not drift."""
+    zh = "负载均衡器把请求分给两台推理服务器，`kv_cache` 和 torch.cuda 的显存由各自的服务器管理。"
+    assert C.find_language_switch(zh) is None                       # too short for the switch rule
+    script, share = C.find_language_drift(zh, "Latin")
+    assert script == "CJK" and share == 1.0                           # kv_cache / torch.cuda cut as identifiers
+    v = C.classify(C.TurnResult(http_status=200, content=zh, finish_reason="stop"), requires_tool=False,
+                   tools=TOOLS, expected_script="Latin")
+    assert v.cls == C.LANGUAGE_DRIFT and v.reason.startswith("content is 100% CJK letters; the prompt asked for Latin")
+    assert C.classify(C.TurnResult(http_status=200, content=zh, finish_reason="stop"), requires_tool=False,
+                      tools=TOOLS).ok                                  # not judged without an expected script
+    en = ("It spreads requests across both servers; `torch.cuda.mem_get_info` and kv_cache_dtype stay per server, "
+          "and the log line \u201c负载均衡器已启动\u201d means it started.")
+    assert C.find_language_drift(en, "Latin") is None
+    assert C.find_language_drift("好的", "Latin") is None              # under 20 letters: no verdict
+    assert C.find_language_drift("Балансировщик распределяет запросы между двумя серверами.", "Latin")[0] == "Cyrillic"

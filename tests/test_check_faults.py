@@ -70,6 +70,7 @@ def test_quoted_markup_is_a_note_not_corruption(tmp_path):
     ("call_when_none", "tool_choice_none", "sglang #35736"),
     ("overlength_200", "over_length", "HTTP 200"),
     ("overlength_200", "over_pool", "HTTP 200"),
+    ("language_drift", "chat", "language_drift: content is 100% CJK letters; the prompt asked for Latin"),
 ])
 def test_smoke_probes_catch_server_faults(tmp_path, fault, line, words):
     cfg = write_config(tmp_path / "serve.yaml", context_length=4096, max_total_tokens=2048)

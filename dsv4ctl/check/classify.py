@@ -61,6 +61,7 @@ MARKUP_IN_ARGS = "markup_in_args"
 NGRAM_LOOP = "ngram_loop"
 EMPTY_LENGTH = "empty_length"
 LANGUAGE_SWITCH = "language_switch"
+LANGUAGE_DRIFT = "language_drift"
 LENGTH_MID_CALL = "length_mid_call"
 NO_TOOL_CALL = "no_tool_call"
 ARGS_NOT_JSON = "args_not_json"
@@ -76,7 +77,7 @@ CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK,
            DSML_IN_CONTENT, DSML_IN_REASONING, SPECIAL_TOKEN_LEAK, THINK_IN_CONTENT, REASONING_IN_CONTENT,
            MARKUP_IN_ARGS,
            # degenerate generation: usually the root cause of a call-shape failure on the same turn
-           NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH,
+           NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH, LANGUAGE_DRIFT,
            # call shape
            LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA,
            # known answer (:mod:`.expect`): well-formed calls that are not the correct ones
@@ -113,6 +114,7 @@ DESCRIPTIONS = {
     NGRAM_LOOP: "the output repeats itself (a loop)",
     EMPTY_LENGTH: "answer turn cut at the length limit with empty content",
     LANGUAGE_SWITCH: "the answer switches script mid-answer",
+    LANGUAGE_DRIFT: "the whole answer is in another script than the prompt asked for",
     LENGTH_MID_CALL: "finish_reason length mid-call",
     NO_TOOL_CALL: "no tool_calls where the turn requires one",
     ARGS_NOT_JSON: "arguments not JSON",
@@ -828,6 +830,33 @@ def _dominant(counts: dict[str, int], seen: int) -> Optional[str]:
     return s if c >= SWITCH_BASE_SHARE * seen else None
 
 
+DRIFT_MIN_LETTERS = 20     # a drift is judged on at least 20 letters …
+DRIFT_SHARE = 0.5          # … of which more than half are of one script other than the expected one
+
+
+def find_language_drift(text: str, expected: str = "Latin") -> Optional[tuple[str, float]]:
+    """(script, share of letters) when the answer is mostly in another script than ``expected``
+    (one of the scripts of :func:`find_language_switch`), else None. Judged on the letters left
+    after the same cuts as :func:`find_language_switch` (code, URLs, identifiers and paths, quoted
+    phrases), so English identifiers in another language's prose and quoted foreign text in an
+    English answer do not count; fewer than :data:`DRIFT_MIN_LETTERS` letters: no verdict."""
+    text = text[:LOOP_MAX_CHARS]
+    ranges = code_ranges(text)
+    if ranges:
+        text = _cut(text, ranges, " ")
+    text = _IDENT_RE.sub(" ", _SKIP_RE.sub(" ", text))
+    counts: dict[str, int] = {}
+    for m in _SCRIPT_RE.finditer(text):
+        counts[m.lastgroup or ""] = counts.get(m.lastgroup or "", 0) + m.end() - m.start()
+    total = sum(counts.values())
+    if total < DRIFT_MIN_LETTERS:
+        return None
+    script, n = max(counts.items(), key=lambda kv: kv[1])
+    if script != expected and n / total > DRIFT_SHARE:
+        return script, n / total
+    return None
+
+
 def find_language_switch(text: str) -> Optional[Switch]:
     """An answer that opened in one script and later switches to another, or None.
 
@@ -878,7 +907,8 @@ def find_language_switch(text: str) -> Optional[Switch]:
 
 # --- the classifier -----------------------------------------------------------------------------
 def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec],
-             thinking_requested: bool = False, allowed_markup: Iterable[str] = ()) -> Verdict:
+             thinking_requested: bool = False, allowed_markup: Iterable[str] = (),
+             expected_script: Optional[str] = None) -> Verdict:
     """Classify one turn. ``requires_tool``: the workload required at least one tool call.
 
     ``thinking_requested``: the request asked for thinking (``chat_template_kwargs.thinking`` or a
@@ -886,6 +916,8 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
     reasoning was merged into content (``reasoning_in_content``). ``allowed_markup``: substrings the
     workload expects inside tool-call argument strings (e.g. the ``<think>`` of a file the agent is
     told to write); every occurrence is removed before the arguments are scanned for markup.
+    ``expected_script``: the script the prompt asked the answer in (``Latin`` for an English
+    prompt); content mostly in another one is ``language_drift`` (None: not judged).
 
     Returns a Verdict whose ``flags`` lists every class that applies, in :data:`CLASSES` order,
     and whose ``cls`` is the first (``ok`` if none); ``notes`` lists markup quoted in code spans or
@@ -932,7 +964,11 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
             and not content.strip()):
         flags[EMPTY_LENGTH] = (f"finish_reason length with empty content and {len(reasoning)} characters "
                                "of reasoning (thinks until the cap)")
-    switch = find_language_switch(content) if content else None
+    drift = find_language_drift(content, expected_script) if content and expected_script else None
+    if drift:
+        flags[LANGUAGE_DRIFT] = (f"content is {drift[1]:.0%} {drift[0]} letters; the prompt asked for "
+                                 f"{expected_script}: {' '.join(content[:60].split())!r}")
+    switch = find_language_switch(content) if content and not drift else None
     if switch:
         flags[LANGUAGE_SWITCH] = (f"content switches from {switch.base} to {switch.to} after {switch.after} "
                                   f"letters: {switch.excerpt!r}")

@@ -510,8 +510,10 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     return
                 if result.http_status is not None and result.http_status not in AUTH_STATUSES:
                     level.key_accepted = True
+                # the answer turn's instruction is English: an answer in another script is drift
                 v = E.judge(result, requires_tool=spec.requires_tool, tools=specs, expected=spec.expected_calls,
-                            tool_choice=spec.tool_choice, thinking_requested=thinking)
+                            tool_choice=spec.tool_choice, thinking_requested=thinking,
+                            expected_script=None if spec.requires_tool else "Latin")
                 rec = {
                     "run": run_id, "url": url, "concurrency": concurrency, "session": sid, "turn": spec.index,
                     "rid": rid, "response_id": result.response_id, "stream": s.stream,

@@ -143,14 +143,14 @@ def merge_verdict(v: Verdict, extra: dict[str, str], order: Optional[Iterable[st
 
 def judge(turn: C.TurnResult, *, requires_tool: bool, tools: dict[str, C.ToolSpec],
           expected: Optional[list[dict]] = None, tool_choice: Optional[ToolChoice] = None,
-          thinking_requested: bool = False) -> Verdict:
+          thinking_requested: bool = False, expected_script: Optional[str] = None) -> Verdict:
     """The full verdict on one turn: :func:`.classify.classify` (shape and leaks) merged with
     :func:`check_turn` (known answer and named ``tool_choice``). ``expected`` None: a free-form turn,
     judged by shape only. Argument strings of the known answer may hold markup-like text; what the
     known answer itself contains is allowed in the delivered arguments (``allowed_markup``)."""
     allowed = tuple(_strings(expected)) if expected else ()
     v = C.classify(turn, requires_tool=requires_tool, tools=tools, thinking_requested=thinking_requested,
-                   allowed_markup=allowed)
+                   allowed_markup=allowed, expected_script=expected_script)
     return merge_verdict(v, check_turn(expected, tool_choice, turn.tool_calls))
 
 

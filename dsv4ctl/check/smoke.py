@@ -493,7 +493,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
         body = chat_body(model, _rid())
         res, timing = await probe(body, False)
         samples.append(("chat", sent_bytes(body), res))
-        v = C.classify(res, requires_tool=False, tools=specs)
+        v = C.classify(res, requires_tool=False, tools=specs, expected_script="Latin")   # the prompt is English
         out.append(line("chat", entry, "pass" if v.ok else "fail",
                         f"{res.finish_reason}, {len(res.content)} chars, {timing['e2e_s']:.2f} s" if v.ok else
                         f"{v.cls}: {v.reason}", rid=body["rid"]))

@@ -64,6 +64,7 @@ KINDS: dict[str, str] = {
     "wrong_tool": "a different declared tool than asked for",
     "loop": "the answer repeats one sentence until the end",
     "language_switch": "the English answer continues in Chinese",
+    "language_drift": "the whole answer in Chinese although the prompt is English (naming `kv_cache` and torch.cuda)",
     "empty_length": "reasoning until the token cap, no answer (thinking requests)",
     "call_when_none": "a DSML block although tool_choice is none: the parser is off, markup in content",
     "no_call": "prose instead of the call the turn asks for: no tool_calls",
@@ -254,6 +255,9 @@ def write(body: dict, rng: random.Random, kind: Optional[str] = None, *, thinkin
         return Output(segs + [Seg(answer[:half] + " " + EOS + " " + answer[half:])], kind)
     if kind == "loop":
         return Output(segs + [Seg(answer + (" The scheduler holds the next request before the queue drains." * 40))], kind)
+    if kind == "language_drift":
+        return Output(segs + [Seg("负载均衡器把请求分给两台推理服务器，`kv_cache` 和 torch.cuda 的显存由各自的服务器管理，"
+                                  "这样每台服务器的队列都不会太长。")], kind)
     if kind == "language_switch":
         return Output(segs + [Seg(answer + " 然后调度器把请求放回队列，缓存页面在下一批次中被重新加载，这样延迟会降低很多。")], kind)
     if kind == "quoted_markup":
