@@ -71,6 +71,7 @@ def test_quoted_markup_is_a_note_not_corruption(tmp_path):
     ("overlength_200", "over_length", "HTTP 200"),
     ("overlength_200", "over_pool", "HTTP 200"),
     ("language_drift", "chat", "language_drift: content is 100% CJK letters; the prompt asked for Latin"),
+    ("replay_differs", "replay", "the cached replay"),
 ])
 def test_smoke_probes_catch_server_faults(tmp_path, fault, line, words):
     cfg = write_config(tmp_path / "serve.yaml", context_length=4096, max_total_tokens=2048)

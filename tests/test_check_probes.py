@@ -226,3 +226,33 @@ def test_judge_over_pool():
     assert "prompt_tokens 1; sglang#30233" in bad["reason"]
     none = S.judge_over_pool(C.TurnResult(http_status=None, error="reset"), URL, 1, 2, 3)
     assert none["status"] == "fail" and none["reason"].startswith("no answer for")
+
+
+def _tc(calls, **kw):
+    return C.TurnResult(http_status=200, finish_reason="tool_calls",
+                        tool_calls=[C.ToolCall(index=i, id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)],
+                        **kw)
+
+
+def test_judge_replay():
+    a = _tc([("read_file", '{"path": "a.py", "start_line": 3}')])
+    same = _tc([("read_file", '{"start_line": 3, "path": "a.py"}')],          # key order does not matter
+               usage={"prompt_tokens": 900, "prompt_tokens_details": {"cached_tokens": 896}})
+    ok = S.judge_replay(a, same, a, URL, None, rid="r1")
+    assert ok["status"] == "pass" and ok["reason"] == ("the same 1 call(s) computed, from the cache (896 cached "
+                                                       "tokens) and after /flush_cache")
+    assert ok["detail"]["cached_tokens"] == 896 and ok["detail"]["rid"] == "r1"
+    other = _tc([("read_file", '{"path": "a.py", "start_line": 4}')],
+                usage={"prompt_tokens_details": {"cached_tokens": 896}})
+    bad = S.judge_replay(a, other, a, URL, None)
+    assert bad["status"] == "fail" and bad["reason"].startswith(
+        "the cached replay (896 cached tokens) differs from the first computation: read_file(")
+    assert '"start_line": 4' in bad["reason"] and '"start_line": 3' in bad["reason"]
+    late = S.judge_replay(a, a, other, URL, None)
+    assert late["status"] == "fail" and late["reason"].startswith("the replay after /flush_cache differs")
+    noflush = S.judge_replay(a, a, None, URL, "http://w/flush_cache: HTTP 400 Flush cache failed")
+    assert noflush["status"] == "pass" and noflush["reason"].endswith("; not after a flush: http://w/flush_cache: "
+                                                                      "HTTP 400 Flush cache failed")
+    err = S.judge_replay(a, C.TurnResult(http_status=500, error="HTTP 500: boom"), None, URL, "x")
+    assert err["status"] == "fail" and "differs from the first computation: HTTP 500: boom" in err["reason"]
+    assert S.judge_replay(C.TurnResult(http_status=200, content="no"), a, a, URL, None)["status"] == "skip"

@@ -13,7 +13,8 @@ from tests.standin.harness import free_port, standin, write_config
 
 FAST = ("--ttft-ms", "1", "--itl-ms", "0")
 
-PROBES = ["tool_choice_none", "tool_choice_required", "tool_choice_named", "over_length", "over_pool", "prompt_tokens"]
+PROBES = ["replay", "tool_choice_none", "tool_choice_required", "tool_choice_named", "over_length", "over_pool",
+          "prompt_tokens"]
 POOL = {"max_total_tokens": 16384}     # a KV pool smaller than the context length (65,536): the over_pool band
 # Lines the clean stand-in fails (none: it honours tool_choice, the known-answer contract and the
 # context length).

@@ -20,6 +20,9 @@ Checks, each pass / fail / skip with a one-line reason:
   ``none`` 0.5.23 does not parse DSML, so a model that calls leaks it as text: sglang #35736);
 * ``tool_choice_required``: at least one call, valid (the classifier finds nothing);
 * ``tool_choice_named``: ``{"type": "function", "function": {"name": X}}``: valid calls, all of X;
+* ``replay``: one known-answer request computed, answered again from the prefix cache (GPU radix
+  cache or HiCache's host tier), and after ``/flush_cache`` on every worker: the same calls each
+  time (the issue-6 incident corrupted answers built on restored KV);
 * ``over_length``: a prompt of about context length + 1,024 tokens must get HTTP 4xx, not 200 (in
   PD a prefill abort has come back from decode as HTTP 200 with garbage and ``prompt_tokens`` 1);
 * ``over_pool``: a prompt between the KV pool's limit (``max_req_input_len`` of ``/server_info``)
@@ -33,6 +36,7 @@ The judging of each line is a pure function (``judge_*``); :func:`run_smoke` doe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass
@@ -175,6 +179,61 @@ def _filler_body(model: str, rid: str, n: int) -> dict:
     text = (FILLER * (n // len(FILLER) + 1))[:n] + " Reply with OK."
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 16,
             "temperature": 0.0, "stream": False, "rid": rid, "chat_template_kwargs": NO_THINKING}
+
+
+def _call_set(res: C.TurnResult) -> list[tuple[str, Any]]:
+    out = []
+    for c in res.tool_calls:
+        try:
+            args: Any = C.loads_arguments(c.arguments)
+        except (ValueError, RecursionError):
+            args = c.arguments
+        out.append((c.name, args))
+    return out
+
+
+def judge_replay(first: C.TurnResult, cached: C.TurnResult, flushed: Optional[C.TurnResult], target: str,
+                 flush_why: Optional[str], **detail: Any) -> dict:
+    """``replay``: the same known-answer request computed (``first``), answered again with its
+    prompt cached (``cached``: the radix cache or HiCache's host tier restored it; the incident of
+    issue 6 corrupted exactly these), and after ``/flush_cache`` (``flushed``; None when the flush
+    did not happen: ``flush_why`` says why). Pass when every answer has the first one's calls
+    (names and parsed arguments); skip when the first answer has no calls to compare."""
+    base = _call_set(first)
+    if not _answered(first) or not base:
+        return line("replay", target, "skip", "the first answer has no tool calls to compare (see tool_call)", **detail)
+    hit = ((cached.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    where = f"the cached replay ({hit} cached tokens)" if isinstance(hit, int) else "the cached replay"
+    for label, res in ((where, cached), ("the replay after /flush_cache", flushed)):
+        if res is None:
+            continue
+        got = _call_set(res)
+        if not _answered(res) or got != base:
+            what = (res.error or f"HTTP {res.http_status}") if not _answered(res) else \
+                ", ".join(f"{n}({clip(json.dumps(a, ensure_ascii=False), 60)})" for n, a in got) or "no tool calls"
+            return line("replay", target, "fail", f"{label} differs from the first computation: "
+                        f"{what}; first: " + ", ".join(f"{n}({clip(json.dumps(a, ensure_ascii=False), 60)})"
+                                                       for n, a in base), cached_tokens=hit, **detail)
+    return line("replay", target, "pass", f"the same {len(base)} call(s) computed, from the cache"
+                + (f" ({hit} cached tokens)" if isinstance(hit, int) else "")
+                + (" and after /flush_cache" if flushed is not None else f"; not after a flush: {flush_why}"),
+                cached_tokens=hit, **detail)
+
+
+async def flush_workers(http: aiohttp.ClientSession, urls: list[str]) -> Optional[str]:
+    """``POST /flush_cache`` on every worker (SGLang 0.5.23: only when idle; resets the radix tree
+    and HiCache's state); None when every one answered 200, else why not (one line)."""
+    if not urls:
+        return "no workers known"
+    for u in urls:
+        try:
+            async with http.post(u + "/flush_cache", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                if r.status != 200:
+                    text = (await r.content.read(300)).decode("utf-8", "replace")
+                    return f"{u}/flush_cache: HTTP {r.status} {clip(' '.join(text.split()), 100)}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return f"{u}/flush_cache: {type(e).__name__}"
+    return None
 
 
 def pool_limit(infos: list[Any]) -> Optional[int]:
@@ -512,6 +571,16 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
                       if ok else (f"{v.cls}: {v.reason}" if not v.ok else
                                   f"finish_reason {res.finish_reason!r}, expected 'tool_calls'"))
             out.append(line(name, entry, "pass" if ok else "fail", reason, rid=rid))
+        # replay: one known-answer request three times: computed, then again with its prompt in the
+        # prefix cache (the GPU radix cache, or HiCache's host tier restoring it), then after
+        # /flush_cache on every worker (computed afresh): the calls must be the same each time
+        s = Session(sid=1, turns=2, stream=False, known_share=1.0, probe_share=0.0)
+        first = s.request(model, _rid())
+        r1, _ = await probe(first, False)
+        r2, _ = await probe(dict(first, rid=_rid()), False)
+        flush_why = await flush_workers(http, [w.url for w in workers])
+        r3 = (await probe(dict(first, rid=_rid()), False))[0] if flush_why is None else None
+        out.append(judge_replay(r1, r2, r3, entry, flush_why, rid=first["rid"]))
         for kind in ("none", "required", "named"):
             body = tool_choice_body(kind, model, _rid())
             res, _ = await probe(body, False)

@@ -138,7 +138,8 @@ def smoke(
     """/health on every worker, /v1/models, /server_info (version, parsers, disaggregation, HiCache as
     running; read from the workers, never from a gateway: a PD gateway at the URL is reported as a
     "router" line), one chat and one known-answer tool call (JSON and SSE) through the entry URL, then
-    probes: tool_choice none / required / named, an over-length prompt that must get a 4xx, a prompt
+    probes: a known-answer request replayed from the prefix cache and after /flush_cache (same calls),
+    tool_choice none / required / named, an over-length prompt that must get a 4xx, a prompt
     between the KV pool's limit and the context length that must get a 4xx too (over_pool), and
     usage.prompt_tokens against the bytes sent.
 

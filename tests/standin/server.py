@@ -32,7 +32,9 @@ rate tracks the probability closely and tests are not flaky. A corrupted turn ge
 turn with the given kinds in turn (``overlength_200`` answers an over-length prompt with HTTP 200,
 garbage and ``prompt_tokens: 1``, the PD fault; ``transfer_500`` answers every fourth chat request
 with SGLang's HTTP 500 for a failed PD KV transfer ("Decode transfer failed for request …") and
-counts it in ``sglang:num_transfer_failed_reqs``; ``http_503`` answers every other chat request,
+counts it in ``sglang:num_transfer_failed_reqs``; ``replay_differs`` changes an argument of every
+answer whose whole prompt is in its prefix cache (a request repeated before ``/flush_cache``);
+``http_503`` answers every other chat request,
 the first included, with HTTP 503 before any work: a gateway that retries hides it). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
@@ -75,7 +77,7 @@ from . import model, multinode
 from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
-SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500")
+SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500", "replay_differs")
 SEEN_MAX = 4096                      # requests kept for GET /_standin/requests
 DEFAULT_BOOTSTRAP_PORT = 8998        # SGLang 0.5.23 server_args: disaggregation_bootstrap_port
 READY_LINE = "The server is fired up and ready to roll!"   # SGLang's ready log line
@@ -426,6 +428,7 @@ def make_app(state: StandIn) -> web.Application:
         resp: Optional[web.StreamResponse] = None
         try:
             prompt, cached = state.prompt_tokens(body["messages"])
+            full_hit = bool(cached) and cached == prompt      # every message seen before: a repeated request
             if prompt >= min(state.context_length, state.max_req_input_len) // 2:
                 prompt = state.served.count("".join(json.dumps(m, ensure_ascii=False) for m in body["messages"]))
             if prompt >= state.max_req_input_len and prompt < state.context_length \
@@ -466,6 +469,8 @@ def make_app(state: StandIn) -> web.Application:
             corrupt = state.corrupt.draw(corruption_probability(state.effective_concurrency(), state.hicache,
                                                                  state.scale))
             kind = state.kind_for(corrupt)
+            if "replay_differs" in state.server_faults and full_hit and kind is None:
+                kind = "wrong_args"     # an answer built on a restored prefix differs (HiCache restore race)
             tool_choice = body.get("tool_choice", "auto")
             thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
             out = model.write(body, state.rng, kind, thinking=thinking)
