@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     import typer
 
     from .render import error_line
+    import os
+    for name in ("stdout", "stderr"):          # started with the descriptor closed (>&-): write nowhere
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
     if argv is None and not isinstance(sys.stdout, _QuietPipe):
         sys.stdout = _QuietPipe(sys.stdout)
     if argv is None and not isinstance(sys.stderr, _QuietPipe):

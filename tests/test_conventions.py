@@ -73,14 +73,14 @@ def test_completion_unknown_shell():
 
 def test_schema_command():
     r = run_cli("schema", "--json")
-    assert [s["name"] for s in json.loads(r.out)["schemas"]] == ["check-load", "plan", "playbook", "profile"]
+    assert [s["name"] for s in json.loads(r.out)["schemas"]] == ["check-load", "plan", "playbook", "profile", "watch"]
     r = run_cli("schema", "profile")
     assert r.code == 0 and json.loads(r.out)["title"] == "dsv4ctl profile"
     r = run_cli("schema", "profile", "--path")
     assert r.out.strip() == str(REPO / "dsv4ctl/data/schemas/profile.schema.json")
     r = run_cli("schema", "nope")
     assert r.code == 2 and r.err == ("dsv4ctl: error: schema: unknown schema 'nope' "
-                                     "(one of: check-load, plan, playbook, profile)\n")
+                                     "(one of: check-load, plan, playbook, profile, watch)\n")
 
 
 def test_shipped_profile_names_its_schema():

@@ -93,13 +93,20 @@ def test_burn_window_needs_both_windows_and_enough_probes():
     b.add("router", 1090, True)
     assert b.burning(1090) == [("router", pytest.approx(0.6))]
     # 30 clean probes later the short window is clean: no burn although the long window still is
+    # (windows are whole 30 s buckets: short / 10)
     for i in range(30):
         b.add("router", 1100 + i * 10, False)
-    k, n = b.ratio("router", 1400, 300)
-    assert (k, n) == (0, 30)
-    assert b.burning(1400) == []
+    assert b.bucket_s == 30
+    assert b.ratio("router", 1420, 300) == (0, 29)
+    assert b.ratio("router", 1420, 3600) == (6, 40)
+    assert b.burning(1420) == []
     # the long window forgets what is older than an hour
-    assert b.ratio("router", 1000 + 3600 + 95, 3600) == (0, 30)
+    assert b.ratio("router", 1120 + 3600, 3600) == (0, 29)
+    # memory is buckets, not probes: a day of one probe a second is at most 121 buckets
+    d = M.BurnWindow(slo=0.01)
+    for t in range(0, 86400, 1):
+        d.add("x", float(t), False)
+    assert len(d._seen["x"]) <= 121
 
 
 def test_burn_threshold_is_burn_times_slo():
@@ -193,7 +200,12 @@ def test_unit_runs_this_interpreter_with_the_profile():
     u = render_unit("/etc/dsv4ctl/prod pd.yaml", python="/opt/dsv4ctl/bin/python", extra_args=("--listen", "0.0.0.0:9477"))
     assert 'ExecStart=/opt/dsv4ctl/bin/python -m dsv4ctl watch "/etc/dsv4ctl/prod pd.yaml" --listen 0.0.0.0:9477' in u
     assert "KillSignal=SIGTERM" in u and "Restart=on-failure" in u and "WantedBy=multi-user.target" in u
-    assert "dsv4ctl-watch@prod pd.service" in u
+    assert "systemctl daemon-reload && systemctl enable --now 'dsv4ctl-watch@prod\\x20pd.service'" in u
+    with pytest.raises(ValueError, match="control character"):
+        render_unit("/p.yaml", extra_args=("--on-alert", "toolcall-corruption\nExecStartPre=/bin/touch /tmp/pwn"))
+    u2 = render_unit("/srv/a;rm -rf x%h.yaml", python="/x/python")
+    assert "> '/etc/systemd/system/dsv4ctl-watch@a\\x3brm\\x20\\x2drf\\x20x\\x25h.service'" in u2   # as systemd-escape
+    assert "Description=dsv4ctl watch: known-answer tool-call probes for a;rm -rf x%%h" in u2
     assert 'ExecStart=/x/python -m dsv4ctl watch "a$$b%%c"' in render_unit("a$b%c", python="/x/python")
 
 
@@ -491,3 +503,82 @@ def test_a_wedged_server_makes_probes_stuck(colocated, tmp_path):
     finally:
         _end(w)
         _stop(proc)
+
+
+class _Hostile:
+    """A test-only HTTP server that is not SGLang: chat answers HTTP 500 echoing the request's
+    Authorization header (as some proxies do), /metrics serves NaN and infinities."""
+
+    def __init__(self, addr: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = (b"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs NaN\n"
+                        b"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs +Inf\n")
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.dumps({"error": f"bad request; headers: Authorization: {self.headers.get('Authorization')}"
+                                            "\x1b[2J"}).encode()
+                self.send_response(500)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+        self.srv = ThreadingHTTPServer((addr, 0), H)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_secrets_nan_and_a_full_log_disk(tmp_path):
+    """A server that echoes the bearer token: the key is masked in the JSON, the event lines and
+    the --log file; NaN/Inf metrics become null (strict JSON); a --log on a full disk is said once
+    and the round still prints its document; terminal escapes from a server are not passed on."""
+    addr = loopback(32)
+    h = _Hostile(addr)
+    try:
+        p = _profile(tmp_path, """\
+            - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+            """, port=h.port, address=addr)
+        key = "EnvSecretKey789xyz"
+        log = tmp_path / "w.jsonl"
+        r = run_cli("watch", str(p), "--once", "--json", "--no-releases", "--log", str(log), env={"DSV4CTL_API_KEY": key})
+        assert r.code == 1, r.err
+        assert key not in r.out + r.err + log.read_text()
+        doc = json.loads(r.out)              # strict: no NaN / Infinity tokens
+        (t,) = doc["targets"]
+        assert "Authorization: Bearer ***" in t["probe"]["reason"] and t["probe"]["class"] == "http_error"
+        assert t["scrape"]["running"] is None and t["scrape"]["queued"] is None and t["scrape"]["up"] is True
+        assert "\x1b" not in r.err
+        r = run_cli("watch", str(p), "--once", "--json", "--no-releases", "--log", "/dev/full", env={"DSV4CTL_API_KEY": key})
+        assert r.code == 1 and json.loads(r.out)["schema"] == "dsv4ctl.watch/1"
+        assert r.err.count("--log /dev/full: cannot write") == 1 and key not in r.err
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--auto", "--on-alert", "toolcall-corruption", "--no-releases"], "--auto needs the release reads"),
+    (["--once", "--on-alert", "toolcall-corruption"], "--on-alert needs the continuous watch"),
+    (["--print", "unit", "--on-alert", "toolcall-corruption\nExecStartPre=/bin/touch /tmp/x"], "unknown condition"),
+    (["--print", "unit", "--interval", "5s", "--log", "/tmp/a\nExecStartPre=/bin/true"], "no such folder"),
+    (["--print", "unit", "--listen", "garbage"], "--listen 'garbage'"),
+    (["--print", "unit", "--stall-timeout", "0s"], "--stall-timeout '0s'"),
+    (["--print", "unit", "--log", "/nonexistent/dir/w.jsonl"], "--log '/nonexistent/dir/w.jsonl': no such folder"),
+    (["--print", "unit", "--interval", "5s\nExecStartPre=/bin/true"], "--interval"),
+])
+def test_more_bad_input_exit_2(colocated, args, msg):
+    r = run_cli("watch", str(colocated[0]), *args)
+    assert r.code == 2 and msg in r.err and "Traceback" not in r.err, r.err

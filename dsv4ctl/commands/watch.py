@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import GateFailed, InputError, RemoteError
-from ..render import dump_json
+from ..render import dump_json, printable
 
 DEFAULT_LISTEN = "127.0.0.1:9477"
 ARTIFACTS = ("rules", "dashboard", "unit")
@@ -58,7 +58,10 @@ def _artifact(kind: str, profile_arg: Optional[str], slo: float, unit_args: tupl
     if kind == "dashboard":
         return data_path("watch", "dashboard.json").read_text()
     from ..watch.unit import render_unit
-    return render_unit(profile_arg, extra_args=unit_args)
+    try:
+        return render_unit(profile_arg, extra_args=unit_args)
+    except ValueError as e:
+        raise InputError(f"--print unit: {e}") from None
 
 
 def watch(ctx: typer.Context,
@@ -88,6 +91,7 @@ def watch(ctx: typer.Context,
     failed · 2 bad input (a profile with nothing to probe, an interval under 1s, an unknown
     runbook) · 3 --listen cannot be bound, or --once could not reach any target · 130 SIGINT/SIGHUP."""
     import asyncio
+    import os
     import signal
 
     from ..commands.options import duration
@@ -106,52 +110,102 @@ def watch(ctx: typer.Context,
         raise InputError("--json needs --once (the continuous watch serves /metrics instead)")
     if auto and not on_alert:
         raise InputError("--auto needs --on-alert RUNBOOK (what to run)")
+    if once and on_alert:
+        raise InputError("--on-alert needs the continuous watch (an alert condition holds over a window, not one round)")
+    if auto and no_releases:
+        raise InputError("--auto needs the release reads (not --no-releases): they read the deploy lock a run must wait for")
     dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
     if print_ == "unit" and once:
         raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
+    from ..resources import runbook_names
+    actions = M.parse_on_alert(on_alert, runbook_names())
+    if stall_timeout is not None:
+        stall = duration(stall_timeout, "--stall-timeout", lo=1, hi=3600)
+    else:
+        stall = dep.check.stall_timeout_s
+        if not 1 <= stall <= 3600:
+            raise InputError(f"{dep.path}: check.stall_timeout_s {stall!r}: watch needs 1..3600 seconds "
+                             "(or give --stall-timeout)")
+    listen_at = None if once else _listen(listen)
     if print_ is not None:
         import os
+        if log is not None and not os.path.isdir(os.path.dirname(os.path.abspath(log)) or "/"):
+            raise InputError(f"--log {str(log)!r}: no such folder")
         # a profile file is named by its absolute path (a unit runs from /); a shipped name stays a name
         given = profile if profile is not None else os.environ.get("DSV4CTL_PROFILE") or None
         arg = os.path.abspath(given) if given and os.path.isfile(given) else (given or os.path.abspath(dep.path))
         sys.stdout.write(_artifact(print_, arg, dep.check.max_corruption, _unit_args(ctx) if print_ == "unit" else ()))
         return
-    from ..resources import runbook_names
-    actions = M.parse_on_alert(on_alert, runbook_names())
-    stall = duration(stall_timeout, "--stall-timeout", lo=1, hi=3600) if stall_timeout else dep.check.stall_timeout_s
+    from .check import check_secrets, masked
+    key = api_key(dep)
+    secrets = check_secrets(key, dep)
     log_file = None
     if log is not None:
+        import stat as _stat
         try:
+            if os.path.exists(log) and _stat.S_ISFIFO(os.stat(log).st_mode):
+                raise InputError(f"--log {log}: a FIFO (watch appends JSON lines to a file)")
             log_file = open(log, "a", encoding="utf-8")
         except OSError as e:
             raise InputError(f"--log {log}: {e.strerror or e}") from None
+    log_broken: list[str] = []
 
     def emit(e: dict) -> None:
+        nonlocal log_file
+        e = masked(e, secrets)              # a server that echoes the Authorization header back
         if log_file is not None:
             import json
             from ..hosts.audit import now_iso
-            log_file.write(json.dumps({"ts": now_iso(), **e}, ensure_ascii=False, sort_keys=True) + "\n")
-            log_file.flush()
+            try:
+                log_file.write(json.dumps({"ts": now_iso(), **e}, ensure_ascii=False, sort_keys=True) + "\n")
+                log_file.flush()
+            except OSError as err:          # a full disk: say so once, keep probing, events on stderr
+                log_broken.append(str(err))
+                try:
+                    log_file.close()
+                except OSError:
+                    pass
+                log_file = None
+                print(f"watch: --log {log}: cannot write ({err.strerror or err}); events go to stderr only",
+                      file=sys.stderr, flush=True)
         if not quiet and not (once and as_json and e.get("event") == "probe"):
-            print(event_line(e), file=sys.stderr, flush=True)
+            print(printable(event_line(e)), file=sys.stderr, flush=True)
 
     opts = WatchOptions(interval=every, stall_timeout=stall, release_every=rel, scrape_every=scrape,
-                        listen=None if once else _listen(listen), api_key=api_key(dep), slo=dep.check.max_corruption,
+                        listen=listen_at, api_key=key, slo=dep.check.max_corruption,
                         alert_window=window, on_alert=actions, auto=auto, read_releases=not no_releases,
                         accept_new_host_keys=accept_new, profile_arg=str(dep.path), emit=emit,
                         turn_timeout=max(stall * 5, 60.0))
     w = Watcher(dep, opts)
 
     async def main() -> int:
+        loop = asyncio.get_running_loop()
+        got: list[int] = []
+        current = asyncio.current_task()
+
+        def stop(sig: signal.Signals) -> None:
+            got.append(sig)
+            w.stop.set()
+            if once and current is not None:
+                current.cancel()            # one round: an interrupt ends it (exit 130)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop, sig)
         if once:
-            doc = await w.once()
+            try:
+                doc = await w.once()
+            except asyncio.CancelledError:
+                return 130
+            doc = masked(doc, secrets)
             if as_json:
                 print(dump_json(doc))
             else:
                 _print_round(doc)
             probes = [t["probe"] for t in doc["targets"] if t["probe"]]
-            if probes and all(p["class"] == "http_error" and p["reason"].startswith(("ClientConnectorError", "ClientOSError"))
-                              for p in probes):
+            if probes and all(p["class"] in AUTH_CLASSES for p in probes):
+                raise InputError("watch --once: every probed target refuses the API key ("
+                                 + "; ".join(f"{p['target']}: {p['reason']}" for p in probes)
+                                 + "): set DSV4CTL_API_KEY or the serve config's api-key")
+            if probes and all(_unreachable(p) for p in probes):
                 raise RemoteError("watch --once: no probed target could be reached: "
                                   + "; ".join(f"{p['target']}: {p['reason']}" for p in probes))
             if not doc["ok"]:
@@ -159,14 +213,6 @@ def watch(ctx: typer.Context,
                 raise GateFailed(f"{len(bad)} of {len(probes)} probes not ok: "
                                  + "; ".join(f"{p['target']} {p['class']}" for p in bad))
             return 0
-        loop = asyncio.get_running_loop()
-        got: list[int] = []
-
-        def stop(sig: signal.Signals) -> None:
-            got.append(sig)
-            w.stop.set()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, stop, sig)
         await w.run()
         return 0 if not got or got[0] == signal.SIGTERM else 130
 
@@ -174,9 +220,22 @@ def watch(ctx: typer.Context,
         code = asyncio.run(main())
     finally:
         if log_file is not None:
-            log_file.close()
+            try:
+                log_file.close()
+            except OSError:
+                pass
     if code:
         raise typer.Exit(code)
+
+
+AUTH_CLASSES = ("auth_refused",)
+
+
+def _unreachable(p: dict) -> bool:
+    """A probe that found nothing to talk to: refused/reset connections, or this machine's own
+    failure (DNS, descriptors: ``client_error``)."""
+    return p["class"] == "client_error" or (p["class"] == "http_error" and p["reason"].startswith(
+        ("ClientConnectorError", "ClientOSError", "ServerDisconnectedError")))
 
 
 def _print_round(doc: dict) -> None:

@@ -59,9 +59,12 @@ SGLANG_TRANSFER_FAILED = PREFIX + "sglang_transfer_failed_requests"
 (PD KV transfer failures as SGLang counts them; a counter value)."""
 ROUNDS = PREFIX + "rounds_total"
 """Counter: probe rounds started."""
+INTERNAL_ERRORS = PREFIX + "internal_errors_total"
+"""Counter: unexpected exceptions inside watch's loops (each is also an event; the loop goes on)."""
 ALERT_ACTIONS = PREFIX + "alert_actions_total"
 """Counter {alert, runbook, outcome}: ``--on-alert`` runbook runs (outcome ``dry_run``,
-``completed``, ``failed``, ``skipped_lock``, ``skipped_window``)."""
+``completed``, ``failed``, ``skipped_lock`` (a host's deploy lock held or not read),
+``interrupted`` (watch stopped while it ran))."""
 
 RELEASE_KEEP = 8
 """Releases per target whose probe series are kept after they stop being active."""
@@ -100,5 +103,6 @@ class WatchMetrics:
         self.transfer_failed = Gauge(SGLANG_TRANSFER_FAILED, "SGLang PD transfer + bootstrap failures (counter value).",
                                      ["target"], registry=r)
         self.rounds = Counter(ROUNDS[:-6], "Probe rounds started.", registry=r)
+        self.internal_errors = Counter(INTERNAL_ERRORS[:-6], "Unexpected exceptions inside watch's loops.", registry=r)
         self.alert_actions = Counter(ALERT_ACTIONS[:-6], "--on-alert runbook runs.", ["alert", "runbook", "outcome"],
                                      registry=r)

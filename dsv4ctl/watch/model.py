@@ -24,9 +24,13 @@ MIN_INTERVAL = 1.0
 """The cap: never more than one probe per second per target (and one in flight)."""
 DEFAULT_RELEASE_EVERY = 60.0
 """Seconds between reads of the hosts' active releases (one SSH command per host)."""
-FAILED_CLASSES = C.NO_ANSWER
+CLIENT_ERROR = "client_error"
+"""A probe this machine could not send (DNS, out of descriptors or ports): not the server's answer."""
+AUTH_REFUSED = "auth_refused"
+"""A probe answered HTTP 401/403: the API key watch sends is refused."""
+FAILED_CLASSES = C.NO_ANSWER + (CLIENT_ERROR, AUTH_REFUSED)
 """Classes that are no judged answer (counted as failed, not corrupted): HTTP errors, the PD
-transfer and bootstrap failures, stalls."""
+transfer and bootstrap failures, stalls, this machine's failures and a refused API key."""
 PROBE_MAX_TOKENS = 512
 CONDITIONS = ("corruption", "stuck")
 """``--on-alert`` conditions: ``corruption`` (the fast burn of the shipped rules, computed in
@@ -89,7 +93,8 @@ class BurnWindow:
     """The fast-burn condition of the shipped alert ``DSV4ToolCallCorruptionFastBurn``, in process:
     the corrupted share of judged probes is above ``burn`` × ``slo`` over both the ``long_s``
     window and the ``short_s`` window, with at least ``min_probes`` probes in the long one.
-    Memory: one (time, corrupted) pair per probe of the long window, per target."""
+    Memory and time per target are bounded by the number of buckets (``short_s`` / 10 seconds
+    each: 120 over the long window), whatever the probe rate or the window."""
 
     slo: float
     long_s: float = 3600.0
@@ -98,21 +103,35 @@ class BurnWindow:
     min_probes: int = 10
     _seen: dict = field(default_factory=dict)
 
+    @property
+    def bucket_s(self) -> float:
+        return max(self.short_s / 10.0, 1e-3)
+
     def add(self, target: str, t: float, corrupted: bool) -> None:
         """Record one judged probe of ``target`` at monotonic time ``t`` (seconds)."""
         q = self._seen.setdefault(target, collections.deque())
-        q.append((t, corrupted))
+        b = int(t // self.bucket_s)
+        if q and q[-1][0] == b:
+            q[-1][1] += int(corrupted)
+            q[-1][2] += 1
+        else:
+            q.append([b, int(corrupted), 1])
         self._trim(q, t)
 
     def _trim(self, q, now: float) -> None:
-        while q and q[0][0] < now - self.long_s:
+        oldest = int((now - self.long_s) // self.bucket_s)
+        while q and q[0][0] < oldest:
             q.popleft()
 
     def ratio(self, target: str, now: float, window: float) -> tuple[int, int]:
-        """(corrupted, judged) probes of ``target`` in the last ``window`` seconds."""
-        q = self._seen.get(target) or ()
-        inside = [c for t, c in q if t >= now - window]
-        return sum(inside), len(inside)
+        """(corrupted, judged) probes of ``target`` in the last ``window`` seconds (whole buckets:
+        the window's start rounds down to a bucket edge)."""
+        first = int((now - window) // self.bucket_s)
+        k = n = 0
+        for b, kb, nb in self._seen.get(target) or ():
+            if b >= first:
+                k, n = k + kb, n + nb
+        return k, n
 
     def burning(self, now: float) -> list[tuple[str, float]]:
         """Targets whose corruption burns now: [(target, long-window corrupted share)]."""

@@ -317,9 +317,13 @@ def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float
         import shlex
         head = (f"# Prometheus rules of dsv4ctl watch for {profile} (SLO {_num(slo)}: its check.max_corruption).\n"
                 f"# Printed by: dsv4ctl watch {shlex.quote(profile)} --print rules\n")
-    if profile is not None:
+    if profile is not None and ("{{" in profile or "}}" in profile):
+        profile_word = None     # Prometheus would expand it as a template: the annotations keep PROFILE
+    else:
+        profile_word = profile
+    if profile_word is not None:
         import shlex
-        word = shlex.quote(profile)
+        word = shlex.quote(profile_word)
         for group in doc["groups"]:
             for rule in group["rules"]:
                 for k, v in (rule.get("annotations") or {}).items():

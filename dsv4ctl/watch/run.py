@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +84,9 @@ class Watcher:
         self.stop = asyncio.Event()
         self._actions: set = set()
         self._first_read: Optional[asyncio.Event] = None
+        self._site = None                # the site of a release read in flight
+        self._children: set = set()      # --on-alert runbook processes running
+        self._action_tasks: set = set()  # their tasks (cancelled, and waited for, when watch stops)
         self._held: set = set()          # conditions whose run waits for a held deploy lock (said once)
         self.specs = tool_specs(TOOLS)
         for t in self.targets:
@@ -116,14 +121,15 @@ class Watcher:
             v = E.judge(result, requires_tool=True, tools=self.specs, expected=spec.expected_calls,
                         tool_choice=spec.tool_choice)
             cls, reason = v.cls, v.reason
+            if result.http_status in (401, 403):
+                cls = M.AUTH_REFUSED
         except ClientSideError as e:           # this machine's trouble (descriptors, DNS): not the server's
-            cls, reason, timing = "client_error", str(e), {"ttft_s": None, "e2e_s": None}
+            cls, reason, timing = M.CLIENT_ERROR, str(e), {"ttft_s": None, "e2e_s": None}
         finally:
             self.in_flight.pop(t.name, None)
-        rec = {"target": t.name, "release": release, "class": cls, "outcome": M.outcome(cls) if cls != "client_error"
-               else "client_error", "reason": reason, "rid": rid, "stream": s.stream,
-               "ttft_s": timing.get("ttft_s"), "e2e_s": timing.get("e2e_s")}
-        if cls != "client_error":
+        rec = {"target": t.name, "release": release, "class": cls, "outcome": M.outcome(cls), "reason": reason,
+               "rid": rid, "stream": s.stream, "ttft_s": timing.get("ttft_s"), "e2e_s": timing.get("e2e_s")}
+        if True:
             self._count(self.m.probes, (t.name, t.role, release))
             if rec["outcome"] == "corrupted":
                 self._count(self.m.corrupted, (t.name, t.role, release, cls))
@@ -173,9 +179,21 @@ class Watcher:
         while not self.stop.is_set():
             t0 = time.monotonic()
             self.m.rounds.inc()
-            await self.probe(http, t)
-            await self.evaluate()
+            await self._guarded(self.probe(http, t), f"probe of {t.name}")
+            await self._guarded(self.evaluate(), "alert evaluation")
             await self._sleep(max(0.0, self.opts.interval - (time.monotonic() - t0)))
+
+    async def _guarded(self, coro, what: str):
+        """Await ``coro``; an unexpected exception is an event and a metric, never the end of a
+        loop (a watch that stops probing silently is worse than one that crashes)."""
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:                 # noqa: BLE001 - reported, the loop goes on
+            self.m.internal_errors.inc()
+            self.opts.emit({"event": "internal_error", "where": what, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            return None
 
     async def _sleep(self, seconds: float) -> None:
         try:
@@ -198,7 +216,7 @@ class Watcher:
             for t in self.targets:
                 if t.probe:
                     self.m.stuck_now.labels(t.name).set(1 if t.name in stuck else 0)
-            await self.evaluate()
+            await self._guarded(self.evaluate(), "alert evaluation")
             await self._sleep(1.0)
 
     # --- scrapes ---------------------------------------------------------------------------
@@ -213,9 +231,11 @@ class Watcher:
                 else:
                     text = (await read_capped(r, SCRAPE_MAX)).decode("utf-8", "replace")
                     if t.source == "sglang":
-                        g = parse_sglang(text)
-                        doc.update(running=g.running, queued=g.queued, generation_tokens=g.generated,
-                                   token_usage=g.token_usage, transfer_failed=g.transfer_failed)
+                        # a big page takes seconds to parse: not on the event loop the probes time on
+                        g = await asyncio.to_thread(parse_sglang, text)
+                        doc.update({k: (v if v is None or math.isfinite(v) else None) for k, v in (
+                            ("running", g.running), ("queued", g.queued), ("generation_tokens", g.generated),
+                            ("token_usage", g.token_usage), ("transfer_failed", g.transfer_failed))})
                         self.m.running.labels(t.name).set(g.running)
                         self.m.queued.labels(t.name).set(g.queued)
                         self.m.generated.labels(t.name).set(g.generated)
@@ -223,7 +243,9 @@ class Watcher:
                             self.m.token_usage.labels(t.name).set(g.token_usage)
                         self.m.transfer_failed.labels(t.name).set(g.transfer_failed)
                     doc["up"] = True
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+        except asyncio.TimeoutError:
+            doc["error"] = "no answer within 10 s"
+        except (aiohttp.ClientError, OSError, ValueError) as e:
             doc["error"] = f"{type(e).__name__}: {str(e)[:160]}"
         self.m.scrape_up.labels(t.name, t.source).set(1 if doc["up"] else 0)
         self.scraped[t.name] = doc
@@ -232,7 +254,7 @@ class Watcher:
     async def _scrape_loop(self, http: aiohttp.ClientSession) -> None:
         while not self.stop.is_set():
             t0 = time.monotonic()
-            await asyncio.gather(*(self.scrape(http, t) for t in self.targets if t.metrics_url))
+            await self._guarded(asyncio.gather(*(self.scrape(http, t) for t in self.targets if t.metrics_url)), "scrape")
             await self._sleep(max(0.0, self.opts.scrape_every - (time.monotonic() - t0)))   # a period, not a gap
 
     # --- releases (SSH) --------------------------------------------------------------------
@@ -245,11 +267,17 @@ class Watcher:
         from ..remote import run_parallel
         hosts = sorted({t.host for t in self.targets})
         site = open_site(self.dep, Options(accept_new_host_keys=self.opts.accept_new_host_keys, dry_run=True))
+        self._site = site              # closed by stop(): a read in flight ends at once
         try:
+            if self.stop.is_set():
+                return
             res = run_parallel({h: site.transports[h] for h in hosts},
                                lambda tr: read_facts(tr, site.paths[tr.name].root), timeout=60)
         finally:
+            self._site = None
             site.close()
+        if self.stop.is_set():
+            return
         for h, r in res.items():
             if not r.ok:
                 self.m.release_errors.labels(h).inc()
@@ -321,19 +349,23 @@ class Watcher:
             book = self.opts.on_alert.get(cond)
             if book is None or not self.gate.due(cond, now) or cond in self._actions:
                 continue
+            hosts = {t.host for t in self.targets}
             held = {h: l for h, l in self.locks.items() if l}
-            if held:
+            unknown = sorted(h for h in hosts if h not in self.locks)
+            if self.opts.auto and (held or unknown):       # a dry run changes nothing: it need not wait
                 if cond not in self._held:     # said once per held lock, not on every evaluation
                     self._held.add(cond)
                     self.m.alert_actions.labels(cond, book, "skipped_lock").inc()
                     self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book,
-                                    "outcome": "skipped_lock", "why": why, "locked": sorted(held)})
+                                    "outcome": "skipped_lock", "why": why, "locked": sorted(held),
+                                    "lock_unknown": unknown})
                 continue
             self._held.discard(cond)
             self.gate.ran(cond, now)
             self._actions.add(cond)
             task = asyncio.create_task(self._run_runbook(cond, book, why))
-            task.add_done_callback(lambda _t, c=cond: self._actions.discard(c))
+            self._action_tasks.add(task)
+            task.add_done_callback(lambda _t, c=cond: (self._actions.discard(c), self._action_tasks.discard(_t)))
 
     async def _run_runbook(self, cond: str, book: str, why: str) -> None:
         argv = [sys.executable, "-m", "dsv4ctl", "runbook", "run", book, "-p", self.opts.profile_arg,
@@ -341,8 +373,20 @@ class Watcher:
         self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "started",
                         "mode": "auto" if self.opts.auto else "dry_run", "why": why})
         proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL)
-        out, _ = await proc.communicate()
+                                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self._children.add(proc)
+        try:
+            out, _ = await proc.communicate()
+        except asyncio.CancelledError:
+            # watch is stopping: the runbook is interrupted like a Ctrl-C (it records the step as
+            # interrupted, writes its report and audit record, exits 130), never left running alone
+            await self._stop_child(proc)
+            self.m.alert_actions.labels(cond, book, "interrupted").inc()
+            self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "interrupted",
+                            "exit": proc.returncode, "mode": "auto" if self.opts.auto else "dry_run", "why": why})
+            raise
+        finally:
+            self._children.discard(proc)
         outcome = ("dry_run" if not self.opts.auto else "completed") if proc.returncode == 0 else "failed"
         tail = out.decode("utf-8", "replace").strip().splitlines()[-3:]
         if self.opts.auto:          # the hosts' audit first: the event below means both are written
@@ -351,6 +395,20 @@ class Watcher:
         self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": outcome,
                         "exit": proc.returncode, "mode": "auto" if self.opts.auto else "dry_run", "why": why,
                         "output_tail": tail})
+
+    @staticmethod
+    async def _stop_child(proc, grace: float = 25.0) -> None:
+        """SIGTERM ``proc``'s process group, SIGKILL after ``grace`` seconds."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=wait)
+                return
+            except asyncio.TimeoutError:
+                continue
 
     def _audit(self, cond: str, book: str, outcome: str, code: int, why: str) -> None:
         """One audit record per target host: watch ran a runbook (best effort: a host that cannot
@@ -403,7 +461,8 @@ class Watcher:
         runner = await self.serve_metrics() if self.opts.listen else None
         self.opts.emit({"event": "started", "targets": [t.name for t in self.targets if t.probe],
                         "scraped": [t.name for t in self.targets if t.metrics_url],
-                        "listen": f"{self.opts.listen[0]}:{self.opts.listen[1]}" if self.opts.listen else None,
+                        "listen": (f"[{self.opts.listen[0]}]" if ":" in self.opts.listen[0] else self.opts.listen[0])
+                        + f":{self.opts.listen[1]}" if self.opts.listen else None,
                         "interval_s": self.opts.interval})
         http = make_client(len(self.targets) * 2, self.opts.stall_timeout, self.opts.api_key)
         tasks = []
@@ -422,9 +481,15 @@ class Watcher:
         try:
             await self.stop.wait()
         finally:
-            for task in tasks:
+            site = self._site
+            if site is not None:       # an SSH read in flight ends now, not at its 60 s timeout
+                try:
+                    site.close()
+                except Exception:      # noqa: BLE001 - closing is best effort
+                    pass
+            for task in tasks + list(self._action_tasks):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._action_tasks, return_exceptions=True)
             await http.close()
             if runner is not None:
                 await runner.cleanup()
