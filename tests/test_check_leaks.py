@@ -339,13 +339,13 @@ def test_code_ranges():
 
 # --- 10. precedence and descriptions --------------------------------------------------------------
 def test_class_order_and_descriptions():
-    assert C.CLASSES[:2] == (C.HTTP_ERROR, C.STUCK)
+    assert C.CLASSES[:4] == C.NO_ANSWER == (C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.STUCK)
     leaks = (C.DSML_IN_CONTENT, C.DSML_IN_REASONING, C.SPECIAL_TOKEN_LEAK, C.THINK_IN_CONTENT,
              C.REASONING_IN_CONTENT, C.MARKUP_IN_ARGS)
-    degenerate = (C.NGRAM_LOOP, C.EMPTY_LENGTH, C.LANGUAGE_SWITCH)
+    degenerate = (C.NGRAM_LOOP, C.EMPTY_LENGTH, C.LANGUAGE_SWITCH, C.LANGUAGE_DRIFT)
     shape = (C.LENGTH_MID_CALL, C.NO_TOOL_CALL, C.ARGS_NOT_JSON, C.EMPTY_ARGS, C.ARGS_SCHEMA)
     known = (C.WRONG_TOOL, C.MISSING_CALL, C.EXTRA_CALL, C.WRONG_ARGS)
-    assert C.CLASSES == (C.HTTP_ERROR, C.STUCK) + leaks + degenerate + shape + known
+    assert C.CLASSES == C.NO_ANSWER + leaks + degenerate + shape + known
     assert set(C.DESCRIPTIONS) == set(C.CLASSES) | {C.OK} and all(C.DESCRIPTIONS.values())
     assert C.Verdict("ok", (), "ok").notes == ()                        # the old constructor still works
 

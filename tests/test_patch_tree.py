@@ -115,7 +115,7 @@ def test_conflict_restores_the_tree_byte_for_byte(tree):
     before = snapshot(tree)
     r = cli("patch", "apply", str(tree))
     assert r.code == 1
-    assert r.err.startswith("dsv4ctl: error: ")
+    assert r.err.startswith("dsv4ctl: failed: ")       # a verdict on the tree, not an error of the command
     assert ("patch 0001-dsv4-bf16-index-k-exact-accounting.patch does not apply: "
             f"{POOL} hunk #1 @@ -50,10 +50,37 @@ (line 50)") in r.err
     assert "tree restored to" in r.err
