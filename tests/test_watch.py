@@ -26,6 +26,7 @@ from dsv4ctl.watch.run import Watcher, WatchOptions
 from dsv4ctl.watch.scrape import parse_sglang
 from dsv4ctl.watch.unit import render_unit
 from tests.conftest import DEFAULT_PROFILE, REPO, loopback, run_cli
+from tests.promserver import poll as _wait
 from tests.standin.harness import free_port, popen_standin, standin, wait_health, write_config
 
 FAST = ("--ttft-ms", "1", "--itl-ms", "0")
@@ -314,17 +315,6 @@ def _metrics(url: str) -> dict[str, float]:
             key = s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
             out[key] = s.value
     return out
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _spawn_watch(p: Path, *args: str, log: Path | None = None):
