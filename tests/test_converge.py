@@ -58,7 +58,7 @@ def test_deploy_of_the_active_release_starts_a_dead_server_and_gates_it(world):
     # the dry run lists exactly the start and the gate; nothing is started by it
     r = cli(w, "deploy", "--dry-run", "--no-preflight")
     assert r.code == 0, r.err
-    assert f"h1: start decode (not running) from {rid} (launcher)" in r.out
+    assert f"h1: start decode (not running) from {rid} (launcher)" in r.out, r.out
     assert f"wait for GET http://{w.hosts[1].address}:{w.ports['decode']}/health = 200" in r.out
     assert "h0: start" not in r.out and "h2: start" not in r.out
     assert http_status(url(w, "decode"), 0.5) == 0

@@ -430,3 +430,27 @@ def test_push_progress_off_a_terminal_is_a_plain_periodic_line(capsys, monkeypat
     lines = capsys.readouterr().err.splitlines()
     assert [ln.rsplit(",", 1)[0] for ln in lines] == ["dsv4ctl: push h0: 42 %", "dsv4ctl: push h0: 100 %"]
     assert all(ln.endswith(" s") for ln in lines)
+
+
+def test_alive_cmd_counts_a_vanished_proc_entry_as_not_running(tmp_path):
+    """The race that made a converging deploy say "nothing to do" over a killed server: ``kill -0``
+    finds the zombie, then PID 1 reaps it before its ``/proc/PID/stat`` is read. The state read
+    comes back empty (simulated by a ``sed`` on PATH that prints nothing): not running. A live
+    process with a readable state still is."""
+    p = Paths(str(tmp_path))
+    (tmp_path / "run").mkdir()
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "run" / "g.pid").write_text(f"{live.pid}\n")
+        t = LocalTransport("l")
+        assert t.run(Launcher().alive_cmd(p, "g"), check=False).code == 0
+        shadow = tmp_path / "bin"
+        shadow.mkdir()
+        (shadow / "sed").write_text("#!/bin/sh\nexit 1\n")
+        (shadow / "sed").chmod(0o755)
+        r = subprocess.run(["sh", "-c", Launcher().alive_cmd(p, "g")],
+                           env={**os.environ, "PATH": f"{shadow}:{os.environ['PATH']}"})
+        assert r.returncode != 0
+    finally:
+        live.kill()
+        live.wait()

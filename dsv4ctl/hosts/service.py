@@ -99,10 +99,13 @@ class Launcher:
                 f"echo $! > {pf}.tmp; mv -f {pf}.tmp {pf}")
 
     def alive_cmd(self, p: Paths, group: str) -> str:
-        """Exit 0 while the group's process runs (a zombie counts as exited: PID 1 may not reap)."""
+        """Exit 0 while the group's process runs. A zombie counts as exited (PID 1 may not reap),
+        and so does a process whose ``/proc`` entry vanishes between ``kill -0`` and the read of
+        its state (a zombie reaped in between: an empty state is not "running")."""
         pf = q(p.pidfile(group))
         return (f"[ -f {pf} ] && pid=$(cat {pf}) && kill -0 $pid 2>/dev/null && "
-                f"[ \"$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -c1)\" != Z ]")
+                f"{{ [ ! -r /proc/self/stat ] || {{ st=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -c1); "
+                f"[ -n \"$st\" ] && [ \"$st\" != Z ]; }}; }}")
 
 
 class Systemd:
