@@ -6,6 +6,11 @@ HTTP (SGLang 0.5.23's ``DeepSeekRecipeOutputParser`` on the V4 tokenizer, JSON a
 is classified with the test's expected calls as the known answer, and the gate's verdict must
 agree with SGLang's own expectation: *ok* exactly when what a client received is what the SGLang
 test expects. Disagreements kept on purpose are listed in :data:`KEPT` with the reason.
+
+The other direction: the answer SGLang's test expects (a correct server's output, built from the
+expectation) is judged too, and no legitimate example whose arguments conform to its tool's schema
+may be flagged (:func:`test_legitimate_answers_are_not_flagged`). ``benchmarks/check_corpus.py``
+prints per-class precision and recall on the same corpus.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ CASES = CORPUS["cases"]
 
 SCHEMA = "the gate is stricter on purpose: SGLang's detector test accepts a call whose arguments break the declared schema; an agent cannot run it"
 TRUNCATED = "the gate is stricter on purpose: the test accepts a partial call cut by max_tokens; a client gets arguments that are not JSON"
-CONTENT_ONLY = "the served path changed only prose (quoted markup removed) and the test pins the exact content; no client-visible sign without the expected text"
 KEPT = {
     "test_deepseekv32_strict_dsml.py::TestWellFormedBodiesUnchanged.test_parameter_shapes#v32-nested / quotes / <> / newline": SCHEMA,
     "test_deepseekv32_strict_dsml.py::TestWellFormedBodiesUnchanged.test_parameter_shapes#v4-nested / quotes / <> / newline": SCHEMA,
@@ -40,11 +44,6 @@ KEPT = {
     "test_deepseekv4_streaming_robustness.py::TestFalsePositiveDSMLDetection.test_dsml_prefix_without_invoke_across_deltas":
         "the gate is stricter on purpose: a bare '｜DSML｜' in content is markup a client should never see, "
         "even without an invoke after it",
-    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#3": CONTENT_ONLY,
-    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#3-quoted_only": CONTENT_ONLY,
-    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#4": CONTENT_ONLY,
-    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_quoted_dsml_is_not_executed_or_removed#4-quoted_only": CONTENT_ONLY,
-    "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_opt_in_marker_policy_does_not_filter_ordinary_text": CONTENT_ONLY,
     "test_deepseekv4_detector.py::TestDeepSeekV4Streaming.test_non_strict_duplicate_parameters_retain_legacy_behavior":
         "the gate is stricter on purpose: arguments that name a key twice are ambiguous (JSON parsers "
         "disagree on which value wins, so the tool may run with the other one)",
@@ -52,7 +51,13 @@ KEPT = {
         "the SGLang test pins open bug #33813 (it expects the preamble dropped); the served path keeps it, "
         "which is the correct answer, and the gate says ok",
 }
-"""Case id -> why the gate's verdict differs from SGLang's expectation on purpose."""
+"""Case id -> why the gate's verdict differs from SGLang's expectation on purpose: schema
+violations, arguments that are not JSON or repeat a key (the gate may flag them), a bare DSML token
+in content, and one SGLang test that pins a bug."""
+
+AGREE_AT_LEAST = 508
+"""Verdicts (JSON and SSE, two per case) that agree with SGLang's expectations: 498 of 532 before
+the classifier judged quoted markup cut out of prose (``markup_cut``); 508 now (254 of 266 cases). Never lower it."""
 
 
 def _post(url: str, body: dict) -> bytes:
@@ -147,4 +152,65 @@ def test_gate_agrees_with_sglang_expectations_case_by_case(server):
         print("DISAGREE", k, x)
     assert served_changed == []                   # the recorded served output still holds
     assert disagree == {}
-    assert agree == 2 * (len(CASES) - len(KEPT))
+    assert agree == 2 * (len(CASES) - len(KEPT)) >= AGREE_AT_LEAST
+
+
+def legitimate_turn(case: dict):
+    """The answer SGLang's test expects, as a client would receive it from a correct server, or
+    None when the test does not pin it (an error, calls without arguments, or neither content nor
+    calls)."""
+    e = case["expect"]
+    calls = e.get("calls")
+    if e.get("error") or calls is None or any(c.get("arguments") is None for c in calls):
+        return None
+    if e.get("content") is None and not calls:
+        return None
+    return C.TurnResult(content=e.get("content") or "", reasoning=e.get("reasoning") or case["served"]["reasoning"] or "",
+                        tool_calls=[C.ToolCall(i, f"call_{i}", c["name"], json.dumps(c["arguments"], ensure_ascii=False))
+                                    for i, c in enumerate(calls)],
+                        finish_reason="tool_calls" if calls else "stop")
+
+
+def conforms(case: dict) -> bool:
+    """Every expected call names a declared tool and its arguments are valid against that tool's
+    JSON schema (checked with jsonschema directly, not with the classifier)."""
+    import jsonschema
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in case["tools"]}
+    for c in case["expect"]["calls"]:
+        if c["name"] not in schemas:
+            return False
+        if next(jsonschema.Draft202012Validator(schemas[c["name"]]).iter_errors(c["arguments"]), None) is not None:
+            return False
+    return True
+
+
+PASSTHROUGH = ("malformed", "trailing_text", "stray_prose")
+"""Test names of SGLang's strict-mode detector tests that expect a malformed DSML block dropped and
+passed to ``content`` as raw markup: the model's call is lost and the client sees DSML, which the
+gate flags (``dsml_in_content``) on purpose."""
+
+
+def test_legitimate_answers_are_not_flagged():
+    """What SGLang's tests expect a correct server to deliver, judged with the known answer: every
+    answer whose arguments conform to the tool's schema is ok (literal DSML or think tags inside
+    well-formed arguments, DSML quoted in prose or in a code span that spans lines); flagged are
+    only schema violations and the malformed blocks SGLang passes through as text."""
+    judged, flagged = 0, {}
+    for case in CASES:
+        turn = legitimate_turn(case)
+        if turn is None:
+            continue
+        judged += 1
+        want = case["expect"]["calls"]
+        v = E.judge(turn, requires_tool=bool(want), tools=C.tool_specs(case["tools"]), expected=want,
+                    thinking_requested=bool(case.get("thinking")))
+        if v.ok:
+            continue
+        if not conforms(case):
+            assert v.cls in (C.ARGS_SCHEMA, C.EMPTY_ARGS), (case["id"], v)
+        elif any(w in case["test"] for w in PASSTHROUGH):
+            assert v.cls == C.DSML_IN_CONTENT, (case["id"], v)
+        else:
+            flagged[case["id"]] = (v.cls, v.reason)
+    assert judged == 142
+    assert flagged == {}

@@ -58,6 +58,7 @@ SPECIAL_TOKEN_LEAK = "special_token_leak"
 THINK_IN_CONTENT = "think_in_content"
 REASONING_IN_CONTENT = "reasoning_in_content"
 MARKUP_IN_ARGS = "markup_in_args"
+MARKUP_CUT = "markup_cut"
 NGRAM_LOOP = "ngram_loop"
 EMPTY_LENGTH = "empty_length"
 LANGUAGE_SWITCH = "language_switch"
@@ -75,7 +76,7 @@ WRONG_ARGS = "wrong_args"
 CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK,
            # markup leaks: the parser (or the template) let model markup through
            DSML_IN_CONTENT, DSML_IN_REASONING, SPECIAL_TOKEN_LEAK, THINK_IN_CONTENT, REASONING_IN_CONTENT,
-           MARKUP_IN_ARGS,
+           MARKUP_IN_ARGS, MARKUP_CUT,
            # degenerate generation: usually the root cause of a call-shape failure on the same turn
            NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH, LANGUAGE_DRIFT,
            # call shape
@@ -111,6 +112,7 @@ DESCRIPTIONS = {
     THINK_IN_CONTENT: "reasoning tags in content",
     REASONING_IN_CONTENT: "thinking requested but reasoning merged into content",
     MARKUP_IN_ARGS: "DSML, think tags or special tokens inside tool-call arguments",
+    MARKUP_CUT: "quoted markup cut out of content (it ends in an open quote, code span or fence, or holds an empty code span)",
     NGRAM_LOOP: "the output repeats itself (a loop)",
     EMPTY_LENGTH: "answer turn cut at the length limit with empty content",
     LANGUAGE_SWITCH: "the answer switches script mid-answer",
@@ -548,6 +550,11 @@ _TICKS_RE = re.compile(r"`+")
 _BLANK_LINE_RE = re.compile(r"\n[ \t]*\n")
 CODE_SPAN = "a code span"
 FENCED_BLOCK = "a fenced code block"
+QUOTES = "quotes"
+_QUOTE_PAIRS = {"'": "'", '"': '"', "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb",
+                "\u300c": "\u300d", "\u300e": "\u300f"}
+# one tag quoted in prose: an opening quote, one <...> on one line, the matching closing quote
+_QUOTED_TAG_RE = re.compile("|".join(f"{re.escape(a)}<[^<>\n]{{1,200}}>{re.escape(b)}" for a, b in _QUOTE_PAIRS.items()))
 
 
 def _fences(text: str) -> list[tuple[int, int, str]]:
@@ -601,13 +608,41 @@ def code_ranges(text: str) -> list[tuple[int, int, str]]:
                 j = same[p]
                 q = bisect_left(blanks, e)
                 r = bisect_left(newlines, e)
-                one_line = e - s > 1 or r == len(newlines) or newlines[r] >= runs[j][0]
+                one_line = (e - s > 1 or r == len(newlines) or newlines[r] >= runs[j][0]
+                            or (text[e:e + 1] == "<" and text[runs[j][0] - 1:runs[j][0]] == ">"))
                 if one_line and (q == len(blanks) or blanks[q] >= runs[j][0]):   # a quote stays on its line
                     spans.append((s, runs[j][1], CODE_SPAN))
                     k = j + 1
                     continue
             k += 1
     return sorted(fences + spans)
+
+
+def quoted_tag_ranges(text: str, code: Optional[list[tuple[int, int, str]]] = None) -> list[tuple[int, int, str]]:
+    """``(start, end, QUOTES)`` of single tags quoted in prose: an opening quote (``'``, ``"``,
+    ``“``, ``‘``, ``«``, ``「``, ``『``) directly before one ``<…>`` on one line and the matching
+    closing quote directly after it (``'<｜DSML｜tool_calls>'``), outside the ``code`` ranges (default
+    :func:`code_ranges`). A leaked block is never one quoted tag: it has several tags over several
+    lines."""
+    if "<" not in text:
+        return []
+    code = code_ranges(text) if code is None else code
+    starts = [r[0] for r in code]
+    out = []
+    for m in _QUOTED_TAG_RE.finditer(text):
+        i = bisect_right(starts, m.start()) - 1
+        if (i >= 0 and code[i][1] > m.start()) or (i + 1 < len(code) and code[i + 1][0] < m.end()):
+            continue                      # overlaps a code range: that range decides
+        out.append((m.start(), m.end(), QUOTES))
+    return out
+
+
+def _quoting_ranges(text: str) -> list[tuple[int, int, str]]:
+    """Sorted, disjoint ranges that quote markup: code spans, closed fenced blocks and single tags
+    in quotes."""
+    code = code_ranges(text)
+    tags = quoted_tag_ranges(text, code)
+    return sorted(code + tags) if tags else code
 
 
 def _scan_markup(text: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
@@ -622,7 +657,7 @@ def _scan_markup(text: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]
         if kind in found:
             continue
         if ranges is None:
-            ranges = code_ranges(text)
+            ranges = _quoting_ranges(text)
             starts = [r[0] for r in ranges]
         i = bisect_right(starts, m.start()) - 1
         if i >= 0 and ranges[i][1] >= m.end():
@@ -662,6 +697,70 @@ def _markup_in_value(value: Any, allowed: tuple[str, ...]) -> Optional[tuple[str
             stack.extend(reversed(items))
         elif isinstance(v, list):
             stack.extend(reversed([(f"{path}[{i}]", x) for i, x in enumerate(v)]))
+    return None
+
+
+# --- quoted markup cut out of content ------------------------------------------------------------
+_OPENERS = "`'\"\u201c\u2018\u00ab\u300c\u300e"    # ` ' " “ ‘ « 「 『
+_EMPTY_SPAN_RE = re.compile(r"(?<![`\S])``(?![`\w])")
+
+
+def find_markup_cut(text: str, *, at_end: bool = True) -> Optional[str]:
+    """Why ``text`` (a turn's ``content``) looks like quoted markup was cut out of it, or None.
+
+    SGLang 0.5.23's served path recognises DSML and ``</think>`` by token id, also when the model
+    only quotes them in prose: the parser cuts the content at the quoted tag (and may execute a
+    quoted example as the call) or drops the tag, and the client gets prose that opens a quote and
+    never closes it. Signs, outside code spans and closed fenced blocks: with ``at_end`` (pass False
+    when the turn ended with ``finish_reason`` length), the text ends with a fence opener line
+    (```` ```xml ````, ``~~~``) that nothing closes, or with an opening quote or backtick (a
+    backtick, ``'`` or ``"`` after a space, a line start or ``:``, ``(``; ``“``, ``‘``, ``«``,
+    ``「``, ``『`` anywhere) that nothing closes; anywhere, a lone empty code span (````` `` `````
+    between spaces: the quoted tag was removed)."""
+    body = text.rstrip()
+    if at_end and body:
+        opener = _open_fence_at_end(body)
+        if opener is not None:
+            return f"content ends with an open fence {opener!r}"
+        last = body[-1]
+        if last in _OPENERS:
+            before = body[-2] if len(body) > 1 else "\n"
+            if last in "`'\"" and not (before.isspace() or before in ":("):
+                last = ""
+            elif last == "`":
+                ranges = code_ranges(body)
+                if ranges and ranges[-1][1] == len(body):
+                    last = ""             # it closes a span
+            if last:
+                return f"content ends with an open quote {body[-20:]!r}"
+    if "``" in text:
+        ranges = code_ranges(text)
+        starts = [r[0] for r in ranges]
+        for m in _EMPTY_SPAN_RE.finditer(text):
+            i = bisect_right(starts, m.start()) - 1
+            if i >= 0 and ranges[i][1] > m.start():
+                continue
+            a = max(0, m.start() - 20)
+            return f"content holds an empty code span {text[a:m.end() + 20]!r}"
+    return None
+
+
+def _open_fence_at_end(text: str) -> Optional[str]:
+    """The fence opener line that ends ``text`` when no fence closes it (CommonMark pairing as in
+    :func:`_fences`), else None."""
+    if "```" not in text and "~~~" not in text:
+        return None
+    open_ = None
+    for m in _FENCE_RE.finditer(text):
+        f, info = m.group(1), m.group(2)
+        if open_ is None:
+            if f[0] == "`" and "`" in info:
+                continue
+            open_ = (m, f[0], len(f))
+        elif f[0] == open_[1] and len(f) >= open_[2] and not info.strip():
+            open_ = None
+    if open_ is not None and open_[0].end() >= len(text):
+        return open_[0].group().strip()
     return None
 
 
@@ -908,7 +1007,7 @@ def find_language_switch(text: str) -> Optional[Switch]:
 # --- the classifier -----------------------------------------------------------------------------
 def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec],
              thinking_requested: bool = False, allowed_markup: Iterable[str] = (),
-             expected_script: Optional[str] = None) -> Verdict:
+             expected_script: Optional[str] = None, calls_match_known_answer: bool = False) -> Verdict:
     """Classify one turn. ``requires_tool``: the workload required at least one tool call.
 
     ``thinking_requested``: the request asked for thinking (``chat_template_kwargs.thinking`` or a
@@ -918,6 +1017,10 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
     told to write); every occurrence is removed before the arguments are scanned for markup.
     ``expected_script``: the script the prompt asked the answer in (``Latin`` for an English
     prompt); content mostly in another one is ``language_drift`` (None: not judged).
+    ``calls_match_known_answer``: the caller compared the delivered calls with the turn's known
+    answer and they match (:func:`.expect.judge`), so literal markup inside arguments that parse as
+    JSON is what the agent asked for (a heredoc, code that prints DSML), not a leak; arguments that
+    are not JSON are still scanned.
 
     Returns a Verdict whose ``flags`` lists every class that applies, in :data:`CLASSES` order,
     and whose ``cls`` is the first (``ok`` if none); ``notes`` lists markup quoted in code spans or
@@ -945,6 +1048,9 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
     if "think" in found:
         flags[THINK_IN_CONTENT] = f"{found['think']!r} in content"
     notes += [f"quoted {_MARKUP_LABELS[k]} {x!r} in {where}" for k, (x, where) in quoted.items() if k not in found]
+    cut = find_markup_cut(content, at_end=turn.finish_reason != "length") if content else None
+    if cut:
+        flags[MARKUP_CUT] = cut
     if reasoning:
         rfound, rquoted = _scan_markup(reasoning)
         x = rfound.get("dsml") or rfound.get("v31")
@@ -990,7 +1096,7 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
                 if hit:
                     flags[MARKUP_IN_ARGS] = f"{label}: {hit!r} in the raw arguments"
             continue
-        if args is not None and MARKUP_IN_ARGS not in flags:
+        if args is not None and MARKUP_IN_ARGS not in flags and not calls_match_known_answer:
             at = _markup_in_value(args, allowed)
             if at:
                 flags[MARKUP_IN_ARGS] = f"{label}: {at[1]!r} in argument {at[0]}"

@@ -147,11 +147,16 @@ def judge(turn: C.TurnResult, *, requires_tool: bool, tools: dict[str, C.ToolSpe
     """The full verdict on one turn: :func:`.classify.classify` (shape and leaks) merged with
     :func:`check_turn` (known answer and named ``tool_choice``). ``expected`` None: a free-form turn,
     judged by shape only. Argument strings of the known answer may hold markup-like text; what the
-    known answer itself contains is allowed in the delivered arguments (``allowed_markup``)."""
+    known answer itself contains is allowed in the delivered arguments (``allowed_markup``), and when
+    the delivered calls match the known answer (names, count, and arguments where it gives them),
+    literal markup inside well-formed JSON arguments is legitimate (``calls_match_known_answer``):
+    schema and duplicate-key checks still apply."""
     allowed = tuple(_strings(expected)) if expected else ()
+    extra = check_turn(expected, tool_choice, turn.tool_calls)
     v = C.classify(turn, requires_tool=requires_tool, tools=tools, thinking_requested=thinking_requested,
-                   allowed_markup=allowed, expected_script=expected_script)
-    return merge_verdict(v, check_turn(expected, tool_choice, turn.tool_calls))
+                   allowed_markup=allowed, expected_script=expected_script,
+                   calls_match_known_answer=expected is not None and not extra)
+    return merge_verdict(v, extra)
 
 
 def _strings(v: Any) -> Iterable[str]:
