@@ -410,3 +410,78 @@ def test_a_loop_of_identical_fenced_blocks_is_a_loop():
 def test_printable_neutralises_terminal_escapes():
     from dsv4ctl.render import printable
     assert printable("a\x1b[2J\x1b]0;PWNED\x07b\tc\nd\x9b") == "a\\x1b[2J\\x1b]0;PWNED\\x07b\tc\nd\\u009b"
+
+
+# --- quoted markup cut out of prose (SGLang's served path cuts at a quoted DSML or think token) ---------
+@pytest.mark.parametrize("content,finish,calls", [
+    ("Example:\n```xml", "tool_calls", 1),           # a quoted example executed: the fence is left open
+    ("Example:\n~~~xml\n", "tool_calls", 1),
+    ("Example: `", "tool_calls", 1),
+    ("Example: '", "stop", 0),                       # '<｜DSML｜toolcalls>' cut out of the prose
+    ("Example: \u201c", "stop", 0),
+    ("Literal `<think>` and `` in an explanation.", "stop", 0),   # `</think>` dropped: an empty span
+])
+def test_quoted_markup_cut_out_of_content_is_markup_cut(content, finish, calls):
+    tcs = [C.ToolCall(0, "c", "read_file", '{"path": "a.py"}')] * calls
+    v = verdict(content, tool_calls=tcs, finish_reason=finish, requires_tool=bool(calls))
+    assert v.cls == C.MARKUP_CUT and v.flags == (C.MARKUP_CUT,), v
+
+
+@pytest.mark.parametrize("content", [
+    "The answer is 'yes'", "Run `ls` then `pwd`", "He said \u201chi\u201d", "the users' files",
+    "```py\nprint(1)\n```", "Use ``a ` b`` here.", "Example: \"x\"", "Ends with a colon:",
+    "a``b", "See ``code`` and more.", "Type `` ` `` for a backtick.", "```\ncode\n```",
+])
+def test_prose_that_closes_its_quotes_is_not_cut(content):
+    v = verdict(content)
+    assert v.ok, v
+
+
+def test_an_open_quote_at_the_length_cap_is_not_cut():
+    assert verdict("Example:\n```xml", finish_reason="length").ok
+    assert C.find_markup_cut("Example: '", at_end=False) is None
+
+
+@pytest.mark.parametrize("content", [
+    f"Example: '<{FW}DSML{FW}toolcalls>'",
+    f"Example: \u201c<{FW}DSML{FW}toolcalls>\u201d",
+    f"The closer is \"</{FW}DSML{FW}parameter>\" and the opener \u00ab<{FW}DSML{FW}invoke name=\"x\">\u00bb.",
+    f"Example: `<{FW}DSML{FW}tool_calls>\n<{FW}DSML{FW}invoke name=\"get_weather\">\n</{FW}DSML{FW}invoke>\n</{FW}DSML{FW}tool_calls>`",
+])
+def test_one_tag_in_ordinary_quotes_or_a_block_in_backticks_is_a_quote(content):
+    v = verdict(content)
+    assert v.ok and v.notes and "quoted DSML" in v.notes[0], v
+
+
+@pytest.mark.parametrize("content", [
+    f"It's <{FW}DSML{FW}tool_calls>\n<{FW}DSML{FW}invoke name=\"x\">\n</{FW}DSML{FW}invoke>\n</{FW}DSML{FW}tool_calls> isn't it",
+    f"'<{FW}DSML{FW}tool_calls>\n<{FW}DSML{FW}invoke name=\"x\">'",                        # quotes over two tags
+    f"Run `ls`\n<{FW}DSML{FW}invoke name=\"x\">\n</{FW}DSML{FW}invoke> then `pwd`",           # spans around a leak
+    f"'<{FW}DSML{FW}invoke name=\"x\">",                                                     # no closing quote
+])
+def test_quotes_that_do_not_hug_one_tag_do_not_hide_a_leak(content):
+    assert verdict(content).cls == C.DSML_IN_CONTENT
+
+
+def test_markup_in_well_formed_arguments_is_legitimate_when_the_calls_match_the_known_answer():
+    from dsv4ctl.check import expect as E
+    args = {"command": f"cat <<'EOF'\n</{FW}DSML{FW}parameter |\nEOF", "timeout_s": 5}
+    turn = C.TurnResult(tool_calls=[run_command(args)], finish_reason="tool_calls")
+    assert E.judge(turn, requires_tool=True, tools=SPECS, expected=[{"name": "run_command", "arguments": args}]).ok
+    assert E.judge(turn, requires_tool=True, tools=SPECS, expected=[{"name": "run_command", "arguments": None}]).ok
+    assert E.judge(turn, requires_tool=True, tools=SPECS).cls == C.MARKUP_IN_ARGS        # free-form: a leak
+    other = E.judge(turn, requires_tool=True, tools=SPECS,
+                    expected=[{"name": "run_command", "arguments": {"command": "ls", "timeout_s": 5}}])
+    assert other.flags == (C.MARKUP_IN_ARGS, C.WRONG_ARGS)                              # not the answer: both
+    dup = C.TurnResult(tool_calls=[run_command('{"command": "ls", "command": "pwd", "timeout_s": 5}')])
+    assert E.judge(dup, requires_tool=True, tools=SPECS,
+                   expected=[{"name": "run_command", "arguments": None}]).cls == C.ARGS_NOT_JSON
+
+
+def test_empty_arguments_follow_the_schema():
+    none_required = C.tool_specs([{"type": "function", "function": {"name": "list_open_files",
+                                                                    "parameters": {"type": "object", "properties": {}}}}])
+    call = C.ToolCall(0, "c", "list_open_files", "{}")
+    assert C.classify(C.TurnResult(tool_calls=[call]), requires_tool=True, tools=none_required).ok
+    req = C.ToolCall(0, "c", "run_command", "{}")
+    assert verdict(tool_calls=[req], requires_tool=True).cls == C.EMPTY_ARGS
