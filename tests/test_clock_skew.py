@@ -208,7 +208,7 @@ def test_since_is_one_rule_for_audit_and_diagnose():
     """``audit --since 1h`` was refused while ``diagnose --since 30m`` worked: one parser now."""
     from dsv4ctl.commands.day2 import _since
     from dsv4ctl.errors import InputError
-    from dsv4ctl.hosts.clock import parse_since
+    from dsv4ctl.commands.options import since as parse_since
     now = datetime(2026, 12, 4, 12, 0, 0, tzinfo=timezone.utc)
     assert parse_since("90m", now) == datetime(2026, 12, 4, 10, 30, tzinfo=timezone.utc)
     assert parse_since("2026-12-01", now) == datetime(2026, 12, 1, tzinfo=timezone.utc)

@@ -16,7 +16,7 @@ def test_unreachable_host_exit_3_with_the_document(cli):
 
 
 def test_bad_inputs_exit_2(cli):
-    for args, msg in ((["--window", "nan"], "--window nan: expected seconds in [0, 300]"),
+    for args, msg in ((["--window", "nan"], "--window 'nan': expected a duration such as 500ms, 90s, 15m, 2h or 1d"),
                       (["--lines", "0"], "--lines 0: expected 1..100000"),
                       (["--since", "yesterday"], "--since 'yesterday': expected a duration"),
                       (["-g", "nope"], "--group 'nope': not a server group of dsv4-flash-8xb200-pd (decode, prefill)")):

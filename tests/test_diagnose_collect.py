@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from dsv4ctl.diagnose.collect import MARK, host_command, parse_host, parse_since, process_facts, since_filter
+from dsv4ctl.commands.options import since as parse_since
+from dsv4ctl.diagnose.collect import MARK, host_command, parse_host, process_facts, since_filter
 from dsv4ctl.errors import InputError
 from dsv4ctl.runbook.actions import summarize_diagnosis
 

@@ -19,18 +19,22 @@ def run(capsys, *args: str) -> tuple[int, str]:
     return code, err
 
 
-SECONDS = "expected a finite number of seconds > 0"
+SECONDS = "expected a duration such as 500ms, 90s, 15m, 2h or 1d"
 CASES = [
     # before: accepted. (deploy/rollback/hicache --health-timeout: the release branch checks them)
     # before: a traceback (OverflowError) for inf, a query with a negative timeout for -5
-    (("hicache", "status", "--timeout", "inf"), f"--timeout inf: {SECONDS}"),
-    (("hicache", "status", "--timeout", "-5"), f"--timeout -5.0: {SECONDS}"),
-    (("status", NOPE, "--timeout", "nan"), f"--timeout nan: {SECONDS}"),
-    (("status", NOPE, "--timeout", "7200"), "--timeout 7200.0: expected seconds in 0..3600"),
-    (("logs", "decode", NOPE, "--interval", "0.01"), "--interval 0.01: expected seconds in 0.05..3600"),
+    (("hicache", "status", "--timeout", "inf"), f"--timeout 'inf': {SECONDS}"),
+    (("hicache", "status", "--timeout", "-5"), f"--timeout '-5': {SECONDS}"),
+    (("status", NOPE, "--timeout", "nan"), f"--timeout 'nan': {SECONDS}"),
+    (("status", NOPE, "--timeout", "7200"), "--timeout '7200': expected more than 0s, at most 1h"),
+    (("status", NOPE, "--timeout", "2h"), "--timeout '2h': expected more than 0s, at most 1h"),
+    (("logs", "decode", NOPE, "--interval", "0.01"), "--interval '0.01': expected 50ms..1h"),
     (("logs", "decode", NOPE, "-n", "0"), "-n/--lines must be in 1..100,000"),
-    (("check", "smoke", "http://127.0.0.1:9", "--timeout", "1e300"), "--timeout 1e+300: expected seconds in 0..86400"),
-    (("check", "load", "http://127.0.0.1:9", "--turn-timeout", "1e300"), "--turn-timeout 1e+300: expected seconds in 0..86400"),
+    (("check", "smoke", "http://127.0.0.1:9", "--timeout", "1e300"), f"--timeout '1e300': {SECONDS}"),
+    (("check", "load", "http://127.0.0.1:9", "--turn-timeout", "2d"), "--turn-timeout '2d': expected more than 0s, at most 1d"),
+    (("diagnose", NOPE, "--window", "6m"), "--window '6m': expected 0s..5m"),
+    (("audit", NOPE, "--since", "90"), "--since '90': expected a duration (15m, 2h) or an ISO time (2026-12-01T21:00:00Z) "
+                                       "(a plain number needs a unit: 90s, 15m)"),
     (("check", "load", "http://127.0.0.1:9", "--answer-words", "99999999999"), "--answer-words must be in 1..100,000"),
     (("check", "load", "http://127.0.0.1:9", "--max-corruption", "nan"), "--max-corruption must be in [0, 1)"),
     (("deploy", NOPE, "--promote", "--turns", "99999999999"), "--turns must be in 1..10000"),
@@ -48,13 +52,21 @@ def test_number_options_are_checked_before_anything(capsys, args, msg):
 
 
 def test_checker_functions():
-    assert O.seconds(None, "--x") is None and O.seconds(5, "--x") == 5.0
-    assert O.seconds(0.05, "--x", lo=0.05) == 0.05
-    for bad in (float("nan"), float("inf"), float("-inf"), 0, -1e-9, True, "5"):
-        with pytest.raises(InputError, match="expected a finite number of seconds > 0"):
-            O.seconds(bad, "--x")
-    with pytest.raises(InputError, match=r"--x 86401.0: expected seconds in 0..86400"):
-        O.seconds(86401.0, "--x")
+    assert O.duration(None, "--x") is None and O.duration(5, "--x") == 5.0 == O.duration("5", "--x")
+    assert O.duration(0.05, "--x", lo=0.05) == 0.05 == O.duration("50ms", "--x", lo=0.05)
+    assert [O.duration(v, "--x") for v in ("500ms", "90s", "15m", "2h", "1d", "2.5", " 3 m ")] == \
+        [0.5, 90.0, 900.0, 7200.0, 86400.0, 2.5, 180.0]
+    assert O.duration("0", "--w", zero=True) == 0.0
+    for bad in (float("nan"), float("inf"), float("-inf"), -1e-9, True, "-5", "nan", "1e3", "5 min", "1h30m", ""):
+        with pytest.raises(InputError, match="expected a duration such as 500ms, 90s, 15m, 2h or 1d"):
+            O.duration(bad, "--x")
+    for bad in (0, "0", "0s"):
+        with pytest.raises(InputError, match="expected more than 0s, at most 1d"):
+            O.duration(bad, "--x")
+    with pytest.raises(InputError, match=r"^--x 86401.0: expected more than 0s, at most 1d$"):
+        O.duration(86401.0, "--x")
+    with pytest.raises(InputError, match=r"^--x '25h': expected 1s..1d$"):
+        O.duration("25h", "--x", lo=1)
     assert O.integer(1, "--n", 1, 3) == 1 and O.integer(None, "--n", 1, 3) is None
     for bad in (0, 4, True, 2.0):
         with pytest.raises(InputError, match=r"^--n must be in 1..3$"):
@@ -162,13 +174,13 @@ def test_health_timeout_is_checked_by_the_one_seconds_rule(capsys):
     from dsv4ctl.commands.deploy import MAX_HEALTH_TIMEOUT, check_health_timeout
     for v in (float("nan"), -5.0, float("inf"), 0, 86401.0, True):
         with pytest.raises(InputError) as want:
-            O.seconds(v, "--health-timeout", hi=MAX_HEALTH_TIMEOUT)
+            O.duration(v, "--health-timeout", hi=MAX_HEALTH_TIMEOUT)
         with pytest.raises(InputError) as got:
             check_health_timeout(v)
         assert str(got.value) == str(want.value)
     assert check_health_timeout(None) is None and check_health_timeout(30) == 30.0
     code, err = run(capsys, "deploy", NOPE, "--health-timeout", "90000", "--dry-run")
-    assert code == 2 and err.strip() == "dsv4ctl: error: --health-timeout 90000.0: expected seconds in 0..86400"
+    assert code == 2 and err.strip() == "dsv4ctl: error: --health-timeout '90000': expected more than 0s, at most 1d"
 
 
 def test_capped_file_reads_have_one_home(tmp_path, monkeypatch):
@@ -214,3 +226,18 @@ def test_client_errors_are_worded_from_one_table():
     assert D.describe_client_error(aiohttp.ClientPayloadError("Response payload is not completed"), url) == (
         "protocol", "127.0.0.1:9: GET /v1/models: broken HTTP body (Response payload is not completed)")
     assert [row[0] for row in D.CLIENT_ERROR_TEXTS][:2] == [aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError]
+
+
+def test_since_takes_the_duration_spellings_and_iso_times():
+    """Issue 31: ``--since`` (audit, diagnose) is a duration back from now in the one duration
+    rule's spellings (500ms..1d, at most a year) or an ISO date or time, the forms any command took."""
+    from datetime import datetime, timezone
+    now = datetime(2026, 12, 4, 12, 0, 0, tzinfo=timezone.utc)
+    assert O.since("90m", now) == O.since("1.5h", now) == datetime(2026, 12, 4, 10, 30, tzinfo=timezone.utc)
+    assert O.since("500ms", now) == datetime(2026, 12, 4, 11, 59, 59, 500000, tzinfo=timezone.utc)
+    for iso in ("2026-12-01", "20261201", "2026-12-01T00", "2026-12-01 00:00", "2026-12-01T00:00:00Z"):
+        assert O.since(iso, now) == datetime(2026, 12, 1, tzinfo=timezone.utc), iso
+    for bad, msg in (("90", "a plain number needs a unit"), ("367d", "at most a year back"), ("-1h", "expected a duration"),
+                     ("yesterday", "expected a duration")):
+        with pytest.raises(InputError, match=msg):
+            O.since(bad, now)

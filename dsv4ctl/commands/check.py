@@ -26,7 +26,8 @@ def _profile_targets(profile: str):
 
 from .options import MAX_ANSWER_WORDS, MAX_MIN_REQUESTS, MAX_TURNS  # noqa: E402  (the limits' one home)
 from .options import concurrency_levels as _parse_levels  # noqa: E402
-from .options import seconds as _seconds  # noqa: E402
+from .options import duration as _duration  # noqa: E402
+from .options import duration_option  # noqa: E402
 
 
 def check_secrets(api_key: Optional[str], dep=None) -> set[str]:
@@ -129,7 +130,7 @@ def smoke(
     worker: Optional[list[str]] = typer.Option(None, "--worker", metavar="URL",
                                                help="A worker behind the URL (repeat): health and server_info are read from it, not from the URL (default: the URL itself, or the workers a gateway at the URL lists)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first of /v1/models)."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Seconds for each probe's complete answer (and without progress) before it fails."),
+    timeout: float = duration_option(60.0, "--timeout", help="How long each probe may take for its complete answer (and without progress) before it fails (60, 90s, 5m; at most 1d)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
                                           help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --profile else the serve config's api-key); never printed."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
@@ -154,7 +155,7 @@ def smoke(
         raise InputError("check smoke: give a URL or --profile (not both)")
     if worker and profile:
         raise InputError("check smoke: --worker goes with a URL (with --profile the workers are its server groups)")
-    _seconds(timeout, "--timeout")
+    _duration(timeout, "--timeout")
     _check_api_key(api_key)
     dep = None
     if profile:
@@ -208,9 +209,9 @@ def load(
     turns: Optional[int] = typer.Option(None, "--turns", help="Turns per session, 1..10000 (default 8; the last is a long answer)."),
     min_requests: Optional[int] = typer.Option(None, "--min-requests", help="Turns per level at least (default: enough for 0 failures to pass the gate, 381 at 1 %)."),
     stream: str = typer.Option("mixed", "--stream", help="on | off | mixed (even sessions stream)."),
-    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", help="Seconds without a byte before a turn is stuck (default 60)."),
-    turn_timeout: float = typer.Option(600.0, "--turn-timeout", help="Seconds for one turn's complete answer before it is stuck."),
-    max_duration: Optional[float] = typer.Option(None, "--max-duration", help="Seconds a level may run: then it issues no new turn (turns in flight finish); a capped level says so and judges what it has (default: no cap)."),
+    stall_timeout: Optional[float] = duration_option(None, "--stall-timeout", help="How long without a byte before a turn is stuck (60, 90s, 2m; at most 1d; default: the profile's check.stall_timeout_s, else 60)."),
+    turn_timeout: float = duration_option(600.0, "--turn-timeout", help="How long one turn's complete answer may take before it is stuck (600, 90s, 10m; at most 1d)."),
+    max_duration: Optional[float] = duration_option(None, "--max-duration", help="How long a level may run (300, 90s, 15m, 2h; at most 1d): then it issues no new turn (turns in flight finish); a capped level says so and judges what it has (default: no cap)."),
     max_corruption: Optional[float] = typer.Option(None, "--max-corruption", help="Gate: the 95 % Wilson upper bound of the corruption rate must be <= this (default 0.01)."),
     records: Optional[Path] = typer.Option(None, "--records", help="Write per-turn records (JSONL, with request ids) here."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Scrape /metrics before and after each level."),
@@ -271,10 +272,10 @@ def load(
     from .options import fraction, integer
     integer(turns, "--turns", 1, MAX_TURNS)
     fraction(max_c, "--max-corruption")
-    _seconds(stall, "--stall-timeout")
-    _seconds(turn_timeout, "--turn-timeout")
+    _duration(stall, "--stall-timeout")
+    _duration(turn_timeout, "--turn-timeout")
     if max_duration is not None:
-        _seconds(max_duration, "--max-duration")
+        _duration(max_duration, "--max-duration")
     _check_api_key(api_key)
     if stream not in ("on", "off", "mixed"):
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")

@@ -10,6 +10,7 @@ import typer
 
 from ..errors import InputError
 from ..render import console, dump_json, markdown_table, rich_table
+from .options import duration_option
 
 LINT_SCHEMA = "dsv4ctl.lint/1"
 
@@ -104,7 +105,7 @@ def set_cmd(
                                                       "pushed (delta), switched under the deploy lock, only the changed groups "
                                                       "restarted, the deploy's health gate (rolled back on failure), audit log; "
                                                       "then the local copies."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900)."),
+    health_timeout: Optional[float] = duration_option(None, "--health-timeout", help="How long to wait for /health after a restart (900, 90s, 15m; at most 1d; default deploy.health_timeout_s, 900)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked)."),
 ) -> None:
     """Set (or --unset) SGLang server arguments in the selected groups' serve configs, e.g.

@@ -12,6 +12,7 @@ import typer
 
 from ..errors import EXIT_REMOTE, DsvError, InputError, VerdictError
 from ..render import console, dump_json, markdown_table, printable, rich_table
+from .options import duration_option, since_option
 
 
 _P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command reads hosts.")
@@ -78,7 +79,7 @@ async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Option
 
 
 def status(profile: Optional[str] = _P,
-           timeout: float = typer.Option(5.0, "--timeout", help="Seconds per HTTP probe."),
+           timeout: float = duration_option(5.0, "--timeout", hi=3600, help="How long per HTTP probe (5, 500ms, 1m; at most 1h)."),
            accept_new: bool = _ACCEPT,
            as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.status/1 JSON document."),
            markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
@@ -99,8 +100,8 @@ def status(profile: Optional[str] = _P,
     from ..serve.hicache import compare, file_view
     from ..serve.lint import check_keys
 
-    from .options import seconds
-    seconds(timeout, "--timeout", hi=3600)
+    from .options import duration
+    duration(timeout, "--timeout", hi=3600)
     from ..deploy.drift import verify_command
     dep, site = _site(profile, accept_new)
     groups = {h: [g.name for g in dep.groups.values() if g.node_on(h) is not None] for h in dep.hosts}
@@ -243,7 +244,7 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
          follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until Ctrl-C."),
          host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
          grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
-         interval: float = typer.Option(1.0, "--interval", help="With -f: seconds between reads."),
+         interval: float = duration_option(1.0, "--interval", lo=0.05, hi=3600, help="With -f: time between reads (1, 500ms, 5s; 50ms..1h)."),
          accept_new: bool = _ACCEPT) -> None:
     """The group's server log from every host it runs on (every node of a multi-node server, every
     replica), each line prefixed with the host (both service backends append to
@@ -254,9 +255,9 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
     from ..hosts.service import LOG_LINE_MAX
     from ..remote import run_parallel
 
-    from .options import integer, seconds
+    from .options import duration, integer
     integer(lines, "-n/--lines", 1, 100_000)
-    seconds(interval, "--interval", lo=0.05, hi=3600)
+    duration(interval, "--interval", lo=0.05, hi=3600)
     try:
         rx = re.compile(grep) if grep else None
     except re.error as e:
@@ -329,7 +330,7 @@ def _detail_text(r: dict) -> str:
 
 
 def audit(profile: Optional[str] = _P,
-          since: Optional[str] = typer.Option(None, "--since", help="Only records at or after this time (2026-12-01, 2026-12-01T16:00:00Z; taken in each host's clock) or this long ago (30m, 2h, 1d)."),
+          since: Optional[str] = since_option("Only records at or after this time (2026-12-01, 2026-12-01T16:00:00Z; taken in each host's clock) or this long ago (90s, 30m, 2h, 1d)."),
           host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
           accept_new: bool = _ACCEPT,
           as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.audit/1 JSON document."),
@@ -384,12 +385,12 @@ def audit(profile: Optional[str] = _P,
 
 
 def _since(text: str) -> str:
-    """``--since`` (:func:`dsv4ctl.hosts.clock.parse_since`: an ISO date or time, or a duration
+    """``--since`` (:func:`dsv4ctl.commands.options.since`: an ISO date or time, or a duration
     back from now like ``1h``) as the audit log spells time (``2026-12-01T16:00:00Z``)."""
     from datetime import timezone
 
-    from ..hosts.clock import parse_since
-    t = parse_since(text).astimezone(timezone.utc)
+    from .options import since
+    t = since(text).astimezone(timezone.utc)
     return f"{t.year:04d}-" + t.strftime("%m-%dT%H:%M:%SZ")      # %Y is not zero-padded before 1000
 
 

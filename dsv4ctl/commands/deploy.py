@@ -9,6 +9,7 @@ import typer
 
 from ..render import console, dump_json, markdown_table, rich_table
 from ..signals import terminate_as_interrupt
+from .options import duration_option
 
 _P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command acts on hosts.")
 
@@ -101,9 +102,9 @@ from .options import MAX_SECONDS as MAX_HEALTH_TIMEOUT  # noqa: E402
 def check_health_timeout(value, option: str = "--health-timeout"):
     """``value`` (seconds) when it is None or a finite number in (0, a day], else InputError
     (exit 2, before anything is read or locked): ``nan`` used to wait forever holding every
-    host's lock, ``-5`` was accepted. The rule is :func:`dsv4ctl.commands.options.seconds`."""
-    from .options import seconds
-    return seconds(value, option, hi=MAX_HEALTH_TIMEOUT)
+    host's lock, ``-5`` was accepted. The rule is :func:`dsv4ctl.commands.options.duration`."""
+    from .options import duration
+    return duration(value, option, hi=MAX_HEALTH_TIMEOUT)
 
 
 def _profile(arg):
@@ -216,7 +217,7 @@ def deploy(
     patch: list[str] = typer.Option([], "--patch", help="Patch file, in order (repeatable; default: sglang.series)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions per host; change nothing."),
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys to known_hosts (like OpenSSH accept-new); changed keys are always refused."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s)."),
+    health_timeout: Optional[float] = duration_option(None, "--health-timeout", help="How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.health_timeout_s)."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     promote: bool = typer.Option(False, "--promote", help="Promotion pipeline: preflight (config lint + plan), push, canary, check smoke, check load (the profile's check: gate), the rest, mark good."),
     canary: Optional[str] = typer.Option(None, "--canary", help="With --promote: GROUP or HOST switched first (default: the decode group's host, else the first server group's)."),
@@ -350,7 +351,7 @@ def rollback(
     to: Optional[str] = typer.Option(None, "--to", metavar="RELEASE", help="Release id (default: the newest release built before the active one that passed its health gate on every host and was never marked failed)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions per host; change nothing."),
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
-    health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds to wait for health."),
+    health_timeout: Optional[float] = duration_option(None, "--health-timeout", help="How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.health_timeout_s)."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     force_failed: bool = typer.Option(False, "--force-failed", help="With --to: a release recorded as failed (audited; it stays active, never good)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.rollback/1 JSON report."),
@@ -435,7 +436,7 @@ def releases(
 _GROUPS = typer.Option([], "--group", "-g", help="Only this group's servers (repeatable; default: every group).")
 _L_DRY = typer.Option(False, "--dry-run", help="Print the steps per host; change nothing.")
 _L_ACCEPT = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")
-_L_HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for health (default: deploy.health_timeout_s).")
+_L_HEALTH = duration_option(None, "--health-timeout", help="How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.health_timeout_s).")
 _L_BREAK = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited).")
 _L_JSON = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report.")
 _HOSTS = typer.Option([], "--host", help="Only servers with a node on this host (repeatable; a multi-node server is acted on whole).")

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Optional
 
 import typer
 
 from ..errors import EXIT_REMOTE, DsvError, InputError, VerdictError
+from .options import duration_option, since_option
 
 
 def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (or DSV4CTL_PROFILE)."),
              group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only this server group (repeatable)."),
-             since: Optional[str] = typer.Option(None, "--since", help="Log lines from this time on, earlier processes included: 15m, 2h or an ISO time (UTC). Default: only what each server's current process wrote since its last start."),
-             window: float = typer.Option(5.0, "--window", help="Seconds between the two /metrics reads (0..300)."),
+             since: Optional[str] = since_option("Log lines from this time on, earlier processes included: this long ago (90s, 15m, 2h, 1d) or an ISO date or time (2026-12-01T16:00:00Z; UTC when no zone). Default: only what each server's current process wrote since its last start."),
+             window: float = duration_option(5.0, "--window", zero=True, hi=300, help="Time between the two /metrics reads (5, 500ms, 1m; 0..5m)."),
              lines: int = typer.Option(400, "--lines", "-n", help="Log lines read per group (1..100000)."),
              as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.diagnose/1 document (README)."),
              accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
@@ -27,14 +27,13 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
     clock is read in the same round trip; more than a minute off: a warning line).
 
     Exit 0 every group healthy · 1 a finding · 2 bad input · 3 a host could not be read."""
-    from ..diagnose.collect import parse_since
     from ..hosts.clock import skew_warning
     from ..diagnose.run import diagnose_deployment, diagnosis_lines
     from ..render import dump_json
     from .common import load_deployment_arg
+    from .options import duration, since as parse_since
 
-    if not (math.isfinite(window) and 0 <= window <= 300):
-        raise InputError(f"--window {window!r}: expected seconds in [0, 300]")
+    duration(window, "--window", zero=True, hi=300)
     if not 1 <= lines <= 100000:
         raise InputError(f"--lines {lines}: expected 1..100000")
     when = parse_since(since) if since else None

@@ -9,13 +9,14 @@ from typing import Optional
 import typer
 
 from ..render import dump_json
+from .options import duration_option
 
 
 def facts(
     profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name (or DSV4CTL_PROFILE; required: it names real hosts)."),
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.facts/1 JSON document."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Seconds per host (finite, at most 3600)."),
+    timeout: float = duration_option(30.0, "--timeout", hi=3600, help="How long per host (30, 90s, 2m; at most 1h)."),
     write: bool = typer.Option(False, "--write", help="Write each group's measured free_gib_before_load "
                                "(one value per GPU) into the profile; only that value's line changes."),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --write: print the diff, write nothing."),
@@ -37,11 +38,11 @@ def facts(
     from ..plan.facts import memory_yaml, server_facts
     from ..remote import connect, run_parallel
     from .common import load_deployment_arg
-    from .options import seconds
+    from .options import duration
 
     if (dry_run or force) and not write:
         raise InputError(f"{'--dry-run' if dry_run else '--force'} goes with --write")
-    seconds(timeout, "--timeout", hi=3600)
+    duration(timeout, "--timeout", hi=3600)
     dep = load_deployment_arg(profile, acts_on_hosts=True)
     prof = dep.profile
     if write:

@@ -10,6 +10,7 @@ import typer
 
 from ..errors import EXIT_REMOTE, DsvError, InputError, VerdictError
 from ..render import console, dump_json, markdown_table, rich_table
+from .options import duration_option
 
 SCHEMA_EDIT = "dsv4ctl.hicache-edit/1"
 SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
@@ -59,7 +60,7 @@ _REMOTE = typer.Option(False, "--remote", help="Change the running release: a ne
                                               "restarted, the deploy's health gate (rolled back on failure), audit log; "
                                               "then the local copies.")
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked).")
-_HEALTH = typer.Option(None, "--health-timeout", help="Seconds to wait for /health after a restart (default deploy.health_timeout_s, 900).")
+_HEALTH = duration_option(None, "--health-timeout", help="How long to wait for /health after a restart (900, 90s, 15m; at most 1d; default deploy.health_timeout_s, 900).")
 
 
 def on(profile: Optional[str] = _PROFILE_EDIT, group: list[str] = _O["group"], ratio: Optional[float] = _O["ratio"],
@@ -111,7 +112,7 @@ async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Op
 
 def status(profile: Optional[str] = _PROFILE,
            group: list[str] = typer.Option([], "--group", "-g", help="Only these groups. Repeatable."),
-           timeout: float = typer.Option(5.0, "--timeout", help="Seconds per /server_info request."),
+           timeout: float = duration_option(5.0, "--timeout", hi=3600, help="How long per /server_info request (5, 500ms, 1m; at most 1h)."),
            no_server: bool = typer.Option(False, "--no-server", help="Only what the files say; query no server."),
            remote: bool = typer.Option(False, "--remote", help="Read the live files on the hosts (<root>/current/configs/G.yaml) instead of the profile's copies."),
            as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.hicache-status/1 JSON document."),
@@ -122,8 +123,8 @@ def status(profile: Optional[str] = _PROFILE,
     Exit 0 all match, 1 a file and its server differ, 2 bad input, 3 a server could not be queried."""
     import asyncio
 
-    from .options import seconds
-    seconds(timeout, "--timeout", hi=3600)
+    from .options import duration
+    duration(timeout, "--timeout", hi=3600)
 
     from ..profile.serveconfig import parse_serve_config
     from ..serve.argtable import table_for

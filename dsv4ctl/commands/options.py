@@ -26,42 +26,122 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def seconds(value: Optional[float], option: str, *, hi: float = MAX_SECONDS, lo: float = 0.0) -> Optional[float]:
-    """``value`` (None passes: the default applies) if it is a finite number of seconds > ``lo``
-    (0: any positive number) and <= ``hi``; else InputError naming ``option``."""
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_SPELLINGS = "500ms, 90s, 15m, 2h or 1d"
+MAX_SINCE = 366 * 86400.0
+"""How far back ``--since`` may reach (a year)."""
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+
+
+def duration(value, option: str, *, lo: float = 0.0, hi: float = MAX_SECONDS, zero: bool = False) -> Optional[float]:
+    """Seconds of a duration or timeout option, the one rule of every command (issue 31):
+    ``500ms``, ``90s``, ``15m``, ``2h``, ``1d`` or a plain number of seconds (``2.5``, as options
+    took before); a number (a default, a profile value) passes as seconds; None passes. InputError
+    (exit 2) naming ``option`` for anything else (``nan``, ``inf``, ``-5``), for 0 (unless
+    ``zero``) and for a value outside ``lo``..``hi`` seconds, stated in units."""
+    import re
     if value is None:
         return None
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
-        raise InputError(f"{option} {value!r}: expected a finite number of seconds > 0")
-    if value < lo or value > hi:
-        raise InputError(f"{option} {value!r}: expected seconds in {lo:g}..{hi:g}")
-    return float(value)
-
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def duration(text: Optional[str], option: str, *, lo: float = 0.0, hi: float = MAX_SECONDS) -> Optional[float]:
-    """Seconds of a duration option: ``500ms``, ``90s``, ``15m``, ``2h``, ``1d`` or a plain number
-    of seconds (``2.5``); None passes. InputError (exit 2) naming ``option`` for anything else, or
-    a value outside ``lo``..``hi`` seconds (stated in the option's own unit style)."""
-    import re
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(text))
-    if not m:
-        raise InputError(f"{option} {text!r}: expected a duration such as 500ms, 90s, 15m, 2h or 1d")
-    secs = float(m[1]) * _UNITS[m[2] or "s"]
-    if not math.isfinite(secs) or secs <= 0 or secs < lo or secs > hi:
-        raise InputError(f"{option} {text!r}: expected {_span(lo)}..{_span(hi)}")
+    shown = repr(value)
+    if _is_number(value):
+        secs = float(value)
+        if not math.isfinite(secs) or secs < 0:
+            raise InputError(f"{option} {shown}: expected a duration such as {DURATION_SPELLINGS}")
+    else:
+        m = re.fullmatch(rf"\s*{_NUMBER}\s*(ms|s|m|h|d)?\s*", str(value))
+        if not m:
+            raise InputError(f"{option} {shown}: expected a duration such as {DURATION_SPELLINGS}")
+        secs = float(m[1]) * _UNITS[m[2] or "s"]
+    if not math.isfinite(secs) or (secs == 0 and not zero) or secs < lo or secs > hi:
+        raise InputError(f"{option} {shown}: expected {_range(lo, hi, zero)}")
     return secs
 
 
+def _range(lo: float, hi: float, zero: bool) -> str:
+    if lo > 0 or zero:
+        return f"{_span(lo)}..{_span(hi)}"
+    return f"more than 0s, at most {_span(hi)}"
+
+
 def _span(s: float) -> str:
+    if s == 0:
+        return "0s"
     for unit, k in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if s >= k and s % k == 0:
             return f"{s / k:g}{unit}"
-    return f"{s:g}s"
+    return f"{s * 1000:g}ms" if s < 1 else f"{s:g}s"
+
+
+class Duration:
+    """The typer ``parser=`` of every duration option (:func:`duration_option`): parses at
+    click's parse time, so a bad value stops the command before anything is read (InputError is
+    no ValueError: click passes it on to cli.main's one error line, exit 2)."""
+
+    def __init__(self, option: str, lo: float = 0.0, hi: float = MAX_SECONDS, zero: bool = False,
+                 keep_text: bool = False):
+        self.option, self.lo, self.hi, self.zero, self.keep_text = option, lo, hi, zero, keep_text
+        self.__name__ = "DURATION"          # click's FuncParamType is named after its function
+
+    def __call__(self, value):
+        secs = duration(value, self.option, lo=self.lo, hi=self.hi, zero=self.zero)
+        return value if self.keep_text else secs
+
+
+class Since:
+    """The typer ``parser=`` of every ``--since``: checked at parse time by :func:`since`; the
+    command gets the text back (it is taken in each host's time later)."""
+
+    def __init__(self, option: str = "--since"):
+        self.option = option
+        self.__name__ = "WHEN"
+
+    def __call__(self, value):
+        if value is not None:
+            since(value, option=self.option)
+        return value
+
+
+def duration_option(default, *names: str, help: str, lo: float = 0.0, hi: float = MAX_SECONDS,
+                    zero: bool = False, keep_text: bool = False, **kw):
+    """A typer option taking a duration (:func:`duration`): metavar DURATION, parsed through
+    :class:`Duration` (tests/test_grammar.py finds every such option by it); the command gets
+    seconds, or with ``keep_text`` the text as given, checked (``watch --print unit`` repeats it)."""
+    import typer
+    long = next(n for n in names if n.startswith("--"))
+    return typer.Option(default, *names, parser=Duration(long, lo, hi, zero, keep_text), metavar="DURATION",
+                        help=help, **kw)
+
+
+def since_option(help: str):
+    """``--since``: a duration back from now or an ISO date or time (:func:`since`)."""
+    import typer
+    return typer.Option(None, "--since", parser=Since("--since"), metavar="WHEN", help=help)
+
+
+def since(text: str, now=None, option: str = "--since"):
+    """``--since`` of every command that takes it (``audit``, ``diagnose``) as a UTC datetime: a
+    duration back from ``now`` in :func:`duration`'s spellings (``90s``, ``15m``, ``2h``, ``1d``;
+    at most a year) or an ISO date or time (``2026-12-01``, ``20261201``, ``2026-12-01T21``,
+    ``2026-12-01 21:00``, ``2026-12-01T21:00:00Z``; UTC when no zone). InputError otherwise (a
+    bare number that is no ISO date: a unit is needed, ``90`` is neither)."""
+    import re
+    from datetime import datetime, timedelta, timezone
+    now = now or datetime.now(timezone.utc)
+    s = str(text or "").strip()
+    if re.fullmatch(rf"{_NUMBER}\s*(ms|s|m|h|d)", s):
+        secs = duration(s, option, hi=float("inf"))
+        if secs > MAX_SINCE:
+            raise InputError(f"{option} {text!r}: at most a year back")
+        return now - timedelta(seconds=secs)
+    try:
+        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+        t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+        t.astimezone(timezone.utc)          # a zone that moves it out of years 1-9999: OverflowError
+    except (ValueError, OverflowError):
+        hint = " (a plain number needs a unit: 90s, 15m)" if re.fullmatch(_NUMBER, s) and len(s) < 8 else ""
+        raise InputError(f"{option} {text!r}: expected a duration (15m, 2h) or an ISO time "
+                         f"(2026-12-01T21:00:00Z){hint}") from None
+    return t
 
 
 def integer(value: Optional[int], option: str, lo: int, hi: int) -> Optional[int]:

@@ -10,6 +10,7 @@ import typer
 
 from ..errors import GateFailed, InputError, RemoteError
 from ..render import dump_json, printable
+from .options import duration_option
 
 DEFAULT_LISTEN = "127.0.0.1:9477"
 ARTIFACTS = ("rules", "dashboard", "unit")
@@ -68,15 +69,15 @@ def watch(ctx: typer.Context,
           profile: Optional[str] = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE)."),
           once: bool = typer.Option(False, "--once", help="One round (every target probed and scraped once), then exit."),
           as_json: bool = typer.Option(False, "--json", help="With --once: print the dsv4ctl.watch/1 JSON document."),
-          interval: str = typer.Option("10s", "--interval", help="Time between probes of one target (at least 1s: one probe per second per target, one in flight)."),
+          interval: str = duration_option("10s", "--interval", lo=1, hi=86400, keep_text=True, help="Time between probes of one target (at least 1s: one probe per second per target, one in flight)."),
           listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT of watch's own /metrics."),
-          scrape_every: str = typer.Option("15s", "--scrape-every", help="Time between scrapes of the servers' and routers' /metrics (1s..1d)."),
-          release_every: str = typer.Option("60s", "--release-every", help="Time between reads of each host's active release (SSH; 5s..1d)."),
+          scrape_every: str = duration_option("15s", "--scrape-every", lo=1, hi=86400, keep_text=True, help="Time between scrapes of the servers' and routers' /metrics (1s..1d)."),
+          release_every: str = duration_option("60s", "--release-every", lo=5, hi=86400, keep_text=True, help="Time between reads of each host's active release (SSH; 5s..1d)."),
           no_releases: bool = typer.Option(False, "--no-releases", help="Do not read releases over SSH (the release label stays 'unknown')."),
-          stall_timeout: Optional[str] = typer.Option(None, "--stall-timeout", help="A probe without progress this long is stuck (1s..1h; default: the profile's check.stall_timeout_s)."),
+          stall_timeout: Optional[str] = duration_option(None, "--stall-timeout", lo=1, hi=3600, keep_text=True, help="A probe without progress this long is stuck (1s..1h; default: the profile's check.stall_timeout_s)."),
           on_alert: list[str] = typer.Option([], "--on-alert", help="[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default corruption) holds. Dry run unless --auto."),
           auto: bool = typer.Option(False, "--auto", help="With --on-alert: run the runbook for real (--yes), not --dry-run."),
-          alert_window: str = typer.Option("1h", "--alert-window", help="Long window of the in-process corruption burn (12s..7d; short: 1/12 of it); at most one --on-alert run per condition per window."),
+          alert_window: str = duration_option("1h", "--alert-window", lo=12, hi=7 * 86400, keep_text=True, help="Long window of the in-process corruption burn (12s..7d; short: 1/12 of it); at most one --on-alert run per condition per window."),
           log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
           print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO; without a profile the embedded default's, 0.01), dashboard (Grafana JSON; its ratio panels read the rules' recorded series), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No event lines on stderr."),

@@ -87,9 +87,6 @@ def process_facts(group: str, log: str) -> tuple[Optional[int], int]:
     return status, starts
 
 
-from ..hosts.clock import parse_since  # noqa: E402,F401 - one --since rule (audit, diagnose)
-
-
 def current_process(log: str, group: str) -> str:
     """The part of ``group``'s log written by its current (last started) process: from the last
     ``=== dsv4ctl start|restart GROUP`` header on (pure). A log without a header is kept whole.

@@ -154,27 +154,3 @@ def skew_warning(host: str, offset_s: Optional[float]) -> Optional[str]:
         return None
     return (f"warning: {host}: its clock is {skew_text(offset_s)} this machine's ({offset_s:+.0f} s); "
             f"--since is taken in {host}'s time")
-
-
-def parse_since(text: str, now=None):
-    """``--since`` of every command that takes it (``audit``, ``diagnose``): an ISO date or time
-    (``2026-12-01``, ``2026-12-01T21``, ``2026-12-01T21:00:00Z``; UTC when no zone) or a duration
-    back from ``now`` (``90s``, ``15m``, ``2h``, ``1d``; at most a year). InputError otherwise."""
-    import re
-    from datetime import datetime, timedelta, timezone
-
-    from ..errors import InputError
-    now = now or datetime.now(timezone.utc)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
-    if m:
-        secs = float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
-        if secs > 366 * 86400:
-            raise InputError(f"--since {text!r}: at most a year back")
-        return now - timedelta(seconds=secs)
-    try:
-        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-        t.astimezone(timezone.utc)          # a zone that moves it out of years 1-9999: OverflowError
-    except (ValueError, OverflowError):
-        raise InputError(f"--since {text!r}: expected a duration (15m, 2h) or an ISO time (2026-12-01T21:00:00Z)") from None
-    return t
