@@ -10,22 +10,26 @@ V=.venv-oracle
 # configurator and argument pipeline run on this environment's torch and packages). About 60 MB
 # of wheels, fetched once with pip's own configuration.
 OTHER_VERSIONS="0.5.21 0.5.22"
+# The wheels stay in .cache/wheels, where the patch tests' pristine trees (dsv4ctl's own
+# dsv4ctl.patches.pristine, DSV4CTL_CACHE=.cache) find them: `patch check` of each shipped series.
+WHEELS=.cache/wheels
 other_versions() {
-  local v tmp
+  local v
+  mkdir -p "$WHEELS"
   for v in $OTHER_VERSIONS; do
+    if ! ls "$WHEELS"/sglang-"$v"-*.whl >/dev/null 2>&1; then
+      "$V/bin/python" -m pip download -q --no-deps --only-binary=:all: "sglang==$v" -d "$WHEELS" 2>&1 \
+        | grep -v '^WARNING: Location' || true
+    fi
     [ -f "$V/versions/$v/.complete" ] && continue
-    tmp=$(mktemp -d)
-    "$V/bin/python" -m pip download -q --no-deps --only-binary=:all: "sglang==$v" -d "$tmp" 2>&1 \
-      | grep -v '^WARNING: Location' || true
     rm -rf "$V/versions/$v"
     mkdir -p "$V/versions/$v"
-    "$V/bin/python" - "$tmp" "$V/versions/$v" <<'PY'
+    "$V/bin/python" - "$WHEELS" "$v" "$V/versions/$v" <<'PY'
 import glob, sys, zipfile
-whl, = glob.glob(sys.argv[1] + "/sglang-*.whl")
+whl, = glob.glob(f"{sys.argv[1]}/sglang-{sys.argv[2]}-*.whl")
 with zipfile.ZipFile(whl) as z:
-    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("sglang/") or ".dist-info/" in n])
+    z.extractall(sys.argv[3], [n for n in z.namelist() if n.startswith("sglang/") or ".dist-info/" in n])
 PY
-    rm -rf "$tmp"
     touch "$V/versions/$v/.complete"
   done
 }

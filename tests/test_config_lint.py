@@ -50,7 +50,7 @@ def edit(text: str, **kv) -> str:
 
 
 def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=("bf16"), gating=None,
-        env_p=None, env_d=None, raw_prefill=None, topo_p=None, ports=(30000, 30001), version_mismatch=None):
+        env_p=None, env_d=None, raw_prefill=None, topo_p=None, ports=(30000, 30001), version_mismatch=None, series_mismatch=None):
     pc = parse_config_text(prefill, "prefill.yaml") if raw_prefill is None else raw_prefill
     groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools),
                          topology_error=topo_p, binds=[("h0", ports[0], ports[0], "HTTP port", "prefill.yaml:3", 0),
@@ -58,7 +58,8 @@ def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=(
               GroupInput("decode", "decode", "h0", parse_config_text(decode, "decode.yaml"), env=env_d or {},
                          rank_device_gib=list(pools), binds=[("h0", ports[1], ports[1], "HTTP port", "decode.yaml:3", 0)])]
     inp = LintInput(groups=groups, pairs=[("prefill", "decode")], host_ram_gib={"h0": ram},
-                    index_k_dtype=dkv, gating=gating, tree="/t" if gating else None, version_mismatch=version_mismatch)
+                    index_k_dtype=dkv, gating=gating, tree="/t" if gating else None, version_mismatch=version_mismatch,
+                    series_mismatch=series_mismatch)
     return lint(inp, T)
 
 
@@ -137,6 +138,9 @@ CASES = [
     ("DSV121", dict(ports=(30000, 30000)), dict()),
     # issue 27: the profile says one release, the tree it ships is another
     ("DSV122", dict(version_mismatch=("prefill.yaml", 4, "sglang.version is 0.5.22 but the tree ... is SGLang 0.5.23")),
+     dict()),
+    # issue 27: the patch series is cut against another release than the one that runs
+    ("DSV123", dict(series_mismatch=("prefill.yaml", 7, "sglang.series ... is cut against sglang==0.5.23 but the deployment runs SGLang 0.5.22")),
      dict()),
 ]
 

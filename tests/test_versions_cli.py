@@ -23,7 +23,7 @@ def prof(tmp_path):
     data["sglang"]["series"] = None
     path = tmp_path / "p.yaml"
 
-    def write(version=None, tree=None, ref=None, decode=None, decode_group=None):
+    def write(version=None, tree=None, ref=None, decode=None, decode_group=None, series=None):
         d = json.loads(json.dumps(data))
         for g in d["groups"]:
             if g["name"] == "decode":
@@ -32,6 +32,7 @@ def prof(tmp_path):
             d["sglang"]["version"] = version
         d["sglang"]["tree"] = str(tree) if tree else None
         d["sglang"]["base_ref"] = ref
+        d["sglang"]["series"] = series
         d["sglang"]["index_k_dtype"] = "fp8"          # no bf16 gating check of the test trees
         if decode:
             cfg = tmp_path / DEFAULT_PROFILE.stem / "decode.yaml"
@@ -89,6 +90,25 @@ def test_the_tree_wins_and_a_disagreement_is_a_lint_error(prof, tmp_path):
     assert "sglang.version is 0.5.23 but the tree" in hits[0]["message"] and "is SGLang 0.5.22" in hits[0]["message"]
     r = run_cli("config", "lint", str(prof(version="0.5.22", tree=t)), "--json")
     assert r.code == 0 and not [f for f in r.json()["findings"] if f["rule"] == "DSV122"], r.out
+
+
+def test_a_series_cut_for_another_release_is_a_lint_error_with_the_shipped_fix(prof, tmp_path):
+    """DSV123: the patch series must be cut against the release the deployment runs (the tree's,
+    else the profile's); the fix names the shipped series of that release."""
+    r = run_cli("config", "lint", str(prof(version="0.5.22", series="sglang-0.5.23")), "--json")
+    assert r.code == 2, r.err
+    hits = [f for f in r.json()["findings"] if f["rule"] == "DSV123"]
+    assert len(hits) == 1 and hits[0]["severity"] == "error", r.out
+    assert "is cut against sglang==0.5.23 but the deployment runs SGLang 0.5.22" in hits[0]["message"]
+    assert hits[0]["message"].endswith("set sglang.series: sglang-0.5.22 (shipped)")
+    # the tree decides the release: a 0.5.21 tree with 0.5.22's series
+    t = tree_at(tmp_path, "0.5.21")
+    r = run_cli("config", "lint", str(prof(version="0.5.21", tree=t, series="sglang-0.5.22")), "--json")
+    assert [f["message"].split(": ", 1)[1] for f in r.json()["findings"] if f["rule"] == "DSV123"] == [
+        "set sglang.series: sglang-0.5.21 (shipped)"], r.out
+    for v in ("0.5.21", "0.5.22", "0.5.23"):
+        r = run_cli("config", "lint", str(prof(version=v, series=f"sglang-{v}")), "--json")
+        assert r.code == 0 and not [f for f in r.json()["findings"] if f["rule"] == "DSV123"], (v, r.out)
 
 
 def test_the_release_rules_change_the_plan(prof):

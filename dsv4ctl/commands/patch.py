@@ -158,7 +158,7 @@ def revert(tree: str = typer.Argument(..., help="SGLang git tree."),
 
 @patch_app.command("check")
 def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERSION to prove against (default: the series' base)."),
-          series: Optional[str] = typer.Option(None, "--series", help="Series directory (default: the shipped patches/sglang-0.5.23)."),
+          series: Optional[str] = typer.Option(None, "--series", help="Series directory (default: the shipped patches/sglang-VERSION of --base, else of 0.5.23)."),
           keep: Optional[str] = typer.Option(None, "--keep", help="Build the tree in this (new) directory and keep it."),
           dry_run: bool = typer.Option(False, "--dry-run", help="Load the series and say where the pristine wheel would come from; fetch and build nothing."),
           as_json: bool = _JSON, markdown: bool = _MD) -> None:
@@ -168,8 +168,11 @@ def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERS
     from ..patches.ops import load_series
     from ..patches.series import parse_base
     from ..plan.plan import SGLANG_VERSION
-    ls = load_series(_series_dir(series, SGLANG_VERSION if series is None else None))
-    pkg, ver = parse_base(base, "--base") if base else (ls.series.package, ls.series.version)
+    want = parse_base(base, "--base") if base else None
+    # the shipped series is keyed by base version: --base sglang==0.5.22 proves patches/sglang-0.5.22
+    ls = load_series(_series_dir(series, (want[1] if want and want[0] == "sglang" else SGLANG_VERSION)
+                                 if series is None else None))
+    pkg, ver = want or (ls.series.package, ls.series.version)
     if (pkg, ver) != (ls.series.package, ls.series.version):
         print(f"note: series is cut for {ls.series.base}; checking against {pkg}=={ver}")
     if dry_run:

@@ -52,6 +52,7 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV119": ("pd-hicache-eagle-page-first-direct", "error", "PD prefill + HiCache + EAGLE + page_first_direct: known failure", "sglang #31252"),
     "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP, nnodes, GPU placement, dist-init host; SGLang's defaults when a key is left out)", "server_args.py; engine.py _calculate_rank_ranges; dsv4ctl.plan.plan.topology"),
     "DSV122": ("sglang-version-mismatch", "error", "the profile's sglang.version is the version of the SGLang tree it ships", "dsv4ctl.plan.sglang_version"),
+    "DSV123": ("series-version-mismatch", "error", "the patch series (sglang.series) is cut against the SGLang release the deployment runs (its `base` line or folder name)", "dsv4ctl.patches.series; patches/sglang-VERSION"),
     "DSV121": ("port-clash", "error", "no two listeners on one host share a port: HTTP, KV bootstrap, dist-init and attention-DP ZMQ ports, router and Prometheus ports (replicas included)", "server_args.py PortArgs; disaggregation bootstrap"),
 }
 
@@ -112,6 +113,7 @@ class LintInput:
     plan_error: Optional[str] = None
     sglang_version: str = "0.5.23"            # the release linted for (its argument table)
     version_mismatch: Optional[tuple[str, int, str]] = None   # (profile, line, message): DSV122
+    series_mismatch: Optional[tuple[str, int, str]] = None    # (profile, line, message): DSV123
 
 
 @dataclass
@@ -473,6 +475,9 @@ def lint(inp: LintInput, table: Table) -> list[Finding]:
     if inp.version_mismatch:
         file, line, msg = inp.version_mismatch
         out.append(Finding("DSV122", RULES["DSV122"][1], file, line, msg))
+    if inp.series_mismatch:
+        file, line, msg = inp.series_mismatch
+        out.append(Finding("DSV123", RULES["DSV123"][1], file, line, msg))
     seen = set()
     uniq = []
     for f in out:

@@ -109,12 +109,37 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
         inp.version_mismatch = (str(dep.profile.path), line or 1,
                                 f"sglang.version is {choice.profile} but the {choice.source} is SGLang {choice.tree}: "
                                 f"dsv4ctl plans and lints for {choice.tree}; set sglang.version: \"{choice.tree}\"")
+    inp.series_mismatch = series_mismatch(dep, choice.version)
     tp = dep.tree(tree)
     inp.tree = str(tp) if tp else None
     if tp is not None and any_hicache and inp.index_k_dtype == "bf16":
         from .treegate import analyse_tree
         inp.gating = analyse_tree(tp)
     return inp
+
+
+def series_mismatch(dep, version: str) -> Optional[tuple[str, int, str]]:
+    """DSV123's (profile, line, message) when the profile's patch series (``sglang.series``) is
+    cut against another SGLang release than ``version`` (the one the deployment runs: the tree's,
+    else the profile's); None when it matches, no series is set, or it cannot be read (``patch``
+    commands report an unreadable series)."""
+    if dep.sglang.series is None:
+        return None
+    from ..errors import DsvError
+    from ..patches.ops import load_series
+    try:
+        ls = load_series(dep.sglang.series)
+    except (DsvError, OSError):
+        return None
+    if ls.series.package != "sglang" or ls.series.version == version:
+        return None
+    from ..resources import shipped_dir
+    shipped = shipped_dir("patches") / f"sglang-{version}"
+    fix = (f"set sglang.series: sglang-{version} (shipped)" if (shipped / "series").is_file()
+           else f"cut the series against sglang=={version}")
+    line = dep.profile.positions.line(("sglang", "series")) or 1
+    return (str(dep.profile.path), line,
+            f"sglang.series {ls.dir} is cut against {ls.series.base} but the deployment runs SGLang {version}: {fix}")
 
 
 def restrict(findings, inp: LintInput, groups: Optional[list]):

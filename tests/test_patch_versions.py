@@ -1,0 +1,76 @@
+"""The patch series is keyed by SGLang release (issue 27): ``patches/sglang-VERSION`` for every
+release dsv4ctl supports, each proven on a pristine tree of that release's real wheel
+(``patch check --base sglang==VERSION`` picks that release's series), read back by ``patch
+status`` through the tree's own version, and run with the release's own configurator on CPU: a
+bf16 index-K is budgeted at 256 B/slot exactly as dsv4ctl's capacity model predicts, the switch
+off is the stock fp8 figure (132 B/slot). 0.5.23's series is covered by test_patch_tree.py and
+test_patch_oracle.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4ctl.patches.ops import load_series
+from dsv4ctl.plan.versions import VERSIONS
+from tests.conftest import run_cli
+from tests.patchoracle.fixtures import BF16, FLASH_BYTES, drive, model_config
+from tests.patchoracle.trees import ENV, ORACLE_PY, REPO
+from tests.test_patch_oracle import as_pools, predicted
+
+OLDER = [v for v in VERSIONS if v != "0.5.23"]
+POOL = "python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py"
+CONF = "python/sglang/srt/model_executor/pool_configurator.py"
+
+
+def test_every_supported_release_has_a_series_cut_against_it():
+    for v in VERSIONS:
+        ls = load_series(REPO / "patches" / f"sglang-{v}")
+        assert ls.series.base == f"sglang=={v}"
+        assert [e.name for e in ls.series.entries] == ["0001-dsv4-bf16-index-k-exact-accounting.patch",
+                                                       "0002-dsv4-log-pool-plan.patch"]
+        assert ls.series.entries[0].facts == {"index_k_dtype": "bf16", "index_k_accounting": "exact",
+                                              "when": "SGLANG_DSV4_INDEX_K_DTYPE=bf16"}
+
+
+@pytest.mark.oracle
+@pytest.mark.skipif(not ORACLE_PY.exists(), reason="needs .venv-oracle (bash scripts/oracle-env.sh)")
+@pytest.mark.parametrize("version", OLDER)
+def test_series_proven_on_its_release_and_its_configurator_budgets_bf16(version, tmp_path):
+    keep = tmp_path / "k"
+    r = run_cli("patch", "check", "--base", f"sglang=={version}", "--keep", str(keep), "--json", env=ENV, timeout=300)
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["ok"] and doc["errors"] == [] and doc["base"] == f"sglang=={version}"
+    assert doc["series"].endswith(f"patches/sglang-{version}")
+    assert [(p["state"], p["compiled"]) for p in doc["patches"]] == [
+        ("applied", ["python/sglang/srt/environ.py", POOL, CONF]), ("applied", [CONF])]
+    tree = keep / f"sglang-{version}"
+
+    # the tree says which release it is: status picks that release's series by itself
+    st = run_cli("patch", "status", str(tree), "--json", env=ENV, timeout=120)
+    assert st.code == 0, st.err
+    sd = st.json()
+    assert sd["version"] == version and sd["series_base"] == f"sglang=={version}"
+    assert [p["state"] for p in sd["patches"]] == ["applied", "applied"]
+
+    # the release's own configurator, patched: bf16 at its real size, off = stock fp8
+    bf16, off = drive(f"{tree}/python:{REPO}", [
+        dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES, env=BF16),
+        dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES, env={})])
+    assert bf16["sglang_file"] == f"{tree}/python/sglang/__init__.py"
+    assert (bf16["indexer_bytes_per_token"], off["indexer_bytes_per_token"]) == (256, 132)
+    want_bf16 = predicted("deepseek-v4-flash", FLASH_BYTES, index_k_dtype="bf16", index_k_accounting="exact")
+    want_off = predicted("deepseek-v4-flash", FLASH_BYTES)
+    assert {k: bf16[k] for k in as_pools(want_bf16)} == as_pools(want_bf16)
+    assert {k: off[k] for k in as_pools(want_off)} == as_pools(want_off)
+    assert (bf16["full"], off["full"]) == (17_546_240, 19_158_016)     # capacity reference §4
+
+
+def test_the_023_series_does_not_apply_to_022_which_is_why_it_is_keyed(tmp_path):
+    """The reason for one series per release: 0.5.23's patch (a) does not apply to 0.5.22's
+    sources (its hunks sit elsewhere), and ``patch check`` says so as a verdict (exit 1)."""
+    r = run_cli("patch", "check", "--base", "sglang==0.5.22", "--series", str(REPO / "patches" / "sglang-0.5.23"),
+                env=ENV, timeout=300)
+    assert r.code == 1, (r.out, r.err)
+    assert "note: series is cut for sglang==0.5.23; checking against sglang==0.5.22" in r.out
+    assert "0001-dsv4-bf16-index-k-exact-accounting.patch" in r.err
