@@ -37,7 +37,7 @@ _dsv4ctl_opts() {
     'releases') echo '--accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'status') echo '--timeout --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
-    'logs') echo '-n --lines -f --follow --host --grep --interval --accept-new-host-keys -p --profile -h --help' ;;
+    'logs') echo '-n --lines -f --follow --host --grep --since --interval --accept-new-host-keys -p --profile -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'verify') echo '-r --release --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -p --profile -h --help' ;;
@@ -123,6 +123,7 @@ _dsv4ctl_optkind() {
     'logs|-n'|'logs|--lines') echo any ;;
     'logs|--host') echo dyn:hosts ;;
     'logs|--grep') echo any ;;
+    'logs|--since') echo any ;;
     'logs|--interval') echo any ;;
     'logs|-p'|'logs|--profile') echo prof:w2 ;;
     'audit|--since') echo any ;;

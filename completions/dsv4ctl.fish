@@ -53,7 +53,7 @@ function __dsv4ctl_takes_value
         case 'status'
             contains -- $argv[2] --timeout -p --profile
         case 'logs'
-            contains -- $argv[2] -n --lines --host --grep --interval -p --profile
+            contains -- $argv[2] -n --lines --host --grep --since --interval -p --profile
         case 'audit'
             contains -- $argv[2] --since --host -p --profile
         case 'verify'
@@ -471,6 +471,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s n -l lines -r -f -d 'Last line
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s f -l follow -d 'Keep printing new lines until Ctrl-C.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only this host.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l grep -r -f -d 'Only lines matching this regular expression.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l since -r -f -d 'Of the last -n lines, only those from this time on (taken in each host\'s cloc...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l interval -r -f -d 'With -f: time between reads (1, 500ms, 5s; 50ms..1h).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'logs\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'

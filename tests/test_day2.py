@@ -166,6 +166,11 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     assert 1 <= len(lines) <= 5 and all(ln.startswith(f"{host}") for ln in lines)
     r = run_cli("logs", group, str(w.profile), "--grep", "no such text anywhere", env=w.env(), timeout=120)
     assert r.code == 0 and r.out == ""
+    # --since, as audit and diagnose take it (issue 31): the start header is stamped
+    r = run_cli("logs", group, str(w.profile), "-n", "5", "--since", "1d", env=w.env(), timeout=120)
+    assert r.code == 0 and r.out.splitlines() == lines, r.err
+    r = run_cli("logs", group, str(w.profile), "--since", "2999-01-01", env=w.env(), timeout=120)
+    assert r.code == 0 and r.out == "", r.err
     r = run_cli("logs", "nosuch", str(w.profile), env=w.env())
     assert r.code == 2 and "no group 'nosuch'" in r.err
 

@@ -244,20 +244,24 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
          follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until Ctrl-C."),
          host: Optional[str] = typer.Option(None, "--host", help="Only this host."),
          grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
+         since: Optional[str] = since_option("Of the last -n lines, only those from this time on (taken in each host's clock): this long ago (90s, 30m, 2h, 1d) or an ISO date or time (2026-12-01T16:00:00Z; UTC when no zone)."),
          interval: float = duration_option(1.0, "--interval", lo=0.05, hi=3600, help="With -f: time between reads (1, 500ms, 5s; 50ms..1h)."),
          accept_new: bool = _ACCEPT) -> None:
     """The group's server log from every host it runs on (every node of a multi-node server, every
     replica), each line prefixed with the host (both service backends append to
-    <root>/logs/<group>.log). -f follows until Ctrl-C.
+    <root>/logs/<group>.log). -f follows until Ctrl-C. --since keeps, of the last -n lines, those
+    from the first line stamped at or after that time on, in each host's time (its clock is read
+    in the same round trip, as audit and diagnose do).
 
     Exit 0 · 2 bad input (unknown group or host, bad --grep) · 3 a host unreachable."""
     from ..hosts.day2 import follow_offset, log_read_command, parse_log_read
     from ..hosts.service import LOG_LINE_MAX
     from ..remote import run_parallel
 
-    from .options import duration, integer
+    from .options import duration, integer, since as parse_since
     integer(lines, "-n/--lines", 1, 100_000)
     duration(interval, "--interval", lo=0.05, hi=3600)
+    when = parse_since(since) if since is not None else None
     try:
         rx = re.compile(grep) if grep else None
     except re.error as e:
@@ -283,13 +287,27 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
                     print(f"{h}{'/' + m.group(0) if m else ''}: {printable(ln[:LOG_LINE_MAX])}")
             sys.stdout.flush()
 
+        def read(t):
+            cmd = log_read_command(site.paths[t.name], group, offsets[t.name], lines)
+            if when is not None and offsets[t.name] is None:     # the first read: the host's clock too
+                from ..hosts.clock import run_clocked
+                out, clock = run_clocked(t, cmd, timeout=60)
+                return parse_log_read(out.out), clock
+            return parse_log_read(t.run(cmd, timeout=60).out), None
+
         while True:
-            res = run_parallel(sel, lambda t: parse_log_read(t.run(log_read_command(
-                site.paths[t.name], group, offsets[t.name], lines), timeout=60).out), timeout=75)
+            res = run_parallel(sel, read, timeout=75)
             for h, r in res.items():
                 if not r.ok:
                     raise DsvError(f"logs: {r.error}", EXIT_REMOTE)
-                size, text = r.value
+                (size, text), clock = r.value
+                if when is not None and offsets[h] is None:
+                    from ..diagnose.collect import since_filter
+                    from ..hosts.clock import host_cutoff, skew_warning
+                    warn = skew_warning(h, clock.offset_s if clock else None)
+                    if warn:
+                        print(warn, file=sys.stderr)
+                    text = since_filter(text, host_cutoff(when, clock.applied) if clock else when)
                 if size < 0:
                     if offsets[h] is None:
                         print(f"{h}: no log for group {group} yet ({site.paths[h].logfile(group)})", file=sys.stderr)
