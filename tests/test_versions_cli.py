@@ -170,3 +170,24 @@ def test_a_tree_of_an_unsupported_release_exits_2_naming_the_tree(prof, tmp_path
     assert r.err.strip() == (f"dsv4ctl: error: {t} at HEAD (sglang.tree): SGLang 0.5.24 is not supported "
                              "(supported: 0.5.21, 0.5.22, 0.5.23; 0.5.18-0.5.20 serve DeepSeek-V4 with another "
                              "configurator structure that dsv4ctl does not model yet)")
+
+
+def test_abbreviations_resolve_with_the_release_parser(prof, tmp_path):
+    """argparse prefix abbreviations follow the release's own options: ``page`` is ``page-size``
+    for 0.5.22 (one option starts so) but ambiguous for 0.5.23 (SGLang refuses it: exit 2);
+    ``attn-dp`` is ``attn-dp-size`` for 0.5.22 but no option of 0.5.21 (not read: lint says
+    SGL001)."""
+    shipped = (DEFAULT_PROFILE.parent / DEFAULT_PROFILE.stem / "decode.yaml").read_text()
+    dpa = dict(dp=2, dp_attention=True)
+
+    def write(version, extra, group=None):
+        (tmp_path / DEFAULT_PROFILE.stem / "decode.yaml").write_text(shipped)
+        return prof(version=version, decode=extra, decode_group=group)
+    r = plan(write("0.5.22", "page: 128\n"))
+    assert r.code == 0, r.err
+    assert [g["server_args"]["page_size"] for g in r.json()["groups"] if g["name"] == "decode"] == [128]
+    r = plan(write("0.5.23", "page: 128\n"))
+    assert r.code == 2 and "page: SGLang rejects it: ambiguous option: --page could match" in r.err, r.err
+    assert plan(write("0.5.22", "dp-size: 2\nattn-dp: 2\nenable-dp-attention: true\n", dpa)).code == 0
+    r = run_cli("config", "lint", str(write("0.5.21", "dp-size: 2\nattn-dp: 2\nenable-dp-attention: true\n", dpa)), "--json")
+    assert [f["rule"] for f in r.json()["findings"] if f["message"].startswith("attn-dp")][:1] == ["SGL001"], r.out
