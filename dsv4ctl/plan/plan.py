@@ -265,7 +265,7 @@ def serve_args(serve: Optional[ServeConfig], version: str = DEFAULT_VERSION) -> 
                 # could abbreviate an argument plan reads: resolve it as argparse does (the table is
                 # only loaded then, for start-up time)
                 try:
-                    full = resolve_option(key) or key
+                    full = resolve_option(key, option_names(version)) or key
                 except AmbiguousOption as e:
                     raise InputError(f"{loc}: {key}: SGLang rejects it: {e}") from None
             if full in SERVE_KEYS:
