@@ -23,7 +23,7 @@ PAGE_FIRST_DIRECT_LIMIT_GIB = 256.0   # field report H5 (sglang PR #26691 review
 
 # id: (name, severity, what it checks, source)
 RULES: dict[str, tuple[str, str, str, str]] = {
-    "SGL001": ("unknown-key", "error", "every key is a long option of the 0.5.23 server (dashes, no abbreviation)", "ops §1.2; server_args.py"),
+    "SGL001": ("unknown-key", "error", "every key is a long option of the server of the release that runs (its argument table; dashes, no abbreviation)", "ops §1.2; server_args.py"),
     "SGL002": ("abbreviated-key", "warning", "a key that only works as an argparse prefix abbreviation", "ops §1.2"),
     "SGL003": ("unsupported-in-config", "error", "BooleanOptionalAction/deprecated flags are rejected in --config YAML", "ops §1.2; server_args_config_parser.py"),
     "SGL004": ("invalid-value", "error", "the value passes the argument's type, choices and arity", "server_args.py (argparse)"),
