@@ -28,6 +28,7 @@ CASES = [
     ("truncated", "length_mid_call", (), {}),
     ("no_call", "no_tool_call", (), {}),
     ("markup_in_args", "markup_in_args", (), {}),
+    ("quoted_cut", "markup_cut", (), {}),
     ("wrong_args", "wrong_args", (), {}),
     ("dropped_block", "missing_call", (), {}),
     ("extra_call", "extra_call", (), {}),

@@ -69,6 +69,7 @@ KINDS: dict[str, str] = {
     "call_when_none": "a DSML block although tool_choice is none: the parser is off, markup in content",
     "no_call": "prose instead of the call the turn asks for: no tool_calls",
     "quoted_markup": "CLEAN: prose that quotes DSML inside a code span (not corruption)",
+    "quoted_cut": "prose that quotes one DSML tag in ordinary quotes: the parser cuts the content at it (an open quote)",
 }
 
 INCIDENT_KINDS = ("markup_as_text", "think_leak", "bad_json_value", "json_body_invoke", "truncated",
@@ -260,6 +261,8 @@ def write(body: dict, rng: random.Random, kind: Optional[str] = None, *, thinkin
                                   "这样每台服务器的队列都不会太长。")], kind)
     if kind == "language_switch":
         return Output(segs + [Seg(answer + " 然后调度器把请求放回队列，缓存页面在下一批次中被重新加载，这样延迟会降低很多。")], kind)
+    if kind == "quoted_cut":
+        return Output(segs + [Seg(answer + f" The block opens with '<{DSML}toolcalls>'.")], kind)
     if kind == "quoted_markup":
         return Output(segs + [Seg(answer + f" The parser looks for `<{DSML}invoke name=\"x\">` and a literal `</think>`.",
                                   plain=True)], kind)
@@ -316,6 +319,8 @@ def _calls(segs: list[Seg], calls: list[tuple[str, dict]], tools: dict, rng: ran
         return Output(out, kind, cap=-1)          # the server caps just before the first parameter closer
     if kind == "special_token":
         return Output(segs + [Seg("I will look " + EOS + " at that.\n\n"), Seg(block_text(calls))], kind)
+    if kind == "quoted_cut":
+        return Output(segs + [Seg(f"The block opens with '<{DSML}toolcalls>'.\n"), Seg(block_text(calls))], kind)
     if kind in (None, "quoted_markup", "loop", "language_switch", "empty_length", "dsml_in_reasoning"):
         return Output(segs + [lead, Seg(block_text(calls))], None)
     return Output(segs + [lead, Seg(block_text(calls), plain=True)], "markup_as_text")
