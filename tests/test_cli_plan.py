@@ -331,17 +331,18 @@ def test_unknown_command_is_a_one_line_usage_error():
 
 
 def test_pro_what_if_names_the_weights_first_and_offers_only_gpus():
-    """Issue 18: Pro on the 4-GPU group fails on the weights (estimated 805.33/4 + 3 GiB per rank),
+    """Issue 18: Pro on the 4-GPU group fails on the weights (the published checkpoint sharded at TP4,
+    issue 27: 200.566 + 2.6 GiB load overhead per rank),
     named first; no mem-fraction or index-K fix is offered (they cannot work), only more GPUs,
     re-planned."""
     r = run_cli("plan", "-g", "decode", "--json", "--set", "model=deepseek-v4-pro",
                 "--set", "available_bytes=48569637666", "--set", "index_k_dtype=fp8")
     assert r.code == 1
     (g,) = json.loads(r.out)["groups"]
-    assert g["errors"] == ["the weights (204.333 GiB per rank) and other memory do not fit in 177.0 GiB free per GPU "
+    assert g["errors"] == ["the weights (203.166 GiB per rank) and other memory do not fit in 177.0 GiB free per GPU "
                            "on 4 GPUs (tp4 pp1)"]
     assert g["verdict"]["deciding"] == "weights"
-    assert g["fixes"] == ["use 8 GPUs per group (tp-size: 8, weights ~103.666 GiB per rank) (re-planned: fits, headroom 27.174 GiB)"]
+    assert g["fixes"] == ["use 8 GPUs per group (tp-size: 8, weights ~103.083 GiB per rank) (re-planned: fits, headroom 27.757 GiB)"]
     # the given available_bytes with weights that fit but a GPU it cannot fit: a warning, not a verdict
     r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=150000000000", "--set", "index_k_dtype=fp8")
     g = json.loads(r.out)["groups"][0]

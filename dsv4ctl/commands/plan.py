@@ -132,7 +132,9 @@ def plan(
             mi = g["memory_inputs"]
             print(f"{styled(g['name'], 'bold')}: tp{g['tp']} dp{g['dp']}{' (dp-attention)' if g['dp_attention'] else ''} "
                   f"pp{g['pp']} · mem_fraction_static {g['mem_fraction_static']} ({g['mem_fraction_static_source']}) · "
-                  f"free before load {mi['free_gib_before_load']} GiB · weights {mi['weights_gib_per_rank']} GiB/rank")
+                  f"free before load {mi['free_gib_before_load']} GiB · weights {mi['weights_gib_per_rank']} GiB/rank"
+                  + (" (estimated)" if any(e.startswith("weights_gib_per_rank=") for e in mi.get("estimated") or ())
+                     else ""))
         for kind, g, m in _notes(doc):
             style = {"error": "bold red", "fix": "green", "warning": "yellow"}[kind]
             print(f"{styled(kind, style)} {g}: {m}")

@@ -6,60 +6,44 @@ Configs are the published Hugging Face ``config.json`` files of DeepSeek-V4-Flas
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from .capacity import CapacityError, ModelGeometry
+from .weights import is_checkpoint_dir
 from ..errors import InputError
 from ..resources import MODELS_DIR
 
 
+# Routed-expert formats of ``--set checkpoint_format``: fp4 = the published checkpoints (MXFP4
+# experts, FP8 elsewhere; SGLang logs them "quant=fp8"), fp8 = FP8 experts (e.g. the -Base models).
 CHECKPOINT_FORMATS = ("fp4", "fp8")
 
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """Facts for estimates when the operator has not measured them (⚠ estimates; a measured
-    ``weights_gib_per_rank`` / ``draft_weights_gib_per_rank`` always wins).
+    """Where a model's weights per rank come from when the operator has not measured them (a
+    measured ``weights_gib_per_rank`` / ``draft_weights_gib_per_rank`` always wins):
+    ``shipped`` (a shipped model: the published checkpoint's table), ``checkpoint_dir`` (a local
+    checkpoint folder: its safetensors headers), else neither (a bare ``config.json``: the
+    operator must measure). The estimate itself is :func:`dsv4ctl.plan.weights.estimate`.
+    ``config_path``: the ``config.json`` read."""
 
-    ``checkpoint_gib``: checkpoint tensor payload in GiB of the published checkpoint, whose
-    routed experts are FP4 (MXFP4 packed in int8, e8m0 scale per 32) and the rest FP8 (Flash
-    ≈149 GiB, third-party notes; Pro 805.33 GiB, checkpoint inspection report; capacity
-    reference §1.1). ``checkpoint_gib_fp8``: the same model with FP8 routed experts (block
-    scales [128,128]): the routed-expert payload doubles and the per-32 e8m0 scales go, so
-    experts x 2 x 16/17 (Flash 137.1 GiB -> 258.1, Pro 765.6 GiB -> 1,441.1; reference §1.1).
-    ``mtp_layer_gib``: the MTP (nextn) draft layer, one layer's routed experts plus attention
-    (Flash 3.19 + 0.2, Pro 12.55 + 0.45 GiB for FP4; FP8: experts x 32/17), sharded by TP/EP."""
-
-    checkpoint_gib: Optional[float]
-    checkpoint_gib_fp8: Optional[float] = None
-    mtp_layer_gib: Optional[float] = None
-    mtp_layer_gib_fp8: Optional[float] = None
-
-    def checkpoint(self, fmt: str) -> Optional[float]:
-        """Checkpoint GiB of format ``fmt`` (fp4 = the published mixed FP4/FP8 checkpoint)."""
-        return self.checkpoint_gib_fp8 if fmt == "fp8" else self.checkpoint_gib
-
-    def mtp_layer(self, fmt: str) -> Optional[float]:
-        """GiB of the MTP draft layer in format ``fmt``."""
-        return self.mtp_layer_gib_fp8 if fmt == "fp8" else self.mtp_layer_gib
+    shipped: Optional[str] = None
+    config_path: Optional[Path] = None
+    checkpoint_dir: Optional[Path] = None
 
 
-SHIPPED = {
-    "deepseek-v4-flash": ModelFacts(checkpoint_gib=149.0, checkpoint_gib_fp8=270.0,
-                                    mtp_layer_gib=3.39, mtp_layer_gib_fp8=6.2),
-    "deepseek-v4-pro": ModelFacts(checkpoint_gib=805.33, checkpoint_gib_fp8=1480.8,
-                                  mtp_layer_gib=13.0, mtp_layer_gib_fp8=24.08),
-}
+SHIPPED = {"deepseek-v4-flash": ModelFacts(), "deepseek-v4-pro": ModelFacts()}
 ALIASES = {
     "flash": "deepseek-v4-flash", "pro": "deepseek-v4-pro",
     "deepseek-ai/deepseek-v4-flash": "deepseek-v4-flash",
     "deepseek-ai/deepseek-v4-pro": "deepseek-v4-pro",
 }
 
-# Replicated (non-sharded) weight GiB per rank added to checkpoint/(tp*pp) in the estimate.
-# Calibrated on the third-party B200 TP8 figures (Flash 21.83, Pro 105.57 GiB/rank), ⚠.
+# Replicated (non-sharded) weight GiB per rank kept when a fix rescales weights to another TP
+# size (plan fixes); the estimate itself is dsv4ctl.plan.weights (Pro TP8: 3.31 GiB replicated).
 REPLICATED_WEIGHTS_GIB = 3.0
 # Largest config.json read (bytes); published DSV4 configs are ~2 KiB.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -89,15 +73,18 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
     (:meth:`ModelGeometry.from_config`)."""
     key = ALIASES.get(ref.lower(), ref.lower())
     if key in SHIPPED:
-        cfg = json.loads((MODELS_DIR / f"{key}.json").read_text())
+        cfg_path = MODELS_DIR / f"{key}.json"
+        cfg = json.loads(cfg_path.read_text())
         try:
-            return ModelGeometry.from_config(cfg, key), SHIPPED[key]
+            return ModelGeometry.from_config(cfg, key), replace(SHIPPED[key], shipped=key, config_path=cfg_path)
         except CapacityError as e:  # pragma: no cover - shipped data is tested
             raise InputError(str(e)) from None
     shown = ref if len(ref) <= MAX_SHOWN else ref[:MAX_SHOWN] + f"... ({len(ref)} characters)"
     try:
         path = _config_path(ref, base_dir)
         found = path.is_file()
+        # a folder, or a config.json beside safetensors shards, is a checkpoint (weights from its headers)
+        ckdir = path.parent if found and (path.name != Path(ref).name or is_checkpoint_dir(path.parent)) else None
     except (OSError, ValueError, RuntimeError) as e:   # name too long, NUL byte, unknown ~user
         raise InputError(f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
                          f"and not a readable path ({(getattr(e, 'strerror', None) or type(e).__name__).lower()})") from None
@@ -117,7 +104,7 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: config.json must be a JSON object")
     try:
-        return ModelGeometry.from_config(cfg, str(path)), ModelFacts(checkpoint_gib=None)
+        return ModelGeometry.from_config(cfg, str(path)), ModelFacts(config_path=path, checkpoint_dir=ckdir)
     except CapacityError as e:
         raise InputError(str(e)) from None
 

@@ -15,6 +15,7 @@ from .capacity import GIB, CapacityError
 from ..errors import InputError
 from .models import CHECKPOINT_FORMATS, REPLICATED_WEIGHTS_GIB, load_model
 from . import verdict as vd
+from . import weights as wts
 from .sglang_version import VersionChoice, resolve_version
 from .versions import DEFAULT_VERSION, VersionRules, rules_for
 from ..profile.model import MAX_GIB, Group, Profile
@@ -664,22 +665,21 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     fmt = str(args.get("checkpoint_format", "fp4")).lower()
     if fmt not in CHECKPOINT_FORMATS:
         raise InputError(f"--set checkpoint_format: {fmt!r} not in {'|'.join(CHECKPOINT_FORMATS)}")
-    if w_gib is None:
-        ckpt = facts.checkpoint(fmt)
-        if ckpt is None:
-            raise InputError(f"group {group.name}: memory.weights_gib_per_rank is required for a custom model")
-        w_gib = round(ckpt / (tp * pp) + REPLICATED_WEIGHTS_GIB, 3)
-        estimated.append(f"weights_gib_per_rank={w_gib} ({fmt.upper()} checkpoint {ckpt} GiB/(tp*pp) + "
-                         f"{REPLICATED_WEIGHTS_GIB} GiB)")
     # the EAGLE/MTP draft worker loads its nextn layer after the target (F counts both, reference §3.2)
     dw_gib = args.get("draft_weights_gib_per_rank", getattr(mem, "draft_weights_gib_per_rank", None))
-    if spec_algo and dw_gib is None:
-        layer = facts.mtp_layer(fmt)
-        if layer is None:
-            raise InputError(f"group {group.name}: memory.draft_weights_gib_per_rank is required for "
-                             "speculative decoding with a custom model")
-        dw_gib = round(layer / tp, 3)
-        estimated.append(f"draft_weights_gib_per_rank={dw_gib} (MTP layer {layer} GiB/tp, {fmt.upper()})")
+    if w_gib is None or (spec_algo and dw_gib is None):
+        # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights)
+        est = wts.estimate(facts, getattr(facts, "config_path", None), fmt,
+                           wts.sharding_from_args(args, tp, dp, pp, dpa, pp_partition), model.num_hidden_layers)
+        if est is None:
+            raise InputError(f"group {group.name}: memory.{'weights' if w_gib is None else 'draft_weights'}"
+                             "_gib_per_rank is required for a custom model (a config.json without its checkpoint)")
+        if w_gib is None:
+            w_gib = est.target_gib
+            estimated.append(est.note)
+        if spec_algo and dw_gib is None:
+            dw_gib = est.draft_gib
+            estimated.append(est.draft_note)
     dw_gib = float(dw_gib or 0.0) if spec_algo else 0.0
     other = args.get("other_gib", mem.other_gib)
     rank_resident = None

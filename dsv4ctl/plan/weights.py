@@ -1,0 +1,582 @@
+"""Per-rank weight memory of DeepSeek-V4 under SGLang 0.5.23, from safetensors headers.
+
+Two sources, one rule set:
+
+* a local checkpoint folder (``config.json`` + ``*.safetensors``, optionally
+  ``model.safetensors.index.json``): the tensors' names, dtypes and shapes are read from the
+  safetensors *headers* only (tensor data is never read);
+* a shipped model name: the tensor inventory of the published checkpoint, generated from the
+  shipped ``config.json`` (:func:`published_inventory`; for DeepSeek-V4-Pro it reproduces the
+  checkpoint inspection report's 145,116 tensors and 805.32 GiB exactly), plus a per-rank load
+  overhead calibrated on measured ``Load weight end ... mem usage`` logs (:data:`MEASURED`), whose
+  error is printed with the estimate.
+
+Either inventory is divided over the ranks as SGLang 0.5.23 shards DeepSeek-V4
+(sglang 0.5.23 wheel, ``sglang/srt/models/deepseek_v4.py``, ``deepseek_v2.py``,
+``deepseek_v4_nextn.py``, ``srt/layers/attention/dsv4/{compressor,indexer}.py``):
+
+* ``attn_tp`` -- ``wq_b`` (ColumnParallelLinear), ``wo_a`` (ColumnParallelLinear), ``wo_b``
+  (RowParallelLinear), all ``parallel_group="attn_tp"`` (``MqaAttentionBase.__init__``): divided
+  by the attention-TP size, ``tp / dp`` with DP attention, else ``tp``.
+* ``routed`` -- the routed experts (``DeepseekV2MoE.experts``, FusedMoE): EP x MoE-TP = tp, so
+  divided by ``tp`` (redundant EP experts, ``--ep-num-redundant-experts``, are not counted).
+* ``shared`` -- the shared expert (``DeepseekV2MLP``, ``parallel_group="tp"``): divided by ``tp``,
+  replicated (``parallel_group="replicated"``) when an all-to-all MoE backend (``--moe-a2a-backend``
+  deepep, mooncake, megamoe, ...) or ``SGLANG_SHARED_EXPERT_TP1`` is on (``deepseek_v2.py``).
+* ``embed`` -- ``VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())``: divided by
+  ``tp``, replicated with DP attention. ``head`` -- ``ParallelLMHead``: divided by ``tp`` (by the
+  attention-TP size with ``--enable-dp-lm-head``).
+* ``replicated`` -- everything else: ``wq_a``/``wkv`` (ReplicatedLinear, fused as ``wqkv_a``),
+  norms, ``attn_sink``, the compressor and C4 indexer (ReplicatedLinear / plain parameters), the
+  MoE gate and its bias / ``tid2eid`` hash table, the hyper-connection (``hc_*``) parameters.
+* PP: a layer's tensors sit on the stage owning it (``get_pp_indices``); the embedding on the first
+  stage, the head, final norm and ``hc_head_*`` on the last. The heaviest stage is reported.
+* ``draft`` -- the MTP layer (``mtp.N.*`` in the published naming, or ``layers.N`` with
+  ``N >= num_hidden_layers``): loaded by ``DeepseekV4ForCausalLMNextN`` only with speculative
+  decoding, sharded like a target layer; ``e_proj``/``h_proj`` are ReplicatedLinear; its embedding
+  and head are the target's (``load_weights(is_nextn=True)`` skips ``embed_tokens`` and
+  ``shared_head.head``).
+
+Units: bytes in, GiB (2**30 bytes, what SGLang's "GB" log lines mean) out."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .capacity import GIB, CapacityError, pp_layer_range
+from ..errors import InputError
+
+# Bytes per element of the safetensors dtypes (safetensors format spec, ``Dtype``). MXFP4
+# experts of the published checkpoint are stored as I8 (two e2m1 values per byte) with F8_E8M0
+# scales, so every dtype here is whole bytes; the header's data_offsets decide the size anyway.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
+               "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+               "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+# Sub-byte dtypes newer safetensors writers use: bits per element.
+DTYPE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+# Largest header read (bytes): safetensors itself refuses headers over 100,000,000 bytes.
+MAX_HEADER_BYTES = 100_000_000
+# Most shard files read from one folder (the published Pro checkpoint has 64).
+MAX_FILES = 4096
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor as a safetensors header describes it: ``nbytes`` from its data_offsets."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class HeaderError(InputError):
+    """A safetensors file whose header cannot be used (exit 2)."""
+
+
+def read_header(path: Path) -> list[Tensor]:
+    """The tensors of one ``.safetensors`` file, from its header only.
+
+    Format (safetensors spec): 8-byte little-endian unsigned header length N, then N bytes of
+    JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then
+    the data. Parsed here directly (8 bytes + JSON; the ``safetensors`` package is not needed).
+    Raises :class:`HeaderError` (exit 2) for a short file, a header longer than the file or
+    :data:`MAX_HEADER_BYTES`, malformed JSON or entries, and data offsets past the end of the
+    file (a truncated download)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise HeaderError(f"{path}: truncated safetensors file ({size} bytes, no 8-byte header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n < 2 or n > MAX_HEADER_BYTES:
+                raise HeaderError(f"{path}: not a safetensors file (header length {n:,} bytes)")
+            if 8 + n > size:
+                raise HeaderError(f"{path}: truncated safetensors file (header of {n:,} bytes, file {size:,} bytes)")
+            raw = f.read(n)
+    except OSError as e:
+        raise HeaderError(f"{path}: cannot read ({(e.strerror or type(e).__name__).lower()})") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise HeaderError(f"{path}: malformed safetensors header ({type(e).__name__}: {str(e)[:120]})") from None
+    if not isinstance(doc, dict):
+        raise HeaderError(f"{path}: malformed safetensors header (not a JSON object)")
+    out: list[Tensor] = []
+    data_len = size - 8 - n
+    for name, ent in doc.items():
+        if name == "__metadata__":
+            continue
+        out.append(_entry(path, name, ent, data_len))
+    return out
+
+
+def _entry(path: Path, name: str, ent, data_len: int) -> Tensor:
+    """One header entry, checked: known dtype, shape of non-negative ints, offsets inside the
+    data and as long as dtype x shape says."""
+    shown = name if len(name) <= 120 else name[:120] + "..."
+    if not isinstance(ent, dict):
+        raise HeaderError(f"{path}: malformed safetensors header: {shown}: not an object")
+    dtype, shape, offs = ent.get("dtype"), ent.get("shape"), ent.get("data_offsets")
+    if not isinstance(dtype, str) or (dtype not in DTYPE_BYTES and dtype not in DTYPE_BITS):
+        raise HeaderError(f"{path}: malformed safetensors header: {shown}: unknown dtype {str(dtype)[:40]!r}")
+    if (not isinstance(shape, list) or len(shape) > 16
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise HeaderError(f"{path}: malformed safetensors header: {shown}: bad shape {str(shape)[:60]}")
+    if (not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs) or not 0 <= offs[0] <= offs[1]):
+        raise HeaderError(f"{path}: malformed safetensors header: {shown}: bad data_offsets {str(offs)[:60]}")
+    if offs[1] > data_len:
+        raise HeaderError(f"{path}: truncated safetensors file: {shown} ends at byte {offs[1]:,} of the data, "
+                          f"which has {data_len:,}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    want = numel * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else -(-numel * DTYPE_BITS[dtype] // 8)
+    if offs[1] - offs[0] != want:
+        raise HeaderError(f"{path}: malformed safetensors header: {shown}: {offs[1] - offs[0]:,} bytes for "
+                          f"{dtype} {shape} ({want:,} expected)")
+    return Tensor(name, dtype, tuple(shape), offs[1] - offs[0])
+
+
+def is_checkpoint_dir(folder: Path) -> bool:
+    """True when ``folder`` holds safetensors shards or their index (a checkpoint, not a bare
+    config folder)."""
+    try:
+        return (folder / INDEX_NAME).is_file() or any(folder.glob("*.safetensors"))
+    except OSError:
+        return False
+
+
+def read_checkpoint(folder: Path) -> list[Tensor]:
+    """Every tensor of a checkpoint folder, from the safetensors headers (tensor data is never
+    read). With ``model.safetensors.index.json`` the files it names are read (each must exist),
+    else every ``*.safetensors`` in the folder. Raises InputError (exit 2) for a folder without
+    shards, a missing shard, a bad index or header (:func:`read_header`), or a tensor in two files."""
+    index = folder / INDEX_NAME
+    if index.is_file():
+        try:
+            with open(index, "rb") as f:
+                raw = f.read(MAX_HEADER_BYTES + 1)
+            if len(raw) > MAX_HEADER_BYTES:
+                raise ValueError(f"larger than {MAX_HEADER_BYTES:,} bytes")
+            doc = json.loads(raw.decode("utf-8"))
+            wmap = doc["weight_map"]
+            if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+                raise TypeError("weight_map is not an object of file names")
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
+            raise InputError(f"{index}: not a readable safetensors index ({type(e).__name__}: {str(e)[:120]})") from None
+        names = sorted(set(wmap.values()))
+        bad = [n for n in names if Path(n).name != n]
+        if bad:
+            raise InputError(f"{index}: weight_map names a file outside the folder: {bad[0][:120]!r}")
+        files = [folder / n for n in names]
+        missing = [p.name for p in files if not p.is_file()]
+        if missing:
+            raise InputError(f"{index}: names {len(missing)} missing shard(s), first {missing[0]}")
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{folder}: no safetensors headers (no *.safetensors and no {INDEX_NAME}): give "
+                         "memory.weights_gib_per_rank or the checkpoint's shards")
+    if len(files) > MAX_FILES:
+        raise InputError(f"{folder}: {len(files)} safetensors files (at most {MAX_FILES} read)")
+    seen: dict[str, str] = {}
+    out: list[Tensor] = []
+    for p in files:
+        for t in read_header(p):
+            if t.name in seen:
+                raise InputError(f"{p}: tensor {t.name[:120]} is also in {seen[t.name]}")
+            seen[t.name] = p.name
+            out.append(t)
+    return out
+
+
+# --- classification (SGLang 0.5.23's sharding, see the module docstring) ----------------------
+
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
+_MTP = re.compile(r"^(?:model\.)?mtp\.(\d+)\.")
+
+
+def classify(name: str, num_hidden_layers: int) -> tuple[str, Optional[int], bool]:
+    """``(kind, layer, draft)`` of a checkpoint tensor name, published (``layers.3.attn.wq_b.weight``)
+    or Hugging Face style (``model.layers.3.self_attn.wq_b.weight``). ``kind`` is one of ``routed``,
+    ``shared``, ``attn_tp``, ``embed``, ``head``, ``final`` (last PP stage: final norm,
+    ``hc_head_*``), ``replicated``, ``skip`` (the MTP layer's own copy of embedding/head, shared
+    with the target); ``layer`` the target layer index (None outside layers); ``draft`` True for the
+    MTP layer (SGLang 0.5.23 ``DeepseekV4ForCausalLM.load_weights`` / ``remap_weight_name_to_dpsk_hf_format``)."""
+    draft, layer = False, None
+    m = _MTP.match(name)
+    if m:
+        draft = True
+        rest = name[m.end():]
+    else:
+        m = _LAYER.match(name)
+        if m:
+            layer = int(m.group(1))
+            rest = name[m.end():]
+            if layer >= num_hidden_layers:       # HF naming of the nextn layer: layers.<L>
+                draft, layer = True, None
+        else:
+            rest = name.removeprefix("model.")
+    if draft and re.match(r"(?:emb\.|embed|head\.|shared_head\.head)", rest):
+        return "skip", None, True
+    if layer is None and not draft:
+        if rest.startswith(("embed.", "embed_tokens.")):
+            return "embed", None, False
+        if rest.startswith(("head.", "lm_head.")) or name.startswith("lm_head."):
+            return "head", None, False
+        return "final", None, False
+    rest = rest.replace(".self_attn.", ".attn.").replace(".mlp.", ".ffn.")
+    rest = ("attn." + rest[len("self_attn."):]) if rest.startswith("self_attn.") else rest
+    rest = ("ffn." + rest[len("mlp."):]) if rest.startswith("mlp.") else rest
+    if rest.startswith("ffn.shared_experts."):
+        return "shared", layer, draft
+    if rest.startswith("ffn.experts."):
+        return "routed", layer, draft
+    if rest.startswith("attn.") and not rest.startswith(("attn.indexer.", "attn.compressor.")):
+        leaf = rest[len("attn."):].split(".", 1)[0]
+        if leaf in ("wq_b", "wo_a", "wo_b"):
+            return "attn_tp", layer, draft
+    return "replicated", layer, draft
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How SGLang spreads a server over GPUs: ``tp``, ``dp`` with ``dp_attention``, ``pp`` (and
+    ``pp_partition``, SGLANG_PP_LAYER_PARTITION), ``shared_replicated`` (an all-to-all MoE backend
+    or SGLANG_SHARED_EXPERT_TP1), ``dp_lm_head`` (``--enable-dp-lm-head``)."""
+
+    tp: int = 1
+    dp: int = 1
+    dp_attention: bool = False
+    pp: int = 1
+    pp_partition: Optional[tuple[int, ...]] = None
+    shared_replicated: bool = False
+    dp_lm_head: bool = False
+
+    @property
+    def attn_tp(self) -> int:
+        """Attention-TP size: ``tp // dp`` with DP attention (SGLang's ``attn_tp_size``), else ``tp``."""
+        return max(1, self.tp // self.dp) if self.dp_attention else self.tp
+
+    def divisor(self, kind: str) -> int:
+        """Ranks one tensor of ``kind`` is split over (1 = replicated)."""
+        if kind == "routed":
+            return self.tp
+        if kind == "shared":
+            return 1 if self.shared_replicated else self.tp
+        if kind == "attn_tp":
+            return self.attn_tp
+        if kind == "embed":
+            return 1 if self.dp_attention else self.tp
+        if kind == "head":
+            return self.attn_tp if self.dp_lm_head else self.tp
+        return 1
+
+
+@dataclass
+class RankWeights:
+    """Per-rank weight bytes of the heaviest PP stage: ``target`` and ``draft`` (MTP layer), with
+    the target's bytes by kind (``by_kind``) and the tensor count and checkpoint bytes read."""
+
+    target: float
+    draft: float
+    by_kind: dict[str, float] = field(default_factory=dict)
+    tensors: int = 0
+    checkpoint_bytes: int = 0
+
+    @property
+    def target_gib(self) -> float:
+        """Target weights per rank in GiB."""
+        return self.target / GIB
+
+    @property
+    def draft_gib(self) -> float:
+        """MTP draft weights per rank in GiB."""
+        return self.draft / GIB
+
+
+def per_rank(tensors: Iterable[Tensor], num_hidden_layers: int, sharding: Sharding) -> RankWeights:
+    """Bytes per GPU rank of ``tensors`` under SGLang 0.5.23's DeepSeek-V4 sharding (module
+    docstring): each tensor's bytes divided by the ranks it is split over, summed per PP stage;
+    the heaviest stage is returned. Raises InputError when ``sharding.pp_partition`` does not
+    fit the layers."""
+    pp = sharding.pp
+    stages: list[tuple[int, int]] = []
+    try:
+        for r in range(pp):
+            stages.append(pp_layer_range(num_hidden_layers, pp, r, sharding.pp_partition))
+    except CapacityError as e:
+        raise InputError(str(e)) from None
+    per_stage = [dict() for _ in range(pp)]
+    draft = 0.0
+    n = total = 0
+    for t in tensors:
+        n += 1
+        total += t.nbytes
+        kind, layer, is_draft = classify(t.name, num_hidden_layers)
+        if kind == "skip":
+            continue
+        b = t.nbytes / sharding.divisor(kind)
+        if is_draft:
+            draft += b
+            continue
+        if kind == "embed":
+            owners = [0]
+        elif kind in ("head", "final"):
+            owners = [pp - 1]
+        elif layer is None:
+            owners = list(range(pp))
+        else:
+            owners = [r for r, (s, e) in enumerate(stages) if s <= layer < e] or [pp - 1]
+        for r in owners:
+            per_stage[r][kind] = per_stage[r].get(kind, 0.0) + b
+    heavy = max(per_stage, key=lambda d: sum(d.values()))
+    return RankWeights(target=sum(heavy.values()), draft=draft, by_kind=heavy, tensors=n, checkpoint_bytes=total)
+
+
+# --- the published checkpoints -----------------------------------------------------------------
+
+def published_inventory(cfg: dict, expert_format: str = "fp4") -> list[Tensor]:
+    """The tensors of the published DeepSeek-V4 checkpoint of ``cfg`` (a ``config.json`` dict),
+    without data: bf16 embedding/head/norms/compressors, FP8 e4m3 linears with e8m0 [128,128]
+    block scales, routed experts as MXFP4 packed in I8 with an e8m0 scale per 32 (``expert_format``
+    ``fp4``) or FP8 with [128,128] block scales (``fp8``), fp32 hyper-connection parameters, the
+    MTP layer as ``mtp.0``. Layout taken from the DeepSeek-V4-Pro checkpoint inspection report
+    (gogongxt/python:``scripts/models/deepseek_v4_pro.md``: 64 files, 145,116 tensors, 805.32 GiB of
+    tensors), which this reproduces exactly for the Pro config (tests/test_plan_weights.py)."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    nh, hd = cfg["num_attention_heads"], cfg["head_dim"]
+    ql, og, ol = cfg["q_lora_rank"], cfg["o_groups"], cfg["o_lora_rank"]
+    ne, mi, ns = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg.get("n_shared_experts", 1)
+    hc, L = cfg.get("hc_mult", 4), cfg["num_hidden_layers"]
+    idim, iheads = cfg["index_head_dim"], cfg["index_n_heads"]
+    nhash, topk = cfg.get("num_hash_layers", 0), cfg["num_experts_per_tok"]
+    ratios = list(cfg["compress_ratios"])
+    out: list[Tensor] = []
+
+    def t(name: str, dtype: str, *shape: int) -> None:
+        numel = 1
+        for d in shape:
+            numel *= d
+        out.append(Tensor(name, dtype, tuple(shape), numel * DTYPE_BYTES[dtype]))
+
+    def fp8(name: str, rows: int, cols: int) -> None:
+        t(f"{name}.weight", "F8_E4M3", rows, cols)
+        t(f"{name}.scale", "F8_E8M0", -(-rows // 128), -(-cols // 128))
+
+    def layer(p: str, ratio: int, hashed: bool) -> None:
+        t(f"{p}.attn.attn_sink", "F32", nh)
+        t(f"{p}.attn.kv_norm.weight", "BF16", hd)
+        t(f"{p}.attn.q_norm.weight", "BF16", ql)
+        fp8(f"{p}.attn.wkv", hd, h)
+        fp8(f"{p}.attn.wo_a", og * ol, nh * hd // og)
+        fp8(f"{p}.attn.wo_b", h, og * ol)
+        fp8(f"{p}.attn.wq_a", ql, h)
+        fp8(f"{p}.attn.wq_b", nh * hd, ql)
+        if ratio:
+            coff = 2 if ratio == 4 else 1
+            t(f"{p}.attn.compressor.ape", "F32", ratio, coff * hd)
+            t(f"{p}.attn.compressor.norm.weight", "BF16", hd)
+            t(f"{p}.attn.compressor.wgate.weight", "BF16", coff * hd, h)
+            t(f"{p}.attn.compressor.wkv.weight", "BF16", coff * hd, h)
+        if ratio == 4:
+            t(f"{p}.attn.indexer.compressor.ape", "F32", ratio, 2 * idim)
+            t(f"{p}.attn.indexer.compressor.norm.weight", "BF16", idim)
+            t(f"{p}.attn.indexer.compressor.wgate.weight", "BF16", 2 * idim, h)
+            t(f"{p}.attn.indexer.compressor.wkv.weight", "BF16", 2 * idim, h)
+            t(f"{p}.attn.indexer.weights_proj.weight", "BF16", iheads, h)
+            fp8(f"{p}.attn.indexer.wq_b", iheads * idim, ql)
+        t(f"{p}.attn_norm.weight", "BF16", h)
+        t(f"{p}.ffn_norm.weight", "BF16", h)
+        for e in range(ne):
+            for w, (rows, cols) in (("w1", (mi, h)), ("w2", (h, mi)), ("w3", (mi, h))):
+                if expert_format == "fp8":
+                    fp8(f"{p}.ffn.experts.{e}.{w}", rows, cols)
+                else:
+                    t(f"{p}.ffn.experts.{e}.{w}.weight", "I8", rows, cols // 2)
+                    t(f"{p}.ffn.experts.{e}.{w}.scale", "F8_E8M0", rows, cols // 32)
+        t(f"{p}.ffn.gate.weight", "BF16", ne, h)
+        if hashed:
+            t(f"{p}.ffn.gate.tid2eid", "I64", v, topk)
+        else:
+            t(f"{p}.ffn.gate.bias", "F32", ne)
+        for w, (rows, cols) in (("w1", (mi * ns, h)), ("w2", (h, mi * ns)), ("w3", (mi * ns, h))):
+            fp8(f"{p}.ffn.shared_experts.{w}", rows, cols)
+        mix = (2 + hc) * hc
+        for part in ("attn", "ffn"):
+            t(f"{p}.hc_{part}_base", "F32", mix)
+            t(f"{p}.hc_{part}_fn", "F32", mix, hc * h)
+            t(f"{p}.hc_{part}_scale", "F32", 3)
+
+    t("embed.weight", "BF16", v, h)
+    t("head.weight", "BF16", v, h)
+    t("norm.weight", "BF16", h)
+    t("hc_head_base", "F32", hc)
+    t("hc_head_fn", "F32", hc, hc * h)
+    t("hc_head_scale", "F32", 1)
+    for i in range(L):
+        layer(f"layers.{i}", ratios[i] if i < len(ratios) else 0, i < nhash)
+    for j in range(int(cfg.get("num_nextn_predict_layers", 0) or 0)):
+        p = f"mtp.{j}"
+        layer(p, 0, False)
+        fp8(f"{p}.e_proj", h, h)
+        fp8(f"{p}.h_proj", h, h)
+        for nm in ("enorm", "hnorm", "norm"):
+            t(f"{p}.{nm}.weight", "BF16", h)
+        t(f"{p}.hc_head_base", "F32", hc)
+        t(f"{p}.hc_head_fn", "F32", hc, hc * h)
+        t(f"{p}.hc_head_scale", "F32", 1)
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured per-rank weight figure: model, expert format, topology, GiB (SGLang's
+    ``Load weight end ... mem usage``), where it comes from, and whether the calibration uses it."""
+
+    model: str
+    expert_format: str
+    tp: int
+    gib: float
+    source: str
+    calibrates: bool = True
+
+
+# Measured per-rank target weights (GiB). SGLang's log "GB" divides by 2**30 (reference §1.4).
+MEASURED = (
+    Measured("deepseek-v4-pro", "fp4", 8, 103.5,
+             "InferenceX#2128 closing comment: 8xH200 TP8, pinned deepseek-v4-hopper image, '~103-104 GB/GPU'"),
+    Measured("deepseek-v4-pro", "fp4", 8, 105.57,
+             "gddezero/b200-perf-opt 09_deepseek_v4_b200.md: B200 TP8 (GB or GiB not stated)"),
+    Measured("deepseek-v4-flash", "fp4", 8, 21.83,
+             "gddezero/b200-perf-opt 09_deepseek_v4_b200.md: B200 TP8 (GB or GiB not stated)"),
+    Measured("deepseek-v4-pro", "fp4", 8, 125.65,
+             "InferenceX#2128: 8xH200 TP8, older deepseek-v4-hopper image, 'Load weight end. quant=fp8 ... "
+             "mem usage=125.65 GB' (the image update dropped it to ~103-104)", calibrates=False),
+)
+# Per-rank bytes SGLang holds at "Load weight end" beyond the checkpoint's share, fitted to the
+# calibrating MEASURED rows (mean residual of the inventory's per-rank bytes): freqs_cis RoPE
+# tables (2 cached, 2**20 x 32 complex64 = 0.25 GiB each, kernels/ops/attention/dsv4/rope.py),
+# kernel workspaces and padding. Recomputed by tests/test_plan_weights.py.
+LOAD_OVERHEAD_GIB = 2.6
+
+
+@dataclass
+class Estimate:
+    """A weight estimate: per-rank ``target_gib``/``draft_gib`` and the sentence the plan prints."""
+
+    target_gib: float
+    draft_gib: float
+    note: str
+    draft_note: str
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1f} %"
+
+
+def _shipped_cfg(key: str) -> dict:
+    from ..resources import MODELS_DIR
+    return json.loads((MODELS_DIR / f"{key}.json").read_text())
+
+
+def calibration() -> list[tuple[Measured, float, float]]:
+    """Every :data:`MEASURED` row with the table's per-rank GiB at its topology (TP only) and the
+    relative error in percent, ``(table - measured) / measured * 100``."""
+    out = []
+    for m in MEASURED:
+        cfg = _shipped_cfg(m.model)
+        rw = per_rank(published_inventory(cfg, m.expert_format), cfg["num_hidden_layers"], Sharding(tp=m.tp))
+        w = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3)
+        out.append((m, w, (w - m.gib) / m.gib * 100))
+    return out
+
+
+def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding) -> Estimate:
+    """Per-rank weights of shipped model ``key`` (config ``cfg``): the published checkpoint's
+    inventory (:func:`published_inventory`) sharded as SGLang 0.5.23 does (:func:`per_rank`) plus
+    :data:`LOAD_OVERHEAD_GIB`. The note names the source and the error against the measured logs
+    (:data:`MEASURED`): those at this very topology, else the calibration's error range."""
+    rw = per_rank(published_inventory(cfg, expert_format), cfg["num_hidden_layers"], sharding)
+    w = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3)
+    cal = calibration()
+    same = sharding.pp == 1 and not sharding.dp_attention and not sharding.shared_replicated
+    here = [(m, e) for m, _, e in cal if same and m.model == key and m.expert_format == expert_format
+            and m.tp == sharding.tp]
+    if here:
+        vs = "; vs measured " + ", ".join(f"{m.gib}{'' if m.calibrates else ' (older image)'}: {_pct(e)}"
+                                          for m, e in here)
+    else:
+        errs = [e for m, _, e in cal if m.calibrates]
+        vs = f"; calibrated on {len(errs)} TP8 logs, error {_pct(min(errs))} to {_pct(max(errs))}"
+    fmt = "FP4 experts" if expert_format == "fp4" else "FP8 experts"
+    top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
+        (f" pp {sharding.pp}" if sharding.pp > 1 else "")
+    note = (f"weights_gib_per_rank={w} (published {key} checkpoint, {fmt}: {rw.tensors:,} tensors, "
+            f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top} + {LOAD_OVERHEAD_GIB} GiB "
+            f"load overhead{vs}; see dsv4ctl.plan.weights.MEASURED)")
+    dw = round(rw.draft_gib, 3)
+    return Estimate(w, dw, note, f"draft_weights_gib_per_rank={dw} (the MTP layer of the published {key} "
+                                    f"checkpoint, {fmt}, sharded as SGLang 0.5.23 at {top})")
+
+
+def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding) -> Estimate:
+    """Per-rank weights of a local checkpoint folder, from its safetensors headers
+    (:func:`read_checkpoint`) sharded as SGLang 0.5.23 does (:func:`per_rank`). No load overhead
+    is added: the figure is the checkpoint's share of bytes per rank. Raises InputError (exit 2)
+    for a folder without headers or a truncated/malformed shard."""
+    rw = per_rank(read_checkpoint(folder), num_hidden_layers, sharding)
+    w, dw = round(rw.target_gib, 3), round(rw.draft_gib, 3)
+    where = f"{folder}" if len(str(folder)) <= 120 else f"...{str(folder)[-117:]}"
+    top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
+        (f" pp {sharding.pp}" if sharding.pp > 1 else "")
+    return Estimate(w, dw,
+                    f"weights_gib_per_rank={w} (safetensors headers of {where}: {rw.tensors:,} tensors, "
+                    f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top})",
+                    f"draft_weights_gib_per_rank={dw} (MTP layer in the safetensors headers of {where}, "
+                    f"sharded as SGLang 0.5.23 at {top})")
+
+
+def _env_true(v) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def sharding_from_args(args: dict, tp: int, dp: int, pp: int, dp_attention: bool,
+                       pp_partition: Optional[tuple[int, ...]]) -> Sharding:
+    """The :class:`Sharding` of a resolved group: its topology, ``moe_a2a_backend`` (any backend
+    but ``none`` replicates the shared expert), ``SGLANG_SHARED_EXPERT_TP1`` and
+    ``enable_dp_lm_head`` from the serve config / env / overrides."""
+    a2a = str(args.get("moe_a2a_backend") or "none").lower()
+    return Sharding(tp=tp, dp=dp, dp_attention=bool(dp_attention), pp=pp, pp_partition=pp_partition,
+                    shared_replicated=a2a != "none" or _env_true(args.get("SGLANG_SHARED_EXPERT_TP1", "")),
+                    dp_lm_head=bool(args.get("enable_dp_lm_head", False)))
+
+
+def estimate(facts, cfg_path: Optional[Path], expert_format: str, sharding: Sharding,
+             num_hidden_layers: int) -> Optional[Estimate]:
+    """The weight estimate for a group: from the checkpoint folder's headers when the model is one
+    (``facts.checkpoint_dir``), else from the shipped table (``facts.shipped``), else None (a
+    bare ``config.json``: the operator must give ``memory.weights_gib_per_rank``)."""
+    ckdir = getattr(facts, "checkpoint_dir", None)
+    if ckdir is not None:
+        return checkpoint_estimate(Path(ckdir), num_hidden_layers, sharding)
+    key = getattr(facts, "shipped", None)
+    if key:
+        cfg = json.loads(Path(cfg_path).read_text()) if cfg_path is not None else _shipped_cfg(key)
+        return shipped_estimate(key, cfg, expert_format, sharding)
+    return None
+
+
+__all__ = ["Tensor", "HeaderError", "read_header", "read_checkpoint", "is_checkpoint_dir", "classify",
+           "Sharding", "RankWeights", "per_rank", "published_inventory", "Measured", "MEASURED",
+           "LOAD_OVERHEAD_GIB", "Estimate", "calibration", "shipped_estimate", "checkpoint_estimate", "sharding_from_args",
+           "estimate"]

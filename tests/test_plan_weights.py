@@ -1,0 +1,345 @@
+"""Weights per rank from the checkpoint (issue 27 item 2): safetensors headers of a local
+checkpoint folder, sharded as SGLang 0.5.23 shards DeepSeek-V4 (dsv4ctl/plan/weights.py), and
+the shipped table for the published checkpoints, checked against the measured logs.
+
+The synthetic checkpoints are written in the real safetensors format (8-byte little-endian
+header length, JSON header, data) by :func:`write_shard` below, and once by the ``safetensors``
+package itself (from the oracle environment ``.venv-oracle``, skipped without it). Expected
+numbers are computed by hand in each test, not by the code under test."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.errors import InputError
+from dsv4ctl.plan import weights as W
+from dsv4ctl.plan.plan import build_plan
+from dsv4ctl.profile.model import load_profile
+from dsv4ctl.resources import MODELS_DIR
+from tests.conftest import DEFAULT_PROFILE, ORACLE_PY, REPO, run_cli
+
+GIB = 1 << 30
+SIZES = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I64": 8}
+
+# A tiny DeepSeek-V4: 4 layers (ratios 0, 4, 128, 4) + 1 MTP layer, 8 heads, 4 experts.
+TINY = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 256,
+        "vocab_size": 1024, "num_attention_heads": 8, "head_dim": 128, "qk_rope_head_dim": 64,
+        "q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 128, "n_routed_experts": 4,
+        "moe_intermediate_size": 128, "n_shared_experts": 1, "num_experts_per_tok": 2, "hc_mult": 4,
+        "num_hidden_layers": 4, "num_hash_layers": 1, "index_head_dim": 128, "index_n_heads": 4,
+        "index_topk": 64, "sliding_window": 128, "max_position_embeddings": 4096,
+        "compress_ratios": [0, 4, 128, 4, 0], "num_key_value_heads": 1, "num_nextn_predict_layers": 1,
+        "rms_norm_eps": 1e-6, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+
+
+def write_shard(path: Path, tensors: dict[str, tuple[str, list[int]]], *, pad: int = 0) -> int:
+    """A .safetensors file: 8-byte LE header length + JSON header + zero data (the format spec);
+    returns the data bytes written."""
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = SIZES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(off + pad))
+    return off
+
+
+def _nbytes(dtype: str, shape: list[int]) -> int:
+    n = SIZES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def tiny_tensors() -> dict[str, tuple[str, list[int]]]:
+    """The tiny model's tensors in the published naming, by hand."""
+    t: dict[str, tuple[str, list[int]]] = {
+        "embed.weight": ("BF16", [1024, 256]), "head.weight": ("BF16", [1024, 256]),
+        "norm.weight": ("BF16", [256])}
+    for p in ["layers.0", "layers.1", "layers.2", "layers.3", "mtp.0"]:
+        t[f"{p}.attn.wq_a.weight"] = ("F8_E4M3", [128, 256])
+        t[f"{p}.attn.wkv.weight"] = ("F8_E4M3", [128, 256])
+        t[f"{p}.attn.wq_b.weight"] = ("F8_E4M3", [1024, 128])        # 8 heads x 128
+        t[f"{p}.attn.wo_a.weight"] = ("F8_E4M3", [256, 512])          # 2 groups x 128, 8*128/2
+        t[f"{p}.attn.wo_b.weight"] = ("F8_E4M3", [256, 256])
+        t[f"{p}.attn.attn_sink"] = ("F32", [8])
+        t[f"{p}.ffn.gate.weight"] = ("BF16", [4, 256])
+        for e in range(4):
+            t[f"{p}.ffn.experts.{e}.w1.weight"] = ("I8", [128, 128])
+            t[f"{p}.ffn.experts.{e}.w1.scale"] = ("F8_E8M0", [128, 8])
+        t[f"{p}.ffn.shared_experts.w1.weight"] = ("F8_E4M3", [128, 256])
+        t[f"{p}.hc_attn_fn"] = ("F32", [24, 1024])
+    t["layers.1.attn.indexer.wq_b.weight"] = ("F8_E4M3", [512, 128])
+    t["layers.1.attn.compressor.wkv.weight"] = ("BF16", [256, 256])
+    t["mtp.0.e_proj.weight"] = ("F8_E4M3", [256, 256])
+    return t
+
+
+def make_checkpoint(folder: Path, tensors=None, *, index: bool = True, split: int = 2) -> Path:
+    """config.json + ``split`` shards (+ index) of ``tensors`` (default :func:`tiny_tensors`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY))
+    tensors = tensors or tiny_tensors()
+    names = sorted(tensors)
+    wmap = {}
+    for i in range(split):
+        part = {n: tensors[n] for n in names[i::split]}
+        fname = f"model-{i + 1:05d}-of-{split:05d}.safetensors"
+        write_shard(folder / fname, part)
+        wmap.update({n: fname for n in part})
+    if index:
+        (folder / W.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    return folder
+
+
+def by_hand(tp: int, *, dp_attention: bool = False, dp: int = 1) -> tuple[float, float]:
+    """Target and draft bytes per rank of :func:`tiny_tensors`, summed by hand from SGLang
+    0.5.23's placement: wq_b/wo_a/wo_b / attn_tp; experts and shared / tp; embed / tp (replicated
+    with DP attention); head / tp; the rest replicated; mtp.0 = draft."""
+    attn_tp = tp // dp if dp_attention else tp
+    per_layer_attn_tp = _nbytes("F8_E4M3", [1024, 128]) + _nbytes("F8_E4M3", [256, 512]) + _nbytes("F8_E4M3", [256, 256])
+    per_layer_routed = 4 * (_nbytes("I8", [128, 128]) + _nbytes("F8_E8M0", [128, 8]))
+    per_layer_shared = _nbytes("F8_E4M3", [128, 256])
+    per_layer_repl = (2 * _nbytes("F8_E4M3", [128, 256]) + _nbytes("F32", [8]) + _nbytes("BF16", [4, 256])
+                      + _nbytes("F32", [24, 1024]))
+    layer = per_layer_attn_tp / attn_tp + (per_layer_routed + per_layer_shared) / tp + per_layer_repl
+    vocab = _nbytes("BF16", [1024, 256])
+    target = (4 * layer + vocab / (1 if dp_attention else tp) + vocab / tp + _nbytes("BF16", [256])
+              + _nbytes("F8_E4M3", [512, 128]) + _nbytes("BF16", [256, 256]))
+    draft = layer + _nbytes("F8_E4M3", [256, 256])
+    return target, draft
+
+
+@pytest.mark.parametrize("tp,dp,dpa", [(1, 1, False), (2, 1, False), (4, 1, False), (4, 4, True), (8, 2, True)])
+def test_checkpoint_per_rank_matches_hand_sum(tmp_path, tp, dp, dpa):
+    folder = make_checkpoint(tmp_path / "ck")
+    est = W.checkpoint_estimate(folder, 4, W.Sharding(tp=tp, dp=dp, dp_attention=dpa))
+    target, draft = by_hand(tp, dp=dp, dp_attention=dpa)
+    assert est.target_gib == round(target / GIB, 3)
+    assert est.draft_gib == round(draft / GIB, 3)
+    rw = W.per_rank(W.read_checkpoint(folder), 4, W.Sharding(tp=tp, dp=dp, dp_attention=dpa))
+    assert rw.target == pytest.approx(target, rel=1e-12)
+    assert rw.draft == pytest.approx(draft, rel=1e-12)
+    assert rw.tensors == len(tiny_tensors())
+    assert rw.checkpoint_bytes == sum(_nbytes(*v) for v in tiny_tensors().values())
+
+
+def test_pp_puts_layers_embed_and_head_on_their_stages(tmp_path):
+    folder = make_checkpoint(tmp_path / "ck", index=False, split=3)
+    rw = W.per_rank(W.read_checkpoint(folder), 4, W.Sharding(tp=1, pp=2))
+    t = tiny_tensors()
+    layer = sum(_nbytes(*v) for k, v in t.items() if k.startswith("layers.0."))
+    extra1 = _nbytes("F8_E4M3", [512, 128]) + _nbytes("BF16", [256, 256])     # layer 1's indexer + compressor
+    stage0 = 2 * layer + extra1 + _nbytes("BF16", [1024, 256])                # layers 0,1 + embed
+    stage1 = 2 * layer + _nbytes("BF16", [1024, 256]) + _nbytes("BF16", [256])   # layers 2,3 + head + norm
+    assert rw.target == max(stage0, stage1) == stage0
+
+
+def test_hf_names_and_nextn_layer_classified_like_published():
+    assert W.classify("model.layers.3.self_attn.wq_b.weight", 4) == ("attn_tp", 3, False)
+    assert W.classify("model.layers.3.self_attn.indexer.wq_b.weight", 4) == ("replicated", 3, False)
+    assert W.classify("model.layers.3.mlp.experts.7.down_proj.weight", 4) == ("routed", 3, False)
+    assert W.classify("model.layers.3.mlp.shared_experts.gate_proj.weight", 4) == ("shared", 3, False)
+    assert W.classify("model.layers.4.mlp.experts.0.up_proj.weight", 4) == ("routed", None, True)
+    assert W.classify("model.embed_tokens.weight", 4) == ("embed", None, False)
+    assert W.classify("lm_head.weight", 4) == ("head", None, False)
+    assert W.classify("mtp.0.emb.tok_emb.weight", 4) == ("skip", None, True)
+    assert W.classify("mtp.0.head.weight", 4) == ("skip", None, True)
+    assert W.classify("hc_head_fn", 4) == ("final", None, False)
+
+
+def test_shared_expert_replicated_with_a2a_backend(tmp_path):
+    folder = make_checkpoint(tmp_path / "ck")
+    a = W.per_rank(W.read_checkpoint(folder), 4, W.Sharding(tp=4))
+    b = W.per_rank(W.read_checkpoint(folder), 4, W.sharding_from_args({"moe_a2a_backend": "deepep"}, 4, 1, 1, False, None))
+    shared = 4 * _nbytes("F8_E4M3", [128, 256])
+    assert b.target - a.target == pytest.approx(shared - shared / 4)
+
+
+@pytest.mark.skipif(not ORACLE_PY.exists(), reason="the safetensors package comes with .venv-oracle")
+def test_reader_agrees_with_safetensors_package(tmp_path):
+    """A shard written by the safetensors package (torch tensors, e8m0/e4m3 included)."""
+    code = ("import sys, torch; from safetensors.torch import save_file\n"
+            "save_file({'layers.0.attn.wq_b.weight': torch.zeros(1024, 128, dtype=torch.float8_e4m3fn),"
+            " 'layers.0.ffn.experts.0.w1.scale': torch.zeros(128, 8, dtype=torch.float8_e8m0fnu),"
+            " 'layers.0.ffn.experts.0.w1.weight': torch.zeros(128, 128, dtype=torch.int8),"
+            " 'embed.weight': torch.zeros(1024, 256, dtype=torch.bfloat16),"
+            " 'layers.0.hc_attn_fn': torch.zeros(24, 1024, dtype=torch.float32)}, sys.argv[1])\n")
+    path = tmp_path / "model.safetensors"
+    subprocess.run([str(ORACLE_PY), "-c", code, str(path)], check=True, timeout=300, cwd=REPO)
+    got = {t.name: (t.dtype, t.shape, t.nbytes) for t in W.read_header(path)}
+    assert got == {"layers.0.attn.wq_b.weight": ("F8_E4M3", (1024, 128), 131072),
+                   "layers.0.ffn.experts.0.w1.scale": ("F8_E8M0", (128, 8), 1024),
+                   "layers.0.ffn.experts.0.w1.weight": ("I8", (128, 128), 16384),
+                   "embed.weight": ("BF16", (1024, 256), 524288),
+                   "layers.0.hc_attn_fn": ("F32", (24, 1024), 98304)}
+
+
+def plan(groups=None, **overrides):
+    """build_plan of the default profile with ``--set`` style overrides."""
+    return build_plan(load_profile(DEFAULT_PROFILE), overrides=overrides, groups=groups)
+
+
+# --- bad input: one line, exit 2 ---------------------------------------------------------------
+
+def test_folder_without_headers(tmp_path):
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    with pytest.raises(InputError, match="no safetensors headers"):
+        W.read_checkpoint(folder)
+
+
+def test_truncated_file(tmp_path):
+    folder = make_checkpoint(tmp_path / "ck", index=False, split=1)
+    shard = next(folder.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(InputError, match="truncated safetensors file"):
+        W.read_checkpoint(folder)
+    shard.write_bytes(b"\x10\x00\x00")
+    with pytest.raises(InputError, match="truncated safetensors file"):
+        W.read_checkpoint(folder)
+    shard.write_bytes(struct.pack("<Q", 4096) + b"{}")           # header longer than the file
+    with pytest.raises(InputError, match="truncated safetensors file"):
+        W.read_checkpoint(folder)
+
+
+@pytest.mark.parametrize("header,match", [
+    (b"{not json", "malformed safetensors header"),
+    (b"[1, 2]", "not a JSON object"),
+    (b'{"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 1]}}', "unknown dtype"),
+    (b'{"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "bad shape"),
+    (b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}', "8 expected"),
+    (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}', "bad data_offsets"),
+    (b'{"a": 3}', "not an object"),
+    (b"\xff\xfe", "malformed safetensors header"),
+])
+def test_malformed_header(tmp_path, header, match):
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    with pytest.raises(InputError, match=match):
+        W.read_header(p)
+
+
+def test_index_naming_a_missing_shard(tmp_path):
+    folder = make_checkpoint(tmp_path / "ck")
+    next(folder.glob("*.safetensors")).unlink()
+    with pytest.raises(InputError, match="missing shard"):
+        W.read_checkpoint(folder)
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("none", "no safetensors headers"), ("truncate", "truncated safetensors file"),
+    ("header", "malformed safetensors header")])
+def test_plan_bad_checkpoint_is_one_line_exit_2(tmp_path, damage, match):
+    folder = tmp_path / "ck"
+    if damage == "none":
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TINY))
+    else:
+        make_checkpoint(folder, index=False, split=1)
+        shard = next(folder.glob("*.safetensors"))
+        raw = shard.read_bytes()
+        shard.write_bytes(raw[:-10] if damage == "truncate" else raw[:8] + b"X" + raw[9:])
+    r = run_cli("plan", "--set", f"model={folder}")
+    code, out, err = r.code, r.out, r.err
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and match in lines[0] and "Traceback" not in err
+
+
+def test_plan_reads_the_checkpoint(tmp_path):
+    """A profile whose model is a checkpoint folder plans with the headers' weights and says so."""
+    folder = make_checkpoint(tmp_path / "ck")
+    rep = plan(model=str(folder))
+    for g in rep.groups:
+        target, _ = by_hand(g.inputs.tp, dp=g.inputs.dp, dp_attention=g.inputs.dp_attention)
+        assert g.inputs.weights_gib_per_rank == round(target / GIB, 3)
+        assert any(e.startswith("weights_gib_per_rank=") and "safetensors headers of" in e
+                   for e in g.inputs.estimated)
+
+
+# --- the shipped table --------------------------------------------------------------------------
+
+def _cfg(key: str) -> dict:
+    return json.loads((MODELS_DIR / f"{key}.json").read_text())
+
+
+def test_published_pro_inventory_is_the_inspected_checkpoint():
+    """gogongxt/python scripts/models/deepseek_v4_pro.md: 145,116 tensors, 805.32 GiB of tensors,
+    861,608,274,846 elements (I8-packed FP4 counted as one element per byte)."""
+    inv = W.published_inventory(_cfg("deepseek-v4-pro"))
+    assert len(inv) == 145_116
+    assert round(sum(t.nbytes for t in inv) / GIB, 2) == 805.32
+    numel = 0
+    for t in inv:
+        n = 1
+        for d in t.shape:
+            n *= d
+        numel += n
+    assert numel == 861_608_274_846
+
+
+def test_published_routed_experts_match_reference():
+    """Capacity reference §1.1: Pro routed experts 12.55 GiB per layer, 95.7 GiB per rank at TP8;
+    Flash 3.19 GiB per layer, 17.1 GiB per rank."""
+    for key, per_layer, rank in (("deepseek-v4-pro", 12.55, 95.7), ("deepseek-v4-flash", 3.19, 17.1)):
+        cfg = _cfg(key)
+        rw = W.per_rank(W.published_inventory(cfg), cfg["num_hidden_layers"], W.Sharding(tp=8))
+        assert round(rw.by_kind["routed"] / GIB / cfg["num_hidden_layers"] * 8, 2) == per_layer
+        assert round(rw.by_kind["routed"] / GIB, 1) == rank
+
+
+# The table's stated error against the logs it is calibrated on (README / MEASURED).
+TABLE_ERROR_PCT = 1.5
+
+
+def test_table_against_measured_logs():
+    cal = W.calibration()
+    used = [(m, w, e) for m, w, e in cal if m.calibrates]
+    assert len(used) == 3
+    for m, w, e in used:
+        assert abs(e) <= TABLE_ERROR_PCT, (m, w, e)
+    # the load overhead is the mean residual of the calibrating logs
+    resid = [m.gib - (w - W.LOAD_OVERHEAD_GIB) for m, w, _ in used]
+    assert round(sum(resid) / len(resid), 1) == W.LOAD_OVERHEAD_GIB
+    # Pro TP8 (published checkpoint, SGLang logs it as quant=fp8): 101.94 GiB of checkpoint + 2.6
+    pro = [w for m, w, _ in cal if m.model == "deepseek-v4-pro"]
+    assert set(pro) == {104.54}
+    older = [(m, e) for m, _, e in cal if not m.calibrates]
+    assert older and older[0][0].gib == 125.65 and round(older[0][1], 1) == -16.8
+
+
+def test_plan_prints_source_and_error():
+    rep = plan(["decode"], model="deepseek-v4-pro", tp_size=8)
+    g = rep.groups[0]
+    assert g.inputs.weights_gib_per_rank == 104.54
+    note = next(e for e in g.inputs.estimated if e.startswith("weights_gib_per_rank="))
+    assert "published deepseek-v4-pro checkpoint" in note and "145,116 tensors" in note
+    assert "125.65 (older image): -16.8 %" in note and "103.5: +1.0 %" in note
+
+
+def test_measured_weights_still_win(tmp_path):
+    rep = plan()
+    for g in rep.groups:
+        assert g.inputs.weights_gib_per_rank == 43.66
+        assert not any(e.startswith("weights_gib_per_rank=") for e in g.inputs.estimated)
+
+
+def test_draft_weights_from_table():
+    rep = plan(["decode"], model="deepseek-v4-pro", tp_size=8, speculative_algorithm="EAGLE",
+               speculative_num_draft_tokens=2)
+    g = rep.groups[0]
+    cfg = _cfg("deepseek-v4-pro")
+    mtp = sum(t.nbytes for t in W.published_inventory(cfg) if t.name.startswith("mtp.0.ffn.experts.")) / 8
+    assert g.inputs.draft_weights_gib_per_rank > round(mtp / GIB, 3)
+    assert g.inputs.draft_weights_gib_per_rank == 1.73
