@@ -18,7 +18,7 @@ per gate class its precision (flagged verdicts of that class that are really cor
 it caught, per corruption kind its recall (share flagged, by any class), and overall precision and
 recall. Cases the corpus test keeps on purpose (``KEPT``) count as what they are (a flagged schema
 violation SGLang accepts is a false positive here, labelled "kept on purpose"). Last, the legitimate answers (what SGLang's tests
-expect a correct server to deliver) judged with the known answer: false positives per class. Usage::
+expect a correct server to deliver) judged both ways: false positives per class. Usage::
 
     .venv/bin/python benchmarks/check_corpus.py [--recorded]
 """
@@ -116,28 +116,29 @@ def main() -> None:
           f"{time.perf_counter() - t0:.1f} s")
     report("known answer", known)
     report("shape only", shape)
-    legit = collections.Counter()
-    n = 0
-    for case in T.CASES:
-        turn = T.legitimate_turn(case)
-        if turn is None:
-            continue
-        n += 1
-        want = case["expect"]["calls"]
-        v = E.judge(turn, requires_tool=bool(want), tools=C.tool_specs(case["tools"]), expected=want,
-                    thinking_requested=bool(case.get("thinking")))
-        if not v.ok:
-            why = ("schema violation" if not T.conforms(case) else
-                   "malformed block passed through as text" if any(w in case["test"] for w in T.PASSTHROUGH) else
-                   "conforming")
-            legit[(v.cls, why)] += 1
-    print(f"\n== legitimate answers (what SGLang's tests expect), known answer: {n} judged, "
-          f"{n - sum(legit.values())} ok")
-    for (c, why), k in sorted(legit.items()):
-        print(f"  flagged {c:<16} {k:>3}  ({why})")
-    conforming = sum(k for (c, why), k in legit.items() if why == "conforming")
-    print(f"  conforming answers flagged: {conforming}")
-
+    for mode in ("known answer", "shape only"):
+        legit = collections.Counter()
+        n = 0
+        for case in T.CASES:
+            turn = T.legitimate_turn(case)
+            if turn is None:
+                continue
+            n += 1
+            want = case["expect"]["calls"]
+            v = E.judge(turn, requires_tool=bool(want), tools=C.tool_specs(case["tools"]),
+                        expected=want if mode == "known answer" else None,
+                        thinking_requested=bool(case.get("thinking")))
+            if not v.ok:
+                why = ("schema violation" if not T.conforms(case) else
+                       "malformed block passed through as text" if any(w in case["test"] for w in T.PASSTHROUGH) else
+                       "conforming")
+                legit[(v.cls, why)] += 1
+        print(f"\n== legitimate answers (what SGLang's tests expect), {mode}: {n} judged, "
+              f"{n - sum(legit.values())} ok")
+        for (c, why), k in sorted(legit.items()):
+            print(f"  flagged {c:<16} {k:>3}  ({why})")
+        conforming = sum(k for (c, why), k in legit.items() if why == "conforming")
+        print(f"  conforming answers flagged: {conforming}")
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ CASES = [
     ("no_call", "no_tool_call", (), {}),
     ("markup_in_args", "markup_in_args", (), {}),
     ("quoted_cut", "markup_cut", (), {}),
+    ("closer_in_args", "args_cut", (), {}),
     ("wrong_args", "wrong_args", (), {}),
     ("dropped_block", "missing_call", (), {}),
     ("extra_call", "extra_call", (), {}),

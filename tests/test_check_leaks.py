@@ -343,7 +343,7 @@ def test_class_order_and_descriptions():
     leaks = (C.DSML_IN_CONTENT, C.DSML_IN_REASONING, C.SPECIAL_TOKEN_LEAK, C.THINK_IN_CONTENT,
              C.REASONING_IN_CONTENT, C.MARKUP_IN_ARGS, C.MARKUP_CUT)
     degenerate = (C.NGRAM_LOOP, C.EMPTY_LENGTH, C.LANGUAGE_SWITCH, C.LANGUAGE_DRIFT)
-    shape = (C.LENGTH_MID_CALL, C.NO_TOOL_CALL, C.ARGS_NOT_JSON, C.EMPTY_ARGS, C.ARGS_SCHEMA)
+    shape = (C.LENGTH_MID_CALL, C.NO_TOOL_CALL, C.ARGS_NOT_JSON, C.EMPTY_ARGS, C.ARGS_CUT, C.ARGS_SCHEMA)
     known = (C.WRONG_TOOL, C.MISSING_CALL, C.EXTRA_CALL, C.WRONG_ARGS)
     assert C.CLASSES == C.NO_ANSWER + leaks + degenerate + shape + known
     assert set(C.DESCRIPTIONS) == set(C.CLASSES) | {C.OK} and all(C.DESCRIPTIONS.values())
@@ -485,3 +485,48 @@ def test_empty_arguments_follow_the_schema():
     assert C.classify(C.TurnResult(tool_calls=[call]), requires_tool=True, tools=none_required).ok
     req = C.ToolCall(0, "c", "run_command", "{}")
     assert verdict(tool_calls=[req], requires_tool=True).cls == C.EMPTY_ARGS
+
+
+# --- a string argument cut at a literal DSML closer (SGLang's served path ends the string there) --------
+@pytest.mark.parametrize("command,why", [
+    ("cat <<'EOF'\n", "here-document <<EOF never closed"),
+    ("cat <<EOF > notes.md\n# Notes\n", "here-document <<EOF never closed"),
+    ("cat <<-EOF\n\t", "here-document <<EOF never closed"),
+    ("cat <<'A' <<'B'\nx\nA\n", "here-document <<B never closed"),
+    ('python3 -c \'print("', "ends in an open quote"),
+    ("Example: `", "ends in an open quote"),
+    ("```xml\n", "ends in an open fence '```xml'"),
+])
+def test_a_string_argument_cut_off_is_args_cut(command, why):
+    v = verdict(tool_calls=[run_command({"command": command, "timeout_s": 5})], requires_tool=True,
+                finish_reason="tool_calls")
+    assert v.cls == C.ARGS_CUT and why in v.reason, v
+
+
+@pytest.mark.parametrize("command", [
+    "cat <<'EOF' > a.py\nprint(1)\nEOF\npython3 a.py", "cat <<-EOF\n\tx\n\tEOF", "echo 'a' \"b\"",
+    "grep -rn '<div class=\"x\">' templates/", "x = 1 << SHIFT", "cout << value << endl;", "'", "\"",
+    "sed -e 's/a/b/'", "printf '%s\\n' \"$x\"", "cat <<< \"$x\"", "```py\nprint(1)\n```",
+])
+def test_complete_strings_are_not_cut(command):
+    v = verdict(tool_calls=[run_command({"command": command, "timeout_s": 5})], requires_tool=True,
+                finish_reason="tool_calls")
+    assert v.ok, v
+
+
+def test_a_cut_string_is_the_class_when_later_parameters_are_lost_and_not_at_the_length_cap():
+    v = verdict(tool_calls=[run_command({"command": "cat <<'EOF'\n"})], requires_tool=True, finish_reason="tool_calls")
+    assert v.flags == (C.ARGS_CUT, C.ARGS_SCHEMA)
+    v = verdict(tool_calls=[run_command({"command": "cat <<'EOF'\n", "timeout_s": 5})], requires_tool=True,
+                finish_reason="length")
+    assert v.flags == (C.LENGTH_MID_CALL,)
+
+
+def test_a_cut_looking_string_is_legitimate_when_the_calls_match_the_known_answer():
+    from dsv4ctl.check import expect as E
+    args = {"command": "cat <<'EOF'\n", "timeout_s": 5}
+    turn = C.TurnResult(tool_calls=[run_command(args)], finish_reason="tool_calls")
+    assert E.judge(turn, requires_tool=True, tools=SPECS, expected=[{"name": "run_command", "arguments": args}]).ok
+    full = {"command": "cat <<'EOF'\nx\nEOF", "timeout_s": 5}
+    v = E.judge(turn, requires_tool=True, tools=SPECS, expected=[{"name": "run_command", "arguments": full}])
+    assert v.flags == (C.ARGS_CUT, C.WRONG_ARGS)

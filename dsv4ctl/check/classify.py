@@ -20,10 +20,12 @@ and ``srt/parser/deepseek_recipe_output.py``):
 * ``finish_reason == "length"`` while a call was required or open (truncated arguments);
 * no ``tool_calls`` on a turn that requires one;
 * ``arguments`` not JSON, ``{}`` for a tool with required parameters, or arguments that do not
-  match the tool's JSON schema (required fields, types, enums), or an undeclared tool name;
+  match the tool's JSON schema (required fields, types, enums), or an undeclared tool name; a
+  string argument cut off at a literal DSML closer (an open quote or here-document at its end);
+* quoted markup cut out of prose (content ending in an open quote or fence, an empty code span);
 * no progress within the stall timeout (stuck, field report P1) and HTTP / protocol errors.
 
-Markup quoted in a Markdown code span or a closed fenced block is not corruption: it becomes a
+Markup quoted in a Markdown code span, a closed fenced block or ordinary quotes around one tag is not corruption: it becomes a
 note on the verdict (SGLang's newer tests keep quoted DSML as text on purpose). Every check is one
 linear pass (bounded regex repetitions, patterns compiled once).
 """
@@ -68,6 +70,7 @@ NO_TOOL_CALL = "no_tool_call"
 ARGS_NOT_JSON = "args_not_json"
 EMPTY_ARGS = "empty_args"
 ARGS_SCHEMA = "args_schema"
+ARGS_CUT = "args_cut"
 WRONG_TOOL = "wrong_tool"
 MISSING_CALL = "missing_call"
 EXTRA_CALL = "extra_call"
@@ -80,7 +83,7 @@ CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK,
            # degenerate generation: usually the root cause of a call-shape failure on the same turn
            NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH, LANGUAGE_DRIFT,
            # call shape
-           LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_SCHEMA,
+           LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_CUT, ARGS_SCHEMA,
            # known answer (:mod:`.expect`): well-formed calls that are not the correct ones
            WRONG_TOOL, MISSING_CALL, EXTRA_CALL, WRONG_ARGS)
 """Every corruption class, in precedence order: errors, markup leaks, degenerate generation, call
@@ -122,6 +125,7 @@ DESCRIPTIONS = {
     ARGS_NOT_JSON: "arguments not JSON",
     EMPTY_ARGS: "{} for a tool with required parameters",
     ARGS_SCHEMA: "arguments do not match the tool's schema",
+    ARGS_CUT: "a string argument ends cut off: in an open quote, code fence or here-document",
 }
 
 
@@ -714,25 +718,13 @@ def find_markup_cut(text: str, *, at_end: bool = True) -> Optional[str]:
     never closes it. Signs, outside code spans and closed fenced blocks: with ``at_end`` (pass False
     when the turn ended with ``finish_reason`` length), the text ends with a fence opener line
     (```` ```xml ````, ``~~~``) that nothing closes, or with an opening quote or backtick (a
-    backtick, ``'`` or ``"`` after a space, a line start or ``:``, ``(``; ``“``, ``‘``, ``«``,
+    backtick, ``'`` or ``"`` after a space, a line start, ``:``, ``(`` or ``=``; ``“``, ``‘``, ``«``,
     ``「``, ``『`` anywhere) that nothing closes; anywhere, a lone empty code span (````` `` `````
     between spaces: the quoted tag was removed)."""
-    body = text.rstrip()
-    if at_end and body:
-        opener = _open_fence_at_end(body)
-        if opener is not None:
-            return f"content ends with an open fence {opener!r}"
-        last = body[-1]
-        if last in _OPENERS:
-            before = body[-2] if len(body) > 1 else "\n"
-            if last in "`'\"" and not (before.isspace() or before in ":("):
-                last = ""
-            elif last == "`":
-                ranges = code_ranges(body)
-                if ranges and ranges[-1][1] == len(body):
-                    last = ""             # it closes a span
-            if last:
-                return f"content ends with an open quote {body[-20:]!r}"
+    if at_end:
+        end = _open_end(text)
+        if end is not None:
+            return f"content ends with {end}"
     if "``" in text:
         ranges = code_ranges(text)
         starts = [r[0] for r in ranges]
@@ -742,6 +734,72 @@ def find_markup_cut(text: str, *, at_end: bool = True) -> Optional[str]:
                 continue
             a = max(0, m.start() - 20)
             return f"content holds an empty code span {text[a:m.end() + 20]!r}"
+    return None
+
+
+# a here-document operator: whitespace before, no space before the delimiter unless it is quoted
+_HEREDOC_RE = re.compile(r"(?<!\S)<<(-?)(?:[ \t]*(['\"])([A-Za-z_]\w{0,40})\2|([A-Za-z_]\w{0,40}))(?![\w'\"])")
+
+
+def _open_end(text: str) -> Optional[str]:
+    """The sign that ``text`` ends inside something it opened: an unclosed fence opener line, or an
+    opening backtick or quote (a backtick, ``'`` or ``"`` after a space, a line start, ``:``, ``(``
+    or ``=``; ``“``, ``‘``, ``«``, ``「``, ``『`` anywhere) as its last character; else None."""
+    body = text.rstrip()
+    if not body:
+        return None
+    opener = _open_fence_at_end(body)
+    if opener is not None:
+        return f"an open fence {opener!r}"
+    last = body[-1]
+    if last not in _OPENERS:
+        return None
+    before = body[-2] if len(body) > 1 else "\n"
+    if last in "`'\"" and not (before.isspace() or before in ":(="):
+        return None
+    if last == "`":
+        ranges = code_ranges(body)
+        if ranges and ranges[-1][1] == len(body):
+            return None                   # it closes a span
+    return f"an open quote {body[-20:]!r}"
+
+
+def find_cut_string(value: str) -> Optional[str]:
+    """Why a tool-call string argument looks cut off, or None: SGLang 0.5.23's served path ends a
+    string parameter at a literal ``</｜DSML｜parameter`` inside it (a heredoc or code that prints
+    DSML), and the value then stops inside what it opened. Signs: a here-document
+    (``cat <<EOF``, ``<<-'EOF'``) whose delimiter never comes back on a line of its own, or the
+    text ends in an open fence or quote (as :func:`find_markup_cut` judges a content's end;
+    a value that is only the quote character, e.g. ``{"sep": "'"}``, is not cut)."""
+    if len(value.strip()) > 1:
+        end = _open_end(value)
+        if end is not None:
+            return f"ends in {end}"
+    if "<<" in value:
+        for m in _HEREDOC_RE.finditer(value):
+            delim = m.group(3) or m.group(4)
+            nl = value.find("\n", m.end())
+            rest = value[nl + 1:] if nl >= 0 else ""
+            strip = "\t" if m.group(1) else ""
+            if not any(line.lstrip(strip) == delim for line in rest.split("\n")):
+                return f"here-document <<{delim} never closed"
+    return None
+
+
+def _cut_in_value(value: Any) -> Optional[tuple[str, str]]:
+    """``(path, why)`` of the first string of a parsed JSON value that :func:`find_cut_string`
+    finds cut off, in document order (values only: keys are names)."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            why = find_cut_string(v)
+            if why:
+                return path or "(the whole value)", why
+        elif isinstance(v, dict):
+            stack.extend(reversed([(f"{path}.{k}" if path else str(k), x) for k, x in v.items()]))
+        elif isinstance(v, list):
+            stack.extend(reversed([(f"{path}[{i}]", x) for i, x in enumerate(v)]))
     return None
 
 
@@ -1019,8 +1077,9 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
     prompt); content mostly in another one is ``language_drift`` (None: not judged).
     ``calls_match_known_answer``: the caller compared the delivered calls with the turn's known
     answer and they match (:func:`.expect.judge`), so literal markup inside arguments that parse as
-    JSON is what the agent asked for (a heredoc, code that prints DSML), not a leak; arguments that
-    are not JSON are still scanned.
+    JSON is what the agent asked for (a heredoc, code that prints DSML), not a leak, and a string
+    that ends in an open quote or here-document is not cut (``args_cut``); arguments that are not
+    JSON are still scanned.
 
     Returns a Verdict whose ``flags`` lists every class that applies, in :data:`CLASSES` order,
     and whose ``cls`` is the first (``ok`` if none); ``notes`` lists markup quoted in code spans or
@@ -1113,6 +1172,10 @@ def classify(turn: TurnResult, *, requires_tool: bool, tools: dict[str, ToolSpec
         if not args and spec.required:
             flags.setdefault(EMPTY_ARGS, f"{label}: {{}} but requires {', '.join(spec.required)}")
             continue
+        if ARGS_CUT not in flags and not calls_match_known_answer and turn.finish_reason != "length":
+            cut = _cut_in_value(args)        # the root cause when later parameters are missing too
+            if cut:
+                flags[ARGS_CUT] = f"{label}: argument {cut[0]} {cut[1]}"
         err = spec.first_error(args)
         if err:
             flags.setdefault(ARGS_SCHEMA, f"{label}: {err}")

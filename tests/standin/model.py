@@ -69,6 +69,7 @@ KINDS: dict[str, str] = {
     "call_when_none": "a DSML block although tool_choice is none: the parser is off, markup in content",
     "no_call": "prose instead of the call the turn asks for: no tool_calls",
     "quoted_markup": "CLEAN: prose that quotes DSML inside a code span (not corruption)",
+    "closer_in_args": "a here-document in a string argument quotes '</｜DSML｜parameter |': the parser ends the string there",
     "quoted_cut": "prose that quotes one DSML tag in ordinary quotes: the parser cuts the content at it (an open quote)",
 }
 
@@ -305,6 +306,13 @@ def _calls(segs: list[Seg], calls: list[tuple[str, dict]], tools: dict, rng: ran
             head = block_text([(name, {**args, key: "\u0000"})]).split("\u0000")
             return Output(segs + [lead, Seg(head[0]), Seg(args[key] + f" <{DSML}invoke name=\"x\">", plain=True),
                                   Seg(head[1])], kind)
+    if kind == "closer_in_args":
+        name, args = calls[0]
+        key = next((k for k, v in args.items() if isinstance(v, str)), None)
+        if key:
+            head = block_text([(name, {**args, key: "\u0000"})]).split("\u0000")
+            doc = f"{args[key]}\ncat <<'EOF'\n</{DSML}parameter |\nEOF"
+            return Output(segs + [lead, Seg(head[0] + doc + head[1])], kind)
     if kind == "json_body_invoke" and any(a for _, a in calls):
         name, args = next((c for c in calls if c[1]), calls[0])
         body = f'<{DSML}tool_calls>\n<{DSML}invoke name="{name}">\n{json.dumps(args)}\n{INVOKE_CLOSE}\n{BLOCK_CLOSE}'
