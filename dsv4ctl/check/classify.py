@@ -776,12 +776,15 @@ def find_cut_string(value: str) -> Optional[str]:
         if end is not None:
             return f"ends in {end}"
     if "<<" in value:
+        last: dict[str, int] = {}       # line -> start of its last occurrence (one pass: linear time)
+        last_tabs: dict[str, int] = {}  # the same with leading tabs removed (``<<-``)
+        pos = 0
+        for line in value.split("\n"):
+            last[line] = last_tabs[line.lstrip("\t")] = pos
+            pos += len(line) + 1
         for m in _HEREDOC_RE.finditer(value):
             delim = m.group(3) or m.group(4)
-            nl = value.find("\n", m.end())
-            rest = value[nl + 1:] if nl >= 0 else ""
-            strip = "\t" if m.group(1) else ""
-            if not any(line.lstrip(strip) == delim for line in rest.split("\n")):
+            if (last_tabs if m.group(1) else last).get(delim, -1) <= m.start():
                 return f"here-document <<{delim} never closed"
     return None
 
