@@ -41,7 +41,7 @@ _dsv4ctl_opts() {
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'verify') echo '-r --release --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -p --profile -h --help' ;;
-    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --log --print -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
+    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --log --print -v --verbose -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
     'report') echo '-o --output --title -h --help' ;;
     'schema') echo '--path --json -h --help' ;;
     'completion') echo '-h --help' ;;
@@ -53,14 +53,14 @@ _dsv4ctl_opts() {
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
     'lock') echo '-h --help' ;;
     'lock status') echo '--accept-new-host-keys --json -p --profile -h --help' ;;
-    'lock acquire') echo '-m --message --accept-new-host-keys -p --profile -h --help' ;;
-    'lock release') echo '--force --accept-new-host-keys -p --profile -h --help' ;;
+    'lock acquire') echo '-m --message --accept-new-host-keys --dry-run --json -p --profile -h --help' ;;
+    'lock release') echo '--force --accept-new-host-keys --dry-run --json -p --profile -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -p --profile -h --help' ;;
-    'config set') echo '-g --group --unset --tree --dry-run --json --remote --health-timeout -v --verbose -p --profile -h --help' ;;
+    'config set') echo '-g --group --unset --tree --dry-run --json --remote --health-timeout -v --verbose -q --quiet -p --profile -h --help' ;;
     'hicache') echo '-h --help' ;;
-    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -v --verbose -p --profile -h --help' ;;
-    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -v --verbose -p --profile -h --help' ;;
+    'hicache on') echo '-g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --dry-run --json --remote --health-timeout -v --verbose -q --quiet -p --profile -h --help' ;;
+    'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -v --verbose -q --quiet -p --profile -h --help' ;;
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -p --profile -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
@@ -72,7 +72,7 @@ _dsv4ctl_opts() {
     'profile') echo '-h --help' ;;
     'profile list') echo '--json -h --help' ;;
     'profile show') echo '--json -h --help' ;;
-    'profile init') echo '--from --force -h --help' ;;
+    'profile init') echo '--from --force --dry-run -h --help' ;;
   esac
 }
 

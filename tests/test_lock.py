@@ -28,9 +28,19 @@ def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
     assert r.code == 0, r.err
     assert r.json()["hosts"] == {h: {"held": False} for h in ("h0", "h1", "h2", "h3")}
 
-    r = cli(w, "lock", "acquire", "-m", "upgrading NVIDIA drivers")
+    # --dry-run (issue 31: on every mutating command) reads and takes nothing
+    r = cli(w, "lock", "acquire", "-m", "upgrading NVIDIA drivers", "--dry-run")
+    assert r.code == 0 and r.out.strip() == "dry run: would lock h0, h1, h2, h3: upgrading NVIDIA drivers", r.err
+    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
+    r = cli(w, "lock", "acquire", "-m", "upgrading NVIDIA drivers", "--json")
     assert r.code == 0, r.err
-    assert r.out.strip() == "locked h0, h1, h2, h3: upgrading NVIDIA drivers"
+    assert r.json() == {"schema": "dsv4ctl.lock/1", "action": "acquire", "message": "upgrading NVIDIA drivers",
+                        "hosts": ["h0", "h1", "h2", "h3"]}
+    r = cli(w, "lock", "acquire", "-m", "second", "--dry-run")
+    assert r.code == 3 and "lock acquire would take nothing (dry run)" in r.err
+    r = cli(w, "lock", "release", "--dry-run", "--json")
+    assert r.code == 0 and r.json()["dry_run"] is True and r.json()["hosts"] == ["h0", "h1", "h2", "h3"], r.err
+    assert all((w.roots[h] / ".lock").is_dir() for h in w.roots)
     doc = cli(w, "lock", "status", "--json").json()["hosts"]["h1"]
     assert doc["held"] and doc["manual"] and not doc["stale"] and doc["age_s"] < 120
     assert doc["holder"]["message"] == "upgrading NVIDIA drivers" and "token" not in doc["holder"]
@@ -78,6 +88,10 @@ def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
     r = cli(w, "lock", "release")
     assert r.code == 3 and "h2: the lock is held by a run, not by lock acquire: alice@ops1 (deploy rX" in r.err
     assert "nothing released" in r.err and lock.is_dir()
+    r = cli(w, "lock", "release", "--dry-run")
+    assert r.code == 3 and "would release nothing" in r.err and lock.is_dir()
+    r = cli(w, "lock", "release", "--force", "--dry-run")
+    assert r.code == 0 and r.out.startswith("h2: dry run: would release the lock held by alice@ops1") and lock.is_dir()
     r = cli(w, "lock", "release", "--force")
     assert r.code == 0, r.err
     assert not lock.exists() and w.audit("h2")[-1]["action"] == "lock release"

@@ -107,6 +107,7 @@ def set_cmd(
                                                       "then the local copies."),
     health_timeout: Optional[float] = duration_option(None, "--health-timeout", help="How long to wait for /health after a restart (900, 90s, 15m; at most 1d; default deploy.health_timeout_s, 900)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="With --remote: no progress lines on stderr; only errors and the verdict."),
 ) -> None:
     """Set (or --unset) SGLang server arguments in the selected groups' serve configs, e.g.
     ``kv-canary=log``: keys and values checked against the argument table of the profile's SGLang release, the whole
@@ -145,7 +146,7 @@ def set_cmd(
     run_change(prof, groups, what="config set", action="config-set",
                changes=lambda data, tbl, label: changes_for_set(data, sets, unset, tbl, label),
                tree=tree, dry_run=dry_run, as_json=as_json, remote=remote, health_timeout=health_timeout,
-               verbose=verbose, schema=SET_SCHEMA, doc=dict(set=shown, unset=list(unset)),
+               verbose=verbose, quiet=quiet, schema=SET_SCHEMA, doc=dict(set=shown, unset=list(unset)),
                unchanged=f"already {desc}", secrets=secrets)
 
 

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import RemoteError
 from ..render import console, dump_json, rich_table
 
 _P = typer.Argument(None, help="Profile path or shipped name; required (or DSV4CTL_PROFILE): the command reads hosts.")
@@ -20,6 +21,12 @@ def _profile(arg):
 def _opts(accept_new: bool):
     from ..deploy.site import Options
     return Options(accept_new_host_keys=accept_new)
+
+
+def _status(dep, accept_new: bool) -> dict:
+    """Every host's lock, read only (what a ``--dry-run`` decides on)."""
+    from ..deploy.hostlock import status as lock_status
+    return lock_status(dep, _opts(accept_new))
 
 
 def status(
@@ -53,6 +60,8 @@ def acquire(
     profile: Optional[str] = _P,
     message: str = typer.Option(..., "--message", "-m", help="Why (shown to everyone a deploy or restart refuses, and audited)."),
     accept_new: bool = _ACCEPT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Read every host's lock and say what would be taken; take nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document (action acquire)."),
 ) -> None:
     """Take the deploy lock of every host by hand (all or none), with a message: deploys,
     rollbacks, promotions, start/stop/restart and --remote changes are refused, naming who and
@@ -64,15 +73,28 @@ def acquire(
     from ..signals import terminate_as_interrupt
     from .options import message as check_message
     msg = check_message(message)
-    terminate_as_interrupt()        # SIGTERM/SIGHUP: the locks taken so far are given back, exit 130
-    rep = lock_acquire(_profile(profile), _opts(accept_new), msg)
-    print(f"locked {', '.join(rep['hosts'])}: {rep['message']}")
+    dep = _profile(profile)
+    if dry_run:
+        held = {h: r for h, r in _status(dep, accept_new)["hosts"].items() if r["held"]}
+        if held:
+            h, r = next(iter(held.items()))
+            raise RemoteError(f"{h}: the lock is held: {r['text']}; lock acquire would take nothing (dry run)")
+        rep = {"schema": "dsv4ctl.lock/1", "action": "acquire", "dry_run": True, "message": msg, "hosts": sorted(dep.hosts)}
+    else:
+        terminate_as_interrupt()        # SIGTERM/SIGHUP: the locks taken so far are given back, exit 130
+        rep = lock_acquire(dep, _opts(accept_new), msg)
+    if as_json:
+        print(dump_json(rep))
+        return
+    print(f"{'dry run: would lock' if dry_run else 'locked'} {', '.join(rep['hosts'])}: {rep['message']}")
 
 
 def release(
     profile: Optional[str] = _P,
     force: bool = typer.Option(False, "--force", help="Also remove a lock held by a run (deploy, rollback, ...) whose process is gone."),
     accept_new: bool = _ACCEPT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Read every host's lock and say what would be released; release nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document (action release)."),
 ) -> None:
     """Release the manual deploy locks of every host (audited with the old holder). A lock held
     by a run is left alone unless --force (then nothing is released without it).
@@ -80,11 +102,25 @@ def release(
     Exit 0 released (or none was held) · 2 bad input · 3 a run holds a lock (without --force) or
     SSH failed."""
     from ..deploy.hostlock import release as lock_release
-    rep = lock_release(_profile(profile), _opts(accept_new), force)
+    dep = _profile(profile)
+    if dry_run:
+        held = {h: r for h, r in _status(dep, accept_new)["hosts"].items() if r["held"]}
+        runs = {h: r for h, r in held.items() if not r["manual"]}
+        if runs and not force:
+            h, r = next(iter(runs.items()))
+            raise RemoteError(f"{h}: the lock is held by a run, not by lock acquire: {r['text']}; lock release "
+                              "would release nothing (if that run is gone: dsv4ctl lock release PROFILE --force)")
+        rep = {"schema": "dsv4ctl.lock/1", "action": "release", "dry_run": True, "hosts": sorted(held),
+               "holders": {h: r["text"] for h, r in held.items()}}
+    else:
+        rep = lock_release(dep, _opts(accept_new), force)
+    if as_json:
+        print(dump_json(rep))
+        return
     if not rep["hosts"]:
         print("no lock held")
     for h in rep["hosts"]:
-        print(f"{h}: released the lock held by {rep['holders'][h]}")
+        print(f"{h}: {'dry run: would release' if dry_run else 'released'} the lock held by {rep['holders'][h]}")
 
 
 def register(app: typer.Typer) -> None:

@@ -149,7 +149,8 @@ def _utf8(path: str) -> None:
 @profile_app.command("init")
 def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile file (.yaml); its serve configs go to PATH's folder/<stem>/."),
          from_: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd)."),
-         force: bool = typer.Option(False, "--force", help="Overwrite existing files.")) -> None:
+         force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+         dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing.")) -> None:
     """Write a commented starting profile and its serve configs (outside the installation, so
     hicache on/off and deploy can use and edit them). Exit 2 when a file exists (without
     --force), PATH is inside the installation or is not valid UTF-8."""
@@ -178,6 +179,10 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
             raise InputError(f"{f}: already exists (--force overwrites)")
         if f.exists() and not f.is_file():
             raise InputError(f"{f}: not a regular file")
+    if dry_run:
+        for f in files:
+            print(f"dry run: would write {f}")
+        return
     for f, text in files.items():
         tmp = f.with_name(f".{f.name}.tmp")
         try:

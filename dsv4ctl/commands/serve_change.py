@@ -35,7 +35,7 @@ def printer(secrets: set[str]):
 
 def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[str], dry_run: bool, as_json: bool,
                remote: bool, health_timeout: Optional[float], verbose: bool, schema: str, doc: dict,
-               unchanged: str, secrets: frozenset = frozenset()) -> None:
+               unchanged: str, secrets: frozenset = frozenset(), quiet: bool = False) -> None:
     """Apply ``changes`` (:data:`dsv4ctl.serve.hicache_local.ChangesFn`) to the serve configs of
     ``groups`` (GroupViews of the Deployment ``prof``): locally, or with ``remote`` as a release.
 
@@ -63,7 +63,7 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
     refuse_shipped([e.path for e in edits if e.new != e.old])
     if remote:
         _remote(prof, groups, what, action, changes, tree, dry_run, as_json, edits, health_timeout, verbose,
-                schema, doc, unchanged, secrets)
+                schema, doc, unchanged, secrets, quiet=quiet)
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
@@ -89,7 +89,7 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
 
 
 def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_edits, health_timeout, verbose,
-            schema, doc, unchanged, extra_secrets=frozenset()) -> None:
+            schema, doc, unchanged, extra_secrets=frozenset(), quiet: bool = False) -> None:
     """``--remote``: every change to a host is a release. The running release's serve configs are
     edited (:mod:`dsv4ctl.serve.hicache_live`), a new release is derived from it and deployed
     (:mod:`dsv4ctl.deploy.change`), then the profile's local copies get the same edit (so the
@@ -118,7 +118,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
         return scrub(s, secrets)
 
     def log(s: str) -> None:
-        if not as_json:
+        if not as_json and not quiet:
             print(f"dsv4ctl: {mask_secrets(scrub_all(s), secrets)}", file=sys.stderr, flush=True)
     o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log, offers_break_lock=False)
     if verbose and not dry_run:

@@ -80,6 +80,7 @@ def watch(ctx: typer.Context,
           alert_window: str = duration_option("1h", "--alert-window", lo=12, hi=7 * 86400, keep_text=True, help="Long window of the in-process corruption burn (12s..7d; short: 1/12 of it); at most one --on-alert run per condition per window."),
           log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
           print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO; without a profile the embedded default's, 0.01), dashboard (Grafana JSON; its ratio panels read the rules' recorded series), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
+          verbose: bool = typer.Option(False, "--verbose", "-v", help="Also an event line for every ok probe (default: only probes not ok, alerts, releases)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No event lines on stderr."),
           accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")) -> None:
     """Probe the deployment continuously with known-answer tool calls (the gate's classifier)
@@ -176,7 +177,7 @@ def watch(ctx: typer.Context,
                         listen=listen_at, api_key=key, slo=dep.check.max_corruption,
                         alert_window=window, on_alert=actions, auto=auto, read_releases=not no_releases,
                         accept_new_host_keys=accept_new, profile_arg=str(dep.path), emit=emit,
-                        turn_timeout=max(stall * 5, 60.0))
+                        turn_timeout=max(stall * 5, 60.0), every_probe=verbose)
     w = Watcher(dep, opts)
 
     async def main() -> int:

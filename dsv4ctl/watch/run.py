@@ -40,7 +40,8 @@ FIRST_READ_WAIT = 15.0        # seconds the probes wait for the first release re
 class WatchOptions:
     """How one watch runs. Seconds everywhere. ``listen``: (host, port) of its own ``/metrics``
     (None: not served, e.g. ``--once``); ``on_alert``: {condition: runbook}; ``auto``: run them
-    for real (else ``--dry-run``); ``emit``: called with every event (a JSON-able dict)."""
+    for real (else ``--dry-run``); ``emit``: called with every event (a JSON-able dict);
+    ``every_probe``: an event for every probe (``-v``), not only for those not ok."""
 
     interval: float = M.DEFAULT_INTERVAL
     stall_timeout: float = 60.0
@@ -57,6 +58,7 @@ class WatchOptions:
     accept_new_host_keys: bool = False
     profile_arg: str = ""
     emit: Callable[[dict], None] = lambda e: None
+    every_probe: bool = False
 
 
 class Watcher:
@@ -152,7 +154,7 @@ class Watcher:
             self.last_stuck.pop(t.name, None)
         if t.probe:
             self.m.stuck_now.labels(t.name).set(1 if t.name in self.stuck() else 0)
-        if rec["outcome"] != "ok":
+        if rec["outcome"] != "ok" or self.opts.every_probe:
             self.opts.emit({"event": "probe", **rec})
         return rec
 
