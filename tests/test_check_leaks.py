@@ -530,3 +530,9 @@ def test_a_cut_looking_string_is_legitimate_when_the_calls_match_the_known_answe
     full = {"command": "cat <<'EOF'\nx\nEOF", "timeout_s": 5}
     v = E.judge(turn, requires_tool=True, tools=SPECS, expected=[{"name": "run_command", "arguments": full}])
     assert v.flags == (C.ARGS_CUT, C.WRONG_ARGS)
+
+
+def test_a_nested_fence_left_open_by_a_markdown_listing_is_not_cut():
+    readme = "Put this in README.md:\n```markdown\n# Tool\n```python\nprint(1)\n```\n```"
+    assert verdict(readme).ok
+    assert verdict("Example:\n```").cls == C.MARKUP_CUT              # the only fence, left open

@@ -25,9 +25,9 @@ and ``srt/parser/deepseek_recipe_output.py``):
 * quoted markup cut out of prose (content ending in an open quote or fence, an empty code span);
 * no progress within the stall timeout (stuck, field report P1) and HTTP / protocol errors.
 
-Markup quoted in a Markdown code span, a closed fenced block or ordinary quotes around one tag is not corruption: it becomes a
-note on the verdict (SGLang's newer tests keep quoted DSML as text on purpose). Every check is one
-linear pass (bounded regex repetitions, patterns compiled once).
+Markup quoted in a Markdown code span, a closed fenced block or ordinary quotes around one tag is
+not corruption: it becomes a note on the verdict (SGLang's newer tests keep quoted DSML as text on
+purpose). Every check is one linear pass (bounded regex repetitions, patterns compiled once).
 """
 
 from __future__ import annotations
@@ -808,11 +808,14 @@ def _cut_in_value(value: Any) -> Optional[tuple[str, str]]:
 
 def _open_fence_at_end(text: str) -> Optional[str]:
     """The fence opener line that ends ``text`` when no fence closes it (CommonMark pairing as in
-    :func:`_fences`), else None."""
+    :func:`_fences`), else None. A bare opener (no info string such as ``xml``) after other fences
+    does not count: a Markdown listing with a nested fence written with the same backticks leaves
+    one, and the quoted examples SGLang's served path cuts carry a language."""
     if "```" not in text and "~~~" not in text:
         return None
-    open_ = None
+    open_, fences = None, 0
     for m in _FENCE_RE.finditer(text):
+        fences += 1
         f, info = m.group(1), m.group(2)
         if open_ is None:
             if f[0] == "`" and "`" in info:
@@ -820,7 +823,7 @@ def _open_fence_at_end(text: str) -> Optional[str]:
             open_ = (m, f[0], len(f))
         elif f[0] == open_[1] and len(f) >= open_[2] and not info.strip():
             open_ = None
-    if open_ is not None and open_[0].end() >= len(text):
+    if open_ is not None and open_[0].end() >= len(text) and (open_[0].group(2).strip() or fences == 1):
         return open_[0].group().strip()
     return None
 
