@@ -343,3 +343,26 @@ def test_draft_weights_from_table():
     mtp = sum(t.nbytes for t in W.published_inventory(cfg) if t.name.startswith("mtp.0.ffn.experts.")) / 8
     assert g.inputs.draft_weights_gib_per_rank > round(mtp / GIB, 3)
     assert g.inputs.draft_weights_gib_per_rank == 1.73
+
+
+@pytest.mark.parametrize("key,fmt", [("deepseek-v4-pro", "fp4"), ("deepseek-v4-flash", "fp8")])
+def test_stacked_inventory_is_the_same_bytes(key, fmt):
+    """The plan's fast path (experts stacked per layer) gives what the tensor-by-tensor list gives."""
+    cfg = _cfg(key)
+    for sh in (W.Sharding(tp=8), W.Sharding(tp=16, dp=16, dp_attention=True), W.Sharding(tp=4, pp=2)):
+        a = W.per_rank(W.published_inventory(cfg, fmt), cfg["num_hidden_layers"], sh)
+        b = W.per_rank(W.published_inventory(cfg, fmt, stacked=True), cfg["num_hidden_layers"], sh)
+        assert (a.tensors, a.checkpoint_bytes) == (b.tensors, b.checkpoint_bytes)
+        assert a.target == pytest.approx(b.target, rel=1e-12) and a.draft == pytest.approx(b.draft, rel=1e-12)
+
+
+def test_dp_attention_replicates_attention_and_embedding():
+    """Capacity reference §3.3: with attention DP (attn_tp = tp/dp = 1) attention weights are
+    replicated per rank: Pro TP16 DP16 holds the 61 layers' wq_b/wo_a/wo_b (with their scales) and
+    the embedding whole on every rank, TP16 a sixteenth of them."""
+    cfg = _cfg("deepseek-v4-pro")
+    a = W.per_rank(W.published_inventory(cfg, stacked=True), 61, W.Sharding(tp=16))
+    b = W.per_rank(W.published_inventory(cfg, stacked=True), 61, W.Sharding(tp=16, dp=16, dp_attention=True))
+    attn = 61 * (65536 * 1536 + 512 * 12 + 16384 * 4096 + 128 * 32 + 7168 * 16384 + 56 * 128)
+    embed = 129280 * 7168 * 2
+    assert b.target - a.target == pytest.approx((attn + embed) * (1 - 1 / 16))

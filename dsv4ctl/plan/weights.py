@@ -45,6 +45,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -68,12 +69,16 @@ INDEX_NAME = "model.safetensors.index.json"
 
 @dataclass(frozen=True)
 class Tensor:
-    """One tensor as a safetensors header describes it: ``nbytes`` from its data_offsets."""
+    """One tensor as a safetensors header describes it: ``nbytes`` from its data_offsets.
+    ``count`` > 1: that many tensors of the same kind stacked into one entry (the published
+    inventory's routed experts, :func:`published_inventory` with ``stacked=True``); ``nbytes`` is
+    then the total."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    count: int = 1
 
 
 class HeaderError(InputError):
@@ -320,7 +325,7 @@ def per_rank(tensors: Iterable[Tensor], num_hidden_layers: int, sharding: Shardi
     draft = 0.0
     n = total = 0
     for t in tensors:
-        n += 1
+        n += t.count
         total += t.nbytes
         kind, layer, is_draft = classify(t.name, num_hidden_layers)
         if kind == "skip":
@@ -345,14 +350,16 @@ def per_rank(tensors: Iterable[Tensor], num_hidden_layers: int, sharding: Shardi
 
 # --- the published checkpoints -----------------------------------------------------------------
 
-def published_inventory(cfg: dict, expert_format: str = "fp4") -> list[Tensor]:
+def published_inventory(cfg: dict, expert_format: str = "fp4", *, stacked: bool = False) -> list[Tensor]:
     """The tensors of the published DeepSeek-V4 checkpoint of ``cfg`` (a ``config.json`` dict),
     without data: bf16 embedding/head/norms/compressors, FP8 e4m3 linears with e8m0 [128,128]
     block scales, routed experts as MXFP4 packed in I8 with an e8m0 scale per 32 (``expert_format``
     ``fp4``) or FP8 with [128,128] block scales (``fp8``), fp32 hyper-connection parameters, the
     MTP layer as ``mtp.0``. Layout taken from the DeepSeek-V4-Pro checkpoint inspection report
     (gogongxt/python:``scripts/models/deepseek_v4_pro.md``: 64 files, 145,116 tensors, 805.32 GiB of
-    tensors), which this reproduces exactly for the Pro config (tests/test_plan_weights.py)."""
+    tensors), which this reproduces exactly for the Pro config (tests/test_plan_weights.py).
+    ``stacked``: each layer's routed experts as one entry per tensor name (``count`` = experts),
+    the same bytes in 1/``n_routed_experts`` of the entries (what the plan uses: fast)."""
     h, v = cfg["hidden_size"], cfg["vocab_size"]
     nh, hd = cfg["num_attention_heads"], cfg["head_dim"]
     ql, og, ol = cfg["q_lora_rank"], cfg["o_groups"], cfg["o_lora_rank"]
@@ -363,15 +370,16 @@ def published_inventory(cfg: dict, expert_format: str = "fp4") -> list[Tensor]:
     ratios = list(cfg["compress_ratios"])
     out: list[Tensor] = []
 
-    def t(name: str, dtype: str, *shape: int) -> None:
-        numel = 1
+    def t(name: str, dtype: str, *shape: int, count: int = 1) -> None:
+        numel = count
         for d in shape:
             numel *= d
-        out.append(Tensor(name, dtype, tuple(shape), numel * DTYPE_BYTES[dtype]))
+        out.append(Tensor(name, dtype, ((count,) if count > 1 else ()) + tuple(shape), numel * DTYPE_BYTES[dtype],
+                          count))
 
-    def fp8(name: str, rows: int, cols: int) -> None:
-        t(f"{name}.weight", "F8_E4M3", rows, cols)
-        t(f"{name}.scale", "F8_E8M0", -(-rows // 128), -(-cols // 128))
+    def fp8(name: str, rows: int, cols: int, count: int = 1) -> None:
+        t(f"{name}.weight", "F8_E4M3", rows, cols, count=count)
+        t(f"{name}.scale", "F8_E8M0", -(-rows // 128), -(-cols // 128), count=count)
 
     def layer(p: str, ratio: int, hashed: bool) -> None:
         t(f"{p}.attn.attn_sink", "F32", nh)
@@ -397,13 +405,14 @@ def published_inventory(cfg: dict, expert_format: str = "fp4") -> list[Tensor]:
             fp8(f"{p}.attn.indexer.wq_b", iheads * idim, ql)
         t(f"{p}.attn_norm.weight", "BF16", h)
         t(f"{p}.ffn_norm.weight", "BF16", h)
-        for e in range(ne):
+        for e in (["*"] if stacked else range(ne)):
+            k = ne if stacked else 1
             for w, (rows, cols) in (("w1", (mi, h)), ("w2", (h, mi)), ("w3", (mi, h))):
                 if expert_format == "fp8":
-                    fp8(f"{p}.ffn.experts.{e}.{w}", rows, cols)
+                    fp8(f"{p}.ffn.experts.{e}.{w}", rows, cols, count=k)
                 else:
-                    t(f"{p}.ffn.experts.{e}.{w}.weight", "I8", rows, cols // 2)
-                    t(f"{p}.ffn.experts.{e}.{w}.scale", "F8_E8M0", rows, cols // 32)
+                    t(f"{p}.ffn.experts.{e}.{w}.weight", "I8", rows, cols // 2, count=k)
+                    t(f"{p}.ffn.experts.{e}.{w}.scale", "F8_E8M0", rows, cols // 32, count=k)
         t(f"{p}.ffn.gate.weight", "BF16", ne, h)
         if hashed:
             t(f"{p}.ffn.gate.tid2eid", "I64", v, topk)
@@ -489,16 +498,27 @@ def _shipped_cfg(key: str) -> dict:
     return json.loads((MODELS_DIR / f"{key}.json").read_text())
 
 
+@lru_cache(maxsize=64)
+def _shipped_rank(key: str, cfg_json: str, expert_format: str, sharding: Sharding) -> RankWeights:
+    """:func:`per_rank` of the published inventory (stacked experts), cached per process."""
+    cfg = json.loads(cfg_json)
+    return per_rank(published_inventory(cfg, expert_format, stacked=True), cfg["num_hidden_layers"], sharding)
+
+
+@lru_cache(maxsize=1)
+def _calibration() -> tuple[tuple[Measured, float, float], ...]:
+    out = []
+    for m in MEASURED:
+        rw = _shipped_rank(m.model, json.dumps(_shipped_cfg(m.model), sort_keys=True), m.expert_format, Sharding(tp=m.tp))
+        w = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3)
+        out.append((m, w, (w - m.gib) / m.gib * 100))
+    return tuple(out)
+
+
 def calibration() -> list[tuple[Measured, float, float]]:
     """Every :data:`MEASURED` row with the table's per-rank GiB at its topology (TP only) and the
     relative error in percent, ``(table - measured) / measured * 100``."""
-    out = []
-    for m in MEASURED:
-        cfg = _shipped_cfg(m.model)
-        rw = per_rank(published_inventory(cfg, m.expert_format), cfg["num_hidden_layers"], Sharding(tp=m.tp))
-        w = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3)
-        out.append((m, w, (w - m.gib) / m.gib * 100))
-    return out
+    return list(_calibration())
 
 
 def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding) -> Estimate:
@@ -506,7 +526,7 @@ def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding
     inventory (:func:`published_inventory`) sharded as SGLang 0.5.23 does (:func:`per_rank`) plus
     :data:`LOAD_OVERHEAD_GIB`. The note names the source and the error against the measured logs
     (:data:`MEASURED`): those at this very topology, else the calibration's error range."""
-    rw = per_rank(published_inventory(cfg, expert_format), cfg["num_hidden_layers"], sharding)
+    rw = _shipped_rank(key, json.dumps(cfg, sort_keys=True), expert_format, sharding)
     w = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3)
     cal = calibration()
     same = sharding.pp == 1 and not sharding.dp_attention and not sharding.shared_replicated
