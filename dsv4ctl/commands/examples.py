@@ -1,6 +1,8 @@
 """One or two examples per command, shown at the end of its ``--help`` (one table, applied by
 :func:`apply` where cli.py registers the commands; tests/test_conventions.py checks every
-command has an entry)."""
+command has an entry). An example exits 0 unless its comment says ``exit N``:
+tests/test_examples.py runs each one that needs no host, server, SGLang tree or network and
+parses every one."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                "dsv4ctl report plan.json sweep.json ~/.local/state/dsv4ctl/runs/RUN_ID -o incident.html"),
     "runbook list": ("dsv4ctl runbook list",),
     "runbook show": ("dsv4ctl runbook show toolcall-corruption",),
-    "runbook run": ("dsv4ctl runbook run toolcall-corruption profiles/my.yaml --dry-run",
+    "runbook run": ("dsv4ctl runbook run toolcall-corruption profiles/my.yaml --dry-run   # exit 1 if a step would stop",
                     "dsv4ctl runbook run scheduler-stall profiles/my.yaml --yes"),
     "profile list": ("dsv4ctl profile list",),
     "profile show": ("dsv4ctl profile show dsv4-flash-8xb200-pd",),
