@@ -158,17 +158,8 @@ def gpu_host(tmp_path_factory):
     why = harness.available()
     if why:
         pytest.skip(why)
-    base = tmp_path_factory.mktemp("facts-sshd")
-    bin_ = base / "bin"
-    bin_.mkdir()
-    smi = bin_ / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncase \"$*\" in *query-gpu*) cat {bin_}/gpus.csv ;; *) cat {bin_}/apps.csv ;; esac\n")
-    smi.chmod(0o755)
-    c = harness.start_cluster(base / "sshd", n=1)
-    h = c.hosts[0]
-    h.config.write_text(h.config.read_text().replace("SetEnv SHLVL=1", f"SetEnv SHLVL=1 PATH={bin_}:/usr/bin:/bin"))
-    h.kill()
-    h.start()
+    from tests.sshd.gpuhost import start_gpu_cluster
+    c, bin_ = start_gpu_cluster(tmp_path_factory.mktemp("facts-sshd"))
     yield c, bin_
     c.stop()
 
