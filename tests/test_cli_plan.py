@@ -342,7 +342,7 @@ def test_pro_what_if_names_the_weights_first_and_offers_only_gpus():
     assert g["errors"] == ["the weights (203.166 GiB per rank) and other memory do not fit in 177.0 GiB free per GPU "
                            "on 4 GPUs (tp4 pp1)"]
     assert g["verdict"]["deciding"] == "weights"
-    assert g["fixes"] == ["use 8 GPUs per group (tp-size: 8, weights ~103.083 GiB per rank) (re-planned: fits, headroom 27.757 GiB)"]
+    assert g["fixes"] == ["use 8 GPUs per group (tp-size: 8, weights ~104.54 GiB per rank) (re-planned: fits, headroom 26.3 GiB)"]
     # the given available_bytes with weights that fit but a GPU it cannot fit: a warning, not a verdict
     r = run_cli("plan", "-g", "decode", "--json", "--set", "available_bytes=150000000000", "--set", "index_k_dtype=fp8")
     g = json.loads(r.out)["groups"][0]

@@ -366,3 +366,13 @@ def test_dp_attention_replicates_attention_and_embedding():
     attn = 61 * (65536 * 1536 + 512 * 12 + 16384 * 4096 + 128 * 32 + 7168 * 16384 + 56 * 128)
     embed = 129280 * 7168 * 2
     assert b.target - a.target == pytest.approx((attn + embed) * (1 - 1 / 16))
+
+
+def test_more_gpus_fix_uses_the_table_at_its_tp():
+    """A weights failure's "use N GPUs" fix rescales only what SGLang splits: Pro on the 4-GPU
+    group (203.166 GiB/rank) is offered TP8 at the table's own TP8 figure, 104.54 GiB."""
+    rep = plan(["decode"], model="deepseek-v4-pro", available_bytes=48569637666, index_k_dtype="fp8")
+    g = rep.groups[0]
+    assert g.inputs.weights_gib_per_rank == 203.166
+    assert g.fixes and "tp-size: 8, weights ~104.54 GiB per rank" in g.fixes[0]
+    assert plan(["decode"], model="deepseek-v4-pro", tp_size=8).groups[0].inputs.weights_gib_per_rank == 104.54

@@ -234,6 +234,7 @@ class GroupInputs:
     logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
     balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
     replica: Optional[int] = None         # with replicas: the one planned (the tightest)
+    weights_fixed_gib: Optional[float] = None   # estimated weights that do not shrink with TP (plan.weights)
 
     def gpu_name(self, rank: int) -> str:
         """``GPU 3``, or ``GPU 3 of host h1 (node 1)`` for a multi-node server; ``GPU #5`` when the
@@ -667,6 +668,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         raise InputError(f"--set checkpoint_format: {fmt!r} not in {'|'.join(CHECKPOINT_FORMATS)}")
     # the EAGLE/MTP draft worker loads its nextn layer after the target (F counts both, reference §3.2)
     dw_gib = args.get("draft_weights_gib_per_rank", getattr(mem, "draft_weights_gib_per_rank", None))
+    w_fixed = None
     if w_gib is None or (spec_algo and dw_gib is None):
         # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights)
         est = wts.estimate(facts, getattr(facts, "config_path", None), fmt,
@@ -675,7 +677,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
             raise InputError(f"group {group.name}: memory.{'weights' if w_gib is None else 'draft_weights'}"
                              "_gib_per_rank is required for a custom model (a config.json without its checkpoint)")
         if w_gib is None:
-            w_gib = est.target_gib
+            w_gib, w_fixed = est.target_gib, est.fixed_gib
             estimated.append(est.note)
         if spec_algo and dw_gib is None:
             dw_gib = est.draft_gib
@@ -713,7 +715,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
                        free_gib_before_load=p_gib, weights_gib_per_rank=w_gib, other_gib=other,
                        estimated=estimated, available_bytes_override=args.get("available_bytes"),
-                       pp_partition=pp_partition, pool=pool)
+                       pp_partition=pp_partition, pool=pool, weights_fixed_gib=w_fixed)
 
 
 def _gib(x: float) -> float:
@@ -1090,7 +1092,8 @@ def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePla
             tp = gi.tp * mult
             if tp > MAX_PARALLEL:
                 break
-            w = round((gi.weights_gib_per_rank - REPLICATED_WEIGHTS_GIB) / mult + REPLICATED_WEIGHTS_GIB, 3)
+            fixed = REPLICATED_WEIGHTS_GIB if gi.weights_fixed_gib is None else gi.weights_fixed_gib
+            w = round((gi.weights_gib_per_rank - fixed) / mult + fixed, 3)
             g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
                              draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
                              rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)

@@ -481,12 +481,20 @@ LOAD_OVERHEAD_GIB = 2.6
 
 @dataclass
 class Estimate:
-    """A weight estimate: per-rank ``target_gib``/``draft_gib`` and the sentence the plan prints."""
+    """A weight estimate: per-rank ``target_gib``/``draft_gib``, the sentences the plan prints, and
+    ``fixed_gib``: the part of ``target_gib`` that does not shrink when TP grows (replicated
+    tensors, the load overhead; a plan fix rescales the rest)."""
 
     target_gib: float
     draft_gib: float
     note: str
     draft_note: str
+    fixed_gib: float = 0.0
+
+
+def _fixed_gib(rw: RankWeights, sharding: Sharding) -> float:
+    """GiB of ``rw``'s target bytes on kinds ``sharding`` does not split (divisor 1)."""
+    return sum(b for k, b in rw.by_kind.items() if sharding.divisor(k) == 1) / GIB
 
 
 def _pct(x: float) -> str:
@@ -546,7 +554,8 @@ def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding
             f"load overhead{vs}; see dsv4ctl.plan.weights.MEASURED)")
     dw = round(rw.draft_gib, 3)
     return Estimate(w, dw, note, f"draft_weights_gib_per_rank={dw} (the MTP layer of the published {key} "
-                                    f"checkpoint, {fmt}, sharded as SGLang 0.5.23 at {top})")
+                                    f"checkpoint, {fmt}, sharded as SGLang 0.5.23 at {top})",
+                    round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3))
 
 
 def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding) -> Estimate:
@@ -563,7 +572,7 @@ def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding
                     f"weights_gib_per_rank={w} (safetensors headers of {where}: {rw.tensors:,} tensors, "
                     f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top})",
                     f"draft_weights_gib_per_rank={dw} (MTP layer in the safetensors headers of {where}, "
-                    f"sharded as SGLang 0.5.23 at {top})")
+                    f"sharded as SGLang 0.5.23 at {top})", round(_fixed_gib(rw, sharding), 3))
 
 
 def _env_true(v) -> bool:
