@@ -343,6 +343,8 @@ def test_draft_weights_from_table():
     mtp = sum(t.nbytes for t in W.published_inventory(cfg) if t.name.startswith("mtp.0.ffn.experts.")) / 8
     assert g.inputs.draft_weights_gib_per_rank > round(mtp / GIB, 3)
     assert g.inputs.draft_weights_gib_per_rank == 1.73
+    note = next(e for e in g.inputs.estimated if e.startswith("draft_weights_gib_per_rank="))
+    assert "vs 3.07 measured (older image): -43.6 %" in note
 
 
 @pytest.mark.parametrize("key,fmt", [("deepseek-v4-pro", "fp4"), ("deepseek-v4-flash", "fp8")])

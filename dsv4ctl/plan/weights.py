@@ -472,6 +472,15 @@ MEASURED = (
              "InferenceX#2128: 8xH200 TP8, older deepseek-v4-hopper image, 'Load weight end. quant=fp8 ... "
              "mem usage=125.65 GB' (the image update dropped it to ~103-104)", calibrates=False),
 )
+# Measured per-rank MTP draft weights (GiB), compared, not calibrated on: the only log is the older
+# image's, and the draft's "mem usage" also holds its own embedding and head until EAGLE shares the
+# target's (sglang 0.5.23 speculative/eagle_worker_v2.py init_lm_head -> set_embed_and_head frees
+# them: Pro TP8 2 x 1.73 GiB / 8 = 0.43 GiB not counted here).
+MEASURED_DRAFT = (
+    Measured("deepseek-v4-pro", "fp4", 8, 3.07,
+             "InferenceX#2128: older deepseek-v4-hopper image, 'DeepseekV4ForCausalLMNextN draft adds mem usage=3.07 GB'",
+             calibrates=False),
+)
 # Per-rank bytes SGLang holds at "Load weight end" beyond the checkpoint's share, fitted to the
 # calibrating MEASURED rows (mean residual of the inventory's per-rank bytes): freqs_cis RoPE
 # tables (2 cached, 2**20 x 32 complex64 = 0.25 GiB each, kernels/ops/attention/dsv4/rope.py),
@@ -553,8 +562,10 @@ def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding
             f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top} + {LOAD_OVERHEAD_GIB} GiB "
             f"load overhead{vs}; see dsv4ctl.plan.weights.MEASURED)")
     dw = round(rw.draft_gib, 3)
+    dvs = "".join(f"; vs {m.gib} measured (older image): {_pct((dw - m.gib) / m.gib * 100)}" for m in MEASURED_DRAFT
+                  if same and m.model == key and m.expert_format == expert_format and m.tp == sharding.tp)
     return Estimate(w, dw, note, f"draft_weights_gib_per_rank={dw} (the MTP layer of the published {key} "
-                                    f"checkpoint, {fmt}, sharded as SGLang 0.5.23 at {top})",
+                                    f"checkpoint, {fmt}, sharded as SGLang 0.5.23 at {top}{dvs})",
                     round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3))
 
 
@@ -606,6 +617,6 @@ def estimate(facts, cfg_path: Optional[Path], expert_format: str, sharding: Shar
 
 
 __all__ = ["Tensor", "HeaderError", "read_header", "read_checkpoint", "is_checkpoint_dir", "classify",
-           "Sharding", "RankWeights", "per_rank", "published_inventory", "Measured", "MEASURED",
+           "Sharding", "RankWeights", "per_rank", "published_inventory", "Measured", "MEASURED", "MEASURED_DRAFT",
            "LOAD_OVERHEAD_GIB", "Estimate", "calibration", "shipped_estimate", "checkpoint_estimate", "sharding_from_args",
            "estimate"]
