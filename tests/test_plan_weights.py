@@ -378,3 +378,47 @@ def test_more_gpus_fix_uses_the_table_at_its_tp():
     assert g.inputs.weights_gib_per_rank == 203.166
     assert g.fixes and "tp-size: 8, weights ~104.54 GiB per rank" in g.fixes[0]
     assert plan(["decode"], model="deepseek-v4-pro", tp_size=8).groups[0].inputs.weights_gib_per_rank == 104.54
+
+
+def test_any_bytes_are_a_header_or_one_input_error(tmp_path):
+    """Random and mutated shards: read_header returns tensors or raises InputError, nothing else
+    (hypothesis; DSV4CTL_FUZZ_EXAMPLES raises the count as for tests/test_fuzz_inputs.py)."""
+    import os
+    from hypothesis import given, settings, strategies as st
+    good = tmp_path / "good.safetensors"
+    write_shard(good, {"a": ("F32", [2, 3]), "b": ("I8", [5])})
+    base = good.read_bytes()
+    p = tmp_path / "x.safetensors"
+
+    @settings(max_examples=int(os.environ.get("DSV4CTL_FUZZ_EXAMPLES", 200)), deadline=None, database=None)
+    @given(st.one_of(st.binary(max_size=200),
+                     st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255), st.integers(0, len(base)))
+                     .map(lambda t: (base[:t[0]] + bytes([t[1]]) + base[t[0] + 1:])[:max(t[2], 1)])))
+    def check(raw):
+        p.write_bytes(raw)
+        try:
+            out = W.read_header(p)
+        except InputError as e:
+            assert "\n" not in str(e)
+        else:
+            assert all(isinstance(t, W.Tensor) for t in out)
+
+    check()
+
+
+def test_names_with_newlines_stay_on_one_line(tmp_path):
+    p = tmp_path / "model.safetensors"
+    hdr = json.dumps({"a\nb": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(hdr)) + hdr + bytes(8))
+    with pytest.raises(InputError) as e:
+        W.read_header(p)
+    assert "\n" not in str(e.value) and "'a\\nb'" in str(e.value)
+
+
+def test_tensor_in_two_shards(tmp_path):
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    write_shard(folder / "a.safetensors", {"embed.weight": ("BF16", [4, 4])})
+    write_shard(folder / "b.safetensors", {"embed.weight": ("BF16", [4, 4])})
+    with pytest.raises(InputError, match="is also in a.safetensors"):
+        W.read_checkpoint(folder)

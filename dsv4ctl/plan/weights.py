@@ -126,7 +126,7 @@ def read_header(path: Path) -> list[Tensor]:
 def _entry(path: Path, name: str, ent, data_len: int) -> Tensor:
     """One header entry, checked: known dtype, shape of non-negative ints, offsets inside the
     data and as long as dtype x shape says."""
-    shown = name if len(name) <= 120 else name[:120] + "..."
+    shown = repr(name[:120]) + ("..." if len(name) > 120 else "")     # repr: one line whatever the name holds
     if not isinstance(ent, dict):
         raise HeaderError(f"{path}: malformed safetensors header: {shown}: not an object")
     dtype, shape, offs = ent.get("dtype"), ent.get("shape"), ent.get("data_offsets")
@@ -198,7 +198,7 @@ def read_checkpoint(folder: Path) -> list[Tensor]:
     for p in files:
         for t in read_header(p):
             if t.name in seen:
-                raise InputError(f"{p}: tensor {t.name[:120]} is also in {seen[t.name]}")
+                raise InputError(f"{p}: tensor {t.name[:120]!r} is also in {seen[t.name]}")
             seen[t.name] = p.name
             out.append(t)
     return out
