@@ -422,3 +422,29 @@ def test_tensor_in_two_shards(tmp_path):
     write_shard(folder / "b.safetensors", {"embed.weight": ("BF16", [4, 4])})
     with pytest.raises(InputError, match="is also in a.safetensors"):
         W.read_checkpoint(folder)
+
+
+INFX_2128 = dict(model="deepseek-v4-pro", tp_size=8, gpu_memory_mib=143771, free_gib_before_load=137.9,
+                 mem_fraction_static=0.88, disaggregation_mode="null")
+
+
+def test_inferencex_2128_measured_weights_reproduce_sglangs_refusal():
+    """InferenceX#2128 (8xH200 TP8, Pro, mfs 0.88): 'avail mem=12.25 GB, mem usage=125.65 GB' at
+    load end, so P = 137.9 GiB; SGLang refused: 'Raise --mem-fraction-static above 0.912 (minimum
+    viable = 1 - available/pre = 0.9113)', KV available_bytes -4.31 GB. With the measured weights the
+    plan fails with the same words; 1 - 12.25/137.9 = 0.9112... rounds up to 0.912."""
+    rep = plan(["decode"], weights_gib_per_rank=125.65, **INFX_2128)
+    g = rep.groups[0]
+    assert round(137.9 - 125.65 - 137.9 * (1 - 0.88), 2) == -4.30       # the log's -4.31 GB, P rounded
+    assert (g.verdict["level"], g.verdict["deciding"]) == ("fails", "no_kv_memory")
+    assert g.errors[0].endswith("Raise --mem-fraction-static above 0.912")
+
+
+def test_inferencex_2128_with_the_table_says_estimated():
+    """The same configuration without a measurement plans on the table (what the pinned image later
+    measured, ~103-104 GB, served) and says the weights are estimated, with the 125.65 log's error."""
+    rep = plan(["decode"], **INFX_2128)
+    g = rep.groups[0]
+    assert g.inputs.weights_gib_per_rank == 104.54 and not g.errors
+    note = next(e for e in g.inputs.estimated if e.startswith("weights_gib_per_rank="))
+    assert "125.65 (older image): -16.8 %" in note
