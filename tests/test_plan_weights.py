@@ -448,3 +448,21 @@ def test_inferencex_2128_with_the_table_says_estimated():
     assert g.inputs.weights_gib_per_rank == 104.54 and not g.errors
     note = next(e for e in g.inputs.estimated if e.startswith("weights_gib_per_rank="))
     assert "125.65 (older image): -16.8 %" in note
+
+
+def test_deploy_preflight_names_groups_on_checkpoint_weights(tmp_path):
+    """The deploy preflight's line names the groups whose weights come from the checkpoint's
+    headers (estimated: not a measurement) and still plans them."""
+    import shutil
+    from dsv4ctl.deploy.preflight import preflight
+    src = Path(DEFAULT_PROFILE)
+    shutil.copytree(src.parent / src.stem, tmp_path / src.stem)
+    text = src.read_text()
+    assert text.count("weights_gib_per_rank: 43.66") == 2
+    text = "\n".join(l for l in text.splitlines() if "weights_gib_per_rank: 43.66" not in l) + "\n"
+    folder = make_checkpoint(tmp_path / "ck")
+    text = text.replace("model: deepseek-v4-flash ", f"model: {folder} ", 1)
+    (tmp_path / src.name).write_text(text)
+    out = preflight(load_profile(tmp_path / src.name))
+    assert out["estimated"] == ["prefill", "decode"]
+    assert "weights or free memory estimated for prefill, decode" in out["summary"]
