@@ -124,7 +124,7 @@ def test_checkpoint_per_rank_matches_hand_sum(tmp_path, tp, dp, dpa):
     folder = make_checkpoint(tmp_path / "ck")
     est = W.checkpoint_estimate(folder, 4, W.Sharding(tp=tp, dp=dp, dp_attention=dpa))
     target, draft = by_hand(tp, dp=dp, dp_attention=dpa)
-    assert est.target_gib == round(target / GIB, 3)
+    assert est.target_gib == round(target / GIB + W.LOAD_OVERHEAD_GIB, 3)
     assert est.draft_gib == round(draft / GIB, 3)
     rw = W.per_rank(W.read_checkpoint(folder), 4, W.Sharding(tp=tp, dp=dp, dp_attention=dpa))
     assert rw.target == pytest.approx(target, rel=1e-12)
@@ -263,7 +263,7 @@ def test_plan_reads_the_checkpoint(tmp_path):
     rep = plan(model=str(folder))
     for g in rep.groups:
         target, _ = by_hand(g.inputs.tp, dp=g.inputs.dp, dp_attention=g.inputs.dp_attention)
-        assert g.inputs.weights_gib_per_rank == round(target / GIB, 3)
+        assert g.inputs.weights_gib_per_rank == round(target / GIB + W.LOAD_OVERHEAD_GIB, 3)
         assert any(e.startswith("weights_gib_per_rank=") and "safetensors headers of" in e
                    for e in g.inputs.estimated)
 
@@ -466,3 +466,21 @@ def test_deploy_preflight_names_groups_on_checkpoint_weights(tmp_path):
     out = preflight(load_profile(tmp_path / src.name))
     assert out["estimated"] == ["prefill", "decode"]
     assert "weights or free memory estimated for prefill, decode" in out["summary"]
+
+
+def test_published_layout_as_a_folder_gives_the_tables_figure(tmp_path):
+    """The published layout of a (tiny) config written as real shards: the headers path and the
+    table path agree, so a local copy of a shipped checkpoint plans like its name."""
+    inv = W.published_inventory(TINY)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    half = len(inv) // 2
+    for i, part in enumerate((inv[:half], inv[half:])):
+        write_shard(folder / f"model-{i + 1:05d}-of-00002.safetensors", {t.name: (t.dtype, list(t.shape)) for t in part})
+    for sh in (W.Sharding(tp=4), W.Sharding(tp=8, dp=8, dp_attention=True), W.Sharding(tp=2, pp=2)):
+        est = W.checkpoint_estimate(folder, 4, sh)
+        rw = W.per_rank(inv, 4, sh)
+        assert est.target_gib == round(rw.target_gib + W.LOAD_OVERHEAD_GIB, 3)
+        assert est.draft_gib == round(rw.draft_gib, 3)
+        assert f"{len(inv):,} tensors" in est.note

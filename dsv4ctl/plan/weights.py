@@ -571,19 +571,21 @@ def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding
 
 def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding) -> Estimate:
     """Per-rank weights of a local checkpoint folder, from its safetensors headers
-    (:func:`read_checkpoint`) sharded as SGLang 0.5.23 does (:func:`per_rank`). No load overhead
-    is added: the figure is the checkpoint's share of bytes per rank. Raises InputError (exit 2)
-    for a folder without headers or a truncated/malformed shard."""
+    (:func:`read_checkpoint`) sharded as SGLang 0.5.23 does (:func:`per_rank`), plus the same
+    :data:`LOAD_OVERHEAD_GIB` as the shipped table (so the published checkpoint gives the same
+    figure by name and as a folder). Raises InputError (exit 2) for a folder without headers or a
+    truncated/malformed shard."""
     rw = per_rank(read_checkpoint(folder), num_hidden_layers, sharding)
-    w, dw = round(rw.target_gib, 3), round(rw.draft_gib, 3)
+    w, dw = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3)
     where = f"{folder}" if len(str(folder)) <= 120 else f"...{str(folder)[-117:]}"
     top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
         (f" pp {sharding.pp}" if sharding.pp > 1 else "")
     return Estimate(w, dw,
                     f"weights_gib_per_rank={w} (safetensors headers of {where}: {rw.tensors:,} tensors, "
-                    f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top})",
+                    f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top} + {LOAD_OVERHEAD_GIB} "
+                    "GiB load overhead, calibrated on measured logs: dsv4ctl.plan.weights.MEASURED)",
                     f"draft_weights_gib_per_rank={dw} (MTP layer in the safetensors headers of {where}, "
-                    f"sharded as SGLang 0.5.23 at {top})", round(_fixed_gib(rw, sharding), 3))
+                    f"sharded as SGLang 0.5.23 at {top})", round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3))
 
 
 def _env_true(v) -> bool:
