@@ -360,91 +360,109 @@ def published_inventory(cfg: dict, expert_format: str = "fp4", *, stacked: bool 
     tensors), which this reproduces exactly for the Pro config (tests/test_plan_weights.py).
     ``stacked``: each layer's routed experts as one entry per tensor name (``count`` = experts),
     the same bytes in 1/``n_routed_experts`` of the entries (what the plan uses: fast)."""
-    h, v = cfg["hidden_size"], cfg["vocab_size"]
-    nh, hd = cfg["num_attention_heads"], cfg["head_dim"]
-    ql, og, ol = cfg["q_lora_rank"], cfg["o_groups"], cfg["o_lora_rank"]
-    ne, mi, ns = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg.get("n_shared_experts", 1)
-    hc, L = cfg.get("hc_mult", 4), cfg["num_hidden_layers"]
-    idim, iheads = cfg["index_head_dim"], cfg["index_n_heads"]
-    nhash, topk = cfg.get("num_hash_layers", 0), cfg["num_experts_per_tok"]
+    inv = _Inventory(cfg, expert_format, stacked)
+    h, v, hc = cfg["hidden_size"], cfg["vocab_size"], cfg.get("hc_mult", 4)
     ratios = list(cfg["compress_ratios"])
-    out: list[Tensor] = []
+    inv.add("embed.weight", "BF16", v, h)
+    inv.add("head.weight", "BF16", v, h)
+    inv.add("norm.weight", "BF16", h)
+    inv.hc_head("")
+    for i in range(cfg["num_hidden_layers"]):
+        inv.layer(f"layers.{i}", ratios[i] if i < len(ratios) else 0, i < cfg.get("num_hash_layers", 0))
+    for j in range(int(cfg.get("num_nextn_predict_layers", 0) or 0)):
+        p = f"mtp.{j}"
+        inv.layer(p, 0, False)
+        inv.fp8(f"{p}.e_proj", h, h)
+        inv.fp8(f"{p}.h_proj", h, h)
+        for nm in ("enorm", "hnorm", "norm"):
+            inv.add(f"{p}.{nm}.weight", "BF16", h)
+        inv.hc_head(f"{p}.")
+    return inv.out
 
-    def t(name: str, dtype: str, *shape: int, count: int = 1) -> None:
+
+class _Inventory:
+    """Builds :func:`published_inventory`'s list, one decoder layer at a time."""
+
+    def __init__(self, cfg: dict, expert_format: str, stacked: bool) -> None:
+        self.cfg, self.fmt, self.stacked = cfg, expert_format, stacked
+        self.h, self.hc = cfg["hidden_size"], cfg.get("hc_mult", 4)
+        self.out: list[Tensor] = []
+
+    def add(self, name: str, dtype: str, *shape: int, count: int = 1) -> None:
         numel = count
         for d in shape:
             numel *= d
-        out.append(Tensor(name, dtype, ((count,) if count > 1 else ()) + tuple(shape), numel * DTYPE_BYTES[dtype],
-                          count))
+        self.out.append(Tensor(name, dtype, ((count,) if count > 1 else ()) + tuple(shape),
+                               numel * DTYPE_BYTES[dtype], count))
 
-    def fp8(name: str, rows: int, cols: int, count: int = 1) -> None:
-        t(f"{name}.weight", "F8_E4M3", rows, cols, count=count)
-        t(f"{name}.scale", "F8_E8M0", -(-rows // 128), -(-cols // 128), count=count)
+    def fp8(self, name: str, rows: int, cols: int, count: int = 1) -> None:
+        """An FP8 e4m3 linear and its e8m0 [128,128] block scales."""
+        self.add(f"{name}.weight", "F8_E4M3", rows, cols, count=count)
+        self.add(f"{name}.scale", "F8_E8M0", -(-rows // 128), -(-cols // 128), count=count)
 
-    def layer(p: str, ratio: int, hashed: bool) -> None:
-        t(f"{p}.attn.attn_sink", "F32", nh)
-        t(f"{p}.attn.kv_norm.weight", "BF16", hd)
-        t(f"{p}.attn.q_norm.weight", "BF16", ql)
-        fp8(f"{p}.attn.wkv", hd, h)
-        fp8(f"{p}.attn.wo_a", og * ol, nh * hd // og)
-        fp8(f"{p}.attn.wo_b", h, og * ol)
-        fp8(f"{p}.attn.wq_a", ql, h)
-        fp8(f"{p}.attn.wq_b", nh * hd, ql)
+    def hc_head(self, prefix: str) -> None:
+        hc = self.hc
+        self.add(f"{prefix}hc_head_base", "F32", hc)
+        self.add(f"{prefix}hc_head_fn", "F32", hc, hc * self.h)
+        self.add(f"{prefix}hc_head_scale", "F32", 1)
+
+    def layer(self, p: str, ratio: int, hashed: bool) -> None:
+        """One decoder layer ``p`` (``layers.N`` or ``mtp.N``) with compress ratio ``ratio``."""
+        self.attention(p, ratio)
+        self.add(f"{p}.attn_norm.weight", "BF16", self.h)
+        self.add(f"{p}.ffn_norm.weight", "BF16", self.h)
+        self.ffn(p, hashed)
+        mix, hc = (2 + self.hc) * self.hc, self.hc
+        for part in ("attn", "ffn"):
+            self.add(f"{p}.hc_{part}_base", "F32", mix)
+            self.add(f"{p}.hc_{part}_fn", "F32", mix, hc * self.h)
+            self.add(f"{p}.hc_{part}_scale", "F32", 3)
+
+    def attention(self, p: str, ratio: int) -> None:
+        c, h = self.cfg, self.h
+        nh, hd, ql = c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
+        og, ol = c["o_groups"], c["o_lora_rank"]
+        idim, iheads = c["index_head_dim"], c["index_n_heads"]
+        self.add(f"{p}.attn.attn_sink", "F32", nh)
+        self.add(f"{p}.attn.kv_norm.weight", "BF16", hd)
+        self.add(f"{p}.attn.q_norm.weight", "BF16", ql)
+        self.fp8(f"{p}.attn.wkv", hd, h)
+        self.fp8(f"{p}.attn.wo_a", og * ol, nh * hd // og)
+        self.fp8(f"{p}.attn.wo_b", h, og * ol)
+        self.fp8(f"{p}.attn.wq_a", ql, h)
+        self.fp8(f"{p}.attn.wq_b", nh * hd, ql)
         if ratio:
             coff = 2 if ratio == 4 else 1
-            t(f"{p}.attn.compressor.ape", "F32", ratio, coff * hd)
-            t(f"{p}.attn.compressor.norm.weight", "BF16", hd)
-            t(f"{p}.attn.compressor.wgate.weight", "BF16", coff * hd, h)
-            t(f"{p}.attn.compressor.wkv.weight", "BF16", coff * hd, h)
+            self.add(f"{p}.attn.compressor.ape", "F32", ratio, coff * hd)
+            self.add(f"{p}.attn.compressor.norm.weight", "BF16", hd)
+            self.add(f"{p}.attn.compressor.wgate.weight", "BF16", coff * hd, h)
+            self.add(f"{p}.attn.compressor.wkv.weight", "BF16", coff * hd, h)
         if ratio == 4:
-            t(f"{p}.attn.indexer.compressor.ape", "F32", ratio, 2 * idim)
-            t(f"{p}.attn.indexer.compressor.norm.weight", "BF16", idim)
-            t(f"{p}.attn.indexer.compressor.wgate.weight", "BF16", 2 * idim, h)
-            t(f"{p}.attn.indexer.compressor.wkv.weight", "BF16", 2 * idim, h)
-            t(f"{p}.attn.indexer.weights_proj.weight", "BF16", iheads, h)
-            fp8(f"{p}.attn.indexer.wq_b", iheads * idim, ql)
-        t(f"{p}.attn_norm.weight", "BF16", h)
-        t(f"{p}.ffn_norm.weight", "BF16", h)
-        for e in (["*"] if stacked else range(ne)):
-            k = ne if stacked else 1
-            for w, (rows, cols) in (("w1", (mi, h)), ("w2", (h, mi)), ("w3", (mi, h))):
-                if expert_format == "fp8":
-                    fp8(f"{p}.ffn.experts.{e}.{w}", rows, cols, count=k)
-                else:
-                    t(f"{p}.ffn.experts.{e}.{w}.weight", "I8", rows, cols // 2, count=k)
-                    t(f"{p}.ffn.experts.{e}.{w}.scale", "F8_E8M0", rows, cols // 32, count=k)
-        t(f"{p}.ffn.gate.weight", "BF16", ne, h)
-        if hashed:
-            t(f"{p}.ffn.gate.tid2eid", "I64", v, topk)
-        else:
-            t(f"{p}.ffn.gate.bias", "F32", ne)
-        for w, (rows, cols) in (("w1", (mi * ns, h)), ("w2", (h, mi * ns)), ("w3", (mi * ns, h))):
-            fp8(f"{p}.ffn.shared_experts.{w}", rows, cols)
-        mix = (2 + hc) * hc
-        for part in ("attn", "ffn"):
-            t(f"{p}.hc_{part}_base", "F32", mix)
-            t(f"{p}.hc_{part}_fn", "F32", mix, hc * h)
-            t(f"{p}.hc_{part}_scale", "F32", 3)
+            self.add(f"{p}.attn.indexer.compressor.ape", "F32", ratio, 2 * idim)
+            self.add(f"{p}.attn.indexer.compressor.norm.weight", "BF16", idim)
+            self.add(f"{p}.attn.indexer.compressor.wgate.weight", "BF16", 2 * idim, h)
+            self.add(f"{p}.attn.indexer.compressor.wkv.weight", "BF16", 2 * idim, h)
+            self.add(f"{p}.attn.indexer.weights_proj.weight", "BF16", iheads, h)
+            self.fp8(f"{p}.attn.indexer.wq_b", iheads * idim, ql)
 
-    t("embed.weight", "BF16", v, h)
-    t("head.weight", "BF16", v, h)
-    t("norm.weight", "BF16", h)
-    t("hc_head_base", "F32", hc)
-    t("hc_head_fn", "F32", hc, hc * h)
-    t("hc_head_scale", "F32", 1)
-    for i in range(L):
-        layer(f"layers.{i}", ratios[i] if i < len(ratios) else 0, i < nhash)
-    for j in range(int(cfg.get("num_nextn_predict_layers", 0) or 0)):
-        p = f"mtp.{j}"
-        layer(p, 0, False)
-        fp8(f"{p}.e_proj", h, h)
-        fp8(f"{p}.h_proj", h, h)
-        for nm in ("enorm", "hnorm", "norm"):
-            t(f"{p}.{nm}.weight", "BF16", h)
-        t(f"{p}.hc_head_base", "F32", hc)
-        t(f"{p}.hc_head_fn", "F32", hc, hc * h)
-        t(f"{p}.hc_head_scale", "F32", 1)
-    return out
+    def ffn(self, p: str, hashed: bool) -> None:
+        c, h = self.cfg, self.h
+        ne, mi, ns = c["n_routed_experts"], c["moe_intermediate_size"], c.get("n_shared_experts", 1)
+        k = ne if self.stacked else 1
+        for e in (["*"] if self.stacked else range(ne)):
+            for w, (rows, cols) in (("w1", (mi, h)), ("w2", (h, mi)), ("w3", (mi, h))):
+                if self.fmt == "fp8":
+                    self.fp8(f"{p}.ffn.experts.{e}.{w}", rows, cols, count=k)
+                else:
+                    self.add(f"{p}.ffn.experts.{e}.{w}.weight", "I8", rows, cols // 2, count=k)
+                    self.add(f"{p}.ffn.experts.{e}.{w}.scale", "F8_E8M0", rows, cols // 32, count=k)
+        self.add(f"{p}.ffn.gate.weight", "BF16", ne, h)
+        if hashed:
+            self.add(f"{p}.ffn.gate.tid2eid", "I64", c["vocab_size"], c["num_experts_per_tok"])
+        else:
+            self.add(f"{p}.ffn.gate.bias", "F32", ne)
+        for w, (rows, cols) in (("w1", (mi * ns, h)), ("w2", (h, mi * ns)), ("w3", (mi * ns, h))):
+            self.fp8(f"{p}.ffn.shared_experts.{w}", rows, cols)
 
 
 @dataclass(frozen=True)
