@@ -2,13 +2,16 @@
 without a wrong turn"): each ``dsv4ctl ...`` line of the README's code blocks and each ``--help``
 example (:data:`dsv4ctl.commands.examples.EXAMPLES`).
 
-An example exits 0 unless its comment says ``exit N``. It runs offline, as written, in a fresh
+An example exits 0 unless its comment says ``exit N`` (``exit 1 when ...`` names another outcome). It runs offline, as written, in a fresh
 folder that holds ``profiles/my.yaml`` from ``dsv4ctl profile init profiles/my.yaml`` (HOME, the
 cache and the state folder there too; ``~`` is that HOME; ``> FILE`` and ``&&`` as a shell does;
-``[--opt]`` optional parts left out). An example that needs hosts, running servers, an SGLang git
-tree or the network is not run here: :data:`NOT_OFFLINE` names it and why, each rule must match
-an example, and the sshd/stand-in tests (test_deploy, test_lock, test_day2, test_check_*,
-test_watch*, test_runbook_live, test_patch_*) run those commands on real hosts and servers."""
+``[--opt]`` optional parts left out). The examples that act on hosts run in :data:`ON_SSHD`'s
+order against real sshd hosts serving the stand-in (a PD deployment with groups prefill, decode
+and a router; ``profiles/my.yaml`` is its profile, ``ID`` its release, ``h200-1`` the decode
+host). An example that needs more (GPUs, an SGLang git tree, the network, load on servers, a
+terminal) is not run: :data:`NOT_RUN` names it and why, and each rule must match an example;
+the tests named there run those commands on real hosts and servers. Every example, run or not,
+must parse (click, without running it)."""
 
 from __future__ import annotations
 
@@ -20,28 +23,51 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 
-#: Rules for examples that are not run offline, first match wins: (regex on the command, why).
-NOT_OFFLINE: list[tuple[str, str]] = [
+#: Host examples run on sshd hosts, in this order (each rule matches at least one example).
+ON_SSHD: list[str] = [
+    r"^dsv4ctl deploy profiles/my.yaml --dry-run",
+    r"^dsv4ctl deploy profiles/my.yaml -m ",            # a second release (the serve configs changed)
+    r"^dsv4ctl releases profiles/my.yaml$",
+    r"^dsv4ctl status profiles/my.yaml$",
+    r"^dsv4ctl verify profiles/my.yaml",
+    r"^dsv4ctl hicache status profiles/my.yaml$",
+    r"^dsv4ctl logs decode profiles/my.yaml -n 100 --grep",
+    r"^dsv4ctl audit profiles/my.yaml --since",
+    r"^dsv4ctl diagnose profiles/my.yaml",
+    r"^dsv4ctl watch profiles/my.yaml --once --json$",
+    r"^dsv4ctl runbook run toolcall-corruption profiles/my.yaml --dry-run",
+    r"^dsv4ctl lock status profiles/my.yaml$",
+    r"^dsv4ctl lock acquire profiles/my.yaml -m",
+    r"^dsv4ctl lock release profiles/my.yaml",
+    r"^dsv4ctl stop profiles/my.yaml -g decode",
+    r"^dsv4ctl start profiles/my.yaml",
+    r"^dsv4ctl restart profiles/my.yaml",
+    r"^dsv4ctl rollback profiles/my.yaml --dry-run",
+    r"^dsv4ctl rollback profiles/my.yaml \[--to ID\]",
+    r"^dsv4ctl deploy profiles/my.yaml$",
+]
+
+#: Rules for examples that are not run, first match wins: (regex on the command, why).
+NOT_RUN: list[tuple[str, str]] = [
     (r"^python3 -m venv", "the set-up line itself (tests/test_install.py builds and installs the wheel)"),
     (r"^dsv4ctl facts\b", "nvidia-smi over SSH on the profile's hosts (tests/test_facts_write.py on sshd hosts)"),
     (r"^dsv4ctl patch (status|apply|revert|export)\b.*~/src/sglang", "an SGLang git checkout (tests/test_patch_tree.py)"),
     (r"^dsv4ctl config lint --tree ~/src/sglang", "an SGLang git checkout (tests/test_treegate.py)"),
     (r"^dsv4ctl config lint profiles/my.yaml --tree ~/src/sglang", "an SGLang git checkout (tests/test_treegate.py)"),
     (r"^dsv4ctl patch check --base", "the pristine SGLang wheel from the package index (tests/test_patch_oracle.py)"),
-    (r"--remote\b", "a running release on the profile's hosts (tests/test_hicache_remote.py)"),
-    (r"^dsv4ctl (deploy|rollback|releases|promote|start|stop|restart|status|verify|logs|audit|diagnose)\b",
-     "the profile's hosts over SSH (tests/test_deploy.py, test_lifecycle_core.py, test_day2.py, test_diagnose_*.py)"),
-    (r"^dsv4ctl lock\b", "the profile's hosts over SSH (tests/test_lock.py)"),
+    (r"--remote\b", "a release built and restarted on the profile's hosts (tests/test_hicache_remote.py)"),
+    (r"--promote\b|^dsv4ctl promote\b", "check smoke and a corruption-gate load on the servers (tests/test_promote.py)"),
+    (r"^dsv4ctl logs .* -f\b", "follows the log until Ctrl-C (tests/test_day2.py reads what -f reads)"),
     (r"^dsv4ctl hicache status$", "the running servers' /server_info (tests/test_hicache.py)"),
-    (r"^dsv4ctl hicache status profiles/my.yaml$", "the running servers' /server_info (tests/test_hicache.py)"),
     (r"^dsv4ctl check (smoke|load)\b", "a running SGLang server or router (tests/test_check_*.py on the stand-in)"),
     (r"^dsv4ctl report plan.json sweep.json", "check results and a runbook run from running servers (tests/test_report.py)"),
     (r"^dsv4ctl runbook run \S+ --resume", "a run folder of an earlier run on hosts (tests/test_runbook_live.py)"),
     (r"^dsv4ctl runbook run \S+( profiles/my.yaml)?( --yes)?$",
      "changes the profile's hosts (tests/test_runbook_live.py, test_runbook_e2e.py)"),
-    (r"^dsv4ctl watch profiles/my.yaml (--listen|--once|--on-alert)",
-     "probes the profile's servers (tests/test_watch*.py on the stand-in)"),
+    (r"^dsv4ctl watch profiles/my.yaml (--listen|--on-alert)",
+     "probes until stopped (tests/test_watch*.py on the stand-in)"),
 ]
 
 
@@ -89,12 +115,15 @@ ALL = readme_examples() + help_examples()
 
 
 def expected_exit(comment: str) -> int:
-    m = re.search(r"\bexit (\d+)", comment)
+    """The exit code an example's comment states (``fails (exit 1): ...``); 0 when it states none.
+    ``exit 1 when a probe is not ok`` says what else can happen, not what this run does."""
+    m = re.search(r"\bexit (\d+)\b(?!\s+(?:when|if|while|unless|on)\b)", comment)
     return int(m[1]) if m else 0
 
 
 def not_offline(cmd: str):
-    return next(((rx, why) for rx, why in NOT_OFFLINE if re.search(rx, cmd)), None)
+    return next(((rx, why) for rx, why in NOT_RUN if re.search(rx, cmd)), None) or \
+        next(((rx, "run on sshd hosts") for rx in ON_SSHD if re.search(rx, cmd)), None)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +167,9 @@ OFFLINE = [(w, c, m) for w, c, m in ALL if not not_offline(c)]
 
 def test_the_examples_are_found_and_every_rule_is_used():
     assert len(readme_examples()) >= 60 and len(help_examples()) >= 50
-    unused = [rx for rx, _ in NOT_OFFLINE if not any(re.search(rx, c) for _, c, _ in ALL)]
+    unused = [rx for rx, _ in NOT_RUN if not any(re.search(rx, c) for _, c, _ in ALL)]
+    unused += [rx for rx in ON_SSHD if not any(re.search(rx, c) and not_offline(c)[1] == "run on sshd hosts"
+                                               for _, c, _ in ALL)]
     assert unused == []
     assert len(OFFLINE) >= 30
 
@@ -182,3 +213,35 @@ def test_every_example_parses(where, cmd, comment):
         path, c, rest = _resolve(words[1:])
         assert not hasattr(c, "commands"), f"{where}: {cmd}: not a command"
         c.make_context(f"dsv4ctl {path}", rest)
+
+
+@pytest.mark.sshd
+def test_host_examples_on_sshd_hosts(live_cluster, tmp_path):
+    """The examples that act on hosts, in :data:`ON_SSHD`'s order, on a PD deployment of the
+    stand-in on real sshd hosts, each with its documented exit code."""
+    from tests.sshd.promote_world import PromoteWorld
+    w = PromoteWorld(live_cluster, tmp_path, pd=True)
+    try:
+        r = run_cli("deploy", str(w.profile), "--json", env=w.env(), timeout=300)
+        assert r.code == 0, r.err
+        ran = []
+        for rx in ON_SSHD:
+            if rx.startswith(r"^dsv4ctl deploy profiles/my.yaml -m "):
+                w.extra = {"log-level": "info"}                # changed serve configs: a new release
+                w.hicache(False)
+            for where, cmd, comment in ALL:
+                if not re.search(rx, cmd):
+                    continue
+                rid = w.current(w.hosts[0].name)
+                words = shlex.split(re.sub(r"\s*\[[^\]]*\]", "", cmd))
+                words = [str(w.profile) if x == "profiles/my.yaml" else rid if x == "ID" else
+                         w.hosts[1].name if x == "h200-1" else x for x in words]
+                if words[1:3] == ["lock", "acquire"]:      # README's and --help's: the earlier one gives it back
+                    assert run_cli("lock", "release", str(w.profile), env=w.env(), timeout=120).code == 0
+                r = run_cli(*words[1:], env=w.env(), timeout=300)
+                want = expected_exit(comment)
+                assert r.code == want, f"{where}: {cmd}: exit {r.code}, documented {want}\n{r.err[-3000:]}"
+                ran.append(cmd)
+        assert len(ran) >= 30
+    finally:
+        w.stop_services()
