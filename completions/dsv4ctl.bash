@@ -64,11 +64,11 @@ _dsv4ctl_opts() {
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -p --profile -h --help' ;;
     'check') echo '-h --help' ;;
     'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
-    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -h --help' ;;
+    'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -v --verbose -q --quiet -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '--json -h --help' ;;
     'runbook show') echo '--json -h --help' ;;
-    'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -h --help' ;;
+    'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -v --verbose -q --quiet -h --help' ;;
     'profile') echo '-h --help' ;;
     'profile list') echo '--json -h --help' ;;
     'profile show') echo '--json -h --help' ;;

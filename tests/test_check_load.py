@@ -184,3 +184,19 @@ def test_max_duration_caps_a_level(servers, tmp_path):
     assert took < 60
     r = run_cli("check", "load", servers["off"], "--max-duration", "0", "--no-progress")
     assert r.code == 2 and "--max-duration" in r.err
+
+
+def test_verbose_lines_per_bad_turn_and_quiet_verdict_only(servers, tmp_path):
+    """Issue 31: -v/-q on every command that prints progress. -v: a stderr line per turn not ok
+    (masked like --records, which still get every turn); -q: no progress, the verdict line alone."""
+    rec = tmp_path / "turns.jsonl"
+    r = run_cli("check", "load", servers["on"], "-c", "60", *COMMON, "-v", "--records", str(rec), "--json", "--no-progress")
+    assert r.json()["levels"][0]["turns"] == 480
+    bad = [x for x in map(json.loads, rec.read_text().splitlines()) if x["class"] != "ok"]
+    lines = [ln for ln in r.err.splitlines() if ln.startswith("check load: ") and " rid " in ln]
+    assert len(rec.read_text().splitlines()) == 480 and len(bad) > 0
+    assert len(lines) == len(bad) and f"turn {bad[0]['turn']}: {bad[0]['class']} (" in "\n".join(lines)
+    r = run_cli("check", "load", servers["off"], "-c", "60", *COMMON, "-q")
+    assert r.code == 0 and r.out == "gate (95 % Wilson upper bound <= 1.00 %): pass\n", (r.out, r.err)
+    r = run_cli("check", "load", servers["off"], "-v", "-q")
+    assert r.code == 2 and r.err == "dsv4ctl: error: -v/--verbose and -q/--quiet cannot be used together (pick one)\n"

@@ -59,7 +59,7 @@ DURATION_NAME = re.compile(r"-(timeout|interval|window|since|every|duration|wait
 
 #: Commands that print progress while they change things: they take -v/--verbose and -q/--quiet.
 PROGRESS = {"deploy", "rollback", "promote", "start", "stop", "restart", "config set", "hicache on", "hicache off",
-            "watch"}
+            "watch", "check load", "runbook run"}
 
 #: Commands that change hosts, trees or files: they take --dry-run (facts: with --write).
 MUTATING = {"deploy", "rollback", "promote", "start", "stop", "restart", "lock acquire", "lock release", "config set",

@@ -174,3 +174,19 @@ def test_a_step_to_confirm_without_a_terminal_stops_with_a_resumable_run(cli, tm
     assert [(e["step"], e["status"]) for e in state["timeline"]] == [("change", "declined"), ("change", "ran"),
                                                                      ("after", "ran")]
     assert "chunked-prefill-size: 4096" in decode.read_text()
+
+
+def test_verbose_shows_each_step_and_quiet_only_the_run(cli, tmp_path):
+    """Issue 31: -v/-q on every command that prints progress; both together exit 2."""
+    pb = tmp_path / "fit-check.yaml"
+    pb.write_text(PLAYBOOK)
+    r = cli("runbook", "run", str(pb), "--report-dir", str(tmp_path / "v"), "-v")
+    assert r.code == 0, r.err
+    assert r.out.count("step plan_now (plan): ran") == 1 and "step record (note): ran" in r.out and "step pause (wait): ran" in r.out
+    quiet = cli("runbook", "run", str(pb), "--report-dir", str(tmp_path / "q"), "-q")
+    normal = cli("runbook", "run", str(pb), "--report-dir", str(tmp_path / "n"))
+    assert quiet.code == normal.code == 0
+    assert [ln for ln in quiet.out.splitlines() if ln.startswith("run ")] == quiet.out.splitlines()
+    assert len(quiet.out.splitlines()) == 2 < len(normal.out.splitlines())
+    r = cli("runbook", "run", str(pb), "-v", "-q")
+    assert r.code == 2 and r.err == "dsv4ctl: error: -v/--verbose and -q/--quiet cannot be used together (pick one)\n"

@@ -227,6 +227,8 @@ def load(
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
     csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per URL and level (rate, Wilson bounds, latency percentiles, class counts)."),
     turns_csv: Optional[Path] = typer.Option(None, "--turns-csv", help="Write one CSV row per turn here (the --records fields)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also a line on stderr for every turn that is not ok, as it is classified (class, reason, request id)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; as text only the verdict line (--json, --markdown, --csv unchanged)."),
 ) -> None:
     """N concurrent multi-turn agent sessions with tools; every turn classified; corruption rate per
     class and level with a 95 % Wilson interval; gate on its upper bound. A level where the server
@@ -297,6 +299,8 @@ def load(
     if turns_csv is not None:
         from ..report.csvout import TurnsCsvWriter
         rec_file = TurnsCsvWriter(_open_records(turns_csv), also=rec_file)
+    if verbose:
+        rec_file = TurnLines(rec_file)
     if rec_file is not None:        # records are masked as logs are: the key, echoed headers
         rec_file = MaskedRecords(rec_file, secrets)
     settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
@@ -312,7 +316,8 @@ def load(
         raise InputError(f"check load: {e}") from None
     try:
         doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
-                                   metrics, metric_urls, rec_file, _Progress if progress and sys.stderr.isatty() else None, settings,
+                                   metrics, metric_urls, rec_file,
+                                   _Progress if progress and not quiet and sys.stderr.isatty() else None, settings,
                                    api_key, turn_timeout, thinking, gateway_metrics, max_duration))
     except (ConnectError, BadResponse) as e:
         raise _connect_error(masked(str(e), secrets), "check load") from None
@@ -333,6 +338,8 @@ def load(
     if csv:
         from ..report.csvout import load_levels_csv
         print(load_levels_csv(doc), end="")
+    elif quiet and not (as_json or markdown):
+        print(_verdict_line(doc))
     else:
         _print_load(doc, as_json, markdown)
     if doc.get("crash"):
@@ -368,6 +375,43 @@ class _Progress:
         self.p.stop()
 
 
+def _verdict_line(doc: dict) -> str:
+    """The gate's verdict line of a load document (its text output ends with it; ``-q`` prints it alone)."""
+    from ..check import report as R
+    crash = doc.get("crash")
+    return (f"gate (95 % Wilson upper bound <= {R.fmt_pct(doc['max_corruption'])}): "
+            + ("pass" if doc["pass"] else "FAIL")
+            + (f" (crashed at concurrency {crash['concurrency']})" if crash else ""))
+
+
+class TurnLines:
+    """``check load -v``: a sink for the per-turn JSON lines (behind :class:`MaskedRecords`, so
+    masked) that prints a line on stderr for each turn not ok and passes the lines on to ``out``
+    (the --records/--turns-csv sink, or None)."""
+
+    def __init__(self, out=None):
+        self.out = out
+
+    def write(self, text: str) -> int:
+        import json
+        import sys
+        for ln in text.splitlines():
+            if not ln.strip():
+                continue
+            r = json.loads(ln)
+            if r.get("class") != "ok":
+                print(printable(f"check load: {r.get('url')} c={r.get('concurrency')} session {r.get('session')} "
+                                f"turn {r.get('turn')}: {r.get('class')} ({r.get('reason')}) rid {r.get('rid')}"),
+                      file=sys.stderr, flush=True)
+        if self.out is not None:
+            self.out.write(text)
+        return len(text)
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+
+
 def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     from ..check import report as R
     if as_json:
@@ -377,10 +421,7 @@ def _print_load(doc: dict, as_json: bool, markdown: bool) -> None:
     if doc["comparisons"]:
         tables.append(("A/B comparison (A = first URL)", R.compare_rows(doc)))
     tables.append(("/metrics over each level", R.metric_rows(doc)))
-    crash = doc.get("crash")
-    verdict = (f"gate (95 % Wilson upper bound <= {R.fmt_pct(doc['max_corruption'])}): "
-               + ("pass" if doc["pass"] else "FAIL")
-               + (f" (crashed at concurrency {crash['concurrency']})" if crash else ""))
+    verdict = _verdict_line(doc)
     notes = R.crash_lines(doc) + R.gateway_lines(doc)
     rec = (doc.get("settings") or {}).get("records")
     if rec:

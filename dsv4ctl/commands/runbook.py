@@ -98,6 +98,8 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and what it would do; change nothing anywhere."),
     resume: Optional[str] = typer.Option(None, "--resume", help="Resume run ID from its failed (or declined) step."),
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where the run's state and incident report go (default: $DSV4CTL_STATE_DIR/runs/ID)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also each step's outcome and evidence lines as it ends."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines from the steps; only the run id, errors and the verdict."),
 ) -> None:
     """Run a runbook step by step; the state and incident report are written after every step.
 
@@ -162,7 +164,7 @@ def run(
         except OSError as e:
             raise InputError(f"run folder {run_dir}: not writable ({e.strerror or e})") from None
     state_file = run_dir / "state.json"
-    ctx = RunContext(profile=prof, run_dir=run_dir, say=lambda m: print(m, flush=True))
+    ctx = RunContext(profile=prof, run_dir=run_dir, say=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
 
     def write_report(st: RunState) -> dict:
         doc = incident_document(st, who=getpass.getuser(), profile=prof.name, dry_run=dry_run,
@@ -172,8 +174,14 @@ def run(
             _atomic(run_dir / "incident.md", incident_markdown(doc))
         return doc
 
+    shown: list = list(state.timeline)      # -v: the steps already shown (a resumed run's earlier ones)
+
     def save(st: RunState) -> None:
         # after every step: the state (for --resume) and the incident report so far
+        if verbose and not dry_run:     # a dry run lists every step at its end anyway
+            for e in st.timeline[len(shown):]:
+                print(f"step {e.step} ({e.action}): {e.status}" + "".join(f"\n  {ln}" for ln in e.lines), flush=True)
+            shown[:] = st.timeline
         if dry_run:
             return
         _atomic(state_file, json.dumps(st.to_dict(), indent=2, default=str))
