@@ -479,6 +479,9 @@ class Measured:
 
 
 # Measured per-rank target weights (GiB). SGLang's log "GB" divides by 2**30 (reference §1.4).
+# InferenceX#2128 = https://github.com/SemiAnalysisAI/InferenceX/issues/2128 (its "FP8" Pro is the
+# published checkpoint: SGLang logs "quant=fp8" from its quantization_config, the experts are MXFP4);
+# gddezero/b200-perf-opt is the third-party table of the capacity reference §3.3.
 MEASURED = (
     Measured("deepseek-v4-pro", "fp4", 8, 103.5,
              "InferenceX#2128 closing comment: 8xH200 TP8, pinned deepseek-v4-hopper image, '~103-104 GB/GPU'"),
