@@ -231,6 +231,7 @@ class GroupInputs:
     draft_weights_gib_per_rank: float = 0.0
     checkpoint_format: str = "fp4"
     min_requests: int = 1
+    min_requests_required: bool = True   # stated (profile plan.min_requests, --set): a shortfall fails, else tight
     logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
     balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
     replica: Optional[int] = None         # with replicas: the one planned (the tightest)
@@ -694,6 +695,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
     min_req = args.get("min_requests", (profile.raw.get("plan") or {}).get("min_requests", 1))
+    min_req_stated = "min_requests" in args or "min_requests" in (profile.raw.get("plan") or {})
     if min_req < 1:
         raise InputError(f"--set min_requests: must be >= 1, got {min_req}")
     avail = args.get("available_bytes")
@@ -709,7 +711,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None,
                        gpus=() if hypothetical else tuple(g for _, _, g in places),
                        places=() if hypothetical else tuple(places), replica=replica,
-                       min_requests=min_req, logits_rows=logits_rows,
+                       min_requests=min_req, min_requests_required=min_req_stated, logits_rows=logits_rows,
                        balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
@@ -800,7 +802,8 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
         memory = vd.rank_memory(c, s, c.idx_real, resident, r2t)
         conc = cap.max_concurrent_requests(c, s, gi.context_length)
         verdict = _as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
-                                          int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests))
+                                          int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests,
+                                          gi.min_requests_required))
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
                              exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
                              req_to_token_bytes=r2t,
@@ -879,7 +882,7 @@ def _rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) -
         return st.memory, st.verdict
     mem = cap.replace(st.memory, resident=own_resident)
     return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
-                          st.logits_bytes, st.concurrent, gi.min_requests)
+                          st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required)
 
 
 def _stage_numbers(gp: GroupPlan, st: StagePlan, own_resident: Optional[int] = None) -> dict:
@@ -958,7 +961,9 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
         s = st.sizes
         return (f"{st.concurrent} request(s) fit at context_length {gi.context_length:,} (full pool "
                 f"{s.full_max_total_num_tokens:,} tokens, SWA {s.swa_max_total_num_tokens:,}, max running "
-                f"{s.max_running_requests}); at least {gi.min_requests} needed")
+                f"{s.max_running_requests}); " + (f"at least {gi.min_requests} needed" if v.level == "fails" else
+                "SGLang starts and refuses the requests longer than its pool (tp_worker.py: 'Not an error'), so "
+                f"measure the lengths served; plan: {{min_requests: {gi.min_requests}}} in the profile requires them"))
     if v.deciding == "activation_floor":
         return (f"headroom {h} GiB is under SGLang's {gi.activation_reserve_gib} GiB activation reserve "
                 f"(its estimate without the floor: {gi.activation_estimate_gib} GiB)")
@@ -1024,6 +1029,28 @@ def _search_mfs(model, gi: GroupInputs, down: bool) -> Optional[tuple[float, tup
             return m, r
         last_bad, m = m, round(m + step, 3)
     return None
+
+
+def _first_passing_mfs(model, gi: GroupInputs) -> str:
+    """What SGLang's "Raise --mem-fraction-static above X" leaves out: X is its minimum for any KV
+    memory (``1 - F/P``), and just above it the pools may still hold no request (SGLang's
+    configurator refuses that too). The smallest 3-decimal value up to 0.99 at which the plan no
+    longer fails (tight allowed), as a clause for the message, so the hint never contradicts it."""
+    def passes(m: float):
+        stages, v, _ = _evaluate(model, cap.replace(gi, mem_fraction_static=m))
+        return (v, stages) if stages and v.level != "fails" else None
+    need = cap.min_viable_mem_fraction_static(gi.free_gib_before_load, resident_gib(gi))
+    lo, m = need, round(-(-round(need * 1000) // 10) / 100, 3)      # need rounded up to 0.01
+    while m <= 0.99 and not passes(m):
+        lo, m = m, round(m + 0.01, 3)
+    if m > 0.99:
+        return " (SGLang's minimum for any KV memory; no value up to 0.99 plans without failing: see the fixes)"
+    fine = round(lo + 0.001, 3)
+    while fine < m and not passes(fine):
+        fine = round(fine + 0.001, 3)
+    v, stages = passes(fine)
+    return (f" (SGLang's minimum for any KV memory; the plan first passes at {fine}: {v.level}, {v.deciding}, "
+            f"headroom {min(_gib(st.headroom_bytes) for st in stages)} GiB)")
 
 
 def _fixes(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePlan]]) -> list[str]:
@@ -1162,6 +1189,8 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     source = "--set" if {"index_k_dtype", "index_k_accounting"} & set(overrides) else (
         tree.source(tree_idx) if tree_idx else "profile")
     stages, v, msg = _evaluate(model, gi)
+    if v.deciding == "no_kv_memory" and "Raise --mem-fraction-static above" in msg:
+        msg += _first_passing_mfs(model, gi)
     gp = GroupPlan(group=group, inputs=gi, stages=stages or [], index_k_source=source)
     if v.deciding == "available_bytes" and gi.available_bytes_override is not None:
         msg = (f"the given available_bytes ({gi.available_bytes_override:,} B), the weights and what SGLang builds "

@@ -42,8 +42,11 @@ deciding        level   condition (per rank)
 ==============  ======  ======================================================================
 pools           fails   headroom < 0: pools (2 MiB rounded), req_to_token, allocator, draft pool
                         do not fit in the memory left after weights and other memory
-requests        fails   fewer than ``min_requests`` (default 1) requests fit at context_length
+requests        fails   fewer than ``min_requests`` requests fit at context_length, the profile asking
+                        for them (``plan.min_requests`` or ``--set``)
 activation      tight   headroom < 0.9 x SGLang's activation estimate (``reserved_mb`` unfloored)
+requests        tight   not one request fits at context_length, no ``min_requests`` asked: SGLang
+                        starts and refuses only longer requests (``tp_worker.py:556-571``)
 activation_floor tight  headroom < SGLang's reserve (the estimate, floored at 10 GiB above 60 GiB GPUs)
 indexer_logits  tight   headroom < activation estimate + indexer logits transient
 margin          tight   headroom < the largest of the above + ``TIGHT_MARGIN_BYTES``
@@ -52,7 +55,9 @@ headroom        fits    otherwise
 
 ``fails`` is only what is proven to fail at start or on first use: pools that do not fit (every
 start-up OOM measured on a real H200 is one), and a configuration that cannot hold the requests
-asked for. SGLang's activation estimate is a heuristic: ``memory_hook.py`` uses it only to choose
+the profile asks for. The corpus in ``tests/data/recipes/corpus.json`` (``tests/test_recipes.py``)
+holds this to evidence: the 50 verified NVIDIA cells of the SGLang cookbook do not fail, the
+known failures do. SGLang's activation estimate is a heuristic: ``memory_hook.py`` uses it only to choose
 ``mem_fraction_static`` when none is given, and published recipes and field-proven settings run
 below it (the SGLang cookbook's B200 Pro high-throughput recipe; NVIDIA's srt-slurm B200, B300,
 GB300 PD recipes; V4-Pro at ``mem-fraction-static`` 0.90). A rank under 90 % of it is ``tight``
@@ -186,16 +191,26 @@ class Verdict:
 
 
 def decide(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int,
-           requests: int, min_requests: int = 1) -> Verdict:
+           requests: int, min_requests: int = 1, required: bool = True) -> Verdict:
     """The verdict for a rank's ``headroom`` (bytes) against SGLang's activation estimate and
-    floored reserve, the indexer logits transient and the requests that fit at context."""
+    floored reserve, the indexer logits transient and the requests that fit at context.
+
+    ``required``: the operator asked for ``min_requests`` (profile ``plan.min_requests`` or
+    ``--set``); a shortfall then fails. Otherwise (the default of one request at the model's
+    context) it is ``tight``: SGLang 0.5.23 starts with a pool smaller than one full-context request
+    ("Not an error: a deployment that never sends max-length requests may want a small pool",
+    ``srt/managers/tp_worker.py:556-571``) and refuses, or with ``--allow-auto-truncate``
+    truncates, only the requests longer than ``min(context_len, pool) - 6`` tokens
+    (``srt/managers/utils.py`` ``validate_input_length``): the cookbook's H200 Pro recipes serve so."""
     if headroom < 0:
         return Verdict("fails", "pools", headroom)
-    if requests < min_requests:
+    if requests < min_requests and required:
         return Verdict("fails", "requests", requests - min_requests)
     short_line = int(activation_estimate * ACTIVATION_FAIL_FRACTION)
     if headroom < short_line:
         return Verdict("tight", "activation", headroom - activation_estimate)
+    if requests < min_requests:
+        return Verdict("tight", "requests", requests - min_requests)
     needs = [("activation_floor", activation_reserve),
              ("indexer_logits", activation_estimate + indexer_logits),
              ("activation", activation_estimate)]
