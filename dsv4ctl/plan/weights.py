@@ -193,15 +193,27 @@ def read_checkpoint(folder: Path) -> list[Tensor]:
                          "memory.weights_gib_per_rank or the checkpoint's shards")
     if len(files) > MAX_FILES:
         raise InputError(f"{folder}: {len(files)} safetensors files (at most {MAX_FILES} read)")
+    try:
+        key = tuple((str(p), st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))
+    except OSError as e:
+        raise InputError(f"{folder}: cannot read a shard ({(e.strerror or type(e).__name__).lower()})") from None
+    return list(_read_files(key))
+
+
+@lru_cache(maxsize=8)
+def _read_files(key: tuple[tuple[str, int, int], ...]) -> tuple[Tensor, ...]:
+    """The headers of the shards ``key`` names (path, size, mtime: a changed shard is read again),
+    cached per process: every group of a plan reads the same checkpoint."""
     seen: dict[str, str] = {}
     out: list[Tensor] = []
-    for p in files:
+    for name, _, _ in key:
+        p = Path(name)
         for t in read_header(p):
             if t.name in seen:
                 raise InputError(f"{p}: tensor {t.name[:120]!r} is also in {seen[t.name]}")
             seen[t.name] = p.name
             out.append(t)
-    return out
+    return tuple(out)
 
 
 # --- classification (SGLang 0.5.23's sharding, see the module docstring) ----------------------
