@@ -72,7 +72,7 @@ _dsv4ctl_opts() {
     'profile') echo '-h --help' ;;
     'profile list') echo '--json -h --help' ;;
     'profile show') echo '--json -h --help' ;;
-    'profile init') echo '--from --force --dry-run -h --help' ;;
+    'profile init') echo '--from --force --dry-run --json -h --help' ;;
   esac
 }
 

@@ -722,5 +722,6 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'profile show\'' -s h -l help -d 'Show thi
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l from -r -f -d 'Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l force -d 'Overwrite existing files.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l dry-run -d 'Say which files would be written; write nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l json -d 'Print the dsv4ctl.profile-init/1 JSON document (the profile, the files, the n...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'profile init\' 0' -F

@@ -68,7 +68,7 @@ MUTATING = {"deploy", "rollback", "promote", "start", "stop", "restart", "lock a
 
 #: Commands without --json, and why: their result is no document.
 NO_JSON = {"logs": "a stream of log lines", "report": "an HTML page", "completion": "a shell script",
-           "profile init": "files written (listed)", "runbook run": "a run folder with state.json and incident.json"}
+           "runbook run": "a run folder with state.json and incident.json"}
 
 
 def _opts(cmd) -> set[str]:
@@ -133,3 +133,16 @@ def test_mutating_commands_take_dry_run_and_results_take_json():
     assert [c for c in sorted(MUTATING) if "--dry-run" not in _opts(cmds[c])] == []
     assert [c for c, cmd in sorted(cmds.items()) if "--json" not in _opts(cmd) and c not in NO_JSON] == []
     assert [c for c in NO_JSON if "--json" in _opts(cmds[c])] == []       # the list stays true
+
+
+def test_profile_init_dry_run_and_json(tmp_path):
+    r = run_cli("profile", "init", "prod", "--dry-run", cwd=tmp_path)
+    assert r.code == 0 and r.out.splitlines()[:2] == ["dry run: would write prod.yaml",
+                                                      "dry run: would write prod/prefill.yaml"], r.out
+    assert list(tmp_path.iterdir()) == []
+    r = run_cli("profile", "init", "prod", "--json", cwd=tmp_path)
+    doc = r.json()
+    assert r.code == 0 and doc["schema"] == "dsv4ctl.profile-init/1" and doc["dry_run"] is False
+    assert all((tmp_path / f).is_file() for f in doc["files"]) and doc["next"] == f"dsv4ctl plan {doc['profile']}"
+    r = run_cli("profile", "init", "prod", "--dry-run", cwd=tmp_path)
+    assert r.code == 2 and "already exists (--force overwrites)" in r.err     # the dry run refuses as the run does

@@ -150,7 +150,8 @@ def _utf8(path: str) -> None:
 def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile file (.yaml); its serve configs go to PATH's folder/<stem>/."),
          from_: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd)."),
          force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
-         dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing.")) -> None:
+         dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing."),
+         as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.profile-init/1 JSON document (the profile, the files, the next command).")) -> None:
     """Write a commented starting profile and its serve configs (outside the installation, so
     hicache on/off and deploy can use and edit them). Exit 2 when a file exists (without
     --force), PATH is inside the installation or is not valid UTF-8."""
@@ -179,7 +180,13 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
             raise InputError(f"{f}: already exists (--force overwrites)")
         if f.exists() and not f.is_file():
             raise InputError(f"{f}: not a regular file")
+    from ..render import dump_json
+    doc = {"schema": "dsv4ctl.profile-init/1", "profile": str(dest), "dry_run": dry_run,
+           "files": [str(f) for f in files], "next": f"dsv4ctl plan {dest}"}
     if dry_run:
+        if as_json:
+            print(dump_json(doc))
+            return
         for f in files:
             print(f"dry run: would write {f}")
         return
@@ -198,6 +205,9 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         for f in files:             # nothing half-made stays behind
             f.unlink(missing_ok=True)
         raise
+    if as_json:
+        print(dump_json(doc))
+        return
     for f in files:
         print(f"wrote {f}")
     print(f"next: edit hosts and sglang.tree, then: dsv4ctl plan {dest}")
