@@ -6,6 +6,8 @@ whose outcome is known, ``tests/data/recipes/corpus.json``.
   in the corpus), each turned into a profile and an SGLang ``--config`` serve config and planned
   through the real CLI: none may fail. ``tight`` is allowed and must say why (the deciding term and
   a message); nothing printed beside a non-failing verdict is an error or a fix.
+* ``field_serves``: configurations the field reports in the repo (``shared/reference/field-reports.md``,
+  InferenceX#2128) saw start and serve, on the GPUs and flags they name: none may fail.
 * ``known_failures``: configurations known to fail at start or on first use (pools and allocator
   measured on a real H200, SGLang's own refusals, weights that cannot load), each with its source:
   each fails with the expected deciding term and prints fixes; every fix, applied (``--set`` or
@@ -119,11 +121,18 @@ def test_a_verified_cookbook_recipe_does_not_fail(tmp_path, e):
         assert_not_failing(e, plan(tmp_path, e, f"weights_gib_per_rank={w}"))
 
 
+@pytest.mark.parametrize("e", CORPUS["field_serves"], ids=ids(CORPUS["field_serves"]))
+def test_a_configuration_the_field_saw_serve_does_not_fail(tmp_path, e):
+    assert e["source"]
+    assert_not_failing(e, plan(tmp_path, e))
+
+
 # ----------------------------------------------------------------------------- known failures
 FIX_SETS = [
     (r"set mem-fraction-static: ([\d.]+) ", lambda m: [f"mem_fraction_static={m[1]}"]),
     (r"set max-running-requests: (\d+) ", lambda m: [f"max_running_requests={m[1]}"]),
     (r"set context-length: (\d+) ", lambda m: [f"context_length={m[1]}"]),
+    (r"set chunked-prefill-size: (\d+) ", lambda m: [f"chunked_prefill_size={m[1]}"]),
     (r"apply the index-K sizing patch \(index_k_accounting: exact\)", lambda m: ["index_k_accounting=exact"]),
     (r"store index-K in fp8 \(index_k_dtype: fp8\)", lambda m: ["index_k_dtype=fp8"]),
     (r"use \d+ GPUs per group \(tp-size: (\d+), weights ~([\d.]+) GiB per rank\)",

@@ -536,7 +536,9 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     mfs = args.get("mem_fraction_static")
     if mfs is None:
         mfs = cap.default_mem_fraction_static(mem_args)
-    if not 0 < mfs < 1:
+    if not mfs < 1 or (mfs <= 0 and "mem_fraction_static" in args):
+        # SGLang's own default may be <= 0 (memory_hook.py: its activation estimate above the GPU's
+        # memory): SGLang takes it and refuses at KV sizing, so the plan fails as SGLang does
         raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
     chunked = chunked_user if chunked_user is not None else cap.default_chunked_prefill_size(gpu_mib)
     attn_dp = dp if dpa else 1
@@ -1031,6 +1033,23 @@ def _search_mfs(model, gi: GroupInputs, down: bool) -> Optional[tuple[float, tup
     return None
 
 
+def _chunk_fix(model, gi: GroupInputs, resolve) -> list[str]:
+    """With SGLang's default ``mem_fraction_static``, a smaller ``chunked-prefill-size`` shrinks
+    the activation estimate SGLang reserves (memory_hook.py: 1.5 MB per chunk token) and so raises
+    its default: the largest halving (down to 2,048) whose re-plan passes (``resolve(overrides)``
+    re-resolves the group, defaults included), as a one-item list, else []."""
+    cur = gi.pool.chunked_prefill_size * (gi.dp if gi.dp_attention else 1)
+    c = cur // 2
+    while c >= 2048:
+        g2 = resolve({"chunked_prefill_size": c})
+        r = _replanned(model, g2)
+        if r is not None:
+            return [f"set chunked-prefill-size: {c} (from {cur}) in the serve config: SGLang's default "
+                    f"mem-fraction-static becomes {g2.mem_fraction_static} (re-planned: {r[0].level}, headroom {r[1]} GiB)"]
+        c //= 2
+    return []
+
+
 def _first_passing_mfs(model, gi: GroupInputs) -> str:
     """What SGLang's "Raise --mem-fraction-static above X" leaves out: X is its minimum for any KV
     memory (``1 - F/P``), and just above it the pools may still hold no request (SGLang's
@@ -1190,6 +1209,11 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         tree.source(tree_idx) if tree_idx else "profile")
     stages, v, msg = _evaluate(model, gi)
     if v.deciding == "no_kv_memory" and "Raise --mem-fraction-static above" in msg:
+        if gi.mem_fraction_static <= 0:
+            at = f"--mem-fraction-static={gi.mem_fraction_static}"
+            msg = msg.replace(at, f"{at} (SGLang's default for these flags: memory_hook.py reserves "
+                                  f"{gi.activation_reserve_gib} GiB for activations and CUDA graphs, more than the "
+                                  f"GPU's {round(gi.gpu_memory_mib / 1024, 3)} GiB)", 1)
         msg += _first_passing_mfs(model, gi)
     gp = GroupPlan(group=group, inputs=gi, stages=stages or [], index_k_source=source)
     if v.deciding == "available_bytes" and gi.available_bytes_override is not None:
@@ -1203,6 +1227,10 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     if v.level == "fails":
         gp.errors.append(msg)
         gp.fixes.extend(_fixes(model, gi, v, stages))
+        if v.deciding in ("no_kv_memory", "pools") and gi.mfs_source.startswith("default"):
+            gp.fixes.extend(("or " if gp.fixes else "") + f for f in
+                            _chunk_fix(model, gi, lambda o: resolve_group(profile, group, model, facts, {**overrides, **o},
+                                                                          tree_idx, serve, rules)))
     elif v.level == "tight":
         gp.warnings.append(f"tight: {msg}")
     if not stages:
