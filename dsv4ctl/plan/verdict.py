@@ -199,9 +199,11 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     ``--set``); a shortfall then fails. Otherwise (the default of one request at the model's
     context) it is ``tight``: SGLang 0.5.23 starts with a pool smaller than one full-context request
     ("Not an error: a deployment that never sends max-length requests may want a small pool",
-    ``srt/managers/tp_worker.py:556-571``) and refuses, or with ``--allow-auto-truncate``
-    truncates, only the requests longer than ``min(context_len, pool) - 6`` tokens
-    (``srt/managers/utils.py`` ``validate_input_length``): the cookbook's H200 Pro recipes serve so."""
+    ``srt/managers/tp_worker.py:556-571``; 0.5.21 and 0.5.22 clamp the same way without the warning,
+    ``max_req_len = min(context_len - 1, pool - 1)``, tp_worker.py:411-415 and 414-418) and refuses,
+    or with ``--allow-auto-truncate`` truncates, only the requests longer than ``min(context_len,
+    pool) - 6`` tokens (``srt/managers/utils.py`` ``validate_input_length``): the cookbook's H200
+    Pro recipes serve so."""
     if headroom < 0:
         return Verdict("fails", "pools", headroom)
     if requests < min_requests and required:
