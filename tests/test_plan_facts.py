@@ -126,7 +126,7 @@ def test_profile_plan_min_requests(prof):
 @pytest.mark.parametrize("bad", ["inf", "nan", "-1", "0", "1e9"])
 def test_facts_timeout_is_checked_before_anything_runs(bad):
     r = run_cli("facts", "--timeout", bad)
-    assert r.code == 2 and r.err.startswith(f"dsv4ctl: error: --timeout {float(bad)!r}:") and r.err.count("\n") == 1
+    assert r.code == 2 and r.err.startswith(f"dsv4ctl: error: --timeout '{bad}': expected ") and r.err.count("\n") == 1
 
 
 def test_balance_line_is_sglangs():
