@@ -6,7 +6,7 @@ Run it with the oracle environment (the sglang 0.5.23 wheel, built by scripts/or
     .venv-oracle/bin/python scripts/gen_server_args.py            # rewrite dsv4ctl/data/server_args-0.5.23.json
     .venv-oracle/bin/python scripts/gen_server_args.py --check    # exit 1 when the shipped file differs
     .venv-oracle/bin/python scripts/gen_server_args.py --stdout   # print the table
-    .venv-oracle/bin/python scripts/gen_server_args.py --version 0.5.22   # another supported release
+    .venv-oracle/bin/python scripts/gen_server_args.py --version 0.5.20   # another supported release
                             # (its sources from .venv-oracle/versions/0.5.22, scripts/oracle-env.sh)
 
 What it reads (sglang 0.5.23): ``srt/server_args.py`` builds the parser exactly as
@@ -22,6 +22,7 @@ configs (the stub of the capacity reference §5.2 is only needed for ``sglang.sr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -85,6 +86,15 @@ def use_version(version: str) -> None:
         if not (src / "sglang").is_dir():
             raise ImportError(f"{src}/sglang missing (bash scripts/oracle-env.sh fetches it)")
         sys.path.insert(0, str(src))
+        sys.path.insert(1, str(REPO))
+        from tests.oracle import tv_stub
+        if tv_stub.eager_function_call_parser():
+            # 0.5.20's server_args.py imports FunctionCallParser and the model configs at module
+            # level (0.5.21+: lazily), which pull in openai, partial_json_parser, xgrammar and
+            # torchvision, not installed in the oracle environment: stubbed when missing (the
+            # --tool-call-parser choices are FunctionCallParser's own names).
+            tv_stub.install(tv_stub.roots_for_sglang(
+                () if importlib.util.find_spec("torchvision") else ("torchvision",)))
 
 
 def extract() -> dict:

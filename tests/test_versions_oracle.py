@@ -9,7 +9,9 @@ import pytest
 
 from dsv4ctl.plan.versions import VERSIONS
 from tests.oracle import twin
-from tests.oracle.matrix import A_FLASH, A_PRO, B200, FLASH, GB300, H200, PRO, _pool, _resolve
+from tests.oracle.matrix import (A_FLASH, A_PRO, B200, FLASH, GB300, H200, ONLINE, PRO, STATE_BF16,
+                                 V41_LAYOUT, _pool, _resolve)
+from tests.oracle.matrix import cases as capacity_matrix
 from tests.oracle.runner import ORACLE_PY, VERSIONS_DIR, run_cases
 
 DECODE = dict(disaggregation_mode="decode")
@@ -25,6 +27,16 @@ CASES = [
     # where 0.5.22 and 0.5.23 differ: fewer requests than attention-DP workers
     _pool("pool-mrr4-dp8", PRO, A_PRO, dp=8, max_running_requests=4),
     _pool("pool-mrr7-dp8-decode", PRO, A_PRO, dp=8, max_running_requests=7, **DECODE),
+    # where 0.5.20 and 0.5.21 differ: the configurator (no SWA cap mode, no V4.1 layouts, 584-byte
+    # slots whatever the page padding or backend, the C4 state ring per sliding window)
+    _pool("pool-flash-cap", FLASH, A_FLASH, _swa_full_tokens_ratio_explicitly_set=False),
+    _pool("pool-pro-cap-decode", PRO, A_PRO, dp=8, _swa_full_tokens_ratio_explicitly_set=False,
+          disaggregation_decode_extra_slots=0, **DECODE),
+    _pool("pool-flash-trtllm", FLASH, A_FLASH, dsv4_attn_backend="trtllm"),
+    _pool("pool-flash-v41", FLASH, A_FLASH, env=V41_LAYOUT),
+    _pool("pool-pro-state-bf16", PRO, A_PRO, env=STATE_BF16),
+    _pool("pool-pro-pp2", PRO, [A_PRO, A_PRO + (1 << 30)], pp=2),
+    _pool("pool-flash-online", FLASH, A_FLASH, env=ONLINE),
     # where they agree: the common recipes
     _resolve("flash-b200-tp8", FLASH, B200, tp_size=8),
     _resolve("flash-b200-decode", FLASH, B200, tp_size=8, chunked_prefill_size=8192, **DECODE),
@@ -76,8 +88,45 @@ def test_the_matrix_tells_the_releases_apart(answers):
         assert same("0.5.21", cid) == same("0.5.22", cid) == same("0.5.23", cid), cid
     assert a["0.5.22"]["flash-b200-tp8"]["dsv4_attn_backend"] == "auto"
     assert a["0.5.23"]["flash-b200-tp8"]["dsv4_attn_backend"] == "flashmla"
+    # 0.5.20 → 0.5.21: the same argument resolution and default mem_fraction_static ...
+    for c in CASES:
+        if c["kind"] == "resolve":
+            old, new = a["0.5.20"][c["id"]], a["0.5.21"][c["id"]]
+            assert {k: v for k, v in old.items() if k != "_swa_full_tokens_ratio_explicitly_set"} == \
+                   {k: v for k, v in new.items() if k != "_swa_full_tokens_ratio_explicitly_set"}, c["id"]
+            assert old["_swa_full_tokens_ratio_explicitly_set"] is None   # no such field in 0.5.20
+    # ... but another configurator: 584-byte slots, C4 state per 128-token window
+    st = lambda v, cid: a[v][cid]["stages"][0]  # noqa: E731
+    assert (st("0.5.20", "pool-flash-b200")["bytes_per_full_token"],
+            st("0.5.21", "pool-flash-b200")["bytes_per_full_token"]) == (7705.450000000001, 7086.75)
+    assert [(st(v, "pool-flash-b200")["full_max_total_num_tokens"], st(v, "pool-flash-b200")["c4_state_pool_size"])
+            for v in ("0.5.20", "0.5.21")] == [(17619712, 110112), (19158016, 59864)]
+    # no SWA cap mode: the default ratio sizes the SWA pool where 0.5.21 caps it
+    assert st("0.5.20", "pool-flash-cap")["swa_cap_tokens"] is None
+    assert st("0.5.21", "pool-flash-cap")["swa_cap_tokens"] is not None
+    # the trtllm pool is priced at 584 bytes a slot (0.5.21: 512), the V4.1 layout does not exist
+    assert st("0.5.20", "pool-flash-trtllm")["bytes_per_full_token"] > st("0.5.21", "pool-flash-trtllm")["bytes_per_full_token"]
+    assert a["0.5.20"]["pool-flash-v41"]["kv_layout"] == "v4" != a["0.5.21"]["pool-flash-v41"]["kv_layout"]
     # and the versions' rules are not all the same
-    assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr) for r in VERSIONS.values()}) == len(VERSIONS)
+    assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr, *r.pool_flags().values())
+                for r in VERSIONS.values()}) == len(VERSIONS)
+
+
+@pytest.mark.oracle
+@needs
+@pytest.mark.timeout(600)
+def test_0520_reproduces_the_whole_capacity_matrix():
+    """All of tests/oracle/matrix.py (106 cases: budgets, SWA ratios and cap mode, PP, DP
+    attention, EAGLE, online c128, bf16 state, V4.1 layout switches, refusals) on 0.5.20's own
+    configurator: its answers to the switches it does not have (SGLANG_DSV4_KV_LAYOUT) are its
+    own V4 pools, and ``swa_prefix_tails`` (no 0.5.20 argument) is a refusal on both sides."""
+    cases = [{**c, "sglang_version": "0.5.20"} for c in capacity_matrix()]
+    res = run_cases(cases, version="0.5.20", timeout=600)
+    assert res["sglang_version"] == "0.5.20"
+    bad = []
+    for c, r in zip(cases, res["results"]):
+        bad += twin.diff(c, r)
+    assert bad == []
 
 
 def test_versions_dir_is_where_oracle_env_puts_them():

@@ -195,8 +195,21 @@ class PoolInputs:
     fp4_indexer: bool = False                # --enable-deepseek-v4-fp4-indexer
     sm100: bool = True                       # Blackwell (SM100/SM103): v41 layouts allowed
     # requests per attention-DP worker floored at 1 (0.5.23: ``max(1, max_running_requests //
-    # attn_dp_size)``); 0.5.21/0.5.22 divide without the floor (dsv4ctl.plan.versions)
+    # attn_dp_size)``); 0.5.20-0.5.22 divide without the floor (dsv4ctl.plan.versions)
     mrr_floor: bool = True
+    # The configurator generation (dsv4ctl.plan.versions; defaults: 0.5.21+). 0.5.20's
+    # DSV4PoolConfigurator (pool_configurator.py l.926-1346) has no SWA cap mode
+    # (``swa_cap_mode``), no V4.1 page layouts (``v41_layouts``: SGLANG_DSV4_KV_LAYOUT does not
+    # exist, every pool is V4), prices a latent slot at 584 bytes instead of the padded page's
+    # bytes per slot (``paged_kv_budget``) and addresses the C4 compress-state ring per sliding
+    # window instead of per page (``c4_state_per_window``).
+    swa_cap_mode: bool = True
+    v41_layouts: bool = True
+    paged_kv_budget: bool = True
+    c4_state_per_window: bool = False
+    # 0.5.20+ refuse a ratio-sized SWA pool that cannot admit one request
+    # (``validate_swa_pool_size``); 0.5.19 has no such check
+    swa_floor_check: bool = True
 
     def per_worker_requests(self) -> int:
         """``max_running_requests // attn_dp_size``, at least 1 with :attr:`mrr_floor`
@@ -384,12 +397,12 @@ class Configurator:
                         f"speculative_num_draft_tokens={self.num_draft} exceeds what the c{r} compress "
                         f"state ring can keep resident (ring_size={ring} serves at most {pad} draft tokens)")
 
-        # Layouts (select_dsv4_kv_layout / resolve_compressed_kv_layout).
+        # Layouts (select_dsv4_kv_layout / resolve_compressed_kv_layout; 0.5.20: V4 only).
         self.trtllm = i.attention_backend == "trtllm"
-        mode = i.kv_layout
-        if i.attention_backend == "flashmla_mega" and mode != "v41_new":
+        mode = i.kv_layout if i.v41_layouts else "v4"
+        if i.attention_backend == "flashmla_mega" and mode != "v41_new" and i.v41_layouts:
             mode = "v41"
-        option = None if i.compressed_kv_layout == "auto" else i.compressed_kv_layout
+        option = None if i.compressed_kv_layout == "auto" or not i.v41_layouts else i.compressed_kv_layout
         if self.trtllm:
             if mode not in ("auto", "v4") or option not in (None, "fp8"):
                 raise CapacityError("trtllm uses uniform FP8 pools, not the packed V4.1 KV layouts")
@@ -413,7 +426,12 @@ class Configurator:
         self.idx_budget = indexer_bytes_per_slot(model.index_head_dim, budgeted_index_k_dtype(i))
         self.idx_real = indexer_bytes_per_slot(model.index_head_dim, index_k_dtype_of(i))
         self.shrink = i.hisparse_shrink
-        self.swa_ratio = i.swa_full_tokens_ratio if i.swa_ratio_explicit else 0.1
+        # 0.5.20 reads the resolved --swa-full-tokens-ratio (0.1 unless given) in every case
+        self.swa_ratio = (i.swa_full_tokens_ratio if i.swa_ratio_explicit or not i.swa_cap_mode
+                          else 0.1)
+        # the C4 ring is addressed per SWA page (0.5.21+) or per sliding window (0.5.20:
+        # ``swa_page_size = cfg.window_size``)
+        self.c4_state_unit = model.sliding_window if i.c4_state_per_window else i.page_size
         self.mrr_req = i.per_worker_requests()
         self.swa_prefix_tails = self._resolve_swa_prefix_tails()
         self.swa_cap_tokens = self._resolve_swa_cap_tokens()
@@ -447,7 +465,10 @@ class Configurator:
         return enc + ("_new" if main == "v41_new" else "")
 
     def kv_bytes_per_token(self, ratio: int = 0) -> float:
-        """``_get_paged_kv_bytes_per_token``: padded page bytes / slots per page (float)."""
+        """``_get_paged_kv_bytes_per_token``: padded page bytes / slots per page (float);
+        0.5.20 prices the unpadded 584-byte slot (``nope + 2*rope + 8``) for every backend."""
+        if not self.inputs.paged_kv_budget:
+            return self.model.qk_nope_head_dim + self.model.qk_rope_head_dim * 2 + 8
         if self.trtllm:
             return self.kv_bytes
         p = self.inputs.page_size // ratio if ratio else self.inputs.page_size
@@ -455,7 +476,7 @@ class Configurator:
 
     def _bytes_per_swa_token(self) -> float:
         H, d, s = self.model.attn_head_dim, self.model.index_head_dim, self.state_size
-        c4_state_ratio = self.rings.get(4, 0) / self.inputs.page_size
+        c4_state_ratio = self.rings.get(4, 0) / self.c4_state_unit
         return self.kv_bytes_per_token() * self.num_layers_total + (
             c4_state_ratio * (2 * 2 * H * s + 2 * 2 * d * s) * self.n4)
 
@@ -467,9 +488,26 @@ class Configurator:
 
     def _bytes_per_full_token(self, idx: Optional[int] = None) -> float:
         idx = self.idx_budget if idx is None else idx
+        if not self.inputs.swa_cap_mode:      # the 0.5.19/0.5.20 configurator: one sum
+            return self._bytes_per_full_token_0520(idx)
         swa_ratio = 0 if self.swa_cap_tokens is not None else self.swa_ratio
         return swa_ratio * self.bytes_per_swa_token + sum(
             self._compressed_bytes_per_full_token(r, idx) * len(ls) for r, ls in self.owners.items())
+
+    def _bytes_per_full_token_0520(self, idx: int) -> float:
+        """0.5.20's ``_get_bytes_per_full_token`` (pool_configurator.py l.1106-1164): one sum,
+        term by term in its order (so the float is bit-identical), SWA and C4 state per token."""
+        H, d, s, r = self.model.attn_head_dim, self.model.index_head_dim, self.state_size, self.swa_ratio
+        kv = self.kv_bytes_per_token()
+        c4_state_ratio = self.rings.get(4, 8) / self.c4_state_unit
+        c4_frac = 1 / (4 * self.shrink)
+        return (r * kv * self.num_layers_total
+                + c4_frac * kv * self.n4
+                + 1 / 128 * kv * self.n128
+                + 1 / 4 * idx * self.n4
+                + r * c4_state_ratio * (2 * 2 * H * s) * self.n4
+                + 0 * (2 * H * s) * self.n128
+                + r * c4_state_ratio * (2 * 2 * d * s) * self.n4)
 
     def _resolve_swa_prefix_tails(self) -> int:
         if self.inputs.swa_prefix_tails is not None:
@@ -481,7 +519,7 @@ class Configurator:
     def _resolve_swa_cap_tokens(self) -> Optional[int]:
         """Cap mode (``_resolve_swa_cap_tokens`` + ``compute_swa_request_cap``, l.924/1328)."""
         i = self.inputs
-        if i.swa_ratio_explicit:
+        if i.swa_ratio_explicit or not i.swa_cap_mode:
             return None
         if i.disaggregation_mode != "decode" and i.chunked_prefill_size <= 0:
             return None
@@ -528,7 +566,7 @@ class Configurator:
         if self.swa_cap_tokens is None:
             swa = int(full * self.swa_ratio) // P * P
             W = self.model.sliding_window
-            if W + P >= swa:
+            if W + P >= swa and self.inputs.swa_floor_check:
                 raise CapacityError(
                     f"SWA pool ({swa} tokens) cannot hold even one request: the prefill admission "
                     f"floor is sliding_window_size ({W}) + page_size ({P}). Increase "
@@ -538,7 +576,7 @@ class Configurator:
         return dict(full_max_total_num_tokens=full, swa_max_total_num_tokens=swa,
                     c4_max_total_num_tokens=full // (4 * self.shrink),
                     c128_max_total_num_tokens=full // 128,
-                    c4_state_pool_size=swa // P * self.rings.get(4, 0))
+                    c4_state_pool_size=swa // self.c4_state_unit * self.rings.get(4, 0))
 
     def solve_full_tokens(self, available_bytes: int) -> tuple[int, int]:
         """(full_token, fixed_bytes) from ``calculate_pool_sizes`` (l.1638), before constraints."""

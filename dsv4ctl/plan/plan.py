@@ -608,7 +608,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         index_k_accounting=idx_acc,
         fp4_indexer=args.get("enable_deepseek_v4_fp4_indexer", False),
         sm100=sm100,
-        mrr_floor=rules.mrr_floor,
+        **rules.pool_flags(),
     )
     try:
         pool.validate()

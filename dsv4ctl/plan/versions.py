@@ -5,6 +5,20 @@ release's ``DSV4PoolConfigurator`` and ``ServerArgs`` resolution, wheels fetched
 ``scripts/oracle-env.sh``, against dsv4ctl's model with that release's rules). What differs, read
 from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor/pool_configurator.py``):
 
+* 0.5.20 → 0.5.21: the ``DSV4PoolConfigurator`` was rewritten (0.5.20: l.926-1346 of
+  ``pool_configurator.py``). 0.5.20 sizes the SWA pool by ``--swa-full-tokens-ratio`` only (no
+  cap mode: ``swa_cap_mode``; no ``_swa_full_tokens_ratio_explicitly_set``, no
+  ``--swa-prefix-tails``), knows one page layout (V4: no ``SGLANG_DSV4_KV_LAYOUT``, no
+  ``select_dsv4_kv_layout`` in ``deepseek_v4_memory_pool.py``: ``v41_layouts``), prices a latent
+  slot at ``nope + 2*rope + 8`` = 584 bytes where 0.5.21 prices the page padded to 576-byte
+  multiples (585 bytes a slot for 256-slot SWA/64-slot C4 pages, 864 for 2-slot C128 pages) and
+  trtllm's 512 (``paged_kv_budget``), and addresses the C4 compress-state ring per sliding window
+  (``swa_page_size = window_size`` = 128) where 0.5.21 does per page (256): twice the C4 state
+  rows, priced per token in the coefficient too (``c4_state_per_window``). Measured (B200 TP8
+  Flash, 138,484,778,008 available bytes): 0.5.20 7,705.45 bytes per full token, 17,619,712
+  full tokens, c4 state 110,112 rows; 0.5.21 7,086.75, 19,158,016 and 59,864. Argument
+  resolution, ``memory_hook.py`` (identical files) and the per-worker requests (no floor) are
+  0.5.21's.
 * 0.5.21 → 0.5.22: the default decode CUDA-graph ``max_bs`` is capped at
   ``--max-running-requests`` (``decode_max_bs_is_default``), so the activation reserve and the
   default ``mem_fraction_static`` of a server with few requests are smaller; the DP-attention
@@ -16,14 +30,15 @@ from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor
   2048 → ``min(8192, chunk)`` (no effect: DeepSeek-V4 disables the prefill graph); the DeepSeek-V4
   output path goes through deepseek-recipe (0.5.22 parses with the regex detector).
 
-0.5.18–0.5.20 also serve DeepSeek-V4, but their configurator is structured differently (about
-1,000–1,360 lines against 1,550+): not supported until proven the same way.
+0.5.18 and 0.5.19 also serve DeepSeek-V4, with a configurator structured differently again:
+not supported until proven the same way.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import InputError
 
@@ -38,13 +53,28 @@ class VersionRules:
     default decode CUDA-graph batch capped at ``--max-running-requests``; ``output_path``:
     ``deepseek-recipe`` (token-level parser) or ``detector`` (regex ``DeepSeekV4Detector``);
     ``resolved_attn_backend``: ``--dsv4-attn-backend`` after server-args resolution when unset
-    (0.5.21/0.5.22 leave ``auto``, which sizes pools as flashmla: only ``trtllm`` differs)."""
+    (0.5.20-0.5.22 leave ``auto``, which sizes pools as flashmla: only ``trtllm`` differs).
+    ``swa_cap_mode``, ``v41_layouts``, ``paged_kv_budget``, ``c4_state_per_window``: the
+    configurator generation (0.5.20 against 0.5.21+, see the module docstring and
+    :class:`dsv4ctl.plan.capacity.PoolInputs`); ``swa_floor_check``: a ratio-sized SWA pool that
+    cannot admit one request is refused (``validate_swa_pool_size``, 0.5.20+)."""
 
     version: str
     mrr_floor: bool
     graph_bs_capped_by_mrr: bool
     output_path: str
-    resolved_attn_backend: str = "flashmla"
+    resolved_attn_backend: Optional[str] = "flashmla"
+    swa_cap_mode: bool = True
+    v41_layouts: bool = True
+    paged_kv_budget: bool = True
+    c4_state_per_window: bool = False
+    swa_floor_check: bool = True
+
+    def pool_flags(self) -> dict:
+        """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs`."""
+        return dict(mrr_floor=self.mrr_floor, swa_cap_mode=self.swa_cap_mode,
+                    v41_layouts=self.v41_layouts, paged_kv_budget=self.paged_kv_budget,
+                    c4_state_per_window=self.c4_state_per_window, swa_floor_check=self.swa_floor_check)
 
     @property
     def server_args_file(self) -> str:
@@ -53,6 +83,9 @@ class VersionRules:
 
 
 VERSIONS: dict[str, VersionRules] = {
+    "0.5.20": VersionRules("0.5.20", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
+                           resolved_attn_backend="auto", swa_cap_mode=False, v41_layouts=False,
+                           paged_kv_budget=False, c4_state_per_window=True),
     "0.5.21": VersionRules("0.5.21", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend="auto"),
     "0.5.22": VersionRules("0.5.22", mrr_floor=False, graph_bs_capped_by_mrr=True, output_path="detector",
@@ -62,7 +95,7 @@ VERSIONS: dict[str, VersionRules] = {
 
 
 def supported() -> str:
-    """``0.5.21, 0.5.22, 0.5.23``."""
+    """``0.5.20, 0.5.21, 0.5.22, 0.5.23``."""
     return ", ".join(VERSIONS)
 
 
@@ -77,5 +110,5 @@ def rules_for(version: str, where: str = "sglang.version") -> VersionRules:
         return VERSIONS[v]
     if not re.fullmatch(r"\d+\.\d+\.\d+([.-]?(post|rc|dev)\d*)?", v):
         raise InputError(f"{where}: {version!r} is not an SGLang version (supported: {supported()})")
-    raise InputError(f"{where}: SGLang {v} is not supported (supported: {supported()}; 0.5.18-0.5.20 serve "
-                     "DeepSeek-V4 with another configurator structure that dsv4ctl does not model yet)")
+    raise InputError(f"{where}: SGLang {v} is not supported (supported: {supported()}; 0.5.18 and 0.5.19 "
+                     "serve DeepSeek-V4 with another configurator structure that dsv4ctl does not model yet)")

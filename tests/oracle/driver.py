@@ -54,15 +54,21 @@ from types import SimpleNamespace as NS
 
 from tests.oracle import tv_stub
 
-tv_stub.install()
+# 0.5.20 imports FunctionCallParser (openai, partial_json_parser, xgrammar) with server_args:
+# those are stubbed too when the release does and they are missing (tv_stub.roots_for_sglang).
+tv_stub.install(tv_stub.roots_for_sglang())
+tv_stub.tolerate_config_reregistration()
 
 import sglang  # noqa: E402
 import torch  # noqa: E402
 from sglang.srt.distributed.utils import get_pp_indices  # noqa: E402
-from sglang.srt.mem_cache.deepseek_v4_memory_pool import (  # noqa: E402
-    resolve_compressed_kv_layout,
-    select_dsv4_kv_layout,
-)
+try:  # 0.5.21+; 0.5.20 has one page layout (V4, 584-byte slots) and no layout selection
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import (  # noqa: E402
+        resolve_compressed_kv_layout,
+        select_dsv4_kv_layout,
+    )
+except ImportError:
+    resolve_compressed_kv_layout = select_dsv4_kv_layout = None
 from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
 from sglang.srt.model_executor import pool_configurator as pc  # noqa: E402
 from sglang.srt.runtime_context import get_context  # noqa: E402
@@ -100,7 +106,9 @@ def _kvc(cfg: dict, layers: tuple[int, int], pp_size: int, pp_rank: int, attn_dp
               pp_group=NS(rank_in_group=pp_rank) if pp_size > 1 else None,
               sliding_window_size=cfg["sliding_window"], page_size=page_size,
               attn_dp_size=attn_dp_size, spec_aux_config=None, is_draft_worker=False,
-              is_hybrid_swa=True, mambaish_config=None)
+              is_hybrid_swa=True, mambaish_config=None,
+              # 0.5.20 reads the parallel sizes from kvc.ps (0.5.21: kvc.pp_size, kvc.attn_dp_size)
+              ps=NS(pp_size=pp_size, attn_dp_size=attn_dp_size))
 
 
 @contextlib.contextmanager
@@ -147,6 +155,11 @@ def run_pool_case(case: dict) -> dict:
         raise ValueError("available_bytes must be one int or one per PP stage")
     fields = {k: v for k, v in {**DEFAULT_SERVER_ARGS, **case.get("server_args", {})}.items()
               if v is not None}
+    from sglang.srt.server_args import ServerArgs
+    known = getattr(ServerArgs, "__struct_fields__", None) or ServerArgs.__dataclass_fields__  # 0.5.19: a dataclass
+    if "dsv4_attn_backend" not in known and fields.get("dsv4_attn_backend") == "flashmla":
+        # 0.5.19 has no --dsv4-attn-backend (FlashMLA pools only): the default is no argument
+        del fields["dsv4_attn_backend"]
     page = fields["page_size"]
     spec_algo = fields.get("speculative_algorithm")
     real_constraints = KVCacheConfigurator._apply_token_constraints
@@ -170,7 +183,7 @@ def run_pool_case(case: dict) -> dict:
             conf = pc.create_memory_pool_configurator(kvc)
             if type(conf) is not pc.DSV4PoolConfigurator:
                 raise TypeError(f"SGLang chose {type(conf).__name__}, not DSV4PoolConfigurator")
-            mrr_req = conf._resolve_max_running_requests_per_worker(a)
+            c128_fixed = _c128_state_fixed_bytes(conf, a)
             unconstrained = conf.calculate_pool_sizes(a, page).full_max_total_num_tokens
             # _resolve_memory_pool_config (kv_cache_configurator.py:3174)
             config = KVCacheConfigurator.config_from_budget(kvc, a)
@@ -181,12 +194,9 @@ def run_pool_case(case: dict) -> dict:
                 pp_rank=r, layers=[kvc.layer_info.start_layer, kvc.layer_info.end_layer],
                 available_bytes=a,
                 bytes_per_full_token=conf.bytes_per_full_token,
-                bytes_per_swa_token=conf.bytes_per_swa_token,
-                c128_state_fixed_bytes=conf._get_c128_state_fixed_bytes(mrr_req),
-                swa_fixed_bytes=conf._get_swa_fixed_bytes(),
-                swa_cap_tokens=conf.swa_cap_tokens,
-                ring_sizes={str(k): v for k, v in sorted(conf.ring_sizes.items())},
+                c128_state_fixed_bytes=c128_fixed,
                 unconstrained_full_tokens=unconstrained,
+                **_swa_terms(conf),
             )
             stage.update({f: getattr(config, f) for f in POOL_FIELDS})
             stage["max_total_num_tokens"] = config.max_total_num_tokens
@@ -194,11 +204,40 @@ def run_pool_case(case: dict) -> dict:
             stages.append(stage)
         # _build_dsv4_kv_pool (kv_cache_configurator.py:2098) then selects the page layout, which
         # is where SGLang refuses a layout / backend / GPU mismatch the sizing did not look at.
+        if select_dsv4_kv_layout is None:  # 0.5.20: DeepSeekV4SingleKVPool, V4 pages only
+            return {"kv_layout": "v4", "compressed_kv_layouts": None, "stages": stages}
         layout, option = select_dsv4_kv_layout()
         trtllm = fields.get("dsv4_attn_backend") == "trtllm"
         compressed = None if trtllm else {
             str(r): resolve_compressed_kv_layout(layout, r, option).value for r in (4, 128)}
     return {"kv_layout": layout.value, "compressed_kv_layouts": compressed, "stages": stages}
+
+
+def _c128_state_fixed_bytes(conf, available: int) -> int:
+    """The c128 state bytes ``calculate_pool_sizes`` subtracts. 0.5.19 has no
+    ``_resolve_max_running_requests_per_worker``: its own two branches (pool_configurator.py
+    ``calculate_pool_sizes``), which compute the same requests."""
+    if hasattr(conf, "_resolve_max_running_requests_per_worker"):
+        return conf._get_c128_state_fixed_bytes(conf._resolve_max_running_requests_per_worker(available))
+    if conf.requested_max_running_requests_per_worker is not None:
+        return conf._get_c128_state_fixed_bytes(conf.requested_max_running_requests_per_worker)
+    return conf._get_c128_state_fixed_bytes_for_token_capacity(int(available / conf.bytes_per_full_token))
+
+
+def _swa_terms(conf) -> dict:
+    """The SWA terms of a configurator. 0.5.21+: SWA bytes per slot, cap-mode pool and the rings
+    per owner ratio. 0.5.20 (pool_configurator.py l.926-1346) has neither a SWA cap mode nor a
+    separate SWA coefficient (its per-token bytes are one sum): ``None`` for those, no fixed SWA
+    bytes, and ``c4_ring_size`` / ``c128_ring_size`` for the ratios the stage has."""
+    if hasattr(conf, "ring_sizes"):
+        return dict(bytes_per_swa_token=conf.bytes_per_swa_token,
+                    swa_fixed_bytes=conf._get_swa_fixed_bytes(), swa_cap_tokens=conf.swa_cap_tokens,
+                    ring_sizes={str(k): v for k, v in sorted(conf.ring_sizes.items())})
+    rings = {"4": conf.c4_ring_size, "128": conf.c128_ring_size}
+    counts = {"4": conf.num_layers_ca4, "128": conf.num_layers_ca128}
+    return dict(bytes_per_swa_token=None, swa_fixed_bytes=0, swa_cap_tokens=None,
+                ring_sizes={k: v for k, v in sorted(rings.items(), key=lambda kv: int(kv[0]))
+                            if counts[k]})
 
 
 def run_resolve_case(case: dict) -> dict:
@@ -211,14 +250,18 @@ def run_resolve_case(case: dict) -> dict:
     try:
         shutil.copy(MODELS / f"{case['model']}.json", Path(model_dir) / "config.json")
         gpu = case["gpu_memory_mib"]
-        saved = memory_hook.get_device_memory_capacity
-        memory_hook.get_device_memory_capacity = lambda device=None: gpu
+        # 0.5.20+ read the GPU memory in memory_hook.py; 0.5.19 in arg_groups/pipeline.py, which
+        # passes it to handle_gpu_memory_settings
+        import sglang.srt.arg_groups.pipeline as pipeline
+        hook = memory_hook if hasattr(memory_hook, "get_device_memory_capacity") else pipeline
+        saved = hook.get_device_memory_capacity
+        hook.get_device_memory_capacity = lambda device=None: gpu
         try:
             sa = ServerArgs(model_path=model_dir, device="cuda", skip_tokenizer_init=True,
                             **case.get("server_args", {}))
             sa.resolve_once()
         finally:
-            memory_hook.get_device_memory_capacity = saved
+            hook.get_device_memory_capacity = saved
         names = ("page_size", "kv_cache_dtype", "swa_full_tokens_ratio",
                  "_swa_full_tokens_ratio_explicitly_set", "max_running_requests",
                  "chunked_prefill_size", "mem_fraction_static", "dsv4_attn_backend",

@@ -12,11 +12,26 @@ from __future__ import annotations
 import atexit
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import pathlib
 import shutil
 import sys
 import tempfile
 import types
+
+
+class _Base:
+    """What a class deriving from a stub derives from: takes class keywords (``total=False`` of a
+    TypedDict such as openai's ``EasyInputMessageParam``)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__()
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        """Any value, when a pydantic model has a field of a stub type."""
+        from pydantic_core import core_schema
+        return core_schema.any_schema()
 
 
 class _Anything(type):
@@ -26,12 +41,12 @@ class _Anything(type):
     def __getattr__(cls, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return _Anything(name, (), {})
+        return _Anything(name, (_Base,), {})
 
     def __call__(cls, *args, **kwargs):
         if len(args) == 1 and callable(args[0]) and not kwargs:
             return args[0]
-        return _Anything("instance", (), {})
+        return _Anything("instance", (_Base,), {})
 
     def __getitem__(cls, _):
         return cls
@@ -51,14 +66,14 @@ class _Anything(type):
         return 0
 
     def __mro_entries__(cls, bases):
-        return (object,)
+        return (_Base,)
 
 
 class _StubModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return _Anything(name, (), {})
+        return _Anything(name, (_Base,), {})
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -81,6 +96,29 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 _installed = False
 
+# What 0.5.20's server_args.py imports at module level through FunctionCallParser (0.5.21+ import
+# the parser lazily, for the --tool-call-parser choices) and the oracle environment, built for
+# 0.5.23, does not install. Nothing on the pool-sizing or argument path uses them.
+FUNCTION_CALL_DEPS = ("openai", "partial_json_parser", "xgrammar")
+
+
+def eager_function_call_parser() -> bool:
+    """Whether the ``sglang`` first on ``sys.path`` (not imported) imports FunctionCallParser when
+    ``server_args`` is imported (0.5.20 and older)."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    src = pathlib.Path(list(spec.submodule_search_locations)[0]) / "srt" / "server_args.py"
+    text = src.read_text() if src.exists() else ""
+    return "\nfrom sglang.srt.function_call.function_call_parser import FunctionCallParser" in text
+
+
+def roots_for_sglang(base=("torchvision",)) -> tuple:
+    """``base`` plus, for a release that imports FunctionCallParser eagerly, whichever of
+    :data:`FUNCTION_CALL_DEPS` is not installed."""
+    extra = FUNCTION_CALL_DEPS if eager_function_call_parser() else ()
+    return tuple(base) + tuple(m for m in extra if importlib.util.find_spec(m) is None)
+
 
 def install(roots=("torchvision",)) -> None:
     """Answer imports of ``roots`` with stub modules and publish a fake ``<root>-0.0.0.dist-info``
@@ -97,3 +135,21 @@ def install(roots=("torchvision",)) -> None:
     sys.path.append(str(site))
     atexit.register(shutil.rmtree, site, True)
     _installed = True
+
+
+def tolerate_config_reregistration() -> None:
+    """``AutoConfig.register(..., exist_ok=True)``: 0.5.19 and older register configs (e.g.
+    ``qwen3_asr``) that the oracle environment's transformers (5.19, 0.5.23's pin; they pin 5.12.1)
+    already ships, which raises at import. A release that registers nothing transformers has
+    (0.5.20+) is unaffected; no DeepSeek-V4 code reads those configs."""
+    import transformers
+    auto = transformers.AutoConfig
+    if getattr(auto.register, "_dsv4ctl", False):
+        return
+    orig = auto.register
+
+    def register(model_type, config, exist_ok=False):
+        return orig(model_type, config, exist_ok=True)
+
+    register._dsv4ctl = True
+    auto.register = staticmethod(register)

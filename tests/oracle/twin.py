@@ -72,7 +72,7 @@ def pool_inputs(case: dict) -> cap.PoolInputs:
         index_k_accounting="exact" if idx == "bf16" else "fp8",
         fp4_indexer=arg("enable_deepseek_v4_fp4_indexer", False),
         sm100=case.get("sm100", True),
-        mrr_floor=rules_for(case.get("sglang_version", DEFAULT_VERSION)).mrr_floor,
+        **rules_for(case.get("sglang_version", DEFAULT_VERSION)).pool_flags(),
     )
 
 
@@ -86,6 +86,13 @@ def pool_result(case: dict) -> dict:
     partition = tuple(int(x) for x in part.split(",")) if part and pp > 1 else None
     try:
         inputs = pool_inputs(case)
+        if not inputs.swa_cap_mode and inputs.swa_prefix_tails is not None:
+            # 0.5.20 has no --swa-prefix-tails (its argument table refuses the option too)
+            raise cap.CapacityError("unknown ServerArgs field: swa_prefix_tails")
+        rules = rules_for(case.get("sglang_version", DEFAULT_VERSION))
+        if rules.resolved_attn_backend is None and inputs.attention_backend != "flashmla":
+            # 0.5.19 has no --dsv4-attn-backend: FlashMLA pools only
+            raise cap.CapacityError("unknown ServerArgs field: dsv4_attn_backend")
         confs = [cap.Configurator(model, inputs,
                                   cap.pp_layer_range(model.num_hidden_layers, pp, r, partition))
                  for r in range(pp)]
@@ -112,7 +119,12 @@ def pool_result(case: dict) -> dict:
                 max_total_num_tokens=s.full_max_total_num_tokens,
                 max_running_requests=s.max_running_requests))
         c = confs[0]
-        compressed = None if c.trtllm else {str(r): c.layout_for(r) for r in (4, 128)}
+        if not inputs.swa_cap_mode:
+            # 0.5.20 (driver._swa_terms): no SWA coefficient of its own, no cap mode, no layouts
+            for st in stages:
+                st.update(bytes_per_swa_token=None, swa_fixed_bytes=0, swa_cap_tokens=None)
+        compressed = None if c.trtllm or not inputs.v41_layouts else {
+            str(r): c.layout_for(r) for r in (4, 128)}
         return {"kv_layout": c.main_layout, "compressed_kv_layouts": compressed, "stages": stages}
     except cap.CapacityError as e:
         return {"error": str(e)}
@@ -139,6 +151,7 @@ def resolve_result(case: dict) -> dict:
     """dsv4ctl's resolved defaults for a resolve case, keyed like the oracle's result."""
     m = memory_args(case)
     sa = case.get("server_args") or {}
+    rules = rules_for(case.get("sglang_version", DEFAULT_VERSION))
     chunked = m.chunked_prefill_size or cap.default_chunked_prefill_size(m.gpu_memory_mib)
     if m.enable_dp_attention and m.dp_size > 1 and chunked > 0:
         chunked //= m.dp_size
@@ -152,8 +165,9 @@ def resolve_result(case: dict) -> dict:
         "max_running_requests": m.max_running_requests or DEFAULTS.max_running_requests,
         "page_size": DEFAULTS.page_size,
         "swa_full_tokens_ratio": sa.get("swa_full_tokens_ratio", DEFAULTS.swa_full_tokens_ratio),
-        "_swa_full_tokens_ratio_explicitly_set": DEFAULTS.swa_ratio_explicit,
-        "dsv4_attn_backend": rules_for(case.get("sglang_version", DEFAULT_VERSION)).resolved_attn_backend,
+        # 0.5.20 has no such field (no SWA cap mode)
+        "_swa_full_tokens_ratio_explicitly_set": DEFAULTS.swa_ratio_explicit if rules.swa_cap_mode else None,
+        "dsv4_attn_backend": rules.resolved_attn_backend,
     }
 
 

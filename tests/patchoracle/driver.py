@@ -60,7 +60,7 @@ def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
                max_running_requests: int = 256, chunked_prefill_size: int = 16384,
                indexer_pool: bool = False) -> dict:
     """Pool sizes from the real configurator of whatever ``sglang`` is first on sys.path."""
-    tv_stub.install()
+    tv_stub.install(tv_stub.roots_for_sglang())      # 0.5.20: its function-call deps too
     import sglang
     from sglang.srt.model_executor import pool_configurator as pc
     from sglang.srt.runtime_context import get_context
@@ -81,7 +81,8 @@ def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
     kvc = NS(kv_cache_dtype_str="fp8_e4m3", model_config=model, spec_algorithm=_spec(None),
              layer_info=NS(start_layer=0, end_layer=cfg["num_hidden_layers"]), pp_size=1,
              pp_group=None, sliding_window_size=cfg["sliding_window"], page_size=page_size,
-             attn_dp_size=1, spec_aux_config=None, is_draft_worker=False)
+             attn_dp_size=1, spec_aux_config=None, is_draft_worker=False,
+             ps=NS(pp_size=1, attn_dp_size=1))      # 0.5.20 reads them from kvc.ps
     with get_context().override_server_args(**fields):
         conf = pc.DSV4PoolConfigurator(kvc)
         out = conf.calculate_pool_sizes(available_bytes, page_size)
