@@ -1,0 +1,200 @@
+"""The fixes a plan prints (pure): for a verdict that is not ``fits``, the changes that re-plan to
+a better one (mem-fraction-static, chunked-prefill-size, more GPUs, balanced memory), each
+re-planned before it is offered, so no hint contradicts the verdict it accompanies."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import capacity as cap
+from .models import REPLICATED_WEIGHTS_GIB
+from . import verdict as vd
+from .inputs import MAX_PARALLEL, GroupInputs
+from .stages import StagePlan, evaluate, resident_gib, to_gib
+
+
+def _replanned(model, gi: GroupInputs) -> Optional[tuple[vd.Verdict, Optional[float]]]:
+    """(verdict, tightest headroom GiB) of a candidate fix, or None when it still fails or lands
+    under 90 % of SGLang's activation estimate (``tight: activation``: not a fix worth printing)."""
+    stages, v, _ = evaluate(model, gi)
+    if v.level == "fails" or stages is None or v.deciding == "activation":
+        return None
+    return v, min(to_gib(s.headroom_bytes) for s in stages)
+
+
+def _with_pool(gi: GroupInputs, **changes) -> GroupInputs:
+    return cap.replace(gi, pool=cap.replace(gi.pool, **changes))
+
+
+def _search_mfs(model, gi: GroupInputs, down: bool) -> Optional[tuple[float, tuple]]:
+    """The closest 3-decimal mem_fraction_static below (``down``) or above the current one whose
+    re-plan does not fail."""
+    cur = gi.mem_fraction_static
+    step = -0.01 if down else 0.01
+    m, last_bad = round(cur + step, 3), cur
+    while 0.3 <= m <= 0.99:
+        r = _replanned(model, cap.replace(gi, mem_fraction_static=m))
+        if r is not None:
+            # refine between the last failing value and m, 0.001 at a time
+            fine = round(last_bad + step / 10, 3)
+            while (fine > m) if down else (fine < m):
+                rf = _replanned(model, cap.replace(gi, mem_fraction_static=fine))
+                if rf is not None:
+                    return fine, rf
+                fine = round(fine + step / 10, 3)
+            return m, r
+        last_bad, m = m, round(m + step, 3)
+    return None
+
+
+def chunk_fix(model, gi: GroupInputs, resolve) -> list[str]:
+    """With SGLang's default ``mem_fraction_static``, a smaller ``chunked-prefill-size`` shrinks
+    the activation estimate SGLang reserves (memory_hook.py: 1.5 MB per chunk token) and so raises
+    its default: the largest halving (down to 2,048) whose re-plan passes (``resolve(overrides)``
+    re-resolves the group, defaults included), as a one-item list, else []."""
+    cur = gi.pool.chunked_prefill_size * (gi.dp if gi.dp_attention else 1)
+    c = cur // 2
+    while c >= 2048:
+        g2 = resolve({"chunked_prefill_size": c})
+        r = _replanned(model, g2)
+        if r is not None:
+            return [f"set chunked-prefill-size: {c} (from {cur}) in the serve config: SGLang's default "
+                    f"mem-fraction-static becomes {g2.mem_fraction_static} (re-planned: {r[0].level}, headroom {r[1]} GiB)"]
+        c //= 2
+    return []
+
+
+def first_passing_mfs(model, gi: GroupInputs) -> str:
+    """What SGLang's "Raise --mem-fraction-static above X" leaves out: X is its minimum for any KV
+    memory (``1 - F/P``), and just above it the pools may still hold no request (SGLang's
+    configurator refuses that too). The smallest 3-decimal value up to 0.99 at which the plan no
+    longer fails (tight allowed), as a clause for the message, so the hint never contradicts it."""
+    def passes(m: float):
+        stages, v, _ = evaluate(model, cap.replace(gi, mem_fraction_static=m))
+        return (v, stages) if stages and v.level != "fails" else None
+    need = cap.min_viable_mem_fraction_static(gi.free_gib_before_load, resident_gib(gi))
+    lo, m = need, round(-(-round(need * 1000) // 10) / 100, 3)      # need rounded up to 0.01
+    while m <= 0.99 and not passes(m):
+        lo, m = m, round(m + 0.01, 3)
+    if m > 0.99:
+        return " (SGLang's minimum for any KV memory; no value up to 0.99 plans without failing: see the fixes)"
+    fine = round(lo + 0.001, 3)
+    while fine < m and not passes(fine):
+        fine = round(fine + 0.001, 3)
+    v, stages = passes(fine)
+    return (f" (SGLang's minimum for any KV memory; the plan first passes at {fine}: {v.level}, {v.deciding}, "
+            f"headroom {min(to_gib(st.headroom_bytes) for st in stages)} GiB)")
+
+
+def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePlan]]) -> list[str]:
+    """Fixes that work: every candidate is re-planned and kept only when it no longer fails;
+    smallest change first (serve-config values by relative change, then tree changes, then GPUs)."""
+    out: list[tuple[tuple, str]] = []
+
+    def add(cost: tuple, text: str, r: tuple) -> None:
+        out.append((cost, f"{text} (re-planned: {r[0].level}, headroom {r[1]} GiB)"))
+
+    cur = gi.mem_fraction_static
+    if v.deciding in ("pools", "activation") and gi.available_bytes_override is None:
+        f = _search_mfs(model, gi, down=True)
+        if f:
+            add((0, (cur - f[0]) / cur), f"set mem-fraction-static: {f[0]} (from {cur}) in the serve config", f[1])
+    if v.deciding in ("requests", "no_kv_memory") and gi.available_bytes_override is None:
+        f = _search_mfs(model, gi, down=False)
+        if f:
+            add((0, (f[0] - cur) / cur), f"set mem-fraction-static: {f[0]} (from {cur}) in the serve config", f[1])
+    if v.deciding in ("pools", "activation", "requests") and stages:
+        mrr = gi.pool.max_running_requests
+        for frac in (0.75, 0.5, 0.25, 0.125):
+            new = max(1, int(mrr * frac))
+            if new >= mrr or new < gi.min_requests:
+                continue
+            r = _replanned(model, _with_pool(gi, max_running_requests=new))
+            if r is not None:
+                add((0, 1 - new / mrr), f"set max-running-requests: {new} (from {mrr}) in the serve config", r)
+                break
+        ctx = gi.context_length
+        new, fails = int(ctx * 0.75) // 1024 * 1024, ctx     # 3/4, then halving down to 4,096 tokens
+        while new >= 4096:
+            r = _replanned(model, cap.replace(gi, context_length=new))
+            if r is not None:
+                while fails - new > 1024:       # the largest passing length, to 1,024 tokens
+                    mid = (new + fails) // 2 // 1024 * 1024
+                    rm = _replanned(model, cap.replace(gi, context_length=mid)) if mid > new else None
+                    if rm is None:
+                        fails = mid if mid > new else new + 1024
+                    else:
+                        new, r = mid, rm
+                add((0, 1 - new / ctx), f"set context-length: {new} (from {ctx}) in the serve config", r)
+                break
+            new, fails = new // 2 // 1024 * 1024, new
+    if v.deciding in ("requests", "no_kv_memory") and gi.pool.max_total_tokens is not None:
+        r = _replanned(model, _with_pool(gi, max_total_tokens=None))
+        if r is not None:
+            add((0, 0.5), f"remove max-total-tokens ({gi.pool.max_total_tokens:,}) from the serve config", r)
+    if stages and v.deciding in ("pools", "activation", "requests"):
+        st = stages[0]
+        if st.sizes.index_k_real_bytes > st.sizes.index_k_budget_bytes and gi.pool.index_k_accounting != "exact":
+            r = _replanned(model, _with_pool(gi, index_k_accounting="exact"))
+            if r is not None:
+                add((1, 0.0), f"apply the index-K sizing patch (index_k_accounting: exact): full tokens "
+                              f"{st.sizes.full_max_total_num_tokens:,} -> {st.exact_sizes.full_max_total_num_tokens:,}", r)
+        if gi.pool.index_k_dtype == "bf16":
+            r = _replanned(model, _with_pool(gi, index_k_dtype="fp8"))
+            if r is not None:
+                add((1, 0.1), "store index-K in fp8 (index_k_dtype: fp8)", r)
+    if v.deciding == "unbalanced" and gi.free_gib_per_gpu:
+        r = _balance_fix(model, gi)
+        if r is not None:
+            add((0, 0.0), r[0], r[1])
+    if v.deciding in ("weights", "pools", "activation", "no_kv_memory"):
+        for mult in (2, 4, 8):
+            tp = gi.tp * mult
+            if tp > MAX_PARALLEL:
+                break
+            fixed = REPLICATED_WEIGHTS_GIB if gi.weights_fixed_gib is None else gi.weights_fixed_gib
+            w = round((gi.weights_gib_per_rank - fixed) / mult + fixed, 3)
+            g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
+                             draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
+                             rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
+            r = _replanned(model, g2)
+            if r is not None:
+                add((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)", r)
+                break
+    out.sort(key=lambda x: x[0])
+    return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]
+
+
+def _balance_fix(model, gi: GroupInputs) -> Optional[tuple[str, tuple]]:
+    """Free memory on the GPUs below SGLang's balance line (:func:`verdict.to_balance`): the fix
+    text and the re-plan with those GPUs' free memory (P, and F with it) raised by the amount freed.
+    The smallest change first: up to the 0.9 line; when that re-plan still fails (the pools are
+    sized from the least free GPU), up to the most free GPU's memory. None when nothing is below
+    the line or neither re-plan passes."""
+    frees0 = list(gi.free_gib_per_gpu or [])
+    if not vd.to_balance(frees0):
+        return None
+    top = max(frees0)
+    line_need = vd.to_balance(frees0)
+    full_need = [(i, round(top - f, 3)) for i, f in enumerate(frees0) if f < top]
+    for need, line in ((line_need, True), (full_need, False)):
+        frees = list(frees0)
+        resident = list(gi.rank_resident_gib or [])
+        for i, gib in need:
+            frees[i] = round(frees[i] + gib, 3)
+            if i < len(resident):
+                resident[i] = round(resident[i] + gib, 3)
+        r = _replanned(model, cap.replace(gi, free_gib_per_gpu=frees, rank_resident_gib=resident or None,
+                                          free_gib_before_load=min(frees)))
+        if r is None:
+            continue
+        others = gi.other_gib_per_gpu or []
+        parts = []
+        for i, gib in need:
+            held = f" (other_gib {others[i]} GiB)" if i < len(others) and others[i] else ""
+            parts.append(f"{gib} GiB on {gi.gpu_name(i)}{held}")
+        why = (f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {top} GiB" if line else
+               f"SGLang needs every GPU's free memory >= {vd.BALANCE_FRACTION:g} x {top} GiB, and the pools, "
+               f"sized from the least free GPU, fit only with every GPU at {top} GiB")
+        return f"free {' and '.join(parts)} (other processes hold it; dsv4ctl facts shows which): {why}", r
+    return None

@@ -1,0 +1,716 @@
+"""Input resolution of ``dsv4ctl plan`` (pure): a server group's serve config, the profile
+(topology, GPU memory, measured memory, env switches), the tree's index-K facts and the what-if
+overrides (``--set KEY=VALUE``) become one :class:`GroupInputs`, read as the SGLang release's own
+argparse and server-argument resolution read them (:mod:`dsv4ctl.plan.versions`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import capacity as cap
+from .capacity import CapacityError
+from ..errors import InputError
+from .models import CHECKPOINT_FORMATS
+from . import verdict as vd
+from . import weights as wts
+from .versions import DEFAULT_VERSION, VersionRules, rules_for
+from ..profile.model import MAX_GIB, Group, Profile
+from ..profile.serveconfig import ServeConfig, canonical
+
+# GiB a B200-class GPU has in use before weight load (CUDA context, NCCL): 179.06 - 177.0 (⚠).
+PRELOAD_USED_GIB = 2.06
+# Largest tp/dp/pp size accepted (a plan lists every rank; 1024 GPUs per group is far beyond
+# any DSV4 deployment and keeps a typo from allocating millions of rank entries).
+MAX_PARALLEL = 1024
+# Largest number of ranks one group's plan lists: tp*pp*(dp unless dp-attention).
+MAX_RANKS = 1024
+# SGLang 0.5.23's --max-prefill-tokens default (srt/arg_groups/fields/schedule.py:71); the
+# activation estimate uses it when chunked prefill is disabled (memory_hook.py:304-307).
+DEFAULT_MAX_PREFILL_TOKENS = 16384
+# What-if keys that change the weight bytes per rank (a measured figure no longer applies).
+WEIGHT_TOPOLOGY_KEYS = ("model", "tp_size", "pp_size", "dp_size", "enable_dp_attention")
+
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+_BOOL_FALSE = {"0", "false", "no", "off", ""}
+
+
+# SGLang 0.5.23 srt/server_args.py defaults of the topology a serve config may leave out
+# (tp_size, dp_size, pp_size: 1; enable_dp_attention: False, attn_dp_size 1).
+SGLANG_TOPOLOGY_DEFAULTS = {"tp_size": 1, "dp_size": 1, "pp_size": 1, "enable_dp_attention": False, "nnodes": 1}
+
+
+def _attn_dp(args: dict, where: dict) -> None:
+    """Map SGLang 0.5.23's ``attn-dp-size N`` (the replacement of ``--dp-size N
+    --enable-dp-attention``, ``srt/arg_groups/fields/parallel.py:81-212``) and
+    ``cuda-graph-max-bs-decode`` onto the plan's dp_size/enable_dp_attention and cuda_graph_max_bs."""
+    if "attn_dp_size" in args:
+        n = args.pop("attn_dp_size")
+        loc = where.get("attn_dp_size", "--set")
+        if n < 1:
+            raise InputError(f"{loc}: attn-dp-size must be >= 1, got {n}")
+        if args.get("dp_size", n) != n and args.get("enable_dp_attention"):
+            raise InputError(f"{loc}: attn-dp-size {n} disagrees with dp-size {args['dp_size']}")
+        if n > 1:
+            args["dp_size"], args["enable_dp_attention"] = n, True
+            where.setdefault("dp_size", loc)
+            where.setdefault("enable_dp_attention", loc)
+    if "cuda_graph_max_bs_decode" in args:
+        args["cuda_graph_max_bs"] = args.pop("cuda_graph_max_bs_decode")
+        where.setdefault("cuda_graph_max_bs", where.get("cuda_graph_max_bs_decode", "--set"))
+    args.pop("cuda_graph_max_bs_prefill", None)   # the DSV4 prefill graph is disabled (cuda_graph_hook.py)
+
+
+def _bool(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in _BOOL_TRUE:
+        return True
+    if s in _BOOL_FALSE:
+        return False
+    raise InputError(f"{key}: expected a boolean, got {v!r}")
+
+
+_ENV_TRUE, _ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+
+
+def _env_bool(key: str, v: Any) -> bool:
+    """An SGLang boolean environment switch read exactly as SGLang 0.5.23's ``EnvBool.parse``
+    (srt/environ.py:143-150: true/1/yes/y, false/0/no/n, any case). Any other text SGLang replaces
+    by the switch's default with only a warning (``EnvField.get``): InputError here, so a profile
+    never says ``off`` while the server runs with the default."""
+    if isinstance(v, bool):
+        return v
+    s = str(v).lower()
+    if s in _ENV_TRUE:
+        return True
+    if s in _ENV_FALSE:
+        return False
+    raise InputError(f"{key}: {v!r} is not a value SGLang's EnvBool reads (true/1/yes/y, false/0/no/n): "
+                     "SGLang would warn and use the default")
+
+
+def _int(key: str, v: Any, minimum: int = 0) -> int:
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        x = int(str(v).replace("_", "")) if not isinstance(v, int) else v
+    except ValueError:
+        raise InputError(f"{key}: expected an integer, got {v!r}") from None
+    if x < minimum:
+        raise InputError(f"{key}: must be >= {minimum}, got {x}")
+    return x
+
+
+def _float(key: str, v: Any, minimum: float = 0.0, maximum: float = float("inf")) -> float:
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        x = float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"{key}: expected a number, got {v!r}") from None
+    if x != x or x < minimum or x == float("inf"):
+        raise InputError(f"{key}: must be a finite number >= {minimum}, got {v!r}")
+    if x > maximum:
+        raise InputError(f"{key}: must be <= {maximum:g}, got {v!r}")
+    return x
+
+
+def _opt_str(v: Any) -> Optional[str]:
+    if v is None:
+        return None
+    s = str(v)
+    return None if s.lower() in ("", "none", "null") else s
+
+
+# what-if keys → (kind, parser). Server arguments use SGLang's underscore names, env switches
+# their env names; dsv4ctl's own inputs are documented in the README.
+SET_KEYS: dict[str, str] = {
+    "model": "str", "available_bytes": "int", "mem_fraction_static": "float",
+    "max_running_requests": "int", "tp_size": "int", "dp_size": "int",
+    "enable_dp_attention": "bool", "pp_size": "int", "page_size": "int",
+    "swa_full_tokens_ratio": "float", "speculative_algorithm": "optstr",
+    "speculative_num_draft_tokens": "int", "context_length": "int", "index_k_dtype": "str",
+    "index_k_accounting": "str", "chunked_prefill_size": "chunk", "max_prefill_tokens": "int", "max_total_tokens": "int",
+    "dsv4_attn_backend": "str", "enable_deepseek_v4_fp4_indexer": "bool",
+    "disaggregation_mode": "optstr", "disaggregation_decode_extra_slots": "int",
+    "disable_radix_cache": "bool", "disable_overlap_schedule": "bool", "swa_prefix_tails": "int",
+    "moe_a2a_backend": "optstr", "cuda_graph_max_bs": "int", "disable_cuda_graph": "bool",
+    "_swa_full_tokens_ratio_explicitly_set": "bool",
+    "attn_dp_size": "int", "cuda_graph_max_bs_decode": "int", "cuda_graph_max_bs_prefill": "int",
+    "draft_weights_gib_per_rank": "gib", "checkpoint_format": "str", "min_requests": "int",
+    "free_gib_before_load": "gib", "weights_gib_per_rank": "gib", "other_gib": "gib",
+    "gpu_memory_mib": "mib", "base_gpu_id": "int", "gpu_id_step": "int", "nnodes": "int",
+    "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "str", "SGLANG_OPT_USE_ONLINE_COMPRESS": "envbool",
+    "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
+    "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "envbool", "SGLANG_PP_LAYER_PARTITION": "str",
+    "SGLANG_SWA_EVICTION_INTERVAL": "int", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "envbool",
+}
+# serve-config dashed names that plan reads (others are ignored by the capacity model).
+SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
+for _k in ("model", "available_bytes", "index_k_dtype", "index_k_accounting", "free_gib_before_load",
+           "weights_gib_per_rank", "other_gib", "gpu_memory_mib", "draft_weights_gib_per_rank",
+           "checkpoint_format", "min_requests",
+           "cuda_graph_max_bs"):     # not a 0.5.23 option: an ambiguous abbreviation of -decode/-prefill
+    SERVE_KEYS.pop(_k.replace("_", "-"), None)
+ENV_KEYS = [k for k in SET_KEYS if k.startswith("SGLANG_")]
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """Parse ``KEY=VALUE`` what-if overrides into typed values. InputError names the bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise InputError(f"--set {item!r}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if key not in SET_KEYS:
+            hint = key.replace("-", "_")
+            more = f" (did you mean {hint}?)" if hint in SET_KEYS else ""
+            raise InputError(f"--set {key}: unknown key{more}; known: {', '.join(sorted(k for k in SET_KEYS if not k.startswith('_')))}")
+        out[key] = _coerce(f"--set {key}", SET_KEYS[key], value)
+    return out
+
+
+def _coerce(label: str, kind: str, value: Any) -> Any:
+    if kind == "int":
+        return _int(label, value)
+    if kind == "chunk":   # --chunked-prefill-size: -1 (or 0) disables chunked prefill in SGLang
+        return _int(label, value, minimum=-1)
+    if kind == "float":
+        return _float(label, value)
+    if kind == "gib":     # memory in GiB: the profile schema's bound (profile.MAX_GIB)
+        return _float(label, value, maximum=MAX_GIB)
+    if kind == "mib":
+        x = _int(label, value, minimum=1)
+        if x > MAX_GIB * 1024:
+            raise InputError(f"{label}: must be <= {MAX_GIB * 1024}, got {x}")
+        return x
+    if kind == "bool":
+        return _bool(label, value)
+    if kind == "envbool":
+        return _env_bool(label, value)
+    if kind == "optstr":
+        return _opt_str(value)
+    return str(value)
+
+
+@dataclass
+class GroupInputs:
+    """Everything resolved for one server group before the per-rank arithmetic."""
+
+    tp: int
+    dp: int
+    pp: int
+    dp_attention: bool
+    mem_fraction_static: float
+    mfs_source: str
+    context_length: int
+    gpu_memory_mib: int
+    free_gib_before_load: float
+    weights_gib_per_rank: float
+    other_gib: float
+    estimated: list[str]
+    available_bytes_override: Optional[int]
+    pp_partition: Optional[tuple[int, ...]]
+    pool: cap.PoolInputs
+    rank_resident_gib: Optional[list[float]] = None   # per rank F (per-GPU memory), else uniform
+    free_gib_per_gpu: Optional[list[float]] = None    # per-GPU P in the group's ``gpus`` order, else uniform
+    other_gib_per_gpu: Optional[list[float]] = None   # per-GPU other memory (same order), else uniform
+    gpus: tuple[int, ...] = ()                        # the GPU index of every rank (rank order)
+    places: tuple[tuple[int, str, int], ...] = ()     # (node rank, host, GPU index) of every rank
+    activation_reserve_gib: float = 0.0   # SGLang's reserve outside mfs, 10 GiB floor (memory_hook.py)
+    activation_estimate_gib: float = 0.0  # the same estimate without the floor (verdict: fails below)
+    draft_weights_gib_per_rank: float = 0.0
+    checkpoint_format: str = "fp4"
+    min_requests: int = 1
+    min_requests_required: bool = True   # stated (profile plan.min_requests, --set): a shortfall fails, else tight
+    logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
+    balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
+    replica: Optional[int] = None         # with replicas: the one planned (the tightest)
+    weights_fixed_gib: Optional[float] = None   # estimated weights that do not shrink with TP (plan.weights)
+
+    def gpu_name(self, rank: int) -> str:
+        """``GPU 3``, or ``GPU 3 of host h1 (node 1)`` for a multi-node server; ``GPU #5`` when the
+        rank has no GPU of the profile (a what-if)."""
+        if rank >= len(self.places):
+            return f"GPU #{rank}"
+        node, host, gpu = self.places[rank]
+        multi = len({p[0] for p in self.places}) > 1
+        return f"GPU {gpu} of host {host} (node {node})" if multi else f"GPU {gpu}"
+
+
+def serve_args(serve: Optional[ServeConfig], version: str = DEFAULT_VERSION) -> tuple[dict[str, Any], dict[str, str]]:
+    """({plan key: typed value}, {plan key: ``file:line``}) of the server arguments plan reads from
+    a serve config, keys resolved as SGLang ``version``'s argparse does (aliases, unambiguous
+    abbreviations; a key the release does not have is not read: SGLang refuses it at start-up and
+    ``config lint`` says so) and ``attn-dp-size`` mapped onto dp_size + enable_dp_attention
+    (:func:`_attn_dp`). ``({}, {})`` for None. InputError (exit 2) for a bad value, an ambiguous
+    abbreviation or a key given twice."""
+    args: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    if serve is not None:
+        from .argnames import AmbiguousOption, option_names, resolve_option
+        known = option_names(version) if version != DEFAULT_VERSION else None   # 0.5.23 has every key plan reads
+        for key, value in serve.args().items():
+            if known is not None and key in SERVE_KEYS and key not in known:
+                continue
+            loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
+            full = key
+            if key not in SERVE_KEYS and any(k.startswith(key) for k in SERVE_KEYS):
+                # could abbreviate an argument plan reads: resolve it as argparse does (the table is
+                # only loaded then, for start-up time)
+                try:
+                    full = resolve_option(key, option_names(version)) or key
+                except AmbiguousOption as e:
+                    raise InputError(f"{loc}: {key}: SGLang rejects it: {e}") from None
+            if full in SERVE_KEYS:
+                name = SERVE_KEYS[full]
+                if name in where:
+                    raise InputError(f"{loc}: {key}: given twice ({full} at {where[name]})")
+                args[name] = _coerce(f"{loc}: {key}", SET_KEYS[name], value)
+                where[name] = loc
+    _attn_dp(args, where)
+    return args, where
+
+
+def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args: dict[str, Any],
+             where: dict[str, str], overrides: dict[str, Any]) -> dict[str, Any]:
+    """{tp_size, dp_size, pp_size, enable_dp_attention, nnodes} a group runs with (pure).
+
+    SGLang reads only the serve config, so with one its values (or SGLang's defaults,
+    :data:`SGLANG_TOPOLOGY_DEFAULTS`) are what runs. The profile says where: its nodes (``nnodes``
+    = their count) and each node's GPUs must be where SGLang puts the ranks from ``base-gpu-id`` /
+    ``gpu-id-step`` (:func:`node_placement`); its ``tp``/``dp``/``pp``/``dp_attention``, when
+    given, must agree. A disagreement — including a key the serve config leaves to its default —
+    is an InputError naming both places, as is a ``dist-init-addr`` whose host is not node 0's
+    address. Without a serve config the profile's values count. ``--set`` of any of these is a
+    what-if: not checked against the profile."""
+    out = {}
+    gi = profile.groups.index(group)
+    prof = {"tp_size": group.tp, "dp_size": group.dp, "pp_size": group.pp,
+            "enable_dp_attention": group.dp_attention, "nnodes": group.nnodes}
+    for k, v in prof.items():
+        pkey = {"enable_dp_attention": "dp_attention", "nnodes": "nodes"}.get(k, k.split("_")[0])
+        stated = pkey in group.stated or k == "nnodes"      # the profile always says its nodes
+        if k in overrides:
+            out[k] = overrides[k]
+            continue
+        if serve is None:
+            out[k] = v
+            continue
+        shown = f"{pkey}: {v}" if k != "nnodes" else f"{v} node(s)"
+        if k in args:
+            if stated and args[k] != v:
+                raise InputError(f"{where[k]}: {k.replace('_', '-')}: {args[k]} disagrees with the profile's "
+                                 f"group {group.name!r} ({shown})")
+            out[k] = args[k]
+            continue
+        if stated and v != SGLANG_TOPOLOGY_DEFAULTS[k]:
+            # without the key SGLang runs its default, whatever the profile says: planning the
+            # profile's value would plan a server that never runs
+            fix = (f"attn-dp-size: {group.dp}" if k in ("dp_size", "enable_dp_attention") and group.dp_attention
+                   else f"{k.replace('_', '-')}: {v}")
+            raise InputError(
+                f"{serve.path}: no {k.replace('_', '-')}: SGLang runs {k.replace('_', '-')} "
+                f"{SGLANG_TOPOLOGY_DEFAULTS[k]} (its default), but the profile's group {group.name!r} says "
+                f"{shown} ({profile.positions.where(('groups', gi, pkey))}): put {fix} in the serve config")
+        out[k] = SGLANG_TOPOLOGY_DEFAULTS[k]
+    if serve is None and group.nnodes > 1 and not any(k in overrides for k in out):
+        try:        # the profile's values are what is planned: SGLang must be able to split them
+            node_placement(out["tp_size"], out["pp_size"], 1, group.nnodes)
+        except ValueError as e:
+            raise InputError(f"{profile.positions.where(('groups', gi, 'nodes'))}: group {group.name!r}: {e}") from None
+    if serve is None or any(k in overrides for k in (*out, "base_gpu_id", "gpu_id_step")):
+        return out
+    tp, pp, nn = out["tp_size"], out["pp_size"], out["nnodes"]
+    if nn > 1 and out["dp_size"] > 1 and not out["enable_dp_attention"]:
+        # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
+        raise InputError(f"{where.get('dp_size', serve.path)}: dp-size {out['dp_size']} with nnodes {nn}: SGLang "
+                         "refuses data-parallel replicas across nodes: use attn-dp-size, or the group's replicas")
+    base, step = args.get("base_gpu_id", 0), args.get("gpu_id_step", 1)
+    try:
+        places = node_placement(tp, pp, 1 if out["enable_dp_attention"] else out["dp_size"], nn, base, step)
+    except ValueError as e:
+        raise InputError(f"{where.get('nnodes', serve.path)}: {e}") from None
+    for n, node in enumerate(group.nodes):
+        mine = [g for (nr, g) in places if nr == n]
+        if sorted(mine) == sorted(node.gpus):
+            continue
+        at = where.get("base_gpu_id") or serve.path
+        want = sorted(node.gpus)
+        path = ("groups", gi, "nodes", n) if group.nnodes > 1 else ("groups", gi, "gpus")
+        on = f" node {n} ({node.host})" if group.nnodes > 1 else ""
+        fix = ("make the profile's gpus the GPUs SGLang uses" if len(want) != len(mine) or
+               [g for (nr, g) in node_placement(tp, pp, 1 if out["enable_dp_attention"] else out["dp_size"], nn,
+                                                want[0], step) if nr == n] != want
+               else f"set base-gpu-id: {want[0]} in the serve config")
+        raise InputError(
+            f"{at}: SGLang puts group {group.name!r}{on} on GPUs {_gpu_list(mine) or 'none'} (base-gpu-id {base}, "
+            f"gpu-id-step {step}, {len(mine)} rank(s){f' of {len(places)} over {nn} nodes' if nn > 1 else ''}), "
+            f"but the profile lists GPUs {_gpu_list(node.gpus)} ({profile.positions.where(path)}): {fix}")
+    key = _given_as(serve, "dist-init-addr")
+    if key is not None:
+        from ..profile.deployment import parse_host_port
+        addr, loc = serve.data[key], serve.where(key)
+        try:
+            host = parse_host_port(str(addr))[0]
+        except ValueError as e:
+            raise InputError(f"{loc}: {key}: {addr}: SGLang cannot parse it ({e})") from None
+    if key is not None and nn > 1:
+        node0 = profile.hosts[group.nodes[0].host]
+        others = {h.address: h.name for h in profile.hosts.values() if h.name != node0.name}
+        others.update({h.name: h.name for h in profile.hosts.values() if h.name != node0.name})
+        if group.replicas > 1:
+            raise InputError(f"{loc}: {key}: {addr}: the group has {group.replicas} replicas, each with its own "
+                             "node 0: remove it (dsv4ctl passes --dist-init-addr per server; the port is "
+                             "the group's dist_init_port)")
+        if host not in (node0.address, node0.name) and (host in others or _is_ip(host) and _is_ip(node0.address)):
+            raise InputError(f"{loc}: {key}: {addr}: node 0 of group {group.name!r} is host {node0.name} "
+                             f"({node0.address}): the other nodes would wait for a rendezvous that never comes")
+    return out
+
+
+def _is_ip(x: str) -> bool:
+    import ipaddress
+    try:
+        ipaddress.ip_address(x)
+        return True
+    except ValueError:
+        return False
+
+
+def _given_as(serve: ServeConfig, full: str) -> Optional[str]:
+    """The key of ``serve`` that SGLang's parser reads as the argument ``full`` (its name, an
+    alias or an unambiguous abbreviation: :mod:`dsv4ctl.plan.argnames`), None when none does."""
+    from .argnames import AmbiguousOption, resolve_option
+    for k in serve.data:
+        if not isinstance(k, str) or "_" in k:
+            continue
+        if canonical(k) == full:
+            return k
+        if full.startswith(k) or any(a.startswith(k) for a in ("nccl-init-addr",) if full == "dist-init-addr"):
+            try:
+                if resolve_option(k) == full:
+                    return k
+            except AmbiguousOption:
+                continue
+    return None
+
+
+def topo_keys_set(overrides: dict) -> bool:
+    """True when ``overrides`` (--set) change a topology key (a what-if topology)."""
+    return any(k in overrides for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes"))
+
+
+def node_placement(tp: int, pp: int, replicas: int = 1, nnodes: int = 1, base: int = 0,
+                   step: int = 1) -> list[tuple[int, int]]:
+    """(node rank, GPU index) of every rank of a server, in rank order (dp replica, pp rank, tp
+    rank), as SGLang 0.5.23 places them (srt/entrypoints/engine.py ``_calculate_rank_ranges`` and
+    the GPU id ``base_gpu_id + (pp_rank % pp_per_node) * tp_per_node + (tp_rank % tp_per_node) *
+    gpu_id_step``): node n holds pp ranks ``[pp_per_node * (n // nodes_per_pp), ...)`` and tp ranks
+    ``[tp_per_node * (n % nodes_per_pp), ...)``. Each DP replica (DP without attention DP; one node
+    only) is ``tp * pp * gpu_id_step`` further on (srt/managers/data_parallel_controller.py);
+    ``replicas`` is 1 with attention DP. ValueError when SGLang's ranges leave a node without its
+    share (``tp * pp`` not a multiple of ``nnodes``, or a pp/nnodes split SGLang cannot make)."""
+    if (tp * pp) % nnodes:
+        raise ValueError(f"tp-size {tp} x pp-size {pp} is not a multiple of nnodes {nnodes} "
+                         "(SGLang: tp_size must be divisible by number of nodes)")
+    pp_per_node = max(pp // nnodes, 1)
+    nodes_per_pp = max(nnodes // pp, 1)
+    tp_per_node = tp // nodes_per_pp
+    if (pp % nnodes if pp >= nnodes else nnodes % pp) or tp % nodes_per_pp:
+        raise ValueError(f"nnodes {nnodes} with tp-size {tp} and pp-size {pp}: SGLang's rank ranges "
+                         "(engine.py _calculate_rank_ranges) need pp-size a multiple of nnodes, or nnodes a "
+                         "multiple of pp-size with tp-size a multiple of nnodes / pp-size")
+    one = [((p // pp_per_node) * nodes_per_pp + t // tp_per_node,
+            base + (p % pp_per_node) * tp_per_node + (t % tp_per_node) * step)
+           for p in range(pp) for t in range(tp)]
+    return [(n, g + d * tp * pp * step) for d in range(replicas) for (n, g) in one]
+
+
+def placement(tp: int, pp: int, replicas: int, base: int = 0, step: int = 1) -> list[int]:
+    """GPU index of every rank of a one-node server, in rank order (dp replica, pp rank, tp rank):
+    :func:`node_placement` on one node."""
+    return [g for _, g in node_placement(tp, pp, replicas, 1, base, step)]
+
+
+def _gpu_list(gpus) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
+                  overrides: dict[str, Any], tree_idx: Optional[dict] = None,
+                  serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
+    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides, with the
+    rules of the SGLang release ``rules`` (default: 0.5.23; :mod:`dsv4ctl.plan.versions`).
+
+    Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
+    profile's topology."""
+    rules = rules or rules_for(DEFAULT_VERSION)
+    args, where = serve_args(serve, rules.version)
+    overrides = dict(overrides)
+    _attn_dp(overrides, {k: "--set" for k in overrides})
+    args.update(topology(profile, group, serve, args, where, overrides))
+    env: dict[str, Any] = {}
+    for k, v in group.env.items():
+        if k in SET_KEYS:
+            env[k] = _coerce(f"{profile.path}: groups.{group.name}.env.{k}", SET_KEYS[k], v)
+    args.update(env)
+    args.update(overrides)
+    host = profile.hosts[group.host]
+
+    tp, dp, pp = args["tp_size"], args["dp_size"], args["pp_size"]
+    for k in ("tp_size", "dp_size", "pp_size"):
+        if not 1 <= args[k] <= MAX_PARALLEL:
+            raise InputError(f"{k} must be within 1..{MAX_PARALLEL}, got {args[k]}")
+    dpa = args["enable_dp_attention"]
+    nnodes = args.get("nnodes", group.nnodes)
+    if not 1 <= nnodes <= MAX_PARALLEL:
+        raise InputError(f"{'--set ' if 'nnodes' in overrides else ''}nnodes: must be within 1..{MAX_PARALLEL}, "
+                         f"got {nnodes}")
+    if "nnodes" in overrides or topo_keys_set(overrides):
+        try:
+            node_placement(tp, pp, 1 if dpa else dp, nnodes)
+        except ValueError as e:
+            raise InputError(f"--set: {e}") from None
+        if nnodes > 1 and dp > 1 and not dpa:
+            raise InputError(f"--set: dp_size {dp} with nnodes {nnodes}: SGLang refuses data-parallel replicas "
+                             "across nodes (use attn_dp_size)")
+    gidx = profile.groups.index(group)
+
+    def src(key: str, profile_path: tuple) -> str:
+        if key in overrides:
+            return f"--set {key}"
+        return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
+
+    n_ranks = tp * pp * (1 if dpa else dp)
+    topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes") if k in overrides]
+    places = group.server_gpus
+    if n_ranks > MAX_RANKS:
+        what = "tp_size*pp_size" if dpa else "tp_size*pp_size*dp_size"
+        raise InputError(f"group {group.name}: {what} = {n_ranks} ranks exceeds {MAX_RANKS} "
+                         "(a plan lists every rank)")
+    if pp > model.num_hidden_layers:
+        raise InputError(f"{src('pp_size', ('pp',))}: pp_size {pp} exceeds num_hidden_layers "
+                         f"{model.num_hidden_layers}")
+    if dpa and tp % dp:
+        raise InputError(f"group {group.name}: dp_size {dp} must divide tp_size {tp} with enable_dp_attention")
+    gpu_mib = args.get("gpu_memory_mib", host.gpu_memory_mib)
+    disagg = args.get("disaggregation_mode")
+    if disagg not in (None, "null", "prefill", "decode"):
+        raise InputError(f"group {group.name}: disaggregation_mode {disagg!r} not in prefill|decode")
+    disagg = None if disagg == "null" else disagg
+    if disagg is None and group.role in ("prefill", "decode"):
+        disagg = group.role
+    spec_algo = args.get("speculative_algorithm")
+    spec_algo = spec_algo.upper() if spec_algo else None
+    draft = args.get("speculative_num_draft_tokens")
+    estimated: list[str] = []
+    if spec_algo and not draft:
+        draft = 4
+        estimated.append("speculative_num_draft_tokens=4 (SGLang's EAGLE default for DSV4 is resolved at start-up)")
+    user_mrr = args.get("max_running_requests")
+    chunked_user = args.get("chunked_prefill_size")
+    max_prefill = args.get("max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS)
+    # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
+    # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
+    act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
+    mfs_source = "serve config" if "mem_fraction_static" in where else "default (memory_hook.py)"
+    if "mem_fraction_static" in overrides:
+        mfs_source = "--set"
+    mem_args = cap.MemoryArgs(
+        gpu_memory_mib=gpu_mib, tp_size=tp, pp_size=pp, dp_size=dp, enable_dp_attention=dpa,
+        disaggregation_mode=disagg, max_running_requests=user_mrr,
+        speculative_num_draft_tokens=draft if spec_algo else None,
+        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
+        disable_cuda_graph=args.get("disable_cuda_graph", False),
+        moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
+    mfs = args.get("mem_fraction_static")
+    if mfs is None:
+        mfs = cap.default_mem_fraction_static(mem_args)
+    if not mfs < 1 or (mfs <= 0 and "mem_fraction_static" in args):
+        # SGLang's own default may be <= 0 (memory_hook.py: its activation estimate above the GPU's
+        # memory): SGLang takes it and refuses at KV sizing, so the plan fails as SGLang does
+        raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
+    chunked = chunked_user if chunked_user is not None else cap.default_chunked_prefill_size(gpu_mib)
+    attn_dp = dp if dpa else 1
+    if dpa and chunked > 0:
+        chunked = chunked // dp
+    # disaggregation_decode_extra_slots auto default (pd_disaggregation_hook.py)
+    extra = args.get("disaggregation_decode_extra_slots")
+    if extra is None:
+        extra = 0
+        if disagg == "decode" and user_mrr is not None and user_mrr // attn_dp <= 32:
+            extra = 2 * (user_mrr // attn_dp)
+    backend = args.get("dsv4_attn_backend", "auto")
+    if backend == "auto":
+        backend = "flashmla"
+    ratio_explicit = args.get("_swa_full_tokens_ratio_explicitly_set")
+    if ratio_explicit is None:
+        ratio_explicit = model.model_type == "deepseek_v4" or "swa_full_tokens_ratio" in args
+    tree_idx = tree_idx or {}   # from the series applied to sglang.tree (dsv4ctl.patches.planfacts)
+    idx_dtype = args.get("index_k_dtype", tree_idx.get("index_k_dtype", profile.index_k_dtype))
+    idx_acc = args.get("index_k_accounting", tree_idx.get("index_k_accounting", profile.index_k_accounting))
+    part = args.get("SGLANG_PP_LAYER_PARTITION")
+    pp_partition = None
+    if part:
+        psrc = src("SGLANG_PP_LAYER_PARTITION", ("env", "SGLANG_PP_LAYER_PARTITION"))
+        try:
+            pp_partition = tuple(int(x) for x in str(part).split(","))
+        except ValueError:
+            raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part!r}: expected comma-separated integers") from None
+        if any(x < 1 for x in pp_partition):
+            raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part}: every stage needs >= 1 layer")
+        try:
+            for r in range(pp):
+                cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
+        except CapacityError as e:
+            raise InputError(f"{psrc}: {e}") from None
+    hypothetical = bool(topo_set and places and (n_ranks != len(places) or args.get("nnodes", 1) != group.nnodes))
+    if hypothetical:
+        # "what if TP8 / two nodes?": planned on GPUs the group does not have, said so (issue 25)
+        estimated.append(f"what-if: --set {', '.join(topo_set)} plans {n_ranks} rank(s) on hypothetical GPUs like "
+                         f"host {host.name}'s ({host.gpu_model or 'GPU'}, {gpu_mib:,} MiB), not the group's "
+                         + (f"{len(places)} GPU(s) {_gpu_list(g for _, _, g in places)}" if group.nnodes == 1
+                            else f"{len(places)} GPU(s) on {group.nnodes} nodes"))
+    sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
+    pool = cap.PoolInputs(
+        page_size=args.get("page_size", 256),
+        max_running_requests=user_mrr if user_mrr is not None else 256,
+        swa_full_tokens_ratio=args.get("swa_full_tokens_ratio", 0.1),
+        swa_ratio_explicit=ratio_explicit,
+        chunked_prefill_size=chunked,
+        attn_dp_size=attn_dp,
+        speculative_algorithm=spec_algo,
+        speculative_num_draft_tokens=draft if spec_algo else None,
+        attention_backend=backend,
+        kv_layout=str(args.get("SGLANG_DSV4_KV_LAYOUT", "v4")).lower(),
+        compressed_kv_layout=str(args.get("SGLANG_DSV4_COMPRESSED_KV_LAYOUT", "auto")).lower(),
+        compress_state_dtype=args.get("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32"),
+        online_compress=args.get("SGLANG_OPT_USE_ONLINE_COMPRESS", False),
+        online_c128_mtp=args.get("SGLANG_EXPERIMENTAL_ONLINE_C128_MTP", False),
+        swa_eviction_interval=args.get("SGLANG_SWA_EVICTION_INTERVAL", 128),
+        swa_prefix_tails=args.get("swa_prefix_tails"),
+        disable_radix_cache=args.get("disable_radix_cache", False),
+        disable_overlap_schedule=args.get("disable_overlap_schedule", False),
+        disaggregation_mode=disagg,
+        disaggregation_decode_extra_slots=extra,
+        max_total_tokens=args.get("max_total_tokens"),
+        index_k_dtype=idx_dtype,
+        index_k_accounting=idx_acc,
+        fp4_indexer=args.get("enable_deepseek_v4_fp4_indexer", False),
+        sm100=sm100,
+        **rules.pool_flags(),
+    )
+    try:
+        pool.validate()
+    except CapacityError as e:
+        raise InputError(f"group {group.name}: {e}") from None
+
+    mem = group.memory
+    per_gpu = None
+    replica = None
+    if "free_gib_before_load" not in args and "other_gib" not in args and not topo_set:
+        lists = [v for v in (mem.free_gib_before_load, mem.other_gib) if isinstance(v, list)]
+        n = len(places)
+        per_gpu = mem.per_gpu(len(lists[0]) if lists else n)
+        if per_gpu is not None and len(per_gpu[0]) > n:
+            # one value per GPU of every replica (replica-major): plan the tightest replica
+            def least(r: int) -> tuple[bool, float]:
+                # a replica SGLang refuses to start (unbalanced free memory) first, then the least memory
+                frees = [f for f in per_gpu[0][r * n:(r + 1) * n] if f is not None]
+                return (not (args["tp_size"] > 1 and vd.unbalanced(frees)),
+                        min((f if f is not None else float("inf")) - o for f, o in
+                            zip(per_gpu[0][r * n:(r + 1) * n], per_gpu[1][r * n:(r + 1) * n])))
+            replica = min(range(group.replicas), key=least)
+            per_gpu = (per_gpu[0][replica * n:(replica + 1) * n], per_gpu[1][replica * n:(replica + 1) * n])
+            places = [(k, node.host, g) for k, node in enumerate(group.servers[replica]) for g in node.gpus]
+    p_gib = args.get("free_gib_before_load", mem.free_gib_before_load)
+    given = [v for v in (per_gpu[0] if per_gpu is not None else p_gib if isinstance(p_gib, list) else [p_gib])
+             if isinstance(v, (int, float))]
+    if per_gpu is not None:
+        p_gib = min(per_gpu[0]) if None not in per_gpu[0] else None
+    elif isinstance(p_gib, list):
+        p_gib = min(p_gib)
+    if p_gib is None:
+        if gpu_mib is None:
+            raise InputError(f"group {group.name}: host {host.name} has no gpus.memory_mib")
+        p_gib = round(gpu_mib / 1024 - PRELOAD_USED_GIB, 3)
+        estimated.append(f"free_gib_before_load={p_gib} (GPU memory - {PRELOAD_USED_GIB} GiB)")
+    if p_gib <= 0:
+        if "free_gib_before_load" in overrides:
+            src = "--set free_gib_before_load"
+        elif mem.free_gib_before_load is not None:
+            gidx = profile.groups.index(group)
+            src = (f"{profile.positions.where(('groups', gidx, 'memory', 'free_gib_before_load'))}: "
+                   f"groups[{gidx}].memory.free_gib_before_load")
+        else:
+            src = f"group {group.name}: free_gib_before_load (estimated from gpu_memory_mib {gpu_mib})"
+        raise InputError(f"{src}: must be > 0 GiB, got {p_gib}")
+    if gpu_mib and given and max(given) > gpu_mib / 1024:
+        raise InputError(f"group {group.name}: free_gib_before_load {max(given)} GiB is more than the GPU's memory "
+                         f"({gpu_mib:,} MiB = {gpu_mib / 1024:.3f} GiB): measure it (dsv4ctl facts) or fix "
+                         "gpus.memory_mib")
+    w_gib = args.get("weights_gib_per_rank", mem.weights_gib_per_rank)
+    topology_changed = sorted(k for k in WEIGHT_TOPOLOGY_KEYS if k in overrides)
+    if "weights_gib_per_rank" not in overrides and mem.weights_gib_per_rank is not None and topology_changed:
+        # the measured figure belongs to the profile's model and topology, not to the what-if
+        w_gib = None
+        estimated.append(f"measured weights_gib_per_rank ({mem.weights_gib_per_rank}) ignored: "
+                         f"--set {', '.join(topology_changed)} changes the weights per rank")
+    fmt = str(args.get("checkpoint_format", "fp4")).lower()
+    if fmt not in CHECKPOINT_FORMATS:
+        raise InputError(f"--set checkpoint_format: {fmt!r} not in {'|'.join(CHECKPOINT_FORMATS)}")
+    # the EAGLE/MTP draft worker loads its nextn layer after the target (F counts both, reference §3.2)
+    dw_gib = args.get("draft_weights_gib_per_rank", getattr(mem, "draft_weights_gib_per_rank", None))
+    w_fixed = None
+    if w_gib is None or (spec_algo and dw_gib is None):
+        # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights)
+        est = wts.estimate(facts, getattr(facts, "config_path", None), fmt,
+                           wts.sharding_from_args(args, tp, dp, pp, dpa, pp_partition), model.num_hidden_layers)
+        if est is None:
+            raise InputError(f"group {group.name}: memory.{'weights' if w_gib is None else 'draft_weights'}"
+                             "_gib_per_rank is required for a custom model (a config.json without its checkpoint)")
+        if w_gib is None:
+            w_gib, w_fixed = est.target_gib, est.fixed_gib
+            estimated.append(est.note)
+        if spec_algo and dw_gib is None:
+            dw_gib = est.draft_gib
+            estimated.append(est.draft_note)
+    dw_gib = float(dw_gib or 0.0) if spec_algo else 0.0
+    other = args.get("other_gib", mem.other_gib)
+    rank_resident = None
+    if per_gpu is not None:
+        frees = [p_gib if f is None else f for f in per_gpu[0]]
+        # F per GPU; SGLang MIN-reduces P and F across the world (reference §3.2)
+        rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, per_gpu[1])]
+        other = max(per_gpu[1])
+    ctx = args.get("context_length", model.context_len)
+    if ctx <= 0:
+        raise InputError(f"context_length must be > 0, got {ctx}")
+    min_req = args.get("min_requests", (profile.raw.get("plan") or {}).get("min_requests", 1))
+    min_req_stated = "min_requests" in args or "min_requests" in (profile.raw.get("plan") or {})
+    if min_req < 1:
+        raise InputError(f"--set min_requests: must be >= 1, got {min_req}")
+    avail = args.get("available_bytes")
+    if avail is not None and gpu_mib and avail > gpu_mib * (1 << 20):
+        raise InputError(f"available_bytes {avail:,} B is more than the GPU's memory ({gpu_mib:,} MiB = "
+                         f"{gpu_mib * (1 << 20):,} B): it cannot be SGLang's number for this group")
+    # one prefill chunk of query rows scores the C4 indexer (decode rows are graph-captured: no budget)
+    logits_rows = 0 if disagg == "decode" else (chunked if chunked > 0 else max_prefill)
+    return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
+                       activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
+                       draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
+                       free_gib_per_gpu=frees if per_gpu is not None else None,
+                       other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None,
+                       gpus=() if hypothetical else tuple(g for _, _, g in places),
+                       places=() if hypothetical else tuple(places), replica=replica,
+                       min_requests=min_req, min_requests_required=min_req_stated, logits_rows=logits_rows,
+                       balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
+                       tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
+                       mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
+                       free_gib_before_load=p_gib, weights_gib_per_rank=w_gib, other_gib=other,
+                       estimated=estimated, available_bytes_override=args.get("available_bytes"),
+                       pp_partition=pp_partition, pool=pool, weights_fixed_gib=w_fixed)

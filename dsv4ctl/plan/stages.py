@@ -1,0 +1,185 @@
+"""The pools of a resolved group, stage by stage (pure): :func:`plan_stages` sizes each PP stage
+with :mod:`dsv4ctl.plan.capacity` and :func:`evaluate` gives the group's verdict
+(:mod:`dsv4ctl.plan.verdict`) and its message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from . import capacity as cap
+from .capacity import GIB, CapacityError
+from . import verdict as vd
+from .inputs import GroupInputs
+
+
+def to_gib(x: float) -> float:
+    return round(x / GIB, 3)
+
+
+def resident_gib(gi: GroupInputs) -> float:
+    """F: GiB free on the tightest rank after target and draft weights and other memory (SGLang
+    MIN-reduces free memory across the world before sizing, reference §3.2)."""
+    if gi.rank_resident_gib:
+        return min(gi.rank_resident_gib)
+    return gi.free_gib_before_load - gi.weights_gib_per_rank - gi.draft_weights_gib_per_rank - gi.other_gib
+
+
+@dataclass
+class StagePlan:
+    """One PP stage of a group (identical pools for all its TP/DP ranks)."""
+
+    pp_rank: int
+    conf: cap.Configurator
+    sizes: cap.PoolSizes
+    exact_conf: cap.Configurator
+    exact_sizes: cap.PoolSizes
+    alloc_budget: cap.Allocation
+    alloc_real: cap.Allocation
+    req_to_token_bytes: int
+    headroom_bytes: int           # after everything built before serving (verdict.RankMemory), tightest rank
+    headroom_budgeted_bytes: int  # had the index-K buffer held what was budgeted (no rounding terms)
+    memory: vd.RankMemory = None
+    logits_bytes: int = 0
+    concurrent: int = 0
+    verdict: vd.Verdict = None
+
+
+def _available(gi: GroupInputs, mfs: float) -> int:
+    if gi.available_bytes_override is not None:
+        return gi.available_bytes_override
+    return cap.available_bytes_from_memory(gi.free_gib_before_load, resident_gib(gi), mfs)
+
+
+def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] = None,
+                pool: Optional[cap.PoolInputs] = None) -> list[StagePlan]:
+    """Per-PP-stage pool decisions with the PP MIN of full tokens (config_from_budget), each with
+    its memory before serving and its verdict (:mod:`dsv4ctl.plan.verdict`) on the tightest rank.
+
+    Raises CapacityError when SGLang would refuse to start (no memory, SWA too small)."""
+    mfs = gi.mem_fraction_static if mfs is None else mfs
+    pool = pool or gi.pool
+    avail = _available(gi, mfs)
+    if avail <= 0:
+        need = cap.min_viable_mem_fraction_static(gi.free_gib_before_load, resident_gib(gi))
+        if need >= 1:
+            w = gi.weights_gib_per_rank + gi.draft_weights_gib_per_rank
+            raise CapacityError(
+                f"the weights ({round(w, 3)} GiB per rank) and other memory do not fit in "
+                f"{gi.free_gib_before_load} GiB free per GPU on {gi.tp * gi.pp} GPUs (tp{gi.tp} pp{gi.pp})")
+        raise CapacityError(
+            f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}. "
+            f"Raise --mem-fraction-static above {need}")
+    exact_pool = cap.replace(pool, index_k_accounting="exact")
+
+    def stage_confs(p: cap.PoolInputs) -> list[cap.Configurator]:
+        return [cap.Configurator(model, p, cap.pp_layer_range(model.num_hidden_layers, gi.pp, r, gi.pp_partition))
+                for r in range(gi.pp)]
+
+    def solve(confs: list[cap.Configurator]) -> list[cap.PoolSizes]:
+        fulls = [c.solve_full_tokens(avail)[0] for c in confs]
+        cap_tokens = min(fulls) if gi.pp > 1 else None
+        return [c.calculate_pool_sizes(avail, max_tokens_cap=cap_tokens) for c in confs]
+
+    confs, exact_confs = stage_confs(pool), stage_confs(exact_pool)
+    sizes, exact_sizes = solve(confs), solve(exact_confs)
+    resident = int(resident_gib(gi) * GIB)
+    total = gi.gpu_memory_mib * (1 << 20) if gi.gpu_memory_mib else None
+    logits = vd.indexer_logits_bytes(gi.logits_rows, gi.context_length, total, mfs)
+    out = []
+    for r in range(gi.pp):
+        c, s = confs[r], sizes[r]
+        budget = cap.allocated_bytes(c, s, c.idx_budget)
+        real = cap.allocated_bytes(c, s, c.idx_real)
+        r2t = s.num_req_slots * gi.context_length * 4
+        memory = vd.rank_memory(c, s, c.idx_real, resident, r2t)
+        conc = cap.max_concurrent_requests(c, s, gi.context_length)
+        verdict = as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
+                                          int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests,
+                                          gi.min_requests_required))
+        out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
+                             exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
+                             req_to_token_bytes=r2t,
+                             headroom_bytes=memory.headroom,
+                             headroom_budgeted_bytes=resident - budget.total - r2t,
+                             memory=memory, logits_bytes=logits, concurrent=conc, verdict=verdict))
+    return out
+
+
+def rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) -> tuple[vd.RankMemory, vd.Verdict]:
+    if own_resident is None:
+        return st.memory, st.verdict
+    mem = cap.replace(st.memory, resident=own_resident)
+    return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
+                          st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required)
+
+
+TIGHT_TEXT_GIB = vd.TIGHT_MARGIN_BYTES / GIB
+
+
+def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
+    """One line naming the deciding term first, with the same headroom as the table row."""
+    m = st.memory
+    h = to_gib(m.headroom)
+    if v.level == "fits":
+        return (f"headroom {h} GiB, {to_gib(v.slack)} GiB above the largest need ({v.deciding}: SGLang's "
+                f"activation estimate {gi.activation_estimate_gib} GiB, reserve {gi.activation_reserve_gib} GiB, "
+                f"indexer logits {to_gib(st.logits_bytes)} GiB)")
+    if v.deciding == "pools":
+        return (f"the pools ({to_gib(m.pools)} GiB as allocated + {to_gib(m.pools_rounding)} GiB 2 MiB rounding), "
+                f"req_to_token ({to_gib(m.req_to_token)} GiB), SGLang's allocator ({to_gib(m.allocator)} GiB)"
+                + (f" and the draft pool ({to_gib(m.draft_pool)} GiB)" if m.draft_pool else "")
+                + f" exceed the {to_gib(m.resident)} GiB left after weights: headroom {h} GiB")
+    if v.deciding == "activation":
+        return (f"headroom {h} GiB is below 90 % of SGLang's activation/CUDA-graph estimate "
+                f"({gi.activation_estimate_gib} GiB, memory_hook.py, a heuristic SGLang uses only to choose "
+                "mem_fraction_static when none is set): CUDA-graph capture or a large prefill chunk may run out "
+                "of memory; published recipes run below it, so measure under load (dsv4ctl check load)")
+    if v.deciding == "requests":
+        s = st.sizes
+        return (f"{st.concurrent} request(s) fit at context_length {gi.context_length:,} (full pool "
+                f"{s.full_max_total_num_tokens:,} tokens, SWA {s.swa_max_total_num_tokens:,}, max running "
+                f"{s.max_running_requests}); " + (f"at least {gi.min_requests} needed" if v.level == "fails" else
+                "SGLang starts and refuses the requests longer than its pool (tp_worker.py: 'Not an error'), so "
+                f"measure the lengths served; plan: {{min_requests: {gi.min_requests}}} in the profile requires them"))
+    if v.deciding == "activation_floor":
+        return (f"headroom {h} GiB is under SGLang's {gi.activation_reserve_gib} GiB activation reserve "
+                f"(its estimate without the floor: {gi.activation_estimate_gib} GiB)")
+    if v.deciding == "indexer_logits":
+        return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.activation_estimate_gib} GiB) plus the "
+                f"indexer logits of one prefill chunk ({to_gib(st.logits_bytes)} GiB at {gi.logits_rows:,} rows x "
+                f"{gi.context_length:,} context): SGLang chunks the logits under free memory, long prefills slow down")
+    if v.deciding == "margin":
+        need = h - to_gib(v.slack)
+        return f"headroom {h} GiB is within {TIGHT_TEXT_GIB:g} GiB of what the rank needs ({round(need, 3)} GiB)"
+    return f"headroom {h} GiB"
+
+
+def evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Verdict, str]:
+    """Plan ``gi`` and judge it: (stages or None, worst verdict, one-line message)."""
+    try:
+        stages = plan_stages(model, gi)
+    except CapacityError as e:
+        deciding = "weights" if "do not fit in" in str(e) else "no_kv_memory"
+        return None, vd.Verdict("fails", deciding, -1), str(e)
+    why = vd.unbalanced(gi.free_gib_per_gpu or []) if gi.tp > 1 and gi.balance_check else None
+    if why:
+        return stages, vd.Verdict("fails", "unbalanced", -1), why
+    if gi.available_bytes_override is not None and resident_gib(gi) < 0:
+        w = gi.weights_gib_per_rank + gi.draft_weights_gib_per_rank
+        return stages, vd.Verdict("fails", "weights", -1), (
+            f"the weights ({round(w, 3)} GiB per rank) and other memory do not fit in "
+            f"{gi.free_gib_before_load} GiB free per GPU on {gi.tp * gi.pp} GPUs (tp{gi.tp} pp{gi.pp})")
+    v = vd.worst([s.verdict for s in stages])
+    st = next(s for s in stages if s.verdict == v)
+    return stages, v, _message(gi, st, v)
+
+
+def as_given(gi, v: vd.Verdict) -> vd.Verdict:
+    """``--set available_bytes`` is taken as given (SGLang's own number, e.g. from a log): when,
+    with the group's weights and what SGLang builds before serving, it does not fit the GPU, the
+    inputs disagree: ``tight`` with the deciding term ``available_bytes`` (for the rank and the
+    group alike), not a verdict on the pools."""
+    if gi.available_bytes_override is not None and v.deciding in ("pools", "activation"):
+        return vd.Verdict("tight", "available_bytes", v.slack)
+    return v
