@@ -37,6 +37,9 @@ CASES = [
     _pool("pool-pro-state-bf16", PRO, A_PRO, env=STATE_BF16),
     _pool("pool-pro-pp2", PRO, [A_PRO, A_PRO + (1 << 30)], pp=2),
     _pool("pool-flash-online", FLASH, A_FLASH, env=ONLINE),
+    # where 0.5.19 and 0.5.20 differ: 0.5.19 accepts a SWA pool that cannot admit one request
+    # (256 slots <= window 128 + page 256); no --dsv4-attn-backend (trtllm is refused)
+    _pool("pool-flash-swa-floor", FLASH, 3 * (1 << 30) + 777, swa_full_tokens_ratio=0.003),
     # where they agree: the common recipes
     _resolve("flash-b200-tp8", FLASH, B200, tp_size=8),
     _resolve("flash-b200-decode", FLASH, B200, tp_size=8, chunked_prefill_size=8192, **DECODE),
@@ -107,6 +110,17 @@ def test_the_matrix_tells_the_releases_apart(answers):
     # the trtllm pool is priced at 584 bytes a slot (0.5.21: 512), the V4.1 layout does not exist
     assert st("0.5.20", "pool-flash-trtllm")["bytes_per_full_token"] > st("0.5.21", "pool-flash-trtllm")["bytes_per_full_token"]
     assert a["0.5.20"]["pool-flash-v41"]["kv_layout"] == "v4" != a["0.5.21"]["pool-flash-v41"]["kv_layout"]
+    # 0.5.19 → 0.5.20: the SWA floor check, --dsv4-attn-backend; the same sizes otherwise
+    assert "error" not in a["0.5.19"]["pool-flash-swa-floor"]
+    assert st("0.5.19", "pool-flash-swa-floor")["swa_max_total_num_tokens"] == 256
+    assert a["0.5.20"]["pool-flash-swa-floor"]["error"].startswith("ValueError: SWA pool (256 tokens) cannot hold")
+    assert "error" in a["0.5.19"]["pool-flash-trtllm"] and "error" not in a["0.5.20"]["pool-flash-trtllm"]
+    assert a["0.5.19"]["flash-b200-tp8"]["dsv4_attn_backend"] is None
+    for c in CASES:
+        if c["id"] not in ("pool-flash-swa-floor", "pool-flash-trtllm"):
+            old, new = a["0.5.19"][c["id"]], a["0.5.20"][c["id"]]
+            assert {k: v for k, v in old.items() if k != "dsv4_attn_backend"} == \
+                   {k: v for k, v in new.items() if k != "dsv4_attn_backend"}, c["id"]
     # and the versions' rules are not all the same
     assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr, *r.pool_flags().values())
                 for r in VERSIONS.values()}) == len(VERSIONS)
@@ -114,15 +128,21 @@ def test_the_matrix_tells_the_releases_apart(answers):
 
 @pytest.mark.oracle
 @needs
-@pytest.mark.timeout(600)
-def test_0520_reproduces_the_whole_capacity_matrix():
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.20"])
+def test_older_releases_reproduce_the_whole_capacity_matrix(version):
     """All of tests/oracle/matrix.py (106 cases: budgets, SWA ratios and cap mode, PP, DP
-    attention, EAGLE, online c128, bf16 state, V4.1 layout switches, refusals) on 0.5.20's own
-    configurator: its answers to the switches it does not have (SGLANG_DSV4_KV_LAYOUT) are its
-    own V4 pools, and ``swa_prefix_tails`` (no 0.5.20 argument) is a refusal on both sides."""
-    cases = [{**c, "sglang_version": "0.5.20"} for c in capacity_matrix()]
-    res = run_cases(cases, version="0.5.20", timeout=600)
-    assert res["sglang_version"] == "0.5.20"
+    attention, EAGLE, online c128, bf16 state, V4.1 layout switches, refusals) on the release's
+    own configurator: its answers to the switches it does not have (SGLANG_DSV4_KV_LAYOUT) are its
+    own V4 pools, and an argument it does not have (``swa_prefix_tails``; 0.5.19:
+    ``dsv4_attn_backend=trtllm``) is a refusal on both sides. 0.5.19 prices the C4 indexer inline
+    (no function to re-price for the bf16 index-K cases, 8 of 106): its bf16 budget is proven on
+    its patched tree instead (tests/test_patch_versions.py)."""
+    cases = [{**c, "sglang_version": version} for c in capacity_matrix()
+             if not (version == "0.5.19" and c.get("index_k") == "bf16")]
+    assert len(cases) == (98 if version == "0.5.19" else 106)
+    res = run_cases(cases, version=version, timeout=900)
+    assert res["sglang_version"] == version
     bad = []
     for c, r in zip(cases, res["results"]):
         bad += twin.diff(c, r)

@@ -5,6 +5,12 @@ release's ``DSV4PoolConfigurator`` and ``ServerArgs`` resolution, wheels fetched
 ``scripts/oracle-env.sh``, against dsv4ctl's model with that release's rules). What differs, read
 from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor/pool_configurator.py``):
 
+* 0.5.19 → 0.5.20: 0.5.19's configurator (l.763-1048) accepts a ratio-sized SWA pool too small
+  to admit one request (0.5.20 refuses it in ``validate_swa_pool_size``: ``swa_floor_check``;
+  e.g. Flash at 3 GiB with ``--swa-full-tokens-ratio 0.003``: 0.5.19 plans 127,232 full and 256
+  SWA tokens, 0.5.20 refuses), has no ``--dsv4-attn-backend`` (FlashMLA pools only:
+  ``resolved_attn_backend`` None) and prices the C4 indexer inline (fp8, the same figure); every
+  other pool size and the default ``mem_fraction_static`` are 0.5.20's.
 * 0.5.20 → 0.5.21: the ``DSV4PoolConfigurator`` was rewritten (0.5.20: l.926-1346 of
   ``pool_configurator.py``). 0.5.20 sizes the SWA pool by ``--swa-full-tokens-ratio`` only (no
   cap mode: ``swa_cap_mode``; no ``_swa_full_tokens_ratio_explicitly_set``, no
@@ -30,8 +36,7 @@ from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor
   2048 → ``min(8192, chunk)`` (no effect: DeepSeek-V4 disables the prefill graph); the DeepSeek-V4
   output path goes through deepseek-recipe (0.5.22 parses with the regex detector).
 
-0.5.18 and 0.5.19 also serve DeepSeek-V4, with a configurator structured differently again:
-not supported until proven the same way.
+0.5.18 also serves DeepSeek-V4 but is not supported: see :data:`UNSUPPORTED_REASON`.
 """
 
 from __future__ import annotations
@@ -83,6 +88,9 @@ class VersionRules:
 
 
 VERSIONS: dict[str, VersionRules] = {
+    "0.5.19": VersionRules("0.5.19", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
+                           resolved_attn_backend=None, swa_cap_mode=False, v41_layouts=False,
+                           paged_kv_budget=False, c4_state_per_window=True, swa_floor_check=False),
     "0.5.20": VersionRules("0.5.20", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend="auto", swa_cap_mode=False, v41_layouts=False,
                            paged_kv_budget=False, c4_state_per_window=True),
@@ -94,8 +102,13 @@ VERSIONS: dict[str, VersionRules] = {
 }
 
 
+#: Why the oldest release that serves DeepSeek-V4 is not supported (one clause of the exit-2 line).
+UNSUPPORTED_REASON = ("0.5.18 serves DeepSeek-V4 but resolves its arguments in ServerArgs.__post_init__ "
+                      "(no memory_hook.py), which dsv4ctl has not proven")
+
+
 def supported() -> str:
-    """``0.5.20, 0.5.21, 0.5.22, 0.5.23``."""
+    """``0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23``."""
     return ", ".join(VERSIONS)
 
 
@@ -110,5 +123,4 @@ def rules_for(version: str, where: str = "sglang.version") -> VersionRules:
         return VERSIONS[v]
     if not re.fullmatch(r"\d+\.\d+\.\d+([.-]?(post|rc|dev)\d*)?", v):
         raise InputError(f"{where}: {version!r} is not an SGLang version (supported: {supported()})")
-    raise InputError(f"{where}: SGLang {v} is not supported (supported: {supported()}; 0.5.18 and 0.5.19 "
-                     "serve DeepSeek-V4 with another configurator structure that dsv4ctl does not model yet)")
+    raise InputError(f"{where}: SGLang {v} is not supported (supported: {supported()}; {UNSUPPORTED_REASON})")

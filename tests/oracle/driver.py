@@ -135,6 +135,9 @@ def index_k(dtype: str):
         return
     if dtype != "bf16":
         raise ValueError(f"index_k {dtype!r} not in fp8|bf16")
+    if not hasattr(pc, "get_dsv4_indexer_bytes_per_token"):
+        # 0.5.19 prices the indexer inline in _get_bytes_per_full_token: no hook to re-price
+        raise ValueError("bf16 index-K: this release budgets the C4 indexer inline (no hook)")
     orig = pc.get_dsv4_indexer_bytes_per_token
     pc.get_dsv4_indexer_bytes_per_token = (
         lambda d, use_fp4_indexer=False: orig(d, use_fp4_indexer) if use_fp4_indexer else 2 * d)

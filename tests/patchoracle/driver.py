@@ -61,6 +61,7 @@ def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
                indexer_pool: bool = False) -> dict:
     """Pool sizes from the real configurator of whatever ``sglang`` is first on sys.path."""
     tv_stub.install(tv_stub.roots_for_sglang())      # 0.5.20: its function-call deps too
+    tv_stub.tolerate_config_reregistration()         # 0.5.19: configs transformers 5.19 has
     import sglang
     from sglang.srt.model_executor import pool_configurator as pc
     from sglang.srt.runtime_context import get_context
