@@ -440,32 +440,36 @@ def _gpu_list(gpus) -> str:
     return ",".join(str(g) for g in gpus)
 
 
-def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
-                  overrides: dict[str, Any], tree_idx: Optional[dict] = None,
-                  serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
-    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides, with the
-    rules of the SGLang release ``rules`` (default: 0.5.23; :mod:`dsv4ctl.plan.versions`).
+def _where(profile: Profile, group: Group, overrides: dict, key: str, profile_path: tuple) -> str:
+    """Where a value came from, for error lines: ``--set KEY`` or the profile's ``file:line:
+    groups[i].path``."""
+    if key in overrides:
+        return f"--set {key}"
+    gidx = profile.groups.index(group)
+    return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
 
-    Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
-    profile's topology."""
-    rules = rules or rules_for(DEFAULT_VERSION)
+
+def _merged_args(profile: Profile, group: Group, serve: Optional[ServeConfig], overrides: dict,
+                 rules: VersionRules) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """(args, where, overrides): serve config < topology (SGLang's defaults, checked against the
+    profile) < the group's env switches < ``--set`` overrides, keys as the release reads them."""
     args, where = serve_args(serve, rules.version)
     overrides = dict(overrides)
     _attn_dp(overrides, {k: "--set" for k in overrides})
     args.update(topology(profile, group, serve, args, where, overrides))
-    env: dict[str, Any] = {}
     for k, v in group.env.items():
         if k in SET_KEYS:
-            env[k] = _coerce(f"{profile.path}: groups.{group.name}.env.{k}", SET_KEYS[k], v)
-    args.update(env)
+            args[k] = _coerce(f"{profile.path}: groups.{group.name}.env.{k}", SET_KEYS[k], v)
     args.update(overrides)
-    host = profile.hosts[group.host]
+    return args, where, overrides
 
-    tp, dp, pp = args["tp_size"], args["dp_size"], args["pp_size"]
+
+def _check_parallel(profile: Profile, group: Group, model: cap.ModelGeometry, args: dict, overrides: dict) -> int:
+    """Refuse parallel sizes SGLang (or a plan listing every rank) cannot take; the number of ranks."""
+    tp, dp, pp, dpa = args["tp_size"], args["dp_size"], args["pp_size"], args["enable_dp_attention"]
     for k in ("tp_size", "dp_size", "pp_size"):
         if not 1 <= args[k] <= MAX_PARALLEL:
             raise InputError(f"{k} must be within 1..{MAX_PARALLEL}, got {args[k]}")
-    dpa = args["enable_dp_attention"]
     nnodes = args.get("nnodes", group.nnodes)
     if not 1 <= nnodes <= MAX_PARALLEL:
         raise InputError(f"{'--set ' if 'nnodes' in overrides else ''}nnodes: must be within 1..{MAX_PARALLEL}, "
@@ -478,66 +482,59 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         if nnodes > 1 and dp > 1 and not dpa:
             raise InputError(f"--set: dp_size {dp} with nnodes {nnodes}: SGLang refuses data-parallel replicas "
                              "across nodes (use attn_dp_size)")
-    gidx = profile.groups.index(group)
-
-    def src(key: str, profile_path: tuple) -> str:
-        if key in overrides:
-            return f"--set {key}"
-        return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
-
     n_ranks = tp * pp * (1 if dpa else dp)
-    topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes") if k in overrides]
-    places = group.server_gpus
     if n_ranks > MAX_RANKS:
         what = "tp_size*pp_size" if dpa else "tp_size*pp_size*dp_size"
         raise InputError(f"group {group.name}: {what} = {n_ranks} ranks exceeds {MAX_RANKS} "
                          "(a plan lists every rank)")
     if pp > model.num_hidden_layers:
-        raise InputError(f"{src('pp_size', ('pp',))}: pp_size {pp} exceeds num_hidden_layers "
-                         f"{model.num_hidden_layers}")
+        raise InputError(f"{_where(profile, group, overrides, 'pp_size', ('pp',))}: pp_size {pp} exceeds "
+                         f"num_hidden_layers {model.num_hidden_layers}")
     if dpa and tp % dp:
         raise InputError(f"group {group.name}: dp_size {dp} must divide tp_size {tp} with enable_dp_attention")
-    gpu_mib = args.get("gpu_memory_mib", host.gpu_memory_mib)
+    return n_ranks
+
+
+def _disaggregation(group: Group, args: dict) -> Optional[str]:
+    """``prefill``, ``decode`` or None: the serve config's mode, else the group's PD role."""
     disagg = args.get("disaggregation_mode")
     if disagg not in (None, "null", "prefill", "decode"):
         raise InputError(f"group {group.name}: disaggregation_mode {disagg!r} not in prefill|decode")
     disagg = None if disagg == "null" else disagg
     if disagg is None and group.role in ("prefill", "decode"):
         disagg = group.role
-    spec_algo = args.get("speculative_algorithm")
-    spec_algo = spec_algo.upper() if spec_algo else None
-    draft = args.get("speculative_num_draft_tokens")
-    estimated: list[str] = []
-    if spec_algo and not draft:
-        draft = 4
-        estimated.append("speculative_num_draft_tokens=4 (SGLang's EAGLE default for DSV4 is resolved at start-up)")
+    return disagg
+
+
+def _pp_partition(profile: Profile, group: Group, model: cap.ModelGeometry, args: dict,
+                  overrides: dict) -> Optional[tuple[int, ...]]:
+    """``SGLANG_PP_LAYER_PARTITION`` as layers per stage (None when unset), checked as SGLang does."""
+    part = args.get("SGLANG_PP_LAYER_PARTITION")
+    if not part:
+        return None
+    psrc = _where(profile, group, overrides, "SGLANG_PP_LAYER_PARTITION", ("env", "SGLANG_PP_LAYER_PARTITION"))
+    try:
+        pp_partition = tuple(int(x) for x in str(part).split(","))
+    except ValueError:
+        raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part!r}: expected comma-separated integers") from None
+    if any(x < 1 for x in pp_partition):
+        raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part}: every stage needs >= 1 layer")
+    try:
+        for r in range(args["pp_size"]):
+            cap.pp_layer_range(model.num_hidden_layers, args["pp_size"], r, pp_partition)
+    except CapacityError as e:
+        raise InputError(f"{psrc}: {e}") from None
+    return pp_partition
+
+
+def _pool_inputs(profile: Profile, group: Group, model: cap.ModelGeometry, args: dict, rules: VersionRules,
+                 tree_idx: dict, disagg: Optional[str], chunked: int, draft: Optional[int],
+                 spec_algo: Optional[str], sm100: bool) -> cap.PoolInputs:
+    """The configurator's inputs (:class:`dsv4ctl.plan.capacity.PoolInputs`), validated: SGLang's
+    defaults for what the serve config leaves out, the release's flags (``rules.pool_flags()``)."""
     user_mrr = args.get("max_running_requests")
-    chunked_user = args.get("chunked_prefill_size")
-    max_prefill = args.get("max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS)
-    # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
-    # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
-    act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
-    mfs_source = "serve config" if "mem_fraction_static" in where else "default (memory_hook.py)"
-    if "mem_fraction_static" in overrides:
-        mfs_source = "--set"
-    mem_args = cap.MemoryArgs(
-        gpu_memory_mib=gpu_mib, tp_size=tp, pp_size=pp, dp_size=dp, enable_dp_attention=dpa,
-        disaggregation_mode=disagg, max_running_requests=user_mrr,
-        speculative_num_draft_tokens=draft if spec_algo else None,
-        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
-        disable_cuda_graph=args.get("disable_cuda_graph", False),
-        moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
-    mfs = args.get("mem_fraction_static")
-    if mfs is None:
-        mfs = cap.default_mem_fraction_static(mem_args)
-    if not mfs < 1 or (mfs <= 0 and "mem_fraction_static" in args):
-        # SGLang's own default may be <= 0 (memory_hook.py: its activation estimate above the GPU's
-        # memory): SGLang takes it and refuses at KV sizing, so the plan fails as SGLang does
-        raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
-    chunked = chunked_user if chunked_user is not None else cap.default_chunked_prefill_size(gpu_mib)
+    dpa, dp = args["enable_dp_attention"], args["dp_size"]
     attn_dp = dp if dpa else 1
-    if dpa and chunked > 0:
-        chunked = chunked // dp
     # disaggregation_decode_extra_slots auto default (pd_disaggregation_hook.py)
     extra = args.get("disaggregation_decode_extra_slots")
     if extra is None:
@@ -545,47 +542,19 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         if disagg == "decode" and user_mrr is not None and user_mrr // attn_dp <= 32:
             extra = 2 * (user_mrr // attn_dp)
     backend = args.get("dsv4_attn_backend", "auto")
-    if backend == "auto":
-        backend = "flashmla"
     ratio_explicit = args.get("_swa_full_tokens_ratio_explicitly_set")
     if ratio_explicit is None:
         ratio_explicit = model.model_type == "deepseek_v4" or "swa_full_tokens_ratio" in args
-    tree_idx = tree_idx or {}   # from the series applied to sglang.tree (dsv4ctl.patches.planfacts)
-    idx_dtype = args.get("index_k_dtype", tree_idx.get("index_k_dtype", profile.index_k_dtype))
-    idx_acc = args.get("index_k_accounting", tree_idx.get("index_k_accounting", profile.index_k_accounting))
-    part = args.get("SGLANG_PP_LAYER_PARTITION")
-    pp_partition = None
-    if part:
-        psrc = src("SGLANG_PP_LAYER_PARTITION", ("env", "SGLANG_PP_LAYER_PARTITION"))
-        try:
-            pp_partition = tuple(int(x) for x in str(part).split(","))
-        except ValueError:
-            raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part!r}: expected comma-separated integers") from None
-        if any(x < 1 for x in pp_partition):
-            raise InputError(f"{psrc}: SGLANG_PP_LAYER_PARTITION {part}: every stage needs >= 1 layer")
-        try:
-            for r in range(pp):
-                cap.pp_layer_range(model.num_hidden_layers, pp, r, pp_partition)
-        except CapacityError as e:
-            raise InputError(f"{psrc}: {e}") from None
-    hypothetical = bool(topo_set and places and (n_ranks != len(places) or args.get("nnodes", 1) != group.nnodes))
-    if hypothetical:
-        # "what if TP8 / two nodes?": planned on GPUs the group does not have, said so (issue 25)
-        estimated.append(f"what-if: --set {', '.join(topo_set)} plans {n_ranks} rank(s) on hypothetical GPUs like "
-                         f"host {host.name}'s ({host.gpu_model or 'GPU'}, {gpu_mib:,} MiB), not the group's "
-                         + (f"{len(places)} GPU(s) {_gpu_list(g for _, _, g in places)}" if group.nnodes == 1
-                            else f"{len(places)} GPU(s) on {group.nnodes} nodes"))
-    sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = cap.PoolInputs(
         page_size=args.get("page_size", 256),
         max_running_requests=user_mrr if user_mrr is not None else 256,
         swa_full_tokens_ratio=args.get("swa_full_tokens_ratio", 0.1),
         swa_ratio_explicit=ratio_explicit,
-        chunked_prefill_size=chunked,
+        chunked_prefill_size=chunked // dp if dpa and chunked > 0 else chunked,
         attn_dp_size=attn_dp,
         speculative_algorithm=spec_algo,
         speculative_num_draft_tokens=draft if spec_algo else None,
-        attention_backend=backend,
+        attention_backend="flashmla" if backend == "auto" else backend,
         kv_layout=str(args.get("SGLANG_DSV4_KV_LAYOUT", "v4")).lower(),
         compressed_kv_layout=str(args.get("SGLANG_DSV4_COMPRESSED_KV_LAYOUT", "auto")).lower(),
         compress_state_dtype=args.get("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32"),
@@ -598,8 +567,9 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         disaggregation_mode=disagg,
         disaggregation_decode_extra_slots=extra,
         max_total_tokens=args.get("max_total_tokens"),
-        index_k_dtype=idx_dtype,
-        index_k_accounting=idx_acc,
+        # from the series applied to sglang.tree (dsv4ctl.patches.planfacts), else the profile
+        index_k_dtype=args.get("index_k_dtype", tree_idx.get("index_k_dtype", profile.index_k_dtype)),
+        index_k_accounting=args.get("index_k_accounting", tree_idx.get("index_k_accounting", profile.index_k_accounting)),
         fp4_indexer=args.get("enable_deepseek_v4_fp4_indexer", False),
         sm100=sm100,
         **rules.pool_flags(),
@@ -608,10 +578,27 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         pool.validate()
     except CapacityError as e:
         raise InputError(f"group {group.name}: {e}") from None
+    return pool
 
-    mem = group.memory
-    per_gpu = None
-    replica = None
+
+@dataclass
+class _Free:
+    """Free memory of a group: ``p_gib`` (the tightest GPU's free GiB before load), ``per_gpu``
+    ((free, other) lists per GPU) or None, the replica planned (its tightest) and its GPU places."""
+
+    p_gib: float
+    per_gpu: Optional[tuple[list, list]]
+    replica: Optional[int]
+    places: list
+
+
+def _free_memory(profile: Profile, group: Group, args: dict, overrides: dict, topo_set: list[str],
+                 gpu_mib: Optional[int], estimated: list[str]) -> _Free:
+    """The group's measured (or estimated) free memory before load, per GPU when the profile gives
+    lists; with several replicas, the tightest one (one SGLang refuses to start first). InputError
+    for values no GPU can have."""
+    mem, host = group.memory, profile.hosts[group.host]
+    places, per_gpu, replica = group.server_gpus, None, None
     if "free_gib_before_load" not in args and "other_gib" not in args and not topo_set:
         lists = [v for v in (mem.free_gib_before_load, mem.other_gib) if isinstance(v, list)]
         n = len(places)
@@ -640,12 +627,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         p_gib = round(gpu_mib / 1024 - PRELOAD_USED_GIB, 3)
         estimated.append(f"free_gib_before_load={p_gib} (GPU memory - {PRELOAD_USED_GIB} GiB)")
     if p_gib <= 0:
-        if "free_gib_before_load" in overrides:
-            src = "--set free_gib_before_load"
-        elif mem.free_gib_before_load is not None:
-            gidx = profile.groups.index(group)
-            src = (f"{profile.positions.where(('groups', gidx, 'memory', 'free_gib_before_load'))}: "
-                   f"groups[{gidx}].memory.free_gib_before_load")
+        if "free_gib_before_load" in overrides or mem.free_gib_before_load is not None:
+            src = _where(profile, group, overrides, "free_gib_before_load", ("memory", "free_gib_before_load"))
         else:
             src = f"group {group.name}: free_gib_before_load (estimated from gpu_memory_mib {gpu_mib})"
         raise InputError(f"{src}: must be > 0 GiB, got {p_gib}")
@@ -653,6 +636,16 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         raise InputError(f"group {group.name}: free_gib_before_load {max(given)} GiB is more than the GPU's memory "
                          f"({gpu_mib:,} MiB = {gpu_mib / 1024:.3f} GiB): measure it (dsv4ctl facts) or fix "
                          "gpus.memory_mib")
+    return _Free(p_gib, per_gpu, replica, places)
+
+
+def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, overrides: dict,
+             spec_algo: Optional[str], pp_partition, estimated: list[str]) -> tuple[float, Optional[float], float, str]:
+    """(target GiB per rank, the part that does not shrink with TP or None, draft GiB per rank,
+    checkpoint format): measured when the profile or ``--set`` gives them (a measured figure is
+    dropped by a what-if that changes the topology), else from the checkpoint headers or the shipped
+    table, sharded as SGLang does (:mod:`dsv4ctl.plan.weights`)."""
+    mem = group.memory
     w_gib = args.get("weights_gib_per_rank", mem.weights_gib_per_rank)
     topology_changed = sorted(k for k in WEIGHT_TOPOLOGY_KEYS if k in overrides)
     if "weights_gib_per_rank" not in overrides and mem.weights_gib_per_rank is not None and topology_changed:
@@ -668,6 +661,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     w_fixed = None
     if w_gib is None or (spec_algo and dw_gib is None):
         # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights)
+        tp, dp, pp, dpa = args["tp_size"], args["dp_size"], args["pp_size"], args["enable_dp_attention"]
         est = wts.estimate(facts, getattr(facts, "config_path", None), fmt,
                            wts.sharding_from_args(args, tp, dp, pp, dpa, pp_partition), model.num_hidden_layers)
         if est is None:
@@ -679,38 +673,106 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         if spec_algo and dw_gib is None:
             dw_gib = est.draft_gib
             estimated.append(est.draft_note)
-    dw_gib = float(dw_gib or 0.0) if spec_algo else 0.0
-    other = args.get("other_gib", mem.other_gib)
-    rank_resident = None
-    if per_gpu is not None:
-        frees = [p_gib if f is None else f for f in per_gpu[0]]
+    return w_gib, w_fixed, (float(dw_gib or 0.0) if spec_algo else 0.0), fmt
+
+
+def _hypothetical_note(group: Group, host, topo_set: list[str], n_ranks: int, gpu_mib, places) -> str:
+    """The "what-if" line of a ``--set`` topology planned on GPUs the group does not have."""
+    return (f"what-if: --set {', '.join(topo_set)} plans {n_ranks} rank(s) on hypothetical GPUs like "
+            f"host {host.name}'s ({host.gpu_model or 'GPU'}, {gpu_mib:,} MiB), not the group's "
+            + (f"{len(places)} GPU(s) {_gpu_list(g for _, _, g in places)}" if group.nnodes == 1
+               else f"{len(places)} GPU(s) on {group.nnodes} nodes"))
+
+
+def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
+                  overrides: dict[str, Any], tree_idx: Optional[dict] = None,
+                  serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
+    """Resolve a server group's inputs: serve config < profile < ``--set`` overrides, with the
+    rules of the SGLang release ``rules`` (default: 0.5.23; :mod:`dsv4ctl.plan.versions`).
+
+    Raises InputError (exit 2) for invalid values or a serve config that disagrees with the
+    profile's topology."""
+    rules = rules or rules_for(DEFAULT_VERSION)
+    args, where, overrides = _merged_args(profile, group, serve, overrides, rules)
+    host = profile.hosts[group.host]
+    n_ranks = _check_parallel(profile, group, model, args, overrides)
+    tp, dp, pp, dpa = args["tp_size"], args["dp_size"], args["pp_size"], args["enable_dp_attention"]
+    topo_set = [k for k in ("tp_size", "pp_size", "dp_size", "enable_dp_attention", "nnodes") if k in overrides]
+    gpu_mib = args.get("gpu_memory_mib", host.gpu_memory_mib)
+    disagg = _disaggregation(group, args)
+    spec_algo = args.get("speculative_algorithm")
+    spec_algo = spec_algo.upper() if spec_algo else None
+    draft = args.get("speculative_num_draft_tokens")
+    estimated: list[str] = []
+    if spec_algo and not draft:
+        draft = 4
+        estimated.append("speculative_num_draft_tokens=4 (SGLang's EAGLE default for DSV4 is resolved at start-up)")
+    user_mrr = args.get("max_running_requests")
+    chunked_user = args.get("chunked_prefill_size")
+    max_prefill = args.get("max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS)
+    # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
+    # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
+    act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
+    mfs_source = "--set" if "mem_fraction_static" in overrides else \
+        "serve config" if "mem_fraction_static" in where else "default (memory_hook.py)"
+    mem_args = cap.MemoryArgs(
+        gpu_memory_mib=gpu_mib, tp_size=tp, pp_size=pp, dp_size=dp, enable_dp_attention=dpa,
+        disaggregation_mode=disagg, max_running_requests=user_mrr,
+        speculative_num_draft_tokens=draft if spec_algo else None,
+        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
+        disable_cuda_graph=args.get("disable_cuda_graph", False),
+        moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
+    mfs = args.get("mem_fraction_static")
+    if mfs is None:
+        mfs = cap.default_mem_fraction_static(mem_args)
+    if not mfs < 1 or (mfs <= 0 and "mem_fraction_static" in args):
+        # SGLang's own default may be <= 0 (memory_hook.py: its activation estimate above the GPU's
+        # memory): SGLang takes it and refuses at KV sizing, so the plan fails as SGLang does
+        raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
+    chunked = chunked_user if chunked_user is not None else cap.default_chunked_prefill_size(gpu_mib)
+    pp_partition = _pp_partition(profile, group, model, args, overrides)
+    places = group.server_gpus
+    hypothetical = bool(topo_set and places and (n_ranks != len(places) or args.get("nnodes", 1) != group.nnodes))
+    if hypothetical:
+        # "what if TP8 / two nodes?": planned on GPUs the group does not have, said so (issue 25)
+        estimated.append(_hypothetical_note(group, host, topo_set, n_ranks, gpu_mib, places))
+    sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
+    pool = _pool_inputs(profile, group, model, args, rules, tree_idx or {}, disagg, chunked, draft, spec_algo, sm100)
+    free = _free_memory(profile, group, args, overrides, topo_set, gpu_mib, estimated)
+    w_gib, w_fixed, dw_gib, fmt = _weights(group, model, facts, args, overrides, spec_algo, pp_partition, estimated)
+    other = args.get("other_gib", group.memory.other_gib)
+    rank_resident = frees = None
+    if free.per_gpu is not None:
+        frees = [free.p_gib if f is None else f for f in free.per_gpu[0]]
         # F per GPU; SGLang MIN-reduces P and F across the world (reference §3.2)
-        rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, per_gpu[1])]
-        other = max(per_gpu[1])
+        rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, free.per_gpu[1])]
+        other = max(free.per_gpu[1])
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
-    min_req = args.get("min_requests", (profile.raw.get("plan") or {}).get("min_requests", 1))
-    min_req_stated = "min_requests" in args or "min_requests" in (profile.raw.get("plan") or {})
+    plan_section = profile.raw.get("plan") or {}
+    min_req = args.get("min_requests", plan_section.get("min_requests", 1))
     if min_req < 1:
         raise InputError(f"--set min_requests: must be >= 1, got {min_req}")
     avail = args.get("available_bytes")
     if avail is not None and gpu_mib and avail > gpu_mib * (1 << 20):
         raise InputError(f"available_bytes {avail:,} B is more than the GPU's memory ({gpu_mib:,} MiB = "
                          f"{gpu_mib * (1 << 20):,} B): it cannot be SGLang's number for this group")
+    places = free.places
     # one prefill chunk of query rows scores the C4 indexer (decode rows are graph-captured: no budget)
-    logits_rows = 0 if disagg == "decode" else (chunked if chunked > 0 else max_prefill)
+    logits_rows = 0 if disagg == "decode" else (pool.chunked_prefill_size if chunked > 0 else max_prefill)
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
                        activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
                        draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
-                       free_gib_per_gpu=frees if per_gpu is not None else None,
-                       other_gib_per_gpu=list(per_gpu[1]) if per_gpu is not None else None,
+                       free_gib_per_gpu=frees,
+                       other_gib_per_gpu=list(free.per_gpu[1]) if free.per_gpu is not None else None,
                        gpus=() if hypothetical else tuple(g for _, _, g in places),
-                       places=() if hypothetical else tuple(places), replica=replica,
-                       min_requests=min_req, min_requests_required=min_req_stated, logits_rows=logits_rows,
+                       places=() if hypothetical else tuple(places), replica=free.replica,
+                       min_requests=min_req, min_requests_required="min_requests" in args or "min_requests" in plan_section,
+                       logits_rows=logits_rows,
                        balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
-                       free_gib_before_load=p_gib, weights_gib_per_rank=w_gib, other_gib=other,
-                       estimated=estimated, available_bytes_override=args.get("available_bytes"),
+                       free_gib_before_load=free.p_gib, weights_gib_per_rank=w_gib, other_gib=other,
+                       estimated=estimated, available_bytes_override=avail,
                        pp_partition=pp_partition, pool=pool, weights_fixed_gib=w_fixed)
