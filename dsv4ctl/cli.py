@@ -10,7 +10,7 @@ import sys
 from . import __version__
 from .errors import EXIT_INTERRUPTED, EXIT_REMOTE, EXIT_USAGE, DsvError
 
-HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23: plan, patch, deploy, hicache, check, watch, runbooks.\n\n"
+HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.18-0.5.23: plan, patch, deploy, hicache, check, watch, runbooks.\n\n"
         "Exit codes: 0 ok, 1 negative verdict (does not fit / gate failed / rolled back), "
         "2 bad input (nothing changed), 3 remote or service failure, 130 interrupted.")
 
@@ -68,7 +68,7 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
 
     def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                            help="Print the version and exit.")) -> None:
-        """Ops toolkit for DeepSeek-V4 on SGLang 0.5.21-0.5.23."""
+        """Ops toolkit for DeepSeek-V4 on SGLang 0.5.18-0.5.23."""
 
     application = typer.Typer(
         name="dsv4ctl", help=HELP, no_args_is_help=True,
@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("stdout", "stderr"):          # started with the descriptor closed (>&-): write nowhere
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))
+    if argv is None:                           # a Ctrl-C that lands in a weakref callback is not lost
+        from .signals import keep_interrupts
+        keep_interrupts()
     if argv is None and not isinstance(sys.stdout, _QuietPipe):
         sys.stdout = _QuietPipe(sys.stdout)
     if argv is None and not isinstance(sys.stderr, _QuietPipe):

@@ -49,9 +49,41 @@ def raise_interrupt(signum, frame):
     """A signal handler: raise KeyboardInterrupt (handled exactly like Ctrl-C). On SIGHUP the
     terminal is gone: stdout/stderr that are terminals are pointed at /dev/null first, so the
     clean-up's messages cannot fail with EIO and cut the clean-up short."""
+    global _last_signal
+    _last_signal = signum
+    keep_interrupts()
     if signum == signal.SIGHUP:
         detach_terminal()
     raise KeyboardInterrupt
+
+
+_last_signal = None
+_previous_unraisable = None
+
+
+def keep_interrupts() -> None:
+    """Never lose an interrupt (idempotent). Python runs a signal handler between any two bytecodes,
+    also inside a garbage collector's weakref callback or a ``__del__``, where an exception cannot
+    propagate: it is printed as "Exception ignored" and the command went on as if no signal had
+    come (seen: a SIGHUP during a deploy's health gate finished the change and exited 0). With
+    this, such a KeyboardInterrupt is delivered to the main thread again 10 ms later, from a
+    daemon thread (``_thread.interrupt_main``), by when the callback has returned."""
+    import sys
+    global _previous_unraisable
+    if _previous_unraisable is not None:
+        return
+    _previous_unraisable = sys.unraisablehook
+
+    def hook(args):
+        if args.exc_type is KeyboardInterrupt:
+            import _thread
+            import threading
+            again = threading.Timer(0.01, _thread.interrupt_main, args=(_last_signal or signal.SIGINT,))
+            again.daemon = True
+            again.start()
+            return
+        _previous_unraisable(args)
+    sys.unraisablehook = hook
 
 
 def detach_terminal() -> None:
