@@ -88,13 +88,15 @@ def use_version(version: str) -> None:
         sys.path.insert(0, str(src))
         sys.path.insert(1, str(REPO))
         from tests.oracle import tv_stub
-        if tv_stub.eager_function_call_parser():
-            # 0.5.20's server_args.py imports FunctionCallParser and the model configs at module
-            # level (0.5.21+: lazily), which pull in openai, partial_json_parser, xgrammar and
-            # torchvision, not installed in the oracle environment: stubbed when missing (the
-            # --tool-call-parser choices are FunctionCallParser's own names).
+        if tuple(int(x) for x in version.split(".")[:3]) < (0, 5, 21):
+            # 0.5.18-0.5.20's server_args.py import FunctionCallParser and the model configs at
+            # module level (0.5.21+: lazily), which pull in openai, partial_json_parser, xgrammar
+            # and torchvision, not installed in the oracle environment: stubbed when missing (the
+            # --tool-call-parser choices are FunctionCallParser's own names); 0.5.18/0.5.19
+            # register configs the environment's transformers already has (tolerated).
             tv_stub.install(tv_stub.roots_for_sglang(
                 () if importlib.util.find_spec("torchvision") else ("torchvision",)))
+            tv_stub.tolerate_config_reregistration()
 
 
 def extract() -> dict:
@@ -103,7 +105,10 @@ def extract() -> dict:
         os.environ.pop(k, None)
     import sglang
     from sglang.srt.server_args import ServerArgs
-    from sglang.srt.utils import server_args_config_parser as cfg
+    try:
+        from sglang.srt.utils import server_args_config_parser as cfg
+    except ImportError:         # 0.5.18: sglang/srt/server_args_config_parser.py
+        from sglang.srt import server_args_config_parser as cfg
 
     version = getattr(sglang, "__version__", None)
     if not version or version.startswith("0.0.0"):

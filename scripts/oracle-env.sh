@@ -9,7 +9,7 @@ V=.venv-oracle
 # under $V/versions/<version>/, put first on the oracle's path by tests/oracle/runner.py (their
 # configurator and argument pipeline run on this environment's torch and packages). About 60 MB
 # of wheels, fetched once with pip's own configuration.
-OTHER_VERSIONS="0.5.19 0.5.20 0.5.21 0.5.22"
+OTHER_VERSIONS="0.5.18 0.5.19 0.5.20 0.5.21 0.5.22"
 # The wheels stay in .cache/wheels, where the patch tests' pristine trees (dsv4ctl's own
 # dsv4ctl.patches.pristine, DSV4CTL_CACHE=.cache) find them: `patch check` of each shipped series.
 WHEELS=.cache/wheels

@@ -55,9 +55,9 @@ def test_version_json():
     assert r.code == 0
     doc = json.loads(r.out)
     assert doc["schema"] == "dsv4ctl.version/1" and doc["dsv4ctl"] == "0.1.0" and doc["sglang"] == "0.5.23"
-    assert doc["sglang_supported"] == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
+    assert doc["sglang_supported"] == ["0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
     assert Path(doc["shipped"]) == REPO          # a checkout reads its own folders
-    assert run_cli("--version").out == "dsv4ctl 0.1.0 (SGLang 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23)\n"
+    assert run_cli("--version").out == "dsv4ctl 0.1.0 (SGLang 0.5.18, 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23)\n"
 
 
 @pytest.mark.parametrize("shell,name", [("bash", "dsv4ctl.bash"), ("zsh", "_dsv4ctl"), ("fish", "dsv4ctl.fish")])

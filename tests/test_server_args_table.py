@@ -92,7 +92,7 @@ def test_shipped_table_facts():
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("version", ["0.5.19", "0.5.20", "0.5.21", "0.5.22"])
+@pytest.mark.parametrize("version", ["0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22"])
 def test_other_releases_tables_are_their_parsers(version):
     """The shipped table of each other supported release is what that release's own parser
     gives (its sources from .venv-oracle/versions, scripts/oracle-env.sh)."""

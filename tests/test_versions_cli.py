@@ -59,7 +59,7 @@ def plan(path, *args):
 
 
 def test_profile_version_is_planned_and_named(prof):
-    for v in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
+    for v in ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
         r = plan(prof(version=v))
         assert r.code == 0, r.err
         d = r.json()
@@ -68,13 +68,13 @@ def test_profile_version_is_planned_and_named(prof):
     assert "SGLang 0.5.22" in r.out
 
 
-@pytest.mark.parametrize("bad, words", [("9.9.9", "SGLang 9.9.9 is not supported"), ("0.5.18", "SGLang 0.5.18 is not supported"),
+@pytest.mark.parametrize("bad, words", [("9.9.9", "SGLang 9.9.9 is not supported"), ("0.5.17", "SGLang 0.5.17 is not supported"),
                                         ("latest", "'latest' is not an SGLang version")])
 def test_an_unknown_version_exits_2_naming_the_supported_ones(prof, bad, words):
     for cmd in (["plan"], ["config", "lint"]):
         r = run_cli(*cmd, str(prof(version=bad)))
         assert r.code == 2, (cmd, r.err)
-        assert words in r.err and "supported: 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23" in r.err
+        assert words in r.err and "supported: 0.5.18, 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23" in r.err
         assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
 
 
@@ -106,7 +106,7 @@ def test_a_series_cut_for_another_release_is_a_lint_error_with_the_shipped_fix(p
     r = run_cli("config", "lint", str(prof(version="0.5.21", tree=t, series="sglang-0.5.22")), "--json")
     assert [f["message"].split(": ", 1)[1] for f in r.json()["findings"] if f["rule"] == "DSV123"] == [
         "set sglang.series: sglang-0.5.21 (shipped)"], r.out
-    for v in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
+    for v in ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
         r = run_cli("config", "lint", str(prof(version=v, series=f"sglang-{v}")), "--json")
         assert r.code == 0 and not [f for f in r.json()["findings"] if f["rule"] == "DSV123"], (v, r.out)
 
@@ -168,9 +168,8 @@ def test_a_tree_of_an_unsupported_release_exits_2_naming_the_tree(prof, tmp_path
     r = run_cli("plan", str(prof(version="0.5.23", tree=t)))
     assert r.code == 2
     assert r.err.strip() == (f"dsv4ctl: error: {t} at HEAD (sglang.tree): SGLang 0.5.24 is not supported "
-                             "(supported: 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23; 0.5.18 serves DeepSeek-V4 but "
-                             "resolves its arguments in ServerArgs.__post_init__ (no memory_hook.py), which "
-                             "dsv4ctl has not proven)")
+                             "(supported: 0.5.18, 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23; 0.5.18 is the first release "
+                             "that serves DeepSeek-V4)")
 
 
 def test_abbreviations_resolve_with_the_release_parser(prof, tmp_path):

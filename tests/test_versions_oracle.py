@@ -121,32 +121,39 @@ def test_the_matrix_tells_the_releases_apart(answers):
             old, new = a["0.5.19"][c["id"]], a["0.5.20"][c["id"]]
             assert {k: v for k, v in old.items() if k != "dsv4_attn_backend"} == \
                    {k: v for k, v in new.items() if k != "dsv4_attn_backend"}, c["id"]
+    # 0.5.18 → 0.5.19: another argument pipeline (ServerArgs.__post_init__), the same answers
+    for c in CASES:
+        assert a["0.5.18"][c["id"]] == a["0.5.19"][c["id"]], c["id"]
     # and the versions' rules are not all the same
-    assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr, *r.pool_flags().values())
+    assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr, r.pp_partition_at_pp1, *r.pool_flags().values())
                 for r in VERSIONS.values()}) == len(VERSIONS)
 
 
 @pytest.mark.oracle
 @needs
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("version", ["0.5.19", "0.5.20"])
+@pytest.mark.parametrize("version", ["0.5.18", "0.5.19", "0.5.20"])
 def test_older_releases_reproduce_the_whole_capacity_matrix(version):
     """All of tests/oracle/matrix.py (106 cases: budgets, SWA ratios and cap mode, PP, DP
     attention, EAGLE, online c128, bf16 state, V4.1 layout switches, refusals) on the release's
     own configurator: its answers to the switches it does not have (SGLANG_DSV4_KV_LAYOUT) are its
-    own V4 pools, and an argument it does not have (``swa_prefix_tails``; 0.5.19:
-    ``dsv4_attn_backend=trtllm``) is a refusal on both sides. 0.5.19 prices the C4 indexer inline
-    (no function to re-price for the bf16 index-K cases, 8 of 106): its bf16 budget is proven on
-    its patched tree instead (tests/test_patch_versions.py)."""
+    own V4 pools, and an argument it does not have (``swa_prefix_tails``; 0.5.18/0.5.19:
+    ``dsv4_attn_backend=trtllm``) is a refusal on both sides, as is (0.5.18) a layer partition
+    that does not match ``pp_size`` 1. 0.5.18/0.5.19 price the C4 indexer inline (no function to
+    re-price for the bf16 index-K cases, 8 of 106): their bf16 budget is proven on their patched
+    trees instead (tests/test_patch_versions.py)."""
     cases = [{**c, "sglang_version": version} for c in capacity_matrix()
-             if not (version == "0.5.19" and c.get("index_k") == "bf16")]
-    assert len(cases) == (98 if version == "0.5.19" else 106)
+             if not (version in ("0.5.18", "0.5.19") and c.get("index_k") == "bf16")]
+    assert len(cases) == (106 if version == "0.5.20" else 98)
     res = run_cases(cases, version=version, timeout=900)
     assert res["sglang_version"] == version
     bad = []
     for c, r in zip(cases, res["results"]):
         bad += twin.diff(c, r)
     assert bad == []
+    if version == "0.5.18":     # the partition is checked with one stage too (get_pp_indices)
+        by = {c["id"]: r for c, r in zip(cases, res["results"])}
+        assert by["flash-cap-eviction-64"]["error"] == "ValueError: len(partitions)=2 does not match pp_size=1."
 
 
 def test_versions_dir_is_where_oracle_env_puts_them():

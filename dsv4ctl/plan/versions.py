@@ -5,6 +5,13 @@ release's ``DSV4PoolConfigurator`` and ``ServerArgs`` resolution, wheels fetched
 ``scripts/oracle-env.sh``, against dsv4ctl's model with that release's rules). What differs, read
 from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor/pool_configurator.py``):
 
+* 0.5.18 → 0.5.19: 0.5.18 resolves its arguments in ``ServerArgs.__post_init__``
+  (``server_args.py``, ``_handle_gpu_memory_settings`` l.4802: the same reserve formula as 0.5.19's
+  ``memory_hook.py``) and its configurator reads ``kvc.server_args`` instead of the runtime
+  context, with 0.5.19's arithmetic: the same pools and default ``mem_fraction_static`` on every
+  case run. It refuses an ``SGLANG_PP_LAYER_PARTITION`` whose length is not ``pp_size`` even with
+  one stage (``distributed/utils.py`` ``get_pp_indices``; 0.5.19+ ignore it there:
+  ``pp_partition_at_pp1``).
 * 0.5.19 → 0.5.20: 0.5.19's configurator (l.763-1048) accepts a ratio-sized SWA pool too small
   to admit one request (0.5.20 refuses it in ``validate_swa_pool_size``: ``swa_floor_check``;
   e.g. Flash at 3 GiB with ``--swa-full-tokens-ratio 0.003``: 0.5.19 plans 127,232 full and 256
@@ -36,7 +43,8 @@ from the releases' code (``srt/arg_groups/memory_hook.py``, ``srt/model_executor
   2048 → ``min(8192, chunk)`` (no effect: DeepSeek-V4 disables the prefill graph); the DeepSeek-V4
   output path goes through deepseek-recipe (0.5.22 parses with the regex detector).
 
-0.5.18 also serves DeepSeek-V4 but is not supported: see :data:`UNSUPPORTED_REASON`.
+0.5.18 is the first release with DeepSeek-V4 pools (``DSV4PoolConfigurator``): every release
+that serves DeepSeek-V4 is supported.
 """
 
 from __future__ import annotations
@@ -62,7 +70,9 @@ class VersionRules:
     ``swa_cap_mode``, ``v41_layouts``, ``paged_kv_budget``, ``c4_state_per_window``: the
     configurator generation (0.5.20 against 0.5.21+, see the module docstring and
     :class:`dsv4ctl.plan.capacity.PoolInputs`); ``swa_floor_check``: a ratio-sized SWA pool that
-    cannot admit one request is refused (``validate_swa_pool_size``, 0.5.20+)."""
+    cannot admit one request is refused (``validate_swa_pool_size``, 0.5.20+);
+    ``pp_partition_at_pp1``: ``SGLANG_PP_LAYER_PARTITION`` is checked against ``pp_size`` even
+    with one stage (0.5.18; 0.5.19+ ``get_pp_indices`` ignores it at ``pp_size`` 1)."""
 
     version: str
     mrr_floor: bool
@@ -74,6 +84,7 @@ class VersionRules:
     paged_kv_budget: bool = True
     c4_state_per_window: bool = False
     swa_floor_check: bool = True
+    pp_partition_at_pp1: bool = False
 
     def pool_flags(self) -> dict:
         """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs`."""
@@ -88,6 +99,10 @@ class VersionRules:
 
 
 VERSIONS: dict[str, VersionRules] = {
+    "0.5.18": VersionRules("0.5.18", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
+                           resolved_attn_backend=None, swa_cap_mode=False, v41_layouts=False,
+                           paged_kv_budget=False, c4_state_per_window=True, swa_floor_check=False,
+                           pp_partition_at_pp1=True),
     "0.5.19": VersionRules("0.5.19", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend=None, swa_cap_mode=False, v41_layouts=False,
                            paged_kv_budget=False, c4_state_per_window=True, swa_floor_check=False),
@@ -102,13 +117,12 @@ VERSIONS: dict[str, VersionRules] = {
 }
 
 
-#: Why the oldest release that serves DeepSeek-V4 is not supported (one clause of the exit-2 line).
-UNSUPPORTED_REASON = ("0.5.18 serves DeepSeek-V4 but resolves its arguments in ServerArgs.__post_init__ "
-                      "(no memory_hook.py), which dsv4ctl has not proven")
+#: The exit-2 line's last clause.
+UNSUPPORTED_REASON = "0.5.18 is the first release that serves DeepSeek-V4"
 
 
 def supported() -> str:
-    """``0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23``."""
+    """``0.5.18, 0.5.19, 0.5.20, 0.5.21, 0.5.22, 0.5.23``."""
     return ", ".join(VERSIONS)
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -173,6 +174,8 @@ def run_pool_case(case: dict) -> dict:
             kvc = _kvc(cfg, get_pp_indices(cfg["num_hidden_layers"], r, pp), pp, r, dp, page,
                        spec_algo)
             kvc._apply_token_constraints = functools.partial(real_constraints, kvc)
+            # 0.5.18's DSV4PoolConfigurator reads the published server args from kvc.server_args
+            kvc.server_args = get_context().server_args
             kvcs.append(kvc)
         # Pass 1: what each stage contributes to the all-reduce MIN (its own constrained value).
         local = [KVCacheConfigurator.config_from_budget(k, a).max_total_num_tokens
@@ -243,8 +246,37 @@ def _swa_terms(conf) -> dict:
                             if counts[k]})
 
 
+RESOLVED = ("page_size", "kv_cache_dtype", "swa_full_tokens_ratio", "_swa_full_tokens_ratio_explicitly_set",
+            "max_running_requests", "chunked_prefill_size", "mem_fraction_static", "dsv4_attn_backend",
+            "disaggregation_decode_extra_slots")
+
+
+def _run_resolve_0518(case: dict, model_dir: str) -> dict:
+    """0.5.18 resolves the arguments in ``ServerArgs.__post_init__`` (server_args.py l.3585-3677;
+    ``_handle_gpu_memory_settings`` l.4802, the GPU memory read at l.3674): construct it with the
+    GPU memory injected there and read the fields."""
+    import sglang.srt.server_args as sam
+    saved = sam.get_device_memory_capacity
+    sam.get_device_memory_capacity = lambda device=None: case["gpu_memory_mib"]
+    try:
+        sa = sam.ServerArgs(model_path=model_dir, device="cuda", skip_tokenizer_init=True,
+                            **case.get("server_args", {}))
+    finally:
+        sam.get_device_memory_capacity = saved
+    out = {n: getattr(sa, n, None) for n in RESOLVED}
+    out["decode_max_bs"] = sa.cuda_graph_config.decode.max_bs
+    return out
+
+
 def run_resolve_case(case: dict) -> dict:
     """SGLang's argument resolution for a DeepSeek-V4 model on a GPU of ``gpu_memory_mib`` MiB."""
+    if not importlib.util.find_spec("sglang.srt.arg_groups.memory_hook"):
+        model_dir = tempfile.mkdtemp(prefix="dsv4ctl-oracle-model-")
+        try:
+            shutil.copy(MODELS / f"{case['model']}.json", Path(model_dir) / "config.json")
+            return _run_resolve_0518(case, model_dir)
+        finally:
+            shutil.rmtree(model_dir, ignore_errors=True)
     import sglang.srt.arg_groups.memory_hook as memory_hook
     from sglang.srt.arg_groups.overrides import resolution_result
     from sglang.srt.server_args import ServerArgs
@@ -265,11 +297,7 @@ def run_resolve_case(case: dict) -> dict:
             sa.resolve_once()
         finally:
             hook.get_device_memory_capacity = saved
-        names = ("page_size", "kv_cache_dtype", "swa_full_tokens_ratio",
-                 "_swa_full_tokens_ratio_explicitly_set", "max_running_requests",
-                 "chunked_prefill_size", "mem_fraction_static", "dsv4_attn_backend",
-                 "disaggregation_decode_extra_slots")
-        out = {n: resolution_result(sa, n) for n in names}
+        out = {n: resolution_result(sa, n) for n in RESOLVED}
         out["decode_max_bs"] = resolution_result(sa, "cuda_graph_config").decode.max_bs
         return out
     finally:

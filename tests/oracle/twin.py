@@ -83,7 +83,8 @@ def pool_result(case: dict) -> dict:
     avail = case["available_bytes"]
     avails = list(avail) if isinstance(avail, list) else [avail] * pp
     part = (case.get("env") or {}).get("SGLANG_PP_LAYER_PARTITION")
-    partition = tuple(int(x) for x in part.split(",")) if part and pp > 1 else None
+    at_pp1 = rules_for(case.get("sglang_version", DEFAULT_VERSION)).pp_partition_at_pp1   # 0.5.18
+    partition = tuple(int(x) for x in part.split(",")) if part and (pp > 1 or at_pp1) else None
     try:
         inputs = pool_inputs(case)
         if not inputs.swa_cap_mode and inputs.swa_prefix_tails is not None:

@@ -85,6 +85,7 @@ def pool_sizes(config_path: str, available_bytes: int, *, page_size: int = 256,
              attn_dp_size=1, spec_aux_config=None, is_draft_worker=False,
              ps=NS(pp_size=1, attn_dp_size=1))      # 0.5.20 reads them from kvc.ps
     with get_context().override_server_args(**fields):
+        kvc.server_args = get_context().server_args     # 0.5.18's configurator reads it there
         conf = pc.DSV4PoolConfigurator(kvc)
         out = conf.calculate_pool_sizes(available_bytes, page_size)
         out.max_running_requests = min(max(1, max_running_requests), out.full_max_total_num_tokens // 2)
