@@ -58,7 +58,7 @@ def lint_cmd(
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
     """Lint the profile's serve configs against the real argument table of the SGLang release the
-    profile ships (0.5.21-0.5.23: the tree's own version, else sglang.version) and the DSV4 rules.
+    profile ships (0.5.18-0.5.23: the tree's own version, else sglang.version) and the DSV4 rules.
 
     Exit 0 when there is no error (warnings allowed), 2 when a file is missing or malformed or any
     rule reports an error."""

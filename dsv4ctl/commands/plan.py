@@ -88,7 +88,7 @@ def plan(
     from_log: Optional[str] = typer.Option(None, "--from-log", metavar="FILE",
                                            help="Compare a server's start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the plan, per pool; exit 1 on a difference."),
 ) -> None:
-    """Per-GPU-rank KV pool budgets as the SGLang release the profile ships sizes them (0.5.21-0.5.23:
+    """Per-GPU-rank KV pool budgets as the SGLang release the profile ships sizes them (0.5.18-0.5.23:
     the tree's own version, else sglang.version), with real index-K sizing.
 
     Exit 0 when every group fits or is tight (a warning), 1 when a group fails (the deciding term
