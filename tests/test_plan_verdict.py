@@ -311,3 +311,15 @@ def test_hicache_on_refuses_page_size_1_on_both_pd_sides(prof):
                      + "page-size: 1\n")
     code, out, err = run("hicache", "on", str(prof), "--group", "prefill", "--dry-run")
     assert code == 2 and "DSV118 dsv4-page-size" in err and "page-size 1" in err and len(err.splitlines()) == 1
+
+
+def test_unchunked_logits_fail_only_below_the_whole_transient():
+    """decide(logits_chunked=False): SGLang 0.5.18-0.5.20 need the whole logits transient free;
+    below it the first long prefill fails (indexer_logits), at or above it the usual tiers apply."""
+    G = 2 ** 30
+    v = vd.decide(10 * G, 4 * G, 4 * G, 11 * G, requests=5, logits_chunked=False)
+    assert (v.level, v.deciding, v.slack) == ("fails", "indexer_logits", -1 * G)
+    v = vd.decide(11 * G, 4 * G, 4 * G, 11 * G, requests=5, logits_chunked=False)
+    assert (v.level, v.deciding) == ("tight", "indexer_logits")
+    v = vd.decide(10 * G, 4 * G, 4 * G, 11 * G, requests=5)             # 0.5.21+: chunked, tight
+    assert (v.level, v.deciding) == ("tight", "indexer_logits")

@@ -191,3 +191,33 @@ def test_abbreviations_resolve_with_the_release_parser(prof, tmp_path):
     assert plan(write("0.5.22", "dp-size: 2\nattn-dp: 2\nenable-dp-attention: true\n", dpa)).code == 0
     r = run_cli("config", "lint", str(write("0.5.21", "dp-size: 2\nattn-dp: 2\nenable-dp-attention: true\n", dpa)), "--json")
     assert [f["rule"] for f in r.json()["findings"] if f["message"].startswith("attn-dp")][:1] == ["SGL001"], r.out
+
+
+def test_unchunked_indexer_logits_fail_on_releases_before_0521(prof, tmp_path):
+    """0.5.18-0.5.20 score a prefill chunk's C4 indexer logits in one fp32 tensor (no free-memory
+    chunking: that came with 0.5.21's mqa_logits_utils.py): headroom below the whole transient
+    fails the first long prefill (field report C2). The shipped prefill (fp8 index-K: 21.76 GiB
+    headroom on 0.5.20) with a 32,768-token chunk at 1M context needs 32 GiB: fails on 0.5.20,
+    tight on 0.5.21 (which chunks them). Each printed fix, applied, re-plans to what it says."""
+    shipped = (DEFAULT_PROFILE.parent / DEFAULT_PROFILE.stem / "prefill.yaml").read_text()
+    assert "chunked-prefill-size: 8192" in shipped
+    (tmp_path / DEFAULT_PROFILE.stem / "prefill.yaml").write_text(
+        shipped.replace("chunked-prefill-size: 8192", "chunked-prefill-size: 32768"))
+    r = run_cli("plan", str(prof(version="0.5.20")), "-g", "prefill", "--json")
+    assert r.code == 1, r.err
+    g = r.json()["groups"][0]
+    assert (g["verdict"]["level"], g["verdict"]["deciding"]) == ("fails", "indexer_logits")
+    assert g["errors"][0].startswith("headroom 21.76 GiB is under the indexer logits of one prefill chunk (32.0 GiB, "
+                                     "fp32, 32,768 rows x 1,048,576 context / 4)")
+    assert g["fixes"] == [
+        "set mem-fraction-static: 0.739 (from 0.865) in the serve config (re-planned: tight, headroom 44.311 GiB)",
+        "or set chunked-prefill-size: 8192 (from 32768) in the serve config: a prefill chunk's indexer logits are "
+        "8,192 rows (re-planned: tight, headroom 21.76 GiB)"]
+    for setting, headroom in (("mem_fraction_static=0.739", 44.311), ("chunked_prefill_size=8192", 21.76)):
+        r2 = run_cli("plan", str(prof(version="0.5.20")), "-g", "prefill", "--json", "--set", setting)
+        g2 = r2.json()["groups"][0]
+        assert r2.code == 0 and g2["verdict"]["level"] == "tight", (setting, r2.out)
+        assert min(rk["headroom_gib"] for rk in g2["ranks"]) == headroom, (setting, g2["ranks"][0])
+    r = run_cli("plan", str(prof(version="0.5.21")), "-g", "prefill", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["groups"][0]["verdict"]["level"] == "tight"

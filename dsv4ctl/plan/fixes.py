@@ -48,9 +48,10 @@ def _search_mfs(model, gi: GroupInputs, down: bool) -> Optional[tuple[float, tup
 
 
 def chunk_fix(model, gi: GroupInputs, resolve) -> list[str]:
-    """With SGLang's default ``mem_fraction_static``, a smaller ``chunked-prefill-size`` shrinks
+    """A smaller ``chunked-prefill-size``: with SGLang's default ``mem_fraction_static`` it shrinks
     the activation estimate SGLang reserves (memory_hook.py: 1.5 MB per chunk token) and so raises
-    its default: the largest halving (down to 2,048) whose re-plan passes (``resolve(overrides)``
+    its default; on any setting it shrinks the indexer logits of one prefill chunk (rows x
+    context/4 x 4 B). The largest halving (down to 2,048) whose re-plan passes (``resolve(overrides)``
     re-resolves the group, defaults included), as a one-item list, else []."""
     cur = gi.pool.chunked_prefill_size * (gi.dp if gi.dp_attention else 1)
     c = cur // 2
@@ -58,8 +59,11 @@ def chunk_fix(model, gi: GroupInputs, resolve) -> list[str]:
         g2 = resolve({"chunked_prefill_size": c})
         r = _replanned(model, g2)
         if r is not None:
-            return [f"set chunked-prefill-size: {c} (from {cur}) in the serve config: SGLang's default "
-                    f"mem-fraction-static becomes {g2.mem_fraction_static} (re-planned: {r[0].level}, headroom {r[1]} GiB)"]
+            why = (f"SGLang's default mem-fraction-static becomes {g2.mem_fraction_static}"
+                   if gi.mfs_source.startswith("default") else
+                   f"a prefill chunk's indexer logits are {g2.logits_rows:,} rows")
+            return [f"set chunked-prefill-size: {c} (from {cur}) in the serve config: {why} "
+                    f"(re-planned: {r[0].level}, headroom {r[1]} GiB)"]
         c //= 2
     return []
 
@@ -95,7 +99,7 @@ def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[Stage
         out.append((cost, f"{text} (re-planned: {r[0].level}, headroom {r[1]} GiB)"))
 
     cur = gi.mem_fraction_static
-    if v.deciding in ("pools", "activation") and gi.available_bytes_override is None:
+    if v.deciding in ("pools", "activation", "indexer_logits") and gi.available_bytes_override is None:
         f = _search_mfs(model, gi, down=True)
         if f:
             add((0, (cur - f[0]) / cur), f"set mem-fraction-static: {f[0]} (from {cur}) in the serve config", f[1])

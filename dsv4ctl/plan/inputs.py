@@ -227,6 +227,7 @@ class GroupInputs:
     min_requests: int = 1
     min_requests_required: bool = True   # stated (profile plan.min_requests, --set): a shortfall fails, else tight
     logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
+    logits_chunked: bool = True           # the release splits those logits under free memory (versions.py)
     balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
     replica: Optional[int] = None         # with replicas: the one planned (the tightest)
     weights_fixed_gib: Optional[float] = None   # estimated weights that do not shrink with TP (plan.weights)
@@ -769,7 +770,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        gpus=() if hypothetical else tuple(g for _, _, g in places),
                        places=() if hypothetical else tuple(places), replica=free.replica,
                        min_requests=min_req, min_requests_required="min_requests" in args or "min_requests" in plan_section,
-                       logits_rows=logits_rows,
+                       logits_rows=logits_rows, logits_chunked=rules.logits_chunked,
                        balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,

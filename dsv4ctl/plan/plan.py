@@ -182,7 +182,8 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     if v.level == "fails":
         gp.errors.append(msg)
         gp.fixes.extend(fixes_for(model, gi, v, stages))
-        if v.deciding in ("no_kv_memory", "pools") and gi.mfs_source.startswith("default"):
+        if (v.deciding in ("no_kv_memory", "pools") and gi.mfs_source.startswith("default")) \
+                or v.deciding == "indexer_logits":
             gp.fixes.extend(("or " if gp.fixes else "") + f for f in
                             chunk_fix(model, gi, lambda o: resolve_group(profile, group, model, facts, {**overrides, **o},
                                                                           tree_idx, serve, rules)))

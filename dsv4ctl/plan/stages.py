@@ -85,7 +85,8 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
     sizes, exact_sizes = solve(confs), solve(exact_confs)
     resident = int(resident_gib(gi) * GIB)
     total = gi.gpu_memory_mib * (1 << 20) if gi.gpu_memory_mib else None
-    logits = vd.indexer_logits_bytes(gi.logits_rows, gi.context_length, total, mfs)
+    # a release that does not split the logits under free memory needs them whole (versions.py)
+    logits = vd.indexer_logits_bytes(gi.logits_rows, gi.context_length, total if gi.logits_chunked else None, mfs)
     out = []
     for r in range(gi.pp):
         c, s = confs[r], sizes[r]
@@ -96,7 +97,7 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
         conc = cap.max_concurrent_requests(c, s, gi.context_length)
         verdict = as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
                                           int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests,
-                                          gi.min_requests_required))
+                                          gi.min_requests_required, logits_chunked=gi.logits_chunked))
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
                              exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
                              req_to_token_bytes=r2t,
@@ -111,7 +112,8 @@ def rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) ->
         return st.memory, st.verdict
     mem = cap.replace(st.memory, resident=own_resident)
     return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
-                          st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required)
+                          st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required,
+                          logits_chunked=gi.logits_chunked)
 
 
 TIGHT_TEXT_GIB = vd.TIGHT_MARGIN_BYTES / GIB
@@ -145,10 +147,18 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
     if v.deciding == "activation_floor":
         return (f"headroom {h} GiB is under SGLang's {gi.activation_reserve_gib} GiB activation reserve "
                 f"(its estimate without the floor: {gi.activation_estimate_gib} GiB)")
+    if v.deciding == "indexer_logits" and v.level == "fails":
+        return (f"headroom {h} GiB is under the indexer logits of one prefill chunk ({to_gib(st.logits_bytes)} GiB, "
+                f"fp32, {gi.logits_rows:,} rows x {gi.context_length:,} context / 4): this SGLang release scores a "
+                "chunk's rows in one tensor (no free-memory chunking before 0.5.21), so the first long prefill runs "
+                "out of memory (field report C2)")
     if v.deciding == "indexer_logits":
         return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.activation_estimate_gib} GiB) plus the "
                 f"indexer logits of one prefill chunk ({to_gib(st.logits_bytes)} GiB at {gi.logits_rows:,} rows x "
-                f"{gi.context_length:,} context): SGLang chunks the logits under free memory, long prefills slow down")
+                f"{gi.context_length:,} context): " + ("SGLang chunks the logits under free memory, long prefills slow down"
+                                                       if gi.logits_chunked else
+                                                       "this release scores them in one tensor beside the activations "
+                                                       "(no chunking before 0.5.21): a long prefill may run out of memory"))
     if v.deciding == "margin":
         need = h - to_gib(v.slack)
         return f"headroom {h} GiB is within {TIGHT_TEXT_GIB:g} GiB of what the rank needs ({round(need, 3)} GiB)"

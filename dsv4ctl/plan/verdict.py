@@ -49,6 +49,7 @@ requests        tight   not one request fits at context_length, no ``min_request
                         starts and refuses only longer requests (``tp_worker.py:556-571``)
 activation_floor tight  headroom < SGLang's reserve (the estimate, floored at 10 GiB above 60 GiB GPUs)
 indexer_logits  tight   headroom < activation estimate + indexer logits transient
+indexer_logits  fails   headroom < the whole logits transient, on a release that does not chunk it (0.5.18-0.5.20)
 margin          tight   headroom < the largest of the above + ``TIGHT_MARGIN_BYTES``
 headroom        fits    otherwise
 ==============  ======  ======================================================================
@@ -191,7 +192,7 @@ class Verdict:
 
 
 def decide(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int,
-           requests: int, min_requests: int = 1, required: bool = True) -> Verdict:
+           requests: int, min_requests: int = 1, required: bool = True, logits_chunked: bool = True) -> Verdict:
     """The verdict for a rank's ``headroom`` (bytes) against SGLang's activation estimate and
     floored reserve, the indexer logits transient and the requests that fit at context.
 
@@ -203,9 +204,16 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     ``max_req_len = min(context_len - 1, pool - 1)``, tp_worker.py:411-415 and 414-418) and refuses,
     or with ``--allow-auto-truncate`` truncates, only the requests longer than ``min(context_len,
     pool) - 6`` tokens (``srt/managers/utils.py`` ``validate_input_length``): the cookbook's H200
-    Pro recipes serve so."""
+    Pro recipes serve so.
+
+    ``logits_chunked`` False (SGLang 0.5.18-0.5.20, :class:`dsv4ctl.plan.versions.VersionRules`):
+    the release scores a prefill chunk's indexer logits in one fp32 tensor, so headroom below
+    ``indexer_logits`` alone fails the first long prefill (field report C2, an OOM in
+    ``fp8_paged_mqa_logits``)."""
     if headroom < 0:
         return Verdict("fails", "pools", headroom)
+    if not logits_chunked and headroom < indexer_logits:
+        return Verdict("fails", "indexer_logits", headroom - indexer_logits)
     if requests < min_requests and required:
         return Verdict("fails", "requests", requests - min_requests)
     short_line = int(activation_estimate * ACTIVATION_FAIL_FRACTION)

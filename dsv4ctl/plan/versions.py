@@ -72,7 +72,12 @@ class VersionRules:
     :class:`dsv4ctl.plan.capacity.PoolInputs`); ``swa_floor_check``: a ratio-sized SWA pool that
     cannot admit one request is refused (``validate_swa_pool_size``, 0.5.20+);
     ``pp_partition_at_pp1``: ``SGLANG_PP_LAYER_PARTITION`` is checked against ``pp_size`` even
-    with one stage (0.5.18; 0.5.19+ ``get_pp_indices`` ignores it at ``pp_size`` 1)."""
+    with one stage (0.5.18; 0.5.19+ ``get_pp_indices`` ignores it at ``pp_size`` 1);
+    ``logits_chunked``: the C4 indexer's fp32 logits of a prefill chunk are split by query rows
+    under a free-memory budget (0.5.21+: ``srt/layers/attention/mqa_logits_utils.py``,
+    ``dsv4/metadata.py`` ``plan_indexer_row_chunks``); 0.5.18-0.5.20 score every row of the chunk
+    in one tensor (``dsv4/indexer.py`` ``run_paged_indexer(all_rows, ...)``; only SM120 splits, by
+    row count): logits larger than the free memory fail the first long prefill (field report C2)."""
 
     version: str
     mrr_floor: bool
@@ -85,6 +90,7 @@ class VersionRules:
     c4_state_per_window: bool = False
     swa_floor_check: bool = True
     pp_partition_at_pp1: bool = False
+    logits_chunked: bool = True
 
     def pool_flags(self) -> dict:
         """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs`."""
@@ -102,13 +108,14 @@ VERSIONS: dict[str, VersionRules] = {
     "0.5.18": VersionRules("0.5.18", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend=None, swa_cap_mode=False, v41_layouts=False,
                            paged_kv_budget=False, c4_state_per_window=True, swa_floor_check=False,
-                           pp_partition_at_pp1=True),
+                           pp_partition_at_pp1=True, logits_chunked=False),
     "0.5.19": VersionRules("0.5.19", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend=None, swa_cap_mode=False, v41_layouts=False,
-                           paged_kv_budget=False, c4_state_per_window=True, swa_floor_check=False),
+                           paged_kv_budget=False, c4_state_per_window=True, swa_floor_check=False,
+                           logits_chunked=False),
     "0.5.20": VersionRules("0.5.20", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend="auto", swa_cap_mode=False, v41_layouts=False,
-                           paged_kv_budget=False, c4_state_per_window=True),
+                           paged_kv_budget=False, c4_state_per_window=True, logits_chunked=False),
     "0.5.21": VersionRules("0.5.21", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
                            resolved_attn_backend="auto"),
     "0.5.22": VersionRules("0.5.22", mrr_floor=False, graph_bs_capped_by_mrr=True, output_path="detector",
