@@ -221,3 +221,13 @@ def test_unchunked_indexer_logits_fail_on_releases_before_0521(prof, tmp_path):
     r = run_cli("plan", str(prof(version="0.5.21")), "-g", "prefill", "--json")
     assert r.code == 0, r.err
     assert r.json()["groups"][0]["verdict"]["level"] == "tight"
+
+
+def test_v41_new_layout_exists_from_0523(prof):
+    """SGLANG_DSV4_KV_LAYOUT=v41_new: 0.5.21/0.5.22 refuse it (select_dsv4_kv_layout asserts v41 or
+    auto), 0.5.23 sizes its pools with it, 0.5.20 has no V4.1 layouts and ignores the variable."""
+    for v, code in (("0.5.20", 0), ("0.5.21", 2), ("0.5.22", 2), ("0.5.23", 0)):
+        r = run_cli("plan", str(prof(version=v)), "-g", "decode", "--json", "--set", "SGLANG_DSV4_KV_LAYOUT=v41_new")
+        assert r.code == code, (v, r.err)
+        if code == 2:
+            assert "unknown SGLANG_DSV4_KV_LAYOUT='v41_new'" in r.err and len(r.err.splitlines()) == 1, r.err

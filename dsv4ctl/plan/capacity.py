@@ -210,6 +210,9 @@ class PoolInputs:
     # 0.5.20+ refuse a ratio-sized SWA pool that cannot admit one request
     # (``validate_swa_pool_size``); 0.5.19 has no such check
     swa_floor_check: bool = True
+    # SGLANG_DSV4_KV_LAYOUT=v41_new exists from 0.5.23 (select_dsv4_kv_layout); 0.5.21 and 0.5.22
+    # assert ``mode in ("v41", "auto")`` after "v4"
+    v41_new_layout: bool = True
 
     def per_worker_requests(self) -> int:
         """``max_running_requests // attn_dp_size``, at least 1 with :attr:`mrr_floor`
@@ -230,7 +233,8 @@ class PoolInputs:
             raise CapacityError(f"dp_size must be >= 1, got {self.attn_dp_size}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise CapacityError(f"dsv4_attn_backend {self.attention_backend!r} not in {ATTENTION_BACKENDS}")
-        if self.kv_layout not in KV_LAYOUTS:
+        if self.kv_layout not in KV_LAYOUTS or (self.kv_layout == "v41_new" and self.v41_layouts
+                                                and not self.v41_new_layout):
             raise CapacityError(f"unknown SGLANG_DSV4_KV_LAYOUT={self.kv_layout!r}")
         if self.compressed_kv_layout not in ("auto", "fp8", "fp4"):
             raise CapacityError(f"unknown compressed KV layout {self.compressed_kv_layout!r}")

@@ -77,7 +77,10 @@ class VersionRules:
     under a free-memory budget (0.5.21+: ``srt/layers/attention/mqa_logits_utils.py``,
     ``dsv4/metadata.py`` ``plan_indexer_row_chunks``); 0.5.18-0.5.20 score every row of the chunk
     in one tensor (``dsv4/indexer.py`` ``run_paged_indexer(all_rows, ...)``; only SM120 splits, by
-    row count): logits larger than the free memory fail the first long prefill (field report C2)."""
+    row count): logits larger than the free memory fail the first long prefill (field report C2);
+    ``v41_new_layout``: ``SGLANG_DSV4_KV_LAYOUT=v41_new`` is a layout (0.5.23; 0.5.21/0.5.22's
+    ``select_dsv4_kv_layout`` asserts ``mode in ("v41", "auto")``, 0.5.18-0.5.20 have no V4.1
+    layouts at all and ignore the variable)."""
 
     version: str
     mrr_floor: bool
@@ -91,12 +94,14 @@ class VersionRules:
     swa_floor_check: bool = True
     pp_partition_at_pp1: bool = False
     logits_chunked: bool = True
+    v41_new_layout: bool = True
 
     def pool_flags(self) -> dict:
         """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs`."""
         return dict(mrr_floor=self.mrr_floor, swa_cap_mode=self.swa_cap_mode,
                     v41_layouts=self.v41_layouts, paged_kv_budget=self.paged_kv_budget,
-                    c4_state_per_window=self.c4_state_per_window, swa_floor_check=self.swa_floor_check)
+                    c4_state_per_window=self.c4_state_per_window, swa_floor_check=self.swa_floor_check,
+                    v41_new_layout=self.v41_new_layout)
 
     @property
     def server_args_file(self) -> str:
@@ -117,9 +122,9 @@ VERSIONS: dict[str, VersionRules] = {
                            resolved_attn_backend="auto", swa_cap_mode=False, v41_layouts=False,
                            paged_kv_budget=False, c4_state_per_window=True, logits_chunked=False),
     "0.5.21": VersionRules("0.5.21", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
-                           resolved_attn_backend="auto"),
+                           resolved_attn_backend="auto", v41_new_layout=False),
     "0.5.22": VersionRules("0.5.22", mrr_floor=False, graph_bs_capped_by_mrr=True, output_path="detector",
-                           resolved_attn_backend="auto"),
+                           resolved_attn_backend="auto", v41_new_layout=False),
     "0.5.23": VersionRules("0.5.23", mrr_floor=True, graph_bs_capped_by_mrr=True, output_path="deepseek-recipe"),
 }
 
