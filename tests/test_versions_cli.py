@@ -231,3 +231,17 @@ def test_v41_new_layout_exists_from_0523(prof):
         assert r.code == code, (v, r.err)
         if code == 2:
             assert "unknown SGLANG_DSV4_KV_LAYOUT='v41_new'" in r.err and len(r.err.splitlines()) == 1, r.err
+
+
+@pytest.mark.parametrize("spelled", ["v0.5.22", " 0.5.22", "0.5.22 "])
+def test_a_version_spelled_like_a_tag_is_that_release_everywhere(prof, spelled):
+    """``v0.5.22`` (as base_ref spells it) is 0.5.22 for plan, lint, hicache and config set alike:
+    its argument table and its title, never a file named after the raw string."""
+    p = prof(version=spelled)
+    d = plan(p).json()
+    assert d["sglang_version"] == "0.5.22"
+    r = run_cli("config", "lint", str(p), "--json")
+    assert r.code == 0, r.err
+    r = run_cli("hicache", "off", str(p), "--dry-run")
+    assert r.code == 0 and "server_args-" not in r.err, r.err
+    assert "SGLang 0.5.22" in run_cli("plan", str(p)).out

@@ -47,6 +47,17 @@ def resolve_version(dep) -> VersionChoice:
             tree_v = None
         tree_src = f"tree {tree} at {ref}"
     if tree_v is not None:
-        return VersionChoice(tree_v, rules_for(tree_v, f"{tree} at {dep.sglang.base_ref or 'HEAD'} (sglang.tree)"),
-                             tree_src, prof, tree_v)
-    return VersionChoice(prof, rules_for(prof, where), "profile sglang.version", prof, None)
+        rules = rules_for(tree_v, f"{tree} at {dep.sglang.base_ref or 'HEAD'} (sglang.tree)")
+        return VersionChoice(rules.version, rules, tree_src, _canonical(prof), rules.version)
+    rules = rules_for(prof, where)
+    # the release's own spelling ("v0.5.23" and " 0.5.23" are 0.5.23): file names and titles use it
+    return VersionChoice(rules.version, rules, "profile sglang.version", rules.version, None)
+
+
+def _canonical(version) -> str:
+    """``version`` as the releases table spells it when it names one (``v0.5.22`` -> ``0.5.22``),
+    else as given (a disagreement with the tree is still reported in the profile's words)."""
+    v = str(version).strip()
+    v = v[1:] if v.startswith("v") else v
+    from .versions import VERSIONS
+    return v if v in VERSIONS else str(version)

@@ -292,7 +292,7 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
                       "HiCache and enable-unified-cache-external-linker are mutually exclusive", g.name))
     if mode == "decode":
         out.append(_f("DSV106", cfg, hk, f"HiCache on decode group {g.name!r}: not usable for DeepSeek-V4 in "
-                                         f"SGLang 0.5.23 (decode radix cache is off; enable HiCache on prefill only)", g.name))
+                                         f"SGLang {inp.sglang_version} (decode radix cache is off; enable HiCache on prefill only)", g.name))
     if a.get("hicache_host_memory_mode") == "buffer_only":
         if a.get("hicache_storage_backend") is None:
             out.append(_f("DSV114", cfg, _key(r, "hicache_host_memory_mode"),
