@@ -245,3 +245,17 @@ def test_a_version_spelled_like_a_tag_is_that_release_everywhere(prof, spelled):
     r = run_cli("hicache", "off", str(p), "--dry-run")
     assert r.code == 0 and "server_args-" not in r.err, r.err
     assert "SGLang 0.5.22" in run_cli("plan", str(p)).out
+
+
+def test_a_what_if_option_the_release_lacks_is_said(prof):
+    """``--set`` of a server argument the release does not have (0.5.19: no dsv4-attn-backend, no
+    attn-dp-size) is planned as asked with a warning naming the release; 0.5.23 has both: none."""
+    for v, want in (("0.5.19", ["--set attn_dp_size: not an SGLang 0.5.19 server argument (it would refuse it at "
+                                "start-up); planned as given",
+                                "--set dsv4_attn_backend: not an SGLang 0.5.19 server argument (it would refuse it "
+                                "at start-up); planned as given"]), ("0.5.23", [])):
+        r = run_cli("plan", str(prof(version=v)), "-g", "decode", "--json", "--set", "dsv4_attn_backend=flashmla",
+                    "--set", "attn_dp_size=1")
+        assert r.code == 0, r.err
+        got = [w for w in r.json()["groups"][0]["warnings"] if "server argument" in w]
+        assert got == want, (v, got)

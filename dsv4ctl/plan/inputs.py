@@ -677,6 +677,18 @@ def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, override
     return w_gib, w_fixed, (float(dw_gib or 0.0) if spec_algo else 0.0), fmt
 
 
+def not_in_release(overrides: dict, version: str) -> list[str]:
+    """A note per ``--set`` server argument that SGLang ``version`` does not have (an option of a
+    later release's argument table, e.g. ``dsv4_attn_backend`` on 0.5.19): planned as asked, but
+    that release would refuse it at start-up (``config lint`` says SGL001)."""
+    if version == DEFAULT_VERSION:
+        return []
+    from .argnames import option_names
+    newest, have = option_names(DEFAULT_VERSION), option_names(version)
+    return [f"--set {k}: not an SGLang {version} server argument (it would refuse it at start-up); planned as given"
+            for k in sorted(overrides) if k.islower() and k.replace("_", "-") in newest and k.replace("_", "-") not in have]
+
+
 def _hypothetical_note(group: Group, host, topo_set: list[str], n_ranks: int, gpu_mib, places) -> str:
     """The "what-if" line of a ``--set`` topology planned on GPUs the group does not have."""
     return (f"what-if: --set {', '.join(topo_set)} plans {n_ranks} rank(s) on hypothetical GPUs like "
