@@ -325,6 +325,16 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
             raise InputError(f"{profile.positions.where(('groups', gi, 'nodes'))}: group {group.name!r}: {e}") from None
     if serve is None or any(k in overrides for k in (*out, "base_gpu_id", "gpu_id_step")):
         return out
+    _check_placement(profile, group, serve, args, where, out)
+    _check_dist_init(profile, group, serve, out["nnodes"])
+    return out
+
+
+def _check_placement(profile: Profile, group: Group, serve: ServeConfig, args: dict, where: dict,
+                     out: dict) -> None:
+    """The serve config's topology ``out`` puts each node's ranks on the GPUs the profile lists
+    (``base-gpu-id`` / ``gpu-id-step``, :func:`node_placement`); InputError naming both otherwise."""
+    gi = profile.groups.index(group)
     tp, pp, nn = out["tp_size"], out["pp_size"], out["nnodes"]
     if nn > 1 and out["dp_size"] > 1 and not out["enable_dp_attention"]:
         # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
@@ -351,6 +361,10 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
             f"{at}: SGLang puts group {group.name!r}{on} on GPUs {_gpu_list(mine) or 'none'} (base-gpu-id {base}, "
             f"gpu-id-step {step}, {len(mine)} rank(s){f' of {len(places)} over {nn} nodes' if nn > 1 else ''}), "
             f"but the profile lists GPUs {_gpu_list(node.gpus)} ({profile.positions.where(path)}): {fix}")
+
+
+def _check_dist_init(profile: Profile, group: Group, serve: ServeConfig, nn: int) -> None:
+    """A ``dist-init-addr`` in the serve config parses, and on a multi-node group names node 0."""
     key = _given_as(serve, "dist-init-addr")
     if key is not None:
         from ..profile.deployment import parse_host_port
@@ -370,7 +384,6 @@ def topology(profile: Profile, group: Group, serve: Optional[ServeConfig], args:
         if host not in (node0.address, node0.name) and (host in others or _is_ip(host) and _is_ip(node0.address)):
             raise InputError(f"{loc}: {key}: {addr}: node 0 of group {group.name!r} is host {node0.name} "
                              f"({node0.address}): the other nodes would wait for a rendezvous that never comes")
-    return out
 
 
 def _is_ip(x: str) -> bool:
@@ -697,6 +710,32 @@ def _hypothetical_note(group: Group, host, topo_set: list[str], n_ranks: int, gp
                else f"{len(places)} GPU(s) on {group.nnodes} nodes"))
 
 
+def _memory_args(group: Group, args: dict, gpu_mib: Optional[int], disagg: Optional[str],
+                 draft: Optional[int], rules: VersionRules) -> tuple[cap.MemoryArgs, float]:
+    """(SGLang's activation-estimate inputs, the mem_fraction_static that runs): the serve
+    config's or ``--set``'s fraction, else SGLang's default from those inputs (memory_hook.py, with
+    the release's decode-graph rule). InputError for a given value outside (0, 1); a default <= 0
+    is kept (SGLang takes it and refuses at KV sizing: the plan fails as SGLang does)."""
+    chunked_user = args.get("chunked_prefill_size")
+    max_prefill = args.get("max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS)
+    # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
+    # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
+    act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
+    mem_args = cap.MemoryArgs(
+        gpu_memory_mib=gpu_mib, tp_size=args["tp_size"], pp_size=args["pp_size"], dp_size=args["dp_size"],
+        enable_dp_attention=args["enable_dp_attention"], disaggregation_mode=disagg,
+        max_running_requests=args.get("max_running_requests"), speculative_num_draft_tokens=draft,
+        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
+        disable_cuda_graph=args.get("disable_cuda_graph", False),
+        moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
+    mfs = args.get("mem_fraction_static")
+    if mfs is None:
+        mfs = cap.default_mem_fraction_static(mem_args)
+    if not mfs < 1 or (mfs <= 0 and "mem_fraction_static" in args):
+        raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
+    return mem_args, mfs
+
+
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
                   overrides: dict[str, Any], tree_idx: Optional[dict] = None,
                   serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
@@ -720,28 +759,11 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     if spec_algo and not draft:
         draft = 4
         estimated.append("speculative_num_draft_tokens=4 (SGLang's EAGLE default for DSV4 is resolved at start-up)")
-    user_mrr = args.get("max_running_requests")
     chunked_user = args.get("chunked_prefill_size")
     max_prefill = args.get("max_prefill_tokens", DEFAULT_MAX_PREFILL_TOKENS)
-    # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
-    # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
-    act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
     mfs_source = "--set" if "mem_fraction_static" in overrides else \
         "serve config" if "mem_fraction_static" in where else "default (memory_hook.py)"
-    mem_args = cap.MemoryArgs(
-        gpu_memory_mib=gpu_mib, tp_size=tp, pp_size=pp, dp_size=dp, enable_dp_attention=dpa,
-        disaggregation_mode=disagg, max_running_requests=user_mrr,
-        speculative_num_draft_tokens=draft if spec_algo else None,
-        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
-        disable_cuda_graph=args.get("disable_cuda_graph", False),
-        moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
-    mfs = args.get("mem_fraction_static")
-    if mfs is None:
-        mfs = cap.default_mem_fraction_static(mem_args)
-    if not mfs < 1 or (mfs <= 0 and "mem_fraction_static" in args):
-        # SGLang's own default may be <= 0 (memory_hook.py: its activation estimate above the GPU's
-        # memory): SGLang takes it and refuses at KV sizing, so the plan fails as SGLang does
-        raise InputError(f"group {group.name}: mem_fraction_static must be in (0, 1), got {mfs}")
+    mem_args, mfs = _memory_args(group, args, gpu_mib, disagg, draft if spec_algo else None, rules)
     chunked = chunked_user if chunked_user is not None else cap.default_chunked_prefill_size(gpu_mib)
     pp_partition = _pp_partition(profile, group, model, args, overrides)
     places = group.server_gpus
