@@ -58,32 +58,59 @@ def raise_interrupt(signum, frame):
 
 
 _last_signal = None
+_pending = None
 _previous_unraisable = None
 
 
 def keep_interrupts() -> None:
-    """Never lose an interrupt (idempotent). Python runs a signal handler between any two bytecodes,
-    also inside a garbage collector's weakref callback or a ``__del__``, where an exception cannot
-    propagate: it is printed as "Exception ignored" and the command went on as if no signal had
-    come (seen: a SIGHUP during a deploy's health gate finished the change and exited 0). With
-    this, such a KeyboardInterrupt is delivered to the main thread again 10 ms later, from a
-    daemon thread (``_thread.interrupt_main``), by when the callback has returned."""
+    """Never lose an interrupt (idempotent; main thread). Python runs a signal handler between any
+    two bytecodes, also inside a garbage collector's weakref callback or a ``__del__``, where an
+    exception cannot propagate: it is printed as "Exception ignored" and the command went on as if
+    no signal had come (seen: a SIGHUP during a deploy's health gate finished the change and exited
+    0). With this, such a KeyboardInterrupt comes again 10 ms later from SIGALRM (a real signal,
+    handled in the main thread at its next bytecode): the hook that sees the lost one only arms the
+    timer, so it cannot itself be interrupted half-way, and a redelivery that lands inside the hook
+    or is lost again re-arms it. SIGALRM is dsv4ctl's own for this unless something else holds it
+    (then nothing is installed)."""
     import sys
+    import threading
     global _previous_unraisable
-    if _previous_unraisable is not None:
+    if _previous_unraisable is not None or threading.current_thread() is not threading.main_thread():
         return
+    if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None):
+        return
+    signal.signal(signal.SIGALRM, _redeliver)
     _previous_unraisable = sys.unraisablehook
+    sys.unraisablehook = _unraisable
 
-    def hook(args):
-        if args.exc_type is KeyboardInterrupt:
-            import _thread
-            import threading
-            again = threading.Timer(0.01, _thread.interrupt_main, args=(_last_signal or signal.SIGINT,))
-            again.daemon = True
-            again.start()
+
+def _unraisable(args) -> None:
+    """sys.unraisablehook: a lost KeyboardInterrupt arms its redelivery; anything else goes on to
+    the previous hook."""
+    global _pending
+    if args.exc_type is KeyboardInterrupt:
+        _pending = _last_signal or signal.SIGINT
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        return
+    _previous_unraisable(args)
+
+
+def _redeliver(signum, frame) -> None:
+    """SIGALRM handler: raise the lost interrupt again, as its own handler would (KeyboardInterrupt;
+    SIGHUP detaches the terminal first); inside :func:`_unraisable` it waits another 10 ms."""
+    global _pending
+    if _pending is None:
+        return
+    f = frame
+    while f is not None:
+        if f.f_code is _unraisable.__code__:
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
             return
-        _previous_unraisable(args)
-    sys.unraisablehook = hook
+        f = f.f_back
+    sig, _pending = _pending, None
+    if sig == signal.SIGHUP:
+        detach_terminal()
+    raise KeyboardInterrupt
 
 
 def detach_terminal() -> None:
