@@ -10,6 +10,7 @@ numbers are computed by hand in each test, not by the code under test."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 from pathlib import Path
@@ -484,3 +485,44 @@ def test_published_layout_as_a_folder_gives_the_tables_figure(tmp_path):
         assert est.target_gib == round(rw.target_gib + W.LOAD_OVERHEAD_GIB, 3)
         assert est.draft_gib == round(rw.draft_gib, 3)
         assert f"{len(inv):,} tensors" in est.note
+
+
+def test_a_fifo_named_like_a_shard_is_refused_not_read(tmp_path):
+    """A FIFO (or device) named ``*.safetensors`` would block the header read forever: it is
+    not a regular file, one error (breaker's finding: plan and config lint hung)."""
+    folder = make_checkpoint(tmp_path / "ck", index=False, split=1)
+    os.mkfifo(folder / "b.safetensors")
+    with pytest.raises(InputError, match=r"b\.safetensors: not a regular file"):
+        W.read_checkpoint(folder)
+
+
+@pytest.mark.parametrize("where", ["shape", "offset", "layer"])
+def test_integers_past_pythons_digit_limit_are_one_error(tmp_path, where):
+    """A 5,000-digit integer in a header (shape or data_offsets) is a malformed header, and one in
+    a layer's name is no layer number (the tensor is placed as a non-layer one): never a traceback."""
+    big = "9" * 5000
+    p = tmp_path / "model.safetensors"
+    if where == "layer":
+        write_shard(p, {f"layers.{big}.attn.wq_b.weight": ("BF16", [2, 2])})
+        (t,) = W.read_header(p)
+        kind, layer, draft = W.classify(t.name, 4)
+        assert layer is None and draft is False and kind != "routed"
+        return
+    header = ('{"a": {"dtype": "F32", "shape": [%s], "data_offsets": [0, 4]}}' % big if where == "shape" else
+              '{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, %s]}}' % big).encode()
+    p.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    with pytest.raises(InputError, match="malformed safetensors header"):
+        W.read_header(p)
+
+
+def test_an_index_naming_tensors_no_shard_has_is_a_partial_download(tmp_path):
+    """The index lists every tensor of the checkpoint; headers that lack some of them are a
+    partial download (or another checkpoint's index): refused, not planned on the few that are
+    there (breaker's finding: 1 tensor of 44 planned as 2.8 GiB/rank, tight)."""
+    folder = make_checkpoint(tmp_path / "ck")
+    idx = json.loads((folder / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["layers.9.attn.wq_b.weight"] = next(iter(idx["weight_map"].values()))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(InputError, match=r"1 tensor\(s\) of its weight_map are in no shard's header, first "
+                                         r"'layers\.9\.attn\.wq_b\.weight'"):
+        W.read_checkpoint(folder)

@@ -99,7 +99,7 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
         if len(raw) > MAX_CONFIG_BYTES:
             raise InputError(f"{path}: config.json larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
         cfg = json.loads(raw.decode())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:   # ValueError: JSON, or an int past 4,300 digits
         raise InputError(f"{path}: not a readable config.json ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: config.json must be a JSON object")

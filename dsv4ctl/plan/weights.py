@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -95,7 +96,10 @@ def read_header(path: Path) -> list[Tensor]:
     :data:`MAX_HEADER_BYTES`, malformed JSON or entries, and data offsets past the end of the
     file (a truncated download)."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):     # a FIFO or device named *.safetensors would block the read
+            raise HeaderError(f"{path}: not a regular file")
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -110,7 +114,7 @@ def read_header(path: Path) -> list[Tensor]:
         raise HeaderError(f"{path}: cannot read ({(e.strerror or type(e).__name__).lower()})") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:    # ValueError: JSON, or an int past 4,300 digits
         raise HeaderError(f"{path}: malformed safetensors header ({type(e).__name__}: {str(e)[:120]})") from None
     if not isinstance(doc, dict):
         raise HeaderError(f"{path}: malformed safetensors header (not a JSON object)")
@@ -187,7 +191,7 @@ def read_checkpoint(folder: Path) -> list[Tensor]:
         if missing:
             raise InputError(f"{index}: names {len(missing)} missing shard(s), first {missing[0]}")
     else:
-        files = sorted(folder.glob("*.safetensors"))
+        files = sorted(p for p in folder.glob("*.safetensors"))
     if not files:
         raise InputError(f"{folder}: no safetensors headers (no *.safetensors and no {INDEX_NAME}): give "
                          "memory.weights_gib_per_rank or the checkpoint's shards")
@@ -197,7 +201,14 @@ def read_checkpoint(folder: Path) -> list[Tensor]:
         key = tuple((str(p), st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))
     except OSError as e:
         raise InputError(f"{folder}: cannot read a shard ({(e.strerror or type(e).__name__).lower()})") from None
-    return list(_read_files(key))
+    tensors = list(_read_files(key))
+    if index.is_file():
+        have = {t.name for t in tensors}
+        absent = [n for n in wmap if n not in have]
+        if absent:
+            raise InputError(f"{index}: {len(absent):,} tensor(s) of its weight_map are in no shard's header, first "
+                             f"{absent[0][:120]!r}: a partial download or another checkpoint's index")
+    return tensors
 
 
 @lru_cache(maxsize=8)
@@ -218,8 +229,8 @@ def _read_files(key: tuple[tuple[str, int, int], ...]) -> tuple[Tensor, ...]:
 
 # --- classification (SGLang 0.5.23's sharding, see the module docstring) ----------------------
 
-_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
-_MTP = re.compile(r"^(?:model\.)?mtp\.(\d+)\.")
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d{1,9})\.")     # 9 digits: no int() of a 5,000-digit name
+_MTP = re.compile(r"^(?:model\.)?mtp\.(\d{1,9})\.")
 
 
 def classify(name: str, num_hidden_layers: int) -> tuple[str, Optional[int], bool]:
