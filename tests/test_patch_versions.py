@@ -78,3 +78,33 @@ def test_the_023_series_does_not_apply_to_022_which_is_why_it_is_keyed(tmp_path)
     assert r.code == 1, (r.out, r.err)
     assert "note: series is cut for sglang==0.5.23; checking against sglang==0.5.22" in r.out
     assert "0001-dsv4-bf16-index-k-exact-accounting.patch" in r.err
+
+
+def test_two_checks_at_once_share_one_pristine_build(tmp_path):
+    """Two ``patch check`` runs of one release at once (CI workers or operators sharing a cache):
+    one builds the pristine tree under the cache's lock while the other waits, both prove the
+    series, and the cached tree holds every source file of the wheel (breaker's finding: they built
+    into one staging folder, the cache kept a half tree and every later check failed)."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "wheels").symlink_to(REPO / ".cache" / "wheels")
+    wheel = next((REPO / ".cache" / "wheels").glob("sglang-0.5.22-*.whl"), None)
+    if wheel is None:
+        pytest.skip("the 0.5.22 wheel is fetched by scripts/oracle-env.sh")
+    env = {**os.environ, "DSV4CTL_CACHE": str(cache)}
+    argv = [sys.executable, "-m", "dsv4ctl", "patch", "check", "--base", "sglang==0.5.22", "--json"]
+    runs = [subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], [o[1] for o in outs]
+    with zipfile.ZipFile(wheel) as z:
+        want = sum(1 for i in z.infolist() if not i.is_dir() and i.filename.startswith("sglang/")
+                   and "__pycache__/" not in i.filename and not i.filename.endswith((".pyc", ".pyo")))
+    files = subprocess.run(["git", "-C", str(cache / "trees" / "sglang-0.5.22"), "ls-files"], capture_output=True,
+                           text=True).stdout.splitlines()
+    assert len(files) == want
+    assert not list((cache / "trees").glob("*.partial*"))

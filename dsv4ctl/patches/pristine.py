@@ -184,9 +184,10 @@ def build_tree(wheel: Path, dest: Path, package: str = "sglang", version: Option
     if dest.exists():
         raise InputError(f"{dest}: already exists")
     version = version or wheel.name.split("-")[1]
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    import tempfile
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # a private staging folder beside dest, renamed into place whole (another builder never shares it)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".partial-", dir=dest.parent))
     try:
         with zipfile.ZipFile(wheel) as z:
             for info in z.infolist():
@@ -219,10 +220,18 @@ def pristine_tree(package: str, version: str, dest: Path, cache: Optional[Path] 
     cache = cache or cache_dir()
     ref = cache / "trees" / f"{package}-{version}"
     if not (ref / ".git").is_dir():
+        import fcntl
         ref.parent.mkdir(parents=True, exist_ok=True)
-        wheel = fetch_wheel(package, version, cache / "wheels")
-        say(f"building the pristine {package} {version} tree from {wheel.name} in {ref}")
-        build_tree(wheel, ref, package, version)
+        # one builder per tree: two `patch check` runs at once (CI workers sharing a cache) wait here
+        # instead of building into each other's folder
+        with open(ref.with_name(ref.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (ref / ".git").is_dir():
+                for stale in ref.parent.glob(ref.name + ".partial*"):    # a killed build's staging folder
+                    shutil.rmtree(stale, ignore_errors=True)
+                wheel = fetch_wheel(package, version, cache / "wheels")
+                say(f"building the pristine {package} {version} tree from {wheel.name} in {ref}")
+                build_tree(wheel, ref, package, version)
     p = subprocess.run(["git", "clone", "-q", str(ref), str(dest)],
                        capture_output=True, text=True, env={**os.environ, **GIT_ENV})
     if p.returncode != 0:
