@@ -108,3 +108,12 @@ def test_two_checks_at_once_share_one_pristine_build(tmp_path):
                            text=True).stdout.splitlines()
     assert len(files) == want
     assert not list((cache / "trees").glob("*.partial*"))
+
+
+def test_the_base_package_name_is_normalised_as_pypi_does():
+    """``--base SGLang==0.5.22`` is sglang 0.5.22: its own series and cached wheel (it picked the
+    0.5.23 series and went to pip before)."""
+    r = run_cli("patch", "check", "--base", "SGLang==0.5.22", "--dry-run", "--json", env=ENV, timeout=60)
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["base"] == "sglang==0.5.22" and d["series"].endswith("patches/sglang-0.5.22")

@@ -82,11 +82,12 @@ class Series:
 
 
 def parse_base(spec: str, where: str = "base") -> tuple[str, str]:
-    """``"sglang==0.5.23"`` → ``("sglang", "0.5.23")``; InputError otherwise."""
+    """``"sglang==0.5.23"`` → ``("sglang", "0.5.23")``; the package name as PyPI normalises it
+    (``SGLang`` is ``sglang``, PEP 503); InputError otherwise."""
     m = _BASE_RE.match(spec.strip())
     if not m:
         raise InputError(f"{where}: expected PACKAGE==VERSION (e.g. sglang==0.5.23), got {spec!r}")
-    return m.group(1), m.group(2)
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower(), m.group(2)
 
 
 def parse_series(text: str, path: str = "series", dirname: str = "") -> Series:
