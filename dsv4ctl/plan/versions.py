@@ -50,10 +50,11 @@ that serves DeepSeek-V4 is supported.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from ..errors import InputError
+from .capacity import PoolInputs
 
 DEFAULT_VERSION = "0.5.23"
 
@@ -97,17 +98,17 @@ class VersionRules:
     v41_new_layout: bool = True
 
     def pool_flags(self) -> dict:
-        """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs`."""
-        return dict(mrr_floor=self.mrr_floor, swa_cap_mode=self.swa_cap_mode,
-                    v41_layouts=self.v41_layouts, paged_kv_budget=self.paged_kv_budget,
-                    c4_state_per_window=self.c4_state_per_window, swa_floor_check=self.swa_floor_check,
-                    v41_new_layout=self.v41_new_layout)
+        """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs` (every field the two
+        dataclasses share, by name): ``{name: value}``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _POOL_FIELDS}
 
     @property
     def server_args_file(self) -> str:
         """The shipped argument table of this release (``dsv4ctl/data/``)."""
         return f"server_args-{self.version}.json"
 
+
+_POOL_FIELDS = frozenset(f.name for f in fields(PoolInputs))
 
 VERSIONS: dict[str, VersionRules] = {
     "0.5.18": VersionRules("0.5.18", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
