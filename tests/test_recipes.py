@@ -135,8 +135,9 @@ FIX_SETS = [
     (r"set chunked-prefill-size: (\d+) ", lambda m: [f"chunked_prefill_size={m[1]}"]),
     (r"apply the index-K sizing patch \(index_k_accounting: exact\)", lambda m: ["index_k_accounting=exact"]),
     (r"store index-K in fp8 \(index_k_dtype: fp8\)", lambda m: ["index_k_dtype=fp8"]),
-    (r"use \d+ GPUs per group \(tp-size: (\d+), weights ~([\d.]+) GiB per rank\)",
-     lambda m: [f"tp_size={m[1]}", f"weights_gib_per_rank={m[2]}"]),
+    (r"use \d+ GPUs per group \(tp-size: (\d+), weights ~([\d.]+) GiB per rank\)"
+     r"(?: and set mem-fraction-static: ([\d.]+) \(from [\d.]+\))? \(re-planned",
+     lambda m: [f"tp_size={m[1]}", f"weights_gib_per_rank={m[2]}", *([f"mem_fraction_static={m[3]}"] * bool(m[3]))]),
 ]
 FREE = re.compile(r"([\d.]+) GiB on GPU (\d+)")
 
@@ -179,15 +180,45 @@ def test_a_known_failure_gets_its_verdict_and_fixes_that_work(tmp_path, e):
         assert (at["level"], at["deciding"]) == (first[2], first[3]), (e["id"], at)
         below = round(float(first[1]) - 0.001, 3)
         assert plan(tmp_path, e, f"mem_fraction_static={below}")["verdict"]["level"] == "fails", e["id"]
+    check_fixes(tmp_path, e, g)
+
+
+def check_fixes(tmp_path, e: dict, g: dict) -> None:
+    """Every printed fix of group ``g``, applied, re-plans to the verdict and headroom it printed."""
     for fix in g["fixes"]:
         printed = PRINTED.search(fix)
         assert printed, fix
         e2, sets = apply_fix(e, fix)
-        g2 = plan(tmp_path, e2, *sets)
-        v2 = g2["verdict"]
+        v2 = (g2 := plan(tmp_path, e2, *sets))["verdict"]
         assert v2["level"] != "fails" and v2["deciding"] != "activation", (e["id"], fix, v2)
         assert v2["level"] == printed[1], (e["id"], fix, v2)
         assert abs(min(r["headroom_gib"] for r in g2["ranks"]) - float(printed[2])) <= 0.002, (e["id"], fix)
+
+
+def test_more_gpus_with_another_mem_fraction_static_or_an_honest_no_fix(tmp_path):
+    """The shipped Pro profile with 60 GiB free per H200 before load (other processes hold the rest):
+    prefill (TP16 over two nodes) gets no KV memory at 0.86 and no value up to 0.99 plans; 32 GPUs
+    alone stay under SGLang's activation estimate, 32 GPUs with a lower mem-fraction-static plan,
+    and that combined fix, applied, re-plans to what it prints. Decode (16-way DP attention) has no
+    change that plans: it says so instead of pointing at fixes that are not there."""
+    e = {"id": "pro-free60", "profile": "dsv4-pro-4xh200-pd", "set": ["free_gib_before_load=60"]}
+    pre = plan(tmp_path, dict(e, group="prefill"))
+    assert pre["verdict"]["deciding"] == "no_kv_memory" and "see the fixes" in pre["verdict"]["message"]
+    (fix,) = pre["fixes"]
+    assert re.match(r"use 32 GPUs per group \(tp-size: 32, weights ~[\d.]+ GiB per rank\) and set "
+                    r"mem-fraction-static: 0\.\d+ \(from 0\.86\)", fix), fix
+    check_fixes(tmp_path, dict(e, group="prefill"), pre)
+    w = fix.split("~")[1].split()[0]
+    alone = plan(tmp_path, dict(e, group="prefill"), "tp_size=32", f"weights_gib_per_rank={w}")
+    assert alone["verdict"]["deciding"] == "activation", alone["verdict"]      # why the fix changes both
+    dec = plan(tmp_path, dict(e, group="decode"))
+    assert dec["verdict"]["level"] == "fails" and dec["fixes"] == [], dec
+    assert dec["errors"] == [dec["verdict"]["message"]]
+    assert dec["verdict"]["message"].endswith("; no fix found: no single change dsv4ctl tries (mem-fraction-static "
+                                              "0.3-0.99, max-running-requests, context-length, chunked-prefill-size, "
+                                              "index-K, 2-8x the GPUs, alone or with mem-fraction-static) plans "
+                                              "without failing"), dec["verdict"]["message"]
+    assert "see the fixes" not in dec["verdict"]["message"]
 
 
 # ------------------------------------------------------------- requests at context: asked or not

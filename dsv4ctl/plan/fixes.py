@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from . import capacity as cap
+from ..errors import InputError
 from .models import REPLICATED_WEIGHTS_GIB
 from . import verdict as vd
 from .inputs import MAX_PARALLEL, GroupInputs
@@ -90,9 +91,12 @@ def first_passing_mfs(model, gi: GroupInputs) -> str:
             f"headroom {min(to_gib(st.headroom_bytes) for st in stages)} GiB)")
 
 
-def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePlan]]) -> list[str]:
+def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[StagePlan]],
+              resolve=None) -> list[str]:
     """Fixes that work: every candidate is re-planned and kept only when it no longer fails;
-    smallest change first (serve-config values by relative change, then tree changes, then GPUs)."""
+    smallest change first (serve-config values by relative change, then tree changes, then GPUs).
+    ``resolve(overrides)`` re-resolves the group as ``--set`` would (SGLang's activation estimate
+    and defaults follow the new tp-size); without it a GPU candidate only rescales the weights."""
     out: list[tuple[tuple, str]] = []
 
     def add(cost: tuple, text: str, r: tuple) -> None:
@@ -158,12 +162,26 @@ def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[Stage
                 break
             fixed = REPLICATED_WEIGHTS_GIB if gi.weights_fixed_gib is None else gi.weights_fixed_gib
             w = round((gi.weights_gib_per_rank - fixed) / mult + fixed, 3)
-            g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
-                             draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
-                             rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
+            if resolve is None:
+                g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
+                                 draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
+                                 rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
+            else:
+                try:
+                    g2 = resolve({"tp_size": tp, "weights_gib_per_rank": w})
+                except InputError:          # a tp-size the model or topology refuses
+                    continue
             r = _replanned(model, g2)
+            also = ""
+            if r is None and not out and gi.available_bytes_override is None:
+                # nothing cheaper works, and more GPUs still fail or land under SGLang's activation
+                # estimate at this mem-fraction-static: the same GPUs with the closest value that plans
+                f = _search_mfs(model, g2, down=True) or _search_mfs(model, g2, down=False)
+                if f:
+                    also, r = f" and set mem-fraction-static: {f[0]} (from {g2.mem_fraction_static})", f[1]
             if r is not None:
-                add((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)", r)
+                add((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)"
+                               f"{also}", r)
                 break
     out.sort(key=lambda x: x[0])
     return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]

@@ -151,6 +151,12 @@ def _stage_numbers(gp: GroupPlan, st: StagePlan, own_resident: Optional[int] = N
     )
 
 
+# said when no candidate change re-plans without failing (dsv4ctl/plan/fixes.py: fixes_for)
+NO_FIX = ("; no fix found: no single change dsv4ctl tries (mem-fraction-static 0.3-0.99, max-running-requests, "
+          "context-length, chunked-prefill-size, index-K, 2-8x the GPUs, alone or with mem-fraction-static) "
+          "plans without failing")
+
+
 def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
                serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupPlan:
     """Plan one server group (``serve``: its parsed serve config); capacity errors become plan
@@ -178,16 +184,18 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     if stages and gi.rank_resident_gib and len(set(gi.rank_resident_gib)) > 1:
         r = gi.rank_resident_gib.index(min(gi.rank_resident_gib))
         msg += f" (rank {r}, {gi.gpu_name(r)}: the tightest of the group's per-GPU memory)"
-    gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
     if v.level == "fails":
-        gp.errors.append(msg)
-        gp.fixes.extend(fixes_for(model, gi, v, stages))
+        def resolve(o: dict) -> GroupInputs:
+            return resolve_group(profile, group, model, facts, {**overrides, **o}, tree_idx, serve, rules)
+        gp.fixes.extend(fixes_for(model, gi, v, stages, resolve))
         if (v.deciding in ("no_kv_memory", "pools") and gi.mfs_source.startswith("default")) \
                 or v.deciding == "indexer_logits":
-            gp.fixes.extend(("or " if gp.fixes else "") + f for f in
-                            chunk_fix(model, gi, lambda o: resolve_group(profile, group, model, facts, {**overrides, **o},
-                                                                          tree_idx, serve, rules)))
-    elif v.level == "tight":
+            gp.fixes.extend(("or " if gp.fixes else "") + f for f in chunk_fix(model, gi, resolve))
+        if not gp.fixes:
+            msg = msg.replace(": see the fixes)", ")") + NO_FIX
+        gp.errors.append(msg)
+    gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
+    if v.level == "tight":
         gp.warnings.append(f"tight: {msg}")
     gp.warnings.extend(not_in_release(overrides, rules.version if rules else DEFAULT_VERSION))
     if not stages:
