@@ -68,6 +68,8 @@ NOT_RUN: list[tuple[str, str]] = [
      "changes the profile's hosts (tests/test_runbook_live.py, test_runbook_e2e.py)"),
     (r"^dsv4ctl watch profiles/my.yaml (--listen|--on-alert)",
      "probes until stopped (tests/test_watch*.py on the stand-in)"),
+    (r"^dsv4ctl watch demo/p.yaml", "the README's demo files beside the stand-in it starts "
+                                    "(tests/test_watch.py: test_the_readme_demo_runs_as_written)"),
 ]
 
 

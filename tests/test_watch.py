@@ -317,8 +317,8 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-def _spawn_watch(p: Path, *args: str, log: Path | None = None):
-    env = dict(os.environ, NO_COLOR="1")
+def _spawn_watch(p: Path, *args: str, log: Path | None = None, env: dict | None = None):
+    env = dict(os.environ, NO_COLOR="1", **(env or {}))
     cmd = [sys.executable, "-m", "dsv4ctl", "watch", str(p), "--no-releases", *args] + (["--log", str(log)] if log else [])
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -392,7 +392,8 @@ def test_on_alert_runs_the_runbook_once_per_window_as_a_dry_run_and_says_how_it_
     log = tmp_path / "watch.jsonl"
     mport = free_port()
     w = _spawn_watch(p, "--interval", "1s", "--scrape-every", "5s", "--listen", f"{addr}:{mport}",
-                     "--alert-window", "24s", "--on-alert", "toolcall-corruption", log=log)
+                     "--alert-window", "24s", "--on-alert", "toolcall-corruption", log=log,
+                     env={"DSV4CTL_STATE_DIR": str(state := tmp_path / "state")})
     try:
         def finished():
             if not log.exists():
@@ -403,14 +404,19 @@ def test_on_alert_runs_the_runbook_once_per_window_as_a_dry_run_and_says_how_it_
         (e,) = done
         assert e["runbook"] == "toolcall-corruption" and e["mode"] == "dry_run" and e["condition"] == "corruption"
         # the dry run reads the hosts; this one has no sshd, so the dry run says it would stop there
-        assert e["outcome"] == "failed" and e["exit"] == 1, e["output_tail"]
+        assert e["outcome"] == "dry_run_would_stop" and e["exit"] == 1, e["output_tail"]
         assert "the run would stop at step hicache_off" in e["output_tail"][-1]
         assert "one 100% of probes corrupted" in e["why"]
         # one run per window: nothing more in the next 5 s (the window is 24 s)
         time.sleep(5)
         assert len(finished()) == 1
         m = _metrics(f"http://{addr}:{mport}/metrics")
-        assert m["dsv4ctl_watch_alert_actions_total{alert=corruption,outcome=failed,runbook=toolcall-corruption}"] == 1
+        assert m["dsv4ctl_watch_alert_actions_total{alert=corruption,outcome=dry_run_would_stop,runbook=toolcall-corruption}"] == 1
+        # the dry run is in the local run log too, with why and how it ended
+        (run,) = [json.loads(x) for x in (state / "runs.jsonl").read_text().splitlines()]
+        assert run["command"] == "watch --on-alert corruption: runbook run toolcall-corruption --dry-run", run
+        assert (run["outcome"], run["exit_code"], run["mode"], run["profile"]) == ("dry_run_would_stop", 1, "dry_run", str(p))
+        assert "one 100% of probes corrupted" in run["why"] and run["ts"] and run["who"]
     finally:
         _end(w)
         _stop(proc)
@@ -572,3 +578,39 @@ def test_secrets_nan_and_a_full_log_disk(tmp_path):
 def test_more_bad_input_exit_2(colocated, args, msg):
     r = run_cli("watch", str(colocated[0]), *args)
     assert r.code == 2 and msg in r.err and "Traceback" not in r.err, r.err
+
+
+def _readme_block(title: str) -> str:
+    """The README's fenced block whose first line is ``# TITLE`` (the watch demo's files)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"```yaml\n# {title}\n") + len("```yaml\n")
+    return text[start:text.index("```", start)]
+
+
+def test_the_readme_demo_runs_as_written(tmp_path):
+    """The README's "Trying it without GPUs": its two files as printed (only the address and port
+    moved to this worker's), the stand-in started with the README's flags, and its watch line:
+    exit 0 with the probe ok and the metrics up; with ``--fault markup_as_text`` exit 1, corrupted."""
+    readme = (REPO / "README.md").read_text()
+    start = next(ln for ln in readme.splitlines() if ln.startswith(".venv/bin/python -m tests.standin.server --config demo/"))
+    line = next(ln for ln in readme.splitlines() if ln.startswith("dsv4ctl watch demo/p.yaml"))
+    assert "(exit 0)" in line
+    addr, port = loopback(32), free_port()
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "p.yaml").write_text(_readme_block("demo/p.yaml").replace("127.0.0.1", addr))
+    (tmp_path / "demo" / "serve.yaml").write_text(_readme_block("demo/serve.yaml").replace("port: 31000", f"port: {port}"))
+    flags = start.split(" --config ", 1)[1].rstrip(" &").split()
+    flags = [addr if f == "127.0.0.1" else str(port) if f == "31000" else f for f in flags]
+    words = line.split("#")[0].split()[1:]
+    for fault, code, outcome in (((), 0, "ok"), (("--fault", "markup_as_text"), 1, "corrupted")):
+        proc = popen_standin(["--config", str(tmp_path / flags[0]), *flags[1:], *fault], quiet=True)
+        try:
+            wait_health(f"http://{addr}:{port}", timeout=60)
+            r = run_cli(*words, cwd=tmp_path)
+            assert r.code == code, (r.out, r.err)
+            assert "Traceback" not in r.err
+            j = run_cli(*words, "--json", cwd=tmp_path).json()
+            (t,) = j["targets"]
+            assert (t["name"], t["probe"]["outcome"]) == ("one", outcome), t
+        finally:
+            _stop(proc)

@@ -104,10 +104,10 @@ def test_shipped_files_go_into_the_wheel():
     assert sorted(p.name for p in DATA.iterdir()) == ["dashboard.json", "rules.yml"]
 
 
-@pytest.mark.parametrize("kw,n", [({}, 23), ({"scale": 1 / 60}, 23), ({"slo": 0.05}, 23), ({"slo": 0.007, "scale": 1 / 7}, 23),
-                                  ({"scale": 3}, 23)])
+@pytest.mark.parametrize("kw,n", [({}, 25), ({"scale": 1 / 60}, 25), ({"slo": 0.05}, 25), ({"slo": 0.007, "scale": 1 / 7}, 25),
+                                  ({"scale": 3}, 25)])
 def test_promtool_checks_the_rule_files(promtool, tmp_path, kw, n):
-    _check_rules(promtool, DATA / "rules.yml", 23)
+    _check_rules(promtool, DATA / "rules.yml", 25)
     f = tmp_path / "rules.yml"
     f.write_text(render_rules(**kw))
     _check_rules(promtool, f, n)
@@ -145,12 +145,14 @@ def test_rule_file_contents():
     assert {n: r["labels"]["severity"] for n, r in a.items()} == {
         "DSV4ToolCallCorruptionFastBurn": "page", "DSV4ToolCallCorruptionSlowBurn": "ticket", "DSV4ProbeStuck": "page",
         "DSV4ProbesFailing": "page", "DSV4SchedulerStall": "page", "DSV4KVPoolNearFull": "ticket",
-        "DSV4PDTransferFailures": "ticket", "DSV4ReleaseNotPromoted": "ticket", "DSV4ActiveReleaseFailed": "page",
+        "DSV4PDTransferFailures": "ticket", "DSV4GatewayRetrying": "ticket", "DSV4GatewayCircuitOpen": "ticket",
+        "DSV4ReleaseNotPromoted": "ticket", "DSV4ActiveReleaseFailed": "page",
         "DSV4WatchScrapeDown": "ticket"}
     assert {n: r.get("for") for n, r in a.items()} == {
         "DSV4ToolCallCorruptionFastBurn": "2m", "DSV4ToolCallCorruptionSlowBurn": "15m", "DSV4ProbeStuck": "2m",
         "DSV4ProbesFailing": "5m", "DSV4SchedulerStall": "2m", "DSV4KVPoolNearFull": "10m",
-        "DSV4PDTransferFailures": None, "DSV4ReleaseNotPromoted": "30m", "DSV4ActiveReleaseFailed": "1m",
+        "DSV4PDTransferFailures": None, "DSV4GatewayRetrying": None, "DSV4GatewayCircuitOpen": "2m",
+        "DSV4ReleaseNotPromoted": "30m", "DSV4ActiveReleaseFailed": "1m",
         "DSV4WatchScrapeDown": "10m"}
     assert a["DSV4ToolCallCorruptionFastBurn"]["expr"] == (
         "(\n  dsv4ctl:probe_corruption:ratio_rate1h > 0.1\n  and dsv4ctl:probe_corruption:ratio_rate5m > 0.1\n)\n"
@@ -170,7 +172,7 @@ def test_rule_file_contents():
     assert used <= _metric_names() | set(RECORDS), used - _metric_names() - set(RECORDS)
     assert {metrics.PROBES, metrics.CORRUPTED, metrics.FAILED, metrics.STUCK_NOW, metrics.RELEASE, metrics.SCRAPE_UP,
             metrics.SGLANG_RUNNING, metrics.SGLANG_GENERATED, metrics.SGLANG_TOKEN_USAGE,
-            metrics.SGLANG_TRANSFER_FAILED} <= used
+            metrics.SGLANG_TRANSFER_FAILED, metrics.GATEWAY_RETRIES, metrics.GATEWAY_CIRCUIT_OPEN} <= used
 
 
 def test_slo_and_scale():
@@ -186,7 +188,8 @@ def test_slo_and_scale():
     assert {n: r.get("for") for n, r in _alerts(doc).items()} == {
         "DSV4ToolCallCorruptionFastBurn": "2s", "DSV4ToolCallCorruptionSlowBurn": "15s", "DSV4ProbeStuck": "2s",
         "DSV4ProbesFailing": "5s", "DSV4SchedulerStall": "2s", "DSV4KVPoolNearFull": "10s",
-        "DSV4PDTransferFailures": None, "DSV4ReleaseNotPromoted": "30s", "DSV4ActiveReleaseFailed": "1s",
+        "DSV4PDTransferFailures": None, "DSV4GatewayRetrying": None, "DSV4GatewayCircuitOpen": "2s",
+        "DSV4ReleaseNotPromoted": "30s", "DSV4ActiveReleaseFailed": "1s",
         "DSV4WatchScrapeDown": "10s"}
     windows = {n: re.findall(r"\[([^\]]+)\]", e) for n, e in _records(doc).items()}
     assert windows[count_record("1h")] == ["1m", "1m", "1m"] and windows[corrupted_record("6h")] == ["6m", "6m"]

@@ -92,7 +92,7 @@ def parse_gateway_metrics(text: str) -> dict[str, Any]:
     return out
 
 
-def _client_retries(by_type: dict[str, float]) -> int:
+def client_retries(by_type: dict[str, float]) -> int:
     """Client requests re-sent: the decode (PD) plus regular (non-PD) attempts; prefill only when
     nothing else was counted (a PD retry is counted under both prefill and decode)."""
     n = by_type.get("decode", 0.0) + by_type.get("regular", 0.0)
@@ -112,8 +112,8 @@ def gateway_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dic
     by_type = {t: d(before["retries"].get(t, 0.0), v) for t, v in after["retries"].items()}
     by_type = {t: n for t, n in by_type.items() if n}
     exhausted = {t: d(before["retries_exhausted"].get(t, 0.0), v) for t, v in after["retries_exhausted"].items()}
-    return {"retries": _client_retries(by_type), "retries_by_worker_type": by_type,
-            "retries_exhausted": _client_retries({t: n for t, n in exhausted.items() if n}),
+    return {"retries": client_retries(by_type), "retries_by_worker_type": by_type,
+            "retries_exhausted": client_retries({t: n for t, n in exhausted.items() if n}),
             "circuit_breaker_failures": d(before["cb_failures"], after["cb_failures"]),
             "circuit_breakers_open": sorted(after["cb_open"])}
 

@@ -62,26 +62,13 @@ class _RunLog:
     def __exit__(self, et, e, tb):
         if self.dry_run:
             return False
-        import json
-        import os
+        from ..deploy.runlog import append_run
         from ..deploy.steps import mask_secrets
         from ..errors import DsvError
-        from ..hosts.audit import now_iso
-        from ..remote import who
-        from ..resources import state_root
         code = 0 if et is None else (e.exit_code if isinstance(e, DsvError) else 130 if et is KeyboardInterrupt else 1)
-        rec = {"ts": now_iso(), "who": who(), "command": self.command, "profile": str(self.profile.path),
-               "exit_code": code,
-               "error": "interrupted" if et is KeyboardInterrupt else mask_secrets(str(e), self.secrets) if e else None,
-               **self.result, "steps": self.steps}
-        try:
-            d = state_root()
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(d / "runs.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a") as f:
-                f.write(mask_secrets(json.dumps(rec, default=str), self.secrets) + "\n")
-        except OSError:
-            pass
+        append_run({"command": self.command, "profile": str(self.profile.path), "exit_code": code,
+                    "error": "interrupted" if et is KeyboardInterrupt else mask_secrets(str(e), self.secrets) if e else None,
+                    **self.result, "steps": self.steps}, self.secrets)
         return False
 
 

@@ -135,7 +135,8 @@ def watch(ctx: typer.Context,
             raise InputError(f"--log {str(log)!r}: no such folder")
         # a profile file is named by its absolute path (a unit runs from /); a shipped name stays a name
         given = profile if profile is not None else os.environ.get("DSV4CTL_PROFILE") or None
-        arg = os.path.abspath(given) if given and os.path.isfile(given) else (given or os.path.abspath(dep.path))
+        # without one, the rules' runbook commands say PROFILE (the embedded example is not one to act on)
+        arg = os.path.abspath(given) if given and os.path.isfile(given) else given
         sys.stdout.write(_artifact(print_, arg, dep.check.max_corruption, _unit_args(ctx) if print_ == "unit" else ()))
         return
     from .check import check_secrets, masked

@@ -14,7 +14,11 @@ number of series per target).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# No ``*_created`` series beside every counter and histogram (prometheus_client's default): they
+# doubled the series a watch serves and nothing reads them (process-wide; watch runs alone).
+disable_created_metrics()
 
 PREFIX = "dsv4ctl_watch_"
 
@@ -57,14 +61,25 @@ SGLANG_TOKEN_USAGE = PREFIX + "sglang_token_usage"
 SGLANG_TRANSFER_FAILED = PREFIX + "sglang_transfer_failed_requests"
 """Gauge {target}: ``sglang:num_transfer_failed_reqs_total`` + ``sglang:num_bootstrap_failed_reqs_total``
 (PD KV transfer failures as SGLang counts them; a counter value)."""
+GATEWAY_RETRIES = PREFIX + "gateway_retries"
+"""Gauge {target, worker_type}: the PD gateway's ``smg_worker_retries_total`` summed per worker
+type (sglang-router and smg; a counter value): attempts it re-sent, which the client and the
+probes see as ok (a gateway that retries hides failures from the corruption rate)."""
+GATEWAY_RETRIES_EXHAUSTED = PREFIX + "gateway_retries_exhausted"
+"""Gauge {target, worker_type}: ``smg_worker_retries_exhausted_total`` (requests that failed
+after the gateway's last retry; a counter value)."""
+GATEWAY_CIRCUIT_OPEN = PREFIX + "gateway_circuit_open"
+"""Gauge {target}: workers whose circuit breaker the gateway holds open or half-open
+(``smg_worker_cb_state`` not 0): it sends them nothing."""
 ROUNDS = PREFIX + "rounds_total"
 """Counter: probe rounds started."""
 INTERNAL_ERRORS = PREFIX + "internal_errors_total"
 """Counter: unexpected exceptions inside watch's loops (each is also an event; the loop goes on)."""
 ALERT_ACTIONS = PREFIX + "alert_actions_total"
-"""Counter {alert, runbook, outcome}: ``--on-alert`` runbook runs (outcome ``dry_run``,
-``completed``, ``failed``, ``skipped_lock`` (a host's deploy lock held or not read),
-``interrupted`` (watch stopped while it ran))."""
+"""Counter {alert, runbook, outcome}: ``--on-alert`` runbook runs (outcome ``completed`` /
+``failed`` with ``--auto``; ``dry_run``, ``dry_run_would_stop`` or ``failed`` without (see
+:func:`dsv4ctl.watch.run.action_outcome`); ``skipped_lock`` (a host's deploy lock held or not
+read), ``interrupted`` (watch stopped while it ran))."""
 
 RELEASE_KEEP = 8
 """Releases per target whose probe series are kept after they stop being active."""
@@ -100,6 +115,13 @@ class WatchMetrics:
                                registry=r)
         self.token_usage = Gauge(SGLANG_TOKEN_USAGE, "sglang:token_usage, the largest over ranks.", ["target"],
                                  registry=r)
+        self.gw_retries = Gauge(GATEWAY_RETRIES, "PD gateway retries (smg_worker_retries_total, counter value).",
+                                ["target", "worker_type"], registry=r)
+        self.gw_exhausted = Gauge(GATEWAY_RETRIES_EXHAUSTED, "PD gateway requests failed after the last retry "
+                                  "(smg_worker_retries_exhausted_total, counter value).", ["target", "worker_type"],
+                                  registry=r)
+        self.gw_open = Gauge(GATEWAY_CIRCUIT_OPEN, "Workers whose gateway circuit breaker is open (smg_worker_cb_state != 0).",
+                             ["target"], registry=r)
         self.transfer_failed = Gauge(SGLANG_TRANSFER_FAILED, "SGLang PD transfer + bootstrap failures (counter value).",
                                      ["target"], registry=r)
         self.rounds = Counter(ROUNDS[:-6], "Probe rounds started.", registry=r)

@@ -34,8 +34,8 @@ import re
 
 import yaml
 
-from .metrics import (CORRUPTED, FAILED, PROBES, RELEASE, SCRAPE_UP, SGLANG_GENERATED, SGLANG_RUNNING,
-                      SGLANG_TOKEN_USAGE, SGLANG_TRANSFER_FAILED, STUCK_NOW)
+from .metrics import (CORRUPTED, FAILED, GATEWAY_CIRCUIT_OPEN, GATEWAY_RETRIES, PROBES, RELEASE, SCRAPE_UP,
+                      SGLANG_GENERATED, SGLANG_RUNNING, SGLANG_TOKEN_USAGE, SGLANG_TRANSFER_FAILED, STUCK_NOW)
 
 DEFAULT_SLO = 0.01
 """Default error budget: a fraction (0..1) of known-answer probes that may be corrupted (1 %);
@@ -84,12 +84,17 @@ NOT_PROMOTED_FOR = 1800
 """``DSV4ReleaseNotPromoted``: seconds a release may stay active without being promoted."""
 RELEASE_FAILED_FOR = 60
 """``DSV4ActiveReleaseFailed`` ``for:``, seconds."""
+GATEWAY_RETRY_WINDOW = 600
+"""``DSV4GatewayRetrying``: seconds over which any client request the PD gateway re-sent fires it."""
+CIRCUIT_OPEN_FOR = 120
+"""``DSV4GatewayCircuitOpen`` ``for:``, seconds."""
 SCRAPE_DOWN_FOR = 600
 """``DSV4WatchScrapeDown``: seconds of failed ``/metrics`` scrapes of a target."""
 
 ALERTS = ("DSV4ToolCallCorruptionFastBurn", "DSV4ToolCallCorruptionSlowBurn", "DSV4ProbeStuck",
           "DSV4ProbesFailing", "DSV4SchedulerStall", "DSV4KVPoolNearFull", "DSV4PDTransferFailures",
-          "DSV4ReleaseNotPromoted", "DSV4ActiveReleaseFailed", "DSV4WatchScrapeDown")
+          "DSV4GatewayRetrying", "DSV4GatewayCircuitOpen", "DSV4ReleaseNotPromoted", "DSV4ActiveReleaseFailed",
+          "DSV4WatchScrapeDown")
 """Every alert of the rule file, in file order."""
 
 RUNBOOKS: dict[str, str] = {
@@ -274,6 +279,19 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
               "PD KV transfer failures on {{ $labels.target }}",
               "{{ $labels.target }} counted {{ $value | printf \"%.0f\" }} failed PD KV transfer or bootstrap "
               f"request(s) over the last {d(TRANSFER_WINDOW)}."),
+        # the gateway's counters as gauges (increase() as above); a PD retry re-sends the pair and is
+        # counted under prefill and decode: decode (+ regular, not PD) is the client requests re-sent
+        alert("DSV4GatewayRetrying",
+              f'sum by (target) (increase({GATEWAY_RETRIES}{{worker_type!="prefill"}}[{r(GATEWAY_RETRY_WINDOW)}])) > 0',
+              0, "ticket",
+              "PD gateway {{ $labels.target }} is re-sending requests",
+              "{{ $labels.target }} re-sent {{ $value | printf \"%.0f\" }} request(s) to its workers over the last "
+              f"{d(GATEWAY_RETRY_WINDOW)}: a request retried to success is ok to its client and to the probes, so "
+              "the corruption rate does not count the failures it hides (dsv4ctl diagnose PROFILE)."),
+        alert("DSV4GatewayCircuitOpen", f"{GATEWAY_CIRCUIT_OPEN} > 0", CIRCUIT_OPEN_FOR, "ticket",
+              "PD gateway {{ $labels.target }} holds a worker out",
+              "{{ $labels.target }} has held the circuit breaker of {{ $value }} worker(s) open for "
+              f"{d(CIRCUIT_OPEN_FOR)}: it sends them nothing, so the others carry the load (dsv4ctl diagnose PROFILE)."),
         # states: pushed, active (health gate passed), good (promoted), failed, none (no release
         # active on the host); failed releases page on their own (DSV4ActiveReleaseFailed)
         alert("DSV4ReleaseNotPromoted", f'{RELEASE}{{state!~"good|failed|none"}} == 1', NOT_PROMOTED_FOR, "ticket",

@@ -25,6 +25,7 @@ from ..check import expect as E
 from ..check import classify as C
 from ..check.classify import tool_specs
 from ..check.driver import ClientSideError, make_client, read_capped, run_turn
+from ..check.gateway import client_retries, parse_gateway_metrics
 from ..check.workload import TOOLS
 from ..errors import RemoteError
 from . import model as M
@@ -59,6 +60,17 @@ class WatchOptions:
     profile_arg: str = ""
     emit: Callable[[dict], None] = lambda e: None
     every_probe: bool = False
+
+
+def action_outcome(auto: bool, code: int) -> str:
+    """How an ``--on-alert`` runbook run ended, from its exit code (``runbook run``: 0 completed,
+    1 a step failed, or with ``--dry-run`` a step says the run would stop): ``completed`` /
+    ``failed`` for ``--auto``; ``dry_run`` (it would run through), ``dry_run_would_stop`` (it
+    would stop at a step: a finding of the dry run, not a failure of watch) or ``failed`` (any
+    other exit: bad input, interrupted) for a dry run."""
+    if auto:
+        return "completed" if code == 0 else "failed"
+    return {0: "dry_run", 1: "dry_run_would_stop"}.get(code, "failed")
 
 
 class Watcher:
@@ -244,6 +256,15 @@ class Watcher:
                         if g.token_usage is not None:
                             self.m.token_usage.labels(t.name).set(g.token_usage)
                         self.m.transfer_failed.labels(t.name).set(g.transfer_failed)
+                    else:
+                        gw = await asyncio.to_thread(parse_gateway_metrics, text)
+                        for metric, key in ((self.m.gw_retries, "retries"), (self.m.gw_exhausted, "retries_exhausted")):
+                            for wt, v in gw[key].items():
+                                metric.labels(t.name, wt).set(v)
+                        self.m.gw_open.labels(t.name).set(len(gw["cb_open"]))
+                        doc.update({"retries": client_retries(gw["retries"]),
+                                    "retries_exhausted": client_retries(gw["retries_exhausted"]),
+                                    "circuit_open": sorted(gw["cb_open"])})
                     doc["up"] = True
         except asyncio.TimeoutError:
             doc["error"] = "no answer within 10 s"
@@ -384,19 +405,30 @@ class Watcher:
             # interrupted, writes its report and audit record, exits 130), never left running alone
             await self._stop_child(proc)
             self.m.alert_actions.labels(cond, book, "interrupted").inc()
+            self._run_log(argv, cond, book, "interrupted", proc.returncode, why)
             self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "interrupted",
                             "exit": proc.returncode, "mode": "auto" if self.opts.auto else "dry_run", "why": why})
             raise
         finally:
             self._children.discard(proc)
-        outcome = ("dry_run" if not self.opts.auto else "completed") if proc.returncode == 0 else "failed"
+        outcome = action_outcome(self.opts.auto, proc.returncode)
         tail = out.decode("utf-8", "replace").strip().splitlines()[-3:]
+        self._run_log(argv, cond, book, outcome, proc.returncode, why)
         if self.opts.auto:          # the hosts' audit first: the event below means both are written
             await asyncio.to_thread(self._audit, cond, book, outcome, proc.returncode, why)
         self.m.alert_actions.labels(cond, book, outcome).inc()
         self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": outcome,
                         "exit": proc.returncode, "mode": "auto" if self.opts.auto else "dry_run", "why": why,
                         "output_tail": tail})
+
+    def _run_log(self, argv: list, cond: str, book: str, outcome: str, code, why: str) -> None:
+        """The run in the local run log (``<state>/runs.jsonl``), dry runs included: what ran,
+        why, how it ended; the API key masked."""
+        from ..deploy.runlog import append_run
+        append_run({"command": f"watch --on-alert {cond}: runbook run {book} {argv[-1]}",
+                    "profile": str(self.dep.path), "exit_code": code, "outcome": outcome, "condition": cond,
+                    "runbook": book, "mode": "auto" if self.opts.auto else "dry_run", "why": why},
+                   [self.opts.api_key] if self.opts.api_key else [])
 
     @staticmethod
     async def _stop_child(proc, grace: float = 25.0) -> None:
