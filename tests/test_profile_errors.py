@@ -202,3 +202,17 @@ def test_bad_serve_config_is_one_line_with_file_line_and_field(tmp_path, which, 
     text = edit(sc, old, new)
     line = line_of(text, anchor) if expected.startswith("YAML") is False else line_of(text, anchor) + 1
     assert one_error(run_cli("plan", str(prof))) == f"{sc}:{line}: {expected.replace('PROFILE', str(prof))}"
+
+
+def test_profile_init_beside_a_file_named_as_its_serve_config_folder_writes_nothing(tmp_path):
+    """``profile init blk.yaml`` puts the serve configs in ``blk/``; a regular file ``blk`` there is
+    refused before anything is written, by the dry run too (exit 2, one line); a clean name works."""
+    (tmp_path / "blk").write_text("mine\n")
+    for extra in (("--dry-run",), ()):
+        r = run_cli("profile", "init", "blk.yaml", *extra, cwd=tmp_path)
+        assert r.code == 2 and r.out == "", (extra, r.out, r.err)
+        assert r.err == (f"dsv4ctl: error: {Path('blk')}: not a folder, and {Path('blk') / 'prefill.yaml'} would go "
+                         "inside it (move it or choose another PATH)\n"), r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blk"] and (tmp_path / "blk").read_text() == "mine\n"
+    r = run_cli("profile", "init", "ok.yaml", cwd=tmp_path)
+    assert r.code == 0 and (tmp_path / "ok.yaml").is_file() and (tmp_path / "ok" / "prefill.yaml").is_file(), r.err

@@ -180,6 +180,9 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
             raise InputError(f"{f}: already exists (--force overwrites)")
         if f.exists() and not f.is_file():
             raise InputError(f"{f}: not a regular file")
+        blocked = next((a for a in f.parents if a.exists() or a.is_symlink()), None)
+        if blocked is not None and not blocked.is_dir():
+            raise InputError(f"{blocked}: not a folder, and {f} would go inside it (move it or choose another PATH)")
     from ..render import dump_json
     doc = {"schema": "dsv4ctl.profile-init/1", "profile": str(dest), "dry_run": dry_run,
            "files": [str(f) for f in files], "next": f"dsv4ctl plan {dest}"}
@@ -190,14 +193,19 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         for f in files:
             print(f"dry run: would write {f}")
         return
+    written: list[Path] = []
     for f, text in files.items():
         tmp = f.with_name(f".{f.name}.tmp")
         try:
             f.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(f)
+            written.append(f)
         except OSError as e:
             tmp.unlink(missing_ok=True)
+            if not force:               # nothing half-made stays behind (with --force: files it replaced)
+                for w in written:
+                    w.unlink(missing_ok=True)
             raise InputError(f"{f}: cannot write ({e.strerror or e})") from None
     try:
         load_profile(dest)          # what was written loads
