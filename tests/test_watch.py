@@ -614,3 +614,100 @@ def test_the_readme_demo_runs_as_written(tmp_path):
             assert (t["name"], t["probe"]["outcome"]) == ("one", outcome), t
         finally:
             _stop(proc)
+
+
+def test_a_failed_release_read_makes_the_lock_unknown_so_auto_waits(tmp_path, monkeypatch):
+    """A read that found the deploy lock free, then a read that fails (the host unreachable: an
+    operator may hold the lock by now): the lock is unknown again, so an --auto corruption run is
+    skipped (skipped_lock), not started on the stale "free"; the failure is said once, and its
+    recovery once (breaker's finding)."""
+    import asyncio
+    import types
+
+    import dsv4ctl.deploy.site as site_mod
+    import dsv4ctl.remote as remote_mod
+    from dsv4ctl.hosts.layout import HostFacts
+    p = _profile(tmp_path, """\
+        - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """)
+    events: list = []
+    w = Watcher(load_deployment(p), WatchOptions(auto=True, on_alert={"corruption": "toolcall-corruption"},
+                                                 alert_window=12, emit=events.append))
+
+    class Site:
+        transports = {"local": types.SimpleNamespace(name="local")}
+        paths = {"local": types.SimpleNamespace(root="/srv/dsv4ctl")}
+
+        def close(self):
+            pass
+    monkeypatch.setattr(site_mod, "open_site", lambda *a, **k: Site())
+    ok = {"now": True}
+
+    def run_parallel(transports, fn, timeout=None):
+        if ok["now"]:
+            return {"local": types.SimpleNamespace(ok=True, error=None, value=HostFacts(
+                host="local", root="/srv/dsv4ctl", current="r1", lock=None))}
+        return {"local": types.SimpleNamespace(ok=False, error="local: cannot connect (connection refused)", value=None)}
+    monkeypatch.setattr(remote_mod, "run_parallel", run_parallel)
+    ran: list = []
+
+    async def fake_run(cond, book, why):
+        ran.append((cond, book))
+    w._run_runbook = fake_run
+
+    async def main():
+        w.read_releases()
+        assert w.locks == {"local": None}          # read, and free
+        ok["now"] = False
+        w.read_releases()
+        w.read_releases()
+        assert w.locks == {}                        # unknown again
+        now = time.monotonic()
+        for i in range(12):
+            w.burn.add("one", now - 0.01 * i, True)
+        await w.evaluate()
+        await asyncio.sleep(0.05)
+    asyncio.run(main())
+    assert ran == []
+    kinds = [(e["event"], e.get("outcome")) for e in events]
+    assert kinds.count(("release_read_failed", None)) == 1, kinds
+    assert ("alert_action", "skipped_lock") in kinds
+    skipped = next(e for e in events if e.get("outcome") == "skipped_lock")
+    assert skipped["lock_unknown"] == ["local"] and skipped["locked"] == []
+    ok["now"] = True
+    w.read_releases()
+    assert w.locks == {"local": None} and events[-1] == {"event": "release_read_recovered", "host": "local"}
+
+
+def test_short_or_cut_keys_never_show_and_never_bend_the_document():
+    """Masking (breaker's findings): a key cut short by an error text's length limit is masked by
+    what is left of it (8 characters or more); a short key that spells one of the document's own
+    words (``ok``) leaves the document's keys and fixed values alone, while a server string with it
+    is still masked."""
+    from dsv4ctl.commands.check import check_secrets, masked
+    key = "sk-proj-A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v2W3x4Y5z6"
+    reason = "HTTP 401: bad token: https://gw/x?region=eu-west-1&token=" + key[:31] + "…"
+    out = masked({"probe": {"class": "auth_refused", "reason": reason}}, check_secrets(key))
+    assert key[:8] not in json.dumps(out) and out["probe"]["reason"].endswith("&token=***…"), out
+    doc = {"schema": "dsv4ctl.watch/1", "ok": True, "targets": [{"probe": {"class": "ok", "outcome": "ok",
+                                                                          "reason": "said ok to Bearer ok"}}]}
+    m = masked(doc, check_secrets("ok"))
+    assert m["schema"] == "dsv4ctl.watch/1" and m["ok"] is True
+    probe = m["targets"][0]["probe"]
+    assert (probe["class"], probe["outcome"]) == ("ok", "ok") and probe["reason"] == "said *** to Bearer ***"
+
+
+@pytest.mark.parametrize("profile_extra,env,args,msg", [
+    ("check: {max_corruption: 0}\n", {}, ["--print", "rules"], "check.max_corruption 0: the corruption burn alerts need"),
+    ("check: {max_corruption: 1}\n", {}, ["--print", "rules"], "check.max_corruption 1: the corruption burn alerts need"),
+    ("check: {max_corruption: 0.2}\n", {}, ["--on-alert", "toolcall-corruption"], "below 0.1 (they fire at 10x it)"),
+    ("", {"DSV4CTL_API_KEY": "k\ney"}, ["--once"], "must be printable ASCII without spaces or control characters"),
+])
+def test_an_slo_the_burn_cannot_use_or_a_key_no_header_can_carry_is_exit_2(tmp_path, profile_extra, env, args, msg):
+    p = _profile(tmp_path, """\
+        - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """, address=loopback(33))
+    p.write_text(p.read_text().replace("groups:\n", profile_extra + "groups:\n"))
+    r = run_cli("watch", str(p), "--no-releases", *args, env=env)
+    assert r.code == 2 and msg in r.err and r.err.count("\n") == 1 and "Traceback" not in r.err, r.err
+    assert "k\ney" not in r.err

@@ -48,11 +48,17 @@ def masked(x, secrets: set[str]):
     from ..deploy.steps import mask_secrets
     if isinstance(x, str):
         return mask_secrets(x, secrets)
-    if isinstance(x, dict):
-        return {masked(k, secrets): masked(v, secrets) for k, v in x.items()}
+    if isinstance(x, dict):     # keys and the document's own vocabulary are dsv4ctl's, never a server's
+        return {k: v if k in OWN_FIELDS and isinstance(v, str) else masked(v, secrets) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [masked(v, secrets) for v in x]
     return x
+
+
+OWN_FIELDS = frozenset({"schema", "event", "class", "outcome", "role", "mode", "condition", "state", "source",
+                        "verdict", "level"})
+"""Fields whose string values are dsv4ctl's own words (a class, an outcome, a schema id): not
+masked, so a short API key that happens to spell one (``ok``) cannot corrupt the document."""
 
 
 class MaskedRecords:
@@ -86,12 +92,12 @@ def _profile_key(dep, api_key: Optional[str]) -> Optional[str]:
     return serve_config_key(dep)
 
 
-def _check_api_key(key: Optional[str]) -> None:
+def check_api_key(key: Optional[str], where: str = "--api-key / DSV4CTL_API_KEY") -> None:
     """A bearer token must be printable ASCII (it goes into an HTTP header); the key itself is
     never echoed."""
     if key is not None and not all(0x21 <= ord(c) <= 0x7e for c in key):
-        raise InputError("--api-key / DSV4CTL_API_KEY: must be printable ASCII without spaces or "
-                         "control characters (key not shown)")
+        raise InputError(f"{where}: must be printable ASCII without spaces or control characters "
+                         "(a trailing newline from a YAML '|' block?; key not shown)")
 
 
 def _open_records(records: Path):
@@ -156,13 +162,13 @@ def smoke(
     if worker and profile:
         raise InputError("check smoke: --worker goes with a URL (with --profile the workers are its server groups)")
     _duration(timeout, "--timeout")
-    _check_api_key(api_key)
+    check_api_key(api_key)
     dep = None
     if profile:
         dep, t = _profile_targets(profile)
         entry, workers = t.entry, t.workers
         api_key = _profile_key(dep, api_key)
-        _check_api_key(api_key)
+        check_api_key(api_key)
     else:
         entry = normalize_url(url)
         workers = [Worker(name=u, url=u) for u in dict.fromkeys(normalize_url(w) for w in worker or [])]
@@ -278,7 +284,7 @@ def load(
     _duration(turn_timeout, "--turn-timeout")
     if max_duration is not None:
         _duration(max_duration, "--max-duration")
-    _check_api_key(api_key)
+    check_api_key(api_key)
     if stream not in ("on", "off", "mixed"):
         raise InputError(f"--stream {stream!r}: expected on, off or mixed")
     integer(answer_words, "--answer-words", 1, MAX_ANSWER_WORDS)

@@ -91,11 +91,16 @@ def watch(ctx: typer.Context,
 
     Exit 0 stopped by SIGTERM (or --once: every probe ok) · 1 --once: a probe corrupted, stuck or
     failed · 2 bad input (a profile with nothing to probe, an interval under 1s, an unknown
-    runbook) · 3 --listen cannot be bound, or --once could not reach any target · 130 SIGINT/SIGHUP."""
+    runbook) · 3 --listen cannot be bound, or --once could not reach any target · 130 SIGINT/SIGHUP
+    (and SIGTERM during --once or before probing starts)."""
     import asyncio
     import os
     import signal
 
+    from ..signals import terminate_as_interrupt
+    # until the event loop's own handlers are in place (and while the profile loads), SIGTERM and
+    # SIGHUP stop it like Ctrl-C: "interrupted", exit 130, never a death by signal
+    terminate_as_interrupt()
     from ..commands.options import duration
     from ..deploy.site import api_key
     from ..watch import model as M
@@ -129,6 +134,8 @@ def watch(ctx: typer.Context,
             raise InputError(f"{dep.path}: check.stall_timeout_s {stall!r}: watch needs 1..3600 seconds "
                              "(or give --stall-timeout)")
     listen_at = None if once else _listen(listen)
+    if print_ == "rules" or "corruption" in actions:
+        _burnable(dep)
     if print_ is not None:
         import os
         if log is not None and not os.path.isdir(os.path.dirname(os.path.abspath(log)) or "/"):
@@ -139,8 +146,9 @@ def watch(ctx: typer.Context,
         arg = os.path.abspath(given) if given and os.path.isfile(given) else given
         sys.stdout.write(_artifact(print_, arg, dep.check.max_corruption, _unit_args(ctx) if print_ == "unit" else ()))
         return
-    from .check import check_secrets, masked
+    from .check import check_api_key, check_secrets, masked
     key = api_key(dep)
+    check_api_key(key, "the API key (DSV4CTL_API_KEY or a serve config's api-key)")
     secrets = check_secrets(key, dep)
     log_file = None
     if log is not None:
@@ -222,6 +230,8 @@ def watch(ctx: typer.Context,
     try:
         code = asyncio.run(main())
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)      # stopping already: a second signal changes nothing
         if log_file is not None:
             try:
                 log_file.close()
@@ -229,6 +239,17 @@ def watch(ctx: typer.Context,
                 pass
     if code:
         raise typer.Exit(code)
+
+
+def _burnable(dep) -> None:
+    """InputError (exit 2) when the profile's ``check.max_corruption`` (the SLO) leaves the
+    corruption burn alerts nothing to measure: 0 (no error budget to burn) or a budget whose fast
+    burn (:data:`dsv4ctl.watch.rules.FAST_BURN` x SLO) is 100 % or more (it could never fire)."""
+    from ..watch.rules import FAST_BURN
+    slo = dep.check.max_corruption
+    if not 0 < slo < 1 / FAST_BURN:
+        raise InputError(f"{dep.path}: check.max_corruption {slo:g}: the corruption burn alerts need an error "
+                         f"budget above 0 and below {1 / FAST_BURN:g} (they fire at {FAST_BURN:g}x it)")
 
 
 AUTH_CLASSES = ("auth_refused",)

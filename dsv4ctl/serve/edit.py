@@ -326,8 +326,25 @@ def secret_values(data: Any) -> set[str]:
     return secret_strings(data)
 
 
+SCRUB_PREFIX = 8
+"""A secret of at least 12 characters is also masked where only its first 8 or more are left (an
+error text cut short by a length limit before it was masked)."""
+
+
 def scrub(text: str, secrets: set[str]) -> str:
-    """``text`` with every occurrence of the given secret values replaced by ``***``."""
+    """``text`` with every occurrence of the given secret values replaced by ``***``, and every
+    cut-off start of one (its first :data:`SCRUB_PREFIX` characters or more, where the rest is
+    missing) as well."""
     for v in sorted(secrets, key=len, reverse=True):
         text = text.replace(v, MASK)
+    for v in sorted(secrets, key=len, reverse=True):
+        if len(v) < 12:
+            continue
+        head, i = v[:SCRUB_PREFIX], text.find(v[:SCRUB_PREFIX])
+        while i >= 0:
+            n = SCRUB_PREFIX
+            while i + n < len(text) and n < len(v) and text[i + n] == v[n]:
+                n += 1
+            text = text[:i] + MASK + text[i + n:]
+            i = text.find(head, i + len(MASK))
     return text

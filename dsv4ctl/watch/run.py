@@ -102,6 +102,7 @@ class Watcher:
         self._children: set = set()      # --on-alert runbook processes running
         self._action_tasks: set = set()  # their tasks (cancelled, and waited for, when watch stops)
         self._held: set = set()          # conditions whose run waits for a held deploy lock (said once)
+        self._read_failed: set = set()   # hosts whose last release read failed (said once)
         self.specs = tool_specs(TOOLS)
         for t in self.targets:
             if t.probe:
@@ -304,8 +305,15 @@ class Watcher:
         for h, r in res.items():
             if not r.ok:
                 self.m.release_errors.labels(h).inc()
-                self.opts.emit({"event": "release_read_failed", "host": h, "error": r.error})
+                # its deploy lock is unknown again: an --auto run must not act on a stale "free"
+                self.locks.pop(h, None)
+                if h not in self._read_failed:      # said once until a read works again
+                    self._read_failed.add(h)
+                    self.opts.emit({"event": "release_read_failed", "host": h, "error": r.error})
                 continue
+            if h in self._read_failed:
+                self._read_failed.discard(h)
+                self.opts.emit({"event": "release_read_recovered", "host": h})
             f = r.value
             self.locks[h] = f.lock
             for t in self.targets:
@@ -342,6 +350,7 @@ class Watcher:
             try:
                 await asyncio.to_thread(self.read_releases)
             except Exception as e:       # never the end of watch: counted, said, retried
+                self.locks.clear()       # every lock unknown again (an --auto run waits)
                 for h in {t.host for t in self.targets}:
                     self.m.release_errors.labels(h).inc()
                 self.opts.emit({"event": "release_read_failed", "host": "*", "error": f"{type(e).__name__}: {e}"})
@@ -395,11 +404,11 @@ class Watcher:
                 "--yes" if self.opts.auto else "--dry-run"]
         self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "started",
                         "mode": "auto" if self.opts.auto else "dry_run", "why": why})
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self._children.add(proc)
         try:
-            out, _ = await proc.communicate()
+            out, err = await proc.communicate()
         except asyncio.CancelledError:
             # watch is stopping: the runbook is interrupted like a Ctrl-C (it records the step as
             # interrupted, writes its report and audit record, exits 130), never left running alone
@@ -412,7 +421,8 @@ class Watcher:
         finally:
             self._children.discard(proc)
         outcome = action_outcome(self.opts.auto, proc.returncode)
-        tail = out.decode("utf-8", "replace").strip().splitlines()[-3:]
+        # why it ended is on stderr (the verdict, an error); the step listing on stdout
+        tail = (err if err.strip() else out).decode("utf-8", "replace").strip().splitlines()[-3:]
         self._run_log(argv, cond, book, outcome, proc.returncode, why)
         if self.opts.auto:          # the hosts' audit first: the event below means both are written
             await asyncio.to_thread(self._audit, cond, book, outcome, proc.returncode, why)
@@ -565,7 +575,7 @@ def event_line(e: dict) -> str:
     if kind == "release":
         return f"watch: {e['target']}: release {e['release']} ({e['state']}) on {e['host']}, was {e['was']}"
     if kind == "alert_action":
-        last = (e.get("output_tail") or [""])[-1] if e.get("outcome") == "failed" else ""
+        last = (e.get("output_tail") or [""])[-1] if e.get("outcome") in ("failed", "dry_run_would_stop") else ""
         return (f"watch: on-alert {e['condition']}: runbook {e['runbook']} {e['outcome']}"
                 + (f" (exit {e['exit']})" if "exit" in e else "") + (f": {e['why']}" if e.get("why") else "")
                 + (f"; it said: {last}" if last else ""))

@@ -26,6 +26,8 @@ RestartSec=15
 # probes hold at most one request per target; the process stays small
 MemoryMax=512M
 NoNewPrivileges=true
+# runs as root unless a drop-in sets User=; DSV4CTL_API_KEY (when the servers need one and no serve
+# config holds it) goes into an EnvironmentFile= drop-in, never here (docs/watch.md)
 {environment}
 [Install]
 WantedBy=multi-user.target
