@@ -47,7 +47,13 @@ def batch_key(case: dict) -> tuple:
 # SGLang reads them when its code runs, except deepseek_v4_memory_pool.ONLINE_C128, which the
 # child computes again (driver._import_time_env). A batch with any other switch gets a process.
 FORKABLE_ENV = frozenset({"SGLANG_DSV4_COMPRESS_STATE_DTYPE", "SGLANG_DSV4_KV_LAYOUT",
-                          "SGLANG_OPT_USE_ONLINE_COMPRESS"})
+                          "SGLANG_OPT_USE_ONLINE_COMPRESS",
+                          # read when called, never at import (0.5.23: ``envs.X.get()`` in
+                          # pool_configurator.py and deepseek_v4_memory_pool.py, os.getenv in
+                          # distributed/utils.py get_pp_indices); the stored matrix, made by
+                          # separate processes, and each release's twin check would disagree if not
+                          "SGLANG_SWA_EVICTION_INTERVAL", "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP",
+                          "SGLANG_DSV4_COMPRESSED_KV_LAYOUT", "SGLANG_PP_LAYER_PARTITION"})
 
 
 #: Sources of other SGLang releases (the ``sglang/`` package of each wheel, extracted by
