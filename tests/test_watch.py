@@ -355,7 +355,7 @@ def test_watch_counts_probes_survives_a_restart_and_stops_on_sigterm(colocated, 
         m = _metrics(murl)
         assert m["dsv4ctl_watch_scrape_up{source=sglang,target=one}"] == 1.0
         assert m["dsv4ctl_watch_sglang_generation_tokens{target=one}"] > 0
-        assert m["dsv4ctl_watch_probe_duration_seconds_count{role=colocated,target=one}"] >= 2
+        assert m["dsv4ctl_watch_probe_duration_seconds_count{release=unknown,role=colocated,target=one}"] >= 2
         # the server goes away: failed probes and a scrape down, watch keeps running
         _stop(proc)
         fkey = "dsv4ctl_watch_probes_failed_total{class=http_error,release=unknown,role=colocated,target=one}"
@@ -448,6 +448,7 @@ def test_watcher_drops_series_of_releases_long_gone(tmp_path):
     for i in range(12):
         w._set_release(t, "local", f"r{i}", "active")
         w._count(w.m.probes, (t.name, t.role, f"r{i}"))
+        w._observe(t, f"r{i}", {"ttft_s": 0.2, "e2e_s": 0.5 + i})
     from prometheus_client import generate_latest
     text = generate_latest(w.m.registry).decode()
     kept = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_probes_total{")]
@@ -459,6 +460,11 @@ def test_watcher_drops_series_of_releases_long_gone(tmp_path):
     assert all(k.endswith(" 0.0") for k in corrupted)
     rel = [line for line in text.splitlines() if line.startswith("dsv4ctl_watch_release{")]
     assert rel == ['dsv4ctl_watch_release{host="local",release="r11",state="active",target="one"} 1.0']
+    # latency by release too, kept and dropped with the release's other series
+    sums = {ln.split('release="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines() if ln.startswith("dsv4ctl_watch_probe_duration_seconds_sum{")}
+    assert sums == {f"r{i}": 0.5 + i for i in range(3, 12)}
+    assert sum(ln.startswith("dsv4ctl_watch_probe_ttft_seconds_count{") for ln in text.splitlines()) == 9
 
 
 def test_probe_series_exist_at_zero_before_the_first_probe(tmp_path):

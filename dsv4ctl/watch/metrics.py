@@ -37,9 +37,10 @@ STUCK_NOW = PREFIX + "probes_stuck"
 or its last finished probe ended ``stuck`` (no progress within the stall timeout) and none has
 finished since; else 0."""
 TTFT = PREFIX + "probe_ttft_seconds"
-"""Histogram {target, role}: time to first streamed token of streaming probes."""
+"""Histogram {target, role, release}: time to first streamed token of streaming probes."""
 E2E = PREFIX + "probe_duration_seconds"
-"""Histogram {target, role}: probe request to complete answer."""
+"""Histogram {target, role, release}: probe request to complete answer (a release's latency
+beside the one before it; dropped with the release's other series)."""
 RELEASE = PREFIX + "release"
 """Gauge {target, host, release, state} = 1: the release active on the target's node-0 host and
 its recorded state (``active``: health gate passed, not promoted; ``good``: promoted;
@@ -100,9 +101,10 @@ class WatchMetrics:
         self.failed = Counter(FAILED[:-6], "Probes without a judged answer (http_error, pd_transfer_failed, pd_bootstrap_failed, stuck).",
                               ["target", "role", "release", "class"], registry=r)
         self.stuck_now = Gauge(STUCK_NOW, "Probes in flight longer than the stall timeout.", ["target"], registry=r)
-        self.ttft = Histogram(TTFT, "Time to first token of streaming probes.", ["target", "role"],
+        self.ttft = Histogram(TTFT, "Time to first token of streaming probes.", ["target", "role", "release"],
                               buckets=TTFT_BUCKETS, registry=r)
-        self.e2e = Histogram(E2E, "Probe end to end latency.", ["target", "role"], buckets=E2E_BUCKETS, registry=r)
+        self.e2e = Histogram(E2E, "Probe end to end latency.", ["target", "role", "release"], buckets=E2E_BUCKETS,
+                             registry=r)
         self.release = Gauge(RELEASE, "Release active on the target's node-0 host (value 1).",
                              ["target", "host", "release", "state"], registry=r)
         self.release_errors = Counter(RELEASE_READ_ERRORS[:-6], "Failed reads of a host's active release.",

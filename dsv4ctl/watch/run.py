@@ -150,10 +150,7 @@ class Watcher:
                 self._count(self.m.corrupted, (t.name, t.role, release, cls))
             elif rec["outcome"] == "failed":
                 self._count(self.m.failed, (t.name, t.role, release, cls))
-            if timing.get("ttft_s") is not None:
-                self.m.ttft.labels(t.name, t.role).observe(timing["ttft_s"])
-            if timing.get("e2e_s") is not None:
-                self.m.e2e.labels(t.name, t.role).observe(timing["e2e_s"])
+            self._observe(t, release, timing)
             if rec["outcome"] != "failed":
                 self.burn.add(t.name, time.monotonic(), rec["outcome"] == "corrupted")
         prev_bad = self._bad_run.get(t.name, 0)
@@ -170,6 +167,15 @@ class Watcher:
         if rec["outcome"] != "ok" or self.opts.every_probe:
             self.opts.emit({"event": "probe", **rec})
         return rec
+
+    def _observe(self, t: M.Target, release: str, timing: dict) -> None:
+        """The probe's TTFT and end-to-end seconds (``timing``: ``ttft_s``, ``e2e_s``, None when not
+        measured) into the latency histograms of (target, release), dropped with its other series."""
+        self._zeros(t.name, t.role, release)
+        for metric, key in ((self.m.ttft, "ttft_s"), (self.m.e2e, "e2e_s")):
+            if timing.get(key) is not None:
+                metric.labels(t.name, t.role, release).observe(timing[key])
+                self._series[(t.name, release)].add((metric, (t.name, t.role, release)))
 
     def _count(self, metric, labels: tuple) -> None:
         self._zeros(labels[0], labels[1], labels[2])
