@@ -111,3 +111,24 @@ def test_bad_options_are_one_line_errors():
     assert r.code == 2 and r.err.strip() == "dsv4ctl: error: x:1: a URL must start with http:// or https://"
     r = run_cli("check", "load", "http://127.0.0.1:9", "--gateway-metrics", "gw:29000")
     assert r.code == 2 and r.err.strip() == "dsv4ctl: error: gw:29000: a URL must start with http:// or https://"
+
+
+def test_metrics_that_are_no_counts_and_labels_of_no_worker_type_are_left_out():
+    """A gateway page with +Inf, NaN and negative values, a worker_type that is no gateway's (it
+    could be anything, a secret included: labels stay bounded) and a NaN breaker state: only the
+    real counts are read (was: OverflowError traceback in watch --once, breaker's finding)."""
+    text = "\n".join([
+        'smg_worker_retries_total{worker_type="decode",endpoint="chat"} +Inf',
+        'smg_worker_retries_total{worker_type="decode",endpoint="chat"} 2',
+        'smg_worker_retries_total{worker_type="prefill",endpoint="chat"} -7',
+        'smg_worker_retries_total{worker_type="sk-SECRETVALUE-0123456789"} 3',
+        'smg_worker_retries_exhausted_total 1',
+        'smg_worker_cb_outcomes_total{worker="http://a",outcome="failure"} NaN',
+        'smg_worker_cb_state{worker="http://a"} NaN',
+        'smg_worker_cb_state{worker="http://b"} 1',
+        'smg_worker_cb_state 1', ""])
+    m = parse_gateway_metrics(text)
+    assert m == {"retries": {"decode": 2.0}, "retries_exhausted": {"regular": 1.0}, "cb_failures": 0.0,
+                 "cb_open": ["http://b"]}
+    d = gateway_delta(parse_gateway_metrics(""), m)
+    assert (d["retries"], d["retries_exhausted"], d["circuit_breakers_open"]) == (2, 1, ["http://b"])

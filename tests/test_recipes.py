@@ -221,6 +221,18 @@ def test_more_gpus_with_another_mem_fraction_static_or_an_honest_no_fix(tmp_path
     assert "see the fixes" not in dec["verdict"]["message"]
 
 
+@pytest.mark.parametrize("group,sets", [("decode", ["free_gib_before_load=100"]), ("decode", ["mem_fraction_static=0.3"]),
+                                        ("prefill", ["mem_fraction_static=0.3"])])
+def test_a_gpu_fix_for_estimated_weights_re_plans_as_printed(tmp_path, group, sets):
+    """Estimated weights are estimated again for the fix's tp-size (16-way DP attention shards them
+    otherwise than a linear rescale), so the fix applied as printed re-plans to what it printed
+    (breaker's finding: ~51.576 GiB printed where --set tp_size=32 plans 43.474)."""
+    e = {"id": f"pro-{group}-{sets[0]}", "profile": "dsv4-pro-4xh200-pd", "group": group, "set": sets}
+    g = plan(tmp_path, e)
+    assert g["verdict"]["level"] == "fails" and any("GPUs per group" in f for f in g["fixes"]), g["fixes"]
+    check_fixes(tmp_path, e, g)
+
+
 # ------------------------------------------------------------- requests at context: asked or not
 def test_a_pool_under_one_full_context_request_is_tight_unless_the_profile_asks():
     """The cookbook's H200 Pro low-latency recipe (TP8, mem-fraction-static 0.83) leaves a 69,376-token

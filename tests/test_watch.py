@@ -697,6 +697,10 @@ def test_short_or_cut_keys_never_show_and_never_bend_the_document():
     assert key[:8] not in json.dumps(out) and out["probe"]["reason"].endswith("&token=***…"), out
     doc = {"schema": "dsv4ctl.watch/1", "ok": True, "targets": [{"probe": {"class": "ok", "outcome": "ok",
                                                                           "reason": "said ok to Bearer ok"}}]}
+    # only a cut (the secret stops at a token's end) is masked: a key sharing a word's first 8
+    # characters leaves the word alone; linear time on a big text
+    assert masked("model deepseek-v4-flash", check_secrets("deepseek-secret-key-1")) == "model deepseek-v4-flash"
+    assert masked("sk-proj-x " * 3, check_secrets(key)) == "sk-proj-x " * 3
     m = masked(doc, check_secrets("ok"))
     assert m["schema"] == "dsv4ctl.watch/1" and m["ok"] is True
     probe = m["targets"][0]["probe"]
@@ -717,3 +721,26 @@ def test_an_slo_the_burn_cannot_use_or_a_key_no_header_can_carry_is_exit_2(tmp_p
     r = run_cli("watch", str(p), "--no-releases", *args, env=env)
     assert r.code == 2 and msg in r.err and r.err.count("\n") == 1 and "Traceback" not in r.err, r.err
     assert "k\ney" not in r.err
+
+
+def test_the_run_log_is_never_waited_on():
+    """A FIFO where the run log goes (no reader): the record is not written and nothing blocks
+    (was: watch hung in open() on its event loop, deaf to SIGTERM; breaker's finding)."""
+    import tempfile
+    from dsv4ctl.deploy.runlog import append_run
+    with tempfile.TemporaryDirectory() as d:
+        os.mkfifo(os.path.join(d, "runs.jsonl"))
+        r = subprocess.run([sys.executable, "-c", "from dsv4ctl.deploy.runlog import append_run as a; "
+                            "print(a({'command': 'x'}))"], cwd=REPO, env=dict(os.environ, DSV4CTL_STATE_DIR=d),
+                           capture_output=True, text=True, timeout=20)
+        assert r.stdout == "False\n", r.stderr
+    with tempfile.TemporaryDirectory() as d:
+        old = os.environ.get("DSV4CTL_STATE_DIR")
+        os.environ["DSV4CTL_STATE_DIR"] = d
+        try:
+            assert append_run({"command": "x"}) and append_run({"command": "y"})
+        finally:
+            os.environ.pop("DSV4CTL_STATE_DIR") if old is None else os.environ.update(DSV4CTL_STATE_DIR=old)
+        recs = [json.loads(x) for x in open(os.path.join(d, "runs.jsonl"))]
+        assert [r["command"] for r in recs] == ["x", "y"] and all(r["ts"] and r["who"] for r in recs)
+        assert oct(os.stat(os.path.join(d, "runs.jsonl")).st_mode & 0o777) == "0o600"

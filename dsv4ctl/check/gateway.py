@@ -34,6 +34,10 @@ RETRIES = "smg_worker_retries_total"
 RETRIES_EXHAUSTED = "smg_worker_retries_exhausted_total"
 CB_OUTCOMES = "smg_worker_cb_outcomes_total"
 CB_STATE = "smg_worker_cb_state"
+WORKER_TYPES = ("prefill", "decode", "regular")
+"""The ``worker_type`` values the gateways use; any other is not counted (labels stay bounded)."""
+MAX_OPEN_LISTED = 64
+"""Workers with an open circuit breaker listed at most (a larger fleet is not listed further)."""
 
 
 def identify_gateway(server_info_status: Optional[int], get_server_info: Any, workers_doc: Any) -> Optional[dict]:
@@ -74,19 +78,26 @@ def parse_gateway_metrics(text: str) -> dict[str, Any]:
     ``{"retries": {worker_type: n}, "retries_exhausted": {worker_type: n}, "cb_failures": n,
     "cb_open": [worker URL, ...]}`` (counts summed over the other labels). ValueError for text that
     is not Prometheus exposition format."""
+    import math
     from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, Any] = {"retries": {}, "retries_exhausted": {}, "cb_failures": 0.0, "cb_open": []}
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
+                v = float(s.value)
+                if not math.isfinite(v) or v < 0:      # not a count (NaN, Inf, a negative): left out
+                    continue
                 if s.name in (RETRIES, RETRIES_EXHAUSTED):
                     key = "retries" if s.name == RETRIES else "retries_exhausted"
-                    wt = s.labels.get("worker_type", "")
-                    out[key][wt] = out[key].get(wt, 0.0) + float(s.value)
+                    wt = s.labels.get("worker_type") or "regular"
+                    if wt not in WORKER_TYPES:          # bounded labels: only the gateways' own types
+                        continue
+                    out[key][wt] = out[key].get(wt, 0.0) + v
                 elif s.name == CB_OUTCOMES and s.labels.get("outcome") == "failure":
-                    out["cb_failures"] += float(s.value)
-                elif s.name == CB_STATE and float(s.value) != 0:
-                    out["cb_open"].append(s.labels.get("worker", ""))
+                    out["cb_failures"] += v
+                elif s.name == CB_STATE and v != 0 and s.labels.get("worker") \
+                        and len(out["cb_open"]) < MAX_OPEN_LISTED:
+                    out["cb_open"].append(s.labels["worker"])
     except (IndexError, TypeError, KeyError) as e:
         raise ValueError(f"not Prometheus text: {e}") from None
     return out

@@ -20,12 +20,24 @@ def append_run(rec: dict, secrets: Iterable[str] = ()) -> bool:
     from .steps import mask_secrets
     rec = {"ts": rec.get("ts") or now_iso(), "who": rec.get("who") or who(), **rec}
     line = mask_secrets(json.dumps(rec, default=str), set(secrets)) + "\n"
+    import stat
     try:
         d = state_root()
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(d / "runs.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # never blocks: a FIFO (or a device) there is not the run log (O_NONBLOCK: no wait for a reader)
+        fd = os.open(d / "runs.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        os.set_blocking(fd, True)
         with os.fdopen(fd, "a") as f:
+            fd = -1
             f.write(line)
         return True
     except OSError:
         return False
+    finally:
+        if fd >= 0:
+            os.close(fd)

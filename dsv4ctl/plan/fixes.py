@@ -167,10 +167,14 @@ def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[Stage
                                  draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
                                  rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
             else:
+                # estimated weights are estimated again for the new tp-size (attention-DP sharding
+                # included), as --set tp_size=N would; given or measured ones are rescaled
+                o = {"tp_size": tp} if gi.weights_fixed_gib is not None else {"tp_size": tp, "weights_gib_per_rank": w}
                 try:
-                    g2 = resolve({"tp_size": tp, "weights_gib_per_rank": w})
+                    g2 = resolve(o)
                 except InputError:          # a tp-size the model or topology refuses
                     continue
+                w = round(g2.weights_gib_per_rank, 3)
             r = _replanned(model, g2)
             also = ""
             if r is None and not out and gi.available_bytes_override is None:

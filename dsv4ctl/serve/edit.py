@@ -327,24 +327,32 @@ def secret_values(data: Any) -> set[str]:
 
 
 SCRUB_PREFIX = 8
-"""A secret of at least 12 characters is also masked where only its first 8 or more are left (an
-error text cut short by a length limit before it was masked)."""
+"""A secret of at least 12 characters is also masked where only its first 8 or more are left and
+the text goes on with no more of it at a token's end (an error text cut short by a length limit
+before it was masked: ``...&token=sk-proj-A1b2C3…``)."""
+
+
+def _token_char(c: str) -> bool:
+    return c.isalnum() or c in "-_"
 
 
 def scrub(text: str, secrets: set[str]) -> str:
     """``text`` with every occurrence of the given secret values replaced by ``***``, and every
-    cut-off start of one (its first :data:`SCRUB_PREFIX` characters or more, where the rest is
-    missing) as well."""
+    cut-off start of one (see :data:`SCRUB_PREFIX`) as well. Linear in ``len(text)`` per secret."""
     for v in sorted(secrets, key=len, reverse=True):
         text = text.replace(v, MASK)
     for v in sorted(secrets, key=len, reverse=True):
         if len(v) < 12:
             continue
-        head, i = v[:SCRUB_PREFIX], text.find(v[:SCRUB_PREFIX])
+        head, out, pos = v[:SCRUB_PREFIX], [], 0
+        i = text.find(head)
         while i >= 0:
             n = SCRUB_PREFIX
             while i + n < len(text) and n < len(v) and text[i + n] == v[n]:
                 n += 1
-            text = text[:i] + MASK + text[i + n:]
-            i = text.find(head, i + len(MASK))
+            if i + n == len(text) or not _token_char(text[i + n]):      # the secret stops here: cut
+                out += [text[pos:i], MASK]
+                pos = i + n
+            i = text.find(head, i + n)
+        text = "".join(out) + text[pos:]
     return text
