@@ -217,7 +217,8 @@ def test_more_gpus_with_another_mem_fraction_static_or_an_honest_no_fix(tmp_path
     assert dec["verdict"]["message"].endswith("; no fix found: no single change dsv4ctl tries (mem-fraction-static "
                                               "0.3-0.99, max-running-requests, context-length, chunked-prefill-size, "
                                               "index-K, 2-8x the GPUs, alone or with mem-fraction-static) plans "
-                                              "without failing"), dec["verdict"]["message"]
+                                              "without failing or landing under 90 % of SGLang's activation "
+                                              "estimate"), dec["verdict"]["message"]
     assert "see the fixes" not in dec["verdict"]["message"]
 
 

@@ -154,7 +154,7 @@ def _stage_numbers(gp: GroupPlan, st: StagePlan, own_resident: Optional[int] = N
 # said when no candidate change re-plans without failing (dsv4ctl/plan/fixes.py: fixes_for)
 NO_FIX = ("; no fix found: no single change dsv4ctl tries (mem-fraction-static 0.3-0.99, max-running-requests, "
           "context-length, chunked-prefill-size, index-K, 2-8x the GPUs, alone or with mem-fraction-static) "
-          "plans without failing")
+          "plans without failing or landing under 90 % of SGLang's activation estimate")
 
 
 def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
