@@ -27,7 +27,11 @@ class Result:
 
 
 def worker_index() -> int:
-    """This pytest-xdist worker's number (``gw3`` -> 3); 0 without xdist."""
+    """This pytest-xdist worker's number (``gw3`` -> 3); 0 without xdist. ``DSV4CTL_TEST_NET=N``
+    sets it (6..254) so that several pytest runs on one machine keep apart."""
+    net = os.environ.get("DSV4CTL_TEST_NET", "")
+    if net.isdigit() and 0 < int(net) < 255:
+        return int(net)
     w = os.environ.get("PYTEST_XDIST_WORKER", "")
     return int(w[2:]) if w.startswith("gw") and w[2:].isdigit() else 0
 
