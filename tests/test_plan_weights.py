@@ -135,7 +135,7 @@ def test_checkpoint_per_rank_matches_hand_sum(tmp_path, tp, dp, dpa):
 
 
 def test_pp_puts_layers_embed_and_head_on_their_stages(tmp_path):
-    folder = make_checkpoint(tmp_path / "ck", index=False, split=3)
+    folder = make_checkpoint(tmp_path / "ck", split=3)
     rw = W.per_rank(W.read_checkpoint(folder), 4, W.Sharding(tp=1, pp=2))
     t = tiny_tensors()
     layer = sum(_nbytes(*v) for k, v in t.items() if k.startswith("layers.0."))
@@ -477,8 +477,11 @@ def test_published_layout_as_a_folder_gives_the_tables_figure(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(TINY))
     half = len(inv) // 2
+    wmap = {}
     for i, part in enumerate((inv[:half], inv[half:])):
         write_shard(folder / f"model-{i + 1:05d}-of-00002.safetensors", {t.name: (t.dtype, list(t.shape)) for t in part})
+        wmap.update({t.name: f"model-{i + 1:05d}-of-00002.safetensors" for t in part})
+    (folder / W.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
     for sh in (W.Sharding(tp=4), W.Sharding(tp=8, dp=8, dp_attention=True), W.Sharding(tp=2, pp=2)):
         est = W.checkpoint_estimate(folder, 4, sh)
         rw = W.per_rank(inv, 4, sh)
@@ -525,4 +528,74 @@ def test_an_index_naming_tensors_no_shard_has_is_a_partial_download(tmp_path):
     (folder / "model.safetensors.index.json").write_text(json.dumps(idx))
     with pytest.raises(InputError, match=r"1 tensor\(s\) of its weight_map are in no shard's header, first "
                                          r"'layers\.9\.attn\.wq_b\.weight'"):
+        W.read_checkpoint(folder)
+
+
+# --- shards and config.json that do not match (issue 41 item 5) ---------------------------------
+
+def _one_line_exit_2(folder: Path) -> str:
+    r = run_cli("plan", "--set", f"model={folder}")
+    assert r.code == 2 and "Traceback" not in r.err, (r.out, r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    return lines[0]
+
+
+def test_config_with_fewer_layers_than_the_shards_is_refused(tmp_path):
+    """A config.json naming 2 layers over shards holding 4 (+ mtp.0): layers 2 and 3 were planned
+    as draft weights (target 2 layers lighter, no word); now exit 2 naming them and their files."""
+    folder = make_checkpoint(tmp_path / "ck", split=2)
+    (folder / "config.json").write_text(json.dumps({**TINY, "num_hidden_layers": 2}))
+    with pytest.raises(InputError) as e:
+        W.checkpoint_estimate(folder, 2, W.Sharding(tp=1))
+    files = sorted({f"model-0000{i}-of-00002.safetensors" for i in (1, 2)})
+    assert str(e.value) == (f"{folder}: the shards hold 2 layer(s) config.json does not name: layers.2, layers.3 "
+                            f"(in {', '.join(files)}); its num_hidden_layers is 2 and num_nextn_predict_layers 1: "
+                            "a config.json of another model than its shards")
+    line = _one_line_exit_2(folder)
+    assert "layers.2, layers.3" in line and "model-00001-of-00002.safetensors" in line
+
+
+def test_hf_named_nextn_layer_is_draft_and_one_past_it_is_refused(tmp_path):
+    """Hugging Face naming: layers.<L> .. layers.<L+n-1> are the MTP layers the config declares
+    (num_nextn_predict_layers); layers.<L+n> is a layer nobody named."""
+    t = {k.replace("mtp.0.", "layers.4."): v for k, v in tiny_tensors().items()}
+    folder = make_checkpoint(tmp_path / "ok", t)
+    est = W.checkpoint_estimate(folder, 4, W.Sharding(tp=1))
+    assert est.draft_gib == round(by_hand(1)[1] / GIB, 3)
+    t["layers.5.attn.wq_b.weight"] = ("F8_E4M3", [1024, 128])
+    folder = make_checkpoint(tmp_path / "bad", t, split=1)
+    with pytest.raises(InputError, match=r"the shards hold 1 layer\(s\) config\.json does not name: layers\.5 "
+                                         r"\(in model-00001-of-00001\.safetensors\)"):
+        W.checkpoint_estimate(folder, 4, W.Sharding(tp=1))
+    # with published mtp.* names beside them, the MTP layers are those: layers.4 is no MTP layer then
+    t["mtp.1.attn.wq_b.weight"] = ("F8_E4M3", [1024, 128])
+    folder = make_checkpoint(tmp_path / "mixed", t, split=1)
+    with pytest.raises(InputError, match=r"3 layer\(s\) config\.json does not name: layers\.4, layers\.5, mtp\.1 "):
+        W.checkpoint_estimate(folder, 4, W.Sharding(tp=1))
+
+
+def test_no_mtp_declared_means_no_draft_layer(tmp_path):
+    """num_nextn_predict_layers 0 (or absent): mtp.0 in the shards is a layer the config does not name."""
+    folder = make_checkpoint(tmp_path / "ck")
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in TINY.items() if k != "num_nextn_predict_layers"}))
+    with pytest.raises(InputError, match=r"1 layer\(s\) config\.json does not name: mtp\.0 "):
+        W.checkpoint_estimate(folder, 4, W.Sharding(tp=1))
+
+
+def test_several_shards_without_their_index_are_a_partial_checkpoint(tmp_path):
+    """Two of three shards and no index: planned on what was there (32.6 instead of 42.6 GiB/rank in
+    the issue); now a partial checkpoint, naming the files and the shard their names say is missing."""
+    folder = make_checkpoint(tmp_path / "ck", index=False, split=3)
+    (folder / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(InputError) as e:
+        W.read_checkpoint(folder)
+    assert str(e.value) == (f"{folder}: partial checkpoint: 2 safetensors files (model-00001-of-00003.safetensors, "
+                            "model-00003-of-00003.safetensors) and no model.safetensors.index.json; missing by their "
+                            "names: model-00002-of-00003.safetensors: download the whole checkpoint with its index "
+                            "(or give memory.weights_gib_per_rank)")
+    assert "partial checkpoint" in _one_line_exit_2(folder)
+    # all three there, still no index: refused too (nothing says which shards belong)
+    make_checkpoint(folder, index=False, split=3)
+    with pytest.raises(InputError, match=r"partial checkpoint: 3 safetensors files .* no model\.safetensors\.index\.json: "):
         W.read_checkpoint(folder)

@@ -80,6 +80,7 @@ class Tensor:
     shape: tuple[int, ...]
     nbytes: int
     count: int = 1
+    file: str = field(default="", compare=False)     # the shard holding it ("" for an inventory)
 
 
 class HeaderError(InputError):
@@ -152,7 +153,7 @@ def _entry(path: Path, name: str, ent, data_len: int) -> Tensor:
     if offs[1] - offs[0] != want:
         raise HeaderError(f"{path}: malformed safetensors header: {shown}: {offs[1] - offs[0]:,} bytes for "
                           f"{dtype} {shape} ({want:,} expected)")
-    return Tensor(name, dtype, tuple(shape), offs[1] - offs[0])
+    return Tensor(name, dtype, tuple(shape), offs[1] - offs[0], file=path.name)
 
 
 def is_checkpoint_dir(folder: Path) -> bool:
@@ -167,8 +168,9 @@ def is_checkpoint_dir(folder: Path) -> bool:
 def read_checkpoint(folder: Path) -> list[Tensor]:
     """Every tensor of a checkpoint folder, from the safetensors headers (tensor data is never
     read). With ``model.safetensors.index.json`` the files it names are read (each must exist),
-    else every ``*.safetensors`` in the folder. Raises InputError (exit 2) for a folder without
-    shards, a missing shard, a bad index or header (:func:`read_header`), or a tensor in two files."""
+    else the folder's one ``*.safetensors``. Raises InputError (exit 2) for a folder without
+    shards, a missing shard, a bad index or header (:func:`read_header`), a tensor in two files,
+    or several shards without their index (a partial checkpoint, :func:`_partial_without_index`)."""
     index = folder / INDEX_NAME
     if index.is_file():
         try:
@@ -208,7 +210,64 @@ def read_checkpoint(folder: Path) -> list[Tensor]:
         if absent:
             raise InputError(f"{index}: {len(absent):,} tensor(s) of its weight_map are in no shard's header, first "
                              f"{absent[0][:120]!r}: a partial download or another checkpoint's index")
+    elif len(files) > 1:
+        raise InputError(_partial_without_index(folder, files))
     return tensors
+
+
+_SHARD_NAME = re.compile(r"^(.*)-(\d{1,6})-of-(\d{1,6})\.safetensors$")
+
+
+def _partial_without_index(folder: Path, files: list[Path]) -> str:
+    """The refusal of several shards without ``model.safetensors.index.json``: a sharded
+    checkpoint is written with its index, and without it nothing says which shards belong (a
+    partial download would be planned on the shards that are there). Names the files and the
+    shards their ``-NNNNN-of-MMMMM`` names say are missing."""
+    shown = ", ".join(p.name[:80] for p in files[:4]) + (f", ... ({len(files)} files)" if len(files) > 4 else "")
+    missing: list[str] = []
+    for stem, total in sorted({(m.group(1), m.group(3)) for p in files if (m := _SHARD_NAME.match(p.name))}):
+        have = {int(m.group(2)) for p in files if (m := _SHARD_NAME.match(p.name))
+                and (m.group(1), m.group(3)) == (stem, total)}
+        gone = [i for i in range(1, min(int(total), MAX_FILES) + 1) if i not in have]
+        missing += [f"{stem}-{i:0{len(total)}d}-of-{total}.safetensors"[-100:] for i in gone]
+    gap = (f"; missing by their names: {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3
+           else "")) if missing else ""
+    return (f"{folder}: partial checkpoint: {len(files)} safetensors files ({shown}) and no {INDEX_NAME}{gap}: "
+            "download the whole checkpoint with its index (or give memory.weights_gib_per_rank)")
+
+
+def _layer_of(name: str) -> Optional[tuple[str, int]]:
+    """``("layers", N)`` or ``("mtp", N)`` of a decoder-layer tensor name, else None."""
+    m = _MTP.match(name)
+    if m:
+        return "mtp", int(m.group(1))
+    m = _LAYER.match(name)
+    return ("layers", int(m.group(1))) if m else None
+
+
+def check_layers(tensors: Iterable[Tensor], num_hidden_layers: int, nextn_layers: int, where: str) -> None:
+    """Refuse (InputError, exit 2) shards holding decoder layers the ``config.json`` does not name:
+    target layers ``layers.0`` .. ``layers.<L-1>`` (L = ``num_hidden_layers``), MTP layers ``mtp.0``
+    .. ``mtp.<n-1>`` or, in the Hugging Face naming, ``layers.<L>`` .. ``layers.<L+n-1>`` (n =
+    ``num_nextn_predict_layers``; SGLang 0.5.23 maps ``mtp.j`` to ``layers.<L+j>``). Anything
+    beyond would otherwise be counted as a draft layer (or dropped): a config of a smaller model
+    than the shards. Names the layers and the files holding them."""
+    lays = [(lay, t.file or "?") for t in tensors if (lay := _layer_of(t.name)) is not None]
+    # with mtp.* names the MTP layers are those: no layers.<L+j> is one then
+    last = num_hidden_layers + (0 if any(k == "mtp" for (k, _), _ in lays) else nextn_layers)
+    extra: dict[tuple[str, int], set[str]] = {}
+    for (kind, n), f in lays:
+        if (kind == "mtp" and n >= nextn_layers) or (kind == "layers" and n >= last):
+            extra.setdefault((kind, n), set()).add(f)
+    if not extra:
+        return
+    keys = sorted(extra)
+    shown = ", ".join(f"{k}.{n}" for k, n in keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+    files = sorted({f for v in extra.values() for f in v})
+    in_files = ", ".join(f[:80] for f in files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+    raise InputError(f"{where}: the shards hold {len(keys)} layer(s) config.json does not name: {shown} (in {in_files}); "
+                     f"its num_hidden_layers is {num_hidden_layers} and num_nextn_predict_layers {nextn_layers}: "
+                     "a config.json of another model than its shards")
 
 
 @lru_cache(maxsize=8)
@@ -613,15 +672,30 @@ def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding
                     round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3))
 
 
-def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding) -> Estimate:
+def _nextn_layers(cfg_path: Path) -> int:
+    """``num_nextn_predict_layers`` of a ``config.json`` (0 when absent or unreadable: the plan's
+    model reader reports an unreadable config)."""
+    try:
+        n = json.loads(cfg_path.read_text()).get("num_nextn_predict_layers", 0)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return 0
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+
+
+def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding,
+                        cfg_path: Optional[Path] = None) -> Estimate:
     """Per-rank weights of a local checkpoint folder, from its safetensors headers
     (:func:`read_checkpoint`) sharded as SGLang 0.5.23 does (:func:`per_rank`), plus the same
     :data:`LOAD_OVERHEAD_GIB` as the shipped table (so the published checkpoint gives the same
-    figure by name and as a folder). Raises InputError (exit 2) for a folder without headers or a
-    truncated/malformed shard."""
-    rw = per_rank(read_checkpoint(folder), num_hidden_layers, sharding)
-    w, dw = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3)
+    figure by name and as a folder). ``cfg_path``: the ``config.json`` read (default the folder's),
+    whose ``num_nextn_predict_layers`` says which layers past ``num_hidden_layers`` are MTP layers.
+    Raises InputError (exit 2) for a folder without headers, a truncated/malformed shard, a partial
+    checkpoint, or layers the config does not name (:func:`check_layers`)."""
+    tensors = read_checkpoint(folder)
     where = f"{folder}" if len(str(folder)) <= 120 else f"...{str(folder)[-117:]}"
+    check_layers(tensors, num_hidden_layers, _nextn_layers(Path(cfg_path or folder / "config.json")), where)
+    rw = per_rank(tensors, num_hidden_layers, sharding)
+    w, dw = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3)
     top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
         (f" pp {sharding.pp}" if sharding.pp > 1 else "")
     return Estimate(w, dw,
@@ -654,7 +728,7 @@ def estimate(facts, cfg_path: Optional[Path], expert_format: str, sharding: Shar
     bare ``config.json``: the operator must give ``memory.weights_gib_per_rank``)."""
     ckdir = getattr(facts, "checkpoint_dir", None)
     if ckdir is not None:
-        return checkpoint_estimate(Path(ckdir), num_hidden_layers, sharding)
+        return checkpoint_estimate(Path(ckdir), num_hidden_layers, sharding, cfg_path)
     key = getattr(facts, "shipped", None)
     if key:
         cfg = json.loads(Path(cfg_path).read_text()) if cfg_path is not None else _shipped_cfg(key)
@@ -664,5 +738,5 @@ def estimate(facts, cfg_path: Optional[Path], expert_format: str, sharding: Shar
 
 __all__ = ["Tensor", "HeaderError", "read_header", "read_checkpoint", "is_checkpoint_dir", "classify",
            "Sharding", "RankWeights", "per_rank", "published_inventory", "Measured", "MEASURED", "MEASURED_DRAFT",
-           "LOAD_OVERHEAD_GIB", "Estimate", "calibration", "shipped_estimate", "checkpoint_estimate", "sharding_from_args",
+           "LOAD_OVERHEAD_GIB", "Estimate", "calibration", "shipped_estimate", "checkpoint_estimate", "check_layers", "sharding_from_args",
            "estimate"]
