@@ -173,16 +173,150 @@ def prune_files(folder: Path, keep: int, pattern: str = "*") -> int:
     return gone
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, for messages: ``a folder``, ``a device``
+    (``/dev/zero``), ``a pipe`` (a FIFO), ``a socket``, else ``not a file``."""
+    import stat
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+
+
+class NotRegularFile(OSError):
+    """:func:`read_regular` was given a folder, device, FIFO or socket (``kind`` says which)."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
+
+
+class FileTooLarge(OSError):
+    """:func:`read_regular` was given a file larger than its limit (nothing past the limit read)."""
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (links followed), at most ``limit``: the one reader
+    of files an operator names. A folder, a device (``/dev/zero``), a FIFO or a socket raises
+    :class:`NotRegularFile` before a byte is read (checked before opening, so no device is opened,
+    and again on the opened descriptor, which is opened non-blocking: a FIFO swapped in between
+    never waits for a writer); a larger file raises :class:`FileTooLarge` (its size from
+    ``fstat``, so a huge file is not read). Other OSErrors pass through."""
+    import stat
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(file_kind(mode))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(file_kind(st.st_mode))
+        if st.st_size > limit:
+            raise FileTooLarge(f"{st.st_size} bytes")
+        chunks, n = [], 0
+        while n <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+    finally:
+        os.close(fd)
+    if n > limit:                   # it grew after fstat
+        raise FileTooLarge(f"over {limit} bytes")
+    return b"".join(chunks)
+
+
 def read_file_capped(path: Path | str, limit: int, label: str, hint: str = "") -> bytes:
-    """The bytes of ``path``, at most ``limit`` of them (a mistaken multi-gigabyte file is never
-    read into memory). InputError (exit 2) naming ``label`` when it cannot be read
-    (``LABEL: strerror``) or is larger (``LABEL: larger than N MiB`` + ``hint``)."""
+    """The bytes of ``path``, at most ``limit`` of them (:func:`read_regular`: a mistaken
+    multi-gigabyte file is never read into memory, a FIFO or device is never waited on).
+    InputError (exit 2) naming ``label`` when it cannot be read (``LABEL: strerror``), is no
+    regular file (``LABEL: not a regular file (a pipe)``) or is larger (``LABEL: larger than N
+    MiB`` + ``hint``)."""
     from .errors import InputError
     try:
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
+        return read_regular(path, limit)
+    except NotRegularFile as e:
+        raise InputError(f"{label}: not a regular file ({e.kind})") from None
+    except FileTooLarge:
+        raise InputError(f"{label}: larger than {limit >> 20} MiB{hint}") from None
     except OSError as e:
         raise InputError(f"{label}: {e.strerror or e}") from None
-    if len(raw) > limit:
-        raise InputError(f"{label}: larger than {limit >> 20} MiB{hint}")
-    return raw
+
+
+class UntrustedFolder(OSError):
+    """A cache folder another user owns or can write (:func:`cache_folder`); ``str()`` is the
+    one-line reason a command that refuses it prints."""
+
+    def __init__(self, where: Path, uid: int, mode: int, planted: str):
+        self.where, self.uid, self.mode = where, uid, mode
+        super().__init__(f"cache folder {where} is not yours alone (owner uid {uid}, mode {mode:o}): another user "
+                         f"could plant {planted} there; make it yours with mode 700, or point DSV4CTL_CACHE at a "
+                         "private folder")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def untrusted(st: os.stat_result) -> bool:
+    """The one trust rule of dsv4ctl's cache folders: True when a folder with status ``st`` is
+    owned by another user or writable by its group or by others (they could plant an entry)."""
+    import stat
+    return st.st_uid != os.getuid() or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def cache_folder(path: Path, create: bool, planted: str = "an entry") -> int:
+    """A descriptor (O_DIRECTORY, caller closes) of the cache folder ``path`` (``<cache>/yaml``,
+    ``<cache>/wheels``, ``<cache>/trees``) once it and its parent (the cache folder) pass
+    :func:`untrusted`, checked with ``fstat`` on the opened descriptors (nothing swapped in
+    between); ``path`` is opened relative to its parent's descriptor. With ``create``, missing
+    folders are made 0700. Raises :class:`UntrustedFolder` (saying what another user could
+    plant) or OSError (absent, unreadable). Files in it are opened relative to the descriptor,
+    without following links (:func:`open_cache_file`)."""
+    import stat
+    path = Path(path)
+    if create:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    rfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = -1
+    try:
+        if create:
+            try:
+                os.mkdir(path.name, 0o700, dir_fd=rfd)
+            except FileExistsError:
+                pass
+        fd = os.open(path.name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=rfd)
+        for d, where in ((rfd, path.parent), (fd, path)):
+            st = os.fstat(d)
+            if untrusted(st):
+                raise UntrustedFolder(where, st.st_uid, stat.S_IMODE(st.st_mode), planted)
+        return fd
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    finally:
+        os.close(rfd)
+
+
+def open_cache_file(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+    """Open ``name`` in a trusted cache folder (:func:`cache_folder`'s descriptor) without
+    following a link (``O_NOFOLLOW``; a FIFO is opened non-blocking) and check, on the opened
+    descriptor, that it is a regular file of this user. OSError otherwise (``ELOOP`` for a link,
+    ``EEXIST`` with ``O_EXCL``; :class:`NotRegularFile` for anything else; ``EPERM`` for a file
+    another user owns)."""
+    import errno
+    import stat
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(file_kind(st.st_mode))
+        if st.st_uid != os.getuid():
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

@@ -116,28 +116,21 @@ def _construct_collection(node, path: tuple, pos: Positions, loader,
 
 
 def read_yaml_bytes(path: Path | str) -> bytes:
-    """The bytes of a YAML file, at most MAX_YAML_BYTES.
+    """The bytes of a YAML file, at most MAX_YAML_BYTES (:func:`dsv4ctl.resources.read_regular`).
 
     Raises InputError (exit 2): a missing file, a folder, device or pipe ("not a regular file"),
     an unreadable file, a file over the limit."""
-    import stat
+    from ..resources import FileTooLarge, NotRegularFile, read_regular
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
-                else "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
-            raise InputError(f"{path}: not a regular file ({kind})")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
+        return read_regular(path, MAX_YAML_BYTES)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: not a regular file (a folder)") from None
+    except NotRegularFile as e:
+        raise InputError(f"{path}: not a regular file ({e.kind})") from None
+    except FileTooLarge:
+        raise InputError(f"{path}:1: file larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise InputError(f"{path}:1: file larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
-    return raw
 
 
 def parse_yaml(raw: bytes | str, label: str) -> tuple[Any, Positions]:
@@ -198,43 +191,23 @@ _warned: set[str] = set()
 
 
 def _trusted_dir(create: bool) -> int | None:
-    """A file descriptor of ``<cache>/yaml`` when it can be trusted, else None: both the cache
-    folder and ``yaml/`` must belong to this user and be writable by nobody else (another user
-    who can write there could plant an entry whose data differs from its text). ``yaml/`` is
-    opened without following a link, relative to the cache folder's descriptor (no swap between
-    the check and the use). An untrusted folder gets one warning line on stderr per process."""
-    import stat
-    from ..resources import cache_root
-    root = cache_root()
-    fds: list[int] = []
+    """A file descriptor of ``<cache>/yaml`` when it can be trusted, else None: the cache
+    folders' one rule (:func:`dsv4ctl.resources.cache_folder`: both the cache folder and ``yaml/``
+    belong to this user and are writable by nobody else, checked on the opened descriptors;
+    another user who can write there could plant an entry whose data differs from its text). An
+    untrusted folder gets one warning line on stderr per process."""
+    from ..resources import UntrustedFolder, cache_folder, cache_root
     try:
-        if create:
-            root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        fds.append(rfd)
-        if create:
-            try:
-                os.mkdir("yaml", 0o700, dir_fd=rfd)
-            except FileExistsError:
-                pass
-        yfd = os.open("yaml", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=rfd)
-        fds.append(yfd)
-        for fd, where in ((rfd, root), (yfd, root / "yaml")):
-            st = os.fstat(fd)
-            if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                if str(where) not in _warned:
-                    _warned.add(str(where))
-                    import sys
-                    print(f"dsv4ctl: warning: cache folder {where} is not yours alone (owner uid {st.st_uid}, "
-                          f"mode {stat.S_IMODE(st.st_mode):o}): parsed-YAML cache not used", file=sys.stderr)
-                return None
-        fds.remove(yfd)
-        return yfd
+        return cache_folder(cache_root() / "yaml", create)
+    except UntrustedFolder as e:
+        if str(e.where) not in _warned:
+            _warned.add(str(e.where))
+            import sys
+            print(f"dsv4ctl: warning: cache folder {e.where} is not yours alone (owner uid {e.uid}, "
+                  f"mode {e.mode:o}): parsed-YAML cache not used", file=sys.stderr)
+        return None
     except OSError:
         return None
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def _may_hold_secret(text: str, data: Any = None) -> bool:
@@ -273,7 +246,7 @@ def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
     """(data, positions) of ``text`` from the cache, or None (absent, untrusted folder, not a
     regular file of this user, too large, too deep, unreadable, not this text). Nothing is
     followed or waited on: links are refused, a FIFO is opened non-blocking and refused."""
-    import stat
+    from ..resources import open_cache_file
     if len(text) > MAX_CACHED_TEXT:
         return None
     d = _trusted_dir(create=False)
@@ -281,10 +254,9 @@ def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
         return None
     try:
         name = _cache_file(text).name
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=d)
+        fd = open_cache_file(d, name, os.O_RDONLY)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_ENTRY_BYTES:
+            if os.fstat(fd).st_size > MAX_ENTRY_BYTES:
                 return None
             raw = os.read(fd, MAX_ENTRY_BYTES + 1)
             try:
@@ -314,6 +286,7 @@ def _cache_put(text: str, data: Any, pos: Positions) -> None:
     folder that must be trusted (:func:`_trusted_dir`); the temp file is created with O_EXCL and
     O_NOFOLLOW under a random name and renamed in place (a planted link is never written through)."""
     import secrets as _rnd
+    from ..resources import open_cache_file
     from .secrets import secret_strings
     if len(text) > MAX_CACHED_TEXT or not _jsonable(data) or _may_hold_secret(text, data) or secret_strings(data) or not all(
             isinstance(k, (str, int)) and not isinstance(k, bool) for p in pos.lines for k in p):
@@ -324,7 +297,7 @@ def _cache_put(text: str, data: Any, pos: Positions) -> None:
     try:
         name = _cache_file(text).name
         tmp = f".{name}.{_rnd.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=d)
+        fd = open_cache_file(d, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             with os.fdopen(fd, "w") as out:
                 out.write(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
