@@ -6,6 +6,7 @@ re-applied with another subject, author or line offsets is still recognised."""
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,6 @@ from .gitio import Git, Runner, local_runner
 from .series import Series
 
 _REVERT_RE = re.compile(r"This reverts commit ([0-9a-f]{40})")
-_VERSION_RE = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""")
 VERSION_FILES = ("python/sglang/_version.py", "sglang/_version.py", "python/sglang/version.py",
                  "sglang/version.py")
 
@@ -132,17 +132,50 @@ def operation_in_progress(long_status: str) -> Optional[str]:
     return None
 
 
-def tree_version(git: Git, rev: str = "HEAD") -> Optional[str]:
-    """The SGLang version of ``rev``: ``__version__`` in ``python/sglang/_version.py`` (a wheel-built
-    tree; a wheel's ``version.py`` fallback ``0.0.0.dev0`` says nothing), else ``[project]
-    version`` of ``python/pyproject.toml``, else the nearest ``vX.Y.Z`` tag (an upstream
-    checkout). None when none exists."""
+def version_assigned(source: str) -> Optional[str]:
+    """The string Python code assigns to ``__version__`` in ``source`` (a ``_version.py`` or
+    ``version.py``), read with :mod:`ast`, so comments and strings that merely mention it count
+    for nothing: ``__version__ = "X"``, ``__version__ = version = "X"``, ``__version__: str = "X"``.
+    A module-level assignment wins (the last one, as Python runs them); else one inside ``if``/
+    ``try`` blocks, when those agree. Development fallbacks (``0.0.0...``, a wheel's
+    ``version.py``) say nothing: None. Raises SyntaxError/ValueError for source that is no Python."""
+    tree = ast.parse(source)
+    top: list[str] = []
+    nested: list[str] = []
+
+    def visit(body: list, into: list[str]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if (any(isinstance(t, ast.Name) and t.id == "__version__" for t in targets)
+                        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                    into.append(node.value.value.strip())
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
+                              *[h.body for h in getattr(node, "handlers", [])]):
+                    visit(block, nested)
+    visit(tree.body, top)
+    found = [v for v in (top[-1:] or nested) if v and not v.startswith("0.0.0")]
+    return found[0] if len(set(found)) == 1 else None
+
+
+def _file_versions(git: Git, rev: str) -> list[tuple[str, str]]:
+    """``(file, version)`` of every version source of ``rev`` that names one: the
+    :data:`VERSION_FILES` (:func:`version_assigned`) and ``python/pyproject.toml``'s ``[project]
+    version``. InputError (exit 2) for a version file that is not Python."""
+    out: list[tuple[str, str]] = []
     for path in VERSION_FILES:
         r = git.run("show", f"{rev}:{path}", check=False)
-        if r.ok:
-            m = _VERSION_RE.search(r.out)
-            if m and not m.group(1).startswith("0.0.0"):
-                return m.group(1)
+        if not r.ok:
+            continue
+        try:
+            v = version_assigned(r.out)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+            line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+            raise InputError(f"{git.where}: {path} at {rev} is not Python ({type(e).__name__}{line}): "
+                             "cannot read the SGLang version") from None
+        if v:
+            out.append((path, v))
     r = git.run("show", f"{rev}:python/pyproject.toml", check=False)
     if r.ok:
         import tomllib
@@ -150,8 +183,24 @@ def tree_version(git: Git, rev: str = "HEAD") -> Optional[str]:
             v = (tomllib.loads(r.out).get("project") or {}).get("version")
         except tomllib.TOMLDecodeError:
             v = None
-        if v:
-            return str(v)
+        if isinstance(v, str) and v.strip():
+            out.append(("python/pyproject.toml", v.strip()))
+    return out
+
+
+def tree_version(git: Git, rev: str = "HEAD") -> Optional[str]:
+    """The SGLang version of ``rev``: ``__version__`` as assigned in ``python/sglang/_version.py``
+    (a wheel-built tree; :func:`version_assigned`, a wheel's ``version.py`` fallback ``0.0.0.dev0``
+    says nothing) or ``[project] version`` of ``python/pyproject.toml``, else the nearest ``vX.Y.Z``
+    tag (an upstream checkout). None when none exists. InputError (exit 2) when two of those files
+    name different versions (which one would ship is unknowable), naming both files and versions."""
+    found = _file_versions(git, rev)
+    for path, v in found[1:]:
+        if v.removeprefix("v") != found[0][1].removeprefix("v"):
+            raise InputError(f"{git.where}: {found[0][0]} at {rev} says SGLang {found[0][1][:40]!r} but {path} "
+                             f"says {v[:40]!r}: make the tree's version files agree")
+    if found:
+        return found[0][1]
     r = git.run("describe", "--tags", "--abbrev=0", "--match", "v[0-9]*", rev, check=False)
     if r.ok and r.out.strip():
         return r.out.strip()[1:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..errors import InputError
 from .versions import VersionRules, rules_for
 
 
@@ -32,7 +33,7 @@ def resolve_version(dep) -> VersionChoice:
     """The SGLang release of Deployment ``dep``. Reads the tree at ``sglang.base_ref`` (``git
     show``; :func:`dsv4ctl.patches.tree.tree_version`) when ``sglang.tree`` is a folder. InputError
     (exit 2) for a release dsv4ctl does not support, naming the supported ones and where the
-    version came from."""
+    version came from, and for a tree whose version files disagree."""
     prof = dep.sglang.version
     where = f"{dep.profile.positions.where(('sglang', 'version'))}: sglang.version"
     tree_v, tree_src = None, ""
@@ -43,6 +44,8 @@ def resolve_version(dep) -> VersionChoice:
         ref = dep.sglang.base_ref or "HEAD"
         try:
             tree_v = tree_version(Git(str(tree)), ref)
+        except InputError:       # version files that disagree or are no Python: said, never guessed
+            raise
         except Exception:        # not a git checkout, a bad ref: the profile's value is all there is
             tree_v = None
         tree_src = f"tree {tree} at {ref}"
