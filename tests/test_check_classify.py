@@ -449,8 +449,9 @@ def test_completion_with_good_usage_keeps_it():
 
 def test_too_many_content_chunks_is_a_protocol_error(monkeypatch):
     # each piece is a kept string and an inter-token gap: tiny pieces must not dodge MAX_CONTENT
-    assert C.MAX_PIECES == 1 << 20
-    monkeypatch.setattr(C, "MAX_PIECES", 5)
+    from dsv4ctl.check.classify import protocol
+    assert C.MAX_PIECES == protocol.MAX_PIECES == 1 << 20
+    monkeypatch.setattr(protocol, "MAX_PIECES", 5)     # the limit lives with the stream assembler
     a = C.StreamAssembler()
     for _ in range(5):
         a.feed_chunk({"choices": [{"index": 0, "delta": {"content": "ab"}}]})
