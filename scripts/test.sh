@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
-#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium, procps, prometheus,
+#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium, procps, prometheus, slurm-wlm,
 #   pythonX-venv) when missing, the .venv with dsv4ctl and
 #   its test extras, the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a source of
 #   SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
@@ -21,6 +21,7 @@ command -v fish >/dev/null 2>&1 || need+=(fish)
 { command -v unshare && command -v nsenter; } >/dev/null 2>&1 || need+=(util-linux)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)   # tests/test_report_browser.py renders the report
 { command -v ps && command -v pgrep; } >/dev/null 2>&1 || need+=(procps)   # process checks of the signal tests
+{ command -v slurmctld && command -v sbatch && command -v munged; } >/dev/null 2>&1 || need+=(slurm-wlm)   # tests/slurm/lab.py: slurmctld + slurmd on this machine (~6 s apt)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)   # tests/test_watch_rules.py runs promtool on the shipped rules (its postinst may try to start a service: harmless without systemd)
 PYV=$(command -v python3.11 || command -v python3)
 "$PYV" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=("$(basename "$PYV")-venv")   # Debian/Ubuntu split venv out
