@@ -87,36 +87,88 @@ def test_outcome_of_each_class():
 
 def test_burn_window_needs_both_windows_and_enough_probes():
     b = M.BurnWindow(slo=0.01, long_s=3600, short_s=300, burn=10, min_probes=10)
+    k = ("router", "r1")
     # 9 probes, 5 corrupted: under the minimum
     for i in range(9):
-        b.add("router", 1000 + i * 10, i < 5)
+        b.add(k, 1000 + i * 10, i < 5)
     assert b.burning(1090) == []
-    b.add("router", 1090, True)
-    assert b.burning(1090) == [("router", pytest.approx(0.6))]
+    b.add(k, 1090, True)
+    assert b.burning(1090) == [("router", "r1", pytest.approx(0.6), 10)]
     # 30 clean probes later the short window is clean: no burn although the long window still is
     # (windows are whole 30 s buckets: short / 10)
     for i in range(30):
-        b.add("router", 1100 + i * 10, False)
+        b.add(k, 1100 + i * 10, False)
     assert b.bucket_s == 30
-    assert b.ratio("router", 1420, 300) == (0, 29)
-    assert b.ratio("router", 1420, 3600) == (6, 40)
+    assert b.ratio(k, 1420, 300) == (0, 29)
+    assert b.ratio(k, 1420, 3600) == (6, 40)
     assert b.burning(1420) == []
     # the long window forgets what is older than an hour
-    assert b.ratio("router", 1120 + 3600, 3600) == (0, 29)
+    assert b.ratio(k, 1120 + 3600, 3600) == (0, 29)
     # memory is buckets, not probes: a day of one probe a second is at most 121 buckets
     d = M.BurnWindow(slo=0.01)
     for t in range(0, 86400, 1):
-        d.add("x", float(t), False)
-    assert len(d._seen["x"]) <= 121
+        d.add(("x", "r1"), float(t), False)
+    assert len(d._seen[("x", "r1")]) <= 121
+    # a key whose probes all left the long window is dropped (months of releases stay bounded)
+    assert d.burning(86400 + 7200) == [] and d._seen == {}
 
 
 def test_burn_threshold_is_burn_times_slo():
     b = M.BurnWindow(slo=0.01, long_s=600, short_s=60, burn=10, min_probes=10)
     for i in range(100):                  # 10 % corrupted: exactly 10 x 1 %, not above
-        b.add("one", i, i % 10 == 0)
+        b.add(("one", "r1"), i, i % 10 == 0)
     assert b.burning(99) == []
-    b.add("one", 99.5, True)
-    assert [t for t, _ in b.burning(99.5)] == ["one"]
+    b.add(("one", "r1"), 99.5, True)
+    assert [(t, r) for t, r, _, _ in b.burning(99.5)] == [("one", "r1")]
+
+
+def test_the_burn_is_per_release_and_only_the_running_release_holds_the_condition(tmp_path):
+    """Issue 41: a corrupting release's probes are evidence about that release only. After a fix
+    is deployed (the release read says r2), r1's corrupted probes hold no condition, r2's clean
+    probes do not burn, and r2's own corruption does (its own ten probes, not r1's)."""
+    p = _profile(tmp_path, """\
+        - {name: one, role: colocated, host: local, gpus: [0, 1, 2, 3, 4, 5, 6, 7], tp: 8, serve_config: c.yaml}
+        """)
+    w = Watcher(load_deployment(p), WatchOptions(alert_window=120, on_alert={"corruption": "bad-release"}))
+    t = w.targets[0]
+    w._set_release(t, "local", "r1", "active")
+    now = time.monotonic()
+    for i in range(12):
+        w.burn.add(("one", "r1"), now - 1 + i * 0.01, True)
+    assert w.conditions(now + 1)["corruption"] == "one 100% of probes corrupted (release r1, 12 probes)"
+    assert w.evidence["corruption"] == ["r1"]
+    w._set_release(t, "local", "r2", "active")          # the fix is deployed
+    for i in range(4):
+        w.burn.add(("one", "r2"), now + i * 0.01, False)
+    assert "corruption" not in w.conditions(now + 1)
+    for i in range(5):
+        w.burn.add(("one", "r2"), now + 0.5 + i * 0.01, True)
+    assert "corruption" not in w.conditions(now + 1)      # 9 probes of r2: r1's 12 do not make up the count
+    w.burn.add(("one", "r2"), now + 0.9, True)
+    assert w.conditions(now + 1)["corruption"] == "one 60% of probes corrupted (release r2, 10 probes)"
+
+
+def test_auto_acts_only_on_the_release_every_host_runs_after_it_settled():
+    """The decision read under the deploy lock (pure part): evidence about r1 while the hosts run
+    r2 is stale; r2 activated 10 s ago by someone else is settling, by this watch's own runbook
+    run it is not; mixed releases are stale."""
+    from dsv4ctl.hosts.layout import HostFacts
+    from dsv4ctl.watch.run import decide_on
+
+    def facts(cur, at="2026-12-01T10:00:00Z"):
+        return HostFacts(host="h", root="/r", current=cur,
+                         state={"releases": {cur: {"state": "active", "activated_at": at}}})
+    import datetime as dt
+    t0 = dt.datetime(2026, 12, 1, 10, 0, 0, tzinfo=dt.timezone.utc).timestamp()
+    both = {"h0": facts("r2"), "h1": facts("r2")}
+    v, why = decide_on(both, ["r1"], [], 300, now=t0 + 3600)
+    assert v == "skipped_stale" and why == "the evidence is about release r1; the hosts run h0: r2, h1: r2 now"
+    assert decide_on({"h0": facts("r2"), "h1": facts("r1")}, ["r2"], [], 300, now=t0 + 3600)[0] == "skipped_stale"
+    assert decide_on(both, ["r1", "r2"], [], 300, now=t0 + 3600)[0] == "skipped_stale"
+    v, why = decide_on(both, ["r2"], [], 300, now=t0 + 10)
+    assert v == "skipped_settling" and "r2 was activated on h0 at 2026-12-01T10:00:00Z, 10 s ago" in why
+    assert decide_on(both, ["r2"], [[t0 - 60, t0 + 5]], 300, now=t0 + 10)[0] == "act"
+    assert decide_on(both, ["r2"], [], 300, now=t0 + 301) == ("act", "every host runs r2, the release the evidence is about")
 
 
 def test_release_labels_keep_a_bounded_history():
@@ -657,7 +709,7 @@ def test_a_failed_release_read_makes_the_lock_unknown_so_auto_waits(tmp_path, mo
     monkeypatch.setattr(remote_mod, "run_parallel", run_parallel)
     ran: list = []
 
-    async def fake_run(cond, book, why):
+    async def fake_run(cond, book, why, release=None):
         ran.append((cond, book))
     w._run_runbook = fake_run
 
@@ -670,7 +722,7 @@ def test_a_failed_release_read_makes_the_lock_unknown_so_auto_waits(tmp_path, mo
         assert w.locks == {}                        # unknown again
         now = time.monotonic()
         for i in range(12):
-            w.burn.add("one", now - 0.01 * i, True)
+            w.burn.add(("one", "r1"), now - 0.01 * i, True)
         await w.evaluate()
         await asyncio.sleep(0.05)
     asyncio.run(main())

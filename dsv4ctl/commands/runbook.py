@@ -100,6 +100,8 @@ def run(
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where the run's state and incident report go (default: $DSV4CTL_STATE_DIR/runs/ID)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also each step's outcome and evidence lines as it ends."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines from the steps; only the run id, errors and the verdict."),
+    release: Optional[str] = typer.Option(None, "--release", metavar="RELEASE", help="The release the evidence is about (watch --on-alert gives the corrupted probes' release): release.mark_failed stops, changing nothing, unless every host runs it."),
+    evidence: Optional[str] = typer.Option(None, "--evidence", metavar="TEXT", help="Why the run was started (one line; recorded with a release marked failed and in the report)."),
 ) -> None:
     """Run a runbook step by step; the state and incident report are written after every step.
 
@@ -148,6 +150,7 @@ def run(
         run_id = file_stamp() + f"-{pb.name}"
         run_dir = report_dir or _state_root() / run_id
         state = RunState(pb.name, run_id)
+    _set_inputs(state, release, evidence)
     scratch = None
     if dry_run:
         # evidence of what the steps would do goes to a scratch folder that is removed: a dry
@@ -164,7 +167,8 @@ def run(
         except OSError as e:
             raise InputError(f"run folder {run_dir}: not writable ({e.strerror or e})") from None
     state_file = run_dir / "state.json"
-    ctx = RunContext(profile=prof, run_dir=run_dir, say=(lambda m: None) if quiet else (lambda m: print(m, flush=True)))
+    ctx = RunContext(profile=prof, run_dir=run_dir, say=(lambda m: None) if quiet else (lambda m: print(m, flush=True)),
+                     extra=dict(state.inputs))
 
     def write_report(st: RunState) -> dict:
         doc = incident_document(st, who=getpass.getuser(), profile=prof.name, dry_run=dry_run,
@@ -262,12 +266,29 @@ def run(
                          f"(nothing of it ran; resume with {again} --yes)")
     if not doc["completed"]:
         where = state.failed_step or "a declined step"
-        raise VerdictError(f"runbook {pb.name} stopped at {where}; resume with {again}")
+        why = str((state.results.get(state.failed_step) or {}).get("error") or "")[:400]
+        raise VerdictError(f"runbook {pb.name} stopped at {where}" + (f": {why}" if why else "")
+                           + f"; resume with {again}")
     v = doc["verification"]
     if v and not v["passed"]:
         from ..errors import GateFailed
         raise GateFailed(f"runbook {pb.name} completed, but its final verification failed: step {v['step']} "
                            f"({v['action']}); see {run_dir / 'incident.md'}")
+
+
+def _set_inputs(state, release: Optional[str], evidence: Optional[str]) -> None:
+    """``--release`` and ``--evidence`` into the run's state (a resumed run keeps those it was
+    started with unless given again). InputError for a release id that is no single word or an
+    evidence text over a line."""
+    import re
+    if release is not None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", release):
+            raise InputError(f"--release {release!r}: a release id is one word of letters, digits, '.', '_', '-'")
+        state.inputs["release"] = release
+    if evidence is not None:
+        if "\n" in evidence or "\r" in evidence or len(evidence) > 2000:
+            raise InputError("--evidence: one line of at most 2000 characters")
+        state.inputs["evidence"] = evidence
 
 
 def _atomic(path: Path, text: str) -> None:

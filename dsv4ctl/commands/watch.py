@@ -78,6 +78,7 @@ def watch(ctx: typer.Context,
           on_alert: list[str] = typer.Option([], "--on-alert", help="[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default corruption) holds. Dry run unless --auto."),
           auto: bool = typer.Option(False, "--auto", help="With --on-alert: run the runbook for real (--yes), not --dry-run."),
           alert_window: str = duration_option("1h", "--alert-window", lo=12, hi=7 * 86400, keep_text=True, help="Long window of the in-process corruption burn (12s..7d; short: 1/12 of it); at most one --on-alert run per condition per window."),
+          settle: Optional[str] = duration_option(None, "--settle", lo=0, hi=7 * 86400, zero=True, keep_text=True, help="With --auto: no run on a release activated this recently by a deploy watch did not make (0..7d; default: the short burn window, 1/12 of --alert-window)."),
           log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
           print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO; without a profile the embedded default's, 0.01), dashboard (Grafana JSON; its ratio panels read the rules' recorded series), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
           verbose: bool = typer.Option(False, "--verbose", "-v", help="Also an event line for every ok probe (default: only probes not ok, alerts, releases)."),
@@ -87,7 +88,10 @@ def watch(ctx: typer.Context,
     through each router and to each colocated server, scrape SGLang's and the routers' /metrics,
     and serve watch's own Prometheus /metrics (probes and corruption by class, target and release;
     probe latency; stuck probes; the active release). It never changes the deployment unless
-    --on-alert ... --auto says so.
+    --on-alert ... --auto says so, and then only on evidence about the release the hosts run:
+    the corruption burn is per release, and before a run watch takes the deploy lock and reads
+    what every host runs (not another release since, not within --settle of a deploy it did not
+    make).
 
     Exit 0 stopped by SIGTERM (or --once: every probe ok) · 1 --once: a probe corrupted, stuck or
     failed · 2 bad input (a profile with nothing to probe, an interval under 1s, an unknown
@@ -113,6 +117,7 @@ def watch(ctx: typer.Context,
     scrape = duration(scrape_every, "--scrape-every", lo=1, hi=86400)
     rel = duration(release_every, "--release-every", lo=5, hi=86400)
     window = duration(alert_window, "--alert-window", lo=12, hi=7 * 86400)
+    settle_s = None if settle is None else duration(settle, "--settle", lo=0, hi=7 * 86400, zero=True)
     if as_json and not once and print_ is None:
         raise InputError("--json needs --once (the continuous watch serves /metrics instead)")
     if auto and not on_alert:
@@ -184,7 +189,7 @@ def watch(ctx: typer.Context,
 
     opts = WatchOptions(interval=every, stall_timeout=stall, release_every=rel, scrape_every=scrape,
                         listen=listen_at, api_key=key, slo=dep.check.max_corruption,
-                        alert_window=window, on_alert=actions, auto=auto, read_releases=not no_releases,
+                        alert_window=window, on_alert=actions, auto=auto, settle=settle_s, read_releases=not no_releases,
                         accept_new_host_keys=accept_new, profile_arg=str(dep.path), emit=emit,
                         turn_timeout=max(stall * 5, 60.0), every_probe=verbose)
     w = Watcher(dep, opts)

@@ -252,12 +252,14 @@ def built(f: HostFacts, rid: str) -> str:
 
 
 def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None,
-                           command: str = "dsv4ctl rollback PROFILE") -> tuple[str, str]:
+                           command: str = "dsv4ctl rollback PROFILE", good_only: bool = False) -> tuple[str, str]:
     """(the release ``rollback`` activates, why it was chosen) (pure). ``to``: that release (it
     must be complete on every host). Without ``to``: the newest release built before the active
     one that is on every host, passed its health gate there and was never marked failed
-    (:func:`gated_ok`; a release that is only pushed never ran). InputError when there is none
-    (nothing changes); its hint is a complete ``command`` (the profile as the user gave it)."""
+    (:func:`gated_ok`; a release that is only pushed never ran); with ``good_only`` the newest
+    such release recorded ``good`` (its promotion gate passed) on every host: the target of the
+    ``bad-release`` runbook. InputError when there is none (nothing changes); its hint is a
+    complete ``command`` (the profile as the user gave it)."""
     hosts = list(facts)
     if to is not None:
         missing = [h for h in hosts if to not in facts[h].releases]
@@ -269,7 +271,12 @@ def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None,
     active = sorted(c for c in currents if c)
     newest_active = max((built(facts[h], facts[h].current) for h in hosts if facts[h].current), default=None)
     cands = [r for r in common if currents != {r} and all(gated_ok(f, r) for f in facts.values())
-             and (newest_active is None or max(built(facts[h], r) for h in hosts) < newest_active)]
+             and (newest_active is None or max(built(facts[h], r) for h in hosts) < newest_active)
+             and (not good_only or all(f.recorded(r) == "good" for f in facts.values()))]
+    if not cands and good_only:
+        raise InputError(f"no release built before the active {', '.join(active) or '(none)'} is marked good "
+                         "(passed its promotion gate: deploy --promote or dsv4ctl promote) on every host without "
+                         "being marked failed: nothing to roll back to (see dsv4ctl releases)")
     if not cands:
         prev = {f.previous for f in facts.values()}
         hint = ""
@@ -282,6 +289,8 @@ def choose_rollback_target(facts: dict[str, HostFacts], to: str | None = None,
                          "gate on every host without being marked failed (see dsv4ctl releases)" + hint)
     target = max(cands, key=lambda r: (max(built(facts[h], r) for h in hosts), r))
     states = sorted({facts[h].recorded(target) for h in hosts})
+    if good_only:
+        return target, f"the newest release built before the active {', '.join(active)} marked good on every host"
     return target, (f"the newest release built before the active {', '.join(active)} that passed its health gate on "
                     f"every host and is not marked failed (recorded {'/'.join(states)})")
 

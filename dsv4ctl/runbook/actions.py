@@ -494,6 +494,10 @@ def _deploy_like(verb: str):
         return out
 
     def describe(ctx: RunContext, args: dict) -> list[str]:
+        refs = {k: v for k, v in args.items() if is_ref(v)}
+        if refs:        # e.g. to: "@mark.rollback_to": the release is known when the step runs
+            known = {k: f"<{v[1:]}, known when it runs>" for k, v in refs.items()}
+            return [f"dsv4ctl {' '.join(argv(ctx, {**args, **known}))}"]
         code, _, err = _run_cli(ctx, argv(ctx, args) + ["--dry-run"], f"{verb}-dry-run")
         out = (ctx.run_dir / f"{ctx.evidence[-1]}.out").read_text().splitlines()
         return [f"dsv4ctl {' '.join(argv(ctx, args))}"] + out[:40] + ([f"{DRY_RUN_ERROR} {err or 'the dry run exited ' + str(code)}"] if code else [])
@@ -689,6 +693,53 @@ def _mark_failed(ctx: RunContext, check: str, failure: str, evidence: list[str],
     return {"marked_failed": marked}
 
 
+def _mark_args(ctx: RunContext, args: dict) -> tuple[str, str]:
+    unknown = sorted(set(args) - {"check"})
+    if unknown:
+        raise InputError(f"release.mark_failed: unknown argument(s) {', '.join(unknown)}")
+    return str(args.get("check") or "runbook"), str(ctx.extra.get("evidence") or "the operator ran the runbook")
+
+
+def _mark_for_rollback_run(ctx: RunContext, args: dict) -> dict:
+    """Under the deploy lock: the hosts run the release the evidence is about (``--release``, when
+    given) and a release marked good is there to go back to; then the running release is marked
+    failed with the evidence (:func:`dsv4ctl.deploy.mark.mark_for_rollback`). ``rollback_to``
+    is the good release for the rollback step; a refusal changes nothing (``ok`` False)."""
+    from ..deploy.mark import NotRolledBack, mark_for_rollback
+    from ..errors import DsvError
+    check, failure = _mark_args(ctx, args)
+    try:
+        out = mark_for_rollback(ctx.profile, expect=ctx.extra.get("release"), check=check, failure=failure,
+                                evidence=[failure, str(ctx.run_dir)])
+    except NotRolledBack as e:
+        return {"ok": False, "refused": True, "error": str(e)}
+    except DsvError as e:
+        return {"ok": False, "error": str(e)}
+    ctx.touched_hosts.update(out["marked_failed"])
+    ctx.say(f"marked failed: {out['release']} on {', '.join(sorted(out['marked_failed'])) or 'no host (already)'}; "
+            f"rolling back to {out['rollback_to']} ({out['why']})")
+    return {"ok": True, **out}
+
+
+def _mark_for_rollback_describe(ctx: RunContext, args: dict) -> list[str]:
+    from ..deploy.mark import NotRolledBack, rollback_choice
+    from ..deploy.site import Options, gather_facts, open_site
+    check, failure = _mark_args(ctx, args)
+    site = open_site(ctx.deployment, Options(dry_run=True))
+    try:
+        facts = gather_facts(site)
+    finally:
+        site.close()
+    expect = ctx.extra.get("release")
+    try:
+        rid, target, why = rollback_choice(facts, expect)
+    except NotRolledBack as e:
+        return [f"{DRY_RUN_ERROR} {e}"]
+    return [f"under the deploy lock, if every host still runs {rid}" + (" (the release the evidence is about)"
+                                                                        if expect else "")
+            + f": mark it failed ({check}: {failure}); rollback_to {target}: {why}"]
+
+
 def _watch_run(ctx: RunContext, args: dict) -> dict:
     """Diagnose every ``interval`` s for ``seconds`` (bounded), counting the polls in which a
     crash signature or a KV canary violation (``count: crash``, the default) or any finding but
@@ -768,5 +819,7 @@ def builtin_actions(extra: Optional[dict[str, Action]] = None) -> dict[str, Acti
     for verb in ("deploy", "rollback"):
         run, describe = _deploy_like(verb)
         acts[verb] = Action(verb, True, run, describe)
+    acts["release.mark_failed"] = Action("release.mark_failed", True, _mark_for_rollback_run,
+                                         _mark_for_rollback_describe)
     acts.update(extra or {})
     return acts

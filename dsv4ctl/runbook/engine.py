@@ -327,10 +327,11 @@ class RunState:
     done: list[str] = field(default_factory=list)
     timeline: list[Event] = field(default_factory=list)
     failed_step: Optional[str] = None
+    inputs: dict = field(default_factory=dict)     # what the run was started with (--release, --evidence)
 
     def to_dict(self) -> dict:
         return dict(playbook=self.playbook, run_id=self.run_id, results=self.results, done=self.done,
-                    failed_step=self.failed_step, timeline=[e.to_dict() for e in self.timeline])
+                    failed_step=self.failed_step, inputs=self.inputs, timeline=[e.to_dict() for e in self.timeline])
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunState":
@@ -343,7 +344,7 @@ class RunState:
     @classmethod
     def _from_dict(cls, d: dict) -> "RunState":
         st = cls(playbook=d["playbook"], run_id=d["run_id"], results=d.get("results", {}),
-                 done=list(d.get("done", [])), failed_step=d.get("failed_step"))
+                 done=list(d.get("done", [])), failed_step=d.get("failed_step"), inputs=dict(d.get("inputs") or {}))
         st.timeline = [Event(**{k: v for k, v in e.items()}) for e in d.get("timeline", [])]
         return st
 

@@ -39,7 +39,7 @@ def incident_document(state: RunState, *, who: str, profile: str, dry_run: bool,
                 profile=profile, dry_run=dry_run, failed_step=state.failed_step,
                 completed=state.failed_step is None and all(e.step in state.done for e in state.timeline
                                                             if e.status == "declined"),
-                verification=verification,
+                verification=verification, inputs=state.inputs,
                 state_before=before, state_after=after,
                 timeline=[e.to_dict() for e in state.timeline], results=state.results)
 
@@ -59,6 +59,7 @@ def incident_markdown(doc: dict) -> str:
     out = [f"# Incident report: {doc['playbook']} ({doc['run_id']})", "",
            f"- who: {doc['who']}", f"- profile: {doc['profile']}",
            f"- dry run: {'yes' if doc['dry_run'] else 'no'}",
+           *[f"- {k}: {v}" for k, v in (doc.get("inputs") or {}).items()],
            f"- outcome: {_outcome(doc)}",
            "- charts: [incident.html](incident.html) (the timeline and the charts of the checks it ran)",
            "", "## Timeline", ""]

@@ -90,11 +90,14 @@ def outcome(cls: str) -> str:
 
 @dataclass
 class BurnWindow:
-    """The fast-burn condition of the shipped alert ``DSV4ToolCallCorruptionFastBurn``, in process:
-    the corrupted share of judged probes is above ``burn`` × ``slo`` over both the ``long_s``
-    window and the ``short_s`` window, with at least ``min_probes`` probes in the long one.
-    Memory and time per target are bounded by the number of buckets (``short_s`` / 10 seconds
-    each: 120 over the long window), whatever the probe rate or the window."""
+    """The fast-burn condition of the shipped alert ``DSV4ToolCallCorruptionFastBurn``, in process
+    and, like the alert, per ``(target, release)``: the corrupted share of the judged probes of
+    one release on one target is above ``burn`` × ``slo`` over both the ``long_s`` window and the
+    ``short_s`` window, with at least ``min_probes`` probes in the long one. A release's probes
+    never count for another one (a fix deployed over a corrupting release starts from nothing).
+    Memory and time per key are bounded by the number of buckets (``short_s`` / 10 seconds each:
+    120 over the long window), whatever the probe rate or the window; a key whose probes have
+    all left the long window is dropped."""
 
     slo: float
     long_s: float = 3600.0
@@ -107,9 +110,9 @@ class BurnWindow:
     def bucket_s(self) -> float:
         return max(self.short_s / 10.0, 1e-3)
 
-    def add(self, target: str, t: float, corrupted: bool) -> None:
-        """Record one judged probe of ``target`` at monotonic time ``t`` (seconds)."""
-        q = self._seen.setdefault(target, collections.deque())
+    def add(self, key: tuple[str, str], t: float, corrupted: bool) -> None:
+        """Record one judged probe of ``key`` (target, release) at monotonic time ``t`` (seconds)."""
+        q = self._seen.setdefault(key, collections.deque())
         b = int(t // self.bucket_s)
         if q and q[-1][0] == b:
             q[-1][1] += int(corrupted)
@@ -123,26 +126,30 @@ class BurnWindow:
         while q and q[0][0] < oldest:
             q.popleft()
 
-    def ratio(self, target: str, now: float, window: float) -> tuple[int, int]:
-        """(corrupted, judged) probes of ``target`` in the last ``window`` seconds (whole buckets:
-        the window's start rounds down to a bucket edge)."""
+    def ratio(self, key: tuple[str, str], now: float, window: float) -> tuple[int, int]:
+        """(corrupted, judged) probes of ``key`` (target, release) in the last ``window`` seconds
+        (whole buckets: the window's start rounds down to a bucket edge)."""
         first = int((now - window) // self.bucket_s)
         k = n = 0
-        for b, kb, nb in self._seen.get(target) or ():
+        for b, kb, nb in self._seen.get(key) or ():
             if b >= first:
                 k, n = k + kb, n + nb
         return k, n
 
-    def burning(self, now: float) -> list[tuple[str, float]]:
-        """Targets whose corruption burns now: [(target, long-window corrupted share)]."""
+    def burning(self, now: float) -> list[tuple[str, str, float, int]]:
+        """(target, release) pairs whose corruption burns now: [(target, release, long-window
+        corrupted share, judged probes in the long window)]."""
         out = []
         limit = self.burn * self.slo
-        for target, q in self._seen.items():
+        for key, q in list(self._seen.items()):
             self._trim(q, now)
-            k_long, n_long = self.ratio(target, now, self.long_s)
-            k_short, n_short = self.ratio(target, now, self.short_s)
+            if not q:
+                del self._seen[key]
+                continue
+            k_long, n_long = self.ratio(key, now, self.long_s)
+            k_short, n_short = self.ratio(key, now, self.short_s)
             if n_long >= self.min_probes and n_short and k_long / n_long > limit and k_short / n_short > limit:
-                out.append((target, k_long / n_long))
+                out.append((key[0], key[1], k_long / n_long, n_long))
         return out
 
 

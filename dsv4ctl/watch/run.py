@@ -41,8 +41,10 @@ FIRST_READ_WAIT = 15.0        # seconds the probes wait for the first release re
 class WatchOptions:
     """How one watch runs. Seconds everywhere. ``listen``: (host, port) of its own ``/metrics``
     (None: not served, e.g. ``--once``); ``on_alert``: {condition: runbook}; ``auto``: run them
-    for real (else ``--dry-run``); ``emit``: called with every event (a JSON-able dict);
-    ``every_probe``: an event for every probe (``-v``), not only for those not ok."""
+    for real (else ``--dry-run``); ``settle``: seconds after a deploy watch did not make during
+    which ``--auto`` does not act on that release (None: the short burn window, ``alert_window``
+    / 12); ``emit``: called with every event (a JSON-able dict); ``every_probe``: an event for
+    every probe (``-v``), not only for those not ok."""
 
     interval: float = M.DEFAULT_INTERVAL
     stall_timeout: float = 60.0
@@ -55,6 +57,7 @@ class WatchOptions:
     alert_window: float = 3600.0
     on_alert: dict = field(default_factory=dict)
     auto: bool = False
+    settle: Optional[float] = None
     read_releases: bool = True
     accept_new_host_keys: bool = False
     profile_arg: str = ""
@@ -71,6 +74,35 @@ def action_outcome(auto: bool, code: int) -> str:
     if auto:
         return "completed" if code == 0 else "failed"
     return {0: "dry_run", 1: "dry_run_would_stop"}.get(code, "failed")
+
+
+DECIDE_AGAIN_S = 30.0     # seconds before a condition --auto did not act on is decided again
+
+
+def decide_on(facts: dict, releases: list, own_runs: list, settle_s: float, now: Optional[float] = None
+              ) -> tuple[str, str]:
+    """Whether ``--auto`` may act (pure): ``facts`` {host: HostFacts} read under the deploy lock,
+    ``releases`` the releases the evidence is about, ``own_runs`` [start, end] UTC seconds of
+    this watch's own runbook runs, ``settle_s`` the settle window, ``now`` UTC seconds. Returns
+    (``act`` | ``skipped_stale`` | ``skipped_settling``, why)."""
+    import datetime as dt
+    now = time.time() if now is None else now
+    running = {h: f.current for h, f in facts.items()}
+    if len(releases) != 1 or set(running.values()) != set(releases):
+        runs = ", ".join(f"{h}: {r or 'none'}" for h, r in sorted(running.items()))
+        return "skipped_stale", (f"the evidence is about release {', '.join(releases) or '(none known)'}; "
+                                 f"the hosts run {runs} now")
+    rid = releases[0]
+    for h, f in sorted(facts.items()):
+        at = f.state.get("releases", {}).get(rid, {}).get("activated_at")
+        try:
+            t = dt.datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue          # no activation on record: nothing to settle from
+        if now - t < settle_s and not any(a <= t <= b for a, b in own_runs):
+            return "skipped_settling", (f"{rid} was activated on {h} at {at}, {max(0.0, now - t):.0f} s ago, by a "
+                                        f"deploy this watch did not make (settle window {settle_s:g} s)")
+    return "act", f"every host runs {rid}, the release the evidence is about"
 
 
 class Watcher:
@@ -103,6 +135,9 @@ class Watcher:
         self._action_tasks: set = set()  # their tasks (cancelled, and waited for, when watch stops)
         self._held: set = set()          # conditions whose run waits for a held deploy lock (said once)
         self._read_failed: set = set()   # hosts whose last release read failed (said once)
+        self.evidence: dict[str, list] = {}   # condition -> the releases its evidence is about
+        self._own_runs: list = []        # [start, end] UTC seconds of this watch's --auto runbook runs
+        self._decided: dict = {}         # condition -> (monotonic, skip outcome) of the last decision
         self.specs = tool_specs(TOOLS)
         for t in self.targets:
             if t.probe:
@@ -151,8 +186,8 @@ class Watcher:
             elif rec["outcome"] == "failed":
                 self._count(self.m.failed, (t.name, t.role, release, cls))
             self._observe(t, release, timing)
-            if rec["outcome"] != "failed":
-                self.burn.add(t.name, time.monotonic(), rec["outcome"] == "corrupted")
+            if rec["outcome"] != "failed":      # the burn of the release the probe was sent to
+                self.burn.add((t.name, release), time.monotonic(), rec["outcome"] == "corrupted")
         prev_bad = self._bad_run.get(t.name, 0)
         self._bad_run[t.name] = 0 if rec["outcome"] == "ok" else prev_bad + 1
         if rec["outcome"] == "ok" and prev_bad:
@@ -366,20 +401,28 @@ class Watcher:
 
     # --- --on-alert ------------------------------------------------------------------------
     def conditions(self, now: Optional[float] = None) -> dict[str, str]:
-        """Alert conditions holding now: {condition: why}."""
+        """Alert conditions holding now: {condition: why}. ``corruption`` holds only for the
+        release a target runs now (as the last release read saw it): an earlier release's
+        corrupted probes are evidence about that release, never about the one that replaced it.
+        :attr:`evidence` gets the releases each condition is about."""
         now = time.monotonic() if now is None else now
         out = {}
-        burning = self.burn.burning(now)
+        burning = [(t, r, ratio, n) for t, r, ratio, n in self.burn.burning(now)
+                   if t in self.release and self.release[t][0] == r]
         if burning:
-            out["corruption"] = ", ".join(f"{t} {r:.0%} of probes corrupted" for t, r in burning)
+            out["corruption"] = ", ".join(f"{t} {ratio:.0%} of probes corrupted (release {r}, {n} probes)"
+                                          for t, r, ratio, n in burning)
+            self.evidence["corruption"] = sorted({r for _, r, _, _ in burning})
         stuck = self.stuck(now)
         if stuck:
             out["stuck"] = ", ".join(f"{t} probe without progress for {s:.0f} s" for t, s in stuck.items())
+            self.evidence["stuck"] = sorted({self.release[t][0] for t in stuck if t in self.release})
         return out
 
     async def evaluate(self) -> None:
         """Start the ``--on-alert`` runbook of every condition that holds and is due (one per
-        condition per alert window; none while a host's deploy lock is held)."""
+        condition per alert window; with ``--auto`` none while a host's deploy lock is held, and
+        only after :meth:`decide` says so under the deploy lock)."""
         if not self.opts.on_alert:
             return
         now = time.monotonic()
@@ -398,21 +441,78 @@ class Watcher:
                                     "outcome": "skipped_lock", "why": why, "locked": sorted(held),
                                     "lock_unknown": unknown})
                 continue
+            last = self._decided.get(cond)
+            if self.opts.auto and last and now - last[0] < DECIDE_AGAIN_S:
+                continue       # a decision said not now a moment ago: not a lock per evaluation
             self._held.discard(cond)
-            self.gate.ran(cond, now)
             self._actions.add(cond)
-            task = asyncio.create_task(self._run_runbook(cond, book, why))
+            task = asyncio.create_task(self._act(cond, book, why, list(self.evidence.get(cond, ()))))
             self._action_tasks.add(task)
             task.add_done_callback(lambda _t, c=cond: (self._actions.discard(c), self._action_tasks.discard(_t)))
 
-    async def _run_runbook(self, cond: str, book: str, why: str) -> None:
+    async def _act(self, cond: str, book: str, why: str, releases: list) -> None:
+        """Run ``book`` for ``cond``: with ``--auto`` only when :meth:`decide` (under the deploy
+        lock) says the evidence is about the release the hosts run now and it has settled."""
+        if self.opts.auto:
+            outcome, detail = await asyncio.to_thread(self.decide, releases)
+            if outcome != "act":
+                said = self._decided.get(cond, (0, None))[1] == outcome
+                self._decided[cond] = (time.monotonic(), outcome)
+                if not said:           # said once until the decision changes
+                    self.m.alert_actions.labels(cond, book, outcome).inc()
+                    self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": outcome,
+                                    "why": why, "detail": detail})
+                return
+        self._decided.pop(cond, None)
+        self.gate.ran(cond, time.monotonic())
+        await self._run_runbook(cond, book, why, releases[0] if len(releases) == 1 and releases[0] != UNKNOWN
+                                else None)
+
+    def decide(self, releases: list) -> tuple[str, str]:
+        """Blocking, at decision time: take every host's deploy lock, read what each runs (one
+        round trip, :func:`dsv4ctl.deploy.engine.acquire_locks`), give the locks back. Returns
+        (``act`` | ``skipped_lock`` | ``skipped_stale`` | ``skipped_settling``, why): stale when
+        the evidence is not about the one release every host runs now (a deploy since the last
+        release read), settling when that release was activated less than the settle window ago
+        by a deploy this watch did not make. The targets' release labels follow what was read."""
+        from ..deploy.engine import acquire_locks, release_locks
+        from ..deploy.site import Options, open_site
+        from ..errors import DsvError
+        site = open_site(self.dep, Options(accept_new_host_keys=self.opts.accept_new_host_keys))
+        try:
+            try:
+                facts = acquire_locks(site, "watch --on-alert: read the running release")
+            except DsvError as e:
+                return "skipped_lock", str(e).splitlines()[0][:300]
+            release_locks(site)
+        finally:
+            site.close()
+        for t in self.targets:
+            f = facts.get(t.host)
+            if f is not None:
+                self._set_release(t, t.host, f.current or "none",
+                                  (f.recorded(f.current) or "pushed") if f.current else "none")
+        return decide_on(facts, releases, self._own_runs, self.settle_s)
+
+    @property
+    def settle_s(self) -> float:
+        """Seconds after a deploy watch did not make during which ``--auto`` waits."""
+        return self.opts.alert_window / 12 if self.opts.settle is None else self.opts.settle
+
+    async def _run_runbook(self, cond: str, book: str, why: str, release: Optional[str] = None) -> None:
+        # the evidence goes with the run: steps that act on the running release (release.mark_failed)
+        # check, under the deploy lock, that the hosts still run the release it is about
         argv = [sys.executable, "-m", "dsv4ctl", "runbook", "run", book, "-p", self.opts.profile_arg,
+                *(["--release", release] if release else []), "--evidence", f"watch --on-alert {cond}: {why}"[:1000],
                 "--yes" if self.opts.auto else "--dry-run"]
         self.opts.emit({"event": "alert_action", "condition": cond, "runbook": book, "outcome": "started",
                         "mode": "auto" if self.opts.auto else "dry_run", "why": why})
         proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self._children.add(proc)
+        own = [time.time(), math.inf]          # a deploy made while it runs is this watch's own
+        if self.opts.auto:
+            self._own_runs[:] = self._own_runs[-7:] + [own]
         try:
             out, err = await proc.communicate()
         except asyncio.CancelledError:
@@ -426,6 +526,7 @@ class Watcher:
             raise
         finally:
             self._children.discard(proc)
+            own[1] = time.time()
         outcome = action_outcome(self.opts.auto, proc.returncode)
         # why it ended is on stderr (the verdict, an error); the step listing on stdout
         tail = (err if err.strip() else out).decode("utf-8", "replace").strip().splitlines()[-3:]
