@@ -98,3 +98,42 @@ def test_parse_sbatch():
     assert parse_sbatch("77;lab\n") == "77"
     with pytest.raises(InputError, match="no job id"):
         parse_sbatch("sbatch: error: Batch job submission failed: Invalid partition name specified")
+
+
+def test_squeue_lines_and_the_release_a_comment_names():
+    from dsv4ctl.hosts.slurm import parse_squeue, release_of
+    rows = parse_squeue("12|RUNNING|None|dsv4ctl:release=0f1e2d3c4b5a:group=decode|n[1-2]\n\ngarbage\n"
+                        "13|PENDING|Resources|dsv4ctl:release=aaaaaaaaaaaa:group=decode|\n")
+    assert [r["job"] for r in rows] == ["12", "13"]
+    assert rows[1] == {"job": "13", "state": "PENDING", "reason": "Resources",
+                       "comment": "dsv4ctl:release=aaaaaaaaaaaa:group=decode", "nodes": ""}
+    assert release_of(rows[0]["comment"]) == "0f1e2d3c4b5a"
+    assert release_of("someone else's job") is None and release_of("") is None
+
+
+@pytest.mark.parametrize("rec, nodes, phase, ok, words", [
+    ({"JobId": "5", "JobState": "PENDING", "Reason": "Resources"}, {}, "pending", True, "pending (Resources)"),
+    ({"JobId": "5", "JobState": "PENDING", "Reason": "ReqNodeNotAvail"},
+     {"n2": {"NodeName": "n2", "State": "IDLE+DRAIN", "Reason": "bad ECC"}}, "pending", False,
+     "cannot start: node n2 IDLE+DRAIN (bad ECC)"),
+    ({"JobId": "5", "JobState": "RUNNING", "NodeList": "n[1-2]"}, {}, "running", True, "running on n[1-2]"),
+    ({"JobId": "5", "JobState": "FAILED", "ExitCode": "137:0", "Reason": "NonZeroExitCode"}, {}, "ended", False,
+     "failed (FAILED, exit 137:0"),
+    ({"JobId": "5", "JobState": "TIMEOUT", "ExitCode": "0:15", "Reason": "TimeLimit"}, {}, "ended", False,
+     "reached its time limit"),
+    ({"JobId": "5", "JobState": "NODE_FAIL", "ExitCode": "0:0", "Reason": "NodeDown"}, {}, "ended", False, "lost a node"),
+    ({}, {}, "ended", False, "no longer knows the job"),
+])
+def test_job_verdicts(rec, nodes, phase, ok, words):
+    from dsv4ctl.hosts.slurm import job_verdict
+    v = job_verdict(rec, nodes)
+    assert (v.phase, v.ok) == (phase, ok) and words in v.message, v
+
+
+def test_parse_nodes():
+    from dsv4ctl.hosts.slurm import parse_nodes
+    text = ("NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.1.201 NodeHostName=vm State=IDLE ThreadsPerCore=1\n"
+            "NodeName=n2 NodeAddr=127.0.1.202 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2026-12-07T16:00:00]\n")
+    nodes = parse_nodes(text)
+    assert nodes["n1"]["NodeAddr"] == "127.0.1.201" and nodes["n1"]["State"] == "IDLE"
+    assert nodes["n2"]["Reason"] == "Not responding [slurm@2026-12-07T16:00:00]"

@@ -234,3 +234,23 @@ def test_the_job_records_its_release_and_group(lab, jobs):
     assert rec["JobName"] == "dsv4ctl:lab:decode"
     assert rec["Comment"] == "dsv4ctl:release=0123456789ab:group=decode"
     assert rec["NodeList"] == "n[1-2]"
+
+
+def test_a_group_job_is_found_by_name_and_a_drained_node_is_a_verdict(lab, jobs):
+    from dsv4ctl.hosts.slurm import group_jobs_cmd, job_verdict, nodes_cmd, parse_nodes, parse_squeue, release_of
+    ours = submit(lab, jobs, "dsv4.sh", dsv4_script(jobs / "logs", "n1,n2", release="0123456789ab"))
+    lab.wait_state(ours, {"RUNNING"})
+    rows = parse_squeue(subprocess.run(["bash", "-c", group_jobs_cmd("lab", "decode")], env=lab.env,
+                                       capture_output=True, text=True).stdout)
+    assert [(r["job"], r["state"], release_of(r["comment"])) for r in rows] == [(ours, "RUNNING", "0123456789ab")]
+    assert lab.run("scontrol", "update", "nodename=n4", "state=drain", "reason=bad ECC").returncode == 0
+    try:
+        stuck = submit(lab, jobs, "stuck.sh", dsv4_script(jobs / "logs", "n3,n4"))
+        time.sleep(1.5)
+        nodes = parse_nodes(subprocess.run(["bash", "-c", nodes_cmd("n3,n4")], env=lab.env,
+                                           capture_output=True, text=True).stdout)
+        v = job_verdict(lab.job(stuck), nodes)
+        assert (v.phase, v.ok) == ("pending", False) and "node n4" in v.message and "bad ECC" in v.message, v
+    finally:
+        lab.run("scancel", stuck)
+        lab.run("scontrol", "update", "nodename=n4", "state=resume")

@@ -233,3 +233,110 @@ def parse_sbatch(text: str) -> str:
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+
+
+# ---- commands (builders: the exact command line; the engine runs it on the submit host) ----
+
+def submit_cmd(script: str) -> str:
+    """Submit the stored batch script at ``script`` (a path the submit host sees); prints the
+    job id (:func:`parse_sbatch`)."""
+    return f"sbatch --parsable {shlex.quote(script)}"
+
+
+def cancel_cmd(job_id: str) -> str:
+    """Cancel job ``job_id`` (Slurm signals every step: SIGTERM, then SIGKILL after KillWait)."""
+    return f"scancel {int(job_id)}"
+
+
+def show_job_cmd(job_id: str) -> str:
+    """One line of ``Key=Value`` words for the job (:func:`parse_job`); exit 0 with "Invalid job
+    id" on stderr once Slurm forgot it (after ``MinJobAge``)."""
+    return f"scontrol show job -o {int(job_id)} 2>&1 || true"
+
+
+SQUEUE_FORMAT = "%i|%T|%r|%k|%N"
+
+
+def group_jobs_cmd(profile: str, group: str) -> str:
+    """The live jobs (pending, running, completing) of one server group, found by job name:
+    ``JOBID|STATE|REASON|COMMENT|NODES`` lines (:func:`parse_squeue`)."""
+    name = f"dsv4ctl:{profile}:{group}"
+    return f"squeue -h -n {shlex.quote(name)} -o {shlex.quote(SQUEUE_FORMAT)}"
+
+
+def nodes_cmd(nodelist: str) -> str:
+    """``scontrol show node -o`` of a hostlist (:func:`parse_nodes`)."""
+    if not _NODELIST.match(nodelist):
+        raise InputError(f"slurm: node list {nodelist!r} is not a Slurm hostlist (n[1-2],n5)")
+    return f"scontrol show node -o {shlex.quote(nodelist)}"
+
+
+def parse_squeue(text: str) -> list[dict[str, str]]:
+    """Lines of :data:`SQUEUE_FORMAT` as dicts (``job``, ``state``, ``reason``, ``comment``,
+    ``nodes``); blank and malformed lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5 and parts[0].isdigit():
+            out.append(dict(zip(("job", "state", "reason", "comment", "nodes"), parts)))
+    return out
+
+
+def release_of(comment: str) -> str | None:
+    """The release id a job comment (:attr:`JobSpec.comment`) names, or None."""
+    m = re.search(r"(?:^|:)release=([0-9a-f]{6,64})(?::|$)", comment or "")
+    return m.group(1) if m else None
+
+
+def parse_nodes(text: str) -> dict[str, dict[str, str]]:
+    """``scontrol show node -o`` lines as {node name: its fields} (``State`` like ``IDLE``,
+    ``ALLOCATED``, ``DOWN+NOT_RESPONDING``, ``IDLE+DRAIN``; ``Reason``; ``NodeAddr``)."""
+    out = {}
+    for line in text.splitlines():
+        rec = parse_job(line)
+        if "NodeName" in rec:
+            out[rec["NodeName"]] = rec
+    return out
+
+
+@dataclass(frozen=True)
+class JobVerdict:
+    """What a job's record means for its server: ``phase`` is ``pending``, ``running`` or
+    ``ended``; ``ok`` is False for a verdict (a failed, timed-out or cancelled job, a node that
+    cannot run it); ``message`` is one line for the operator (with Slurm's reason)."""
+
+    phase: str
+    ok: bool
+    message: str
+
+
+_BAD_NODE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "INVALID")
+
+
+def job_verdict(rec: dict[str, str], nodes: dict[str, dict[str, str]] | None = None) -> JobVerdict:
+    """The :class:`JobVerdict` of a job record (:func:`parse_job`) and, optionally, the nodes it
+    asked for (:func:`parse_nodes`): a PENDING job whose nodes are down or drained cannot start
+    (a verdict naming each node and Slurm's reason); a job Slurm forgot (``{}``) has ended with
+    an unknown state (dsv4ctl's own record says how)."""
+    if not rec:
+        return JobVerdict("ended", False, "Slurm no longer knows the job (MinJobAge passed; no accounting)")
+    state = rec.get("JobState", "?")
+    reason = rec.get("Reason", "None")
+    jid = rec.get("JobId", "?")
+    if state == "PENDING":
+        bad = {n: r for n, r in (nodes or {}).items() if any(b in r.get("State", "") for b in _BAD_NODE)}
+        if bad:
+            why = "; ".join(f"{n} {r.get('State')} ({r.get('Reason', 'no reason')})" for n, r in sorted(bad.items()))
+            return JobVerdict("pending", False, f"job {jid} cannot start: node {why}")
+        return JobVerdict("pending", True, f"job {jid} pending ({reason})")
+    if state in ("RUNNING", "CONFIGURING"):
+        return JobVerdict("running", True, f"job {jid} running on {rec.get('NodeList', '?')}")
+    if state == "COMPLETING":
+        return JobVerdict("ended", False, f"job {jid} ending (COMPLETING, exit {rec.get('ExitCode', '?')})")
+    detail = {"TIMEOUT": "reached its time limit", "NODE_FAIL": "lost a node",
+              "OUT_OF_MEMORY": "ran out of memory", "CANCELLED": "was cancelled",
+              "PREEMPTED": "was preempted", "BOOT_FAIL": "could not boot its nodes",
+              "DEADLINE": "passed its deadline", "COMPLETED": "ended although a server never completes",
+              "FAILED": "failed"}.get(state, state.lower())
+    return JobVerdict("ended", False, f"job {jid} {detail} ({state}, exit {rec.get('ExitCode', '?')}, "
+                                      f"reason {reason})")
