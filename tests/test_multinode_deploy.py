@@ -206,3 +206,106 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
         recs = [json.loads(ln) for ln in (w.roots[x] / "audit.jsonl").read_text().splitlines()]
         rec = [r for r in recs if r["action"] == "service-restart"]
         assert [(r["result"], r["group"]) for r in rec] == [("ok", "decode")], recs[-3:]
+
+
+def start_cli(w, *args):
+    """``dsv4ctl ARGS PROFILE`` in the background (stderr read while it runs)."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", **w.env())
+    return subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", *args, str(w.profile)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def lose_host_in_gate(w, host: int, *args) -> tuple[int, str]:
+    """Run ``dsv4ctl ARGS``; as its health gate starts (every host switched), kill ``host``'s sshd
+    (the host drops off the network; its servers keep running). Returns (exit code, stderr)."""
+    p = start_cli(w, *args)
+    head = []
+    while not any(ln.startswith("dsv4ctl: health: waiting for") for ln in head[-1:]):
+        ln = p.stderr.readline()
+        assert ln, "".join(head) + p.stderr.read()
+        head.append(ln)
+    w.c.hosts[host].kill()
+    _, err = p.communicate(timeout=180)
+    return p.returncode, "".join(head) + err
+
+
+def test_a_node_lost_in_the_gate_is_no_verdict_and_status_sees_a_split_server(world):
+    """Issue 41 item 3: SSH lost to one node during a multi-node gate (deploy, then rollback):
+    exit 3 naming the lost host, where every host is, the lock left and the command that
+    finishes the job; the release (a rollback's target) is not marked failed; status exits 1 for
+    a server whose nodes run different releases (diagnose's release_split rule)."""
+    import shlex
+    w = world
+    h = [x.name for x in w.hosts]
+    w.extra["prefill"] = {"standin-startup-s": 3}    # every gate waits 3 s for prefill: time to lose h1 in it
+    w.write()
+    r = cli(w, "deploy", "--no-preflight", "--json")
+    assert r.code == 0, r.err
+    a = r.json()["release"]
+    w.extra["prefill"]["chunked-prefill-size"] = 4096
+    w.write()
+
+    # deploy of b: h1 (prefill node 1) lost in the gate -> the others back on a, h1 left on b
+    code, err = lose_host_in_gate(w, 1, "deploy", "--no-preflight")
+    assert code == 3, err
+    last = err.strip().splitlines()[-1]
+    assert "deploy of " in last, err
+    b = last.split("deploy of ")[1].split()[0]
+    lock = w.roots[h[1]] / ".lock"
+    assert last.startswith(f"dsv4ctl: error: deploy of {b} stopped during the health gate: h1 cannot be reached "
+                           f"(h1: cannot connect to {w.hosts[1].address}:{w.hosts[1].port}"), last
+    assert (f"a lost host is no verdict, {b} is not marked failed. Hosts now: h0, h2, h3 on {a}; h1 still on {b} "
+            f"(could not be switched back); lock left on h1 ({lock}). When h1 answers again: dsv4ctl rollback "
+            f"{w.profile} --to {a} --break-lock") in last, last
+    assert "on all hosts" not in err
+    assert w.currents() == {h[0]: a, h[1]: b, h[2]: a, h[3]: a}
+    assert lock.is_dir() and not any((w.roots[x] / ".lock").exists() for x in (h[0], h[2], h[3]))
+    for x in (h[0], h[2], h[3]):
+        rec = w.state(x)["releases"][b]
+        assert rec["state"] == "pushed" and rec["interrupted_during"] == "health gate", rec
+        assert rec["fault"].startswith("unreachable: h1: cannot connect to"), rec
+        assert w.audit(x)[-1]["result"] == "unreachable"
+    assert w.state(h[1])["releases"][b]["state"] == "pushed"
+
+    # h1 answers again: status names the split server; the printed command finishes the job
+    w.c.hosts[1].start()
+    r = cli(w, "status", "--json")
+    assert r.code == 1, r.err
+    split = [u for u in r.json()["unhealthy"] if "different releases" in u]
+    assert split == [f"prefill: the nodes of this server run different releases: finish that deploy or roll back "
+                     f"(dsv4ctl rollback) so every node runs one: h0: node 0 runs {a}; h1: node 1 runs {b}"], r.json()
+    argv = shlex.split(last.split(" again: ", 1)[1])
+    r = run_cli(*argv[1:], env=w.env(), timeout=240)
+    assert r.code == 0, r.err
+    assert w.currents() == {x: a for x in h} and not lock.exists()
+    assert w.state(h[1])["releases"][a]["state"] == "active"
+
+    # both nodes alive and healthy, but node 1's host switched by hand: status was exit 0
+    link = w.roots[h[1]] / "current"
+    (w.roots[h[1]] / "current.tmp").symlink_to(f"releases/{b}")
+    (w.roots[h[1]] / "current.tmp").rename(link)
+    r = cli(w, "status", "--json")
+    assert r.code == 1 and any("different releases" in u for u in r.json()["unhealthy"]), r.out + r.err
+    assert r.json()["hosts"][h[1]]["groups"]["prefill"]["alive"] is True
+    (w.roots[h[1]] / "current.tmp").symlink_to(f"releases/{a}")
+    (w.roots[h[1]] / "current.tmp").rename(link)
+
+    # a rollback from b to a (older, healthy) loses h1 in its gate: a is not condemned
+    r = cli(w, "deploy", "--no-preflight", "--json")
+    assert r.code == 0 and r.json()["release"] == b, r.err
+    code, err = lose_host_in_gate(w, 1, "rollback")
+    assert code == 3, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"dsv4ctl: error: rollback to {a} stopped during the health gate: h1 cannot be reached"), last
+    assert (f"{a} is not marked failed. Hosts now: h0, h2, h3 on {b}; h1 still on {a} (could not be switched back); "
+            f"lock left on h1 ({lock}). When h1 answers again: dsv4ctl rollback {w.profile} --to {a} --break-lock") \
+        in last, last
+    assert w.currents() == {h[0]: b, h[1]: a, h[2]: b, h[3]: b}
+    for x in (h[0], h[2], h[3]):
+        assert w.state(x)["releases"][a]["state"] == "active" and "failed_at" not in w.state(x)["releases"][a]
+        assert w.state(x)["releases"][b]["state"] == "active"
+    assert lock.is_dir()

@@ -78,6 +78,23 @@ async def _probe(urls: dict[str, str], timeout: float) -> dict[str, tuple[Option
     return dict(zip(urls, res))
 
 
+def release_splits(dep, currents: dict[str, str | None]) -> list[str]:
+    """``GROUP: cause: evidence`` for every multi-node server whose nodes' hosts (``currents``:
+    host -> active release, the hosts that were read) run different releases: diagnose's
+    ``release_split`` rule (:func:`dsv4ctl.diagnose.rules.rule_release_split`), its one home."""
+    from ..diagnose.rules import Evidence, rule_release_split
+    out = []
+    for g in dep.groups.values():
+        if not g.is_server or g.group.nnodes < 2:
+            continue
+        for r, nodes in enumerate(g.server_nodes):
+            ev = [Evidence(group=g.name, host=n.host, node=i, nnodes=len(nodes), release=currents[n.host])
+                  for i, n in enumerate(nodes) if n.host in currents]
+            label = g.name + (f" replica {r}" if g.group.replicas > 1 else "")
+            out += [f"{label}: {f.cause}: {'; '.join(f.evidence)}" for f in rule_release_split(ev)]
+    return out
+
+
 def status(profile: Optional[str] = _P,
            timeout: float = duration_option(5.0, "--timeout", hi=3600, help="How long per HTTP probe (5, 500ms, 1m; at most 1h)."),
            accept_new: bool = _ACCEPT,
@@ -90,7 +107,8 @@ def status(profile: Optional[str] = _P,
     (with the command that applies the file), not counted as unhealthy.
 
     Exit 0 all healthy · 1 something unhealthy (a process not running, /health failing, a failed
-    or drifted active release) · 2 bad input · 3 a host unreachable."""
+    or drifted active release, the nodes of one server on different releases) · 2 bad input · 3
+    a host unreachable."""
     import asyncio
 
     from ..hosts.day2 import last_audit_text, parse_status, status_command
@@ -212,6 +230,7 @@ def status(profile: Optional[str] = _P,
                          err or "ok", "; ".join(diffs) or "match" if info is not None else "-",
                          hdoc["lock"] or "-"])
         hosts[h] = hdoc
+    unhealthy[:0] = release_splits(dep, {h: r.value.facts.current for h, r in res.items() if r.ok})
     doc = {"schema": "dsv4ctl.status/1", "profile": dep.name, "hosts": hosts, "unhealthy": unhealthy,
            "differing": differing, "unreachable": down, "ok": not unhealthy and not down}
     if as_json:

@@ -33,6 +33,8 @@ from ..remote.ops import framed
 from .push import kill_rsyncs, push_host, rsync_user_args
 from .release import (Release, build_release, private_groups, launch_spec, release_environment, release_inputs,
                       resolve_base, sha256_file)
+from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
+                      probe, where_now, with_break_lock)
 from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
@@ -102,7 +104,7 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
         r = run_host_step(site, st, timeout=120, check=False)
         p = site.paths[t.name]
         if r.code == LOCK_HELD_CODE:
-            raise held_error(t.name, p.lock, r.out, can_break=site.opts.offers_break_lock)
+            raise held_error(t.name, p.lock, r.out, can_break=site.opts.offers_break_lock, profile=str(site.profile.path))
         if r.code != 0:
             raise t.fail(r, f"lock {p.lock}")
         return parse_facts(t.name, p.root, r.out)
@@ -118,21 +120,23 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
 
 
 def release_locks(site: Site, hosts: list[str] | None = None) -> None:
-    """Drop the locks this run holds (only when the token matches); best effort."""
+    """Drop the locks this run holds (only when the token matches); best effort. The hosts it
+    reached join ``site.unlocked`` (the others' locks remain: :func:`netloss.locks_left`)."""
     hs = [h for h in (hosts if hosts is not None else site.hosts) if h not in site.unlocked]
     if not hs or not site.token:      # no token yet: this run has taken no lock (never match another's)
         return
 
     def unlock(t):
         t.run(release_cmd(site.paths[t.name].lock, site.token), timeout=30)
-    run_parallel({h: site.transports[h] for h in hs}, unlock, timeout=60)
+    res = run_parallel({h: site.transports[h] for h in hs}, unlock, timeout=60)
+    site.unlocked |= {h for h, r in res.items() if r.ok}
 
 
 # -- verify ------------------------------------------------------------------------------------
 
 def run_verify(site: Site, steps: list[Step]) -> str:
-    """Run verify steps (hosts in parallel; an interrupt lets each finish). Returns "" when every
-    target is intact, else the drift (or the error) per host, one line."""
+    """Run verify steps (hosts in parallel; read only: an interrupt stops them at once). Returns
+    "" when every target is intact, else the drift (or the error) per host, one line."""
     from .drift import drift_text, verify_releases
     if not steps:
         return ""
@@ -146,8 +150,7 @@ def run_verify(site: Site, steps: list[Step]) -> str:
             return verify_releases(t, site.python[t.name], [site.paths[t.name].release(st.extra["rid"])])
         finally:
             step_done(site, st, time.monotonic() - t0)
-    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
-                       finish_on_interrupt=True)
+    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout)
     out = []
     for h, r in res.items():
         if not r.ok:
@@ -158,9 +161,10 @@ def run_verify(site: Site, steps: list[Step]) -> str:
 
 
 def run_envs(site: Site, steps: list[Step]) -> str:
-    """Run environment steps (hosts in parallel; an interrupt lets each finish, and the host's
-    command removes its staging folder). Returns "" when every host has the environment, else
-    ``host: why`` per failed host, ``; ``-joined (the last lines uv printed)."""
+    """Run environment steps (hosts in parallel; an interrupt stops each host's build at once:
+    its process group is signalled, the build kills uv and removes its staging folder). Returns
+    "" when every host has the environment, else ``host: why`` per failed host, ``; ``-joined
+    (the last lines uv printed)."""
     if not steps:
         return ""
     by_host = {s.host: s for s in steps}
@@ -173,8 +177,7 @@ def run_envs(site: Site, steps: list[Step]) -> str:
             raise RemoteError(f"building environment {st.extra['digest']} failed (exit {r.code})"
                               + (": " + " / ".join(tail)[:600] if tail else ""))
         return r.out.strip().splitlines()[-1:] == ["@env built"]
-    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
-                       finish_on_interrupt=True)
+    res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout)
     for h, r in res.items():
         if r.ok and r.value:
             site.opts.log(f"{h}: built environment {by_host[h].extra['digest']}")
@@ -202,10 +205,10 @@ def drift_error(rid: str, why: str) -> RemoteError:
 
 # -- switch and gate ---------------------------------------------------------------------------
 
-def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str]:
+def run_switches(site: Site, steps: list[Step], switched: list[str]) -> dict[str, str]:
     """Run switch steps, hosts in parallel; an interrupt lets every host finish its switch.
     Appends each host that ran to ``switched`` (even when its command failed: it may be half
-    switched). Returns the errors."""
+    switched). Returns {host: error} of the hosts whose switch failed."""
     lock = threading.Lock()
     by_host = {s.host: s for s in steps}
 
@@ -220,7 +223,7 @@ def run_switches(site: Site, steps: list[Step], switched: list[str]) -> list[str
                 switched.append(t.name)
     res = run_parallel({h: site.transports[h] for h in by_host}, act, timeout=site.opts.host_timeout,
                        finish_on_interrupt=True)
-    return [r.error for r in res.values() if not r.ok]
+    return {h: r.error for h, r in res.items() if not r.ok}
 
 
 def run_server_steps(site: Site, steps: list[Step]) -> list[str]:
@@ -258,7 +261,11 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
 
         def alive():
             for rank, (x, check) in enumerate(checks):
-                if not check():
+                try:
+                    up = check()
+                except RemoteError as e:        # the host is lost: no verdict (netloss)
+                    return x, f"{UNREACHABLE}: {e}"
+                if not up:
                     if not nodes:
                         return False
                     return x, f"the server process of node {rank} (of {len(checks)}) exited"
@@ -372,29 +379,37 @@ def log_tail(site: Site, host: str, group: str, n: int = 8) -> list[str]:
 
 
 def failure_text(site: Site, fails: list) -> str:
+    """``host H group G: reason; last log lines: ...`` per failure (no log of a host not reached)."""
     out = []
     for fl in fails:
+        if str(fl.reason).startswith(UNREACHABLE):
+            out.append(f"host {fl.host} group {fl.group}: {fl.reason}")
+            continue
         tail = log_tail(site, fl.host, fl.group)
         out.append(f"host {fl.host} group {fl.group}: {fl.reason}; last log lines: "
                    + (" | ".join(tail[-5:]) if tail else "(empty log)"))
     return "; ".join(out)
 
 
-def switch_with_gate(site: Site, switches: list[Step], gates: list[Step], reverts: list[Step]) -> tuple[bool, str]:
+def switch_with_gate(site: Site, switches: list[Step], gates: list[Step], reverts: list[Step]) -> Activation:
     """Run ``switches``, then ``gates``. On a failure or an interrupt the hosts that switched run
     their ``reverts`` step (back on the release they ran, restarted) and the old release is
-    gated again (the outcome is added to the reason). Returns (ok, failure text)."""
+    gated again (the outcome is added to the reason). A host that cannot be reached
+    (:mod:`dsv4ctl.deploy.netloss`) makes the failure no verdict: it is in ``lost``, a host that
+    could not be put back in ``stranded``, and the old release is gated only on the servers whose
+    every node answers. Returns an :class:`~dsv4ctl.deploy.netloss.Activation`."""
     switched: list[str] = []
     back = {s.host: s for s in reverts}
+    fails: list = []
     try:
         errors = run_switches(site, switches, switched)
         if errors:
-            reason = "activation failed: " + "; ".join(errors)
+            reason, phase = "activation failed: " + "; ".join(errors.values()), "activation"
         else:
             fails = run_gate(site, gates)
             if not fails:
-                return True, ""
-            reason = failure_text(site, fails)
+                return Activation(True)
+            reason, phase = failure_text(site, fails), "health gate"
     except KeyboardInterrupt:
         revert(site, [back[h] for h in switched])
         wait_restored(site, [back[h] for h in switched])
@@ -402,21 +417,28 @@ def switch_with_gate(site: Site, switches: list[Step], gates: list[Step], revert
     except BaseException:
         revert(site, [back[h] for h in switched])
         raise
-    revert(site, [back[h] for h in switched])
-    old_gate = revert_gate(site, [back[h] for h in switched])
+    lost = {**lost_in_gate(fails), **probe(site)}
+    act = Activation(False, reason, phase, verdict=not lost, lost=lost)
+    act.stranded = revert(site, [back[h] for h in switched])
+    act.unsure = {h for h in errors if h in act.stranded}     # switched or not: never confirmed
+    act.lost.update(probe(site, [h for h in act.stranded if h not in act.lost]))
+    old_gate = revert_gate(site, [back[h] for h in switched], act.lost)
     if old_gate:
         fails = run_gate(site, old_gate)
-        reason += (" (the previous release is healthy again)" if not fails else
-                   f" (after rolling back, still unhealthy: {failure_text(site, fails)})")
-    return False, reason
+        again = "healthy again" + (" on the servers whose hosts answer" if act.lost else "")
+        act.why += (f" (the previous release is {again})" if not fails else
+                    f" (after rolling back, still unhealthy: {failure_text(site, fails)})")
+    return act
 
 
-def revert(site: Site, steps: list[Step]) -> None:
-    """Run revert (switch-back) steps; failures are logged (the hosts are as good as we can make them)."""
+def revert(site: Site, steps: list[Step]) -> dict[str, str]:
+    """Run revert (switch-back) steps; failures are logged and returned ({host: error}: those
+    hosts could not be put back)."""
     site.opts.log(f"rolling back {', '.join(sorted(s.host for s in steps)) or 'no host'} to the previous release")
     errors = run_switches(site, steps, [])
     if errors:
-        site.opts.log("rollback failed on: " + "; ".join(errors))
+        site.opts.log("rollback failed on: " + "; ".join(errors.values()))
+    return errors
 
 
 #: How long an interrupted run waits for the release it put back to be healthy (s, at most).
@@ -446,11 +468,16 @@ def wait_restored(site: Site, reverts: list[Step]) -> str:
     return site.restored
 
 
-def revert_gate(site: Site, reverts: list[Step]) -> list[Step]:
-    """The gate of the release the reverted hosts run again (none when they ran nothing)."""
+def revert_gate(site: Site, reverts: list[Step], lost=()) -> list[Step]:
+    """The gate of the release the reverted hosts run again (none when they ran nothing). With
+    hosts ``lost``: only the health of the servers whose every node answers (no chat through
+    the router: a server with a lost node cannot serve it)."""
     from .steps import gate_steps
     spec = next((site.facts[s.host].current_launch for s in reverts if site.facts[s.host].current_launch), None)
-    return gate_steps(site, spec) if spec else []
+    gates = gate_steps(site, spec) if spec else []
+    if not lost:
+        return gates
+    return [s for s in gates if s.extra["kind"] == "health" and not {s.host, *s.extra.get("nodes", [])} & set(lost)]
 
 
 # -- close -------------------------------------------------------------------------------------
@@ -486,14 +513,54 @@ def run_close(site: Site, steps: list[Step]) -> dict[str, list[str]]:
     return {h: (r.value if r.ok else []) for h, r in res.items()}
 
 
-def raise_close_errors(site: Site, rid: str) -> None:
-    """RemoteError (exit 3) when a success close-out failed on a host (a full disk): the release
-    runs there but its state and audit record could not be written (the old state.json stays)."""
-    if site.close_errors:
-        h, why = sorted(site.close_errors.items())[0]
-        more = f" (and {len(site.close_errors) - 1} more host(s))" if len(site.close_errors) > 1 else ""
-        raise RemoteError(f"{rid} is running, but recording the outcome failed on {h}{more}: {why}; "
-                          "free space on the host, then run the same command again")
+def raise_close_errors(site: Site, rid: str, again: str = "run the same command again") -> None:
+    """RemoteError (exit 3) when a success close-out failed on a host (a full disk, or the host
+    cannot be reached): the release runs there but its state and audit record could not be
+    written (the old state.json stays). A host that does not answer is named as such, with the
+    lock left there and ``again`` (how to run the command again) with ``--break-lock``."""
+    if not site.close_errors:
+        return
+    h, why = sorted(site.close_errors.items())[0]
+    more = f" (and {len(site.close_errors) - 1} more host(s))" if len(site.close_errors) > 1 else ""
+    release_locks(site)
+    lost = probe(site, sorted(site.close_errors))
+    if lost:
+        raise RemoteError(f"{rid} is running, but {', '.join(lost)} cannot be reached to record it ({lost[min(lost)]}): "
+                          f"its state and audit record were not written there; {locks_text(site)}. When "
+                          f"{', '.join(lost)} answer{'s' if len(lost) == 1 else ''} again: "
+                          + with_break_lock(site, again))
+    raise RemoteError(f"{rid} is running, but recording the outcome failed on {h}{more}: {why}; "
+                      "free space on the host, then run the same command again")
+
+
+def raise_lost(site: Site, act: Activation, head: str, rid: str, record: dict, finish: str,
+               per_host: dict | None = None) -> None:
+    """Nothing when ``act`` is a verdict (every host answered when it failed). Else a host was
+    lost: close every host that answers with ``record`` (result ``unreachable``) and the
+    ``interrupted`` event on ``rid`` (its state is kept: not marked failed), drop the locks that
+    can be dropped, and RemoteError (exit 3): :func:`netloss.lost_message` with ``finish``."""
+    if act.verdict:
+        return
+    lost = "; ".join(act.lost.values())
+    close_all(site, {**record, "result": "unreachable", "detail": f"{act.phase}: {lost}; {act.why}"[:2000]},
+              event=(rid, "interrupted", {"interrupted_during": act.phase, "fault": f"unreachable: {lost}"[:1000]}),
+              per_host=per_host)
+    release_locks(site)
+    raise RemoteError(lost_message(site, head, act, finish, rid))
+
+
+def raise_gate_failed(site: Site, act: Activation, head: str, back: str, finish: str, code: int | None = None) -> None:
+    """After a verdict's close-out: GateFailed naming where every host is. When a host could not
+    be put back or a lock could not be dropped (exit 3): where each host is, the locks left and
+    ``finish``; else ``head`` + ``back`` (exit ``code``, default 1)."""
+    release_locks(site)
+    if not act.stranded and not locks_left(site):
+        raise GateFailed(f"{head}{back}: {act.why}", code)
+    stuck = sorted(set(act.stranded) | set(locks_left(site)))
+    why = act.stranded.get(stuck[0]) or site.close_errors.get(stuck[0]) or "its lock could not be dropped"
+    raise GateFailed(f"{head} failed its {act.phase}, but not every host was put back ({why}). Hosts now: {where_now(site, act)}; "
+                     f"{locks_text(site)}. When {', '.join(stuck)} answer{'s' if len(stuck) == 1 else ''} again: "
+                     f"{with_break_lock(site, finish)}. Gate: {act.why}", EXIT_REMOTE)
 
 
 def close_all(site: Site, record: dict, *, event: tuple | None = None, cleanup: str | None = None,
@@ -682,22 +749,25 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         return promote.run_locked(site, rel, spec, run, report, frm, t_start)
     t_act = time.monotonic()
     try:
-        ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
-                                   revert_steps(site, site.hosts, rel.id, spec, restart=restart))
+        act = switch_with_gate(site, run.of("switch"), run.of("gate"),
+                               revert_steps(site, site.hosts, rel.id, spec, restart=restart))
     except KeyboardInterrupt:
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"
                          + (f"; {site.restored}" if site.restored else "")},
                   event=(rel.id, "interrupted", {"interrupted_during": "activation"}),
                   per_host=frm)
         raise
-    if not ok:
-        close_all(site, {**base_rec, "result": "rolled-back", "detail": why[:2000]},
-                  event=(rel.id, "failed", {"failed_check": "health gate", "failure": why[:1000]}), per_host=frm)
-        back = sorted({o or "(none)" for o in old_current.values()})
-        raise GateFailed(f"{action} of {rel.id} rolled back to {', '.join(back)} on all hosts "
-                           f"({', '.join(site.hosts)}): {why}")
+    if not act.ok:
+        olds = {o for o in old_current.values()}
+        finish = finish_command(site, action, next(iter(olds)) if len(olds) == 1 else None)
+        raise_lost(site, act, f"{action} of {rel.id} stopped", rel.id, base_rec, finish, frm)
+        close_all(site, {**base_rec, "result": "rolled-back", "detail": act.why[:2000]},
+                  event=(rel.id, "failed", {"failed_check": "health gate", "failure": act.why[:1000]}), per_host=frm)
+        back = sorted({o or "(none)" for o in olds})
+        raise_gate_failed(site, act, f"{action} of {rel.id}",
+                          f" rolled back to {', '.join(back)} on all hosts ({', '.join(site.hosts)})", finish)
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
-    return finish_good(site, rel.id, run.of("close"), report, t_start)
+    return finish_good(site, rel.id, run.of("close"), report, t_start, f"run the same {action} again")
 
 
 def _start_active(site: Site, rid: str, run: RunSteps, started: list, base_rec: dict, frm: dict) -> None:
@@ -771,12 +841,13 @@ def _record_extras(site: Site, rid: str, promote) -> dict:
     return out
 
 
-def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start: float) -> dict:
+def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start: float,
+                again: str = "run the same command again") -> dict:
     """Run the success close-out (the release event of the steps: ``healthy`` -> active, or
     ``gate_passed`` -> good), prune, audit, unlock. Returns ``report`` completed (pruned ids per
-    host, result ok, the release's state, seconds)."""
+    host, result ok, the release's state, seconds). ``again``: :func:`raise_close_errors`."""
     pruned = run_close(site, closes)
-    raise_close_errors(site, rid)
+    raise_close_errors(site, rid, again)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])
     report["steps"] = step_results(site)
@@ -896,20 +967,22 @@ def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4
                 close_all(site, {**rec, "result": "failed", "detail": "verify: " + drift[:1500]})
                 raise drift_error(target, drift)
             try:
-                ok, why = switch_with_gate(site, run.of("switch"), run.of("gate"),
-                                           revert_steps(site, site.hosts, target, spec, restart=restart))
+                act = switch_with_gate(site, run.of("switch"), run.of("gate"),
+                                       revert_steps(site, site.hosts, target, spec, restart=restart))
             except KeyboardInterrupt:
                 close_all(site, {**rec, "result": "interrupted", "detail": "hosts put back"
                                  + (f"; {site.restored}" if site.restored else "")})
                 raise
-            if not ok:
-                close_all(site, {**rec, "result": "failed", "detail": why[:2000]},
-                          event=(target, "failed", {"failed_check": "health gate (rollback)", "failure": why[:1000]}))
-                raise GateFailed(f"rollback to {target} failed its health gate; hosts put back on "
-                                 f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}: {why}",
-                                 EXIT_REMOTE)
+            again = f"{command} --to {target}"
+            if not act.ok:
+                raise_lost(site, act, f"rollback to {target} stopped", target, rec, again)
+                close_all(site, {**rec, "result": "failed", "detail": act.why[:2000]},
+                          event=(target, "failed", {"failed_check": "health gate (rollback)", "failure": act.why[:1000]}))
+                raise_gate_failed(site, act, f"rollback to {target}", f" failed its health gate; hosts put back on "
+                                  f"{', '.join(sorted({o or '(none)' for o in old_current.values()}))}", again,
+                                  EXIT_REMOTE)
             run_close(site, run.of("close"))
-            raise_close_errors(site, target)
+            raise_close_errors(site, target, again)
             return {"schema": "dsv4ctl.rollback/1", "release": target, "result": "ok",
                     "state": site.facts[site.hosts[0]].recorded(target),
                     "hosts": {h: {"from": old_current[h], "to": target} for h in site.hosts}}

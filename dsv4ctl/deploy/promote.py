@@ -320,7 +320,7 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     """Run ``run`` (:func:`promote_steps`) after the push: canary → checks → rest → good. Raises
     GateFailed (a VerdictError, exit 1) after putting every switched host back (release marked failed, evidence kept)
     when a gate or check fails."""
-    from . import engine as E
+    from . import engine as E, netloss
     from .steps import revert_steps
     opts = site.opts
     rid = rel.id
@@ -338,18 +338,31 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
                            "gate": gate_settings(site.profile, po), "checks": [], "evidence": str(edir)}
     switched: list[str] = []
     before = {h: site.facts[h].current for h in site.hosts}
+    olds = set(before.values())
+    finish = netloss.finish_command(site, "deploy --promote", next(iter(olds)) if len(olds) == 1 else None)
+    stranded: dict = {}
 
-    def put_back() -> str:
+    def put_back(lost=()) -> str:
         steps = [reverts[h] for h in switched]
         if not steps:
             return ""
-        E.revert(site, steps)
-        old = E.revert_gate(site, steps)
+        stranded.update(E.revert(site, steps))
+        old = E.revert_gate(site, steps, lost)
         if not old:
             return ""
         bad = E.run_gate(site, old)
         return (" (the previous release is healthy again)" if not bad
                 else f" (after rolling back, still unhealthy: {E.failure_text(site, bad)})")
+
+    def gate_failed(act, what: str, results: list[dict], moved_extra: list[str]):
+        # a host lost in the gate: no verdict (netloss); the switched hosts go back, exit 3
+        if not act.verdict:
+            act.why += put_back(act.lost)
+            act.stranded.update(stranded)
+            act.lost.update(netloss.probe(site, [h for h in act.stranded if h not in act.lost]))
+            E.raise_lost(site, act, f"deploy --promote of {rid} stopped", rid, rec, finish, frm)
+        stranded.update(act.stranded)
+        fail(what, act.why, results, moved_extra)
 
     def fail(what: str, why: str, results: list[dict], moved_extra: list[str] = ()):
         moved = list(switched) + [h for h in moved_extra if h not in switched]
@@ -362,6 +375,9 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
                                            **({"evidence": hrel} if hrel else {})}), per_host=frm)
         back = sorted({(before[h] or "(none)") for h in moved})
         never = [h for h in site.hosts if h not in moved]
+        if stranded:
+            E.raise_gate_failed(site, netloss.Activation(False, why, what, True, stranded=stranded),
+                                f"deploy --promote of {rid}", "", finish)
         raise GateFailed(f"deploy --promote of {rid}: {what} failed: {why}; "
                            + (f"rolled back {', '.join(moved)} to {', '.join(back)}" if moved else "no host was switched")
                            + (f"; {', '.join(never)} never switched" if never else "")
@@ -402,10 +418,10 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
 
     try:
         opts.log(f"canary: switching {', '.join(canary)} to {rid}")
-        ok, why = E.switch_with_gate(site, run.of("switch", "canary"), run.of("gate", "canary"),
-                                     [reverts[h] for h in canary])
-        if not ok:    # switch_with_gate put the canary back
-            fail("canary health gate", why, [], moved_extra=canary)
+        act = E.switch_with_gate(site, run.of("switch", "canary"), run.of("gate", "canary"),
+                                 [reverts[h] for h in canary])
+        if not act.ok:    # switch_with_gate put the canary back
+            gate_failed(act, "canary health gate", [], canary)
         switched += canary
         results, bad = checks("canary")
         report["promotion"]["checks"] = results
@@ -415,10 +431,10 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
             fail(f"check {bad['check']}", bad["reason"], results)
         if rest:
             opts.log(f"rest: switching {', '.join(rest)} to {rid}")
-            ok, why = E.switch_with_gate(site, run.of("switch", "rest"), run.of("gate", "rest"),
-                                         [reverts[h] for h in rest])
-            if not ok:
-                fail("health gate of the rest", why, results, moved_extra=rest)
+            act = E.switch_with_gate(site, run.of("switch", "rest"), run.of("gate", "rest"),
+                                     [reverts[h] for h in rest])
+            if not act.ok:
+                gate_failed(act, "health gate of the rest", results, rest)
             switched += rest
             more, bad = checks("rest")
             results += more
