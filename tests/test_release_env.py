@@ -198,6 +198,21 @@ def test_bad_locks_are_refused_before_anything(world):
         r = cli(w, "deploy", "--dry-run", "--no-preflight")
         assert r.code == 2 and why in r.err and "env.lock" in r.err, (text, r.err)
         assert len(r.err.strip().splitlines()) == 1
+    # not a lock at all: a file past the cap (SGLang's own universal hashed lock is 0.42 MB), a
+    # FIFO (hung the read), a folder, /dev/zero (grew deploy --dry-run to 22.6 GB): exit 2 at once
+    big = w.tmp / "big.lock"
+    big.write_bytes(w.locks["1.0"].encode() + b"# " + b"x" * (9 << 20) + b"\n")
+    fifo = w.tmp / "fifo.lock"
+    os.mkfifo(fifo)
+    text = ", not a regular file: a lock is a text file"
+    for target, why in [(big, "larger than 8 MiB: not an environment lock (SGLang's are under 1 MB)"),
+                        (fifo, "a FIFO" + text), (w.tmp, "a folder" + text), ("/dev/zero", "a character device" + text)]:
+        w.lock.unlink()
+        w.lock.symlink_to(target)
+        t0 = time.monotonic()
+        r = cli(w, "deploy", "--dry-run", "--no-preflight", timeout=60)
+        assert r.code == 2 and r.err.strip() == f"dsv4ctl: error: {w.lock}: sglang.environment.lock: {why}", r.err
+        assert time.monotonic() - t0 < 30
     assert not any((w.roots[x.name] / "envs").exists() for x in w.hosts)
 
 
@@ -240,17 +255,21 @@ def test_preflight_refuses_a_lock_that_contradicts_sglangs_own_pins(world):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_during_the_environment_build_switches_no_host(world, sig):
-    """SIGINT / SIGTERM while uv installs on the hosts (a uv that takes its time): exit 130, the
-    old release runs on every host, no staging folder is left and an environment folder is only
-    ever complete."""
+    """SIGINT / SIGTERM while uv hangs on the hosts (deaf to SIGTERM, as a uv stuck in a
+    download can be): ONE signal stops the deploy within seconds (was: it waited for uv; a second
+    signal was needed, and its SIGKILL left ``envs/.tmp-*``), exit 130, the old release runs on
+    every host, no uv is left running, no staging folder is left and an environment folder is
+    only ever complete. A staging folder an earlier build could not remove is swept by the next
+    deploy, under the lock, also when its environment is there already."""
     w = world
     h, rid1, d1 = w.deploy_first()
-    slow = w.tmp / "slow-uv"
-    slow.write_text(f"#!/bin/sh\nif [ \"$1\" = pip ]; then sleep 2; fi\nexec {UV} \"$@\"\n")
-    slow.chmod(0o755)
+    hang, mark = w.tmp / "hanging-uv", f"0.{os.getpid() % 1000:03d}{time.time_ns() % 1000:03d}"
+    hang.write_text(f"#!/bin/sh\nif [ \"$1\" = pip ]; then trap '' TERM HUP; exec sleep 3600 {mark}; fi\n"
+                    f"exec {UV} \"$@\"\n")
+    hang.chmod(0o755)
     w.use("1.1")
     prof = yaml.safe_load(w.profile.read_text())
-    prof["sglang"]["environment"]["uv"] = str(slow)
+    prof["sglang"]["environment"]["uv"] = str(hang)
     w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
     p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "-v", "--no-preflight"],
                          cwd=REPO, env=dict(os.environ, **w.env(), COLUMNS="200", NO_COLOR="1"), text=True,
@@ -263,14 +282,18 @@ def test_an_interrupt_during_the_environment_build_switches_no_host(world, sig):
             lines.append(line)
             if "build environment e" in line:
                 break
-        time.sleep(0.5)
+        assert wait_for(lambda: len(_hung_uvs(mark)) == len(h), 30), "uv does not hang on every host"
+        t0 = time.monotonic()
         p.send_signal(sig)
-        _, err = p.communicate(timeout=240)
+        _, err = p.communicate(timeout=60)
+        took = time.monotonic() - t0
     finally:
         if p.poll() is None:
             p.kill()
     err = "".join(lines) + err
     assert p.returncode == 130, err
+    assert took < 20, f"one {sig.name} took {took:.1f} s to stop the deploy"
+    assert _hung_uvs(mark) == [], "uv still runs on a host"
     assert w.currents() == {x: rid1 for x in h}
     for x in h:
         envs = w.envs(x)
@@ -281,6 +304,25 @@ def test_an_interrupt_during_the_environment_build_switches_no_host(world, sig):
         assert w.audit(x)[-1]["result"] == "interrupted", w.audit(x)[-1]
         assert w.audit(x)[-1]["detail"] == "interrupted during environment build; no host switched"
     assert wait_for(lambda: http_status(f"http://{w.hosts[0].address}:{w.ports['prefill']}/health") == 200, 10)
+    if sig != signal.SIGTERM:
+        return
+    # a build killed outright (SIGKILL: no trap runs) leaves its staging folder, read-only inside
+    stale = w.roots[h[0]] / "envs" / f".tmp-{d1}-4242"
+    (stale / "lib").mkdir(parents=True)
+    (stale / "lib" / "half.py").write_text("x = 1\n")
+    subprocess.run(["chmod", "-R", "a-w", str(stale)], check=True)
+    w.use("1.0")                                    # d1 is built on every host: nothing to build
+    w.extra["decode"] = {"max-running-requests": 64}
+    w.write()
+    r = cli(w, "deploy", "--json", "--no-preflight")
+    assert r.code == 0, r.err
+    assert w.envs(h[0]) == [d1] and "built environment" not in r.err
+
+
+def _hung_uvs(mark: str) -> list[str]:
+    """Pids of processes the hanging uv stand-in left (its ``sleep 3600 MARK``, unique to this test)."""
+    time.sleep(0.3)
+    return subprocess.run(["pgrep", "-f", f"^sleep 3600 {mark}$"], capture_output=True, text=True).stdout.split()
 
 
 def test_a_new_release_on_a_drifted_shared_environment_is_refused(world):

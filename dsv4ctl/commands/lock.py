@@ -35,12 +35,15 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document."),
 ) -> None:
     """Per host: the deploy lock, free or held — who holds it, for what (a manual lock's
-    message), since when and how long; a lock older than an hour is flagged as possibly stale.
+    message), since when and how long; a lock older than an hour is flagged as possibly stale, a
+    run's lock whose process is gone (checked on this machine when it ran here) as dead, with the
+    command that frees it.
 
     Exit 0 · 2 bad input · 3 a host could not be read."""
     from ..deploy.hostlock import status as lock_status
     from ..hosts.lock import age_text
-    rep = lock_status(_profile(profile), _opts(accept_new))
+    dep = _profile(profile)
+    rep = lock_status(dep, _opts(accept_new))
     if as_json:
         print(dump_json(rep))
         return
@@ -49,11 +52,23 @@ def status(
         if not r["held"]:
             rows.append([h, "free", "", ""])
             continue
-        rows.append([h, "held (by hand)" if r["manual"] else "held", r["text"],
+        kind = "held (by hand)" if r["manual"] else ("held (run is dead)" if r.get("process") == "dead" else "held")
+        rows.append([h, kind, r["text"],
                      age_text(r["age_s"]) + (" (stale?)" if r["stale"] else "")])
     console().print(rich_table("deploy locks", ["host", "lock", "holder", "age"], rows))
-    if any(r.get("stale") for r in rep["hosts"].values()):
-        print("a lock older than an hour may be stale: if its run is gone, dsv4ctl lock release PROFILE --force")
+    print_lock_hints(rep, str(dep.path))
+
+
+def print_lock_hints(rep: dict, profile: str) -> None:
+    """Below the table: each run's lock whose process is dead or cannot be checked, with the
+    command that frees it."""
+    from ..hosts.lock import release_hint
+    for h, r in rep["hosts"].items():
+        if r.get("process") == "dead":
+            print(f"{h}: that run is dead ({r['why']}): {release_hint(profile)}")
+        elif r.get("process") == "unknown" and r.get("stale"):
+            print(f"{h}: older than an hour and {r['why']}: if that run is gone, "
+                  f"{release_hint(profile, dead_override=True)}")
 
 
 def acquire(
@@ -91,29 +106,26 @@ def acquire(
 
 def release(
     profile: Optional[str] = _P,
-    force: bool = typer.Option(False, "--force", help="Also remove a lock held by a run (deploy, rollback, ...) whose process is gone."),
+    force: bool = typer.Option(False, "--force", help="Also remove a lock held by a run (deploy, rollback, ...) whose "
+                               "process is gone (checked on this machine when it ran here; a live one is refused)."),
+    dead: bool = typer.Option(False, "--yes-it-is-dead", help="With --force: the holder's process cannot be checked "
+                              "(it ran on another machine) or you vouch it is gone: remove it anyway (audited)."),
     accept_new: bool = _ACCEPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Read every host's lock and say what would be released; release nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document (action release)."),
 ) -> None:
     """Release the manual deploy locks of every host (audited with the old holder). A lock held
-    by a run is left alone unless --force (then nothing is released without it).
+    by a run is left alone unless --force, and then only when its process is gone: checked on
+    this machine when the run was started here (a live one is refused); a holder on another
+    machine needs --force --yes-it-is-dead. Nothing is released when one host refuses.
 
-    Exit 0 released (or none was held) · 2 bad input · 3 a run holds a lock (without --force) or
-    SSH failed."""
+    Exit 0 released (or none was held) · 2 bad input (--yes-it-is-dead without --force) · 3 a run
+    holds a lock (without --force; its process still runs; or it cannot be checked) or SSH failed."""
     from ..deploy.hostlock import release as lock_release
-    dep = _profile(profile)
-    if dry_run:
-        held = {h: r for h, r in _status(dep, accept_new)["hosts"].items() if r["held"]}
-        runs = {h: r for h, r in held.items() if not r["manual"]}
-        if runs and not force:
-            h, r = next(iter(runs.items()))
-            raise RemoteError(f"{h}: the lock is held by a run, not by lock acquire: {r['text']}; lock release "
-                              "would release nothing (if that run is gone: dsv4ctl lock release PROFILE --force)")
-        rep = {"schema": "dsv4ctl.lock/1", "action": "release", "dry_run": True, "hosts": sorted(held),
-               "holders": {h: r["text"] for h, r in held.items()}}
-    else:
-        rep = lock_release(dep, _opts(accept_new), force)
+    from ..errors import InputError
+    if dead and not force:
+        raise InputError("--yes-it-is-dead goes with --force (it vouches for the holder of a run's lock)")
+    rep = lock_release(_profile(profile), _opts(accept_new), force, dead, dry_run)
     if as_json:
         print(dump_json(rep))
         return

@@ -16,13 +16,16 @@ read-only. Releases with the same lock share it; a rollback switches to the targ
 launch command runs its own environment's ``bin/python``. ``verify`` compares what is installed
 (every ``*.dist-info``: name, version, and each file against its RECORD hash) with the lock.
 
-Pure core here (no I/O): :func:`parse_lock`, :func:`env_digest`, :func:`requirement_pins`,
-:func:`pin_conflicts`, :func:`env_problems`; builders: :func:`build_command`."""
+Pure core here (no I/O but :func:`read_lock_file`): :func:`parse_lock`, :func:`env_digest`,
+:func:`requirement_pins`, :func:`pin_conflicts`, :func:`env_problems`; builders:
+:func:`build_command`."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -150,6 +153,49 @@ def parse_lock(text: str, where: str = "environment lock", env: dict | None = No
     return pins
 
 
+MAX_LOCK_BYTES = 8 << 20
+"""The largest environment lock read (8 MiB). ``uv pip compile --universal --generate-hashes`` of
+``sglang==0.5.23`` (every platform's wheel hashes of its 221 distributions) is 0.42 MB: a file
+past this is not a lock (a log, an image, ``/dev/zero``) and is never read into memory."""
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_lock_file(path, where: str) -> bytes:
+    """The bytes of the environment lock at ``path`` (symlinks followed), at most
+    :data:`MAX_LOCK_BYTES`. InputError (exit 2, one line naming ``where``) when it cannot be
+    opened, is no regular file (a FIFO is opened without waiting for a writer and refused; a
+    device is never read) or is larger than the cap (checked before reading and while reading:
+    a file growing under the read is refused too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputError(f"{where}: cannot read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a file")
+            raise InputError(f"{where}: {kind}, not a regular file: a lock is a text file")
+        too_big = f"{where}: larger than {MAX_LOCK_BYTES >> 20} MiB: not an environment lock (SGLang's are under 1 MB)"
+        if st.st_size > MAX_LOCK_BYTES:
+            raise InputError(too_big)
+        chunks, n = [], 0
+        while n <= MAX_LOCK_BYTES:
+            b = os.read(fd, min(1 << 20, MAX_LOCK_BYTES + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > MAX_LOCK_BYTES:
+            raise InputError(too_big)
+    except OSError as e:
+        raise InputError(f"{where}: cannot read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def decode_lock(data: bytes, where: str) -> str:
     """The lock's text: UTF-8 (InputError naming the byte offset otherwise: uv refuses it too)."""
     try:
@@ -265,30 +311,39 @@ def env_problems(lock: dict[str, Pin], report: dict) -> list[str]:
 # -- builders ----------------------------------------------------------------------------------
 
 def build_command(root: str, digest: str, lock_path: str, *, uv: str, python: str, uv_args: tuple[str, ...] = ()) -> str:
-    """Shell command building environment ``digest`` on a host (idempotent): nothing when
-    ``ROOT/envs/<digest>/ENV.json`` exists (prints ``@env present``); else stale staging folders
-    of this digest are removed (the host lock makes this run the only builder), ``uv venv`` with
-    the host's ``python`` into ``ROOT/envs/.tmp-<digest>-$$``, ``uv pip sync --require-hashes``
-    of ``lock_path`` (exactly the lock; ``uv_args`` say how packages are reached), ``ENV.json``,
-    every write bit dropped, then one rename into place (prints ``@env built``). A failure or a
-    signal removes the staging folder: a host never has a half-built environment under its name.
-    Exit 127 when ``uv`` is not found."""
+    """Shell command building environment ``digest`` on a host (idempotent; run under the host
+    lock, so this run is the only builder of ``ROOT/envs``): first the staging folders of
+    interrupted builds (``ROOT/envs/.tmp-*``, any digest) are removed, also when the environment
+    is there already; nothing more when ``ROOT/envs/<digest>/ENV.json`` exists (prints ``@env
+    present``); else ``uv venv`` with the host's ``python`` into ``ROOT/envs/.tmp-<digest>-$$``,
+    ``uv pip sync --require-hashes`` of ``lock_path`` (exactly the lock; ``uv_args`` say how
+    packages are reached), ``ENV.json``, every write bit dropped, then one rename into place
+    (prints ``@env built``). uv runs in the background while the shell waits for it, so a signal
+    (SIGTERM from a stopped run) is acted on at once, whatever uv does: uv is killed and the
+    staging folder removed; a build killed outright leaves one that the next build sweeps. A
+    host never has a half-built environment under its name. Exit 127 when ``uv`` is not found."""
     envs = f"{root}/envs"
     final = f"{envs}/{digest}"
     extra = " ".join(q(a) for a in uv_args)
     suffix = identity_suffix(python).decode()[1:]      # after the newline printf writes
-    return (f"if [ -f {q(final + '/' + ENV_MARK)} ]; then echo '@env present'; exit 0; fi; "
+    return (f"E={q(envs)}; if [ -d \"$E\" ]; then for d in \"$E\"/.tmp-*; do "
+            "if [ -e \"$d\" ]; then chmod -R u+w \"$d\"; rm -rf \"$d\"; fi; done; fi; "
+            f"if [ -f {q(final + '/' + ENV_MARK)} ]; then echo '@env present'; exit 0; fi; "
             f"command -v {q(uv)} >/dev/null 2>&1 || {{ echo 'uv not found: '{q(uv)} >&2; exit 127; }}; "
             # the lock is the release's (verified later): it must still be what the digest names
             f"h=$({{ cat {q(lock_path)} && printf '\\n%s' {q(suffix)}; }} | sha256sum | cut -c1-12); "
             f"if [ \"e$h\" != {q(digest)} ]; then echo {q(lock_path)}': does not match environment {digest} "
             f"(edited on the host?): not built' >&2; exit 1; fi; "
-            f"set -e; E={q(envs)}; T=\"$E/.tmp-{digest}-$$\"; mkdir -p \"$E\"; "
-            # staging folders of interrupted builds (the host lock makes this run the only builder)
-            f"for d in \"$E\"/.tmp-*; do if [ -e \"$d\" ]; then chmod -R u+w \"$d\"; rm -rf \"$d\"; fi; done; "
-            "trap 'chmod -R u+w \"$T\" 2>/dev/null; rm -rf \"$T\"' EXIT; trap 'exit 130' INT TERM HUP; "
-            f"{q(uv)} venv --quiet --python {q(python)} \"$T\"; "
-            f"{q(uv)} pip sync --quiet --python \"$T/bin/python\" --require-hashes {extra} {q(lock_path)}; "
+            f"set -e; T=\"$E/.tmp-{digest}-$$\"; U=; mkdir -p \"$E\"; "
+            # uv in the background: `wait` returns at once on a trapped signal (a foreground child
+            # would be waited for first); the EXIT trap kills uv, then removes the staging folder
+            # (further signals are ignored meanwhile: the stop's second SIGTERM would cut it short)
+            "trap 'trap \"\" INT TERM HUP; set +e; if [ -n \"$U\" ]; then kill -KILL \"$U\" 2>/dev/null; "
+            "wait \"$U\" 2>/dev/null; fi; chmod -R u+w \"$T\" 2>/dev/null; rm -rf \"$T\"' EXIT; "
+            "trap 'trap \"\" INT TERM HUP; exit 130' INT TERM HUP; "
+            f"{q(uv)} venv --quiet --python {q(python)} \"$T\" & U=$!; wait \"$U\"; U=; "
+            f"{q(uv)} pip sync --quiet --python \"$T/bin/python\" --require-hashes {extra} {q(lock_path)} & U=$!; "
+            "wait \"$U\"; U=; "
             f"printf '{{\"schema\": \"dsv4ctl.env/1\", \"digest\": \"{digest}\", \"built_at\": \"%s\", "
             f"\"pyvenv_cfg_sha256\": \"%s\"}}\\n' \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" "
             f"\"$(sha256sum < \"$T/pyvenv.cfg\" | cut -d' ' -f1)\" > \"$T/{ENV_MARK}\"; "

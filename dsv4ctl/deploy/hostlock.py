@@ -9,8 +9,8 @@ import secrets
 
 from ..errors import RemoteError
 from ..hosts.audit import append_cmd, record_fields
-from ..hosts.lock import (LOCK_HELD_CODE, MANUAL_PREFIX, age_s, age_text, held_error, holder, holder_text, is_manual,
-                          parse_holder, take_cmd)
+from ..hosts.lock import (LOCK_HELD_CODE, MANUAL_PREFIX, age_s, age_text, held_error, holder, holder_liveness,
+                          holder_text, is_manual, parse_holder, release_hint, take_cmd)
 from ..remote import q, run_parallel
 from .site import Site, open_site, raise_failed
 
@@ -43,8 +43,9 @@ def _read(site: Site) -> dict[str, dict | None]:
 
 def status(profile, opts) -> dict:
     """``dsv4ctl.lock/1``: per host ``held``, ``holder`` (who, what, message, pid, since), ``age_s``,
-    ``manual`` and ``stale`` (older than :data:`STALE_S`). RemoteError (exit 3) when a host
-    cannot be read."""
+    ``manual``, ``stale`` (older than :data:`STALE_S`) and for a run's lock ``process``
+    (``alive``/``dead``/``unknown``, :func:`dsv4ctl.hosts.lock.holder_liveness`) and ``why``.
+    RemoteError (exit 3) when a host cannot be read."""
     site = open_site(profile, opts)
     try:
         got = _read(site)
@@ -59,6 +60,8 @@ def status(profile, opts) -> dict:
         hosts[h] = {"held": True, "holder": {k: v for k, v in hd.items() if k != "token"},
                     "text": holder_text(hd), "age_s": None if a is None else round(a),
                     "manual": is_manual(hd), "stale": a is not None and a > STALE_S}
+        if not is_manual(hd):
+            hosts[h]["process"], hosts[h]["why"] = holder_liveness(hd)
     return {"schema": "dsv4ctl.lock/1", "hosts": hosts}
 
 
@@ -76,7 +79,7 @@ def acquire(profile, opts, message: str) -> dict:
         rec = record_fields(t.name, "lock acquire", "ok", message)
         r = t.run(f"mkdir -p {q(p.root)} && " + take_cmd(p.lock, doc, append_cmd(p.audit, rec)), timeout=60, check=False)
         if r.code == LOCK_HELD_CODE:
-            raise held_error(t.name, p.lock, r.out, can_break=False)
+            raise held_error(t.name, p.lock, r.out, can_break=False, profile=str(site.profile.path))
         if r.code != 0:
             raise t.fail(r, f"lock {p.lock}")
         taken.append(t.name)
@@ -109,38 +112,70 @@ def _give_back(site: Site, hosts: list[str], token: str, why: str) -> None:
         run_parallel({h: site.transports[h] for h in list(hosts)}, back, timeout=site.opts.connect_timeout + 30)
 
 
-def release(profile, opts, force: bool = False) -> dict:
+def release_refusal(got: dict[str, dict | None], profile: str, *, force: bool, dead: bool) -> RemoteError | None:
+    """Why ``lock release`` must release nothing (pure but for the local process check), None
+    when it may go on. A run's lock (not taken by hand) needs ``force``; then its process must be
+    known gone (:func:`dsv4ctl.hosts.lock.holder_liveness`): a live one is refused, one that cannot
+    be checked (another machine, an older holder record) needs ``dead`` (``--yes-it-is-dead``),
+    which overrides both. The first such host is named, with the command that would go on."""
+    for h, hd in got.items():
+        if hd is None or is_manual(hd):
+            continue
+        held = f"{h}: the lock is held by a run, not by lock acquire: {holder_text(hd)}, {age_text(age_s(hd))} old"
+        if dead:
+            continue
+        state, why = holder_liveness(hd)
+        if not force:
+            then = {"dead": f"that run is dead ({why}): {release_hint(profile)}",
+                    "alive": f"that run is still going: {why}",
+                    "unknown": f"if that run is gone: {release_hint(profile, dead_override=True)}; {why}"}[state]
+            return RemoteError(f"{held}; nothing released ({then})")
+        if state == "alive":
+            return RemoteError(f"{held}; nothing released: {why} (stop it and it gives the lock back; if that is "
+                               f"a reused pid you can vouch for: {release_hint(profile, dead_override=True)})")
+        if state == "unknown":
+            return RemoteError(f"{held}; nothing released: {why} (if you are sure it is gone: "
+                               f"{release_hint(profile, dead_override=True)})")
+    return None
+
+
+def release(profile, opts, force: bool = False, dead: bool = False, dry_run: bool = False) -> dict:
     """Remove the manual locks of every host (audited ``lock release`` with the old holder). A lock
-    a run holds (a deploy, a rollback, …) is only removed with ``force`` — nothing is removed
-    otherwise (RemoteError, exit 3, naming it). A lock re-taken between the read and the removal
-    is left alone (removal matches the holder's token)."""
+    a run holds (a deploy, a rollback, …) is only removed with ``force`` and when its process is
+    known gone, or with ``dead`` (the operator vouches for it: ``--yes-it-is-dead``) —
+    nothing is removed otherwise (:func:`release_refusal`: RemoteError, exit 3, naming it). A lock
+    re-taken between the read and the removal is left alone (removal matches the holder's token).
+    ``dry_run``: the same read and refusal, nothing removed."""
     site = open_site(profile, opts)
     try:
         got = _read(site)
-        runs = {h: hd for h, hd in got.items() if hd is not None and not is_manual(hd)}
-        if runs and not force:
-            h, hd = next(iter(runs.items()))
-            raise RemoteError(f"{h}: the lock is held by a run, not by lock acquire: {holder_text(hd)}, "
-                              f"{age_text(age_s(hd))} old; nothing released (if that run is gone: "
-                              "dsv4ctl lock release PROFILE --force)")
+        refusal = release_refusal(got, str(site.profile.path), force=force, dead=dead)
+        if refusal is not None:
+            raise RemoteError(str(refusal) + (" (dry run)" if dry_run else ""))
         held = {h: hd for h, hd in got.items() if hd is not None}
-
-        def rm(t):
-            p, hd = site.paths[t.name], held[t.name]
-            rec = record_fields(t.name, "lock release", "ok", f"removed lock held by {holder_text(hd)}"
-                                + (f": {hd['message']}" if hd.get("message") else ""))
-            tok = hd.get("token")
-            if tok:
-                cmd = (f"if grep -q {q(tok)} {q(p.lock + '/holder.json')} 2>/dev/null; then rm -rf {q(p.lock)} && "
-                       f"{append_cmd(p.audit, rec)}; fi")
-            else:       # an unreadable holder.json: only with --force (it is no manual lock)
-                cmd = f"rm -rf {q(p.lock)} && {append_cmd(p.audit, rec)}"
-            t.run(cmd, timeout=60)
-            return True
-        res = run_parallel({h: site.transports[h] for h in held}, rm, timeout=site.opts.connect_timeout + 60,
-                           finish_on_interrupt=True)
-        raise_failed(res, "releasing the locks")
+        if not dry_run:
+            _remove(site, held, dead)
     finally:
         site.close()
-    return {"schema": "dsv4ctl.lock/1", "action": "release", "hosts": sorted(held),
-            "holders": {h: holder_text(hd) for h, hd in held.items()}}
+    return {"schema": "dsv4ctl.lock/1", "action": "release", **({"dry_run": True} if dry_run else {}),
+            "hosts": sorted(held), "holders": {h: holder_text(hd) for h, hd in held.items()}}
+
+
+def _remove(site: Site, held: dict[str, dict], dead: bool) -> None:
+    """Remove each host's lock in ``held`` (only while its holder is the one read), audited."""
+    def rm(t):
+        p, hd = site.paths[t.name], held[t.name]
+        vouched = " (--yes-it-is-dead)" if dead and not is_manual(hd) else ""
+        rec = record_fields(t.name, "lock release", "ok", f"removed lock held by {holder_text(hd)}{vouched}"
+                            + (f": {hd['message']}" if hd.get("message") else ""))
+        tok = hd.get("token")
+        if tok:
+            cmd = (f"if grep -q {q(tok)} {q(p.lock + '/holder.json')} 2>/dev/null; then rm -rf {q(p.lock)} && "
+                   f"{append_cmd(p.audit, rec)}; fi")
+        else:       # an unreadable holder.json: only with --force --yes-it-is-dead (it is no manual lock)
+            cmd = f"rm -rf {q(p.lock)} && {append_cmd(p.audit, rec)}"
+        t.run(cmd, timeout=60)
+        return True
+    res = run_parallel({h: site.transports[h] for h in held}, rm, timeout=site.opts.connect_timeout + 60,
+                       finish_on_interrupt=True)
+    raise_failed(res, "releasing the locks")

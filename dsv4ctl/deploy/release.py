@@ -643,16 +643,14 @@ def launch_spec(profile) -> dict:
 
 def release_environment(profile) -> bytes | None:
     """The bytes of the profile's environment lock (``sglang.environment.lock``), None without
-    one. InputError (exit 2) when it cannot be read or is not a lock of exact pins with hashes
-    (:func:`dsv4ctl.deploy.environment.parse_lock`)."""
-    from .environment import decode_lock, parse_lock
+    one. InputError (exit 2) when it cannot be read, is no regular file or larger than 8 MiB
+    (:func:`dsv4ctl.deploy.environment.read_lock_file`) or is not a lock of exact pins with
+    hashes (:func:`dsv4ctl.deploy.environment.parse_lock`)."""
+    from .environment import decode_lock, parse_lock, read_lock_file
     env = as_deployment(profile).sglang.environment
     if env is None:
         return None
-    try:
-        data = env.lock.read_bytes()
-    except OSError as e:
-        raise InputError(f"{env.lock}: sglang.environment.lock: cannot read ({e.strerror or e})") from None
+    data = read_lock_file(env.lock, f"{env.lock}: sglang.environment.lock")
     parse_lock(decode_lock(data, str(env.lock)), str(env.lock))
     return data
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import socket
 
 from ..errors import RemoteError
 from ..remote import q, who
@@ -30,8 +32,79 @@ class LockHeld(RemoteError):
 
 def holder(what: str, token: str) -> dict:
     """The ``holder.json`` of this run: who, what, pid, since, token (the token is what release
-    matches on; it is not a secret but says nothing about the operator)."""
-    return {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": token}
+    matches on; it is not a secret but says nothing about the operator), and where the pid is
+    meaningful (:func:`machine_identity`: ``host``, ``machine``, ``boot``, ``pidns``) with the
+    process's start (``pid_start``, defeats pid reuse): what :func:`holder_liveness` checks."""
+    return {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": token,
+            **machine_identity(), "pid_start": process_start(os.getpid())}
+
+
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.readline(256).strip() or None
+    except OSError:
+        return None
+
+
+def machine_identity() -> dict:
+    """Where a pid of this process means something: ``host`` (host name), ``machine``
+    (``/etc/machine-id``), ``boot`` (the kernel's boot id: a restart ends every process) and
+    ``pidns`` (this process's pid namespace: a container has its own pids). None where unreadable."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = None
+    return {"host": socket.gethostname(),
+            "machine": _first_line("/etc/machine-id") or _first_line("/var/lib/dbus/machine-id"),
+            "boot": _first_line("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` of this machine started (``/proc/PID/stat`` starttime, clock ticks
+    after boot, as text); None when no such process runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            fields = f.read().rsplit(b") ", 1)[1].split()
+    except (OSError, IndexError, ValueError):
+        return None
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def holder_liveness(h: dict | None, here: dict | None = None) -> tuple[str, str]:
+    """(``alive`` | ``dead`` | ``unknown``, why) of the process that holds a run's lock, checked on
+    this machine when the holder ran here (same host name and machine id): a restart since, no
+    such pid, or a pid now started at another time (reused) is ``dead``. A holder on another
+    machine, in another container, or written without this record (an older dsv4ctl, an
+    unreadable holder.json) is ``unknown``: only the operator can say it is gone."""
+    h = h or {}
+    pid = h.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return "unknown", "the holder record names no process"
+    here = here or machine_identity()
+    if not h.get("host") or not (h.get("machine") or h.get("boot")):
+        return "unknown", f"the holder record does not say which machine runs pid {pid}"
+    same_kernel = h["host"] == here["host"] and h.get("boot") and h.get("boot") == here["boot"]
+    if not same_kernel:
+        if h["host"] == here["host"] and h.get("machine") and h["machine"] == here["machine"] and here["boot"]:
+            return "dead", f"this machine restarted since pid {pid} took it"
+        return "unknown", f"pid {pid} runs on {h['host']}, which this machine cannot check"
+    if not h.get("pidns") or h["pidns"] != here["pidns"]:
+        return "unknown", f"pid {pid} runs in another container of this machine, which this one cannot check"
+    start = process_start(pid)
+    if start is None:
+        return "dead", f"no process {pid} runs on this machine"
+    if h.get("pid_start") and str(h["pid_start"]) != start:
+        return "dead", f"pid {pid} is another process now (started later)"
+    return "alive", f"pid {pid} still runs on this machine ({h['host']})"
+
+
+def release_hint(profile: str, *, dead_override: bool = False) -> str:
+    """The exact command that frees a run's lock: ``dsv4ctl lock release PROFILE --force`` (with
+    ``--yes-it-is-dead`` where the holder's death cannot be checked); ``profile`` as given."""
+    return f"dsv4ctl lock release {shlex.quote(str(profile))} --force" + (" --yes-it-is-dead" if dead_override else "")
 
 
 def holder_text(h: dict | None) -> str:
@@ -73,13 +146,24 @@ def age_text(s: float | None) -> str:
     return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} d"
 
 
-def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool) -> LockHeld:
+def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool,
+               profile: str = "PROFILE") -> LockHeld:
     """The one error for a held lock: the holder (who, what — a manual lock's message —, pid,
-    since) and its age."""
+    since), its age, and what to do: a run's process that still runs is waited for; one that is
+    gone (:func:`holder_liveness`) is named dead with the command that frees its lock
+    (``profile`` as the user gave it); one that cannot be checked says so."""
     h = parse_holder(holder_json)
     hint = ("wait for it, or break a stale lock with --break-lock" if can_break else "try again when it is done")
     if is_manual(h):
-        hint = "it was taken by hand: dsv4ctl lock release PROFILE when the work it names is done"
+        hint = f"it was taken by hand: dsv4ctl lock release {shlex.quote(str(profile))} when the work it names is done"
+    else:
+        state, why = holder_liveness(h)
+        if state == "dead":
+            hint = f"that run is dead ({why}): free the lock with {release_hint(profile)}"
+        elif state == "alive":
+            hint = f"that run is still going ({why}): try again when it is done"
+        else:
+            hint += f" (if that run is gone: {release_hint(profile, dead_override=True)}; {why})"
     return LockHeld(f"{host}: deploy lock {lock} held by {holder_text(h)}, {age_text(age_s(h))} old; {hint}")
 
 
@@ -109,9 +193,9 @@ def release_cmd(lock: str, token: str) -> str:
     return f"grep -q {q(token)} {q(lock + '/holder.json')} 2>/dev/null && rm -rf {q(lock)} || true"
 
 
-def check_unlocked(t, root: str) -> None:
+def check_unlocked(t, root: str, profile: str = "PROFILE") -> None:
     """LockHeld (exit 3) when a run holds ``<root>/.lock`` on the host behind ``t``."""
     lock = f"{root}/.lock"
     res = t.run(held_cmd(lock), check=False, timeout=30)
     if res.code == LOCK_HELD_CODE:
-        raise held_error(t.name, lock, res.out, can_break=False)
+        raise held_error(t.name, lock, res.out, can_break=False, profile=profile)
