@@ -122,3 +122,76 @@ def test_sigterm_mid_revert_stops_git_and_restores(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "patch", "status", str(tree), "--json",
                         "--series", str(tmp_path / "series-dir")], cwd=REPO, capture_output=True, text=True, env=ENV)
     assert r.returncode == 0 and '"operation": null' in r.stdout, r.stderr      # no git revert left "in progress"
+
+
+def hooked_tree(tmp_path: Path, n: int = 5) -> tuple[Path, Path, Path]:
+    """A small tree and series whose git hooks (real git features) open two windows: the
+    ``pre-applypatch`` hook of patch 3 writes ``mid`` and sleeps (git am is half-way), and the
+    ``reference-transaction`` hook, once ``marks/slow`` exists, writes ``restoring`` and sleeps
+    once (the restore's ``git am --abort`` is moving HEAD back)."""
+    tree = tmp_path / "sglang"
+    (tree / "python" / "sglang").mkdir(parents=True)
+    for i in range(n):
+        (tree / "python" / "sglang" / f"m{i}.py").write_text(f"x = {i}\n")
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "base")
+    git(tree, "tag", "v0.5.23")
+    for i in range(n):
+        (tree / "python" / "sglang" / f"m{i}.py").write_text(f"x = {i + 1000}\n")
+        git(tree, "commit", "-q", "-am", f"change {i}")
+    series = tmp_path / "series-dir"
+    series.mkdir()
+    git(tree, "format-patch", "-q", "-o", str(series), "v0.5.23..HEAD")
+    (series / "series").write_text("base sglang==0.5.23\n" + "".join(
+        f"{p.name}\n" for p in sorted(series.glob("*.patch"))))
+    git(tree, "reset", "-q", "--hard", "v0.5.23")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hooks = tree / ".git" / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "pre-applypatch").write_text(
+        f'#!/bin/sh\n[ "$(cat "$(git rev-parse --git-path rebase-apply)/next")" = 3 ] || exit 0\n'
+        f'touch {marks}/mid; sleep 30\n')
+    (hooks / "reference-transaction").write_text(
+        f"#!/bin/sh\ncat >/dev/null\nmv {marks}/slow {marks}/slept 2>/dev/null || exit 0\n"
+        f"touch {marks}/restoring; sleep 1.5\n")
+    for h in hooks.iterdir():
+        h.chmod(0o755)
+    return tree, series, marks
+
+
+def wait_for(path: Path, p: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_sighup_during_the_restore_does_not_leave_a_git_am_session(tmp_path, sig):
+    """SIGINT/SIGTERM/SIGHUP mid-apply, then the SIGHUP of a closing terminal while the restore's
+    ``git am --abort`` runs (issue 41 item 5). Before: the SIGHUP cut the restore (only SIGINT and
+    SIGTERM were held back): "interrupted", ``.git/rebase-apply`` left, the next apply refused
+    ("a git am is in progress")."""
+    tree, series, marks = hooked_tree(tmp_path)
+    head = git(tree, "rev-parse", "HEAD").strip()
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "patch", "apply", str(tree), "--series", str(series)],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env=ENV)
+    wait_for(marks / "mid", p)                       # patches 1, 2 applied, git am half-way
+    (marks / "slow").touch()
+    os.kill(p.pid, sig)
+    wait_for(marks / "restoring", p)                 # the restore is moving HEAD back
+    os.kill(p.pid, signal.SIGHUP)
+    out, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (130, f"dsv4ctl: error: {tree}: interrupted; tree restored to {head[:12]}\n")
+    assert not (tree / ".git" / "rebase-apply").exists()
+    assert git(tree, "rev-parse", "HEAD").strip() == head and git(tree, "status", "--porcelain") == ""
+    for h in (tree / ".git" / "hooks").iterdir():
+        h.unlink()
+    r = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", "patch", "apply", str(tree), "--series", str(series)],
+                       cwd=REPO, capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr                # the next apply is not refused
+    assert len(git(tree, "rev-list", f"{head}..HEAD").split()) == 5

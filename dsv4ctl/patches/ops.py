@@ -13,7 +13,7 @@ from ..errors import DsvError, InputError, VerdictError
 from .diffparse import failing_hunks, parse_files, subject
 from .gitio import Git, last_line
 from .series import Entry, Series, format_entry, parse_series, series_identity
-from .tree import SeriesStatus, TreeState, match_series, patch_ids_of_files, read_tree
+from .tree import SeriesStatus, TreeState, match_series, operation_in_progress, patch_ids_of_files, read_tree
 
 
 @dataclass(frozen=True)
@@ -250,12 +250,16 @@ def _remove_stale_locks(git: Git, since: float) -> None:
 
 
 def _restore_after_interrupt(git: Git, state: TreeState, op: str, since: float = 0.0) -> None:
-    """Interrupted (SIGINT or SIGTERM) while ``git op`` ran or right after: the git child has been
-    stopped (:func:`.gitio.local_runner`); put the tree back exactly. Further SIGINT/SIGTERM are
-    ignored until that is done (a second Ctrl-C must not leave a half-restored tree)."""
+    """Interrupted (SIGINT, SIGTERM or SIGHUP) while ``git op`` ran or right after: the git child
+    has been stopped (:func:`.gitio.local_runner`); put the tree back exactly. Every stopping signal
+    (:data:`dsv4ctl.signals.STOPPING`) is ignored until that is done: a second Ctrl-C, or the SIGHUP
+    of a terminal closing after a Ctrl-C, must not stop ``git am --abort`` half-way and leave the
+    session (was: SIGHUP cut the restore, ``.git/rebase-apply`` left, the next apply refused)."""
     import signal
     import threading
-    sigs = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+
+    from ..signals import STOPPING
+    sigs = STOPPING if threading.current_thread() is threading.main_thread() else ()
     old = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
     try:
         if since:
@@ -267,7 +271,9 @@ def _restore_after_interrupt(git: Git, state: TreeState, op: str, since: float =
 
 
 def _restore(git: Git, state: TreeState, op: str) -> None:
-    """Abort the git ``op`` session and prove the tree is back at ``state`` (HEAD and status)."""
+    """Abort the git ``op`` session and prove the tree is back at ``state``: HEAD, status, and no
+    git operation left in progress (``.git/rebase-apply`` / ``.git/sequencer``, which would make
+    the next apply refuse the tree)."""
     def now() -> tuple[str, list[str]]:
         status = git.run("status", "--porcelain=v1", "--untracked-files=normal", check=False).out
         return (git.run("rev-parse", "HEAD", check=False).out.strip(), [ln for ln in status.splitlines() if ln.strip()])
@@ -285,6 +291,10 @@ def _restore(git: Git, state: TreeState, op: str) -> None:
     if head != state.head or dirty != state.dirty:
         raise DsvError(f"{state.tree}: git {op} failed and the tree could not be restored to "
                        f"{state.head[:12]}; run 'git -C {state.tree} {op} --abort'")
+    left = operation_in_progress(git.run("status", check=False).out)     # verified, not assumed
+    if left is not None:
+        raise DsvError(f"{state.tree}: the tree is back at {state.head[:12]} but a git {left} session is left; "
+                       f"run 'git -C {state.tree} {op} --abort'")
 
 
 # -- revert --------------------------------------------------------------------------------
