@@ -3,23 +3,42 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import yaml
 
 from dsv4ctl.hosts.layout import HostFacts
+from tests.conftest import REPO
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.test_converge import cli, world  # noqa: F401 - the same four-host world and CLI helper
 
 pytestmark = pytest.mark.sshd
 
 
-def run_lock(w, host: str, who: str, what: str, pid: int, since: str):
-    """A lock held on ``host`` by another run (its holder.json as a deploy writes it)."""
-    lock = w.roots[host] / ".lock"
+def run_lock(w, on: str, who: str, what: str, pid: int, since: str, **where):
+    """A lock held on ``host`` by another run (its holder.json as a deploy writes it; ``where``:
+    the machine record, none as an older dsv4ctl wrote it)."""
+    lock = w.roots[on] / ".lock"
     lock.mkdir(parents=True)
     (lock / "holder.json").write_text(json.dumps({"who": who, "what": what, "pid": pid, "since": since,
-                                                  "token": "tok-" + who}))
+                                                  "token": "tok-" + who, **where}))
     return lock
+
+
+def here(pid: int) -> dict:
+    """Where ``pid`` of this machine runs, read here the way an operator would (not by dsv4ctl)."""
+    def first(path):
+        with open(path) as f:
+            return f.readline().strip()
+    stat = open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()
+    return {"host": os.uname().nodename, "machine": first("/etc/machine-id"),
+            "boot": first("/proc/sys/kernel/random/boot_id"), "pidns": os.readlink("/proc/self/ns/pid"),
+            "pid_start": stat[19]}
 
 
 def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
@@ -52,7 +71,7 @@ def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
     assert r.code == 3
     line = r.err.strip().splitlines()[-1]
     assert "deploy lock" in line and "(lock acquire: upgrading NVIDIA drivers, pid " in line
-    assert line.endswith("min old; it was taken by hand: dsv4ctl lock release PROFILE when the work it names is done")
+    assert line.endswith(f"min old; it was taken by hand: dsv4ctl lock release {w.profile} when the work it names is done")
     assert not any((w.roots[h] / "current").exists() for h in w.roots)
     r = cli(w, "lock", "acquire", "-m", "second")
     assert r.code == 3 and "upgrading NVIDIA drivers" in r.err
@@ -80,26 +99,111 @@ def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
 
 
 def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
+    """A run's lock (issue 41 a): without --force nothing; with --force only when its process is
+    known gone — checked on this machine when it ran here (a pid reused by another process is
+    gone); a holder on another machine (or written without the machine record) needs
+    --force --yes-it-is-dead. Each refusal names the exact command with the profile as given."""
     w = world
-    lock = run_lock(w, "h2", "alice@ops1", "deploy rX", 4242, "2026-11-29T10:00:00Z")
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        live = here(sleeper.pid)
+        lock = run_lock(w, "h2", "alice@ops1", "deploy rX", sleeper.pid, "2026-11-29T10:00:00Z", **live)
+        r = cli(w, "lock", "status")
+        assert "alice@ops1 (deploy rX, pid" in r.out and "(stale?)" in r.out and "dead" not in r.out, r.out
+        assert cli(w, "lock", "status", "--json").json()["hosts"]["h2"]["process"] == "alive"
+        r = cli(w, "lock", "release")
+        assert r.code == 3 and "h2: the lock is held by a run, not by lock acquire: alice@ops1 (deploy rX" in r.err
+        assert f"nothing released (that run is still going: pid {sleeper.pid} still runs on this machine" in r.err
+        for extra in ([], ["--dry-run"]):
+            r = cli(w, "lock", "release", "--force", *extra)
+            assert r.code == 3 and f"nothing released: pid {sleeper.pid} still runs on this machine" in r.err, r.err
+            assert len(r.err.strip().splitlines()) == 1 and lock.is_dir()
+        assert ("(dry run)" in r.err) and f"dsv4ctl lock release {w.profile} --force --yes-it-is-dead" in r.err
+        r = cli(w, "deploy", "--no-preflight")
+        assert r.code == 3 and f"that run is still going (pid {sleeper.pid} still runs" in r.err, r.err
+
+        # the same pid started at another time is another process: the holder is gone
+        (lock / "holder.json").write_text(json.dumps({**json.loads((lock / "holder.json").read_text()),
+                                                      "pid_start": str(int(live["pid_start"]) - 7)}))
+        r = cli(w, "lock", "release")
+        assert r.code == 3 and (f"that run is dead (pid {sleeper.pid} is another process now (started later)): "
+                                f"dsv4ctl lock release {w.profile} --force)") in r.err, r.err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # its process gone (the sleeper ended): dead, --force releases it
+    (lock / "holder.json").write_text(json.dumps({**json.loads((lock / "holder.json").read_text()),
+                                                  "pid_start": live["pid_start"]}))
     r = cli(w, "lock", "status")
-    assert "alice@ops1 (deploy rX, pid 4242, since 2026-11-29T10:00:00Z)" in r.out and "(stale?)" in r.out
-    assert "if its run is gone, dsv4ctl lock release PROFILE --force" in r.out
-    r = cli(w, "lock", "release")
-    assert r.code == 3 and "h2: the lock is held by a run, not by lock acquire: alice@ops1 (deploy rX" in r.err
-    assert "nothing released" in r.err and lock.is_dir()
-    r = cli(w, "lock", "release", "--dry-run")
-    assert r.code == 3 and "would release nothing" in r.err and lock.is_dir()
+    assert "held (run is dead)" in r.out and (f"h2: that run is dead (no process {sleeper.pid} runs on this "
+                                              f"machine): dsv4ctl lock release {w.profile} --force") in r.out, r.out
     r = cli(w, "lock", "release", "--force", "--dry-run")
     assert r.code == 0 and r.out.startswith("h2: dry run: would release the lock held by alice@ops1") and lock.is_dir()
     r = cli(w, "lock", "release", "--force")
     assert r.code == 0, r.err
     assert not lock.exists() and w.audit("h2")[-1]["action"] == "lock release"
+
+    # another machine's run (or an older dsv4ctl's record): only the operator can say it is gone
+    for where, why in [({"host": "ops2", "machine": "0" * 32, "boot": "b", "pidns": "pid:[1]", "pid_start": "1"},
+                        "pid 4242 runs on ops2, which this machine cannot check"),
+                       ({}, "the holder record does not say which machine runs pid 4242")]:
+        lock = run_lock(w, "h1", "bob@ops2", "rollback to rY", 4242, "2026-11-29T10:00:00Z", **where)
+        r = cli(w, "lock", "release", "--force")
+        assert r.code == 3 and r.err.strip().endswith(
+            f"nothing released: {why} (if you are sure it is gone: dsv4ctl lock release {w.profile} --force "
+            "--yes-it-is-dead)"), r.err
+        r = cli(w, "deploy", "--no-preflight")
+        assert r.code == 3 and r.err.strip().endswith(
+            f"wait for it, or break a stale lock with --break-lock (if that run is gone: dsv4ctl lock release "
+            f"{w.profile} --force --yes-it-is-dead; {why})"), r.err
+        r = cli(w, "lock", "release", "--yes-it-is-dead")
+        assert r.code == 2 and "--yes-it-is-dead goes with --force" in r.err and lock.is_dir()
+        r = cli(w, "lock", "release", "--force", "--yes-it-is-dead")
+        assert r.code == 0 and not lock.exists(), r.err
+        assert w.audit("h1")[-1]["detail"].startswith("removed lock held by bob@ops2 (rollback to rY, pid 4242")
+        assert "(--yes-it-is-dead)" in w.audit("h1")[-1]["detail"]
     for args in (["lock", "acquire", "-m", ""], ["lock", "acquire", "-m", "two\nlines"], ["deploy", "-m", " "],
                  ["lock", "acquire", "-m", "a\u2028b"], ["lock", "acquire", "-m", "\x9b31mRED"],
                  ["deploy", "-m", "rtl\u202eevil"], ["lock", "acquire", "-m", "x" * 501]):
         r = cli(w, *args)
         assert r.code == 2 and r.err.strip() == "dsv4ctl: error: --message must be one line of 1-500 printable characters", (args, r.err)
+
+
+def test_a_live_deploys_lock_is_kept_and_a_killed_ones_is_named_dead(world):
+    """The incident of issue 41 a, with a real deploy: while it waits for its health gate,
+    ``lock release --force`` refuses (its pid runs here) and another deploy waits; once it is
+    SIGKILLed (no clean-up), the next deploy names it dead with the exact command, which frees
+    every host."""
+    w = world
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["groups"][0]["env"] = {"STANDIN_STARTUP_S": "60"}
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "-v", "--no-preflight"],
+                         cwd=REPO, env=dict(os.environ, **w.env(), COLUMNS="200", NO_COLOR="1"), text=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while True:
+            line = p.stderr.readline()
+            assert line, "the deploy ended before its health gate"
+            if "step h0: wait for GET" in line:
+                break
+        r = cli(w, "lock", "release", "--force")
+        assert r.code == 3 and f"nothing released: pid {p.pid} still runs on this machine" in r.err, r.err
+        assert all((w.roots[h] / ".lock").is_dir() for h in w.roots)
+        r = cli(w, "deploy", "--no-preflight")
+        assert r.code == 3 and f"that run is still going (pid {p.pid} still runs on this machine" in r.err, r.err
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stderr.close()
+    r = cli(w, "deploy", "--no-preflight")
+    assert r.code == 3, r.err
+    assert r.err.strip().endswith(f"that run is dead (no process {p.pid} runs on this machine): free the lock with "
+                                  f"dsv4ctl lock release {w.profile} --force"), r.err
+    assert "try again when it is done" not in r.err
+    r = cli(w, "lock", "release", "--force")
+    assert r.code == 0 and sorted(ln.split(":")[0] for ln in r.out.splitlines()) == sorted(w.roots), r.out + r.err
+    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
 
 
 def test_only_the_current_release_is_active():
