@@ -336,3 +336,23 @@ def test_editors_count_lines_as_yaml_does():
     assert out == "served-model-name: \"a\u2028b\"\nmem-fraction-static: 0.86\nport: 30000\n"
     prof = "name: \"x\u2028y\"\ngroups:\n  - name: d\n    memory:\n      free_gib_before_load: 1.0\n"
     assert set_value(prof, ("groups", 0, "memory", "free_gib_before_load"), [2.0], "p.yaml") == prof.replace("1.0", "[2.0]")
+
+
+def test_na_memory_prints_unknown_and_refuses_the_write(prof, gpu_host):
+    """nvidia-smi's [N/A] memory (issue 41 item 6): 'unknown', never 'None MiB', a note saying the
+    free memory is not measured, and --write refuses that GPU by what it is."""
+    set_gpus(gpu_host[1])
+    csv_ = gpu_host[1] / "gpus.csv"
+    rows = csv_.read_text().splitlines()
+    rows[8] = rows[8].replace("143771 MiB, 0 MiB, 143156 MiB", "[N/A], [N/A], [N/A]")      # GPU 7
+    csv_.write_text("\n".join(rows) + "\n")
+    code, out, err = run("facts", str(prof), "-g", "decode")
+    assert code == 0, err
+    assert "None" not in out
+    assert "  GPU 7: NVIDIA H200: total unknown, used unknown, free unknown -> free_gib_before_load unknown" in out
+    assert ("  note: GPU 7: free memory unknown (nvidia-smi on b200-0 gives no number, e.g. [N/A]): "
+            "free_gib_before_load not measured") in out
+    code, out, err = run("facts", str(prof), "-g", "decode", "--write")
+    assert code == 1
+    assert err.startswith("dsv4ctl: refused: facts --write: group decode: GPU 7 on b200-0 free memory unknown to "
+                          "nvidia-smi ([N/A]); nothing written")

@@ -34,7 +34,7 @@ def facts(
     Exit 0, 1 when the write is refused, 2 on bad input, 3 when a host or nvidia-smi cannot be read
     or the profile cannot be written."""
     from ..errors import InputError, RemoteError, VerdictError
-    from ..hosts.gpus import GpuFactError, gpus_command, parse_gpus
+    from ..hosts.gpus import GpuFactError, gpus_command, mib_text, parse_gpus
     from ..plan.facts import memory_yaml, server_facts
     from ..remote import connect, run_parallel
     from .common import load_deployment_arg
@@ -87,9 +87,10 @@ def facts(
                 if gpu is None:
                     print(f"  {f.gpu_name(i)}: not reported")
                     continue
-                procs = ", ".join(f"{p.name} {p.used_mib} MiB" for p in gpu.processes) or "no processes"
-                print(f"  {f.gpu_name(i)}: {gpu.name}: total {gpu.total_mib} MiB, used {gpu.used_mib} MiB, free {gpu.free_mib} MiB "
-                      f"-> free_gib_before_load {f.free_gib_before_load[i]} ({procs})")
+                procs = ", ".join(f"{p.name} {mib_text(p.used_mib)}" for p in gpu.processes) or "no processes"
+                free = f.free_gib_before_load[i]
+                print(f"  {f.gpu_name(i)}: {gpu.name}: {gpu.memory_text()} "
+                      f"-> free_gib_before_load {'unknown' if free is None else free} ({procs})")
             for n in f.notes:
                 print(f"  note: {n}")
         if result is None:

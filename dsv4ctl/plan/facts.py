@@ -73,7 +73,9 @@ def server_facts(group: str, places: list[tuple[str, int]], gpus: dict[str, list
         name = f"GPU {i} of {host}" if multi else f"GPU {i}"
         if g is None or g.free_mib is None:
             frees.append(None)
-            notes.append(f"{name}: not reported by nvidia-smi on {host}")
+            notes.append(f"{name}: not reported by nvidia-smi on {host}" if g is None else
+                         f"{name}: free memory unknown (nvidia-smi on {host} gives no number, e.g. [N/A]): "
+                         "free_gib_before_load not measured")
             continue
         frees.append(round(g.free_mib / 1024 - CONTEXT_GIB, 3))
         if g.processes:
@@ -124,7 +126,8 @@ def values_to_write(f: GroupFacts, gpus: list[int], old, force: bool = False) ->
             if force and kept is not None:
                 out.append(kept)
                 continue
-            problems.append(f"group {f.group}: GPU {idx} on {on} not reported by nvidia-smi"
+            what = "not reported by nvidia-smi" if gpu is None else "free memory unknown to nvidia-smi ([N/A])"
+            problems.append(f"group {f.group}: GPU {idx} on {on} {what}"
                             + (" and the profile has no value to keep" if force else ""))
             continue
         if gpu is not None and gpu.processes and not force:
