@@ -24,17 +24,17 @@ def git(tree, *args):
                           env=ENV).stdout
 
 
-def make_tree(tmp_path: Path) -> tuple[Path, Path]:
-    """A tree at v0.5.23 and a series of N one-file patches on it (the tree is reset to the base)."""
+def make_tree(tmp_path: Path, n: int = N) -> tuple[Path, Path]:
+    """A tree at v0.5.23 and a series of ``n`` one-file patches on it (the tree is reset to the base)."""
     tree = tmp_path / "sglang"
     (tree / "python" / "sglang").mkdir(parents=True)
-    for i in range(N):
+    for i in range(n):
         (tree / "python" / "sglang" / f"m{i:03d}.py").write_text(f"x = {i}\n")
     git(tree, "init", "-q")
     git(tree, "add", "-A")
     git(tree, "commit", "-q", "-m", "base")
     git(tree, "tag", "v0.5.23")
-    for i in range(N):
+    for i in range(n):
         (tree / "python" / "sglang" / f"m{i:03d}.py").write_text(f"x = {i + 1000}\n")
         git(tree, "commit", "-q", "-am", f"change {i}")
     series = tmp_path / "series-dir"
@@ -129,22 +129,7 @@ def hooked_tree(tmp_path: Path, n: int = 5) -> tuple[Path, Path, Path]:
     ``pre-applypatch`` hook of patch 3 writes ``mid`` and sleeps (git am is half-way), and the
     ``reference-transaction`` hook, once ``marks/slow`` exists, writes ``restoring`` and sleeps
     once (the restore's ``git am --abort`` is moving HEAD back)."""
-    tree = tmp_path / "sglang"
-    (tree / "python" / "sglang").mkdir(parents=True)
-    for i in range(n):
-        (tree / "python" / "sglang" / f"m{i}.py").write_text(f"x = {i}\n")
-    git(tree, "init", "-q")
-    git(tree, "add", "-A")
-    git(tree, "commit", "-q", "-m", "base")
-    git(tree, "tag", "v0.5.23")
-    for i in range(n):
-        (tree / "python" / "sglang" / f"m{i}.py").write_text(f"x = {i + 1000}\n")
-        git(tree, "commit", "-q", "-am", f"change {i}")
-    series = tmp_path / "series-dir"
-    series.mkdir()
-    git(tree, "format-patch", "-q", "-o", str(series), "v0.5.23..HEAD")
-    (series / "series").write_text("base sglang==0.5.23\n" + "".join(
-        f"{p.name}\n" for p in sorted(series.glob("*.patch"))))
+    tree, series = make_tree(tmp_path, n)
     git(tree, "reset", "-q", "--hard", "v0.5.23")
     marks = tmp_path / "marks"
     marks.mkdir()
