@@ -791,6 +791,9 @@ def _start_active(site: Site, rid: str, run: RunSteps, started: list, base_rec: 
         raise
     if fails:
         why = failure_text(site, fails)
+        lost = {**lost_in_gate(fails), **probe(site)}
+        raise_lost(site, Activation(False, why, "health gate", verdict=not lost, lost=lost), f"starting {names} of {rid}",
+                   rid, base_rec, "run the same deploy again", frm)
         close_all(site, {**base_rec, "result": "failed", "detail": f"started {names}; health gate: {why}"[:2000]},
                   per_host=frm)
         raise GateFailed(f"{rid} is active and {names} was started, but did not pass the health gate "

@@ -45,6 +45,30 @@ def _what(how: str, groups, hosts) -> str:
     return f"{how} " + (",".join(groups) if groups else "all groups") + (f" on {','.join(hosts)}" if hosts else "")
 
 
+def _raise_lost(site: Site, fails: list, how: str, part: list[ServerAction], rec: dict, why: str,
+                groups: list[str] | None, hosts: list[str] | None) -> None:
+    """After a failed gate: nothing when every host answers. Else a host was lost (no verdict on
+    the servers, :mod:`dsv4ctl.deploy.netloss`): every host that answers is closed (result
+    ``unreachable``), the locks that can go are dropped, and RemoteError (exit 3) names the lost
+    hosts, the locks left and the command that runs it again."""
+    import shlex
+    from ..errors import RemoteError
+    from .engine import close_all, release_locks
+    from .netloss import locks_text, lost_in_gate, probe, profile_arg, with_break_lock
+    lost = {**lost_in_gate(fails), **probe(site)}
+    if not lost:
+        return
+    close_all(site, {**rec, "result": "unreachable", "detail": f"{how}: health gate: {why}"[:2000]})
+    release_locks(site)
+    names = sorted(lost)
+    again = f"dsv4ctl {how} {profile_arg(site)}" + "".join(f" -g {shlex.quote(g)}" for g in groups or []) \
+        + "".join(f" --host {shlex.quote(h)}" for h in hosts or [])
+    raise RemoteError(f"{how} of {', '.join(a.server for a in part)} stopped during the health gate: "
+                      f"{', '.join(names)} cannot be reached ({lost[names[0]]}); a lost host is no verdict on the "
+                      f"servers; {locks_text(site)}. When {', '.join(names)} answer{'s' if len(names) == 1 else ''} "
+                      f"again: {with_break_lock(site, again)}")
+
+
 def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: list[str] | None = None,
               batch: int | None = None) -> dict:
     """``start`` / ``stop`` / ``restart`` the servers of the active release (``dsv4ctl.lifecycle/1``
@@ -125,6 +149,7 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
                     fails = run_gate(site, gates) if gates else []
                     if fails:
                         why = failure_text(site, fails)
+                        _raise_lost(site, fails, how, part, rec, why, groups, hosts)
                         close_all(site, {**rec, "result": "failed", "detail": f"{how}: health gate: {why}"[:2000]})
                         rest = len(actions) - sum(len(p) for p, _ in stages[:stages.index((part, st)) + 1])
                         raise GateFailed(f"{how} of {', '.join(a.server for a in part)}: not healthy: {why}"
