@@ -461,122 +461,169 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
 
     ``max_duration``: seconds after the level's start past which no new turn is issued (turns in
     flight finish and are recorded); ``LevelRun.capped`` says the target was not reached."""
-    endpoint = url.rstrip("/") + "/v1/chat/completions"
-    deadline = time.monotonic() + max_duration if max_duration else None
-    specs = C.tool_specs(TOOLS)
-    level = LevelRun(url=url, concurrency=concurrency, target=target, key_accepted=key_accepted)
-    run_id = run_id or uuid.uuid4().hex[:8]
-    issued = 0
-    next_sid = concurrency
-    k = crash_after if crash_after is not None else crash_threshold(concurrency)
-    streak = 0             # consecutive connection-error turns, in finishing order
-    streak_start = 0       # index in level.records of the first of them
-    stalls = 0             # how many turns of the streak stalled (no answer within the stall timeout)
-    probing = False        # a /health probe for a stalled streak is in flight
+    return await _Level(http, url, model, concurrency, turns, target, stream, answer_words, on_record, run_id,
+                        label, stop, turn_timeout, crash_after, thinking, key_accepted, max_duration).run()
 
-    failure: list[ClientSideError] = []   # this machine failed: every worker stops, the level raises
 
-    def halted() -> bool:
-        if deadline is not None and time.monotonic() >= deadline and issued < target:
+class _Level:
+    """The state of one :func:`run_level` (its arguments as attributes) while its workers run:
+    turns issued, the next session id, the streak of consecutive connection-error (or stalled)
+    turns that decides a crash, and a failure of this machine that stops every worker."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str, model: str, concurrency: int, turns: int, target: int,
+                 stream: str, answer_words: int, on_record: Optional[Callable[[dict], None]], run_id: str, label: str,
+                 stop: Optional[Callable[[], bool]], turn_timeout: float, crash_after: Optional[int], thinking: bool,
+                 key_accepted: bool, max_duration: Optional[float]):
+        self.http, self.url, self.model, self.turns, self.target = http, url, model, turns, target
+        self.stream, self.answer_words, self.on_record, self.label = stream, answer_words, on_record, label
+        self.stop, self.turn_timeout, self.thinking = stop, turn_timeout, thinking
+        self.endpoint = url.rstrip("/") + "/v1/chat/completions"
+        self.deadline = time.monotonic() + max_duration if max_duration else None
+        self.specs = C.tool_specs(TOOLS)
+        self.level = LevelRun(url=url, concurrency=concurrency, target=target, key_accepted=key_accepted)
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.issued = 0
+        self.next_sid = concurrency
+        self.k = crash_after if crash_after is not None else crash_threshold(concurrency)
+        self.streak = 0             # consecutive connection-error turns, in finishing order
+        self.streak_start = 0       # index in level.records of the first of them
+        self.stalls = 0             # how many turns of the streak stalled (no answer within the stall timeout)
+        self.probing = False        # a /health probe for a stalled streak is in flight
+        self.failure: list[ClientSideError] = []   # this machine failed: every worker stops, the level raises
+
+    async def run(self) -> LevelRun:
+        """Run every worker; raise the first failure of this machine; a level that ends inside a
+        streak is a crash when ``/health`` cannot be reached."""
+        level = self.level
+        level.started = time.time()
+        t0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(self.worker(w) for w in range(level.concurrency)))
+        level.duration_s = time.perf_counter() - t0
+        level.client_cpu_s = time.process_time() - c0
+        if self.failure:
+            raise self.failure[0]
+        if level.crash is None and self.streak and not (self.stop and self.stop()):
+            probe = await probe_health(self.http, self.url)
+            if probe is not None:
+                self.declare(f"fewer than K = {self.k} before the level ended, and {probe}", probe)
+        return level
+
+    def halted(self) -> bool:
+        """No new turn: a crash, a failure of this machine, ``stop()``, or past ``max_duration``."""
+        level = self.level
+        if self.deadline is not None and time.monotonic() >= self.deadline and self.issued < self.target:
             level.capped = True
-        return level.crash is not None or bool(failure) or bool(stop and stop()) or level.capped
+        return level.crash is not None or bool(self.failure) or bool(self.stop and self.stop()) or level.capped
 
-    def declare(why: str, probe: Optional[str] = None) -> None:
-        first = level.records[streak_start]
-        what = "a connection error" if not stalls else "a connection error or a stall"
-        level.crash = {"reason": f"{streak} consecutive turns ended in {what} with no answer in "
-                                 f"between ({why}); first: {first['reason']}",
-                       "started_at": first["t_start"], "turn": streak_start + 1, "rid": first["rid"],
-                       "streak": streak, "probe": probe}
+    def declare(self, why: str, probe: Optional[str] = None) -> None:
+        """Set the level's crash from the current streak."""
+        first = self.level.records[self.streak_start]
+        what = "a connection error" if not self.stalls else "a connection error or a stall"
+        self.level.crash = {"reason": f"{self.streak} consecutive turns ended in {what} with no answer in "
+                                      f"between ({why}); first: {first['reason']}",
+                            "started_at": first["t_start"], "turn": self.streak_start + 1, "rid": first["rid"],
+                            "streak": self.streak, "probe": probe}
 
-    async def worker(w: int) -> None:
-        nonlocal issued, next_sid, streak, streak_start, stalls, probing
+    async def worker(self, w: int) -> None:
+        """Sessions back to back (first id ``w``, then the next free one) until the target is
+        issued or the level halts."""
         sid = w
-        while issued < target and not halted():
-            s = Session(sid=sid, turns=turns, answer_words=answer_words, thinking=thinking,
-                        stream=stream == "on" or (stream == "mixed" and sid % 2 == 0))
-            while not s.done and issued < target and not halted():
-                issued += 1
-                spec = s.spec()
-                rid = f"dsv4ctl-{run_id}{label}-c{concurrency}-s{sid}-t{spec.index}-{issued}"
-                t_start = time.time()
-                try:
-                    result, timing = await run_turn(http, endpoint, s.request(model, rid), s.stream, turn_timeout)
-                except ClientSideError as e:
-                    failure.append(e)
+        while self.issued < self.target and not self.halted():
+            s = Session(sid=sid, turns=self.turns, answer_words=self.answer_words, thinking=self.thinking,
+                        stream=self.stream == "on" or (self.stream == "mixed" and sid % 2 == 0))
+            while not s.done and self.issued < self.target and not self.halted():
+                if not await self.turn(s, sid):
                     return
-                if result.http_status in AUTH_STATUSES and not level.key_accepted:
-                    failure.append(AuthRefused(result.http_status, endpoint, "POST", key_sent(http)))
-                    return
-                if result.http_status is not None and result.http_status not in AUTH_STATUSES:
-                    level.key_accepted = True
-                # the answer turn's instruction is English: an answer in another script is drift
-                v = E.judge(result, requires_tool=spec.requires_tool, tools=specs, expected=spec.expected_calls,
-                            tool_choice=spec.tool_choice, thinking_requested=thinking,
-                            expected_script=None if spec.requires_tool else "Latin")
-                rec = {
-                    "run": run_id, "url": url, "concurrency": concurrency, "session": sid, "turn": spec.index,
-                    "rid": rid, "response_id": result.response_id, "stream": s.stream,
-                    "requires_tool": spec.requires_tool, "tool": spec.tool, "tool_choice": spec.tool_choice,
-                    "expected_calls": spec.expected_calls, "class": v.cls, "notes": list(v.notes),
-                    "flags": list(v.flags), "reason": v.reason, "http_status": result.http_status,
-                    "finish_reason": result.finish_reason,
-                    "tool_calls": [{"name": c.name, "arguments": c.arguments[:300]} for c in result.tool_calls],
-                    "t_start": round(t_start, 6),
-                    "ttft_s": None if timing["ttft_s"] is None else round(timing["ttft_s"], 6),
-                    "e2e_s": None if timing["e2e_s"] is None else round(timing["e2e_s"], 6),
-                    "chunks": timing["chunks"],
-                    "completion_tokens": (result.usage or {}).get("completion_tokens"),
-                    "cached_tokens": ((result.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens"),
-                    "connection_error": timing["connection_error"],
-                    "echoed_request_id": timing["echoed_request_id"],
-                }
-                if not v.ok and result.content:
-                    rec["content_excerpt"] = result.content[:300]
-                level.records.append(rec)
-                if level.crash is None:
-                    if rec["connection_error"] or result.stalled:
-                        if streak == 0:
-                            streak_start = len(level.records) - 1
-                            stalls = 0
-                        streak += 1
-                        stalls += bool(result.stalled)
-                        if streak >= k and not stalls:
-                            declare(f"K = {k}")
-                        elif streak >= k and not probing:
-                            # stalls too: dead only if /health does not answer either (a server
-                            # with wedged transfers still answers it)
-                            probing = True
-                            try:
-                                probe = await probe_health(http, url, silent_is_dead=True,
-                                                           timeout=min(10.0, http.timeout.sock_read or 10.0))
-                            except ClientSideError as e:
-                                failure.append(e)
-                                return
-                            finally:
-                                probing = False
-                            if probe is not None and level.crash is None:
-                                declare(f"K = {k}, {stalls} of them stalled, and {probe}", probe)
-                            elif probe is None:
-                                streak = 0
-                    else:
-                        streak = 0
-                level.itl_gaps.extend(timing["gaps"])
-                if on_record:
-                    on_record(rec)
-                s.advance(result, v.ok)
-            sid = next_sid
-            next_sid += 1
+            sid = self.next_sid
+            self.next_sid += 1
 
-    level.started = time.time()
-    t0, c0 = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    level.duration_s = time.perf_counter() - t0
-    level.client_cpu_s = time.process_time() - c0
-    if failure:
-        raise failure[0]
-    if level.crash is None and streak and not (stop and stop()):
-        probe = await probe_health(http, url)
-        if probe is not None:
-            declare(f"fewer than K = {k} before the level ended, and {probe}", probe)
-    return level
+    async def turn(self, s: Session, sid: int) -> bool:
+        """Send, judge and record one turn of session ``s``; False when the worker must stop (a
+        failure of this machine, or the API key refused)."""
+        level = self.level
+        self.issued += 1
+        spec = s.spec()
+        rid = f"dsv4ctl-{self.run_id}{self.label}-c{level.concurrency}-s{sid}-t{spec.index}-{self.issued}"
+        t_start = time.time()
+        try:
+            result, timing = await run_turn(self.http, self.endpoint, s.request(self.model, rid), s.stream,
+                                            self.turn_timeout)
+        except ClientSideError as e:
+            self.failure.append(e)
+            return False
+        if result.http_status in AUTH_STATUSES and not level.key_accepted:
+            self.failure.append(AuthRefused(result.http_status, self.endpoint, "POST", key_sent(self.http)))
+            return False
+        if result.http_status is not None and result.http_status not in AUTH_STATUSES:
+            level.key_accepted = True
+        # the answer turn's instruction is English: an answer in another script is drift
+        v = E.judge(result, requires_tool=spec.requires_tool, tools=self.specs, expected=spec.expected_calls,
+                    tool_choice=spec.tool_choice, thinking_requested=self.thinking,
+                    expected_script=None if spec.requires_tool else "Latin")
+        rec = turn_record(self.run_id, self.url, level.concurrency, sid, spec, rid, s.stream, result, v, timing,
+                          t_start)
+        level.records.append(rec)
+        if level.crash is None and not await self.track_crash(rec, result):
+            return False
+        level.itl_gaps.extend(timing["gaps"])
+        if self.on_record:
+            self.on_record(rec)
+        s.advance(result, v.ok)
+        return True
+
+    async def track_crash(self, rec: dict, result: C.TurnResult) -> bool:
+        """Extend or end the streak with the turn just recorded; declare a crash at K turns (with
+        stalls in the streak only when ``/health`` does not answer either: a server with wedged
+        transfers still answers it). False when that probe hit a failure of this machine."""
+        if not (rec["connection_error"] or result.stalled):
+            self.streak = 0
+            return True
+        if self.streak == 0:
+            self.streak_start = len(self.level.records) - 1
+            self.stalls = 0
+        self.streak += 1
+        self.stalls += bool(result.stalled)
+        if self.streak >= self.k and not self.stalls:
+            self.declare(f"K = {self.k}")
+        elif self.streak >= self.k and not self.probing:
+            self.probing = True
+            try:
+                probe = await probe_health(self.http, self.url, silent_is_dead=True,
+                                           timeout=min(10.0, self.http.timeout.sock_read or 10.0))
+            except ClientSideError as e:
+                self.failure.append(e)
+                return False
+            finally:
+                self.probing = False
+            if probe is not None and self.level.crash is None:
+                self.declare(f"K = {self.k}, {self.stalls} of them stalled, and {probe}", probe)
+            elif probe is None:
+                self.streak = 0
+        return True
+
+
+def turn_record(run_id: str, url: str, concurrency: int, sid: int, spec, rid: str, stream: bool,
+                result: C.TurnResult, v: C.Verdict, timing: dict, t_start: float) -> dict:
+    """The per-turn record of ``check load`` (schema in docs/check.md): who sent it, what was
+    expected, the verdict, what arrived and its timings; ``content_excerpt`` for a turn not ok."""
+    usage = result.usage or {}
+    rec = {
+        "run": run_id, "url": url, "concurrency": concurrency, "session": sid, "turn": spec.index,
+        "rid": rid, "response_id": result.response_id, "stream": stream,
+        "requires_tool": spec.requires_tool, "tool": spec.tool, "tool_choice": spec.tool_choice,
+        "expected_calls": spec.expected_calls, "class": v.cls, "notes": list(v.notes),
+        "flags": list(v.flags), "reason": v.reason, "http_status": result.http_status,
+        "finish_reason": result.finish_reason,
+        "tool_calls": [{"name": c.name, "arguments": c.arguments[:300]} for c in result.tool_calls],
+        "t_start": round(t_start, 6),
+        "ttft_s": None if timing["ttft_s"] is None else round(timing["ttft_s"], 6),
+        "e2e_s": None if timing["e2e_s"] is None else round(timing["e2e_s"], 6),
+        "chunks": timing["chunks"],
+        "completion_tokens": usage.get("completion_tokens"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        "connection_error": timing["connection_error"],
+        "echoed_request_id": timing["echoed_request_id"],
+    }
+    if not v.ok and result.content:
+        rec["content_excerpt"] = result.content[:300]
+    return rec

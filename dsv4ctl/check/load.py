@@ -5,7 +5,10 @@ renders."""
 
 from __future__ import annotations
 
-from typing import Optional
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 
 async def run_load(urls: list[str], levels: list[int], turns: int, min_requests: int, stream: str, stall: float,
@@ -31,103 +34,150 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     A crashed level (:func:`dsv4ctl.check.driver.run_level`) stops the ramp: with ``--compare`` the
     other URL still runs that level (no comparison is made for it), then no higher level is run
     against any URL; the skipped levels are the document's ``not_run``."""
-    import json
     import uuid
 
     from . import driver as D
     from . import report as R
-    from .gateway import gateway_delta, scrape_gateway
 
-    run_id = uuid.uuid4().hex[:8]
-    targets = {c: max(c * turns, min_requests) for c in levels}
-    bad = 0
-    # Ctrl-C: stop every session before its next turn and cancel what is in flight (aiohttp may
-    # turn the cancellation of a read into a timeout, so the flag is what ends the run).
-    import asyncio
-    import signal
-
-    from ..signals import STOPPING
-    interrupted = False
-    main_task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-
-    def on_sigint() -> None:
-        nonlocal interrupted
-        interrupted = True
-        main_task.cancel()
-    for sig in STOPPING:     # SIGTERM (kill, systemd, a runbook's stop) and SIGHUP like Ctrl-C
-        try:
-            loop.add_signal_handler(sig, on_sigint)
-        except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
-            pass
-
-    def on_record(rec: dict) -> None:
-        nonlocal bad
-        if rec["class"] != "ok":
-            bad += 1
-        if rec_file:
-            rec_file.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        if prog is not None:
-            prog.update(advance=1, bad=bad)
-
-    summaries: list[dict] = []
-    comparisons: list[dict] = []
-    not_run: list[int] = []
-    prog = None
+    run = _LoadRun(urls=urls, levels=levels, turns=turns, targets={c: max(c * turns, min_requests) for c in levels},
+                   stream=stream, answer_words=answer_words, max_c=max_c, metrics=metrics, metric_urls=metric_urls,
+                   rec_file=rec_file, run_id=uuid.uuid4().hex[:8], turn_timeout=turn_timeout, thinking=thinking,
+                   gateway_metrics=gateway_metrics, max_duration=max_duration)
+    intr = _Interrupt()
     try:
         async with D.make_client(max(levels), stall, api_key) as http:
-            models = {}
-            key_accepted = {u: False for u in urls}     # the server took the API key (see run_level)
-            for u in urls:
-                models[u] = model or await D.discover_model(http, u)
-            if progress:
-                prog = progress(sum(targets.values()) * len(urls))
-            for li, c in enumerate(levels):
-                pair = []
-                for i, u in enumerate(urls):
-                    scrape = metric_urls if metric_urls is not None else [u]
-                    before = await _scrape(http, scrape) if metrics else None
-                    gw_before = await scrape_gateway(http, gateway_metrics) if gateway_metrics else None
-                    if prog is not None:
-                        prog.update(description=f"{u} c={c}")
-                    lv = await D.run_level(http, u, models[u], c, turns, targets[c], stream, answer_words,
-                                           on_record, run_id, "-" + "ab"[i] if len(urls) == 2 else "",
-                                           stop=lambda: interrupted, turn_timeout=turn_timeout, thinking=thinking,
-                                           key_accepted=key_accepted[u], max_duration=max_duration)
-                    key_accepted[u] = lv.key_accepted
-                    if interrupted:
-                        raise KeyboardInterrupt
-                    after = await _scrape(http, scrape) if metrics else None
-                    gw_after = await scrape_gateway(http, gateway_metrics) if gateway_metrics else None
-                    s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
-                                          itl_gaps=lv.itl_gaps, max_corruption=max_c,
-                                          metrics=R.metrics_delta(before, after), crash=lv.crash,
-                                          client_cpu_s=lv.client_cpu_s, gateway=gateway_delta(gw_before, gw_after))
-                    s["capped_by_max_duration"] = lv.capped
-                    summaries.append(s)
-                    pair.append(s)
-                    if lv.crash is not None and prog is not None:
-                        prog.update(description=f"{u} c={c} CRASHED")
-                if len(pair) == 2 and not any(x["crashed"] for x in pair):
-                    comparisons.append(R.compare_levels(pair[0], pair[1]))
-                if any(x["crashed"] for x in pair):
-                    not_run = levels[li + 1:]     # don't hammer a dead server with more sessions
-                    break
+            await run.ramp(http, model, progress, intr)
     except asyncio.CancelledError:
-        if interrupted:
+        if intr.fired:
             raise KeyboardInterrupt from None
         raise
     finally:
+        intr.remove()
+        if run.prog is not None:
+            run.prog.stop()
+    settings = dict(settings, run_id=run.run_id, models=run.models)
+    return R.build_doc(run.summaries, max_corruption=max_c, settings=settings, comparisons=run.comparisons,
+                       not_run=run.not_run)
+
+
+class _Interrupt:
+    """Ctrl-C, SIGTERM (kill, systemd, a runbook's stop) and SIGHUP while the load runs: set
+    ``fired`` (every session stops before its next turn) and cancel the running task (what is in
+    flight; aiohttp may turn the cancellation of a read into a timeout, so the flag is what ends
+    the run). Installed on creation, in the running event loop; :meth:`remove` takes it away."""
+
+    def __init__(self) -> None:
+        from ..signals import STOPPING
+        self.fired = False
+        self.task = asyncio.current_task()
+        self.loop = asyncio.get_running_loop()
+        self.signals = STOPPING
         for sig in STOPPING:
             try:
-                loop.remove_signal_handler(sig)
+                self.loop.add_signal_handler(sig, self.fire)
+            except (NotImplementedError, RuntimeError, ValueError):   # not the main thread / no signals here
+                pass
+
+    def fire(self) -> None:
+        """The signal handler."""
+        self.fired = True
+        self.task.cancel()
+
+    def remove(self) -> None:
+        """Take the handlers away again."""
+        for sig in self.signals:
+            try:
+                self.loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
-        if prog is not None:
-            prog.stop()
-    settings = dict(settings, run_id=run_id, models=models)
-    return R.build_doc(summaries, max_corruption=max_c, settings=settings, comparisons=comparisons,
-                       not_run=not_run)
+
+
+@dataclass
+class _LoadRun:
+    """One :func:`run_load`: its options (as there) and what the levels produced so far."""
+
+    urls: list[str]
+    levels: list[int]
+    turns: int
+    targets: dict[int, int]
+    stream: str
+    answer_words: int
+    max_c: float
+    metrics: bool
+    metric_urls: Optional[list[str]]
+    rec_file: Any
+    run_id: str
+    turn_timeout: float
+    thinking: bool
+    gateway_metrics: Optional[str]
+    max_duration: Optional[float]
+    models: dict[str, str] = field(default_factory=dict)
+    summaries: list[dict] = field(default_factory=list)
+    comparisons: list[dict] = field(default_factory=list)
+    not_run: list[int] = field(default_factory=list)
+    key_accepted: dict[str, bool] = field(default_factory=dict)   # the server took the API key (see run_level)
+    prog: Any = None
+    bad: int = 0
+
+    def on_record(self, rec: dict) -> None:
+        """One turn's record: counted, written to the records file, shown in the progress bar."""
+        if rec["class"] != "ok":
+            self.bad += 1
+        if self.rec_file:
+            self.rec_file.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        if self.prog is not None:
+            self.prog.update(advance=1, bad=self.bad)
+
+    async def ramp(self, http, model: Optional[str], progress, intr: _Interrupt) -> None:
+        """Every level against every URL, in order; a crashed level ends the ramp (the other URL of
+        a comparison still runs it; the higher levels are ``not_run``)."""
+        from . import driver as D
+        from . import report as R
+        self.key_accepted = {u: False for u in self.urls}
+        for u in self.urls:
+            self.models[u] = model or await D.discover_model(http, u)
+        if progress:
+            self.prog = progress(sum(self.targets.values()) * len(self.urls))
+        for li, c in enumerate(self.levels):
+            pair = []
+            for i, u in enumerate(self.urls):
+                pair.append(await self.level(http, i, u, c, intr))
+            if len(pair) == 2 and not any(x["crashed"] for x in pair):
+                self.comparisons.append(R.compare_levels(pair[0], pair[1]))
+            if any(x["crashed"] for x in pair):
+                self.not_run = self.levels[li + 1:]     # don't hammer a dead server with more sessions
+                break
+
+    async def level(self, http, i: int, u: str, c: int, intr: _Interrupt) -> dict:
+        """Level ``c`` against URL ``u`` (the ``i``-th), between /metrics and gateway scrapes; its
+        summary (:func:`dsv4ctl.check.report.summarize_level`)."""
+        from . import driver as D
+        from . import report as R
+        from .gateway import gateway_delta, scrape_gateway
+        scrape = self.metric_urls if self.metric_urls is not None else [u]
+        gw = self.gateway_metrics
+        before = await _scrape(http, scrape) if self.metrics else None
+        gw_before = await scrape_gateway(http, gw) if gw else None
+        if self.prog is not None:
+            self.prog.update(description=f"{u} c={c}")
+        lv = await D.run_level(http, u, self.models[u], c, self.turns, self.targets[c], self.stream, self.answer_words,
+                               self.on_record, self.run_id, "-" + "ab"[i] if len(self.urls) == 2 else "",
+                               stop=lambda: intr.fired, turn_timeout=self.turn_timeout, thinking=self.thinking,
+                               key_accepted=self.key_accepted[u], max_duration=self.max_duration)
+        self.key_accepted[u] = lv.key_accepted
+        if intr.fired:
+            raise KeyboardInterrupt
+        after = await _scrape(http, scrape) if self.metrics else None
+        gw_after = await scrape_gateway(http, gw) if gw else None
+        s = R.summarize_level(lv.records, url=u, concurrency=c, duration_s=lv.duration_s,
+                              itl_gaps=lv.itl_gaps, max_corruption=self.max_c,
+                              metrics=R.metrics_delta(before, after), crash=lv.crash,
+                              client_cpu_s=lv.client_cpu_s, gateway=gateway_delta(gw_before, gw_after))
+        s["capped_by_max_duration"] = lv.capped
+        self.summaries.append(s)
+        if lv.crash is not None and self.prog is not None:
+            self.prog.update(description=f"{u} c={c} CRASHED")
+        return s
 
 
 async def _scrape(http, urls: list[str]):
