@@ -97,7 +97,8 @@ def test_judge_server_info_pure():
     assert judge_server_info(good, Worker("w", "u", hicache_configured=False))["status"] == "pass"
     r = judge_server_info(good, Worker("w", "u", hicache_configured=True))
     assert r["status"] == "fail" and r["reason"] == "HiCache running off but the serve config says on"
-    r = judge_server_info({**good, "version": "0.5.22", "reasoning_parser": None}, Worker("w", "u"))
+    # the release that runs is expected (issue 45 item 1: before, 0.5.23 whatever the release)
+    r = judge_server_info({**good, "version": "0.5.22", "reasoning_parser": None}, Worker("w", "u"), "0.5.23")
     assert r["reason"] == "version '0.5.22', expected 0.5.23; reasoning_parser None, expected 'deepseek-v4'"
     assert judge_server_info([], Worker("w", "u"))["status"] == "fail"
 
@@ -200,7 +201,8 @@ def test_api_key_is_sent_and_never_printed(tmp_path):
 
 def test_judge_server_info_cuts_long_server_values():
     good = {"version": "0.5.23", "tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}
-    r = judge_server_info({**good, "version": "9" * 5000, "tool_call_parser": list(range(1000))}, Worker("w", "u"))
+    r = judge_server_info({**good, "version": "9" * 5000, "tool_call_parser": list(range(1000))}, Worker("w", "u"),
+                          "0.5.23")
     assert r["status"] == "fail"
     # cut to 80 characters with "…": inside one long word, else at a field boundary (before: "...")
     assert r["reason"].startswith("version '" + "9" * 79 + "…', expected 0.5.23; tool_call_parser '[0, 1, 2")

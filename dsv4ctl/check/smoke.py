@@ -8,8 +8,9 @@ Checks, each pass / fail / skip with a one-line reason:
   (a bare URL) the workers are the ones the gateway lists;
 * ``health`` on every worker (``GET /health`` → 200; reference §4.1);
 * ``models`` on the entry URL (router or server): ``GET /v1/models`` lists a model;
-* ``server_info`` on every worker (``GET /server_info``, else ``/get_server_info``): version 0.5.23,
-  ``tool_call_parser`` deepseekv4 and ``reasoning_parser`` deepseek-v4 (without them raw DSML and
+* ``server_info`` on every worker (``GET /server_info``, else ``/get_server_info``): the version
+  of the release that runs (``expect_version``: the release's tree version; else any supported
+  release, 0.5.18-0.5.23, reported with its output path), ``tool_call_parser`` deepseekv4 and ``reasoning_parser`` deepseek-v4 (without them raw DSML and
   thinking reach clients, reference §5.1/§8.5), disaggregation mode and HiCache flags as running;
   with a profile, the running HiCache switch must equal the serve config's;
 * ``chat``: one plain completion through the entry URL (no markup or think tags in content);
@@ -51,7 +52,6 @@ from .driver import (AUTH_STATUSES, AuthRefused, BadResponse, ClientSideError, C
                      run_turn)
 from .workload import CALL_INSTRUCTION, SYSTEM_PROMPT, TOOLS, Session, known_instruction
 
-EXPECT_VERSION = "0.5.23"
 EXPECT = {"tool_call_parser": "deepseekv4", "reasoning_parser": "deepseek-v4"}
 
 
@@ -81,17 +81,34 @@ def _short(v: Any, n: int = 80) -> Any:
     return v
 
 
-def judge_server_info(info: Any, worker: Worker) -> dict:
-    """Pure: the ``server_info`` line for one worker's decoded JSON."""
+def output_path(version: Any) -> Optional[str]:
+    """The DeepSeek-V4 output path of SGLang ``version`` (:class:`dsv4ctl.plan.versions.VersionRules`):
+    ``deepseek-recipe`` (0.5.23: token-level ``deepseek_recipe.StreamProcessor``) or ``detector``
+    (0.5.18-0.5.22: ``FunctionCallParser`` with the regex ``DeepSeekV4Detector``); None for a
+    release dsv4ctl does not support."""
+    from ..plan.versions import VERSIONS
+    rules = VERSIONS.get(version) if isinstance(version, str) else None
+    return rules.output_path if rules else None
+
+
+def judge_server_info(info: Any, worker: Worker, expect_version: Optional[str] = None) -> dict:
+    """Pure: the ``server_info`` line for one worker's decoded JSON. ``expect_version``: the SGLang
+    release the deployment runs (its tree's version): the worker must report exactly it; None:
+    any supported release (0.5.18-0.5.23) passes, and the line starts with the one it saw. The
+    detail names the release's output path (:func:`output_path`)."""
+    from ..plan.versions import supported
     if not isinstance(info, dict):
         return line("server_info", worker.name, "fail", "not a JSON object")
     detail = {k: info.get(k) for k in ("version", "tool_call_parser", "reasoning_parser", "disaggregation_mode",
                                       "enable_hierarchical_cache", "hicache_ratio", "hicache_write_policy",
                                       "hicache_storage_backend", "served_model_name")}
     detail = {k: _short(v) for k, v in detail.items()}
+    detail.update(output_path=output_path(info.get("version")), expected_version=expect_version)
     problems = []
-    if info.get("version") != EXPECT_VERSION:
-        problems.append(f"version {_short(info.get('version'))!r}, expected {EXPECT_VERSION}")
+    if expect_version is not None and info.get("version") != expect_version:
+        problems.append(f"version {_short(info.get('version'))!r}, expected {expect_version}")
+    elif expect_version is None and detail["output_path"] is None:
+        problems.append(f"version {_short(info.get('version'))!r}, expected a supported SGLang release ({supported()})")
     for k, want in EXPECT.items():
         if info.get(k) != want:
             problems.append(f"{k} {_short(info.get(k))!r}, expected {want!r}")
@@ -105,6 +122,16 @@ def judge_server_info(info: Any, worker: Worker) -> dict:
     if problems:
         return line("server_info", worker.name, "fail", "; ".join(problems), **detail)
     return line("server_info", worker.name, "pass", summary, **detail)
+
+
+def release_seen(lines: list[dict], expect_version: Optional[str], source: str) -> dict:
+    """Pure: the smoke document's ``sglang`` object: the release expected (None: any supported)
+    and where that came from (``source``), the versions the workers reported (``seen``, in the
+    order first seen) and their output paths."""
+    seen = list(dict.fromkeys(str(x["detail"]["version"]) for x in lines
+                              if x["check"] == "server_info" and x["detail"].get("version") is not None))
+    return {"expected": expect_version, "source": source, "seen": seen,
+            "output_paths": {v: output_path(v) for v in seen}}
 
 
 # --- probes: request bodies (pure) ------------------------------------------------------------
@@ -449,170 +476,225 @@ async def probe_gateway(http: aiohttp.ClientSession, entry: str, timeout: float)
 
 
 async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] = None,
-                    timeout: float = 60.0, api_key: Optional[str] = None) -> tuple[list[dict], bool]:
+                    timeout: float = 60.0, api_key: Optional[str] = None,
+                    expect_version: Optional[str] = None) -> tuple[list[dict], bool]:
     """All smoke lines and whether the entry URL was reachable at all. ``workers``: whose facts
     (health, server_info) to read; [] = the entry's own, or the workers a gateway at the entry
     lists (:func:`workers_for`). ``api_key``: bearer token. ``timeout``: seconds for each probe's
     complete answer (also the no-progress limit); a body over the size limits of :mod:`.classify`
-    fails its line. The entry is unreachable (returned False; the ``models`` line says why) when
-    ``GET /v1/models`` gets no HTTP answer or a broken one. Raises :class:`.driver.ClientSideError`
-    for a failure of this machine (out of file descriptors, DNS), and :class:`.driver.AuthRefused`
-    (one) when ``/v1/models``, or a completion probe before any was taken, is answered HTTP 401 /
-    403 (the API key is missing or wrong: no verdict on the server). A 401 / 403 after a probe was
-    taken fails that probe's line."""
+    fails its line. ``expect_version``: the SGLang release the deployment runs (the release's
+    tree version; every worker must report it), None: any supported release
+    (:func:`judge_server_info`). The entry is unreachable (returned False; the ``models`` line says
+    why) when ``GET /v1/models`` gets no HTTP answer or a broken one. Raises
+    :class:`.driver.ClientSideError` for a failure of this machine (out of file descriptors, DNS),
+    and :class:`.driver.AuthRefused` (one) when ``/v1/models``, or a completion probe before any
+    was taken, is answered HTTP 401 / 403 (the API key is missing or wrong: no verdict on the
+    server). A 401 / 403 after a probe was taken fails that probe's line."""
     from .driver import auth_headers
-    out: list[dict] = []
-    specs = C.tool_specs(TOOLS)
     async with aiohttp.ClientSession(headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(
             total=None, sock_connect=10, sock_read=timeout)) as http:
+        run = SmokeRun(http, entry, timeout, model)
+        workers = await run.router(workers)
+        await run.health(workers)
+        reachable, models_doc = await run.models()
+        infos = await run.server_infos(workers, expect_version)
+        if not reachable:
+            return run.out, False
+        await run.completions()
+        await run.replay(workers)
+        await run.tool_choices()
+        await run.over_limits(infos, models_doc)
+        run.out.append(judge_prompt_tokens(run.samples, entry))
+    return run.out, True
+
+
+def _or_raise_client_side(e: Exception) -> None:
+    """Re-raise a failure of this machine (:class:`.driver.ClientSideError`: the run stops, exit 2);
+    other connection errors become the line's reason."""
+    if isinstance(e, ClientSideError):
+        raise e
+
+
+class SmokeRun:
+    """The I/O of one :func:`run_smoke`: the HTTP session, the entry URL, the lines so far
+    (``out``), the answered probes for ``prompt_tokens`` (``samples``) and whether the server has
+    taken the API key (``accepted``). Each method appends its lines; the judging is the pure
+    ``judge_*`` functions."""
+
+    def __init__(self, http: aiohttp.ClientSession, entry: str, timeout: float, model: Optional[str]):
+        self.http, self.entry, self.timeout, self.model = http, entry, timeout, model
+        self.url = entry + "/v1/chat/completions"
+        self.specs = C.tool_specs(TOOLS)
+        self.out: list[dict] = []
+        self.samples: list[tuple[str, int, C.TurnResult]] = []
+        self.accepted = False
+
+    async def router(self, workers: list[Worker]) -> list[Worker]:
+        """The ``router`` line when the entry is a PD gateway (a given worker it does not list
+        fails it); returns the workers whose facts are read (:func:`workers_for`)."""
         gateway = None
-        if not any(w.url == entry for w in workers):
+        if not any(w.url == self.entry for w in workers):
             try:
-                gateway = await probe_gateway(http, entry, timeout)
-            except ClientSideError:
-                raise          # this machine's failure: the run stops (exit 2)
-            except (ConnectError, BadResponse):
+                gateway = await probe_gateway(self.http, self.entry, self.timeout)
+            except (ConnectError, BadResponse) as e:
+                _or_raise_client_side(e)
                 gateway = None          # the models line says why
         if gateway is not None:
             listed = {w["url"] for w in gateway["workers"]}
             missing = [w.url for w in workers if w.url not in listed]
-            if gateway["workers"] and missing:
-                out.append(line("router", entry, "fail", f"{gateway['summary']}; not behind it: {', '.join(missing)}",
-                                kind=gateway["kind"], workers=gateway["workers"]))
-            else:
-                out.append(line("router", entry, "pass", gateway["summary"], kind=gateway["kind"],
-                                workers=gateway["workers"]))
-        workers = workers_for(entry, workers, gateway)
+            bad = bool(gateway["workers"] and missing)
+            self.out.append(line("router", self.entry, "fail" if bad else "pass",
+                                 f"{gateway['summary']}; not behind it: {', '.join(missing)}" if bad
+                                 else gateway["summary"], kind=gateway["kind"], workers=gateway["workers"]))
+        workers = workers_for(self.entry, workers, gateway)
         if not workers:
-            out.append(line("server_info", entry, "skip", "the gateway lists no workers: give --worker URL or --profile"))
+            self.out.append(line("server_info", self.entry, "skip",
+                                 "the gateway lists no workers: give --worker URL or --profile"))
+        return workers
+
+    async def health(self, workers: list[Worker]) -> None:
+        """One ``health`` line per worker: ``GET /health`` answered 200."""
         for w in workers:
             try:
-                status, _ = await fetch_json(http, w.url + "/health", timeout=timeout)
-                out.append(line("health", w.name, "pass" if status == 200 else "fail",
-                                "200" if status == 200 else f"HTTP {status}", url=w.url))
-            except ClientSideError:
-                raise          # this machine's failure: the run stops (exit 2)
+                status, _ = await fetch_json(self.http, w.url + "/health", timeout=self.timeout)
+                self.out.append(line("health", w.name, "pass" if status == 200 else "fail",
+                                     "200" if status == 200 else f"HTTP {status}", url=w.url))
             except (ConnectError, BadResponse) as e:
-                out.append(line("health", w.name, "fail", str(e), url=w.url))
-        reachable = True
-        models_doc: Any = None
-        infos: list[Any] = []
+                _or_raise_client_side(e)
+                self.out.append(line("health", w.name, "fail", str(e), url=w.url))
+
+    async def models(self) -> tuple[bool, Any]:
+        """The ``models`` line; (reachable, the ``/v1/models`` document when it was 200, else None).
+        The model of the probes becomes the first listed unless one was given."""
         try:
-            status, doc = await fetch_json(http, entry + "/v1/models", timeout=timeout)
-            if status in AUTH_STATUSES:
-                raise AuthRefused(status, entry + "/v1/models", "GET", key_sent(http))
-            models_doc = doc if status == 200 else None
-            data = doc.get("data") if isinstance(doc, dict) else None
-            ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
-                if isinstance(data, list) else []
-            if status == 200 and ids:
-                out.append(line("models", entry, "pass", ", ".join(map(str, ids)), models=ids))
-                model = model or ids[0]
-            else:
-                out.append(line("models", entry, "fail", f"HTTP {status}, no model listed"))
-        except ClientSideError:
-            raise          # this machine's failure: the run stops (exit 2)
-        except ConnectError as e:
-            out.append(line("models", entry, "fail", str(e)))
-            reachable = False
-        except BadResponse as e:
-            out.append(line("models", entry, "fail", str(e)))
+            status, doc = await fetch_json(self.http, self.entry + "/v1/models", timeout=self.timeout)
+        except (ConnectError, BadResponse) as e:
+            _or_raise_client_side(e)
+            self.out.append(line("models", self.entry, "fail", str(e)))
+            return not isinstance(e, ConnectError), None
+        if status in AUTH_STATUSES:
+            raise AuthRefused(status, self.entry + "/v1/models", "GET", key_sent(self.http))
+        data = doc.get("data") if isinstance(doc, dict) else None
+        ids = [m.get("id") for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+            if isinstance(data, list) else []
+        if status == 200 and ids:
+            self.out.append(line("models", self.entry, "pass", ", ".join(map(str, ids)), models=ids))
+            self.model = self.model or ids[0]
+        else:
+            self.out.append(line("models", self.entry, "fail", f"HTTP {status}, no model listed"))
+        return True, doc if status == 200 else None
+
+    async def server_infos(self, workers: list[Worker], expect_version: Optional[str]) -> list[Any]:
+        """One ``server_info`` line per worker (``/server_info``, else ``/get_server_info``;
+        :func:`judge_server_info`); returns the documents read."""
+        infos: list[Any] = []
         for w in workers:
             try:
                 info = None
                 for path in ("/server_info", "/get_server_info"):
-                    status, doc = await fetch_json(http, w.url + path, timeout=timeout)
+                    status, doc = await fetch_json(self.http, w.url + path, timeout=self.timeout)
                     if status == 200:
                         info = doc
                         break
                 if info is None:
-                    out.append(line("server_info", w.name, "skip", f"no /server_info (HTTP {status})"))
+                    self.out.append(line("server_info", w.name, "skip", f"no /server_info (HTTP {status})"))
                 else:
                     infos.append(info)
-                    out.append(judge_server_info(info, w))
-            except ClientSideError:
-                raise          # this machine's failure: the run stops (exit 2)
+                    self.out.append(judge_server_info(info, w, expect_version))
             except (ConnectError, BadResponse) as e:
-                out.append(line("server_info", w.name, "fail", str(e)))
-        if not reachable:
-            return out, False
-        url = entry + "/v1/chat/completions"
-        model = model or "default"
-        samples: list[tuple[str, int, C.TurnResult]] = []
-        accepted = False
+                _or_raise_client_side(e)
+                self.out.append(line("server_info", w.name, "fail", str(e)))
+        return infos
 
-        async def probe(body: dict, stream: bool) -> tuple[C.TurnResult, dict]:
-            # a 401 / 403 before any probe was taken: the client's key is wrong (no verdict)
-            nonlocal accepted
-            res, timing = await run_turn(http, url, body, stream, timeout)
-            if res.http_status in AUTH_STATUSES and not accepted:
-                raise AuthRefused(res.http_status, url, "POST", key_sent(http))
-            accepted = accepted or res.http_status is not None
-            return res, timing
+    async def probe(self, body: dict, stream: bool, sample: Optional[str] = None) -> tuple[C.TurnResult, dict]:
+        """Send one completion probe (kept for ``prompt_tokens`` as ``sample`` when named). A 401 /
+        403 before any probe was taken raises AuthRefused: the client's key is wrong (no verdict)."""
+        res, timing = await run_turn(self.http, self.url, body, stream, self.timeout)
+        if res.http_status in AUTH_STATUSES and not self.accepted:
+            raise AuthRefused(res.http_status, self.url, "POST", key_sent(self.http))
+        self.accepted = self.accepted or res.http_status is not None
+        if sample is not None:
+            self.samples.append((sample, sent_bytes(body), res))
+        return res, timing
+
+    async def completions(self) -> None:
+        """``chat`` (one plain completion, English asked: an answer in another script is drift),
+        ``tool_call`` and ``tool_call_stream`` (one known-answer tool turn, JSON and SSE)."""
+        self.model = model = self.model or "default"
         body = chat_body(model, _rid())
-        res, timing = await probe(body, False)
-        samples.append(("chat", sent_bytes(body), res))
-        v = C.classify(res, requires_tool=False, tools=specs, expected_script="Latin")   # the prompt is English
-        out.append(line("chat", entry, "pass" if v.ok else "fail",
-                        f"{res.finish_reason}, {len(res.content)} chars, {timing['e2e_s']:.2f} s" if v.ok else
-                        f"{v.cls}: {v.reason}", rid=body["rid"]))
+        res, timing = await self.probe(body, False, "chat")
+        v = C.classify(res, requires_tool=False, tools=self.specs, expected_script="Latin")
+        self.out.append(line("chat", self.entry, "pass" if v.ok else "fail",
+                             f"{res.finish_reason}, {len(res.content)} chars, {timing['e2e_s']:.2f} s" if v.ok else
+                             f"{v.cls}: {v.reason}", rid=body["rid"]))
         for name, stream in (("tool_call", False), ("tool_call_stream", True)):
             s = Session(sid=0, turns=2, stream=stream, known_share=1.0, probe_share=0.0)
             rid = _rid()
             body = s.request(model, rid)
             if stream:
                 body["stream_options"] = {"include_usage": True}
-            res, timing = await probe(body, stream)
-            samples.append((name, sent_bytes(body), res))
+            res, _ = await self.probe(body, stream, name)
             spec = s.spec()         # a known answer: the calls the instruction states
-            v = E.judge(res, requires_tool=True, tools=specs, expected=spec.expected_calls, tool_choice=spec.tool_choice)
-            ok = v.ok and res.finish_reason == "tool_calls"
-            reason = (f"{res.tool_calls[0].name}({clip(res.tool_calls[0].arguments, 60)}), finish_reason tool_calls"
-                      if ok else (f"{v.cls}: {v.reason}" if not v.ok else
-                                  f"finish_reason {res.finish_reason!r}, expected 'tool_calls'"))
-            out.append(line(name, entry, "pass" if ok else "fail", reason, rid=rid))
-        # replay: one known-answer request three times: computed, then again with its prompt in the
-        # prefix cache (the GPU radix cache, or HiCache's host tier restoring it), then after
-        # /flush_cache on every worker (computed afresh): the calls must be the same each time
+            v = E.judge(res, requires_tool=True, tools=self.specs, expected=spec.expected_calls,
+                        tool_choice=spec.tool_choice)
+            self.out.append(judge_tool_call(name, res, v, self.entry, rid))
+
+    async def replay(self, workers: list[Worker]) -> None:
+        """``replay``: one known-answer request computed, again with its prompt in the prefix cache
+        (the GPU radix cache, or HiCache's host tier restoring it), then after ``/flush_cache`` on
+        every worker (computed afresh): the calls must be the same each time."""
         s = Session(sid=1, turns=2, stream=False, known_share=1.0, probe_share=0.0)
-        first = s.request(model, _rid())
-        r1, _ = await probe(first, False)
-        r2, _ = await probe(dict(first, rid=_rid()), False)
-        flush_why = await flush_workers(http, [w.url for w in workers])
-        r3 = (await probe(dict(first, rid=_rid()), False))[0] if flush_why is None else None
-        out.append(judge_replay(r1, r2, r3, entry, flush_why, rid=first["rid"]))
+        first = s.request(self.model, _rid())
+        r1, _ = await self.probe(first, False)
+        r2, _ = await self.probe(dict(first, rid=_rid()), False)
+        flush_why = await flush_workers(self.http, [w.url for w in workers])
+        r3 = (await self.probe(dict(first, rid=_rid()), False))[0] if flush_why is None else None
+        self.out.append(judge_replay(r1, r2, r3, self.entry, flush_why, rid=first["rid"]))
+
+    async def tool_choices(self) -> None:
+        """``tool_choice_none``, ``tool_choice_required``, ``tool_choice_named``."""
         for kind in ("none", "required", "named"):
-            body = tool_choice_body(kind, model, _rid())
-            res, _ = await probe(body, False)
-            samples.append((f"tool_choice_{kind}", sent_bytes(body), res))
+            body = tool_choice_body(kind, self.model, _rid())
+            res, _ = await self.probe(body, False, f"tool_choice_{kind}")
             if kind == "none":
-                ln = judge_tool_choice_none(res, entry, specs)
+                ln = judge_tool_choice_none(res, self.entry, self.specs)
             elif kind == "required":
-                ln = judge_tool_choice_required(res, entry, specs)
+                ln = judge_tool_choice_required(res, self.entry, self.specs)
             else:
-                ln = judge_tool_choice_named(res, entry, specs, NAMED_PROBE_TOOL)
+                ln = judge_tool_choice_named(res, self.entry, self.specs, NAMED_PROBE_TOOL)
             ln["detail"]["rid"] = body["rid"]
-            out.append(ln)
+            self.out.append(ln)
+
+    async def over_limits(self, infos: list[Any], models_doc: Any) -> None:
+        """``over_length`` (over the context length) and ``over_pool`` (between the KV pool's limit
+        and the context length): each prompt must get a 4xx, or the line says why it was skipped."""
         ctx, source = context_length(infos, models_doc)
-        skipped = over_length_skip(ctx, source, entry)
+        skipped = over_length_skip(ctx, source, self.entry)
         if skipped is not None:
-            out.append(skipped)
+            self.out.append(skipped)
         else:
-            body = over_length_body(model, _rid(), ctx)
-            chars = len(body["messages"][0]["content"])
-            res, _ = await probe(body, False)
-            ln = judge_over_length(res, entry, ctx, source, chars)
+            body = over_length_body(self.model, _rid(), ctx)
+            res, _ = await self.probe(body, False)
+            ln = judge_over_length(res, self.entry, ctx, source, len(body["messages"][0]["content"]))
             ln["detail"]["rid"] = body["rid"]
-            out.append(ln)
+            self.out.append(ln)
         limit = pool_limit(infos)
-        tokens, skipped = over_pool_tokens(limit, ctx, entry)
+        tokens, skipped = over_pool_tokens(limit, ctx, self.entry)
         if skipped is not None:
-            out.append(skipped)
+            self.out.append(skipped)
         else:
-            body = over_pool_body(model, _rid(), tokens)
-            res, _ = await probe(body, False)
-            ln = judge_over_pool(res, entry, limit, ctx, tokens)
+            body = over_pool_body(self.model, _rid(), tokens)
+            res, _ = await self.probe(body, False)
+            ln = judge_over_pool(res, self.entry, limit, ctx, tokens)
             ln["detail"]["rid"] = body["rid"]
-            out.append(ln)
-        out.append(judge_prompt_tokens(samples, entry))
-    return out, True
+            self.out.append(ln)
+
+
+def judge_tool_call(name: str, res: C.TurnResult, v: C.Verdict, target: str, rid: str) -> dict:
+    """``tool_call`` / ``tool_call_stream``: the known-answer verdict ``v`` is ok and
+    ``finish_reason`` is ``tool_calls``."""
+    ok = v.ok and res.finish_reason == "tool_calls"
+    reason = (f"{res.tool_calls[0].name}({clip(res.tool_calls[0].arguments, 60)}), finish_reason tool_calls"
+              if ok else (f"{v.cls}: {v.reason}" if not v.ok else
+                          f"finish_reason {res.finish_reason!r}, expected 'tool_calls'"))
+    return line(name, target, "pass" if ok else "fail", reason, rid=rid)

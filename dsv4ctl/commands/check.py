@@ -5,8 +5,9 @@ aiohttp, rich and jsonschema are imported inside the commands."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import typer
 
@@ -129,6 +130,29 @@ def _connect_error(message: str, what: str) -> DsvError:
     return DsvError(f"{what}: " + printable(message).replace("\n", " "), exit_code=EXIT_USAGE)
 
 
+def smoke_release(dep, expect_version: Optional[str]) -> tuple[Optional[str], str]:
+    """(the SGLang release every worker must report, where that comes from): ``--expect-version``
+    (checked: a supported release, ``v0.5.22`` is 0.5.22), else the profile's release (its tree's
+    own version, else ``sglang.version``: :func:`dsv4ctl.plan.sglang_version.resolve_version`),
+    else None: any supported release passes. InputError (exit 2) for an unsupported one."""
+    if expect_version is not None:
+        from ..plan.versions import rules_for
+        return rules_for(expect_version, "--expect-version").version, "--expect-version"
+    if dep is None:
+        return None, "any supported release (no profile, no --expect-version)"
+    from ..plan.sglang_version import resolve_version
+    choice = resolve_version(dep)
+    return choice.version, choice.source
+
+
+def release_line(rel: dict) -> str:
+    """The smoke output's release line: the SGLang versions the workers reported with their output
+    paths, and the release expected (and where that came from)."""
+    seen = ", ".join(f"{v} ({rel['output_paths'].get(v) or 'unsupported'} output path)" for v in rel["seen"]) or "none reported"
+    want = f"{rel['expected']} ({rel['source']})" if rel["expected"] else rel["source"]
+    return printable(f"SGLang seen: {seen}; expected: {want}")
+
+
 @check_app.command("smoke")
 def smoke(
     url: Optional[str] = typer.Argument(None, help="Server or router URL (http://host:port)."),
@@ -139,6 +163,8 @@ def smoke(
     timeout: float = duration_option(60.0, "--timeout", help="How long each probe may take for its complete answer (and without progress) before it fails (60, 90s, 5m; at most 1d)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DSV4CTL_API_KEY", show_default=False,
                                           help="Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --profile else the serve config's api-key); never printed."),
+    expect_version: Optional[str] = typer.Option(None, "--expect-version", metavar="VERSION",
+                                                 help="The SGLang release every worker must report (0.5.18-0.5.23; default with --profile: the version of the profile's tree, else its sglang.version; with a URL: any supported release, the one seen is reported)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.check.smoke/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
@@ -154,7 +180,7 @@ def smoke(
     refused (HTTP 401/403)."""
     import asyncio
 
-    from ..check.smoke import Worker, run_smoke
+    from ..check.smoke import Worker, release_seen, run_smoke
     from ..check.targets import normalize_url
 
     if (url is None) == (profile is None):
@@ -172,17 +198,19 @@ def smoke(
     else:
         entry = normalize_url(url)
         workers = [Worker(name=u, url=u) for u in dict.fromkeys(normalize_url(w) for w in worker or [])]
+    expect, source = smoke_release(dep, expect_version)
     secrets = check_secrets(api_key, dep)
     from ..check.driver import ConnectError
     try:
-        lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key))
+        lines, reachable = asyncio.run(run_smoke(entry, workers, model=model, timeout=timeout, api_key=api_key,
+                                                 expect_version=expect))
     except ConnectError as e:       # this machine failed (descriptors, DNS, the API key): no verdict
         raise _connect_error(masked(str(e), secrets), "check smoke") from None
     except KeyboardInterrupt:
         raise DsvError("interrupted", exit_code=EXIT_INTERRUPTED) from None
     lines = masked(lines, secrets)
     doc = {"schema": "dsv4ctl.check.smoke/1", "entry": entry, "pass": all(x["status"] != "fail" for x in lines),
-           "checks": lines}
+           "sglang": release_seen(lines, expect, source), "checks": lines}
     headers = ["check", "target", "status", "reason"]
     rows = [[printable(str(c)) for c in (x["check"], x["target"], x["status"], x["reason"])] for x in lines]
     if as_json:
@@ -190,6 +218,7 @@ def smoke(
     elif markdown:
         print(f"## dsv4ctl check smoke: {entry}\n")
         print(markdown_table(headers, rows))
+        print(f"\n{release_line(doc['sglang'])}")
     else:
         con = console()
         t = rich_table(f"dsv4ctl check smoke: {entry}", headers, [])
@@ -197,6 +226,7 @@ def smoke(
             style = {"pass": "green", "fail": "bold red", "skip": "yellow"}[r[2]]
             t.add_row(r[0], r[1], f"[{style}]{r[2]}[/]", r[3])
         con.print(t)
+        print(release_line(doc["sglang"]))
     if not reachable:
         why = next((x["reason"] for x in lines if x["check"] == "models" and x["status"] == "fail"), f"{entry} unreachable")
         raise DsvError(f"check smoke: {why}", exit_code=EXIT_USAGE)
@@ -244,87 +274,34 @@ def load(
     Exit 0 gate passed, 1 gate failed or the server crashed, 2 usage or connection error, or the
     API key refused (HTTP 401/403 before the server took it)."""
     import asyncio
-
-    from ..check import report as R
-    from ..check.targets import normalize_url
-
-    if as_json + markdown + csv > 1:
-        raise InputError("check load: --json, --markdown and --csv exclude each other")
-    sources = sum(x is not None for x in (url, profile, compare))
-    if sources != 1:
-        raise InputError("check load: give exactly one of URL, --profile, --compare URL_A URL_B")
-    from ..profile.deployment import CheckSettings
-
-    defaults = CheckSettings()
-    metric_urls: Optional[list[str]] = None
-    gateway_scope: Optional[str] = None
-    if profile:
-        prof, t = _profile_targets(profile)
-        defaults = prof.check
-        api_key = _profile_key(prof, api_key)
-        urls = [t.entry]
-        metric_urls = [w.url for w in t.workers]
-        if gateway_metrics is None and metrics:
-            gateway_metrics = t.gateway_metrics
-            gateway_scope = t.gateway_scope()
-    elif compare:
-        urls = [normalize_url(compare[0]), normalize_url(compare[1])]
-        if urls[0] == urls[1]:
-            raise InputError("--compare needs two different URLs")
-    else:
-        urls = [normalize_url(url)]
-    levels = _parse_levels(concurrency if concurrency is not None else defaults.concurrency_arg)
-    turns = turns if turns is not None else defaults.turns
-    max_c = max_corruption if max_corruption is not None else defaults.max_corruption
-    stall = stall_timeout if stall_timeout is not None else defaults.stall_timeout_s
-    from .options import fraction, integer
-    integer(turns, "--turns", 1, MAX_TURNS)
-    fraction(max_c, "--max-corruption")
-    _duration(stall, "--stall-timeout")
-    _duration(turn_timeout, "--turn-timeout")
-    if max_duration is not None:
-        _duration(max_duration, "--max-duration")
-    check_api_key(api_key)
-    if stream not in ("on", "off", "mixed"):
-        raise InputError(f"--stream {stream!r}: expected on, off or mixed")
-    integer(answer_words, "--answer-words", 1, MAX_ANSWER_WORDS)
-    if gateway_metrics is not None:
-        gateway_metrics = normalize_url(gateway_metrics)
-    if min_requests is None:
-        min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
-    else:
-        integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
-    secrets = check_secrets(api_key, prof if profile else None)
-    # SIGTERM/SIGHUP before the load's own handlers are in place (opening --records, the first
-    # connections) are an interrupt too, never a silent death (exit -15 with no message)
-    from ..signals import terminate_as_interrupt
-    terminate_as_interrupt()
-    rec_file = None
-    if records is not None:
-        rec_file = _open_records(records)
-    if turns_csv is not None:
-        from ..report.csvout import TurnsCsvWriter
-        rec_file = TurnsCsvWriter(_open_records(turns_csv), also=rec_file)
-    if verbose:
-        rec_file = TurnLines(rec_file)
-    if rec_file is not None:        # records are masked as logs are: the key, echoed headers
-        rec_file = MaskedRecords(rec_file, secrets)
-    settings = {"urls": urls, "concurrency": levels, "turns": turns, "min_requests": min_requests, "stream": stream,
-                "stall_timeout_s": stall, "turn_timeout_s": turn_timeout, "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
-                "gateway_metrics": gateway_metrics, "gateway_scope": gateway_scope, "max_duration_s": max_duration}
     import sys
 
     from ..check.driver import BadResponse, ConnectError, ensure_fd_limit
     from ..check.load import run_load
+
+    if as_json + markdown + csv > 1:
+        raise InputError("check load: --json, --markdown and --csv exclude each other")
+    a = _load_args(url, profile, compare, concurrency, turns, min_requests, max_corruption, stall_timeout,
+                   turn_timeout, max_duration, stream, answer_words, metrics, gateway_metrics, api_key)
+    secrets = check_secrets(a.api_key, a.dep)
+    # SIGTERM/SIGHUP before the load's own handlers are in place (opening --records, the first
+    # connections) are an interrupt too, never a silent death (exit -15 with no message)
+    from ..signals import terminate_as_interrupt
+    terminate_as_interrupt()
+    rec_file = _record_sinks(records, turns_csv, verbose, secrets)
+    settings = {"urls": a.urls, "concurrency": a.levels, "turns": a.turns, "min_requests": a.min_requests,
+                "stream": stream, "stall_timeout_s": a.stall, "turn_timeout_s": turn_timeout,
+                "answer_words": answer_words, "thinking": thinking, "records": str(records) if records else None,
+                "gateway_metrics": a.gateway_metrics, "gateway_scope": a.gateway_scope, "max_duration_s": max_duration}
     try:
-        ensure_fd_limit(max(levels))
+        ensure_fd_limit(max(a.levels))
     except ValueError as e:
         raise InputError(f"check load: {e}") from None
     try:
-        doc = asyncio.run(run_load(urls, levels, turns, min_requests, stream, stall, answer_words, max_c, model,
-                                   metrics, metric_urls, rec_file,
+        doc = asyncio.run(run_load(a.urls, a.levels, a.turns, a.min_requests, stream, a.stall, answer_words, a.max_c,
+                                   model, metrics, a.metric_urls, rec_file,
                                    _Progress if progress and not quiet and sys.stderr.isatty() else None, settings,
-                                   api_key, turn_timeout, thinking, gateway_metrics, max_duration))
+                                   a.api_key, turn_timeout, thinking, a.gateway_metrics, max_duration))
     except (ConnectError, BadResponse) as e:
         raise _connect_error(masked(str(e), secrets), "check load") from None
     except KeyboardInterrupt:
@@ -348,11 +325,103 @@ def load(
         print(_verdict_line(doc))
     else:
         _print_load(doc, as_json, markdown)
+    _load_gate(doc, a.max_c, records)
+
+
+@dataclass
+class _LoadArgs:
+    """``check load``'s resolved source and gate: the URLs, the profile's Deployment (None without
+    ``--profile``), its /metrics and gateway URLs, and each option with the profile's (else the
+    built-in) default filled in and checked."""
+
+    urls: list[str]
+    dep: Any
+    metric_urls: Optional[list[str]]
+    gateway_metrics: Optional[str]
+    gateway_scope: Optional[str]
+    levels: list[int]
+    turns: int
+    max_c: float
+    stall: float
+    min_requests: int
+    api_key: Optional[str]
+
+
+def _load_args(url, profile, compare, concurrency, turns, min_requests, max_corruption, stall_timeout, turn_timeout,
+               max_duration, stream, answer_words, metrics, gateway_metrics, api_key) -> _LoadArgs:
+    """Exactly one source (URL, --profile, --compare), its defaults, every option checked
+    (InputError, exit 2)."""
+    from ..check import report as R
+    from ..check.targets import normalize_url
+    from ..profile.deployment import CheckSettings
+    from .options import fraction, integer
+    sources = sum(x is not None for x in (url, profile, compare))
+    if sources != 1:
+        raise InputError("check load: give exactly one of URL, --profile, --compare URL_A URL_B")
+    defaults, dep, metric_urls, gateway_scope = CheckSettings(), None, None, None
+    if profile:
+        dep, t = _profile_targets(profile)
+        defaults = dep.check
+        api_key = _profile_key(dep, api_key)
+        urls = [t.entry]
+        metric_urls = [w.url for w in t.workers]
+        if gateway_metrics is None and metrics:
+            gateway_metrics = t.gateway_metrics
+            gateway_scope = t.gateway_scope()
+    elif compare:
+        urls = [normalize_url(compare[0]), normalize_url(compare[1])]
+        if urls[0] == urls[1]:
+            raise InputError("--compare needs two different URLs")
+    else:
+        urls = [normalize_url(url)]
+    levels = _parse_levels(concurrency if concurrency is not None else defaults.concurrency_arg)
+    turns = turns if turns is not None else defaults.turns
+    max_c = max_corruption if max_corruption is not None else defaults.max_corruption
+    stall = stall_timeout if stall_timeout is not None else defaults.stall_timeout_s
+    integer(turns, "--turns", 1, MAX_TURNS)
+    fraction(max_c, "--max-corruption")
+    _duration(stall, "--stall-timeout")
+    _duration(turn_timeout, "--turn-timeout")
+    if max_duration is not None:
+        _duration(max_duration, "--max-duration")
+    check_api_key(api_key)
+    if stream not in ("on", "off", "mixed"):
+        raise InputError(f"--stream {stream!r}: expected on, off or mixed")
+    integer(answer_words, "--answer-words", 1, MAX_ANSWER_WORDS)
+    if gateway_metrics is not None:
+        gateway_metrics = normalize_url(gateway_metrics)
+    if min_requests is None:
+        min_requests = R.min_requests_for_gate(max_c) if max_c > 0 else 0
+    else:
+        integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
+    return _LoadArgs(urls, dep, metric_urls, gateway_metrics, gateway_scope, levels, turns, max_c, stall,
+                     min_requests, api_key)
+
+
+def _record_sinks(records: Optional[Path], turns_csv: Optional[Path], verbose: bool, secrets: set[str]):
+    """The per-turn sink: --records (JSONL), --turns-csv, -v's stderr lines, chained and masked
+    (records are masked as logs are: the key, echoed headers); None when nothing wants them."""
+    rec_file = None
+    if records is not None:
+        rec_file = _open_records(records)
+    if turns_csv is not None:
+        from ..report.csvout import TurnsCsvWriter
+        rec_file = TurnsCsvWriter(_open_records(turns_csv), also=rec_file)
+    if verbose:
+        rec_file = TurnLines(rec_file)
+    if rec_file is not None:
+        rec_file = MaskedRecords(rec_file, secrets)
+    return rec_file
+
+
+def _load_gate(doc: dict, max_c: float, records: Optional[Path]) -> None:
+    """GateFailed (exit 1) for a crashed or failed load document, naming the level and why."""
+    from ..check import report as R
     if doc.get("crash"):
         c = doc["crash"]
         raise GateFailed(f"check load: crashed at concurrency {c['concurrency']} ({c['url']}): {c['reason']}"
-                           + (f"; levels not run: {', '.join(map(str, doc['not_run']))}" if doc["not_run"] else "")
-                           + (f"; records in {records}" if records else ""))
+                         + (f"; levels not run: {', '.join(map(str, doc['not_run']))}" if doc["not_run"] else "")
+                         + (f"; records in {records}" if records else ""))
     if not doc["pass"]:
         bad = [lv for lv in doc["levels"] if not lv["pass"]][0]
         raise GateFailed(

@@ -9,7 +9,13 @@ CLI (stable; the release launcher starts it)::
 
     python -m tests.standin.server --config serve.yaml [--port N] [--host H]
         [--seed S] [--ttft-ms 20] [--itl-ms 2] [--stuck-rate 0.0] [--corruption-scale 1.0]
-        [--fault KIND ...]
+        [--fault KIND ...] [--sglang-version 0.5.23]
+
+``--sglang-version V`` (0.5.18-0.5.23, default 0.5.23) is the release ``/server_info`` reports, so
+a check can be run against a server of each supported release. Only the report changes: the output
+path stays SGLang 0.5.23's deepseek-recipe parser (0.5.18-0.5.22 parse with ``FunctionCallParser``
+and the regex ``DeepSeekV4Detector``, whose module imports pydantic, openai and
+partial_json_parser, which the test environment does not install).
 
 The serve config is a real SGLang ``--config`` YAML (dashed keys, read like SGLang: CLI flags win).
 Keys it honours: ``served-model-name``/``model-path``, ``host``, ``port``, ``tool-call-parser``
@@ -77,6 +83,7 @@ from . import model, multinode
 from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
+VERSIONS = ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")   # what --sglang-version may report
 SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500", "replay_differs")
 SEEN_MAX = 4096                      # requests kept for GET /_standin/requests
 DEFAULT_BOOTSTRAP_PORT = 8998        # SGLang 0.5.23 server_args: disaggregation_bootstrap_port
@@ -160,8 +167,9 @@ class StandIn:
 
     def __init__(self, args: dict[str, Any], *, seed: int = 0, ttft_ms: float = 20.0, itl_ms: float = 2.0,
                  stuck_rate: float = 0.0, corruption_scale: float = 1.0, launch_command: str = "",
-                 faults: tuple[str, ...] = ()):
+                 faults: tuple[str, ...] = (), version: str = VERSION):
         self.args = args
+        self.version = version          # the SGLang release /server_info reports
         self.served = served_path()
         self.faults = tuple(f for f in faults if f in model.KINDS)
         self.server_faults = frozenset(f for f in faults if f not in model.KINDS)
@@ -360,7 +368,7 @@ def make_app(state: StandIn) -> web.Application:
         return await models(request)
 
     async def server_info(request: web.Request) -> web.Response:
-        return web.json_response({**{k: v for k, v in a.items() if k != "api_key"}, "version": VERSION, "launch_command": state.launch_command,
+        return web.json_response({**{k: v for k, v in a.items() if k != "api_key"}, "version": state.version, "launch_command": state.launch_command,
                                   "frontend": "standin", "startup_time": state.started,
                                   "max_total_num_tokens": state.pool_tokens, "max_req_input_len": state.max_req_input_len,
                                   "internal_states": [{**{k: a[k] for k in ("tp_size", "dp_size", "page_size")},
@@ -614,6 +622,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="print --fault-log at chat request N+1 and hold every chat from then on")
     ap.add_argument("--fault-log", default=None, help="text file written to stdout when a fault fires")
     ap.add_argument("--fault-needs-hicache", action="store_true", help="arm the faults only with HiCache on")
+    ap.add_argument("--sglang-version", default=VERSION, choices=VERSIONS,
+                    help="the SGLang release /server_info reports (the output path stays 0.5.23's)")
     multinode.add_args(ap)
     ns = ap.parse_args(argv)
     if ns.node_rank > 0:                 # SGLang's node 1..N-1: no HTTP, lives while node 0 does
@@ -649,7 +659,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     async def run() -> None:
         state = StandIn(args, seed=ns.seed, ttft_ms=ns.ttft_ms, itl_ms=ns.itl_ms, stuck_rate=ns.stuck_rate,
-                        corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault))
+                        corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault),
+                        version=ns.sglang_version)
         if armed:
             state.crash_after, state.stall_after, state.fault_log = ns.crash_after, ns.stall_after, fault_log
         await multinode.Node0(ns.nnodes, ns.dist_init_addr, on_lost=lambda: setattr(state, "stalled", True)).join()
