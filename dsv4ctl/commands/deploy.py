@@ -231,8 +231,10 @@ def deploy(
 
     Exit 0 deployed · 1 rolled back (names host, group, last log lines; with --promote: the
     failing check, evidence kept), the preflight plan failed, or the release is recorded as failed
-    · 2 bad input (or a preflight lint error) · 3 SSH/lock/push failure (no host switched) · 130
-    interrupted (hosts rolled back)."""
+    · 2 bad input (or a preflight lint error) · 3 SSH/lock/push failure (no host switched), or a
+    host lost during the switch, gate or close (the release not marked failed; the message names
+    where each host is, the locks left and the command that finishes the job) · 130 interrupted
+    (hosts rolled back)."""
     from ..deploy import engine
     check_health_timeout(health_timeout)
     po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests)
@@ -351,7 +353,9 @@ def rollback(
     every host and was never marked failed (printed with why it was chosen).
 
     Exit 0 ok · 1 the release is recorded as failed (--force-failed) · 2 no such release on every
-    host · 3 SSH/lock failure or the gate failed (hosts put back) · 130 interrupted (hosts put back)."""
+    host · 3 SSH/lock failure, the gate failed (hosts put back), or a host lost (the target not
+    marked failed; where each host is, the locks left, the command that finishes the job) · 130
+    interrupted (hosts put back)."""
     from ..deploy import engine
     check_health_timeout(health_timeout)
     p = _profile(profile)
