@@ -597,8 +597,13 @@ def test_bad_release_rolls_back_to_the_last_good_release(live):
     assert w.currents() == {h: o["a"] for h in w.roots} and o["a"] != o["b"]
     for h in w.roots:
         acts = [a["action"] for a in w.audit(h)]
-        assert acts[-2:] == ["rollback", "runbook-bad-release"], acts
+        assert acts[-3:] == ["mark-failed", "rollback", "runbook-bad-release"], acts
         assert w.state(h)["releases"][o["a"]]["state"] == "good"
+        # the release rolled away from is marked failed, with the evidence (here: the operator's run)
+        b = w.state(h)["releases"][o["b"]]
+        assert (b["state"], b["failed_check"], b["failure"]) == ("failed", "runbook bad-release",
+                                                                 "the operator ran the runbook"), b
+    assert res["mark"]["rollback_to"] == o["a"] and res["mark"]["release"] == o["b"]
 
 
 def test_live_scenarios_wall_time(live):

@@ -93,6 +93,14 @@ def test_release_label_follows_deploy_rollback_and_auto_mitigation(live_cluster,
         # while the lock was held (up to a release read, 5 s, after its release) it was said once
         assert sum(1 for e in _events(log) if e.get("outcome") == "skipped_lock") == 1
         assert all(w.current(h) == good for h in w.roots)
+        # the release rolled away from is marked failed with the evidence (a plain deploy refuses it)
+        for h in w.roots:
+            rec = w.state(h)["releases"][bad]
+            assert rec["state"] == "failed" and rec["failed_check"] == "runbook bad-release", rec
+            assert rec["failure"].startswith("watch --on-alert corruption: ") and \
+                f"a 100% of probes corrupted (release {bad}, " in rec["failure"], rec["failure"]
+            assert [x["action"] for x in w.audit(h)][-4:] == ["mark-failed", "rollback", "runbook-bad-release",
+                                                              "watch-on-alert"]
         assert wait_for(lambda: {(e["target"], e["release"]) for e in _events(log) if e["event"] == "release"} >=
                         {("a", good), ("b", good)} and _release_series(addr, mport) ==
                         {("a", good, "good"), ("b", good, "good")}, timeout=60), _release_series(addr, mport)
@@ -112,6 +120,83 @@ def test_release_label_follows_deploy_rollback_and_auto_mitigation(live_cluster,
         if watcher is not None and watcher.poll() is None:
             os.killpg(watcher.pid, signal.SIGKILL)
             watcher.wait()
+        w.stop_services()
+
+
+@pytest.mark.sshd
+def test_a_fix_deployed_over_a_corrupting_release_is_never_rolled_back_and_no_good_release_changes_nothing(
+        live_cluster, tmp_path, monkeypatch):
+    """Issue 41. A (healthy, never promoted), then B (corrupting): ``bad-release`` finds no release
+    marked good and stops (exit 1), changing nothing on any host. Then the exact race: watch has
+    counted B's corrupted probes (real probes) and last read B with the lock free; the operator
+    deploys the fix C; the evaluation right after must not act (the read under the deploy lock
+    sees C), where the old watch ran bad-release and its rollback put every host back on B."""
+    import asyncio
+
+    from dsv4ctl.check.driver import make_client
+    from dsv4ctl.profile.deployment import load_deployment
+    from dsv4ctl.watch.run import Watcher, WatchOptions
+    w = PromoteWorld(live_cluster, tmp_path, check={"concurrency": 4, "max_corruption": 0.01, "turns": 1,
+                                                    "stall_timeout_s": 20})
+    try:
+        r = _cli(w, "deploy", str(w.profile), "--json")
+        assert r.code == 0, r.err
+        a = r.json()["release"]
+        _corrupting(w, True)
+        r = _cli(w, "deploy", str(w.profile), "--json")
+        assert r.code == 0, r.err
+        b = r.json()["release"]
+        before = {h: (w.state(h), w.audit(h)) for h in w.roots}
+        r = _cli(w, "runbook", "run", "bad-release", "-p", str(w.profile), "--yes", "--release", b,
+                 "--report-dir", str(tmp_path / "rep"))
+        assert r.code == 1, r.out + r.err
+        assert r.err.startswith(f"dsv4ctl: failed: runbook bad-release stopped at mark: no release built before the "
+                                f"active {b} is marked good (passed its promotion gate"), r.err
+        assert f"{b} stays active and is not marked" in r.err and r.err.count("\n") == 1
+        assert w.currents() == {h: b for h in w.roots}
+        assert {h: (w.state(h), w.audit(h)) for h in w.roots} == before        # no state, no audit line
+        assert a != b
+
+        for k, v in w.env().items():
+            monkeypatch.setenv(k, v)
+        events: list = []
+        watcher = Watcher(load_deployment(w.profile), WatchOptions(
+            alert_window=120, on_alert={"corruption": "bad-release"}, auto=True, profile_arg=str(w.profile),
+            emit=events.append))
+
+        async def count_b() -> None:
+            watcher.read_releases()
+            http = make_client(4, 20)
+            try:
+                for _ in range(10):
+                    await asyncio.gather(*(watcher.probe(http, t) for t in watcher.targets if t.probe))
+            finally:
+                await http.close()
+        asyncio.run(count_b())
+        assert watcher.locks == {h: None for h in w.roots}
+        assert "release b, 10 probes" in watcher.conditions()["corruption"].replace(b, "b")
+
+        _corrupting(w, False)
+        w.extra = {"log-level": "info"}
+        w.hicache(False)
+        r = _cli(w, "deploy", str(w.profile), "--json")
+        assert r.code == 0, r.err
+        c = r.json()["release"]
+        assert c not in (a, b)
+
+        async def evaluate() -> None:
+            await watcher.evaluate()
+            await asyncio.gather(*watcher._action_tasks)
+        asyncio.run(evaluate())
+        acts = [e for e in events if e["event"] == "alert_action"]
+        assert [e["outcome"] for e in acts] == ["skipped_stale"], acts
+        assert acts[0]["detail"] == (f"the evidence is about release {b}; the hosts run "
+                                     + ", ".join(f"{h}: {c}" for h in sorted(w.roots)) + " now")
+        assert w.currents() == {h: c for h in w.roots}
+        assert all(w.state(h)["releases"][c]["state"] == "active" for h in w.roots)
+        assert {watcher.release[t.name][0] for t in watcher.targets} == {c}     # the labels follow the read
+        assert "corruption" not in watcher.conditions()
+    finally:
         w.stop_services()
 
 
