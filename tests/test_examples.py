@@ -52,6 +52,7 @@ ON_SSHD: list[str] = [
 #: Rules for examples that are not run, first match wins: (regex on the command, why).
 NOT_RUN: list[tuple[str, str]] = [
     (r"^python3 -m venv", "the set-up line itself (tests/test_install.py builds and installs the wheel)"),
+    (r"^dsv4ctl profile import srt-slurm\b", "an srt-slurm recipe file (tests/test_profile_import.py imports hand-written ones)"),
     (r"^dsv4ctl facts\b", "nvidia-smi over SSH on the profile's hosts (tests/test_facts_write.py on sshd hosts)"),
     (r"^dsv4ctl patch (status|apply|revert|export)\b.*~/src/sglang", "an SGLang git checkout (tests/test_patch_tree.py)"),
     (r"^dsv4ctl config lint --tree ~/src/sglang", "an SGLang git checkout (tests/test_treegate.py)"),

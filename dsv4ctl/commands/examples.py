@@ -59,6 +59,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "profile show": ("dsv4ctl profile show dsv4-flash-8xb200-pd",),
     "profile init": ("dsv4ctl profile init profiles/my.yaml",
                      "dsv4ctl profile init --from dsv4-flash-8xb200-pd ~/dsv4/prod.yaml"),
+    "profile import srt-slurm": ("dsv4ctl profile import srt-slurm disagg-1p1d-dep4-dep8.yaml --out dsv4/b300.yaml",
+                                 "dsv4ctl profile import srt-slurm recipe.yaml --model deepseek-v4-pro --dry-run --json"),
     "schema": ("dsv4ctl schema profile > profile.schema.json",
                "dsv4ctl schema              # list the schemas"),
     "completion": ("dsv4ctl completion bash > ~/.local/share/bash-completion/completions/dsv4ctl",

@@ -1,5 +1,6 @@
-"""``dsv4ctl profile list|show|init``: the shipped profiles, and a starting profile of your own
-(written outside the installation, so commands that edit serve configs can edit it)."""
+"""``dsv4ctl profile list|show|init|import``: the shipped profiles, a starting profile of your own
+(written outside the installation, so commands that edit serve configs can edit it), and a profile
+imported from an NVIDIA srt-slurm SGLang recipe."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Optional
 
 import typer
 
-profile_app = typer.Typer(help="Shipped profiles: list, show, and init (a starting profile of your own).",
+profile_app = typer.Typer(help="Shipped profiles: list, show, init (a starting profile of your own), import (from srt-slurm).",
                           no_args_is_help=True)
 
 SCHEMA_LINE = "# yaml-language-server: $schema="
@@ -146,18 +147,10 @@ def _utf8(path: str) -> None:
                          "in UTF-8 text: choose a UTF-8 path")
 
 
-@profile_app.command("init")
-def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile file (.yaml); its serve configs go to PATH's folder/<stem>/."),
-         from_: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd)."),
-         force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
-         dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing."),
-         as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.profile-init/1 JSON document (the profile, the files, the next command).")) -> None:
-    """Write a commented starting profile and its serve configs (outside the installation, so
-    hicache on/off and deploy can use and edit them). Exit 2 when a file exists (without
-    --force), PATH is inside the installation or is not valid UTF-8."""
+def profile_dest(path: str) -> Path:
+    """The profile file PATH names (``prod`` -> ``prod.yaml``); InputError (exit 2) when it is not
+    valid UTF-8, does not end in .yaml/.yml or its stem is no profile name."""
     from ..errors import InputError
-    from ..profile.model import load_profile
-    from ..resources import is_shipped
     dest = Path(path).expanduser()
     _utf8(str(dest))
     if dest.suffix == "" and dest.name not in ("", ".", ".."):
@@ -168,7 +161,14 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         # the stem becomes the profile's name and its serve-config folder (profile schema: name)
         raise InputError(f"{_shown(path)}: the file name before .yaml becomes the profile's name: use letters, "
                          "digits, '.', '_' and '-' only")
-    files = starting_profile(_source(from_), dest)
+    return dest
+
+
+def check_writable(files: dict[Path, str], force: bool) -> None:
+    """InputError (exit 2) unless every file of ``files`` can be written: UTF-8 text, outside the
+    installation, not there yet (or a regular file, with ``force``), under folders, not files."""
+    from ..errors import InputError
+    from ..resources import is_shipped
     for f, text in files.items():
         if not _is_utf8(text):          # a path taken into the text that is not UTF-8: nothing written
             raise InputError(f"{_shown(str(f))}: its text would hold a path that is not valid UTF-8; "
@@ -183,16 +183,14 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         blocked = next((a for a in f.parents if a.exists() or a.is_symlink()), None)
         if blocked is not None and not blocked.is_dir():
             raise InputError(f"{blocked}: not a folder, and {f} would go inside it (move it or choose another PATH)")
-    from ..render import dump_json
-    doc = {"schema": "dsv4ctl.profile-init/1", "profile": str(dest), "dry_run": dry_run,
-           "files": [str(f) for f in files], "next": f"dsv4ctl plan {dest}"}
-    if dry_run:
-        if as_json:
-            print(dump_json(doc))
-            return
-        for f in files:
-            print(f"dry run: would write {f}")
-        return
+
+
+def write_profile_files(files: dict[Path, str], dest: Path, force: bool) -> None:
+    """Write ``files`` (each atomically: a temporary file renamed over it), then load the profile
+    ``dest`` among them; a failed write or a profile that does not load removes what was written
+    (with ``force``, files it replaced stay replaced). InputError (exit 2)."""
+    from ..errors import InputError
+    from ..profile.model import load_profile
     written: list[Path] = []
     for f, text in files.items():
         tmp = f.with_name(f".{f.name}.tmp")
@@ -213,12 +211,111 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         for f in files:             # nothing half-made stays behind
             f.unlink(missing_ok=True)
         raise
+
+
+@profile_app.command("init")
+def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile file (.yaml); its serve configs go to PATH's folder/<stem>/."),
+         from_: Optional[str] = typer.Option(None, "--from", metavar="NAME", help="Shipped profile name or path to start from (default: dsv4-flash-8xb200-pd)."),
+         force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+         dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing."),
+         as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.profile-init/1 JSON document (the profile, the files, the next command).")) -> None:
+    """Write a commented starting profile and its serve configs (outside the installation, so
+    hicache on/off and deploy can use and edit them). Exit 2 when a file exists (without
+    --force), PATH is inside the installation or is not valid UTF-8."""
+    dest = profile_dest(path)
+    files = starting_profile(_source(from_), dest)
+    check_writable(files, force)
+    from ..render import dump_json
+    doc = {"schema": "dsv4ctl.profile-init/1", "profile": str(dest), "dry_run": dry_run,
+           "files": [str(f) for f in files], "next": f"dsv4ctl plan {dest}"}
+    if dry_run:
+        if as_json:
+            print(dump_json(doc))
+            return
+        for f in files:
+            print(f"dry run: would write {f}")
+        return
+    write_profile_files(files, dest, force)
     if as_json:
         print(dump_json(doc))
         return
     for f in files:
         print(f"wrote {f}")
     print(f"next: edit hosts and sglang.tree, then: dsv4ctl plan {dest}")
+
+
+import_app = typer.Typer(help="Import another tool's deployment description as a profile and serve configs.",
+                         no_args_is_help=True)
+profile_app.add_typer(import_app, name="import")
+
+
+def imported_files(rec, dest: Path) -> dict[Path, str]:
+    """The files ``profile import srt-slurm`` writes for recipe ``rec`` at ``dest``: the profile
+    (schema line and header first), one serve config per group and the schema, in ``<dest stem>/``."""
+    from ..profile import srtslurm
+    from ..resources import schema_path
+    from .. import __version__
+    rel = {g.name: f"{dest.stem}/{g.name}.yaml" for g in rec.groups}
+    schema_rel = f"{dest.stem}/profile.schema.json"
+    header = (f"{SCHEMA_LINE}{schema_rel}\n"
+              f"# Written by `dsv4ctl profile import srt-slurm` (dsv4ctl {__version__}).\n"
+              f"# then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}\n")
+    out = {dest: header + srtslurm.profile_text(rec, dest.stem, rel)}
+    for g in rec.groups:
+        out[dest.parent / rel[g.name]] = srtslurm.serve_text(rec, g)
+    out[dest.parent / schema_rel] = schema_path("profile").read_text()
+    return out
+
+
+def _import_doc(rec, dest: Path, files: dict[Path, str], dry_run: bool) -> dict:
+    """The dsv4ctl.profile-import/1 document: files, the groups' placement and topology, warnings, notes."""
+    groups = [{"name": g.name, "role": g.role, "replicas": len(g.servers), "nnodes": len(g.servers[0]),
+               "hosts": g.servers, "gpus": g.gpus, "tp": g.topology["tp"], "dp": g.topology["dp"],
+               "ep": g.topology["ep"], "pp": g.topology["pp"], "attn_dp_size": g.topology["attn_dp"],
+               "env": sorted(g.env), "serve_config": str(dest.parent / dest.stem / f"{g.name}.yaml")}
+              for g in rec.groups]
+    return {"schema": "dsv4ctl.profile-import/1", "source": "srt-slurm", "recipe": str(rec.path),
+            "recipe_name": rec.name, "profile": str(dest), "dry_run": dry_run, "model": rec.model,
+            "gpu_type": rec.gpu_type, "gpus_per_node": rec.gpus_per_node, "container": rec.container,
+            "slurm": rec.slurm, "groups": groups, "files": [str(f) for f in files],
+            "warnings": rec.warnings, "notes": rec.notes, "next": f"dsv4ctl plan {dest}"}
+
+
+@import_app.command("srt-slurm")
+def import_srt_slurm(
+        recipe: str = typer.Argument(..., metavar="RECIPE", help="An srt-slurm SGLang recipe (.yaml)."),
+        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="PATH", help="The new profile file (default: RECIPE's name, .yaml, in this folder); serve configs go to PATH's folder/<stem>/."),
+        model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="deepseek-v4-pro or deepseek-v4-flash, when the recipe names its model by a cluster alias."),
+        force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing."),
+        as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.profile-import/1 JSON document (groups, files, warnings, notes).")) -> None:
+    """Turn an NVIDIA srt-slurm SGLang recipe (model, resources, backend.sglang_config, per-role
+    environment) into a profile with placeholder hosts and one serve config per group, for plan and
+    config lint. Keys it does not import are listed (warnings, notes). Exit 2 for a recipe that is
+    not YAML, another backend or model, no sglang_config, or a file that exists (without --force)."""
+    from ..profile.srtslurm import read_recipe
+    from ..render import dump_json
+    _utf8(recipe)
+    rec = read_recipe(Path(recipe).expanduser(), model)
+    dest = profile_dest(out if out is not None else re.sub(r"[^A-Za-z0-9_.-]", "-", Path(recipe).stem) + ".yaml")
+    files = imported_files(rec, dest)
+    check_writable(files, force)
+    if not dry_run:
+        write_profile_files(files, dest, force)
+    doc = _import_doc(rec, dest, files, dry_run)
+    if as_json:
+        print(dump_json(doc))
+        return
+    for f in files:
+        print(f"{'dry run: would write' if dry_run else 'wrote'} {f}")
+    for g in doc["groups"]:
+        print(f"{g['name']}: {g['role']}, {g['replicas']} server(s) x {g['nnodes']} node(s) x {len(g['gpus'])} GPUs, "
+              f"tp {g['tp']} dp {g['dp']} attn-dp {g['attn_dp_size']} ep {g['ep']} pp {g['pp']}")
+    for w in rec.warnings:
+        print(f"warning: {w}")
+    for n in rec.notes:
+        print(f"note: {n}")
+    print(f"next: set the hosts' addresses, then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}")
 
 
 def register(app: typer.Typer) -> None:
