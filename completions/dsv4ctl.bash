@@ -8,6 +8,8 @@ _dsv4ctl_w1='SGLANG_DSV4_COMPRESSED_KV_LAYOUT SGLANG_DSV4_COMPRESS_STATE_DTYPE S
 _dsv4ctl_w2='dsv4-flash-8xb200-pd dsv4-pro-4xh200-pd'
 _dsv4ctl_w3='corruption stuck'
 _dsv4ctl_w4='bad-release hicache-crash oom-at-startup scheduler-stall toolcall-corruption transfer-wedge'
+_dsv4ctl_w5='deepseek-v4-pro deepseek-v4-flash'
+_dsv4ctl_w6=''
 
 # sub-commands of a command path
 _dsv4ctl_subs() {
@@ -19,7 +21,8 @@ _dsv4ctl_subs() {
     'hicache') echo 'on off status' ;;
     'check') echo 'smoke load' ;;
     'runbook') echo 'list show run' ;;
-    'profile') echo 'list show init' ;;
+    'profile') echo 'list show init import' ;;
+    'profile import') echo 'srt-slurm' ;;
   esac
 }
 
@@ -41,7 +44,7 @@ _dsv4ctl_opts() {
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'verify') echo '-r --release --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -p --profile -h --help' ;;
-    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --log --print -v --verbose -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
+    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --settle --log --print -v --verbose -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
     'report') echo '-o --output --title -h --help' ;;
     'schema') echo '--path --json -h --help' ;;
     'completion') echo '-h --help' ;;
@@ -54,7 +57,7 @@ _dsv4ctl_opts() {
     'lock') echo '-h --help' ;;
     'lock status') echo '--accept-new-host-keys --json -p --profile -h --help' ;;
     'lock acquire') echo '-m --message --accept-new-host-keys --dry-run --json -p --profile -h --help' ;;
-    'lock release') echo '--force --accept-new-host-keys --dry-run --json -p --profile -h --help' ;;
+    'lock release') echo '--force --yes-it-is-dead --accept-new-host-keys --dry-run --json -p --profile -h --help' ;;
     'config') echo '-h --help' ;;
     'config lint') echo '-g --group --tree --json --markdown -p --profile -h --help' ;;
     'config set') echo '-g --group --unset --tree --dry-run --json --remote --health-timeout -v --verbose -q --quiet -p --profile -h --help' ;;
@@ -63,16 +66,18 @@ _dsv4ctl_opts() {
     'hicache off') echo '-g --group --tree --dry-run --json --remote --health-timeout -v --verbose -q --quiet -p --profile -h --help' ;;
     'hicache status') echo '-g --group --timeout --no-server --remote --json --markdown -p --profile -h --help' ;;
     'check') echo '-h --help' ;;
-    'check smoke') echo '-p --profile --worker --model --timeout --api-key --json --markdown -h --help' ;;
+    'check smoke') echo '-p --profile --worker --model --timeout --api-key --expect-version --json --markdown -h --help' ;;
     'check load') echo '-p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --metrics --no-metrics --gateway-metrics --model --answer-words --thinking --no-progress --progress --api-key --json --markdown --csv --turns-csv -v --verbose -q --quiet -h --help' ;;
     'runbook') echo '-h --help' ;;
     'runbook list') echo '--json -h --help' ;;
     'runbook show') echo '--json -h --help' ;;
-    'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -v --verbose -q --quiet -h --help' ;;
+    'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -v --verbose -q --quiet --release --evidence -h --help' ;;
     'profile') echo '-h --help' ;;
     'profile list') echo '--json -h --help' ;;
     'profile show') echo '--json -h --help' ;;
     'profile init') echo '--from --force --dry-run --json -h --help' ;;
+    'profile import') echo '-h --help' ;;
+    'profile import srt-slurm') echo '-o --out --model --force --dry-run --json -h --help' ;;
   esac
 }
 
@@ -144,6 +149,7 @@ _dsv4ctl_optkind() {
     'watch|--stall-timeout') echo any ;;
     'watch|--on-alert') echo k:w3:w4 ;;
     'watch|--alert-window') echo any ;;
+    'watch|--settle') echo any ;;
     'watch|--log') echo file ;;
     'watch|--print') echo any ;;
     'watch|-p'|'watch|--profile') echo prof:w2 ;;
@@ -199,6 +205,7 @@ _dsv4ctl_optkind() {
     'check smoke|--model') echo any ;;
     'check smoke|--timeout') echo any ;;
     'check smoke|--api-key') echo any ;;
+    'check smoke|--expect-version') echo any ;;
     'check load|-p'|'check load|--profile') echo prof:w2 ;;
     'check load|--compare') echo any ;;
     'check load|-c'|'check load|--concurrency') echo any ;;
@@ -218,7 +225,11 @@ _dsv4ctl_optkind() {
     'runbook run|-p'|'runbook run|--profile') echo prof:w2 ;;
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
+    'runbook run|--release') echo dyn:releases ;;
+    'runbook run|--evidence') echo any ;;
     'profile init|--from') echo any ;;
+    'profile import srt-slurm|-o'|'profile import srt-slurm|--out') echo file ;;
+    'profile import srt-slurm|--model') echo w:w5 ;;
   esac
 }
 
@@ -263,6 +274,7 @@ _dsv4ctl_argkind() {
     'runbook run|1') echo prof:w2 ;;
     'profile show|0') echo any ;;
     'profile init|0') echo file ;;
+    'profile import srt-slurm|0') echo yaml:w6 ;;
   esac
   case "$1" in
     'report') [[ $2 -ge 0 ]] && echo any ;;

@@ -7,6 +7,7 @@ set -g __dsv4ctl_w1 'SGLANG_DSV4_COMPRESSED_KV_LAYOUT' 'SGLANG_DSV4_COMPRESS_STA
 set -g __dsv4ctl_w2 'dsv4-flash-8xb200-pd' 'dsv4-pro-4xh200-pd'
 set -g __dsv4ctl_w3 'corruption' 'stuck'
 set -g __dsv4ctl_w4 'bad-release' 'hicache-crash' 'oom-at-startup' 'scheduler-stall' 'toolcall-corruption' 'transfer-wedge'
+set -g __dsv4ctl_w5 
 
 function __dsv4ctl_subs
     switch $argv[1]
@@ -25,7 +26,9 @@ function __dsv4ctl_subs
         case 'runbook'
             echo list show run
         case 'profile'
-            echo list show init
+            echo list show init import
+        case 'profile import'
+            echo srt-slurm
     end
 end
 
@@ -61,7 +64,7 @@ function __dsv4ctl_takes_value
         case 'diagnose'
             contains -- $argv[2] -g --group --since --window -n --lines --api-key -p --profile
         case 'watch'
-            contains -- $argv[2] --interval --listen --scrape-every --release-every --stall-timeout --on-alert --alert-window --log --print -p --profile
+            contains -- $argv[2] --interval --listen --scrape-every --release-every --stall-timeout --on-alert --alert-window --settle --log --print -p --profile
         case 'report'
             contains -- $argv[2] -o --output --title
         case 'patch status'
@@ -91,13 +94,15 @@ function __dsv4ctl_takes_value
         case 'hicache status'
             contains -- $argv[2] -g --group --timeout -p --profile
         case 'check smoke'
-            contains -- $argv[2] -p --profile --worker --model --timeout --api-key
+            contains -- $argv[2] -p --profile --worker --model --timeout --api-key --expect-version
         case 'check load'
             contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --gateway-metrics --model --answer-words --api-key --turns-csv
         case 'runbook run'
-            contains -- $argv[2] -p --profile --resume --report-dir
+            contains -- $argv[2] -p --profile --resume --report-dir --release --evidence
         case 'profile init'
             contains -- $argv[2] --from
+        case 'profile import srt-slurm'
+            contains -- $argv[2] -o --out --model
         case '*'
             return 1
     end
@@ -349,7 +354,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'config' -d 'Serve configs (SGL
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'hicache' -d 'HiCache in serve configs: on, off, status (file vs running server).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'check' -d 'Tool-call correctness checks: smoke (endpoints) and load (corruption gate).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'runbook' -d 'Incident runbooks (playbooks/*.yaml): list, show, run with --dry-run/--yes/--...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'profile' -d 'Shipped profiles: list, show, and init (a starting profile of your own).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'profile' -d 'Shipped profiles: list, show, init (a starting profile of your own), import (...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -l version -d 'Print the version and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_keys w1)' -d 'What-if override, SGLang names (mem_fraction_static=0.85, index_k_dtype=bf16,...'
@@ -514,6 +519,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l stall-timeout -r -f -d 'A pro
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l on-alert -r -f -a '(__dsv4ctl_keyed w3 w4)' -d '[CONDITION=]RUNBOOK: run RUNBOOK when CONDITION (corruption, stuck; default c...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l auto -d 'With --on-alert: run the runbook for real (--yes), not --dry-run.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l alert-window -r -f -d 'Long window of the in-process corruption burn (12s..7d; short: 1/12 of it); a...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l settle -r -f -d 'With --auto: no run on a release activated this recently by a deploy watch di...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l log -r -F -d 'Append every event as a JSON line to this file.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l print -r -f -d 'Print a shipped artifact and exit: rules (Prometheus rules for the profile\'s...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s v -l verbose -d 'Also an event line for every ok probe (default: only probes not ok, alerts, r...'
@@ -587,7 +593,8 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -l json -d 'Print the dsv
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock acquire\' 0' -f -a '(__dsv4ctl_yaml w2)'
-complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove a lock held by a run (deploy, rollback, ...) whose process is gone.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove a lock held by a run (deploy, rollback, ...) whose process is gon...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l yes-it-is-dead -d 'With --force: the holder\'s process cannot be checked (it ran on another machi...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l dry-run -d 'Read every host\'s lock and say what would be released; release nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l json -d 'Print the dsv4ctl.lock/1 JSON document (action release).'
@@ -664,6 +671,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l worker -r -f -d 'A work
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l model -r -f -d 'Model name (default: the first of /v1/models).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l timeout -r -f -d 'How long each probe may take for its complete answer (and without progress) b...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l api-key -r -f -d 'Bearer token for servers started with --api-key (or DSV4CTL_API_KEY; with --p...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l expect-version -r -f -d 'The SGLang release every worker must report (0.5.18-0.5.23; default with --pr...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l json -d 'Print the dsv4ctl.check.smoke/1 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -l markdown -d 'Print Markdown.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'check smoke\'' -s h -l help -d 'Show this message and exit.'
@@ -708,12 +716,15 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l resume -r -f -d 'Resume
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l report-dir -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Where the run\'s state and incident report go (default: $DSV4CTL_STATE_DIR/run...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s v -l verbose -d 'Also each step\'s outcome and evidence lines as it ends.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s q -l quiet -d 'No progress lines from the steps; only the run id, errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l release -r -f -a '(__dsv4ctl_dyn releases)' -d 'The release the evidence is about (watch --on-alert gives the corrupted probe...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l evidence -r -f -d 'Why the run was started (one line; recorded with a release marked failed and...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 0' -f -a '(__dsv4ctl_yaml w4)'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'list' -d 'The shipped profiles, with their files.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'show' -d 'Print a profile\'s YAML followed by the paths of its serve configs.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'init' -d 'Write a commented starting profile and its serve configs (outside the install...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -f -a 'import' -d 'Import another tool\'s deployment description as a profile and serve configs.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile list\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile list\'' -s h -l help -d 'Show this message and exit.'
@@ -725,3 +736,12 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l dry-run -d 'Say which 
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -l json -d 'Print the dsv4ctl.profile-init/1 JSON document (the profile, the files, the n...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'profile init\' 0' -F
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import\'' -f -a 'srt-slurm' -d 'Turn an NVIDIA srt-slurm SGLang recipe (model, resources, backend.sglang_conf...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -s o -l out -r -F -d 'The new profile file (default: RECIPE\'s name, .yaml, in this folder); serve c...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l model -r -f -a 'deepseek-v4-pro deepseek-v4-flash' -d 'deepseek-v4-pro or deepseek-v4-flash, when the recipe names its model by a cl...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l force -d 'Overwrite existing files.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l dry-run -d 'Say which files would be written; write nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l json -d 'Print the dsv4ctl.profile-import/1 JSON document (groups, files, warnings, no...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'profile import srt-slurm\' 0' -f -a '(__dsv4ctl_yaml w5)'

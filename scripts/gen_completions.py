@@ -8,7 +8,8 @@ The tree is ``typer.main.get_command(dsv4ctl.cli.app)``: every (non-hidden) comm
 sub-command, its options (flags vs options taking a value), its positional arguments, click
 choices, and value completions: profile arguments/options complete ``*.yaml``/``*.yml`` files,
 folders and the shipped profile names; runbook names the shipped playbooks (``watch --on-alert``:
-``[CONDITION=]RUNBOOK``); path-typed and tree/series parameters (and metavars FILE/PATH/DIR)
+``[CONDITION=]RUNBOOK``; ``profile import srt-slurm`` RECIPE ``*.yaml`` files and ``--model`` the two
+models); path-typed and tree/series parameters (and metavars FILE/PATH/DIR)
 complete files or folders; ``plan --set`` completes the what-if keys (``dsv4ctl.plan.plan.SET_KEYS``)
 followed by ``=``. Parameters named (or with the metavar) group, host or release complete the
 values of the profile on the command line at TAB time: the scripts find the profile the command
@@ -71,6 +72,11 @@ def _hook(path: tuple[str, ...], param) -> Kind | None:
     if name == "on_alert":         # [CONDITION=]RUNBOOK
         from dsv4ctl.watch.model import CONDITIONS
         return {"kind": "keyed", "keys": list(CONDITIONS), "words": _shipped_stems("playbooks")}
+    if name == "recipe":           # profile import srt-slurm RECIPE: a YAML file
+        return {"kind": "yaml", "words": []}
+    if path == ("profile", "import", "srt-slurm") and name == "model":
+        from dsv4ctl.profile.srtslurm import MODELS
+        return {"kind": "words", "words": [n for n, _ in MODELS.values()]}
     if _is_profile(param):         # the shipped ones only: an operator's profiles/my.yaml is not shipped
         from dsv4ctl.resources import shipped_profile_names
         return {"kind": "profile", "words": shipped_profile_names()}
