@@ -123,7 +123,9 @@ TEXT_RULES = [(re.compile(r"\b\d[\d,]* bytes sent"), "<BYTES> bytes sent"),
               (re.compile(r"\bin \d+(?:\.\d+)? s\b"), "in <SECONDS> s"),
               # inside the exact commands of a dry run (lock holder, audit record JSON)
               (re.compile(r'"who":"[^"]*"'), '"who":"<WHO>"'),
-              (re.compile(r'"pid":\d+'), '"pid":<PID>')]
+              (re.compile(r'"pid":\d+'), '"pid":<PID>'),
+              # where the lock holder's pid runs (this machine: dsv4ctl.hosts.lock.machine_identity)
+              (re.compile(r'"(hostname|machine|boot|pidns|pid_start)":(?:"[^"]*"|null)'), r'"\1":"<MACHINE>"')]
 
 
 class Normaliser:
@@ -178,6 +180,8 @@ class Normaliser:
             return "<BYTES>"
         if key == "pid":
             return "<PID>"
+        if key in ("hostname", "machine", "boot", "pidns", "pid_start"):
+            return "<MACHINE>"
         if WHO_KEYS.match(key) and isinstance(x, str):
             return "<WHO>"
         if isinstance(x, int) and x in self.ports:

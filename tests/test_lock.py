@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dsv4ctl.hosts.layout import HostFacts
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.test_converge import cli, world  # noqa: F401 - the same four-host world and CLI helper
 
@@ -36,7 +36,7 @@ def here(pid: int) -> dict:
         with open(path) as f:
             return f.readline().strip()
     stat = open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()
-    return {"host": os.uname().nodename, "machine": first("/etc/machine-id"),
+    return {"hostname": os.uname().nodename, "machine": first("/etc/machine-id"),
             "boot": first("/proc/sys/kernel/random/boot_id"), "pidns": os.readlink("/proc/self/ns/pid"),
             "pid_start": stat[19]}
 
@@ -144,7 +144,7 @@ def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
     assert not lock.exists() and w.audit("h2")[-1]["action"] == "lock release"
 
     # another machine's run (or an older dsv4ctl's record): only the operator can say it is gone
-    for where, why in [({"host": "ops2", "machine": "0" * 32, "boot": "b", "pidns": "pid:[1]", "pid_start": "1"},
+    for where, why in [({"hostname": "ops2", "machine": "0" * 32, "boot": "b", "pidns": "pid:[1]", "pid_start": "1"},
                         "pid 4242 runs on ops2, which this machine cannot check"),
                        ({}, "the holder record does not say which machine runs pid 4242")]:
         lock = run_lock(w, "h1", "bob@ops2", "rollback to rY", 4242, "2026-11-29T10:00:00Z", **where)
@@ -233,3 +233,33 @@ def test_a_lock_acquire_that_cannot_take_every_host_gives_back_and_says_so(world
     assert all((w.roots[h] / ".lock").is_dir() for h in w.roots)
     assert cli(w, "lock", "release").code == 0
 
+
+
+def test_a_second_profile_on_a_roots_hosts_is_refused_with_both_names(world):
+    """Issue 41 b: two profiles sharing a host's deploy root. The first deploy records its
+    profile as the root's owner; another profile's deploy, dry run or not, restart or rollback is
+    refused (exit 2, one line, both names), its servers untouched and no lock left behind."""
+    from tests.test_converge import pid
+    w = world
+    r = cli(w, "deploy", "--no-preflight", "--json")
+    assert r.code == 0, r.err
+    own = json.loads((w.roots["h0"] / "owner.json").read_text())
+    assert own["profile"] == "deploy-test" and own["path"] == str(w.profile) and own["since"].endswith("Z")
+    before = pid(w, "h0", "prefill")
+    other = w.cfgdir / "other.yaml"
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["name"] = "other-team"
+    other.write_text(yaml.safe_dump(prof, sort_keys=False))
+    for args in (["deploy", "--dry-run"], ["deploy"], ["restart", "-g", "prefill"], ["rollback", "--dry-run"]):
+        r = run_cli(args[0], str(other), *args[1:], "--no-preflight" if args[0] == "deploy" else "--accept-new-host-keys",
+                    env=w.env(), timeout=120)
+        assert r.code == 2, (args, r.err)
+        errors = [ln for ln in r.err.splitlines() if "error" in ln]
+        assert len(errors) == 1 and errors[0].startswith(
+            f"dsv4ctl: error: h0: deploy root {w.roots['h0']} belongs to profile 'deploy-test' ("), (args, r.err)
+        assert errors[0].endswith("profile 'other-team' would replace its releases and stop its servers: nothing "
+                                  "changed (give 'other-team' its own deploy.root or hosts[].root)"), errors
+    assert pid(w, "h0", "prefill") == before
+    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
+    assert [x["action"] for x in w.audit("h0")] == ["deploy"]
+    assert cli(w, "deploy", "--no-preflight", "--dry-run").code == 0       # the owner itself goes on

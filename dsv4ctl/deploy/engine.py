@@ -24,7 +24,7 @@ import time
 from ..errors import EXIT_REMOTE, DsvError, GateFailed, RemoteError
 from ..hosts import health
 from ..hosts.audit import now_iso
-from ..hosts.layout import HostFacts, choose_rollback_target, parse_facts
+from ..hosts.layout import HostFacts, choose_rollback_target, owner_conflict, parse_facts
 from ..hosts.lock import LOCK_HELD_CODE, held_error, holder_text, release_cmd
 from ..hosts.service import backend, log_tail_cmd
 from ..profile.deployment import as_deployment
@@ -116,6 +116,10 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
         release_locks(site, [h for h, r in res.items() if r.ok])
         raise_failed(res, "locking")
     site.facts = {h: r.value for h, r in res.items()}
+    conflict = owner_conflict(site.facts, site.profile.name)
+    if conflict is not None:            # another profile's root: give the locks back, change nothing
+        release_locks(site)
+        raise conflict
     return site.facts
 
 

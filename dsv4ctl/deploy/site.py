@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import RemoteError
-from ..hosts.layout import HostFacts, Paths, STATE_SCHEMA, read_facts, render_launch
+from ..hosts.layout import HostFacts, Paths, STATE_SCHEMA, owner_conflict, read_facts, render_launch
 from ..profile.deployment import Deployment, as_deployment
 from ..remote import Transport, connect, q, read_text, run_parallel
 
@@ -88,11 +88,16 @@ def raise_failed(res: dict, what: str, cls=RemoteError):
 
 
 def gather_facts(site: Site) -> dict[str, HostFacts]:
-    """Read every host's facts in parallel; RemoteError naming each failing host."""
+    """Read every host's facts in parallel; RemoteError naming each failing host. A deploy root
+    that belongs to another profile is refused (:func:`~dsv4ctl.hosts.layout.owner_conflict`,
+    exit 2): every command that reads facts this way changes hosts, or is its dry run."""
     res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
                        timeout=site.opts.connect_timeout + 60)
     raise_failed(res, "reading host state")
     site.facts = {h: r.value for h, r in res.items()}
+    conflict = owner_conflict(site.facts, site.profile.name)
+    if conflict is not None:
+        raise conflict
     return site.facts
 
 

@@ -25,7 +25,7 @@ import copy
 from dataclasses import dataclass, field
 
 from ..hosts.audit import append_cmd, now_iso, record_fields
-from ..hosts.layout import HostFacts, Paths, facts_command, kept_after_prune, select_prune
+from ..hosts.layout import HostFacts, Paths, claim_cmd, facts_command, kept_after_prune, owner_doc, select_prune
 from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
 from ..hosts.service import backend
 from ..profile.deployment import http_url
@@ -256,7 +256,10 @@ def lock_step(site: Site, host: str, what: str) -> Step:
         rec = record_fields(host, "break-lock", "ok", f"removed lock held by {old}")
         pre = f"if [ -d {q(p.lock)} ]; then rm -rf {q(p.lock)} && {append_cmd(p.audit, rec)}; fi; "
         summary += " (breaking the current lock first)"
-    cmd = f"{pre}mkdir -p {q(p.releases)} && " + take_cmd(p.lock, holder(what, site.token), facts_command(p.root))
+    # the first run that takes a root records its profile as the root's owner (owner.json)
+    claim = claim_cmd(p.root, owner_doc(site.profile.name, site.profile.path))
+    cmd = (f"{pre}mkdir -p {q(p.releases)} && "
+           + take_cmd(p.lock, holder(what, site.token), f"{claim}; {facts_command(p.root)}"))
     return Step("lock", host, summary, cmd)
 
 

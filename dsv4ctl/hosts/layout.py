@@ -33,6 +33,8 @@ class Paths:
     def audit(self) -> str: return f"{self.root}/audit.jsonl"
     @property
     def lock(self) -> str: return f"{self.root}/.lock"
+    @property
+    def owner(self) -> str: return f"{self.root}/owner.json"
     def pidfile(self, group: str) -> str: return f"{self.root}/run/{group}.pid"
     def logfile(self, group: str) -> str: return f"{self.root}/logs/{group}.log"
 
@@ -56,6 +58,7 @@ class HostFacts:
     foreign: dict[str, str] = field(default_factory=dict)   # current/previous -> a target outside releases/
     broken: list[str] = field(default_factory=list)         # release folders missing MANIFEST.json or RELEASE.json
     envs: set[str] = field(default_factory=set)             # complete release environments (ROOT/envs/<digest>)
+    owner: dict | None = None                               # ROOT/owner.json: the profile this root belongs to
 
     def release_state(self, rid: str) -> str:
         """active / previous / good / failed / pushed / ran. Only the current release is
@@ -94,6 +97,7 @@ echo @systemd; [ -d /run/systemd/system ] && echo yes || true
 echo @launch; cat "$R/current/launch.json" 2>/dev/null; echo
 echo @incoming; ls -1a "$R/releases" 2>/dev/null | grep '^\\.incoming-' || true
 echo @envs; for d in "$R"/envs/e*/; do [ -f "$d/ENV.json" ] && basename "$d"; done; true
+echo @owner; head -c 4096 "$R/owner.json" 2>/dev/null; echo
 echo @broken
 for d in "$R"/releases/r*/; do
   if [ -d "$d" ] && ! {{ [ -f "$d/RELEASE.json" ] && [ -f "$d/MANIFEST.json" ]; }}; then basename "$d"; fi
@@ -197,6 +201,8 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
             f.broken = body.split()
         elif name == "envs" and body:
             f.envs = set(body.split())
+        elif name == "owner" and body:
+            f.owner = parse_owner(body)
         elif name == "release" and body:
             try:
                 meta = json.loads(body)
@@ -207,6 +213,61 @@ def parse_facts(host: str, root: str, text: str) -> HostFacts:
                                      "(a release file was edited on the host: dsv4ctl verify)")
             f.releases[meta["id"]] = meta
     return f
+
+
+# -- which profile a deploy root belongs to ----------------------------------------------------
+
+OWNER_SCHEMA = "dsv4ctl.root-owner/1"
+
+
+def owner_doc(profile_name: str, profile_path) -> dict:
+    """``ROOT/owner.json`` of a profile: its ``name`` (what ownership compares), the file it was
+    read from, who, and (stamped by the host) since when."""
+    from ..remote import who
+    return {"schema": OWNER_SCHEMA, "profile": profile_name, "path": str(profile_path), "who": who()}
+
+
+def parse_owner(body: str) -> dict:
+    """An ``owner.json`` text → its dict (pure); ``{"raw": ...}`` when it is no owner record."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("profile"), str):
+        return {"raw": body[:120]}
+    return doc
+
+
+def claim_cmd(root: str, doc: dict) -> str:
+    """Shell: record ``doc`` as ``ROOT/owner.json`` unless the root has an owner already (run
+    under the root's lock, when a run first takes it; written whole, then renamed)."""
+    from .audit import stamped_json_cmd
+    own = f"{root}/owner.json"
+    return (f"if [ ! -e {q(own)} ] && [ ! -L {q(own)} ]; then {stamped_json_cmd(doc, key='since')} > {q(own + '.tmp')} "
+            f"&& mv -f {q(own + '.tmp')} {q(own)}; fi")
+
+
+class RootOwned(InputError):
+    """A host's deploy root belongs to another profile (exit 2: nothing was changed)."""
+
+
+def owner_conflict(facts: dict[str, HostFacts], profile_name: str) -> RootOwned | None:
+    """The refusal (pure) when a host's deploy root belongs to another profile than
+    ``profile_name`` (its recorded ``owner.json``; the profiles' ``name`` are compared): one line
+    naming the host, the root and both profiles. None when every root is this profile's or has
+    no owner yet."""
+    for h, f in facts.items():
+        o = f.owner
+        if o is None or o.get("profile") == profile_name:
+            continue
+        if "raw" in o:
+            return RootOwned(f"{h}: {f.root}/owner.json is not a dsv4ctl owner record: nothing changed (move it "
+                             "aside if this root is profile " + repr(profile_name) + "'s)")
+        since = f", since {o['since']}" if isinstance(o.get("since"), str) else ""
+        return RootOwned(f"{h}: deploy root {f.root} belongs to profile {o['profile']!r} ({o.get('who', '?')}{since}); "
+                         f"profile {profile_name!r} would replace its releases and stop its servers: nothing changed "
+                         f"(give {profile_name!r} its own deploy.root or hosts[].root)")
+    return None
 
 
 def read_facts(t: Transport, root: str) -> HostFacts:

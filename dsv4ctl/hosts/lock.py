@@ -33,7 +33,7 @@ class LockHeld(RemoteError):
 def holder(what: str, token: str) -> dict:
     """The ``holder.json`` of this run: who, what, pid, since, token (the token is what release
     matches on; it is not a secret but says nothing about the operator), and where the pid is
-    meaningful (:func:`machine_identity`: ``host``, ``machine``, ``boot``, ``pidns``) with the
+    meaningful (:func:`machine_identity`: ``hostname``, ``machine``, ``boot``, ``pidns``) with the
     process's start (``pid_start``, defeats pid reuse): what :func:`holder_liveness` checks."""
     return {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": token,
             **machine_identity(), "pid_start": process_start(os.getpid())}
@@ -48,14 +48,14 @@ def _first_line(path: str) -> str | None:
 
 
 def machine_identity() -> dict:
-    """Where a pid of this process means something: ``host`` (host name), ``machine``
+    """Where a pid of this process means something: ``hostname``, ``machine``
     (``/etc/machine-id``), ``boot`` (the kernel's boot id: a restart ends every process) and
     ``pidns`` (this process's pid namespace: a container has its own pids). None where unreadable."""
     try:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pidns = None
-    return {"host": socket.gethostname(),
+    return {"hostname": socket.gethostname(),
             "machine": _first_line("/etc/machine-id") or _first_line("/var/lib/dbus/machine-id"),
             "boot": _first_line("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
 
@@ -84,13 +84,13 @@ def holder_liveness(h: dict | None, here: dict | None = None) -> tuple[str, str]
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return "unknown", "the holder record names no process"
     here = here or machine_identity()
-    if not h.get("host") or not (h.get("machine") or h.get("boot")):
+    if not h.get("hostname") or not (h.get("machine") or h.get("boot")):
         return "unknown", f"the holder record does not say which machine runs pid {pid}"
-    same_kernel = h["host"] == here["host"] and h.get("boot") and h.get("boot") == here["boot"]
+    same_kernel = h["hostname"] == here["hostname"] and h.get("boot") and h.get("boot") == here["boot"]
     if not same_kernel:
-        if h["host"] == here["host"] and h.get("machine") and h["machine"] == here["machine"] and here["boot"]:
+        if h["hostname"] == here["hostname"] and h.get("machine") and h["machine"] == here["machine"] and here["boot"]:
             return "dead", f"this machine restarted since pid {pid} took it"
-        return "unknown", f"pid {pid} runs on {h['host']}, which this machine cannot check"
+        return "unknown", f"pid {pid} runs on {h['hostname']}, which this machine cannot check"
     if not h.get("pidns") or h["pidns"] != here["pidns"]:
         return "unknown", f"pid {pid} runs in another container of this machine, which this one cannot check"
     start = process_start(pid)
@@ -98,7 +98,7 @@ def holder_liveness(h: dict | None, here: dict | None = None) -> tuple[str, str]
         return "dead", f"no process {pid} runs on this machine"
     if h.get("pid_start") and str(h["pid_start"]) != start:
         return "dead", f"pid {pid} is another process now (started later)"
-    return "alive", f"pid {pid} still runs on this machine ({h['host']})"
+    return "alive", f"pid {pid} still runs on this machine ({h['hostname']})"
 
 
 def release_hint(profile: str, *, dead_override: bool = False) -> str:
