@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2     # 2: merge-key paths (Positions.merged) stored
 CACHE_MAX = 512     # parsed-YAML cache entries before a prune (each is one distinct file text)
 CACHE_KEEP = 256    # entries a prune keeps: the most recently used
 
@@ -36,6 +36,7 @@ class Positions:
     def __init__(self, file: str):
         self.file = file
         self.lines: dict[tuple, int] = {}
+        self.merged: set[tuple] = set()       # paths whose value comes from a merge key (``<<``)
 
     def line(self, path: tuple) -> int:
         """Line of ``path``, or of its nearest parent that has one (1 when unknown)."""
@@ -101,7 +102,11 @@ def _construct_collection(node, path: tuple, pos: Positions, loader,
     import yaml
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
+        merged: dict = {}
         for knode, vnode in node.value:
+            if knode.tag == "tag:yaml.org,2002:merge":
+                _merge(knode, vnode, path, pos, loader, budget, merged)
+                continue
             if not isinstance(knode, yaml.ScalarNode):
                 raise InputError(f"{pos.file}:{knode.start_mark.line + 1}: mapping keys must be scalars")
             key = loader.construct_object(knode, deep=True)
@@ -111,8 +116,34 @@ def _construct_collection(node, path: tuple, pos: Positions, loader,
                 raise InputError(f"{pos.file}:{knode.start_mark.line + 1}: {dotted(path + (key,))}: duplicate key")
             out[key] = _construct(vnode, path + (key,), pos, loader, budget)
             pos.lines[path + (key,)] = knode.start_mark.line + 1
+        if merged:
+            # PyYAML's flatten_mapping: merged keys come first, a key written in the mapping wins
+            res = {k: v for k, (v, _line) in merged.items()}
+            for k, (_v, line) in merged.items():
+                if k not in out:
+                    pos.lines[path + (k,)] = line
+                    pos.merged.add(path + (k,))
+            res.update(out)
+            return res
         return out
     return [_construct(v, path + (i,), pos, loader, budget) for i, v in enumerate(node.value)]
+
+
+def _merge(knode, vnode, path: tuple, pos: Positions, loader, budget: _Budget, merged: dict) -> None:
+    """A merge key (``<<: *base`` or ``<<: [*a, *b]``) as PyYAML's ``safe_load`` reads it (SGLang
+    reads ``--config`` so): its mappings' keys go into ``merged`` (key -> (value, line of the
+    ``<<``)), the first mapping naming a key wins. InputError when the value is no mapping or
+    list of mappings (PyYAML refuses that too)."""
+    import yaml
+    line = knode.start_mark.line + 1
+    sources = vnode.value if isinstance(vnode, yaml.SequenceNode) else [vnode]
+    for i, src in enumerate(sources):
+        if not isinstance(src, yaml.MappingNode):
+            raise InputError(f"{pos.file}:{line}: {dotted(path + ('<<',))}: a merge key takes a mapping "
+                             "or a list of mappings")
+        part = _construct(src, path + ("<<", i), pos, loader, budget)
+        for k, v in part.items():
+            merged.setdefault(k, (v, line))
 
 
 def read_yaml_bytes(path: Path | str) -> bytes:
@@ -272,6 +303,7 @@ def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
             return None
         pos = Positions(label)
         pos.lines = {tuple(p): ln for p, ln in doc["lines"]}
+        pos.merged = {tuple(p) for p in doc.get("merged", [])}
         return doc["data"], pos
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
@@ -301,7 +333,8 @@ def _cache_put(text: str, data: Any, pos: Positions) -> None:
         try:
             with os.fdopen(fd, "w") as out:
                 out.write(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
-                                      "lines": [[list(p), ln] for p, ln in pos.lines.items()]}))
+                                      "lines": [[list(p), ln] for p, ln in pos.lines.items()],
+                                      "merged": [list(p) for p in sorted(pos.merged, key=str)]}))
             os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
         except BaseException:
             try:

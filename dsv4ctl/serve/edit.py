@@ -186,6 +186,13 @@ def apply_change(text: str, change: Change, label: str) -> str:
     lines = list(doc.lines)
     if change.value is REMOVE:
         if idx is None:
+            if _find(doc, ("<<",)) is not None:
+                from ..profile.yamlpos import parse_yaml
+                _data, pos = parse_yaml(text, label)
+                hit = next((k for k in names if (k,) in pos.merged), None)
+                if hit is not None:
+                    raise InputError(f"{pos.where((hit,))}: {hit} comes from a YAML merge key (<<): edit the "
+                                     "merged mapping by hand, or set the key instead")
             return text
         e = doc.entries[idx]
         del lines[e.first:e.last + 1]
