@@ -127,7 +127,7 @@ def test_every_profile_value_is_completed_from_a_profile_the_line_can_give():
     assert {k for k, v in dyn.items() if v == "hosts"} >= {("restart", "--host"), ("logs", "--host"),
                                                             ("audit", "--host"), ("patch apply", "--host")}
     assert {k for k, v in dyn.items() if v == "releases"} == {("promote", "RELEASE"), ("rollback", "--to"),
-                                                               ("verify", "--release")}
+                                                               ("verify", "--release"), ("runbook run", "--release")}
     assert params[("runbook run", "PROFILE_ARG")]["kind"] == "profile"
     assert params[("watch", "--on-alert")] == {"kind": "keyed", "keys": ["corruption", "stuck"],
                                                "words": params[("runbook show", "NAME")]["words"]}
