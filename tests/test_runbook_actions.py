@@ -62,3 +62,37 @@ def test_patch_step_tree_of_a_profile_given_by_a_relative_path(tmp_path, monkeyp
     assert f"patch apply {cfg / 'sglang'} " in line + " " and "cfg/cfg" not in line
     line = describe(ctx, {"tree": "sglang"})[0]
     assert f"patch apply {cfg / 'sglang'}" in line
+
+
+def _facts(current: str, records: dict, built: dict):
+    from dsv4ctl.hosts.layout import HostFacts
+    return HostFacts(host="h", root="/r", current=current, releases={r: {"id": r, "built_at": b} for r, b in built.items()},
+                     state={"releases": {r: {"state": s} for r, s in records.items()}})
+
+
+def test_bad_release_goes_back_only_to_a_release_marked_good_and_only_from_the_evidence_release():
+    """issue 41: the bad-release target is the newest release built before the running one that is
+    marked good on every host; a release that only passed its health gate (B, built after the good
+    A) is not one; none good, another release running than the evidence's, or mixed releases:
+    NotRolledBack, one line (nothing is marked or rolled back)."""
+    import pytest
+
+    from dsv4ctl.deploy.mark import NotRolledBack, rollback_choice
+    from dsv4ctl.hosts.layout import choose_rollback_target
+    built = {"rA": "2026-12-01T01:00:00Z", "rB": "2026-12-01T02:00:00Z", "rC": "2026-12-01T03:00:00Z"}
+    facts = {h: _facts("rC", {"rA": "good", "rB": "active", "rC": "active"}, built) for h in ("h0", "h1")}
+    assert choose_rollback_target(facts)[0] == "rB"                 # a plain rollback: health gate passed
+    assert rollback_choice(facts, "rC") == ("rC", "rA", "the newest release built before the active rC marked "
+                                                        "good on every host")
+    assert rollback_choice(facts, None)[:2] == ("rC", "rA")
+    with pytest.raises(NotRolledBack, match="^the evidence is about release rB, but the hosts run rC now"):
+        rollback_choice(facts, "rB")
+    facts["h1"] = _facts("rC", {"rA": "failed", "rB": "active", "rC": "active"}, built)
+    with pytest.raises(NotRolledBack) as e:
+        rollback_choice(facts, "rC")
+    assert str(e.value) == ("no release built before the active rC is marked good (passed its promotion gate: deploy "
+                            "--promote or dsv4ctl promote) on every host without being marked failed: nothing to roll "
+                            "back to (see dsv4ctl releases); rC stays active and is not marked")
+    facts["h1"] = _facts("rB", {"rA": "good", "rB": "active"}, built)
+    with pytest.raises(NotRolledBack, match=r"^the hosts do not run one release \(h0: rC, h1: rB\)"):
+        rollback_choice(facts, None)

@@ -33,6 +33,26 @@ def test_run_writes_report_and_follows_conditions(cli, tmp_path):
     assert "| plan_now | plan | ran |" in md.replace("  ", " ") or "plan_now" in md
 
 
+def test_the_evidence_a_run_was_started_with_is_kept_for_resume_and_reported(cli, tmp_path):
+    """``--release``/``--evidence`` (what watch --on-alert passes) go into the run's state, a
+    resumed run keeps them, the report names them; a release id that is no word is exit 2."""
+    pb = tmp_path / "fit-check.yaml"
+    pb.write_text(PLAYBOOK)
+    run = tmp_path / "run"
+    r = cli("runbook", "run", str(pb), "--report-dir", str(run), "--release", "r0123456789ab",
+            "--evidence", "watch --on-alert corruption: one 100% of probes corrupted (release r0123456789ab, 12 probes)")
+    assert r.code == 0, r.err
+    inputs = {"release": "r0123456789ab",
+              "evidence": "watch --on-alert corruption: one 100% of probes corrupted (release r0123456789ab, 12 probes)"}
+    assert json.loads((run / "state.json").read_text())["inputs"] == inputs
+    assert json.loads((run / "incident.json").read_text())["inputs"] == inputs
+    assert "- release: r0123456789ab\n" in (run / "incident.md").read_text()
+    r = cli("runbook", "run", str(pb), "--release", "r1; rm -rf /", "--dry-run")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--release 'r1; rm -rf /': a release id is one word" in r.err
+    r = cli("runbook", "run", str(pb), "--evidence", "two\nlines", "--dry-run")
+    assert r.code == 2 and "--evidence: one line of at most 2000 characters" in r.err
+
+
 def test_dry_run_changes_nothing(cli, tmp_path):
     pb = tmp_path / "fit-check.yaml"
     pb.write_text(PLAYBOOK)
