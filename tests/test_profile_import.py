@@ -271,3 +271,59 @@ def test_import_json_is_one_document_with_dry_run(tmp_path):
     dec = doc["groups"][1]
     assert dec["hosts"] == [["decode-0", "decode-1"], ["decode-2", "decode-3"], ["decode-4", "decode-5"]]
     assert (dec["replicas"], dec["nnodes"], dec["gpus"], dec["tp"]) == (3, 2, [0, 1, 2, 3], 8)
+
+
+# ----------------------------------------------------------------------------------- fuzzed recipes
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dsv4ctl.errors import InputError  # noqa: E402
+from dsv4ctl.profile import srtslurm  # noqa: E402
+
+_BASE = {n: yaml.safe_load((DATA / f"{n}.yaml").read_text()) for n in EXPECT}
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.floats(allow_nan=False) |
+                       st.sampled_from(["", "8", "sglang", "trtllm", "b300", "gb300", "x", "dsv4-pro", "DeepSeek-V4-Flash"]),
+                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(
+                           ["prefill", "decode", "aggregated", "type", "tp-size", "path", "repo", "model"]), c, max_size=3),
+                       max_leaves=6)
+
+
+def _paths(d, prefix=()):
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+
+
+@pytest.mark.fuzz
+@settings(max_examples=int(os.environ.get("DSV4CTL_FUZZ_EXAMPLES", 150)), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(list(EXPECT)), data=st.data())
+def test_a_mutated_recipe_imports_or_is_an_input_error(tmp_path, monkeypatch, name, data):
+    """Any recipe made from a real one by replacing or deleting values is imported (and renders) or
+    refused with InputError: never another exception."""
+    monkeypatch.setenv("DSV4CTL_CACHE", str(tmp_path / "cache"))     # parsed YAML is cached there
+    rec = json.loads(json.dumps(_BASE[name]))
+    for _ in range(data.draw(st.integers(1, 3))):
+        paths = list(_paths(rec))
+        if not paths:
+            break
+        path = data.draw(st.sampled_from(paths))
+        parent = rec
+        for k in path[:-1]:
+            parent = parent[k]
+        if data.draw(st.booleans()):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = data.draw(_VALUES)
+    src = tmp_path / f"{name}-fuzz.yaml"
+    src.write_text(yaml.safe_dump(rec))
+    try:
+        r = srtslurm.read_recipe(src)
+    except InputError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    text = srtslurm.profile_text(r, "p", {g.name: f"p/{g.name}.yaml" for g in r.groups})
+    assert yaml.safe_load(text)["groups"][0]["name"] == r.groups[0].name
+    for g in r.groups:
+        assert isinstance(yaml.safe_load(srtslurm.serve_text(r, g)), dict)

@@ -115,11 +115,16 @@ def _where(pos: Positions, path: tuple) -> str:
     return f"{pos.where(path)}: {dotted(path)}"
 
 
+def _dig(data: Any, path: tuple) -> Any:
+    """``data`` at ``path`` through mappings; None when a step is missing or is no mapping."""
+    for k in path:
+        data = data.get(k) if isinstance(data, dict) else None
+    return data
+
+
 def _get(data: dict, pos: Positions, path: tuple, kind: type, required: bool = False) -> Any:
     """``data`` at ``path`` when it is a ``kind`` (None when absent and not required); InputError else."""
-    v: Any = data
-    for k in path:
-        v = v.get(k) if isinstance(v, dict) else None
+    v = _dig(data, path)
     if v is None:
         if required:
             raise InputError(f"{_where(pos, path)}: missing (an srt-slurm SGLang recipe has model, resources "
@@ -136,9 +141,7 @@ def _unknown_keys(data: dict, pos: Positions) -> tuple[list[str], list[str]]:
     """(warnings for keys srt-slurm does not document here, the documented top-level keys not imported)."""
     warnings = []
     for path, known in KNOWN.items():
-        v = data
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
+        v = _dig(data, path)
         if isinstance(v, dict):
             extra = [str(k) for k in v if k not in known]
             if extra:
@@ -163,17 +166,13 @@ def recipe_model(data: dict, pos: Positions, override: Optional[str] = None) -> 
             raise InputError(f"--model {override}: dsv4ctl plans {' or '.join(n for n, _ in MODELS.values())}")
         return MODELS[hit[0]][0]
     names: list[tuple[tuple, str]] = []
-    repo = ((data.get("identity") or {}).get("model") or {}).get("repo") if isinstance(data.get("identity"), dict) else None
-    if isinstance(repo, str):
-        names.append((("identity", "model", "repo"), repo))
-    sections = ((data.get("backend") or {}).get("sglang_config") or {}) if isinstance(data.get("backend"), dict) else {}
-    for sec, cfg in (sections.items() if isinstance(sections, dict) else ()):
-        for key in ("served-model-name", "served_model_name"):
-            if isinstance(cfg, dict) and isinstance(cfg.get(key), str):
-                names.append((("backend", "sglang_config", sec, key), cfg[key]))
-    path = (data.get("model") or {}).get("path") if isinstance(data.get("model"), dict) else None
-    if isinstance(path, str):
-        names.append((("model", "path"), path))
+    sections = _dig(data, ("backend", "sglang_config"))
+    candidates = [("identity", "model", "repo")] + [
+        ("backend", "sglang_config", sec, key) for sec in (sections if isinstance(sections, dict) else ())
+        for key in ("served-model-name", "served_model_name")] + [("model", "path")]
+    for where in candidates:
+        if isinstance(_dig(data, where), str):
+            names.append((where, _dig(data, where)))
     found = {}
     for where, n in names:
         m = re.search(r"(?:deepseekv4|dsv4|ds)(pro|flash)", _norm(n))
@@ -276,6 +275,8 @@ PARALLEL = {"tp": ("tp-size", "tensor-parallel-size", "tp"), "dp": ("dp-size", "
 def _size(items: list[list], what: str) -> tuple[Optional[int], int]:
     """(index in ``items`` of the key giving parallel size ``what``, its value; 1 when absent)."""
     for i, (k, v, _c) in enumerate(items):
+        if k in PARALLEL[what] and isinstance(v, str) and v.strip().isdigit():
+            v = int(v)              # srt-slurm passes values as command-line text: "8" is 8
         if k in PARALLEL[what] and isinstance(v, int) and not isinstance(v, bool):
             return i, v
     return None, 1
