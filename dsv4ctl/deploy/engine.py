@@ -26,7 +26,7 @@ from ..hosts import health
 from ..hosts.audit import now_iso
 from ..hosts.layout import HostFacts, choose_rollback_target, owner_conflict, parse_facts
 from ..hosts.lock import LOCK_HELD_CODE, held_error, holder_text, release_cmd
-from ..hosts.service import backend, log_tail_cmd
+from ..hosts.service import log_tail_cmd
 from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from ..remote.ops import framed
@@ -35,7 +35,8 @@ from .release import (Release, build_release, private_groups, launch_spec, relea
                       resolve_base, sha256_file)
 from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
                       probe, where_now, with_break_lock)
-from .site import Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, state_doc
+from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, service_for,
+                   state_doc)
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
 
@@ -256,8 +257,8 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
     model = "default"
 
     def alive_on(h: str, g: str):
-        t, p, f = site.transports[h], site.paths[h], site.facts[h]
-        cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(p, g)
+        t, p = site.transports[h], site.paths[h]
+        cmd = service_for(site, h).alive_cmd(p, g)
         return lambda: t.run(cmd, check=False, timeout=30).code == 0
 
     def alive_nodes(h: str, g: str, nodes: list[str]):
@@ -365,8 +366,7 @@ def dead_servers(site: Site, gates: list[Step]) -> str:
         g = s.extra["group"]
         nodes = [s.host, *s.extra.get("nodes", [])]
         for rank, h in enumerate(nodes):
-            f = site.facts[h]
-            cmd = backend(site.profile.deploy.service, f.systemd).alive_cmd(site.paths[h], g)
+            cmd = service_for(site, h).alive_cmd(site.paths[h], g)
             if site.transports[h].run(cmd, check=False, timeout=30).code != 0:
                 what = (f"the server process of node {rank} (of {len(nodes)}) exited" if len(nodes) > 1
                         else "the server process exited")

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..hosts.service import backend
 from ..remote import q, run_parallel
-from .site import Site, raise_failed, spec_servers, start_command
+from .site import Site, raise_failed, service_for, spec_servers, start_command
 from .steps import Step
 
 ALIVE_MARK = "@alive"
@@ -26,8 +25,8 @@ ALIVE_MARK = "@alive"
 def alive_command(site: Site, host: str, groups: list[str]) -> str:
     """Read-only shell command printing ``@alive GROUP 1`` (its process runs) or ``0`` for each of
     ``groups`` on ``host``, by the host's service backend (pid file or systemd unit)."""
-    f, p = site.facts[host], site.paths[host]
-    svc = backend(site.profile.deploy.service, f.systemd)
+    p = site.paths[host]
+    svc = service_for(site, host)
     return "; ".join(f"if {svc.alive_cmd(p, g)}; then echo {ALIVE_MARK} {q(g)} 1; else echo {ALIVE_MARK} {q(g)} 0; fi"
                      for g in groups) or "true"
 
@@ -126,12 +125,12 @@ def server_steps(site: Site, rid_of: dict[str, str], spec_of: dict[str, dict], a
     why = {(h, a.group): a.why for a in actions for h in (*a.stop, *a.start)}
     out = []
     for h in [h for h in site.hosts if h in stops]:
-        svc = backend(site.profile.deploy.service, site.facts[h].systemd)
+        svc = service_for(site, h, spec_of.get(h), spec_of.get(h))
         gs = stops[h]
         out.append(Step("stop", h, f"stop {', '.join(gs)} ({svc.name})",
                         " && ".join(f"( {svc.stop_cmd(site.paths[h], g)} )" for g in gs), stage))
     for h in [h for h in site.hosts if h in starts]:
-        svc = backend(site.profile.deploy.service, site.facts[h].systemd)
+        svc = service_for(site, h, spec_of[h])
         spec, rid = spec_of[h], rid_of[h]
         gs = sorted(starts[h], key=lambda g: (spec[g]["role"] == "router", g))
         what = ", ".join(f"{g} ({why[(h, g)]})" for g in gs)

@@ -12,6 +12,7 @@ from typing import Callable
 
 from ..errors import RemoteError
 from ..hosts.layout import HostFacts, Paths, STATE_SCHEMA, owner_conflict, read_facts, render_launch
+from ..hosts.service import backend
 from ..profile.deployment import Deployment, as_deployment
 from ..remote import Transport, connect, q, read_text, run_parallel
 
@@ -147,28 +148,32 @@ def node_of(s: dict, host: str) -> NodeOf:
     raise KeyError(host)
 
 
-def node_args(site: Site, s: dict, host: str) -> str:
+def node_args(site: Site, s: dict, host: str, dist_init_port: str | None = None) -> str:
     """SGLang's multi-node options for ``host``'s node of ``s``, shell-quoted:
     ``--nnodes N --node-rank I --dist-init-addr ADDRESS:PORT`` (ADDRESS: node 0's host address,
     bracketed when IPv6; SGLang 0.5.23 ``server_args.py``), or "" for a one-node server. They
-    follow the serve config on the command line, so they win over any value it has."""
+    follow the serve config on the command line, so they win over any value it has.
+    ``dist_init_port``: a shell variable (``$DSV4_DIST_INIT_PORT``: a Slurm job's own port) in
+    place of the spec's port, left for the shell to expand."""
     n = node_of(s, host)
     if n.nnodes <= 1:
         return ""
     addr = site.profile.hosts[n.node0].address
     addr = f"[{addr}]" if ":" in addr else addr
-    return " ".join(q(w) for w in ("--nnodes", str(n.nnodes), "--node-rank", str(n.rank),
-                                   "--dist-init-addr", f"{addr}:{s['dist_init_port']}"))
+    words = " ".join(q(w) for w in ("--nnodes", str(n.nnodes), "--node-rank", str(n.rank), "--dist-init-addr"))
+    if dist_init_port is not None:
+        return f'{words} "{addr}:{dist_init_port}"'
+    return f"{words} {q(addr + ':' + str(s['dist_init_port']))}"
 
 
-def start_command(site: Site, host: str, rid: str, group: str, s: dict) -> str:
+def start_command(site: Site, host: str, rid: str, group: str, s: dict, dist_init_port: str | None = None) -> str:
     """The launch command of ``group`` on ``host`` from its template. ``{node_args}`` is
     :func:`node_args`; a template without it gets them at its end. ``{python}`` is the release's
     own environment's interpreter (``ROOT/envs/<digest>/bin/python``) when its launch spec names
     one (``python_env``), else the profile's ``deploy.python``."""
     p = site.paths[host]
     rd = p.release(rid)
-    na = node_args(site, s, host)
+    na = node_args(site, s, host, dist_init_port)
     py = f"{p.env(s['python_env'])}/bin/python" if s.get("python_env") else site.python[host]
     values = {"python": py, "release": rd, "tree": f"{rd}/tree",
               "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
@@ -176,6 +181,19 @@ def start_command(site: Site, host: str, rid: str, group: str, s: dict) -> str:
               "router_args": " ".join(q(w) for w in s.get("router_args", [])), "node_args": na}
     cmd = render_launch(s["cmd"], values)
     return cmd if not na or "{node_args}" in s["cmd"] else f"{cmd} {na}"
+
+
+def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict | None = None):
+    """How groups are stopped, started and watched on ``host``: with ``deploy.backend: ssh`` the
+    host's service (systemd or the launcher, :func:`dsv4ctl.hosts.service.backend`), with
+    ``slurm`` the groups' Slurm jobs (:class:`dsv4ctl.deploy.slurmjobs.SlurmJobs`; ``spec`` the
+    launch spec being started, ``stop_spec`` the one being stopped). The one place that decides
+    where servers run: every start, stop and liveness check asks it."""
+    if site.profile.deploy.backend == "slurm":
+        from .slurmjobs import SlurmJobs
+        return SlurmJobs(site, host, spec, stop_spec)
+    f = site.facts.get(host)
+    return backend(site.profile.deploy.service, bool(f and f.systemd))
 
 
 def read_spec(t: Transport, site: Site, rid: str) -> dict:

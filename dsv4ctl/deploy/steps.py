@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from ..hosts.audit import append_cmd, now_iso, record_fields
 from ..hosts.layout import HostFacts, Paths, claim_cmd, facts_command, kept_after_prune, owner_doc, select_prune
 from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
-from ..hosts.service import backend
 from ..profile.deployment import http_url
 from ..remote import atomic_write_cmd, q
-from .site import Site, health_timeout, host_groups, link_bases, spec_servers, start_command
+from .site import Site, health_timeout, host_groups, link_bases, service_for, spec_servers, start_command
 
 
 #: The lock token a dry run shows (a run's is random, 16 hex digits).
@@ -163,8 +162,8 @@ def activate_cmd(site: Site, host: str, rid: str | None, prev: str | None,
     """One shell command: stop :func:`stop_groups`, switch ``current``/``previous`` atomically,
     start the groups of ``spec`` (servers first). ``restart``: only these groups are stopped and
     started (a serve-config change; the others keep running, their files are the same inodes)."""
-    f, p = site.facts[host], site.paths[host]
-    svc = backend(site.profile.deploy.service, f.systemd)
+    p = site.paths[host]
+    svc = service_for(site, host, spec, stop_spec)
     parts = [svc.stop_cmd(p, g) for g in stop_groups(spec, stop_spec, host) if restart is None or g in restart]
     parts.append(switch_cmd(p, rid, prev))
     if rid:
@@ -188,7 +187,7 @@ def switch_step(site: Site, host: str, rid: str | None, prev: str | None, spec: 
     these groups are restarted (None: every group of both releases on the host)."""
     f, p = site.facts[host], site.paths[host]
     frm = f.current if frm == "" else frm
-    svc = backend(site.profile.deploy.service, f.systemd)
+    svc = service_for(site, host, spec, stop_spec)
     stops = [g for g in stop_groups(spec, stop_spec, host) if restart is None or g in restart]
     starts = [g for g in host_groups(spec or {}, host) if restart is None or g in restart] if rid else []
     summary = (f"switch {p.current}: {frm or '(none)'} -> {rid or '(none)'} (previous -> {prev or '(none)'})"

@@ -72,12 +72,27 @@ class EnvironmentSettings:
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """The profile's ``deploy.slurm:`` section: where a server group's job runs (Slurm's
+    ``--partition``, ``--account``, ``--reservation``, ``--time``) and the ``slurm.conf`` the
+    nodes' Slurm commands read (``SLURM_CONF``; None: Slurm's default)."""
+
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    reservation: Optional[str] = None
+    time_limit: Optional[str] = None
+    conf: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class DeploySettings:
     """The profile's ``deploy:`` section (seconds for timeouts)."""
 
     root: str = "/srv/dsv4ctl"
     keep_releases: int = 5
     service: str = "auto"
+    backend: str = "ssh"                     # ssh | slurm (where servers run)
+    slurm: "SlurmSettings | None" = None      # deploy.slurm (with backend slurm)
     health_timeout_s: float = 900.0
     python: str = "python3"
     launch: dict = field(default_factory=dict)
@@ -518,7 +533,9 @@ def resolve(profile: Profile) -> Deployment:
             uv_args=tuple(sg["environment"].get("uv_args") or ())))
     deploy = DeploySettings(
         root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),
-        service=dp.get("service", DeploySettings.service),
+        service=dp.get("service", DeploySettings.service), backend=dp.get("backend", DeploySettings.backend),
+        slurm=SlurmSettings(**dp["slurm"]) if dp.get("slurm") is not None else
+        (SlurmSettings() if dp.get("backend") == "slurm" else None),
         health_timeout_s=float(dp.get("health_timeout_s", DeploySettings.health_timeout_s)),
         python=dp.get("python", DeploySettings.python), launch=dict(dp.get("launch") or {}))
     conc = ck.get("concurrency", CheckSettings.concurrency)

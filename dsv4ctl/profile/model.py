@@ -74,6 +74,20 @@ PROFILE_SCHEMA: dict = {
                 "root": {"type": "string"},
                 "keep_releases": _pos_int,
                 "service": {"enum": ["auto", "systemd", "launcher"]},
+                # where servers run: ssh (a process per host under launcher/systemd) or slurm
+                # (one Slurm job per server group, submitted from its node 0; docs/slurm.md)
+                "backend": {"enum": ["ssh", "slurm"]},
+                "slurm": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "partition": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}\\Z"},
+                        "account": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}\\Z"},
+                        "reservation": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}\\Z"},
+                        "time_limit": {"type": "string", "pattern": "^(\\d+-)?\\d{1,2}(:\\d{2}){0,2}\\Z|^\\d+\\Z"},
+                        "conf": {"type": "string", "minLength": 1,
+                                 "description": "slurm.conf on the nodes (SLURM_CONF for sbatch/squeue/scancel); default: Slurm's own"},
+                    },
+                },
                 "health_timeout_s": _num,
                 "python": {"type": "string"},
                 "launch": {"type": "object", "additionalProperties": {"type": "string"}},

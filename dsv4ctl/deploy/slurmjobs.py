@@ -1,0 +1,130 @@
+"""Server groups as Slurm jobs (``deploy.backend: slurm``): the service a deploy's, rollback's and
+lifecycle's steps use on a host, in place of the launcher or systemd.
+
+Releases are placed on every node as over SSH (pushed, verified, environment built, switched:
+the hosts of the profile are the Slurm nodes, by their Slurm node names). What differs is how a
+group runs: one Slurm job per server group (every node of a multi-node server is one task of
+it), built by :func:`dsv4ctl.hosts.slurm.batch_script`, stored beside the release on the group's
+node 0 (``ROOT/run/<group>-<release>.sbatch``) and submitted from there. Every verb of a group
+(stop, start) is run by the host that is the group's node 0 only, so the nodes of one server
+never race (one node's stop must not cancel the job another node just submitted); the other
+nodes' steps only switch their ``current`` link. Each node's task writes the server's output to
+that node's own ``ROOT/logs/<group>.log`` with the launcher's start header and exit line, so
+``logs``, ``diagnose`` and the gate's log tail read the same files as over SSH.
+
+The job's fate is the server's (:mod:`dsv4ctl.hosts.slurm`): a rank that dies ends the job
+FAILED, a crashed rank takes the others down, the dist-init port is derived from the release and
+the job. Stop: ``scancel`` by the group's job name, waited for until Slurm lists no job of it
+(the nodes are free for the next job), the ended jobs written to the log. Alive: a job of the
+group pending, configuring or running."""
+
+from __future__ import annotations
+
+from ..hosts.layout import Paths
+from ..hosts.service import group_script
+from ..hosts.slurm import JobSpec, batch_script
+from ..remote import q
+from .site import Site, spec_servers, start_command
+
+#: Seconds a stop waits for Slurm to list no job of the group (scancel, KillWait, epilog).
+STOP_WAIT_S = 120
+
+
+class SlurmJobs:
+    """The slurm service of ``host`` for the groups of ``spec`` (the release being started) and
+    ``stop_spec`` (the one being stopped). Same methods as
+    :class:`dsv4ctl.hosts.service.Launcher`: each returns one shell command."""
+
+    name = "slurm"
+
+    def __init__(self, site: Site, host: str, spec: dict | None = None, stop_spec: dict | None = None):
+        self.site, self.host = site, host
+        self.spec, self.stop_spec = spec or {}, stop_spec or {}
+        self.settings = site.profile.deploy.slurm
+        self.profile = site.profile.name
+
+    # -- who acts for a group ------------------------------------------------------------------
+    def node0(self, group: str) -> str | None:
+        """The host that acts for ``group``: node 0 of its (first) server in the new spec, else
+        in the stopped one."""
+        for sp in (self.spec, self.stop_spec):
+            if group in sp:
+                return spec_servers(sp[group])[0][0]
+        return None
+
+    def job_name(self, group: str) -> str:
+        return f"dsv4ctl:{self.profile}:{group}"
+
+    def _env(self) -> str:
+        conf = self.settings.conf if self.settings else None
+        return f"export SLURM_CONF={q(conf)}; " if conf else ""
+
+    # -- the service verbs -------------------------------------------------------------------
+    def stop_cmd(self, p: Paths, group: str) -> str:
+        """On the group's node 0: cancel every job named for the group and wait (at most
+        :data:`STOP_WAIT_S` s) until Slurm lists none; the ended job ids go to the group's log.
+        Elsewhere nothing (exit 0)."""
+        if self.host != self.node0(group):
+            return "true"
+        name, lf = q(self.job_name(group)), q(p.logfile(group))
+        n = STOP_WAIT_S * 10
+        return (f"{self._env()}jobs=$(squeue -h -n {name} -o %i | tr '\\n' ' '); "
+                f"if [ -n \"$jobs\" ]; then scancel --name={name} || exit 1; i=0; "
+                f"while [ -n \"$(squeue -h -n {name} -o %i)\" ]; do i=$((i+1)); "
+                f"if [ $i -gt {n} ]; then echo \"slurm job(s) $jobs of {group} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
+                f"sleep 0.1; done; mkdir -p {q(p.root + '/logs')}; "
+                f"echo \"=== dsv4ctl: slurm job(s) $jobs of {group} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi")
+
+    def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict) -> str:
+        """On the group's node 0: write the group's batch script beside the release (atomic) and
+        submit it; its job id goes to ``run/<group>.job`` and the log. Elsewhere the log folder
+        only (a node's task writes its log there). ``command`` and ``env`` are this host's; the
+        script renders every node's own from the launch spec."""
+        logs = q(p.root + "/logs")
+        if self.host != self.node0(group):
+            return f"mkdir -p {logs}"
+        script = batch_script(self.job_spec(group, rid))
+        path = f"{p.root}/run/{group}-{rid}.sbatch"
+        lf, jf = q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
+        return (f"set -e; {self._env()}mkdir -p {q(p.root + '/run')} {logs} {q(p.root + '/logs/slurm')}; "
+                f"t=$(mktemp {q(path)}.XXXXXX); printf %s {q(script)} > \"$t\"; mv -f \"$t\" {q(path)}; "
+                f"jid=$(sbatch --parsable {q(path)}); jid=${{jid%%;*}}; "
+                f"echo \"$jid\" > {jf}.tmp; mv -f {jf}.tmp {jf}; "
+                f"echo \"=== dsv4ctl: {group} release {rid} submitted as slurm job $jid "
+                f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
+
+    def alive_cmd(self, p: Paths, group: str) -> str:
+        """Exit 0 while a job of the group is pending, configuring or running (on any host)."""
+        return f"{self._env()}squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
+
+    # -- the batch script --------------------------------------------------------------------
+    def node_command(self, host: str, group: str, rid: str) -> str:
+        """What ``host``'s task runs: its log opened for append with the launcher's start
+        header, the release folder, the group's environment and :func:`group_script` (the
+        launch command with SGLang's multi-node options; the dist-init port the job's own)."""
+        s = self.spec[group]
+        p = self.site.paths[host]
+        cmd = start_command(self.site, host, rid, group, s, dist_init_port="$DSV4_DIST_INIT_PORT")
+        envs = " ".join(q(f"{k}={v}") for k, v in sorted((s.get("env") or {}).items()))
+        lf = q(p.logfile(group))
+        return (f"mkdir -p {q(p.root + '/logs')}; exec >>{lf} 2>&1; "
+                f"echo \"=== dsv4ctl start {group} release {rid} at $(date -u +%Y-%m-%dT%H:%M:%SZ) "
+                f"(slurm job $SLURM_JOB_ID, node $SLURMD_NODENAME)\"; cd {q(p.release(rid))}; "
+                f"env {envs} sh -c {q(group_script(group, cmd))}")
+
+    def job_spec(self, group: str, rid: str) -> JobSpec:
+        """The :class:`JobSpec` of ``group`` of release ``rid``: its nodes pinned by name, each
+        node's command chosen by ``$SLURMD_NODENAME``."""
+        s = self.spec[group]
+        nodes = spec_servers(s)[0]
+        cases = [f"  {h}) {self.node_command(h, group, rid)} ;;" for h in nodes]
+        cases.append(f'  *) echo "dsv4ctl: node $SLURMD_NODENAME runs no node of {group}" >&2; exit 2 ;;')
+        command = 'case "$SLURMD_NODENAME" in\n' + "\n".join(cases) + "\nesac"
+        p0 = self.site.paths[nodes[0]]
+        st = self.settings
+        avoid = tuple(x for x in (s.get("port"), s.get("bootstrap_port")) if isinstance(x, int))
+        return JobSpec(profile=self.profile, group=group, release=rid, nodes=len(nodes), command=command,
+                       log_dir=f"{p0.root}/logs/slurm", workdir=p0.root, nodelist=",".join(nodes),
+                       partition=st.partition if st else None, account=st.account if st else None,
+                       reservation=st.reservation if st else None, time_limit=st.time_limit if st else None,
+                       avoid_ports=avoid)
