@@ -154,18 +154,24 @@ def first_deploy_canary(canary: list[str], currents: dict[str, str | None]) -> l
 
 
 def canary_check_args(profile, kind: str, url: str | None, canary_hosts: list[str]) -> list[str]:
-    """Extra argv of a canary check sent to the profile's router ``url``: ``check smoke`` gets
-    ``--worker URL`` for every server whose node 0 is on a canary host (each replica; its facts
+    """Extra argv of a canary check sent to ``url``: ``check smoke`` gets ``--expect-version``
+    (the tree's SGLang release) and, sent to the profile's router, ``--worker URL`` for every server whose node 0 is on a canary host (each replica; its facts
     are read from it, not from the gateway); ``check load`` gets ``--gateway-metrics`` (the router's Prometheus URL:
     retries the gateway hid). [] for checks not sent to the router."""
+    from ..plan.sglang_version import resolve_version
     from ..profile.deployment import as_deployment
     dep = as_deployment(profile)
     routers = dep.routers()
-    if not url or not routers or url != routers[0].url:
+    if not url:
         return []
+    # a check sent to a URL has no profile to read the release from: the SGLang release the
+    # workers must report is the one the deployed tree says (check smoke --expect-version)
+    expect = ["--expect-version", resolve_version(dep).version] if kind == "smoke" else []
+    if not routers or url != routers[0].url:
+        return expect
     if kind == "smoke":
-        return [w for g in dep.servers() for srv, (_, u) in zip(g.group.servers or [g.group.nodes], g.replica_urls)
-                if srv[0].host in canary_hosts for w in ("--worker", u)]
+        return expect + [w for g in dep.servers() for srv, (_, u) in zip(g.group.servers or [g.group.nodes], g.replica_urls)
+                         if srv[0].host in canary_hosts for w in ("--worker", u)]
     return ["--gateway-metrics", routers[0].metrics_url]
 
 
