@@ -97,11 +97,13 @@ def test_check_target_profile_entry_or_the_canary_url(tmp_path):
     assert check_target(colo, None) is None                  # everything switched: the profile
     # checks sent to the router: smoke reads the canary's facts from its workers, load scrapes the gateway
     router = "http://127.0.0.4:8000"
-    assert canary_check_args(pd, "smoke", router, ["h1"]) == ["--worker", "http://127.0.0.3:30000"]
+    # a smoke sent to a URL expects the profile's SGLang release (the workers report it)
+    assert canary_check_args(pd, "smoke", router, ["h1"]) == ["--expect-version", "0.5.23", "--worker", "http://127.0.0.3:30000"]
     assert canary_check_args(pd, "load", router, ["h1"]) == ["--gateway-metrics", "http://127.0.0.4:29000/metrics"]
     assert canary_check_args(pd, "smoke", None, ["h1"]) == [] and canary_check_args(colo, "load", "http://127.0.0.2:31000", ["h0"]) == []
+    assert canary_check_args(colo, "smoke", "http://127.0.0.2:31000", ["h0"]) == ["--expect-version", "0.5.23"]
     assert check_argv("smoke", "/p.yaml", PromoteOptions(), router, canary_check_args(pd, "smoke", router, ["h1"])) == [
-        "check", "smoke", router, "--worker", "http://127.0.0.3:30000", "--json"]
+        "check", "smoke", router, "--expect-version", "0.5.23", "--worker", "http://127.0.0.3:30000", "--json"]
     po = PromoteOptions(turns=3)
     assert effective_options(colo, po, None) is po
     e = effective_options(colo, po, "http://127.0.0.3:32000")
