@@ -206,7 +206,7 @@ def test_bad_locks_are_refused_before_anything(world):
     os.mkfifo(fifo)
     text = ", not a regular file: a lock is a text file"
     for target, why in [(big, "larger than 8 MiB: not an environment lock (SGLang's are under 1 MB)"),
-                        (fifo, "a FIFO" + text), (w.tmp, "a folder" + text), ("/dev/zero", "a character device" + text)]:
+                        (fifo, "a pipe" + text), (w.tmp, "a folder" + text), ("/dev/zero", "a device" + text)]:
         w.lock.unlink()
         w.lock.symlink_to(target)
         t0 = time.monotonic()

@@ -23,9 +23,7 @@ Pure core here (no I/O but :func:`read_lock_file`): :func:`parse_lock`, :func:`e
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import stat
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -158,42 +156,22 @@ MAX_LOCK_BYTES = 8 << 20
 ``sglang==0.5.23`` (every platform's wheel hashes of its 221 distributions) is 0.42 MB: a file
 past this is not a lock (a log, an image, ``/dev/zero``) and is never read into memory."""
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def read_lock_file(path, where: str) -> bytes:
     """The bytes of the environment lock at ``path`` (symlinks followed), at most
-    :data:`MAX_LOCK_BYTES`. InputError (exit 2, one line naming ``where``) when it cannot be
-    opened, is no regular file (a FIFO is opened without waiting for a writer and refused; a
-    device is never read) or is larger than the cap (checked before reading and while reading:
-    a file growing under the read is refused too)."""
+    :data:`MAX_LOCK_BYTES`, through the one reader of operator files
+    (:func:`dsv4ctl.resources.read_regular`). InputError (exit 2, one line naming ``where``)
+    when it cannot be opened, is no regular file (a FIFO is never waited on, a device never read)
+    or is larger than the cap."""
+    from ..resources import FileTooLarge, NotRegularFile, read_regular
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(path, MAX_LOCK_BYTES)
+    except NotRegularFile as e:
+        raise InputError(f"{where}: {e.kind}, not a regular file: a lock is a text file") from None
+    except FileTooLarge:
+        raise InputError(f"{where}: larger than {MAX_LOCK_BYTES >> 20} MiB: not an environment lock "
+                         "(SGLang's are under 1 MB)") from None
     except OSError as e:
         raise InputError(f"{where}: cannot read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a file")
-            raise InputError(f"{where}: {kind}, not a regular file: a lock is a text file")
-        too_big = f"{where}: larger than {MAX_LOCK_BYTES >> 20} MiB: not an environment lock (SGLang's are under 1 MB)"
-        if st.st_size > MAX_LOCK_BYTES:
-            raise InputError(too_big)
-        chunks, n = [], 0
-        while n <= MAX_LOCK_BYTES:
-            b = os.read(fd, min(1 << 20, MAX_LOCK_BYTES + 1 - n))
-            if not b:
-                break
-            chunks.append(b)
-            n += len(b)
-        if n > MAX_LOCK_BYTES:
-            raise InputError(too_big)
-    except OSError as e:
-        raise InputError(f"{where}: cannot read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
 
 
 def decode_lock(data: bytes, where: str) -> str:
