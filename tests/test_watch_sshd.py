@@ -135,7 +135,7 @@ def test_a_fix_deployed_over_a_corrupting_release_is_never_rolled_back_and_no_go
 
     from dsv4ctl.check.driver import make_client
     from dsv4ctl.profile.deployment import load_deployment
-    from dsv4ctl.watch.run import Watcher, WatchOptions
+    from dsv4ctl.watch.run import Watcher, WatchOptions, event_line
     w = PromoteWorld(live_cluster, tmp_path, check={"concurrency": 4, "max_corruption": 0.01, "turns": 1,
                                                     "stall_timeout_s": 20})
     try:
@@ -192,6 +192,8 @@ def test_a_fix_deployed_over_a_corrupting_release_is_never_rolled_back_and_no_go
         assert [e["outcome"] for e in acts] == ["skipped_stale"], acts
         assert acts[0]["detail"] == (f"the evidence is about release {b}; the hosts run "
                                      + ", ".join(f"{h}: {c}" for h in sorted(w.roots)) + " now")
+        assert event_line(acts[0]).startswith(f"watch: on-alert corruption: runbook bad-release skipped_stale: ")
+        assert event_line(acts[0]).endswith(f"; {acts[0]['detail']}")
         assert w.currents() == {h: c for h in w.roots}
         assert all(w.state(h)["releases"][c]["state"] == "active" for h in w.roots)
         assert {watcher.release[t.name][0] for t in watcher.targets} == {c}     # the labels follow the read

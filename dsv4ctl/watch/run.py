@@ -441,6 +441,8 @@ class Watcher:
                                     "outcome": "skipped_lock", "why": why, "locked": sorted(held),
                                     "lock_unknown": unknown})
                 continue
+            if self.opts.auto and self._actions:
+                continue       # one --auto action at a time: its decision's lock would stop the other's steps
             last = self._decided.get(cond)
             if self.opts.auto and last and now - last[0] < DECIDE_AGAIN_S:
                 continue       # a decision said not now a moment ago: not a lock per evaluation
@@ -685,7 +687,7 @@ def event_line(e: dict) -> str:
         last = (e.get("output_tail") or [""])[-1] if e.get("outcome") in ("failed", "dry_run_would_stop") else ""
         return (f"watch: on-alert {e['condition']}: runbook {e['runbook']} {e['outcome']}"
                 + (f" (exit {e['exit']})" if "exit" in e else "") + (f": {e['why']}" if e.get("why") else "")
-                + (f"; it said: {last}" if last else ""))
+                + (f"; it said: {last}" if last else "") + (f"; {e['detail']}" if e.get("detail") else ""))
     if kind == "recovered":
         return f"watch: {e['target']}: probe {e['rid']} ok again after {e['after']} probe(s) not ok"
     if kind == "started":
