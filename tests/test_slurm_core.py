@@ -48,7 +48,7 @@ def test_account_reservation_and_env_are_rendered_quoted():
 @pytest.mark.parametrize("kw, msg", [
     (dict(nodes=0), "nodes must be >= 1"),
     (dict(partition="gpu; rm -rf /"), "is not a Slurm name"),
-    (dict(release="not-hex!"), "is not a hex release id"),
+    (dict(release="not-hex!"), "is not a release id"),
     (dict(time_limit="forever"), "is not Slurm's --time"),
     (dict(nodelist="n1 n2"), "is not a Slurm hostlist"),
     (dict(env=(("BAD NAME", "1"),)), "is not a shell variable name"),

@@ -35,7 +35,8 @@ from .release import (Release, build_release, private_groups, launch_spec, relea
                       resolve_base, sha256_file)
 from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
                       probe, where_now, with_break_lock)
-from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec, service_for,
+from .service import service_for
+from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec,
                    state_doc)
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..remote import q, run_parallel
-from .site import Site, raise_failed, service_for, spec_servers, start_command
+from .service import service_for
+from .site import Site, raise_failed, spec_servers, start_command
 from .steps import Step
 
 ALIVE_MARK = "@alive"

@@ -12,7 +12,6 @@ from typing import Callable
 
 from ..errors import RemoteError
 from ..hosts.layout import HostFacts, Paths, STATE_SCHEMA, owner_conflict, read_facts, render_launch
-from ..hosts.service import backend
 from ..profile.deployment import Deployment, as_deployment
 from ..remote import Transport, connect, q, read_text, run_parallel
 
@@ -181,19 +180,6 @@ def start_command(site: Site, host: str, rid: str, group: str, s: dict, dist_ini
               "router_args": " ".join(q(w) for w in s.get("router_args", [])), "node_args": na}
     cmd = render_launch(s["cmd"], values)
     return cmd if not na or "{node_args}" in s["cmd"] else f"{cmd} {na}"
-
-
-def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict | None = None):
-    """How groups are stopped, started and watched on ``host``: with ``deploy.backend: ssh`` the
-    host's service (systemd or the launcher, :func:`dsv4ctl.hosts.service.backend`), with
-    ``slurm`` the groups' Slurm jobs (:class:`dsv4ctl.deploy.slurmjobs.SlurmJobs`; ``spec`` the
-    launch spec being started, ``stop_spec`` the one being stopped). The one place that decides
-    where servers run: every start, stop and liveness check asks it."""
-    if site.profile.deploy.backend == "slurm":
-        from .slurmjobs import SlurmJobs
-        return SlurmJobs(site, host, spec, stop_spec)
-    f = site.facts.get(host)
-    return backend(site.profile.deploy.service, bool(f and f.systemd))
 
 
 def read_spec(t: Transport, site: Site, rid: str) -> dict:

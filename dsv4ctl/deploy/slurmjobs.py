@@ -16,12 +16,13 @@ The job's fate is the server's (:mod:`dsv4ctl.hosts.slurm`): a rank that dies en
 FAILED, a crashed rank takes the others down, the dist-init port is derived from the release and
 the job. Stop: ``scancel`` by the group's job name, waited for until Slurm lists no job of it
 (the nodes are free for the next job), the ended jobs written to the log. Alive: a job of the
-group pending, configuring or running."""
+group pending, configuring or running. A router group is no Slurm job: it runs on its host as
+over SSH (the launcher or systemd), in front of the jobs' node 0."""
 
 from __future__ import annotations
 
 from ..hosts.layout import Paths
-from ..hosts.service import group_script
+from ..hosts.service import backend, group_script
 from ..hosts.slurm import JobSpec, batch_script
 from ..remote import q
 from .site import Site, spec_servers, start_command
@@ -42,6 +43,17 @@ class SlurmJobs:
         self.spec, self.stop_spec = spec or {}, stop_spec or {}
         self.settings = site.profile.deploy.slurm
         self.profile = site.profile.name
+        f = site.facts.get(host)
+        self.ssh = backend(site.profile.deploy.service, bool(f and f.systemd))   # routers run as over SSH
+
+    def _role(self, group: str) -> str | None:
+        """The group's role: from the launch specs, else from the profile (a liveness check
+        asked without a spec)."""
+        for sp in (self.spec, self.stop_spec):
+            if group in sp:
+                return sp[group].get("role")
+        g = self.site.profile.groups.get(group)
+        return g.role if g is not None else None
 
     # -- who acts for a group ------------------------------------------------------------------
     def node0(self, group: str) -> str | None:
@@ -63,7 +75,9 @@ class SlurmJobs:
     def stop_cmd(self, p: Paths, group: str) -> str:
         """On the group's node 0: cancel every job named for the group and wait (at most
         :data:`STOP_WAIT_S` s) until Slurm lists none; the ended job ids go to the group's log.
-        Elsewhere nothing (exit 0)."""
+        Elsewhere nothing (exit 0). A router runs on its host as over SSH."""
+        if self._role(group) == "router":
+            return self.ssh.stop_cmd(p, group)
         if self.host != self.node0(group):
             return "true"
         name, lf = q(self.job_name(group)), q(p.logfile(group))
@@ -79,7 +93,9 @@ class SlurmJobs:
         """On the group's node 0: write the group's batch script beside the release (atomic) and
         submit it; its job id goes to ``run/<group>.job`` and the log. Elsewhere the log folder
         only (a node's task writes its log there). ``command`` and ``env`` are this host's; the
-        script renders every node's own from the launch spec."""
+        script renders every node's own from the launch spec. A router runs as over SSH."""
+        if self._role(group) == "router":
+            return self.ssh.start_cmd(p, group, rid, command, env)
         logs = q(p.root + "/logs")
         if self.host != self.node0(group):
             return f"mkdir -p {logs}"
@@ -94,7 +110,10 @@ class SlurmJobs:
                 f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
 
     def alive_cmd(self, p: Paths, group: str) -> str:
-        """Exit 0 while a job of the group is pending, configuring or running (on any host)."""
+        """Exit 0 while a job of the group is pending, configuring or running (on any host); a
+        router's process as over SSH."""
+        if self._role(group) == "router":
+            return self.ssh.alive_cmd(p, group)
         return f"{self._env()}squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
 
     # -- the batch script --------------------------------------------------------------------

@@ -29,7 +29,8 @@ from ..hosts.layout import HostFacts, Paths, claim_cmd, facts_command, kept_afte
 from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
 from ..profile.deployment import http_url
 from ..remote import atomic_write_cmd, q
-from .site import Site, health_timeout, host_groups, link_bases, service_for, spec_servers, start_command
+from .service import service_for
+from .site import Site, health_timeout, host_groups, link_bases, spec_servers, start_command
 
 
 #: The lock token a dry run shows (a run's is random, 16 hex digits).

@@ -93,8 +93,8 @@ def _check(spec: JobSpec) -> None:
                     ("account", spec.account), ("reservation", spec.reservation)):
         if v is not None and not _NAME.match(v):
             raise InputError(f"slurm: {what} {v!r} is not a Slurm name (letters, digits, ._:@+-)")
-    if not re.fullmatch(r"[0-9a-f]{6,64}", spec.release):
-        raise InputError(f"slurm: release id {spec.release!r} is not a hex release id")
+    if not re.fullmatch(r"r?[0-9a-f]{6,64}", spec.release):
+        raise InputError(f"slurm: release id {spec.release!r} is not a release id (r + hex digits)")
     if spec.time_limit is not None and not _TIME.match(spec.time_limit):
         raise InputError(f"slurm: time limit {spec.time_limit!r} is not Slurm's --time (MM, HH:MM:SS, D-HH:MM)")
     if spec.nodelist is not None and not _NODELIST.match(spec.nodelist):
@@ -284,7 +284,7 @@ def parse_squeue(text: str) -> list[dict[str, str]]:
 
 def release_of(comment: str) -> str | None:
     """The release id a job comment (:attr:`JobSpec.comment`) names, or None."""
-    m = re.search(r"(?:^|:)release=([0-9a-f]{6,64})(?::|$)", comment or "")
+    m = re.search(r"(?:^|:)release=(r?[0-9a-f]{6,64})(?::|$)", comment or "")
     return m.group(1) if m else None
 
 

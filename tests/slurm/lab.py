@@ -68,16 +68,19 @@ class SlurmLab:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
 
     @classmethod
-    def start(cls, root: Path, net: int, nodes: int = 3, min_job_age: int = 300) -> "SlurmLab":
-        """Write slurm.conf under ``root``, start munged, slurmctld and ``nodes`` slurmd, and
-        wait until every node is idle (about 1 s here). RuntimeError with the daemons' logs
-        when they do not come up within 20 s."""
+    def start(cls, root: Path, net: int, nodes: "int | dict[str, str]" = 3, min_job_age: int = 300) -> "SlurmLab":
+        """Write slurm.conf under ``root``, start munged, slurmctld and the slurmd of ``nodes``
+        (a count: ``n1``.. on ``127.0.NET.201``..; or {node name: address}, e.g. the sshd test
+        hosts, so that a node's servers listen where the profile says), and wait until every
+        node is idle (about 1 s here). RuntimeError with the daemons' logs when they do not come
+        up within 20 s."""
         root.mkdir(parents=True, exist_ok=True)
         for d in ("state", "spool", "log"):
             (root / d).mkdir(exist_ok=True)
         # munge's socket path must fit sockaddr_un (108 bytes): a short folder of its own
         sock_dir = Path(tempfile.mkdtemp(prefix="slab", dir="/tmp"))
-        names = {f"n{k}": f"127.0.{net}.{200 + k}" for k in range(1, nodes + 1)}
+        names = (dict(nodes) if isinstance(nodes, dict)
+                 else {f"n{k}": f"127.0.{net}.{200 + k}" for k in range(1, nodes + 1)})
         conf = root / "slurm.conf"
         lab = cls(root=root, sock_dir=sock_dir, conf=conf, nodes=names)
         conf.write_text(lab._conf_text(net, min_job_age))
@@ -116,8 +119,7 @@ class SlurmLab:
         for k, (n, addr) in enumerate(self.nodes.items()):
             lines.append(f"NodeName={n} NodeHostname={host} NodeAddr={addr} Port={d0 + k} "
                          "CPUs=2 RealMemory=2000")
-        first, last = list(self.nodes)[0][1:], list(self.nodes)[-1][1:]
-        lines.append(f"PartitionName={self.partition} Nodes=n[{first}-{last}] Default=YES "
+        lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES "
                      "OverSubscribe=EXCLUSIVE MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 

@@ -1,0 +1,126 @@
+"""Releases on Slurm end to end (issue 43): the four real sshd hosts are also the nodes of a real
+Slurm cluster (tests/slurm/lab.py: slurmctld + four slurmd named h0..h3 at the hosts' addresses),
+the profile says ``deploy.backend: slurm``. A prefill server over h0+h1 and a decode server over
+h2+h3 (SGLang ``--nnodes 2``, the multi-node stand-in) run as one Slurm job each; the router runs
+on h0 as over SSH. Deploy, a release whose rank fails (the job ends FAILED, the gate fails, the
+previous release's job serves again), a rank killed under a running release."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from dsv4ctl.hosts.slurm import parse_squeue, release_of
+from tests.conftest import run_cli, worker_index
+from tests.slurm.lab import SlurmLab, missing
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.world import http_status, wait_for
+from tests.test_multinode_deploy import TwoNodeWorld
+
+pytestmark = [pytest.mark.sshd, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
+
+
+@pytest.fixture(scope="module")
+def slurm_lab(sshd_cluster, tmp_path_factory):
+    lab = SlurmLab.start(tmp_path_factory.mktemp("slurm"), net=worker_index(),
+                         nodes={h.name: h.address for h in sshd_cluster.hosts})
+    yield lab
+    lab.stop()
+
+
+class SlurmWorld(TwoNodeWorld):
+    """TwoNodeWorld with ``deploy.backend: slurm`` on ``lab``."""
+
+    lab: SlurmLab | None = None
+
+    def write(self) -> None:
+        super().write()
+        prof = yaml.safe_load(self.profile.read_text())
+        prof["deploy"]["backend"] = "slurm"
+        prof["deploy"]["slurm"] = {"partition": self.lab.partition, "conf": str(self.lab.conf), "time_limit": "60"}
+        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+
+@pytest.fixture
+def world(live_cluster, slurm_lab, tmp_path):
+    SlurmWorld.lab = slurm_lab
+    w = SlurmWorld(live_cluster, tmp_path)
+    yield w
+    slurm_lab.run("scancel", "--partition", slurm_lab.partition)
+    w.stop_services()
+    time.sleep(0.5)
+
+
+def jobs(lab: SlurmLab, group: str) -> list[dict]:
+    r = lab.run("squeue", "-h", "-n", f"dsv4ctl:deploy-test:{group}", "-o", "%i|%T|%r|%k|%N")
+    return parse_squeue(r.stdout)
+
+
+def deploy(w, *args, **kw):
+    return run_cli("deploy", str(w.profile), "--tree", str(w.tree), "--base", "v0.5.23",
+                   "--accept-new-host-keys", *args, env=w.env(), timeout=kw.get("timeout", 180))
+
+
+def test_a_release_runs_as_one_slurm_job_per_server_group(world):
+    w, lab = world, world.lab
+    dry = deploy(w, "--dry-run")
+    assert dry.code == 0, dry.err
+    assert "start prefill (slurm)" in dry.out and "start decode (slurm)" in dry.out
+    r = deploy(w)
+    assert r.code == 0, r.err + r.out
+    rid = w.current("h0")
+    assert set(w.currents().values()) == {rid}
+    for g, nodes in (("prefill", "h[0-1]"), ("decode", "h[2-3]")):
+        [job] = jobs(lab, g)
+        assert (job["state"], release_of(job["comment"]), job["nodes"]) == ("RUNNING", rid, nodes)
+        script = (w.roots["h0" if g == "prefill" else "h2"] / "run" / f"{g}-{rid}.sbatch").read_text()
+        assert "srun --kill-on-bad-exit=1" in script and f"--job-name=dsv4ctl:deploy-test:{g}" in script
+        assert (w.roots["h0" if g == "prefill" else "h2"] / "run" / f"{g}.job").read_text().strip() == job["job"]
+    # each node's server writes its own host's log, with the launcher's start header
+    assert "=== dsv4ctl start prefill release" in w.log("h1", "prefill")
+    assert "joined node 0" in w.log("h1", "prefill")
+    assert http_status(f"http://{w.hosts[0].address}:{w.ports['router']}/health") == 200
+
+
+def test_a_release_whose_rank_fails_is_rolled_back_to_the_previous_job(world):
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    good = w.current("h0")
+    [old] = jobs(lab, "prefill")
+    w.node_env["STANDIN_CRASH_NODE"] = "1"           # prefill's node 1 fails at start: the job must end FAILED
+    w.write()
+    t0 = time.monotonic()
+    r = deploy(w)
+    took = time.monotonic() - t0
+    assert r.code == 1, r.err + r.out
+    assert f"rolled back to {good} on all hosts" in r.err and "the previous release is healthy again" in r.err
+    assert w.current("h0") == good and set(w.currents().values()) == {good}
+    states = json.loads((w.roots["h0"] / "state.json").read_text())["releases"]
+    [bad] = [rid for rid in states if rid != good]
+    assert (states[bad]["state"], states[bad]["failed_check"]) == ("failed", "health gate")
+    assert states[good]["state"] == "active"
+    assert "uncorrectable ECC error" in w.log("h1", "prefill")        # node 1's own log says why
+    [job] = jobs(lab, "prefill")
+    assert job["state"] == "RUNNING" and release_of(job["comment"]) == good and job["job"] != old["job"]
+    assert took < 60, took                         # the failed job ended at once, not at the health timeout
+
+
+def test_a_rank_killed_under_a_running_release_ends_its_job(world):
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    [job] = jobs(lab, "decode")
+    pids = subprocess.run(["pgrep", "-f", r"standin_sglang.*--node-rank.*1"], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        if b"--node-rank" in cmd and cmd[cmd.index(b"--node-rank") + 1] == b"1" and str(w.ports["decode"]).encode() in b" ".join(cmd):
+            os.kill(int(pid), signal.SIGKILL)
+    assert wait_for(lambda: not jobs(lab, "decode"), timeout=30)
+    rec = lab.job(job["job"])
+    assert rec["JobState"] == "FAILED", rec
+    assert "=== dsv4ctl: decode exited with status 137" in w.log("h3", "decode")
