@@ -170,6 +170,8 @@ def test_killing_node_1_stops_node_0_on_its_watchdog(world):
     pre = doc["groups"]["prefill"]
     assert [(n["node"], n["host"], n["alive"]) for n in pre["nodes"]] == [(0, h[0], False), (1, h[1], False)], \
         (w.log(h[0], "prefill"), (w.roots[h[0]] / "run" / "prefill.pid").read_text(), ps())
+    # each node's log where its own host keeps it (every host of this world has its own root)
+    assert [n["log_source"] for n in pre["nodes"]] == [f"{x}:{w.roots[x]}/logs/prefill.log" for x in h[:2]]
     lost = pre["findings"][0]
     assert (lost["rule"], lost["host"], lost["severity"]) == ("lost_node", h[1], "crash")
     assert lost["cause"].startswith("node 1 of 2 is dead: node 0 exited on its collective watchdog")

@@ -121,7 +121,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
         dist = f"{f'[{a0}]' if ':' in a0 else a0}:{g.dist_init_port}" if node.nnodes > 1 else None
         return Evidence(group=node.server, host=h, role=g.role, alive=alive,
                         exit_status=exit_status if alive is False else None, restarts=starts, log=log,
-                        log_source=f"{h}:{g.root}/logs/{g.name}.log", health=pr["health"] if pr else None,
+                        log_source=f"{h}:{site.paths[h].logfile(g.name)}", health=pr["health"] if pr else None,
                         server_info=info, metrics_before=pr["metrics_before"] if pr else None,
                         metrics_after=pr["metrics_after"] if pr else None, window_s=window, gpus=gpus or None,
                         hicache=hicache, node=node.node, nnodes=node.nnodes,
