@@ -13,7 +13,6 @@ from .capacity import CapacityError
 from ..errors import InputError
 from .models import CHECKPOINT_FORMATS
 from . import verdict as vd
-from . import weights as wts
 from .versions import DEFAULT_VERSION, VersionRules, rules_for
 from ..profile.model import MAX_GIB, Group, Profile
 from ..profile.serveconfig import ServeConfig, canonical
@@ -674,7 +673,9 @@ def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, override
     dw_gib = args.get("draft_weights_gib_per_rank", getattr(mem, "draft_weights_gib_per_rank", None))
     w_fixed = None
     if w_gib is None or (spec_algo and dw_gib is None):
-        # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights)
+        # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights;
+        # imported here: a plan whose profile gives the figures never loads it, benchmarks/startup.py)
+        from . import weights as wts
         tp, dp, pp, dpa = args["tp_size"], args["dp_size"], args["pp_size"], args["enable_dp_attention"]
         est = wts.estimate(facts, getattr(facts, "config_path", None), fmt,
                            wts.sharding_from_args(args, tp, dp, pp, dpa, pp_partition), model.num_hidden_layers)

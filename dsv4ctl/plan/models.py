@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Optional
 
 from .capacity import CapacityError, ModelGeometry
-from .weights import is_checkpoint_dir
 from ..errors import InputError
 from ..resources import MODELS_DIR
 
@@ -80,6 +79,7 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
         except CapacityError as e:  # pragma: no cover - shipped data is tested
             raise InputError(str(e)) from None
     shown = ref if len(ref) <= MAX_SHOWN else ref[:MAX_SHOWN] + f"... ({len(ref)} characters)"
+    from .weights import is_checkpoint_dir     # here: a shipped model's plan never loads the header reader
     try:
         path = _config_path(ref, base_dir)
         found = path.is_file()
