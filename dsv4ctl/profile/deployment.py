@@ -57,6 +57,30 @@ class SGLangSettings:
     index_k_dtype: str = "fp8"
     index_k_accounting: str = "fp8"
     environment: Optional["EnvironmentSettings"] = None
+    image: Optional["ImageSettings"] = None
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """``sglang.image``: releases ship as OCI images (docs/images.md). ``base`` the base image
+    reference as written (``REF@sha256:HEX`` pins it; a tag is resolved to a digest when the
+    release's image is built, and the digest recorded); ``runtime`` (podman); ``gpus``: ``cdi``
+    (one ``--device nvidia.com/gpu=N`` per GPU the group places on the host) or ``none``
+    (CPU-only hosts); ``shm_size`` (``--shm-size``; SGLang's NCCL and its scheduler's shared
+    memory); ``python`` the interpreter inside the image; ``store`` podman's storage folder on
+    the hosts (``{root}``: the deploy root; None: the runtime's default); ``runtime_args``
+    global runtime arguments, ``run_args`` extra ``run`` arguments, ``mounts`` host folders
+    mounted read-only (``/src`` or ``/src:/dst``)."""
+
+    base: str
+    runtime: str = "podman"
+    gpus: str = "cdi"
+    shm_size: str = "32g"
+    python: str = "python3"
+    store: Optional[str] = None
+    runtime_args: tuple[str, ...] = ()
+    run_args: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -530,7 +554,12 @@ def resolve(profile: Profile) -> Deployment:
         index_k_dtype=sg.get("index_k_dtype", "fp8"), index_k_accounting=sg.get("index_k_accounting", "fp8"),
         environment=None if not sg.get("environment") else EnvironmentSettings(
             lock=_opt_path(base, sg["environment"]["lock"]), uv=sg["environment"].get("uv", "uv"),
-            uv_args=tuple(sg["environment"].get("uv_args") or ())))
+            uv_args=tuple(sg["environment"].get("uv_args") or ())),
+        image=None if not sg.get("image") else ImageSettings(
+            base=sg["image"]["base"], runtime=sg["image"].get("runtime", "podman"),
+            gpus=sg["image"].get("gpus", "cdi"), shm_size=str(sg["image"].get("shm_size", "32g")),
+            python=sg["image"].get("python", "python3"), store=sg["image"].get("store"),
+            **{k: tuple(sg["image"].get(k) or ()) for k in ("runtime_args", "run_args", "mounts")}))
     deploy = DeploySettings(
         root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),
         service=dp.get("service", DeploySettings.service), backend=dp.get("backend", DeploySettings.backend),

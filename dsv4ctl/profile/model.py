@@ -66,6 +66,31 @@ PROFILE_SCHEMA: dict = {
                                     "description": "extra uv pip sync arguments: how hosts reach packages"},
                     },
                 },
+                # releases as OCI images on the site's SGLang image (docs/images.md)
+                "image": {
+                    "type": "object", "additionalProperties": False, "required": ["base"],
+                    "properties": {
+                        "base": {"type": "string", "minLength": 1, "maxLength": 4096,
+                                 "description": "the base image: REF@sha256:HEX (pinned), or a tag resolved to a "
+                                                "digest at deploy (recorded); REF: a name, docker://, oci:DIR"},
+                        "runtime": {"enum": ["podman"], "description": "the container runtime on the hosts"},
+                        "gpus": {"enum": ["cdi", "none"],
+                                 "description": "cdi: --device nvidia.com/gpu=N per GPU the group places (a host "
+                                                "without a CDI spec is an error); none: CPU-only hosts"},
+                        "shm_size": {"type": "string", "pattern": "^[0-9]+[bkmgBKMG]?$"},
+                        "python": {"type": "string", "minLength": 1,
+                                   "description": "the interpreter inside the image ({python}; default python3)"},
+                        "store": {"type": "string", "minLength": 1,
+                                  "description": "podman storage folder on the hosts ({root}: the deploy root); "
+                                                 "default: the runtime's own"},
+                        "runtime_args": {"type": "array", "items": {"type": "string"},
+                                         "description": "global runtime arguments (--runtime runc, --cgroup-manager ...)"},
+                        "run_args": {"type": "array", "items": {"type": "string"},
+                                     "description": "extra run arguments (--ulimit nofile=N:N ...)"},
+                        "mounts": {"type": "array", "items": {"type": "string", "pattern": "^/[^:]*(:/[^:]*)?$"},
+                                   "description": "host folders mounted read-only: /src or /src:/dst"},
+                    },
+                },
             },
         },
         "deploy": {
