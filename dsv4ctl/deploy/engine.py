@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import threading
 import time
 
@@ -35,7 +36,7 @@ from .release import (Release, build_release, private_groups, launch_spec, relea
                       resolve_base, sha256_file)
 from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
                       probe, where_now, with_break_lock)
-from .service import service_for
+from .service import check_reachable, service_for
 from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec,
                    state_doc)
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
@@ -98,7 +99,7 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
         if manual:     # a lock taken by hand is not stale: only `lock release` removes it
             h = manual[0]
             raise LockHeld(f"{h}: --break-lock does not remove a lock taken by hand: {holder_text(site.facts[h].lock)}; "
-                           "dsv4ctl lock release PROFILE when the work it names is done")
+                           f"dsv4ctl lock release {shlex.quote(str(site.profile.path))} when the work it names is done")
     steps = {h: lock_step(site, h, what) for h in site.hosts}
 
     def lock(t):
@@ -122,6 +123,11 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
     if conflict is not None:            # another profile's root: give the locks back, change nothing
         release_locks(site)
         raise conflict
+    try:
+        check_reachable(site)           # where servers run answers (the Slurm controller), or nothing changes
+    except BaseException:
+        release_locks(site)
+        raise
     return site.facts
 
 

@@ -3,7 +3,9 @@ watched (issue 42's seam). Deploy, rollback, lifecycle and the gate ask :func:`s
 
 from __future__ import annotations
 
+from ..errors import RemoteError
 from ..hosts.service import backend
+from ..remote import run_parallel
 from .site import Site
 from .slurmjobs import SlurmJobs
 
@@ -18,3 +20,22 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
         return SlurmJobs(site, host, spec, stop_spec)
     f = site.facts.get(host)
     return backend(site.profile.deploy.service, bool(f and f.systemd))
+
+
+def check_reachable(site: Site) -> None:
+    """Before anything changes: where servers run must answer. With ``deploy.backend: slurm`` the
+    Slurm controller is asked (``scontrol ping``, bounded) from every server group's node 0;
+    RemoteError (exit 3) naming the hosts it does not answer from. Nothing to ask over SSH alone
+    (the lock step has just reached every host)."""
+    if site.profile.deploy.backend != "slurm":
+        return
+    nodes0 = sorted({g.group.nodes[0].host for g in site.profile.servers()} & set(site.transports))
+    if not nodes0:
+        return
+    cmd = SlurmJobs(site, nodes0[0]).ping_cmd()
+    res = run_parallel({h: site.transports[h] for h in nodes0},
+                       lambda t: t.run(cmd, check=False, timeout=60), timeout=90)
+    bad = {h: (r.value.error_text() if r.ok else r.error) for h, r in res.items() if not r.ok or r.value.code != 0}
+    if bad:
+        raise RemoteError("the Slurm controller does not answer from " + "; ".join(f"{h}: {why}" for h, why in bad.items())
+                          + ": nothing was changed")

@@ -29,6 +29,9 @@ from .site import Site, spec_servers, start_command
 
 #: Seconds a stop waits for Slurm to list no job of the group (scancel, KillWait, epilog).
 STOP_WAIT_S = 120
+#: Seconds one Slurm command (squeue, scancel, sbatch, scontrol) may take: a controller that
+#: stops answering fails the step instead of hanging it.
+SLURM_TIMEOUT_S = 30
 
 
 class SlurmJobs:
@@ -81,11 +84,13 @@ class SlurmJobs:
         if self.host != self.node0(group):
             return "true"
         name, lf = q(self.job_name(group)), q(p.logfile(group))
-        n = STOP_WAIT_S * 10
-        return (f"{self._env()}jobs=$(squeue -h -n {name} -o %i | tr '\\n' ' '); "
-                f"if [ -n \"$jobs\" ]; then scancel --name={name} || exit 1; i=0; "
-                f"while [ -n \"$(squeue -h -n {name} -o %i)\" ]; do i=$((i+1)); "
-                f"if [ $i -gt {n} ]; then echo \"slurm job(s) $jobs of {group} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
+        t = SLURM_TIMEOUT_S
+        return (f"{self._env()}jobs=$(timeout {t} squeue -h -n {name} -o '%i (%T)') || exit 1; "
+                f"jobs=$(echo \"$jobs\" | paste -sd, -); "
+                f"if [ -n \"$jobs\" ]; then timeout {t} scancel --name={name} || exit 1; "
+                f"end=$(( $(date +%s) + {STOP_WAIT_S} )); "
+                f"while [ -n \"$(timeout {t} squeue -h -n {name} -o %i || echo ?)\" ]; do "
+                f"if [ $(date +%s) -gt $end ]; then echo \"slurm job(s) $jobs of {group} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
                 f"sleep 0.1; done; mkdir -p {q(p.root + '/logs')}; "
                 f"echo \"=== dsv4ctl: slurm job(s) $jobs of {group} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi")
 
@@ -104,7 +109,7 @@ class SlurmJobs:
         lf, jf = q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
         return (f"set -e; {self._env()}mkdir -p {q(p.root + '/run')} {logs} {q(p.root + '/logs/slurm')}; "
                 f"t=$(mktemp {q(path)}.XXXXXX); printf %s {q(script)} > \"$t\"; mv -f \"$t\" {q(path)}; "
-                f"jid=$(sbatch --parsable {q(path)}); jid=${{jid%%;*}}; "
+                f"jid=$(timeout {SLURM_TIMEOUT_S} sbatch --parsable {q(path)}); jid=${{jid%%;*}}; "
                 f"echo \"$jid\" > {jf}.tmp; mv -f {jf}.tmp {jf}; "
                 f"echo \"=== dsv4ctl: {group} release {rid} submitted as slurm job $jid "
                 f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
@@ -114,7 +119,13 @@ class SlurmJobs:
         router's process as over SSH."""
         if self._role(group) == "router":
             return self.ssh.alive_cmd(p, group)
-        return f"{self._env()}squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
+        return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
+
+    def ping_cmd(self) -> str:
+        """Exit 0 when the Slurm controller answers (``scontrol ping`` says UP), within
+        :data:`SLURM_TIMEOUT_S` s."""
+        return (f"{self._env()}out=$(timeout {SLURM_TIMEOUT_S} scontrol ping 2>&1); rc=$?; echo \"$out\"; "
+                f"[ $rc = 0 ] && echo \"$out\" | grep -q ' is UP'")
 
     # -- the batch script --------------------------------------------------------------------
     def node_command(self, host: str, group: str, rid: str) -> str:
