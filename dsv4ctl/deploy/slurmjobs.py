@@ -21,9 +21,11 @@ over SSH (the launcher or systemd), in front of the jobs' node 0."""
 
 from __future__ import annotations
 
+import re
+
 from ..hosts.layout import Paths
 from ..hosts.service import backend, group_script
-from ..hosts.slurm import JobSpec, batch_script
+from ..hosts.slurm import JobSpec, batch_script, job_verdict, parse_job, parse_nodes
 from ..remote import q
 from .site import Site, spec_servers, start_command
 
@@ -121,6 +123,21 @@ class SlurmJobs:
             return self.ssh.alive_cmd(p, group)
         return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
 
+    def job_state_cmd(self, p: Paths, group: str) -> str:
+        """Read-only, on the group's node 0: the group's recorded job id, ``scontrol show job``
+        of it, ``scontrol show node`` of its nodes and the last lines of the job's own output
+        (Slurm's ``srun: error: NODE: task N: Exited ...`` names the node that failed):
+        :func:`parse_job_state` reads it."""
+        jf, t = q(f"{p.root}/run/{group}.job"), SLURM_TIMEOUT_S
+        g = self.site.profile.groups.get(group)
+        hosts = (spec_servers(self.spec[group])[0] if group in self.spec
+                 else [n.host for n in g.group.nodes] if g is not None else [])
+        nodes = ",".join(hosts)
+        node_part = f"timeout {t} scontrol show node -o {q(nodes)} 2>/dev/null; " if nodes else ""
+        return (f"{self._env()}jid=$(cat {jf} 2>/dev/null); echo \"@job $jid\"; [ -n \"$jid\" ] || exit 0; "
+                f"timeout {t} scontrol show job -o \"$jid\" 2>&1; echo @nodes; {node_part}"
+                f"echo @out; tail -n 12 {q(p.root + '/logs/slurm')}/job-\"$jid\".out 2>/dev/null | cut -c1-300")
+
     def ping_cmd(self) -> str:
         """Exit 0 when the Slurm controller answers (``scontrol ping`` says UP), within
         :data:`SLURM_TIMEOUT_S` s."""
@@ -158,3 +175,34 @@ class SlurmJobs:
                        partition=st.partition if st else None, account=st.account if st else None,
                        reservation=st.reservation if st else None, time_limit=st.time_limit if st else None,
                        avoid_ports=avoid)
+
+
+def parse_job_state(text: str) -> tuple[bool, str, str | None]:
+    """``(alive, why, node)`` from :meth:`SlurmJobs.job_state_cmd` output: alive while the job is
+    pending (unless a node it needs is down or drained), configuring or running; else why not,
+    in one line (the job's verdict, :func:`dsv4ctl.hosts.slurm.job_verdict`, and the line of its
+    output where Slurm names the task that failed first) and ``node``, the node of that task
+    (the one whose log says why), or None."""
+    sections: dict[str, list[str]] = {"job": [], "nodes": [], "out": []}
+    cur = "job"
+    jid = ""
+    for line in text.splitlines():
+        if line.startswith("@job"):
+            jid = line[4:].strip()
+            continue
+        if line in ("@nodes", "@out"):
+            cur = line[1:]
+            continue
+        sections[cur].append(line)
+    if not jid:
+        return False, "no Slurm job was submitted for the group (run/<group>.job is missing)", None
+    rec = parse_job("\n".join(sections["job"]))
+    v = job_verdict(rec, parse_nodes("\n".join(sections["nodes"])))
+    if v.ok:
+        return True, v.message, None
+    errors = [ln.strip() for ln in sections["out"] if ln.startswith("srun: error:")]
+    # the task that failed on its own ("Exited with exit code N", a signal), not those srun
+    # terminated after it (--kill-on-bad-exit)
+    first = next((e for e in errors if "Terminated" not in e), errors[0] if errors else None)
+    m = re.match(r"srun: error: ([^:\s]+): task \d+:", first or "")
+    return False, f"slurm {v.message}" + (f": {first}" if first else ""), (m.group(1) if m else None)
