@@ -159,6 +159,9 @@ def run_verify(site: Site, steps: list[Step]) -> str:
         trace(site, st)
         t0 = time.monotonic()
         try:
+            if st.extra.get("image"):           # the release inside its image (dsv4ctl.deploy.image)
+                from .image import expected_image, verify_image_host
+                return verify_image_host(t, site, st.extra["rid"], expected_image(site, st.extra["rid"]))
             return verify_releases(t, site.python[t.name], [site.paths[t.name].release(st.extra["rid"])])
         finally:
             step_done(site, st, time.monotonic() - t0)
@@ -263,27 +266,12 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
     workers, chat = [], []
     model = "default"
 
-    def job_alive(h: str, g: str, svc):
-        from .slurmjobs import parse_job_state
-        cmd, t = svc.job_state_cmd(site.paths[h], g), site.transports[h]
-
-        def alive():
-            try:
-                up, why, node = parse_job_state(t.run(cmd, check=False, timeout=60).out)
-            except RemoteError as e:               # the host is lost: no verdict (netloss)
-                return h, f"{UNREACHABLE}: {e}"
-            return True if up else (node if node in site.transports else h, why)
-        return alive
-
     def alive_on(h: str, g: str):
         t, p = site.transports[h], site.paths[h]
         cmd = service_for(site, h).alive_cmd(p, g)
         return lambda: t.run(cmd, check=False, timeout=30).code == 0
 
     def alive_nodes(h: str, g: str, nodes: list[str]):
-        svc = service_for(site, h)
-        if hasattr(svc, "job_state_cmd"):          # a Slurm job: its state says for every node
-            return job_alive(h, g, svc)
         checks = [(x, alive_on(x, g)) for x in [h, *nodes]]
 
         def alive():
@@ -761,6 +749,12 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
                                  f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
         phase = "environment build"
         env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
+        phase = "image"
+        from .image import run_images
+        shipped = run_images(site, rel, run.of("image"))
+        if shipped:
+            close_all(site, {**base_rec, "result": "failed", "detail": "image: " + shipped[:1500]}, per_host=frm)
+            raise RemoteError(f"deploy of {rel.id} stopped before any host was switched: image {shipped}")
         phase = "verify"
         drift = run_verify(site, run.of("verify"))
         if drift:

@@ -618,6 +618,9 @@ def launch_spec(profile) -> dict:
         if env is not None:
             from .environment import env_digest
             s["python_env"] = env_digest(env, dep.deploy.python)
+        if dep.sglang.image is not None:      # the group runs in a container of the release's image
+            from .image import container_spec
+            s["container"] = container_spec(dep, g)
         if g.is_server and (g.group.nnodes > 1 or g.group.replicas > 1):
             s["servers"] = [[n.host for n in srv] for srv in g.group.servers]
             if g.group.nnodes > 1:

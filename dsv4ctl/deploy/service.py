@@ -19,7 +19,13 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
     if site.profile.deploy.backend == "slurm":
         return SlurmJobs(site, host, spec, stop_spec)
     f = site.facts.get(host)
-    return backend(site.profile.deploy.service, bool(f and f.systemd))
+    svc = backend(site.profile.deploy.service, bool(f and f.systemd))
+    boxed = [s for sp in (spec, stop_spec) for s in (sp or {}).values() if "container" in s]
+    if site.profile.sglang.image is not None or boxed:     # release images: the groups run in containers
+        from ..hosts.container import ContainerService
+        from .site import site_image
+        return ContainerService(svc, site_image(site, boxed[0] if boxed else None))
+    return svc
 
 
 def check_reachable(site: Site) -> None:

@@ -174,12 +174,32 @@ def start_command(site: Site, host: str, rid: str, group: str, s: dict, dist_ini
     rd = p.release(rid)
     na = node_args(site, s, host, dist_init_port)
     py = f"{p.env(s['python_env'])}/bin/python" if s.get("python_env") else site.python[host]
+    c = s.get("container")
+    if c is not None:          # a release image: its own paths and interpreter inside the container
+        from ..hosts.container import image_dir
+        rd, py = image_dir(rid), c.get("python") or "python3"
     values = {"python": py, "release": rd, "tree": f"{rd}/tree",
               "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
               "address": site.profile.hosts[host].address,
               "router_args": " ".join(q(w) for w in s.get("router_args", [])), "node_args": na}
     cmd = render_launch(s["cmd"], values)
-    return cmd if not na or "{node_args}" in s["cmd"] else f"{cmd} {na}"
+    cmd = cmd if not na or "{node_args}" in s["cmd"] else f"{cmd} {na}"
+    if c is not None:
+        from ..hosts.container import run_command
+        return run_command(site_image(site, s), p.root, rid, group, node_of(s, host).rank, c,
+                           (c.get("devices") or {}).get(host, []), (s.get("env") or {}).keys(), cmd)
+    return cmd
+
+
+def site_image(site: Site, s: dict | None = None):
+    """How a host runs images: the profile's ``sglang.image`` (runtime, store, arguments), else
+    (a release image run by a profile that no longer names one) the defaults on the base of the
+    launch-spec entry ``s``."""
+    img = site.profile.sglang.image
+    if img is not None or s is None:
+        return img
+    from ..profile.deployment import ImageSettings
+    return ImageSettings(base=(s.get("container") or {}).get("base", ""))
 
 
 def read_spec(t: Transport, site: Site, rid: str) -> dict:

@@ -341,6 +341,9 @@ def close_cmd(site: Site, host: str, record: dict, prune: list[str], cleanup: st
     if prune:
         from .environment import gc_command
         parts.append(gc_command(p.root))
+        if site.profile.sglang.image is not None:      # the images no kept release names
+            from ..hosts.container import gc_images_cmd
+            parts.append(gc_images_cmd(site.profile.sglang.image, p.root))
     state = atomic_write_cmd(p.state, size=None)     # stdin: framed(state document)
     audit = append_cmd(p.audit, record)
     # the record and the state are written only when the clean-up and pruning worked (the state
@@ -456,8 +459,9 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
             [Step("close", h, f"close: audit {action} failed with the reason (the started servers are left as they "
                               "are: the release was already active); unlock") for h in hosts] if servers else [])
     keep = site.profile.deploy.keep_releases
-    steps = (locks + [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec)
-             + present_verify_steps(site, rid, spec=spec))
+    from .image import image_steps, image_verify_steps
+    steps = (locks + [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + image_steps(site, rid, spec)
+             + present_verify_steps(site, rid, spec=spec) + image_verify_steps(site, rid, spec))
     steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch,
                           restart=restart) for h in hosts]
     steps += gate_steps(site, spec)
@@ -481,6 +485,8 @@ def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, 
     steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
     steps += env_steps(site, target, spec)
     steps += [verify_step(site, h, target) for h in hosts]
+    from .image import image_verify_steps
+    steps += image_verify_steps(site, target, spec)        # the image is on the hosts: nothing is rebuilt
     steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch,
                           restart=restart) for h in hosts]
     steps += gate_steps(site, spec)

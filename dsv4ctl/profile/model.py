@@ -70,7 +70,7 @@ PROFILE_SCHEMA: dict = {
                 "image": {
                     "type": "object", "additionalProperties": False, "required": ["base"],
                     "properties": {
-                        "base": {"type": "string", "minLength": 1, "maxLength": 4096,
+                        "base": {"type": "string", "minLength": 1,
                                  "description": "the base image: REF@sha256:HEX (pinned), or a tag resolved to a "
                                                 "digest at deploy (recorded); REF: a name, docker://, oci:DIR"},
                         "runtime": {"enum": ["podman"], "description": "the container runtime on the hosts"},

@@ -1,0 +1,375 @@
+"""Releases as OCI images (``sglang.image``; docs/images.md): built on the control machine with
+podman, shipped to hosts without a registry, verified on every host.
+
+**Build** (:func:`build_image`): the base image is pulled into the control machine's own store
+(``CACHE/images/storage``; a pinned ``REF@sha256:HEX`` must give that manifest digest, a tag is
+resolved and its digest recorded), then ``podman build --timestamp 0`` adds two layers: the
+release's ``tree/`` (the content-addressed tree the release folder holds) and its serve
+configs, ``launch.json``, ``MANIFEST.json`` and ``RELEASE.json``, both at
+``/opt/dsv4ctl/releases/<release>/``. ``--timestamp 0`` makes the build reproducible: the same
+release on the same base gives the same image id. The record ``CACHE/images/<release>.json``
+holds the image id, the base as written, its digest and id; a later run reuses it when the
+image is still in the store.
+
+**Ship** (:func:`ship_host`): ``podman save --format oci-dir`` once per release; per host the
+runtime and the CDI GPUs are checked, then only the blobs the host's pool lacks are sent
+(``rsync --ignore-existing``: blobs are named by their sha256) and ``podman pull
+oci:ROOT/images/pool`` loads the image; its id must be the one built, then it is recorded
+(``ROOT/images/ids/<release>``) and verified.
+
+**Verify** (:func:`verify_image_host`): the recorded id is the built one, the image is in the
+store, and the release folder inside it, mounted read-only, hashes as its manifest says (the
+drift verify of :mod:`dsv4ctl.deploy.verify`, unchanged)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError, RemoteError
+from ..hosts.container import IMAGE_NAME, image_dir, load_cmd, pool_dir, prepare_cmd, store_args, verify_image_cmd
+from ..hosts.layout import Paths
+from ..remote import Transport, q
+
+#: podman's storage options on the control machine (its own store under the cache).
+LOCAL_STORE_ARGS = ("--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file")
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """The image of one release: ``image`` (its id, 64 hex), ``base`` (as the profile wrote it),
+    ``base_digest`` (the manifest digest the base resolved to), ``base_id``."""
+
+    release: str
+    image: str
+    base: str
+    base_digest: str
+    base_id: str
+
+    def to_dict(self) -> dict:
+        return {"release": self.release, "image": self.image, "base": self.base, "base_digest": self.base_digest,
+                "base_id": self.base_id}
+
+
+# -- what a release's launch spec says about its container --------------------------------------
+
+def container_spec(dep, g) -> dict | None:
+    """The ``container`` entry of group ``g``'s launch spec (None without ``sglang.image``): the
+    base as written, the interpreter in the image, ``--shm-size``, the read-only mounts (the
+    profile's, and the serve config's ``model-path`` when it is a host folder) and, with
+    ``gpus: cdi``, per host the CDI devices of the GPUs the group places there. Part of
+    ``launch.json``, so of the release id: a rollback runs an image the way it was released."""
+    img = dep.sglang.image
+    if img is None:
+        return None
+    mounts = list(img.mounts)
+    if g.is_server and g.serve_config_path is not None:
+        mp = g.serve.data.get("model-path")
+        if isinstance(mp, str) and mp.startswith("/") and mp not in mounts:
+            mounts.append(mp)
+    devices = {}
+    if img.gpus == "cdi" and g.is_server:
+        for srv in g.group.servers:
+            for n in srv:
+                devices[n.host] = [f"nvidia.com/gpu={i}" for i in n.gpus]
+    return {"base": img.base, "python": img.python, "shm_size": img.shm_size, "mounts": mounts, "devices": devices}
+
+
+def spec_image(spec: dict | None) -> bool:
+    """True when a launch spec's groups run in containers."""
+    return any("container" in s for s in (spec or {}).values())
+
+
+# -- the control machine's store ---------------------------------------------------------------
+
+def local_store(cache: Path) -> Path:
+    """The control machine's podman store: ``CACHE/../images`` (beside the release cache)."""
+    return Path(cache).parent / "images"
+
+
+def local_podman(image, cache: Path) -> list[str]:
+    """argv prefix of podman on the control machine, on its own store."""
+    return [image.runtime, *store_args(str(local_store(cache))), *LOCAL_STORE_ARGS[2:],
+            *[a for a in image.runtime_args if a not in LOCAL_STORE_ARGS]]
+
+
+def _run(argv: list[str], what: str, timeout: float = 3600) -> str:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InputError(f"{what}: {argv[0]} not found on this machine (sglang.image.runtime; apt install podman)")
+    except subprocess.TimeoutExpired:
+        raise RemoteError(f"{what}: no answer in {timeout:g} s")
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        raise InputError(f"{what}: {tail}")
+    return r.stdout.strip()
+
+
+#: podman's image transports a base reference may start with.
+TRANSPORTS = ("oci", "oci-archive", "docker-archive", "dir", "containers-storage", "docker")
+
+
+def split_pin(base: str) -> tuple[str, str | None]:
+    """(reference to pull, pinned manifest digest or None) of ``sglang.image.base`` (pure):
+    ``oci:/x@sha256:HEX`` -> (``oci:/x``, ``sha256:HEX``); a registry name keeps its ``@sha256``
+    (the registry checks it) and the digest is also returned."""
+    ref, sep, dig = base.rpartition("@")
+    if not sep or not dig.startswith("sha256:") or len(dig) != 71:
+        return base, None
+    transport = base.split(":", 1)[0] if ":" in base.split("/", 1)[0] else ""
+    return (ref if transport in TRANSPORTS and transport != "docker" else base), dig
+
+
+def resolve_base(image, cache: Path) -> tuple[str, str]:
+    """(image id, manifest digest) of the base in the control machine's store, pulled when it is
+    not there. InputError (exit 2) when it cannot be pulled or a pinned digest differs."""
+    pod = local_podman(image, cache)
+    ref, pin = split_pin(image.base)
+    local = ":" not in ref.split("/", 1)[0] or ref.split(":", 1)[0] not in TRANSPORTS
+    if local and subprocess.run([*pod, "image", "exists", ref], capture_output=True).returncode == 0:
+        iid = ref
+    else:                 # a transport (oci:DIR, docker://...) or a name not here yet: pull prints the id
+        iid = _run([*pod, "pull", "-q", ref], f"sglang.image.base {image.base}: pull").splitlines()[-1].strip()
+    out = _run([*pod, "image", "inspect", "--format", "{{.Id}} {{.Digest}}", iid], f"sglang.image.base {image.base}")
+    iid, _, digest = out.splitlines()[-1].partition(" ")
+    if pin and digest != pin:
+        raise InputError(f"sglang.image.base {image.base}: the image is {digest}, not the pinned {pin}")
+    return iid, digest
+
+
+def record_path(cache: Path, rid: str) -> Path:
+    return local_store(cache) / "records" / f"{rid}.json"
+
+
+def cached_image(image, cache: Path, rid: str) -> ImageRecord | None:
+    """The record of an earlier build of ``rid`` whose image is still in the local store."""
+    try:
+        rec = ImageRecord(**json.loads(record_path(cache, rid).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    ok = subprocess.run([*local_podman(image, cache), "image", "exists", rec.image], capture_output=True).returncode == 0
+    return rec if ok and rec.base == image.base else None
+
+
+CONTAINERFILE = """FROM {base}
+COPY tree {dest}/tree
+COPY meta/ {dest}/
+LABEL dsv4ctl.release={rid}
+"""
+
+
+def build_image(image, rel, cache: Path, log=lambda s: None) -> ImageRecord:
+    """Build (or reuse) the image of release ``rel`` (a :class:`~dsv4ctl.deploy.release.Release`
+    in the local cache) on the base of ``image`` (:class:`~dsv4ctl.profile.deployment.ImageSettings`).
+    The build context is a hard-link copy of the release (``tree/``, and ``meta/`` with
+    ``configs/`` and the JSON records); ``podman build --timestamp 0 --isolation chroot``. Cost
+    measured here: about 1 s for a small tree on a cached base. InputError when the base cannot
+    be had or the build fails; the context is removed whatever happened."""
+    done = cached_image(image, cache, rel.id)
+    if done is not None:
+        return done
+    base_id, digest = resolve_base(image, cache)
+    st = local_store(cache)
+    ctx = st / f".ctx-{rel.id}-{os.getpid()}"
+    shutil.rmtree(ctx, ignore_errors=True)
+    try:
+        (ctx / "meta").mkdir(parents=True)
+        subprocess.run(["cp", "-al", str(rel.path / "tree"), str(ctx / "tree")], check=True, capture_output=True)
+        if (rel.path / "configs").is_dir():
+            subprocess.run(["cp", "-al", str(rel.path / "configs"), str(ctx / "meta" / "configs")], check=True,
+                           capture_output=True)
+        for f in ("launch.json", "MANIFEST.json", "RELEASE.json", "environment.lock"):
+            if (rel.path / f).exists():
+                os.link(rel.path / f, ctx / "meta" / f)
+        cf = st / f".Containerfile-{rel.id}-{os.getpid()}"
+        cf.write_text(CONTAINERFILE.format(base=base_id, dest=image_dir(rel.id), rid=rel.id))
+        t0 = time.monotonic()
+        try:
+            out = _run([*local_podman(image, cache), "build", "-q", "--timestamp", "0", "--isolation", "chroot",
+                        "--layers=false", "-t", f"{IMAGE_NAME}:{rel.id}", "-f", str(cf), str(ctx)],
+                       f"building the image of {rel.id}")
+        finally:
+            cf.unlink(missing_ok=True)
+        iid = out.splitlines()[-1].strip().removeprefix("sha256:")
+        log(f"built image {iid[:12]} of {rel.id} on {image.base} ({digest}) in {time.monotonic() - t0:.1f} s")
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    rec = ImageRecord(rel.id, iid, image.base, digest, base_id)
+    rp = record_path(cache, rel.id)
+    rp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = rp.with_suffix(f".{os.getpid()}")
+    tmp.write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
+    os.replace(tmp, rp)
+    return rec
+
+
+def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
+    """The release's image as an OCI layout (``podman save --format oci-dir``), made once:
+    ``CACHE/../images/oci/<release>`` (a partial save is never used: saved aside, renamed)."""
+    out = local_store(cache) / "oci" / rec.release
+    if (out / "index.json").is_file():
+        return out
+    tmp = out.parent / f".{rec.release}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _run([*local_podman(image, cache), "save", "--format", "oci-dir", "-o", str(tmp), rec.image],
+             f"saving the image of {rec.release}")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# -- hosts -------------------------------------------------------------------------------------
+
+def host_image(site, host: str):
+    """The ImageSettings a host's commands use: the profile's (runtime, store, arguments)."""
+    return site.profile.sglang.image
+
+
+def host_devices(spec: dict, host: str) -> list[str]:
+    """Every CDI device the groups of ``spec`` use on ``host``."""
+    return sorted({d for s in spec.values() for d in (s.get("container") or {}).get("devices", {}).get(host, [])})
+
+
+def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) -> dict:
+    """Ship release ``rec.release``'s image to the host behind ``t`` (see the module docstring):
+    ``{"present": bool, "bytes_sent": N, "seconds": s}``. RemoteError naming the host on any
+    failure (no runtime, no CDI spec for the GPUs, the transfer, a loaded id that differs)."""
+    from .push import _run_rsync
+    img = host_image(site, t.name)
+    root = site.paths[t.name].root
+    t0 = time.monotonic()
+    r = t.run(prepare_cmd(img, root, host_devices(spec, t.name), rec.image), timeout=120, check=False)
+    if r.code != 0:
+        raise RemoteError(f"{t.name}: {r.error_text()}")
+    sent = 0
+    present = r.out.strip().endswith("present")
+    if not present:
+        extra, dest = t.rsync_dest(pool_dir(root) + "/blobs/", bulk=True)
+        stats = _run_rsync(t, site, _Named(rec.release),
+                           ["rsync", "-a", "--ignore-existing", "--stats", "--info=progress2", *extra,
+                            f"{layout}/blobs/", dest])
+        sent = int(stats.get("bytes_sent", 0))
+    r = t.run(load_cmd(img, root, rec.release, rec.image), input=(layout / "index.json").read_bytes(),
+              timeout=1800, check=False)
+    if r.code != 0:
+        raise RemoteError(f"{t.name}: loading the image of {rec.release}: {r.error_text()}")
+    return {"present": present, "bytes_sent": sent, "seconds": round(time.monotonic() - t0, 3)}
+
+
+@dataclass
+class _Named:
+    id: str
+
+
+def verify_image_host(t: Transport, site, rid: str, expect: str | None) -> dict:
+    """The drift report of release ``rid``'s image on the host behind ``t`` ({path: report} as
+    :func:`dsv4ctl.deploy.drift.parse_verify`); RemoteError when the image is missing or not
+    the one recorded (``expect``)."""
+    from .drift import parse_verify
+    from .verify import SCRIPT
+    img = host_image(site, t.name)
+    r = t.run(verify_image_cmd(img, site.paths[t.name].root, rid, site.python[t.name], SCRIPT, expect),
+              timeout=1800, check=False)
+    if r.code == 6:
+        raise RemoteError(f"{t.name}: {r.error_text()}")
+    return parse_verify(t.name, r.code, r.out, r.err)
+
+
+# -- steps -------------------------------------------------------------------------------------
+
+def expected_image(site, rid: str) -> str | None:
+    """The image id release ``rid`` was built as: this run's build, else the control machine's
+    record (None: no record here; a host's own record is then all there is)."""
+    rec = getattr(site, "image_records", {}).get(rid)
+    if rec is not None:
+        return rec.image
+    from .release import default_cache
+    try:
+        return json.loads(record_path(Path(site.opts.cache or default_cache()), rid).read_text())["image"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def image_steps(site, rid: str, spec: dict, stage: str = "") -> list:
+    """The build (on ``local``) and the ship to every host of release ``rid``'s image: what a
+    deploy runs after the push and before the verify (nothing without containers in ``spec``)."""
+    from .steps import Step
+    if not spec_image(spec):
+        return []
+    img = site.profile.sglang.image
+    base = next(s["container"]["base"] for s in spec.values() if "container" in s)
+    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base} (tree layer, serve configs + "
+                                  "launch spec layer; podman build --timestamp 0), save it as an OCI layout", None, stage)]
+    for h in site.hosts:
+        root = site.paths[h].root
+        devs = host_devices(spec, h)
+        out.append(Step("image", h, f"ship image of {rid}: check {img.runtime if img else 'podman'}"
+                                    + (f" and CDI devices {', '.join(devs)}" if devs else "")
+                                    + f", send the blobs {pool_dir(root)} lacks (rsync), pull oci:{pool_dir(root)}, "
+                                    f"check the image id, record it in {root}/images/ids/{rid}", None, stage,
+                        extra={"rid": rid}))
+    return out
+
+
+def image_verify_steps(site, rid: str, spec: dict, stage: str = "") -> list:
+    """One verify step per host of release ``rid``'s image (nothing without containers)."""
+    from .steps import Step
+    if not spec_image(spec):
+        return []
+    return [Step("verify", h, f"verify the image of {rid}: the recorded id is the built one, the release inside it "
+                              "(mounted read-only) hashed against its MANIFEST.json", None, stage,
+                 extra={"rid": rid, "image": True}) for h in site.hosts]
+
+
+def run_images(site, rel, steps: list) -> str:
+    """Run a deploy's image steps: build (or reuse) and save the image, then ship it to every
+    host in parallel. Returns "" when every host has it, else ``host: why`` per failed host."""
+    from ..remote import run_parallel
+    from .engine import step_done, trace
+    from .release import default_cache
+    if not steps:
+        return ""
+    img = site.profile.sglang.image
+    cache = Path(site.opts.cache or default_cache())
+    local = next(s for s in steps if s.host == "local")
+    trace(site, local)
+    t0 = time.monotonic()
+    try:
+        rec = build_image(img, rel, cache, site.opts.log)
+        layout = saved_layout(img, cache, rec)
+    except (InputError, RemoteError) as e:
+        return f"local: {e}"
+    finally:
+        step_done(site, local, time.monotonic() - t0)
+    if not hasattr(site, "image_records"):
+        site.image_records = {}
+    site.image_records[rel.id] = rec
+    spec = json.loads((rel.path / "launch.json").read_text())
+    by_host = {s.host: s for s in steps if s.host != "local"}
+
+    def body(t):
+        trace(site, by_host[t.name])
+        t1 = time.monotonic()
+        try:
+            return ship_host(t, site, rec, layout, spec)
+        finally:
+            step_done(site, by_host[t.name], time.monotonic() - t1)
+    from .engine import _stop_pushes_on_interrupt
+    with _stop_pushes_on_interrupt():     # an interrupt stops the rsyncs at once, then the threads end
+        res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
+                           finish_on_interrupt=True)
+    for h, r in res.items():
+        if r.ok:
+            site.opts.log(f"{h}: image {rec.image[:12]} " + ("present" if r.value["present"] else
+                          f"loaded, {r.value['bytes_sent']:,} bytes sent") + f" in {r.value['seconds']:.1f} s")
+    return "; ".join(f"{h}: {r.error}" for h, r in res.items() if not r.ok)
