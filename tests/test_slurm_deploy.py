@@ -165,3 +165,20 @@ def test_slurmctld_unreachable_is_exit_3_and_changes_nothing(world):
     assert not any((w.roots[h] / ".lock").exists() for h in w.roots)       # the locks given back
     [after] = jobs(lab, "prefill")
     assert after["job"] == job["job"] and after["state"] == "RUNNING"
+
+
+def test_a_drained_node_refuses_the_deploy_before_the_running_job_is_cancelled(world):
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    [running] = jobs(lab, "decode")
+    assert lab.run("scontrol", "update", "nodename=h3", "state=drain", "reason=xid 79").returncode == 0
+    try:
+        w.extra["decode"] = {"watchdog-timeout": 901}
+        w.write()
+        r = deploy(w)
+        assert r.code == 3, r.err
+        assert "Slurm node(s) h3" in r.err and "DRAIN (xid 79" in r.err and "nothing was changed" in r.err, r.err
+        [still] = jobs(lab, "decode")
+        assert still["job"] == running["job"] and still["state"] == "RUNNING"
+    finally:
+        lab.run("scontrol", "update", "nodename=h3", "state=resume")

@@ -45,3 +45,19 @@ def check_reachable(site: Site) -> None:
     if bad:
         raise RemoteError("the Slurm controller does not answer from " + "; ".join(f"{h}: {why}" for h, why in bad.items())
                           + ": nothing was changed")
+    unusable = unusable_nodes(site, nodes0[0])
+    if unusable:
+        raise RemoteError(f"Slurm node(s) {unusable}: a new job could not start there (the running one would be "
+                          "cancelled for nothing); nothing was changed. Resume the node (scontrol update "
+                          "nodename=NODE state=resume) or take it out of the profile")
+
+
+def unusable_nodes(site: Site, host: str) -> str:
+    """The nodes of the profile's server groups that Slurm has down, drained or failing, as one
+    text (``h3 IDLE+DRAIN (xid 79)``), asked from ``host``; "" when every node can take a job."""
+    from ..hosts.slurm import job_verdict, parse_nodes
+    nodes = sorted({n.host for g in site.profile.servers() for n in g.group.nodes})
+    svc = SlurmJobs(site, host)
+    r = site.transports[host].run(svc.nodes_cmd(nodes), check=False, timeout=60)
+    v = job_verdict({"JobId": "-", "JobState": "PENDING"}, parse_nodes(r.out))
+    return "" if v.ok else v.message.split("cannot start: node ", 1)[-1]

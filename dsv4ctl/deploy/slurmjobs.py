@@ -138,6 +138,10 @@ class SlurmJobs:
                 f"timeout {t} scontrol show job -o \"$jid\" 2>&1; echo @nodes; {node_part}"
                 f"echo @out; tail -n 12 {q(p.root + '/logs/slurm')}/job-\"$jid\".out 2>/dev/null | cut -c1-300")
 
+    def nodes_cmd(self, nodes: list[str]) -> str:
+        """Read-only: ``scontrol show node -o`` of ``nodes`` (bounded)."""
+        return f"{self._env()}timeout {SLURM_TIMEOUT_S} scontrol show node -o {q(','.join(nodes))}"
+
     def ping_cmd(self) -> str:
         """Exit 0 when the Slurm controller answers (``scontrol ping`` says UP), within
         :data:`SLURM_TIMEOUT_S` s."""
