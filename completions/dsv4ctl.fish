@@ -42,13 +42,13 @@ function __dsv4ctl_takes_value
         case 'deploy'
             contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests -m --message -p --profile
         case 'start'
-            contains -- $argv[2] -g --group --host --health-timeout -p --profile
+            contains -- $argv[2] -g --group --host --health-timeout -m --message -p --profile
         case 'stop'
-            contains -- $argv[2] -g --group --host -p --profile
+            contains -- $argv[2] -g --group --host -m --message -p --profile
         case 'restart'
-            contains -- $argv[2] -g --group --host --batch --health-timeout -p --profile
+            contains -- $argv[2] -g --group --host --batch --health-timeout -m --message -p --profile
         case 'rollback'
-            contains -- $argv[2] --to --health-timeout -p --profile
+            contains -- $argv[2] --to --health-timeout -m --message -p --profile
         case 'releases'
             contains -- $argv[2] -p --profile
         case 'promote'
@@ -82,15 +82,15 @@ function __dsv4ctl_takes_value
         case 'lock acquire'
             contains -- $argv[2] -m --message -p --profile
         case 'lock release'
-            contains -- $argv[2] -p --profile
+            contains -- $argv[2] -m --message -p --profile
         case 'config lint'
             contains -- $argv[2] -g --group --tree -p --profile
         case 'config set'
-            contains -- $argv[2] -g --group --unset --tree --health-timeout -p --profile
+            contains -- $argv[2] -g --group --unset --tree --health-timeout -m --message -p --profile
         case 'hicache on'
-            contains -- $argv[2] -g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --health-timeout -p --profile
+            contains -- $argv[2] -g --group --ratio --write-policy --io-backend --mem-layout --storage-backend --tree --health-timeout -m --message -p --profile
         case 'hicache off'
-            contains -- $argv[2] -g --group --tree --health-timeout -p --profile
+            contains -- $argv[2] -g --group --tree --health-timeout -m --message -p --profile
         case 'hicache status'
             contains -- $argv[2] -g --group --timeout -p --profile
         case 'check smoke'
@@ -339,7 +339,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'restart' -d 'Restart the selec
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'rollback' -d 'Switch every host to an older release (atomic), restart, gate on health.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'releases' -d 'Per host: release id, base, patches, when, who, state (active / previous / go...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'promote' -d 'Mark the running release good by hand after check smoke + check load (the pro...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the active release and its state (and its Python environm...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group: the state of its server — running, stopped (by whom and w...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on (every node of a multi-node...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
@@ -403,6 +403,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l dry-run -d 'Print the steps p
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l health-timeout -r -f -d 'How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.healt...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s m -l message -r -f -d 'Why (recorded in every host\'s audit log; shown by audit, and by status for a...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'start\'' -s q -l quiet -d 'Print only errors and the verdict.'
@@ -414,6 +415,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l host -r -f -a '(__dsv4ctl_dyn 
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l dry-run -d 'Print the steps per host; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s m -l message -r -f -d 'Why (recorded in every host\'s audit log; shown by audit, and by status for a...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'stop\'' -s q -l quiet -d 'Print only errors and the verdict.'
@@ -427,6 +429,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l dry-run -d 'Print the steps
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l health-timeout -r -f -d 'How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.healt...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s m -l message -r -f -d 'Why (recorded in every host\'s audit log; shown by audit, and by status for a...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -l json -d 'Print the dsv4ctl.lifecycle/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'restart\'' -s q -l quiet -d 'Print only errors and the verdict.'
@@ -439,6 +442,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l accept-new-host-keys -d 'A
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l health-timeout -r -f -d 'How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.healt...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l force-failed -d 'With --to: a release recorded as failed (audited; it stays active, never good).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s m -l message -r -f -d 'Why this rollback (recorded in every host\'s audit log; shown by audit).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -l json -d 'Print the dsv4ctl.rollback/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'rollback\'' -s q -l quiet -d 'Print only errors and the verdict.'
@@ -595,6 +599,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'lock acquire\'' -s h -l help -d 'Show thi
 complete -c dsv4ctl -n '__dsv4ctl_arg \'lock acquire\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l force -d 'Also remove a lock held by a run (deploy, rollback, ...) whose process is gon...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l yes-it-is-dead -d 'With --force: the holder\'s process cannot be checked (it ran on another machi...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -s m -l message -r -f -d 'Why (recorded in every host\'s audit log; shown by audit).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l dry-run -d 'Read every host\'s lock and say what would be released; release nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'lock release\'' -l json -d 'Print the dsv4ctl.lock/1 JSON document (action release).'
@@ -620,6 +625,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l remote -d 'Change the ru
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -l health-timeout -r -f -d 'How long to wait for /health after a restart (900, 90s, 15m; at most 1d; defa...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s q -l quiet -d 'With --remote: no progress lines on stderr; only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s m -l message -r -f -d 'With --remote: why (recorded in every host\'s audit log and the release\'s reco...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'config set\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'config set\' 0' -f -a '(__dsv4ctl_yaml w2)'
@@ -640,6 +646,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l remote -d 'Change the ru
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -l health-timeout -r -f -d 'How long to wait for /health after a restart (900, 90s, 15m; at most 1d; defa...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s q -l quiet -d 'With --remote: no progress lines on stderr; only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s m -l message -r -f -d 'With --remote: why (recorded in every host\'s audit log and the release\'s reco...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache on\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache on\' 0' -f -a '(__dsv4ctl_yaml w2)'
@@ -651,6 +658,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l remote -d 'Change the r
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -l health-timeout -r -f -d 'How long to wait for /health after a restart (900, 90s, 15m; at most 1d; defa...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s v -l verbose -d 'With --remote: each step as it runs, and its duration when it ends (secret va...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s q -l quiet -d 'With --remote: no progress lines on stderr; only errors and the verdict.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s m -l message -r -f -d 'With --remote: why (recorded in every host\'s audit log and the release\'s reco...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'hicache off\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'hicache off\' 0' -f -a '(__dsv4ctl_yaml w2)'

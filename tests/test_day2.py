@@ -159,6 +159,11 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
         assert hd["last_audit"]["action"] == "deploy" and hd["last_audit"]["result"] == "ok"
         assert all(g["alive"] and g["health"] == "ok" and g["hicache_differences"] == [] for g in hd["groups"].values())
     group, host = next((g, h) for h, hd in doc["hosts"].items() for g in hd["groups"])
+    # each server's state, pid, port, uptime and restarts (issue 46.3)
+    g0 = doc["hosts"][host]["groups"][group]
+    pid = int((w.roots[host] / "run" / f"{group}.pid").read_text())
+    assert (g0["state"], g0["pid"], g0["port"], g0["restarts"], g0["stopped"]) == ("running", pid, w.ports[group], 0, None)
+    assert 0 <= g0["uptime_s"] < 300
 
     r = run_cli("logs", group, str(w.profile), "-n", "5", env=w.env(), timeout=120)
     assert r.code == 0, r.err
@@ -189,6 +194,7 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     assert r.code == 0, r.err
     assert f"differs from the profile's serve config: {host}/{group}: " in r.out
     assert f"a restart starts that one again); to apply the profile's: dsv4ctl deploy {w.profile}" in r.out
+    assert "restart the group" not in r.out            # the table agrees with the footnote (issue 46.4)
     doc = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120).json()
     assert doc["ok"] is True and doc["unhealthy"] == [] and len(doc["differing"]) == len(w.groups)
     w.hicache(False)
@@ -209,8 +215,27 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
     assert r.code == 1 and r.err.strip() == f"dsv4ctl: unhealthy: status: {host}/{group}: process not running"
     g = r.json()["hosts"][host]["groups"][group]
-    assert g["alive"] is False
+    assert g["alive"] is False and (g["state"], g["pid"], g["uptime_s"]) == ("crashed", None, None)
     assert g["health"].startswith("/health: connection refused (nothing listens on ") and "Error" not in g["health"]
+
+    # started again, then stopped on purpose: "stopped" by whom and when (from the audit), exit 0;
+    # the start counts as a restart of the release
+    r = run_cli("start", str(w.profile), "-g", group, "-m", "after the kill", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    r = run_cli("stop", str(w.profile), "-g", group, "-m", "disk swap", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    g = r.json()["hosts"][host]["groups"][group]
+    rec = [json.loads(x) for x in (w.roots[host] / "audit.jsonl").read_text().splitlines()][-1]
+    assert (rec["action"], rec["groups"], rec["message"]) == ("stop", [group], "disk swap")
+    assert (g["state"], g["restarts"], g["stopped"]) == ("stopped", 1, {"who": rec["who"], "ts": rec["ts"],
+                                                                         "message": "disk swap"})
+    assert g["state_detail"] == f'stopped by {rec["who"]} at {rec["ts"]} ("disk swap")'
+    r = run_cli("status", str(w.profile), env=w.env(), timeout=120)
+    assert r.code == 0 and f'{host}/{group}: stopped: stopped by {rec["who"]} at {rec["ts"]} ("disk swap")' in r.out, r.out
+    r = run_cli("audit", str(w.profile), env=w.env(), timeout=120)
+    assert r.code == 0 and '"after the kill"' in r.out and '"disk swap"' in r.out, r.out
 
 
 def test_error_lines_cannot_drive_the_terminal(capsys):

@@ -108,6 +108,7 @@ def set_cmd(
     health_timeout: Optional[float] = duration_option(None, "--health-timeout", help="How long to wait for /health after a restart (900, 90s, 15m; at most 1d; default deploy.health_timeout_s, 900)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="With --remote: no progress lines on stderr; only errors and the verdict."),
+    message: Optional[str] = typer.Option(None, "--message", "-m", metavar="TEXT", help="With --remote: why (recorded in every host's audit log and the release's record; shown by audit and releases)."),
 ) -> None:
     """Set (or --unset) SGLang server arguments in the selected groups' serve configs, e.g.
     ``kv-canary=log``: keys and values checked against the argument table of the profile's SGLang release, the whole
@@ -147,7 +148,7 @@ def set_cmd(
                changes=lambda data, tbl, label: changes_for_set(data, sets, unset, tbl, label),
                tree=tree, dry_run=dry_run, as_json=as_json, remote=remote, health_timeout=health_timeout,
                verbose=verbose, quiet=quiet, schema=SET_SCHEMA, doc=dict(set=shown, unset=list(unset)),
-               unchanged=f"already {desc}", secrets=secrets)
+               unchanged=f"already {desc}", secrets=secrets, message=message)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,6 +4,7 @@ every host in one parallel round trip each, without SSH-ing in (facts: :mod:`dsv
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import time
 from typing import Optional
@@ -100,40 +101,78 @@ def status(profile: Optional[str] = _P,
            accept_new: bool = _ACCEPT,
            as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.status/1 JSON document."),
            markdown: bool = typer.Option(False, "--markdown", help="Print Markdown.")) -> None:
-    """Per host and group: the active release and its state (and its Python environment), process
-    alive, /health, HiCache as running vs the serve config, the lock holder, the last audit record.
+    """Per host and group: the state of its server — running, stopped (by whom and when, from
+    the audit log: a `dsv4ctl stop` is no fault), crashed, starting (within the health timeout),
+    unhealthy, drifted — with its PID, port, uptime and restarts since its release started; the
+    active release and its state (and its Python environment), /health, HiCache as running vs
+    the serve config, the lock holder, the last audit record. With deploy.backend slurm also each
+    server group's Slurm job: id, state, nodes, elapsed time.
 
-    A running server whose HiCache settings differ from the profile's serve config is reported
-    (with the command that applies the file), not counted as unhealthy.
+    A running server whose serve config differs from the profile's is reported with the command
+    that applies the file (a deploy: a restart starts the active release's copy again), not
+    counted as unhealthy.
 
-    Exit 0 all healthy · 1 something unhealthy (a process not running, /health failing, a failed
-    or drifted active release, the nodes of one server on different releases) · 2 bad input · 3
-    a host unreachable."""
+    Exit 0 nothing unhealthy (stopped and starting servers included) · 1 something unhealthy (a
+    crashed process, /health failing past the health timeout, a failed or drifted active release,
+    the nodes of one server on different releases) · 2 bad input · 3 a host unreachable."""
     import asyncio
-
-    from ..hosts.day2 import last_audit_text, parse_status, status_command
-    from ..hosts.lock import holder_text
-    from ..remote import run_parallel
-    from ..serve.argtable import table_for
-    from ..serve.hicache import compare, file_view
-    from ..serve.lint import check_keys
 
     from .options import duration
     duration(timeout, "--timeout", hi=3600)
-    from ..deploy.drift import verify_command
     dep, site = _site(profile, accept_new)
-    groups = {h: [g.name for g in dep.groups.values() if g.node_on(h) is not None] for h in dep.hosts}
     try:
-        res = run_parallel(site.transports, lambda t: parse_status(
-            t.name, site.paths[t.name].root, t.run(status_command(site.paths[t.name].root, groups[t.name],
-                                                                  dep.deploy.service,
-                                                                  verify=verify_command(site.python[t.name])),
-                                                   timeout=600).out),
-            timeout=600 + 15)
+        res = _read_hosts(dep, site)
     finally:
         site.close()
-    # one probe per server (every replica, at its node 0: the only node that serves HTTP), at the
-    # port its host's active release launched it with (the profile may have changed since)
+    urls, undeployed, moved = _probe_urls(dep, res)
+    probes = asyncio.run(_probe({k: u for k, u in urls.items() if k not in undeployed}, timeout))
+    doc, rows = _status_doc(dep, res, urls, undeployed, moved, probes)
+    if as_json:
+        print(dump_json(doc))
+    else:
+        _print_status(dep, doc, rows, markdown)
+    if doc["unreachable"]:
+        raise DsvError(f"status: {len(doc['unreachable'])} host(s) could not be read: {doc['unreachable'][0]}", EXIT_REMOTE)
+    if doc["unhealthy"]:
+        bad = doc["unhealthy"]
+        more = f" (and {len(bad) - 1} more problem(s))" if len(bad) > 1 else ""
+        raise VerdictError(f"status: {bad[0]}{more}", label="unhealthy")
+
+
+def _groups_by_host(dep) -> dict[str, list[str]]:
+    return {h: [g.name for g in dep.groups.values() if g.node_on(h) is not None] for h in dep.hosts}
+
+
+def _read_hosts(dep, site) -> dict:
+    """{host: Result of HostStatus}: one round trip per host (:func:`dsv4ctl.hosts.day2.status_command`);
+    with deploy.backend slurm a server group's liveness is its Slurm job's, and its job's record
+    is read on its node 0 (``scontrol show job -o``)."""
+    from ..deploy.drift import verify_command
+    from ..hosts.day2 import parse_status, status_command
+    from ..remote import run_parallel
+    groups = _groups_by_host(dep)
+    slurm = dep.deploy.backend == "slurm"
+
+    def one(t):
+        alive, job_cmd = None, None
+        if slurm:
+            from ..deploy.service import service_for
+            svc = service_for(site, t.name)
+            p = site.paths[t.name]
+            alive = {g: svc.alive_cmd(p, g) for g in groups[t.name]}
+            env = svc._env()
+            job_cmd = lambda jid: f"{{ {env}scontrol show job -o {jid}; }} 2>&1 || true"  # noqa: E731
+        cmd = status_command(site.paths[t.name].root, groups[t.name], dep.deploy.service,
+                             verify=verify_command(site.python[t.name]), alive=alive, job_cmd=job_cmd)
+        return parse_status(t.name, site.paths[t.name].root, t.run(cmd, timeout=600).out)
+    return run_parallel(site.transports, one, timeout=600 + 15)
+
+
+def _probe_urls(dep, res) -> tuple[dict, set, dict]:
+    """(urls, undeployed, moved): one probe per server (every replica, at its node 0: the only
+    node that serves HTTP), at the port its host's active release launched it with (the profile
+    may have changed since); ``undeployed`` servers are not in that release, ``moved`` says how
+    the port differs from the profile's."""
     from ..profile.deployment import http_url
     urls, undeployed, moved = {}, set(), {}
     for g in dep.groups.values():
@@ -149,112 +188,159 @@ def status(profile: Optional[str] = _P,
                     moved[(g.name, r)] = f"port: profile {url.rsplit(':', 1)[1]}, running {launch[g.name]['port']}"
                 url = running
             urls[(g.name, r)] = url
-    probes = asyncio.run(_probe({k: u for k, u in urls.items() if k not in undeployed}, timeout))
-    table = table_for(dep)
+    return urls, undeployed, moved
+
+
+def _host_doc(h: str, st, unhealthy: list[str], verify_hint: str) -> dict:
+    """A host's part of the status document: release, its state, lock, last audit, drift
+    (``verify_hint``: the command that lists the drift)."""
+    from ..deploy.drift import bind_report
+    from ..hosts.lock import holder_text
+    f = st.facts
+    cur = f.current
+    if cur and f.recorded(cur) == "failed":
+        unhealthy.append(f"{h}: the active release {cur} is recorded as failed ({f.state['releases'][cur].get('failed_check', '?')})")
+    hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
+            "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {},
+            "verified": None, "drift": [], "environment": None}
+    for link, target in f.foreign.items():
+        hdoc["drift"].append(f"{link} -> {target}: outside {f.root}/releases")
+        unhealthy.append(f"{h}: {f.root}/{link} points outside its releases ({target}); the next deploy "
+                         f"or rollback replaces it ({verify_hint})")
+    if cur:
+        v = st.verify or {}
+        rep = next(iter((v.get("releases") or {}).items()), None)
+        rep = bind_report(*rep) if rep is not None and isinstance(rep[1], dict) else None
+        if rep is None:
+            hdoc["drift"] += [f"not verified: {v.get('error') or 'no report'}"]
+        else:
+            hdoc["drift"] += rep.get("bad", []) + ([f"+{rep['nbad'] - len(rep['bad'])} more"]
+                                                  if rep.get("nbad", 0) > len(rep.get("bad", [])) else [])
+            hdoc["environment"] = rep.get("environment")
+        hdoc["verified"] = not hdoc["drift"]
+        if hdoc["drift"]:
+            unhealthy.append(f"{h}: the active release {cur} differs from its manifest: "
+                             + ", ".join(hdoc["drift"][:3]) + f" ({verify_hint})")
+    return hdoc
+
+
+def _slurm_job(st, name: str, proc) -> Optional[dict]:
+    """The group's Slurm job as status shows it (id, state, nodes, elapsed), from the record
+    read on its node 0 (:func:`dsv4ctl.hosts.slurm.parse_job`), or None."""
+    if name not in st.jobs and (proc is None or proc.job is None):
+        return None
+    rec = st.jobs.get(name) or {}
+    return {"job": rec.get("JobId") or (proc.job if proc else None), "state": rec.get("JobState", "unknown to Slurm"),
+            "nodes": rec.get("NodeList"), "elapsed": rec.get("RunTime")}
+
+
+def _status_doc(dep, res, urls, undeployed, moved, probes) -> tuple[dict, list]:
+    """The ``dsv4ctl.status/1`` document and the table rows (:func:`_group_entry` per node)."""
     hosts, rows, unhealthy, differing, down = {}, [], [], [], []
+    groups = _groups_by_host(dep)
     for h, r in res.items():
         if not r.ok:
             down.append(r.error)
             hosts[h] = {"error": r.error, "groups": {}}
-            rows.append([h, "-", "ERROR", "", "", "", r.error[:80]])
+            rows.append([h, "-", "ERROR", "", "", "", "", "", "", r.error[:80], "", ""])
             continue
         st = r.value
-        f = st.facts
-        cur = f.current
-        if cur and f.recorded(cur) == "failed":
-            unhealthy.append(f"{h}: the active release {cur} is recorded as failed ({f.state['releases'][cur].get('failed_check', '?')})")
-        hdoc = {"root": f.root, "current": cur, "state": f.recorded(cur) if cur else None, "previous": f.previous,
-                "lock": holder_text(f.lock) if f.lock else None, "last_audit": st.last_audit, "groups": {},
-                "verified": None, "drift": [], "environment": None}
-        for link, target in f.foreign.items():
-            hdoc["drift"].append(f"{link} -> {target}: outside {f.root}/releases")
-            unhealthy.append(f"{h}: {f.root}/{link} points outside its releases ({target}); the next deploy "
-                             "or rollback replaces it (dsv4ctl verify)")
-        if cur:
-            from ..deploy.drift import bind_report
-            v = st.verify or {}
-            rep = next(iter((v.get("releases") or {}).items()), None)
-            rep = bind_report(*rep) if rep is not None and isinstance(rep[1], dict) else None
-            if rep is None:
-                hdoc["drift"] += [f"not verified: {v.get('error') or 'no report'}"]
-            else:
-                hdoc["drift"] += rep.get("bad", []) + ([f"+{rep['nbad'] - len(rep['bad'])} more"]
-                                                      if rep.get("nbad", 0) > len(rep.get("bad", [])) else [])
-                hdoc["environment"] = rep.get("environment")
-            hdoc["verified"] = not hdoc["drift"]
-            if hdoc["drift"]:
-                unhealthy.append(f"{h}: the active release {cur} differs from its manifest: "
-                                 + ", ".join(hdoc["drift"][:3]) + " (dsv4ctl verify)")
-        envtxt = f", env {hdoc['environment']['digest']}" if hdoc["environment"] else ""
+        hdoc = _host_doc(h, st, unhealthy, f"dsv4ctl verify {shlex.quote(str(dep.path))}")
         for name in groups[h]:
-            g = dep.groups[name]
-            replica, rank = g.node_on(h)
-            url = urls[(name, replica)]
-            alive = st.alive.get(name, False)
-            gdoc = {"role": g.role, "url": url, "alive": alive}
-            if g.group.nnodes > 1 or g.group.replicas > 1:
-                gdoc.update(replica=replica, node=rank, nnodes=g.group.nnodes)
-            label = name if g.group.nnodes == 1 else f"{name} node {rank}"
-            if rank > 0:
-                # a node other than 0 serves no HTTP: its process is what can be seen of it
-                if not alive:
-                    unhealthy.append(f"{h}/{name}: node {rank} of {g.group.nnodes}: process not running "
-                                     "(node 0 stalls in its collectives until its watchdog ends it)")
-                hdoc["groups"][name] = {**gdoc, "health": None, "hicache_differences": []}
-                rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + envtxt + (", DRIFT" if hdoc["drift"] else "")
-                             + ")", "yes" if alive else "NO", f"served by node 0 ({url})", "-", hdoc["lock"] or "-"])
-                continue
-            if (name, replica) in undeployed:
-                differing.append(f"{h}/{name}: in the profile, not in the active release {cur}")
-                hdoc["groups"][name] = {**gdoc, "health": None, "deployed": False, "hicache_differences": []}
-                rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'})", "yes" if alive else "-",
-                             "not deployed", "-", hdoc["lock"] or "-"])
-                continue
-            err, info = probes[(name, replica)]
-            if (name, replica) in moved:
-                differing.append(f"{h}/{name}: {moved[(name, replica)]}")
-            diffs: list[str] = []
-            if g.is_server and info is not None and g.serve is not None:
-                _, resolved = check_keys(g.serve, table, name)
-                want = file_view(resolved.args)
-                diffs = compare(want, {k: info.get(k) for k in want})
-            if not alive or err is not None:
-                unhealthy.append(f"{h}/{name}: " + ("process not running" if not alive else err))
-            elif diffs:
-                # the running server and the profile's serve config disagree: the server runs the
-                # active release's copy, so a restart starts the same one again; deploy applies it
-                differing.append(f"{h}/{name}: {diffs[0]}" + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""))
-            hdoc["groups"][name] = {**gdoc, "health": err or "ok", "hicache_differences": diffs}
-            rows.append([h, label, f"{cur or '-'} ({hdoc['state'] or '-'}" + envtxt + (", DRIFT" if hdoc["drift"] else "")
-                         + ")", "yes" if alive else "NO",
-                         err or "ok", "; ".join(diffs) or "match" if info is not None else "-",
-                         hdoc["lock"] or "-"])
+            gdoc, row = _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unhealthy, differing)
+            hdoc["groups"][name] = gdoc
+            rows.append(row)
         hosts[h] = hdoc
     unhealthy[:0] = release_splits(dep, {h: r.value.facts.current for h, r in res.items() if r.ok})
-    doc = {"schema": "dsv4ctl.status/1", "profile": dep.name, "hosts": hosts, "unhealthy": unhealthy,
-           "differing": differing, "unreachable": down, "ok": not unhealthy and not down}
-    if as_json:
-        print(dump_json(doc))
+    return {"schema": "dsv4ctl.status/1", "profile": dep.name, "hosts": hosts, "unhealthy": unhealthy,
+            "differing": differing, "unreachable": down, "ok": not unhealthy and not down}, rows
+
+
+def _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unhealthy, differing) -> tuple[dict, list]:
+    """One node of group ``name`` on host ``h``: its JSON entry and table row; appends to
+    ``unhealthy`` / ``differing``. The state is :func:`dsv4ctl.hosts.day2.group_state`'s."""
+    from ..hosts.day2 import group_state, stop_record, uptime_text
+    g = dep.groups[name]
+    replica, rank = g.node_on(h)
+    url = urls[(name, replica)]
+    alive = st.alive.get(name, False)
+    proc = st.procs.get(name)
+    cur = hdoc["current"]
+    launch = (st.facts.current_launch or {}).get(name) or {}
+    port = launch.get("port") if launch.get("port") is not None else g.port
+    gdoc = {"role": g.role, "url": url, "alive": alive, "port": port,
+            "pid": proc.pid if proc is not None and alive else None,
+            "uptime_s": proc.uptime_s if proc is not None and alive else None,
+            "restarts": proc.restarts if proc is not None else 0,
+            "exit_status": proc.exit_status if proc is not None and not alive else None}
+    if g.group.nnodes > 1 or g.group.replicas > 1:
+        gdoc.update(replica=replica, node=rank, nnodes=g.group.nnodes)
+    job = _slurm_job(st, name, proc)
+    if job is not None:
+        gdoc["slurm"] = job
+    label = name if g.group.nnodes == 1 else f"{name} node {rank}"
+    rel = f"{cur or '-'} ({hdoc['state'] or '-'}" + (f", env {hdoc['environment']['digest']}" if hdoc["environment"] else "") \
+        + (", DRIFT" if hdoc["drift"] else "") + ")"
+    err, info, diffs = None, None, []
+    if rank == 0 and (name, replica) in undeployed:
+        differing.append(f"{h}/{name}: in the profile, not in the active release {cur}")
+        gdoc.update(state="undeployed", state_detail=f"not in the active release {cur}", health=None, deployed=False,
+                    hicache_differences=[], stopped=None)
+        return gdoc, [h, label, "not deployed", rel, "-", port, "-", "-", "-", "-", "-", hdoc["lock"] or "-"]
+    if rank == 0:
+        err, info = probes[(name, replica)]
+        if (name, replica) in moved:
+            differing.append(f"{h}/{name}: {moved[(name, replica)]}")
+        if g.is_server and info is not None and g.serve is not None:
+            from ..serve.argtable import table_for
+            from ..serve.hicache import compare, file_view
+            from ..serve.lint import check_keys
+            _, resolved = check_keys(g.serve, table_for(dep), name)
+            want = file_view(resolved.args)
+            diffs = compare(want, {k: info.get(k) for k in want})
+    stopped = stop_record(st.recent, name) if not alive else None
+    state, words, bad = group_state(alive, None if rank > 0 else (err or "ok"), proc, stopped, bool(hdoc["drift"]),
+                                    float(dep.deploy.health_timeout_s), rank, g.group.nnodes)
+    if bad and state != "drifted":          # a drifted release is the host's problem, said once
+        unhealthy.append(f"{h}/{name}: {words}")
+    elif not bad and diffs and alive:
+        # the server runs the active release's copy: a restart starts that one again; deploy applies it
+        differing.append(f"{h}/{name}: {diffs[0]}" + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""))
+    gdoc.update(state=state, state_detail=words, health=None if rank > 0 else (err or "ok"), hicache_differences=diffs,
+                stopped={k: stopped.get(k) for k in ("who", "ts", "message")} if stopped else None)
+    shown = state
+    if job is not None:
+        shown += f" (slurm job {job['job']} {job['state']}" + (f" on {job['nodes']}" if job.get("nodes") else "") \
+            + (f", {job['elapsed']}" if job.get("elapsed") else "") + ")"
+    health = f"served by node 0 ({url})" if rank > 0 else "-" if state == "stopped" else (err or "ok")
+    return gdoc, [h, label, shown, rel, gdoc["pid"] or "-", port, uptime_text(gdoc["uptime_s"]), gdoc["restarts"],
+                  health, "; ".join(diffs) or "match" if info is not None else "-", hdoc["lock"] or "-"]
+
+
+def _print_status(dep, doc: dict, rows: list, markdown: bool) -> None:
+    """The status table, then per host its drift and last audit record, then each difference
+    from the profile with the command that applies the profile's file."""
+    from ..hosts.day2 import last_audit_text
+    headers = ["host", "group", "state", "release (state)", "pid", "port", "uptime", "restarts", "/health",
+               "HiCache vs config", "lock"]
+    if markdown:
+        print(markdown_table(headers, rows))
     else:
-        headers = ["host", "group", "release (state)", "alive", "/health", "HiCache vs config", "lock"]
-        if markdown:
-            print(markdown_table(headers, rows))
-        else:
-            console().print(rich_table(f"dsv4ctl status: {dep.name}", headers, rows))
-        for h, hd in hosts.items():
-            if hd.get("drift"):
-                print(f"{h}: DRIFT in {hd['current']}: {', '.join(hd['drift'][:5])} (dsv4ctl verify)")
-            la = hd.get("last_audit")
-            if la:
-                print(f"{h}: last audit: {last_audit_text(la)}")
-        for d in differing:
-            print(f"differs from the profile's serve config: {d}: the server runs the active release's copy (a "
-                  f"restart starts that one again); to apply the profile's: dsv4ctl deploy {dep.path}")
-    if down:
-        raise DsvError(f"status: {len(down)} host(s) could not be read: {down[0]}", EXIT_REMOTE)
-    if unhealthy:
-        more = f" (and {len(unhealthy) - 1} more problem(s))" if len(unhealthy) > 1 else ""
-        raise VerdictError(f"status: {unhealthy[0]}{more}", label="unhealthy")
+        console().print(rich_table(f"dsv4ctl status: {dep.name}", headers, rows))
+    verify_hint = f"dsv4ctl verify {shlex.quote(str(dep.path))}"
+    for h, hd in doc["hosts"].items():
+        if hd.get("drift"):
+            print(f"{h}: DRIFT in {hd['current']}: {', '.join(hd['drift'][:5])} ({verify_hint})")
+        la = hd.get("last_audit")
+        if la:
+            print(f"{h}: last audit: {last_audit_text(la)}")
+    for h, hd in doc["hosts"].items():
+        for name, gd in hd.get("groups", {}).items():
+            if gd.get("state") not in (None, "running", "drifted", "undeployed"):
+                print(f"{h}/{name}: {gd['state']}: {gd['state_detail']}")
+    for d in doc["differing"]:
+        print(f"differs from the profile's serve config: {d}: the server runs the active release's copy (a "
+              f"restart starts that one again); to apply the profile's: dsv4ctl deploy {shlex.quote(str(dep.path))}")
 
 
 def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
@@ -285,6 +371,7 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
         rx = re.compile(grep) if grep else None
     except re.error as e:
         raise InputError(f"--grep {grep!r}: {e}") from None
+    _group_before_profile(group, profile)
     dep, site = _site(profile, accept_new)
     try:
         g = dep.group(group)
@@ -349,6 +436,24 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
         return
     finally:
         site.close()
+
+
+def _group_before_profile(group: str, profile: Optional[str]) -> None:
+    """``logs PROFILE`` (the group left out, so the profile landed in GROUP): InputError (exit 2)
+    saying so, with the profile's groups, instead of "give the profile"."""
+    import os
+    from pathlib import Path
+    if profile is not None or os.environ.get("DSV4CTL_PROFILE"):
+        return
+    if not (group.endswith((".yaml", ".yml")) or Path(group).is_file()):
+        return
+    from .common import load_deployment_arg
+    try:
+        names = list(load_deployment_arg(group, acts_on_hosts=True).groups)
+    except DsvError:
+        names = []
+    raise InputError(f"logs takes the group first, then the profile: dsv4ctl logs {names[0] if names else 'GROUP'} "
+                     f"{shlex.quote(group)}" + (f" (its groups: {', '.join(names)})" if names else ""))
 
 
 def _result_text(r: dict) -> str:

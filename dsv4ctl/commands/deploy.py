@@ -343,6 +343,7 @@ def rollback(
     health_timeout: Optional[float] = duration_option(None, "--health-timeout", help="How long to wait for health (900, 90s, 15m; at most 1d; default: deploy.health_timeout_s)."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
     force_failed: bool = typer.Option(False, "--force-failed", help="With --to: a release recorded as failed (audited; it stays active, never good)."),
+    message: Optional[str] = typer.Option(None, "--message", "-m", metavar="TEXT", help="Why this rollback (recorded in every host's audit log; shown by audit)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.rollback/1 JSON report."),
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -357,7 +358,9 @@ def rollback(
     marked failed; where each host is, the locks left, the command that finishes the job) · 130
     interrupted (hosts put back)."""
     from ..deploy import engine
+    from .options import message as check_message
     check_health_timeout(health_timeout)
+    message = check_message(message)
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
@@ -365,7 +368,7 @@ def rollback(
     with _Interrupted(secrets), _RunLog("rollback" + (f" --to {to}" if to else ""), p, secrets, dry_run) as runlog:
         rep = engine.rollback(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                        health_timeout=health_timeout, break_lock=break_lock, verbose=verbose,
-                                       quiet=quiet, force_failed=force_failed, runlog=runlog), to=to,
+                                       quiet=quiet, force_failed=force_failed, runlog=runlog, message=message), to=to,
                               command="dsv4ctl rollback" + (f" {shlex.quote(profile)}" if profile else ""))
         runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
     if as_json:
@@ -403,6 +406,9 @@ def releases(
                       + (f", evidence {r['evidence']}" if r.get("evidence") else "")
                       if r.get("recorded_state") == "failed" and r.get("failed_check")
                       else ("forced after failing" if r.get("forced_at") else "promoted" if r.get("promoted_at") else "-"))
+            if r.get("change"):         # a serve-config change (hicache --remote, config set --remote)
+                what = f"{r['change']} (from {r['derived_from']})"
+                checks = what if checks == "-" else f"{what}; {checks}"
             if r.get("message"):
                 checks += f'; "{r["message"][:80]}"'
 
@@ -431,15 +437,18 @@ _L_HEALTH = duration_option(None, "--health-timeout", help="How long to wait for
 _L_BREAK = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited).")
 _L_JSON = typer.Option(False, "--json", help="Print the dsv4ctl.lifecycle/1 JSON report.")
 _HOSTS = typer.Option([], "--host", help="Only servers with a node on this host (repeatable; a multi-node server is acted on whole).")
+_L_MESSAGE = typer.Option(None, "--message", "-m", metavar="TEXT", help="Why (recorded in every host's audit log; shown by audit, and by status for a stopped server).")
 
 
 def _lifecycle(how: str, profile, group, host, batch, dry_run, accept_new, health_timeout, break_lock, as_json,
-               verbose, quiet) -> None:
+               verbose, quiet, message=None) -> None:
     """The body of start / stop / restart (:func:`dsv4ctl.deploy.lifecycle.lifecycle`)."""
     from ..deploy.lifecycle import lifecycle
     from .options import integer
+    from .options import message as check_message
     check_health_timeout(health_timeout)
     integer(batch, "--batch", 1, 10_000)
+    message = check_message(message)
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
@@ -448,7 +457,7 @@ def _lifecycle(how: str, profile, group, host, batch, dry_run, accept_new, healt
     with _Interrupted(secrets), _RunLog(cmd, p, secrets, dry_run) as runlog:
         rep = lifecycle(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
                                  health_timeout=health_timeout, break_lock=break_lock, verbose=verbose, quiet=quiet,
-                                 runlog=runlog), how, list(group) or None, list(host) or None, batch)
+                                 runlog=runlog, message=message), how, list(group) or None, list(host) or None, batch)
         runlog.result = {"servers": [x["server"] for x in rep["servers"]]}
     if as_json:
         print(_out(rep, secrets))
@@ -466,6 +475,7 @@ def start(
     accept_new: bool = _L_ACCEPT,
     health_timeout: Optional[float] = _L_HEALTH,
     break_lock: bool = _L_BREAK,
+    message: Optional[str] = _L_MESSAGE,
     as_json: bool = _L_JSON,
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -477,7 +487,7 @@ def start(
     3 SSH/lock failure, a start command failed, or a server's hosts run different releases ·
     130 interrupted."""
     _lifecycle("start", profile, group, host, None, dry_run, accept_new, health_timeout, break_lock, as_json,
-               verbose, quiet)
+               verbose, quiet, message)
 
 
 def stop(
@@ -487,6 +497,7 @@ def stop(
     dry_run: bool = _L_DRY,
     accept_new: bool = _L_ACCEPT,
     break_lock: bool = _L_BREAK,
+    message: Optional[str] = _L_MESSAGE,
     as_json: bool = _L_JSON,
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -496,7 +507,7 @@ def stop(
 
     Exit 0 stopped (or none ran) · 2 bad input · 3 SSH/lock failure or a stop command failed ·
     130 interrupted."""
-    _lifecycle("stop", profile, group, host, None, dry_run, accept_new, None, break_lock, as_json, verbose, quiet)
+    _lifecycle("stop", profile, group, host, None, dry_run, accept_new, None, break_lock, as_json, verbose, quiet, message)
 
 
 def restart(
@@ -508,6 +519,7 @@ def restart(
     accept_new: bool = _L_ACCEPT,
     health_timeout: Optional[float] = _L_HEALTH,
     break_lock: bool = _L_BREAK,
+    message: Optional[str] = _L_MESSAGE,
     as_json: bool = _L_JSON,
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -519,7 +531,7 @@ def restart(
     Exit 0 restarted · 1 a restarted server is not healthy (later batches untouched) · 2 bad input ·
     3 SSH/lock failure or a stop/start command failed · 130 interrupted."""
     _lifecycle("restart", profile, group, host, batch, dry_run, accept_new, health_timeout, break_lock, as_json,
-               verbose, quiet)
+               verbose, quiet, message)
 
 
 def register(app: typer.Typer) -> None:

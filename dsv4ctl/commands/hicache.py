@@ -18,7 +18,7 @@ SCHEMA_STATUS = "dsv4ctl.hicache-status/1"
 
 def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend,
             tree, dry_run, as_json, remote: bool = False, health_timeout: Optional[float] = None,
-            verbose: bool = False, quiet: bool = False) -> None:
+            verbose: bool = False, quiet: bool = False, message: Optional[str] = None) -> None:
     from ..serve.hicache import Options, changes_for
     from ..serve.hicache_local import select_groups
     from .common import load_deployment_arg
@@ -35,7 +35,8 @@ def _toggle(action: str, profile, group, ratio, write_policy, io_backend, mem_la
     run_change(prof, groups, what=f"hicache {action}", action=f"hicache-{action}",
                changes=lambda data, table, label: changes_for(action, data, opts, table, label),
                tree=tree, dry_run=dry_run, as_json=as_json, remote=remote, health_timeout=health_timeout,
-               verbose=verbose, quiet=quiet, schema=SCHEMA_EDIT, doc=dict(action=action), unchanged=f"HiCache already {action}")
+               verbose=verbose, quiet=quiet, schema=SCHEMA_EDIT, doc=dict(action=action), unchanged=f"HiCache already {action}",
+               message=message)
 
 
 def _opts_doc():
@@ -61,6 +62,7 @@ _REMOTE = typer.Option(False, "--remote", help="Change the running release: a ne
                                               "then the local copies.")
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="With --remote: each step as it runs, and its duration when it ends (secret values masked).")
 _QUIET = typer.Option(False, "--quiet", "-q", help="With --remote: no progress lines on stderr; only errors and the verdict.")
+_MESSAGE = typer.Option(None, "--message", "-m", metavar="TEXT", help="With --remote: why (recorded in every host's audit log and the release's record; shown by audit and releases).")
 _HEALTH = duration_option(None, "--health-timeout", help="How long to wait for /health after a restart (900, 90s, 15m; at most 1d; default deploy.health_timeout_s, 900).")
 
 
@@ -68,24 +70,26 @@ def on(profile: Optional[str] = _PROFILE_EDIT, group: list[str] = _O["group"], r
        write_policy: Optional[str] = _O["write_policy"], io_backend: Optional[str] = _O["io_backend"],
        mem_layout: Optional[str] = _O["mem_layout"], storage_backend: Optional[str] = _O["storage_backend"],
        tree: Optional[str] = _TREE, dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
-       health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE, quiet: bool = _QUIET) -> None:
+       health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE, quiet: bool = _QUIET,
+       message: Optional[str] = _MESSAGE) -> None:
     """Turn HiCache on in the selected groups' serve configs (diff printed, linted before writing).
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
     _toggle("on", profile, group, ratio, write_policy, io_backend, mem_layout, storage_backend, tree, dry_run,
-            as_json, remote, health_timeout, verbose, quiet)
+            as_json, remote, health_timeout, verbose, quiet, message)
 
 
 def off(profile: Optional[str] = _PROFILE_EDIT, group: list[str] = _O["group"], tree: Optional[str] = _TREE,
         dry_run: bool = _DRY, as_json: bool = _JSON, remote: bool = _REMOTE,
-        health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE, quiet: bool = _QUIET) -> None:
+        health_timeout: Optional[float] = _HEALTH, verbose: bool = _VERBOSE, quiet: bool = _QUIET,
+        message: Optional[str] = _MESSAGE) -> None:
     """Turn HiCache off (``enable-hierarchical-cache: false``; other hicache-* keys are kept, inert).
 
     Exit 0 written (or nothing to do), 1 a restarted group was unhealthy and rolled back,
     2 bad input or a lint error (nothing written), 3 a host step failed."""
     _toggle("off", profile, group, None, None, None, None, None, tree, dry_run, as_json, remote, health_timeout, verbose,
-            quiet)
+            quiet, message)
 
 
 async def _fetch_all(urls: dict[str, str], timeout: float) -> dict[str, tuple[Optional[dict], Optional[str]]]:

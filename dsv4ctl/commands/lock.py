@@ -73,7 +73,7 @@ def print_lock_hints(rep: dict, profile: str) -> None:
 
 def acquire(
     profile: Optional[str] = _P,
-    message: str = typer.Option(..., "--message", "-m", help="Why (shown to everyone a deploy or restart refuses, and audited)."),
+    message: str = typer.Option(..., "--message", "-m", metavar="TEXT", help="Why (shown to everyone a deploy or restart refuses, and audited)."),
     accept_new: bool = _ACCEPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Read every host's lock and say what would be taken; take nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document (action acquire)."),
@@ -110,6 +110,7 @@ def release(
                                "process is gone (checked on this machine when it ran here; a live one is refused)."),
     dead: bool = typer.Option(False, "--yes-it-is-dead", help="With --force: the holder's process cannot be checked "
                               "(it ran on another machine) or you vouch it is gone: remove it anyway (audited)."),
+    message: Optional[str] = typer.Option(None, "--message", "-m", metavar="TEXT", help="Why (recorded in every host's audit log; shown by audit)."),
     accept_new: bool = _ACCEPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Read every host's lock and say what would be released; release nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.lock/1 JSON document (action release)."),
@@ -123,9 +124,10 @@ def release(
     holds a lock (without --force; its process still runs; or it cannot be checked) or SSH failed."""
     from ..deploy.hostlock import release as lock_release
     from ..errors import InputError
+    from .options import message as check_message
     if dead and not force:
         raise InputError("--yes-it-is-dead goes with --force (it vouches for the holder of a run's lock)")
-    rep = lock_release(_profile(profile), _opts(accept_new), force, dead, dry_run)
+    rep = lock_release(_profile(profile), _opts(accept_new), force, dead, dry_run, check_message(message))
     if as_json:
         print(dump_json(rep))
         return

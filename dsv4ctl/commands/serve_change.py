@@ -35,20 +35,26 @@ def printer(secrets: set[str]):
 
 def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[str], dry_run: bool, as_json: bool,
                remote: bool, health_timeout: Optional[float], verbose: bool, schema: str, doc: dict,
-               unchanged: str, secrets: frozenset = frozenset(), quiet: bool = False) -> None:
+               unchanged: str, secrets: frozenset = frozenset(), quiet: bool = False,
+               message: Optional[str] = None) -> None:
     """Apply ``changes`` (:data:`dsv4ctl.serve.hicache_local.ChangesFn`) to the serve configs of
     ``groups`` (GroupViews of the Deployment ``prof``): locally, or with ``remote`` as a release.
 
     ``what`` names the command in lines and errors (``hicache on``), ``action`` the audit/lock
     action (``hicache-on``), ``schema`` and ``doc`` head the ``--json`` document, ``unchanged``
     ends the line of a file that already says it (``HiCache already on``), ``secrets`` are values
-    never printed (new secret values being set; the files' own are found here). Raises InputError
+    never printed (new secret values being set; the files' own are found here), ``message`` the
+    ``-m`` reason (with ``remote`` only: audited on every host). Raises InputError
     (exit 2: bad value, lint error, nothing written), HealthError (exit 1: a restarted group was
     unhealthy, rolled back), RemoteError (exit 3)."""
     from ..serve.hicache_local import prepare_edits, refuse_shipped, write_all
     from .deploy import check_health_timeout
 
+    from .options import message as check_message
     check_health_timeout(health_timeout)
+    message = check_message(message)
+    if message is not None and not remote:
+        raise InputError(f"{what}: -m/--message goes with --remote (a change of the local files is not audited)")
     edits = prepare_edits(prof, groups, what, changes, tree)
     secrets = set(secrets).union(*(e.secrets for e in edits))
     out = printer(secrets)
@@ -63,7 +69,7 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
     refuse_shipped([e.path for e in edits if e.new != e.old])
     if remote:
         _remote(prof, groups, what, action, changes, tree, dry_run, as_json, edits, health_timeout, verbose,
-                schema, doc, unchanged, secrets, quiet=quiet)
+                schema, doc, unchanged, secrets, quiet=quiet, message=message)
         return
     changed = [e for e in edits if e.new != e.old]
     if not dry_run and changed:
@@ -88,8 +94,16 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
         out(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
 
 
+def undo_hint(profile, rid: str) -> str:
+    """The exact command that undoes a ``--remote`` change: ``dsv4ctl rollback PROFILE --to RID``
+    with the profile's path (shell-quoted), runnable as printed."""
+    import shlex
+    return f"dsv4ctl rollback {shlex.quote(str(profile))} --to {rid}"
+
+
 def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_edits, health_timeout, verbose,
-            schema, doc, unchanged, extra_secrets=frozenset(), quiet: bool = False) -> None:
+            schema, doc, unchanged, extra_secrets=frozenset(), quiet: bool = False,
+            message: Optional[str] = None) -> None:
     """``--remote``: every change to a host is a release. The running release's serve configs are
     edited (:mod:`dsv4ctl.serve.hicache_live`), a new release is derived from it and deployed
     (:mod:`dsv4ctl.deploy.change`), then the profile's local copies get the same edit (so the
@@ -120,7 +134,8 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     def log(s: str) -> None:
         if not as_json and not quiet:
             print(f"dsv4ctl: {mask_secrets(scrub_all(s), secrets)}", file=sys.stderr, flush=True)
-    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log, offers_break_lock=False)
+    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log, offers_break_lock=False,
+                      message=message)
     if verbose and not dry_run:
         o.trace = lambda st: log("step " + st.line(True))
         o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
@@ -170,7 +185,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
                     out("    " + mask_secrets(Step(**st).line(False), secrets))
         if not dry_run and err is None and changed:
             out(f"released {rid} (from {frm}): restarted {', '.join(f'{e.group} on {e.host}' for e in changed)}; "
-                f"healthy; dsv4ctl rollback --to {frm} undoes it")
+                f"healthy; {undo_hint(prof.path, frm)} undoes it")
         if wrote_local:
             out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
     if err is not None:

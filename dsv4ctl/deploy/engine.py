@@ -911,7 +911,8 @@ def releases(profile, opts: Options) -> dict:
                          "promoted_at": st.get("promoted_at"), "failed_at": st.get("failed_at"),
                          "failed_check": st.get("failed_check"), "failure": st.get("failure"),
                          "forced_at": st.get("forced_at"), "evidence": st.get("evidence"),
-                         "message": st.get("message")})
+                         "message": st.get("message"), "derived_from": m.get("derived_from"),
+                         "change": m.get("change")})
         out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
                            "lock": f.lock and holder_text(f.lock), "releases": rows}
     return out

@@ -139,13 +139,15 @@ def release_refusal(got: dict[str, dict | None], profile: str, *, force: bool, d
     return None
 
 
-def release(profile, opts, force: bool = False, dead: bool = False, dry_run: bool = False) -> dict:
+def release(profile, opts, force: bool = False, dead: bool = False, dry_run: bool = False,
+            message: str | None = None) -> dict:
     """Remove the manual locks of every host (audited ``lock release`` with the old holder). A lock
     a run holds (a deploy, a rollback, …) is only removed with ``force`` and when its process is
     known gone, or with ``dead`` (the operator vouches for it: ``--yes-it-is-dead``) —
     nothing is removed otherwise (:func:`release_refusal`: RemoteError, exit 3, naming it). A lock
     re-taken between the read and the removal is left alone (removal matches the holder's token).
-    ``dry_run``: the same read and refusal, nothing removed."""
+    ``dry_run``: the same read and refusal, nothing removed. ``message``: why (``-m``, in each
+    audit record)."""
     site = open_site(profile, opts)
     try:
         got = _read(site)
@@ -154,20 +156,21 @@ def release(profile, opts, force: bool = False, dead: bool = False, dry_run: boo
             raise RemoteError(str(refusal) + (" (dry run)" if dry_run else ""))
         held = {h: hd for h, hd in got.items() if hd is not None}
         if not dry_run:
-            _remove(site, held, dead)
+            _remove(site, held, dead, message)
     finally:
         site.close()
     return {"schema": "dsv4ctl.lock/1", "action": "release", **({"dry_run": True} if dry_run else {}),
             "hosts": sorted(held), "holders": {h: holder_text(hd) for h, hd in held.items()}}
 
 
-def _remove(site: Site, held: dict[str, dict], dead: bool) -> None:
+def _remove(site: Site, held: dict[str, dict], dead: bool, message: str | None = None) -> None:
     """Remove each host's lock in ``held`` (only while its holder is the one read), audited."""
     def rm(t):
         p, hd = site.paths[t.name], held[t.name]
         vouched = " (--yes-it-is-dead)" if dead and not is_manual(hd) else ""
         rec = record_fields(t.name, "lock release", "ok", f"removed lock held by {holder_text(hd)}{vouched}"
-                            + (f": {hd['message']}" if hd.get("message") else ""))
+                            + (f": {hd['message']}" if hd.get("message") else ""),
+                            **({"message": message} if message else {}))
         tok = hd.get("token")
         if tok:
             cmd = (f"if grep -q {q(tok)} {q(p.lock + '/holder.json')} 2>/dev/null; then rm -rf {q(p.lock)} && "

@@ -116,7 +116,9 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
             detail = (f"{'stopped' if how == 'stop' else how + 'ed'} {done}" if actions else
                       f"nothing to {how}: " + ("every selected server runs" if how == "start" else "no server selected"
                                                if how == "restart" else "no selected server runs"))
-            rec = {"action": how, "release": ",".join(sorted(set(rid_of.values()))) or None}
+            rec = {"action": how, "release": ",".join(sorted(set(rid_of.values()))) or None,
+                   "groups": sorted({a.group for a in actions}),
+                   **({"message": opts.message} if opts.message else {})}
             closes = [close_step(site, h, {**rec, "result": "ok", "detail": detail}) for h in site.hosts]
             report = {"schema": "dsv4ctl.lifecycle/1", "action": how, "dry_run": opts.dry_run,
                       "servers": [{"server": a.server, "group": a.group, "stop": list(a.stop), "start": list(a.start),

@@ -19,6 +19,25 @@ class HostStatus:
     alive: dict[str, bool] = field(default_factory=dict)
     last_audit: dict | None = None
     verify: dict | None = None       # the current release against its manifest (verify-only report)
+    procs: dict[str, "GroupProcess"] = field(default_factory=dict)
+    recent: list[dict] = field(default_factory=list)     # the audit records of the tail read, oldest first
+    jobs: dict[str, dict] = field(default_factory=dict)  # slurm: {group: scontrol's record of its job}
+
+
+@dataclass
+class GroupProcess:
+    """What a host knows of one group's process: ``pid`` (launcher pid file or systemd MainPID;
+    None when unknown), ``uptime_s`` (seconds since that process started, from ``ps -o etimes``;
+    None when it does not run), ``restarts`` (start and restart headers in the group's log since
+    the active release's first start there: 0 for a server started once), ``exit_status`` (after
+    the last header, as the launcher's exit line says; None while it runs or when unknown) and
+    ``job`` (slurm: the group's job id from ``run/<group>.job``)."""
+
+    pid: int | None = None
+    uptime_s: int | None = None
+    restarts: int = 0
+    exit_status: int | None = None
+    job: str | None = None
 
 
 #: Bytes at the end of ``audit.jsonl`` that ``status`` reads for the last record; a last line
@@ -26,27 +45,74 @@ class HostStatus:
 AUDIT_TAIL_MAX = 65536
 
 
+#: awk over the dsv4ctl header lines of a group's log (``grep '^=== dsv4ctl'``): ``RESTARTS EXIT``
+#: — start/restart headers of group ``g`` since release ``r`` was last started after another
+#: release (a stop + start of the same release counts), and the exit status after the last one.
+_PROC_AWK = ('$2=="dsv4ctl" && $3=="start" && $4==g { if ($6==r && cur==r) n++; else n=0; cur=$6; ex="-"; next } '
+             '$2=="dsv4ctl" && $3=="restart" && $4==g { n++; ex="-"; next } '
+             '$2=="dsv4ctl:" && $3==g && $4=="exited" { ex=$7 } '
+             'END { printf "%d %s\\n", n, (ex == "" ? "-" : ex) }')
+
+
+def proc_command(p: Paths, group: str) -> str:
+    """Shell: ``@proc G PID UPTIME RESTARTS EXIT JOB`` (``-`` for unknown) of one group
+    (:class:`GroupProcess`): the pid from the launcher's pid file, else the systemd unit's
+    MainPID; its age from ``ps -o etimes``; the header counts from the log; a Slurm group's job
+    id from ``run/<group>.job``."""
+    from .service import Systemd
+    pf, lf, jf = q(p.pidfile(group)), q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
+    unit = q(Systemd().unit_name(group))
+    return (f"pid=$(cat {pf} 2>/dev/null || systemctl show -p MainPID --value {unit} 2>/dev/null); "
+            f"pid=$(printf %s \"$pid\" | head -n 1 | tr -dc 0-9); [ \"$pid\" = 0 ] && pid=; et=; "
+            f"[ -n \"$pid\" ] && et=$(ps -o etimes= -p \"$pid\" 2>/dev/null | tr -dc 0-9); "
+            f"rid=$(readlink {q(p.current)} 2>/dev/null); rid=${{rid##*/}}; "
+            f"lg=$( {{ grep -a '^=== dsv4ctl' {lf} 2>/dev/null || true; }} | awk -v g={q(group)} -v r=\"$rid\" "
+            f"{q(_PROC_AWK)}); job=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
+            f"echo \"@proc {group} ${{pid:--}} ${{et:--}} ${{lg:-0 -}} ${{job:--}}\"")
+
+
+def parse_proc(line: str) -> tuple[str, GroupProcess] | None:
+    """(group, :class:`GroupProcess`) from one ``@proc`` line of :func:`proc_command`, or None."""
+    parts = line.split()
+    if len(parts) != 7 or parts[0] != "@proc":
+        return None
+
+    def num(v: str) -> int | None:
+        return int(v) if v.lstrip("-").isdigit() and v != "-" else None
+    return parts[1], GroupProcess(pid=num(parts[2]), uptime_s=num(parts[3]), restarts=num(parts[4]) or 0,
+                                  exit_status=num(parts[5]), job=parts[6] if parts[6].isdigit() else None)
+
+
 def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None,
-                   verify: str | None = None) -> str:
+                   verify: str | None = None, alive: dict[str, str] | None = None,
+                   job_cmd=None) -> str:
     """One shell command: the host's facts (:func:`facts_command`), then ``@alive G yes|no`` per
     group (the service backend's alive check: both backends are asked when ``systemd`` is not
     known yet, launcher first), then with ``verify`` (a command that reads a verify job on stdin,
     :func:`dsv4ctl.deploy.drift.verify_command`) ``@verify`` and its report on the current release,
-    then ``@audit`` and the last line of ``audit.jsonl`` (of its last :data:`AUDIT_TAIL_MAX` bytes:
-    a huge last line costs neither the host nor this machine more)."""
+    then ``@audit`` and the last :data:`AUDIT_TAIL_MAX` bytes of ``audit.jsonl`` (a huge last line
+    costs neither the host nor this machine more). Per group also ``@proc`` (:func:`proc_command`).
+    ``alive``: {group: alive command} in place of the service backend's (a Slurm group's job);
+    ``job_cmd(job_id_shell_expr)``: with it, ``@job G`` and the output of that command for each
+    group with a ``run/<group>.job`` (``scontrol show job -o``)."""
     p = Paths(root)
     lines = [facts_command(root)]
     for g in groups:
         kinds = [backend(service, systemd)] if systemd is not None else [backend("launcher", False),
                                                                           backend("systemd", True)]
-        test = " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
+        test = (alive or {}).get(g) or " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
         lines.append(f"if {test}; then echo {q('@alive ' + g + ' yes')}; else echo {q('@alive ' + g + ' no')}; fi")
+        lines.append(proc_command(p, g))
+        if job_cmd is not None:
+            jf = q(f"{p.root}/run/{g}.job")
+            lines.append(f"if [ -s {jf} ]; then echo {q('@job ' + g)}; jid=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
+                         f"{job_cmd('$jid')} | head -n 1; fi")
     if verify:
         # environment files by RECORD size here (a multi-GB torch environment hashed on every
         # status would make it slow); verify and every switch hash them
         job = q('{"verify": ["' + p.current.replace("\\", "\\\\").replace('"', '\\"') + '"], "env_hash": false}')
         lines.append(f"echo @verify; if [ -d {q(p.current)} ]; then printf '%s' {job} | {verify} 2>&1 || true; fi")
-    lines.append(f"echo @audit; tail -c {AUDIT_TAIL_MAX} {q(p.audit)} 2>/dev/null | tail -n 1 || true")
+    lines.append(f"echo @audit; tail -c {AUDIT_TAIL_MAX} {q(p.audit)} 2>/dev/null || true")
     return "\n".join(lines)
 
 
@@ -69,14 +135,28 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
             ver = {"error": vlines[-1][:200]}
         if ver is not None and not isinstance(ver, dict):
             ver = {"error": str(ver)[:200]}
+    procs: dict[str, GroupProcess] = {}
+    jobs: dict[str, dict] = {}
+    job_of = None
     for ln in head:
-        if ln.startswith("@alive "):
+        if job_of is not None:
+            from .slurm import parse_job
+            jobs[job_of], job_of = parse_job(ln), None
+        elif ln.startswith("@alive "):
             _, g, v = ln.split(" ", 2)
             alive[g] = v == "yes"
+        elif ln.startswith("@proc "):
+            got = parse_proc(ln)
+            if got is not None:
+                procs[got[0]] = got[1]
+        elif ln.startswith("@job "):
+            job_of = ln[5:].strip()
         else:
             keep.append(ln)
     last = None
     tail = [ln for ln in tail if ln.strip()]
+    # every whole record of the tail (its first line may be cut: not JSON, left out)
+    recent = [r for r in (_record(ln) for ln in tail[:-1]) if r is not None]
     if tail:
         # the host sent at most AUDIT_TAIL_MAX bytes (one replacement character per bad byte)
         if len(tail[-1].encode("utf-8", "surrogateescape")) >= AUDIT_TAIL_MAX - 1:
@@ -85,7 +165,9 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
             last = _record(tail[-1])
             if last is None:
                 last = {"unreadable": tail[-1][:200]}
-    return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last, ver)
+            else:
+                recent.append(last)
+    return HostStatus(parse_facts(host, root, "\n".join(keep)), alive, last, ver, procs, recent, jobs)
 
 
 def last_audit_text(rec: dict) -> str:
@@ -211,3 +293,78 @@ def merge_audit(per_host: dict[str, list[dict]], since: str | None = None, host:
         return host_cutoff_iso(ts, -offsets[h]) if offsets.get(h) else ts
     pairs.sort(key=lambda p: (when(*p), p[1].get("host", "")))
     return [r for _, r in pairs]
+
+
+#: Audit actions that start, stop or replace a group's process: the last one of these that
+#: concerns a group says whether a group that is down was stopped on purpose.
+PROCESS_ACTIONS = frozenset({"deploy", "rollback", "start", "stop", "restart", "service-start", "service-restart",
+                             "hicache-on", "hicache-off", "config-set"})
+
+
+def _groups_of(rec: dict) -> set[str] | None:
+    """The groups an audit record concerns (``groups``, ``group``; a ``stop`` record written
+    before it carried ``groups``: the servers its detail names), or None for every group."""
+    if isinstance(rec.get("groups"), list):
+        return {str(g).split("#")[0] for g in rec["groups"]}
+    if rec.get("group"):
+        return {str(rec["group"]).split("#")[0]}
+    d = str(rec.get("detail", ""))
+    if rec.get("action") == "stop" and d.startswith("stopped "):
+        return {w.split("#")[0].split(" ")[0] for w in d[len("stopped "):].split(", ")}
+    return None
+
+
+def stop_record(recent: list[dict], group: str) -> dict | None:
+    """The audit record of a ``dsv4ctl stop`` that left ``group`` stopped (pure): the last record
+    of :data:`PROCESS_ACTIONS` concerning ``group`` when it is a ``stop`` that succeeded; None when
+    the last one started or replaced it (or none is in ``recent``, the records of the tail read)."""
+    for r in reversed(recent):
+        gs = _groups_of(r)
+        if r.get("action") not in PROCESS_ACTIONS or (gs is not None and group not in gs):
+            continue
+        return r if r.get("action") == "stop" and r.get("result") == "ok" else None
+    return None
+
+
+def group_state(alive: bool, health: str | None, proc: "GroupProcess | None", stopped: dict | None,
+                drifted: bool, grace_s: float, node: int = 0, nnodes: int = 1) -> tuple[str, str, bool]:
+    """(state, in words, unhealthy?) of one node of a group on a host (pure):
+
+    * ``stopped`` — not running, and the last audit record that concerns it is a ``dsv4ctl stop``
+      (``stopped``: that record; its who and ts are the words): not unhealthy;
+    * ``crashed`` — not running otherwise (with the exit status the launcher logged);
+    * ``drifted`` — running a release whose files differ from its manifest;
+    * ``starting`` — running, /health not answering yet, younger than ``grace_s`` (the deploy's
+      health timeout, ``deploy.health_timeout_s``): not unhealthy;
+    * ``unhealthy`` — running, /health failing past that;
+    * ``running`` — running and healthy (a node other than 0, ``health`` None: its process runs).
+    """
+    if not alive:
+        if stopped is not None:
+            msg = f' ("{stopped["message"]}")' if stopped.get("message") else ""
+            return "stopped", f"stopped by {stopped.get('who', '?')} at {stopped.get('ts', '?')}{msg}", False
+        ex = proc.exit_status if proc is not None else None
+        words = "process not running" + (f" (exited with status {ex})" if ex is not None else "")
+        if nnodes > 1 and node > 0:
+            words = (f"node {node} of {nnodes}: {words} (node 0 stalls in its collectives until its watchdog "
+                     "ends it)")
+        return "crashed", words, True
+    if drifted:
+        return "drifted", "its release differs from its manifest", True
+    if health in (None, "ok"):
+        return "running", "ok", False
+    up = proc.uptime_s if proc is not None else None
+    if up is not None and up < grace_s:
+        return "starting", f"{health} (started {up} s ago; the health timeout is {grace_s:g} s)", False
+    return "unhealthy", health, True
+
+
+def uptime_text(s: int | None) -> str:
+    """``45 s``, ``12 min``, ``3.5 h``, ``2.1 d`` (``-`` for None)."""
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s / 3600:.1f} h" if s < 172800 else f"{s / 86400:.1f} d"

@@ -443,7 +443,7 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
                     done[name] = (ends, "service-start" if dead[name]["how"] == "start" else "service-restart")
                 else:
                     t, root = ends[0]
-                    check_unlocked(t, root)
+                    check_unlocked(t, root, profile=str(dep.path))
                     run_restart(t, py, root, g.name)
                     done[name] = (ends, "service-restart")
                 ctx.touched_hosts.update(hosts)
@@ -575,7 +575,7 @@ def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False, *,
         if dry_run or not actions:
             return out
         for h in sorted({h for a in actions for h in a.start}):
-            check_unlocked(site.transports[h], site.paths[h].root)
+            check_unlocked(site.transports[h], site.paths[h].root, profile=str(dep.path))
         errors = run_server_steps(site, server_steps(site, rid_of, spec_of, actions))
         if errors:
             raise RemoteError("; ".join(errors))

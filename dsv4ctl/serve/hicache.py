@@ -146,8 +146,9 @@ def compare(file_says: dict, server_says: dict) -> list[str]:
     f_on = bool(file_says.get("enable_hierarchical_cache"))
     s_on = bool(server_says.get("enable_hierarchical_cache"))
     if f_on != s_on:
-        out.append(f"HiCache: file {'on' if f_on else 'off'}, server {'on' if s_on else 'off'} "
-                   f"(restart the group to apply the file)")
+        # what applies the file is the caller's to say: a restart starts the running release's
+        # copy again, a deploy (or --remote) applies the profile's file
+        out.append(f"HiCache: file {'on' if f_on else 'off'}, server {'on' if s_on else 'off'}")
         return out
     if not f_on:
         return out
