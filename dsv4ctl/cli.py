@@ -157,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["__complete"]:
         from .commands.complete import run as complete
         return complete(list(args[1:]))
+    from .codecache import dataclass_code_cache
+    with dataclass_code_cache():      # dataclass methods compiled once, not on every start (codecache)
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
+    """:func:`main` past the completion fast path: the command run, DsvError / OSError / usage
+    errors mapped to one line and an exit code."""
     import typer
 
     from .render import error_line

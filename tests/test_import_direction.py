@@ -1,7 +1,7 @@
 """Imports point one way (``../shared/design/architecture.md``): a module may import its own layer or
 the layers below it, never above, and the module graph has no cycle. Function-local imports count.
 
-Layers, lowest first: errors/render/resources <- profile <- remote <- hosts <- patches <- plan <-
+Layers, lowest first: errors/render/resources/codecache <- profile <- remote <- hosts <- patches <- plan <-
 check <- serve <- deploy <- diagnose <- runbook <- report <- watch <- commands <- cli."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PKG = REPO / "dsv4ctl"
-LAYERS = (("", "errors", "render", "resources", "data", "signals"), ("profile",), ("remote",), ("hosts",), ("patches",),
+LAYERS = (("", "errors", "render", "resources", "data", "signals", "codecache"), ("profile",), ("remote",), ("hosts",), ("patches",),
           ("plan",), ("check",), ("serve",), ("deploy",), ("diagnose",), ("runbook",), ("report",), ("watch",), ("commands",), ("cli", "__main__"))
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

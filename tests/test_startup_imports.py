@@ -5,6 +5,7 @@ timing itself is measured by ``benchmarks/startup.py``, not here."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -119,3 +120,100 @@ def copy_default_profile(dst: Path) -> Path:
     shutil.copy(DEFAULT_PROFILE, dst / DEFAULT_PROFILE.name)
     shutil.copytree(DEFAULT_PROFILE.with_suffix(""), dst / DEFAULT_PROFILE.stem)
     return dst / DEFAULT_PROFILE.name
+
+
+# --- the dataclass code cache (dsv4ctl/codecache.py) -------------------------------------------
+
+CODE_PROBE = r"""
+import json
+from dsv4ctl.codecache import dataclass_code_cache
+with dataclass_code_cache() as memo:
+    import dsv4ctl.plan.plan
+    from dsv4ctl.plan.capacity import MemoryArgs
+    a, b = MemoryArgs(gpu_memory_mib=1, tp_size=2), MemoryArgs(gpu_memory_mib=1, tp_size=2)
+    assert a == b and hash(a) == hash(b) and repr(a).startswith("MemoryArgs(gpu_memory_mib=1, tp_size=2")
+print(json.dumps({"new": len(memo.new), "used": len(memo.used)}))
+"""
+
+
+def code_probe(cache: Path) -> dict:
+    """Import the plan's modules in a new interpreter under :func:`dataclass_code_cache` with
+    ``DSV4CTL_CACHE=cache``: how many dataclass method texts were compiled (``new``) and how many
+    came from the table (``used``)."""
+    env = dict(os.environ, DSV4CTL_CACHE=str(cache))
+    p = subprocess.run([sys.executable, "-c", CODE_PROBE], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_dataclass_methods_are_compiled_once_then_read_from_the_cache(tmp_path):
+    from dsv4ctl.codecache import table_name
+    first = code_probe(tmp_path)
+    assert first["new"] > 50 and first["used"] == 0          # ~28 dataclasses, several methods each
+    table = tmp_path / "code" / table_name()
+    assert table.is_file() and (table.stat().st_mode & 0o777) == 0o600
+    assert (tmp_path / "code").stat().st_mode & 0o777 == 0o700
+    again = code_probe(tmp_path)
+    assert again == {"new": 0, "used": first["new"]}         # nothing compiled, the same classes work
+
+
+def test_dataclass_code_cache_trusts_only_a_private_folder_and_file(tmp_path):
+    from dsv4ctl.codecache import table_name
+    code_probe(tmp_path)
+    folder, table = tmp_path / "code", tmp_path / "code" / table_name()
+    folder.chmod(0o777)                                       # another user could plant code here
+    assert code_probe(tmp_path)["used"] == 0
+    folder.chmod(0o700)
+    real = tmp_path / "elsewhere.marshal"
+    table.rename(real)
+    real.write_bytes(b"not written through")
+    table.symlink_to(real)                                    # a link is never followed, nor written through
+    assert code_probe(tmp_path)["used"] == 0
+    assert not table.is_symlink() and real.read_bytes() == b"not written through"   # replaced by rename
+    table.unlink()
+    table.write_bytes(b"\x00garbage")                         # a corrupt table: compiled as before, replaced
+    table.chmod(0o600)
+    assert code_probe(tmp_path)["used"] == 0
+    assert code_probe(tmp_path)["new"] == 0
+
+
+# --- what each start-up path may import beyond `import typer` (issue 48.1) ----------------------
+
+PLAN_MODULES = {
+    "dataclasses", "typer._click.decorators", "dsv4ctl", "dsv4ctl.cli", "dsv4ctl.codecache", "dsv4ctl.errors",
+    "dsv4ctl.render", "dsv4ctl.resources", "dsv4ctl.commands", "dsv4ctl.commands.common", "dsv4ctl.commands.examples",
+    "dsv4ctl.commands.grammar", "dsv4ctl.commands.plan", "dsv4ctl.plan", "dsv4ctl.plan.argnames",
+    "dsv4ctl.plan.capacity", "dsv4ctl.plan.fixes", "dsv4ctl.plan.inputs", "dsv4ctl.plan.models", "dsv4ctl.plan.plan",
+    "dsv4ctl.plan.sglang_version", "dsv4ctl.plan.stages", "dsv4ctl.plan.verdict", "dsv4ctl.plan.versions",
+    "dsv4ctl.profile", "dsv4ctl.profile.deployment", "dsv4ctl.profile.model", "dsv4ctl.profile.serveconfig",
+    "dsv4ctl.profile.yamlpos"}
+# Per start-up path: the modules it may import beyond those `import typer` imports (a profile seen
+# before: its parsed YAML in the cache). A module not listed fails the test: import it where it is
+# used, or list it here with the reason (benchmarks/startup.py measures what it costs).
+ALLOWED = {
+    "import dsv4ctl.cli": {"dsv4ctl", "dsv4ctl.cli", "dsv4ctl.errors"},
+    "plan --json": PLAN_MODULES,
+    "plan": PLAN_MODULES | {"dsv4ctl.report", "dsv4ctl.report.memory", "dsv4ctl.report.terminal"},
+    # the shipped Pro model has no measured weights in its profile: the published inventory is read
+    "plan dsv4-pro-4xh200-pd --json": PLAN_MODULES | {"dsv4ctl.plan.weights"},
+}
+
+
+@functools.lru_cache(maxsize=1)
+def typer_modules() -> frozenset[str]:
+    """The modules ``import typer`` loads (the start-up baseline of benchmarks/startup.py)."""
+    p = subprocess.run([sys.executable, "-c", "import json, sys, typer; print(json.dumps(sorted(sys.modules)))"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return frozenset(json.loads(p.stdout))
+
+
+@pytest.mark.parametrize("path", sorted(ALLOWED))
+def test_each_start_up_path_imports_only_its_allowed_modules(tmp_path, path):
+    argv = None if path == "import dsv4ctl.cli" else path.split()
+    if argv is not None:
+        probe(argv, cache=tmp_path)                  # the first run parses the YAML and keeps it
+    rc, mods = probe(argv, cache=tmp_path)
+    assert rc in (None, 0)
+    extra = sorted(mods - typer_modules() - ALLOWED[path])
+    assert extra == [], f"`{path}` imports modules it does not need: {extra}"

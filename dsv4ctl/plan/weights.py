@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import re
 import stat
-import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -96,6 +95,7 @@ def read_header(path: Path) -> list[Tensor]:
     Raises :class:`HeaderError` (exit 2) for a short file, a header longer than the file or
     :data:`MAX_HEADER_BYTES`, malformed JSON or entries, and data offsets past the end of the
     file (a truncated download)."""
+    import struct
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):     # a FIFO or device named *.safetensors would block the read
@@ -391,11 +391,37 @@ class RankWeights:
         return self.draft / GIB
 
 
+Classes = tuple[tuple[tuple[str, Optional[int], bool], int], ...]
+
+
+def classes(tensors: Iterable[Tensor], num_hidden_layers: int) -> tuple[Classes, int, int]:
+    """``tensors`` summed by :func:`classify`'s ``(kind, layer, draft)``: ``(((kind, layer, draft),
+    bytes), ...)`` in first-seen order (``skip`` left out), the tensor count (a stacked entry counts
+    ``count``) and the bytes of all of them. What :func:`per_rank` divides; it does not depend on the
+    sharding, so one checkpoint's classes serve every group of a plan."""
+    by: dict[tuple[str, Optional[int], bool], int] = {}
+    n = total = 0
+    for t in tensors:
+        n += t.count
+        total += t.nbytes
+        key = classify(t.name, num_hidden_layers)
+        if key[0] != "skip":
+            by[key] = by.get(key, 0) + t.nbytes
+    return tuple(by.items()), n, total
+
+
 def per_rank(tensors: Iterable[Tensor], num_hidden_layers: int, sharding: Sharding) -> RankWeights:
     """Bytes per GPU rank of ``tensors`` under SGLang 0.5.23's DeepSeek-V4 sharding (module
     docstring): each tensor's bytes divided by the ranks it is split over, summed per PP stage;
     the heaviest stage is returned. Raises InputError when ``sharding.pp_partition`` does not
     fit the layers."""
+    return spread(*classes(tensors, num_hidden_layers), num_hidden_layers, sharding)
+
+
+def spread(cls: Classes, n: int, total: int, num_hidden_layers: int, sharding: Sharding) -> RankWeights:
+    """:func:`per_rank` of tensors already summed by :func:`classes` (``n`` tensors, ``total``
+    bytes): each class's bytes divided by the ranks its kind is split over, put on the PP stages
+    holding it. Raises InputError when ``sharding.pp_partition`` does not fit the layers."""
     pp = sharding.pp
     stages: list[tuple[int, int]] = []
     try:
@@ -405,14 +431,8 @@ def per_rank(tensors: Iterable[Tensor], num_hidden_layers: int, sharding: Shardi
         raise InputError(str(e)) from None
     per_stage = [dict() for _ in range(pp)]
     draft = 0.0
-    n = total = 0
-    for t in tensors:
-        n += t.count
-        total += t.nbytes
-        kind, layer, is_draft = classify(t.name, num_hidden_layers)
-        if kind == "skip":
-            continue
-        b = t.nbytes / sharding.divisor(kind)
+    for (kind, layer, is_draft), nbytes in cls:
+        b = nbytes / sharding.divisor(kind)
         if is_draft:
             draft += b
             continue
@@ -618,11 +638,18 @@ def _shipped_cfg(key: str) -> dict:
     return json.loads((MODELS_DIR / f"{key}.json").read_text())
 
 
+@lru_cache(maxsize=8)
+def _shipped_classes(key: str, cfg_json: str, expert_format: str) -> tuple[Classes, int, int]:
+    """:func:`classes` of the published inventory (stacked experts), cached per process."""
+    cfg = json.loads(cfg_json)
+    return classes(published_inventory(cfg, expert_format, stacked=True), cfg["num_hidden_layers"])
+
+
 @lru_cache(maxsize=64)
 def _shipped_rank(key: str, cfg_json: str, expert_format: str, sharding: Sharding) -> RankWeights:
     """:func:`per_rank` of the published inventory (stacked experts), cached per process."""
-    cfg = json.loads(cfg_json)
-    return per_rank(published_inventory(cfg, expert_format, stacked=True), cfg["num_hidden_layers"], sharding)
+    layers = json.loads(cfg_json)["num_hidden_layers"]
+    return spread(*_shipped_classes(key, cfg_json, expert_format), layers, sharding)
 
 
 @lru_cache(maxsize=1)
@@ -737,6 +764,6 @@ def estimate(facts, cfg_path: Optional[Path], expert_format: str, sharding: Shar
 
 
 __all__ = ["Tensor", "HeaderError", "read_header", "read_checkpoint", "is_checkpoint_dir", "classify",
-           "Sharding", "RankWeights", "per_rank", "published_inventory", "Measured", "MEASURED", "MEASURED_DRAFT",
+           "Sharding", "RankWeights", "classes", "per_rank", "spread", "published_inventory", "Measured", "MEASURED", "MEASURED_DRAFT",
            "LOAD_OVERHEAD_GIB", "Estimate", "calibration", "shipped_estimate", "checkpoint_estimate", "check_layers", "sharding_from_args",
            "estimate"]
