@@ -84,3 +84,48 @@ def test_deploy_runs_each_server_in_its_release_image(world):
     assert sorted(cs) == sorted([f"dsv4ctl-prefill-n0-{rid}", f"dsv4ctl-decode-n0-{rid}", f"dsv4ctl-router-n0-{rid}"])
     assert {c["ImageID"] for c in cs.values()} == {rec["image"]}
     assert http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200
+
+
+def test_switch_rollback_crash_and_tamper_with_images(world):
+    """Two releases: the second ships only its own layers (the base's blobs are on the hosts),
+    a rollback runs the first image again without building, a release whose container exits at
+    start fails its gate and the previous image serves again, and an image edited in a host's
+    store is found by verify."""
+    w = world
+    assert deploy(w).code == 0
+    r1 = w.current("h0")
+    rec1 = json.loads((w.cache / "images" / "records" / f"{r1}.json").read_text())
+    w.extra["decode"] = {"max-running-requests": 64}
+    w.write()
+    r = deploy(w)
+    assert r.code == 0, r.err
+    r2 = w.current("h1")
+    assert r2 != r1
+    sent = [int(x.replace(",", "")) for x in __import__("re").findall(r"loaded, ([\d,]+) bytes sent", r.err)]
+    assert sent and max(sent) < 200_000, r.err          # the 60 MB base is on the hosts already
+    assert [c["Names"][0] for c in w.containers("h1")] == [f"dsv4ctl-decode-n0-{r2}"]
+    # rollback: the first image again, nothing built (the control machine's record is untouched)
+    before = (w.cache / "images" / "records" / f"{r1}.json").stat().st_mtime_ns
+    r = run_cli("rollback", str(w.profile), "--to", r1, env=w.env(), timeout=300)
+    assert r.code == 0, r.err
+    assert (w.cache / "images" / "records" / f"{r1}.json").stat().st_mtime_ns == before
+    assert [(c["Names"][0], c["ImageID"]) for c in w.containers("h1")] == [(f"dsv4ctl-decode-n0-{r1}", rec1["image"])]
+    # a release whose decode container exits at start: the gate fails, r1's image serves again
+    w.extra["decode"] = {"standin-crash": "CUDA error: out of memory"}
+    w.write()
+    r = deploy(w)
+    assert r.code == 1, r.err
+    assert w.current("h1") == r1
+    assert [c["Names"][0] for c in w.containers("h1")] == [f"dsv4ctl-decode-n0-{r1}"]
+    assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)
+    assert "CUDA error: out of memory" in (w.roots["h1"] / "logs" / "decode.log").read_text()
+    # verify finds an image edited in a host's store
+    assert run_cli("verify", str(w.profile), env=w.env(), timeout=300).code == 0
+    rel = f"opt/dsv4ctl/releases/{r1}/tree/python/sglang/srt/mem_cache.py"
+    [f] = (w.roots["h1"] / "containers" / "storage" / "overlay").glob(f"*/diff/{rel}")   # the tree layer's file
+    f.chmod(0o644)
+    f.write_text("INDEX_K_BYTES = 999\n")
+    f.chmod(0o444)
+    r = run_cli("verify", str(w.profile), "--json", env=w.env(), timeout=300)
+    assert r.code != 0
+    assert f"h1: {r1} (current): image: hash tree/python/sglang/srt/mem_cache.py" in json.loads(r.out)["drift"]

@@ -125,7 +125,11 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
         ids = sorted(f.releases) if releases is None else [r for r in releases if r in f.releases]
         t0 = time.monotonic()
         res = verify_releases(t, site.python[t.name], [p.release(r) for r in ids])
-        return f, {r: res[p.release(r)] for r in ids}, time.monotonic() - t0
+        out = {r: res[p.release(r)] for r in ids}
+        if site.profile.sglang.image is not None:       # release images: the release inside each image too
+            from .image import verify_images
+            out = verify_images(t, site, out)
+        return f, out, time.monotonic() - t0
     try:
         out = run_parallel(site.transports, body, timeout=(opts.host_timeout or 3600) + opts.connect_timeout)
     finally:

@@ -373,3 +373,24 @@ def run_images(site, rel, steps: list) -> str:
             site.opts.log(f"{h}: image {rec.image[:12]} " + ("present" if r.value["present"] else
                           f"loaded, {r.value['bytes_sent']:,} bytes sent") + f" in {r.value['seconds']:.1f} s")
     return "; ".join(f"{h}: {r.error}" for h, r in res.items() if not r.ok)
+
+
+def verify_images(t: Transport, site, reports: dict) -> dict:
+    """``dsv4ctl verify`` on an image site: ``reports`` ({release: drift report} of the release
+    folders on the host behind ``t``) with the problems of each release's image added, each
+    prefixed ``image:`` (a release without an image record on the host: ``image: none
+    recorded``). Releases run from folders alone keep their report."""
+    root = site.paths[t.name].root
+    have = set(t.run(f"ls {q(root + '/images/ids')} 2>/dev/null || true", timeout=60).out.split())
+    out = {}
+    for rid, v in reports.items():
+        if rid not in have:
+            out[rid] = v
+            continue
+        try:
+            res = verify_image_host(t, site, rid, expected_image(site, rid))
+            bad = [f"image: {b}" for r in res.values() for b in r.get("bad", [])]
+        except RemoteError as e:
+            bad = [f"image: {str(e).split(': ', 1)[-1]}"]
+        out[rid] = {**v, "bad": list(v.get("bad", [])) + bad, "nbad": v.get("nbad", 0) + len(bad)} if bad else v
+    return out
