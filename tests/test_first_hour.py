@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 
@@ -133,20 +134,36 @@ def test_first_hour(tmp_path, host):
         st = json.loads((root / "state.json").read_text())
         assert st["releases"][first]["state"] == "good"
 
-        # 8. HiCache off on the running deployment: a new release with the edited serve configs
-        r = cli("hicache", "off", str(prof), "--remote", "--json")
+        # 8. HiCache off on the running deployment: a new release with the edited serve configs,
+        #    with a reason; releases says what that release changed
+        r = cli("hicache", "off", str(prof), "--remote", "-m", "KV pressure test")
         assert r.code == 0, r.err
-        d = r.json()
-        assert (d["remote"], d["previous"]) == (True, first) and d["release"] != first
-        assert (root / "current").resolve().name == d["release"]
+        changed = (root / "current").resolve().name
+        assert changed != first
         assert "enable-hierarchical-cache: false" in (prof.parent / "prod" / "prefill.yaml").read_text()
+        undo = [ln for ln in r.out.splitlines() if ln.startswith(f"released {changed} (from {first})")]
+        assert len(undo) == 1 and undo[0].endswith(f"dsv4ctl rollback {prof} --to {first} undoes it"), r.out
+        r = cli("releases", str(prof))
+        row = next(ln for ln in r.out.splitlines() if changed in ln)
+        assert r.code == 0 and "hicache-off prefill,decode (from " in row and '"KV pressure test"' in row, r.out
 
-        # 9. roll back to the promoted release
-        r = cli("rollback", str(prof), "--json")
+        # 9. the undo hint, as printed, in the profile's folder: back on the promoted release
+        argv = shlex.split(undo[0][undo[0].index("dsv4ctl rollback "):-len(" undoes it")])
+        assert argv[0] == "dsv4ctl"
+        r = run_cli(*argv[1:], env=env, cwd=prof.parent, timeout=300)
         assert r.code == 0, r.err
-        assert (r.json()["release"], r.json()["result"], r.json()["state"]) == (first, "ok", "good")
         assert (root / "current").resolve().name == first
+        assert json.loads((root / "state.json").read_text())["releases"][first]["state"] == "good"
         assert http_status(f"http://{h.address}:{ports['router']}/health") == 200
+
+        # 9b. a lock taken by hand: the deploy it refuses prints the release hint, which works as typed
+        r = cli("lock", "acquire", str(prof), "-m", "disk swap")
+        assert r.code == 0, r.err
+        r = cli("restart", str(prof), "--break-lock")
+        assert r.code == 3 and f"dsv4ctl lock release {prof} when the work it names is done" in r.err, r.err
+        r = run_cli("lock", "release", str(prof), "-m", "swap done", env=env, cwd=prof.parent)
+        assert r.code == 0 and "released the lock" in r.out, r.err
+        assert not (root / ".lock").exists()
 
         # 10. one HTML report of the plan and the load check
         out = tmp_path / "report.html"
