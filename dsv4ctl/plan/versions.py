@@ -81,7 +81,9 @@ class VersionRules:
     row count): logits larger than the free memory fail the first long prefill (field report C2);
     ``v41_new_layout``: ``SGLANG_DSV4_KV_LAYOUT=v41_new`` is a layout (0.5.23; 0.5.21/0.5.22's
     ``select_dsv4_kv_layout`` asserts ``mode in ("v41", "auto")``, 0.5.18-0.5.20 have no V4.1
-    layouts at all and ignore the variable)."""
+    layouts at all and ignore the variable); ``config_all_spellings``: the ``--config`` reader refuses
+    an unsupported action under every long spelling (0.5.23 ``_config_keys`` in
+    ``srt/utils/server_args_config_parser.py``; 0.5.18-0.5.22 only under its dest)."""
 
     version: str
     mrr_floor: bool
@@ -96,6 +98,7 @@ class VersionRules:
     pp_partition_at_pp1: bool = False
     logits_chunked: bool = True
     v41_new_layout: bool = True
+    config_all_spellings: bool = False
 
     def pool_flags(self) -> dict:
         """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs` (every field the two
@@ -126,7 +129,8 @@ VERSIONS: dict[str, VersionRules] = {
                            resolved_attn_backend="auto", v41_new_layout=False),
     "0.5.22": VersionRules("0.5.22", mrr_floor=False, graph_bs_capped_by_mrr=True, output_path="detector",
                            resolved_attn_backend="auto", v41_new_layout=False),
-    "0.5.23": VersionRules("0.5.23", mrr_floor=True, graph_bs_capped_by_mrr=True, output_path="deepseek-recipe"),
+    "0.5.23": VersionRules("0.5.23", mrr_floor=True, graph_bs_capped_by_mrr=True, output_path="deepseek-recipe",
+                           config_all_spellings=True),
 }
 
 

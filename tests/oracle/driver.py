@@ -304,14 +304,79 @@ def run_resolve_case(case: dict) -> dict:
         shutil.rmtree(model_dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _gpu(gpu_mib: int, is_sm100: bool):
+    """The GPU a start-up case runs on: its memory (every module that reads it in some release:
+    ``memory_hook`` 0.5.20+, ``pipeline`` 0.5.19, ``server_args`` 0.5.18) and whether it is an
+    SM100 GPU (``srt/utils/common.py is_sm100_supported``, read function-locally by the DSV4
+    hook, so replacing the module attribute is what the hook sees)."""
+    import sglang.srt.server_args as sam
+    import sglang.srt.utils.common as common
+    mods = [sam]
+    for name in ("sglang.srt.arg_groups.memory_hook", "sglang.srt.arg_groups.pipeline"):
+        if importlib.util.find_spec(name):
+            mods.append(importlib.import_module(name))
+    mods = [m for m in mods if hasattr(m, "get_device_memory_capacity")]
+    saved = [(m, m.get_device_memory_capacity) for m in mods] + [(common, common.is_sm100_supported)]
+    for m in mods:
+        m.get_device_memory_capacity = lambda device=None: gpu_mib
+    common.is_sm100_supported = lambda device=None: is_sm100
+    try:
+        yield
+    finally:
+        for m, f in saved[:-1]:
+            m.get_device_memory_capacity = f
+        common.is_sm100_supported = saved[-1][1]
+
+
+def run_startup_case(case: dict) -> dict:
+    """SGLang's start-up argument path for a DeepSeek-V4 server: the serve config ``config``
+    ({YAML key: value}) written to a file and launched as ``sglang serve --model-path M --device
+    cuda --skip-tokenizer-init --config FILE`` would read it (``prepare_server_args``: the real
+    ``ConfigArgumentMerger`` and argparse), then the release's argument resolution
+    (``resolve_once``; 0.5.18 resolves in ``ServerArgs.__post_init__``) on a GPU of
+    ``gpu_memory_mib`` MiB, SM100 or not (``sm100``). ``{"accepted": True}``, or SGLang's refusal:
+    argparse's ``error:`` line as ``{"error": "argparse: ..."}`` (its SystemExit), an exception as
+    ``{"error": "Type: message"}``."""
+    import io
+    import yaml
+    import sglang.srt.server_args as sam
+    model_dir = tempfile.mkdtemp(prefix="dsv4ctl-oracle-startup-")
+    err = io.StringIO()
+    try:
+        shutil.copy(MODELS / f"{case.get('model', 'deepseek-v4-flash')}.json", Path(model_dir) / "config.json")
+        path = Path(model_dir) / "serve.yaml"
+        path.write_text(yaml.safe_dump(case.get("config") or {}, sort_keys=False))
+        argv = ["--model-path", model_dir, "--device", "cuda", "--skip-tokenizer-init", "--config", str(path)]
+        with _gpu(case.get("gpu_memory_mib", 183359), case.get("sm100", True)):
+            try:
+                with contextlib.redirect_stderr(err):
+                    sa = sam.prepare_server_args(argv)
+            except SystemExit:
+                lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
+                return {"error": "argparse: " + (lines[-1].split("error:", 1)[1].strip() if lines else "exit")}
+            if hasattr(sa, "resolve_once"):
+                sa.resolve_once()
+        return {"accepted": True}
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
 def run_case(case: dict) -> dict:
     """One case; SGLang's refusal (exception or assertion) becomes ``{"error": "Type: msg"}``."""
+    kind = case.get("kind", "pool")
     try:
-        if case.get("kind", "pool") == "resolve":
+        if kind == "resolve":
             out = run_resolve_case(case)
+        elif kind == "startup":
+            out = run_startup_case(case)
         else:
             out = run_pool_case(case)
     except (AssertionError, RuntimeError, ValueError) as e:
+        out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    except (TypeError, KeyError, AttributeError, NotImplementedError, ImportError) as e:
+        if kind != "startup":
+            raise
         out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     return {"id": case.get("id"), **out}
 
@@ -331,7 +396,7 @@ def run_cases_here(cases: list[dict]) -> list[dict]:
     """Every case in this process, in order of ``cases``. Pool cases run first: argument
     resolution leaves state behind (published defaults) that a later override_server_args must
     not see."""
-    order = sorted(range(len(cases)), key=lambda i: cases[i].get("kind", "pool") == "resolve")
+    order = sorted(range(len(cases)), key=lambda i: cases[i].get("kind", "pool") != "pool")
     results: list = [None] * len(cases)
     for i in order:
         results[i] = run_case(cases[i])
