@@ -91,6 +91,12 @@ CASES = [
     ("SGL007", dict(extra_p="enable-hicache: true\n"), dict()),
     ("SGL008", dict(extra_p="kv-canary-sweep-interval: 100\n"), dict(extra_p="kv-canary-sweep-interval: 100\nkv-canary: log\n")),
     ("DSV101", dict(extra_p="disable-radix-cache: true\n"), dict(extra_p="disable-radix-cache: false\n")),
+    # what SGLang's argument resolution refuses (dsv4ctl.plan.startup, proven by tests/test_startup_oracle.py)
+    ("SGL010", dict(extra_p="dp-size: 2\nenable-dp-lm-head: true\n"), dict(extra_p="enable-dp-lm-head: true\n")),
+    ("SGL011", dict(extra_d="dsv4-attn-backend: trtllm\n", extra_p="dsv4-attn-backend: trtllm\n"),
+     dict(extra_d="dsv4-attn-backend: flashmla\n", extra_p="dsv4-attn-backend: flashmla\n")),
+    ("SGL012", dict(extra_p="speculative-algorithm: NEXTN\n"),
+     dict(extra_p="speculative-algorithm: EAGLE\nspeculative-num-steps: 3\nspeculative-eagle-topk: 1\n")),
     ("DSV101", dict(extra_p="enable-lmcache: true\n"), dict()),
     ("DSV102", dict(p=dict(hicache_ratio=None)), dict()),
     ("DSV103", dict(extra_p="hicache-size: 100\n"), dict(extra_p="hicache-size: 0\n")),

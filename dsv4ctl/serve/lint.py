@@ -7,18 +7,17 @@ encode the ops reference (``sglang-0.5.23-ops.md`` §1.2, §2, §3, §5.1, §8) 
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from .argtable import ConvertError, Table, convert
+from .argtable import Table
+from ..plan.startup import DSV4_KV_DTYPES, Resolved, validate  # noqa: F401 (DSV4_KV_DTYPES: re-exported)
 from ..profile.serveconfig import ServeConfig
 
 GIB = 1024 ** 3
 HICACHE_HOST_RESERVE_GIB = 10.0   # sglang 0.5.23 srt/mem_cache/pool_host/base.py HICACHE_HOST_MEMORY_RESERVE_BYTES
 HICACHE_HOST_FRACTION = 0.8       # default --hicache-host-memory-fraction (srt/arg_groups/fields/memory.py)
 DSV4_HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")   # memory_pool_host.py DeepSeekV4PagedHostPool
-DSV4_KV_DTYPES = ("auto", "fp8_e4m3", "bfloat16", "bf16")
 PAGE_FIRST_DIRECT_LIMIT_GIB = 256.0   # field report H5 (sglang PR #26691 review)
 
 # id: (name, severity, what it checks, source)
@@ -30,6 +29,9 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "SGL005": ("null-value", "warning", "null becomes the string 'None'; omit the key", "ops §1.2"),
     "SGL006": ("flag-false", "info", "false on a store_true flag is omitted; it cannot switch a flag off", "ops §1.2"),
     "SGL007": ("duplicate-argument", "error", "one argument given under two spellings", "ops §1.2 (argparse keeps the last)"),
+    "SGL010": ("dp-attention-refused", "error", "attention DP SGLang resolves: tp-size divisible by the attention-DP size, no dp-size replicas with attn-dp-size, enable-dp-lm-head only with attention DP", "arg_groups/parallel_hook.py, overrides.py (dsv4ctl.plan.startup)"),
+    "SGL011": ("trtllm-refused", "error", "dsv4-attn-backend trtllm: an SM100 GPU, fp8 KV cache, no PD disaggregation, chunked prefill", "arg_groups/deepseek_v4_hook.py (dsv4ctl.plan.startup)"),
+    "SGL012": ("speculative-refused", "error", "DeepSeek-V4 speculative decoding: EAGLE with speculative-eagle-topk 1 and speculative-num-steps, or DSPARK", "arg_groups/deepseek_v4_hook.py, speculative_hook.py (dsv4ctl.plan.startup)"),
     "SGL008": ("kv-canary-sweep-alone", "error", "kv-canary-sweep-interval > 0 needs kv-canary log or raise", "srt/arg_groups/validation_hook.py:374"),
     "DSV101": ("hicache-needs-radix", "error", "HiCache needs the radix cache; exclusive with LMCache / the external linker", "ops §2.2; kv_cache_hook.py, hicache_hook.py"),
     "DSV102": ("hicache-ratio-required", "error", "DSV4 HiCache needs an explicit hicache-ratio (no auto-sizing)", "ops §2.3; hicache_auto_size.py"),
@@ -96,6 +98,7 @@ class GroupInput:
     topology_error: Optional[str] = None     # :func:`dsv4ctl.plan.plan.topology`'s refusal, if any
     rank_hosts: Optional[list[str]] = None   # host of every GPU of every server (replica, node order)
     binds: list = field(default_factory=list)   # (host, first, last, what, file:line): GroupView.binds
+    sm100: bool = True                          # the host's GPUs are SM100 (dsv4ctl.plan.startup.is_sm100)
 
 
 @dataclass
@@ -116,80 +119,25 @@ class LintInput:
     series_mismatch: Optional[tuple[str, int, str]] = None    # (profile, line, message): DSV123
 
 
-@dataclass
-class Resolved:
-    """Values of one config after argparse: ``args`` by dest (defaults filled in), ``given`` dest → key."""
-
-    args: dict[str, Any]
-    given: dict[str, str]
-
-
 def _f(rule: str, cfg: ServeConfig, key: Optional[str], msg: str, group: Optional[str] = None,
        severity: Optional[str] = None) -> Finding:
     return Finding(rule, severity or RULES[rule][1], cfg.path, cfg.line(key), msg, group)
 
 
-def check_keys(cfg: ServeConfig, table: Table, group: Optional[str] = None) -> tuple[list[Finding], Resolved]:
-    """Generic rules SGL001-SGL007 for one config, and its values resolved as argparse would."""
-    out: list[Finding] = []
-    args = {a.dest: a.default for a in table.args}
-    given: dict[str, str] = {}
-    for raw_key, value in cfg.data.items():
-        key = str(raw_key)
-        arg = table.get(key)
-        if arg is None:
-            pref = table.prefix_matches(key) if "_" not in key else []
-            if len(pref) == 1:
-                arg = table.get(pref[0])
-                out.append(_f("SGL002", cfg, key, f"{key}: only works as an abbreviation of --{pref[0]}; "
-                                                 f"write {pref[0]}", group))
-            else:
-                hint = ""
-                if "_" in key and table.get(key.replace("_", "-")):
-                    hint = f" (SGLang --config keys use dashes: {key.replace('_', '-')})"
-                else:
-                    close = difflib.get_close_matches(key, list(table.by_key), n=1, cutoff=0.75)
-                    if close:
-                        hint = f" (did you mean {close[0]}?)"
-                    elif len(pref) > 1:
-                        hint = f" (ambiguous abbreviation of {', '.join(pref[:4])})"
-                out.append(_f("SGL001", cfg, key, f"{key}: not an SGLang {table.version} server argument{hint}", group))
-                continue
-        if arg.config == "unsupported":
-            out.append(_f("SGL003", cfg, key, f"{key}: SGLang rejects {arg.action} flags in --config "
-                                             f"(pass --{arg.name} / --no-{arg.name} on the command line)"
-                          if arg.action == "BooleanOptionalAction" else
-                          f"{key}: SGLang rejects {arg.action} flags in --config; use attn-dp-size: N (N = the "
-                          f"dp-size you meant), its 0.5.23 replacement" if arg.name == "enable-dp-attention" else
-                          f"{key}: SGLang rejects {arg.action} flags in --config (pass it on the command line)", group))
-            continue
-        if arg.dest in given:
-            out.append(_f("SGL007", cfg, key, f"{key}: {arg.name} already given as {given[arg.dest]}", group))
-            continue
-        if value is None:
-            try:
-                convert(arg, "None")
-                out.append(_f("SGL005", cfg, key, f"{key}: null is passed as the string 'None'; leave the key out", group))
-            except ConvertError as e:
-                out.append(_f("SGL004", cfg, key, f"{key}: null becomes 'None': {e}", group))
-                continue
-        if value is False and arg.config == "store_true":
-            out.append(_f("SGL006", cfg, key, f"{key}: false is omitted (the flag stays at its default "
-                                             f"{arg.default!r}; a true on the command line still wins)", group))
-        try:
-            v = convert(arg, value)
-        except ConvertError as e:
-            out.append(_f("SGL004", cfg, key, f"{key}: {e}", group))
-            continue
-        given[arg.dest] = key
-        if v is not None:
-            args[arg.dest] = v
-    sweep = args.get("kv_canary_sweep_interval")
-    if isinstance(sweep, int) and sweep > 0 and args.get("kv_canary", "none") == "none":
+def check_keys(cfg: ServeConfig, table: Table, group: Optional[str] = None, *, sm100: bool = True,
+               role: Optional[str] = None) -> tuple[list[Finding], Resolved]:
+    """What the release refuses at start-up (:func:`dsv4ctl.plan.startup.validate`, the rule set
+    plan, the preflight and ``config set`` share: SGL001-SGL007, SGL010-SGL012, DSV101, DSV106,
+    DSV117) as findings at ``file:line``, SGL008, and the config's values resolved as argparse
+    would."""
+    refusals, r = validate(cfg.data, table, sm100=sm100, role=role)
+    out = [Finding(x.rule, x.severity, cfg.path, cfg.line(x.key), x.message, group) for x in refusals]
+    sweep = r.args.get("kv_canary_sweep_interval")
+    if isinstance(sweep, int) and sweep > 0 and r.args.get("kv_canary", "none") == "none":
         # SGLang 0.5.23 raises at start-up (srt/arg_groups/validation_hook.py:374)
-        out.append(_f("SGL008", cfg, given.get("kv_canary_sweep_interval"),
+        out.append(_f("SGL008", cfg, r.given.get("kv_canary_sweep_interval"),
                       "kv-canary-sweep-interval requires kv-canary: log or raise (SGLang refuses to start)", group))
-    return out, Resolved(args=args, given=given)
+    return out, r
 
 
 def _hicache_on(r: Resolved) -> bool:
@@ -258,10 +206,6 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
         out.append(_f("DSV115", cfg, _key(r, "hicache_host_memory_fraction"),
                       f"hicache-host-memory-fraction {frac} must be in (0, 1]", g.name))
     if inp.dsv4:
-        kvd = a.get("kv_cache_dtype", "auto")
-        if kvd not in DSV4_KV_DTYPES:
-            out.append(_f("DSV117", cfg, _key(r, "kv_cache_dtype"),
-                          f"kv-cache-dtype {kvd}: DeepSeek-V4 accepts fp8_e4m3 or bfloat16 (auto = fp8_e4m3)", g.name))
         page = a.get("page_size")
         if page is not None and page != 256:
             out.append(_f("DSV118", cfg, _key(r, "page_size"),
@@ -282,17 +226,11 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
                 out.append(_f("DSV108", cfg, _key(r, dest), f"{name} {have}: DeepSeek-V4 needs {want}", g.name))
     if not _hicache_on(r):
         return out
-    if a.get("disable_radix_cache"):
-        out.append(_f("DSV101", cfg, _key(r, "disable_radix_cache"),
-                      "enable-hierarchical-cache and disable-radix-cache are mutually exclusive (HiCache needs the radix cache)", g.name))
     if a.get("enable_lmcache"):
         out.append(_f("DSV101", cfg, _key(r, "enable_lmcache"), "HiCache and enable-lmcache are mutually exclusive", g.name))
     if a.get("enable_unified_cache_external_linker"):
         out.append(_f("DSV101", cfg, _key(r, "enable_unified_cache_external_linker"),
                       "HiCache and enable-unified-cache-external-linker are mutually exclusive", g.name))
-    if mode == "decode":
-        out.append(_f("DSV106", cfg, hk, f"HiCache on decode group {g.name!r}: not usable for DeepSeek-V4 in "
-                                         f"SGLang {inp.sglang_version} (decode radix cache is off; enable HiCache on prefill only)", g.name))
     if a.get("hicache_host_memory_mode") == "buffer_only":
         if a.get("hicache_storage_backend") is None:
             out.append(_f("DSV114", cfg, _key(r, "hicache_host_memory_mode"),
@@ -463,7 +401,7 @@ def lint(inp: LintInput, table: Table) -> list[Finding]:
     for g in inp.groups:
         if g.config is None:
             continue
-        f, r = check_keys(g.config, table, g.name)
+        f, r = check_keys(g.config, table, g.name, sm100=g.sm100, role=g.role)
         out += f
         resolved[g.name] = r
         out += check_group(g, r, inp)

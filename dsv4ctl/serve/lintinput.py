@@ -4,6 +4,8 @@ gating of the SGLang tree). The rules themselves are pure, in :mod:`dsv4ctl.serv
 
 from __future__ import annotations
 
+from ..plan.startup import is_sm100
+
 from typing import Optional
 
 from ..errors import InputError
@@ -85,7 +87,9 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
                 cfg = parse_serve_config(texts[g.name], str(path))
             elif g.name in selected or path.exists():
                 cfg = g.serve
+        host = dep.hosts.get(g.group.host)
         ginputs.append(GroupInput(name=g.name, role=g.role, host=g.group.host, config=cfg, env=g.env,
+                                  sm100=is_sm100(getattr(host, "gpu_model", None), getattr(host, "gpu_memory_mib", None)),
                                   topology_error=topology_error(dep, g.group, cfg),
                                   rank_hosts=[n.host for srv in g.group.servers for n in srv for _ in n.gpus],
                                   binds=_binds(g)))
