@@ -182,3 +182,40 @@ def test_a_drained_node_refuses_the_deploy_before_the_running_job_is_cancelled(w
         assert still["job"] == running["job"] and still["state"] == "RUNNING"
     finally:
         lab.run("scontrol", "update", "nodename=h3", "state=resume")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupt_while_the_new_job_starts_puts_the_old_release_back(world, sig):
+    """A signal while the new release's jobs start (the gate's wait): exit 130, every host on the
+    old release, its jobs running again, no job of the new release left in the queue."""
+    import sys
+    from tests.conftest import REPO
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    good = w.current("h0")
+    w.extra["decode"] = {"standin-startup-s": 30}     # the new decode answers 503 for 30 s
+    w.write()
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "--tree", str(w.tree),
+                          "--base", "v0.5.23", "--no-preflight"], cwd=REPO, env={**os.environ, **w.env(), "NO_COLOR": "1"},
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = []
+        while True:
+            line = p.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+            if "health: waiting" in line:
+                break
+        assert wait_for(lambda: any(j["state"] == "RUNNING" and release_of(j["comment"]) != good
+                                    for j in jobs(lab, "decode")), timeout=20)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, "".join(lines) + err
+    assert set(w.currents().values()) == {good}
+    for g in ("prefill", "decode"):
+        assert wait_for(lambda: [(j["state"], release_of(j["comment"])) for j in jobs(lab, g)] == [("RUNNING", good)],
+                        timeout=30), (g, jobs(lab, g), err)
+    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
