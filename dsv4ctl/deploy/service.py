@@ -3,7 +3,7 @@ watched (issue 42's seam). Deploy, rollback, lifecycle and the gate ask :func:`s
 
 from __future__ import annotations
 
-from ..errors import RemoteError
+from ..errors import InputError, RemoteError
 from ..hosts.service import backend
 from ..remote import run_parallel
 from .site import Site
@@ -29,12 +29,17 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
 
 
 def check_reachable(site: Site) -> None:
-    """Before anything changes: where servers run must answer. With ``deploy.backend: slurm`` the
-    Slurm controller is asked (``scontrol ping``, bounded) from every server group's node 0;
+    """Before anything changes: where servers run must answer and can run the groups. With
+    ``deploy.backend: slurm`` the Slurm controller is asked (``scontrol ping``, bounded) from every server group's node 0;
     RemoteError (exit 3) naming the hosts it does not answer from. Nothing to ask over SSH alone
-    (the lock step has just reached every host)."""
+    (the lock step has just reached every host). InputError (exit 2) for a group with replicas on
+    Slurm (one job per group)."""
     if site.profile.deploy.backend != "slurm":
         return
+    several = [g.name for g in site.profile.servers() if len(g.group.servers) > 1]
+    if several:
+        raise InputError(f"group(s) {', '.join(several)}: replicas are not supported with deploy.backend: slurm yet "
+                         "(one group per server: give each replica a group of its own)")
     nodes0 = sorted({g.group.nodes[0].host for g in site.profile.servers()} & set(site.transports))
     if not nodes0:
         return
