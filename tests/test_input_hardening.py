@@ -363,3 +363,80 @@ def test_an_overlong_path_component_is_one_line_exit_2(argv):
         assert r.code == 2, (argv, r.err)
         assert r.err.strip() == f"dsv4ctl: error: profile path: a component of {len(long) + 5 * path.startswith('p')} " \
                                 f"bytes ({'p' * 24}…) is longer than file names may be (255)", r.err
+
+
+# --- operator files are regular files of bounded size (issue 41 item 2) -----------------------
+# Every file an operator names goes through dsv4ctl.resources.read_regular: a FIFO is never waited
+# on (before: plan --from-log, config lint's model config.json and a series hung), /dev/zero is
+# never read (before: 256 MiB read before "larger than"), a huge file is refused by its size.
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_model_config_json_that_is_no_regular_file(tmp_path, kind):
+    import os
+    prof = copy_profile(tmp_path)
+    cp = tmp_path / "config.json"
+    os.mkfifo(cp) if kind == "fifo" else os.symlink("/dev/zero", cp)
+    text = edit(prof, "model: deepseek-v4-flash ", "model: config.json ")
+    what = "a pipe" if kind == "fifo" else "a device"
+    assert one_error(plan(prof, timeout=30)) == (
+        f"{prof}:{line_of(text, 'model: config.json')}: model: {cp}: config.json is not a regular file ({what})")
+    r = run_cli("config", "lint", str(prof), timeout=30)          # before: hung on the FIFO
+    assert r.code == 0 and f"plan unavailable: {prof}:{line_of(text, 'model: config.json')}: model: {cp}: " \
+        f"config.json is not a regular file ({what})" in r.out
+
+
+@pytest.mark.parametrize("kind,what", [("fifo", "a pipe"), ("dev-zero", "a device")])
+def test_from_log_that_is_no_regular_file(tmp_path, kind, what):
+    import os
+    log = tmp_path / "startup.log"
+    os.mkfifo(log) if kind == "fifo" else os.symlink("/dev/zero", log)
+    r = run_cli("plan", "--from-log", str(log), timeout=30)
+    assert r.code == 2 and r.err == f"dsv4ctl: error: --from-log {log}: not a regular file ({what})\n"
+
+
+def _series(tmp_path: Path) -> Path:
+    import shutil
+    from tests.conftest import REPO
+    d = tmp_path / "series"
+    shutil.copytree(REPO / "patches" / "sglang-0.5.23", d)
+    return d
+
+
+@pytest.mark.parametrize("which,kind", [("series", "fifo"), ("patch", "fifo"), ("patch", "dev-zero"),
+                                        ("patch", "huge"), ("series", "huge")])
+def test_series_and_patch_files_are_regular_and_bounded(tmp_path, which, kind):
+    import os
+    d = _series(tmp_path)
+    name = "0001-dsv4-bf16-index-k-exact-accounting.patch"
+    f = d / ("series" if which == "series" else name)
+    f.unlink()
+    if kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", f)
+    else:
+        with open(f, "wb") as out:
+            out.truncate((16 << 20) + 1)          # sparse: the size alone refuses it
+    r = run_cli("patch", "check", "--series", str(d), "--dry-run", "--json", timeout=30)
+    lines = (tmp_path / "series" / "series").read_text().splitlines() if which == "patch" else []
+    label = f"{d / 'series'}" if which == "series" else \
+        f"{d / 'series'}:{next(i for i, ln in enumerate(lines, 1) if ln.startswith(name))}: {name}"
+    why = {"fifo": "not a regular file (a pipe)", "dev-zero": "not a regular file (a device)",
+           "huge": "larger than 16 MiB (not a patch series)"}[kind]
+    assert r.code == 2 and r.err == f"dsv4ctl: error: {label}: {why}\n", r.err
+
+
+@pytest.mark.parametrize("field,kind", [("key", "fifo"), ("key", "dev-zero"), ("known_hosts", "fifo")])
+def test_ssh_key_and_known_hosts_are_regular_files(tmp_path, field, kind):
+    """paramiko would block on a FIFO key before it connects (the per-host timeout never starts)."""
+    import os
+    from dsv4ctl.errors import InputError
+    from dsv4ctl.remote.ssh import SSHTransport
+    f = tmp_path / field
+    os.mkfifo(f) if kind == "fifo" else os.symlink("/dev/zero", f)
+    kw = {"key": str(f)} if field == "key" else {"known_hosts": f}
+    t = SSHTransport("node0", "127.0.0.1", port=9, **kw)
+    with pytest.raises(InputError) as e:
+        t._connection()
+    label = "ssh.key" if field == "key" else "known_hosts"
+    assert str(e.value) == f"node0: {label} {f}: not a regular file ({'a pipe' if kind == 'fifo' else 'a device'})"

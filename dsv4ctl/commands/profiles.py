@@ -45,6 +45,7 @@ def show(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Shippe
          as_json: bool = typer.Option(False, "--json", help="Print JSON: path, serve configs, the parsed profile.")) -> None:
     """Print a profile's YAML followed by the paths of its serve configs."""
     from ..profile.model import load_profile
+    from ..profile.yamlpos import read_yaml_bytes
     from ..render import dump_json
     src = _source(name)
     prof = load_profile(src)
@@ -52,7 +53,7 @@ def show(name: Optional[str] = typer.Argument(None, metavar="NAME", help="Shippe
     if as_json:
         print(dump_json({"schema": "dsv4ctl.profile-show/1", "name": prof.name, "path": str(src), "serve_configs": configs, "profile": prof.raw}))
         return
-    text = src.read_text()
+    text = read_yaml_bytes(src).decode()
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     for g, c in configs.items():
         print(f"# serve config of {g}: {c}")
@@ -65,10 +66,11 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
     and its serve configs, writes nothing."""
     from ..errors import InputError
     from ..profile.model import load_profile
+    from ..profile.yamlpos import read_yaml_bytes
     from ..resources import schema_path
     from .. import __version__
     prof = load_profile(src)
-    text = src.read_text()
+    text = read_yaml_bytes(src).decode()
     lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith(SCHEMA_LINE)]
     text = "".join(lines)
     out: dict[Path, str] = {}
@@ -87,7 +89,7 @@ def starting_profile(src: Path, dest: Path) -> dict[Path, str]:
         if n != 1:
             raise InputError(f"{src}: group {g.name}: cannot rewrite serve_config {rel!r} (write it as a plain value)")
         try:
-            out[dest.parent / new_rel] = g.serve_config.read_text()
+            out[dest.parent / new_rel] = read_yaml_bytes(g.serve_config).decode()
         except OSError as e:
             raise InputError(f"{g.serve_config}: {e.strerror or e}") from None
     series = (prof.raw.get("sglang") or {}).get("series")

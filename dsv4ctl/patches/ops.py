@@ -48,20 +48,38 @@ class LoadedSeries:
         return self.dir / e.name
 
 
+#: A series file or one patch of it is kilobytes (SGLang's largest upstream patches: a few
+#: hundred KB); more is not a patch series to read into memory.
+MAX_PATCH_BYTES = 16 << 20
+
+
+def _read_text(path: Path, label: str) -> str:
+    """The text of a series or patch file: a regular file of at most MAX_PATCH_BYTES
+    (:func:`dsv4ctl.resources.read_file_capped`; a FIFO or ``/dev/zero`` is refused unread), UTF-8.
+    InputError (exit 2) naming ``label`` otherwise."""
+    from ..resources import read_file_capped
+    raw = read_file_capped(path, MAX_PATCH_BYTES, label, " (not a patch series)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{label}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def load_series(directory: Path | str) -> LoadedSeries:
-    """Read ``DIR/series`` and its patch files. InputError (exit 2) when the directory, the
-    series file or a listed patch is missing, or a patch has no diff."""
+    """Read ``DIR/series`` and its patch files (each a regular file of at most MAX_PATCH_BYTES).
+    InputError (exit 2) when the directory, the series file or a listed patch is missing, not a
+    regular file or too large, or a patch has no diff."""
     d = Path(directory).expanduser()
     sf = d / "series"
-    if not sf.is_file():
+    if not sf.exists():
         raise InputError(f"{d}: no series file (expected {sf})")
-    series = parse_series(sf.read_text(), path=str(sf), dirname=d.resolve().name)
+    series = parse_series(_read_text(sf, str(sf)), path=str(sf), dirname=d.resolve().name)
     texts = {}
     for e in series.entries:
         p = d / e.name
-        if not p.is_file():
+        if not p.exists():
             raise InputError(f"{sf}:{e.line}: {e.name}: no such file in {d}")
-        texts[e.name] = p.read_text()
+        texts[e.name] = _read_text(p, f"{sf}:{e.line}: {e.name}")
         if not parse_files(texts[e.name]):
             raise InputError(f"{sf}:{e.line}: {e.name}: not a git-format patch (no diff)")
     ids = patch_ids_of_files([d / e.name for e in series.entries])
@@ -389,7 +407,7 @@ def execute_export(series_dir: Path, actions: list[Action], texts: dict[str, str
             tmp.write_text(texts[p.name])
             tmp.replace(p)
     sf = series_dir / "series"
-    old = sf.read_text() if sf.exists() else (
+    old = _read_text(sf, str(sf)) if sf.exists() else (
         f"# patch series (dsv4ctl patch export)\n" + (f"base {base}\n" if base else ""))
     if old and not old.endswith("\n"):
         old += "\n"

@@ -65,6 +65,15 @@ def _config_path(ref: str, base_dir: Optional[Path]) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
+def _kind(path: Path) -> str:
+    """What ``path`` is when it is no regular file (:func:`dsv4ctl.resources.file_kind`)."""
+    from ..resources import file_kind
+    try:
+        return file_kind(path.stat().st_mode)
+    except OSError as e:
+        return e.strerror or "unreadable"
+
+
 def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry, ModelFacts]:
     """Resolve a shipped name (``deepseek-v4-flash``, ``flash``, ``deepseek-ai/DeepSeek-V4-Pro``)
     or a path to a ``config.json`` (relative to ``base_dir``). Raises InputError (exit 2) for an
@@ -88,17 +97,20 @@ def load_model(ref: str, base_dir: Optional[Path] = None) -> tuple[ModelGeometry
     except (OSError, ValueError, RuntimeError) as e:   # name too long, NUL byte, unknown ~user
         raise InputError(f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
                          f"and not a readable path ({(getattr(e, 'strerror', None) or type(e).__name__).lower()})") from None
+    from ..resources import FileTooLarge, NotRegularFile, read_regular
     if not found:
         where = str(path) if len(str(path)) <= MAX_SHOWN else shown
+        if path.exists():               # a FIFO, a device (/dev/zero), a socket: never opened
+            raise InputError(f"{where}: config.json is not a regular file ({_kind(path)})")
         raise InputError(
             f"unknown model {shown!r}: not a shipped model ({', '.join(shipped_names())}) "
             f"and no config.json at {where}")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise InputError(f"{path}: config.json larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
-        cfg = json.loads(raw.decode())
+        cfg = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode())
+    except FileTooLarge:
+        raise InputError(f"{path}: config.json larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB") from None
+    except NotRegularFile as e:         # swapped after the check above
+        raise InputError(f"{path}: config.json is not a regular file ({e.kind})") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:   # ValueError: JSON, or an int past 4,300 digits
         raise InputError(f"{path}: not a readable config.json ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(cfg, dict):
@@ -116,11 +128,9 @@ def model_type_of(ref: str, base_dir: Optional[Path] = None) -> Optional[str]:
     key = ALIASES.get(ref.lower(), ref.lower())
     if key in SHIPPED:
         return "deepseek_v4"
-    try:
-        path = _config_path(ref, base_dir)
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        cfg = json.loads(raw.decode()) if len(raw) <= MAX_CONFIG_BYTES else None
+    from ..resources import read_regular
+    try:     # a FIFO, a device or a file over the limit is no config (never waited on, never read whole)
+        cfg = json.loads(read_regular(_config_path(ref, base_dir), MAX_CONFIG_BYTES).decode())
     except (OSError, ValueError, RecursionError, RuntimeError):
         return None
     if not isinstance(cfg, dict):

@@ -59,6 +59,21 @@ def connect_reason(e: BaseException, timeout: float | None = None) -> str:
     return text[:160]
 
 
+#: An SSH private key is a few KB; a known_hosts file of 100,000 hosts is ~10 MB.
+MAX_KEY_BYTES = 1 << 20
+MAX_KNOWN_HOSTS_BYTES = 64 << 20
+
+
+def _check_file(path, label: str, limit: int) -> None:
+    """Refuse, before paramiko opens it, a key or known_hosts file that is no regular file (a
+    FIFO would hang the connection, ``/dev/zero`` would be read without end) or is too large:
+    InputError (exit 2) from :func:`dsv4ctl.resources.read_file_capped`. A missing file is left to
+    the SSH layer (its own message)."""
+    from ..resources import read_file_capped
+    if os.path.lexists(os.path.expanduser(str(path))):
+        read_file_capped(os.path.expanduser(str(path)), limit, f"{label} {path}")
+
+
 def known_hosts_name(address: str, port: int) -> str:
     """The known_hosts host field OpenSSH and paramiko use: ``addr`` or ``[addr]:port``."""
     return address if port == 22 else f"[{address}]:{port}"
@@ -149,11 +164,13 @@ class SSHTransport(Transport):
         from fabric import Connection
         kw = {}
         if self.key:
+            _check_file(self.key, f"{self.name}: ssh.key", MAX_KEY_BYTES)
             kw["key_filename"] = [self.key]
         gw = self.jump._connection() if self.jump else None
         c = Connection(self.address, user=self.user, port=self.port, connect_kwargs=kw,
                        gateway=gw, connect_timeout=int(self.connect_timeout))
         if self.known_hosts.exists():
+            _check_file(self.known_hosts, f"{self.name}: known_hosts", MAX_KNOWN_HOSTS_BYTES)
             c.client.load_host_keys(str(self.known_hosts))
         c.client.set_missing_host_key_policy(_policy(self.name, self.known_hosts, self.accept_new,
                                                      self.record_host_keys))

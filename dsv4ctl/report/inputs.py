@@ -21,9 +21,7 @@ def _no_constant(name: str):
 
 
 def _read_json(path: Path, label: str) -> object:
-    if path.exists() and not path.is_file() and not path.is_dir():
-        raise InputError(f"{label}: not a regular file")
-    from ..resources import read_file_capped
+    from ..resources import read_file_capped     # a FIFO or device: "LABEL: not a regular file (a pipe)"
     return _parse_json(read_file_capped(path, MAX_INPUT_BYTES, label, ": not a dsv4ctl JSON document"), label)
 
 
