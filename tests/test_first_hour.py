@@ -143,6 +143,8 @@ def test_first_hour(tmp_path, host):
         assert "enable-hierarchical-cache: false" in (prof.parent / "prod" / "prefill.yaml").read_text()
         undo = [ln for ln in r.out.splitlines() if ln.startswith(f"released {changed} (from {first})")]
         assert len(undo) == 1 and undo[0].endswith(f"dsv4ctl rollback {prof} --to {first} undoes it"), r.out
+        heads = [ln for ln in r.out.splitlines() if ln.startswith(("--- ", "+++ "))]
+        assert len(heads) == 2 and all(ln.endswith(f"({first})" if ln[0] == "-" else f"({changed})") for ln in heads)
         r = cli("releases", str(prof))
         row = next(ln for ln in r.out.splitlines() if changed in ln)
         assert r.code == 0 and "hicache-off prefill,decode (from " in row and '"KV pressure test"' in row, r.out

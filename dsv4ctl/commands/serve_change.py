@@ -94,6 +94,13 @@ def run_change(prof, groups, *, what: str, action: str, changes, tree: Optional[
         out(f"{verb} {len(changed)} file(s): {', '.join(str(e.path) for e in changed)}")
 
 
+def new_side(diff: str, old: str, new: str) -> str:
+    """``diff`` with its ``+++`` header naming release ``new`` where it named ``old`` (the
+    ``---`` side keeps the release it was made from)."""
+    return "".join(ln.replace(f"({old})", f"({new})") if ln.startswith("+++ ") else ln
+                   for ln in diff.splitlines(keepends=True))
+
+
 def undo_hint(profile, rid: str) -> str:
     """The exact command that undoes a ``--remote`` change: ``dsv4ctl rollback PROFILE --to RID``
     with the profile's path (shell-quoted), runnable as printed."""
@@ -157,6 +164,9 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
         wrote_local = True
     changed = [e for e in redits if e.new != e.old]
     rid, frm = rep.get("release"), rep.get("from")
+    if rid and frm and rid != frm:      # the diffs were made before the new release had its id
+        for e in changed:
+            e.diff = new_side(e.diff, frm, rid)
     if as_json:
         out(dump_json(dict(schema=schema, **doc, profile=prof.name, dry_run=dry_run, remote=True,
                            release=rid if changed else None, previous=frm,
