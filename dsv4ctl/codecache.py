@@ -63,36 +63,18 @@ class _Memo:
         return builtins.exec(source, globals, locals, **kw)
 
 
-def _folder(create: bool) -> int | None:
-    """A descriptor of the trusted ``<cache>/code`` folder, else None."""
-    from .resources import cache_folder, cache_root
-    try:
-        return cache_folder(cache_root() / "code", create, planted="compiled code")
-    except OSError:
-        return None
-
-
 def _load() -> dict:
     """The table of code objects, or {} (absent, untrusted folder, too large, not a table)."""
     import marshal
 
-    from .resources import open_cache_file
-    d = _folder(create=False)
-    if d is None:
+    from .resources import read_cache_entry
+    raw = read_cache_entry("code", table_name(), MAX_TABLE_BYTES, planted="compiled code")
+    if raw is None:
         return {}
     try:
-        fd = open_cache_file(d, table_name(), os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_size > MAX_TABLE_BYTES:
-                return {}
-            raw = os.read(fd, MAX_TABLE_BYTES + 1)
-        finally:
-            os.close(fd)
-        table = marshal.loads(raw) if len(raw) <= MAX_TABLE_BYTES else None
-    except (OSError, ValueError, EOFError, TypeError):
+        table = marshal.loads(raw)
+    except (ValueError, EOFError, TypeError):
         return {}
-    finally:
-        os.close(d)
     if not isinstance(table, dict) or not all(type(k) is str and type(v) is _CODE for k, v in table.items()):
         return {}
     return table
@@ -102,34 +84,13 @@ def _save(memo: _Memo) -> None:
     """Write the table back when the run compiled something (best effort: failures ignored)."""
     import marshal
 
-    from .resources import open_cache_file
+    from .resources import write_cache_entry
     keep = {**memo.table, **memo.new}
     if len(keep) > MAX_ENTRIES:
         keep = {k: memo.table[k] for k in memo.used} | memo.new
     raw = marshal.dumps(keep)
-    if len(raw) > MAX_TABLE_BYTES or len(keep) > MAX_ENTRIES:
-        return
-    d = _folder(create=True)
-    if d is None:
-        return
-    name = table_name()
-    tmp = f".{name}.{os.urandom(8).hex()}.tmp"
-    try:
-        fd = open_cache_file(d, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(raw)
-            os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=d)
-            except OSError:
-                pass
-            raise
-    except OSError:
-        pass
-    finally:
-        os.close(d)
+    if len(raw) <= MAX_TABLE_BYTES and len(keep) <= MAX_ENTRIES:
+        write_cache_entry("code", table_name(), raw, planted="compiled code")
 
 
 @contextmanager

@@ -320,3 +320,66 @@ def open_cache_file(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> in
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_cache_entry(folder: str, name: str, limit: int, planted: str = "an entry") -> bytes | None:
+    """The bytes of entry ``name`` of the cache folder ``<cache>/<folder>``, or None: absent, the
+    folder untrusted (:func:`cache_folder`), the entry a link, not a regular file of this user
+    (:func:`open_cache_file`) or larger than ``limit`` bytes, or unreadable. A hit refreshes the
+    entry's mtime (kept by :func:`prune_files`)."""
+    try:
+        d = cache_folder(cache_root() / folder, create=False, planted=planted)
+    except OSError:
+        return None
+    try:
+        fd = open_cache_file(d, name, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size > limit:
+                return None
+            chunks, n = [], 0
+            while n <= limit:
+                b = os.read(fd, limit + 1 - n)
+                if not b:
+                    break
+                chunks.append(b)
+                n += len(b)
+            try:
+                os.utime(fd)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(d)
+    return b"".join(chunks) if n <= limit else None
+
+
+def write_cache_entry(folder: str, name: str, data: bytes, planted: str = "an entry") -> bool:
+    """Write ``data`` as entry ``name`` of ``<cache>/<folder>`` (made 0700 when missing; it must be
+    trusted, :func:`cache_folder`): a 0600 temp file created with ``O_EXCL`` and ``O_NOFOLLOW``
+    under a random name, renamed in place (a planted link is never written through). Best effort:
+    False when anything failed (nothing half-written is left under ``name``)."""
+    try:
+        d = cache_folder(cache_root() / folder, create=True, planted=planted)
+    except OSError:
+        return False
+    tmp = f".{name}.{os.urandom(8).hex()}.tmp"
+    try:
+        fd = open_cache_file(d, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=d)
+            except OSError:
+                pass
+            raise
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(d)

@@ -599,3 +599,115 @@ def test_several_shards_without_their_index_are_a_partial_checkpoint(tmp_path):
     make_checkpoint(folder, index=False, split=3)
     with pytest.raises(InputError, match=r"partial checkpoint: 3 safetensors files .* no model\.safetensors\.index\.json: "):
         W.read_checkpoint(folder)
+
+
+# --- the header cache (issue 48 item 2) --------------------------------------------------------
+
+@pytest.fixture
+def header_cache(tmp_path, monkeypatch):
+    """A private DSV4CTL_CACHE; the per-process reads forgotten before and after; yields the
+    header cache folder and a list that records every header really read."""
+    monkeypatch.setenv("DSV4CTL_CACHE", str(tmp_path / "cache"))
+    W._read_files.cache_clear()
+    reads: list[str] = []
+    real = W._read_header
+
+    def counting(path, budget):
+        reads.append(Path(path).name)
+        return real(path, budget)
+    monkeypatch.setattr(W, "_read_header", counting)
+    yield tmp_path / "cache" / "headers", reads
+    W._read_files.cache_clear()
+
+
+def _again(folder: Path, sh: W.Sharding):
+    """A new command's read of ``folder`` (the per-process memo forgotten): (per-rank, tensors)."""
+    W._read_files.cache_clear()
+    tensors = W.read_checkpoint(folder)
+    return W.per_rank(tensors, 4, sh), tensors
+
+
+def test_headers_are_read_once_and_the_cache_holds_no_tensor_data(tmp_path, header_cache):
+    cache, reads = header_cache
+    folder = make_checkpoint(tmp_path / "ck")
+    sh = W.Sharding(tp=2)
+    first, tensors = _again(folder, sh)
+    assert sorted(reads) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    target, _ = by_hand(2)
+    assert first.target == target and first.tensors == len(tiny_tensors())
+    # a layer's experts of one shard are one stacked entry: 10 entries for the 40 expert tensors
+    stacked = [t for t in tensors if ".experts.*." in t.name]
+    assert len(stacked) == 10 and sum(t.count for t in stacked) == 40
+    assert {(t.name, t.count, t.shape) for t in stacked if t.name.startswith("layers.0.")} == {
+        ("layers.0.ffn.experts.*.w1.weight", 4, (4, 128, 128)), ("layers.0.ffn.experts.*.w1.scale", 4, (4, 128, 8))}
+    entries = sorted(p.name for p in cache.iterdir())
+    assert len(entries) == 3 and sum(e.startswith("shard-") for e in entries) == 2 and entries[0].startswith("index-")
+    assert cache.stat().st_mode & 0o777 == 0o700 and all((cache / e).stat().st_mode & 0o777 == 0o600 for e in entries)
+    doc = json.loads((cache / entries[1]).read_text())
+    assert set(doc) == {"v", "id", "groups"}                  # names, dtypes, shapes: no offsets, no data
+    assert all(len(g) == 5 and g[2] in W.DTYPE_BYTES for g in doc["groups"])
+    reads.clear()
+    again, tensors2 = _again(folder, sh)
+    assert reads == [] and again == first and tensors2 == tensors
+
+
+def test_a_changed_shard_invalidates_its_entry(tmp_path, header_cache):
+    _, reads = header_cache
+    folder = make_checkpoint(tmp_path / "ck")
+    sh = W.Sharding(tp=1)
+    before, _ = _again(folder, sh)
+    shard = folder / "model-00001-of-00002.safetensors"
+    wmap = json.loads((folder / W.INDEX_NAME).read_text())["weight_map"]
+    mine = {n: v for n, v in tiny_tensors().items() if wmap[n] == shard.name}
+    sink = next(n for n in mine if n.endswith("attn_sink") and not n.startswith("mtp."))
+    big = {**mine, sink: ("F32", [8 + 1024])}                  # 4 KiB more of a replicated tensor
+    write_shard(shard, big)
+    reads.clear()
+    after, _ = _again(folder, sh)
+    assert reads == [shard.name]                              # only the changed shard is read again
+    assert after.target - before.target == 1024 * 4
+    # the same file replaced by one of the same size and an older mtime: another inode, read again
+    os.replace(shard, tmp_path / "old")
+    write_shard(shard, big)
+    st = (tmp_path / "old").stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    reads.clear()
+    assert _again(folder, sh)[0] == after and reads == [shard.name]
+
+
+def test_expert_tensor_in_two_shards_and_a_partial_index_still_refused_from_the_cache(tmp_path, header_cache):
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    write_shard(folder / "a.safetensors", {f"layers.0.ffn.experts.{e}.w1.weight": ("I8", [4, 4]) for e in range(0, 6)})
+    write_shard(folder / "b.safetensors", {f"layers.0.ffn.experts.{e}.w1.weight": ("I8", [4, 4]) for e in range(5, 9)})
+    wmap = {f"layers.0.ffn.experts.{e}.w1.weight": "a.safetensors" if e < 5 else "b.safetensors" for e in range(9)}
+    (folder / W.INDEX_NAME).write_text(json.dumps({"weight_map": wmap}))
+    with pytest.raises(InputError, match=r"b.safetensors: tensor 'layers.0.ffn.experts.5.w1.weight' is also in a.safetensors"):
+        W.read_checkpoint(folder)
+    write_shard(folder / "b.safetensors", {f"layers.0.ffn.experts.{e}.w1.weight": ("I8", [4, 4]) for e in range(7, 9)})
+    wmap["layers.0.ffn.experts.6.w1.weight"] = "b.safetensors"
+    (folder / W.INDEX_NAME).write_text(json.dumps({"weight_map": wmap}))
+    for _ in range(2):                                        # read, then from the cache: the same refusal
+        W._read_files.cache_clear()
+        with pytest.raises(InputError, match=r"1 tensor\(s\) of its weight_map are in no shard's header, first "
+                                             r"'layers.0.ffn.experts.6.w1.weight'"):
+            W.read_checkpoint(folder)
+
+
+def test_header_cache_in_a_folder_others_can_write_is_not_used(tmp_path, header_cache):
+    cache, reads = header_cache
+    folder = make_checkpoint(tmp_path / "ck")
+    _again(folder, W.Sharding(tp=1))
+    cache.chmod(0o777)
+    reads.clear()
+    _again(folder, W.Sharding(tp=1))
+    assert len(reads) == 2
+
+
+def test_headers_have_a_total_memory_cap(tmp_path, header_cache, monkeypatch):
+    folder = make_checkpoint(tmp_path / "ck")
+    sizes = [struct.unpack("<Q", p.read_bytes()[:8])[0] for p in sorted(folder.glob("*.safetensors"))]
+    monkeypatch.setattr(W, "MAX_TOTAL_HEADER_BYTES", sizes[0] + sizes[1] - 1)
+    with pytest.raises(InputError, match=r"model-00002-of-00002.safetensors: the checkpoint's safetensors headers take "
+                                         r"more than [\d,]+ bytes together"):
+        W.read_checkpoint(folder)

@@ -42,6 +42,7 @@ Units: bytes in, GiB (2**30 bytes, what SGLang's "GB" log lines mean) out."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0
 DTYPE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 # Largest header read (bytes): safetensors itself refuses headers over 100,000,000 bytes.
 MAX_HEADER_BYTES = 100_000_000
+# Most header bytes read for one checkpoint, all shards together (issue 44 item 5): the published
+# Pro checkpoint's 64 headers take about 20 MB; parsed JSON takes several times its size in memory.
+MAX_TOTAL_HEADER_BYTES = 512 * 1024 * 1024
 # Most shard files read from one folder (the published Pro checkpoint has 64).
 MAX_FILES = 4096
 INDEX_NAME = "model.safetensors.index.json"
@@ -95,6 +99,12 @@ def read_header(path: Path) -> list[Tensor]:
     Raises :class:`HeaderError` (exit 2) for a short file, a header longer than the file or
     :data:`MAX_HEADER_BYTES`, malformed JSON or entries, and data offsets past the end of the
     file (a truncated download)."""
+    return _read_header(path, MAX_HEADER_BYTES)[0]
+
+
+def _read_header(path: Path, budget: int) -> tuple[list[Tensor], int]:
+    """:func:`read_header` and the header's length in bytes; a header longer than ``budget`` (what
+    is left of :data:`MAX_TOTAL_HEADER_BYTES` for the checkpoint) is refused before it is read."""
     import struct
     try:
         st = path.stat()
@@ -110,6 +120,9 @@ def read_header(path: Path) -> list[Tensor]:
                 raise HeaderError(f"{path}: not a safetensors file (header length {n:,} bytes)")
             if 8 + n > size:
                 raise HeaderError(f"{path}: truncated safetensors file (header of {n:,} bytes, file {size:,} bytes)")
+            if n > budget:
+                raise HeaderError(f"{path}: the checkpoint's safetensors headers take more than "
+                                  f"{MAX_TOTAL_HEADER_BYTES:,} bytes together (this one {n:,}): not read")
             raw = f.read(n)
     except OSError as e:
         raise HeaderError(f"{path}: cannot read ({(e.strerror or type(e).__name__).lower()})") from None
@@ -125,7 +138,7 @@ def read_header(path: Path) -> list[Tensor]:
         if name == "__metadata__":
             continue
         out.append(_entry(path, name, ent, data_len))
-    return out
+    return out, n
 
 
 def _entry(path: Path, name: str, ent, data_len: int) -> Tensor:
@@ -165,26 +178,23 @@ def is_checkpoint_dir(folder: Path) -> bool:
         return False
 
 
-def read_checkpoint(folder: Path) -> list[Tensor]:
+def read_checkpoint(folder: Path) -> tuple[Tensor, ...]:
     """Every tensor of a checkpoint folder, from the safetensors headers (tensor data is never
     read). With ``model.safetensors.index.json`` the files it names are read (each must exist),
-    else the folder's one ``*.safetensors``. Raises InputError (exit 2) for a folder without
-    shards, a missing shard, a bad index or header (:func:`read_header`), a tensor in two files,
-    or several shards without their index (a partial checkpoint, :func:`_partial_without_index`)."""
+    else the folder's one ``*.safetensors``. The routed experts of one layer in one shard
+    (``...experts.<N>...``, one dtype and shape) come back as one stacked entry, as in
+    :func:`published_inventory` with ``stacked=True`` (name with ``*`` for the expert number,
+    ``count`` experts, their bytes): the same bytes per rank in a few thousand entries instead of
+    145,116. Each shard's header is read once: later plans read its entry in the header cache
+    (:func:`_shard_groups`), and the index's in the same way (:func:`_index`). At most
+    :data:`MAX_TOTAL_HEADER_BYTES` of headers are read for one checkpoint. Raises InputError
+    (exit 2) for a folder without shards, a missing shard, a bad index or header
+    (:func:`read_header`), a tensor in two files, or several shards without their index (a
+    partial checkpoint, :func:`_partial_without_index`)."""
     index = folder / INDEX_NAME
-    if index.is_file():
-        try:
-            with open(index, "rb") as f:
-                raw = f.read(MAX_HEADER_BYTES + 1)
-            if len(raw) > MAX_HEADER_BYTES:
-                raise ValueError(f"larger than {MAX_HEADER_BYTES:,} bytes")
-            doc = json.loads(raw.decode("utf-8"))
-            wmap = doc["weight_map"]
-            if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
-                raise TypeError("weight_map is not an object of file names")
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
-            raise InputError(f"{index}: not a readable safetensors index ({type(e).__name__}: {str(e)[:120]})") from None
-        names = sorted(set(wmap.values()))
+    has_index = index.is_file()
+    if has_index:
+        names, inames = _index(index)
         bad = [n for n in names if Path(n).name != n]
         if bad:
             raise InputError(f"{index}: weight_map names a file outside the folder: {bad[0][:120]!r}")
@@ -200,16 +210,12 @@ def read_checkpoint(folder: Path) -> list[Tensor]:
     if len(files) > MAX_FILES:
         raise InputError(f"{folder}: {len(files)} safetensors files (at most {MAX_FILES} read)")
     try:
-        key = tuple((str(p), st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))
+        key = tuple((str(p),) + _identity(p.stat()) for p in files)
     except OSError as e:
         raise InputError(f"{folder}: cannot read a shard ({(e.strerror or type(e).__name__).lower()})") from None
-    tensors = list(_read_files(key))
-    if index.is_file():
-        have = {t.name for t in tensors}
-        absent = [n for n in wmap if n not in have]
-        if absent:
-            raise InputError(f"{index}: {len(absent):,} tensor(s) of its weight_map are in no shard's header, first "
-                             f"{absent[0][:120]!r}: a partial download or another checkpoint's index")
+    tensors, seen = _read_files(key)
+    if has_index:
+        _check_index(index, inames, seen)
     elif len(files) > 1:
         raise InputError(_partial_without_index(folder, files))
     return tensors
@@ -271,19 +277,239 @@ def check_layers(tensors: Iterable[Tensor], num_hidden_layers: int, nextn_layers
 
 
 @lru_cache(maxsize=8)
-def _read_files(key: tuple[tuple[str, int, int], ...]) -> tuple[Tensor, ...]:
-    """The headers of the shards ``key`` names (path, size, mtime: a changed shard is read again),
-    cached per process: every group of a plan reads the same checkpoint."""
-    seen: dict[str, str] = {}
+def _read_files(key: tuple[tuple[str, int, int, int, int], ...]) -> tuple[tuple[Tensor, ...], dict]:
+    """The tensors of the shards ``key`` names (path and :func:`_identity`: a changed shard is read
+    again) and where each name is (:func:`_no_overlap`'s map), cached per process: every group of
+    a plan reads the same checkpoint. Refuses a tensor in two files and headers past
+    :data:`MAX_TOTAL_HEADER_BYTES` together."""
+    seen: dict[tuple, object] = {}
     out: list[Tensor] = []
-    for name, _, _ in key:
+    budget = MAX_TOTAL_HEADER_BYTES
+    for name, *ident in key:
         p = Path(name)
-        for t in read_header(p):
-            if t.name in seen:
-                raise InputError(f"{p}: tensor {t.name[:120]!r} is also in {seen[t.name]}")
-            seen[t.name] = p.name
-            out.append(t)
-    return tuple(out)
+        groups, read = _shard_groups(p, tuple(ident), budget)
+        budget -= read
+        _no_overlap(p, groups, seen)
+        out += _unpack(groups, p.name)
+    return tuple(out), seen
+
+
+# --- the header cache: per shard, its tensors' names, dtypes and shapes, never data --------------
+
+HEADER_CACHE = "headers"           # <cache>/headers/
+HEADER_CACHE_VERSION = 1
+MAX_CACHE_ENTRY = 64 * 1024 * 1024
+HEADER_CACHE_MAX, HEADER_CACHE_KEEP = 8192, 4096   # entries before a prune, entries kept by it
+# an expert number in a tensor name, written as ``int`` writes it (so the name is rebuilt exactly)
+_EXPERT = re.compile(r"\.experts\.(0|[1-9][0-9]{0,8})\.")
+
+
+def _identity(st) -> tuple[int, int, int, int]:
+    """A file's identity for the header cache: (device, inode, size, mtime in ns). A rewritten or
+    replaced shard has another one (a new inode, size or mtime), so its old entry is not used."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _pack(items: Iterable[tuple[str, object, object]]) -> list[list]:
+    """``(name, dtype, shape)`` items (dtype and shape None for an index's names) as groups, in
+    first-seen order: ``[name, None, dtype, shape, None]`` for a tensor alone, ``[prefix, suffix,
+    dtype, shape, ranges]`` for the names ``prefix + str(N) + suffix`` whose ``N`` (the expert
+    number, :data:`_EXPERT`) runs over ``ranges`` (``[[first, last], ...]``, inclusive). Lossless:
+    :func:`_names_of` gives back every name."""
+    out: list[list] = []
+    stacks: dict[tuple, list] = {}
+    for name, dtype, shape in items:
+        m = _EXPERT.search(name)
+        if m is None:
+            out.append([name, None, dtype, None if shape is None else list(shape), None])
+            continue
+        k = (name[:m.start(1)], name[m.end(1):], dtype, None if shape is None else tuple(shape))
+        g = stacks.get(k)
+        if g is None:
+            g = stacks[k] = [k[0], k[1], dtype, None if shape is None else list(shape), []]
+            out.append(g)
+        g[4].append(int(m.group(1)))
+    for g in stacks.values():
+        ids, ranges = sorted(set(g[4])), []
+        for i in ids:
+            if ranges and ranges[-1][1] == i - 1:
+                ranges[-1][1] = i
+            else:
+                ranges.append([i, i])
+        g[4] = ranges
+    return out
+
+
+def _nbytes(dtype: str, shape) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    return numel * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else -(-numel * DTYPE_BITS[dtype] // 8)
+
+
+def _unpack(groups: list[list], file: str) -> list[Tensor]:
+    """:func:`_pack`'s groups of shard ``file`` as tensors: a stacked entry per group of experts."""
+    out = []
+    for head, tail, dtype, shape, ranges in groups:
+        nb = _nbytes(dtype, shape)
+        if ranges is None:
+            out.append(Tensor(head, dtype, tuple(shape), nb, file=file))
+        else:
+            k = sum(b - a + 1 for a, b in ranges)
+            out.append(Tensor(f"{head}*{tail}", dtype, (k, *shape), nb * k, k, file=file))
+    return out
+
+
+def _valid_groups(groups, header: bool) -> bool:
+    """True for a list of :func:`_pack` groups (with a dtype and shape when ``header``)."""
+    if not isinstance(groups, list):
+        return False
+    for g in groups:
+        if not (isinstance(g, list) and len(g) == 5 and isinstance(g[0], str) and (g[1] is None) == (g[4] is None)):
+            return False
+        if g[1] is not None and not (isinstance(g[1], str) and isinstance(g[4], list) and all(
+                isinstance(r, list) and len(r) == 2 and all(type(i) is int for i in r) and 0 <= r[0] <= r[1]
+                for r in g[4])):
+            return False
+        if header and not (g[2] in DTYPE_BYTES or g[2] in DTYPE_BITS) or header and not (
+                isinstance(g[3], list) and all(type(d) is int and d >= 0 for d in g[3])):
+            return False
+    return True
+
+
+def _entry_name(prefix: str, ident: tuple[int, int, int, int]) -> str:
+    return prefix + "-".join(f"{x:x}" for x in ident) + ".json"
+
+
+def _cache_get(prefix: str, ident: tuple[int, int, int, int]) -> Optional[dict]:
+    """The cache entry of the file with identity ``ident``, or None (absent, untrusted folder, a
+    link, too large, another version or identity, malformed)."""
+    from ..resources import read_cache_entry
+    raw = read_cache_entry(HEADER_CACHE, _entry_name(prefix, ident), MAX_CACHE_ENTRY)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    ok = isinstance(doc, dict) and doc.get("v") == HEADER_CACHE_VERSION and doc.get("id") == list(ident)
+    return doc if ok else None
+
+
+def _cache_put(prefix: str, ident: tuple[int, int, int, int], path: Path, doc: dict) -> None:
+    """Keep ``doc`` as the entry of ``path`` when the file still has identity ``ident`` (it did
+    not change while it was read); prune the folder past :data:`HEADER_CACHE_MAX` entries."""
+    from ..resources import cache_root, prune_files, write_cache_entry
+    try:
+        if _identity(path.stat()) != ident:
+            return
+    except OSError:
+        return
+    raw = json.dumps({"v": HEADER_CACHE_VERSION, "id": list(ident), **doc}, separators=(",", ":")).encode()
+    if len(raw) <= MAX_CACHE_ENTRY and write_cache_entry(HEADER_CACHE, _entry_name(prefix, ident), raw):
+        folder = cache_root() / HEADER_CACHE
+        try:
+            if sum(1 for _ in os.scandir(folder)) > HEADER_CACHE_MAX:
+                prune_files(folder, HEADER_CACHE_KEEP, "*.json")
+        except OSError:
+            pass
+
+
+def _shard_groups(path: Path, ident: tuple[int, int, int, int], budget: int) -> tuple[list[list], int]:
+    """(:func:`_pack` groups of the shard's tensors, header bytes read): from the header cache when
+    it holds the shard's identity, else from its header (:func:`read_header`, at most ``budget``
+    bytes), then kept in the cache: only names, dtypes and shapes."""
+    doc = _cache_get("shard-", ident)
+    if doc is not None and _valid_groups(doc.get("groups"), header=True):
+        return doc["groups"], 0
+    tensors, n = _read_header(path, budget)
+    groups = _pack((t.name, t.dtype, t.shape) for t in tensors)
+    _cache_put("shard-", ident, path, {"groups": groups})
+    return groups, n
+
+
+def _index(index: Path) -> tuple[list[str], list[list]]:
+    """(the shard names ``weight_map`` points at, sorted; its tensor names as :func:`_pack` groups)
+    of ``model.safetensors.index.json``, from the header cache when it holds the file's identity.
+    InputError (exit 2) for an index that is unreadable, larger than :data:`MAX_HEADER_BYTES` or
+    not ``{"weight_map": {name: file}}``."""
+    try:
+        ident = _identity(index.stat())
+    except OSError as e:
+        raise InputError(f"{index}: not a readable safetensors index (OSError: {e.strerror})") from None
+    doc = _cache_get("index-", ident)
+    if (doc is not None and isinstance(doc.get("files"), list) and all(isinstance(f, str) for f in doc["files"])
+            and _valid_groups(doc.get("names"), header=False)):
+        return doc["files"], doc["names"]
+    wmap = _weight_map(index)
+    files, names = sorted(set(wmap.values())), _pack((n, None, None) for n in wmap)
+    _cache_put("index-", ident, index, {"files": files, "names": names})
+    return files, names
+
+
+def _weight_map(index: Path) -> dict:
+    """The ``weight_map`` of an index file (InputError as :func:`_index` says)."""
+    try:
+        with open(index, "rb") as f:
+            raw = f.read(MAX_HEADER_BYTES + 1)
+        if len(raw) > MAX_HEADER_BYTES:
+            raise ValueError(f"larger than {MAX_HEADER_BYTES:,} bytes")
+        doc = json.loads(raw.decode("utf-8"))
+        wmap = doc["weight_map"]
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            raise TypeError("weight_map is not an object of file names")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise InputError(f"{index}: not a readable safetensors index ({type(e).__name__}: {str(e)[:120]})") from None
+    return wmap
+
+
+def _no_overlap(path: Path, groups: list[list], seen: dict) -> None:
+    """Record shard ``path``'s names in ``seen`` (``(name,)`` -> file; ``(prefix, suffix)`` -> list
+    of ``[first, last, file]``); InputError (exit 2) for a tensor already in another file."""
+    for head, tail, _, _, ranges in groups:
+        if ranges is None:
+            other = seen.setdefault((head,), path.name)
+            if other != path.name:
+                raise InputError(f"{path}: tensor {head[:120]!r} is also in {other}")
+            continue
+        have = seen.setdefault((head, tail), [])
+        for a, b in ranges:
+            for a2, b2, other in have:
+                if a <= b2 and a2 <= b:
+                    raise InputError(f"{path}: tensor {(head + str(max(a, a2)) + tail)[:120]!r} is also in {other}")
+        have += [[a, b, path.name] for a, b in ranges]
+
+
+def _covered(seen: dict, head: str, tail: Optional[str], ranges: Optional[list]) -> bool:
+    """True when every name of one :func:`_pack` group is in ``seen`` (:func:`_no_overlap`)."""
+    if ranges is None:
+        return (head,) in seen
+    have = sorted((a, b) for a, b, _ in seen.get((head, tail), ()))
+    merged: list[list[int]] = []
+    for a, b in have:
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return all(any(m[0] <= a and b <= m[1] for m in merged) for a, b in ranges)
+
+
+def _check_index(index: Path, names: list[list], seen: dict) -> None:
+    """Refuse (InputError, exit 2) an index whose ``weight_map`` names tensors no shard holds: a
+    partial download or another checkpoint's index. Checked on the packed names; the message
+    counts them and names the first in the index's order."""
+    if all(_covered(seen, head, tail, ranges) for head, tail, _, _, ranges in names):
+        return
+
+    def held(name: str) -> bool:
+        m = _EXPERT.search(name)
+        return _covered(seen, name, None, None) if m is None else _covered(
+            seen, name[:m.start(1)], name[m.end(1):], [[int(m.group(1))] * 2])
+    absent = [n for n in _weight_map(index) if not held(n)]
+    if not absent:
+        return
+    raise InputError(f"{index}: {len(absent):,} tensor(s) of its weight_map are in no shard's header, first "
+                     f"{absent[0][:120]!r}: a partial download or another checkpoint's index")
 
 
 # --- classification (SGLang 0.5.23's sharding, see the module docstring) ----------------------
@@ -709,6 +935,22 @@ def _nextn_layers(cfg_path: Path) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
 
 
+_CLASSES: dict[tuple[int, int], tuple] = {}
+
+
+def _classes_of(tensors: tuple[Tensor, ...], num_hidden_layers: int) -> tuple[Classes, int, int]:
+    """:func:`classes` of a checkpoint's tensors (the tuple :func:`read_checkpoint` returns, the
+    same object for every group of a plan), computed once per process."""
+    hit = _CLASSES.get((id(tensors), num_hidden_layers))
+    if hit is not None and hit[0] is tensors:
+        return hit[1]
+    if len(_CLASSES) >= 16:
+        _CLASSES.clear()
+    got = classes(tensors, num_hidden_layers)
+    _CLASSES[(id(tensors), num_hidden_layers)] = (tensors, got)
+    return got
+
+
 def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding,
                         cfg_path: Optional[Path] = None) -> Estimate:
     """Per-rank weights of a local checkpoint folder, from its safetensors headers
@@ -721,7 +963,7 @@ def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding
     tensors = read_checkpoint(folder)
     where = f"{folder}" if len(str(folder)) <= 120 else f"...{str(folder)[-117:]}"
     check_layers(tensors, num_hidden_layers, _nextn_layers(Path(cfg_path or folder / "config.json")), where)
-    rw = per_rank(tensors, num_hidden_layers, sharding)
+    rw = spread(*_classes_of(tensors, num_hidden_layers), num_hidden_layers, sharding)
     w, dw = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3)
     top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
         (f" pp {sharding.pp}" if sharding.pp > 1 else "")
