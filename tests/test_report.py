@@ -312,7 +312,7 @@ def test_cli_report_writes_one_file_and_bad_input_is_one_line(tmp_path, capsys):
     other.write_text('{"schema": "aiperf/1"}')
     cases = [((str(notjson),), f"{notjson}:1: not JSON"), ((str(other),), "schema 'aiperf/1' is not one"),
              ((str(tmp_path / "missing.json"),), "No such file or directory"),
-             ((str(tmp_path),), "Is a directory"),
+             ((str(tmp_path),), "not a regular file (a folder)"),
              ((str(DATA / "plan.json"), "-o", str(tmp_path / "no" / "r.html")), "--output")]
     from dsv4ctl.cli import main
     for args, msg in cases:         # in this process: the same entry point, without a start-up each
