@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
 #   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium, procps, prometheus, slurm-wlm,
-#   pythonX-venv) when missing, the .venv with dsv4ctl and
+#   podman, runc, catatonit, pythonX-venv) when missing, the .venv with dsv4ctl and
 #   its test extras, the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a source of
 #   SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
 #   reference by the oracle, patch and argument-table tests, and the real PD gateways
@@ -22,6 +22,9 @@ command -v fish >/dev/null 2>&1 || need+=(fish)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)   # tests/test_report_browser.py renders the report
 { command -v ps && command -v pgrep; } >/dev/null 2>&1 || need+=(procps)   # process checks of the signal tests
 { command -v slurmctld && command -v sbatch && command -v munged; } >/dev/null 2>&1 || need+=(slurm-wlm)   # tests/slurm/lab.py: slurmctld + slurmd on this machine (~6 s apt)
+command -v podman >/dev/null 2>&1 || need+=(podman)     # tests/test_image_deploy.py: release images (rootful, ~25 s apt)
+command -v runc >/dev/null 2>&1 || need+=(runc)         # crun refuses to start containers on this machine kind
+command -v catatonit >/dev/null 2>&1 || need+=(catatonit)   # podman run --init (a Recommends, not installed with --no-install-recommends)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)   # tests/test_watch_rules.py runs promtool on the shipped rules (its postinst may try to start a service: harmless without systemd)
 PYV=$(command -v python3.11 || command -v python3)
 "$PYV" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=("$(basename "$PYV")-venv")   # Debian/Ubuntu split venv out

@@ -127,7 +127,6 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
         res = verify_releases(t, site.python[t.name], [p.release(r) for r in ids])
         out = {r: res[p.release(r)] for r in ids}
         if site.profile.sglang.image is not None:       # release images: the release inside each image too
-            from .image import verify_images
             out = verify_images(t, site, out)
         return f, out, time.monotonic() - t0
     try:
@@ -167,3 +166,26 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
                            "seconds": round(secs, 3)}
     doc["ok"] = not doc["drift"] and not doc["unreachable"]
     return doc
+
+
+def verify_images(t: Transport, site, reports: dict) -> dict:
+    """``dsv4ctl verify`` on an image site: ``reports`` ({release: drift report} of the release
+    folders on the host behind ``t``) with the problems of each release's image added, each
+    prefixed ``image:`` (a release without an image record on the host: ``image: none
+    recorded``). Releases run from folders alone keep their report."""
+    from .image import expected_image, verify_image_host
+    root = site.paths[t.name].root
+    have = set(t.run(f"ls {q(root + '/images/ids')} 2>/dev/null || true", timeout=60).out.split())
+    out = {}
+    for rid, v in reports.items():
+        if rid not in have:
+            out[rid] = v
+            continue
+        try:
+            r = verify_image_host(t, site, rid, expected_image(site, rid))
+            res = parse_verify(t.name, r.code, r.out, r.err)
+            bad = [f"image: {b}" for r in res.values() for b in r.get("bad", [])]
+        except RemoteError as e:
+            bad = [f"image: {str(e).split(': ', 1)[-1]}"]
+        out[rid] = {**v, "bad": list(v.get("bad", [])) + bad, "nbad": v.get("nbad", 0) + len(bad)} if bad else v
+    return out

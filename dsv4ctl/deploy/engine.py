@@ -160,8 +160,10 @@ def run_verify(site: Site, steps: list[Step]) -> str:
         t0 = time.monotonic()
         try:
             if st.extra.get("image"):           # the release inside its image (dsv4ctl.deploy.image)
+                from .drift import parse_verify
                 from .image import expected_image, verify_image_host
-                return verify_image_host(t, site, st.extra["rid"], expected_image(site, st.extra["rid"]))
+                r = verify_image_host(t, site, st.extra["rid"], expected_image(site, st.extra["rid"]))
+                return parse_verify(t.name, r.code, r.out, r.err)
             return verify_releases(t, site.python[t.name], [site.paths[t.name].release(st.extra["rid"])])
         finally:
             step_done(site, st, time.monotonic() - t0)
@@ -751,7 +753,7 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
         phase = "image"
         from .image import run_images
-        shipped = run_images(site, rel, run.of("image"))
+        shipped = run_images(site, rel, run.of("image"), trace, step_done, _stop_pushes_on_interrupt)
         if shipped:
             close_all(site, {**base_rec, "result": "failed", "detail": "image: " + shipped[:1500]}, per_host=frm)
             raise RemoteError(f"deploy of {rel.id} stopped before any host was switched: image {shipped}")

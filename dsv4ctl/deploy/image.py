@@ -58,28 +58,6 @@ class ImageRecord:
 
 # -- what a release's launch spec says about its container --------------------------------------
 
-def container_spec(dep, g) -> dict | None:
-    """The ``container`` entry of group ``g``'s launch spec (None without ``sglang.image``): the
-    base as written, the interpreter in the image, ``--shm-size``, the read-only mounts (the
-    profile's, and the serve config's ``model-path`` when it is a host folder) and, with
-    ``gpus: cdi``, per host the CDI devices of the GPUs the group places there. Part of
-    ``launch.json``, so of the release id: a rollback runs an image the way it was released."""
-    img = dep.sglang.image
-    if img is None:
-        return None
-    mounts = list(img.mounts)
-    if g.is_server and g.serve_config_path is not None:
-        mp = g.serve.data.get("model-path")
-        if isinstance(mp, str) and mp.startswith("/") and mp not in mounts:
-            mounts.append(mp)
-    devices = {}
-    if img.gpus == "cdi" and g.is_server:
-        for srv in g.group.servers:
-            for n in srv:
-                devices[n.host] = [f"nvidia.com/gpu={i}" for i in n.gpus]
-    return {"base": img.base, "python": img.python, "shm_size": img.shm_size, "mounts": mounts, "devices": devices}
-
-
 def spec_image(spec: dict | None) -> bool:
     """True when a launch spec's groups run in containers."""
     return any("container" in s for s in (spec or {}).values())
@@ -271,18 +249,17 @@ class _Named:
     id: str
 
 
-def verify_image_host(t: Transport, site, rid: str, expect: str | None) -> dict:
-    """The drift report of release ``rid``'s image on the host behind ``t`` ({path: report} as
-    :func:`dsv4ctl.deploy.drift.parse_verify`); RemoteError when the image is missing or not
-    the one recorded (``expect``)."""
-    from .drift import parse_verify
+def verify_image_host(t: Transport, site, rid: str, expect: str | None):
+    """Run the verify of release ``rid``'s image on the host behind ``t``: its CmdResult (the
+    drift script's report, :func:`dsv4ctl.deploy.drift.parse_verify` reads it); RemoteError when
+    the image is missing or not the one recorded (``expect``)."""
     from .verify import SCRIPT
     img = host_image(site, t.name)
     r = t.run(verify_image_cmd(img, site.paths[t.name].root, rid, site.python[t.name], SCRIPT, expect),
               timeout=1800, check=False)
     if r.code == 6:
         raise RemoteError(f"{t.name}: {r.error_text()}")
-    return parse_verify(t.name, r.code, r.out, r.err)
+    return r
 
 
 # -- steps -------------------------------------------------------------------------------------
@@ -300,42 +277,12 @@ def expected_image(site, rid: str) -> str | None:
         return None
 
 
-def image_steps(site, rid: str, spec: dict, stage: str = "") -> list:
-    """The build (on ``local``) and the ship to every host of release ``rid``'s image: what a
-    deploy runs after the push and before the verify (nothing without containers in ``spec``)."""
-    from .steps import Step
-    if not spec_image(spec):
-        return []
-    img = site.profile.sglang.image
-    base = next(s["container"]["base"] for s in spec.values() if "container" in s)
-    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base} (tree layer, serve configs + "
-                                  "launch spec layer; podman build --timestamp 0), save it as an OCI layout", None, stage)]
-    for h in site.hosts:
-        root = site.paths[h].root
-        devs = host_devices(spec, h)
-        out.append(Step("image", h, f"ship image of {rid}: check {img.runtime if img else 'podman'}"
-                                    + (f" and CDI devices {', '.join(devs)}" if devs else "")
-                                    + f", send the blobs {pool_dir(root)} lacks (rsync), pull oci:{pool_dir(root)}, "
-                                    f"check the image id, record it in {root}/images/ids/{rid}", None, stage,
-                        extra={"rid": rid}))
-    return out
-
-
-def image_verify_steps(site, rid: str, spec: dict, stage: str = "") -> list:
-    """One verify step per host of release ``rid``'s image (nothing without containers)."""
-    from .steps import Step
-    if not spec_image(spec):
-        return []
-    return [Step("verify", h, f"verify the image of {rid}: the recorded id is the built one, the release inside it "
-                              "(mounted read-only) hashed against its MANIFEST.json", None, stage,
-                 extra={"rid": rid, "image": True}) for h in site.hosts]
-
-
-def run_images(site, rel, steps: list) -> str:
+def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
     """Run a deploy's image steps: build (or reuse) and save the image, then ship it to every
-    host in parallel. Returns "" when every host has it, else ``host: why`` per failed host."""
+    host in parallel (``trace``/``step_done``: the engine's step hooks; ``guard``: the context
+    manager that stops the rsyncs at once on an interrupt). Returns "" when every host has it,
+    else ``host: why`` per failed host."""
     from ..remote import run_parallel
-    from .engine import step_done, trace
     from .release import default_cache
     if not steps:
         return ""
@@ -364,8 +311,7 @@ def run_images(site, rel, steps: list) -> str:
             return ship_host(t, site, rec, layout, spec)
         finally:
             step_done(site, by_host[t.name], time.monotonic() - t1)
-    from .engine import _stop_pushes_on_interrupt
-    with _stop_pushes_on_interrupt():     # an interrupt stops the rsyncs at once, then the threads end
+    with guard():     # an interrupt stops the rsyncs at once, then the threads end
         res = run_parallel({h: site.transports[h] for h in by_host}, body, timeout=site.opts.host_timeout,
                            finish_on_interrupt=True)
     for h, r in res.items():
@@ -374,23 +320,3 @@ def run_images(site, rel, steps: list) -> str:
                           f"loaded, {r.value['bytes_sent']:,} bytes sent") + f" in {r.value['seconds']:.1f} s")
     return "; ".join(f"{h}: {r.error}" for h, r in res.items() if not r.ok)
 
-
-def verify_images(t: Transport, site, reports: dict) -> dict:
-    """``dsv4ctl verify`` on an image site: ``reports`` ({release: drift report} of the release
-    folders on the host behind ``t``) with the problems of each release's image added, each
-    prefixed ``image:`` (a release without an image record on the host: ``image: none
-    recorded``). Releases run from folders alone keep their report."""
-    root = site.paths[t.name].root
-    have = set(t.run(f"ls {q(root + '/images/ids')} 2>/dev/null || true", timeout=60).out.split())
-    out = {}
-    for rid, v in reports.items():
-        if rid not in have:
-            out[rid] = v
-            continue
-        try:
-            res = verify_image_host(t, site, rid, expected_image(site, rid))
-            bad = [f"image: {b}" for r in res.values() for b in r.get("bad", [])]
-        except RemoteError as e:
-            bad = [f"image: {str(e).split(': ', 1)[-1]}"]
-        out[rid] = {**v, "bad": list(v.get("bad", [])) + bad, "nbad": v.get("nbad", 0) + len(bad)} if bad else v
-    return out

@@ -619,7 +619,6 @@ def launch_spec(profile) -> dict:
             from .environment import env_digest
             s["python_env"] = env_digest(env, dep.deploy.python)
         if dep.sglang.image is not None:      # the group runs in a container of the release's image
-            from .image import container_spec
             s["container"] = container_spec(dep, g)
         if g.is_server and (g.group.nnodes > 1 or g.group.replicas > 1):
             s["servers"] = [[n.host for n in srv] for srv in g.group.servers]
@@ -642,6 +641,28 @@ def launch_spec(profile) -> dict:
             s["model"] = next((spec[n]["model"] for n in g.group.decode + g.group.workers if n in spec), "default")
         spec[g.name] = s
     return spec
+
+
+def container_spec(dep, g) -> dict | None:
+    """The ``container`` entry of group ``g``'s launch spec (None without ``sglang.image``): the
+    base as written, the interpreter in the image, ``--shm-size``, the read-only mounts (the
+    profile's, and the serve config's ``model-path`` when it is a host folder) and, with
+    ``gpus: cdi``, per host the CDI devices of the GPUs the group places there. Part of
+    ``launch.json``, so of the release id: a rollback runs an image the way it was released."""
+    img = dep.sglang.image
+    if img is None:
+        return None
+    mounts = list(img.mounts)
+    if g.is_server and g.serve_config_path is not None:
+        mp = g.serve.data.get("model-path")
+        if isinstance(mp, str) and mp.startswith("/") and mp not in mounts:
+            mounts.append(mp)
+    devices = {}
+    if img.gpus == "cdi" and g.is_server:
+        for srv in g.group.servers:
+            for n in srv:
+                devices[n.host] = [f"nvidia.com/gpu={i}" for i in n.gpus]
+    return {"base": img.base, "python": img.python, "shm_size": img.shm_size, "mounts": mounts, "devices": devices}
 
 
 def release_environment(profile) -> bytes | None:

@@ -311,6 +311,38 @@ def env_steps(site: Site, rid: str, spec: dict, hosts: list[str] | None = None, 
     return out
 
 
+def image_steps(site, rid: str, spec: dict, stage: str = "") -> list:
+    """The build (on ``local``) and the ship to every host of release ``rid``'s image: what a
+    deploy runs after the push and before the verify (nothing without containers in ``spec``)."""
+    from ..hosts.container import IMAGE_NAME, pool_dir
+    from .image import host_devices, spec_image
+    if not spec_image(spec):
+        return []
+    img = site.profile.sglang.image
+    base = next(s["container"]["base"] for s in spec.values() if "container" in s)
+    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base} (tree layer, serve configs + "
+                                  "launch spec layer; podman build --timestamp 0), save it as an OCI layout", None, stage)]
+    for h in site.hosts:
+        root = site.paths[h].root
+        devs = host_devices(spec, h)
+        out.append(Step("image", h, f"ship image of {rid}: check {img.runtime if img else 'podman'}"
+                                    + (f" and CDI devices {', '.join(devs)}" if devs else "")
+                                    + f", send the blobs {pool_dir(root)} lacks (rsync), pull oci:{pool_dir(root)}, "
+                                    f"check the image id, record it in {root}/images/ids/{rid}", None, stage,
+                        extra={"rid": rid}))
+    return out
+
+
+def image_verify_steps(site, rid: str, spec: dict, stage: str = "") -> list:
+    """One verify step per host of release ``rid``'s image (nothing without containers)."""
+    from .image import spec_image
+    if not spec_image(spec):
+        return []
+    return [Step("verify", h, f"verify the image of {rid}: the recorded id is the built one, the release inside it "
+                              "(mounted read-only) hashed against its MANIFEST.json", None, stage,
+                 extra={"rid": rid, "image": True}) for h in site.hosts]
+
+
 def present_verify_steps(site: Site, rid: str, stage: str = "", spec: dict | None = None) -> list[Step]:
     """Verify steps for the hosts that already hold ``rid`` (a push verifies the tree it places);
     for every host when ``rid`` runs on an environment (``spec`` names one): a pushed release may
@@ -459,7 +491,6 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
             [Step("close", h, f"close: audit {action} failed with the reason (the started servers are left as they "
                               "are: the release was already active); unlock") for h in hosts] if servers else [])
     keep = site.profile.deploy.keep_releases
-    from .image import image_steps, image_verify_steps
     steps = (locks + [push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + image_steps(site, rid, spec)
              + present_verify_steps(site, rid, spec=spec) + image_verify_steps(site, rid, spec))
     steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch,
@@ -485,7 +516,6 @@ def rollback_steps(site: Site, target: str, spec: dict, *, locked: bool = True, 
     steps = [] if locked else [lock_step(site, h, f"rollback to {target}") for h in hosts]
     steps += env_steps(site, target, spec)
     steps += [verify_step(site, h, target) for h in hosts]
-    from .image import image_verify_steps
     steps += image_verify_steps(site, target, spec)        # the image is on the hosts: nothing is rebuilt
     steps += [switch_step(site, h, target, next_previous(site.facts[h], target), spec, site.facts[h].current_launch,
                           restart=restart) for h in hosts]
