@@ -218,7 +218,9 @@ def test_abbreviations_resolve_as_argparse_does():
 
 
 def test_speculative_algo_abbreviation_plans_the_draft(prof):
-    set_decode(prof, **{"speculative-algo": "EAGLE", "speculative-num-draft-tokens": 3})
+    # SGLang's DSV4 hook takes EAGLE with top-k 1 and explicit steps only (dsv4ctl.plan.startup)
+    set_decode(prof, **{"speculative-algo": "EAGLE", "speculative-num-draft-tokens": 3, "speculative-eagle-topk": 1,
+                        "speculative-num-steps": 2})
     g = plan_doc(str(prof), "-g", "decode")["groups"][0]
     assert g["server_args"]["speculative_algorithm"] == "EAGLE" and g["ranks"][0]["draft_pool_gib"] > 0.5
     # the oracle's Flash EAGLE bytes per full token (reference §5.5): 12 % above 7086.75 without the draft

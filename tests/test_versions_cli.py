@@ -116,10 +116,15 @@ def test_the_release_rules_change_the_plan(prof):
     max-running-requests (a smaller reserve, a larger default mem_fraction_static) where 0.5.21
     keeps the GPU-size default (tests/test_versions_oracle.py proves both with SGLang's code)."""
     dpa = dict(dp=4, dp_attention=True)
-    prof(decode="max-running-requests: 16\ndp-size: 4\nenable-dp-attention: true\n", decode_group=dpa)
     mfs = {}
+    cfg = DEFAULT_PROFILE.parent / DEFAULT_PROFILE.stem / "decode.yaml"
     for v in ("0.5.21", "0.5.22", "0.5.23"):
+        # 0.5.21: dp-size + enable-dp-attention; 0.5.22+ refuse enable-dp-attention in --config (attn-dp-size)
+        dp = "dp-size: 4\nenable-dp-attention: true\n" if v == "0.5.21" else "attn-dp-size: 4\n"
         p = prof(version=v, decode_group=dpa)
+        (p.parent / DEFAULT_PROFILE.stem / "decode.yaml").write_text(
+            "".join(ln for ln in cfg.read_text().splitlines(keepends=True) if not ln.startswith(("max-running-requests:", "mem-fraction-static:")))
+            + "max-running-requests: 16\n" + dp)
         r = plan(p)
         assert r.code == 0, r.err
         g = next(g for g in r.json()["groups"] if g["name"] == "decode")
@@ -139,15 +144,15 @@ def test_lint_uses_the_releases_argument_table(prof):
 
 def test_plan_reads_only_keys_the_release_has(prof):
     """attn-dp-size is a 0.5.22+ argument: under 0.5.23 a serve config's attn-dp-size: 4 plans
-    four attention-DP ranks; 0.5.21 has no such argument (its server refuses the key at start-up,
-    config lint says SGL001), so plan does not read it."""
+    four attention-DP ranks; 0.5.21 has no such argument: its server refuses the key at start-up,
+    and so does plan (exit 2, the same words as config lint's SGL001; issue 44)."""
     r = plan(prof(version="0.5.23", decode="max-running-requests: 128\nattn-dp-size: 4\n"))
     g = next(g for g in r.json()["groups"] if g["name"] == "decode")
     assert (r.code, g["dp"], g["dp_attention"]) == (0, 4, True), r.err
     r = plan(prof(version="0.5.21"))
-    assert r.code == 0, r.err
-    g = next(g for g in r.json()["groups"] if g["name"] == "decode")
-    assert (g["dp"], g["dp_attention"]) == (1, False)
+    assert r.code == 2 and len(r.err.splitlines()) == 1, r.err
+    assert ("decode.yaml:" in r.err and "attn-dp-size: not an SGLang 0.5.21 server argument" in r.err
+            and "SGLang 0.5.21 refuses it at start-up" in r.err), r.err
 
 
 def test_the_preflight_says_when_weights_are_estimated():
@@ -188,7 +193,7 @@ def test_abbreviations_resolve_with_the_release_parser(prof, tmp_path):
     assert [g["server_args"]["page_size"] for g in r.json()["groups"] if g["name"] == "decode"] == [128]
     r = plan(write("0.5.23", "page: 128\n"))
     assert r.code == 2 and "page: SGLang rejects it: ambiguous option: --page could match" in r.err, r.err
-    assert plan(write("0.5.22", "dp-size: 2\nattn-dp: 2\nenable-dp-attention: true\n", dpa)).code == 0
+    assert plan(write("0.5.22", "attn-dp: 2\n", dpa)).code == 0
     r = run_cli("config", "lint", str(write("0.5.21", "dp-size: 2\nattn-dp: 2\nenable-dp-attention: true\n", dpa)), "--json")
     assert [f["rule"] for f in r.json()["findings"] if f["message"].startswith("attn-dp")][:1] == ["SGL001"], r.out
 
@@ -248,14 +253,25 @@ def test_a_version_spelled_like_a_tag_is_that_release_everywhere(prof, spelled):
 
 
 def test_a_what_if_option_the_release_lacks_is_said(prof):
-    """``--set`` of a server argument the release does not have (0.5.19: no dsv4-attn-backend, no
-    attn-dp-size) is planned as asked with a warning naming the release; 0.5.23 has both: none."""
-    for v, want in (("0.5.19", ["--set attn_dp_size: not an SGLang 0.5.19 server argument (it would refuse it at "
-                                "start-up); planned as given",
-                                "--set dsv4_attn_backend: not an SGLang 0.5.19 server argument (it would refuse it "
-                                "at start-up); planned as given"]), ("0.5.23", [])):
-        r = run_cli("plan", str(prof(version=v)), "-g", "decode", "--json", "--set", "dsv4_attn_backend=flashmla",
-                    "--set", "attn_dp_size=1")
-        assert r.code == 0, r.err
-        got = [w for w in r.json()["groups"][0]["warnings"] if "server argument" in w]
-        assert got == want, (v, got)
+    """``--set`` of a server argument the release does not have (0.5.19: no dsv4-attn-backend) is
+    refused as that release refuses it at start-up (exit 2, issue 44; it used to plan with a
+    warning); 0.5.23 has it and plans."""
+    r = run_cli("plan", str(prof(version="0.5.19")), "-g", "decode", "--json", "--set", "dsv4_attn_backend=trtllm")
+    assert r.code == 2 and len(r.err.splitlines()) == 1, r.err
+    assert ("--set dsv4_attn_backend: not an SGLang 0.5.19 server argument (SGLang 0.5.19 refuses it at start-up: "
+            "argparse: unrecognized arguments)") in r.err, r.err
+    r = run_cli("plan", str(prof(version="0.5.23")), "-g", "decode", "--json", "--set", "dsv4_attn_backend=flashmla")
+    assert r.code == 0, r.err
+
+
+def test_trtllm_with_pd_is_refused_by_plan_and_lint_alike(prof):
+    """``dsv4-attn-backend: trtllm`` on a PD decode server: SGLang 0.5.20-0.5.23 assert at argument
+    resolution (deepseek_v4_hook.py); plan (exit 2) and config lint (SGL011) both refuse it, with
+    SGLang's words (issue 44: both exited 0)."""
+    prof(decode="dsv4-attn-backend: trtllm\n")
+    for v in ("0.5.20", "0.5.23"):
+        p = prof(version=v)
+        r = plan(p)
+        assert r.code == 2 and "trtllm does not support PD disaggregation yet" in r.err, r.err
+        r = run_cli("config", "lint", str(p), "--json")
+        assert r.code == 2 and any(f["rule"] == "SGL011" for f in r.json()["findings"]), r.out

@@ -462,10 +462,37 @@ def _where(profile: Profile, group: Group, overrides: dict, key: str, profile_pa
     return f"{profile.positions.where(('groups', gidx) + profile_path)}: groups[{gidx}].{'.'.join(profile_path)}"
 
 
+def check_startup(profile: Profile, group: Group, serve: Optional[ServeConfig], overrides: dict,
+                  rules: VersionRules) -> None:
+    """Refuse what SGLang ``rules.version`` refuses at start-up for this group's serve config with
+    the ``--set`` server arguments applied (:func:`dsv4ctl.plan.startup.validate`, the rule set
+    ``config lint``, the preflight and ``config set`` share). InputError (exit 2):
+    ``file:line: KEY: reason (SGLang X refuses it at start-up: FILE)``."""
+    from .argtable import load_table
+    from .startup import first_error, is_sm100, validate
+    newest = {a.dest for a in load_table(version=DEFAULT_VERSION).args}
+    table = load_table(version=rules.version)
+    sets = {k: v for k, v in overrides.items() if k in newest or k in {a.dest for a in table.args}}
+    if str(sets.get("speculative_algorithm") or "").upper() == "EAGLE":
+        # the what-if "EAGLE" is the published DeepSeek-V4 recipe: top-k 1 with explicit steps
+        sets = {"speculative_eagle_topk": 1, "speculative_num_steps": 3, **sets}
+    host = profile.hosts[group.host]
+    sm100 = is_sm100(host.gpu_model, sets.get("gpu_memory_mib", host.gpu_memory_mib))
+    refusals, _ = validate(serve.data if serve is not None else {}, table, sm100=sm100, role=group.role,
+                           overrides=sets)
+    bad = first_error(refusals)
+    if bad is None:
+        return
+    at = serve.where(bad.key) if serve is not None and bad.key in serve.data else \
+        (serve.path if serve is not None and not (bad.key or "").startswith("--set") else f"group {group.name}")
+    raise InputError(f"{at}: {bad.message} (SGLang {rules.version} refuses it at start-up: {bad.source})")
+
+
 def _merged_args(profile: Profile, group: Group, serve: Optional[ServeConfig], overrides: dict,
                  rules: VersionRules) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """(args, where, overrides): serve config < topology (SGLang's defaults, checked against the
     profile) < the group's env switches < ``--set`` overrides, keys as the release reads them."""
+    check_startup(profile, group, serve, overrides, rules)
     args, where = serve_args(serve, rules.version)
     overrides = dict(overrides)
     _attn_dp(overrides, {k: "--set" for k in overrides})
@@ -689,18 +716,6 @@ def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, override
             dw_gib = est.draft_gib
             estimated.append(est.draft_note)
     return w_gib, w_fixed, (float(dw_gib or 0.0) if spec_algo else 0.0), fmt
-
-
-def not_in_release(overrides: dict, version: str) -> list[str]:
-    """A note per ``--set`` server argument that SGLang ``version`` does not have (an option of a
-    later release's argument table, e.g. ``dsv4_attn_backend`` on 0.5.19): planned as asked, but
-    that release would refuse it at start-up (``config lint`` says SGL001)."""
-    if version == DEFAULT_VERSION:
-        return []
-    from .argnames import option_names
-    newest, have = option_names(DEFAULT_VERSION), option_names(version)
-    return [f"--set {k}: not an SGLang {version} server argument (it would refuse it at start-up); planned as given"
-            for k in sorted(overrides) if k.islower() and k.replace("_", "-") in newest and k.replace("_", "-") not in have]
 
 
 def _hypothetical_note(group: Group, host, topo_set: list[str], n_ranks: int, gpu_mib, places) -> str:

@@ -25,7 +25,7 @@ from ..profile.deployment import Deployment, as_deployment
 from ..profile.serveconfig import ServeConfig
 # resolution, stages and fixes live in their own modules; the names other modules and tests use
 # from here are re-exported
-from .inputs import (GroupInputs, SERVE_KEYS, SET_KEYS, node_placement, not_in_release, parse_set,  # noqa: F401
+from .inputs import (GroupInputs, SERVE_KEYS, SET_KEYS, node_placement, parse_set,  # noqa: F401
                      placement, resolve_group, serve_args, topology)
 from .stages import StagePlan, evaluate, rank_verdict, to_gib
 from .fixes import chunk_fix, first_passing_mfs, fixes_for
@@ -197,7 +197,6 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
     gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
     if v.level == "tight":
         gp.warnings.append(f"tight: {msg}")
-    gp.warnings.extend(not_in_release(overrides, rules.version if rules else DEFAULT_VERSION))
     if not stages:
         return gp
     gp.warnings[0:0] = tree_notes      # what the tree carries first, as before the verdict
