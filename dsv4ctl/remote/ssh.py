@@ -68,10 +68,12 @@ def _check_file(path, label: str, limit: int) -> None:
     """Refuse, before paramiko opens it, a key or known_hosts file that is no regular file (a
     FIFO would hang the connection, ``/dev/zero`` would be read without end) or is too large:
     InputError (exit 2) from :func:`dsv4ctl.resources.read_file_capped`. A missing file is left to
-    the SSH layer (its own message)."""
+    the SSH layer (its own message); ``/dev/null`` (OpenSSH's ``UserKnownHostsFile=/dev/null``
+    idiom: no known hosts) reads as empty and is allowed."""
     from ..resources import read_file_capped
-    if os.path.lexists(os.path.expanduser(str(path))):
-        read_file_capped(os.path.expanduser(str(path)), limit, f"{label} {path}")
+    full = os.path.expanduser(str(path))
+    if os.path.lexists(full) and os.path.realpath(full) != os.devnull:
+        read_file_capped(full, limit, f"{label} {path}")
 
 
 def known_hosts_name(address: str, port: int) -> str:
