@@ -196,10 +196,14 @@ def test_serve_config_reader_keeps_bytes_text_lines_and_canonical_args(tmp_path)
     assert parse_serve_config("", "e.yaml").data == {}
 
 
-def _reads_during(*argv: str, env=None) -> tuple[int, dict[str, int]]:
+def _reads_during(*argv: str, env=None) -> tuple[int, dict[str, int], int]:
+    """(exit code, serve-config reads per file, SGLang version resolutions) of one command run in
+    this process (tests/test_golden.py ``run``)."""
+    from dsv4ctl.plan import sglang_version
     serveconfig.READS.clear()
+    sglang_version.RESOLUTIONS.clear()
     r = run(*argv, env=env)
-    return r.code, dict(serveconfig.READS)
+    return r.code, dict(serveconfig.READS), len(sglang_version.RESOLUTIONS)
 
 
 def test_plan_lint_and_hicache_read_each_serve_config_once(prof):
@@ -207,17 +211,19 @@ def test_plan_lint_and_hicache_read_each_serve_config_once(prof):
     for argv in (("plan", str(prof), "--json"), ("config", "lint", str(prof), "--json"),
                  ("hicache", "off", str(prof), "--dry-run", "--json"), ("hicache", "status", str(prof), "--no-server",
                                                                        "--json")):
-        code, reads = _reads_during(*argv)
+        code, reads, versions = _reads_during(*argv)
         assert code == 0 and reads == {c: 1 for c in cfgs}, argv
+        assert versions <= 1, (argv, versions)     # the release resolved once (or not at all)
 
 
 @needs_rsync
 @pytest.mark.parametrize("extra", [(), ("--promote",)])
 def test_deploy_dry_run_reads_each_serve_config_once(tmp_path, extra):
     w = LocalWorld(tmp_path)
-    code, reads = _reads_during("deploy", *extra, str(w.profile), "--dry-run", "--json", env=w.env)
+    code, reads, versions = _reads_during("deploy", *extra, str(w.profile), "--dry-run", "--json", env=w.env)
     assert code == 0
     assert reads == {str(w.cfgdir / "prefill.yaml"): 1, str(w.cfgdir / "decode.yaml"): 1}
+    assert versions == 1
 
 
 def test_unset_series_is_no_series_for_plan_and_deploy(tmp_path):

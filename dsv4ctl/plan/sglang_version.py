@@ -29,11 +29,29 @@ class VersionChoice:
         return self.tree is not None and self.tree != self.profile
 
 
+# Counts every resolution :func:`resolve_version` computes (tests assert one per command).
+RESOLUTIONS: list[str] = []
+
+
 def resolve_version(dep) -> VersionChoice:
     """The SGLang release of Deployment ``dep``. Reads the tree at ``sglang.base_ref`` (``git
     show``; :func:`dsv4ctl.patches.tree.tree_version`) when ``sglang.tree`` is a folder. InputError
     (exit 2) for a release dsv4ctl does not support, naming the supported ones and where the
-    version came from, and for a tree whose version files disagree."""
+    version came from, and for a tree whose version files disagree. Computed once per Deployment
+    (the answer is kept on it: every later caller of one command gets the same choice)."""
+    kept = getattr(dep, "_version_choice", None)
+    if kept is not None:
+        return kept
+    choice = _resolve_version(dep)
+    try:
+        dep._version_choice = choice
+    except AttributeError:          # a frozen or slotted stand-in: no keeping
+        pass
+    return choice
+
+
+def _resolve_version(dep) -> VersionChoice:
+    RESOLUTIONS.append(str(getattr(getattr(dep, "profile", None), "path", "")))
     prof = dep.sglang.version
     where = f"{dep.profile.positions.where(('sglang', 'version'))}: sglang.version"
     tree_v, tree_src = None, ""

@@ -489,6 +489,23 @@ class Deployment:
         self.profile.group(name)
         return self.groups[name]
 
+    def with_serve_texts(self, texts: dict[str, str]) -> "Deployment":
+        """This deployment with the serve configs of some groups replaced by ``texts`` {group: new
+        text} (an edit judged before it is written): those parsed from the text, every other
+        group's as already read, and what does not depend on serve configs (the SGLang release
+        the tree says) kept, not derived again. InputError for a text that is no serve config."""
+        from .serveconfig import parse_serve_config
+        new = resolve(self.profile)
+        for name, g in new.groups.items():
+            if name in texts:
+                g._serve = parse_serve_config(texts[name], str(g.serve_config_path))
+            elif self.groups[name]._serve is not None:
+                g._serve = self.groups[name]._serve
+        kept = getattr(self, "_version_choice", None)
+        if kept is not None:
+            new._version_choice = kept
+        return new
+
     def servers(self) -> list[GroupView]:
         """Groups that run an SGLang server (not the router), in profile order."""
         return [g for g in self.groups.values() if g.is_server]

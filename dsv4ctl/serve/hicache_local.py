@@ -114,18 +114,11 @@ def plan_guard(dep: Deployment, texts: dict[str, str], what: str) -> None:
     model, :mod:`dsv4ctl.plan.plan`); a profile that cannot be planned before the edit is not
     judged here."""
     from ..plan.plan import build_plan
-    from ..profile.deployment import resolve
-    from ..profile.serveconfig import parse_serve_config
     try:
         before = {gp.group.name: gp.verdict for gp in build_plan(dep).groups}
     except InputError:
         return
-    new = resolve(dep.profile)
-    for name, g in new.groups.items():      # the files were read once (dep): the edited texts, the rest as read
-        if name in texts:
-            g._serve = parse_serve_config(texts[name], str(g.serve_config_path))
-        elif dep.groups[name]._serve is not None:
-            g._serve = dep.groups[name]._serve
+    new = dep.with_serve_texts(texts)      # the files were read once (dep): the edited texts, the rest as read
     try:
         after = build_plan(new).groups
     except InputError as e:
