@@ -370,81 +370,108 @@ def execute(pb: Playbook, actions: dict[str, Action], ctx: Any, state: RunState,
         if step.id in state.done:
             continue
         action = actions[step.action]
-        t0 = clock()
         if dry_run:
-            try:
-                lines = action.describe(ctx, step.args)
-            except InputError as e:     # e.g. no tree configured: the real run would stop here
-                lines = [f"{DRY_RUN_ERROR} {e}"]
-            except Exception as e:  # noqa: BLE001 - a describe that cannot reach a host: said, not raised
-                lines = [f"{DRY_RUN_ERROR} {type(e).__name__}: {e}"]
-            bad = any(ln.startswith(DRY_RUN_ERROR) for ln in lines)
-            if step.when:
-                lines = [f"only if {step.when}"] + lines
-            state.timeline.append(Event(step.id, step.action, "dry-run-error" if bad else "dry-run", t0, t0, lines=lines))
+            _describe_step(step, action, ctx, state, clock)
             continue
-        if step.when and not evaluate(parse_condition(step.when), state.results):
-            state.results[step.id] = {"ran": False, "ok": True}
-            state.done.append(step.id)
-            state.timeline.append(Event(step.id, step.action, "skipped", t0, clock(),
-                                        lines=[f"condition false: {step.when}"]))
-            save(state)
-            continue
-        try:
-            args = resolve_args(step.args, state.results)
-        except InputError as e:     # a reference to a field the step's result does not have
-            state.results[step.id] = {"ok": False, "ran": True, "error": str(e)}
-            state.timeline.append(Event(step.id, step.action, "failed", t0, clock(), result=state.results[step.id]))
-            state.failed_step = step.id
-            save(state)
+        if not _run_step(step, action, ctx, state, confirm, save, clock):
             return state
-        if action.mutating:
-            lines = action.describe(ctx, args)
-            if not confirm(step, lines):
-                state.timeline.append(Event(step.id, step.action, "declined", t0, clock(), lines=lines))
-                save(state)
-                return state
-        attempt = 0
-        while True:
-            attempt += 1
-            t0 = clock()
-            seen = len(getattr(ctx, "evidence", None) or [])
-            try:
-                result = dict(action.run(ctx, args))
-            except InputError:
-                raise
-            except KeyboardInterrupt:   # SIGINT, or SIGTERM turned into one by the command
-                state.results[step.id] = {"ok": False, "ran": True, "attempts": attempt, "error": "interrupted"}
-                state.timeline.append(Event(step.id, step.action, "interrupted", t0, clock(), attempt=attempt,
-                                            result=state.results[step.id]))
-                state.failed_step = step.id
-                save(state)
-                raise
-            except Exception as e:  # noqa: BLE001 - recorded in the timeline, the run stops
-                result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-            result.setdefault("ok", False)
-            result["ran"] = True
-            result["attempts"] = attempt
-            files = list((getattr(ctx, "evidence", None) or [])[seen:])
-            if files:       # this attempt's own output files in the run folder (never overwritten)
-                result["evidence_files"] = [f"{f}.out" for f in files]
-            state.results[step.id] = result
-            ok = bool(result["ok"])
-            state.timeline.append(Event(step.id, step.action, "ran" if ok else "failed", t0, clock(),
-                                        attempt=attempt, result=result))
-            save(state)
-            if step.until and attempt < step.repeat_max and not evaluate(parse_condition(step.until), state.results):
-                continue
-            if not step.until and not ok and attempt < step.repeat_max:
-                continue
-            break
-        if not ok and not step.continue_on_failure:
-            state.failed_step = step.id
-            save(state)
-            return state
-        state.done.append(step.id)
-        save(state)
     return state
+
+
+def _describe_step(step: Step, action: Action, ctx: Any, state: RunState, clock: Callable[[], float]) -> None:
+    """Dry run of one step: its ``describe`` lines (an error of ``describe`` becomes a line
+    starting with :data:`DRY_RUN_ERROR`, the event ``dry-run-error``) appended to the timeline."""
+    t0 = clock()
+    try:
+        lines = action.describe(ctx, step.args)
+    except InputError as e:     # e.g. no tree configured: the real run would stop here
+        lines = [f"{DRY_RUN_ERROR} {e}"]
+    except Exception as e:  # noqa: BLE001 - a describe that cannot reach a host: said, not raised
+        lines = [f"{DRY_RUN_ERROR} {type(e).__name__}: {e}"]
+    bad = any(ln.startswith(DRY_RUN_ERROR) for ln in lines)
+    if step.when:
+        lines = [f"only if {step.when}"] + lines
+    state.timeline.append(Event(step.id, step.action, "dry-run-error" if bad else "dry-run", t0, t0, lines=lines))
+
+
+def _run_step(step: Step, action: Action, ctx: Any, state: RunState, confirm: Callable[[Step, list[str]], bool],
+              save: Callable[[RunState], None], clock: Callable[[], float]) -> bool:
+    """One step of a real run (see :func:`execute`): skipped on a false ``when``, its arguments
+    resolved, confirmed when mutating, run (repeated as its ``repeat`` says). True when the run
+    goes on; False when it stops here (a failed reference or step, a declined confirmation), with
+    ``state`` saved."""
+    t0 = clock()
+    if step.when and not evaluate(parse_condition(step.when), state.results):
+        state.results[step.id] = {"ran": False, "ok": True}
+        state.done.append(step.id)
+        state.timeline.append(Event(step.id, step.action, "skipped", t0, clock(),
+                                    lines=[f"condition false: {step.when}"]))
+        save(state)
+        return True
+    try:
+        args = resolve_args(step.args, state.results)
+    except InputError as e:     # a reference to a field the step's result does not have
+        state.results[step.id] = {"ok": False, "ran": True, "error": str(e)}
+        state.timeline.append(Event(step.id, step.action, "failed", t0, clock(), result=state.results[step.id]))
+        state.failed_step = step.id
+        save(state)
+        return False
+    if action.mutating:
+        lines = action.describe(ctx, args)
+        if not confirm(step, lines):
+            state.timeline.append(Event(step.id, step.action, "declined", t0, clock(), lines=lines))
+            save(state)
+            return False
+    ok = _attempts(step, action, ctx, args, state, save, clock)
+    if not ok and not step.continue_on_failure:
+        state.failed_step = step.id
+        save(state)
+        return False
+    state.done.append(step.id)
+    save(state)
+    return True
+
+
+def _attempts(step: Step, action: Action, ctx: Any, args: dict, state: RunState,
+              save: Callable[[RunState], None], clock: Callable[[], float]) -> bool:
+    """Run ``step`` until it is done: once, or again while its ``until`` does not hold (or, with
+    no ``until``, while it fails) up to ``repeat_max`` attempts; every attempt's result and event
+    recorded and saved. Returns whether the last attempt was ok. An InputError of the action, and
+    an interrupt (recorded as ``interrupted``), propagate."""
+    attempt = 0
+    while True:
+        attempt += 1
+        t0 = clock()
+        seen = len(getattr(ctx, "evidence", None) or [])
+        try:
+            result = dict(action.run(ctx, args))
+        except InputError:
+            raise
+        except KeyboardInterrupt:   # SIGINT, or SIGTERM turned into one by the command
+            state.results[step.id] = {"ok": False, "ran": True, "attempts": attempt, "error": "interrupted"}
+            state.timeline.append(Event(step.id, step.action, "interrupted", t0, clock(), attempt=attempt,
+                                        result=state.results[step.id]))
+            state.failed_step = step.id
+            save(state)
+            raise
+        except Exception as e:  # noqa: BLE001 - recorded in the timeline, the run stops
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        result.setdefault("ok", False)
+        result["ran"] = True
+        result["attempts"] = attempt
+        files = list((getattr(ctx, "evidence", None) or [])[seen:])
+        if files:       # this attempt's own output files in the run folder (never overwritten)
+            result["evidence_files"] = [f"{f}.out" for f in files]
+        state.results[step.id] = result
+        ok = bool(result["ok"])
+        state.timeline.append(Event(step.id, step.action, "ran" if ok else "failed", t0, clock(),
+                                    attempt=attempt, result=result))
+        save(state)
+        if step.until and attempt < step.repeat_max and not evaluate(parse_condition(step.until), state.results):
+            continue
+        if not step.until and not ok and attempt < step.repeat_max:
+            continue
+        return ok
 
 
 def final_verification(pb: Playbook, state: RunState) -> dict | None:

@@ -178,33 +178,77 @@ def _str(dumper: yaml.SafeDumper, s: str):
 _Dumper.add_representer(str, _str)
 
 
-def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0) -> dict:
-    """The rule file as a dict (``{"groups": [{"name", "rules": [...]}, ...]}``); arguments and
-    ValueError as :func:`render_rules`."""
+class _Scaled:
+    """The arguments of one rule file (``slo``, ``scale``, ``min_window``: see
+    :func:`render_rules`) and the helpers every rule is written with: scaled durations, range
+    windows, counted series, an alert dict."""
+
+    by = "sum by (target, release)"
+    where = "{{ $labels.target }} (release {{ $labels.release }})"
+
+    def __init__(self, slo: float, scale: float, min_window: float) -> None:
+        self.slo, self.scale, self.min_window = slo, scale, min_window
+        self.slo_text = f"the SLO of {_pct(slo)} corrupted tool calls"
+
+    def d(self, seconds: float) -> str:
+        """A scaled duration (a ``for:`` or a window named in text)."""
+        return duration(seconds * self.scale)
+
+    def r(self, seconds: float) -> str:
+        """A range selector's window: scaled, but never under ``min_window`` (a compressed 2m
+        stall window of 2 s holds two 1 s samples: one late scrape reads as a stall)."""
+        return duration(max(seconds * self.scale, self.min_window))
+
+    def w(self, window: str) -> str:
+        """The range window of a recorded window (a key of :data:`WINDOWS`)."""
+        return self.r(WINDOWS[window])
+
+    def counted(self, metric: str, win: str) -> str:
+        """``metric``'s increase over ``win`` per (target, release): a counter that has no series
+        yet for a (target, release) (the class counters appear at their first probe of that
+        class) counts 0 there, not nothing."""
+        by, w = self.by, self.w(win)
+        return f"{by} (increase({metric}[{w}]))\nor 0 * {by} (increase({PROBES}[{w}]))"
+
+    def alert(self, name: str, expr: str, for_s: float, severity: str, summary: str, description: str) -> dict:
+        """One alert rule (``for:`` scaled and left out when 0; ``runbook`` from :data:`RUNBOOKS`)."""
+        a: dict = {"alert": name, "expr": expr}
+        if for_s:
+            a["for"] = self.d(for_s)
+        a["labels"] = {"severity": severity}
+        a["annotations"] = {"summary": summary, "description": description}
+        if name in RUNBOOKS:
+            a["annotations"]["runbook"] = f"dsv4ctl runbook run {RUNBOOKS[name]} PROFILE"
+        return a
+
+    def burn(self, name: str, factor: float, long: str, short: str, for_s: int, severity: str, speed: str) -> dict:
+        """A multi-window burn-rate alert: the corruption ratio over ``factor`` x the SLO in both
+        windows, with the minimum-sample guard on the long one."""
+        thr = _num(factor * self.slo)
+        where, w = self.where, self.w
+        return self.alert(
+            name,
+            f"(\n  {ratio_record(long)} > {thr}\n  and {ratio_record(short)} > {thr}\n)\n"
+            f"and {count_record(long)} >= {MIN_PROBES}\n",
+            for_s, severity,
+            f"Tool-call corruption on {where} burns the error budget {speed}",
+            f"{{{{ $value | humanizePercentage }}}} of the known-answer probes to {where} were corrupted over "
+            f"the last {w(long)}, and more than {_pct(factor * self.slo)} over the last {w(short)}: "
+            f"{_num(factor)}x {self.slo_text}.")
+
+
+def _check_args(slo: float, scale: float) -> None:
+    """ValueError for an ``slo`` outside (0, 1) or a ``scale`` that is not a finite number > 0."""
     if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < 1:
         raise ValueError(f"slo must be a ratio strictly between 0 and 1 (0.01 = 1 %), got {slo!r}")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a finite number > 0 (1 = real time, 1/60 = an hour in a minute), got {scale!r}")
 
-    def d(seconds: float) -> str:
-        return duration(seconds * scale)
 
-    def r(seconds: float) -> str:
-        # a range selector's window: scaled, but never under min_window (a compressed 2m stall
-        # window of 2 s holds two 1 s samples: one late scrape reads as a stall)
-        return duration(max(seconds * scale, min_window))
-
-    def w(window: str) -> str:
-        return r(WINDOWS[window])
-
-    by = "sum by (target, release)"
-
-    def counted(metric: str, win: str) -> str:
-        # a counter that has no series yet for a (target, release) (the class counters appear at
-        # their first probe of that class) counts 0 there, not nothing
-        return f"{by} (increase({metric}[{w(win)}]))\nor 0 * {by} (increase({PROBES}[{w(win)}]))"
-
-    records: list[dict] = [{"record": SLO_RECORD, "expr": f"vector({_num(slo)})"}]
+def _records(k: _Scaled) -> list[dict]:
+    """The recording rules, in the order of :data:`RECORDS`."""
+    by, w, counted = k.by, k.w, k.counted
+    records: list[dict] = [{"record": SLO_RECORD, "expr": f"vector({_num(k.slo)})"}]
     # answered: probes with a judged answer (probes_total counts failed ones too: http_error, PD failures, stuck)
     records += [{"record": count_record(win), "expr": (
         f"{by} (increase({PROBES}[{w(win)}]))\n- (\n  " + counted(FAILED, win).replace("\n", "\n  ") + "\n)\n")}
@@ -214,35 +258,16 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
     # DSV4ProbesFailing says why)
     records += [{"record": ratio_record(win), "expr": f"{corrupted_record(win)} / {count_record(win)}"}
                 for win in WINDOWS]
+    return records
 
-    where = "{{ $labels.target }} (release {{ $labels.release }})"
-    slo_text = f"the SLO of {_pct(slo)} corrupted tool calls"
 
-    def alert(name: str, expr: str, for_s: float, severity: str, summary: str, description: str) -> dict:
-        a: dict = {"alert": name, "expr": expr}
-        if for_s:
-            a["for"] = d(for_s)
-        a["labels"] = {"severity": severity}
-        a["annotations"] = {"summary": summary, "description": description}
-        if name in RUNBOOKS:
-            a["annotations"]["runbook"] = f"dsv4ctl runbook run {RUNBOOKS[name]} PROFILE"
-        return a
-
-    def burn(name: str, factor: float, long: str, short: str, for_s: int, severity: str, speed: str) -> dict:
-        thr = _num(factor * slo)
-        return alert(
-            name,
-            f"(\n  {ratio_record(long)} > {thr}\n  and {ratio_record(short)} > {thr}\n)\n"
-            f"and {count_record(long)} >= {MIN_PROBES}\n",
-            for_s, severity,
-            f"Tool-call corruption on {where} burns the error budget {speed}",
-            f"{{{{ $value | humanizePercentage }}}} of the known-answer probes to {where} were corrupted over "
-            f"the last {w(long)}, and more than {_pct(factor * slo)} over the last {w(short)}: "
-            f"{_num(factor)}x {slo_text}.")
-
-    alerts = [
-        burn("DSV4ToolCallCorruptionFastBurn", FAST_BURN, FAST_LONG, FAST_SHORT, FAST_FOR, "page", "fast"),
-        burn("DSV4ToolCallCorruptionSlowBurn", SLOW_BURN, SLOW_LONG, SLOW_SHORT, SLOW_FOR, "ticket", "slowly"),
+def _server_alerts(k: _Scaled) -> list[dict]:
+    """The alerts about the servers' answers and state: the two burn-rate alerts, stuck and
+    failing probes, a scheduler stall, a nearly full KV pool, PD transfer failures."""
+    alert, d, r = k.alert, k.d, k.r
+    return [
+        k.burn("DSV4ToolCallCorruptionFastBurn", FAST_BURN, FAST_LONG, FAST_SHORT, FAST_FOR, "page", "fast"),
+        k.burn("DSV4ToolCallCorruptionSlowBurn", SLOW_BURN, SLOW_LONG, SLOW_SHORT, SLOW_FOR, "ticket", "slowly"),
         alert("DSV4ProbeStuck", f"{STUCK_NOW} > 0", STUCK_FOR, "page",
               "Probes stuck on {{ $labels.target }}",
               "{{ $value }} probe(s) to {{ $labels.target }} have made no progress for longer than the stall "
@@ -279,6 +304,14 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
               "PD KV transfer failures on {{ $labels.target }}",
               "{{ $labels.target }} counted {{ $value | printf \"%.0f\" }} failed PD KV transfer or bootstrap "
               f"request(s) over the last {d(TRANSFER_WINDOW)}."),
+    ]
+
+
+def _gateway_release_alerts(k: _Scaled) -> list[dict]:
+    """The alerts about the PD gateway (retries, an open circuit breaker), the active release
+    (not promoted, marked failed) and watch's own scrapes."""
+    alert, d, r = k.alert, k.d, k.r
+    return [
         # the gateway's counters as gauges (increase() as above); a PD retry re-sends the pair and is
         # counted under prefill and decode: decode (+ regular, not PD) is the client requests re-sent
         alert("DSV4GatewayRetrying",
@@ -309,6 +342,15 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
               "The {{ $labels.source }} /metrics of {{ $labels.target }} has not answered dsv4ctl watch for "
               f"{d(SCRAPE_DOWN_FOR)}: the SGLang gauges of this target are stale."),
     ]
+
+
+def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0) -> dict:
+    """The rule file as a dict (``{"groups": [{"name", "rules": [...]}, ...]}``); arguments and
+    ValueError as :func:`render_rules`."""
+    _check_args(slo, scale)
+    k = _Scaled(slo, scale, min_window)
+    records = _records(k)
+    alerts = _server_alerts(k) + _gateway_release_alerts(k)
     assert tuple(a["alert"] for a in alerts) == ALERTS
     # the burn-rate alerts read the recorded ratios: in the same group, evaluated after them in the
     # same round (groups run independently, a second group would see the previous round's values)
