@@ -287,10 +287,10 @@ def _read_files(key: tuple[tuple[str, int, int, int, int], ...]) -> tuple[tuple[
     budget = MAX_TOTAL_HEADER_BYTES
     for name, *ident in key:
         p = Path(name)
-        groups, read = _shard_groups(p, tuple(ident), budget)
+        groups, tensors, read = _shard_groups(p, tuple(ident), budget)
         budget -= read
         _no_overlap(p, groups, seen)
-        out += _unpack(groups, p.name)
+        out += tensors
     return tuple(out), seen
 
 
@@ -361,18 +361,15 @@ def _unpack(groups: list[list], file: str) -> list[Tensor]:
 
 
 def _valid_groups(groups, header: bool) -> bool:
-    """True for a list of :func:`_pack` groups (with a dtype and shape when ``header``)."""
+    """True for a list of :func:`_pack` groups (with a known dtype and a shape when ``header``):
+    the entry's shape is checked, not each number (the folder is this user's alone)."""
     if not isinstance(groups, list):
         return False
     for g in groups:
-        if not (isinstance(g, list) and len(g) == 5 and isinstance(g[0], str) and (g[1] is None) == (g[4] is None)):
+        if not (type(g) is list and len(g) == 5 and type(g[0]) is str and (g[1] is None) == (g[4] is None)
+                and (g[4] is None or type(g[4]) is list and type(g[1]) is str)):
             return False
-        if g[1] is not None and not (isinstance(g[1], str) and isinstance(g[4], list) and all(
-                isinstance(r, list) and len(r) == 2 and all(type(i) is int for i in r) and 0 <= r[0] <= r[1]
-                for r in g[4])):
-            return False
-        if header and not (g[2] in DTYPE_BYTES or g[2] in DTYPE_BITS) or header and not (
-                isinstance(g[3], list) and all(type(d) is int and d >= 0 for d in g[3])):
+        if header and not ((g[2] in DTYPE_BYTES or g[2] in DTYPE_BITS) and type(g[3]) is list):
             return False
     return True
 
@@ -415,17 +412,21 @@ def _cache_put(prefix: str, ident: tuple[int, int, int, int], path: Path, doc: d
             pass
 
 
-def _shard_groups(path: Path, ident: tuple[int, int, int, int], budget: int) -> tuple[list[list], int]:
-    """(:func:`_pack` groups of the shard's tensors, header bytes read): from the header cache when
+def _shard_groups(path: Path, ident: tuple[int, int, int, int], budget: int) -> tuple[list[list], list[Tensor], int]:
+    """(:func:`_pack` groups of the shard's tensors, them as :func:`_unpack` gives them, header
+    bytes read): from the header cache when
     it holds the shard's identity, else from its header (:func:`read_header`, at most ``budget``
     bytes), then kept in the cache: only names, dtypes and shapes."""
     doc = _cache_get("shard-", ident)
     if doc is not None and _valid_groups(doc.get("groups"), header=True):
-        return doc["groups"], 0
+        try:
+            return doc["groups"], _unpack(doc["groups"], path.name), 0
+        except (TypeError, ValueError, KeyError):      # numbers that are not numbers: read the header
+            pass
     tensors, n = _read_header(path, budget)
     groups = _pack((t.name, t.dtype, t.shape) for t in tensors)
     _cache_put("shard-", ident, path, {"groups": groups})
-    return groups, n
+    return groups, _unpack(groups, path.name), n
 
 
 def _index(index: Path) -> tuple[list[str], list[list]]:
@@ -547,18 +548,25 @@ def classify(name: str, num_hidden_layers: int) -> tuple[str, Optional[int], boo
         if rest.startswith(("head.", "lm_head.")) or name.startswith("lm_head."):
             return "head", None, False
         return "final", None, False
+    return _layer_kind(rest), layer, draft
+
+
+@lru_cache(maxsize=8192)
+def _layer_kind(rest: str) -> str:
+    """The kind of a decoder-layer tensor from its name past ``layers.N.`` / ``mtp.N.`` (the same
+    for every layer: computed once per name tail)."""
     rest = rest.replace(".self_attn.", ".attn.").replace(".mlp.", ".ffn.")
     rest = ("attn." + rest[len("self_attn."):]) if rest.startswith("self_attn.") else rest
     rest = ("ffn." + rest[len("mlp."):]) if rest.startswith("mlp.") else rest
     if rest.startswith("ffn.shared_experts."):
-        return "shared", layer, draft
+        return "shared"
     if rest.startswith("ffn.experts."):
-        return "routed", layer, draft
+        return "routed"
     if rest.startswith("attn.") and not rest.startswith(("attn.indexer.", "attn.compressor.")):
         leaf = rest[len("attn."):].split(".", 1)[0]
         if leaf in ("wq_b", "wo_a", "wo_b"):
-            return "attn_tp", layer, draft
-    return "replicated", layer, draft
+            return "attn_tp"
+    return "replicated"
 
 
 @dataclass(frozen=True)
@@ -936,6 +944,7 @@ def _nextn_layers(cfg_path: Path) -> int:
 
 
 _CLASSES: dict[tuple[int, int], tuple] = {}
+_CHECKED: dict[tuple[int, int, int], tuple] = {}      # the tensors check_layers passed, by (id, layers, nextn)
 
 
 def _classes_of(tensors: tuple[Tensor, ...], num_hidden_layers: int) -> tuple[Classes, int, int]:
@@ -962,7 +971,11 @@ def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding
     checkpoint, or layers the config does not name (:func:`check_layers`)."""
     tensors = read_checkpoint(folder)
     where = f"{folder}" if len(str(folder)) <= 120 else f"...{str(folder)[-117:]}"
-    check_layers(tensors, num_hidden_layers, _nextn_layers(Path(cfg_path or folder / "config.json")), where)
+    nextn = _nextn_layers(Path(cfg_path or folder / "config.json"))
+    if _CHECKED.get((id(tensors), num_hidden_layers, nextn)) is not tensors:    # once per plan, not per group
+        check_layers(tensors, num_hidden_layers, nextn, where)
+        _CHECKED.clear()
+        _CHECKED[(id(tensors), num_hidden_layers, nextn)] = tensors
     rw = spread(*_classes_of(tensors, num_hidden_layers), num_hidden_layers, sharding)
     w, dw = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3)
     top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
