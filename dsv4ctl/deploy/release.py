@@ -272,6 +272,7 @@ def trusted_cache(cache: Path) -> Path:
     else: another user who can write there could plant a release, an index entry or a base export
     that a deploy would ship. Folders are created 0700. InputError (exit 2, nothing built)
     otherwise."""
+    from ..resources import untrusted
     cache = Path(cache)
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     for d in (cache.parent, cache, cache.parent / "exports", cache / ".inputs"):
@@ -279,7 +280,7 @@ def trusted_cache(cache: Path) -> Path:
             st = os.stat(d)
         except FileNotFoundError:
             continue
-        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if untrusted(st):         # the cache folders' one rule (dsv4ctl.resources)
             raise InputError(f"release cache folder {d} is not yours alone (owner uid {st.st_uid}, mode "
                              f"{stat.S_IMODE(st.st_mode):o}): another user could plant a release there; make it "
                              "yours with mode 700, or point DSV4CTL_CACHE at a private folder")
