@@ -141,3 +141,21 @@ def test_a_secret_flag_spelled_with_a_yaml_escape_is_not_stored(cache):
     doc.write_text('deploy:\n  launch: "python -m sglang.launch_server --api\\x2dkey sk-live-Zq81 --config {config}"\n')
     assert yamlpos.load_yaml(doc)[0]["deploy"]["launch"].count("--api-key sk-live-Zq81") == 1
     assert not (c / "yaml").exists() or list((c / "yaml").iterdir()) == []
+
+
+def test_a_linked_yaml_folder_is_judged_by_the_folder_it_reaches(cache, tmp_path, capfd):
+    """The cache folders' one rule (dsv4ctl.resources.cache_folder, shared with wheels/ and trees/):
+    the folder reached is checked on its descriptor, so a link to a folder others can write is
+    not used (one warning), and a link to a private folder of ours is."""
+    c, doc = cache
+    c.mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    (c / "yaml").symlink_to(shared)
+    yamlpos.load_yaml(doc)
+    assert [p.name for p in shared.iterdir()] == [entry(c).name]         # used: ours alone
+    poison(entry(c))
+    os.chmod(shared, 0o777)
+    assert yamlpos.load_yaml(doc)[0]["deploy"]["launch"].startswith("python")
+    assert capfd.readouterr().err.count(f"warning: cache folder {c / 'yaml'} is not yours alone (owner uid "
+                                        f"{os.getuid()}, mode 777)") == 1
