@@ -219,3 +219,20 @@ def test_an_interrupt_while_the_new_job_starts_puts_the_old_release_back(world, 
         assert wait_for(lambda: [(j["state"], release_of(j["comment"])) for j in jobs(lab, g)] == [("RUNNING", good)],
                         timeout=30), (g, jobs(lab, g), err)
     assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
+
+
+def test_status_shows_each_groups_job(world):
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    r = run_cli("status", str(w.profile), "--json", env=w.env())
+    assert r.code == 0, r.err
+    doc = r.json()
+    for host, g, nodes in (("h0", "prefill", "h[0-1]"), ("h2", "decode", "h[2-3]")):
+        row = doc["hosts"][host]["groups"][g]
+        job = (w.roots[host] / "run" / f"{g}.job").read_text().strip()
+        assert (row["state"], row["slurm"]["job"], row["slurm"]["state"], row["slurm"]["nodes"]) == \
+            ("running", job, "RUNNING", nodes), row
+    assert run_cli("stop", str(w.profile), "-g", "decode", "-m", "maintenance", env=w.env()).code == 0
+    r = run_cli("status", str(w.profile), "--json", env=w.env())
+    assert r.code == 0, r.err                      # stopped on purpose: not unhealthy
+    assert r.json()["hosts"]["h2"]["groups"]["decode"]["state"] == "stopped"
