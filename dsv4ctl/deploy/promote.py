@@ -326,33 +326,82 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     """Run ``run`` (:func:`promote_steps`) after the push: canary → checks → rest → good. Raises
     GateFailed (a VerdictError, exit 1) after putting every switched host back (release marked failed, evidence kept)
     when a gate or check fails."""
-    from . import engine as E, netloss
-    from .steps import revert_steps
-    opts = site.opts
-    rid = rel.id
-    canary = [s.host for s in run.of("switch", "canary")]
-    rest = [s.host for s in run.of("switch", "rest")]
-    url = check_target(site.profile, canary if rest else None)
-    cpo = effective_options(site.profile, po, url)
-    if len(canary) == len(site.hosts) and len(po.canary_hosts) < len(site.hosts):
-        opts.log("first deploy (no host runs a release): every host is the canary")
-    stamp = po.stamp
-    edir = evidence_dir(rid, stamp)
-    reverts = {s.host: s for s in revert_steps(site, site.hosts, rid, spec)}
-    rec = {"action": "deploy", "release": rid, "promote": True, "canary": canary}
-    report["promotion"] = {"canary": canary, "rest": rest, "check_target": url or "profile", "preflight": po.preflight,
-                           "gate": gate_settings(site.profile, po), "checks": [], "evidence": str(edir)}
-    switched: list[str] = []
-    before = {h: site.facts[h].current for h in site.hosts}
-    olds = set(before.values())
-    finish = netloss.finish_command(site, "deploy --promote", next(iter(olds)) if len(olds) == 1 else None)
-    stranded: dict = {}
+    from . import engine as E
+    p = _Promotion(site, rel.id, spec, run, po, report, frm)
+    try:
+        p.stage("canary", p.canary, "canary health gate", None)
+        if p.rest:
+            p.stage("rest", p.rest, "health gate of the rest", "check smoke (all hosts)")
+    except KeyboardInterrupt:
+        p.put_back()
+        E.close_all(site, {**p.rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
+                    event=(p.rid, "interrupted", {"interrupted_during": "promotion"}), per_host=frm)
+        raise
+    summary = {"schema": "dsv4ctl.promotion/1", "release": p.rid, "result": "good", "canary": p.canary,
+               "checks": p.results, "at": now_iso()}
+    for st in run.of("evidence"):
+        E.trace(site, st)
+    store_evidence(site, site.hosts, p.rid, p.stamp, p.edir, summary)
+    return E.finish_good(site, p.rid, run.of("close"), report, t_start)
 
-    def put_back(lost=()) -> str:
-        steps = [reverts[h] for h in switched]
+
+class _Promotion:
+    """One ``deploy --promote`` after the push (hosts locked): the canary and the rest, which hosts
+    were switched so far, the checks' results, and the ways it ends early: a failed gate or check
+    (every switched host put back, the release marked failed, :class:`GateFailed`), a check that
+    could not run (put back, not marked, exit 2), a host lost (no verdict, exit 3)."""
+
+    def __init__(self, site, rid: str, spec: dict, run, po: PromoteOptions, report: dict, frm: dict) -> None:
+        from . import netloss
+        from .steps import revert_steps
+        self.site, self.rid, self.run, self.po, self.frm = site, rid, run, po, frm
+        self.canary = [s.host for s in run.of("switch", "canary")]
+        self.rest = [s.host for s in run.of("switch", "rest")]
+        self.url = check_target(site.profile, self.canary if self.rest else None)
+        self.cpo = effective_options(site.profile, po, self.url)
+        if len(self.canary) == len(site.hosts) and len(po.canary_hosts) < len(site.hosts):
+            site.opts.log("first deploy (no host runs a release): every host is the canary")
+        self.stamp = po.stamp
+        self.edir = evidence_dir(rid, self.stamp)
+        self.reverts = {s.host: s for s in revert_steps(site, site.hosts, rid, spec)}
+        self.rec = {"action": "deploy", "release": rid, "promote": True, "canary": self.canary}
+        self.results: list[dict] = []
+        report["promotion"] = {"canary": self.canary, "rest": self.rest, "check_target": self.url or "profile",
+                               "preflight": po.preflight, "gate": gate_settings(site.profile, po),
+                               "checks": self.results, "evidence": str(self.edir)}
+        self.switched: list[str] = []
+        self.before = {h: site.facts[h].current for h in site.hosts}
+        olds = set(self.before.values())
+        self.finish = netloss.finish_command(site, "deploy --promote", next(iter(olds)) if len(olds) == 1 else None)
+        self.stranded: dict = {}
+
+    def stage(self, stage: str, hosts: list[str], gate_what: str, check_what: str | None) -> None:
+        """Switch ``hosts`` (stage ``canary`` or ``rest``) with the health gate, then run the
+        stage's checks; ends the promotion early (raises) on a failed gate or check
+        (``check_what``: how a failed check is named, None: by the check's name)."""
+        from . import engine as E
+        site, rid, run = self.site, self.rid, self.run
+        site.opts.log(f"{stage}: switching {', '.join(hosts)} to {rid}")
+        act = E.switch_with_gate(site, run.of("switch", stage), run.of("gate", stage), [self.reverts[h] for h in hosts])
+        if not act.ok:    # switch_with_gate put them back
+            self.gate_failed(act, gate_what, list(self.results), hosts)
+        self.switched += hosts
+        more, bad = self.checks(stage)
+        self.results += more
+        if bad and bad["exit_code"] == EXIT_USAGE:
+            self.not_run(bad, self.results)
+        if bad:
+            self.fail(check_what or f"check {bad['check']}", bad["reason"], self.results)
+
+    def put_back(self, lost=()) -> str:
+        """Switch every switched host back (revert steps) and gate the previous release; the text
+        to add to the reason ("" when nothing was switched)."""
+        from . import engine as E
+        site = self.site
+        steps = [self.reverts[h] for h in self.switched]
         if not steps:
             return ""
-        stranded.update(E.revert(site, steps))
+        self.stranded.update(E.revert(site, steps))
         old = E.revert_gate(site, steps, lost)
         if not old:
             return ""
@@ -360,105 +409,82 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
         return (" (the previous release is healthy again)" if not bad
                 else f" (after rolling back, still unhealthy: {E.failure_text(site, bad)})")
 
-    def gate_failed(act, what: str, results: list[dict], moved_extra: list[str]):
-        # a host lost in the gate: no verdict (netloss); the switched hosts go back, exit 3
+    def gate_failed(self, act, what: str, results: list[dict], moved_extra: list[str]):
+        """A failed health gate: a host lost in the gate is no verdict (netloss; the switched
+        hosts go back, exit 3), else :meth:`fail`."""
+        from . import engine as E, netloss
         if not act.verdict:
-            act.why += put_back(act.lost)
-            act.stranded.update(stranded)
-            act.lost.update(netloss.probe(site, [h for h in act.stranded if h not in act.lost]))
-            E.raise_lost(site, act, f"deploy --promote of {rid} stopped", rid, rec, finish, frm)
-        stranded.update(act.stranded)
-        fail(what, act.why, results, moved_extra)
+            act.why += self.put_back(act.lost)
+            act.stranded.update(self.stranded)
+            act.lost.update(netloss.probe(self.site, [h for h in act.stranded if h not in act.lost]))
+            E.raise_lost(self.site, act, f"deploy --promote of {self.rid} stopped", self.rid, self.rec,
+                         self.finish, self.frm)
+        self.stranded.update(act.stranded)
+        self.fail(what, act.why, results, moved_extra)
 
-    def fail(what: str, why: str, results: list[dict], moved_extra: list[str] = ()):
-        moved = list(switched) + [h for h in moved_extra if h not in switched]
-        why += put_back()
+    def fail(self, what: str, why: str, results: list[dict], moved_extra: list[str] = ()):
+        """Put the switched hosts back, keep the evidence, mark the release failed, raise
+        GateFailed (or the stranded hosts' error)."""
+        from . import engine as E, netloss
+        site, rid, edir = self.site, self.rid, self.edir
+        moved = list(self.switched) + [h for h in moved_extra if h not in self.switched]
+        why += self.put_back()
         summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "rolled-back", "failed": what,
-                   "reason": why, "canary": canary, "checks": results, "at": now_iso()}
-        hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary) if results else None
-        E.close_all(site, {**rec, "result": "rolled-back", "failed_check": what, "detail": why[:2000], "evidence": hrel},
+                   "reason": why, "canary": self.canary, "checks": results, "at": now_iso()}
+        hrel = store_evidence(site, site.hosts, rid, self.stamp, edir, summary) if results else None
+        E.close_all(site, {**self.rec, "result": "rolled-back", "failed_check": what, "detail": why[:2000],
+                           "evidence": hrel},
                     event=(rid, "failed", {"failed_check": what, "failure": why[:1000],
-                                           **({"evidence": hrel} if hrel else {})}), per_host=frm)
-        back = sorted({(before[h] or "(none)") for h in moved})
+                                           **({"evidence": hrel} if hrel else {})}), per_host=self.frm)
+        back = sorted({(self.before[h] or "(none)") for h in moved})
         never = [h for h in site.hosts if h not in moved]
-        if stranded:
-            E.raise_gate_failed(site, netloss.Activation(False, why, what, True, stranded=stranded),
-                                f"deploy --promote of {rid}", "", finish)
+        if self.stranded:
+            E.raise_gate_failed(site, netloss.Activation(False, why, what, True, stranded=self.stranded),
+                                f"deploy --promote of {rid}", "", self.finish)
         raise GateFailed(f"deploy --promote of {rid}: {what} failed: {why}; "
                            + (f"rolled back {', '.join(moved)} to {', '.join(back)}" if moved else "no host was switched")
                            + (f"; {', '.join(never)} never switched" if never else "")
                            + (f"; evidence in {edir}" if results else ""))
 
-    def not_run(bad: dict, results: list[dict]):
-        # The check could not run (exit 2: the client's own failure, e.g. out of descriptors,
-        # DNS, a usage error): no verdict on the release. The canary goes back (an unproven
-        # release does not stay in service), the release is not marked failed, exit 2.
-        why = bad["reason"] + put_back()
+    def not_run(self, bad: dict, results: list[dict]):
+        """The check could not run (exit 2: the client's own failure, e.g. out of descriptors,
+        DNS, a usage error): no verdict on the release. The canary goes back (an unproven
+        release does not stay in service), the release is not marked failed, DsvError exit 2."""
+        from . import engine as E
+        site, rid, switched = self.site, self.rid, self.switched
+        why = bad["reason"] + self.put_back()
         summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "not-run", "failed": None,
-                   "reason": why, "canary": canary, "checks": results, "at": now_iso()}
-        hrel = store_evidence(site, site.hosts, rid, stamp, edir, summary)
-        E.close_all(site, {**rec, "result": "check-not-run", "detail": why[:2000], "evidence": hrel}, per_host=frm)
+                   "reason": why, "canary": self.canary, "checks": results, "at": now_iso()}
+        hrel = store_evidence(site, site.hosts, rid, self.stamp, self.edir, summary)
+        E.close_all(site, {**self.rec, "result": "check-not-run", "detail": why[:2000], "evidence": hrel},
+                    per_host=self.frm)
         raise DsvError(f"deploy --promote of {rid}: check {bad['check']} could not run: {why}; "
                        f"rolled back {', '.join(switched)} to "
-                       f"{', '.join(sorted({(before[h] or '(none)') for h in switched}))}; the release is not "
-                       f"marked failed (no verdict); evidence in {edir}", EXIT_USAGE)
+                       f"{', '.join(sorted({(self.before[h] or '(none)') for h in switched}))}; the release is not "
+                       f"marked failed (no verdict); evidence in {self.edir}", EXIT_USAGE)
 
-    def checks(stage: str) -> tuple[list[dict], dict | None]:
+    def checks(self, stage: str) -> tuple[list[dict], dict | None]:
+        """Run the checks of ``stage`` in order until one fails: ``(results, the failed one or
+        None)``; a server that died under a check makes it a verdict (exit code 1)."""
+        from . import engine as E
+        site, url, canary = self.site, self.url, self.canary
         out = []
-        for st in run.of("check", stage):
+        for st in self.run.of("check", stage):
             E.trace(site, st)
             kind = st.extra["kind"]
-            r = run_check(kind, site.profile, cpo if stage == "canary" else po, edir, opts.log,
+            r = run_check(kind, site.profile, self.cpo if stage == "canary" else self.po, self.edir, site.opts.log,
                           url if stage == "canary" else None, name=kind if stage == "canary" else "smoke-all",
                           extra=canary_check_args(site.profile, kind, url, canary) if stage == "canary" else ())
             out.append(r)
             if not r["passed"]:
                 # a server that died under the check (a node lost mid-load: node 0 stalls, then
                 # exits on its watchdog, and the client sees a refused connection) is a verdict
-                dead = E.dead_servers(site, run.of("gate", stage))
+                dead = E.dead_servers(site, self.run.of("gate", stage))
                 if dead:
                     r = {**r, "exit_code": 1, "check_exit_code": r["exit_code"], "reason": f"{dead} (during check {kind})"}
                     out[-1] = r
                 return out, r
         return out, None
-
-    try:
-        opts.log(f"canary: switching {', '.join(canary)} to {rid}")
-        act = E.switch_with_gate(site, run.of("switch", "canary"), run.of("gate", "canary"),
-                                 [reverts[h] for h in canary])
-        if not act.ok:    # switch_with_gate put the canary back
-            gate_failed(act, "canary health gate", [], canary)
-        switched += canary
-        results, bad = checks("canary")
-        report["promotion"]["checks"] = results
-        if bad and bad["exit_code"] == EXIT_USAGE:
-            not_run(bad, results)
-        if bad:
-            fail(f"check {bad['check']}", bad["reason"], results)
-        if rest:
-            opts.log(f"rest: switching {', '.join(rest)} to {rid}")
-            act = E.switch_with_gate(site, run.of("switch", "rest"), run.of("gate", "rest"),
-                                     [reverts[h] for h in rest])
-            if not act.ok:
-                gate_failed(act, "health gate of the rest", results, rest)
-            switched += rest
-            more, bad = checks("rest")
-            results += more
-            if bad and bad["exit_code"] == EXIT_USAGE:
-                not_run(bad, results)
-            if bad:
-                fail("check smoke (all hosts)", bad["reason"], results)
-    except KeyboardInterrupt:
-        put_back()
-        E.close_all(site, {**rec, "result": "interrupted", "detail": "interrupted during promotion; rolled back"},
-                    event=(rid, "interrupted", {"interrupted_during": "promotion"}), per_host=frm)
-        raise
-    summary = {"schema": "dsv4ctl.promotion/1", "release": rid, "result": "good", "canary": canary,
-               "checks": results, "at": now_iso()}
-    for st in run.of("evidence"):
-        E.trace(site, st)
-    store_evidence(site, site.hosts, rid, stamp, edir, summary)
-    return E.finish_good(site, rid, run.of("close"), report, t_start)
 
 
 def config_drift(profile, release_meta: dict) -> list[str]:
@@ -512,17 +538,7 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
     profile = as_deployment(profile)
     site = E.open_site(profile, opts)
     try:
-        facts = E.gather_facts(site)
-        off = {h: f.current for h, f in facts.items() if f.current != rid}
-        if off:
-            raise InputError(f"promote {rid}: not the active release on "
-                             + ", ".join(f"{h} (active: {c or 'none'})" for h, c in off.items())
-                             + "; deploy it first (dsv4ctl deploy --promote runs the same checks)")
-        stale = config_drift(profile, next(iter(facts.values())).releases.get(rid, {}))
-        if stale:
-            raise InputError(f"promote {rid}: the profile's serve config of group(s) {', '.join(stale)} differs from "
-                             f"the one in {rid}: the checks would judge the running servers against another "
-                             f"config; use the profile the release was built from")
+        _check_promotable(profile, E.gather_facts(site), rid)
         stamp = file_stamp()
         hrel = f"evidence/{rid}/{stamp}"
         from .steps import DRY_RUN_TOKEN
@@ -532,56 +548,90 @@ def promote_by_hand(profile, opts, rid: str, po: PromoteOptions) -> dict:
             return {"schema": "dsv4ctl.promote/1", "dry_run": True, "release": rid, "actions": run.lines(),
                     "steps": [s.to_dict() for s in run.steps], "on_failure": [s.to_dict() for s in run.on_failure]}
         edir = evidence_dir(rid, stamp)
-        results, bad = [], None
-        try:
-            for st in run.of("check"):
-                E.trace(site, st)
-                r = run_check(st.extra["kind"], profile, po, edir, opts.log)
-                results.append(r)
-                if not r["passed"]:
-                    bad = r
-                    break
-        except KeyboardInterrupt:
-            # the check child was stopped (subprocess.run kills it); nothing was changed on a host:
-            # say so in every host's audit log (under the lock; a held lock is left alone)
-            try:
-                E.acquire_locks(site, f"promote {rid}")
-                E.close_all(site, {"action": "promote", "release": rid, "result": "interrupted",
-                                   "detail": f"interrupted during the checks; {rid} not marked"})
-            except (DsvError, KeyboardInterrupt):
-                pass
-            finally:
-                E.release_locks(site)
-            raise
+        results, bad = _by_hand_checks(site, run, profile, opts, rid, po, edir)
         try:
             E.acquire_locks(site, f"promote {rid}")
-            run = by_hand_steps(site, rid, po, hrel)
-            no_verdict = bad is not None and bad["exit_code"] == EXIT_USAGE
-            summary = {"schema": "dsv4ctl.promotion/1", "release": rid,
-                       "result": "not-run" if no_verdict else "failed" if bad else "good",
-                       "by_hand": True, "checks": results, "at": now_iso()}
-            for st in run.of("evidence"):
-                E.trace(site, st)
-            store_evidence(site, site.hosts, rid, stamp, edir, summary)
-            if no_verdict:
-                # the check could not run (exit 2: the client's own limits, DNS, a refused API key):
-                # no verdict, as in deploy --promote; the release is not marked failed
-                E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "check-not-run",
-                                   "detail": bad["reason"][:2000]})
-                raise DsvError(f"promote {rid}: check {bad['check']} could not run: {bad['reason']}; the release is "
-                               f"not marked failed (no verdict); evidence in {edir}", EXIT_USAGE)
-            if bad:
-                E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "failed",
-                                   "failed_check": f"check {bad['check']}", "detail": bad["reason"][:2000]},
-                            event=(rid, "failed", {"failed_check": f"check {bad['check']}",
-                                                   "failure": bad["reason"][:1000], "evidence": hrel}))
-                raise GateFailed(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
-                                   f"marked failed (rollback will not pick it); evidence in {edir}")
-            E.run_close(site, run.of("close"))
-            E.raise_close_errors(site, rid)
+            _by_hand_close(site, rid, po, stamp, hrel, edir, results, bad)
         finally:
             E.release_locks(site)
         return {"schema": "dsv4ctl.promote/1", "release": rid, "result": "good", "checks": results,
                 "evidence": str(edir), "hosts": list(site.hosts)}
     finally:
         site.close()
+
+
+def _check_promotable(profile, facts: dict, rid: str) -> None:
+    """InputError unless ``rid`` is the active release on every host (``facts``: host -> facts)
+    and the profile's serve configs are the ones ``rid`` was built with."""
+    off = {h: f.current for h, f in facts.items() if f.current != rid}
+    if off:
+        raise InputError(f"promote {rid}: not the active release on "
+                         + ", ".join(f"{h} (active: {c or 'none'})" for h, c in off.items())
+                         + "; deploy it first (dsv4ctl deploy --promote runs the same checks)")
+    stale = config_drift(profile, next(iter(facts.values())).releases.get(rid, {}))
+    if stale:
+        raise InputError(f"promote {rid}: the profile's serve config of group(s) {', '.join(stale)} differs from "
+                         f"the one in {rid}: the checks would judge the running servers against another "
+                         f"config; use the profile the release was built from")
+
+
+def _by_hand_checks(site, run, profile, opts, rid: str, po: PromoteOptions,
+                    edir: Path) -> tuple[list[dict], dict | None]:
+    """Run the checks of ``dsv4ctl promote`` in order until one fails: ``(results, the failed
+    one or None)``. Interrupted: the audit log of every host says so (under the lock), then the
+    interrupt propagates."""
+    from . import engine as E
+    results, bad = [], None
+    try:
+        for st in run.of("check"):
+            E.trace(site, st)
+            r = run_check(st.extra["kind"], profile, po, edir, opts.log)
+            results.append(r)
+            if not r["passed"]:
+                bad = r
+                break
+    except KeyboardInterrupt:
+        # the check child was stopped (subprocess.run kills it); nothing was changed on a host:
+        # say so in every host's audit log (under the lock; a held lock is left alone)
+        try:
+            E.acquire_locks(site, f"promote {rid}")
+            E.close_all(site, {"action": "promote", "release": rid, "result": "interrupted",
+                               "detail": f"interrupted during the checks; {rid} not marked"})
+        except (DsvError, KeyboardInterrupt):
+            pass
+        finally:
+            E.release_locks(site)
+        raise
+    return results, bad
+
+
+def _by_hand_close(site, rid: str, po: PromoteOptions, stamp: str, hrel: str, edir: Path,
+                   results: list[dict], bad: dict | None) -> None:
+    """With the locks held: store the evidence, then close: ``rid`` marked good, or (a failed
+    check) marked failed and GateFailed, or (a check that could not run) not marked and DsvError
+    exit 2."""
+    from . import engine as E
+    run = by_hand_steps(site, rid, po, hrel)
+    no_verdict = bad is not None and bad["exit_code"] == EXIT_USAGE
+    summary = {"schema": "dsv4ctl.promotion/1", "release": rid,
+               "result": "not-run" if no_verdict else "failed" if bad else "good",
+               "by_hand": True, "checks": results, "at": now_iso()}
+    for st in run.of("evidence"):
+        E.trace(site, st)
+    store_evidence(site, site.hosts, rid, stamp, edir, summary)
+    if no_verdict:
+        # the check could not run (exit 2: the client's own limits, DNS, a refused API key):
+        # no verdict, as in deploy --promote; the release is not marked failed
+        E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "check-not-run",
+                           "detail": bad["reason"][:2000]})
+        raise DsvError(f"promote {rid}: check {bad['check']} could not run: {bad['reason']}; the release is "
+                       f"not marked failed (no verdict); evidence in {edir}", EXIT_USAGE)
+    if bad:
+        E.close_all(site, {"action": "promote", "release": rid, "evidence": hrel, "result": "failed",
+                           "failed_check": f"check {bad['check']}", "detail": bad["reason"][:2000]},
+                    event=(rid, "failed", {"failed_check": f"check {bad['check']}",
+                                           "failure": bad["reason"][:1000], "evidence": hrel}))
+        raise GateFailed(f"promote {rid}: check {bad['check']} failed: {bad['reason']}; "
+                           f"marked failed (rollback will not pick it); evidence in {edir}")
+    E.run_close(site, run.of("close"))
+    E.raise_close_errors(site, rid)
