@@ -221,24 +221,25 @@ MAX_ENTRY_BYTES = 4 * MAX_CACHED_TEXT
 _warned: set[str] = set()
 
 
-def _trusted_dir(create: bool) -> int | None:
-    """A file descriptor of ``<cache>/yaml`` when it can be trusted, else None: the cache
-    folders' one rule (:func:`dsv4ctl.resources.cache_folder`: both the cache folder and ``yaml/``
-    belong to this user and are writable by nobody else, checked on the opened descriptors;
-    another user who can write there could plant an entry whose data differs from its text). An
-    untrusted folder gets one warning line on stderr per process."""
+def _trusted(create: bool) -> bool:
+    """True when ``<cache>/yaml`` can be trusted by the cache folders' one rule
+    (:func:`dsv4ctl.resources.cache_folder`: both the cache folder and ``yaml/`` belong to this
+    user and are writable by nobody else, checked on the opened descriptors; another user who
+    can write there could plant an entry whose data differs from its text). An untrusted folder
+    gets one warning line on stderr per process."""
     from ..resources import UntrustedFolder, cache_folder, cache_root
     try:
-        return cache_folder(cache_root() / "yaml", create)
+        os.close(cache_folder(cache_root() / "yaml", create))
+        return True
     except UntrustedFolder as e:
         if str(e.where) not in _warned:
             _warned.add(str(e.where))
             import sys
             print(f"dsv4ctl: warning: cache folder {e.where} is not yours alone (owner uid {e.uid}, "
                   f"mode {e.mode:o}): parsed-YAML cache not used", file=sys.stderr)
-        return None
+        return False
     except OSError:
-        return None
+        return False
 
 
 def _may_hold_secret(text: str, data: Any = None) -> bool:
@@ -275,29 +276,16 @@ def _jsonable(x: Any) -> bool:
 
 def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
     """(data, positions) of ``text`` from the cache, or None (absent, untrusted folder, not a
-    regular file of this user, too large, too deep, unreadable, not this text). Nothing is
-    followed or waited on: links are refused, a FIFO is opened non-blocking and refused."""
-    from ..resources import open_cache_file
-    if len(text) > MAX_CACHED_TEXT:
+    regular file of this user, too large, too deep, unreadable, not this text): the cache
+    folders' one reader (:func:`dsv4ctl.resources.read_cache_entry`: links refused, a FIFO
+    opened non-blocking and refused, a hit keeps the entry from the prune)."""
+    from ..resources import read_cache_entry
+    if len(text) > MAX_CACHED_TEXT or not _trusted(create=False):
         return None
-    d = _trusted_dir(create=False)
-    if d is None:
+    raw = read_cache_entry("yaml", _cache_file(text).name, MAX_ENTRY_BYTES)
+    if raw is None:
         return None
     try:
-        name = _cache_file(text).name
-        fd = open_cache_file(d, name, os.O_RDONLY)
-        try:
-            if os.fstat(fd).st_size > MAX_ENTRY_BYTES:
-                return None
-            raw = os.read(fd, MAX_ENTRY_BYTES + 1)
-            try:
-                os.utime(fd)          # recently used: kept by the prune
-            except OSError:
-                pass
-        finally:
-            os.close(fd)
-        if len(raw) > MAX_ENTRY_BYTES:
-            return None
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("v") != _CACHE_VERSION or doc.get("text") != text:
             return None
@@ -305,48 +293,32 @@ def _cache_get(text: str, label: str) -> tuple[Any, Positions] | None:
         pos.lines = {tuple(p): ln for p, ln in doc["lines"]}
         pos.merged = {tuple(p) for p in doc.get("merged", [])}
         return doc["data"], pos
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    finally:
-        os.close(d)
 
 
 def _cache_put(text: str, data: Any, pos: Positions) -> None:
     """Keep a parsed document (best effort: any failure is ignored). Never kept: a document with a
     secret-looking word anywhere in its text (:func:`_may_hold_secret`) or a value under a secret
     key, one larger than MAX_CACHED_TEXT, one not made of JSON types. Entries are 0600 in a 0700
-    folder that must be trusted (:func:`_trusted_dir`); the temp file is created with O_EXCL and
-    O_NOFOLLOW under a random name and renamed in place (a planted link is never written through)."""
-    import secrets as _rnd
-    from ..resources import open_cache_file
+    folder that must be trusted (:func:`_trusted`), written by the cache folders' one writer
+    (:func:`dsv4ctl.resources.write_cache_entry`: O_EXCL and O_NOFOLLOW under a random name,
+    renamed in place; a planted link is never written through)."""
+    from ..resources import write_cache_entry
     from .secrets import secret_strings
     if len(text) > MAX_CACHED_TEXT or not _jsonable(data) or _may_hold_secret(text, data) or secret_strings(data) or not all(
             isinstance(k, (str, int)) and not isinstance(k, bool) for p in pos.lines for k in p):
         return
-    d = _trusted_dir(create=True)
-    if d is None:
+    if not _trusted(create=True):
         return
     try:
-        name = _cache_file(text).name
-        tmp = f".{name}.{_rnd.token_hex(8)}.tmp"
-        fd = open_cache_file(d, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
-                                      "lines": [[list(p), ln] for p, ln in pos.lines.items()],
-                                      "merged": [list(p) for p in sorted(pos.merged, key=str)]}))
-            os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=d)
-            except OSError:
-                pass
-            raise
-    except (OSError, ValueError):
+        doc = json.dumps({"v": _CACHE_VERSION, "text": text, "data": data,
+                          "lines": [[list(p), ln] for p, ln in pos.lines.items()],
+                          "merged": [list(p) for p in sorted(pos.merged, key=str)]})
+    except (ValueError, TypeError):
         return
-    finally:
-        os.close(d)
-    _maybe_prune(_cache_file(text).parent)
+    if write_cache_entry("yaml", _cache_file(text).name, doc.encode("utf-8", "surrogatepass")):
+        _maybe_prune(_cache_file(text).parent)
 
 
 def _maybe_prune(folder: Path) -> None:
