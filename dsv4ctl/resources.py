@@ -133,7 +133,8 @@ def _xdg(var: str, default: str) -> str:
 
 
 def cache_root() -> Path:
-X
+    """dsv4ctl's local cache folder (release builds, pristine SGLang wheels and trees, parsed YAML,
+    checkpoint headers, compiled dataclass methods):
     ``$DSV4CTL_CACHE``, else ``$XDG_CACHE_HOME/dsv4ctl``, else ``~/.cache/dsv4ctl``. Anything here
     can be deleted; state that must survive lives in :func:`state_root`."""
     base = os.environ.get("DSV4CTL_CACHE") or os.path.join(_xdg("XDG_CACHE_HOME", "~/.cache"), "dsv4ctl")
