@@ -31,6 +31,17 @@ GPUS = CORPUS["gpus"]
 TIGHT_TERMS = {"activation", "activation_floor", "indexer_logits", "margin", "requests", "available_bytes"}
 
 
+def config_form(serve: dict, version: str) -> dict:
+    """The cookbook's command-line flags as a ``--config`` file of ``version`` says them: 0.5.22+
+    refuse ``enable-dp-attention`` in ``--config`` (a DeprecatedStoreTrueAction; dsv4ctl.plan.startup
+    SGL003), so ``--dp N --enable-dp-attention`` is written as its replacement ``attn-dp-size: N``."""
+    if not serve.get("enable-dp-attention") or version in ("0.5.18", "0.5.19", "0.5.20", "0.5.21"):
+        return serve
+    out = {k: v for k, v in serve.items() if k not in ("enable-dp-attention", "dp", "dp-size")}
+    out["attn-dp-size"] = serve.get("dp", serve.get("dp-size", 1))
+    return out
+
+
 def write_profile(tmp: Path, e: dict) -> Path:
     """A profile and serve config for corpus entry ``e`` (one group, ``server``) in ``tmp``."""
     gpu = GPUS[e["hw"]]
@@ -41,7 +52,7 @@ def write_profile(tmp: Path, e: dict) -> Path:
                       f"{gpu['per_node']}, memory_mib: {gpu['memory_mib']}}}}}" for i in range(n))
     where = "host: n0" if n == 1 else f"nodes: [{', '.join(f'n{i}' for i in range(n))}]"
     sg = dict({"version": "0.5.23", "index_k_dtype": "fp8", "index_k_accounting": "fp8"}, **e.get("sglang", {}))
-    (tmp / "server.yaml").write_text(json.dumps(e["serve"]) + "\n")
+    (tmp / "server.yaml").write_text(json.dumps(config_form(e["serve"], sg["version"])) + "\n")
     extra = "".join(f"    {k}: {json.dumps(e[k])}\n" for k in ("env", "memory") if e.get(k))
     p = tmp / "profile.yaml"
     p.write_text(f"version: 1\nname: corpus\nmodel: {e['model']}\nsglang: {json.dumps(sg)}\nhosts:\n{hosts}\n"
