@@ -86,14 +86,15 @@ def is_sm100(gpu_model: Optional[str], gpu_mib: Optional[int]) -> bool:
 
 def _unknown(key: str, table: Table, pref: list[str]) -> Refusal:
     hint = ""
+    if len(pref) > 1:
+        return Refusal("SGL001", "error", key, f"{key}: SGLang rejects it: ambiguous option: --{key} could match "
+                       + ", ".join(f"--{k}" for k in pref), "argparse: ambiguous option")
     if "_" in key and table.get(key.replace("_", "-")):
         hint = f" (SGLang --config keys use dashes: {key.replace('_', '-')})"
     else:
         close = difflib.get_close_matches(key, list(table.by_key), n=1, cutoff=0.75)
         if close:
             hint = f" (did you mean {close[0]}?)"
-        elif len(pref) > 1:
-            hint = f" (ambiguous abbreviation of {', '.join(pref[:4])})"
     return Refusal("SGL001", "error", key, f"{key}: not an SGLang {table.version} server argument{hint}",
                    "argparse: unrecognized arguments")
 
@@ -284,6 +285,9 @@ def validate(data: Mapping, table: Table, *, sm100: bool = True, role: Optional[
             continue
         r.args[dest] = value
         r.given[dest] = f"--set {dest}"
+    if (overrides or {}).get("enable_dp_attention") and table.get("attn-dp-size") is not None:
+        # plan's what-if "dp_size N with DP attention" is attn-dp-size N in 0.5.22+ (its replacement)
+        r.args["attn_dp_size"], r.args["dp_size"] = r.args.get("dp_size") or 1, 1
     return out + combination_refusals(r, table, sm100=sm100, role=role), r
 
 
