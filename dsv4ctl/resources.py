@@ -335,15 +335,8 @@ def read_cache_entry(folder: str, name: str, limit: int, planted: str = "an entr
     try:
         fd = open_cache_file(d, name, os.O_RDONLY)
         try:
-            if os.fstat(fd).st_size > limit:
-                return None
-            chunks, n = [], 0
-            while n <= limit:
-                b = os.read(fd, limit + 1 - n)
-                if not b:
-                    break
-                chunks.append(b)
-                n += len(b)
+            size = os.fstat(fd).st_size
+            raw = os.read(fd, size + 1) if size <= limit else b""    # a regular file: one read
             try:
                 os.utime(fd)
             except OSError:
@@ -354,7 +347,7 @@ def read_cache_entry(folder: str, name: str, limit: int, planted: str = "an entr
         return None
     finally:
         os.close(d)
-    return b"".join(chunks) if n <= limit else None
+    return raw if 0 < len(raw) <= limit and len(raw) == size else None
 
 
 def write_cache_entry(folder: str, name: str, data: bytes, planted: str = "an entry") -> bool:
