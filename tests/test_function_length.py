@@ -12,7 +12,8 @@ from tests.conftest import REPO
 
 MAX_LINES = 80
 SCOPE = ("dsv4ctl/check", "dsv4ctl/commands/check.py", "dsv4ctl/cli.py", "dsv4ctl/codecache.py", "dsv4ctl/plan/weights.py",
-         "benchmarks/startup.py")
+         "benchmarks/startup.py", "dsv4ctl/commands/runbook.py", "dsv4ctl/commands/watch.py", "dsv4ctl/watch/rules.py",
+         "dsv4ctl/watch/run.py", "dsv4ctl/runbook/engine.py", "dsv4ctl/runbook/actions.py", "dsv4ctl/deploy/promote.py")
 """Files, or folders (every ``*.py`` below them), held to :data:`MAX_LINES`."""
 
 
@@ -46,7 +47,7 @@ def test_no_function_over_80_lines_in_scope():
     found = [f"{p.relative_to(REPO)}:{line}: {name} has {n} lines (at most {MAX_LINES})"
              for p in scoped_files() for name, line, n in long_functions(p.read_text())]
     assert not found, "\n".join(found)
-    assert len(scoped_files()) >= 17       # the scope is read (the classify package included)
+    assert len(scoped_files()) >= 24       # the scope is read (the classify package included)
 
 
 def test_length_is_measured_from_the_body_for_commands_only():
