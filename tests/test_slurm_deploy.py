@@ -125,6 +125,11 @@ def test_a_rank_killed_under_a_running_release_ends_its_job(world):
     rec = lab.job(job["job"])
     assert rec["JobState"] == "FAILED", rec
     assert "=== dsv4ctl: decode exited with status 137" in w.log("h3", "decode")
+    # diagnose reads the job for liveness (not a pid file) and names the lost node
+    d = run_cli("diagnose", str(w.profile), env=w.env())
+    assert d.code == 1 and "h3/decode: [crash] node 1 of 2 is dead" in d.out, d.out + d.err
+    assert "h3: node 1 process not running, exit status 137" in d.out
+    assert "h0/prefill: [ok] healthy" in d.out
 
 
 def test_stop_start_restart_cancel_and_resubmit_the_groups_job(world):

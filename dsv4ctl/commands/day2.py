@@ -151,17 +151,10 @@ def _read_hosts(dep, site) -> dict:
     from ..hosts.day2 import parse_status, status_command
     from ..remote import run_parallel
     groups = _groups_by_host(dep)
-    slurm = dep.deploy.backend == "slurm"
+    from ..deploy.service import alive_checks, job_query
 
     def one(t):
-        alive, job_cmd = None, None
-        if slurm:
-            from ..deploy.service import service_for
-            svc = service_for(site, t.name)
-            p = site.paths[t.name]
-            alive = {g: svc.alive_cmd(p, g) for g in groups[t.name]}
-            env = svc._env()
-            job_cmd = lambda jid: f"{{ {env}scontrol show job -o {jid}; }} 2>&1 || true"  # noqa: E731
+        alive, job_cmd = alive_checks(site, t.name, groups[t.name]), job_query(site, t.name)
         cmd = status_command(site.paths[t.name].root, groups[t.name], dep.deploy.service,
                              verify=verify_command(site.python[t.name]), alive=alive, job_cmd=job_cmd)
         return parse_status(t.name, site.paths[t.name].root, t.run(cmd, timeout=600).out)

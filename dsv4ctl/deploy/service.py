@@ -28,6 +28,24 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
     return svc
 
 
+def alive_checks(site: Site, host: str, groups: list[str]) -> dict[str, str] | None:
+    """{group: the command that exits 0 while it runs} for status and diagnose on ``host`` when
+    where servers run is not the host's own service (a Slurm job: pending, configuring or
+    running); None over SSH (the host's launcher/systemd are asked as they always were)."""
+    if site.profile.deploy.backend != "slurm":
+        return None
+    svc = service_for(site, host)
+    return {g: svc.alive_cmd(site.paths[host], g) for g in groups}
+
+
+def job_query(site: Site, host: str):
+    """``jid_expr -> command`` printing ``scontrol show job -o`` of a job id given as a shell
+    expression (``$jid``), for status; None when groups are no Slurm jobs."""
+    if site.profile.deploy.backend != "slurm":
+        return None
+    return service_for(site, host).show_job_cmd
+
+
 def check_reachable(site: Site) -> None:
     """Before anything changes: where servers run must answer and can run the groups. With
     ``deploy.backend: slurm`` the Slurm controller is asked (``scontrol ping``, bounded) from every server group's node 0;

@@ -123,6 +123,11 @@ class SlurmJobs:
             return self.ssh.alive_cmd(p, group)
         return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
 
+    def show_job_cmd(self, jid_expr: str) -> str:
+        """``scontrol show job -o`` of the job whose id the shell expression ``jid_expr`` gives
+        (``$jid``), bounded; Slurm's error text on stdout when it no longer knows the job."""
+        return f"{{ {self._env()}timeout {SLURM_TIMEOUT_S} scontrol show job -o {jid_expr}; }} 2>&1 || true"
+
     def job_state_cmd(self, p: Paths, group: str) -> str:
         """Read-only, on the group's node 0: the group's recorded job id, ``scontrol show job``
         of it, ``scontrol show node`` of its nodes and the last lines of the job's own output

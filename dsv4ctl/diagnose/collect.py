@@ -28,10 +28,13 @@ MARK = "@@dsv4ctl-diagnose"
 DEFAULT_LINES = 400
 
 
-def host_command(root: str, groups: list[str], service: str, lines: int = DEFAULT_LINES) -> str:
-    """One read-only shell command for a host: status, each group's log tail, nvidia-smi."""
+def host_command(root: str, groups: list[str], service: str, lines: int = DEFAULT_LINES,
+                 alive: dict[str, str] | None = None) -> str:
+    """One read-only shell command for a host: status, each group's log tail, nvidia-smi.
+    ``alive``: {group: alive command} in place of the host's service (a Slurm group's job,
+    :func:`dsv4ctl.deploy.service.alive_checks`)."""
     p = Paths(root)
-    parts = [f"echo '{MARK} status'", status_command(root, groups, service)]
+    parts = [f"echo '{MARK} status'", status_command(root, groups, service, alive=alive)]
     for g in groups:
         parts += [f"echo '{MARK} log {g}'", log_read_command(p, g, None, lines)]
     parts += [f"echo '{MARK} gpus'", gpus_command()]

@@ -58,6 +58,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     recorded per host (``hosts[H].error``), never raised. Each host's clock is read in the same
     round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's time) is converted to the
     host's time before its log lines are filtered."""
+    from ..deploy.service import alive_checks
     from ..deploy.site import Options, open_site
     from ..hosts.clock import host_cutoff, run_clocked, usable
     from ..remote import run_parallel
@@ -73,8 +74,9 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
     transports = {h: t for h, t in site.transports.items() if h in by_host}
     def collect(t):
-        out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines),
-                                 timeout=60)
+        alive = alive_checks(site, t.name, by_host[t.name])
+        out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines,
+                                                 alive=alive), timeout=60)
         return parse_host(t.name, site.paths[t.name].root, out.out), clock
 
     try:
