@@ -109,100 +109,146 @@ def run(
     step failed or was declined, the final verification failed (or, with --dry-run, a step reports
     that the run would stop) · 2 bad input, or a step to confirm without a terminal and without --yes (the
     run stops before it, resumable) · 130 interrupted (SIGINT, SIGTERM or SIGHUP; resume with --resume ID)."""
-    from ..runbook.actions import RunContext, builtin_actions
-    from ..runbook.engine import RunState, execute, final_verification
-    from ..runbook.report import incident_document, incident_markdown
+    from ..runbook.actions import RunContext
 
     if profile_arg is not None and profile is not None and profile_arg != profile:
         raise InputError(f"runbook run: two profiles given ({profile_arg!r} and -p {profile!r}): give one")
     profile = profile if profile is not None else profile_arg
+    actions, pb, dep = _resolve(name, profile, dry_run)
+    state, run_dir = _run_state(pb, resume, report_dir)
+    _set_inputs(state, release, evidence)
+    run_dir, scratch = _run_folder(run_dir, dry_run)
+    ctx = RunContext(profile=dep.profile, run_dir=run_dir,
+                     say=(lambda m: None) if quiet else (lambda m: print(m, flush=True)), extra=dict(state.inputs))
+    r = _RunHooks(pb, dep.profile, state, run_dir, dry_run=dry_run, yes=yes, verbose=verbose)
+    if not dry_run:
+        print(f"run {state.run_id}: {pb.name} on {dep.profile.name}; state and report in {run_dir}", flush=True)
+    state, interrupted = _execute(r, actions, ctx, scratch)
+    doc = r.write_report(state)
+    if dry_run:
+        _dry_run_verdict(pb, state, profile)
+        return
+    r.save(state)
+    _write_incident_html(run_dir)
+    print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
+    if ctx.touched_hosts:
+        _audit(ctx, pb, state, doc, run_dir, interrupted)
+    _verdict(pb, state, doc, run_dir, report_dir, interrupted, r.unconfirmed)
+
+
+def _resolve(name: str, profile: Optional[str], dry_run: bool):
+    """``(actions, playbook, deployment)`` of a run: the built-in actions, the playbook ``name``
+    loaded against them, the deployment of ``profile`` (required to act on hosts unless the run
+    is a dry run or every step is local). InputError for a PD-only runbook on a profile without
+    prefill and decode groups."""
+    from ..runbook.actions import builtin_actions
+    from .common import load_deployment_arg
     actions = builtin_actions()
     pb = _load(name, actions)
-    from .common import load_deployment_arg
     # note/wait/plan steps, and checks given their own URL, use no host of the profile; any other
     # step sends traffic to or changes the profile's hosts (or tree): then the profile must be named
     local_only = all(s.action in ("note", "wait", "plan") or (s.action.startswith("check.") and (s.args or {}).get("url"))
                      for s in pb.steps)
     dep = load_deployment_arg(profile, acts_on_hosts=not (dry_run or local_only))
-    prof = dep.profile
     if pb.pd_only and not _pd_profile(dep):
         raise InputError(f"runbook {pb.name} is for PD profiles (prefill and decode groups); {dep.name} has none: "
                          "use toolcall-corruption, scheduler-stall or hicache-crash on a colocated profile")
-    if resume:
-        run_dir = report_dir or _state_root() / resume
-        state_file = run_dir / "state.json"
-        if not state_file.is_file():
-            raise InputError(f"--resume {resume}: no run state at {state_file}")
-        try:
-            saved = json.loads(state_file.read_text())
-        except (OSError, ValueError) as e:
-            raise InputError(f"--resume {resume}: {state_file}: unreadable run state ({e})") from None
-        if not isinstance(saved, dict):
-            raise InputError(f"--resume {resume}: {state_file}: not a runbook run state")
-        try:
-            state = RunState.from_dict(saved)
-        except InputError as e:
-            raise InputError(f"--resume {resume}: {state_file}: {e}") from None
-        if state.playbook != pb.name:
-            raise InputError(f"--resume {resume}: that run is of runbook {state.playbook!r}, not {pb.name!r}")
-    else:
+    return actions, pb, dep
+
+
+def _run_state(pb, resume: Optional[str], report_dir: Optional[Path]):
+    """``(state, run folder)``: the saved state of run ``resume`` (InputError when it is missing,
+    unreadable, not a run state or of another runbook), else a new run's (its id: a time stamp
+    and the runbook's name)."""
+    from ..runbook.engine import RunState
+    if not resume:
         from ..hosts.audit import file_stamp
         run_id = file_stamp() + f"-{pb.name}"
-        run_dir = report_dir or _state_root() / run_id
-        state = RunState(pb.name, run_id)
-    _set_inputs(state, release, evidence)
-    scratch = None
+        return RunState(pb.name, run_id), report_dir or _state_root() / run_id
+    run_dir = report_dir or _state_root() / resume
+    state_file = run_dir / "state.json"
+    if not state_file.is_file():
+        raise InputError(f"--resume {resume}: no run state at {state_file}")
+    try:
+        saved = json.loads(state_file.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"--resume {resume}: {state_file}: unreadable run state ({e})") from None
+    if not isinstance(saved, dict):
+        raise InputError(f"--resume {resume}: {state_file}: not a runbook run state")
+    try:
+        state = RunState.from_dict(saved)
+    except InputError as e:
+        raise InputError(f"--resume {resume}: {state_file}: {e}") from None
+    if state.playbook != pb.name:
+        raise InputError(f"--resume {resume}: that run is of runbook {state.playbook!r}, not {pb.name!r}")
+    return state, run_dir
+
+
+def _run_folder(run_dir: Path, dry_run: bool):
+    """``(folder, scratch)``: the run folder, created and checked writable (InputError if not);
+    for a dry run a scratch folder instead (``scratch``, a TemporaryDirectory to clean up, else
+    None), so a dry run leaves nothing behind (no state, no report, no run folder)."""
     if dry_run:
-        # evidence of what the steps would do goes to a scratch folder that is removed: a dry
-        # run leaves nothing behind (no state, no report, no run folder)
+        # evidence of what the steps would do goes to a scratch folder that is removed
         import tempfile
         scratch = tempfile.TemporaryDirectory(prefix="dsv4ctl-dry-run-")
-        run_dir = Path(scratch.name)
-    else:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            probe = run_dir / ".write-test"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as e:
-            raise InputError(f"run folder {run_dir}: not writable ({e.strerror or e})") from None
-    state_file = run_dir / "state.json"
-    ctx = RunContext(profile=prof, run_dir=run_dir, say=(lambda m: None) if quiet else (lambda m: print(m, flush=True)),
-                     extra=dict(state.inputs))
+        return Path(scratch.name), scratch
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"run folder {run_dir}: not writable ({e.strerror or e})") from None
+    return run_dir, None
 
-    def write_report(st: RunState) -> dict:
-        doc = incident_document(st, who=getpass.getuser(), profile=prof.name, dry_run=dry_run,
-                                verification=None if dry_run else final_verification(pb, st))
-        if not dry_run:
-            _atomic(run_dir / "incident.json", json.dumps(doc, indent=2, default=str))
-            _atomic(run_dir / "incident.md", incident_markdown(doc))
+
+class _RunHooks:
+    """The hooks :func:`dsv4ctl.runbook.engine.execute` calls during one run: ``save`` after every
+    step (the state for --resume and the incident report so far; with -v the steps' outcomes),
+    ``confirm`` before a mutating step; ``unconfirmed`` keeps the step that needed a confirmation
+    no terminal could give."""
+
+    def __init__(self, pb, prof, state, run_dir: Path, *, dry_run: bool, yes: bool, verbose: bool) -> None:
+        self.pb, self.prof, self.state, self.run_dir = pb, prof, state, run_dir
+        self.dry_run, self.yes, self.verbose = dry_run, yes, verbose
+        self.shown: list = list(state.timeline)     # -v: the steps already shown (a resumed run's earlier ones)
+        self.unconfirmed: list = []
+
+    def write_report(self, st) -> dict:
+        """The incident document of ``st`` (written as incident.json and .md unless a dry run)."""
+        from ..runbook.engine import final_verification
+        from ..runbook.report import incident_document, incident_markdown
+        doc = incident_document(st, who=getpass.getuser(), profile=self.prof.name, dry_run=self.dry_run,
+                                verification=None if self.dry_run else final_verification(self.pb, st))
+        if not self.dry_run:
+            _atomic(self.run_dir / "incident.json", json.dumps(doc, indent=2, default=str))
+            _atomic(self.run_dir / "incident.md", incident_markdown(doc))
         return doc
 
-    shown: list = list(state.timeline)      # -v: the steps already shown (a resumed run's earlier ones)
-
-    def save(st: RunState) -> None:
-        # after every step: the state (for --resume) and the incident report so far
-        if verbose and not dry_run:     # a dry run lists every step at its end anyway
-            for e in st.timeline[len(shown):]:
+    def save(self, st) -> None:
+        """After every step: the state (for --resume) and the incident report so far."""
+        if self.verbose and not self.dry_run:     # a dry run lists every step at its end anyway
+            for e in st.timeline[len(self.shown):]:
                 print(f"step {e.step} ({e.action}): {e.status}" + "".join(f"\n  {ln}" for ln in e.lines), flush=True)
-            shown[:] = st.timeline
-        if dry_run:
+            self.shown[:] = st.timeline
+        if self.dry_run:
             return
-        _atomic(state_file, json.dumps(st.to_dict(), indent=2, default=str))
-        write_report(st)
+        _atomic(self.run_dir / "state.json", json.dumps(st.to_dict(), indent=2, default=str))
+        self.write_report(st)
 
-    unconfirmed: list = []      # the step that needed a confirmation no terminal could give
-
-    def confirm(step, lines) -> bool:
-        measured = _measured(state)
-        if yes:
+    def confirm(self, step, lines) -> bool:
+        """Whether mutating ``step`` (described by ``lines``) may run: --yes, else the operator's
+        answer; without a terminal the run stops before it (as if declined, state saved)."""
+        measured = _measured(self.state)
+        if self.yes:
             for line in measured:
                 print(f"  {line}")
             return True
         if not os.isatty(0):
             # nobody to ask: the run stops before the step as if declined, with its state saved,
             # so the run id printed above resumes here (with --yes)
-            unconfirmed.append(step)
+            self.unconfirmed.append(step)
             return False
         print(f"step {step.id}: {step.action}")
         if measured:
@@ -213,12 +259,15 @@ def run(
             print(f"  {line}")
         return typer.confirm("run it?", default=False)
 
-    if not dry_run:
-        print(f"run {state.run_id}: {pb.name} on {prof.name}; state and report in {run_dir}", flush=True)
-    interrupted = False
+
+def _execute(r: _RunHooks, actions, ctx, scratch):
+    """``(state, interrupted)``: the run's steps executed with SIGTERM/SIGHUP as Ctrl-C; on an
+    interrupt the children the steps started are stopped; the dry run's scratch folder removed."""
+    from ..runbook.engine import execute
+    state, interrupted = r.state, False
     with _signals_as_interrupt():
         try:
-            state = execute(pb, actions, ctx, state, dry_run=dry_run, confirm=confirm, save=save)
+            state = execute(r.pb, actions, ctx, state, dry_run=r.dry_run, confirm=r.confirm, save=r.save)
         except KeyboardInterrupt:
             interrupted = True
             for child in list(ctx.children):
@@ -227,35 +276,45 @@ def run(
         finally:
             if scratch is not None:
                 scratch.cleanup()
-    doc = write_report(state)
-    if dry_run:
-        for e in state.timeline[-len(pb.steps):]:
-            print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))
-        bad = [e for e in state.timeline[-len(pb.steps):] if e.status == "dry-run-error"]
-        if profile is None and bad and all(any("shipped with dsv4ctl, not edited" in ln for ln in e.lines) for e in bad):
-            # the embedded example is read-only by design: its dry run shows the steps; the only
-            # stops are the edits a real profile would get
-            print(f"note: steps {', '.join(e.step for e in bad)} edit serve configs: the embedded example is never "
-                  f"edited, your own profile is (dsv4ctl profile init my.yaml; dsv4ctl runbook run {pb.name} my.yaml "
-                  "--dry-run)")
-            return
-        bad = [e.step for e in bad]
-        if bad:
-            raise VerdictError(f"runbook {pb.name} --dry-run: the run would stop at step {bad[0]} "
-                               f"({len(bad)} step(s) report an error above)")
+    return state, interrupted
+
+
+def _dry_run_verdict(pb, state, profile: Optional[str]) -> None:
+    """Print a dry run's steps; VerdictError when a step says the run would stop (the embedded
+    example's read-only serve configs excepted: a note instead)."""
+    for e in state.timeline[-len(pb.steps):]:
+        print(f"{e.step:16} {e.action:16} " + " | ".join(e.lines))
+    bad = [e for e in state.timeline[-len(pb.steps):] if e.status == "dry-run-error"]
+    if profile is None and bad and all(any("shipped with dsv4ctl, not edited" in ln for ln in e.lines) for e in bad):
+        # the embedded example is read-only by design: its dry run shows the steps; the only
+        # stops are the edits a real profile would get
+        print(f"note: steps {', '.join(e.step for e in bad)} edit serve configs: the embedded example is never "
+              f"edited, your own profile is (dsv4ctl profile init my.yaml; dsv4ctl runbook run {pb.name} my.yaml "
+              "--dry-run)")
         return
-    save(state)
-    _write_incident_html(run_dir)
-    print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
-    if ctx.touched_hosts:
-        from ..runbook.actions import audit_touched
-        rec = {"action": f"runbook-{pb.name}",
-               "result": "interrupted" if interrupted else "stopped" if not doc["completed"] else
-               "verification-failed" if doc["verification"] and not doc["verification"]["passed"] else "completed",
-               "detail": state.failed_step or "", "run_id": state.run_id,
-               "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
-        for w in audit_touched(ctx, rec):
-            print(f"warning: {w}")
+    bad = [e.step for e in bad]
+    if bad:
+        raise VerdictError(f"runbook {pb.name} --dry-run: the run would stop at step {bad[0]} "
+                           f"({len(bad)} step(s) report an error above)")
+
+
+def _audit(ctx, pb, state, doc: dict, run_dir: Path, interrupted: bool) -> None:
+    """The run's record in the audit log of every host its steps touched (warnings printed)."""
+    from ..runbook.actions import audit_touched
+    rec = {"action": f"runbook-{pb.name}",
+           "result": "interrupted" if interrupted else "stopped" if not doc["completed"] else
+           "verification-failed" if doc["verification"] and not doc["verification"]["passed"] else "completed",
+           "detail": state.failed_step or "", "run_id": state.run_id,
+           "steps": [f"{e.step}:{e.status}" for e in state.timeline], "report": str(run_dir / "incident.md")}
+    for w in audit_touched(ctx, rec):
+        print(f"warning: {w}")
+
+
+def _verdict(pb, state, doc: dict, run_dir: Path, report_dir: Optional[Path], interrupted: bool,
+             unconfirmed: list) -> None:
+    """The run's exit: nothing (completed, verified) or the error of its exit code (130
+    interrupted, 2 a step left unconfirmed, 1 stopped or its final verification failed), each
+    naming how to resume."""
     again = f"--resume {state.run_id}" + (f" --report-dir {report_dir}" if report_dir else "")
     if interrupted:
         raise DsvError(f"runbook {pb.name} interrupted at {state.failed_step or 'a step'}; "

@@ -98,26 +98,67 @@ def watch(ctx: typer.Context,
     runbook) · 3 --listen cannot be bound, or --once could not reach any target · 130 SIGINT/SIGHUP
     (and SIGTERM during --once or before probing starts)."""
     import asyncio
-    import os
     import signal
 
     from ..signals import terminate_as_interrupt
     # until the event loop's own handlers are in place (and while the profile loads), SIGTERM and
     # SIGHUP stop it like Ctrl-C: "interrupted", exit 130, never a death by signal
     terminate_as_interrupt()
-    from ..commands.options import duration
-    from ..deploy.site import api_key
     from ..watch import model as M
-    from ..watch.run import Watcher, WatchOptions, event_line
+    from ..watch.run import Watcher, WatchOptions
     from .common import load_deployment_arg
 
     if print_ is not None and print_ not in ARTIFACTS:
         raise InputError(f"--print {print_!r}: expected one of {', '.join(ARTIFACTS)}")
+    every, scrape, rel, window, settle_s = _durations(interval, scrape_every, release_every, alert_window, settle)
+    _check_flags(once=once, as_json=as_json, print_=print_, auto=auto, on_alert=on_alert, no_releases=no_releases)
+    dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
+    if print_ == "unit" and once:
+        raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
+    from ..resources import runbook_names
+    actions = M.parse_on_alert(on_alert, runbook_names())
+    stall = _stall_timeout(dep, stall_timeout)
+    listen_at = None if once else _listen(listen)
+    if print_ == "rules" or "corruption" in actions:
+        _burnable(dep)
+    if print_ is not None:
+        _print_artifact(ctx, print_, profile, log, dep)
+        return
+    key, secrets = _api_key(dep)
+    events = _Events(_open_log(log), log, secrets, quiet=quiet, json_round=once and as_json)
+    opts = WatchOptions(interval=every, stall_timeout=stall, release_every=rel, scrape_every=scrape,
+                        listen=listen_at, api_key=key, slo=dep.check.max_corruption,
+                        alert_window=window, on_alert=actions, auto=auto, settle=settle_s, read_releases=not no_releases,
+                        accept_new_host_keys=accept_new, profile_arg=str(dep.path), emit=events.emit,
+                        turn_timeout=max(stall * 5, 60.0), every_probe=verbose)
+    w = Watcher(dep, opts)
+    try:
+        code = asyncio.run(_main(w, once=once, as_json=as_json, secrets=secrets))
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)      # stopping already: a second signal changes nothing
+        events.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _durations(interval: str, scrape_every: str, release_every: str, alert_window: str,
+               settle: Optional[str]) -> tuple[float, float, float, float, Optional[float]]:
+    """``(interval, scrape, release, alert window, settle)`` in seconds from the duration options
+    (InputError out of their ranges; ``settle`` None when not given)."""
+    from ..commands.options import duration
+    from ..watch import model as M
     every = duration(interval, "--interval", lo=M.MIN_INTERVAL, hi=86400)
     scrape = duration(scrape_every, "--scrape-every", lo=1, hi=86400)
     rel = duration(release_every, "--release-every", lo=5, hi=86400)
     window = duration(alert_window, "--alert-window", lo=12, hi=7 * 86400)
     settle_s = None if settle is None else duration(settle, "--settle", lo=0, hi=7 * 86400, zero=True)
+    return every, scrape, rel, window, settle_s
+
+
+def _check_flags(*, once: bool, as_json: bool, print_: Optional[str], auto: bool, on_alert: list[str],
+                 no_releases: bool) -> None:
+    """InputError for option combinations that do not go together."""
     if as_json and not once and print_ is None:
         raise InputError("--json needs --once (the continuous watch serves /metrics instead)")
     if auto and not on_alert:
@@ -126,124 +167,149 @@ def watch(ctx: typer.Context,
         raise InputError("--on-alert needs the continuous watch (an alert condition holds over a window, not one round)")
     if auto and no_releases:
         raise InputError("--auto needs the release reads (not --no-releases): they read the deploy lock a run must wait for")
-    dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
-    if print_ == "unit" and once:
-        raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
-    from ..resources import runbook_names
-    actions = M.parse_on_alert(on_alert, runbook_names())
+
+
+def _stall_timeout(dep, stall_timeout: Optional[str]) -> float:
+    """Seconds without progress after which a probe is stuck: ``--stall-timeout``, else the
+    profile's ``check.stall_timeout_s`` (InputError outside 1..3600)."""
+    from ..commands.options import duration
     if stall_timeout is not None:
-        stall = duration(stall_timeout, "--stall-timeout", lo=1, hi=3600)
-    else:
-        stall = dep.check.stall_timeout_s
-        if not 1 <= stall <= 3600:
-            raise InputError(f"{dep.path}: check.stall_timeout_s {stall!r}: watch needs 1..3600 seconds "
-                             "(or give --stall-timeout)")
-    listen_at = None if once else _listen(listen)
-    if print_ == "rules" or "corruption" in actions:
-        _burnable(dep)
-    if print_ is not None:
-        import os
-        if log is not None and not os.path.isdir(os.path.dirname(os.path.abspath(log)) or "/"):
-            raise InputError(f"--log {str(log)!r}: no such folder")
-        # a profile file is named by its absolute path (a unit runs from /); a shipped name stays a name
-        given = profile if profile is not None else os.environ.get("DSV4CTL_PROFILE") or None
-        # without one, the rules' runbook commands say PROFILE (the embedded example is not one to act on)
-        arg = os.path.abspath(given) if given and os.path.isfile(given) else given
-        sys.stdout.write(_artifact(print_, arg, dep.check.max_corruption, _unit_args(ctx) if print_ == "unit" else ()))
-        return
-    from .check import check_api_key, check_secrets, masked
+        return duration(stall_timeout, "--stall-timeout", lo=1, hi=3600)
+    stall = dep.check.stall_timeout_s
+    if not 1 <= stall <= 3600:
+        raise InputError(f"{dep.path}: check.stall_timeout_s {stall!r}: watch needs 1..3600 seconds "
+                         "(or give --stall-timeout)")
+    return stall
+
+
+def _print_artifact(ctx: typer.Context, kind: str, profile: Optional[str], log: Optional[Path], dep) -> None:
+    """``--print KIND``: write the artifact to stdout (InputError for a ``--log`` in no folder)."""
+    import os
+    if log is not None and not os.path.isdir(os.path.dirname(os.path.abspath(log)) or "/"):
+        raise InputError(f"--log {str(log)!r}: no such folder")
+    # a profile file is named by its absolute path (a unit runs from /); a shipped name stays a name
+    given = profile if profile is not None else os.environ.get("DSV4CTL_PROFILE") or None
+    # without one, the rules' runbook commands say PROFILE (the embedded example is not one to act on)
+    arg = os.path.abspath(given) if given and os.path.isfile(given) else given
+    sys.stdout.write(_artifact(kind, arg, dep.check.max_corruption, _unit_args(ctx) if kind == "unit" else ()))
+
+
+def _api_key(dep) -> tuple[Optional[str], list[str]]:
+    """``(API key, secrets to mask)`` for the probes (InputError for a key that cannot be sent)."""
+    from ..deploy.site import api_key
+    from .check import check_api_key, check_secrets
     key = api_key(dep)
     check_api_key(key, "the API key (DSV4CTL_API_KEY or a serve config's api-key)")
-    secrets = check_secrets(key, dep)
-    log_file = None
-    if log is not None:
-        import stat as _stat
-        try:
-            if os.path.exists(log) and _stat.S_ISFIFO(os.stat(log).st_mode):
-                raise InputError(f"--log {log}: a FIFO (watch appends JSON lines to a file)")
-            log_file = open(log, "a", encoding="utf-8")
-        except OSError as e:
-            raise InputError(f"--log {log}: {e.strerror or e}") from None
-    log_broken: list[str] = []
+    return key, check_secrets(key, dep)
 
-    def emit(e: dict) -> None:
-        nonlocal log_file
-        e = masked(e, secrets)              # a server that echoes the Authorization header back
-        if log_file is not None:
+
+def _open_log(log: Optional[Path]):
+    """``--log``'s file opened to append (None without one); InputError for a FIFO or a file that
+    cannot be opened."""
+    import os
+    import stat as _stat
+    if log is None:
+        return None
+    try:
+        if os.path.exists(log) and _stat.S_ISFIFO(os.stat(log).st_mode):
+            raise InputError(f"--log {log}: a FIFO (watch appends JSON lines to a file)")
+        return open(log, "a", encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"--log {log}: {e.strerror or e}") from None
+
+
+class _Events:
+    """Where watch's events go: masked, as JSON lines to ``--log`` (a write failure is said once,
+    then events go to stderr only) and as lines on stderr (not with ``--quiet``; not the probes of
+    a ``--once --json`` round)."""
+
+    def __init__(self, log_file, log: Optional[Path], secrets: list[str], *, quiet: bool, json_round: bool) -> None:
+        self.log_file, self.log, self.secrets = log_file, log, secrets
+        self.quiet, self.json_round = quiet, json_round
+        self.log_broken: list[str] = []
+
+    def emit(self, e: dict) -> None:
+        """One event (a dict with ``event``)."""
+        from .check import masked
+        from ..watch.run import event_line
+        e = masked(e, self.secrets)              # a server that echoes the Authorization header back
+        if self.log_file is not None:
             import json
             from ..hosts.audit import now_iso
             try:
-                log_file.write(json.dumps({"ts": now_iso(), **e}, ensure_ascii=False, sort_keys=True) + "\n")
-                log_file.flush()
+                self.log_file.write(json.dumps({"ts": now_iso(), **e}, ensure_ascii=False, sort_keys=True) + "\n")
+                self.log_file.flush()
             except OSError as err:          # a full disk: say so once, keep probing, events on stderr
-                log_broken.append(str(err))
+                self.log_broken.append(str(err))
                 try:
-                    log_file.close()
+                    self.log_file.close()
                 except OSError:
                     pass
-                log_file = None
-                print(f"watch: --log {log}: cannot write ({err.strerror or err}); events go to stderr only",
+                self.log_file = None
+                print(f"watch: --log {self.log}: cannot write ({err.strerror or err}); events go to stderr only",
                       file=sys.stderr, flush=True)
-        if not quiet and not (once and as_json and e.get("event") == "probe"):
+        if not self.quiet and not (self.json_round and e.get("event") == "probe"):
             print(printable(event_line(e)), file=sys.stderr, flush=True)
 
-    opts = WatchOptions(interval=every, stall_timeout=stall, release_every=rel, scrape_every=scrape,
-                        listen=listen_at, api_key=key, slo=dep.check.max_corruption,
-                        alert_window=window, on_alert=actions, auto=auto, settle=settle_s, read_releases=not no_releases,
-                        accept_new_host_keys=accept_new, profile_arg=str(dep.path), emit=emit,
-                        turn_timeout=max(stall * 5, 60.0), every_probe=verbose)
-    w = Watcher(dep, opts)
-
-    async def main() -> int:
-        loop = asyncio.get_running_loop()
-        got: list[int] = []
-        current = asyncio.current_task()
-
-        def stop(sig: signal.Signals) -> None:
-            got.append(sig)
-            w.stop.set()
-            if once and current is not None:
-                current.cancel()            # one round: an interrupt ends it (exit 130)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, stop, sig)
-        if once:
+    def close(self) -> None:
+        """Close the log file (if still open)."""
+        if self.log_file is not None:
             try:
-                doc = await w.once()
-            except asyncio.CancelledError:
-                return 130
-            doc = masked(doc, secrets)
-            if as_json:
-                print(dump_json(doc))
-            else:
-                _print_round(doc)
-            probes = [t["probe"] for t in doc["targets"] if t["probe"]]
-            if probes and all(p["class"] in AUTH_CLASSES for p in probes):
-                raise InputError("watch --once: every probed target refuses the API key ("
-                                 + "; ".join(f"{p['target']}: {p['reason']}" for p in probes)
-                                 + "): set DSV4CTL_API_KEY or the serve config's api-key")
-            if probes and all(_unreachable(p) for p in probes):
-                raise RemoteError("watch --once: no probed target could be reached: "
-                                  + "; ".join(f"{p['target']}: {p['reason']}" for p in probes))
-            if not doc["ok"]:
-                bad = [p for p in probes if p["outcome"] != "ok"]
-                raise GateFailed(f"{len(bad)} of {len(probes)} probes not ok: "
-                                 + "; ".join(f"{p['target']} {p['class']}" for p in bad))
-            return 0
-        await w.run()
-        return 0 if not got or got[0] == signal.SIGTERM else 130
-
-    try:
-        code = asyncio.run(main())
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)      # stopping already: a second signal changes nothing
-        if log_file is not None:
-            try:
-                log_file.close()
+                self.log_file.close()
             except OSError:
                 pass
-    if code:
-        raise typer.Exit(code)
+
+
+async def _main(w, *, once: bool, as_json: bool, secrets: list[str]) -> int:
+    """Run the watcher ``w`` with the loop's signal handlers: one round (``once``, its verdict
+    raised by :func:`_once_verdict`; 130 when interrupted) or until a signal (0 on SIGTERM, else
+    130)."""
+    import asyncio
+    import signal
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+    current = asyncio.current_task()
+
+    def stop(sig: signal.Signals) -> None:
+        got.append(sig)
+        w.stop.set()
+        if once and current is not None:
+            current.cancel()            # one round: an interrupt ends it (exit 130)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop, sig)
+    if once:
+        try:
+            doc = await w.once()
+        except asyncio.CancelledError:
+            return 130
+        _once_verdict(doc, as_json, secrets)
+        return 0
+    await w.run()
+    return 0 if not got or got[0] == signal.SIGTERM else 130
+
+
+def _once_verdict(doc: dict, as_json: bool, secrets: list[str]) -> None:
+    """Print a ``--once`` round (JSON or a table, secrets masked); InputError when every probed
+    target refuses the API key, RemoteError when none could be reached, GateFailed when a probe
+    was not ok."""
+    from .check import masked
+    doc = masked(doc, secrets)
+    if as_json:
+        print(dump_json(doc))
+    else:
+        _print_round(doc)
+    probes = [t["probe"] for t in doc["targets"] if t["probe"]]
+    if probes and all(p["class"] in AUTH_CLASSES for p in probes):
+        raise InputError("watch --once: every probed target refuses the API key ("
+                         + "; ".join(f"{p['target']}: {p['reason']}" for p in probes)
+                         + "): set DSV4CTL_API_KEY or the serve config's api-key")
+    if probes and all(_unreachable(p) for p in probes):
+        raise RemoteError("watch --once: no probed target could be reached: "
+                          + "; ".join(f"{p['target']}: {p['reason']}" for p in probes))
+    if not doc["ok"]:
+        bad = [p for p in probes if p["outcome"] != "ok"]
+        raise GateFailed(f"{len(bad)} of {len(probes)} probes not ok: "
+                         + "; ".join(f"{p['target']} {p['class']}" for p in bad))
 
 
 def _burnable(dep) -> None:
