@@ -183,11 +183,13 @@ SERVE_CASES = [
      "SGLang puts group 'prefill' on GPUs 0,1,2,3,4,5,6,7 (base-gpu-id 0, gpu-id-step 1, 8 rank(s)), but the "
      "profile lists GPUs 0,1,2,3 (PROFILE:38): make the profile's gpus the GPUs SGLang uses"),
     ("underscore-key", "decode.yaml", "max-running-requests: 128", "max_running_requests: 128", "max_running",
-     "max_running_requests: SGLang --config keys use dashes (max-running-requests)"),
+     "max_running_requests: not an SGLang 0.5.23 server argument (SGLang --config keys use dashes: "
+     "max-running-requests) (SGLang 0.5.23 refuses it at start-up: argparse: unrecognized arguments)"),
     ("alias-twice", "decode.yaml", "tp-size: 4\n", "tensor-parallel-size: 4\ntp-size: 4\n", "tp-size: 4",
-     "tp-size: given twice (alias of tp-size)"),
+     "tp-size: tp-size already given as tensor-parallel-size (dsv4ctl refuses it: SGLang's argparse would "
+     "silently take the last one)"),
     ("not-a-number", "decode.yaml", "mem-fraction-static: 0.885", "mem-fraction-static: lots", "mem-fraction-static",
-     "mem-fraction-static: expected a number, got 'lots'"),
+     "mem-fraction-static: invalid float value: 'lots' (SGLang 0.5.23 refuses it at start-up: argparse)"),
     ("negative-mrr", "decode.yaml", "max-running-requests: 128", "max-running-requests: -3", "max-running-requests",
      "max-running-requests: must be >= 0, got -3"),
     ("yaml-syntax", "prefill.yaml", "port: 30000", "port: [30000", "port: [30000",

@@ -469,7 +469,7 @@ def check_startup(profile: Profile, group: Group, serve: Optional[ServeConfig], 
     ``config lint``, the preflight and ``config set`` share). InputError (exit 2):
     ``file:line: KEY: reason (SGLang X refuses it at start-up: FILE)``."""
     from .argtable import load_table
-    from .startup import first_error, is_sm100, validate
+    from .startup import OWN_RULE, first_error, is_sm100, validate
     newest = {a.dest for a in load_table(version=DEFAULT_VERSION).args}
     table = load_table(version=rules.version)
     sets = {k: v for k, v in overrides.items() if k in newest or k in {a.dest for a in table.args}}
@@ -485,6 +485,8 @@ def check_startup(profile: Profile, group: Group, serve: Optional[ServeConfig], 
         return
     at = serve.where(bad.key) if serve is not None and bad.key in serve.data else \
         (serve.path if serve is not None and not (bad.key or "").startswith("--set") else f"group {group.name}")
+    if bad.source.startswith(OWN_RULE):
+        raise InputError(f"{at}: {bad.message} (dsv4ctl refuses it: {bad.source[len(OWN_RULE):]})")
     raise InputError(f"{at}: {bad.message} (SGLang {rules.version} refuses it at start-up: {bad.source})")
 
 

@@ -52,6 +52,11 @@ HICACHE_RADIX = ("The arguments enable-hierarchical-cache and disable-radix-cach
                  "cannot be used at the same time")
 
 
+#: The ``source`` of a refusal that is dsv4ctl's own (SGLang accepts it, silently): a message says
+#: "dsv4ctl refuses it", never that SGLang does.
+OWN_RULE = "dsv4ctl: "
+
+
 @dataclass(frozen=True)
 class Refusal:
     """One refusal (or, with ``severity`` warning/info, a lint note) of a serve config.
@@ -142,7 +147,7 @@ def check_keys(data: Mapping, table: Table) -> tuple[list[Refusal], Resolved]:
             continue
         if arg.dest in given:
             out.append(Refusal("SGL007", "error", key, f"{key}: {arg.name} already given as {given[arg.dest]}",
-                               "argparse (the last one wins)"))
+                               OWN_RULE + "SGLang's argparse would silently take the last one"))
             continue
         if value is None:
             try:
