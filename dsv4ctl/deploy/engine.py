@@ -268,12 +268,27 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
     workers, chat = [], []
     model = "default"
 
+    def job_alive(h: str, g: str, svc):
+        from .slurmjobs import parse_job_state
+        cmd, t = svc.job_state_cmd(site.paths[h], g), site.transports[h]
+
+        def alive():
+            try:
+                up, why, node = parse_job_state(t.run(cmd, check=False, timeout=60).out)
+            except RemoteError as e:               # the host is lost: no verdict (netloss)
+                return h, f"{UNREACHABLE}: {e}"
+            return True if up else (node if node in site.transports else h, why)
+        return alive
+
     def alive_on(h: str, g: str):
         t, p = site.transports[h], site.paths[h]
         cmd = service_for(site, h).alive_cmd(p, g)
         return lambda: t.run(cmd, check=False, timeout=30).code == 0
 
     def alive_nodes(h: str, g: str, nodes: list[str]):
+        svc = service_for(site, h)
+        if hasattr(svc, "job_state_cmd"):          # a Slurm job: its state says for every node
+            return job_alive(h, g, svc)
         checks = [(x, alive_on(x, g)) for x in [h, *nodes]]
 
         def alive():
