@@ -100,6 +100,13 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
             h = manual[0]
             raise LockHeld(f"{h}: --break-lock does not remove a lock taken by hand: {holder_text(site.facts[h].lock)}; "
                            f"dsv4ctl lock release {shlex.quote(str(site.profile.path))} when the work it names is done")
+        from ..hosts.lock import holder_liveness
+        for h in site.hosts:        # a run that still runs is no stale lock (lock release --force's rule)
+            held = site.facts.get(h) and site.facts[h].lock
+            state, why = holder_liveness(held) if held else ("", "")
+            if state == "alive":
+                raise LockHeld(f"{h}: --break-lock does not remove the lock of a run that still runs: "
+                               f"{holder_text(held)}; {why} (stop it and it gives the lock back)")
     steps = {h: lock_step(site, h, what) for h in site.hosts}
 
     def lock(t):
