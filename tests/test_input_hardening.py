@@ -440,3 +440,23 @@ def test_ssh_key_and_known_hosts_are_regular_files(tmp_path, field, kind):
         t._connection()
     label = "ssh.key" if field == "key" else "known_hosts"
     assert str(e.value) == f"node0: {label} {f}: not a regular file ({'a pipe' if kind == 'fifo' else 'a device'})"
+
+
+def test_deploy_patch_files_are_bounded_regular_utf8_files(tmp_path):
+    """``deploy --patch`` files get the series' checks: a FIFO is refused unread (it hung the
+    build), /dev/zero and non-UTF-8 are one line, exit 2 (issue 41 item 2)."""
+    import os
+    import re
+    from dsv4ctl.deploy.release import series_patches
+    from dsv4ctl.errors import InputError
+    fifo = tmp_path / "p.fifo"
+    os.mkfifo(fifo)
+    bad = tmp_path / "bin.patch"
+    bad.write_bytes(b"\xff\xfe--- a\n")
+    for p, msg in ((fifo, "not a regular file (a pipe)"), (Path("/dev/zero"), "not a regular file"),
+                   (bad, "not UTF-8 text"), (tmp_path / "missing.patch", "patch file not found")):
+        with pytest.raises(InputError, match=re.escape(msg)):
+            series_patches(None, [p])
+    ok = tmp_path / "ok.patch"
+    ok.write_text("--- a/x\n+++ b/x\n")
+    assert series_patches(None, [ok]) == ([ok], None)

@@ -114,9 +114,11 @@ def series_patches(series: Path | None, patches: list[Path] | None = None) -> tu
     release id); else the folder's ``*.patch`` sorted; none for no folder. InputError for a
     missing file or folder, and the series file's own errors."""
     if patches:
+        from ..patches.ops import read_patch_text
         for p in patches:
-            if not Path(p).is_file():
+            if not Path(p).exists():
                 raise InputError(f"{p}: patch file not found")
+            read_patch_text(p)          # a regular file of bounded size, UTF-8 (a FIFO is never waited on)
         return [Path(p) for p in patches], None
     if series is None:
         return [], None
@@ -527,8 +529,9 @@ def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, by
         files, links = dict(base["files"]), dict(base.get("links", {}))
         touched: set[str] = set()
         env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp))
+        from ..patches.ops import read_patch_text
         for p in patches:
-            paths = patch_paths(Path(p).read_text(errors="replace"))
+            paths = patch_paths(read_patch_text(p))
             for rel in paths:
                 f = tmp / "tree" / rel
                 if f.is_file() and not f.is_symlink():

@@ -65,6 +65,13 @@ def _read_text(path: Path, label: str) -> str:
         raise InputError(f"{label}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+def read_patch_text(path: Path | str, label: str | None = None) -> str:
+    """The text of one patch file given by the operator (``deploy --patch``): the same checks as
+    a series' patches (a regular file of at most MAX_PATCH_BYTES, UTF-8); InputError (exit 2)
+    naming ``label`` (default: the path)."""
+    return _read_text(Path(path), label or str(path))
+
+
 def load_series(directory: Path | str) -> LoadedSeries:
     """Read ``DIR/series`` and its patch files (each a regular file of at most MAX_PATCH_BYTES).
     InputError (exit 2) when the directory, the series file or a listed patch is missing, not a
