@@ -370,8 +370,10 @@ class LocalWorld:
             if not base.exists():
                 continue
             for p in sorted(base.rglob("*")):
-                if "logs" in p.relative_to(base).parts or "yaml" in p.relative_to(base).parts[:1]:
-                    continue        # the stand-ins' own output; parsed YAML dsv4ctl keeps in its cache
+                if "logs" in p.relative_to(base).parts or \
+                        set(p.relative_to(base).parts[:1]) & {"yaml", "code", "headers"}:
+                    continue        # the stand-ins' own output; what dsv4ctl keeps parsed in its caches
+                    #                 (YAML, compiled dataclass code, checkpoint headers): no state
                 k = str(p)
                 out[k] = ("link", os.readlink(p)) if p.is_symlink() else \
                     ("file", p.read_bytes()) if p.is_file() else ("dir",)
