@@ -57,9 +57,13 @@ def world(live_cluster, slurm_lab, tmp_path):
     time.sleep(0.5)
 
 
-def jobs(lab: SlurmLab, group: str) -> list[dict]:
-    r = lab.run("squeue", "-h", "-n", f"dsv4ctl:deploy-test:{group}", "-o", "%i|%T|%r|%k|%N")
-    return parse_squeue(r.stdout)
+def jobs(lab: SlurmLab, group: str, profile: str = "deploy-test") -> list[dict]:
+    """The live jobs of ``group`` of profile ``profile`` (any deployment of it: the job name
+    ends in the deployment's instance)."""
+    r = lab.run("squeue", "-h", "-o", "%i|%T|%r|%k|%N|%j")
+    keep = [ln.rsplit("|", 1)[0] for ln in r.stdout.splitlines()
+            if ln.rsplit("|", 1)[-1].startswith(f"dsv4ctl:{profile}:{group}:")]
+    return parse_squeue("\n".join(keep))
 
 
 def deploy(w, *args, **kw):
@@ -80,7 +84,7 @@ def test_a_release_runs_as_one_slurm_job_per_server_group(world):
         [job] = jobs(lab, g)
         assert (job["state"], release_of(job["comment"]), job["nodes"]) == ("RUNNING", rid, nodes)
         script = (w.roots["h0" if g == "prefill" else "h2"] / "run" / f"{g}-{rid}.sbatch").read_text()
-        assert "srun --kill-on-bad-exit=1" in script and f"--job-name=dsv4ctl:deploy-test:{g}" in script
+        assert "srun --kill-on-bad-exit=1" in script and f"--job-name=dsv4ctl:deploy-test:{g}:" in script
         assert (w.roots["h0" if g == "prefill" else "h2"] / "run" / f"{g}.job").read_text().strip() == job["job"]
     # each node's server writes its own host's log, with the launcher's start header
     assert "=== dsv4ctl start prefill release" in w.log("h1", "prefill")
@@ -107,7 +111,7 @@ def test_a_release_whose_rank_fails_is_rolled_back_to_the_previous_job(world):
     [job] = jobs(lab, "prefill")
     assert job["state"] == "RUNNING" and release_of(job["comment"]) == good and job["job"] != old["job"]
     # the job ended FAILED at once: the gate saw the server gone, it did not wait for its timeout
-    assert "host h1 group prefill: slurm job" in r.err and ("(FAILED, exit" in r.err or "(COMPLETING, exit" in r.err), r.err
+    assert "host h1 group prefill: Slurm: job" in r.err and ("(FAILED, exit" in r.err or "(COMPLETING, exit" in r.err), r.err
     assert "srun: error: h1: task 1: Exited with exit code 1" in r.err
     assert "uncorrectable ECC error" in r.err           # node 1's own log tail, where the cause is
 
@@ -118,7 +122,10 @@ def test_a_rank_killed_under_a_running_release_ends_its_job(world):
     [job] = jobs(lab, "decode")
     pids = subprocess.run(["pgrep", "-f", r"standin_sglang.*--node-rank.*1"], capture_output=True, text=True).stdout.split()
     for pid in pids:
-        cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except FileNotFoundError:          # pgrep's own shell, or a process that ended since
+            continue
         if b"--node-rank" in cmd and cmd[cmd.index(b"--node-rank") + 1] == b"1" and str(w.ports["decode"]).encode() in b" ".join(cmd):
             os.kill(int(pid), signal.SIGKILL)
     assert wait_for(lambda: not jobs(lab, "decode"), timeout=30)
@@ -241,3 +248,43 @@ def test_status_shows_each_groups_job(world):
     r = run_cli("status", str(w.profile), "--json", env=w.env())
     assert r.code == 0, r.err                      # stopped on purpose: not unhealthy
     assert r.json()["hosts"]["h2"]["groups"]["decode"]["state"] == "stopped"
+
+
+def test_a_partition_slurm_refuses_is_exit_2_before_the_running_jobs_are_cancelled(world):
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    [running] = jobs(lab, "decode")
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["deploy"]["slurm"]["partition"] = "gpux"
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = deploy(w)
+    assert r.code == 2, r.err
+    assert "Slurm would refuse the job of prefill: " in r.err and "Invalid partition name" in r.err, r.err
+    assert "nothing was changed" in r.err
+    [still] = jobs(lab, "decode")
+    assert still["job"] == running["job"] and still["state"] == "RUNNING"
+
+
+def test_a_copy_of_the_profile_on_other_roots_never_cancels_the_first_ones_jobs(world, tmp_path):
+    """Two deployments of one profile name (other deploy roots) are other jobs (the job name
+    carries the deployment's instance)."""
+    w, lab = world, world.lab
+    assert deploy(w).code == 0
+    [a] = jobs(lab, "decode")
+    prof = yaml.safe_load(w.profile.read_text())
+    for h in prof["hosts"]:
+        h["root"] = str(tmp_path / "copy" / h["name"])
+    prof["groups"] = [g for g in prof["groups"] if g["name"] == "decode"]
+    for g in prof["groups"]:
+        g["nodes"] = [w.hosts[0].name, w.hosts[1].name]
+    prof["deploy"]["health_timeout_s"] = 4
+    copy = w.cfgdir / "copy.yaml"
+    copy.write_text(yaml.safe_dump(prof, sort_keys=False))
+    # the copy's job waits for h0/h1 (the first deployment's prefill holds them), its gate gives
+    # up and its rollback cancels what it submitted: only its own job
+    r = run_cli("deploy", str(copy), "--tree", str(w.tree), "--base", "v0.5.23", "--no-preflight",
+                env=w.env(), timeout=180)
+    assert r.code == 1, r.err
+    [still] = jobs(lab, "decode")
+    assert still["job"] == a["job"] and still["state"] == "RUNNING"
+    assert [j["state"] for j in jobs(lab, "prefill")] == ["RUNNING"]

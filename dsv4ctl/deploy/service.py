@@ -48,16 +48,23 @@ def job_query(site: Site, host: str):
 
 def check_reachable(site: Site) -> None:
     """Before anything changes: where servers run must answer and can run the groups. With
-    ``deploy.backend: slurm`` the Slurm controller is asked (``scontrol ping``, bounded) from every server group's node 0;
-    RemoteError (exit 3) naming the hosts it does not answer from. Nothing to ask over SSH alone
-    (the lock step has just reached every host). InputError (exit 2) for a group with replicas on
-    Slurm (one job per group)."""
+    ``deploy.backend: slurm``, from every server group's node 0: the controller (``scontrol
+    ping``; RemoteError, exit 3, naming the hosts it does not answer from), the nodes' states (a
+    node down or drained: exit 3) and ``sbatch --test-only`` of each group's job (a partition,
+    account, reservation or time limit Slurm refuses: InputError, exit 2). InputError too for a
+    group with replicas (one job per group) or a deploy root a batch script cannot carry. Nothing
+    to ask over SSH alone (the lock step has just reached every host)."""
     if site.profile.deploy.backend != "slurm":
         return
     several = [g.name for g in site.profile.servers() if len(g.group.servers) > 1]
     if several:
         raise InputError(f"group(s) {', '.join(several)}: replicas are not supported with deploy.backend: slurm yet "
                          "(one group per server: give each replica a group of its own)")
+    from ..hosts.slurm import check_path
+    for g in site.profile.servers():
+        for n in g.group.nodes:
+            if n.host in site.paths:
+                check_path(site.paths[n.host].root, f"host {n.host}'s deploy root")
     nodes0 = sorted({g.group.nodes[0].host for g in site.profile.servers()} & set(site.transports))
     if not nodes0:
         return
@@ -73,6 +80,9 @@ def check_reachable(site: Site) -> None:
         raise RemoteError(f"Slurm node(s) {unusable}: a new job could not start there (the running one would be "
                           "cancelled for nothing); nothing was changed. Resume the node (scontrol update "
                           "nodename=NODE state=resume) or take it out of the profile")
+    refused = test_submissions(site)
+    if refused:
+        raise InputError(f"Slurm would refuse the job of {refused}; nothing was changed")
 
 
 def unusable_nodes(site: Site, host: str) -> str:
@@ -84,3 +94,18 @@ def unusable_nodes(site: Site, host: str) -> str:
     r = site.transports[host].run(svc.nodes_cmd(nodes), check=False, timeout=60)
     v = job_verdict({"JobId": "-", "JobState": "PENDING"}, parse_nodes(r.out))
     return "" if v.ok else v.message.split("cannot start: node ", 1)[-1]
+
+
+def test_submissions(site: Site) -> str:
+    """What ``sbatch --test-only`` says of each server group's job (its partition, account,
+    reservation, time limit and nodes, asked from the group's node 0 before anything is
+    cancelled): "" when Slurm would take every one, else ``group: Slurm's words``."""
+    for g in site.profile.servers():
+        h = g.group.nodes[0].host
+        if h not in site.transports:
+            continue
+        r = site.transports[h].run(SlurmJobs(site, h).test_submit_cmd([n.host for n in g.group.nodes]),
+                                   check=False, timeout=60)
+        if r.code != 0:
+            return f"{g.name}: {r.error_text()}"
+    return ""

@@ -21,11 +21,12 @@ over SSH (the launcher or systemd), in front of the jobs' node 0."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from ..hosts.layout import Paths
 from ..hosts.service import backend, group_script
-from ..hosts.slurm import JobSpec, batch_script, job_verdict, parse_job, parse_nodes
+from ..hosts.slurm import JobSpec, batch_script, job_name, job_verdict, parse_job, parse_nodes
 from ..remote import q
 from .site import Site, spec_servers, start_command
 
@@ -69,8 +70,19 @@ class SlurmJobs:
                 return spec_servers(sp[group])[0][0]
         return None
 
+    def instance(self, group: str) -> str:
+        """8 hex digits of where this deployment keeps the group (node 0's host and deploy root):
+        two copies of a profile with one ``name`` on other roots are other jobs."""
+        h = self.node0(group)
+        if h is None:
+            g = self.site.profile.groups.get(group)
+            h = g.group.nodes[0].host if g is not None else self.host
+        root = self.site.paths[h].root if h in self.site.paths else ""
+        return hashlib.sha256(f"{h}\0{root}".encode()).hexdigest()[:8]
+
     def job_name(self, group: str) -> str:
-        return f"dsv4ctl:{self.profile}:{group}"
+        """The group's job name (:func:`dsv4ctl.hosts.slurm.job_name` with :meth:`instance`)."""
+        return job_name(self.profile, group, self.instance(group))
 
     def _env(self) -> str:
         conf = self.settings.conf if self.settings else None
@@ -80,14 +92,18 @@ class SlurmJobs:
     def stop_cmd(self, p: Paths, group: str) -> str:
         """On the group's node 0: cancel every job named for the group and wait (at most
         :data:`STOP_WAIT_S` s) until Slurm lists none; the ended job ids go to the group's log.
-        Elsewhere nothing (exit 0). A router runs on its host as over SSH."""
+        Every node also stops what the launcher or systemd runs of the group (a release of the
+        ``ssh`` backend before). A router runs on its host as over SSH."""
         if self._role(group) == "router":
             return self.ssh.stop_cmd(p, group)
+        # a server the launcher or systemd started (the profile ran with deploy.backend: ssh
+        # before) is stopped on every node, or it would keep the port and answer the gate
+        leftover = self.ssh.stop_cmd(p, group)
         if self.host != self.node0(group):
-            return "true"
+            return leftover
         name, lf = q(self.job_name(group)), q(p.logfile(group))
         t = SLURM_TIMEOUT_S
-        return (f"{self._env()}jobs=$(timeout {t} squeue -h -n {name} -o '%i (%T)') || exit 1; "
+        return (f"{leftover}; {self._env()}jobs=$(timeout {t} squeue -h -n {name} -o '%i (%T)') || exit 1; "
                 f"jobs=$(echo \"$jobs\" | paste -sd, -); "
                 f"if [ -n \"$jobs\" ]; then timeout {t} scancel --name={name} || exit 1; "
                 f"end=$(( $(date +%s) + {STOP_WAIT_S} )); "
@@ -97,8 +113,8 @@ class SlurmJobs:
                 f"echo \"=== dsv4ctl: slurm job(s) $jobs of {group} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict) -> str:
-        """On the group's node 0: write the group's batch script beside the release (atomic) and
-        submit it; its job id goes to ``run/<group>.job`` and the log. Elsewhere the log folder
+        """On the group's node 0: write the group's batch script beside the release (atomic, once:
+        later starts submit it as stored) and submit it; its job id goes to ``run/<group>.job`` and the log. Elsewhere the log folder
         only (a node's task writes its log there). ``command`` and ``env`` are this host's; the
         script renders every node's own from the launch spec. A router runs as over SSH."""
         if self._role(group) == "router":
@@ -109,10 +125,15 @@ class SlurmJobs:
         script = batch_script(self.job_spec(group, rid))
         path = f"{p.root}/run/{group}-{rid}.sbatch"
         lf, jf = q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
-        return (f"set -e; {self._env()}mkdir -p {q(p.root + '/run')} {logs} {q(p.root + '/logs/slurm')}; "
-                f"t=$(mktemp {q(path)}.XXXXXX); printf %s {q(script)} > \"$t\"; mv -f \"$t\" {q(path)}; "
-                f"jid=$(timeout {SLURM_TIMEOUT_S} sbatch --parsable {q(path)}); jid=${{jid%%;*}}; "
-                f"echo \"$jid\" > {jf}.tmp; mv -f {jf}.tmp {jf}; "
+        # the release's script is written once and submitted as stored (a rollback submits what
+        # ran before, not a script rendered again from today's profile); a failed sbatch or an
+        # answer that is no job id fails the step (set -e does not hold inside an && chain)
+        return (f"{self._env()}mkdir -p {q(p.root + '/run')} {logs} {q(p.root + '/logs/slurm')} || exit 1; "
+                f"if [ ! -s {q(path)} ]; then t=$(mktemp {q(path)}.XXXXXX) && printf %s {q(script)} > \"$t\" "
+                f"&& mv -f \"$t\" {q(path)} || exit 1; fi; "
+                f"jid=$(timeout {SLURM_TIMEOUT_S} sbatch --parsable {q(path)}) || exit 1; jid=${{jid%%;*}}; "
+                f"case \"$jid\" in ''|*[!0-9]*) echo \"sbatch printed no job id: $jid\" >&2; exit 1;; esac; "
+                f"echo \"$jid\" > {jf}.tmp && mv -f {jf}.tmp {jf} || exit 1; "
                 f"echo \"=== dsv4ctl: {group} release {rid} submitted as slurm job $jid "
                 f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
 
@@ -142,6 +163,17 @@ class SlurmJobs:
         return (f"{self._env()}jid=$(cat {jf} 2>/dev/null); echo \"@job $jid\"; [ -n \"$jid\" ] || exit 0; "
                 f"timeout {t} scontrol show job -o \"$jid\" 2>&1; echo @nodes; {node_part}"
                 f"echo @out; tail -n 12 {q(p.root + '/logs/slurm')}/job-\"$jid\".out 2>/dev/null | cut -c1-300")
+
+    def test_submit_cmd(self, nodes: list[str]) -> str:
+        """Read-only: ``sbatch --test-only`` of a job shaped like a group's (its nodes, the
+        profile's partition, account, reservation, time limit): exit 0 when Slurm would take it."""
+        st = self.settings
+        opts = [f"--nodes={len(nodes)}", "--ntasks-per-node=1", "--exclusive", f"--nodelist={','.join(nodes)}"]
+        for opt, v in (("partition", st and st.partition), ("account", st and st.account),
+                       ("reservation", st and st.reservation), ("time", st and st.time_limit)):
+            if v:
+                opts.append(f"--{opt}={v}")
+        return f"{self._env()}timeout {SLURM_TIMEOUT_S} sbatch --test-only {' '.join(q(o) for o in opts)} --wrap true"
 
     def nodes_cmd(self, nodes: list[str]) -> str:
         """Read-only: ``scontrol show node -o`` of ``nodes`` (bounded)."""
@@ -183,7 +215,12 @@ class SlurmJobs:
                        log_dir=f"{p0.root}/logs/slurm", workdir=p0.root, nodelist=",".join(nodes),
                        partition=st.partition if st else None, account=st.account if st else None,
                        reservation=st.reservation if st else None, time_limit=st.time_limit if st else None,
-                       avoid_ports=avoid)
+                       avoid_ports=avoid, instance=self.instance(group))
+
+
+#: What Slurm's clients print when the controller does not answer (not a job's verdict).
+_NO_ANSWER = ("Socket timed out", "Unable to contact slurm controller", "Connection refused",
+              "Zero Bytes were transmitted", "Transport endpoint", "slurm_load_jobs error: Unexpected")
 
 
 def parse_job_state(text: str) -> tuple[bool, str, str | None]:
@@ -205,7 +242,11 @@ def parse_job_state(text: str) -> tuple[bool, str, str | None]:
         sections[cur].append(line)
     if not jid:
         return False, "no Slurm job was submitted for the group (run/<group>.job is missing)", None
-    rec = parse_job("\n".join(sections["job"]))
+    said = "\n".join(sections["job"])
+    if not said.strip() or any(x in said for x in _NO_ANSWER):
+        # the controller did not answer (or timed out): no verdict, the gate keeps waiting
+        return True, "the Slurm controller does not answer: " + (said.strip().splitlines() or ["(nothing)"])[-1][:200], None
+    rec = parse_job(said)
     v = job_verdict(rec, parse_nodes("\n".join(sections["nodes"])))
     if v.ok:
         return True, v.message, None
@@ -214,4 +255,4 @@ def parse_job_state(text: str) -> tuple[bool, str, str | None]:
     # terminated after it (--kill-on-bad-exit)
     first = next((e for e in errors if "Terminated" not in e), errors[0] if errors else None)
     m = re.match(r"srun: error: ([^:\s]+): task \d+:", first or "")
-    return False, f"slurm {v.message}" + (f": {first}" if first else ""), (m.group(1) if m else None)
+    return False, f"Slurm: {v.message}" + (f": {first}" if first else ""), (m.group(1) if m else None)

@@ -73,17 +73,39 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     avoid_ports: tuple[int, ...] = ()
     extra: tuple[str, ...] = field(default=())       # further "#SBATCH" options, verbatim
+    instance: str = ""                                # tells apart deployments that share a profile name
 
     @property
     def job_name(self) -> str:
-        """The job's name: ``dsv4ctl:PROFILE:GROUP`` (what ``squeue -n`` finds)."""
-        return f"dsv4ctl:{self.profile}:{self.group}"
+        """The job's name: ``dsv4ctl:PROFILE:GROUP[:INSTANCE]`` (what ``squeue -n`` finds)."""
+        return job_name(self.profile, self.group, self.instance)
 
     @property
     def comment(self) -> str:
         """The job's comment: the release it runs (what ``scontrol show job`` tells back; one
         word: sbatch reads a ``#SBATCH`` value up to the first blank)."""
         return f"dsv4ctl:release={self.release}:group={self.group}"
+
+
+def job_name(profile: str, group: str, instance: str = "") -> str:
+    """``dsv4ctl:PROFILE:GROUP`` plus ``:INSTANCE`` when given: the name every job of one server
+    group of one deployment has (and no other deployment's: ``instance`` is derived from where
+    the deployment lives, so two copies of a profile on other roots never cancel each other)."""
+    return f"dsv4ctl:{profile}:{group}" + (f":{instance}" if instance else "")
+
+
+#: Characters a path in an ``#SBATCH`` line or the batch script may not hold: sbatch ends a
+#: directive at a blank, expands ``%`` in ``--output``, and a quote or ``$``/backquote would be
+#: the shell's.
+_BAD_PATH = re.compile(r"[\s'\"`$%\\;&|<>()*?\[\]{}!#~]")
+
+
+def check_path(path: str, what: str = "path") -> None:
+    """InputError (exit 2) for a path a batch script cannot carry whole (:data:`_BAD_PATH`, not
+    absolute, a newline)."""
+    if not path.startswith("/") or _BAD_PATH.search(path):
+        raise InputError(f"slurm: {what} {path!r} must be an absolute path of letters, digits and / . _ - + = @ , : "
+                         "(sbatch ends a directive at a blank and expands %)")
 
 
 def _check(spec: JobSpec) -> None:
@@ -105,8 +127,9 @@ def _check(spec: JobSpec) -> None:
     if re.search(r"^DSV4_NODE$", spec.command, re.M):
         raise InputError("slurm: the launch command may not contain a line 'DSV4_NODE'")
     for d in (spec.log_dir, spec.workdir):
-        if not d.startswith("/") or "\n" in d:
-            raise InputError(f"slurm: {d!r} must be an absolute path (every node must see it)")
+        check_path(d)
+    if spec.instance and not re.fullmatch(r"[0-9a-f]{1,16}", spec.instance):
+        raise InputError(f"slurm: instance {spec.instance!r} is not hex")
 
 
 def release_seed(release: str) -> int:
@@ -257,10 +280,10 @@ def show_job_cmd(job_id: str) -> str:
 SQUEUE_FORMAT = "%i|%T|%r|%k|%N"
 
 
-def group_jobs_cmd(profile: str, group: str) -> str:
+def group_jobs_cmd(profile: str, group: str, instance: str = "") -> str:
     """The live jobs (pending, running, completing) of one server group, found by job name:
     ``JOBID|STATE|REASON|COMMENT|NODES`` lines (:func:`parse_squeue`)."""
-    name = f"dsv4ctl:{profile}:{group}"
+    name = job_name(profile, group, instance)
     return f"squeue -h -n {shlex.quote(name)} -o {shlex.quote(SQUEUE_FORMAT)}"
 
 

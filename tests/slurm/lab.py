@@ -183,7 +183,16 @@ class SlurmLab:
         self._wait(self._all_idle, "the nodes to be idle after scancel", timeout=30)
 
     def stop(self) -> None:
-        """Stop every daemon (their process groups) and remove the socket folder."""
+        """Cancel every job (their steps end with them), stop every daemon (their process groups)
+        and remove the socket folder."""
+        try:
+            if any(p.poll() is None for p in self.procs):
+                self.run("scancel", "--partition", self.partition, timeout=15)
+                end = time.monotonic() + 15
+                while time.monotonic() < end and self.run("squeue", "-h", "-o", "%i", timeout=10).stdout.strip():
+                    time.sleep(0.2)
+        except (OSError, subprocess.SubprocessError):
+            pass
         for p in reversed(self.procs):
             if p.poll() is None:
                 try:
