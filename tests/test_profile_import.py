@@ -11,6 +11,7 @@ replicas, tp, dp, attention DP) and the serve configs' expert parallelism are th
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -240,7 +241,7 @@ BAD = {
                       "resources.decode_nodes: 2, but 1 worker(s) of 16 GPUs need 4 node(s) of 4 GPUs"),
     "variants": ("base:\n  name: x\noverride_big:\n  resources: {decode_nodes: 16}\n",
                  "a recipe with variants (base, override_*)"),
-    "bad-count": (_tweak("agg-tp8", "agg_workers: 1", "agg_workers: -1"), "resources.agg_workers: must be a whole number >= 0"),
+    "bad-count": (_tweak("agg-tp8", "agg_workers: 1", "agg_workers: -1"), "resources.agg_workers: must be a whole number from 0 to 4096"),
 }
 
 
@@ -327,3 +328,36 @@ def test_a_mutated_recipe_imports_or_is_an_input_error(tmp_path, monkeypatch, na
     assert yaml.safe_load(text)["groups"][0]["name"] == r.groups[0].name
     for g in r.groups:
         assert isinstance(yaml.safe_load(srtslurm.serve_text(r, g)), dict)
+
+
+def test_the_recipe_is_never_written_over(tmp_path):
+    """Run in the recipe's own folder (the default PATH is the recipe's name): the profile goes to
+    NAME-profile.yaml; --out naming the recipe is refused, --force or not (follower's finding)."""
+    import shutil
+    rec = tmp_path / "recipe.yaml"
+    shutil.copy(DATA / "agg-tp8.yaml", rec)
+    before = rec.read_bytes()
+    r = run_cli("profile", "import", "srt-slurm", "recipe.yaml", cwd=tmp_path, env=env(tmp_path))
+    assert r.code == 0, r.err
+    assert rec.read_bytes() == before and load(tmp_path / "recipe-profile.yaml")["name"] == "recipe-profile"
+    for extra in ([], ["--force"]):
+        r = run_cli("profile", "import", "srt-slurm", "recipe.yaml", "--out", "recipe.yaml", *extra, cwd=tmp_path,
+                    env=env(tmp_path))
+        assert r.code == 2 and "that is the recipe itself" in r.err, r.err
+    assert rec.read_bytes() == before
+
+
+@pytest.mark.parametrize("field, value, msg", [
+    ("container", "lmsysorg/sglang:dsv4\\ndeploy: {launch: {server: x}}", "has a control character"),
+    ("gpus_per_node", 100000000, "must be a whole number from 0 to 4096"),
+])
+def test_recipe_values_cannot_write_keys_or_blow_up(tmp_path, field, value, msg):
+    """A newline in a recorded string ended the header comment and wrote keys into the profile; a
+    huge count built a list of that many GPUs (breaker's findings)."""
+    text = (DATA / "agg-tp8.yaml").read_text()
+    if field == "container":
+        text = re.sub(r"(?m)^(\s*container:).*$", lambda m: f'{m.group(1)} "{value}"', text, count=1)
+        assert "deploy: {launch" in text
+    else:
+        text = re.sub(r"(?m)^(\s*gpus_per_node:).*$", lambda m: f"{m.group(1)} {value}", text, count=1)
+    assert msg in refused(tmp_path, text)

@@ -286,7 +286,7 @@ def _import_doc(rec, dest: Path, files: dict[Path, str], dry_run: bool) -> dict:
 @import_app.command("srt-slurm")
 def import_srt_slurm(
         recipe: str = typer.Argument(..., metavar="RECIPE", help="An srt-slurm SGLang recipe (.yaml)."),
-        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="PATH", help="The new profile file (default: RECIPE's name, .yaml, in this folder); serve configs go to PATH's folder/<stem>/."),
+        out: Optional[str] = typer.Option(None, "--out", "-o", metavar="PATH", help="The new profile file (default: RECIPE's name, .yaml, in this folder; NAME-profile.yaml in the recipe's own folder); serve configs go to PATH's folder/<stem>/."),
         model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="deepseek-v4-pro or deepseek-v4-flash, when the recipe names its model by a cluster alias."),
         force: bool = typer.Option(False, "--force", help="Overwrite existing files."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be written; write nothing."),
@@ -295,12 +295,20 @@ def import_srt_slurm(
     environment) into a profile with placeholder hosts and one serve config per group, for plan and
     config lint. Keys it does not import are listed (warnings, notes). Exit 2 for a recipe that is
     not YAML, another backend or model, no sglang_config, or a file that exists (without --force)."""
+    from ..errors import InputError
     from ..profile.srtslurm import read_recipe
     from ..render import dump_json
     _utf8(recipe)
     rec = read_recipe(Path(recipe).expanduser(), model)
-    dest = profile_dest(out if out is not None else re.sub(r"[^A-Za-z0-9_.-]", "-", Path(recipe).stem) + ".yaml")
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(recipe).stem)
+    dest = profile_dest(out if out is not None else stem + ".yaml")
+    if out is None and _same_file(dest, recipe):        # run in the recipe's folder: never over the recipe
+        dest = profile_dest(stem + "-profile.yaml")
+    if _same_file(dest, recipe):
+        raise InputError(f"{dest}: that is the recipe itself: give --out another path")
     files = imported_files(rec, dest)
+    if any(_same_file(f, recipe) for f in files):
+        raise InputError(f"{recipe}: the import would write over the recipe itself: give --out another path")
     check_writable(files, force)
     if not dry_run:
         write_profile_files(files, dest, force)
@@ -318,6 +326,14 @@ def import_srt_slurm(
     for n in rec.notes:
         print(f"note: {n}")
     print(f"next: set the hosts' addresses, then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}")
+
+
+def _same_file(a, b) -> bool:
+    """True when paths ``a`` and ``b`` name one file (resolved; False when either is missing)."""
+    try:
+        return Path(a).resolve() == Path(b).resolve() or Path(a).samefile(b)
+    except OSError:
+        return False
 
 
 def register(app: typer.Typer) -> None:

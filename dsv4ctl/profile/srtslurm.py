@@ -122,6 +122,12 @@ def _dig(data: Any, path: tuple) -> Any:
     return data
 
 
+#: The largest count a recipe may give (GPUs per node, nodes, workers): srt-slurm's largest
+#: DeepSeek-V4 recipes use 12 prefill workers and 16-node decode; a mistaken 10**8 must not
+#: build a list of that many GPUs or hosts.
+MAX_COUNT = 4096
+
+
 def _get(data: dict, pos: Positions, path: tuple, kind: type, required: bool = False) -> Any:
     """``data`` at ``path`` when it is a ``kind`` (None when absent and not required); InputError else."""
     v = _dig(data, path)
@@ -131,9 +137,12 @@ def _get(data: dict, pos: Positions, path: tuple, kind: type, required: bool = F
                              "and backend.sglang_config)")
         return None
     ok = isinstance(v, kind) and not (kind is int and isinstance(v, bool))
-    if not ok or (kind is int and v < 0):
-        want = {dict: "a mapping", str: "a string", int: "a whole number >= 0"}[kind]
-        raise InputError(f"{_where(pos, path)}: must be {want}, got {v!r}")
+    if not ok or (kind is int and not 0 <= v <= MAX_COUNT):
+        want = {dict: "a mapping", str: "a string", int: f"a whole number from 0 to {MAX_COUNT}"}[kind]
+        raise InputError(f"{_where(pos, path)}: must be {want}, got {str(v)[:80]!r}")
+    if kind is str and any(ord(c) < 32 or ord(c) == 127 for c in v):
+        # values go into the profile's comments and YAML: a newline would end a comment and write keys
+        raise InputError(f"{_where(pos, path)}: {v[:80]!r} has a control character (a newline, a tab...)")
     return v
 
 
