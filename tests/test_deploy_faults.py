@@ -98,7 +98,8 @@ def test_sshd_killed_mid_transfer(world):
     # unlock), so the next deploy names it; breaking it explicitly finishes the job
     w.c.hosts[2].start()
     code, out, err = run(w, "deploy", "--base", "big", "--json")
-    assert code == 3 and "h2: deploy lock" in err and "--break-lock" in err
+    assert code == 3 and "h2: deploy lock" in err and "that run is dead" in err, err
+    assert f"free the lock with dsv4ctl lock release {w.profile} --force" in err
     code, out, err = run(w, "deploy", "--base", "big", "--break-lock", "--json")
     assert code == 0, err
     b = json.loads(out)["release"]

@@ -82,7 +82,7 @@ def dry_run_after_deploy(w: PromoteWorld, good: str):
     out = r.out
     i_canary = out.index(f"h0: [canary] switch {w.roots['h0']}/current: {good} -> ")
     url_a = f"http://{w.hosts[0].address}:{w.ports['a']}"
-    i_smoke = out.index(f"[canary] dsv4ctl check smoke {url_a} --json")
+    i_smoke = out.index(f"[canary] dsv4ctl check smoke {url_a} --expect-version 0.5.23 --json")
     i_load = out.index(f"[canary] dsv4ctl check load {url_a} --json --no-progress --concurrency 60 "
                        f"--max-corruption 0.01 --turns 2")
     i_rest = out.index(f"h1: [rest] switch {w.roots['h1']}/current: {good} -> ")
