@@ -746,7 +746,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'profile init\'' -s h -l help -d 'Show thi
 complete -c dsv4ctl -n '__dsv4ctl_arg \'profile init\' 0' -F
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile import\'' -f -a 'srt-slurm' -d 'Turn an NVIDIA srt-slurm SGLang recipe (model, resources, backend.sglang_conf...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile import\'' -s h -l help -d 'Show this message and exit.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -s o -l out -r -F -d 'The new profile file (default: RECIPE\'s name, .yaml, in this folder); serve c...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -s o -l out -r -F -d 'The new profile file (default: RECIPE\'s name, .yaml, in this folder; NAME-pro...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l model -r -f -a 'deepseek-v4-pro deepseek-v4-flash' -d 'deepseek-v4-pro or deepseek-v4-flash, when the recipe names its model by a cl...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l force -d 'Overwrite existing files.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'profile import srt-slurm\'' -l dry-run -d 'Say which files would be written; write nothing.'
