@@ -236,6 +236,12 @@ def test_status_logs_audit_on_sshd_hosts(deployed):
     assert r.code == 0 and f'{host}/{group}: stopped: stopped by {rec["who"]} at {rec["ts"]} ("disk swap")' in r.out, r.out
     r = run_cli("audit", str(w.profile), env=w.env(), timeout=120)
     assert r.code == 0 and '"after the kill"' in r.out and '"disk swap"' in r.out, r.out
+    # diagnose agrees: stopped on purpose is no crash (a runbook must not mark the release failed)
+    r = run_cli("diagnose", str(w.profile), "-g", group, "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.out + r.err
+    [f] = [f for f in r.json()["groups"][group]["findings"]]
+    assert (f["rule"], f["severity"], f["runbook"]) == ("stopped", "ok", None), f
+    assert f'stopped on purpose by {rec["who"]} at {rec["ts"]} ("disk swap")' in f["cause"]
 
 
 def test_error_lines_cannot_drive_the_terminal(capsys):

@@ -26,7 +26,7 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
     the runbook to run. Works with the server down. --since is taken in each host's time (its
     clock is read in the same round trip; more than a minute off: a warning line).
 
-    Exit 0 every group healthy · 1 a finding · 2 bad input · 3 a host could not be read."""
+    Exit 0 every group healthy (or stopped on purpose) · 1 a finding · 2 bad input · 3 a host could not be read."""
     from ..hosts.clock import skew_warning
     from ..diagnose.run import diagnose_deployment, diagnosis_lines
     from ..render import dump_json
@@ -57,7 +57,7 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
     if down:
         raise DsvError(f"diagnose: {len(down)} host(s) could not be read: {doc['hosts'][down[0]]['error']}", EXIT_REMOTE)
     if not doc["ok"]:
-        bad = [f for f in doc["findings"] if f["rule"] != "healthy"]
+        bad = [f for f in doc["findings"] if f["rule"] not in ("healthy", "stopped")]
         raise VerdictError(f"diagnose: {bad[0]['group']}: {bad[0]['cause']}"
                            + (f" (run: dsv4ctl runbook run {bad[0]['runbook']})" if bad[0]["runbook"] else ""),
                            label="diagnosis")

@@ -77,6 +77,7 @@ class Evidence:
     nnodes: int = 1
     release: Optional[str] = None     # the release active on this node's host
     dist_init: Optional[str] = None   # --dist-init-addr HOST:PORT (multi-node servers)
+    stopped: Optional[dict] = None    # the audit record of the ``dsv4ctl stop`` that left it down
 
     _lines: Optional[list] = field(default=None, repr=False, compare=False)
 
@@ -390,10 +391,22 @@ RULES: tuple[Callable[[Evidence], list[Finding]], ...] = (
 _SPECIFIC = ("cuda_oom", "illegal_memory_access", "nan_sampling", "hicache_load_back", "kernel_argument", "watchdog_stall")
 
 
+def stopped_finding(ev: Evidence) -> Finding:
+    """A group that is down because an operator stopped it (``dsv4ctl stop``, the last audit
+    record that concerns it): no failure, no runbook (status says ``stopped`` too)."""
+    rec = ev.stopped or {}
+    msg = f' ("{rec["message"]}")' if rec.get("message") else ""
+    return _mk(ev, "stopped", f"stopped on purpose by {rec.get('who', '?')} at {rec.get('ts', '?')}{msg}: not a "
+               "failure (dsv4ctl start serves it again)", "ok", [f"audit: {rec.get('action')} {rec.get('detail', '')}"],
+               "-", None)
+
+
 def diagnose(ev: Evidence) -> list[Finding]:
     """Every rule over ``ev``, most severe first (a specific crash before ``dead_rank``). With no
     finding: ``healthy`` when /health answered ok (and the process is not known dead), else
     ``unknown`` (nothing matched; read the evidence)."""
+    if ev.alive is False and ev.stopped is not None:
+        return [stopped_finding(ev)]
     found = [f for rule in RULES for f in rule(ev)]
     specific = [f for f in found if f.rule in _SPECIFIC]
     for f in found:
@@ -517,7 +530,7 @@ def diagnose_server(nodes: list[Evidence]) -> list[Finding]:
     :func:`rule_dist_init` and :func:`rule_release_split`; a node > 0 found dead is reported as a
     lost node, not a second ``dead_rank``. ``healthy`` only when node 0 is healthy, every node
     is alive and nothing else fired; most severe first."""
-    if len(nodes) == 1:
+    if len(nodes) == 1 or all(ev.alive is False and ev.stopped is not None for ev in nodes):
         return diagnose(nodes[0])
     head = diagnose(nodes[0])
     found = [f for f in head if f.rule not in ("healthy", "unknown")]

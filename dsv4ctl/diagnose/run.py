@@ -3,7 +3,7 @@
 The document (``dsv4ctl.diagnose/1``, documented in the README)::
 
     {"schema": "dsv4ctl.diagnose/1", "profile": NAME, "since": ISO | null, "window_s": 5.0,
-     "ok": bool,                                   # every group healthy and every host read
+     "ok": bool,                                   # every group healthy (or stopped on purpose) and every host read
      "hosts": {HOST: {"current": RID | null, "state": "good" | ... | null, "error": null | WHY,
                       "gpu_error": null | WHY, "last_audit": {...} | null,
                       "clock_offset_s": S | null,     # the host's clock minus this machine's
@@ -30,6 +30,9 @@ from typing import Optional
 from .collect import (DEFAULT_LINES, current_process, host_command, parse_host, probe_groups, process_facts,
                       since_filter)
 from .rules import SEVERITY, Evidence, diagnose_server
+
+#: Findings that are no failure: a healthy group, one an operator stopped (dsv4ctl stop).
+HEALTHY = frozenset({"healthy", "stopped"})
 
 SCHEMA = "dsv4ctl.diagnose/1"
 
@@ -59,6 +62,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's time) is converted to the
     host's time before its log lines are filtered."""
     from ..deploy.service import alive_checks
+    from ..hosts.day2 import stop_record
     from ..deploy.site import Options, open_site
     from ..hosts.clock import host_cutoff, run_clocked, usable
     from ..remote import run_parallel
@@ -127,7 +131,8 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
                         server_info=info, metrics_before=pr["metrics_before"] if pr else None,
                         metrics_after=pr["metrics_after"] if pr else None, window_s=window, gpus=gpus or None,
                         hicache=hicache, node=node.node, nnodes=node.nnodes,
-                        release=hosts_doc.get(h, {}).get("current"), dist_init=dist), size
+                        release=hosts_doc.get(h, {}).get("current"), dist_init=dist,
+                        stopped=stop_record(hev.status.recent, g.name) if hev and alive is False else None), size
 
     for g, srv in servers:
         pr = probes[srv[0].server]
@@ -156,7 +161,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     for x in found:
         if x.runbook and x.runbook not in runbooks:
             runbooks.append(x.runbook)
-    ok = all(x.rule == "healthy" for x in found) and not any(d["error"] for d in hosts_doc.values())
+    ok = all(x.rule in HEALTHY for x in found) and not any(d["error"] for d in hosts_doc.values())
     return {"schema": SCHEMA, "profile": dep.name, "since": since.isoformat() if since else None, "window_s": window,
             "ok": ok, "hosts": hosts_doc, "groups": groups_doc, "findings": [x.to_dict() for x in found],
             "runbooks": runbooks}
