@@ -178,7 +178,8 @@ def test_a_step_to_confirm_without_a_terminal_stops_with_a_resumable_run(cli, tm
     assert r.code == 2, r.err
     run_id = re.fullmatch(r"run (\S+): tune on p; state and report in (.+)", r.out.splitlines()[0])[1]
     assert r.err == (f"dsv4ctl: error: step change (config.set) changes things; confirm interactively or pass "
-                     f"--yes (nothing of it ran; resume with --resume {run_id} --yes)\n")
+                     f"--yes (nothing of it ran; resume with dsv4ctl runbook run {tmp_path / 'tune.yaml'} "
+                     f"{tmp_path / 'p.yaml'} --resume {run_id} --yes)\n")
     run_dir = tmp_path / "state" / "runs" / run_id
     state = json.loads((run_dir / "state.json").read_text())
     assert state["run_id"] == run_id and state["done"] == [] and state["failed_step"] is None

@@ -574,7 +574,7 @@ def test_oom_at_startup_diagnoses_where_then_plans(live):
 def test_sigterm_mid_run_writes_report_stops_child_and_resumes(live):
     rg, o = _scenario(live, "sigterm")
     assert o["code"] == 130, o["out"] + o["err"]
-    assert "Traceback" not in o["err"] and f"resume with --resume {o['run_id']}" in o["err"]
+    assert "Traceback" not in o["err"] and f"--resume {o['run_id']}" in o["err"] and "resume with dsv4ctl runbook run " in o["err"]
     doc = o["interrupted"]
     assert doc["run_id"] == o["run_id"] and doc["failed_step"] == "look"
     assert [e["status"] for e in doc["timeline"]] == ["ran", "interrupted"]

@@ -48,10 +48,12 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
         warn = skew_warning(h, float("inf") if hd.get("clock_unusable") else hd.get("clock_offset_s"))
         if warn:
             print(warn, file=sys.stderr)
+    import shlex
+    prof = shlex.quote(str(dep.profile.path))       # hints run as typed: the profile as given
     if as_json:
         print(dump_json(doc))
     else:
-        for ln in diagnosis_lines(doc):
+        for ln in diagnosis_lines(doc, prof):
             print(ln)
     down = [h for h, d in doc["hosts"].items() if d["error"]]
     if down:
@@ -59,7 +61,7 @@ def diagnose(profile: Optional[str] = typer.Argument(None, help="Profile path or
     if not doc["ok"]:
         bad = [f for f in doc["findings"] if f["rule"] not in ("healthy", "stopped")]
         raise VerdictError(f"diagnose: {bad[0]['group']}: {bad[0]['cause']}"
-                           + (f" (run: dsv4ctl runbook run {bad[0]['runbook']})" if bad[0]["runbook"] else ""),
+                           + (f" (run: dsv4ctl runbook run {bad[0]['runbook']} {prof})" if bad[0]["runbook"] else ""),
                            label="diagnosis")
 
 

@@ -133,7 +133,7 @@ def run(
     print(f"run {state.run_id}: report {run_dir / 'incident.md'}")
     if ctx.touched_hosts:
         _audit(ctx, pb, state, doc, run_dir, interrupted)
-    _verdict(pb, state, doc, run_dir, report_dir, interrupted, r.unconfirmed)
+    _verdict(pb, state, doc, run_dir, report_dir, interrupted, r.unconfirmed, profile, name)
 
 
 def _resolve(name: str, profile: Optional[str], dry_run: bool):
@@ -311,11 +311,13 @@ def _audit(ctx, pb, state, doc: dict, run_dir: Path, interrupted: bool) -> None:
 
 
 def _verdict(pb, state, doc: dict, run_dir: Path, report_dir: Optional[Path], interrupted: bool,
-             unconfirmed: list) -> None:
+             unconfirmed: list, profile: Optional[str] = None, book: Optional[str] = None) -> None:
     """The run's exit: nothing (completed, verified) or the error of its exit code (130
     interrupted, 2 a step left unconfirmed, 1 stopped or its final verification failed), each
-    naming how to resume."""
-    again = f"--resume {state.run_id}" + (f" --report-dir {report_dir}" if report_dir else "")
+    naming the whole command that resumes it (as typed: the runbook, the profile as given)."""
+    import shlex
+    again = (f"dsv4ctl runbook run {shlex.quote(book or pb.name)}" + (f" {shlex.quote(profile)}" if profile else "")
+             + f" --resume {state.run_id}" + (f" --report-dir {shlex.quote(str(report_dir))}" if report_dir else ""))
     if interrupted:
         raise DsvError(f"runbook {pb.name} interrupted at {state.failed_step or 'a step'}; "
                        f"resume with {again}", EXIT_INTERRUPTED)

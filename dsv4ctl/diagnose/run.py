@@ -167,14 +167,15 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
             "runbooks": runbooks}
 
 
-def diagnosis_lines(doc: dict) -> list[str]:
-    """Human lines: one per finding (group, cause, runbook) with its evidence indented."""
+def diagnosis_lines(doc: dict, profile: str = "PROFILE") -> list[str]:
+    """Human lines: one per finding (group, cause, runbook: the command with ``profile``, as
+    typed) with its evidence indented."""
     out = []
     for h, hd in doc["hosts"].items():
         if hd.get("error"):
             out.append(f"{h}: host not read: {hd['error']}")
     for f in doc["findings"]:
-        rb = f" -> dsv4ctl runbook run {f['runbook']}" if f["runbook"] else ""
+        rb = f" -> dsv4ctl runbook run {f['runbook']} {profile}" if f["runbook"] else ""
         out.append(f"{f['host']}/{f['group']}: [{f['severity']}] {f['cause']}{rb}")
         for e in f["evidence"]:
             out.append(f"    {e}")
