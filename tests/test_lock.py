@@ -121,6 +121,9 @@ def test_a_runs_lock_is_released_only_with_force_and_bad_messages(world):
         assert ("(dry run)" in r.err) and f"dsv4ctl lock release {w.profile} --force --yes-it-is-dead" in r.err
         r = cli(w, "deploy", "--no-preflight")
         assert r.code == 3 and f"that run is still going (pid {sleeper.pid} still runs" in r.err, r.err
+        for argv in (("deploy", "--no-preflight", "--dry-run"), ("start", "--dry-run")):   # the dry run is the run
+            r = cli(w, *argv)
+            assert r.code == 3 and f"that run is still going (pid {sleeper.pid} still runs" in r.err, (argv, r.err)
         r = cli(w, "deploy", "--no-preflight", "--break-lock")      # the same rule for --break-lock
         assert r.code == 3 and "h2: --break-lock does not remove the lock of a run that still runs" in r.err, r.err
         assert f"pid {sleeper.pid} still runs on this machine" in r.err and lock.is_dir()

@@ -85,6 +85,19 @@ def run_host_step(site: Site, step: Step, *, timeout: float, input: bytes | None
 
 # -- lock --------------------------------------------------------------------------------------
 
+def refuse_held_locks(site: Site) -> None:
+    """A dry run says what the run would: a deploy lock another run or an operator holds is the
+    run's LockHeld (exit 3, the same words and hint), unless ``--break-lock`` is given (the run
+    then judges it under its own rules, :func:`acquire_locks`). Reads the facts already gathered."""
+    if site.opts.break_lock:
+        return
+    for h in site.hosts:
+        f = site.facts.get(h)
+        if f is not None and f.lock:
+            raise held_error(h, site.paths[h].lock, json.dumps(f.lock), can_break=site.opts.offers_break_lock,
+                             profile=str(site.profile.path))
+
+
 def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
     """Run every host's lock step (lock + facts in one round trip). A held lock → LockHeld
     (exit 3) naming its holder; locks taken so far are released. ``--break-lock`` removes a
@@ -636,6 +649,7 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         if opts.dry_run:
             rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts, release_environment(dep))
             gather_facts(site)
+            refuse_held_locks(site)
             refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
             servers = None
@@ -989,6 +1003,7 @@ def rollback(profile, opts: Options, to: str | None = None, command: str = "dsv4
             opts.log(f"rollback to {target}: {why}")
         refuse(site, target, False, "rollback")
         if opts.dry_run:
+            refuse_held_locks(site)
             site.token = DRY_RUN_TOKEN
             spec = target_spec(site, target)
             run = rollback_steps(site, target, spec, locked=False, extra=_record_extras(site, target, True),

@@ -80,13 +80,15 @@ def lifecycle(profile, opts, how: str, groups: list[str] | None = None, hosts: l
     (exit 3: SSH, lock, a stop/start command failed, hosts of one server on different releases),
     GateFailed (exit 1: a started server not healthy; later batches untouched)."""
     from ..errors import GateFailed, RemoteError
-    from .engine import acquire_locks, close_all, failure_text, release_locks, run_close, run_gate, run_server_steps
+    from .engine import (acquire_locks, close_all, failure_text, refuse_held_locks, release_locks, run_close, run_gate,
+                         run_server_steps)
     from .site import gather_facts, open_site
     from .steps import DRY_RUN_TOKEN, close_step, gate_steps
     site = open_site(profile, opts)
     try:
         if opts.dry_run:
             gather_facts(site)
+            refuse_held_locks(site)
             site.token = DRY_RUN_TOKEN
         else:
             acquire_locks(site, _what(how, groups, hosts))
