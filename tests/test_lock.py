@@ -269,3 +269,23 @@ def test_a_second_profile_on_a_roots_hosts_is_refused_with_both_names(world):
     assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
     assert [x["action"] for x in w.audit("h0")] == ["deploy"]
     assert cli(w, "deploy", "--no-preflight", "--dry-run").code == 0       # the owner itself goes on
+
+
+def test_lock_status_shows_the_hosts_it_reads_when_one_is_lost(world):
+    """One host unreachable: the others' locks are still shown (the dead run's hint too), then
+    exit 3 naming the lost host; lock acquire --dry-run says it could not take that host
+    (follower's finding: nothing was shown)."""
+    w = world
+    run_lock(w, "h1", "bob@ops2", "deploy rY", 7, "2026-12-04T10:00:00Z")
+    w.c.hosts[3].kill()
+    try:
+        r = cli(w, "lock", "status")
+        assert r.code == 3 and "reading the locks failed on 1 host(s): h3:" in r.err, r.err
+        rows = {ln.split("|")[1].strip(): ln for ln in r.out.splitlines() if ln.startswith("| h")}
+        assert "free" in rows["h0"] and "bob@ops2 (deploy rY" in rows["h1"] and "not read" in rows["h3"], r.out
+        doc = cli(w, "lock", "status", "--json")
+        assert doc.code == 3 and doc.json()["hosts"]["h3"]["held"] is None and doc.json()["hosts"]["h0"]["held"] is False
+        r = cli(w, "lock", "acquire", "-m", "x", "--dry-run")
+        assert r.code == 3 and "h3" in r.err
+    finally:
+        w.c.hosts[3].start()

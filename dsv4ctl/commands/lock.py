@@ -44,11 +44,16 @@ def status(
     from ..hosts.lock import age_text
     dep = _profile(profile)
     rep = lock_status(dep, _opts(accept_new))
+    lost = {h: r["error"] for h, r in rep["hosts"].items() if r.get("error")}
     if as_json:
         print(dump_json(rep))
+        _raise_lost(lost)
         return
     rows = []
     for h, r in rep["hosts"].items():
+        if r.get("error"):
+            rows.append([h, "not read", r["error"], ""])
+            continue
         if not r["held"]:
             rows.append([h, "free", "", ""])
             continue
@@ -57,6 +62,15 @@ def status(
                      age_text(r["age_s"]) + (" (stale?)" if r["stale"] else "")])
     console().print(rich_table("deploy locks", ["host", "lock", "holder", "age"], rows))
     print_lock_hints(rep, str(dep.path))
+    _raise_lost(lost)
+
+
+def _raise_lost(lost: dict) -> None:
+    """Exit 3 after the hosts that were read are shown, naming the ones that were not."""
+    if lost:
+        from ..errors import RemoteError
+        raise RemoteError(f"reading the locks failed on {len(lost)} host(s): "
+                          + "; ".join(f"{h}: {why}" for h, why in lost.items()))
 
 
 def print_lock_hints(rep: dict, profile: str) -> None:
@@ -90,7 +104,9 @@ def acquire(
     msg = check_message(message)
     dep = _profile(profile)
     if dry_run:
-        held = {h: r for h, r in _status(dep, accept_new)["hosts"].items() if r["held"]}
+        got = _status(dep, accept_new)["hosts"]
+        _raise_lost({h: r["error"] for h, r in got.items() if r.get("error")})     # the run could not take it
+        held = {h: r for h, r in got.items() if r["held"]}
         if held:
             h, r = next(iter(held.items()))
             raise RemoteError(f"{h}: the lock is held: {r['text']}; lock acquire would take nothing (dry run)")

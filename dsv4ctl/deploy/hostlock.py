@@ -34,9 +34,14 @@ def parse_read(text: str) -> dict | None:
     return parse_holder("\n".join(lines[1:]))
 
 
-def _read(site: Site) -> dict[str, dict | None]:
+def _read(site: Site, partial: bool = False):
+    """{host: holder dict or None (free)}; RemoteError naming the hosts that could not be read,
+    or with ``partial`` ``({host: ...} of the hosts read, {host: why} of the others)``."""
     res = run_parallel(site.transports, lambda t: parse_read(t.run(read_cmd(site.paths[t.name].lock), timeout=60).out),
                        timeout=site.opts.connect_timeout + 60)
+    if partial:
+        return ({h: res[h].value for h in site.hosts if res[h].ok},
+                {h: res[h].error for h in site.hosts if not res[h].ok})
     raise_failed(res, "reading the locks")
     return {h: res[h].value for h in site.hosts}
 
@@ -45,13 +50,14 @@ def status(profile, opts) -> dict:
     """``dsv4ctl.lock/1``: per host ``held``, ``holder`` (who, what, message, pid, since), ``age_s``,
     ``manual``, ``stale`` (older than :data:`STALE_S`) and for a run's lock ``process``
     (``alive``/``dead``/``unknown``, :func:`dsv4ctl.hosts.lock.holder_liveness`) and ``why``.
-    RemoteError (exit 3) when a host cannot be read."""
+    A host that cannot be read is ``{"held": None, "error": why}`` (the others are still shown;
+    the command exits 3 after printing them)."""
     site = open_site(profile, opts)
     try:
-        got = _read(site)
+        got, lost = _read(site, partial=True)
     finally:
         site.close()
-    hosts = {}
+    hosts = {h: {"held": None, "error": why} for h, why in lost.items()}
     for h, hd in got.items():
         if hd is None:
             hosts[h] = {"held": False}
