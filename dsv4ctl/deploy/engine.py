@@ -637,6 +637,9 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     rsync_user_args()
     dep = as_deployment(profile)
     tree_p, base_ref, pl, configs, spec, ident = release_inputs(dep, tree, base_ref, patches)
+    if dep.sglang.image is not None:
+        from .image import check_base
+        check_base(dep.sglang.image)
     pre = None
     if promote is not None:
         promote.prepare(dep, opts.log)

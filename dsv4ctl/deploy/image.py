@@ -104,6 +104,18 @@ def split_pin(base: str) -> tuple[str, str | None]:
     return (ref if transport in TRANSPORTS and transport != "docker" else base), dig
 
 
+def check_base(image) -> None:
+    """Before anything is built or pushed (dry runs too): a base in a local OCI layout
+    (``oci:DIR[:TAG]``) must be there. InputError (exit 2) naming it; other transports are
+    checked when the base is pulled."""
+    ref, _pin = split_pin(image.base)
+    if ref.startswith("oci:"):
+        path = Path(ref[4:].split(":", 1)[0])
+        if not (path / "index.json").is_file():
+            raise InputError(f"sglang.image.base {image.base}: no OCI image layout at {path} (its index.json is "
+                             "missing): nothing was built or pushed")
+
+
 def resolve_base(image, cache: Path) -> tuple[str, str]:
     """(image id, manifest digest) of the base in the control machine's store, pulled when it is
     not there. InputError (exit 2) when it cannot be pulled or a pinned digest differs."""
