@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,22 +37,10 @@ sys.path.insert(0, str(REPO))
 from tests.conftest import worker_index  # noqa: E402
 from tests.slurm.lab import SlurmLab, missing  # noqa: E402
 from tests.sshd import harness  # noqa: E402
+from tests.standin.harness import wait_health as healthy  # noqa: E402
 from tests.test_slurm_deploy import SlurmWorld  # noqa: E402
 
 STANDIN = f"{sys.executable} -m tests.sshd.standin_sglang"
-
-
-def healthy(url: str, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"{url} not healthy within {timeout} s")
 
 
 def docs_script(w: SlurmWorld, group: str, nodes: list[str], logs: Path) -> str:
