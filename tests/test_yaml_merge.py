@@ -20,6 +20,11 @@ DOCS = [
     "<<: {x: 1}\ny: 2\n",                                                         # top level, inline
     "e: &e {k: v}\ngroups:\n  - {name: a, env: {<<: *e, z: 1}}\n  - {name: b, env: {<<: *e}}\n",
     "<<: {x: 1}\n<<: {x: 2, y: 3}\n",                                             # two merge keys
+    # SGLang's keys are longer than one character: PyYAML 6.0 keeps every merged pair and builds
+    # the mapping in order, so the last mapping naming a key wins (breaker's finding)
+    "model-path: /m\n<<: [{tp-size: 4}, {tp-size: 8}]\n",
+    "model-path: /m\n<<: {tp-size: 4, dp-size: 1}\n<<: {tp-size: 8}\n",
+    "base: &b {tp-size: 4}\nx:\n  <<: [*b, *b, {tp-size: 2}]\n",
 ]
 
 

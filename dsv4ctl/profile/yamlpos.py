@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 
-_CACHE_VERSION = 2     # 2: merge-key paths (Positions.merged) stored
+_CACHE_VERSION = 3     # 2: merge-key paths (Positions.merged) stored; 3: merges as PyYAML 6.0 orders them
 CACHE_MAX = 512     # parsed-YAML cache entries before a prune (each is one distinct file text)
 CACHE_KEEP = 256    # entries a prune keeps: the most recently used
 
@@ -103,9 +103,10 @@ def _construct_collection(node, path: tuple, pos: Positions, loader,
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         merged: dict = {}
+        seen: set = set()
         for knode, vnode in node.value:
             if knode.tag == "tag:yaml.org,2002:merge":
-                _merge(knode, vnode, path, pos, loader, budget, merged)
+                _merge(knode, vnode, path, pos, loader, budget, merged, seen)
                 continue
             if not isinstance(knode, yaml.ScalarNode):
                 raise InputError(f"{pos.file}:{knode.start_mark.line + 1}: mapping keys must be scalars")
@@ -129,12 +130,19 @@ def _construct_collection(node, path: tuple, pos: Positions, loader,
     return [_construct(v, path + (i,), pos, loader, budget) for i, v in enumerate(node.value)]
 
 
-def _merge(knode, vnode, path: tuple, pos: Positions, loader, budget: _Budget, merged: dict) -> None:
-    """A merge key (``<<: *base`` or ``<<: [*a, *b]``) as PyYAML's ``safe_load`` reads it (SGLang
-    reads ``--config`` so): its mappings' keys go into ``merged`` (key -> (value, line of the
-    ``<<``)), the first mapping naming a key wins. InputError when the value is no mapping or
+def _merge(knode, vnode, path: tuple, pos: Positions, loader, budget: _Budget, merged: dict,
+           seen: set | None = None) -> None:
+    """A merge key (``<<: *base`` or ``<<: [*a, *b]``) as PyYAML 6.0's ``safe_load`` reads it
+    (SGLang reads ``--config`` so; ``SafeConstructor.flatten_mapping``): the merged pairs in the
+    order written, a pair skipped only when its key is the very string object of one already
+    taken (an alias of the same node; CPython's one-character strings), then the mapping built
+    in that order — so for distinct keys the *last* mapping naming a key wins (``<<: [{tp-size:
+    4}, {tp-size: 8}]`` is tp-size 8), and a key written in the mapping wins over every merged
+    one. ``merged``: key -> (value, line of the ``<<``); ``seen``: the ids of the key objects
+    taken (shared by every ``<<`` of one mapping). InputError when the value is no mapping or
     list of mappings (PyYAML refuses that too)."""
     import yaml
+    seen = set() if seen is None else seen
     line = knode.start_mark.line + 1
     sources = vnode.value if isinstance(vnode, yaml.SequenceNode) else [vnode]
     for i, src in enumerate(sources):
@@ -143,7 +151,10 @@ def _merge(knode, vnode, path: tuple, pos: Positions, loader, budget: _Budget, m
                              "or a list of mappings")
         part = _construct(src, path + ("<<", i), pos, loader, budget)
         for k, v in part.items():
-            merged.setdefault(k, (v, line))
+            if id(k) in seen:
+                continue
+            seen.add(id(k))
+            merged[k] = (v, line)
 
 
 def read_yaml_bytes(path: Path | str) -> bytes:
