@@ -599,6 +599,17 @@ def test_several_shards_without_their_index_are_a_partial_checkpoint(tmp_path):
     make_checkpoint(folder, index=False, split=3)
     with pytest.raises(InputError, match=r"partial checkpoint: 3 safetensors files .* no model\.safetensors\.index\.json: "):
         W.read_checkpoint(folder)
+    # one shard whose name says 1 of 3, no index (breaker's finding: planned on a third of the tensors)
+    for n in (2, 3):
+        (folder / f"model-0000{n}-of-00003.safetensors").unlink()
+    with pytest.raises(InputError, match=r"partial checkpoint: 1 safetensors files \(model-00001-of-00003.safetensors\) "
+                                         r"and no model\.safetensors\.index\.json; missing by their names: "
+                                         r"model-00002-of-00003.safetensors, model-00003-of-00003.safetensors"):
+        W.read_checkpoint(folder)
+    # an index that is a folder is refused, not ignored
+    (folder / "model.safetensors.index.json").mkdir()
+    with pytest.raises(InputError, match=r"model\.safetensors\.index\.json: not a regular file"):
+        W.read_checkpoint(folder)
 
 
 # --- the header cache (issue 48 item 2) --------------------------------------------------------

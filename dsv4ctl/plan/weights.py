@@ -192,6 +192,8 @@ def read_checkpoint(folder: Path) -> tuple[Tensor, ...]:
     (:func:`read_header`), a tensor in two files, or several shards without their index (a
     partial checkpoint, :func:`_partial_without_index`)."""
     index = folder / INDEX_NAME
+    if index.exists() and not index.is_file():      # a folder, FIFO or device: refused, never ignored
+        raise InputError(f"{index}: not a regular file: a checkpoint's index is a JSON file")
     has_index = index.is_file()
     if has_index:
         names, inames = _index(index)
@@ -216,7 +218,8 @@ def read_checkpoint(folder: Path) -> tuple[Tensor, ...]:
     tensors, seen = _read_files(key)
     if has_index:
         _check_index(index, inames, seen)
-    elif len(files) > 1:
+    elif len(files) > 1 or any((m := _SHARD_NAME.match(p.name)) and int(m.group(3)) > 1 for p in files):
+        # several shards, or one whose name says it is 1 of N > 1: a partial download without its index
         raise InputError(_partial_without_index(folder, files))
     return tensors
 
