@@ -289,3 +289,19 @@ def test_lock_status_shows_the_hosts_it_reads_when_one_is_lost(world):
         assert r.code == 3 and "h3" in r.err
     finally:
         w.c.hosts[3].start()
+
+
+def test_another_boot_is_dead_only_when_this_machine_booted_after_the_lock():
+    """Same host name and machine id, another boot id: a restart since the lock was taken is
+    proof (dead); a machine that has not booted since is a clone of one image (unknown: --force
+    alone must not free a live run's lock) (breaker's finding)."""
+    import time as _t
+    from dsv4ctl.hosts.lock import holder_liveness
+    since = _t.strftime("%Y-%m-%dT%H:%M:%SZ", _t.gmtime(_t.time() - 3600))
+    h = {"hostname": "ops1", "machine": "m" * 32, "boot": "old", "pidns": "pid:[1]", "pid": 4242,
+         "pid_start": "1", "since": since}
+    here = {"hostname": "ops1", "machine": "m" * 32, "boot": "new", "pidns": "pid:[1]"}
+    assert holder_liveness(h, {**here, "booted": int(_t.time()) - 60})[0] == "dead"          # rebooted since
+    state, why = holder_liveness(h, {**here, "booted": int(_t.time()) - 7200})               # up for 2 h: a clone
+    assert state == "unknown" and "a cloned machine?" in why
+    assert holder_liveness(h, here)[0] == "unknown"                                           # boot time unread

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import socket
+import time
 
 from ..errors import RemoteError
 from ..remote import q, who
@@ -55,9 +56,15 @@ def machine_identity() -> dict:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pidns = None
+    booted = None
+    try:
+        with open("/proc/stat") as f:
+            booted = next((int(ln.split()[1]) for ln in f if ln.startswith("btime ")), None)
+    except (OSError, ValueError, IndexError):
+        pass
     return {"hostname": socket.gethostname(),
             "machine": _first_line("/etc/machine-id") or _first_line("/var/lib/dbus/machine-id"),
-            "boot": _first_line("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
+            "boot": _first_line("/proc/sys/kernel/random/boot_id"), "pidns": pidns, "booted": booted}
 
 
 def process_start(pid: int) -> str | None:
@@ -89,7 +96,13 @@ def holder_liveness(h: dict | None, here: dict | None = None) -> tuple[str, str]
     same_kernel = h["hostname"] == here["hostname"] and h.get("boot") and h.get("boot") == here["boot"]
     if not same_kernel:
         if h["hostname"] == here["hostname"] and h.get("machine") and h["machine"] == here["machine"] and here["boot"]:
-            return "dead", f"this machine restarted since pid {pid} took it"
+            # another boot of this machine — or another machine cloned from one image (same name
+            # and machine id): only a boot after the lock was taken proves its process gone
+            age, booted = age_s(h), here.get("booted")
+            if age is not None and booted is not None and booted > time.time() - age:
+                return "dead", f"this machine restarted since pid {pid} took it"
+            return "unknown", (f"pid {pid} ran under another boot of a machine with this name and machine id, and "
+                               "this one has not restarted since (a cloned machine?): it cannot be checked from here")
         return "unknown", f"pid {pid} runs on {h['hostname']}, which this machine cannot check"
     if not h.get("pidns") or h["pidns"] != here["pidns"]:
         return "unknown", f"pid {pid} runs in another container of this machine, which this one cannot check"
