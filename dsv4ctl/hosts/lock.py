@@ -36,8 +36,9 @@ def holder(what: str, token: str) -> dict:
     matches on; it is not a secret but says nothing about the operator), and where the pid is
     meaningful (:func:`machine_identity`: ``hostname``, ``machine``, ``boot``, ``pidns``) with the
     process's start (``pid_start``, defeats pid reuse): what :func:`holder_liveness` checks."""
+    here = {k: v for k, v in machine_identity().items() if k != "booted"}    # booted: this machine's, not the record's
     return {"who": who(), "what": what, "pid": os.getpid(), "since": now_iso(), "token": token,
-            **machine_identity(), "pid_start": process_start(os.getpid())}
+            **here, "pid_start": process_start(os.getpid())}
 
 
 def _first_line(path: str) -> str | None:
