@@ -63,12 +63,12 @@ needs = pytest.mark.skipif(not ORACLE_PY.exists() or not VERSIONS_DIR.is_dir(),
 @pytest.mark.oracle
 @needs
 def test_live_releases_answer_as_stored():
-    """24 seeded configs on the oldest and the newest release (about 8 CPU-s a release, nearly
-    all of it SGLang's import; the stored answers of every release were made by its own code and
+    """24 seeded configs on the newest release, in the oracle environment the suite builds (an
+    older release is its wheel unpacked and imported again: about 60 s of the suite's wall each
+    on the 2-core CI machine; the stored answers of every release were made by its own code and
     are checked above); ``DSV4CTL_STARTUP_RELEASES=all`` runs every release."""
     import os
-    versions = startup.VERSIONS if os.environ.get("DSV4CTL_STARTUP_RELEASES") == "all" else \
-        (startup.VERSIONS[0], startup.VERSIONS[-1])
+    versions = startup.VERSIONS if os.environ.get("DSV4CTL_STARTUP_RELEASES") == "all" else (startup.VERSIONS[-1],)
     subset = set(random.Random(44).sample(range(len(DATA["cases"])), 24))
     live = startup.run_live(versions=versions, subset=subset)
     for v in versions:
