@@ -73,6 +73,7 @@ def test_lock_by_hand_blocks_deploys_until_released_and_deploy_message(world):
     assert "deploy lock" in line and "(lock acquire: upgrading NVIDIA drivers, pid " in line
     assert line.endswith(f"min old; it was taken by hand: dsv4ctl lock release {w.profile} when the work it names is done")
     assert not any((w.roots[h] / "current").exists() for h in w.roots)
+    assert "dsv4ctl: built " not in r.err, r.err      # refused before the release is built (issue 46.7)
     r = cli(w, "lock", "acquire", "-m", "second")
     assert r.code == 3 and "upgrading NVIDIA drivers" in r.err
     assert cli(w, "lock", "status", "--json").json()["hosts"]["h0"]["holder"]["message"] == "upgrading NVIDIA drivers"

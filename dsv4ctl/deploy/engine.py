@@ -631,8 +631,9 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
     ``promote`` (a :class:`dsv4ctl.deploy.promote.PromoteOptions`) turns on the promotion
     pipeline of :mod:`dsv4ctl.deploy.promote`: preflight before anything, then canary, checks,
     the rest, ``good``. Raises InputError (bad inputs, nothing changed), RemoteError (a host
-    failed before any switch, or locks), VerdictError (a preflight plan failed), GateFailed (a
-    subclass: the gate or a promotion check failed; every switched host was rolled back)."""
+    failed before any switch, or locks: a held lock refuses before the release is built),
+    VerdictError (a preflight plan failed), GateFailed (a subclass: the gate or a promotion
+    check failed; every switched host was rolled back)."""
     t_start = time.monotonic()
     rsync_user_args()
     dep = as_deployment(profile)
@@ -649,10 +650,12 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         opts.log(f"preflight: {pre['summary']}")
     site = open_site(dep, opts)
     try:
-        if opts.dry_run:
-            rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts, release_environment(dep))
+        if opts.dry_run or not opts.break_lock:
+            # a held lock refuses before anything is built (the lock step below takes it for real)
             gather_facts(site)
             refuse_held_locks(site)
+        if opts.dry_run:
+            rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts, release_environment(dep))
             refuse(site, rid, promote is not None)
             site.token = DRY_RUN_TOKEN
             servers = None
