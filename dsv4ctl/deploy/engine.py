@@ -289,12 +289,11 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
     model = "default"
 
     def job_alive(h: str, g: str, svc):
-        from .slurmjobs import parse_job_state
-        cmd, t = svc.job_state_cmd(site.paths[h], g), site.transports[h]
+        from .slurmjobs import job_state, parse_job_state
 
         def alive():
             try:
-                up, why, node = parse_job_state(t.run(cmd, check=False, timeout=60).out)
+                up, why, node = parse_job_state(job_state(site, h, g))   # asked where Slurm's clients run
             except RemoteError as e:               # the host is lost: no verdict (netloss)
                 return h, f"{UNREACHABLE}: {e}"
             return True if up else (node if node in site.transports else h, why)

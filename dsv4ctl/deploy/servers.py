@@ -124,21 +124,53 @@ def server_steps(site: Site, rid_of: dict[str, str], spec_of: dict[str, dict], a
         for h in a.start:
             starts.setdefault(h, []).append(a.group)
     why = {(h, a.group): a.why for a in actions for h in (*a.stop, *a.start)}
+    sub, only = _submit_actions(site, spec_of, actions, stops, starts, why)
     out = []
+
+    def service(h: str, spec: dict | None, stop_spec: dict | None):
+        svc = service_for(site, h, spec, stop_spec)
+        if h == sub:
+            svc.only = only         # the submit host acts for these replicas only
+        return svc
     for h in [h for h in site.hosts if h in stops]:
-        svc = service_for(site, h, spec_of.get(h), spec_of.get(h))
+        svc = service(h, spec_of.get(h), spec_of.get(h))
         gs = stops[h]
         out.append(Step("stop", h, f"stop {', '.join(gs)} ({svc.name})",
                         " && ".join(f"( {svc.stop_cmd(site.paths[h], g)} )" for g in gs), stage))
     for h in [h for h in site.hosts if h in starts]:
-        svc = service_for(site, h, spec_of[h])
+        svc = service(h, spec_of[h], None)
         spec, rid = spec_of[h], rid_of[h]
         gs = sorted(starts[h], key=lambda g: (spec[g]["role"] == "router", g))
         what = ", ".join(f"{g} ({why[(h, g)]})" for g in gs)
+        cmd = lambda g: "" if h == sub else start_command(site, h, rid, g, spec[g])   # noqa: E731
         out.append(Step("start", h, f"start {what} from {rid} ({svc.name})",
-                        " && ".join(f"( {svc.start_cmd(site.paths[h], g, rid, start_command(site, h, rid, g, spec[g]), spec[g].get('env', {}))} )"
+                        " && ".join(f"( {svc.start_cmd(site.paths[h], g, rid, cmd(g), spec[g].get('env', {}))} )"
                                     for g in gs), stage, extra={"started": f"{what} on {h}"}))
     return out
+
+
+def _submit_actions(site: Site, spec_of: dict, actions: list[ServerAction], stops: dict, starts: dict,
+                    why: dict) -> tuple[str | None, dict[str, set[int]]]:
+    """With ``deploy.slurm.submit_host`` (the Slurm backend submitting from one host): add the
+    server groups of ``actions`` to the submit host's stops and starts (it cancels and submits
+    their jobs; the nodes' own steps stop only what ran before Slurm and make log folders).
+    Returns (the submit host or None, {group: the replicas it acts for})."""
+    st = site.profile.deploy.slurm
+    sub = st.submit_host if site.profile.deploy.backend == "slurm" and st else None
+    only: dict[str, set[int]] = {}
+    if sub is None or sub not in site.transports:
+        return None, only
+    for a in actions:
+        spec = spec_of.get(sub) or next(iter(spec_of.values()), {})
+        if (spec.get(a.group) or {}).get("role") == "router":
+            continue
+        r = int(a.server.split("#", 1)[1]) if "#" in a.server else 0
+        only.setdefault(a.group, set()).add(r)
+        for hosts, into in ((a.stop, stops), (a.start, starts)):
+            if hosts and a.group not in into.setdefault(sub, []):
+                into[sub].append(a.group)
+        why.setdefault((sub, a.group), a.why)
+    return sub, only
 
 
 def converge_steps(site: Site, rid: str, spec: dict) -> tuple[list[ServerAction], list[Step]]:

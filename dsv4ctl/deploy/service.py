@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import InputError, RemoteError
 from ..hosts.service import backend
-from ..remote import run_parallel
+from ..remote import q, run_parallel
 from .site import Site
 from .slurmjobs import SlurmJobs
 
@@ -48,34 +48,32 @@ def job_query(site: Site, host: str):
 
 def check_reachable(site: Site) -> None:
     """Before anything changes: where servers run must answer and can run the groups. With
-    ``deploy.backend: slurm``, from every server group's node 0: the controller (``scontrol
+    ``deploy.backend: slurm``, from every host that runs Slurm's clients for a server
+    (``deploy.slurm.submit_host``, else each server's node 0): the controller (``scontrol
     ping``; RemoteError, exit 3, naming the hosts it does not answer from), the nodes' states (a
-    node down or drained: exit 3) and ``sbatch --test-only`` of each group's job (a partition,
+    node down or drained: exit 3) and ``sbatch --test-only`` of each server's job (a partition,
     account, reservation or time limit Slurm refuses: InputError, exit 2). InputError too for a
-    group with replicas (one job per group) or a deploy root a batch script cannot carry. Nothing
-    to ask over SSH alone (the lock step has just reached every host)."""
+    deploy root a batch script cannot carry. With a submit host, each server's node 0 gets its
+    ``logs/slurm`` folder first (where the batch step writes; the submit host's step cannot
+    make it). Nothing to ask over SSH alone (the lock step has just reached every host)."""
     if site.profile.deploy.backend != "slurm":
         return
-    several = [g.name for g in site.profile.servers() if len(g.group.servers) > 1]
-    if several:
-        raise InputError(f"group(s) {', '.join(several)}: replicas are not supported with deploy.backend: slurm yet "
-                         "(one group per server: give each replica a group of its own)")
     from ..hosts.slurm import check_path
     for g in site.profile.servers():
-        for n in g.group.nodes:
-            if n.host in site.paths:
-                check_path(site.paths[n.host].root, f"host {n.host}'s deploy root")
-    nodes0 = sorted({g.group.nodes[0].host for g in site.profile.servers()} & set(site.transports))
-    if not nodes0:
+        for h in g.group.hosts:
+            if h in site.paths:
+                check_path(site.paths[h].root, f"host {h}'s deploy root")
+    actors = sorted(set(_actors(site)) & set(site.transports))
+    if not actors:
         return
-    cmd = SlurmJobs(site, nodes0[0]).ping_cmd()
-    res = run_parallel({h: site.transports[h] for h in nodes0},
+    cmd = SlurmJobs(site, actors[0]).ping_cmd()
+    res = run_parallel({h: site.transports[h] for h in actors},
                        lambda t: t.run(cmd, check=False, timeout=60), timeout=90)
     bad = {h: (r.value.error_text() if r.ok else r.error) for h, r in res.items() if not r.ok or r.value.code != 0}
     if bad:
         raise RemoteError("the Slurm controller does not answer from " + "; ".join(f"{h}: {why}" for h, why in bad.items())
                           + ": nothing was changed")
-    unusable = unusable_nodes(site, nodes0[0])
+    unusable = unusable_nodes(site, actors[0])
     if unusable:
         raise RemoteError(f"Slurm node(s) {unusable}: a new job could not start there (the running one would be "
                           "cancelled for nothing); nothing was changed. Resume the node (scontrol update "
@@ -83,13 +81,31 @@ def check_reachable(site: Site) -> None:
     refused = test_submissions(site)
     if refused:
         raise InputError(f"Slurm would refuse the job of {refused}; nothing was changed")
+    if site.profile.deploy.slurm.submit_host:
+        nodes0 = {srv[0].host for g in site.profile.servers() for srv in g.server_nodes} & set(site.transports)
+        res = run_parallel({h: site.transports[h] for h in nodes0},
+                           lambda t: t.run(f"mkdir -p {q(site.paths[t.name].root + '/logs/slurm')}", timeout=60), timeout=90)
+        bad = [f"{h}: {r.error}" for h, r in res.items() if not r.ok]
+        if bad:
+            raise RemoteError("making the job output folder failed on " + "; ".join(bad) + ": nothing else was changed")
+
+
+def _actors(site: Site) -> dict[str, tuple[str, int, list[str]]]:
+    """{host that submits: (group, replica, nodes)} of the profile's servers (one entry per
+    submit host: the first server it acts for)."""
+    out: dict[str, tuple[str, int, list[str]]] = {}
+    sub = site.profile.deploy.slurm.submit_host if site.profile.deploy.slurm else None
+    for g in site.profile.servers():
+        for r, srv in enumerate(g.server_nodes):
+            out.setdefault(sub or srv[0].host, (g.name, r, [n.host for n in srv]))
+    return out
 
 
 def unusable_nodes(site: Site, host: str) -> str:
     """The nodes of the profile's server groups that Slurm has down, drained or failing, as one
     text (``h3 IDLE+DRAIN (xid 79)``), asked from ``host``; "" when every node can take a job."""
     from ..hosts.slurm import job_verdict, parse_nodes
-    nodes = sorted({n.host for g in site.profile.servers() for n in g.group.nodes})
+    nodes = sorted({h for g in site.profile.servers() for h in g.group.hosts})
     svc = SlurmJobs(site, host)
     r = site.transports[host].run(svc.nodes_cmd(nodes), check=False, timeout=60)
     v = job_verdict({"JobId": "-", "JobState": "PENDING"}, parse_nodes(r.out))
@@ -97,15 +113,17 @@ def unusable_nodes(site: Site, host: str) -> str:
 
 
 def test_submissions(site: Site) -> str:
-    """What ``sbatch --test-only`` says of each server group's job (its partition, account,
-    reservation, time limit and nodes, asked from the group's node 0 before anything is
+    """What ``sbatch --test-only`` says of each server's job (its partition, account,
+    reservation, time limit and nodes, asked from the host that submits it before anything is
     cancelled): "" when Slurm would take every one, else ``group: Slurm's words``."""
+    sub = site.profile.deploy.slurm.submit_host if site.profile.deploy.slurm else None
     for g in site.profile.servers():
-        h = g.group.nodes[0].host
-        if h not in site.transports:
-            continue
-        r = site.transports[h].run(SlurmJobs(site, h).test_submit_cmd([n.host for n in g.group.nodes]),
-                                   check=False, timeout=60)
-        if r.code != 0:
-            return f"{g.name}: {r.error_text()}"
+        for r, srv in enumerate(g.server_nodes):
+            h = sub or srv[0].host
+            if h not in site.transports:
+                continue
+            res = site.transports[h].run(SlurmJobs(site, h).test_submit_cmd([n.host for n in srv]),
+                                         check=False, timeout=60)
+            if res.code != 0:
+                return f"{g.name}" + (f" replica {r}" if r else "") + f": {res.error_text()}"
     return ""

@@ -62,13 +62,50 @@ class SlurmJobs:
         return g.role if g is not None else None
 
     # -- who acts for a group ------------------------------------------------------------------
-    def node0(self, group: str) -> str | None:
-        """The host that acts for ``group``: node 0 of its (first) server in the new spec, else
-        in the stopped one."""
+    def servers(self, group: str) -> list[list[str]]:
+        """The servers of ``group`` (each its hosts in node-rank order; one per replica): from the
+        new spec, else the stopped one, else the profile."""
         for sp in (self.spec, self.stop_spec):
             if group in sp:
-                return spec_servers(sp[group])[0][0]
-        return None
+                return spec_servers(sp[group])
+        g = self.site.profile.groups.get(group)
+        return [[n.host for n in srv] for srv in g.server_nodes] if g is not None else []
+
+    def node0(self, group: str) -> str | None:
+        """Node 0 of the group's first server (replica 0)."""
+        srv = self.servers(group)
+        return srv[0][0] if srv else None
+
+    @property
+    def submit_host(self) -> str | None:
+        """The host that runs sbatch/scancel/squeue/scontrol for every group
+        (``deploy.slurm.submit_host``), or None: each server's node 0 does."""
+        return self.settings.submit_host if self.settings else None
+
+    def replica_of(self, group: str, host: str | None = None) -> int:
+        """The replica of ``group`` that runs on ``host`` (default: this host); 0 when none does."""
+        host = host or self.host
+        return next((r for r, srv in enumerate(self.servers(group)) if host in srv), 0)
+
+    def actor(self, group: str, replica: int = 0) -> str | None:
+        """The host that submits, cancels and asks Slurm for replica ``replica`` of ``group``: the
+        submit host, else that server's node 0."""
+        srv = self.servers(group)
+        return self.submit_host or (srv[replica][0] if replica < len(srv) else None)
+
+    #: {group: replicas} this host acts for, when a lifecycle step acts for some (None: all)
+    only: dict | None = None
+
+    def acts(self, group: str) -> list[int]:
+        """The replicas of ``group`` whose job this host submits and cancels (of :attr:`only`)."""
+        return [r for r in range(len(self.servers(group))) if self.actor(group, r) == self.host
+                and (self.only is None or r in self.only.get(group, ()))]
+
+    def acted_groups(self, groups: list[str]) -> list[str]:
+        """Of ``groups`` (names in the specs), the server groups this host submits for without
+        running a node of them (the submit host): the switch adds their stop and start."""
+        return [g for g in groups if self._role(g) != "router" and self.acts(g)
+                and not any(self.host in srv for srv in self.servers(g))]
 
     def instance(self, group: str) -> str:
         """8 hex digits of where this deployment keeps the group (node 0's host and deploy root):
@@ -80,9 +117,15 @@ class SlurmJobs:
         root = self.site.paths[h].root if h in self.site.paths else ""
         return hashlib.sha256(f"{h}\0{root}".encode()).hexdigest()[:8]
 
-    def job_name(self, group: str) -> str:
-        """The group's job name (:func:`dsv4ctl.hosts.slurm.job_name` with :meth:`instance`)."""
-        return job_name(self.profile, group, self.instance(group))
+    def unit(self, group: str, replica: int = 0) -> str:
+        """What a replica's job, script and job-id file are named by: the group, ``GROUP@R`` for
+        replica R > 0 (``@`` is no group-name character)."""
+        return group if replica == 0 else f"{group}@{replica}"
+
+    def job_name(self, group: str, replica: int = 0) -> str:
+        """The job name of replica ``replica`` of ``group`` (:func:`dsv4ctl.hosts.slurm.job_name`
+        with :meth:`instance`)."""
+        return job_name(self.profile, self.unit(group, replica), self.instance(group))
 
     def _env(self) -> str:
         conf = self.settings.conf if self.settings else None
@@ -90,79 +133,91 @@ class SlurmJobs:
 
     # -- the service verbs -------------------------------------------------------------------
     def stop_cmd(self, p: Paths, group: str) -> str:
-        """On the group's node 0: cancel every job named for the group and wait (at most
-        :data:`STOP_WAIT_S` s) until Slurm lists none; the ended job ids go to the group's log.
-        Every node also stops what the launcher or systemd runs of the group (a release of the
-        ``ssh`` backend before). A router runs on its host as over SSH."""
+        """On the host that acts for each replica of the group (:meth:`acts`): cancel every job
+        named for the replica and wait (at most :data:`STOP_WAIT_S` s) until Slurm lists none;
+        the ended job ids go to the group's log. Every node also stops what the launcher or
+        systemd runs of the group (a release of the ``ssh`` backend before). A router runs on
+        its host as over SSH."""
         if self._role(group) == "router":
             return self.ssh.stop_cmd(p, group)
         # a server the launcher or systemd started (the profile ran with deploy.backend: ssh
         # before) is stopped on every node, or it would keep the port and answer the gate
-        leftover = self.ssh.stop_cmd(p, group)
-        if self.host != self.node0(group):
-            return leftover
-        name, lf = q(self.job_name(group)), q(p.logfile(group))
-        t = SLURM_TIMEOUT_S
-        return (f"{leftover}; {self._env()}jobs=$(timeout {t} squeue -h -n {name} -o '%i (%T)') || exit 1; "
+        parts = [self.ssh.stop_cmd(p, group)] if any(self.host in srv for srv in self.servers(group)) else []
+        parts += [self._cancel_cmd(p, group, r) for r in self.acts(group)]
+        return "; ".join(parts) or "true"
+
+    def _cancel_cmd(self, p: Paths, group: str, replica: int) -> str:
+        name, lf, t = q(self.job_name(group, replica)), q(p.logfile(group)), SLURM_TIMEOUT_S
+        what = self.unit(group, replica)
+        return (f"{self._env()}jobs=$(timeout {t} squeue -h -n {name} -o '%i (%T)') || exit 1; "
                 f"jobs=$(echo \"$jobs\" | paste -sd, -); "
                 f"if [ -n \"$jobs\" ]; then timeout {t} scancel --name={name} || exit 1; "
                 f"end=$(( $(date +%s) + {STOP_WAIT_S} )); "
                 f"while [ -n \"$(timeout {t} squeue -h -n {name} -o %i || echo ?)\" ]; do "
-                f"if [ $(date +%s) -gt $end ]; then echo \"slurm job(s) $jobs of {group} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
+                f"if [ $(date +%s) -gt $end ]; then echo \"slurm job(s) $jobs of {what} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
                 f"sleep 0.1; done; mkdir -p {q(p.root + '/logs')}; "
-                f"echo \"=== dsv4ctl: slurm job(s) $jobs of {group} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi")
+                f"echo \"=== dsv4ctl: slurm job(s) $jobs of {what} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict) -> str:
-        """On the group's node 0: write the group's batch script beside the release (atomic, once:
-        later starts submit it as stored) and submit it; its job id goes to ``run/<group>.job`` and the log. Elsewhere the log folder
-        only (a node's task writes its log there). ``command`` and ``env`` are this host's; the
-        script renders every node's own from the launch spec. A router runs as over SSH."""
+        """On the host that acts for each replica of the group (:meth:`acts`): write the
+        replica's batch script beside the release (atomic, once: later starts submit it as
+        stored) and submit it; its job id goes to ``run/<unit>.job`` and the log. Every node of
+        the group makes its log folders (a node's task writes its log there, node 0's batch
+        step its ``logs/slurm`` output). ``command`` and ``env`` are this host's; the script
+        renders every node's own from the launch spec. A router runs as over SSH."""
         if self._role(group) == "router":
             return self.ssh.start_cmd(p, group, rid, command, env)
-        logs = q(p.root + "/logs")
-        if self.host != self.node0(group):
-            return f"mkdir -p {logs}"
-        script = batch_script(self.job_spec(group, rid))
-        path = f"{p.root}/run/{group}-{rid}.sbatch"
-        lf, jf = q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
+        parts = ([f"mkdir -p {q(p.root + '/logs/slurm')}"] if any(self.host in srv for srv in self.servers(group))
+                 else [])
+        parts += [self._submit_cmd(p, group, rid, r) for r in self.acts(group)]
+        return "; ".join(parts) or "true"
+
+    def _submit_cmd(self, p: Paths, group: str, rid: str, replica: int) -> str:
+        unit = self.unit(group, replica)
+        script = batch_script(self.job_spec(group, rid, replica))
+        path = f"{p.root}/run/{unit}-{rid}.sbatch"
+        lf, jf = q(p.logfile(group)), q(f"{p.root}/run/{unit}.job")
         # the release's script is written once and submitted as stored (a rollback submits what
         # ran before, not a script rendered again from today's profile); a failed sbatch or an
         # answer that is no job id fails the step (set -e does not hold inside an && chain)
-        return (f"{self._env()}mkdir -p {q(p.root + '/run')} {logs} {q(p.root + '/logs/slurm')} || exit 1; "
+        return (f"{self._env()}mkdir -p {q(p.root + '/run')} {q(p.root + '/logs/slurm')} || exit 1; "
                 f"if [ ! -s {q(path)} ]; then t=$(mktemp {q(path)}.XXXXXX) && printf %s {q(script)} > \"$t\" "
                 f"&& mv -f \"$t\" {q(path)} || exit 1; fi; "
                 f"jid=$(timeout {SLURM_TIMEOUT_S} sbatch --parsable {q(path)}) || exit 1; jid=${{jid%%;*}}; "
                 f"case \"$jid\" in ''|*[!0-9]*) echo \"sbatch printed no job id: $jid\" >&2; exit 1;; esac; "
                 f"echo \"$jid\" > {jf}.tmp && mv -f {jf}.tmp {jf} || exit 1; "
-                f"echo \"=== dsv4ctl: {group} release {rid} submitted as slurm job $jid "
+                f"echo \"=== dsv4ctl: {unit} release {rid} submitted as slurm job $jid "
                 f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
 
     def alive_cmd(self, p: Paths, group: str) -> str:
-        """Exit 0 while a job of the group is pending, configuring or running (on any host); a
+        """Exit 0 while a job of the group's replica on this host is pending, configuring or
+        running (squeue on this host: a node has Slurm's clients, its batch script runs srun); a
         router's process as over SSH."""
         if self._role(group) == "router":
             return self.ssh.alive_cmd(p, group)
-        return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {q(self.job_name(group))} -t PD,CF,R -o %i | grep -q ."
+        name = q(self.job_name(group, self.replica_of(group)))
+        return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {name} -t PD,CF,R -o %i | grep -q ."
 
     def show_job_cmd(self, jid_expr: str) -> str:
         """``scontrol show job -o`` of the job whose id the shell expression ``jid_expr`` gives
         (``$jid``), bounded; Slurm's error text on stdout when it no longer knows the job."""
         return f"{{ {self._env()}timeout {SLURM_TIMEOUT_S} scontrol show job -o {jid_expr}; }} 2>&1 || true"
 
-    def job_state_cmd(self, p: Paths, group: str) -> str:
-        """Read-only, on the group's node 0: the group's recorded job id, ``scontrol show job``
-        of it, ``scontrol show node`` of its nodes and the last lines of the job's own output
-        (Slurm's ``srun: error: NODE: task N: Exited ...`` names the node that failed):
-        :func:`parse_job_state` reads it."""
-        jf, t = q(f"{p.root}/run/{group}.job"), SLURM_TIMEOUT_S
-        g = self.site.profile.groups.get(group)
-        hosts = (spec_servers(self.spec[group])[0] if group in self.spec
-                 else [n.host for n in g.group.nodes] if g is not None else [])
-        nodes = ",".join(hosts)
+    def job_state_cmd(self, p: Paths, group: str, replica: int | None = None, out: bool = True) -> str:
+        """Read-only, on the host that acts for the replica (``replica``; default: the one on
+        this host): its recorded job id, ``scontrol show job`` of it, ``scontrol show node`` of
+        its nodes and (``out``: this host is the server's node 0, where the batch step writes)
+        the last lines of the job's own output (Slurm's ``srun: error: NODE: task N: Exited
+        ...`` names the node that failed): :func:`parse_job_state` reads it; :func:`job_state`
+        asks the right hosts."""
+        r = self.replica_of(group) if replica is None else replica
+        jf, t = q(f"{p.root}/run/{self.unit(group, r)}.job"), SLURM_TIMEOUT_S
+        srv = self.servers(group)
+        nodes = ",".join(srv[r] if r < len(srv) else [])
         node_part = f"timeout {t} scontrol show node -o {q(nodes)} 2>/dev/null; " if nodes else ""
         return (f"{self._env()}jid=$(cat {jf} 2>/dev/null); echo \"@job $jid\"; [ -n \"$jid\" ] || exit 0; "
                 f"timeout {t} scontrol show job -o \"$jid\" 2>&1; echo @nodes; {node_part}"
-                f"echo @out; tail -n 12 {q(p.root + '/logs/slurm')}/job-\"$jid\".out 2>/dev/null | cut -c1-300")
+                + (f"echo @out; {job_out_cmd(p, '$jid')}" if out else ""))
 
     def test_submit_cmd(self, nodes: list[str]) -> str:
         """Read-only: ``sbatch --test-only`` of a job shaped like a group's (its nodes, the
@@ -200,22 +255,46 @@ class SlurmJobs:
                 f"(slurm job $SLURM_JOB_ID, node $SLURMD_NODENAME)\"; cd {q(p.release(rid))}; "
                 f"env {envs} sh -c {q(group_script(group, cmd))}")
 
-    def job_spec(self, group: str, rid: str) -> JobSpec:
-        """The :class:`JobSpec` of ``group`` of release ``rid``: its nodes pinned by name, each
-        node's command chosen by ``$SLURMD_NODENAME``."""
+    def job_spec(self, group: str, rid: str, replica: int = 0) -> JobSpec:
+        """The :class:`JobSpec` of replica ``replica`` of ``group`` of release ``rid``: its nodes
+        pinned by name, each node's command chosen by ``$SLURMD_NODENAME``."""
         s = self.spec[group]
-        nodes = spec_servers(s)[0]
+        nodes = spec_servers(s)[replica]
         cases = [f"  {h}) {self.node_command(h, group, rid)} ;;" for h in nodes]
         cases.append(f'  *) echo "dsv4ctl: node $SLURMD_NODENAME runs no node of {group}" >&2; exit 2 ;;')
         command = 'case "$SLURMD_NODENAME" in\n' + "\n".join(cases) + "\nesac"
         p0 = self.site.paths[nodes[0]]
         st = self.settings
         avoid = tuple(x for x in (s.get("port"), s.get("bootstrap_port")) if isinstance(x, int))
-        return JobSpec(profile=self.profile, group=group, release=rid, nodes=len(nodes), command=command,
-                       log_dir=f"{p0.root}/logs/slurm", workdir=p0.root, nodelist=",".join(nodes),
+        return JobSpec(profile=self.profile, group=self.unit(group, replica), release=rid, nodes=len(nodes),
+                       command=command, log_dir=f"{p0.root}/logs/slurm", workdir=p0.root, nodelist=",".join(nodes),
                        partition=st.partition if st else None, account=st.account if st else None,
                        reservation=st.reservation if st else None, time_limit=st.time_limit if st else None,
                        avoid_ports=avoid, instance=self.instance(group))
+
+
+def job_out_cmd(p: Paths, jid_expr: str) -> str:
+    """The last lines of a job's batch output on its node 0 (``ROOT/logs/slurm/job-ID.out``)."""
+    return f"tail -n 12 {q(p.root + '/logs/slurm')}/job-\"{jid_expr}\".out 2>/dev/null | cut -c1-300"
+
+
+def job_state(site: Site, host: str, group: str) -> str:
+    """The :meth:`SlurmJobs.job_state_cmd` text of the replica of ``group`` whose node 0 is
+    ``host``: asked on the host that acts for it (the submit host or ``host``), the job's batch
+    output read on ``host`` (a second round trip when the two differ). RemoteError when a host
+    cannot be reached."""
+    svc = SlurmJobs(site, host)
+    r = svc.replica_of(group)
+    actor = svc.actor(group, r) or host
+    if actor == host:
+        return site.transports[host].run(svc.job_state_cmd(site.paths[host], group, r), check=False, timeout=60).out
+    a = SlurmJobs(site, actor)
+    text = site.transports[actor].run(a.job_state_cmd(site.paths[actor], group, r, out=False), check=False, timeout=60).out
+    jid = next((ln[4:].strip() for ln in text.splitlines() if ln.startswith("@job")), "")
+    if jid.isdigit():
+        out = site.transports[host].run(job_out_cmd(site.paths[host], jid), check=False, timeout=60).out
+        text += "\n@out\n" + out
+    return text
 
 
 #: What Slurm's clients print when the controller does not answer (not a job's verdict).

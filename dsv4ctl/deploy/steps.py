@@ -165,13 +165,28 @@ def activate_cmd(site: Site, host: str, rid: str | None, prev: str | None,
     started (a serve-config change; the others keep running, their files are the same inodes)."""
     p = site.paths[host]
     svc = service_for(site, host, spec, stop_spec)
-    parts = [svc.stop_cmd(p, g) for g in stop_groups(spec, stop_spec, host) if restart is None or g in restart]
+    stops, starts, submits = _acts(svc, spec, stop_spec, host, rid, restart)
+    parts = [svc.stop_cmd(p, g) for g in stops]
     parts.append(switch_cmd(p, rid, prev))
-    if rid:
-        for g in [g for g in host_groups(spec or {}, host) if restart is None or g in restart]:
-            s_ = spec[g]
-            parts.append(svc.start_cmd(p, g, rid, start_command(site, host, rid, g, s_), s_.get("env", {})))
+    for g in starts:
+        s_ = spec[g]
+        # a group this host only submits for (a Slurm submit host) has no launch command here
+        cmd = "" if g in submits else start_command(site, host, rid, g, s_)
+        parts.append(svc.start_cmd(p, g, rid, cmd, s_.get("env", {})))
     return " && ".join(f"( {x} )" for x in parts)
+
+
+def _acts(svc, spec: dict | None, stop_spec: dict | None, host: str, rid: str | None,
+          restart: frozenset | None) -> tuple[list[str], list[str], set]:
+    """(groups the switch of ``host`` stops, groups it starts, groups among them that ``host``
+    only submits for: a Slurm submit host, :meth:`~dsv4ctl.deploy.slurmjobs.SlurmJobs.acted_groups`)."""
+    spec, stop_spec = spec or {}, stop_spec or {}
+    acted = getattr(svc, "acted_groups", lambda gs: [])
+    submits = set(acted(sorted(set(spec) | set(stop_spec))))
+    stops = [g for g in stop_groups(spec, stop_spec, host) + sorted(submits) if restart is None or g in restart]
+    starts = ([g for g in host_groups(spec, host) + sorted(submits & set(spec)) if restart is None or g in restart]
+              if rid else [])
+    return stops, starts, submits
 
 
 def next_previous(f: HostFacts, rid: str) -> str | None:
@@ -189,8 +204,7 @@ def switch_step(site: Site, host: str, rid: str | None, prev: str | None, spec: 
     f, p = site.facts[host], site.paths[host]
     frm = f.current if frm == "" else frm
     svc = service_for(site, host, spec, stop_spec)
-    stops = [g for g in stop_groups(spec, stop_spec, host) if restart is None or g in restart]
-    starts = [g for g in host_groups(spec or {}, host) if restart is None or g in restart] if rid else []
+    stops, starts, _ = _acts(svc, spec, stop_spec, host, rid, restart)
     summary = (f"switch {p.current}: {frm or '(none)'} -> {rid or '(none)'} (previous -> {prev or '(none)'})"
                + (f"; stop {', '.join(stops)}" if stops else "")
                + (f"; start {', '.join(starts)} ({svc.name})" if starts else ""))

@@ -106,6 +106,7 @@ class SlurmSettings:
     reservation: Optional[str] = None
     time_limit: Optional[str] = None
     conf: Optional[str] = None
+    submit_host: Optional[str] = None     # the host (of hosts:) that runs sbatch/scancel/squeue/scontrol; None: each server's node 0
 
 
 @dataclass(frozen=True)

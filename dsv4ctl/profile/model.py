@@ -111,6 +111,8 @@ PROFILE_SCHEMA: dict = {
                         "time_limit": {"type": "string", "pattern": "^(\\d+-)?\\d{1,2}(:\\d{2}){0,2}\\Z|^\\d+\\Z"},
                         "conf": {"type": "string", "minLength": 1,
                                  "description": "slurm.conf on the nodes (SLURM_CONF for sbatch/squeue/scancel); default: Slurm's own"},
+                        "submit_host": {"type": "string", "minLength": 1,
+                                        "description": "the host of hosts: (a login host, or local: true for this machine) that runs sbatch/scancel/squeue/scontrol; default: each server's node 0"},
                     },
                 },
                 "health_timeout_s": _num,
@@ -673,6 +675,11 @@ def load_profile(path: Path | str) -> Profile:
             raise _fail(pos, gp + ("name",), f"duplicate group name {g['name']!r}")
         names.add(g["name"])
         servers = _servers(g, gp, hosts, pos)
+    submit = ((data.get("deploy") or {}).get("slurm") or {}).get("submit_host")
+    if submit is not None and submit not in hosts:
+        raise _fail(pos, ("deploy", "slurm", "submit_host"),
+                    f"submit_host {submit!r} is no host of hosts: (hosts: {', '.join(hosts)})")
+
         node0 = servers[0][0]
         grp = Group(
             name=g["name"], role=g["role"], host=node0.host, gpus=list(node0.gpus), servers=servers,
