@@ -476,7 +476,7 @@ def test_pd_aborts_have_classes_of_their_own():
     ]:
         v = C.classify(C.TurnResult(http_status=500, error=msg), requires_tool=True, tools=specs)
         assert (v.cls, v.flags, v.reason) == (cls, (cls,), msg), msg
-    assert set(C.NO_ANSWER) == {C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.STUCK}
+    assert set(C.NO_ANSWER) == {C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.PD_ABORTED, C.STUCK}
     assert all(c in C.DESCRIPTIONS for c in C.CLASSES)
 
 

@@ -339,7 +339,7 @@ def test_code_ranges():
 
 # --- 10. precedence and descriptions --------------------------------------------------------------
 def test_class_order_and_descriptions():
-    assert C.CLASSES[:4] == C.NO_ANSWER == (C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.STUCK)
+    assert C.CLASSES[:5] == C.NO_ANSWER == (C.HTTP_ERROR, C.PD_TRANSFER, C.PD_BOOTSTRAP, C.PD_ABORTED, C.STUCK)
     leaks = (C.DSML_IN_CONTENT, C.DSML_IN_REASONING, C.SPECIAL_TOKEN_LEAK, C.THINK_IN_CONTENT,
              C.REASONING_IN_CONTENT, C.MARKUP_IN_ARGS, C.MARKUP_CUT)
     degenerate = (C.NGRAM_LOOP, C.EMPTY_LENGTH, C.LANGUAGE_SWITCH, C.LANGUAGE_DRIFT)

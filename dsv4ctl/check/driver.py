@@ -30,6 +30,7 @@ import aiohttp
 from ..render import clip
 from . import classify as C
 from . import expect as E
+from .classify.pd import clip_abort
 from .workload import TOOLS, Session, body_bytes
 
 DEFAULT_TURN_TIMEOUT = 600.0     # seconds for one complete answer (``--turn-timeout``)
@@ -358,7 +359,7 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
                 text = (await resp.content.read(4096)).decode("utf-8", "replace")
                 timing["e2e_s"] = time.perf_counter() - t0
                 return C.TurnResult(http_status=resp.status,
-                                    error=f"HTTP {resp.status}: {clip(' '.join(text.split()), ERROR_TEXT)}"), timing
+                                    error=f"HTTP {resp.status}: {clip_abort(' '.join(text.split()), ERROR_TEXT)}"), timing
             if not stream:
                 try:
                     raw = await read_capped(resp, C.MAX_JSON_BODY)

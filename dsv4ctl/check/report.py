@@ -98,8 +98,8 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
     retries_exhausted, circuit_breaker_failures, circuit_breakers_open), None when not scraped;
     turns the gateway retried to success are ``ok`` here: ``gateway.retries`` says how many
     failures the corruption rate does not see. ``pd_failures_per_min``: PD aborts per minute of the
-    level: ``transfer_failed`` / ``bootstrap_failed`` as the client saw them (the classes
-    ``pd_transfer_failed`` / ``pd_bootstrap_failed``) and ``server_transfer_failed`` /
+    level: ``transfer_failed`` / ``bootstrap_failed`` / ``aborted`` as the client saw them (the
+    classes ``pd_transfer_failed`` / ``pd_bootstrap_failed`` / ``pd_aborted``) and ``server_transfer_failed`` /
     ``server_bootstrap_failed`` from the servers' counters (None when not scraped: SGLang counts
     failures a gateway retried to success too)."""
     skip = crash_turn_indexes(records, crash)
@@ -124,6 +124,7 @@ def summarize_level(records: Sequence[dict], *, url: str, concurrency: int, dura
     per_min = (lambda k: round(60.0 * k / duration_s, 3)) if duration_s > 0 else (lambda k: None)
     server = metrics or {}
     pd = {"transfer_failed": per_min(by_class[C.PD_TRANSFER]), "bootstrap_failed": per_min(by_class[C.PD_BOOTSTRAP]),
+          "aborted": per_min(by_class[C.PD_ABORTED]),
           "server_transfer_failed": per_min(server["sglang:num_transfer_failed_reqs_total"])
           if "sglang:num_transfer_failed_reqs_total" in server else None,
           "server_bootstrap_failed": per_min(server["sglang:num_bootstrap_failed_reqs_total"])

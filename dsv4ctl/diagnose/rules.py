@@ -276,15 +276,18 @@ _PHASE = re.compile(r"KVPoll\.(\w+)")
 
 
 def rule_transfer(ev: Evidence) -> list[Finding]:
-    """Wedged PD transfers. Log: ``KVTransferError`` lines counted by ``KVPoll`` phase
+    """Wedged PD transfers. Log: ``KVTransferError`` lines (other than the PD abort lines of
+    :func:`rule_pd_aborts`) counted by ``KVPoll`` phase
     (``Bootstrapping``: prefill never got the decode's indices; ``WaitingForInput``: the decode
     never got "transfer done", SGLANG_DISAGGREGATION_WAITING_TIMEOUT; sglang#11648, #10204), and
     the frozen transfer queue of field report P1: ``#transfer-req`` constant and > 0 over the last
     decode batch lines with ``#running-req`` <= 1. Metrics: ``sglang:num_decode_transfer_queue_reqs``
     > 0 and unchanged over the window with no generated tokens, or transfer failures rising."""
+    from ..check.classify.pd import pd_abort_class
     lines = ev.lines()
     out: list[Finding] = []
-    errs = _find(lines, r"KVTransferError")
+    aborts = {i for i, ln in enumerate(lines) if pd_abort_class(ln)}         # rule_pd_aborts' lines
+    errs = [(i, ln) for i, ln in _find(lines, r"KVTransferError") if i not in aborts]
     if errs:
         phases: dict[str, int] = {}
         for _, ln in errs:
@@ -311,11 +314,40 @@ def rule_transfer(ev: Evidence) -> list[Finding]:
                            "stall", [f"/metrics: sglang:num_decode_transfer_queue_reqs {q0:g} -> {q1:g}, "
                                      f"generation_tokens_total +{gen:g} in {ev.window_s:g} s"],
                            "field-reports P1; sglang PR #31800", "transfer-wedge", transfer_queue=q1))
-        if failed > 0 and not errs:
+        if failed > 0 and not errs and not aborts:
             out.append(_mk(ev, "transfer_error", f"{failed:g} KV transfers failed in {ev.window_s:g} s", "stall",
                            [f"/metrics: sglang:num_transfer_failed_reqs_total +{failed:g}"], "sglang#11648, #10204",
                            "transfer-wedge", failed=failed))
     return out
+
+
+_PD_LABEL = {"pd_transfer_failed": "KV transfer failed", "pd_bootstrap_failed": "bootstrap or handshake failed",
+             "pd_aborted": "aborted by AbortReq"}
+
+
+def rule_pd_aborts(ev: Evidence) -> list[Finding]:
+    """PD requests SGLang aborted, counted by class with the table ``check load`` judges its HTTP
+    500s with (:data:`dsv4ctl.check.classify.pd.PD_ABORTS`: the stage ``Decode|Prefill
+    transfer|handshake|bootstrap failed for request`` and the KV manager's reason, SGLang
+    0.5.18-0.5.23). Transfer or bootstrap failures are a ``stall`` (runbook ``transfer-wedge``);
+    aborts by ``AbortReq`` alone (the client, the router or the peer cancelled the request) are
+    ``degraded`` with no runbook: the cause is on the other side."""
+    from ..check.classify.pd import pd_abort_class
+    counts: dict[str, int] = {}
+    first: dict[str, tuple[int, str]] = {}
+    for i, ln in enumerate(ev.lines()):
+        cls = pd_abort_class(ln)
+        if cls is not None:
+            counts[cls] = counts.get(cls, 0) + 1
+            first.setdefault(cls, (i, ln))
+    if not counts:
+        return []
+    failed = any(c != "pd_aborted" for c in counts)
+    order = [c for c in _PD_LABEL if c in counts]
+    cause = "PD requests aborted: " + ", ".join(f"{counts[c]} {_PD_LABEL[c]}" for c in order)
+    return [_mk(ev, "pd_aborts", cause, "stall" if failed else "degraded", [_cite(ev, *first[c]) for c in order],
+                "SGLang srt/disaggregation decode.py, prefill.py, common/conn.py (0.5.18-0.5.23); sglang#11648, #10204",
+                "transfer-wedge" if failed else None, classes=counts)]
 
 
 def _group_gpus(ev: Evidence) -> list[dict]:
@@ -385,7 +417,7 @@ def rule_kv_canary(ev: Evidence) -> list[Finding]:
 
 RULES: tuple[Callable[[Evidence], list[Finding]], ...] = (
     rule_cuda_oom, rule_illegal_memory_access, rule_nan_sampling, rule_hicache_load_back, rule_kernel_argument,
-    rule_watchdog_stall, rule_transfer, rule_gpu_busy_no_progress, rule_kv_canary, rule_dead_rank)
+    rule_watchdog_stall, rule_transfer, rule_pd_aborts, rule_gpu_busy_no_progress, rule_kv_canary, rule_dead_rank)
 
 #: a specific crash signature explains a dead process: dead_rank then names that runbook
 _SPECIFIC = ("cuda_oom", "illegal_memory_access", "nan_sampling", "hicache_load_back", "kernel_argument", "watchdog_stall")

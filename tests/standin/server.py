@@ -40,6 +40,9 @@ garbage and ``prompt_tokens: 1``, the PD fault; ``transfer_500`` answers every f
 with SGLang's HTTP 500 for a failed PD KV transfer ("Decode transfer failed for request …") and
 counts it in ``sglang:num_transfer_failed_reqs``; ``replay_differs`` changes an argument of every
 answer whose whole prompt is in its prefix cache (a request repeated before ``/flush_cache``);
+``pd_aborts`` answers every other chat request, the first included, with one of SGLang's PD abort
+messages in turn (:data:`PD_ABORT_MESSAGES`: transfer, bootstrap, ``AbortReq``), logs it to stdout
+and counts it in ``sglang:num_transfer_failed_reqs`` or ``sglang:num_bootstrap_failed_reqs``;
 ``http_503`` answers every other chat request,
 the first included, with HTTP 503 before any work: a gateway that retries hides it). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
@@ -84,7 +87,26 @@ from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
 VERSIONS = ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")   # what --sglang-version may report
-SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500", "replay_differs")
+SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500", "replay_differs", "pd_aborts")
+
+PD_ABORT_MESSAGES = (
+    # (counter, message with {rid} and {room}): SGLang 0.5.18-0.5.23 srt/disaggregation decode.py /
+    # prefill.py abort texts with the KV manager's reason (common/conn.py), as logged and as answered
+    ("transfer", "Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={room} "
+                 "with exception KVTransferError(bootstrap_room={room}): Request {room} timed out after 300.0s in "
+                 "KVPoll.WaitingForInput"),
+    ("bootstrap", "Prefill bootstrap failed for request rank=0 req.rid='{rid}' req.bootstrap_room={room} with exception "
+                  "KVTransferError(bootstrap_room={room}): Request {room} timed out after 300.0s in KVPoll.Bootstrapping"),
+    ("transfer", "Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={room} "
+                 "with exception KVTransferError(bootstrap_room={room}): Aborted by AbortReq."),
+    ("bootstrap", "Decode handshake failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={room} "
+                  "with exception KVTransferError(bootstrap_room={room}): Lost connection with prefill instance "
+                  "(bootstrap_addr: 10.0.0.1:8998)"),
+    ("transfer", "Prefill transfer failed for request rank=0 req.rid='{rid}' req.bootstrap_room={room}"),
+)
+"""The ``pd_aborts`` fault's answers, in turn: WaitingForInput timeout (transfer), Bootstrapping
+timeout (bootstrap), aborted by AbortReq, lost prefill in the handshake (bootstrap), a prefill
+transfer failure with no reason (older prefill text)."""
 SEEN_MAX = 4096                      # requests kept for GET /_standin/requests
 DEFAULT_BOOTSTRAP_PORT = 8998        # SGLang 0.5.23 server_args: disaggregation_bootstrap_port
 READY_LINE = "The server is fired up and ready to roll!"   # SGLang's ready log line
@@ -213,6 +235,8 @@ class StandIn:
         self.m_aborted = Counter("sglang:num_aborted_requests", "aborted", names, registry=r).labels(**labels)
         self.m_transfer_failed = Counter("sglang:num_transfer_failed_reqs", "transfer failed", names,
                                          registry=r).labels(**labels)
+        self.m_bootstrap_failed = Counter("sglang:num_bootstrap_failed_reqs", "bootstrap failed", names,
+                                          registry=r).labels(**labels)
         self.m_prompt = Counter("sglang:prompt_tokens", "prompt tokens", names, registry=r).labels(**labels)
         self.m_gen = Counter("sglang:generation_tokens", "generation tokens", names, registry=r).labels(**labels)
         self.m_cached = Counter("sglang:cached_tokens", "cached tokens", names + ["cache_source"], registry=r)
@@ -229,6 +253,7 @@ class StandIn:
         self.stall_after: Optional[int] = None
         self.fault_log = ""
         self.stalled = False
+        self.pd_aborts = 0            # PD aborts answered by the pd_aborts fault
 
     def fire(self) -> None:
         """Write the fault log to stdout (the server log) once, stamped with the current time;
@@ -307,6 +332,21 @@ def stamp_now(text: str) -> str:
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"object": "error", "message": message, "type": "BadRequestError",
                               "param": None, "code": status}, status=status)
+
+
+def pd_abort(state: "StandIn", body: dict) -> web.Response:
+    """The ``pd_aborts`` fault's next answer (:data:`PD_ABORT_MESSAGES` in turn): logged to stdout
+    (the server log) in SGLang's format, counted in its failure counter, answered with HTTP 500
+    as SGLang's ``prepare_abort`` does."""
+    counter, text = PD_ABORT_MESSAGES[state.pd_aborts % len(PD_ABORT_MESSAGES)]
+    state.pd_aborts += 1
+    msg = text.format(rid=body.get("rid") or uuid.uuid4().hex, room=7000 + state.pd_aborts)
+    (state.m_transfer_failed if counter == "transfer" else state.m_bootstrap_failed).inc()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    sys.stdout.write(f"[{stamp} TP0] {msg}\n")
+    sys.stdout.flush()
+    return web.json_response({"object": "error", "type": "InternalServerError", "param": None, "code": 500,
+                              "message": msg}, status=500)
 
 
 def _chunk(rid: str, created: int, model: str, delta: dict, finish: Optional[str] = None,
@@ -424,6 +464,8 @@ def make_app(state: StandIn) -> web.Application:
                                                  f"'{body.get('rid')}' decode_req.req.bootstrap_room=7 with exception "
                                                  "KVTransferError(bootstrap_room=7): Failed to get kvcache from "
                                                  "prefill instance, it might be dead"}, status=500)
+        if "pd_aborts" in state.server_faults and state.chats % 2 == 1:
+            return pd_abort(state, body)
         stream = bool(body.get("stream"))
         if "seen" in request:
             request["seen"].update({k: body.get(k) for k in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room")},

@@ -31,7 +31,8 @@ purpose). Every check is one linear pass (bounded regex repetitions, patterns co
 
 The package is split by what it judges: :mod:`.protocol` (the wire: SSE, stream assembly, size
 limits), :mod:`.markup` (markup and leaks), :mod:`.arguments` (arguments and schema),
-:mod:`.language` (loops and language); :mod:`.classes` holds the classes, the turn and the
+:mod:`.language` (loops and language), :mod:`.pd` (SGLang's PD abort messages, shared with
+``diagnose``); :mod:`.classes` holds the classes, the turn and the
 verdict. :func:`classify` runs the table :data:`CHECKS`.
 """
 
@@ -44,14 +45,15 @@ from .arguments import DuplicateKey, ToolSpec, find_cut_string, loads_arguments,
 from .classes import (ARGS_CUT, ARGS_NOT_JSON, ARGS_SCHEMA, CLASSES, DESCRIPTIONS, DSML_IN_CONTENT, DSML_IN_REASONING,
                       EMPTY_ARGS, EMPTY_LENGTH, EXTRA_CALL, HTTP_ERROR, LANGUAGE_DRIFT, LANGUAGE_SWITCH,
                       LENGTH_MID_CALL, MARKUP_CUT, MARKUP_IN_ARGS, MISSING_CALL, NGRAM_LOOP, NO_ANSWER, NO_TOOL_CALL,
-                      OK, PD_BOOTSTRAP, PD_TRANSFER, REASONING_IN_CONTENT, SPECIAL_TOKEN_LEAK, STUCK, THINK_IN_CONTENT,
-                      WRONG_ARGS, WRONG_TOOL, Judging, ToolCall, TurnResult, Verdict, no_answer)
+                      OK, PD_ABORTED, PD_BOOTSTRAP, PD_TRANSFER, REASONING_IN_CONTENT, SPECIAL_TOKEN_LEAK, STUCK, THINK_IN_CONTENT,
+                      WRONG_ARGS, WRONG_TOOL, Judging, ToolCall, TurnResult, Verdict)
 from .language import (DRIFT_MIN_LETTERS, DRIFT_SHARE, LOOP_GRAM, LOOP_MAX_CHARS, LOOP_MAX_WORDS, LOOP_MIN_COPIES,
                        LOOP_MIN_SHARE, LOOP_MIN_SPAN, LOOP_MIN_WORDS, SWITCH_BASE_LETTERS, SWITCH_BASE_SHARE,
                        SWITCH_MAX_GAP_WORDS, SWITCH_MIN_BASE, SWITCH_RUN, SWITCH_RUN_LATIN, Loop, Switch,
                        find_language_drift, find_language_switch, find_loop)
 from .markup import (BAR, CODE_SPAN, DSML_MARK, FENCED_BLOCK, LEGACY_TOOL_MARKS, QUOTES, THINK_MARKS, code_ranges,
                      find_markup_cut, quoted_tag_ranges)
+from .pd import PD_ABORTS, no_answer, pd_abort_class
 from .protocol import (MAX_CONTENT, MAX_JSON_BODY, MAX_PIECES, MAX_SSE_LINE, ProtocolError, SSEDecoder,
                        StreamAssembler, parse_completion)
 
@@ -62,12 +64,12 @@ __all__ = [
     "LEGACY_TOOL_MARKS", "LENGTH_MID_CALL", "LOOP_GRAM", "LOOP_MAX_CHARS", "LOOP_MAX_WORDS", "LOOP_MIN_COPIES",
     "LOOP_MIN_SHARE", "LOOP_MIN_SPAN", "LOOP_MIN_WORDS", "Loop", "MARKUP_CUT", "MARKUP_IN_ARGS", "MAX_CONTENT",
     "MAX_JSON_BODY", "MAX_PIECES", "MAX_SSE_LINE", "MISSING_CALL", "NGRAM_LOOP", "NO_ANSWER", "NO_TOOL_CALL", "OK",
-    "PD_BOOTSTRAP", "PD_TRANSFER", "ProtocolError", "QUOTES", "REASONING_IN_CONTENT", "SPECIAL_TOKEN_LEAK",
+    "PD_ABORTED", "PD_ABORTS", "PD_BOOTSTRAP", "PD_TRANSFER", "ProtocolError", "QUOTES", "REASONING_IN_CONTENT", "SPECIAL_TOKEN_LEAK",
     "SSEDecoder", "STUCK", "SWITCH_BASE_LETTERS", "SWITCH_BASE_SHARE", "SWITCH_MAX_GAP_WORDS", "SWITCH_MIN_BASE",
     "SWITCH_RUN", "SWITCH_RUN_LATIN", "StreamAssembler", "Switch", "THINK_IN_CONTENT", "THINK_MARKS", "ToolCall",
     "ToolSpec", "TurnResult", "Verdict", "WRONG_ARGS", "WRONG_TOOL", "classify", "code_ranges", "find_cut_string",
     "find_language_drift", "find_language_switch", "find_loop", "find_markup_cut", "loads_arguments",
-    "parse_completion", "quoted_tag_ranges", "tool_specs",
+    "parse_completion", "pd_abort_class", "quoted_tag_ranges", "tool_specs",
 ]
 
 CHECKS = (

@@ -4,7 +4,6 @@ state one turn's checks share while :func:`dsv4ctl.check.classify.classify` runs
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -13,6 +12,7 @@ OK = "ok"
 HTTP_ERROR = "http_error"
 PD_TRANSFER = "pd_transfer_failed"
 PD_BOOTSTRAP = "pd_bootstrap_failed"
+PD_ABORTED = "pd_aborted"
 STUCK = "stuck"
 DSML_IN_CONTENT = "dsml_in_content"
 DSML_IN_REASONING = "dsml_in_reasoning"
@@ -36,7 +36,7 @@ MISSING_CALL = "missing_call"
 EXTRA_CALL = "extra_call"
 WRONG_ARGS = "wrong_args"
 
-CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK,
+CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, PD_ABORTED, STUCK,
            # markup leaks: the parser (or the template) let model markup through
            DSML_IN_CONTENT, DSML_IN_REASONING, SPECIAL_TOKEN_LEAK, THINK_IN_CONTENT, REASONING_IN_CONTENT,
            MARKUP_IN_ARGS, MARKUP_CUT,
@@ -49,15 +49,10 @@ CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK,
 """Every corruption class, in precedence order: errors, markup leaks, degenerate generation, call
 shape, known answer."""
 
-NO_ANSWER = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, STUCK)
-"""Classes of turns that got no answer to judge: HTTP/protocol errors (the PD ones split out:
-SGLang 0.5.23's decode or prefill aborting a request whose KV transfer or bootstrap failed) and
-stalls."""
-
-_PD_FAILURE = re.compile(r"\b(?:Decode|Prefill) (transfer|handshake|bootstrap) failed for request")
-"""The abort messages of SGLang 0.5.23 PD (``srt/disaggregation/decode.py``: "Decode transfer
-failed for request …", "Decode handshake failed …"; ``prefill.py``: "Prefill transfer failed …",
-"Prefill bootstrap failed …"), sent to the client as HTTP 500 (or an SSE error)."""
+NO_ANSWER = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, PD_ABORTED, STUCK)
+"""Classes of turns that got no answer to judge: HTTP/protocol errors (the PD ones split out by
+:mod:`.pd`: SGLang's decode or prefill aborting a request whose KV transfer or bootstrap failed,
+or one aborted elsewhere, ``AbortReq``) and stalls."""
 
 DESCRIPTIONS = {
     OK: "valid",
@@ -68,6 +63,7 @@ DESCRIPTIONS = {
     HTTP_ERROR: "HTTP or protocol error",
     PD_TRANSFER: "PD KV transfer failed (SGLang aborted the request: HTTP 500)",
     PD_BOOTSTRAP: "PD bootstrap or handshake failed (SGLang aborted the request: HTTP 500)",
+    PD_ABORTED: "PD request aborted by an AbortReq (the client, the router or the peer cancelled it: HTTP 500)",
     STUCK: "no progress within the stall timeout",
     DSML_IN_CONTENT: "DSML tool-call markup in content",
     DSML_IN_REASONING: "DSML tool-call markup in reasoning_content",
@@ -165,15 +161,3 @@ class Judging:
         ordered = tuple(c for c in CLASSES if c in self.flags)
         return Verdict(ordered[0], ordered, self.flags[ordered[0]], tuple(self.notes))
 
-
-def no_answer(turn: TurnResult) -> Optional[Verdict]:
-    """The Verdict of a turn that got no answer to judge (a stall, an HTTP or protocol error; the
-    PD aborts of :data:`_PD_FAILURE` get their own classes), else None."""
-    if turn.stalled:
-        return Verdict(STUCK, (STUCK,), turn.error or "no progress within the stall timeout")
-    if turn.error or turn.http_status != 200:
-        why = turn.error or f"HTTP {turn.http_status}"
-        pd = _PD_FAILURE.search(why)
-        cls = HTTP_ERROR if pd is None else PD_TRANSFER if pd.group(1) == "transfer" else PD_BOOTSTRAP
-        return Verdict(cls, (cls,), why)
-    return None
