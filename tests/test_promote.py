@@ -63,7 +63,8 @@ def test_first_deploy_dry_run_every_host_is_the_canary_and_nothing_changes(world
     out = r.out
     assert out.startswith("dry run: deploy --promote r")
     # the promote world gives no measured memory: the preflight says its plan is on estimates
-    assert "preflight: config lint ok (0 warning(s)), plan ok (2 group(s) fit; weights or free memory estimated for " \
+    assert "preflight: config lint ok (0 warning(s)), plan ok (a tight (indexer_logits), b tight (indexer_logits); " \
+        "weights or free memory estimated for " \
         "a, b: measure them" in out, out
     assert "first deploy (no host runs a release): every host is the canary" in out
     assert f"h0: [canary] switch {w.roots['h0']}/current: (none) -> " in out

@@ -30,12 +30,25 @@ def preflight(profile) -> dict:
     guessed = [g.group.name for g in rep.groups if any(e.startswith(("weights_gib_per_rank=", "free_gib_before_load="))
                                                        for e in g.inputs.estimated)]
     env = environment_preflight(profile)
-    return {"lint": {"errors": 0, "warnings": warns}, "plan": {"ok": True, "groups": [g.group.name for g in rep.groups]},
+    verdicts = {g.group.name: verdict_text(g.verdict) for g in rep.groups}
+    return {"lint": {"errors": 0, "warnings": warns},
+            "plan": {"ok": True, "groups": list(verdicts), "verdicts": verdicts},
             "environment": env, "estimated": guessed,
-            "summary": f"config lint ok ({warns} warning(s)), plan ok ({len(rep.groups)} group(s) fit"
+            "summary": f"config lint ok ({warns} warning(s)), plan ok ("
+                       + ", ".join(f"{g} {v}" for g, v in verdicts.items())
                        + (f"; weights or free memory estimated for {', '.join(guessed)}: measure them (dsv4ctl facts "
                           "--write, or weights_gib_per_rank from the server log)" if guessed else "") + ")"
                        + (f", environment {env['summary']}" if env else "")}
+
+
+def verdict_text(verdict: dict | None) -> str:
+    """A group's plan verdict in ``plan``'s own words (its table's verdict row): ``fits``,
+    ``tight (activation_floor)``, ``fails (no_kv_memory)`` (:mod:`dsv4ctl.plan.verdict`);
+    ``fits`` for a group planned without stages (no verdict recorded)."""
+    if not verdict:
+        return "fits"
+    level, deciding = verdict.get("level") or "fits", verdict.get("deciding")
+    return level if level == "fits" or not deciding else f"{level} ({deciding})"
 
 
 def environment_preflight(dep) -> dict | None:
