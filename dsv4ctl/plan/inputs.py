@@ -5,6 +5,7 @@ argparse and server-argument resolution read them (:mod:`dsv4ctl.plan.versions`)
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -28,7 +29,8 @@ MAX_RANKS = 1024
 # activation estimate uses it when chunked prefill is disabled (memory_hook.py:304-307).
 DEFAULT_MAX_PREFILL_TOKENS = 16384
 # What-if keys that change the weight bytes per rank (a measured figure no longer applies).
-WEIGHT_TOPOLOGY_KEYS = ("model", "tp_size", "pp_size", "dp_size", "enable_dp_attention")
+WEIGHT_TOPOLOGY_KEYS = ("model", "tp_size", "pp_size", "dp_size", "enable_dp_attention", "enable_dp_lm_head",
+                        "moe_a2a_backend")
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off", ""}
@@ -145,6 +147,11 @@ SET_KEYS: dict[str, str] = {
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
     "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "envbool", "SGLANG_PP_LAYER_PARTITION": "str",
     "SGLANG_SWA_EVICTION_INTERVAL": "int", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "envbool",
+    # issue 44.2: every key SGLang reads for DSV4 memory (dsv4ctl/data/memory_keys.json)
+    "enable_dp_lm_head": "bool", "disable_decode_cuda_graph": "bool", "cuda_graph_backend_decode": "optstr",
+    "cuda_graph_bs_decode": "intlist", "cuda_graph_config": "graphcfg", "enable_symm_mem": "bool",
+    "cpu_offload_gb": "gib", "offload_group_size": "int", "dcp_size": "int", "attn_cp_size": "int",
+    "enable_hisparse": "bool",
 }
 # serve-config dashed names that plan reads (others are ignored by the capacity model).
 SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
@@ -192,7 +199,39 @@ def _coerce(label: str, kind: str, value: Any) -> Any:
         return _env_bool(label, value)
     if kind == "optstr":
         return _opt_str(value)
+    if kind == "intlist":     # --cuda-graph-bs-decode 1 2 4 (nargs='+'): a YAML list, or "1,2,4" / "1 2 4"
+        items = value if isinstance(value, list) else str(value).replace(",", " ").split()
+        if not items:
+            raise InputError(f"{label}: expected one or more integers, got {str(value)[:60]!r}")
+        return [_int(label, x, minimum=1) for x in items]
+    if kind == "graphcfg":
+        return _graph_config(label, value)
     return str(value)
+
+
+def _graph_config(label: str, value: Any) -> dict:
+    """``--cuda-graph-config``'s decode phase as the plan reads it: ``{"backend", "max_bs", "bs"}``
+    (those given). SGLang 0.5.23 takes a JSON object (or a ``--config`` mapping) whose per-phase
+    keys win over every other graph flag (``srt/arg_groups/cuda_graph_hook.py``
+    ``parse_cuda_graph_config``, "explicit JSON > convenience > legacy > defaults")."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InputError(f"{label}: not a JSON object: {value[:60]!r}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{label}: expected a mapping of phases (decode, prefill), got {str(value)[:60]!r}")
+    dec = value.get("decode") or {}
+    if not isinstance(dec, dict):
+        raise InputError(f"{label}: decode: expected a mapping, got {str(dec)[:60]!r}")
+    out: dict = {}
+    if dec.get("backend") is not None:
+        out["backend"] = str(dec["backend"]).lower()
+    if dec.get("max_bs") is not None:
+        out["max_bs"] = _int(f"{label}: decode.max_bs", dec["max_bs"], minimum=1)
+    if dec.get("bs") is not None:
+        out["bs"] = _coerce(f"{label}: decode.bs", "intlist", dec["bs"])
+    return out
 
 
 @dataclass
@@ -717,7 +756,32 @@ def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, override
         if spec_algo and dw_gib is None:
             dw_gib = est.draft_gib
             estimated.append(est.draft_note)
+    _offload_notes(args, estimated)
     return w_gib, w_fixed, (float(dw_gib or 0.0) if spec_algo else 0.0), fmt
+
+
+def _offload_notes(args: dict, estimated: list[str]) -> None:
+    """The memory keys SGLang reads that the plan reads but does not size (issue 44.2): said, with
+    which way they move the plan, never dropped silently (``dsv4ctl/data/memory_keys.json``)."""
+    if args.get("cpu_offload_gb"):
+        estimated.append(f"cpu-offload-gb {args['cpu_offload_gb']}: SGLang keeps up to that many GB of each "
+                         "rank's weights in host memory (srt/model_loader, --cpu-offload-gb); the plan counts "
+                         "them on the GPU, so its headroom is low by up to that much")
+    if args.get("offload_group_size"):
+        estimated.append(f"offload-group-size {args['offload_group_size']}: SGLang offloads layer groups to host "
+                         "memory; the plan counts their weights on the GPU (headroom low)")
+    for key, what in (("dcp_size", "decode context parallel splits the KV cache over"),
+                      ("attn_cp_size", "attention context parallel splits a prefill's tokens over")):
+        if (args.get(key) or 1) > 1:
+            estimated.append(f"{key.replace('_', '-')} {args[key]}: {what} {args[key]} ranks; the plan sizes "
+                             "weights and pools as without it")
+    if args.get("enable_hisparse"):
+        estimated.append("enable-hisparse: HiSparse's device pools (srt/model_executor/pool_configurator.py) "
+                         "are not sized by the plan")
+    if args.get("enable_symm_mem"):
+        estimated.append("enable-symm-mem: SGLang preallocates SGLANG_SYMM_MEM_PREALLOC_GB_SIZE (default 4) GB "
+                         "of symmetric memory per rank (srt/arg_groups/memory_hook.py); the plan does not count "
+                         "it: give it in memory.other_gib")
 
 
 def _hypothetical_note(group: Group, host, topo_set: list[str], n_ranks: int, gpu_mib, places) -> str:
@@ -726,6 +790,24 @@ def _hypothetical_note(group: Group, host, topo_set: list[str], n_ranks: int, gp
             f"host {host.name}'s ({host.gpu_model or 'GPU'}, {gpu_mib:,} MiB), not the group's "
             + (f"{len(places)} GPU(s) {_gpu_list(g for _, _, g in places)}" if group.nnodes == 1
                else f"{len(places)} GPU(s) on {group.nnodes} nodes"))
+
+
+def _decode_graph(args: dict) -> tuple[Optional[int], bool]:
+    """(the decode CUDA graph's largest batch size as given, or None for SGLang's default; whether
+    the decode graph is off), with SGLang 0.5.23's precedence (``srt/arg_groups/cuda_graph_hook.py``
+    ``parse_cuda_graph_config``): ``--disable-cuda-graph`` < ``--disable-decode-cuda-graph`` <
+    ``--cuda-graph-backend-decode`` / ``--cuda-graph-max-bs-decode`` / ``--cuda-graph-bs-decode`` <
+    ``--cuda-graph-config``'s ``decode`` object; a batch-size list sets the largest to its maximum
+    (``memory_hook.py`` ``decode_cuda_graph_config.max_bs = max(decode_cuda_graph_config.bs)``)."""
+    off = bool(args.get("disable_cuda_graph", False)) or bool(args.get("disable_decode_cuda_graph", False))
+    if args.get("cuda_graph_backend_decode") is not None:
+        off = str(args["cuda_graph_backend_decode"]).lower() == "disabled"
+    max_bs, bs = args.get("cuda_graph_max_bs"), args.get("cuda_graph_bs_decode")
+    cfg = args.get("cuda_graph_config") or {}
+    if "backend" in cfg:
+        off = cfg["backend"] == "disabled"
+    max_bs, bs = cfg.get("max_bs", max_bs), cfg.get("bs", bs)
+    return (max(bs) if bs else max_bs), off
 
 
 def _memory_args(group: Group, args: dict, gpu_mib: Optional[int], disagg: Optional[str],
@@ -739,12 +821,12 @@ def _memory_args(group: Group, args: dict, gpu_mib: Optional[int], disagg: Optio
     # chunked prefill disabled (<= 0): SGLang sizes activations by max_prefill_tokens instead
     # (sglang 0.5.23 srt/arg_groups/memory_hook.py:304-307).
     act_chunk = max_prefill if chunked_user is not None and chunked_user <= 0 else chunked_user
+    graph_max_bs, graph_off = _decode_graph(args)
     mem_args = cap.MemoryArgs(
         gpu_memory_mib=gpu_mib, tp_size=args["tp_size"], pp_size=args["pp_size"], dp_size=args["dp_size"],
         enable_dp_attention=args["enable_dp_attention"], disaggregation_mode=disagg,
         max_running_requests=args.get("max_running_requests"), speculative_num_draft_tokens=draft,
-        chunked_prefill_size=act_chunk, cuda_graph_max_bs=args.get("cuda_graph_max_bs"),
-        disable_cuda_graph=args.get("disable_cuda_graph", False),
+        chunked_prefill_size=act_chunk, cuda_graph_max_bs=graph_max_bs, disable_cuda_graph=graph_off,
         moe_a2a_backend=args.get("moe_a2a_backend"), graph_bs_capped_by_mrr=rules.graph_bs_capped_by_mrr)
     mfs = args.get("mem_fraction_static")
     if mfs is None:
