@@ -40,8 +40,9 @@ def test_check_proves_the_shipped_series_on_pristine_sglang():
 
 
 def test_check_fails_on_a_patch_that_does_not_compile(tmp_path):
-    d = tmp_path / "sglang-0.5.23"
-    d.mkdir()
+    # a long series path: the title line keeps it whole off a terminal ($COLUMNS unset: 200)
+    d = tmp_path / "a-series-folder-whose-name-is-long-enough-to-pass-seventy-eight-columns" / "sglang-0.5.23"
+    d.mkdir(parents=True)
     text = (SERIES / "0002-dsv4-log-pool-plan.patch").read_text()
     broken = text.replace('+        self._log_pool_plan(config)\n', '+        self._log_pool_plan(config\n')
     assert broken != text
@@ -50,6 +51,8 @@ def test_check_fails_on_a_patch_that_does_not_compile(tmp_path):
     r = cli("patch", "check", "--series", str(d))
     assert r.code == 1
     assert "0001-broken.patch: python/sglang/srt/model_executor/pool_configurator.py:" in r.err
+    title = next(ln for ln in r.out.splitlines() if ln.startswith("patch check: "))
+    assert title.startswith(f"patch check: {d} on pristine sglang==0.5.23 ("), r.out   # not wrapped at 78 (issue 46.7)
 
 
 def test_apply_status_revert_round_trip(tree):

@@ -207,8 +207,9 @@ def check(base: Optional[str] = typer.Option(None, "--base", help="PACKAGE==VERS
         title = f"patch check: {ls.dir} on pristine {rep.base} ({rep.base_commit[:12]} -> {rep.head[:12]})"
         if markdown:
             print(f"## {title}\n\n{markdown_table(headers, rows)}")
-        else:
-            console().print(rich_table(title, headers, rows))
+        else:       # the title on its own line: a table's title wraps at the table's width, paths cut
+            print(title)
+            console().print(rich_table("", headers, rows))
         for e in rep.errors:
             print(f"error: {e}")
         if rep.ok:
