@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
+import urllib.request
 
 import pytest
 
@@ -170,6 +172,26 @@ def test_load_profile_uses_router_and_profile_defaults(deployment):
     # /metrics are scraped from the prefill and decode servers (which got none of the router's traffic)
     assert lv["metrics"].get("sglang:num_requests_total", 0) == 0
     assert lv["metrics"]["sglang:num_aborted_requests_total"] == 0 and "sglang:num_running_reqs" in lv["metrics"]
+
+
+def test_load_profile_pd_without_a_router_refuses_and_sends_nothing(deployment):
+    """A PD profile without a router: check load --profile sent its load to the prefill (the
+    first server group), which never decodes; now exit 2, one line saying why and what to do,
+    and no chat reaches any server. The same profile with its router passes (above)."""
+    d = deployment["dir"]
+    text = (d / "pd.yaml").read_text()
+    (d / "pd-no-router.yaml").write_text("\n".join(ln for ln in text.splitlines() if "role: router" not in ln) + "\n")
+    def chats():
+        return [sum(x["path"] == "/v1/chat/completions" for x in json.loads(urllib.request.urlopen(
+            u + "/_standin/requests").read())["requests"]) for u in (deployment["prefill"], deployment["decode"])]
+    before = chats()
+    r = run_cli("check", "load", "--profile", str(d / "pd-no-router.yaml"), "--min-requests", "8", "--no-progress")
+    assert r.code == 2 and r.out == ""
+    assert r.err.strip() == (f"dsv4ctl: error: check load --profile {d / 'pd-no-router.yaml'}: PD groups (prefill, decode) "
+                             "and no router group: load sent to the prefill alone never decodes; add a router group "
+                             "(role: router, prefill: [...], decode: [...]) to the profile, or give the router's URL: "
+                             "dsv4ctl check load http://ROUTER:PORT")
+    assert chats() == before
 
 
 def test_api_key_is_sent_and_never_printed(tmp_path):

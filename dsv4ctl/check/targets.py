@@ -23,6 +23,22 @@ class Targets:
     gateway_metrics: Optional[str] = None
     gateway_router: Optional[str] = None
     other_routers: tuple = ()
+    pd_groups: tuple = ()
+    profile: str = ""
+
+    def load_entry(self) -> str:
+        """Where ``check load --profile`` sends its traffic: :attr:`entry`. A PD profile (prefill
+        and decode groups, ``pd_groups``) without a router has no entry a client can use: the
+        first server group is a prefill, which never decodes, and SGLang answers a request sent
+        to one PD server without a bootstrap room with HTTP 400 ("Disaggregated request received
+        without bootstrap room id", ``srt/managers/scheduler.py`` 0.5.23): InputError (exit 2)
+        saying what to do instead of a load run that measures nothing."""
+        if self.pd_groups and self.gateway_router is None:
+            raise InputError(f"check load --profile {self.profile}: PD groups ({', '.join(self.pd_groups)}) and no router "
+                             "group: load sent to the prefill alone never decodes; add a router group (role: router, "
+                             "prefill: [...], decode: [...]) to the profile, or give the router's URL: "
+                             "dsv4ctl check load http://ROUTER:PORT")
+        return self.entry
 
     def gateway_scope(self) -> Optional[str]:
         """One line saying whose gateway metrics are scraped and why only its (None without a
@@ -67,4 +83,6 @@ def from_profile(profile) -> Targets:
         raise InputError(f"{dep.path}: no router or server group to send traffic to")
     return Targets(entry=entry, workers=workers, gateway_metrics=routers[0].metrics_url if routers else None,
                    gateway_router=routers[0].name if routers else None,
-                   other_routers=tuple(r.name for r in routers[1:]))
+                   other_routers=tuple(r.name for r in routers[1:]),
+                   pd_groups=tuple(g.name for g in dep.servers() if g.role in ("prefill", "decode")),
+                   profile=str(getattr(dep, "path", "") or dep.name))

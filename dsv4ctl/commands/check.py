@@ -363,7 +363,7 @@ def _load_args(url, profile, compare, concurrency, turns, min_requests, max_corr
         dep, t = _profile_targets(profile)
         defaults = dep.check
         api_key = _profile_key(dep, api_key)
-        urls = [t.entry]
+        urls = [t.load_entry()]
         metric_urls = [w.url for w in t.workers]
         if gateway_metrics is None and metrics:
             gateway_metrics = t.gateway_metrics
