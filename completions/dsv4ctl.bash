@@ -93,7 +93,7 @@ _dsv4ctl_optkind() {
     'facts|-p'|'facts|--profile') echo prof:w2 ;;
     'deploy|--tree') echo dir ;;
     'deploy|--base') echo any ;;
-    'deploy|--patch') echo any ;;
+    'deploy|--patch') echo file ;;
     'deploy|--health-timeout') echo any ;;
     'deploy|--canary') echo any ;;
     'deploy|--concurrency') echo any ;;

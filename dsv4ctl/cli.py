@@ -85,8 +85,10 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
         importlib.import_module(mod_name).register(application)
     from .commands.examples import apply as add_examples
     from .commands.grammar import apply as add_profile_option
+    from .commands.helptext import apply as whole_help
     add_examples(application)
     add_profile_option(application)
+    whole_help(application)     # whole first sentences in command lists, telling metavars
     return application
 
 
