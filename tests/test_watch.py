@@ -406,7 +406,13 @@ def test_watch_counts_probes_survives_a_restart_and_stops_on_sigterm(colocated, 
         _wait(lambda: (_scrape_or_none(murl) or {}).get(key, 0) >= 2, 60, "two probes")
         m = _metrics(murl)
         assert m["dsv4ctl_watch_scrape_up{source=sglang,target=one}"] == 1.0
-        assert m["dsv4ctl_watch_sglang_generation_tokens{target=one}"] > 0
+        assert m["dsv4ctl_watch_sglang_generation_tokens_total{target=one}"] > 0
+        with urllib.request.urlopen(murl, timeout=5) as r:
+            page = r.read().decode()
+        # SGLang's counters are re-exported as counters (issue 45: they were gauges without _total)
+        assert "# TYPE dsv4ctl_watch_sglang_generation_tokens_total counter\n" in page
+        assert "# TYPE dsv4ctl_watch_sglang_transfer_failed_requests_total counter\n" in page
+        assert "dsv4ctl_watch_sglang_transfer_failed_requests_total{target=\"one\"} 0.0\n" in page
         assert m["dsv4ctl_watch_probe_duration_seconds_count{release=unknown,role=colocated,target=one}"] >= 2
         # the server goes away: failed probes and a scrape down, watch keeps running
         _stop(proc)

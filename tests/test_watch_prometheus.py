@@ -246,6 +246,8 @@ def test_fast_burn_fires_under_the_hicache_race_and_resolves_when_it_ends(tmp_pa
         times["fire"] = t_fire - t_fault
         assert firing["labels"] == {"alertname": ALERT, "target": "one", "release": "unknown", "severity": "page"}
         assert firing["annotations"]["runbook"] == f"dsv4ctl runbook run {RUNBOOKS[ALERT]} PROFILE"
+        assert firing["annotations"]["runbook_url"] == \
+            "https://github.com/dsv4ctl/dsv4ctl/blob/main/docs/alerts.md#dsv4toolcallcorruptionfastburn"
         assert "one (release unknown)" in firing["annotations"]["summary"]
         # the alert's value is the long-window ratio: over 10x the SLO, under what the race draws
         value = float(firing["value"])

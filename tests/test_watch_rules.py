@@ -104,10 +104,10 @@ def test_shipped_files_go_into_the_wheel():
     assert sorted(p.name for p in DATA.iterdir()) == ["dashboard.json", "rules.yml"]
 
 
-@pytest.mark.parametrize("kw,n", [({}, 25), ({"scale": 1 / 60}, 25), ({"slo": 0.05}, 25), ({"slo": 0.007, "scale": 1 / 7}, 25),
-                                  ({"scale": 3}, 25)])
+@pytest.mark.parametrize("kw,n", [({}, 27), ({"scale": 1 / 60}, 27), ({"slo": 0.05}, 27), ({"slo": 0.007, "scale": 1 / 7}, 27),
+                                  ({"scale": 3}, 27), ({"job": "prom/dsv4ctl:watch", "runbook_url": "http://wiki.example/r"}, 27)])
 def test_promtool_checks_the_rule_files(promtool, tmp_path, kw, n):
-    _check_rules(promtool, DATA / "rules.yml", 25)
+    _check_rules(promtool, DATA / "rules.yml", 27)
     f = tmp_path / "rules.yml"
     f.write_text(render_rules(**kw))
     _check_rules(promtool, f, n)
@@ -147,29 +147,46 @@ def test_rule_file_contents():
         "DSV4ProbesFailing": "page", "DSV4SchedulerStall": "page", "DSV4KVPoolNearFull": "ticket",
         "DSV4PDTransferFailures": "ticket", "DSV4GatewayRetrying": "ticket", "DSV4GatewayCircuitOpen": "ticket",
         "DSV4ReleaseNotPromoted": "ticket", "DSV4ActiveReleaseFailed": "page",
-        "DSV4WatchScrapeDown": "ticket"}
+        "DSV4WatchScrapeDown": "ticket", "DSV4WatchDown": "page", "DSV4WatchAbsent": "ticket"}
     assert {n: r.get("for") for n, r in a.items()} == {
         "DSV4ToolCallCorruptionFastBurn": "2m", "DSV4ToolCallCorruptionSlowBurn": "15m", "DSV4ProbeStuck": "2m",
         "DSV4ProbesFailing": "5m", "DSV4SchedulerStall": "2m", "DSV4KVPoolNearFull": "10m",
         "DSV4PDTransferFailures": None, "DSV4GatewayRetrying": None, "DSV4GatewayCircuitOpen": "2m",
         "DSV4ReleaseNotPromoted": "30m", "DSV4ActiveReleaseFailed": "1m",
-        "DSV4WatchScrapeDown": "10m"}
+        "DSV4WatchScrapeDown": "10m", "DSV4WatchDown": "2m", "DSV4WatchAbsent": "10m"}
     assert a["DSV4ToolCallCorruptionFastBurn"]["expr"] == (
         "(\n  dsv4ctl:probe_corruption:ratio_rate1h > 0.1\n  and dsv4ctl:probe_corruption:ratio_rate5m > 0.1\n)\n"
         "and dsv4ctl:probe_count:increase1h >= 10\n")
+    assert a["DSV4WatchDown"]["expr"] == 'up{job="dsv4ctl-watch"} == 0'
+    assert a["DSV4WatchAbsent"]["expr"] == 'absent(up{job="dsv4ctl-watch"})'
+    alerts_md = (REPO / "docs" / "alerts.md").read_text()
     for name, r in a.items():
         ann = r["annotations"]
-        assert set(ann) == {"summary", "description"} | ({"runbook"} if name in RUNBOOKS else set()), name
-        assert "{{ $labels.target }}" in ann["summary"] and "{{ $labels.target }}" in ann["description"], name
+        assert list(ann) == ["summary", "description"] + (["runbook"] if name in RUNBOOKS else []) + ["runbook_url"], name
+        # watch's own alerts are about Prometheus' scrape of it (up{job, instance}), not a target
+        label = "{{ $labels.instance }}" if name == "DSV4WatchDown" else "{{ $labels.target }}"
+        if name != "DSV4WatchAbsent":
+            assert label in ann["summary"] and label in ann["description"], name
         if name in RUNBOOKS:
             assert ann["runbook"] == f"dsv4ctl runbook run {RUNBOOKS[name]} PROFILE"
+        # every alert links its own section of docs/alerts.md (GitHub's anchor of its heading)
+        assert ann["runbook_url"] == f"https://github.com/dsv4ctl/dsv4ctl/blob/main/docs/alerts.md#{name.lower()}"
+        assert f"\n## {name}\n" in alerts_md, name
+        if name in RUNBOOKS:
+            section = alerts_md.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+            assert f"dsv4ctl runbook run {RUNBOOKS[name]}" in section, name
     # every runbook named (annotation or description) is a shipped playbook
     named = set(re.findall(r"dsv4ctl runbook run ([a-z-]+)", text))
     assert named == {"toolcall-corruption", "scheduler-stall", "transfer-wedge", "bad-release"}
     assert all((REPO / "playbooks" / f"{n}.yaml").is_file() for n in named)
     # every series named is served by the watch or recorded here
     used = set().union(*(series_names(r.get("expr", "")) for g in doc["groups"] for r in g["rules"]))
-    assert used <= _metric_names() | set(RECORDS), used - _metric_names() - set(RECORDS)
+    assert used <= _metric_names() | set(RECORDS) | {"up"}, used - _metric_names() - set(RECORDS)
+    # the counters watch re-exports from SGLang and the gateway are counters, read with increase()
+    for counter in (metrics.SGLANG_GENERATED, metrics.SGLANG_TRANSFER_FAILED, metrics.GATEWAY_RETRIES):
+        assert counter.endswith("_total")
+        uses = re.findall(r"(\w+)\(" + re.escape(counter), text)
+        assert uses and set(uses) == {"increase"}, (counter, uses)
     assert {metrics.PROBES, metrics.CORRUPTED, metrics.FAILED, metrics.STUCK_NOW, metrics.RELEASE, metrics.SCRAPE_UP,
             metrics.SGLANG_RUNNING, metrics.SGLANG_GENERATED, metrics.SGLANG_TOKEN_USAGE,
             metrics.SGLANG_TRANSFER_FAILED, metrics.GATEWAY_RETRIES, metrics.GATEWAY_CIRCUIT_OPEN} <= used
@@ -190,7 +207,7 @@ def test_slo_and_scale():
         "DSV4ProbesFailing": "5s", "DSV4SchedulerStall": "2s", "DSV4KVPoolNearFull": "10s",
         "DSV4PDTransferFailures": None, "DSV4GatewayRetrying": None, "DSV4GatewayCircuitOpen": "2s",
         "DSV4ReleaseNotPromoted": "30s", "DSV4ActiveReleaseFailed": "1s",
-        "DSV4WatchScrapeDown": "10s"}
+        "DSV4WatchScrapeDown": "10s", "DSV4WatchDown": "2s", "DSV4WatchAbsent": "10s"}
     windows = {n: re.findall(r"\[([^\]]+)\]", e) for n, e in _records(doc).items()}
     assert windows[count_record("1h")] == ["1m", "1m", "1m"] and windows[corrupted_record("6h")] == ["6m", "6m"]
     assert "[2s]" in _alerts(doc)["DSV4SchedulerStall"]["expr"]
@@ -198,6 +215,19 @@ def test_slo_and_scale():
     assert list(_records(doc)) == list(RECORDS)        # recorded names keep their nominal windows
     assert _alerts(rules(scale=1 / 7))["DSV4ReleaseNotPromoted"]["for"] == "4m17s143ms"
     assert _alerts(rules(scale=0.001))["DSV4ActiveReleaseFailed"]["for"] == "60ms"
+
+
+def test_scrape_job_and_runbook_page():
+    doc = rules(job="prom/dsv4ctl:watch", runbook_url="http://wiki.example/sre/dsv4")
+    a = _alerts(doc)
+    assert a["DSV4WatchDown"]["expr"] == 'up{job="prom/dsv4ctl:watch"} == 0'
+    assert a["DSV4WatchAbsent"]["expr"] == 'absent(up{job="prom/dsv4ctl:watch"})'
+    assert a["DSV4WatchAbsent"]["annotations"]["summary"] == "No dsv4ctl watch is scraped (job prom/dsv4ctl:watch)"
+    assert {n: r["annotations"]["runbook_url"] for n, r in a.items()} == {
+        n: f"http://wiki.example/sre/dsv4#{n.lower()}" for n in ALERTS}
+    # a profile named in the annotations never rewrites the operator's URL
+    text = render_rules(profile="PROFILE-x", runbook_url="https://w.example/PROFILE/alerts")
+    assert "https://w.example/PROFILE/alerts#dsv4watchdown" in text
 
 
 def test_duration():
@@ -215,6 +245,12 @@ def test_duration():
     ({"scale": 0}, "scale must be a finite number > 0"), ({"scale": -1}, "scale must be"),
     ({"scale": math.inf}, "scale must be"), ({"scale": math.nan}, "scale must be"),
     ({"scale": 1e-7}, "under 1 ms"),      # 2m x 1e-7 = 12 us: Prometheus has no unit for it
+    ({"runbook_url": "wiki.example/alerts"}, "runbook URL 'wiki.example/alerts': expected an http:// or https:// URL"),
+    ({"runbook_url": "https://wiki.example/alerts#top"}, "without '#'"),
+    ({"runbook_url": "https://wiki.example/{{ $labels.x }}"}, "runbook URL"),
+    ({"runbook_url": "https://wiki.example/a b"}, "runbook URL"),
+    ({"job": 'w"} or vector(1) #'}, "scrape job 'w\"} or vector(1) #': expected 1-200 letters"),
+    ({"job": ""}, "scrape job"),
 ])
 def test_render_rules_rejects(kw, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
@@ -239,7 +275,8 @@ def test_unit_tests_cover_every_alert():
                 fires[name] = fires.get(name, 0) + 1
                 for exp in case["exp_alerts"]:       # labels and every annotation checked
                     sev = _alerts(rules())[name]["labels"]["severity"]
-                    assert exp["exp_labels"]["severity"] == sev and "target" in exp["exp_labels"], (name, exp)
+                    where = "job" if name in ("DSV4WatchDown", "DSV4WatchAbsent") else "target"
+                    assert exp["exp_labels"]["severity"] == sev and where in exp["exp_labels"], (name, exp)
                     assert set(exp["exp_annotations"]) == set(_alerts(rules())[name]["annotations"]), name
             else:
                 quiet[name] = quiet.get(name, 0) + 1
@@ -258,10 +295,13 @@ def test_promtool_unit_tests_pass(promtool):
     ("and dsv4ctl:probe_count:increase1h >= 10", "and dsv4ctl:probe_count:increase1h >= 0",
      "DSV4ToolCallCorruptionFastBurn"),
     # delta() of the transfer-failure count goes negative at a restart and misses the failure after it
-    ("increase(dsv4ctl_watch_sglang_transfer_failed_requests[10m])", "delta(dsv4ctl_watch_sglang_transfer_failed_requests[10m])",
+    ("increase(dsv4ctl_watch_sglang_transfer_failed_requests_total[10m])", "delta(dsv4ctl_watch_sglang_transfer_failed_requests_total[10m])",
      "DSV4PDTransferFailures"),
     ('state!~"good|failed|none"', 'state!="good"', "DSV4ReleaseNotPromoted"),
     ("dsv4ctl_watch_sglang_token_usage > 0.95", "dsv4ctl_watch_sglang_token_usage >= 0.95", "DSV4KVPoolNearFull"),
+    # watch's own alerts: a down watch that never pages, a "not up" that misses a job without target
+    ('up{job="dsv4ctl-watch"} == 0', 'up{job="dsv4ctl-watch"} < 0', "DSV4WatchDown"),
+    ('absent(up{job="dsv4ctl-watch"})', 'up{job="dsv4ctl-watch"} != 1', "DSV4WatchAbsent"),
 ])
 def test_promtool_unit_tests_catch_a_broken_rule(promtool, tmp_path, old, new, failing):
     text = render_rules()

@@ -26,7 +26,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 #: Options that never go into the printed unit's ExecStart (a unit is the continuous watch).
-NOT_IN_UNIT = ("profile", "profile_opt", "print_", "once", "as_json")
+NOT_IN_UNIT = ("profile", "profile_opt", "print_", "once", "as_json", "runbook_url", "scrape_job")
 
 
 def _unit_args(ctx: typer.Context) -> tuple[str, ...]:
@@ -48,14 +48,20 @@ def _unit_args(ctx: typer.Context) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _artifact(kind: str, profile_arg: Optional[str], slo: float, unit_args: tuple[str, ...] = ()) -> str:
-    """The text of a shipped artifact: the Prometheus rules (for the profile's SLO), the Grafana
+def _artifact(kind: str, profile_arg: Optional[str], slo: float, unit_args: tuple[str, ...] = (),
+              rules_args: Optional[dict] = None) -> str:
+    """The text of a shipped artifact: the Prometheus rules (for the profile's SLO; ``rules_args``:
+    ``runbook_url`` and ``job`` of :func:`dsv4ctl.watch.rules.render_rules`), the Grafana
     dashboard, or the systemd unit (for this profile, with the watch options of this command
-    line: ``unit_args``, see :func:`_unit_args`)."""
+    line: ``unit_args``, see :func:`_unit_args`). InputError for a bad runbook URL or job name."""
     from ..resources import data_path
     if kind == "rules":
         from ..watch.rules import render_rules
-        return render_rules(slo=slo, profile=profile_arg)
+        try:
+            return render_rules(slo=slo, profile=profile_arg, **(rules_args or {}))
+        except ValueError as e:
+            flag = "--runbook-url" if str(e).startswith("runbook URL") else "--scrape-job"
+            raise InputError(f"{flag}: {e}") from None
     if kind == "dashboard":
         return data_path("watch", "dashboard.json").read_text()
     from ..watch.unit import render_unit
@@ -81,6 +87,8 @@ def watch(ctx: typer.Context,
           settle: Optional[str] = duration_option(None, "--settle", lo=0, hi=7 * 86400, zero=True, keep_text=True, help="With --auto: no run on a release activated this recently by a deploy watch did not make (0..7d; default: the short burn window, 1/12 of --alert-window)."),
           log: Optional[Path] = typer.Option(None, "--log", help="Append every event as a JSON line to this file."),
           print_: Optional[str] = typer.Option(None, "--print", help="Print a shipped artifact and exit: rules (Prometheus rules for the profile's SLO; without a profile the embedded default's, 0.01), dashboard (Grafana JSON; its ratio panels read the rules' recorded series), unit (systemd unit running watch for this profile with the other options given here, e.g. --listen)."),
+          runbook_url: Optional[str] = typer.Option(None, "--runbook-url", help="With --print rules: the page of alert runbooks each alert's runbook_url links into (URL#alertname; default: the project's docs/alerts.md on GitHub)."),
+          scrape_job: Optional[str] = typer.Option(None, "--scrape-job", help="With --print rules: Prometheus' job_name that scrapes this watch (DSV4WatchDown/DSV4WatchAbsent read its up series; default dsv4ctl-watch)."),
           verbose: bool = typer.Option(False, "--verbose", "-v", help="Also an event line for every ok probe (default: only probes not ok, alerts, releases)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No event lines on stderr."),
           accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")) -> None:
@@ -112,6 +120,9 @@ def watch(ctx: typer.Context,
         raise InputError(f"--print {print_!r}: expected one of {', '.join(ARTIFACTS)}")
     every, scrape, rel, window, settle_s = _durations(interval, scrape_every, release_every, alert_window, settle)
     _check_flags(once=once, as_json=as_json, print_=print_, auto=auto, on_alert=on_alert, no_releases=no_releases)
+    if print_ != "rules" and (runbook_url is not None or scrape_job is not None):
+        raise InputError(f"{'--runbook-url' if runbook_url is not None else '--scrape-job'} goes with --print rules "
+                         "(it is written into the rule file)")
     dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
     if print_ == "unit" and once:
         raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
@@ -122,7 +133,8 @@ def watch(ctx: typer.Context,
     if print_ == "rules" or "corruption" in actions:
         _burnable(dep)
     if print_ is not None:
-        _print_artifact(ctx, print_, profile, log, dep)
+        rules_args = {k: v for k, v in (("runbook_url", runbook_url), ("job", scrape_job)) if v is not None}
+        _print_artifact(ctx, print_, profile, log, dep, rules_args)
         return
     key, secrets = _api_key(dep)
     events = _Events(_open_log(log), log, secrets, quiet=quiet, json_round=once and as_json)
@@ -182,8 +194,10 @@ def _stall_timeout(dep, stall_timeout: Optional[str]) -> float:
     return stall
 
 
-def _print_artifact(ctx: typer.Context, kind: str, profile: Optional[str], log: Optional[Path], dep) -> None:
-    """``--print KIND``: write the artifact to stdout (InputError for a ``--log`` in no folder)."""
+def _print_artifact(ctx: typer.Context, kind: str, profile: Optional[str], log: Optional[Path], dep,
+                    rules_args: Optional[dict] = None) -> None:
+    """``--print KIND``: write the artifact to stdout (InputError for a ``--log`` in no folder;
+    ``rules_args`` as :func:`_artifact`)."""
     import os
     if log is not None and not os.path.isdir(os.path.dirname(os.path.abspath(log)) or "/"):
         raise InputError(f"--log {str(log)!r}: no such folder")
@@ -191,7 +205,8 @@ def _print_artifact(ctx: typer.Context, kind: str, profile: Optional[str], log: 
     given = profile if profile is not None else os.environ.get("DSV4CTL_PROFILE") or None
     # without one, the rules' runbook commands say PROFILE (the embedded example is not one to act on)
     arg = os.path.abspath(given) if given and os.path.isfile(given) else given
-    sys.stdout.write(_artifact(kind, arg, dep.check.max_corruption, _unit_args(ctx) if kind == "unit" else ()))
+    sys.stdout.write(_artifact(kind, arg, dep.check.max_corruption, _unit_args(ctx) if kind == "unit" else (),
+                               rules_args))
 
 
 def _api_key(dep) -> tuple[Optional[str], list[str]]:

@@ -15,6 +15,7 @@ number of series per target).
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
 
 # No ``*_created`` series beside every counter and histogram (prometheus_client's default): they
 # doubled the series a watch serves and nothing reads them (process-wide; watch runs alone).
@@ -54,21 +55,24 @@ SGLANG_RUNNING = PREFIX + "sglang_running_requests"
 """Gauge {target}: ``sglang:num_running_reqs`` summed over the target's ranks."""
 SGLANG_QUEUED = PREFIX + "sglang_queued_requests"
 """Gauge {target}: ``sglang:num_queue_reqs`` summed over ranks."""
-SGLANG_GENERATED = PREFIX + "sglang_generation_tokens"
-"""Gauge {target}: ``sglang:generation_tokens_total`` summed over ranks (a counter as SGLang
-reports it: ``rate()`` of it is the generation throughput; it falls when the server restarts)."""
+SGLANG_GENERATED = PREFIX + "sglang_generation_tokens_total"
+"""Counter {target}: ``sglang:generation_tokens_total`` summed over ranks, re-exported as the
+counter it is (``rate()`` of it is the generation throughput; it falls when the server restarts,
+which ``rate()``/``increase()`` read as a counter reset). Named ``..._generation_tokens`` and typed
+gauge before issue 45."""
 SGLANG_TOKEN_USAGE = PREFIX + "sglang_token_usage"
 """Gauge {target}: ``sglang:token_usage`` (KV pool fraction in use, 0..1), the largest over ranks."""
-SGLANG_TRANSFER_FAILED = PREFIX + "sglang_transfer_failed_requests"
-"""Gauge {target}: ``sglang:num_transfer_failed_reqs_total`` + ``sglang:num_bootstrap_failed_reqs_total``
-(PD KV transfer failures as SGLang counts them; a counter value)."""
-GATEWAY_RETRIES = PREFIX + "gateway_retries"
-"""Gauge {target, worker_type}: the PD gateway's ``smg_worker_retries_total`` summed per worker
-type (sglang-router and smg; a counter value): attempts it re-sent, which the client and the
-probes see as ok (a gateway that retries hides failures from the corruption rate)."""
-GATEWAY_RETRIES_EXHAUSTED = PREFIX + "gateway_retries_exhausted"
-"""Gauge {target, worker_type}: ``smg_worker_retries_exhausted_total`` (requests that failed
-after the gateway's last retry; a counter value)."""
+SGLANG_TRANSFER_FAILED = PREFIX + "sglang_transfer_failed_requests_total"
+"""Counter {target}: ``sglang:num_transfer_failed_reqs_total`` + ``sglang:num_bootstrap_failed_reqs_total``
+(PD KV transfer failures as SGLang counts them; a counter, reset when the server restarts)."""
+GATEWAY_RETRIES = PREFIX + "gateway_retries_total"
+"""Counter {target, worker_type}: the PD gateway's ``smg_worker_retries_total`` summed per worker
+type (sglang-router and smg; a counter, reset when the gateway restarts): attempts it re-sent,
+which the client and the probes see as ok (a gateway that retries hides failures from the
+corruption rate)."""
+GATEWAY_RETRIES_EXHAUSTED = PREFIX + "gateway_retries_exhausted_total"
+"""Counter {target, worker_type}: ``smg_worker_retries_exhausted_total`` (requests that failed
+after the gateway's last retry)."""
 GATEWAY_CIRCUIT_OPEN = PREFIX + "gateway_circuit_open"
 """Gauge {target}: workers whose circuit breaker the gateway holds open or half-open
 (``smg_worker_cb_state`` not 0): it sends them nothing."""
@@ -87,6 +91,53 @@ RELEASE_KEEP = 8
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _Value:
+    """One labelled series of an :class:`UpstreamCounter` (``set``)."""
+
+    def __init__(self, values: dict, key: tuple) -> None:
+        self._values, self._key = values, key
+
+    def set(self, value: float) -> None:
+        """The upstream counter's current value (as read; a fall is the upstream's reset)."""
+        self._values[self._key] = float(value)
+
+
+class UpstreamCounter:
+    """A counter another process counts (SGLang, the PD gateway) re-exported with its value as
+    read: served with ``# TYPE ... counter`` and the ``_total`` name, so ``rate()`` and
+    ``increase()`` apply and a fall (the upstream restarted) reads as a counter reset.
+    prometheus_client's :class:`Counter` can only be incremented, so this is a collector of
+    its own. ``name`` ends in ``_total``; ``labels(*values).set(v)`` like a Gauge; ``remove``."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry) -> None:
+        if not name.endswith("_total"):
+            raise ValueError(f"counter {name!r}: the name of a counter ends in _total")
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self._values: dict[tuple, float] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> _Value:
+        """The series of these label values (in ``labelnames`` order)."""
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values!r}")
+        return _Value(self._values, tuple(str(v) for v in values))
+
+    def remove(self, *values: str) -> None:
+        """Drop the series of these label values (nothing when it is not there)."""
+        self._values.pop(tuple(str(v) for v in values), None)
+
+    def describe(self):
+        """The family, empty (registration checks names without collecting)."""
+        return [CounterMetricFamily(self.name[:-6], self.documentation, labels=self.labelnames)]
+
+    def collect(self):
+        """One counter family with every series set so far."""
+        fam = CounterMetricFamily(self.name[:-6], self.documentation, labels=self.labelnames)
+        for key, v in sorted(self._values.items()):
+            fam.add_metric(list(key), v)
+        return [fam]
 
 
 class WatchMetrics:
@@ -113,19 +164,19 @@ class WatchMetrics:
                                registry=r)
         self.running = Gauge(SGLANG_RUNNING, "sglang:num_running_reqs summed over ranks.", ["target"], registry=r)
         self.queued = Gauge(SGLANG_QUEUED, "sglang:num_queue_reqs summed over ranks.", ["target"], registry=r)
-        self.generated = Gauge(SGLANG_GENERATED, "sglang:generation_tokens_total summed over ranks.", ["target"],
-                               registry=r)
+        self.generated = UpstreamCounter(SGLANG_GENERATED, "sglang:generation_tokens_total summed over ranks.",
+                                         ["target"], registry=r)
         self.token_usage = Gauge(SGLANG_TOKEN_USAGE, "sglang:token_usage, the largest over ranks.", ["target"],
                                  registry=r)
-        self.gw_retries = Gauge(GATEWAY_RETRIES, "PD gateway retries (smg_worker_retries_total, counter value).",
-                                ["target", "worker_type"], registry=r)
-        self.gw_exhausted = Gauge(GATEWAY_RETRIES_EXHAUSTED, "PD gateway requests failed after the last retry "
-                                  "(smg_worker_retries_exhausted_total, counter value).", ["target", "worker_type"],
-                                  registry=r)
+        self.gw_retries = UpstreamCounter(GATEWAY_RETRIES, "PD gateway retries (smg_worker_retries_total).",
+                                          ["target", "worker_type"], registry=r)
+        self.gw_exhausted = UpstreamCounter(GATEWAY_RETRIES_EXHAUSTED, "PD gateway requests failed after the last "
+                                            "retry (smg_worker_retries_exhausted_total).", ["target", "worker_type"],
+                                            registry=r)
         self.gw_open = Gauge(GATEWAY_CIRCUIT_OPEN, "Workers whose gateway circuit breaker is open (smg_worker_cb_state != 0).",
                              ["target"], registry=r)
-        self.transfer_failed = Gauge(SGLANG_TRANSFER_FAILED, "SGLang PD transfer + bootstrap failures (counter value).",
-                                     ["target"], registry=r)
+        self.transfer_failed = UpstreamCounter(SGLANG_TRANSFER_FAILED, "SGLang PD transfer + bootstrap failures.",
+                                               ["target"], registry=r)
         self.rounds = Counter(ROUNDS[:-6], "Probe rounds started.", registry=r)
         self.internal_errors = Counter(INTERNAL_ERRORS[:-6], "Unexpected exceptions inside watch's loops.", registry=r)
         self.alert_actions = Counter(ALERT_ACTIONS[:-6], "--on-alert runbook runs.", ["alert", "runbook", "outcome"],

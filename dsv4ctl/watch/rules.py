@@ -13,11 +13,19 @@ Two groups:
   0..1, the same share as the watch's in-process ``--on-alert corruption`` condition);
   ``dsv4ctl:probe_corruption:slo`` is the SLO itself (a ratio, for dashboards); then the two
   burn-rate alerts that read them (in the same group, so they see this round's values).
-- ``dsv4ctl-watch-alerts``: the other alerts.
+- ``dsv4ctl-watch-alerts``: the other alerts, among them the two about watch itself
+  (``DSV4WatchDown``: Prometheus' ``up`` of the watch's scrape job is 0; ``DSV4WatchAbsent``: the
+  job has no target at all): a dead watch serves no probe results, so no other alert could fire.
 
 Every alert of :data:`ALERTS` has the label ``severity`` (``page`` or ``ticket``) and the
-annotations ``summary``, ``description`` and, where a shipped runbook fits (:data:`RUNBOOKS`),
-``runbook`` (the command to run; ``PROFILE`` stands for the operator's profile).
+annotations ``summary``, ``description``, ``runbook_url`` (the alert's section of the alert
+runbook page, :data:`DEFAULT_RUNBOOK_URL` or the operator's copy: ``URL#alertname`` in lower
+case, the anchor GitHub gives the alert's heading in docs/alerts.md) and, where a shipped runbook
+fits (:data:`RUNBOOKS`), ``runbook`` (the command to run; ``PROFILE`` stands for the operator's
+profile).
+
+The counters watch re-exports from SGLang and the PD gateway (``..._total``) are read with
+``increase()``: a fall (the server restarted) is a counter reset to PromQL.
 
 The corruption alerts are multi-window burn-rate alerts on the error budget ``slo`` (a ratio of
 corrupted probes; the profile's ``check.max_corruption``, default 0.01): the long window says the
@@ -90,11 +98,23 @@ CIRCUIT_OPEN_FOR = 120
 """``DSV4GatewayCircuitOpen`` ``for:``, seconds."""
 SCRAPE_DOWN_FOR = 600
 """``DSV4WatchScrapeDown``: seconds of failed ``/metrics`` scrapes of a target."""
+WATCH_DOWN_FOR = 120
+"""``DSV4WatchDown``: seconds Prometheus' scrapes of watch's own ``/metrics`` fail (``up == 0``):
+longer than the systemd unit's restart (``RestartSec=15`` and the start-up)."""
+WATCH_ABSENT_FOR = 600
+"""``DSV4WatchAbsent``: seconds the watch's scrape job has no target at all (``absent(up{...})``)."""
+
+DEFAULT_JOB = "dsv4ctl-watch"
+"""The Prometheus ``job_name`` that scrapes watch's ``/metrics`` (the ``up`` series of the watch
+alerts; ``dsv4ctl watch --print rules --scrape-job NAME`` for another)."""
+DEFAULT_RUNBOOK_URL = "https://github.com/dsv4ctl/dsv4ctl/blob/main/docs/alerts.md"
+"""The page of alert runbooks every alert's ``runbook_url`` points into (``URL#alertname``):
+docs/alerts.md of the project (``--print rules --runbook-url URL`` for a copy of your own)."""
 
 ALERTS = ("DSV4ToolCallCorruptionFastBurn", "DSV4ToolCallCorruptionSlowBurn", "DSV4ProbeStuck",
           "DSV4ProbesFailing", "DSV4SchedulerStall", "DSV4KVPoolNearFull", "DSV4PDTransferFailures",
           "DSV4GatewayRetrying", "DSV4GatewayCircuitOpen", "DSV4ReleaseNotPromoted", "DSV4ActiveReleaseFailed",
-          "DSV4WatchScrapeDown")
+          "DSV4WatchScrapeDown", "DSV4WatchDown", "DSV4WatchAbsent")
 """Every alert of the rule file, in file order."""
 
 RUNBOOKS: dict[str, str] = {
@@ -186,8 +206,10 @@ class _Scaled:
     by = "sum by (target, release)"
     where = "{{ $labels.target }} (release {{ $labels.release }})"
 
-    def __init__(self, slo: float, scale: float, min_window: float) -> None:
+    def __init__(self, slo: float, scale: float, min_window: float, runbook_url: str = DEFAULT_RUNBOOK_URL,
+                 job: str = DEFAULT_JOB) -> None:
         self.slo, self.scale, self.min_window = slo, scale, min_window
+        self.runbook_url, self.job = runbook_url, job
         self.slo_text = f"the SLO of {_pct(slo)} corrupted tool calls"
 
     def d(self, seconds: float) -> str:
@@ -211,7 +233,8 @@ class _Scaled:
         return f"{by} (increase({metric}[{w}]))\nor 0 * {by} (increase({PROBES}[{w}]))"
 
     def alert(self, name: str, expr: str, for_s: float, severity: str, summary: str, description: str) -> dict:
-        """One alert rule (``for:`` scaled and left out when 0; ``runbook`` from :data:`RUNBOOKS`)."""
+        """One alert rule (``for:`` scaled and left out when 0; ``runbook`` from :data:`RUNBOOKS`;
+        ``runbook_url`` the alert's section of the runbook page)."""
         a: dict = {"alert": name, "expr": expr}
         if for_s:
             a["for"] = self.d(for_s)
@@ -219,6 +242,7 @@ class _Scaled:
         a["annotations"] = {"summary": summary, "description": description}
         if name in RUNBOOKS:
             a["annotations"]["runbook"] = f"dsv4ctl runbook run {RUNBOOKS[name]} PROFILE"
+        a["annotations"]["runbook_url"] = runbook_url(name, self.runbook_url)
         return a
 
     def burn(self, name: str, factor: float, long: str, short: str, for_s: int, severity: str, speed: str) -> dict:
@@ -235,6 +259,27 @@ class _Scaled:
             f"{{{{ $value | humanizePercentage }}}} of the known-answer probes to {where} were corrupted over "
             f"the last {w(long)}, and more than {_pct(factor * self.slo)} over the last {w(short)}: "
             f"{_num(factor)}x {self.slo_text}.")
+
+
+def runbook_url(alert: str, base: str = DEFAULT_RUNBOOK_URL) -> str:
+    """The ``runbook_url`` of ``alert``: ``base#alert`` in lower case (GitHub's anchor of the
+    alert's heading in docs/alerts.md): ``DSV4WatchDown`` -> ``...alerts.md#dsv4watchdown``."""
+    return f"{base}#{alert.lower()}"
+
+
+_JOB = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+_URL = re.compile(r"https?://[^\s#\"'{}<>\\`]+")
+
+
+def _check_names(runbook_url: str, job: str) -> None:
+    """ValueError for a runbook page that is not an http(s) URL without a fragment, quotes,
+    braces or white space, or a job name outside letters, digits and ``_.:/-``."""
+    if not isinstance(runbook_url, str) or not _URL.fullmatch(runbook_url):
+        raise ValueError(f"runbook URL {runbook_url!r}: expected an http:// or https:// URL without '#', quotes, "
+                         f"braces or spaces (each alert adds #its-name), e.g. {DEFAULT_RUNBOOK_URL}")
+    if not isinstance(job, str) or not _JOB.fullmatch(job):
+        raise ValueError(f"scrape job {job!r}: expected 1-200 letters, digits or _ . : / - "
+                         f"(the job_name of Prometheus' scrape config for watch, e.g. {DEFAULT_JOB})")
 
 
 def _check_args(slo: float, scale: float) -> None:
@@ -282,10 +327,10 @@ def _server_alerts(k: _Scaled) -> list[dict]:
               "{{ $value | humanizePercentage }} of the probes to {{ $labels.target }} got no judged answer "
               f"(HTTP error, refused connection or stuck) over the last {d(FAILING_WINDOW)}: "
               "dsv4ctl diagnose PROFILE says why."),
-        # the generated-token count is a gauge holding SGLang's counter: changes() counts any
-        # movement, a restart (it falls) included, so only a count frozen for the whole window fires
+        # SGLang's generated-token counter: increase() reads a restart (the count falls) as a reset,
+        # so the tokens after it are progress; only a count that does not grow for the whole window fires
         alert("DSV4SchedulerStall",
-              f"{SGLANG_RUNNING} > 0\nand changes({SGLANG_GENERATED}[{r(STALL_WINDOW)}]) == 0\n",
+              f"{SGLANG_RUNNING} > 0\nand increase({SGLANG_GENERATED}[{r(STALL_WINDOW)}]) == 0\n",
               STALL_FOR, "page",
               "Scheduler stall on {{ $labels.target }}",
               "{{ $labels.target }} has {{ $value }} running request(s) and generated no token for "
@@ -295,8 +340,7 @@ def _server_alerts(k: _Scaled) -> list[dict]:
               "{{ $value | humanizePercentage }} of the KV pool of {{ $labels.target }} (the fullest rank) "
               f"is in use, over {_pct(KV_FULL)} for {d(KV_FOR)}: requests queue or are retracted "
               "(dsv4ctl plan PROFILE for the pool sizes)."),
-        # a gauge holding a counter value (summed over ranks): increase() is what fits, since PromQL
-        # does not look at the metric type and increase() treats a fall (a server restart) as a
+        # SGLang's counters summed over ranks: increase() treats a fall (a server restart) as a
         # counter reset; delta() would go negative at a restart and hide the failures after it.
         # (A restart of some of the ranks only counts the other ranks' totals once.)
         alert("DSV4PDTransferFailures",
@@ -312,7 +356,7 @@ def _gateway_release_alerts(k: _Scaled) -> list[dict]:
     (not promoted, marked failed) and watch's own scrapes."""
     alert, d, r = k.alert, k.d, k.r
     return [
-        # the gateway's counters as gauges (increase() as above); a PD retry re-sends the pair and is
+        # the gateway's counters (increase() as above); a PD retry re-sends the pair and is
         # counted under prefill and decode: decode (+ regular, not PD) is the client requests re-sent
         alert("DSV4GatewayRetrying",
               f'sum by (target) (increase({GATEWAY_RETRIES}{{worker_type!="prefill"}}[{r(GATEWAY_RETRY_WINDOW)}])) > 0',
@@ -344,13 +388,33 @@ def _gateway_release_alerts(k: _Scaled) -> list[dict]:
     ]
 
 
-def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0) -> dict:
+def _watch_alerts(k: _Scaled) -> list[dict]:
+    """The alerts about watch itself, from Prometheus' own ``up`` of the watch's scrape job
+    (``k.job``): its scrapes fail (watch dead, hung or unreachable) or the job has no target."""
+    sel = f'up{{job="{k.job}"}}'
+    blind = "no probe result reaches Prometheus, so no corruption or stall alert can fire"
+    return [
+        k.alert("DSV4WatchDown", f"{sel} == 0", WATCH_DOWN_FOR, "page",
+                "dsv4ctl watch {{ $labels.instance }} is down",
+                "Prometheus has not scraped dsv4ctl watch at {{ $labels.instance }} (job {{ $labels.job }}) for "
+                f"{k.d(WATCH_DOWN_FOR)}: {blind} (on its host: systemctl status 'dsv4ctl-watch@*' and the unit's journal)."),
+        k.alert("DSV4WatchAbsent", f"absent({sel})", WATCH_ABSENT_FOR, "ticket",
+                f"No dsv4ctl watch is scraped (job {k.job})",
+                f"Prometheus has had no target in job {k.job} for {k.d(WATCH_ABSENT_FOR)}: {blind} "
+                "(the scrape config or its service discovery lost watch, or the job is named otherwise: "
+                "dsv4ctl watch PROFILE --print rules --scrape-job NAME)."),
+    ]
+
+
+def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0,
+          runbook_url: str = DEFAULT_RUNBOOK_URL, job: str = DEFAULT_JOB) -> dict:
     """The rule file as a dict (``{"groups": [{"name", "rules": [...]}, ...]}``); arguments and
     ValueError as :func:`render_rules`."""
     _check_args(slo, scale)
-    k = _Scaled(slo, scale, min_window)
+    _check_names(runbook_url, job)
+    k = _Scaled(slo, scale, min_window, runbook_url, job)
     records = _records(k)
-    alerts = _server_alerts(k) + _gateway_release_alerts(k)
+    alerts = _server_alerts(k) + _gateway_release_alerts(k) + _watch_alerts(k)
     assert tuple(a["alert"] for a in alerts) == ALERTS
     # the burn-rate alerts read the recorded ratios: in the same group, evaluated after them in the
     # same round (groups run independently, a second group would see the previous round's values)
@@ -359,17 +423,20 @@ def rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0)
 
 
 def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float = 0.0,
-                 profile: str | None = None) -> str:
+                 profile: str | None = None, runbook_url: str = DEFAULT_RUNBOOK_URL, job: str = DEFAULT_JOB) -> str:
     """The Prometheus rule file (YAML text, stable key order, ends in a newline) for error budget
     ``slo`` (a fraction of corrupted probes, strictly between 0 and 1; 0.01 = 1 %) with every
     window and ``for:`` duration multiplied by ``scale`` (> 0; ``1/60`` turns 1h into 1m);
     ``min_window`` (seconds) is the shortest range-selector window a scaled file uses (0: none),
     so a compressed window still holds several scrapes. ``profile``: the profile the commands in
     the annotations name (``dsv4ctl watch PROFILE --print rules``), else the word ``PROFILE``.
+    ``runbook_url``: the page of alert runbooks (each alert's ``runbook_url`` is its
+    ``#alertname`` there); ``job``: Prometheus' ``job_name`` scraping watch (the watch alerts).
 
-    Raises ValueError for ``slo`` outside (0, 1), ``scale`` <= 0 (or not finite), or a scale that
-    makes a duration shorter than 1 ms."""
-    doc = rules(slo, scale, min_window)
+    Raises ValueError for ``slo`` outside (0, 1), ``scale`` <= 0 (or not finite), a scale that
+    makes a duration shorter than 1 ms, a runbook page that is not an http(s) URL without a
+    fragment, or a job name outside letters, digits and ``_.:/-``."""
+    doc = rules(slo, scale, min_window, runbook_url, job)
     if profile is None:
         head = (f"# Prometheus rules of dsv4ctl watch: dsv4ctl.watch.rules.render_rules(slo={_num(slo)}, "
                 f"scale={_num(scale)}).\n# Generated (python scripts/gen_watch_rules.py): do not edit.\n")
@@ -387,6 +454,8 @@ def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float
         for group in doc["groups"]:
             for rule in group["rules"]:
                 for k, v in (rule.get("annotations") or {}).items():
+                    if k == "runbook_url":
+                        continue        # the operator's URL, never rewritten
                     rule["annotations"][k] = re.sub(r"\bPROFILE\b", lambda m: word, v)
     text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
     return head + text
