@@ -53,9 +53,9 @@ def check_reachable(site: Site) -> None:
     ping``; RemoteError, exit 3, naming the hosts it does not answer from), the nodes' states (a
     node down or drained: exit 3) and ``sbatch --test-only`` of each server's job (a partition,
     account, reservation or time limit Slurm refuses: InputError, exit 2). InputError too for a
-    deploy root a batch script cannot carry. With a submit host, each server's node 0 gets its
-    ``logs/slurm`` folder first (where the batch step writes; the submit host's step cannot
-    make it). Nothing to ask over SSH alone (the lock step has just reached every host)."""
+    deploy root a batch script cannot carry. Then every node of a server gets its ``logs/slurm``
+    folder (where the batch step and each node's task write their Slurm output: it must be
+    there before a job starts, and a submit host's step cannot make it). Nothing to ask over SSH alone (the lock step has just reached every host)."""
     if site.profile.deploy.backend != "slurm":
         return
     from ..hosts.slurm import check_path
@@ -81,9 +81,9 @@ def check_reachable(site: Site) -> None:
     refused = test_submissions(site)
     if refused:
         raise InputError(f"Slurm would refuse the job of {refused}; nothing was changed")
-    if site.profile.deploy.slurm.submit_host:
-        nodes0 = {srv[0].host for g in site.profile.servers() for srv in g.server_nodes} & set(site.transports)
-        res = run_parallel({h: site.transports[h] for h in nodes0},
+    nodes = {h for g in site.profile.servers() for h in g.group.hosts} & set(site.transports)
+    if nodes:
+        res = run_parallel({h: site.transports[h] for h in nodes},
                            lambda t: t.run(f"mkdir -p {q(site.paths[t.name].root + '/logs/slurm')}", timeout=60), timeout=90)
         bad = [f"{h}: {r.error}" for h, r in res.items() if not r.ok]
         if bad:
