@@ -36,6 +36,7 @@ CASES = [
     ("wrong_tool", "wrong_tool", (), {}),
     ("loop", "ngram_loop", (), {}),
     ("language_switch", "language_switch", (), {}),
+    ("language_mix", "language_mix", (), {}),
     ("dsml_in_reasoning", "dsml_in_reasoning", ("--thinking",), {}),
     ("empty_length", "empty_length", ("--thinking",), {}),
     (None, "reasoning_in_content", ("--thinking",), {"reasoning_parser": None}),

@@ -64,6 +64,7 @@ KINDS: dict[str, str] = {
     "wrong_tool": "a different declared tool than asked for",
     "loop": "the answer repeats one sentence until the end",
     "language_switch": "the English answer continues in Chinese",
+    "language_mix": "single Chinese and Russian words scattered through the English answer",
     "language_drift": "the whole answer in Chinese although the prompt is English (naming `kv_cache` and torch.cuda)",
     "empty_length": "reasoning until the token cap, no answer (thinking requests)",
     "call_when_none": "a DSML block although tool_choice is none: the parser is off, markup in content",
@@ -262,6 +263,11 @@ def write(body: dict, rng: random.Random, kind: Optional[str] = None, *, thinkin
                                   "这样每台服务器的队列都不会太长。")], kind)
     if kind == "language_switch":
         return Output(segs + [Seg(answer + " 然后调度器把请求放回队列，缓存页面在下一批次中被重新加载，这样延迟会降低很多。")], kind)
+    if kind == "language_mix":
+        words = answer.split(" ")
+        for at, w in ((len(words) // 4, "请求"), (len(words) // 2, "также"), (3 * len(words) // 4, "缓存")):
+            words[at] = words[at] + " " + w
+        return Output(segs + [Seg(" ".join(words) + " The scheduler then admits the next batch.")], kind)
     if kind == "quoted_cut":
         return Output(segs + [Seg(answer + f" The block opens with '<{DSML}toolcalls>'.")], kind)
     if kind == "quoted_markup":
@@ -329,7 +335,7 @@ def _calls(segs: list[Seg], calls: list[tuple[str, dict]], tools: dict, rng: ran
         return Output(segs + [Seg("I will look " + EOS + " at that.\n\n"), Seg(block_text(calls))], kind)
     if kind == "quoted_cut":
         return Output(segs + [Seg(f"The block opens with '<{DSML}toolcalls>'.\n"), Seg(block_text(calls))], kind)
-    if kind in (None, "quoted_markup", "loop", "language_switch", "empty_length", "dsml_in_reasoning"):
+    if kind in (None, "quoted_markup", "loop", "language_switch", "language_mix", "empty_length", "dsml_in_reasoning"):
         return Output(segs + [lead, Seg(block_text(calls))], None)
     return Output(segs + [lead, Seg(block_text(calls), plain=True)], "markup_as_text")
 

@@ -43,14 +43,14 @@ from typing import Iterable, Optional
 from . import arguments, language, markup
 from .arguments import DuplicateKey, ToolSpec, find_cut_string, loads_arguments, tool_specs
 from .classes import (ARGS_CUT, ARGS_NOT_JSON, ARGS_SCHEMA, CLASSES, DESCRIPTIONS, DSML_IN_CONTENT, DSML_IN_REASONING,
-                      EMPTY_ARGS, EMPTY_LENGTH, EXTRA_CALL, HTTP_ERROR, LANGUAGE_DRIFT, LANGUAGE_SWITCH,
+                      EMPTY_ARGS, EMPTY_LENGTH, EXTRA_CALL, HTTP_ERROR, LANGUAGE_DRIFT, LANGUAGE_MIX, LANGUAGE_SWITCH,
                       LENGTH_MID_CALL, MARKUP_CUT, MARKUP_IN_ARGS, MISSING_CALL, NGRAM_LOOP, NO_ANSWER, NO_TOOL_CALL,
                       OK, PD_ABORTED, PD_BOOTSTRAP, PD_TRANSFER, REASONING_IN_CONTENT, SPECIAL_TOKEN_LEAK, STUCK, THINK_IN_CONTENT,
                       WRONG_ARGS, WRONG_TOOL, Judging, ToolCall, TurnResult, Verdict)
 from .language import (DRIFT_MIN_LETTERS, DRIFT_SHARE, LOOP_GRAM, LOOP_MAX_CHARS, LOOP_MAX_WORDS, LOOP_MIN_COPIES,
                        LOOP_MIN_SHARE, LOOP_MIN_SPAN, LOOP_MIN_WORDS, SWITCH_BASE_LETTERS, SWITCH_BASE_SHARE,
-                       SWITCH_MAX_GAP_WORDS, SWITCH_MIN_BASE, SWITCH_RUN, SWITCH_RUN_LATIN, Loop, Switch,
-                       find_language_drift, find_language_switch, find_loop)
+                       SWITCH_MAX_GAP_WORDS, SWITCH_MIN_BASE, SWITCH_RUN, SWITCH_RUN_LATIN, Loop, Mix, Switch,
+                       find_language_drift, find_language_mix, find_language_switch, find_loop)
 from .markup import (BAR, CODE_SPAN, DSML_MARK, FENCED_BLOCK, LEGACY_TOOL_MARKS, QUOTES, THINK_MARKS, code_ranges,
                      find_markup_cut, quoted_tag_ranges)
 from .pd import PD_ABORTS, no_answer, pd_abort_class
@@ -60,15 +60,15 @@ from .protocol import (MAX_CONTENT, MAX_JSON_BODY, MAX_PIECES, MAX_SSE_LINE, Pro
 __all__ = [
     "ARGS_CUT", "ARGS_NOT_JSON", "ARGS_SCHEMA", "BAR", "CHECKS", "CLASSES", "CODE_SPAN", "DESCRIPTIONS",
     "DRIFT_MIN_LETTERS", "DRIFT_SHARE", "DSML_IN_CONTENT", "DSML_IN_REASONING", "DSML_MARK", "DuplicateKey",
-    "EMPTY_ARGS", "EMPTY_LENGTH", "EXTRA_CALL", "FENCED_BLOCK", "HTTP_ERROR", "LANGUAGE_DRIFT", "LANGUAGE_SWITCH",
+    "EMPTY_ARGS", "EMPTY_LENGTH", "EXTRA_CALL", "FENCED_BLOCK", "HTTP_ERROR", "LANGUAGE_DRIFT", "LANGUAGE_MIX", "LANGUAGE_SWITCH",
     "LEGACY_TOOL_MARKS", "LENGTH_MID_CALL", "LOOP_GRAM", "LOOP_MAX_CHARS", "LOOP_MAX_WORDS", "LOOP_MIN_COPIES",
-    "LOOP_MIN_SHARE", "LOOP_MIN_SPAN", "LOOP_MIN_WORDS", "Loop", "MARKUP_CUT", "MARKUP_IN_ARGS", "MAX_CONTENT",
+    "LOOP_MIN_SHARE", "LOOP_MIN_SPAN", "LOOP_MIN_WORDS", "Loop", "Mix", "MARKUP_CUT", "MARKUP_IN_ARGS", "MAX_CONTENT",
     "MAX_JSON_BODY", "MAX_PIECES", "MAX_SSE_LINE", "MISSING_CALL", "NGRAM_LOOP", "NO_ANSWER", "NO_TOOL_CALL", "OK",
     "PD_ABORTED", "PD_ABORTS", "PD_BOOTSTRAP", "PD_TRANSFER", "ProtocolError", "QUOTES", "REASONING_IN_CONTENT", "SPECIAL_TOKEN_LEAK",
     "SSEDecoder", "STUCK", "SWITCH_BASE_LETTERS", "SWITCH_BASE_SHARE", "SWITCH_MAX_GAP_WORDS", "SWITCH_MIN_BASE",
     "SWITCH_RUN", "SWITCH_RUN_LATIN", "StreamAssembler", "Switch", "THINK_IN_CONTENT", "THINK_MARKS", "ToolCall",
     "ToolSpec", "TurnResult", "Verdict", "WRONG_ARGS", "WRONG_TOOL", "classify", "code_ranges", "find_cut_string",
-    "find_language_drift", "find_language_switch", "find_loop", "find_markup_cut", "loads_arguments",
+    "find_language_drift", "find_language_mix", "find_language_switch", "find_loop", "find_markup_cut", "loads_arguments",
     "parse_completion", "pd_abort_class", "quoted_tag_ranges", "tool_specs",
 ]
 
@@ -79,7 +79,7 @@ CHECKS = (
     markup.reasoning_merged,     # reasoning_in_content (thinking requested)
     language.loops,              # ngram_loop (content, then reasoning_content)
     language.empty_length,       # empty_length
-    language.script,             # language_drift, else language_switch
+    language.script,             # language_drift, else language_switch, else language_mix
     arguments.length_mid_call,   # length_mid_call (after content_markup: DSML in content counts as a call)
     arguments.no_tool_call,      # no_tool_call
     arguments.call_arguments,    # args_not_json, markup_in_args, args_schema, empty_args, args_cut

@@ -25,6 +25,7 @@ NGRAM_LOOP = "ngram_loop"
 EMPTY_LENGTH = "empty_length"
 LANGUAGE_SWITCH = "language_switch"
 LANGUAGE_DRIFT = "language_drift"
+LANGUAGE_MIX = "language_mix"
 LENGTH_MID_CALL = "length_mid_call"
 NO_TOOL_CALL = "no_tool_call"
 ARGS_NOT_JSON = "args_not_json"
@@ -41,7 +42,7 @@ CLASSES = (HTTP_ERROR, PD_TRANSFER, PD_BOOTSTRAP, PD_ABORTED, STUCK,
            DSML_IN_CONTENT, DSML_IN_REASONING, SPECIAL_TOKEN_LEAK, THINK_IN_CONTENT, REASONING_IN_CONTENT,
            MARKUP_IN_ARGS, MARKUP_CUT,
            # degenerate generation: usually the root cause of a call-shape failure on the same turn
-           NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH, LANGUAGE_DRIFT,
+           NGRAM_LOOP, EMPTY_LENGTH, LANGUAGE_SWITCH, LANGUAGE_DRIFT, LANGUAGE_MIX,
            # call shape
            LENGTH_MID_CALL, NO_TOOL_CALL, ARGS_NOT_JSON, EMPTY_ARGS, ARGS_CUT, ARGS_SCHEMA,
            # known answer (:mod:`.expect`): well-formed calls that are not the correct ones
@@ -76,6 +77,7 @@ DESCRIPTIONS = {
     EMPTY_LENGTH: "answer turn cut at the length limit with empty content",
     LANGUAGE_SWITCH: "the answer switches script mid-answer",
     LANGUAGE_DRIFT: "the whole answer is in another script than the prompt asked for",
+    LANGUAGE_MIX: "single words of another script scattered through the prose (e.g. Chinese words in an English answer)",
     LENGTH_MID_CALL: "finish_reason length mid-call",
     NO_TOOL_CALL: "no tool_calls where the turn requires one",
     ARGS_NOT_JSON: "arguments not JSON",

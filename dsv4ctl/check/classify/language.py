@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from .classes import EMPTY_LENGTH, LANGUAGE_DRIFT, LANGUAGE_SWITCH, NGRAM_LOOP, Judging
+from .classes import EMPTY_LENGTH, LANGUAGE_DRIFT, LANGUAGE_MIX, LANGUAGE_SWITCH, NGRAM_LOOP, Judging
 from .markup import _cut, _fences, code_ranges
 
 # --- loops --------------------------------------------------------------------------------------
@@ -243,6 +243,89 @@ def find_language_switch(text: str) -> Optional[Switch]:
     return None
 
 
+# --- language mixing -----------------------------------------------------------------------------
+MIX_MIN_WORDS = 2          # mixing: at least 2 separate words of another script …
+MIX_MIN_BASE = 40          # … in prose with at least 40 letters of the answer's script …
+MIX_MIN_ALPHA = 3          # … a word of an alphabetic script (Cyrillic, Greek, …) from 3 letters (α, Ω, λ: symbols)
+# a parenthesised gloss in another script ("Beijing (北京)"), and a token holding a path, key or
+# unit separator between word characters ("docs/用户指南.md", "配置.超时", "км/ч", "数据_id")
+_GLOSS_RE = re.compile(r"[(\uff08][^()\uff08\uff09A-Za-z\n]{1,40}[)\uff09]")
+_JOINED_RE = re.compile(r"\S*\w[./\\:_@#=]\w\S*")
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Scattered words of another script found by :func:`find_language_mix`: the answer's
+    script, the other scripts seen, the number of words and the first few, each with a word of
+    context on either side."""
+
+    base: str
+    scripts: tuple[str, ...]
+    words: int
+    examples: tuple[str, ...]
+
+
+def _prose_only(text: str) -> str:
+    """``text`` with what is not prose blanked (same length): code spans and closed fenced blocks,
+    URLs, quoted words and phrases, parenthesised glosses, tokens joined by path, key or unit
+    separators, identifiers."""
+    ranges = code_ranges(text)
+    if ranges:
+        text = _cut(text, ranges, " ")
+    blank = (lambda m: " " * (m.end() - m.start()))
+    for rx in (_SKIP_RE, _GLOSS_RE, _JOINED_RE, _IDENT_RE):
+        text = rx.sub(blank, text)
+    return text
+
+
+def find_language_mix(text: str, expected: Optional[str] = None) -> Optional[Mix]:
+    """Single words of another script scattered through prose in one script (a known DeepSeek
+    failure: "the scheduler keeps 请求 in the queue until 足够 pages are free"), or None.
+
+    Prose only (:func:`_prose_only`: code, URLs, quoted words, glosses in parentheses, paths,
+    keys, units and identifiers are not language). The answer's script is ``expected`` (the
+    prompt's), else the script of >= 90 % of the letters. A mixed word is a run of letters of a
+    script other than the answer's and other than Latin (English terms in other languages' prose
+    are ordinary), shorter than a switch (:data:`SWITCH_RUN` letters), with a word of the answer's
+    script right before and right after it on the same line (inside a sentence, not a heading, a
+    table cell or a list of translations); an alphabetic script's word counts from
+    :data:`MIX_MIN_ALPHA` letters (``α``, ``Ω`` and ``λ`` are symbols). Mixing is
+    :data:`MIX_MIN_WORDS` such words or more in an answer with at least :data:`MIX_MIN_BASE`
+    letters of its own script. Linear in the text (its first :data:`LOOP_MAX_CHARS` characters)."""
+    if text.isascii():
+        return None
+    text = _prose_only(text[:LOOP_MAX_CHARS])
+    toks = [(m.lastgroup or "", m.start(), m.end()) for m in _SCRIPT_RE.finditer(text)]
+    counts: dict[str, int] = {}
+    for s, a, b in toks:
+        counts[s] = counts.get(s, 0) + b - a
+    total = sum(counts.values())
+    base = expected or _dominant(counts, total)
+    if base is None or counts.get(base, 0) < MIX_MIN_BASE:
+        return None
+    found: list[tuple[str, int, int, int]] = []      # (script, first token, last token, letters)
+    i = 0
+    while i < len(toks):
+        if toks[i][0] in (base, "Latin"):
+            i += 1
+            continue
+        j, n = i, 0
+        while j < len(toks) and toks[j][0] not in (base, "Latin"):
+            n += toks[j][2] - toks[j][1]
+            j += 1
+        before, after = (toks[i - 1] if i else None), (toks[j] if j < len(toks) else None)
+        inside = (before is not None and before[0] == base and "\n" not in text[before[2]:toks[i][1]]
+                  and after is not None and after[0] == base and "\n" not in text[toks[j - 1][2]:after[1]])
+        short = n < SWITCH_RUN and (toks[i][0] == "CJK" or n >= MIX_MIN_ALPHA)
+        if inside and short:
+            found.append((toks[i][0], i, j - 1, n))
+        i = j
+    if len(found) < MIX_MIN_WORDS:
+        return None
+    examples = tuple(" ".join(text[toks[a - 1][1]:toks[b + 1][2]].split()) for _, a, b, _ in found[:3])
+    return Mix(base, tuple(sorted({f[0] for f in found})), len(found), examples)
+
+
 # --- the checks (classifier table) ---------------------------------------------------------------
 def loops(j: Judging) -> None:
     """``ngram_loop``: ``content``, then ``reasoning_content``, repeats itself (:func:`find_loop`;
@@ -265,7 +348,8 @@ def empty_length(j: Judging) -> None:
 
 def script(j: Judging) -> None:
     """``language_drift`` (with an expected script: content mostly in another one), else
-    ``language_switch`` (content switches script mid-answer)."""
+    ``language_switch`` (content switches script mid-answer), else ``language_mix`` (single words
+    of another script scattered through the prose, :func:`find_language_mix`)."""
     content = j.turn.content
     drift = find_language_drift(content, j.expected_script) if content and j.expected_script else None
     if drift:
@@ -275,3 +359,7 @@ def script(j: Judging) -> None:
     if switch:
         j.flags[LANGUAGE_SWITCH] = (f"content switches from {switch.base} to {switch.to} after {switch.after} "
                                     f"letters: {switch.excerpt!r}")
+    mix = find_language_mix(content, j.expected_script) if content and not drift and not switch else None
+    if mix:
+        j.flags[LANGUAGE_MIX] = (f"{mix.words} words of {', '.join(mix.scripts)} scattered through {mix.base} prose: "
+                                 + "; ".join(repr(e) for e in mix.examples))
