@@ -85,10 +85,10 @@ _dsv4ctl_opts() {
 _dsv4ctl_optkind() {
   case "$1|$2" in
     'plan|-s'|'plan|--set') echo wn:w1 ;;
-    'plan|-g'|'plan|--group') echo dyn:groups ;;
+    'plan|-g'|'plan|--group') echo dyn:servers ;;
     'plan|--from-log') echo file ;;
     'plan|-p'|'plan|--profile') echo prof:w2 ;;
-    'facts|-g'|'facts|--group') echo dyn:groups ;;
+    'facts|-g'|'facts|--group') echo dyn:servers ;;
     'facts|--timeout') echo any ;;
     'facts|-p'|'facts|--profile') echo prof:w2 ;;
     'deploy|--tree') echo dir ;;
@@ -181,16 +181,16 @@ _dsv4ctl_optkind() {
     'lock acquire|-p'|'lock acquire|--profile') echo prof:w2 ;;
     'lock release|-m'|'lock release|--message') echo any ;;
     'lock release|-p'|'lock release|--profile') echo prof:w2 ;;
-    'config lint|-g'|'config lint|--group') echo dyn:groups ;;
+    'config lint|-g'|'config lint|--group') echo dyn:servers ;;
     'config lint|--tree') echo dir ;;
     'config lint|-p'|'config lint|--profile') echo prof:w2 ;;
-    'config set|-g'|'config set|--group') echo dyn:groups ;;
+    'config set|-g'|'config set|--group') echo dyn:servers ;;
     'config set|--unset') echo any ;;
     'config set|--tree') echo dir ;;
     'config set|--health-timeout') echo any ;;
     'config set|-m'|'config set|--message') echo any ;;
     'config set|-p'|'config set|--profile') echo prof:w2 ;;
-    'hicache on|-g'|'hicache on|--group') echo dyn:groups ;;
+    'hicache on|-g'|'hicache on|--group') echo dyn:servers ;;
     'hicache on|--ratio') echo any ;;
     'hicache on|--write-policy') echo any ;;
     'hicache on|--io-backend') echo any ;;
@@ -200,12 +200,12 @@ _dsv4ctl_optkind() {
     'hicache on|--health-timeout') echo any ;;
     'hicache on|-m'|'hicache on|--message') echo any ;;
     'hicache on|-p'|'hicache on|--profile') echo prof:w2 ;;
-    'hicache off|-g'|'hicache off|--group') echo dyn:groups ;;
+    'hicache off|-g'|'hicache off|--group') echo dyn:servers ;;
     'hicache off|--tree') echo dir ;;
     'hicache off|--health-timeout') echo any ;;
     'hicache off|-m'|'hicache off|--message') echo any ;;
     'hicache off|-p'|'hicache off|--profile') echo prof:w2 ;;
-    'hicache status|-g'|'hicache status|--group') echo dyn:groups ;;
+    'hicache status|-g'|'hicache status|--group') echo dyn:servers ;;
     'hicache status|--timeout') echo any ;;
     'hicache status|-p'|'hicache status|--profile') echo prof:w2 ;;
     'check smoke|-p'|'check smoke|--profile') echo prof:w2 ;;

@@ -13,7 +13,7 @@ models); path-typed and tree/series parameters (and metavars FILE/PATH/DIR)
 complete files or folders; ``plan --set`` completes the what-if keys (``dsv4ctl.plan.plan.SET_KEYS``)
 followed by ``=``. Parameters named (or with the metavar) group, host or release complete the
 values of the profile on the command line at TAB time: the scripts find the profile the command
-line gives (its positional PROFILE or ``-p/--profile``) and run ``dsv4ctl __complete groups|hosts|releases
+line gives (its positional PROFILE or ``-p/--profile``) and run ``dsv4ctl __complete groups|servers|hosts|releases
 PROFILE`` (:mod:`dsv4ctl.commands.complete`; no network, nothing printed on failure).
 tests/test_completions.py regenerates the scripts in memory and fails when the committed files differ."""
 
@@ -38,9 +38,13 @@ FILE_PARAMS = {"serve_config", "config", "output", "file"}
 # Parameters named (or with the metavar, upper case) like this take a value of the profile on the
 # command line: ``dsv4ctl __complete KIND PROFILE`` lists them when TAB is pressed.
 PROFILE_VALUES = {"group": "groups", "host": "hosts", "release": "releases"}
+# Commands whose groups are server groups only (each refuses the router: it has no KV pools, GPUs
+# or serve config): their groups complete as ``servers`` (every group but a router).
+SERVER_GROUP_COMMANDS = {("plan",), ("facts",), ("config", "lint"), ("config", "set"), ("hicache", "on"),
+                         ("hicache", "off"), ("hicache", "status")}
 
 # {"kind": none|any|file|dir|yaml|profile|words|keyed|dyn, "words": [...], "suffix": "=" or "",
-#  "keys": [...] (keyed: [KEY=]WORD), "what": groups|hosts|releases (dyn)}. "profile" is "yaml"
+#  "keys": [...] (keyed: [KEY=]WORD), "what": groups|servers|hosts|releases (dyn)}. "profile" is "yaml"
 # (shipped names + YAML files + folders) for the parameter that names the profile, which the
 # scripts remember for the dyn values.
 Kind = dict[str, Any]
@@ -81,6 +85,8 @@ def _hook(path: tuple[str, ...], param) -> Kind | None:
         from dsv4ctl.resources import shipped_profile_names
         return {"kind": "profile", "words": shipped_profile_names()}
     what = PROFILE_VALUES.get(name) or PROFILE_VALUES.get(metavar.lower())
+    if what == "groups" and path in SERVER_GROUP_COMMANDS:
+        what = "servers"
     if what:
         return {"kind": "dyn", "what": what}
     return None

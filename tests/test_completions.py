@@ -323,6 +323,7 @@ groups:
 {groups}
 """
 GROUPS = ["prefill", "decode", "router"]
+SERVERS = ["prefill", "decode"]     # what plan, facts, config and hicache take: never the router (issue 46.6)
 HOSTS = ["h0", "h1"]
 # newest last in the run log: offered newest first, each once, only those of the profile
 RUNS = [("r000000000001", "prof.yaml"), ("r000000000002", "other.yaml"), ("r000000000003", "{abs}"),
@@ -372,6 +373,7 @@ def site(tmp_path) -> tuple[Path, dict]:
 def test_complete_helper_prints_the_profile_values_and_nothing_on_failure(site):
     work, env = site
     for args, want in [(("groups", "prof.yaml"), GROUPS), (("hosts", "prof.yaml"), HOSTS),
+                       (("servers", "prof.yaml"), SERVERS),
                        (("groups", str(work / "other.yaml")), ["solo"]),
                        (("releases", "prof.yaml"), RELEASES), (("releases", "other.yaml"), ["r000000000002"]),
                        (("runbooks",), gen._shipped_stems("playbooks")),
@@ -430,9 +432,10 @@ def _profile_value_cases(runbooks: list[str], shell: str) -> list[tuple[str, lis
         ("dsv4ctl logs --profile=prof.yaml ", GROUPS, other),
         ("dsv4ctl logs ", GROUPS, "prof.yaml"),                               # DSV4CTL_PROFILE
         ("dsv4ctl logs ", ["solo"], other),
-        ("dsv4ctl plan prof.yaml -g ", GROUPS, other),                        # positional PROFILE
+        ("dsv4ctl plan prof.yaml -g ", SERVERS, other),                       # positional PROFILE; no router
         ("dsv4ctl plan prof.yaml --group d", ["decode"], other),
-        ("dsv4ctl config set prof.yaml -g ", GROUPS, other),                  # a sub-command
+        ("dsv4ctl config set prof.yaml -g ", SERVERS, other),                 # a sub-command
+        ("dsv4ctl restart prof.yaml -g ", GROUPS, other),                     # a router restarts
         ("dsv4ctl restart prof.yaml --host ", HOSTS, other),
         ("dsv4ctl logs decode prof.yaml --host ", HOSTS, other),              # PROFILE second
         ("dsv4ctl audit -p prof.yaml --host h", HOSTS, other),

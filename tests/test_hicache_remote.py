@@ -90,6 +90,9 @@ def test_hicache_remote_is_a_release_only_the_changed_group_restarts_rollback_un
     doc = json.loads(r.out)
     r2 = doc["release"]
     assert r2 != r1 and doc["previous"] == r1 and doc["groups"][0]["written"] is True
+    # TAB offers the release the change made, newest first (the run log names it; issue 46.6)
+    r = run_cli("__complete", "releases", str(w.profile), env=w.env())
+    assert r.out.split()[:2] == [r2, r1], r.out
     assert w.currents() == {h: r2 for h in w.roots}
     for h in w.roots:
         assert os.readlink(w.roots[h] / "previous") == f"releases/{r1}"

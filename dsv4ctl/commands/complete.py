@@ -1,8 +1,10 @@
 """``dsv4ctl __complete KIND [PROFILE]``: the values the shell completions (completions/) cannot
 know in advance, one per line on stdout.
 
-KIND is ``groups`` or ``hosts`` (the names in the profile), ``releases`` (release ids this
-machine deployed, promoted or rolled back to with that profile, newest first, from the run log
+KIND is ``groups`` or ``hosts`` (the names in the profile), ``servers`` (the server groups: every
+group but a router, what ``plan``, ``facts``, ``config`` and ``hicache`` take), ``releases``
+(release ids this machine deployed, promoted, rolled back to or made by ``hicache on|off --remote``
+/ ``config set --remote`` with that profile, newest first, from the run log
 ``<state>/runs.jsonl``), ``runbooks`` (the shipped runbook names) or ``profiles`` (the shipped
 profile names). PROFILE is what the command line being completed gives (positional PROFILE or
 ``-p/--profile``); empty or absent: ``DSV4CTL_PROFILE``, else the embedded default, as the
@@ -21,7 +23,7 @@ import os
 import re
 import sys
 
-KINDS = ("groups", "hosts", "releases", "runbooks", "profiles")
+KINDS = ("groups", "hosts", "servers", "releases", "runbooks", "profiles")
 # A value offered to a shell: no whitespace or control characters (a word list is split on them).
 _WORD = re.compile(r"[^\s\x00-\x1f\x7f]+")
 _RELEASE_ID = re.compile(r"r[0-9a-f]{12}")
@@ -35,20 +37,23 @@ def _profile_path(arg: str | None):
     return resolve_profile(arg or os.environ.get("DSV4CTL_PROFILE") or None)
 
 
-def _names(data, key: str) -> list[str]:
-    """The ``name`` of every entry of the profile's ``key`` list (``groups``, ``hosts``)."""
+def _names(data, key: str, routers: bool = True) -> list[str]:
+    """The ``name`` of every entry of the profile's ``key`` list (``groups``, ``hosts``); without
+    ``routers``, groups whose ``role`` is ``router`` are left out."""
     items = data.get(key) if isinstance(data, dict) else None
     if not isinstance(items, list):
         return []
-    return [x["name"] for x in items if isinstance(x, dict) and isinstance(x.get("name"), str)]
+    return [x["name"] for x in items if isinstance(x, dict) and isinstance(x.get("name"), str)
+            and (routers or x.get("role") != "router")]
 
 
 def profile_names(kind: str, arg: str | None) -> list[str]:
-    """Group (``kind`` ``groups``) or host (``hosts``) names of the profile ``arg``, in profile order.
-    Reads the YAML only; raises whatever reading it raises (InputError for a missing or broken file)."""
+    """Group (``kind`` ``groups``), server group (``servers``: no router) or host (``hosts``) names
+    of the profile ``arg``, in profile order. Reads the YAML only; raises whatever reading it
+    raises (InputError for a missing or broken file)."""
     from ..profile.yamlpos import load_yaml
     data, _ = load_yaml(_profile_path(arg))
-    return _names(data, kind)
+    return _names(data, "groups", routers=False) if kind == "servers" else _names(data, kind)
 
 
 def _same_profile(logged: str, real: str, name: str) -> bool:
@@ -64,7 +69,7 @@ def _same_profile(logged: str, real: str, name: str) -> bool:
 
 def release_ids(arg: str | None) -> list[str]:
     """Release ids of the runs recorded in the local run log (``<state>/runs.jsonl``, written by
-    deploy, promote and rollback) for the profile ``arg``, newest first, each once. Nothing else
+    deploy, promote, rollback and the ``--remote`` serve-config changes) for the profile ``arg``, newest first, each once. Nothing else
     on this machine lists releases per profile (the build cache ``<cache>/releases/`` is shared by
     every profile); the authoritative list is on the hosts (``dsv4ctl releases``, over SSH)."""
     import json
@@ -98,7 +103,7 @@ def release_ids(arg: str | None) -> list[str]:
 def values(kind: str, arg: str | None = None) -> list[str]:
     """The candidates of ``kind`` (one of :data:`KINDS`) for the profile ``arg``; [] for another
     kind. Raises what reading the profile raises."""
-    if kind in ("groups", "hosts"):
+    if kind in ("groups", "hosts", "servers"):
         found = profile_names(kind, arg)
     elif kind == "releases":
         found = release_ids(arg)

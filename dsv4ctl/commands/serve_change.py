@@ -121,7 +121,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     from ..serve import hicache_live as hr
     from ..serve.hicache_local import write_all
     from ..signals import terminate_as_interrupt
-    from .deploy import _Interrupted
+    from .deploy import _Interrupted, _RunLog
 
     secrets = set(deployment_secrets(prof)) | set(extra_secrets) | set().union(*(e.secrets for e in local_edits))
     out = printer(secrets)
@@ -150,11 +150,14 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
         terminate_as_interrupt()
     err = None
     rep: dict = {}
-    with _Interrupted(secrets):
+    # the run log (<state>/runs.jsonl) names the release made, as a deploy's does: completion offers it
+    with _Interrupted(secrets), _RunLog(f"{what} --remote", prof, secrets, dry_run) as runlog:
         try:
             rep = change_configs(prof, o, edit, action=action, groups=names)
+            runlog.result = {"release": rep.get("release"), "from": rep.get("from")}
         except DsvError as e:
             err = e
+            runlog.result = {"exit_code": e.exit_code, "error": mask_secrets(scrub_all(str(e)), secrets)}
     if err is not None and not redits:
         raise err
     changed_local = [e for e in local_edits if e.new != e.old]

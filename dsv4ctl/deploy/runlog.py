@@ -1,7 +1,8 @@
 """The local run log, ``<state>/runs.jsonl`` (:func:`dsv4ctl.resources.state_root`): one JSON line
-per run that acts on hosts (deploy, promote, rollback, stop/start/restart, and every runbook run
-``watch --on-alert`` starts, dry or not), secret values masked. Written by
-:class:`dsv4ctl.commands.deploy._RunLog` and :mod:`dsv4ctl.watch.run`; read by completion."""
+per run that acts on hosts (deploy, promote, rollback, stop/start/restart, hicache on|off and
+config set --remote, and every runbook run ``watch --on-alert`` starts, dry or not), secret values
+masked. Written by :class:`dsv4ctl.commands.deploy._RunLog` and :mod:`dsv4ctl.watch.run`; read by
+completion."""
 
 from __future__ import annotations
 
