@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine, set-up included:
-#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium, procps, prometheus, slurm-wlm,
+#   system packages (openssh-server/-client, rsync, git, zsh, fish, systemd, util-linux, chromium, procps, prometheus,
+#   prometheus-alertmanager, slurm-wlm,
 #   podman, runc, catatonit, pythonX-venv) when missing, the .venv with dsv4ctl and
 #   its test extras, the SGLang 0.5.23 CPU oracle environment (.venv-oracle) used as a source of
 #   SGLang's own DeepSeek-V4 output parser (the stand-in server serves through it) and as a
@@ -26,6 +27,7 @@ command -v podman >/dev/null 2>&1 || need+=(podman)     # tests/test_image_deplo
 command -v runc >/dev/null 2>&1 || need+=(runc)         # crun refuses to start containers on this machine kind
 command -v catatonit >/dev/null 2>&1 || need+=(catatonit)   # podman run --init (a Recommends, not installed with --no-install-recommends)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)   # tests/test_watch_rules.py runs promtool on the shipped rules (its postinst may try to start a service: harmless without systemd)
+{ command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null 2>&1 || need+=(prometheus-alertmanager)   # tests/test_watch_alertmanager.py: the shipped Alertmanager example (0.25 on Debian 12; its service is not started without systemd)
 PYV=$(command -v python3.11 || command -v python3)
 "$PYV" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=("$(basename "$PYV")-venv")   # Debian/Ubuntu split venv out
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,8 +1,9 @@
 """A real Prometheus server (``/usr/bin/prometheus``, Debian package ``prometheus``; scripts/test.sh
 installs it) as a test process: a temporary configuration (scrape and rule evaluation intervals,
 static scrape targets, rule files), its TSDB in a temporary folder, its web listener on a
-loopback address, nothing remote (no remote write or read, no Alertmanager). The HTTP API is read
-with urllib (:meth:`Prometheus.query`, :meth:`Prometheus.alerts`, :meth:`Prometheus.rules`)."""
+loopback address, nothing remote (no remote write or read; alerts go to the Alertmanagers given,
+else nowhere). The HTTP API is read with urllib (:meth:`Prometheus.query`, :meth:`Prometheus.alerts`,
+:meth:`Prometheus.rules`)."""
 
 from __future__ import annotations
 
@@ -46,10 +47,11 @@ def poll(pred: Callable[[], object], timeout: float, what: str, every: float = 0
 class Prometheus:
     """One Prometheus process: ``workdir`` holds its configuration, the rule files, its TSDB and
     its log; it listens on ``addr:port`` and scrapes ``targets`` (``host:port`` strings, job
-    ``job``) every ``interval`` seconds, evaluating ``rules`` (file name -> YAML text) as often."""
+    ``job``) every ``interval`` seconds, evaluating ``rules`` (file name -> YAML text) as often,
+    and sends its alerts to ``alertmanagers`` (``host:port`` strings; none by default)."""
 
     def __init__(self, workdir: Path, addr: str, port: int, targets: list[str], rules: dict[str, str],
-                 interval: str = "1s", job: str = "dsv4ctl-watch"):
+                 interval: str = "1s", job: str = "dsv4ctl-watch", alertmanagers: tuple[str, ...] = ()):
         self.workdir = Path(workdir)
         self.url = f"http://{addr}:{port}"
         self.listen = f"{addr}:{port}"
@@ -59,11 +61,14 @@ class Prometheus:
         for name, text in rules.items():
             (self.workdir / name).write_text(text)
         self.config = self.workdir / "prometheus.yml"
-        self.config.write_text(yaml.safe_dump({
+        config = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
             "rule_files": [str(self.workdir / name) for name in rules],
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}],
-        }, sort_keys=False))
+        }
+        if alertmanagers:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def start(self, ready_timeout: float = 60) -> "Prometheus":
         """Start the server (own session, log to ``prometheus.log``) and wait for ``/-/ready``;
@@ -130,6 +135,78 @@ class Prometheus:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s; nothing when it was never started or is gone."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+AM_HINT = ("prometheus-alertmanager not found on PATH or in /usr/bin: bash scripts/test.sh installs it "
+           "(Debian package prometheus-alertmanager; by hand: apt-get install --no-install-recommends "
+           "prometheus-alertmanager)")
+
+
+def alertmanager_binary() -> str:
+    """Path of Alertmanager (Debian's ``prometheus-alertmanager``, or ``alertmanager``); the test
+    fails (never skips) when it is missing."""
+    for name in ("prometheus-alertmanager", "alertmanager"):
+        path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+        if path:
+            return path
+    pytest.fail(AM_HINT)
+
+
+class Alertmanager:
+    """One Alertmanager process (0.25): ``workdir`` holds ``config`` (a dict, written as
+    alertmanager.yml), its storage and its log; it listens on ``addr:port``, clustering off (no
+    gossip port is opened)."""
+
+    def __init__(self, workdir: Path, addr: str, port: int, config: dict):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.listen = f"{addr}:{port}"
+        self.url = f"http://{self.listen}"
+        self.log = self.workdir / "alertmanager.log"
+        self.config = self.workdir / "alertmanager.yml"
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self, ready_timeout: float = 60) -> "Alertmanager":
+        """Start it and wait for ``/-/ready``; AssertionError with the log's tail otherwise."""
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [alertmanager_binary(), f"--config.file={self.config}", f"--storage.path={self.workdir / 'data'}",
+                 f"--web.listen-address={self.listen}", "--cluster.listen-address=", "--log.level=info"],
+                cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"alertmanager exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        try:
+            poll(ready, ready_timeout, "alertmanager /-/ready", every=0.1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.tail()}") from None
+        return self
+
+    def tail(self, n: int = 30) -> str:
+        """The last ``n`` lines of its log."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
