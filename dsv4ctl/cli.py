@@ -16,14 +16,14 @@ HELP = ("Ops toolkit for DeepSeek-V4 on SGLang 0.5.18-0.5.23: plan, patch, deplo
 
 # Command modules under dsv4ctl/commands/, in --help order. Each defines ``register(app)``;
 # a module that is not in the tree is skipped, an import error inside one is raised.
-COMMAND_MODULES = ("plan", "facts", "patch", "deploy", "lock", "day2", "config", "hicache", "check", "diagnose", "runbook",
+COMMAND_MODULES = ("plan", "facts", "patch", "deploy", "lock", "day2", "execute", "config", "hicache", "check", "diagnose", "runbook",
                    "watch", "report", "profiles", "schema", "completion")
 # Top-level command name -> the module that registers it (for the start-up fast path).
 COMMAND_OWNER = {"plan": "plan", "facts": "facts", "patch": "patch", "deploy": "deploy", "rollback": "deploy",
                  "releases": "deploy", "promote": "deploy", "start": "deploy", "stop": "deploy",
                  "restart": "deploy", "lock": "lock", "config": "config", "hicache": "hicache", "check": "check",
                  "runbook": "runbook", "diagnose": "diagnose", "report": "report", "watch": "watch", "status": "day2", "logs": "day2",
-                 "audit": "day2", "verify": "day2", "profile": "profiles", "schema": "schema", "completion": "completion"}
+                 "audit": "day2", "verify": "day2", "exec": "execute", "profile": "profiles", "schema": "schema", "completion": "completion"}
 
 
 def _version(value: bool) -> None:

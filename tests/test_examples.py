@@ -35,6 +35,7 @@ ON_SSHD: list[str] = [
     r"^dsv4ctl hicache status profiles/my.yaml$",
     r"^dsv4ctl logs decode profiles/my.yaml -n 100 --grep",
     r"^dsv4ctl audit profiles/my.yaml --since",
+    r"^dsv4ctl exec decode profiles/my.yaml --host",
     r"^dsv4ctl diagnose profiles/my.yaml",
     r"^dsv4ctl watch profiles/my.yaml --once --json$",
     r"^dsv4ctl runbook run toolcall-corruption profiles/my.yaml --dry-run",
@@ -53,6 +54,8 @@ ON_SSHD: list[str] = [
 NOT_RUN: list[tuple[str, str]] = [
     (r"^python3 -m venv", "the set-up line itself (tests/test_install.py builds and installs the wheel)"),
     (r"^dsv4ctl profile import srt-slurm\b", "an srt-slurm recipe file (tests/test_profile_import.py imports hand-written ones)"),
+    (r"^dsv4ctl deploy profiles/my.yaml -g ", "a limited deploy on hosts (tests/test_exec_limited.py: prefill and decode on their own hosts)"),
+    (r"^dsv4ctl exec \S+ profiles/my.yaml -- nvidia-smi", "nvidia-smi on the group's GPU hosts (tests/test_exec_limited.py runs exec on sshd hosts)"),
     (r"^dsv4ctl facts\b", "nvidia-smi over SSH on the profile's hosts (tests/test_facts_write.py on sshd hosts)"),
     (r"^dsv4ctl patch (status|apply|revert|export)\b.*~/src/sglang", "an SGLang git checkout (tests/test_patch_tree.py)"),
     (r"^dsv4ctl config lint --tree ~/src/sglang", "an SGLang git checkout (tests/test_treegate.py)"),

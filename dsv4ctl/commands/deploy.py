@@ -215,6 +215,9 @@ def deploy(
     force_failed: bool = typer.Option(False, "--force-failed", help="Activate a release recorded as failed anyway (audited; it stays active, never good)."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the config lint + plan preflight (audited)."),
     message: Optional[str] = typer.Option(None, "--message", "-m", help="Why this deploy (recorded in every host's audit log and the release's record; shown by releases)."),
+    group: list[str] = typer.Option([], "--group", "-g", help="Only the hosts of this group (repeatable): only they switch and restart; every group on them must be named (or the host given)."),
+    host: list[str] = typer.Option([], "--host", help="Only this host (repeatable): every group on it switches; a multi-node server only whole."),
+    allow_mixed_pd: bool = typer.Option(False, "--allow-mixed-pd", help="With -g/--host: let prefill and decode end on different releases (recorded)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.deploy/1 JSON report."),
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -228,6 +231,13 @@ def deploy(
     it). The release ends `active` (health gate passed); `good` needs a promotion gate (--promote
     or `dsv4ctl promote`). A release recorded as failed is refused unless --promote or
     --force-failed.
+
+    -g GROUP / --host HOST limit the deploy to those hosts: only they are pushed, switched,
+    restarted and gated (the others keep their release). A host has one active release, so every
+    group on a chosen host switches: -g G on a host that also runs H needs -g H (or --host); a
+    multi-node server switches whole; a PD deployment's prefill and decode must end on one release
+    (-g decode alone is refused unless --allow-mixed-pd); a router alone on its host may switch by
+    itself. Not with --promote nor deploy.backend slurm.
 
     Exit 0 deployed · 1 rolled back (names host, group, last log lines; with --promote: the
     failing check, evidence kept), the preflight plan failed, or the release is recorded as failed
@@ -244,21 +254,26 @@ def deploy(
         from ..errors import InputError
         raise InputError("--no-preflight cannot go with --promote: the promotion pipeline always runs its preflight")
     p = _profile(profile)
+    lim = _limit(p, group, host, allow_mixed_pd, po)
     from ..deploy.steps import deployment_secrets
     secrets = deployment_secrets(p)
     terminate_as_interrupt()
-    with _Interrupted(secrets), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else ""), p, secrets, dry_run) as runlog:
+    with _Interrupted(secrets), _Progress() as prog, _RunLog("deploy" + (" --promote" if po else "") + (" --force-failed" if force_failed else "") + (f" {lim.words}" if lim else ""), p, secrets, dry_run) as runlog:
         opts = _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new, health_timeout=health_timeout,
                      break_lock=break_lock, progress=None if quiet else prog, verbose=verbose, quiet=quiet,
                      force_failed=force_failed, preflight=not no_preflight, runlog=runlog,
-                     message=message)
+                     message=message, only=lim.hosts if lim else None, limit=lim.words if lim else None)
         rep = engine.deploy(p, opts, tree=tree, base_ref=base, patches=patch or None, promote=po)
         runlog.result = {"release": rep.get("release"), "state": rep.get("state")}
+    if lim:
+        rep["limited"] = {"hosts": list(lim.hosts), "groups": list(lim.groups), "selection": lim.words,
+                          "mixed_pd": lim.mixed_pd}
     if as_json:
         print(_out(rep, secrets))
     elif dry_run:
-        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']} (nothing changed)", rep, verbose,
-                       secrets)
+        _print_actions(f"dry run: deploy {'--promote ' if po else ''}{rep['release']}"
+                       + (f" to {', '.join(lim.hosts)} only ({lim.words})" if lim else "") + " (nothing changed)",
+                       rep, verbose, secrets)
     elif quiet:
         print(f"deployed {rep['release']} ({rep.get('state') or 'unchanged'})")
     else:
@@ -268,13 +283,30 @@ def deploy(
             rows.append([h, r["from"] or "-", rep["release"],
                          "present" if push.get("skipped") else f"{push.get('bytes_sent', 0):,}",
                          ",".join(r.get("pruned") or []) or "-"])
-        console().print(rich_table(f"deployed {rep['release']} in {rep['seconds']:.1f} s",
+        console().print(rich_table(f"deployed {rep['release']}" + (f" to {', '.join(lim.hosts)} only ({lim.words})" if lim else "")
+                                   + f" in {rep['seconds']:.1f} s",
                                    ["host", "from", "to", "bytes sent", "pruned"], rows, right=(3,)))
         if po:
             pr = rep["promotion"]
             print(f"promoted {rep['release']}: canary {', '.join(pr['canary'])}; "
                   + ", ".join(f"check {c['check']} pass" for c in pr["checks"])
                   + f"; marked good; evidence in {pr['evidence']}")
+
+
+def _limit(dep, group, host, allow_mixed_pd, po):
+    """The checked :class:`dsv4ctl.deploy.limit.Limit` of ``-g``/``--host`` (None: every host);
+    InputError (exit 2) with --promote, with deploy.backend slurm, or by the rules of the limit."""
+    from ..errors import InputError
+    if not group and not host:
+        if allow_mixed_pd:
+            raise InputError("--allow-mixed-pd goes with -g/--host (a deploy of every host leaves nothing mixed)")
+        return None
+    if po is not None:
+        raise InputError("-g/--host cannot go with --promote: its canary is the limited first step (--canary)")
+    if dep.deploy.backend == "slurm":
+        raise InputError("-g/--host: a limited deploy is not supported with deploy.backend slurm (deploy every group)")
+    from ..deploy.limit import limit_deploy
+    return limit_deploy(dep, list(group), list(host), allow_mixed_pd)
 
 
 def _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests):

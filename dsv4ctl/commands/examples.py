@@ -36,6 +36,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "verify": ("dsv4ctl verify profiles/my.yaml          # every release on every host against its manifest",
                "dsv4ctl verify profiles/my.yaml -r ID --json"),
     "audit": ("dsv4ctl audit profiles/my.yaml --since 2026-12-01",),
+    "exec": ("dsv4ctl exec decode profiles/my.yaml -- nvidia-smi --query-gpu=memory.used --format=csv",
+             "dsv4ctl exec decode profiles/my.yaml --host h200-1 -m 'disk check' -- df -h .   # one host"),
     "config lint": ("dsv4ctl config lint",
                     "dsv4ctl config lint profiles/my.yaml --tree ~/src/sglang"),
     "config set": ("dsv4ctl config set profiles/my.yaml kv-canary=log -g prefill --dry-run",

@@ -904,6 +904,8 @@ def _record_extras(site: Site, rid: str, promote) -> dict:
         out["preflight"] = "skipped"
     if site.opts.message:
         out["message"] = site.opts.message
+    if site.opts.limit:
+        out["limited"] = site.opts.limit
     return out
 
 

@@ -177,7 +177,7 @@ def converge_steps(site: Site, rid: str, spec: dict) -> tuple[list[ServerAction]
     """A deploy of ``rid`` when it is already active on every host: the servers of its launch
     spec ``spec`` that are not running (read now) and the steps that start them ([] when all
     run). A deploy converges: it never says "nothing to do" over a dead server."""
-    actions = plan_servers(spec, read_alive(site, spec), "start")
+    actions = plan_servers(spec, read_alive(site, spec), "start", hosts=site.hosts)
     return actions, server_steps(site, {h: rid for h in site.hosts}, {h: spec for h in site.hosts}, actions)
 
 

@@ -36,6 +36,8 @@ class Options:
     steps: Callable[[list], None] | None = None     # called with the step list a run executes
     done: Callable[[object, float], None] | None = None   # called with every executed Step and its seconds
     message: str | None = None                      # deploy -m: why (audit records and the release's record)
+    only: tuple | None = None                       # a limited deploy: only these hosts (deploy.limit.Limit.hosts)
+    limit: str | None = None                        # its selection in words (-g decode --host h3), for the records
 
 
 @dataclass
@@ -69,10 +71,12 @@ class Site:
 
 def open_site(profile, opts: Options) -> Site:
     """Transports (not yet connected) and deploy roots for every host of the Deployment (a
-    Profile is resolved first): every node of every server."""
+    Profile is resolved first): every node of every server (``opts.only``: those hosts alone)."""
     dep = as_deployment(profile)
     s = Site(dep, opts)
     for name, h in dep.hosts.items():
+        if opts.only is not None and name not in opts.only:
+            continue
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
                                      connect_timeout=opts.connect_timeout, hosts=dep.hosts,
                                      record_host_keys=not opts.dry_run)

@@ -222,13 +222,14 @@ def gate_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tupl
     only node that serves HTTP, with ``nodes`` its other hosts, whose processes must stay alive);
     chat goes through the router group(s), else through the decode/colocated servers. ``hosts``:
     only servers whose node 0 is on these hosts (a promotion canary: every node of a server is in
-    it or none, :func:`dsv4ctl.deploy.promote.choose_canary`)."""
+    it or none, :func:`dsv4ctl.deploy.promote.choose_canary`); always only those of the site's
+    hosts (a limited deploy: :mod:`dsv4ctl.deploy.limit`)."""
     workers, routers = [], []
     order = {h: i for i, h in enumerate(site.hosts)}
     rows = [(srv[0], g, r, srv[1:]) for g, s in spec.items()
             for r, srv in enumerate(spec_servers(s))]
     for h, g, _r, nodes in sorted(rows, key=lambda x: (order.get(x[0], len(order)), x[1], x[2])):
-        if hosts is not None and h not in hosts:
+        if hosts is not None and h not in hosts or h not in order:
             continue
         tgt = (h, g, http_url(site.profile.hosts[h].address, spec[g]["port"]), list(nodes))
         (routers if spec[g]["role"] == "router" else workers).append(tgt)
