@@ -14,7 +14,7 @@ _dsv4ctl_w6=''
 # sub-commands of a command path
 _dsv4ctl_subs() {
   case "$1" in
-    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose watch report schema completion patch lock config hicache check runbook profile' ;;
+    '') echo 'plan facts deploy start stop restart rollback releases promote status logs audit verify exec diagnose watch report schema completion patch lock config hicache check runbook profile' ;;
     'patch') echo 'status apply revert check export' ;;
     'lock') echo 'status acquire release' ;;
     'config') echo 'lint set' ;;
@@ -32,7 +32,7 @@ _dsv4ctl_opts() {
     '') echo '--version -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -p --profile -h --help' ;;
     'facts') echo '-g --group --json --timeout --write --dry-run --force -p --profile -h --help' ;;
-    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight -m --message -g --group --host --allow-mixed-pd --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'start') echo '-g --group --host --dry-run --accept-new-host-keys --health-timeout --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'stop') echo '-g --group --host --dry-run --accept-new-host-keys --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'restart') echo '-g --group --host --batch --dry-run --accept-new-host-keys --health-timeout --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
@@ -43,8 +43,9 @@ _dsv4ctl_opts() {
     'logs') echo '-n --lines -f --follow --host --grep --since --interval --accept-new-host-keys -p --profile -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'verify') echo '-r --release --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
+    'exec') echo '--host --timeout -m --message --dry-run --accept-new-host-keys --json -p --profile -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -p --profile -h --help' ;;
-    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --settle --log --print -v --verbose -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
+    'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --settle --log --print --runbook-url --scrape-job -v --verbose -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
     'report') echo '-o --output --title -h --help' ;;
     'schema') echo '--path --json -h --help' ;;
     'completion') echo '-h --help' ;;
@@ -101,6 +102,8 @@ _dsv4ctl_optkind() {
     'deploy|--turns') echo any ;;
     'deploy|--min-requests') echo any ;;
     'deploy|-m'|'deploy|--message') echo any ;;
+    'deploy|-g'|'deploy|--group') echo dyn:groups ;;
+    'deploy|--host') echo dyn:hosts ;;
     'deploy|-p'|'deploy|--profile') echo prof:w2 ;;
     'start|-g'|'start|--group') echo dyn:groups ;;
     'start|--host') echo dyn:hosts ;;
@@ -140,6 +143,10 @@ _dsv4ctl_optkind() {
     'audit|-p'|'audit|--profile') echo prof:w2 ;;
     'verify|-r'|'verify|--release') echo dyn:releases ;;
     'verify|-p'|'verify|--profile') echo prof:w2 ;;
+    'exec|--host') echo dyn:hosts ;;
+    'exec|--timeout') echo any ;;
+    'exec|-m'|'exec|--message') echo any ;;
+    'exec|-p'|'exec|--profile') echo prof:w2 ;;
     'diagnose|-g'|'diagnose|--group') echo dyn:groups ;;
     'diagnose|--since') echo any ;;
     'diagnose|--window') echo any ;;
@@ -156,6 +163,8 @@ _dsv4ctl_optkind() {
     'watch|--settle') echo any ;;
     'watch|--log') echo file ;;
     'watch|--print') echo any ;;
+    'watch|--runbook-url') echo any ;;
+    'watch|--scrape-job') echo any ;;
     'watch|-p'|'watch|--profile') echo prof:w2 ;;
     'report|-o'|'report|--output') echo file ;;
     'report|--title') echo any ;;
@@ -259,6 +268,8 @@ _dsv4ctl_argkind() {
     'logs|1') echo prof:w2 ;;
     'audit|0') echo prof:w2 ;;
     'verify|0') echo prof:w2 ;;
+    'exec|0') echo dyn:groups ;;
+    'exec|1') echo prof:w2 ;;
     'diagnose|0') echo prof:w2 ;;
     'watch|0') echo prof:w2 ;;
     'schema|0') echo any ;;
@@ -285,6 +296,7 @@ _dsv4ctl_argkind() {
     'profile import srt-slurm|0') echo yaml:w6 ;;
   esac
   case "$1" in
+    'exec') [[ $2 -ge 2 ]] && echo any ;;
     'report') [[ $2 -ge 0 ]] && echo any ;;
     'patch revert') [[ $2 -ge 1 ]] && echo any ;;
     'config set') [[ $2 -ge 1 ]] && echo any ;;

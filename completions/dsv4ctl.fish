@@ -12,7 +12,7 @@ set -g __dsv4ctl_w5
 function __dsv4ctl_subs
     switch $argv[1]
         case ''
-            echo plan facts deploy start stop restart rollback releases promote status logs audit verify diagnose watch report schema completion patch lock config hicache check runbook profile
+            echo plan facts deploy start stop restart rollback releases promote status logs audit verify exec diagnose watch report schema completion patch lock config hicache check runbook profile
         case 'patch'
             echo status apply revert check export
         case 'lock'
@@ -40,7 +40,7 @@ function __dsv4ctl_takes_value
         case 'facts'
             contains -- $argv[2] -g --group --timeout -p --profile
         case 'deploy'
-            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests -m --message -p --profile
+            contains -- $argv[2] --tree --base --patch --health-timeout --canary --concurrency --max-corruption --turns --min-requests -m --message -g --group --host -p --profile
         case 'start'
             contains -- $argv[2] -g --group --host --health-timeout -m --message -p --profile
         case 'stop'
@@ -61,10 +61,12 @@ function __dsv4ctl_takes_value
             contains -- $argv[2] --since --host -p --profile
         case 'verify'
             contains -- $argv[2] -r --release -p --profile
+        case 'exec'
+            contains -- $argv[2] --host --timeout -m --message -p --profile
         case 'diagnose'
             contains -- $argv[2] -g --group --since --window -n --lines --api-key -p --profile
         case 'watch'
-            contains -- $argv[2] --interval --listen --scrape-every --release-every --stall-timeout --on-alert --alert-window --settle --log --print -p --profile
+            contains -- $argv[2] --interval --listen --scrape-every --release-every --stall-timeout --on-alert --alert-window --settle --log --print --runbook-url --scrape-job -p --profile
         case 'report'
             contains -- $argv[2] -o --output --title
         case 'patch status'
@@ -137,6 +139,8 @@ function __dsv4ctl_profarg
             echo 0
         case 'verify'
             echo 0
+        case 'exec'
+            echo 1
         case 'diagnose'
             echo 0
         case 'watch'
@@ -190,6 +194,8 @@ function __dsv4ctl_profopt
         case 'audit'
             contains -- $argv[2] -p --profile
         case 'verify'
+            contains -- $argv[2] -p --profile
+        case 'exec'
             contains -- $argv[2] -p --profile
         case 'diagnose'
             contains -- $argv[2] -p --profile
@@ -343,6 +349,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'status' -d 'Per host and group
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'logs' -d 'The group\'s server log from every host it runs on (every node of a multi-node...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'audit' -d 'Every host\'s audit log merged by time: when, who, host, what, release, result...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'verify' -d 'Hash every file of every release on every host against its MANIFEST.json and...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'exec' -d 'Run one command on every host and node of a group (every node of a multi-node...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'diagnose' -d 'Collect each group\'s log tail, process state, nvidia-smi, /health, /server_in...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'watch' -d 'Probe the deployment continuously with known-answer tool calls (the gate\'s cl...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'\'' -f -a 'report' -d 'One HTML file (inline SVG, no script, no network) with a chart and a table pe...'
@@ -391,6 +398,9 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l min-requests -r -f -d 'With 
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l force-failed -d 'Activate a release recorded as failed anyway (audited; it stays active, never...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l no-preflight -d 'Skip the config lint + plan preflight (audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s m -l message -r -f -d 'Why this deploy (recorded in every host\'s audit log and the release\'s record;...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only the hosts of this group (repeatable): only they switch and restart; ever...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only this host (repeatable): every group on it switches; a multi-node server...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l allow-mixed-pd -d 'With -g/--host: let prefill and decode end on different releases (recorded).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l json -d 'Print the dsv4ctl.deploy/1 JSON report.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s q -l quiet -d 'Print only errors and the verdict.'
@@ -502,6 +512,16 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -l markdown -d 'Print Markdown.
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'verify\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'verify\' 0' -f -a '(__dsv4ctl_yaml w2)'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Only this host of the group (repeatable).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -l timeout -r -f -d 'How long the command may run per host (600, 90s, 15m; at most 1d): then it is...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -s m -l message -r -f -d 'Why (recorded in each host\'s audit line; shown by audit).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -l dry-run -d 'Print the ssh command of each host; run nothing.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -l json -d 'Print the dsv4ctl.exec/1 JSON document (each host\'s output and exit status).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'exec\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'exec\' 0' -f -a '(__dsv4ctl_dyn groups)'
+complete -c dsv4ctl -n '__dsv4ctl_arg \'exec\' 1' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -s g -l group -r -f -a '(__dsv4ctl_dyn groups)' -d 'Only this server group (repeatable).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l since -r -f -d 'Log lines from this time on, earlier processes included: this long ago (90s,...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'diagnose\'' -l window -r -f -d 'Time between the two /metrics reads (5, 500ms, 1m; 0..5m).'
@@ -526,6 +546,8 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l alert-window -r -f -d 'Long w
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l settle -r -f -d 'With --auto: no run on a release activated this recently by a deploy watch di...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l log -r -F -d 'Append every event as a JSON line to this file.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l print -r -f -d 'Print a shipped artifact and exit: rules (Prometheus rules for the profile\'s...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l runbook-url -r -f -d 'With --print rules: the page of alert runbooks each alert\'s runbook_url links...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l scrape-job -r -f -d 'With --print rules: Prometheus\' job_name that scrapes this watch (DSV4WatchDo...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s v -l verbose -d 'Also an event line for every ok probe (default: only probes not ok, alerts, r...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -s q -l quiet -d 'No event lines on stderr.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'watch\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
