@@ -338,6 +338,10 @@ def test_once_against_nothing_listening_exits_3(colocated):
     (["--print", "grafana"], "--print 'grafana': expected one of rules, dashboard, unit"),
     (["--listen", "127.0.0.1"], "--listen '127.0.0.1'"),
     (["--log", "/nonexistent/dir/watch.jsonl"], "--log /nonexistent/dir/watch.jsonl"),
+    (["--print", "rules", "--runbook-url", "wiki/alerts"], "--runbook-url: runbook URL 'wiki/alerts': expected an http"),
+    (["--print", "rules", "--scrape-job", 'w"}'], "--scrape-job: scrape job 'w\"}': expected 1-200 letters"),
+    (["--print", "dashboard", "--scrape-job", "w"], "--scrape-job goes with --print rules"),
+    (["--runbook-url", "https://wiki.example/a"], "--runbook-url goes with --print rules"),
 ])
 def test_bad_input_is_one_line_exit_2(colocated, args, msg):
     p = colocated[0]
@@ -490,6 +494,12 @@ def test_print_artifacts(colocated):
     assert r.code == 0 and "DSV4ToolCallCorruptionFastBurn" in r.out
     assert f"# Printed by: dsv4ctl watch {p} --print rules" in r.out
     assert f"runbook: dsv4ctl runbook run toolcall-corruption {p}\n" in r.out and " PROFILE" not in r.out
+    # the scrape job of watch's own alerts and the runbook page, as given (and in the header to print them again)
+    r = run_cli("watch", str(p), "--print", "rules", "--scrape-job", "prom/watch", "--runbook-url", "https://wiki.example/dsv4")
+    assert r.code == 0, r.err
+    assert f"# Printed by: dsv4ctl watch {p} --print rules --scrape-job prom/watch --runbook-url https://wiki.example/dsv4\n" in r.out
+    assert 'expr: up{job="prom/watch"} == 0\n' in r.out and 'expr: absent(up{job="prom/watch"})\n' in r.out
+    assert r.out.count("      runbook_url: https://wiki.example/dsv4#dsv4") == 14 and "github.com" not in r.out
     # the install line repeats the options that go into the unit; a profile from DSV4CTL_PROFILE is absolute
     r = run_cli("watch", "--print", "unit", "--listen", "0.0.0.0:9477", cwd=p.parent, env={"DSV4CTL_PROFILE": p.name})
     assert r.code == 0, r.err

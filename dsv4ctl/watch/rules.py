@@ -442,8 +442,10 @@ def render_rules(slo: float = DEFAULT_SLO, scale: float = 1.0, min_window: float
                 f"scale={_num(scale)}).\n# Generated (python scripts/gen_watch_rules.py): do not edit.\n")
     else:
         import shlex
+        extra = "".join(f" {flag} {shlex.quote(v)}" for flag, v, default in (
+            ("--scrape-job", job, DEFAULT_JOB), ("--runbook-url", runbook_url, DEFAULT_RUNBOOK_URL)) if v != default)
         head = (f"# Prometheus rules of dsv4ctl watch for {profile} (SLO {_num(slo)}: its check.max_corruption).\n"
-                f"# Printed by: dsv4ctl watch {shlex.quote(profile)} --print rules\n")
+                f"# Printed by: dsv4ctl watch {shlex.quote(profile)} --print rules{extra}\n")
     if profile is not None and ("{{" in profile or "}}" in profile):
         profile_word = None     # Prometheus would expand it as a template: the annotations keep PROFILE
     else:
