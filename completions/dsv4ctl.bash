@@ -46,7 +46,7 @@ _dsv4ctl_opts() {
     'exec') echo '--host --timeout -m --message --dry-run --accept-new-host-keys --json -p --profile -h --help' ;;
     'diagnose') echo '-g --group --since --window -n --lines --json --accept-new-host-keys --api-key -p --profile -h --help' ;;
     'watch') echo '--once --json --interval --listen --scrape-every --release-every --no-releases --stall-timeout --on-alert --auto --alert-window --settle --log --print --runbook-url --scrape-job -v --verbose -q --quiet --accept-new-host-keys -p --profile -h --help' ;;
-    'report') echo '-o --output --title -h --help' ;;
+    'report') echo '-o --output --title --svg -h --help' ;;
     'schema') echo '--path --json -h --help' ;;
     'completion') echo '-h --help' ;;
     'patch') echo '-h --help' ;;
@@ -168,6 +168,7 @@ _dsv4ctl_optkind() {
     'watch|-p'|'watch|--profile') echo prof:w2 ;;
     'report|-o'|'report|--output') echo file ;;
     'report|--title') echo any ;;
+    'report|--svg') echo dir ;;
     'patch status|--series') echo dir ;;
     'patch status|--base') echo any ;;
     'patch status|--host') echo dyn:hosts ;;

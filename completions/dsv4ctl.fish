@@ -68,7 +68,7 @@ function __dsv4ctl_takes_value
         case 'watch'
             contains -- $argv[2] --interval --listen --scrape-every --release-every --stall-timeout --on-alert --alert-window --settle --log --print --runbook-url --scrape-job -p --profile
         case 'report'
-            contains -- $argv[2] -o --output --title
+            contains -- $argv[2] -o --output --title --svg
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
@@ -557,6 +557,7 @@ complete -c dsv4ctl -n '__dsv4ctl_arg \'watch\' 0' -f -a '(__dsv4ctl_yaml w2)'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s o -l output -r -F -d 'The HTML file to write (\'-\': standard output).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -l title -r -f -d 'Page title (default: dsv4ctl report).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'report\'' -l svg -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Also write each chart as its own SVG file in DIR (NN-title.svg; the folder is...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'schema\'' -l path -d 'Print the schema file\'s path instead of its content.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'schema\'' -l json -d 'With no NAME: the list as JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'schema\'' -s h -l help -d 'Show this message and exit.'

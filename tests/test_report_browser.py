@@ -174,3 +174,49 @@ def test_the_report_page_in_the_browser_has_every_chart_and_legend(tmp_path):
                   "gate 1.00 %", "significant (p &lt; 0.05)", "dsml_in_content", "p99",        # load
                   "pass", "ran", "skipped", "logged, differs"):                               # smoke, runbook, log
         assert label in legends, label
+
+
+def test_report_svg_writes_each_chart_as_its_own_file_a_browser_draws(tmp_path):
+    """``report --svg DIR`` (issue 46.10): each chart of the page is its own SVG file; Chromium
+    opens every file as an image (as a ticket or a chat shows an attachment: no page, no CSS) at
+    the size the chart declares, and each draws ink."""
+    from xml.etree import ElementTree
+    from tests.conftest import run_cli
+    names = ["plan.json", "load-compare.json", "smoke.json", "incident", "plan-log.json"]
+    r = run_cli("report", *[str(DATA / n) for n in names], "-o", str(tmp_path / "r.html"), "--svg", str(tmp_path / "c"))
+    assert r.code == 0, r.err
+    files = sorted((tmp_path / "c").glob("*.svg"))
+    html = (tmp_path / "r.html").read_text()
+    assert len(files) == html.count('<svg xmlns="http://www.w3.org/2000/svg" class="chart"') == 13
+    assert r.out.splitlines()[-1] == f"wrote 13 chart(s) as SVG files in {tmp_path / 'c'}"
+    assert files[0].name == "01-gpu-memory-per-rank-dsv4-flash-8xb200-pd-deepseek-v4-flash.svg"
+    declared = []
+    for f in files:
+        root = ElementTree.parse(f).getroot()          # standalone XML
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", f
+        declared.append((int(root.get("width")), int(root.get("height"))))
+    tops, y = [], 0
+    for _, h in declared:
+        tops.append(y)
+        y += h + GAP
+    imgs = "".join(f'<img src="{f.as_uri()}" style="position:absolute;left:0;top:{t}px">' for f, t in zip(files, tops))
+    page = tmp_path / "files.html"
+    page.write_text('<!DOCTYPE html><html><head><meta charset="utf-8"><style>body{margin:0;background:white}</style>'
+                    f'</head><body>{imgs}<pre id="sizes" style="position:absolute;top:{y}px"></pre><script>'
+                    'addEventListener("load", () => { document.getElementById("sizes").textContent = '
+                    '[...document.images].map(i => i.naturalWidth + "x" + i.naturalHeight).join(" "); });'
+                    '</script></body></html>')
+    dom = chromium(tmp_path, "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom",
+                   page.as_uri()).stdout
+    sizes = re.search(r'<pre id="sizes"[^>]*>([^<]*)</pre>', dom)
+    assert sizes and sizes.group(1).split() == [f"{w}x{h}" for w, h in declared], dom[-2000:]
+    png = tmp_path / "files.png"
+    chromium(tmp_path, "--allow-file-access-from-files", f"--screenshot={png}", f"--window-size=960,{y}",
+             page.as_uri(), scale=0.5)
+    w, h, ch, rows = read_png(png.read_bytes())
+    assert (w, h) == (480, y // 2)
+    for f, top, (_, bh) in zip(files, tops, declared):
+        band = rows[top // 2:(top + bh) // 2]
+        # colour bytes that are not white (alpha, when there is one, is 255 throughout)
+        ink = sum(len(row) - row.count(255) for row in band) / min(ch, 3)
+        assert ink / (len(band) * w) > 0.02, f"{f.name}: blank"

@@ -16,11 +16,14 @@ def report(
                                        help="JSON documents of dsv4ctl: plan --json, check load --json (also --compare), check smoke --json, a runbook's incident.json (or its run folder), plan --from-log --json; '-' reads one from standard input."),
     output: str = typer.Option("report.html", "--output", "-o", help="The HTML file to write ('-': standard output)."),
     title: Optional[str] = typer.Option(None, "--title", help="Page title (default: dsv4ctl report)."),
+    svg: Optional[str] = typer.Option(None, "--svg", metavar="DIR", help="Also write each chart as its own SVG file in DIR (NN-title.svg; the folder is made when missing), for a ticket or a chat."),
 ) -> None:
     """One HTML file (inline SVG, no script, no network) with a chart and a table per input:
     per-rank GPU memory of a plan, corruption per concurrency level with Wilson intervals and the
     gate (A/B difference for --compare), classes and latency of a load check, smoke results, a
     runbook's timeline with the charts of the checks it ran, planned vs logged pool sizes.
+    With --svg DIR, each chart is also its own SVG file (open it in a browser, attach it; no PNG:
+    that needs a rasterizer, e.g. rsvg-convert FILE.svg -o FILE.png).
 
     Exit 0 written, 2 an input unreadable or not a dsv4ctl document."""
     from .. import __version__
@@ -44,7 +47,13 @@ def report(
     except (OverflowError, ValueError, TypeError, ZeroDivisionError, RecursionError) as e:
         # numbers no dsv4ctl document holds (10**400, a float that overflows): one line, exit 2
         raise InputError(f"an input holds a value the report cannot draw ({type(e).__name__}: {e})") from None
+    files = None
+    if svg is not None:                 # refused before anything is written
+        from ..report.export import prepare
+        files = prepare(Path(svg).expanduser(), html)
     if output == "-":
+        if files is not None:
+            _write_svgs(svg, files, to_stderr=True)
         print(html, end="")
         return
     tmp = out.with_name(f".{out.name}.tmp")
@@ -59,6 +68,17 @@ def report(
         raise InputError(f"--output {output}: {e.strerror or e}") from None
     charts = html.count('<svg xmlns="http://www.w3.org/2000/svg" class="chart"')
     print(f"wrote {out} ({len(html.encode()) / 1024:.0f} KiB, {charts} chart(s) from {len(docs)} input(s))")
+    if files is not None:
+        _write_svgs(svg, files)
+
+
+def _write_svgs(folder: str, files: list, to_stderr: bool = False) -> None:
+    """``--svg DIR``: each chart as its own file (:mod:`dsv4ctl.report.export`), and a line
+    saying so (on stderr when the page goes to stdout). InputError (exit 2) as it raises."""
+    import sys
+    from ..report.export import write_chart_files
+    paths = write_chart_files(Path(folder).expanduser(), files)
+    print(f"wrote {len(paths)} chart(s) as SVG files in {folder}", file=sys.stderr if to_stderr else sys.stdout)
 
 
 def register(app: typer.Typer) -> None:
