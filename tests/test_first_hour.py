@@ -167,6 +167,17 @@ def test_first_hour(tmp_path, host):
         assert r.code == 0 and "released the lock" in r.out, r.err
         assert not (root / ".lock").exists()
 
+        # 9c. one command on the decode group's host, in its release; a limited deploy: this host runs
+        #     every group, so -g decode alone is refused and --host lists that host's steps
+        name = yaml.safe_load(prof.read_text())["hosts"][0]["name"]
+        r = cli("exec", "decode", str(prof), "-m", "where", "--", 'pwd -P; echo "$DSV4CTL_RELEASE"')
+        assert r.code == 0 and r.out.splitlines() == [f"{name}: {root.resolve()}/releases/{first}", f"{name}: {first}"], \
+            r.out + r.err
+        r = cli("deploy", str(prof), "-g", "decode", "--dry-run")
+        assert r.code == 2 and f"host {name} also runs prefill, router" in r.err, r.err
+        r = cli("deploy", str(prof), "--host", name, "--dry-run")
+        assert r.code == 0 and f"only (--host {name}) (nothing changed)" in r.out.splitlines()[0], r.out + r.err
+
         # 10. one HTML report of the plan and the load check
         out = tmp_path / "report.html"
         r = cli("report", str(tmp_path / "plan.json"), str(tmp_path / "load.json"), "-o", str(out))
