@@ -147,3 +147,109 @@ def test_an_address_in_use_line_must_name_the_dist_init_port():
     ev0 = _node(0, HEALTHY + "\n[2026-12-03 09:00:05] address already in use\n", alive=False)
     ev0.dist_init = "10.0.0.1:2026"                 # the year is not the port
     assert "dist_init_bind" not in [f.rule for f in diagnose_server([ev0, _node(1)])]
+
+
+# --- collective timeouts read on every node (issue 45 item 3) --------------------------------------
+# Lines in PyTorch's own wording (ProcessGroupNCCL watchdog as quoted in sglang#3784 and PR #3709,
+# gloo's unbound_buffer timeout as quoted in public reports) and SGLang 0.5.23's scheduler watchdog
+# (srt/utils/watchdog.py).
+N0_STALL = """=== dsv4ctl start decode release r2 at 2026-12-03T09:00:00Z
+[2026-12-03 09:01:10 DP0 TP0] Decode batch. #running-req: 12, #token: 5120, token usage: 0.04, #transfer-req: 0
+[2026-12-03 09:06:11 DP0 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)
+[rank0]:[E1203 09:11:12.512338170 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=48211, OpType=ALLREDUCE, NumelIn=7168, NumelOut=7168, Timeout(ms)=600000) ran for 600090 milliseconds before timing out.
+"""
+N1_ALLREDUCE = """=== dsv4ctl start decode release r2 at 2026-12-03T09:00:00Z
+[2026-12-03 09:01:10 DP1 TP8] Decode batch. #running-req: 0, #token: 0, token usage: 0.00, #transfer-req: 0
+[rank8]:[E1203 09:11:10.101000000 ProcessGroupNCCL.cpp:632] [Rank 8] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=48211, OpType=ALLREDUCE, NumelIn=7168, NumelOut=7168, Timeout(ms)=600000) ran for 600002 milliseconds before timing out.
+[rank8]:[E1203 09:11:10.101500000 ProcessGroupNCCL.cpp:2168] [PG ID 0 PG GUID 0(default_pg) Rank 8] failure detected by watchdog at work sequence id: 48211 PG status: last enqueued work: 48211, last completed work: 48210
+"""
+N1_GLOO = """[2026-12-03 09:01:10 DP1 TP8] Decode batch. #running-req: 0, #token: 0, token usage: 0.00, #transfer-req: 0
+Traceback (most recent call last):
+  File "/opt/sglang/python/sglang/srt/layers/dp_attention.py", line 412, in gather_dp_metadata
+    torch.distributed.all_gather_into_tensor(out, local, group=cpu_group)
+  File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 3846, in all_gather_into_tensor
+    work.wait()
+[2026-12-03 09:10:58 DP1 TP8] RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 600000ms for recv operation to complete
+"""
+
+
+def _dp(node: int, log: str, **kw) -> Evidence:
+    return Evidence(group="decode", host=f"h{node}", role="decode", alive=True, log=log,
+                    log_source=f"h{node}:/srv/dsv4/logs/decode.log", node=node, nnodes=2, release="r2", **kw)
+
+
+def test_the_all_reduce_hang_is_named_on_the_node_that_timed_out_first_not_a_stall_on_node_0():
+    """sglang#28915's shape: node 0's scheduler stalls (its watchdog line first), node 1's NCCL
+    watchdog fires 2 s before node 0's. Was: watchdog_stall on node 0 (scheduler-stall) and a
+    collective_timeout on node 0 reading node 0's log only."""
+    fs = diagnose_server([_dp(0, N0_STALL, health="GET /health: HTTP 503"), _dp(1, N1_ALLREDUCE)])
+    assert [f.rule for f in fs] == ["collective_timeout"]
+    (f,) = fs
+    assert (f.host, f.runbook, f.detail["collective"], f.detail["first_node"], f.detail["rank"], f.detail["seq"]) == (
+        "h1", "scheduler-stall", "ALLREDUCE", 1, 8, 48211)
+    assert f.cause.startswith("ALLREDUCE (NCCL) timed out first on node 1 of 2 (h1, rank 8 at 2026-12-03 09:11:10), "
+                              "then on node(s) 0: a collective across the nodes hung")
+    assert f.evidence[0].startswith("h1:/srv/dsv4/logs/decode.log:3: [rank8]") and "OpType=ALLREDUCE" in f.evidence[0]
+    assert f.evidence[1].startswith("h0:/srv/dsv4/logs/decode.log:4: [rank0]")
+    assert "Scheduler watchdog timeout" in f.evidence[2] and f.detail["explains"] == ["watchdog_stall@h0"]
+
+
+def test_the_clock_offset_of_each_host_decides_which_node_was_first():
+    """Node 1's host clock runs 5 s ahead: its 09:11:10 is 09:11:05 here... and node 0's clock
+    10 s ahead makes node 0's 09:11:12 09:11:02: node 0 was first."""
+    fs = diagnose_server([_dp(0, N0_STALL, health="GET /health: HTTP 503", clock_offset_s=10.0),
+                          _dp(1, N1_ALLREDUCE, clock_offset_s=5.0)])
+    assert (fs[0].rule, fs[0].detail["first_node"], fs[0].host) == ("collective_timeout", 0, "h0")
+
+
+def test_a_gloo_timeout_names_the_collective_from_its_traceback():
+    fs = diagnose_server([_dp(0, N0_STALL, health="GET /health: HTTP 503"), _dp(1, N1_GLOO)])
+    f = fs[0]
+    assert (f.rule, f.detail["collective"], f.detail["backend"], f.detail["first_node"]) == (
+        "collective_timeout", "ALLGATHER", "gloo", 1)
+    assert f.cause.startswith("ALLGATHER (GLOO) timed out first on node 1 of 2 (h1, 2026-12-03 09:10:58)") or \
+        f.cause.startswith("ALLGATHER (GLOO) timed out first on node 1 of 2 (h1 at 2026-12-03 09:10:58)")
+
+
+def test_standin_collective_hang_is_diagnosed_from_both_nodes_logs(tmp_path):
+    """Two real stand-in processes (node 0 serves HTTP, node 1 joins its dist-init address) with
+    the fault STANDIN_COLLECTIVE_HANG_S: node 0 stalls and logs the scheduler watchdog, node 1's
+    NCCL watchdog fires first. diagnose names the all-reduce on node 1; without the fault the
+    same two nodes are healthy."""
+    import os
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.standin.harness import free_port, popen_standin, wait_health, write_config
+
+    def run(env_extra: dict) -> list:
+        port, dist = free_port(), free_port()
+        cfg = write_config(tmp_path / f"d{port}.yaml", port=port)
+        mn = ["--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}", "--ttft-ms", "0", "--itl-ms", "0"]
+        env = dict(os.environ, **env_extra)
+        p0 = popen_standin(["--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--node-rank", "0", *mn], env)
+        p1 = popen_standin(["--config", str(cfg), "--node-rank", "1", *mn], env)
+        try:
+            wait_health(f"http://127.0.0.1:{port}")
+            time.sleep(3.0 if env_extra else 0.5)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    health = "ok" if r.status == 200 else f"GET /health: HTTP {r.status}"
+            except urllib.error.HTTPError as e:
+                health = f"GET /health: HTTP {e.code}"
+        finally:
+            for p in (p0, p1):
+                p.terminate()
+                p.wait(timeout=10)
+            logs = [p.stdout.read() for p in (p0, p1)]
+            for p in (p0, p1):
+                p.stdout.close()
+        return diagnose_server([_dp(0, logs[0], health=health), _dp(1, logs[1])])
+
+    fs = run({"STANDIN_COLLECTIVE_HANG_S": "0.5"})
+    assert [f.rule for f in fs] == ["collective_timeout"], [(f.rule, f.cause) for f in fs]
+    assert (fs[0].host, fs[0].detail["collective"], fs[0].detail["first_node"], fs[0].runbook) == (
+        "h1", "ALLREDUCE", 1, "scheduler-stall")
+    assert fs[0].detail["explains"] == ["watchdog_stall@h0"]
+    assert [f.rule for f in run({})] == ["healthy"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Callable, Optional
 
 SEVERITY = {"crash": 3, "stall": 2, "degraded": 1, "ok": 0}
@@ -78,6 +79,7 @@ class Evidence:
     release: Optional[str] = None     # the release active on this node's host
     dist_init: Optional[str] = None   # --dist-init-addr HOST:PORT (multi-node servers)
     stopped: Optional[dict] = None    # the audit record of the ``dsv4ctl stop`` that left it down
+    clock_offset_s: Optional[float] = None   # this node's host clock minus this machine's (None: not read)
 
     _lines: Optional[list] = field(default=None, repr=False, compare=False)
 
@@ -543,16 +545,107 @@ def rule_release_split(nodes: list[Evidence]) -> list[Finding]:
                 "SGLang multi-node: every rank loads the same model code", None, releases=rel)]
 
 
+#: torch's NCCL watchdog: ``[rank4]:[E223 11:14:34.991762039 ProcessGroupNCCL.cpp:616] [Rank 4] Watchdog
+#: caught collective operation timeout: WorkNCCL(SeqNum=91885, OpType=ALLREDUCE, NumelIn=1290240, …,
+#: Timeout(ms)=600000) ran for 600037 milliseconds before timing out.`` (sglang#3784, PR #3709; the
+#: glog stamp is absent in torch < 2.2), and torch >= 2.4's ``failure detected by watchdog at work
+#: sequence id: N`` (sglang#10216)
+_NCCL_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+                            r"|failure detected by watchdog at work sequence id: (\d+)")
+#: gloo (the CPU group): ``RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81]
+#: Timed out waiting 1800000ms for recv operation to complete``; the collective is the traceback's
+_GLOO_TIMEOUT = re.compile(r"gloo/transport/\S+\] Timed out waiting (\d+)ms for (?:recv|send) operation")
+_GLOO_OP = re.compile(r"\bin (all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|gather|scatter|reduce)"
+                      r"(?:_\w+)?\b")
+_GLOG_TS = re.compile(r"\[(?:rank\d+\]:\[)?[EWIF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+_FULL_TS = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)")
+_COLLECTIVE_RX = re.compile(_COLLECTIVE_TIMEOUT)
+_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
+
+
+def _stamp(line: str, year: Optional[int]) -> Optional[float]:
+    """Seconds (UTC, this host's clock) of a log line's glog stamp (``E1203 09:11:10.51``, the
+    year from the log's last full date) or full stamp (``2026-12-03 09:11:10``), else None."""
+    from calendar import timegm
+    m = _GLOG_TS.search(line)
+    if m and year is not None:
+        mo, d, h, mi, se, frac = m.groups()
+        try:
+            return timegm((year, int(mo), int(d), int(h), int(mi), int(se))) + float(f"0.{frac or 0}")
+        except (ValueError, OverflowError):
+            return None
+    m = _FULL_TS.search(line)
+    return float(timegm(tuple(int(x) for x in m.groups()))) if m else None
+
+
+def collective_timeouts(ev: Evidence, year: Optional[int] = None) -> list[dict]:
+    """Every collective watchdog event of one node's log, in log order: ``{"i": line index,
+    "line", "backend": "nccl" | "gloo", "op": "ALLREDUCE" | "ALLGATHER" | … | "unknown", "seq":
+    int | None, "rank": int | None, "at": seconds or None}`` (``at`` on this machine's clock:
+    the line's stamp, else the last stamp before it, minus ``ev.clock_offset_s``). A glog stamp
+    has no year: the log's last full date before it gives it, else ``year``."""
+    out: list[dict] = []
+    last: Optional[float] = None
+    lines = ev.lines()
+    for i, ln in enumerate(lines):
+        full = _FULL_TS.search(ln)
+        if full:
+            year = int(full[1])
+        at = _stamp(ln, year)
+        last = at if at is not None else last
+        n, g = _NCCL_WATCHDOG.search(ln), _GLOO_TIMEOUT.search(ln)
+        if not n and not g:
+            if _COLLECTIVE_RX.search(ln):            # another wording of a collective timeout: unnamed
+                out.append({"i": i, "line": ln, "backend": "nccl", "op": "unknown", "seq": None, "rank": None,
+                            "at": None if last is None else last - (ev.clock_offset_s or 0.0)})
+            continue
+        if n:
+            op, seq = (n[2], int(n[1])) if n[2] else ("unknown", int(n[3]))
+            if op == "unknown":
+                near = [e for e in out if e["seq"] == seq and e["op"] != "unknown"]
+                if near:
+                    continue                         # the same work item, already named
+        else:
+            back = [m for x in lines[max(0, i - 40):i] for m in [_GLOO_OP.search(x)] if m]
+            op, seq = (back[-1][1].replace("_", "").upper() if back else "unknown"), None
+            op = "REDUCE_SCATTER" if op == "REDUCESCATTER" else op
+        r = _RANK.search(ln) or re.search(r"\[rank(\d+)\]", ln)
+        stamp = at if at is not None else last
+        out.append({"i": i, "line": ln, "backend": "nccl" if n else "gloo", "op": op, "seq": seq,
+                    "rank": int(r[1]) if r else None,
+                    "at": None if stamp is None else stamp - (ev.clock_offset_s or 0.0)})
+    return out
+
+
 def rule_collective_timeout(nodes: list[Evidence]) -> list[Finding]:
-    """Node 0 logged torch's NCCL watchdog (a collective that never finished) while no node is
-    known dead: a node stalled, or the network between the nodes did (NCCL_SOCKET_IFNAME, IB)."""
-    head = nodes[0]
-    hits = _find(head.lines(), _COLLECTIVE_TIMEOUT)
-    if not hits:
+    """A collective across the nodes that never finished, read on **every** node: torch's NCCL
+    watchdog (``OpType=ALLREDUCE`` …) or gloo's timeout, with the collective it names. The node
+    whose watchdog fired first (log stamps, each host's clock offset applied) is where to look:
+    a rank that never joined the collective (DeepSeek-V4 DP attention: ranks with an empty batch
+    skip the all-reduce the others wait in, sglang#28915), a stalled node or the network between
+    the nodes (NCCL_SOCKET_IFNAME, IB). The finding sits on that node and cites every node's first
+    watchdog line; runbook ``scheduler-stall`` (restart every node together, roll back if it comes
+    back)."""
+    year = next((int(m[1]) for ev in nodes for m in [_FULL_TS.search(ev.log)] if m), None)
+    events = [(ev, e) for ev in nodes for e in collective_timeouts(ev, year)[:1]]
+    if not events:
         return []
-    return [_mk(head, "collective_timeout", "node 0 timed out in a collective across the nodes (NCCL watchdog): a "
-                "node or the network between them stalled; restart every node of the server together", "crash",
-                [_cite(head, *hits[-1])], "PyTorch ProcessGroupNCCL watchdog (SGLang multi-node)", None)]
+    ev, first = min(events, key=lambda x: (x[1]["at"] is None, x[1]["at"] or 0.0, x[0].node))
+    when = "" if first["at"] is None else " at " + datetime.fromtimestamp(first["at"], timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S")
+    others = [x.node for x, _ in events if x is not ev]
+    rank = f", rank {first['rank']}" if first["rank"] is not None else ""
+    cause = (f"{first['op']} ({first['backend'].upper()}) timed out first on node {ev.node} of {ev.nnodes} "
+             f"({ev.host}{rank}{when})" + (f", then on node(s) {', '.join(map(str, others))}" if others else "")
+             + ": a collective across the nodes hung (a rank that never joined it, e.g. DP attention's all-reduce "
+             "skipped by ranks with an empty batch, or a stalled node or network); restart every node of the server "
+             "together")
+    cites = [_cite(x, e["i"], e["line"]) for x, e in sorted(events, key=lambda x: x[0] is not ev)]
+    return [_mk(ev, "collective_timeout", cause, "crash", cites,
+                "PyTorch ProcessGroupNCCL / gloo watchdog; sglang#28915 (DP-attention all-reduce hang), #3784",
+                "scheduler-stall", collective=first["op"], backend=first["backend"], first_node=ev.node,
+                first_host=ev.host, rank=first["rank"], seq=first["seq"],
+                nodes={x.node: {"op": e["op"], "at": e["at"]} for x, e in events})]
 
 
 def diagnose_server(nodes: list[Evidence]) -> list[Finding]:
@@ -571,6 +664,11 @@ def diagnose_server(nodes: list[Evidence]) -> list[Finding]:
     cross = rule_lost_node(nodes) + rule_dist_init(nodes) + rule_release_split(nodes)
     if not any(f.rule == "lost_node" for f in cross):
         cross += rule_collective_timeout(nodes)
+    for c in [f for f in cross if f.rule == "collective_timeout"]:   # the scheduler stalled in it: one cause
+        stalls = [f for f in found if f.rule == "watchdog_stall"]
+        found = [f for f in found if f.rule != "watchdog_stall"]
+        c.evidence += [f"{f.host}: {e}" if not e.startswith(f.host) else e for f in stalls for e in f.evidence[:1]]
+        c.detail["explains"] = [f"watchdog_stall@{f.host}" for f in stalls]
     unread = [ev for ev in nodes[1:] if ev.alive is None]
     cross += [_mk(ev, "node_not_read", f"node {ev.node} of {ev.nnodes} was not read: whether it runs, and which "
                   "release, is unknown", "degraded", [f"{ev.host}: node {ev.node}: process state not read"], "-", None,

@@ -132,6 +132,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
                         metrics_after=pr["metrics_after"] if pr else None, window_s=window, gpus=gpus or None,
                         hicache=hicache, node=node.node, nnodes=node.nnodes,
                         release=hosts_doc.get(h, {}).get("current"), dist_init=dist,
+                        clock_offset_s=hosts_doc.get(h, {}).get("clock_offset_s"),
                         stopped=stop_record(hev.status.recent, g.name) if hev and alive is False else None), size
 
     for g, srv in servers:

@@ -16,7 +16,11 @@ Log lines are written to stdout as SGLang's would be (the deploy log of the node
 
 Knobs (environment of the stand-in): ``STANDIN_WATCHDOG_S`` (node 0's watchdog after a node is
 lost, default 2 s), ``STANDIN_JOIN_TIMEOUT_S`` (how long a node retries the dist-init address,
-default 120 s).
+default 120 s). Fault ``STANDIN_COLLECTIVE_HANG_S=T`` (issue 45, sglang#28915's DP-attention
+all-reduce hang): T seconds after every node joined, an all-reduce never completes; every node
+stays up, node 0 stops answering (its scheduler stalls: ``/health`` 503), node 1's NCCL watchdog
+fires first and node 0's a second later, after SGLang's scheduler watchdog line; the lines are
+PyTorch's and SGLang's own wording with the current time.
 """
 
 from __future__ import annotations
@@ -41,6 +45,32 @@ def _split(addr: str) -> tuple[str, int]:
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def nccl_timeout_line(rank: int, seq: int = 48211) -> str:
+    """PyTorch ProcessGroupNCCL's watchdog line for an ALLREDUCE that timed out, stamped now (glog)."""
+    t = time.time()
+    stamp = time.strftime("%m%d %H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}"
+    return (f"[rank{rank}]:[E{stamp} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation "
+            f"timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=7168, NumelOut=7168, Timeout(ms)=600000) "
+            "ran for 600002 milliseconds before timing out.")
+
+
+def _hang_after() -> float | None:
+    v = os.environ.get("STANDIN_COLLECTIVE_HANG_S")
+    return float(v) if v else None
+
+
+async def _hang_node0(on_hang) -> None:
+    """Node 0's side of ``STANDIN_COLLECTIVE_HANG_S``: stall, then the scheduler's and NCCL's watchdogs."""
+    await asyncio.sleep(_hang_after() or 0.0)
+    if on_hang is not None:
+        on_hang()
+    await asyncio.sleep(1.0)        # node 1's watchdog fires first (its rank waited longer)
+    log(time.strftime("[%Y-%m-%d %H:%M:%S DP0 TP0] ", time.gmtime())
+        + "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)")
+    await asyncio.sleep(0.5)
+    log(nccl_timeout_line(0))
 
 
 class Node0:
@@ -88,6 +118,8 @@ class Node0:
             self.joined = True
             log(f"[node 0] all {self.nnodes} nodes joined: init_process_group done")
             self._all_in.set()
+            if _hang_after() is not None:
+                self._hang = asyncio.ensure_future(_hang_node0(self.on_lost))
         await reader.read()              # EOF: the node went away
         if self.lost is None:
             self.lost = rank
@@ -118,6 +150,11 @@ async def _member(nnodes: int, rank: int, dist_init: str) -> int:
     writer.write(f"node {rank}\n".encode())
     await writer.drain()
     log(f"[node {rank}] joined node 0 at {dist_init} (nnodes {nnodes}); this node serves no HTTP")
+    if _hang_after() is not None:
+        async def hang() -> None:
+            await asyncio.sleep(_hang_after() + 0.5)
+            log(nccl_timeout_line(8 * rank))
+        hung = asyncio.ensure_future(hang())          # noqa: F841 (kept alive until the node ends)
     await reader.read()                  # EOF: node 0 went away
     log(f"[node {rank}] RuntimeError: connection to node 0 ({dist_init}) closed: exiting")
     return 1
