@@ -812,3 +812,30 @@ def test_the_run_log_is_never_waited_on():
         recs = [json.loads(x) for x in open(os.path.join(d, "runs.jsonl"))]
         assert [r["command"] for r in recs] == ["x", "y"] and all(r["ts"] and r["who"] for r in recs)
         assert oct(os.stat(os.path.join(d, "runs.jsonl")).st_mode & 0o777) == "0o600"
+
+
+def test_upstream_counters_are_served_as_counters():
+    # SGLang's and the gateway's counters, re-exported with their value as read (issue 45: gauges before)
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from dsv4ctl.watch.metrics import GATEWAY_RETRIES, GATEWAY_RETRIES_EXHAUSTED, SGLANG_GENERATED, \
+        SGLANG_TRANSFER_FAILED, UpstreamCounter, WatchMetrics
+    m = WatchMetrics()
+    m.generated.labels("one").set(1234)
+    m.generated.labels("one").set(17)              # the server restarted: a reset, served as read
+    m.transfer_failed.labels("one").set(3)
+    m.gw_retries.labels("router", "decode").set(2)
+    m.gw_exhausted.labels("router", "decode").set(0)
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(m.registry).decode())}
+    for name in (SGLANG_GENERATED, SGLANG_TRANSFER_FAILED, GATEWAY_RETRIES, GATEWAY_RETRIES_EXHAUSTED):
+        assert name.endswith("_total") and fams[name[:-6]].type == "counter", name
+    assert [(s.name, s.labels, s.value) for s in fams[SGLANG_GENERATED[:-6]].samples] == \
+        [(SGLANG_GENERATED, {"target": "one"}, 17.0)]
+    assert [(s.labels, s.value) for s in fams[GATEWAY_RETRIES[:-6]].samples] == \
+        [({"target": "router", "worker_type": "decode"}, 2.0)]
+    m.gw_retries.remove("router", "decode")
+    assert "dsv4ctl_watch_gateway_retries_total{" not in generate_latest(m.registry).decode()
+    with pytest.raises(ValueError, match="expected labels"):
+        m.generated.labels("one", "two")
+    with pytest.raises(ValueError, match="ends in _total"):
+        UpstreamCounter("dsv4ctl_watch_x", "x", [], registry=m.registry)

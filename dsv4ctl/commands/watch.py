@@ -119,10 +119,8 @@ def watch(ctx: typer.Context,
     if print_ is not None and print_ not in ARTIFACTS:
         raise InputError(f"--print {print_!r}: expected one of {', '.join(ARTIFACTS)}")
     every, scrape, rel, window, settle_s = _durations(interval, scrape_every, release_every, alert_window, settle)
-    _check_flags(once=once, as_json=as_json, print_=print_, auto=auto, on_alert=on_alert, no_releases=no_releases)
-    if print_ != "rules" and (runbook_url is not None or scrape_job is not None):
-        raise InputError(f"{'--runbook-url' if runbook_url is not None else '--scrape-job'} goes with --print rules "
-                         "(it is written into the rule file)")
+    _check_flags(once=once, as_json=as_json, print_=print_, auto=auto, on_alert=on_alert, no_releases=no_releases,
+                 rules_only={"--runbook-url": runbook_url, "--scrape-job": scrape_job})
     dep = load_deployment_arg(profile, acts_on_hosts=print_ is None or print_ == "unit")
     if print_ == "unit" and once:
         raise InputError("--print unit writes the continuous watch as a service: --once does not go into it")
@@ -169,8 +167,12 @@ def _durations(interval: str, scrape_every: str, release_every: str, alert_windo
 
 
 def _check_flags(*, once: bool, as_json: bool, print_: Optional[str], auto: bool, on_alert: list[str],
-                 no_releases: bool) -> None:
-    """InputError for option combinations that do not go together."""
+                 no_releases: bool, rules_only: Optional[dict] = None) -> None:
+    """InputError for option combinations that do not go together (``rules_only``: {flag: value
+    or None} of the options that only go with ``--print rules``)."""
+    for flag, value in (rules_only or {}).items():
+        if value is not None and print_ != "rules":
+            raise InputError(f"{flag} goes with --print rules (it is written into the rule file)")
     if as_json and not once and print_ is None:
         raise InputError("--json needs --once (the continuous watch serves /metrics instead)")
     if auto and not on_alert:
