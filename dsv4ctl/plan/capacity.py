@@ -769,6 +769,16 @@ def default_decode_max_bs(gpu_memory_mib: Optional[int], tp_size: int) -> int:
     return 512
 
 
+def decode_graph_max_bs(m: MemoryArgs) -> int:
+    """The decode CUDA graph's largest batch size SGLang resolves (memory_hook.py): the given one,
+    else by GPU memory and TP (:func:`default_decode_max_bs`), capped at a given
+    ``max_running_requests`` on releases that do (0.5.22+)."""
+    max_bs = m.cuda_graph_max_bs or default_decode_max_bs(m.gpu_memory_mib, m.tp_size)
+    if m.max_running_requests is not None and m.cuda_graph_max_bs is None and m.graph_bs_capped_by_mrr:
+        max_bs = min(max_bs, m.max_running_requests)
+    return max_bs
+
+
 def reserved_mb(m: MemoryArgs, floor: bool = True) -> float:
     """MB SGLang 0.5.23 keeps outside ``mem_fraction_static`` for activations and CUDA graphs.
 
@@ -778,9 +788,7 @@ def reserved_mb(m: MemoryArgs, floor: bool = True) -> float:
     reference §3.1). The prefill-graph term is 0: DSV4 disables the prefill CUDA graph."""
     gpu = m.gpu_memory_mib
     chunked = m.chunked_prefill_size or default_chunked_prefill_size(gpu)
-    max_bs = m.cuda_graph_max_bs or default_decode_max_bs(gpu, m.tp_size)
-    if m.max_running_requests is not None and m.cuda_graph_max_bs is None and m.graph_bs_capped_by_mrr:
-        max_bs = min(max_bs, m.max_running_requests)
+    max_bs = decode_graph_max_bs(m)
     if m.disaggregation_mode == "decode":
         act = max((m.max_running_requests or max_bs) * (m.speculative_num_draft_tokens or 1), 2048)
     else:
@@ -829,7 +837,7 @@ def min_viable_mem_fraction_static(free_before_load_gib: float, free_before_kv_g
 __all__ = [
     "GIB", "CapacityError", "ModelGeometry", "PoolInputs", "PoolSizes", "Configurator",
     "Allocation", "allocated_bytes", "max_concurrent_requests", "MemoryArgs",
-    "default_mem_fraction_static", "reserved_mb", "default_chunked_prefill_size", "default_decode_max_bs",
+    "default_mem_fraction_static", "reserved_mb", "decode_graph_max_bs", "default_chunked_prefill_size", "default_decode_max_bs",
     "available_bytes_from_memory", "min_viable_mem_fraction_static", "pp_layer_range",
     "page_bytes", "indexer_bytes_per_slot", "replace", "field",
 ]

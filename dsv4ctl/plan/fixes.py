@@ -18,7 +18,7 @@ def _replanned(model, gi: GroupInputs) -> Optional[tuple[vd.Verdict, Optional[fl
     """(verdict, tightest headroom GiB) of a candidate fix, or None when it still fails or lands
     under 90 % of SGLang's activation estimate (``tight: activation``: not a fix worth printing)."""
     stages, v, _ = evaluate(model, gi)
-    if v.level == "fails" or stages is None or v.deciding == "activation":
+    if v.level == "fails" or stages is None or (v.level == "tight" and v.deciding == "activation"):
         return None
     return v, min(to_gib(s.headroom_bytes) for s in stages)
 
@@ -27,38 +27,48 @@ def _with_pool(gi: GroupInputs, **changes) -> GroupInputs:
     return cap.replace(gi, pool=cap.replace(gi.pool, **changes))
 
 
-def _search_mfs(model, gi: GroupInputs, down: bool) -> Optional[tuple[float, tuple]]:
-    """The closest 3-decimal mem_fraction_static below (``down``) or above the current one whose
-    re-plan does not fail."""
-    cur = gi.mem_fraction_static
-    step = -0.01 if down else 0.01
-    m, last_bad = round(cur + step, 3), cur
-    while 0.3 <= m <= 0.99:
-        r = _replanned(model, cap.replace(gi, mem_fraction_static=m))
+def _fits(model, gi: GroupInputs) -> Optional[tuple[vd.Verdict, Optional[float]]]:
+    """(verdict, tightest headroom GiB) of a candidate that plans ``fits`` (what clears a ``tight``),
+    else None."""
+    stages, v, _ = evaluate(model, gi)
+    if v.level != "fits" or stages is None:
+        return None
+    return v, min(to_gib(s.headroom_bytes) for s in stages)
+
+
+def _search_mfs(model, gi: GroupInputs, down: bool, accept=None) -> Optional[tuple[float, tuple]]:
+    """The closest 3-decimal mem_fraction_static below (``down``) or above the current one, within
+    0.3..0.99, whose re-plan ``accept`` takes (default :func:`_replanned`: does not fail).
+
+    A scan 0.001 at a time, not steps and bisection: the verdict is not monotonic in
+    mem-fraction-static. Lower values free headroom but shrink the pools, so a configuration that
+    must hold ``min_requests`` passes only in a window between too few requests and too little
+    headroom, and on 0.5.18-0.5.20 (indexer logits in one tensor, field report C2) that window can
+    be narrower than 0.01 (issue 44.5); a coarse step would jump over it."""
+    accept = accept or _replanned
+    step = -1 if down else 1
+    m = round(gi.mem_fraction_static * 1000) + step
+    while 300 <= m <= 990:
+        r = accept(model, cap.replace(gi, mem_fraction_static=m / 1000))
         if r is not None:
-            # refine between the last failing value and m, 0.001 at a time
-            fine = round(last_bad + step / 10, 3)
-            while (fine > m) if down else (fine < m):
-                rf = _replanned(model, cap.replace(gi, mem_fraction_static=fine))
-                if rf is not None:
-                    return fine, rf
-                fine = round(fine + step / 10, 3)
-            return m, r
-        last_bad, m = m, round(m + step, 3)
+            return m / 1000, r
+        m += step
     return None
 
 
-def chunk_fix(model, gi: GroupInputs, resolve) -> list[str]:
+def chunk_fix(model, gi: GroupInputs, resolve, accept=None) -> list[str]:
     """A smaller ``chunked-prefill-size``: with SGLang's default ``mem_fraction_static`` it shrinks
     the activation estimate SGLang reserves (memory_hook.py: 1.5 MB per chunk token) and so raises
     its default; on any setting it shrinks the indexer logits of one prefill chunk (rows x
-    context/4 x 4 B). The largest halving (down to 2,048) whose re-plan passes (``resolve(overrides)``
-    re-resolves the group, defaults included), as a one-item list, else []."""
+    context/4 x 4 B). The largest halving (down to 2,048) whose re-plan ``accept`` takes (default
+    :func:`_replanned`; ``resolve(overrides)`` re-resolves the group, defaults included), as a
+    one-item list, else []."""
+    accept = accept or _replanned
     cur = gi.pool.chunked_prefill_size * (gi.dp if gi.dp_attention else 1)
     c = cur // 2
     while c >= 2048:
         g2 = resolve({"chunked_prefill_size": c})
-        r = _replanned(model, g2)
+        r = accept(model, g2)
         if r is not None:
             why = (f"SGLang's default mem-fraction-static becomes {g2.mem_fraction_static}"
                    if gi.mfs_source.startswith("default") else
@@ -156,39 +166,48 @@ def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[Stage
         if r is not None:
             add((0, 0.0), r[0], r[1])
     if v.deciding in ("weights", "pools", "activation", "no_kv_memory"):
-        for mult in (2, 4, 8):
-            tp = gi.tp * mult
-            if tp > MAX_PARALLEL:
-                break
-            fixed = REPLICATED_WEIGHTS_GIB if gi.weights_fixed_gib is None else gi.weights_fixed_gib
-            w = round((gi.weights_gib_per_rank - fixed) / mult + fixed, 3)
-            if resolve is None:
-                g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
-                                 draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
-                                 rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
-            else:
-                # estimated weights are estimated again for the new tp-size (attention-DP sharding
-                # included), as --set tp_size=N would; given or measured ones are rescaled
-                o = {"tp_size": tp} if gi.weights_fixed_gib is not None else {"tp_size": tp, "weights_gib_per_rank": w}
-                try:
-                    g2 = resolve(o)
-                except InputError:          # a tp-size the model or topology refuses
-                    continue
-                w = round(g2.weights_gib_per_rank, 3)
-            r = _replanned(model, g2)
-            also = ""
-            if r is None and not out and gi.available_bytes_override is None:
-                # nothing cheaper works, and more GPUs still fail or land under SGLang's activation
-                # estimate at this mem-fraction-static: the same GPUs with the closest value that plans
-                f = _search_mfs(model, g2, down=True) or _search_mfs(model, g2, down=False)
-                if f:
-                    also, r = f" and set mem-fraction-static: {f[0]} (from {g2.mem_fraction_static})", f[1]
-            if r is not None:
-                add((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)"
-                               f"{also}", r)
-                break
+        g = _gpu_fix(model, gi, resolve, _replanned, with_mfs=not out)
+        if g:
+            add(*g)
     out.sort(key=lambda x: x[0])
     return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]
+
+
+def _gpu_fix(model, gi: GroupInputs, resolve, accept, with_mfs: bool) -> Optional[tuple[tuple, str, tuple]]:
+    """``(cost, text, re-plan)`` of the fewest more GPUs (2, 4, 8 x tp-size) whose re-plan ``accept``
+    takes; ``with_mfs``: when more GPUs alone do not, the same GPUs with the closest
+    mem-fraction-static that does. ``resolve(overrides)`` re-resolves the group as ``--set tp_size=N``
+    would (estimated weights estimated again, attention-DP sharding included; given or measured
+    ones rescaled); without it only the weights are rescaled. None when no candidate passes."""
+    for mult in (2, 4, 8):
+        tp = gi.tp * mult
+        if tp > MAX_PARALLEL:
+            break
+        fixed = REPLICATED_WEIGHTS_GIB if gi.weights_fixed_gib is None else gi.weights_fixed_gib
+        w = round((gi.weights_gib_per_rank - fixed) / mult + fixed, 3)
+        if resolve is None:
+            g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
+                             draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
+                             rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
+        else:
+            o = {"tp_size": tp} if gi.weights_fixed_gib is not None else {"tp_size": tp, "weights_gib_per_rank": w}
+            try:
+                g2 = resolve(o)
+            except InputError:          # a tp-size the model or topology refuses
+                continue
+            w = round(g2.weights_gib_per_rank, 3)
+        r = accept(model, g2)
+        also = ""
+        if r is None and with_mfs and gi.available_bytes_override is None:
+            # more GPUs alone still fail or land under SGLang's activation estimate at this
+            # mem-fraction-static: the same GPUs with the closest value that plans
+            f = _search_mfs(model, g2, down=True, accept=accept) or _search_mfs(model, g2, down=False, accept=accept)
+            if f:
+                also, r = f" and set mem-fraction-static: {f[0]} (from {g2.mem_fraction_static})", f[1]
+        if r is not None:
+            return ((2, mult), f"use {gi.tp * gi.pp * mult} GPUs per group (tp-size: {tp}, weights ~{w} GiB per rank)"
+                               f"{also}", r)
+    return None
 
 
 def _balance_fix(model, gi: GroupInputs) -> Optional[tuple[str, tuple]]:
@@ -224,3 +243,82 @@ def _balance_fix(model, gi: GroupInputs) -> Optional[tuple[str, tuple]]:
                f"sized from the least free GPU, fit only with every GPU at {top} GiB")
         return f"free {' and '.join(parts)} (other processes hold it; dsv4ctl facts shows which): {why}", r
     return None
+
+
+TIGHT_MEMORY = ("activation", "activation_floor", "indexer_logits", "margin")
+
+
+def tight_fixes(model, gi: GroupInputs, v: vd.Verdict, resolve, version: Optional[str] = None) -> list[str]:
+    """Fixes that clear a ``tight`` (issue 44.4): each re-plans to ``fits`` as printed, smallest change
+    first. Short of headroom (``TIGHT_MEMORY``): the closest lower mem-fraction-static (more memory
+    outside the pools), a smaller decode CUDA graph (``cuda-graph-max-bs-decode``: SGLang's estimate
+    counts 2 MB per batch, more with DP attention, memory_hook.py ``reserve_for_graph_mb``), a
+    smaller chunked-prefill-size. Short of requests at context: the closest higher
+    mem-fraction-static, the largest context-length that holds one, max-total-tokens removed.
+    ``resolve(overrides)`` re-resolves the group as ``--set`` does; ``version``: the SGLang release
+    (the graph fix only where its ``--config`` takes ``cuda-graph-max-bs-decode``: 0.5.20+). []
+    when nothing plans ``fits``."""
+    out: list[tuple[tuple, str]] = []
+
+    def add(cost: tuple, text: str, r: tuple) -> None:
+        out.append((cost, f"{text} (re-planned: {r[0].level}, headroom {r[1]} GiB)"))
+
+    cur, frm = gi.mem_fraction_static, ("from SGLang's default " if gi.mfs_source.startswith("default") else "from ")
+    mem = v.deciding in TIGHT_MEMORY
+    if gi.available_bytes_override is None and (mem or v.deciding == "requests"):
+        f = _search_mfs(model, gi, down=mem, accept=_fits)
+        if f:
+            add((0, abs(cur - f[0]) / cur), f"set mem-fraction-static: {f[0]} ({frm}{cur}) in the serve config", f[1])
+    if mem and gi.graph_max_bs > 1 and _config_takes("cuda-graph-max-bs-decode", version):
+        new = gi.graph_max_bs // 2
+        while new >= 1:
+            r = _fits(model, resolve({"cuda_graph_max_bs": new}))
+            if r is not None:
+                add((0, 1 - new / gi.graph_max_bs), f"set cuda-graph-max-bs-decode: {new} (from {gi.graph_max_bs}) "
+                                                     "in the serve config", r)
+                break
+            new //= 2
+    if mem:
+        for text in chunk_fix(model, gi, resolve, accept=_fits):      # already says how it re-plans
+            new = int(text.split(": ", 1)[1].split(" ", 1)[0])
+            out.append(((0, 1 - new / (gi.pool.chunked_prefill_size * (gi.dp if gi.dp_attention else 1))), text))
+    if v.deciding == "requests":
+        r = _context_fix(model, gi)
+        if r:
+            add((0, 1 - r[0] / gi.context_length), f"set context-length: {r[0]} (from {gi.context_length}) in the serve "
+                                                   "config", r[1])
+        if gi.pool.max_total_tokens is not None and (r := _fits(model, _with_pool(gi, max_total_tokens=None))):
+            add((0, 0.5), f"remove max-total-tokens ({gi.pool.max_total_tokens:,}) from the serve config", r)
+    if not out:         # nothing on these GPUs clears it: more of them
+        g = _gpu_fix(model, gi, resolve, _fits, with_mfs=True)
+        if g:
+            add(*g)
+    out.sort(key=lambda x: x[0])
+    return [text if i == 0 else "or " + text for i, (_, text) in enumerate(out)]
+
+
+def _config_takes(option: str, version: Optional[str]) -> bool:
+    """True when SGLang ``version``'s ``--config`` reads ``option`` as a value (0.5.18/0.5.19 refuse
+    ``cuda-graph-max-bs-decode`` there: two options share its dest)."""
+    from .argtable import load_table
+    arg = load_table(version=version).get(option)
+    return arg is not None and arg.config == "value"
+
+
+def _context_fix(model, gi: GroupInputs) -> Optional[tuple[int, tuple]]:
+    """The largest context-length (a multiple of 1,024, down to 4,096) below the current one that
+    plans ``fits``: halvings until one does, then a scan down from the last that did not, 1,024 at
+    a time (the verdict is not assumed monotonic)."""
+    ctx = gi.context_length
+    hi, new = ctx, int(ctx * 0.75) // 1024 * 1024
+    while new >= 4096 and _fits(model, cap.replace(gi, context_length=new)) is None:
+        hi, new = new, new // 2 // 1024 * 1024
+    if new < 4096:
+        return None
+    c = (hi - 1) // 1024 * 1024
+    while c > new:
+        r = _fits(model, cap.replace(gi, context_length=c))
+        if r is not None:
+            return c, r
+        c -= 1024
+    return new, _fits(model, cap.replace(gi, context_length=new))

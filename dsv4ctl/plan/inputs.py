@@ -267,6 +267,7 @@ class GroupInputs:
     logits_rows: int = 0                  # query rows of one prefill chunk (indexer logits transient)
     logits_chunked: bool = True           # the release splits those logits under free memory (versions.py)
     balance_check: bool = True            # SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK (environ.py:500): false → SGLang warns
+    graph_max_bs: int = 0                 # the decode CUDA graph's largest batch (0: no decode graph; memory_hook.py)
     replica: Optional[int] = None         # with replicas: the one planned (the tightest)
     weights_fixed_gib: Optional[float] = None   # estimated weights that do not shrink with TP (plan.weights)
 
@@ -905,7 +906,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
                        places=() if hypothetical else tuple(places), replica=free.replica,
                        min_requests=min_req, min_requests_required="min_requests" in args or "min_requests" in plan_section,
                        logits_rows=logits_rows, logits_chunked=rules.logits_chunked,
-                       balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)),
+                       balance_check=bool(args.get("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", True)), graph_max_bs=0 if
+                       mem_args.disable_cuda_graph or disagg == "prefill" else cap.decode_graph_max_bs(mem_args),
                        tp=tp, dp=dp, pp=pp, dp_attention=dpa, mem_fraction_static=mfs,
                        mfs_source=mfs_source, context_length=ctx, gpu_memory_mib=gpu_mib,
                        free_gib_before_load=free.p_gib, weights_gib_per_rank=w_gib, other_gib=other,

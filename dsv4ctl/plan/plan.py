@@ -27,8 +27,8 @@ from ..profile.serveconfig import ServeConfig
 # from here are re-exported
 from .inputs import (GroupInputs, SERVE_KEYS, SET_KEYS, node_placement, parse_set,  # noqa: F401
                      placement, resolve_group, serve_args, topology)
-from .stages import StagePlan, evaluate, rank_verdict, to_gib
-from .fixes import chunk_fix, first_passing_mfs, fixes_for
+from .stages import StagePlan, evaluate, rank_verdict, shortfall, to_gib
+from .fixes import chunk_fix, first_passing_mfs, fixes_for, tight_fixes
 
 SCHEMA = "dsv4ctl.plan/2"   # /2: headroom_gib counts 2 MiB rounding, the allocator and the draft pool
 
@@ -157,6 +157,26 @@ NO_FIX = ("; no fix found: no single change dsv4ctl tries (mem-fraction-static 0
           "plans without failing or landing under 90 % of SGLang's activation estimate")
 
 
+# said when no candidate change re-plans a tight group to fits (dsv4ctl/plan/fixes.py: tight_fixes)
+NO_TIGHT_FIX = ("no fix found: no single change dsv4ctl tries (mem-fraction-static 0.3-0.99, cuda-graph-max-bs-decode, "
+                "chunked-prefill-size, context-length, max-total-tokens, 2-8x the GPUs alone or with mem-fraction-static) "
+                "plans fits")
+
+
+def _tight(model, gi: GroupInputs, v: vd.Verdict, short: dict, msg: str, gp: "GroupPlan", resolve,
+           rules: Optional[VersionRules]) -> str:
+    """A ``tight`` made actionable (issue 44.4): ``msg`` with what the rank is short of and by how
+    much, and the fixes that re-plan to ``fits`` put in ``gp.fixes`` (or why there is none)."""
+    if v.deciding == "available_bytes":
+        return msg + "; no fix: the inputs disagree (check available_bytes), the pools are not what is short"
+    if short["shortfall_gib"] is not None:
+        msg += f"; short of {short['short_of']} by {short['shortfall_gib']} GiB"
+    elif short["shortfall_requests"] is not None:
+        msg += f"; short of {short['shortfall_requests']} request(s) at context_length {gi.context_length:,}"
+    gp.fixes.extend(tight_fixes(model, gi, v, resolve, rules.version if rules else None))
+    return msg + (": see the fixes" if gp.fixes else "; " + NO_TIGHT_FIX)
+
+
 def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tree=None,
                serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupPlan:
     """Plan one server group (``serve``: its parsed serve config); capacity errors become plan
@@ -194,7 +214,11 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
         if not gp.fixes:
             msg = msg.replace(": see the fixes)", ")") + NO_FIX
         gp.errors.append(msg)
-    gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg)
+    short = shortfall(gi, stages, v)
+    if v.level == "tight":
+        msg = _tight(model, gi, v, short, msg, gp, lambda o: resolve_group(profile, group, model, facts, {**overrides, **o},
+                                                                        tree_idx, serve, rules), rules)
+    gp.verdict = dict(level=v.level, deciding=v.deciding, message=msg, **short)
     if v.level == "tight":
         gp.warnings.append(f"tight: {msg}")
     if not stages:

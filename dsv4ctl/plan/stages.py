@@ -165,6 +165,35 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
     return f"headroom {h} GiB"
 
 
+_NEED_TEXT = {"activation_floor": "SGLang's activation reserve ({reserve} GiB, memory_hook.py)",
+              "indexer_logits": "SGLang's activation estimate + one prefill chunk's indexer logits ({est} + {logits} GiB)",
+              "activation": "SGLang's activation/CUDA-graph estimate ({est} GiB, memory_hook.py)"}
+
+
+def shortfall(gi: GroupInputs, stages: Optional[list[StagePlan]], v: vd.Verdict) -> dict:
+    """What a verdict that is not ``fits`` is short of and by how much (issue 44.4), JSON-ready:
+    ``short_of`` (text), ``shortfall_gib`` (GiB of headroom the tightest rank lacks to plan
+    ``fits``: the largest need + the 1 GiB margin - headroom, :func:`verdict.shortfall_bytes`) or
+    ``shortfall_requests`` (requests at ``context_length`` missing); all None for ``fits`` and for
+    verdicts without a memory need (``unbalanced``, ``weights``, ``no_kv_memory``, ``available_bytes``)."""
+    out = dict(short_of=None, shortfall_gib=None, shortfall_requests=None)
+    if not stages or v.level == "fits":
+        return out
+    st = next((s for s in stages if s.verdict == v), min(stages, key=lambda s: s.headroom_bytes))
+    if v.deciding == "requests":
+        return dict(out, short_of=f"requests at context_length {gi.context_length:,}",
+                    shortfall_requests=max(1, gi.min_requests) - st.concurrent)
+    if v.deciding not in ("pools", "activation", "activation_floor", "indexer_logits", "margin"):
+        return out
+    est, res = int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB)
+    name, need = vd.largest_need(est, res, st.logits_bytes)
+    what = _NEED_TEXT[name].format(reserve=gi.activation_reserve_gib, est=gi.activation_estimate_gib,
+                                   logits=to_gib(st.logits_bytes))
+    return dict(out, short_of=f"{what} + {TIGHT_TEXT_GIB:g} GiB margin = {to_gib(need + vd.TIGHT_MARGIN_BYTES)} GiB "
+                              "of headroom", shortfall_gib=to_gib(vd.shortfall_bytes(st.memory.headroom, est, res,
+                                                                                      st.logits_bytes)))
+
+
 def evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Verdict, str]:
     """Plan ``gi`` and judge it: (stages or None, worst verdict, one-line message)."""
     try:

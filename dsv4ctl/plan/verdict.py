@@ -221,15 +221,29 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
         return Verdict("tight", "activation", headroom - activation_estimate)
     if requests < min_requests:
         return Verdict("tight", "requests", requests - min_requests)
-    needs = [("activation_floor", activation_reserve),
-             ("indexer_logits", activation_estimate + indexer_logits),
-             ("activation", activation_estimate)]
-    name, need = max(needs, key=lambda x: x[1])
+    name, need = largest_need(activation_estimate, activation_reserve, indexer_logits)
     if headroom < need:
         return Verdict("tight", name, headroom - need)
     if headroom < need + TIGHT_MARGIN_BYTES:
         return Verdict("tight", "margin", headroom - need)
     return Verdict("fits", name, headroom - need)
+
+
+def largest_need(activation_estimate: int, activation_reserve: int, indexer_logits: int) -> tuple[str, int]:
+    """``(deciding term, bytes)`` of the largest need a rank's headroom is judged against (module
+    table): SGLang's floored reserve, its activation estimate plus one prefill chunk's indexer
+    logits, or the estimate alone. A rank ``fits`` at this + :data:`TIGHT_MARGIN_BYTES`."""
+    needs = [("activation_floor", activation_reserve),
+             ("indexer_logits", activation_estimate + indexer_logits),
+             ("activation", activation_estimate)]
+    return max(needs, key=lambda x: x[1])
+
+
+def shortfall_bytes(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int) -> int:
+    """Bytes of headroom a rank lacks to plan ``fits`` (issue 44.4): the largest need (:func:`largest_need`)
+    + :data:`TIGHT_MARGIN_BYTES` - ``headroom``; 0 when it has them."""
+    return max(0, largest_need(activation_estimate, activation_reserve, indexer_logits)[1] + TIGHT_MARGIN_BYTES
+               - headroom)
 
 
 def unbalanced(frees_gib: list[float]) -> Optional[str]:
