@@ -38,7 +38,7 @@ _dsv4ctl_opts() {
     'restart') echo '-g --group --host --batch --dry-run --accept-new-host-keys --health-timeout --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'rollback') echo '--to --dry-run --accept-new-host-keys --health-timeout --break-lock --force-failed -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'releases') echo '--accept-new-host-keys --json --markdown -p --profile -h --help' ;;
-    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock --json -v --verbose -q --quiet -p --profile -h --help' ;;
+    'promote') echo '--concurrency --max-corruption --turns --min-requests --dry-run --accept-new-host-keys --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'status') echo '--timeout --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
     'logs') echo '-n --lines -f --follow --host --grep --since --interval --accept-new-host-keys -p --profile -h --help' ;;
     'audit') echo '--since --host --accept-new-host-keys --json --markdown -p --profile -h --help' ;;
@@ -72,7 +72,7 @@ _dsv4ctl_opts() {
     'runbook') echo '-h --help' ;;
     'runbook list') echo '--json -h --help' ;;
     'runbook show') echo '--json -h --help' ;;
-    'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -v --verbose -q --quiet --release --evidence -h --help' ;;
+    'runbook run') echo '-p --profile -y --yes --dry-run --resume --report-dir -v --verbose -q --quiet --release -m --evidence --message -h --help' ;;
     'profile') echo '-h --help' ;;
     'profile list') echo '--json -h --help' ;;
     'profile show') echo '--json -h --help' ;;
@@ -129,6 +129,7 @@ _dsv4ctl_optkind() {
     'promote|--max-corruption') echo any ;;
     'promote|--turns') echo any ;;
     'promote|--min-requests') echo any ;;
+    'promote|-m'|'promote|--message') echo any ;;
     'promote|-p'|'promote|--profile') echo prof:w2 ;;
     'status|--timeout') echo any ;;
     'status|-p'|'status|--profile') echo prof:w2 ;;
@@ -244,7 +245,7 @@ _dsv4ctl_optkind() {
     'runbook run|--resume') echo any ;;
     'runbook run|--report-dir') echo dir ;;
     'runbook run|--release') echo dyn:releases ;;
-    'runbook run|--evidence') echo any ;;
+    'runbook run|-m'|'runbook run|--evidence'|'runbook run|--message') echo any ;;
     'profile init|--from') echo any ;;
     'profile import srt-slurm|-o'|'profile import srt-slurm|--out') echo file ;;
     'profile import srt-slurm|--model') echo w:w5 ;;

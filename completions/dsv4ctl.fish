@@ -52,7 +52,7 @@ function __dsv4ctl_takes_value
         case 'releases'
             contains -- $argv[2] -p --profile
         case 'promote'
-            contains -- $argv[2] --concurrency --max-corruption --turns --min-requests -p --profile
+            contains -- $argv[2] --concurrency --max-corruption --turns --min-requests -m --message -p --profile
         case 'status'
             contains -- $argv[2] --timeout -p --profile
         case 'logs'
@@ -100,7 +100,7 @@ function __dsv4ctl_takes_value
         case 'check load'
             contains -- $argv[2] -p --profile --compare -c --concurrency --turns --min-requests --stream --stall-timeout --turn-timeout --max-duration --max-corruption --records --gateway-metrics --model --answer-words --api-key --turns-csv
         case 'runbook run'
-            contains -- $argv[2] -p --profile --resume --report-dir --release --evidence
+            contains -- $argv[2] -p --profile --resume --report-dir --release -m --evidence --message
         case 'profile init'
             contains -- $argv[2] --from
         case 'profile import srt-slurm'
@@ -473,6 +473,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l dry-run -d 'Print the steps
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l accept-new-host-keys -d 'Add unknown SSH host keys (accept-new).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l break-lock -d 'Remove a stale deploy lock first (audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -l json -d 'Print the dsv4ctl.promote/1 JSON report.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s m -l message -r -f -d 'Why it is promoted (recorded in every host\'s audit log; shown by audit).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s v -l verbose -d 'With --dry-run: every exact command; in a run: each step as it runs, and its...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s q -l quiet -d 'Print only errors and the verdict.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'promote\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
@@ -748,7 +749,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l report-dir -r -f -a '(_
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s v -l verbose -d 'Also each step\'s outcome and evidence lines as it ends.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s q -l quiet -d 'No progress lines from the steps; only the run id, errors and the verdict.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l release -r -f -a '(__dsv4ctl_dyn releases)' -d 'The release the evidence is about (watch --on-alert gives the corrupted probe...'
-complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -l evidence -r -f -d 'Why the run was started (one line; recorded with a release marked failed and...'
+complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s m -l evidence -l message -r -f -d 'Why the run was started (one line; recorded with a release marked failed and...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'runbook run\'' -s h -l help -d 'Show this message and exit.'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 0' -f -a '(__dsv4ctl_yaml w4)'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'runbook run\' 1' -f -a '(__dsv4ctl_yaml w2)'

@@ -498,6 +498,18 @@ def test_dry_runs_after_deploys(deployed, name, args):
     assert w.snapshot() == before
 
 
+def test_the_message_is_in_every_close_record(deployed):
+    """``-m`` of promote and rollback (issue 46.8) is in the audit record every host's close
+    writes (the dry run's steps are the run's)."""
+    w = deployed
+    for args in (("promote", w.rid["B"]), ("rollback",)):
+        r = w.cli(*args, "--dry-run", "--json", "-m", "canary soaked 2h")
+        assert r.code == 0, r.err
+        steps = r.json()["steps"] + r.json()["on_failure"]
+        closes = [s for s in steps if s["phase"] == "close" and s["cmd"]]     # on_failure lines: a summary only
+        assert closes and all("\"message\":\"canary soaked 2h\"" in s["cmd"] for s in closes), (args, closes)
+
+
 def test_deploy_dry_run_group_removed(deployed):
     """The router group dropped from the profile: h2 still runs it from the active release."""
     w = deployed

@@ -338,6 +338,7 @@ def promote(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the steps; run and change nothing."),
     accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new)."),
     break_lock: bool = typer.Option(False, "--break-lock", help="Remove a stale deploy lock first (audited)."),
+    message: Optional[str] = typer.Option(None, "--message", "-m", help="Why it is promoted (recorded in every host's audit log; shown by audit)."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.promote/1 JSON report."),
     verbose: bool = _VERBOSE,
     quiet: bool = _QUIET,
@@ -348,6 +349,8 @@ def promote(
     Exit 0 marked good · 1 a check failed (the release is marked failed; evidence kept) · 2 not the
     active release on every host / bad input · 3 SSH or lock failure."""
     from ..deploy.promote import promote_by_hand
+    from .options import message as check_message
+    message = check_message(message)
     po = _promote_opts(True, None, concurrency, max_corruption, turns, min_requests)
     p = _profile(profile)
     from ..deploy.steps import deployment_secrets
@@ -355,8 +358,8 @@ def promote(
     terminate_as_interrupt()
     with _Interrupted(secrets), _RunLog(f"promote {release}", p, secrets, dry_run) as runlog:
         rep = promote_by_hand(p, _opts(secrets=secrets, dry_run=dry_run, accept_new_host_keys=accept_new,
-                                       break_lock=break_lock, verbose=verbose, quiet=quiet, runlog=runlog),
-                              release, po)
+                                       break_lock=break_lock, verbose=verbose, quiet=quiet, runlog=runlog,
+                                       message=message), release, po)
         runlog.result = {"release": release, "state": rep.get("result")}
     if as_json:
         print(_out(rep, secrets))

@@ -101,7 +101,7 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also each step's outcome and evidence lines as it ends."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines from the steps; only the run id, errors and the verdict."),
     release: Optional[str] = typer.Option(None, "--release", metavar="RELEASE", help="The release the evidence is about (watch --on-alert gives the corrupted probes' release): release.mark_failed stops, changing nothing, unless every host runs it."),
-    evidence: Optional[str] = typer.Option(None, "--evidence", metavar="TEXT", help="Why the run was started (one line; recorded with a release marked failed and in the report)."),
+    evidence: Optional[str] = typer.Option(None, "--evidence", "--message", "-m", metavar="REASON", help="Why the run was started (one line; recorded with a release marked failed and in the report, and as -m of every step that changes hosts: shown by audit)."),
 ) -> None:
     """Run a runbook step by step; the state and incident report are written after every step.
 
@@ -340,15 +340,18 @@ def _verdict(pb, state, doc: dict, run_dir: Path, report_dir: Optional[Path], in
 def _set_inputs(state, release: Optional[str], evidence: Optional[str]) -> None:
     """``--release`` and ``--evidence`` into the run's state (a resumed run keeps those it was
     started with unless given again). InputError for a release id that is no single word or an
-    evidence text over a line."""
+    evidence text that is not one line of printable characters (its first MAX_MESSAGE are each
+    host-changing step's ``-m``: :func:`dsv4ctl.commands.options.message`'s rule)."""
     import re
     if release is not None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", release):
             raise InputError(f"--release {release!r}: a release id is one word of letters, digits, '.', '_', '-'")
         state.inputs["release"] = release
     if evidence is not None:
+        from .options import message
         if "\n" in evidence or "\r" in evidence or len(evidence) > 2000:
             raise InputError("--evidence: one line of at most 2000 characters")
+        message(evidence[:500], "--evidence/-m")
         state.inputs["evidence"] = evidence
 
 

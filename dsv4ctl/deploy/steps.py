@@ -405,8 +405,11 @@ def close_step(site: Site, host: str, record: dict, *, event: tuple | None = Non
                cleanup: str | None = None) -> Step:
     """The last round trip on ``host``. ``record``: audit fields (action, result, detail, …; the
     host and operator are added); ``event``: ``(release id, event, info)`` the close applies to the
-    release's state (:func:`dsv4ctl.deploy.states.transition`; the listing names the outcome)."""
+    release's state (:func:`dsv4ctl.deploy.states.transition`; the listing names the outcome).
+    The run's ``-m`` message (``Options.message``) is in every record that does not carry one."""
     from .states import next_state
+    if getattr(site.opts, "message", None) and "message" not in record:
+        record = {**record, "message": site.opts.message}
     if isinstance(record.get("detail"), str):   # server log lines and HTTP bodies may echo a secret
         record = {**record, "detail": mask_secrets(record["detail"], site_secrets(site))}
     rec = record_fields(host, **record)
