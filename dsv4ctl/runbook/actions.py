@@ -106,11 +106,35 @@ def _plan_run(ctx: RunContext, args: dict) -> dict:
     report = build_plan(ctx.deployment, parse_set(sets), args.get("groups"))
     doc = report.to_dict()
     (ctx.run_dir / "plan.json").write_text(__import__("json").dumps(doc, indent=2))
-    groups = {g["name"]: dict(errors=g["errors"], fixes=g["fixes"],
+    groups = {g["name"]: dict(errors=g["errors"], fixes=g["fixes"], level=g["verdict"]["level"],
+                              deciding=g["verdict"]["deciding"], shortfall_gib=g["verdict"].get("shortfall_gib"),
                               full_max_total_num_tokens=min(r["full_max_total_num_tokens"] for r in g["ranks"]) if g["ranks"] else 0,
                               headroom_gib=min(r["headroom_gib"] for r in g["ranks"]) if g["ranks"] else None)
               for g in doc["groups"]}
-    return {"ok": True, "fits": report.ok, "groups": groups}
+    return {"ok": True, "fits": _worst(doc) == "fits", "level": _worst(doc), "planned_ok": report.ok,
+            "groups": groups, "summary": plan_summary(doc)}
+
+
+def _worst(doc: dict) -> str:
+    """The worst group verdict of a plan document: ``fails``, ``tight`` or ``fits``."""
+    levels = [g["verdict"]["level"] for g in doc["groups"]]
+    return next((lv for lv in ("fails", "tight") if lv in levels), "fits")
+
+
+def plan_summary(doc: dict) -> str:
+    """One line of a plan for a runbook note, in the plan's words: each group that is not ``fits``
+    with its verdict, deciding term, shortfall and first fix (issue 44.4: a ``tight`` is never
+    reported as fitting); "every group fits" otherwise."""
+    parts = []
+    for g in doc["groups"]:
+        v = g["verdict"]
+        if v["level"] == "fits":
+            continue
+        short = (f", short by {v['shortfall_gib']} GiB" if v.get("shortfall_gib") else
+                 f", short of {v['shortfall_requests']} request(s)" if v.get("shortfall_requests") else "")
+        fix = f"; fix: {g['fixes'][0]}" if g["fixes"] else "; no fix found"
+        parts.append(f"{g['name']} {v['level']} ({v['deciding']}{short}){fix}")
+    return "; ".join(parts) if parts else "every group fits"
 
 
 def _cli_argv(ctx: RunContext, base: list[str], args: dict, flags: dict[str, str],
