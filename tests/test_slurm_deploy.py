@@ -90,6 +90,11 @@ def test_a_release_runs_as_one_slurm_job_per_server_group(world):
     assert "=== dsv4ctl start prefill release" in w.log("h1", "prefill")
     assert "joined node 0" in w.log("h1", "prefill")
     assert http_status(f"http://{w.hosts[0].address}:{w.ports['router']}/health") == 200
+    # exec reaches the job's nodes over SSH, in the release each node switched to (issue 46.9)
+    r = run_cli("exec", "prefill", str(w.profile), "--", 'echo "$DSV4CTL_NODE_RANK $DSV4CTL_RELEASE"', env=w.env(), timeout=60)
+    assert r.code == 0 and sorted(r.out.splitlines()) == [f"h0/node0: 0 {rid}", f"h1/node1: 1 {rid}"], r.out + r.err
+    r = deploy(w, "-g", "prefill", "-g", "decode", "--dry-run")
+    assert r.code == 2 and "not supported with deploy.backend slurm" in r.err, r.err
 
 
 def test_a_release_whose_rank_fails_is_rolled_back_to_the_previous_job(world):
