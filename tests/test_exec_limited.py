@@ -159,6 +159,10 @@ def test_exec_and_limited_deploys_on_two_node_servers(world, live_cluster, tmp_p
     assert r.code == 0, r.err
     assert {x: hd["current"] for x, hd in r.json()["hosts"].items()} == \
         {h[0]: first, h[1]: first, h[2]: second, h[3]: second}
+    assert r.json()["releases"] == {first: [h[0], h[1]], second: [h[2], h[3]]}
+    r = run_cli("status", str(w.profile), env=w.env(), timeout=120)
+    assert r.code == 0 and f"the hosts run 2 releases: {first} on {h[0]}, {h[1]}; {second} on {h[2]}, {h[3]} " \
+        "(a limited deploy;" in r.out, r.out
     r = ex(w, "prefill", "--json", "--", "true")
     assert {x: e["release"] for x, e in r.json()["hosts"].items()} == {h[0]: first, h[1]: first}
 

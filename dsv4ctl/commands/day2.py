@@ -246,7 +246,18 @@ def _status_doc(dep, res, urls, undeployed, moved, probes) -> tuple[dict, list]:
         hosts[h] = hdoc
     unhealthy[:0] = release_splits(dep, {h: r.value.facts.current for h, r in res.items() if r.ok})
     return {"schema": "dsv4ctl.status/1", "profile": dep.name, "hosts": hosts, "unhealthy": unhealthy,
-            "differing": differing, "unreachable": down, "ok": not unhealthy and not down}, rows
+            "differing": differing, "unreachable": down, "ok": not unhealthy and not down,
+            "releases": releases_by_host({h: r.value.facts.current for h, r in res.items() if r.ok})}, rows
+
+
+def releases_by_host(currents: dict[str, str | None]) -> dict[str, list[str]]:
+    """{active release: its hosts} of the hosts read (``currents``: host -> current release; a host
+    with none under ``"-"``), the releases in order of their first host. More than one key: the
+    hosts run different releases (a limited deploy, ``deploy -g/--host``, or one that stopped)."""
+    out: dict[str, list[str]] = {}
+    for h, c in currents.items():
+        out.setdefault(c or "-", []).append(h)
+    return out
 
 
 def _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unhealthy, differing) -> tuple[dict, list]:
@@ -331,6 +342,10 @@ def _print_status(dep, doc: dict, rows: list, markdown: bool) -> None:
         for name, gd in hd.get("groups", {}).items():
             if gd.get("state") not in (None, "running", "drifted", "undeployed"):
                 print(f"{h}/{name}: {gd['state']}: {gd['state_detail']}")
+    if len(doc["releases"]) > 1:
+        print(f"the hosts run {len(doc['releases'])} releases: "
+              + "; ".join(f"{r} on {', '.join(hs)}" for r, hs in doc["releases"].items())
+              + f" (a limited deploy; dsv4ctl deploy {shlex.quote(str(dep.path))} puts every host on one)")
     for d in doc["differing"]:
         print(f"differs from the profile's serve config: {d}: the server runs the active release's copy (a "
               f"restart starts that one again); to apply the profile's: dsv4ctl deploy {shlex.quote(str(dep.path))}")
