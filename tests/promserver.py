@@ -44,7 +44,56 @@ def poll(pred: Callable[[], object], timeout: float, what: str, every: float = 0
         time.sleep(every)
 
 
-class Prometheus:
+class _Server:
+    """A server process of the Prometheus family run by a test: ``argv`` started in its own
+    session with its log in ``self.log``, ready when ``GET /-/ready`` answers 200."""
+
+    name = "server"
+    url: str
+    log: Path
+    workdir: Path
+    proc: Optional[subprocess.Popen] = None
+
+    def _start(self, argv: list[str], ready_timeout: float) -> None:
+        """Start ``argv`` (own session, output to ``self.log``) and wait for ``/-/ready``;
+        AssertionError with the log's tail when it exits or is not ready in time."""
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        try:
+            poll(ready, ready_timeout, f"{self.name} /-/ready", every=0.1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.tail()}") from None
+
+    def tail(self, n: int = 30) -> str:
+        """The last ``n`` lines of the server's log."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s; nothing when it was never started or is gone."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Prometheus(_Server):
     """One Prometheus process: ``workdir`` holds its configuration, the rule files, its TSDB and
     its log; it listens on ``addr:port`` and scrapes ``targets`` (``host:port`` strings, job
     ``job``) every ``interval`` seconds, evaluating ``rules`` (file name -> YAML text) as often,
@@ -70,38 +119,15 @@ class Prometheus:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
 
+    name = "prometheus"
+
     def start(self, ready_timeout: float = 60) -> "Prometheus":
         """Start the server (own session, log to ``prometheus.log``) and wait for ``/-/ready``;
         AssertionError with the log's tail when it exits or is not ready in time."""
-        exe = prometheus_binary()
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [exe, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
-                 f"--web.listen-address={self.listen}", "--storage.tsdb.retention.time=1h",
-                 "--log.level=info"],
-                cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"prometheus exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-        try:
-            poll(ready, ready_timeout, "prometheus /-/ready", every=0.1)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.tail()}") from None
+        self._start([prometheus_binary(), f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                     f"--web.listen-address={self.listen}", "--storage.tsdb.retention.time=1h", "--log.level=info"],
+                    ready_timeout)
         return self
-
-    def tail(self, n: int = 30) -> str:
-        """The last ``n`` lines of the server's log."""
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
     def api(self, path: str, **params) -> object:
         """GET ``/api/v1/PATH`` with ``params``; its ``data`` (AssertionError unless ``status`` is
@@ -133,17 +159,6 @@ class Prometheus:
         """``/api/v1/rules``: every rule of every group, with its group name under ``group``."""
         return [dict(r, group=g["name"]) for g in self.api("rules")["groups"] for r in g["rules"]]
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s; nothing when it was never started or is gone."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
 
 AM_HINT = ("prometheus-alertmanager not found on PATH or in /usr/bin: bash scripts/test.sh installs it "
            "(Debian package prometheus-alertmanager; by hand: apt-get install --no-install-recommends "
@@ -160,10 +175,12 @@ def alertmanager_binary() -> str:
     pytest.fail(AM_HINT)
 
 
-class Alertmanager:
+class Alertmanager(_Server):
     """One Alertmanager process (0.25): ``workdir`` holds ``config`` (a dict, written as
     alertmanager.yml), its storage and its log; it listens on ``addr:port``, clustering off (no
     gossip port is opened)."""
+
+    name = "alertmanager"
 
     def __init__(self, workdir: Path, addr: str, port: int, config: dict):
         self.workdir = Path(workdir)
@@ -173,45 +190,10 @@ class Alertmanager:
         self.log = self.workdir / "alertmanager.log"
         self.config = self.workdir / "alertmanager.yml"
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.proc: Optional[subprocess.Popen] = None
 
     def start(self, ready_timeout: float = 60) -> "Alertmanager":
         """Start it and wait for ``/-/ready``; AssertionError with the log's tail otherwise."""
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [alertmanager_binary(), f"--config.file={self.config}", f"--storage.path={self.workdir / 'data'}",
-                 f"--web.listen-address={self.listen}", "--cluster.listen-address=", "--log.level=info"],
-                cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"alertmanager exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-        try:
-            poll(ready, ready_timeout, "alertmanager /-/ready", every=0.1)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.tail()}") from None
+        self._start([alertmanager_binary(), f"--config.file={self.config}", f"--storage.path={self.workdir / 'data'}",
+                     f"--web.listen-address={self.listen}", "--cluster.listen-address=", "--log.level=info"],
+                    ready_timeout)
         return self
-
-    def tail(self, n: int = 30) -> str:
-        """The last ``n`` lines of its log."""
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
