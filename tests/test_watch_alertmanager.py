@@ -18,9 +18,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from dsv4ctl.watch.rules import render_rules, runbook_url
@@ -103,6 +105,11 @@ def test_watch_down_reaches_the_webhook_receiver_through_alertmanager(tmp_path):
         poll(lambda: urllib.request.urlopen(f"http://{addr}:{rport}/health", timeout=1).status == 200
              if receiver.poll() is None else (_ for _ in ()).throw(AssertionError("receiver exited")), 30,
              "the receiver")
+        # a body that is not Alertmanager's webhook document: 400, nothing recorded
+        bad = urllib.request.Request(f"http://{addr}:{rport}/alerts", data=b'{"version": "3"}', method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(bad, timeout=5)
+        assert e.value.code == 400 and not out.exists()
         poll(lambda: prom.value('up{job="dsv4ctl-watch"}') == 1.0, 30, "watch scraped")
         # watch up: DSV4WatchDown is not even pending, and no DSV4Watch* notification arrived
         assert not [a for a in prom.alerts() if a["labels"]["alertname"].startswith("DSV4WatchDown")]
@@ -142,3 +149,30 @@ def test_watch_down_reaches_the_webhook_receiver_through_alertmanager(tmp_path):
             receiver.terminate()
             receiver.wait(timeout=10)
         errs.close()
+
+
+def _receiver_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("am_receiver", RECEIVER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_receiver_records_and_refusals(tmp_path, capsys):
+    rx = _receiver_module()
+    doc = {"version": "4", "receiver": "dsv4ctl-ticket", "status": "firing", "alerts": [
+        {"status": "firing", "labels": {"alertname": "DSV4KVPoolNearFull", "severity": "ticket", "target": "g1"},
+         "annotations": {"summary": "KV pool of g1 nearly full", "runbook_url": runbook_url("DSV4KVPoolNearFull")},
+         "startsAt": "2026-12-07T10:00:00Z", "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "ab12"}]}
+    (r,) = rx.alert_records(doc, "2026-12-07T10:00:01Z")
+    assert (r["alertname"], r["severity"], r["receiver"], r["runbook"], r["runbook_url"]) == (
+        "DSV4KVPoolNearFull", "ticket", "dsv4ctl-ticket", None,
+        "https://github.com/dsv4ctl/dsv4ctl/blob/main/docs/alerts.md#dsv4kvpoolnearfull")
+    assert rx.alert_line(r) == ("firing DSV4KVPoolNearFull ticket target=g1: KV pool of g1 nearly full\n"
+                                "  runbook_url: https://github.com/dsv4ctl/dsv4ctl/blob/main/docs/alerts.md#dsv4kvpoolnearfull")
+    for bad in ({"version": "3", "alerts": []}, {"version": "4"}, [], {"version": "4", "alerts": [{"status": "x"}]}):
+        with pytest.raises(ValueError):
+            rx.alert_records(bad, "now")
+    assert rx.main(["--listen", "nowhere"]) == 2
+    assert "--listen 'nowhere': expected HOST:PORT" in capsys.readouterr().err
