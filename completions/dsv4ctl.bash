@@ -51,8 +51,8 @@ _dsv4ctl_opts() {
     'completion') echo '-h --help' ;;
     'patch') echo '-h --help' ;;
     'patch status') echo '--series --base --host -p --profile --json --markdown -h --help' ;;
-    'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -h --help' ;;
-    'patch revert') echo '--base --host -p --profile -n --dry-run --json -h --help' ;;
+    'patch apply') echo '--series --base --host -p --profile -n --dry-run --json -m --message -h --help' ;;
+    'patch revert') echo '--base --host -p --profile -n --dry-run --json -m --message -h --help' ;;
     'patch check') echo '--base --series --keep --dry-run --json --markdown -h --help' ;;
     'patch export') echo '--series --tree --fact -n --dry-run --json -h --help' ;;
     'lock') echo '-h --help' ;;
@@ -178,9 +178,11 @@ _dsv4ctl_optkind() {
     'patch apply|--base') echo any ;;
     'patch apply|--host') echo dyn:hosts ;;
     'patch apply|-p'|'patch apply|--profile') echo prof:w2 ;;
+    'patch apply|-m'|'patch apply|--message') echo any ;;
     'patch revert|--base') echo any ;;
     'patch revert|--host') echo dyn:hosts ;;
     'patch revert|-p'|'patch revert|--profile') echo prof:w2 ;;
+    'patch revert|-m'|'patch revert|--message') echo any ;;
     'patch check|--base') echo any ;;
     'patch check|--series') echo dir ;;
     'patch check|--keep') echo dir ;;

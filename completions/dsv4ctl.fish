@@ -72,9 +72,9 @@ function __dsv4ctl_takes_value
         case 'patch status'
             contains -- $argv[2] --series --base --host -p --profile
         case 'patch apply'
-            contains -- $argv[2] --series --base --host -p --profile
+            contains -- $argv[2] --series --base --host -p --profile -m --message
         case 'patch revert'
-            contains -- $argv[2] --base --host -p --profile
+            contains -- $argv[2] --base --host -p --profile -m --message
         case 'patch check'
             contains -- $argv[2] --base --series --keep
         case 'patch export'
@@ -584,6 +584,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s p -l profile -r -f -a '
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s n -l dry-run -d 'Print the actions; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'patch apply\'' -s m -l message -r -f -d 'Why: a git note (refs/notes/dsv4ctl) on every commit it makes; shown by patch...'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'patch apply\' 0' -f -a '(__fish_complete_directories (commandline -ct))'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l base -r -f -d 'Pristine base ref of the tree (default: tag v<version>).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l host -r -f -a '(__dsv4ctl_dyn hosts)' -d 'Run on this profile host\'s tree (through the remote layer).'
@@ -591,6 +592,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -s p -l profile -r -f -a 
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -s n -l dry-run -d 'Print the actions; change nothing.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -l json -d 'Print JSON.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -s h -l help -d 'Show this message and exit.'
+complete -c dsv4ctl -n '__dsv4ctl_at \'patch revert\'' -s m -l message -r -f -d 'Why: a git note (refs/notes/dsv4ctl) on every commit it makes; shown by patch...'
 complete -c dsv4ctl -n '__dsv4ctl_arg \'patch revert\' 0' -f -a '(__fish_complete_directories (commandline -ct))'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l base -r -f -d 'PACKAGE==VERSION to prove against (default: the series\' base).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'patch check\'' -l series -r -f -a '(__fish_complete_directories (commandline -ct))' -d 'Series directory (default: the shipped patches/sglang-VERSION of --base, else...'

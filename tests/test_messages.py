@@ -1,5 +1,5 @@
-"""``-m/--message`` on every command that changes hosts (issue 46.8): a walk of the command tree,
-the runbook's reason handed to each host-changing step as its ``-m``."""
+"""``-m/--message`` on every command that changes hosts or a tree (issue 46.8): a walk of the
+command tree, the runbook's reason handed to each host-changing step as its ``-m``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from tests.test_grammar import MUTATING, _opts, commands
 
 #: Mutating commands that change local files or a local git tree only, and their own record.
 LOCAL = {"facts": "--write edits the profile file (its diff is printed)",
-         "patch apply": "commits in the SGLang tree (git am: the commits are the record)",
-         "patch revert": "commits in the SGLang tree (git revert: the commits are the record)",
          "patch export": "writes series files", "patch check": "builds a throw-away tree (--dry-run: fetch nothing)",
          "profile init": "writes a new profile",
          "profile import srt-slurm": "writes a new profile"}
@@ -25,7 +23,7 @@ def test_every_command_that_changes_hosts_takes_a_message():
         seen.add(path)
         assert {"-m", "--message"} <= opts, f"{path}: no -m/--message"
     assert {"deploy", "rollback", "promote", "start", "stop", "restart", "exec", "lock acquire", "lock release",
-            "config set", "hicache on", "hicache off", "runbook run"} <= seen, seen
+            "config set", "hicache on", "hicache off", "runbook run", "patch apply", "patch revert"} <= seen, seen
 
 
 def test_a_runbooks_reason_is_each_host_changing_steps_message():

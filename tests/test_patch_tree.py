@@ -65,9 +65,12 @@ def test_apply_status_revert_round_trip(tree):
     assert dry.code == 0 and dry.out.count("dry-run: git am -3") == 2
     assert git(tree, "rev-parse", "HEAD") == base            # dry run changed nothing
 
-    r = cli("patch", "apply", str(tree), "--json")
+    dry = cli("patch", "apply", str(tree), "--dry-run", "-m", "bf16 index-K for the PD pair")   # issue 46.8
+    assert dry.out.splitlines()[-1].startswith("dry-run: git notes --ref=dsv4ctl add -f -m 'patch apply by ")
+    r = cli("patch", "apply", str(tree), "--json", "-m", "bf16 index-K for the PD pair")
     assert r.code == 0, r.err
     doc = r.json()
+    assert doc["note"].startswith("patch apply by ") and doc["note"].endswith(": bf16 index-K for the PD pair")
     assert doc["applied"] == ["0001-dsv4-bf16-index-k-exact-accounting.patch", "0002-dsv4-log-pool-plan.patch"]
     assert git(tree, "rev-list", "--count", f"{base}..HEAD") == "2"
     assert "SGLANG_DSV4_INDEX_K_DTYPE" in (tree / POOL).read_text()
@@ -76,13 +79,18 @@ def test_apply_status_revert_round_trip(tree):
     assert [p["state"] for p in st["patches"]] == ["applied", "applied"] and st["complete"]
     c1, c2 = (p["commit"] for p in st["patches"])
     assert git(tree, "rev-list", "--reverse", f"{base}..HEAD").split() == [c1, c2]
+    assert st["notes"] == {c1: doc["note"], c2: doc["note"]}
+    assert git(tree, "notes", "--ref=dsv4ctl", "show", c2) == doc["note"]
 
     again = cli("patch", "apply", str(tree), "--json").json()   # idempotent
     assert again["applied"] == [] and len(again["skipped"]) == 2
 
-    r = cli("patch", "revert", str(tree), c2, c1)
+    r = cli("patch", "revert", str(tree), c2, c1, "-m", "canary corrupted tool calls")
     assert r.code == 0, r.err
+    assert r.out.splitlines()[-1].startswith("noted on 2 commit(s) (refs/notes/dsv4ctl): patch revert by ")
+    assert f"note on {c1[:12]}: patch apply by " in cli("patch", "status", str(tree)).out
     st = cli("patch", "status", str(tree), "--json").json()
+    assert [st["notes"][p["reverted_by"]].endswith(": canary corrupted tool calls") for p in st["patches"]] == [True, True]
     assert [p["state"] for p in st["patches"]] == ["reverted", "reverted"]
     assert git(tree, "diff", base, "HEAD") == ""               # content is back to pristine
     assert cli("patch", "revert", str(tree), c1).code == 2     # already reverted

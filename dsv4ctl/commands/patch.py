@@ -25,6 +25,7 @@ _BASE_REF = typer.Option(None, "--base", help="Pristine base ref of the tree (de
 _JSON = typer.Option(False, "--json", help="Print JSON.")
 _MD = typer.Option(False, "--markdown", help="Print Markdown.")
 _DRY = typer.Option(False, "--dry-run", "-n", help="Print the actions; change nothing.")
+_MESSAGE = typer.Option(None, "--message", "-m", help="Why: a git note (refs/notes/dsv4ctl) on every commit it makes; shown by patch status and git log --notes=dsv4ctl.")
 
 
 def _git(tree: str, host: Optional[str], profile: Optional[str]):
@@ -83,6 +84,9 @@ def status(tree: str = typer.Argument(..., help="SGLang git tree (a path; on --h
     state = read_tree(git, base)
     ls = load_series(_series_dir(series, state.version))
     doc = _status_doc(state, ls, series_status(ls, state))
+    from ..patches.notes import read_notes     # why each commit was made (patch apply|revert -m)
+    doc["notes"] = read_notes(git, [c for c in [x for p in doc["patches"] for x in (p["commit"], p["reverted_by"])]
+                                    + [c["sha"] for c in doc["extra_commits"] + doc["reverts"]] if c])
     if as_json:
         print(dump_json(doc))
         return
@@ -93,6 +97,7 @@ def status(tree: str = typer.Argument(..., help="SGLang git tree (a path; on --h
     head = (f"{doc['tree']}: SGLang {doc['version']} · base {doc['base_ref']} ({doc['base_commit'][:12]}) · "
             f"HEAD {doc['head'][:12]} · series {doc['series_base']} {doc['series_identity'][:19]}")
     tail = [f"dirty: {ln}" for ln in doc["dirty"]] + ([f"in progress: git {doc['operation']}"] if doc["operation"] else [])
+    tail = [f"note on {sha[:12]}: {text}" for sha, text in doc["notes"].items()] + tail
     headers = ["patch / commit", "state", "commit", "facts"]
     if markdown:
         print(f"## {head}\n\n{markdown_table(headers, rows)}")
@@ -109,25 +114,28 @@ def status(tree: str = typer.Argument(..., help="SGLang git tree (a path; on --h
 def apply(tree: str = typer.Argument(..., help="SGLang git tree."),
           series: Optional[str] = _SERIES, base: Optional[str] = _BASE_REF,
           host: Optional[str] = _HOST, profile: Optional[str] = _PROFILE,
-          dry_run: bool = _DRY, as_json: bool = _JSON) -> None:
+          dry_run: bool = _DRY, as_json: bool = _JSON, message: Optional[str] = _MESSAGE) -> None:
     """Apply the missing series patches with ``git am -3`` onto the clean tree. On a conflict the
     tree is restored exactly (HEAD and status) and the error names patch, file and hunk (exit 1)."""
     from ..patches.ops import execute_apply, load_series, plan_apply
     from ..patches.tree import read_tree
+    note = _note("patch apply", message)
     git, _ = _git(tree, host, profile)
     state = read_tree(git, base)
     ls = load_series(_series_dir(series, state.version))
     actions = plan_apply(ls, state)
     if dry_run:
-        _print_actions(actions, as_json, state.tree, dry=True)
+        _print_actions(actions, as_json, state.tree, dry=True, note=note)
         return
     res = execute_apply(git, ls, state, actions)
+    new = git.out("rev-list", "--reverse", f"{res.head_before}..{res.head_after}").split()
+    _add_notes(git, new, note)
     if as_json:
         print(dump_json(dict(schema="dsv4ctl.patch-apply/1", tree=state.tree, applied=res.applied,
                              skipped=res.skipped, head_before=res.head_before, head_after=res.head_after,
-                             series_identity=ls.identity)))
+                             series_identity=ls.identity, **({"note": note} if note else {}))))
         return
-    _print_actions(actions, False, state.tree, dry=False)
+    _print_actions(actions, False, state.tree, dry=False, note=note if new else None)
     print(f"{state.tree}: HEAD {res.head_before[:12]} -> {res.head_after[:12]} "
           f"({len(res.applied)} applied, {len(res.skipped)} already there)")
 
@@ -136,24 +144,29 @@ def apply(tree: str = typer.Argument(..., help="SGLang git tree."),
 def revert(tree: str = typer.Argument(..., help="SGLang git tree."),
            commits: list[str] = typer.Argument(..., help="Commits to revert (in this order)."),
            base: Optional[str] = _BASE_REF, host: Optional[str] = _HOST,
-           profile: Optional[str] = _PROFILE, dry_run: bool = _DRY, as_json: bool = _JSON) -> None:
+           profile: Optional[str] = _PROFILE, dry_run: bool = _DRY, as_json: bool = _JSON,
+           message: Optional[str] = _MESSAGE) -> None:
     """``git revert`` commits; each revert is a commit that ``patch status`` lists (and ``patch
     export`` can turn into a series entry). Restores the tree on a conflict (exit 1)."""
     from ..patches.ops import execute_revert, plan_revert
     from ..patches.tree import read_tree
+    note = _note("patch revert", message)
     git, _ = _git(tree, host, profile)
     state = read_tree(git, base)
     actions = plan_revert(git, state, commits)
     if dry_run:
-        _print_actions(actions, as_json, state.tree, dry=True)
+        _print_actions(actions, as_json, state.tree, dry=True, note=note)
         return
     new = execute_revert(git, state, actions)
+    _add_notes(git, new, note)
     if as_json:
         print(dump_json(dict(schema="dsv4ctl.patch-revert/1", tree=state.tree,
-                             reverted=[a.target for a in actions], commits=new)))
+                             reverted=[a.target for a in actions], commits=new, **({"note": note} if note else {}))))
         return
     for a, sha in zip(actions, new):
         print(f"{state.tree}: reverted {a.target[:12]} ({a.detail}) as {sha[:12]}")
+    if note:
+        print(f"noted on {len(new)} commit(s) (refs/notes/dsv4ctl): {note}")
 
 
 @patch_app.command("check")
@@ -254,16 +267,35 @@ def export(rng: str = typer.Argument(..., metavar="RANGE", help="Commits: A..B, 
     _print_actions(actions, as_json, str(d), dry=False)
 
 
-def _print_actions(actions, as_json: bool, where: str, dry: bool) -> None:
+def _print_actions(actions, as_json: bool, where: str, dry: bool, note: Optional[str] = None) -> None:
     if as_json:
         print(dump_json(dict(schema="dsv4ctl.patch-actions/1", target=where, dry_run=dry,
-                             actions=[dict(kind=a.kind, target=a.target, detail=a.detail) for a in actions])))
+                             actions=[dict(kind=a.kind, target=a.target, detail=a.detail) for a in actions],
+                             **({"note": note} if note else {}))))
         return
     prefix = "dry-run: " if dry else ""
     for a in actions:
         print(f"{prefix}{a.describe()}")
     if not actions:
         print(f"{prefix}nothing to do")
+    elif note:
+        from ..patches.notes import note_command
+        print(f"{prefix}{note_command(note)}")
+
+
+def _note(command: str, message: Optional[str]) -> Optional[str]:
+    """The git note of ``-m`` (checked by the one message rule; exit 2), or None without one."""
+    from ..patches.notes import note_text
+    from ..remote import who
+    from .options import message as check_message
+    message = check_message(message)
+    return note_text(command, message, who()) if message else None
+
+
+def _add_notes(git, commits: list[str], note: Optional[str]) -> None:
+    if note and commits:
+        from ..patches.notes import add_notes
+        add_notes(git, commits, note)
 
 
 def register(app: typer.Typer) -> None:
