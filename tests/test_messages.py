@@ -48,3 +48,12 @@ def test_runbook_run_takes_dash_m_and_refuses_what_m_refuses(tmp_path):
     assert (run / "state.json").read_text().count('"evidence": "drill: checking the runbook"') == 1
     r = run_cli("runbook", "run", str(pb), "--message", "bidi \u202e override", "--dry-run")
     assert r.code == 2 and "--evidence/-m must be one line of 1-500 printable characters" in r.err, r.err
+
+
+def test_audit_says_what_a_serve_config_change_changed():
+    from dsv4ctl.commands.day2 import _detail_text
+    rec = {"action": "hicache-off", "result": "ok", "release": "r2", "from": "r1", "groups": ["prefill", "decode"],
+           "message": "KV pressure test", "detail": ""}
+    assert _detail_text(rec) == '"KV pressure test"; serve config of prefill, decode (from r1)'
+    assert _detail_text({**rec, "message": None}) == "serve config of prefill, decode (from r1)"
+    assert _detail_text({"action": "stop", "groups": ["decode"], "detail": "x"}) == "x"

@@ -473,9 +473,17 @@ def _result_text(r: dict) -> str:
     return res + (f" ({', '.join(marks)})" if marks else "")
 
 
+#: Audit actions of a serve-config change on the hosts (``--remote``): a release of its own.
+SERVE_CHANGES = ("hicache-on", "hicache-off", "config-set")
+
+
 def _detail_text(r: dict) -> str:
-    """The record's detail, after its ``-m`` message (quoted) when it has one."""
+    """The record's detail, after its ``-m`` message (quoted) when it has one; a serve-config
+    change's says what it changed first (``serve config of prefill, decode (from r…)``)."""
     d = str(r.get("detail", ""))
+    if r.get("action") in SERVE_CHANGES and isinstance(r.get("groups"), list):
+        what = f"serve config of {', '.join(map(str, r['groups']))}" + (f" (from {r['from']})" if r.get("from") else "")
+        d = what + (f"; {d}" if d else "")
     return (f'"{r["message"]}"' + (f"; {d}" if d else "")) if r.get("message") else d
 
 
