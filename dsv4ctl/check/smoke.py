@@ -24,6 +24,12 @@ Checks, each pass / fail / skip with a one-line reason:
 * ``replay``: one known-answer request computed, answered again from the prefix cache (GPU radix
   cache or HiCache's host tier), and after ``/flush_cache`` on every worker: the same calls each
   time (the issue-6 incident corrupted answers built on restored KV);
+* ``load_back`` (only where a worker runs HiCache): the known-answer request computed, then filler
+  prompts of 1.5 times the device KV pool (``max_total_num_tokens``; the host tier must hold
+  ``hicache_ratio`` >= 1.75 pools) evict it from the device tier, then the request again: its
+  prefix now comes back from the host tier (``sglext.cached_tokens_details.host``), and the calls
+  must be the same (``/flush_cache`` resets the host tier too, so ``replay`` never reaches this
+  path: a load-back that loses the indexer keys passed it);
 * ``over_length``: a prompt of about context length + 1,024 tokens must get HTTP 4xx, not 200 (in
   PD a prefill abort has come back from decode as HTTP 200 with garbage and ``prompt_tokens`` 1);
 * ``over_pool``: a prompt between the KV pool's limit (``max_req_input_len`` of ``/server_info``)
@@ -151,6 +157,11 @@ MAX_PROBED_CONTEXT = 1 << 20         # tokens; above it the over-length probe is
 # this, so (context + margin) x 4 characters are at least context + margin tokens.
 FILLER = "we go to it and so do we, as we may. "
 FILLER_CHARS_PER_TOKEN = 2.85        # FILLER with the DeepSeek-V4 tokenizer: 200,000 chars = 70,274 tokens
+LOAD_BACK_FILL = 1.5                 # filler tokens of the load_back probe, in device KV pools (LRU: evicts it all)
+LOAD_BACK_MIN_RATIO = 1.75           # hicache_ratio below which the host tier cannot keep the prompt meanwhile
+LOAD_BACK_PER_REQUEST = 32768        # tokens of one filler prompt at most (and 80 % of max_req_input_len)
+LOAD_BACK_MAX_REQUESTS = 256         # more filler requests than this: skipped (a pool too large to fill here)
+LOAD_BACK_CONCURRENCY = 8            # filler requests in flight at once
 BAND_SLACK = 0.10                    # the over_pool prompt's token count may be off by this share either way
 MIN_BYTES_PER_TOKEN = 16             # prompt_tokens below 1 per 16 bytes of the JSON sent fails
 MAX_TOKENS_PER_BYTE = 1              # prompt_tokens above 1 per byte fails
@@ -245,6 +256,81 @@ def judge_replay(first: C.TurnResult, cached: C.TurnResult, flushed: Optional[C.
                 + (f" ({hit} cached tokens)" if isinstance(hit, int) else "")
                 + (" and after /flush_cache" if flushed is not None else f"; not after a flush: {flush_why}"),
                 cached_tokens=hit, **detail)
+
+
+def load_back_plan(infos: list[Any], target: str) -> tuple[Optional[dict], Optional[dict]]:
+    """How the ``load_back`` probe evicts the device tier: ``({"pool", "ratio", "fill", "per",
+    "requests"}, None)`` (tokens), or ``(None, skipped line)``, or ``(None, None)`` when no worker
+    runs HiCache (no line: no host tier to load back from). ``pool``: the smallest
+    ``max_total_num_tokens`` of the HiCache workers' ``/server_info`` (SGLang's device KV pool, the
+    one ``dsv4ctl plan`` sizes); ``fill`` = :data:`LOAD_BACK_FILL` x pool, sent as ``requests``
+    prompts of ``per`` tokens (at most :data:`LOAD_BACK_PER_REQUEST` and 80 % of
+    ``max_req_input_len``). Skipped when the pool is not reported, the host tier is smaller than
+    :data:`LOAD_BACK_MIN_RATIO` pools (``hicache_ratio``; SGLang 0.5.23 resolves 2.0 by
+    default), or more than :data:`LOAD_BACK_MAX_REQUESTS` prompts would be needed."""
+    hc = [i for i in infos if isinstance(i, dict) and i.get("enable_hierarchical_cache") is True]
+    if not hc:
+        return None, None
+    pools = [n for i in hc if (n := _int(i.get("max_total_num_tokens"))) and n > 0]
+    if not pools:
+        return None, line("load_back", target, "skip", "HiCache on but no server_info max_total_num_tokens "
+                          "(the device KV pool to fill is unknown)")
+    pool = min(pools)
+    ratios = [float(r) for i in hc if isinstance(r := i.get("hicache_ratio"), (int, float)) and not isinstance(r, bool)]
+    ratio = min(ratios) if ratios else None
+    if ratio is not None and ratio < LOAD_BACK_MIN_RATIO:
+        return None, line("load_back", target, "skip", f"hicache_ratio {ratio:g}: the host tier cannot keep the "
+                          f"prompt while {LOAD_BACK_FILL:g} device pools of filler pass through it")
+    limit = pool_limit(infos)
+    per = min(LOAD_BACK_PER_REQUEST, int(0.8 * limit)) if limit else LOAD_BACK_PER_REQUEST
+    fill = int(LOAD_BACK_FILL * pool)
+    requests = -(-fill // max(per, 1))
+    if requests > LOAD_BACK_MAX_REQUESTS:
+        return None, line("load_back", target, "skip", f"a device pool of {pool} tokens needs {requests} filler "
+                          f"prompts of {per} tokens (over {LOAD_BACK_MAX_REQUESTS})")
+    return {"pool": pool, "ratio": ratio, "fill": fill, "per": per, "requests": requests}, None
+
+
+def load_back_filler(model: str, rid: str, tokens: int) -> dict:
+    """One filler prompt of the ``load_back`` probe: about ``tokens`` tokens of :data:`FILLER`, led
+    by its own ``rid`` so that no two share a cached prefix; one token answered."""
+    body = _filler_body(model, rid, int(tokens * FILLER_CHARS_PER_TOKEN))
+    body["messages"][0]["content"] = f"Filler {rid}. " + body["messages"][0]["content"]
+    body["max_tokens"] = 1
+    return body
+
+
+def judge_load_back(first: C.TurnResult, back: C.TurnResult, target: str, plan: dict, **detail: Any) -> dict:
+    """``load_back``: the known-answer request computed (``first``) and asked again after the
+    filler evicted it from the device tier (``back``). Fail when ``back``'s calls differ from the
+    first (or it got no answer); pass when they are the same and its prefix came from the host tier
+    (``sglext.cached_tokens_details.host`` > 0, or cached tokens when the tiers are not reported);
+    skip when the first answer has no calls, or the replay did not come from the host tier (the
+    filler did not evict it, or the host tier did not keep it)."""
+    base = _call_set(first)
+    hit = ((back.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    tiers = (back.sglext or {}).get("cached_tokens_details")
+    host = _int(tiers.get("host")) if isinstance(tiers, dict) else None
+    device = _int(tiers.get("device")) if isinstance(tiers, dict) else None
+    facts = dict(plan, cached_tokens=hit, host_tokens=host, device_tokens=device, **detail)
+    filled = f"after {plan['fill']} filler tokens in {plan['requests']} prompts (device pool {plan['pool']})"
+    if not _answered(first) or not base:
+        return line("load_back", target, "skip", "the first answer has no tool calls to compare (see tool_call)", **facts)
+    got = _call_set(back)
+    if not _answered(back) or got != base:
+        what = (back.error or f"HTTP {back.http_status}") if not _answered(back) else \
+            ", ".join(f"{n}({clip(json.dumps(a, ensure_ascii=False), 60)})" for n, a in got) or "no tool calls"
+        src = f"loaded back from the host tier ({host} tokens)" if host else f"asked again {filled}"
+        return line("load_back", target, "fail", f"the answer {src} differs from the first computation: {what}; "
+                    "first: " + ", ".join(f"{n}({clip(json.dumps(a, ensure_ascii=False), 60)})" for n, a in base),
+                    **facts)
+    if host == 0 or (host is None and not hit):
+        why = (f"its prefix was still in the device tier ({device} tokens)" if device else
+               "it was computed afresh (no cached tokens): the host tier did not keep it")
+        return line("load_back", target, "skip", f"not loaded back {filled}: {why}", **facts)
+    return line("load_back", target, "pass", f"the same {len(base)} call(s) with the prefix loaded back from the "
+                f"host tier ({host if host is not None else f'{hit} cached, tier not reported'} tokens) {filled}",
+                **facts)
 
 
 async def flush_workers(http: aiohttp.ClientSession, urls: list[str]) -> Optional[str]:
@@ -502,6 +588,7 @@ async def run_smoke(entry: str, workers: list[Worker], *, model: Optional[str] =
             return run.out, False
         await run.completions()
         await run.replay(workers)
+        await run.load_back(infos)
         await run.tool_choices()
         await run.over_limits(infos, models_doc)
         run.out.append(judge_prompt_tokens(run.samples, entry))
@@ -636,8 +723,14 @@ class SmokeRun:
             res, _ = await self.probe(body, stream, name)
             spec = s.spec()         # a known answer: the calls the instruction states
             v = E.judge(res, requires_tool=True, tools=self.specs, expected=spec.expected_calls,
-                        tool_choice=spec.tool_choice)
+                        tool_choice=spec.tool_choice, output_path=self.seen_path())
             self.out.append(judge_tool_call(name, res, v, self.entry, rid))
+
+    def seen_path(self) -> Optional[str]:
+        """The output path of the release the workers reported in ``server_info`` when they all
+        report one (known answers are judged by it: :func:`.expect.compare_calls`), else None."""
+        paths = {x["detail"].get("output_path") for x in self.out if x["check"] == "server_info"}
+        return paths.pop() if len(paths) == 1 else None
 
     async def replay(self, workers: list[Worker]) -> None:
         """``replay``: one known-answer request computed, again with its prompt in the prefix cache
@@ -650,6 +743,28 @@ class SmokeRun:
         flush_why = await flush_workers(self.http, [w.url for w in workers])
         r3 = (await self.probe(dict(first, rid=_rid()), False))[0] if flush_why is None else None
         self.out.append(judge_replay(r1, r2, r3, self.entry, flush_why, rid=first["rid"]))
+
+    async def load_back(self, infos: list[Any]) -> None:
+        """``load_back`` (where HiCache runs, :func:`load_back_plan`): the known-answer request,
+        filler prompts that evict it from the device tier (:data:`LOAD_BACK_CONCURRENCY` at a
+        time), the request again with ``return_cached_tokens_details``: :func:`judge_load_back`."""
+        plan, skipped = load_back_plan(infos, self.entry)
+        if plan is None:
+            if skipped is not None:
+                self.out.append(skipped)
+            return
+        s = Session(sid=2, turns=2, stream=False, known_share=1.0, probe_share=0.0)
+        first = dict(s.request(self.model, _rid()), return_cached_tokens_details=True)
+        r1, _ = await self.probe(first, False)
+        gate = asyncio.Semaphore(LOAD_BACK_CONCURRENCY)
+
+        async def fill(k: int) -> None:
+            async with gate:
+                await run_turn(self.http, self.url, load_back_filler(self.model, _rid(), plan["per"]), False,
+                               self.timeout)
+        await asyncio.gather(*(fill(k) for k in range(plan["requests"])))
+        r2, _ = await self.probe(dict(first, rid=_rid()), False)
+        self.out.append(judge_load_back(r1, r2, self.entry, plan, rid=first["rid"]))
 
     async def tool_choices(self) -> None:
         """``tool_choice_none``, ``tool_choice_required``, ``tool_choice_named``."""

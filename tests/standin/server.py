@@ -40,6 +40,10 @@ garbage and ``prompt_tokens: 1``, the PD fault; ``transfer_500`` answers every f
 with SGLang's HTTP 500 for a failed PD KV transfer ("Decode transfer failed for request …") and
 counts it in ``sglang:num_transfer_failed_reqs``; ``replay_differs`` changes an argument of every
 answer whose whole prompt is in its prefix cache (a request repeated before ``/flush_cache``);
+``load_back_indexer`` corrupts (``wrong_args``) every answer whose cached prefix was loaded back
+from the HiCache host tier (:mod:`tests.standin.tiers`: evicted from the device tier, still on the
+host): the load-back that loses the indexer keys; a prefix from the device tier, or computed after
+``/flush_cache`` (which resets both tiers), is answered right;
 ``pd_aborts`` answers every other chat request, the first included, with one of SGLang's PD abort
 messages in turn (:data:`PD_ABORT_MESSAGES`: transfer, bootstrap, ``AbortReq``), logs it to stdout
 and counts it in ``sglang:num_transfer_failed_reqs`` or ``sglang:num_bootstrap_failed_reqs``;
@@ -83,11 +87,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import model, multinode
+from .tiers import PrefixCache
 from .served import ServedPathUnavailable, served_path
 
 VERSION = "0.5.23"
 VERSIONS = ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")   # what --sglang-version may report
-SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500", "replay_differs", "pd_aborts")
+SERVER_FAULTS = ("overlength_200", "http_503", "transfer_500", "replay_differs", "pd_aborts", "load_back_indexer")
 
 PD_ABORT_MESSAGES = (
     # (counter, message with {rid} and {room}): SGLang 0.5.18-0.5.23 srt/disaggregation decode.py /
@@ -215,7 +220,8 @@ class StandIn:
         self.inflight = 0
         self.wedged = 0
         self._window: collections.deque = collections.deque()   # (time, in-flight), decreasing in-flight
-        self.prefix: dict[int, int] = {}
+        # the radix cache: device tier = the KV pool, host tier = hicache-ratio x it (HiCache on)
+        self.prefix = PrefixCache(self.pool_tokens, float(args.get("hicache_ratio") or 2.0) if self.hicache else None)
         self.launch_command = launch_command
         self.started = time.time()
         self.wedge_event = asyncio.Event()
@@ -291,26 +297,27 @@ class StandIn:
         return max(self.inflight, w[0][1] if w else 0)
 
     # --- prompt accounting (prefix cache) ---------------------------------------------------
-    def prompt_tokens(self, messages: list) -> tuple[int, int]:
-        """(prompt tokens, cached tokens): ~4 characters per token; the cached part is the
-        longest message prefix seen before (a radix cache over whole messages)."""
-        h, total, cached = 0, 0, 0
+    def prompt_tokens(self, messages: list) -> tuple[int, int, int]:
+        """(prompt tokens, cached tokens, of them loaded back from the host tier): ~4 characters
+        per token; the cached part is the longest message prefix in either tier
+        (:class:`tests.standin.tiers.PrefixCache`)."""
+        h, keys, sizes = 0, [], []
         for m in messages:
             piece = json.dumps(m, sort_keys=True, ensure_ascii=False)
-            total += max(1, len(piece) // 4)
+            sizes.append(max(1, len(piece) // 4))
             h = hash((h, piece))
-            if h in self.prefix:
-                cached = total
-            else:
-                self.prefix[h] = total
+            keys.append(h)
         if len(self.prefix) > 200_000:
             self.prefix.clear()
+        total = sum(sizes)
+        cached, host = self.prefix.lookup(keys, sizes)
         self._prompt_total += total
         self._cached_total += cached
         self.m_prompt.inc(total)
-        self.m_cached.labels(**self.labels, cache_source="device").inc(cached)
+        self.m_cached.labels(**self.labels, cache_source="device").inc(cached - host)
+        self.m_cached.labels(**self.labels, cache_source="host").inc(host)
         self.m_hit.set(self._cached_total / self._prompt_total if self._prompt_total else 0)
-        return total, cached
+        return total, cached, host
 
     # --- the model ----------------------------------------------------------------------------
     def kind_for(self, corrupt: bool) -> Optional[str]:
@@ -477,7 +484,7 @@ def make_app(state: StandIn) -> web.Application:
         state.enter()
         resp: Optional[web.StreamResponse] = None
         try:
-            prompt, cached = state.prompt_tokens(body["messages"])
+            prompt, cached, from_host = state.prompt_tokens(body["messages"])
             full_hit = bool(cached) and cached == prompt      # every message seen before: a repeated request
             if prompt >= min(state.context_length, state.max_req_input_len) // 2:
                 prompt = state.served.count("".join(json.dumps(m, ensure_ascii=False) for m in body["messages"]))
@@ -521,6 +528,8 @@ def make_app(state: StandIn) -> web.Application:
             kind = state.kind_for(corrupt)
             if "replay_differs" in state.server_faults and full_hit and kind is None:
                 kind = "wrong_args"     # an answer built on a restored prefix differs (HiCache restore race)
+            if "load_back_indexer" in state.server_faults and from_host and kind is None:
+                kind = "wrong_args"     # the prefix loaded back from the host tier lost its indexer keys
             tool_choice = body.get("tool_choice", "auto")
             thinking = bool((body.get("chat_template_kwargs") or {}).get("thinking"))
             out = model.write(body, state.rng, kind, thinking=thinking)
@@ -541,6 +550,9 @@ def make_app(state: StandIn) -> web.Application:
             usage = {"prompt_tokens": prompt, "completion_tokens": len(ids), "total_tokens": prompt + len(ids)}
             if a["enable_cache_report"]:
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            # SGLang's return_cached_tokens_details (protocol.py SglExt.cached_tokens_details)
+            sglext = {"cached_tokens_details": {"device": cached - from_host, "host": from_host}} \
+                if body.get("return_cached_tokens_details") else None
             if not stream:
                 if ids:
                     await asyncio.sleep(state.itl * len(ids))
@@ -556,7 +568,7 @@ def make_app(state: StandIn) -> web.Application:
                                                          "reasoning_content": delta.reasoning or None,
                                                          "tool_calls": tool_calls or None},
                                  "logprobs": None, "finish_reason": finish, "matched_stop": None}],
-                    "usage": usage}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+                    "usage": usage, **({"sglext": sglext} if sglext else {})}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
             had_calls = False
             k = state.stream_interval
             steps = range(0, max(len(ids), 1), k)

@@ -114,6 +114,7 @@ class TurnResult:
     stalled: bool = False
     response_id: Optional[str] = None
     usage: Optional[dict] = None
+    sglext: Optional[dict] = None     # SGLang's ``sglext`` object (``cached_tokens_details`` …), when sent
 
 
 @dataclass(frozen=True)

@@ -295,4 +295,5 @@ def parse_completion(body: Any) -> TurnResult:
                       reasoning=_opt_str(msg.get("reasoning_content"), "message.reasoning_content") or "",
                       tool_calls=calls, finish_reason=_opt_str(ch.get("finish_reason"), "finish_reason"),
                       response_id=_opt_str(body.get("id"), "id"),
-                      usage=_opt_dict(usage, "usage") if usage else None)
+                      usage=_opt_dict(usage, "usage") if usage else None,
+                      sglext=body["sglext"] if isinstance(body.get("sglext"), dict) else None)
