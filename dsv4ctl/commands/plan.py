@@ -84,7 +84,7 @@ def plan(
     group: Optional[list[str]] = typer.Option(None, "--group", "-g", help="Only these server groups. Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.plan/2 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
-    csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per rank (memory segments in GiB, pool sizes)."),
+    csv: bool = typer.Option(False, "--csv", help="Print CSV: one row per rank (node and host, GPU, memory segments in GiB, pool sizes)."),
     from_log: Optional[str] = typer.Option(None, "--from-log", metavar="FILE",
                                            help="Compare a server's start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the plan, per pool; exit 1 on a difference."),
 ) -> None:

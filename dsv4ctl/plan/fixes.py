@@ -146,6 +146,10 @@ def fixes_for(model, gi: GroupInputs, v: vd.Verdict, stages: Optional[list[Stage
                 add((0, 1 - new / ctx), f"set context-length: {new} (from {ctx}) in the serve config", r)
                 break
             new, fails = new // 2 // 1024 * 1024, new
+    if v.deciding == "requests" and stages and gi.pool.max_running_requests < gi.min_requests:
+        f = _mrr_fix(model, gi)
+        if f:
+            add(*f)
     if v.deciding in ("requests", "no_kv_memory") and gi.pool.max_total_tokens is not None:
         r = _replanned(model, _with_pool(gi, max_total_tokens=None))
         if r is not None:
@@ -322,3 +326,55 @@ def _context_fix(model, gi: GroupInputs) -> Optional[tuple[int, tuple]]:
             return c, r
         c -= 1024
     return new, _fits(model, cap.replace(gi, context_length=new))
+
+
+def _mrr_fix(model, gi: GroupInputs) -> Optional[tuple[tuple, str, tuple]]:
+    """``min_requests`` above ``max-running-requests``: no pool size holds them (SGLang admits at
+    most that many, :func:`capacity.max_concurrent_requests`). The fix raises it to ``min_requests``
+    and, when the pools then hold fewer at ``context_length``, takes the largest context-length (a
+    multiple of 1,024, down to 4,096; scanned down from each halving that does not pass) that
+    plans. None when even 4,096 tokens do not."""
+    g = _with_pool(gi, max_running_requests=gi.min_requests)
+    text = f"set max-running-requests: {gi.min_requests} (from {gi.pool.max_running_requests})"
+    r = _replanned(model, g)
+    if r is not None:
+        return (0, 1.0), f"{text} in the serve config", r
+    hi, new = gi.context_length, gi.context_length // 2 // 1024 * 1024
+    while new >= 4096 and (r := _replanned(model, cap.replace(g, context_length=new))) is None:
+        hi, new = new, new // 2 // 1024 * 1024
+    if new < 4096:
+        return None
+    c = (hi - 1) // 1024 * 1024
+    while c > new and (rc := _replanned(model, cap.replace(g, context_length=c))) is None:
+        c -= 1024
+    if c > new:
+        new, r = c, rc
+    return (0, 1.0 + 1 - new / gi.context_length), f"{text} and context-length: {new} (from {gi.context_length}) in the " \
+        "serve config", r
+
+
+def why_no_fix(model, gi: GroupInputs, v: vd.Verdict, resolve=None) -> str:
+    """Why no candidate change plans (issue 44.5), as a clause for a ``fails`` without fixes: for
+    ``requests``, the full pool at mem-fraction-static 0.99 against ``min_requests`` x 4,096 tokens
+    (the shortest context-length tried); otherwise what the largest GPU count tried (8 x tp-size)
+    still plans, in its own words. "" when neither can be said."""
+    if v.deciding == "requests":
+        g = cap.replace(gi, mem_fraction_static=0.99, context_length=4096)
+        stages, _, msg = evaluate(model, g)
+        if not stages:
+            return f"; why: at mem-fraction-static 0.99 and context-length 4,096 SGLang refuses the pools ({msg})"
+        tokens = min(s.sizes.full_max_total_num_tokens for s in stages)
+        return (f"; why: at mem-fraction-static 0.99 the full pool holds {tokens:,} tokens, and {gi.min_requests:,} "
+                f"requests of even 4,096 tokens need {gi.min_requests * 4096:,}"
+                + (f" (with max-running-requests >= {gi.min_requests:,}, now {gi.pool.max_running_requests:,})"
+                   if gi.pool.max_running_requests < gi.min_requests else ""))
+    tp = gi.tp * 8
+    if resolve is None or tp > MAX_PARALLEL:
+        return ""
+    try:
+        g = resolve({"tp_size": tp})
+    except InputError as e:
+        return f"; why: tp-size {tp} is refused ({str(e)[:160]})"
+    _, v2, msg = evaluate(model, g)
+    return f"; why: at {tp * gi.pp} GPUs (tp-size {tp}, weights ~{round(g.weights_gib_per_rank, 3)} GiB per rank) it is " \
+        f"still {v2.level} ({v2.deciding}): {msg}"

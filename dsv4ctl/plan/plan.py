@@ -28,7 +28,7 @@ from ..profile.serveconfig import ServeConfig
 from .inputs import (GroupInputs, SERVE_KEYS, SET_KEYS, node_placement, parse_set,  # noqa: F401
                      placement, resolve_group, serve_args, topology)
 from .stages import StagePlan, evaluate, rank_verdict, shortfall, to_gib
-from .fixes import chunk_fix, first_passing_mfs, fixes_for, tight_fixes
+from .fixes import chunk_fix, first_passing_mfs, fixes_for, tight_fixes, why_no_fix
 
 SCHEMA = "dsv4ctl.plan/2"   # /2: headroom_gib counts 2 MiB rounding, the allocator and the draft pool
 
@@ -212,7 +212,7 @@ def plan_group(profile: Profile, group: Group, model, facts, overrides: dict, tr
                 or v.deciding == "indexer_logits":
             gp.fixes.extend(("or " if gp.fixes else "") + f for f in chunk_fix(model, gi, resolve))
         if not gp.fixes:
-            msg = msg.replace(": see the fixes)", ")") + NO_FIX
+            msg = msg.replace(": see the fixes)", ")") + NO_FIX + why_no_fix(model, gi, v, resolve)
         gp.errors.append(msg)
     short = shortfall(gi, stages, v)
     if v.level == "tight":

@@ -41,11 +41,12 @@ PLAN_RANK_FIELDS = ("full_max_total_num_tokens", "swa_max_total_num_tokens", "c4
 
 
 def plan_csv(doc: dict) -> str:
-    """One row per rank of every group of a ``dsv4ctl.plan/2`` document: group, role, rank,
-    GPU, TP/PP/DP rank, GPU memory (GiB), each memory segment of the report's bar
+    """One row per rank of every group of a ``dsv4ctl.plan/2`` document: group, role, rank, the
+    node rank and host of a multi-node server's rank (issue 44.5; empty for a what-if rank), GPU,
+    TP/PP/DP rank, GPU memory (GiB), each memory segment of the report's bar
     (``<segment>_gib``, :data:`dsv4ctl.report.memory.SEGMENTS`), SGLang's activation reserve,
     the pool sizes (tokens, rows), requests at ``context_length``, index-K dtype and accounting."""
-    headers = (["group", "role", "rank", "gpu", "tp_rank", "pp_rank", "dp_rank", "gpu_gib"]
+    headers = (["group", "role", "rank", "node", "host", "gpu", "tp_rank", "pp_rank", "dp_rank", "gpu_gib"]
                + [f"{k}_gib" for k, *_ in SEGMENTS] + ["activation_reserve_sglang_gib"]
                + list(PLAN_RANK_FIELDS) + ["context_length", "index_k_dtype", "index_k_accounting",
                                            "index_k_overcommit_gib"])
@@ -53,7 +54,8 @@ def plan_csv(doc: dict) -> str:
     for g in doc["groups"]:
         gpu = round(g["gpu_memory_mib"] / 1024, 3) if g.get("gpu_memory_mib") else None
         for r in g["ranks"]:
-            rows.append([g["name"], g["role"], r["rank"], r.get("gpu"), r.get("tp_rank"), r.get("pp_rank"),
+            rows.append([g["name"], g["role"], r["rank"], r.get("node"), r.get("host"), r.get("gpu"), r.get("tp_rank"),
+                         r.get("pp_rank"),
                          r.get("dp_rank"), gpu] + [v for _, v in rank_segments(g, r)]
                         + [g.get("activation_reserve_gib")] + [r.get(k) for k in PLAN_RANK_FIELDS]
                         + [g.get("context_length"), r["index_k"]["dtype"], r["index_k"]["accounting"],
