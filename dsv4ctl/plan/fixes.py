@@ -309,46 +309,40 @@ def _config_takes(option: str, version: Optional[str]) -> bool:
     return arg is not None and arg.config == "value"
 
 
-def _context_fix(model, gi: GroupInputs) -> Optional[tuple[int, tuple]]:
-    """The largest context-length (a multiple of 1,024, down to 4,096) below the current one that
-    plans ``fits``: halvings until one does, then a scan down from the last that did not, 1,024 at
-    a time (the verdict is not assumed monotonic)."""
-    ctx = gi.context_length
-    hi, new = ctx, int(ctx * 0.75) // 1024 * 1024
-    while new >= 4096 and _fits(model, cap.replace(gi, context_length=new)) is None:
+def _context_fix(model, gi: GroupInputs, accept=None) -> Optional[tuple[int, tuple]]:
+    """``(context-length, re-plan)``: the largest context-length (a multiple of 1,024, down to
+    4,096) below the current one whose re-plan ``accept`` takes (default :func:`_fits`): 3/4, then
+    halvings until one does, then a scan down from the last that did not, 1,024 at a time (the
+    verdict is not assumed monotonic). None when even 4,096 tokens do not."""
+    accept = accept or _fits
+    hi, new = gi.context_length, int(gi.context_length * 0.75) // 1024 * 1024
+    while new >= 4096 and (r := accept(model, cap.replace(gi, context_length=new))) is None:
         hi, new = new, new // 2 // 1024 * 1024
     if new < 4096:
         return None
     c = (hi - 1) // 1024 * 1024
     while c > new:
-        r = _fits(model, cap.replace(gi, context_length=c))
-        if r is not None:
-            return c, r
+        rc = accept(model, cap.replace(gi, context_length=c))
+        if rc is not None:
+            return c, rc
         c -= 1024
-    return new, _fits(model, cap.replace(gi, context_length=new))
+    return new, r
 
 
 def _mrr_fix(model, gi: GroupInputs) -> Optional[tuple[tuple, str, tuple]]:
     """``min_requests`` above ``max-running-requests``: no pool size holds them (SGLang admits at
     most that many, :func:`capacity.max_concurrent_requests`). The fix raises it to ``min_requests``
-    and, when the pools then hold fewer at ``context_length``, takes the largest context-length (a
-    multiple of 1,024, down to 4,096; scanned down from each halving that does not pass) that
-    plans. None when even 4,096 tokens do not."""
+    and, when the pools then hold fewer at ``context_length``, takes the largest context-length
+    that plans (:func:`_context_fix`). None when even 4,096 tokens do not."""
     g = _with_pool(gi, max_running_requests=gi.min_requests)
     text = f"set max-running-requests: {gi.min_requests} (from {gi.pool.max_running_requests})"
     r = _replanned(model, g)
     if r is not None:
         return (0, 1.0), f"{text} in the serve config", r
-    hi, new = gi.context_length, gi.context_length // 2 // 1024 * 1024
-    while new >= 4096 and (r := _replanned(model, cap.replace(g, context_length=new))) is None:
-        hi, new = new, new // 2 // 1024 * 1024
-    if new < 4096:
+    found = _context_fix(model, g, _replanned)
+    if found is None:
         return None
-    c = (hi - 1) // 1024 * 1024
-    while c > new and (rc := _replanned(model, cap.replace(g, context_length=c))) is None:
-        c -= 1024
-    if c > new:
-        new, r = c, rc
+    new, r = found
     return (0, 1.0 + 1 - new / gi.context_length), f"{text} and context-length: {new} (from {gi.context_length}) in the " \
         "serve config", r
 
