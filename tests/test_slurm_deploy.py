@@ -287,10 +287,11 @@ def test_a_copy_of_the_profile_on_other_roots_never_cancels_the_first_ones_jobs(
     for g in prof["groups"]:
         g["nodes"] = [w.hosts[0].name, w.hosts[1].name]
     prof["deploy"]["health_timeout_s"] = 4
+    prof["deploy"]["slurm"]["start_timeout_s"] = 4       # its job pends: the start wait gives up
     copy = w.cfgdir / "copy.yaml"
     copy.write_text(yaml.safe_dump(prof, sort_keys=False))
-    # the copy's job waits for h0/h1 (the first deployment's prefill holds them), its gate gives
-    # up and its rollback cancels what it submitted: only its own job
+    # the copy's job waits for h0/h1 (the first deployment's prefill holds them), its start wait
+    # gives up and its rollback cancels what it submitted: only its own job
     r = run_cli("deploy", str(copy), "--tree", str(w.tree), "--base", "v0.5.23", "--no-preflight",
                 env=w.env(), timeout=180)
     assert r.code == 1, r.err

@@ -106,7 +106,9 @@ def status(profile: Optional[str] = _P,
     unhealthy, drifted — with its PID, port, uptime and restarts since its release started; the
     active release and its state (and its Python environment), /health, HiCache as running vs
     the serve config, the lock holder, the last audit record. With deploy.backend slurm also each
-    server group's Slurm job: id, state, nodes, elapsed time.
+    server group's Slurm job: id, state, nodes, elapsed time, release and restart count (jobs of
+    the release submitted since its deploy), and a job Slurm forgot (MinJobAge) with the final
+    state dsv4ctl recorded.
 
     A running server whose serve config differs from the profile's is reported with the command
     that applies the file (a deploy: a restart starts the active release's copy again), not
@@ -218,13 +220,25 @@ def _host_doc(h: str, st, unhealthy: list[str], verify_hint: str) -> dict:
 
 
 def _slurm_job(st, name: str, proc) -> Optional[dict]:
-    """The group's Slurm job as status shows it (id, state, nodes, elapsed), from the record
-    read on its node 0 (:func:`dsv4ctl.hosts.slurm.parse_job`), or None."""
+    """The group's Slurm job as status shows it, from the line read on its node 0
+    (:func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`, parsed by :func:`dsv4ctl.hosts.slurm.parse_job`),
+    or None: ``job`` id, ``state``, ``nodes``, ``elapsed`` (Slurm's RunTime), ``release`` (its
+    comment's, else dsv4ctl's record's), ``restarts`` (jobs of that release submitted after its
+    deploy or rollback: start/restart), ``exit_code`` and ``reason`` once it ended, and
+    ``source``: ``slurm``, or ``sacct``/``record``/``output`` when Slurm forgot the job
+    (MinJobAge) and its final state came from accounting, dsv4ctl's record or the job's output."""
+    from ..hosts.slurm import release_of
     if name not in st.jobs and (proc is None or proc.job is None):
         return None
     rec = st.jobs.get(name) or {}
-    return {"job": rec.get("JobId") or (proc.job if proc else None), "state": rec.get("JobState", "unknown to Slurm"),
-            "nodes": rec.get("NodeList"), "elapsed": rec.get("RunTime")}
+    state = rec.get("JobState", "unknown to Slurm")
+    ended = state not in ("PENDING", "RUNNING", "CONFIGURING", "unknown to Slurm")
+    return {"job": rec.get("JobId") or (proc.job if proc else None), "state": state,
+            "nodes": rec.get("NodeList"), "elapsed": rec.get("RunTime"),
+            "release": release_of(rec.get("Comment", "")) or rec.get("Dsv4Release"),
+            "restarts": int(rec["Dsv4Restarts"]) if rec.get("Dsv4Restarts", "").isdigit() else 0,
+            "exit_code": rec.get("ExitCode") if ended else None, "reason": rec.get("Reason") if ended else None,
+            "source": rec.get("Dsv4Source", "slurm") if rec.get("JobState") else None}
 
 
 def _status_doc(dep, res, urls, undeployed, moved, probes) -> tuple[dict, list]:
@@ -315,7 +329,11 @@ def _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unheal
     shown = state
     if job is not None:
         shown += f" (slurm job {job['job']} {job['state']}" + (f" on {job['nodes']}" if job.get("nodes") else "") \
-            + (f", {job['elapsed']}" if job.get("elapsed") else "") + ")"
+            + (f", {job['elapsed']}" if job.get("elapsed") else "") \
+            + (f", exit {job['exit_code']}" if job.get("exit_code") else "") \
+            + (f", release {job['release']}" if job.get("release") and job["release"] != cur else "") \
+            + f", {job['restarts']} restart(s)" \
+            + (f", from {job['source']}" if job.get("source") not in (None, "slurm") else "") + ")"
     health = f"served by node 0 ({url})" if rank > 0 else "-" if state == "stopped" else (err or "ok")
     return gdoc, [h, label, shown, rel, gdoc["pid"] or "-", port, uptime_text(gdoc["uptime_s"]), gdoc["restarts"],
                   health, "; ".join(diffs) or "match" if info is not None else "-", hdoc["lock"] or "-"]

@@ -334,13 +334,18 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
             chat.append(tgt)
             model = s.extra["model"]
     wait = health_timeout(site) if timeout is None else timeout
+    from .slurmwait import answering_jobs, start_wait
+    pending = start_wait(site, steps, timeout, progress_interval())    # queue time is not start time
+    if pending:
+        return pending
     site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
                   f"(timeout {wait:g} s)")
     t0, ended, status = time.monotonic(), {}, {}
     ticker = _GateProgress(site, workers, ended, status, t0, wait)
     try:
         with ticker:
-            return health.gate(workers, chat, wait, model, ended=ended, status=status)
+            fails = health.gate(workers, chat, wait, model, ended=ended, status=status)
+        return fails or answering_jobs(site, steps)      # with Slurm: the new job answers, not a leftover
     finally:
         t1 = max([ended[k] for k in ended if k[0] == "health"], default=t0)
         for s in steps:

@@ -27,6 +27,7 @@ import re
 from ..hosts.layout import Paths
 from ..hosts.service import backend, group_script
 from ..hosts.slurm import JobSpec, batch_script, job_name, job_verdict, parse_job, parse_nodes
+from ..hosts.slurmrecord import ended_cmd, job_line_cmd, records_path, submitted_cmd
 from ..remote import q
 from .site import Site, spec_servers, start_command
 
@@ -156,13 +157,19 @@ class SlurmJobs:
         name, lf, t = q(self.job_name(group, replica)), q(p.logfile(group)), SLURM_TIMEOUT_S
         what = self.unit(group, replica)
         return (f"{self._env()}jobs=$(timeout {t} squeue -h -n {name} -o '%i (%T)') || exit 1; "
-                f"jobs=$(echo \"$jobs\" | paste -sd, -); "
+                f"ids=$(echo \"$jobs\" | cut -d' ' -f1); jobs=$(echo \"$jobs\" | paste -sd, -); "
                 f"if [ -n \"$jobs\" ]; then timeout {t} scancel --name={name} || exit 1; "
                 f"end=$(( $(date +%s) + {STOP_WAIT_S} )); "
                 f"while [ -n \"$(timeout {t} squeue -h -n {name} -o %i || echo ?)\" ]; do "
                 f"if [ $(date +%s) -gt $end ]; then echo \"slurm job(s) $jobs of {what} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
                 f"sleep 0.1; done; mkdir -p {q(p.root + '/logs')}; "
-                f"echo \"=== dsv4ctl: slurm job(s) $jobs of {what} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi")
+                f"echo \"=== dsv4ctl: slurm job(s) $jobs of {what} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi; "
+                # the final state of each job cancelled, and of the unit's last job when it ended
+                # on its own, recorded while Slurm still knows it (MinJobAge; hosts/slurmrecord.py)
+                f"{self._record_ended(p, what, '$ids $(cat ' + q(f'{p.root}/run/{what}.job') + ' 2>/dev/null)')}")
+
+    def _record_ended(self, p: Paths, unit: str, jids_expr: str) -> str:
+        return ended_cmd(self._env(), SLURM_TIMEOUT_S, jids_expr, records_path(p.root, unit), p.root + "/logs/slurm")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict) -> str:
         """On the host that acts for each replica of the group (:meth:`acts`): write the
@@ -189,9 +196,14 @@ class SlurmJobs:
         return (f"{self._env()}mkdir -p {q(p.root + '/run')} {q(p.root + '/logs/slurm')} || exit 1; "
                 f"if [ ! -s {q(path)} ]; then t=$(mktemp {q(path)}.XXXXXX) && printf %s {q(script)} > \"$t\" "
                 f"&& mv -f \"$t\" {q(path)} || exit 1; fi; "
+                # the unit's last job, when it ended on its own (no stop ran: a start after a failed
+                # rank), gets its final state recorded before run/<unit>.job names the new one
+                f"{self._record_ended(p, unit, '$(cat ' + jf + ' 2>/dev/null)')}; "
                 f"jid=$(timeout {SLURM_TIMEOUT_S} sbatch --parsable {q(path)}) || exit 1; jid=${{jid%%;*}}; "
                 f"case \"$jid\" in ''|*[!0-9]*) echo \"sbatch printed no job id: $jid\" >&2; exit 1;; esac; "
                 f"echo \"$jid\" > {jf}.tmp && mv -f {jf}.tmp {jf} || exit 1; "
+                f"{{ {submitted_cmd(records_path(p.root, unit), '$jid', rid, unit)}; }} 2>/dev/null "
+                f"|| echo \"dsv4ctl: job $jid not recorded in {records_path(p.root, unit)}\" >&2; "
                 f"echo \"=== dsv4ctl: {unit} release {rid} submitted as slurm job $jid "
                 f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
 
@@ -204,9 +216,15 @@ class SlurmJobs:
         name = q(self.job_name(group, self.replica_of(group)))
         return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {name} -t PD,CF,R -o %i | grep -q ."
 
-    def show_job_cmd(self, jid_expr: str) -> str:
+    def show_job_cmd(self, jid_expr: str, unit: str | None = None) -> str:
         """``scontrol show job -o`` of the job whose id the shell expression ``jid_expr`` gives
-        (``$jid``), bounded; Slurm's error text on stdout when it no longer knows the job."""
+        (``$jid``), bounded; Slurm's error text on stdout when it no longer knows the job. With
+        ``unit`` (a group, ``GROUP@R``): one line from :func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`
+        (the final state dsv4ctl recorded once Slurm forgot the job; the unit's release and
+        restart count)."""
+        if unit is not None:
+            p = self.site.paths[self.host]
+            return job_line_cmd(self._env(), SLURM_TIMEOUT_S, jid_expr, records_path(p.root, unit), p.root + "/logs/slurm")
         return f"{{ {self._env()}timeout {SLURM_TIMEOUT_S} scontrol show job -o {jid_expr}; }} 2>&1 || true"
 
     def job_state_cmd(self, p: Paths, group: str, replica: int | None = None, out: bool = True) -> str:
@@ -222,7 +240,8 @@ class SlurmJobs:
         nodes = ",".join(srv[r] if r < len(srv) else [])
         node_part = f"timeout {t} scontrol show node -o {q(nodes)} 2>/dev/null; " if nodes else ""
         return (f"{self._env()}jid=$(cat {jf} 2>/dev/null); echo \"@job $jid\"; [ -n \"$jid\" ] || exit 0; "
-                f"timeout {t} scontrol show job -o \"$jid\" 2>&1; echo @nodes; {node_part}"
+                f"{job_line_cmd('', t, '$jid', records_path(p.root, self.unit(group, r)), p.root + '/logs/slurm')}; "
+                f"echo @nodes; {node_part}"
                 + (f"echo @out; {job_out_cmd(p, '$jid')}" if out else ""))
 
     def test_submit_cmd(self, nodes: list[str]) -> str:

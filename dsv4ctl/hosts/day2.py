@@ -93,8 +93,9 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
     then ``@audit`` and the last :data:`AUDIT_TAIL_MAX` bytes of ``audit.jsonl`` (a huge last line
     costs neither the host nor this machine more). Per group also ``@proc`` (:func:`proc_command`).
     ``alive``: {group: alive command} in place of the service backend's (a Slurm group's job);
-    ``job_cmd(job_id_shell_expr)``: with it, ``@job G`` and the output of that command for each
-    group with a ``run/<group>.job`` (``scontrol show job -o``)."""
+    ``job_cmd(job_id_shell_expr, group)``: with it, ``@job G`` and the first line of that command
+    for each group with a ``run/<group>.job`` (``scontrol show job -o``, or dsv4ctl's record of
+    the job once Slurm forgot it: :func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`)."""
     p = Paths(root)
     lines = [facts_command(root)]
     for g in groups:
@@ -106,7 +107,7 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
         if job_cmd is not None:
             jf = q(f"{p.root}/run/{g}.job")
             lines.append(f"if [ -s {jf} ]; then echo {q('@job ' + g)}; jid=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
-                         f"{job_cmd('$jid')} | head -n 1; fi")
+                         f"{job_cmd('$jid', g)} | head -n 1; fi")
     if verify:
         # environment files by RECORD size here (a multi-GB torch environment hashed on every
         # status would make it slow); verify and every switch hash them

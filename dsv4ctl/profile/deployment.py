@@ -107,6 +107,7 @@ class SlurmSettings:
     time_limit: Optional[str] = None
     conf: Optional[str] = None
     submit_host: Optional[str] = None     # the host (of hosts:) that runs sbatch/scancel/squeue/scontrol; None: each server's node 0
+    start_timeout_s: Optional[float] = None   # how long a new job may stay PENDING (None: 600 s; deploy/slurmwait.py)
 
 
 @dataclass(frozen=True)

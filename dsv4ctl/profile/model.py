@@ -111,6 +111,8 @@ PROFILE_SCHEMA: dict = {
                         "time_limit": {"type": "string", "pattern": "^(\\d+-)?\\d{1,2}(:\\d{2}){0,2}\\Z|^\\d+\\Z"},
                         "conf": {"type": "string", "minLength": 1,
                                  "description": "slurm.conf on the nodes (SLURM_CONF for sbatch/squeue/scancel); default: Slurm's own"},
+                        "start_timeout_s": {"type": "number", "minimum": 1, "maximum": 1e9,
+                                            "description": "seconds a server's new job may stay PENDING before the deploy fails and resubmits the previous release (default 600)"},
                         "submit_host": {"type": "string", "minLength": 1,
                                         "description": "the host of hosts: (a login host, or local: true for this machine) that runs sbatch/scancel/squeue/scontrol; default: each server's node 0"},
                     },
