@@ -106,7 +106,7 @@ def test_model_covers_every_command_of_the_cli():
     assert plan["args"] == [{"name": "profile", "nargs": 1, "required": False,
                              "value": {"kind": "profile", "words": ["dsv4-flash-8xb200-pd", "dsv4-pro-4xh200-pd"]}}]
     assert _option(plan, "--profile")["value"] == plan["args"][0]["value"]   # -p/--profile (grammar.py)
-    assert _option(plan, "--group")["value"] == {"kind": "dyn", "what": "groups"}
+    assert _option(plan, "--group")["value"] == {"kind": "dyn", "what": "servers"}   # never the router
 
 
 def test_every_profile_value_is_completed_from_a_profile_the_line_can_give():
@@ -122,8 +122,10 @@ def test_every_profile_value_is_completed_from_a_profile_the_line_can_give():
     dyn = {k: v["what"] for k, v in params.items() if v["kind"] == "dyn"}
     for (path, name), what in dyn.items():
         assert params.get((path, "--profile"), {}).get("kind") == "profile", (path, name)
-    assert {k for k, v in dyn.items() if v == "groups"} >= {("plan", "--group"), ("logs", "GROUP"),
-                                                             ("config set", "--group"), ("hicache on", "--group")}
+    assert {k for k, v in dyn.items() if v == "groups"} >= {("logs", "GROUP"), ("restart", "--group")}
+    # plan, facts, config and hicache refuse the router: they offer the server groups
+    assert {k for k, v in dyn.items() if v == "servers"} == {(c, "--group") for c in (
+        "plan", "facts", "config lint", "config set", "hicache on", "hicache off", "hicache status")}
     assert {k for k, v in dyn.items() if v == "hosts"} >= {("restart", "--host"), ("logs", "--host"),
                                                             ("audit", "--host"), ("patch apply", "--host")}
     assert {k for k, v in dyn.items() if v == "releases"} == {("promote", "RELEASE"), ("rollback", "--to"),
