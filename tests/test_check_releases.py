@@ -55,17 +55,54 @@ def test_every_release_passes_clean_and_fails_corrupt(tmp_path, version):
         info = [c for c in doc["checks"] if c["check"] == "server_info"][0]
         assert info["reason"].startswith(f"{version}, parsers deepseekv4/deepseek-v4")
         assert (info["detail"]["version"], info["detail"]["output_path"]) == (version, PATHS[version])
-    # the same release with every turn's DSML block sampled as plain text: markup in content
+    # corrupt answers on the release's own output path: a DSML block with other bars leaks into
+    # content on both paths; a string="false" value that is not JSON breaks the arguments (0.5.23:
+    # not JSON; 0.5.18-0.5.22: the detector makes it a string and the known answer has no such key)
     bad = write_config(tmp_path / "bad.yaml", **SMALL)
-    with standin(bad, *FAST, "--sglang-version", version, "--fault", "markup_as_text") as url:
+    for fault, why in (("other_bars", ("dsml_in_content:",)),
+                       ("bad_json_value", ("args_not_json:",) if version == "0.5.23" else ("missing_call:", "wrong_args:"))):
+        with standin(bad, *FAST, "--sglang-version", version, "--fault", fault) as url:
+            r = run_cli("check", "smoke", url, "--json")
+            assert r.code == 1 and r.err.startswith("dsv4ctl: gate failed: check smoke: "), r.err
+            doc = r.json()
+            assert doc["sglang"] == {"expected": None, "source": "any supported release (no profile, no --expect-version)",
+                                     "seen": [version], "output_paths": {version: PATHS[version]}}
+            st = {c["check"]: (c["status"], c["reason"]) for c in doc["checks"]}
+            assert st["server_info"][0] == "pass"
+            assert st["tool_call"][0] == "fail" and st["tool_call"][1].startswith(why), (fault, st["tool_call"])
+            assert st["tool_call_stream"][0] == "fail" and st["tool_call_stream"][1].startswith(why)
+
+
+@pytest.mark.parametrize("version", ("0.5.22", "0.5.23"))
+def test_markup_sampled_as_text_is_judged_by_the_release_output_path(tmp_path, version):
+    """A DSML block sampled as ordinary tokens (the 0.5.23 incident): deepseek-recipe recognizes
+    the tags by token ID, so the block reaches content (tool_call fails); 0.5.22 decodes to text and
+    its regex detector parses the same characters into the call (tool_call passes). Both fail the
+    plain chat probe: there the block is prose's tail on either path."""
+    cfg = write_config(tmp_path / "s.yaml", **SMALL)
+    with standin(cfg, *FAST, "--sglang-version", version, "--fault", "markup_as_text") as url:
         r = run_cli("check", "smoke", url, "--json")
-        assert r.code == 1 and r.err.startswith("dsv4ctl: gate failed: check smoke: "), r.err
-        doc = r.json()
-        assert doc["sglang"] == {"expected": None, "source": "any supported release (no profile, no --expect-version)",
-                                 "seen": [version], "output_paths": {version: PATHS[version]}}
-        st = {c["check"]: (c["status"], c["reason"]) for c in doc["checks"]}
-        assert st["server_info"][0] == "pass"
+        st = {c["check"]: (c["status"], c["reason"]) for c in r.json()["checks"]}
+    assert r.code == 1 and st["chat"][0] == "fail" and st["chat"][1].startswith("dsml_in_content:")
+    if version == "0.5.23":
         assert st["tool_call"][0] == "fail" and st["tool_call"][1].startswith("dsml_in_content:")
+    else:
+        assert st["tool_call"][0] == "pass" and st["tool_call_stream"][0] == "pass", st
+
+
+def test_known_answers_are_compared_as_the_release_delivers_them():
+    """0.5.18-0.5.22's detector strips string parameters (deepseekv32_detector.py): on that path a
+    known answer is compared stripped, exactly on 0.5.23's (and when the path is unknown)."""
+    from dsv4ctl.check.classify import ToolCall
+    from dsv4ctl.check.expect import compare_calls
+    expected = [{"name": "write_file", "arguments": {"path": "a.txt", "content": "line 1\n", "mode": 420}}]
+    got = [ToolCall(0, "c1", "write_file", '{"path": "a.txt", "content": "line 1", "mode": 420}')]
+    assert compare_calls(expected, got, "detector") == {}
+    for path in ("deepseek-recipe", None):
+        assert compare_calls(expected, got, path) == {
+            "wrong_args": "call 0 'write_file': key 'content': got \"line 1\", expected \"line 1\\n\""}
+    got[0] = ToolCall(0, "c1", "write_file", '{"path": "b.txt", "content": "line 1", "mode": 420}')
+    assert "wrong_args" in compare_calls(expected, got, "detector")        # stripped, still another value
 
 
 def test_another_release_than_expected_fails_and_bad_versions_are_usage_errors(tmp_path):

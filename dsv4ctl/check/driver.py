@@ -288,6 +288,23 @@ def _path(url) -> str:
         return str(url)
 
 
+async def discover_output_path(http: aiohttp.ClientSession, base: str) -> Optional[str]:
+    """The DeepSeek-V4 output path of the server at ``base``: the ``version`` of its
+    ``/server_info`` (else ``/get_server_info``) looked up in :data:`dsv4ctl.plan.versions.VERSIONS`
+    (``detector`` for 0.5.18-0.5.22, ``deepseek-recipe`` for 0.5.23); None when it does not say
+    (a gateway, an unsupported release, an error: known answers are then compared exactly)."""
+    from ..plan.versions import VERSIONS
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            status, doc = await fetch_json(http, base + path)
+        except (ConnectError, BadResponse):
+            return None
+        if status == 200 and isinstance(doc, dict):
+            rules = VERSIONS.get(doc.get("version")) if isinstance(doc.get("version"), str) else None
+            return rules.output_path if rules else None
+    return None
+
+
 async def discover_model(http: aiohttp.ClientSession, base: str) -> str:
     """The first model id of ``GET base/v1/models``. ConnectError if unreachable or not a model
     list (an id that is not a non-empty string included); :class:`AuthRefused` for HTTP 401 / 403;
@@ -432,7 +449,7 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
                     label: str = "", stop: Optional[Callable[[], bool]] = None,
                     turn_timeout: float = DEFAULT_TURN_TIMEOUT, crash_after: Optional[int] = None,
                     thinking: bool = False, key_accepted: bool = False,
-                    max_duration: Optional[float] = None) -> LevelRun:
+                    max_duration: Optional[float] = None, output_path: Optional[str] = None) -> LevelRun:
     """Run one concurrency level: ``concurrency`` workers, each running sessions of ``turns``
     turns back to back until ``target`` turns were issued in total. Returns a LevelRun whose
     ``records`` are the per-turn records (schema in docs/check.md). Request ids are
@@ -461,9 +478,13 @@ async def run_level(http: aiohttp.ClientSession, url: str, model: str, concurren
     another key) and is recorded as an ``http_error`` turn.
 
     ``max_duration``: seconds after the level's start past which no new turn is issued (turns in
-    flight finish and are recorded); ``LevelRun.capped`` says the target was not reached."""
-    return await _Level(http, url, model, concurrency, turns, target, stream, answer_words, on_record, run_id,
-                        label, stop, turn_timeout, crash_after, thinking, key_accepted, max_duration).run()
+    flight finish and are recorded); ``LevelRun.capped`` says the target was not reached.
+    ``output_path``: the server's DeepSeek-V4 output path (:func:`discover_output_path`), which
+    :func:`.expect.judge` judges known answers by."""
+    lv = _Level(http, url, model, concurrency, turns, target, stream, answer_words, on_record, run_id,
+                label, stop, turn_timeout, crash_after, thinking, key_accepted, max_duration)
+    lv.output_path = output_path
+    return await lv.run()
 
 
 class _Level:
@@ -481,6 +502,7 @@ class _Level:
         self.endpoint = url.rstrip("/") + "/v1/chat/completions"
         self.deadline = time.monotonic() + max_duration if max_duration else None
         self.specs = C.tool_specs(TOOLS)
+        self.output_path: Optional[str] = None     # the server's output path (run_level sets it)
         self.level = LevelRun(url=url, concurrency=concurrency, target=target, key_accepted=key_accepted)
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.issued = 0
@@ -560,7 +582,7 @@ class _Level:
         # the answer turn's instruction is English: an answer in another script is drift
         v = E.judge(result, requires_tool=spec.requires_tool, tools=self.specs, expected=spec.expected_calls,
                     tool_choice=spec.tool_choice, thinking_requested=self.thinking,
-                    expected_script=None if spec.requires_tool else "Latin")
+                    expected_script=None if spec.requires_tool else "Latin", output_path=self.output_path)
         rec = turn_record(self.run_id, self.url, level.concurrency, sid, spec, rid, s.stream, result, v, timing,
                           t_start)
         level.records.append(rec)

@@ -13,6 +13,14 @@ Arguments are compared as JSON values, exactly: object key order does not matter
 character for character, a missing or an extra key is a difference. Arguments that do not parse
 as a JSON object are left to :func:`.classify.classify` (``args_not_json`` / ``args_schema``).
 
+Output path (the release that answers): SGLang 0.5.18-0.5.22 parse DeepSeek-V4 calls with the
+regex ``DeepSeekV4Detector`` (``srt/function_call/deepseekv32_detector.py``,
+``_parse_parameters_from_xml``: a ``string="true"`` parameter's value is ``.strip()``-ed;
+``strip_string_param_value = True`` in 0.5.21/0.5.22), so on ``output_path="detector"`` the
+top-level string arguments are compared stripped on both sides: a release that strips as it is
+written to is not ``wrong_args``. 0.5.23's deepseek-recipe path keeps them verbatim: compared
+exactly (``deepseek-recipe``, or None: unknown).
+
 Calls are matched by position (the directive contract asks for them in order). Run this only on
 turns that got an answer (not ``http_error`` / ``stuck``); the classes it returns are meant to be
 appended after :data:`.classify.CLASSES` (see :data:`CLASSES`).
@@ -67,12 +75,23 @@ def first_difference(expected: dict, got: dict) -> Optional[str]:
     return None
 
 
-def compare_calls(expected: list[dict], got: list[ToolCall]) -> dict[str, str]:
+STRIPPING_PATHS = frozenset({"detector"})
+"""Output paths whose parser strips the string parameters (0.5.18-0.5.22's regex detector)."""
+
+
+def _stripped(args: dict) -> dict:
+    """``args`` with every top-level string value stripped (what the regex detector delivers)."""
+    return {k: v.strip() if isinstance(v, str) else v for k, v in args.items()}
+
+
+def compare_calls(expected: list[dict], got: list[ToolCall], output_path: Optional[str] = None) -> dict[str, str]:
     """``{class: reason}`` for every known-answer class that applies ({} when the delivered calls
     are the expected ones). ``expected``: ``[{"name": str, "arguments": dict}, ...]`` in order;
     ``got``: the delivered calls in index order; an expected ``arguments`` of None checks the tool
-    name only. The reason of a class is that of its first occurrence."""
+    name only. ``output_path``: the answering release's (module docstring; ``detector``: string
+    arguments compared stripped). The reason of a class is that of its first occurrence."""
     out: dict[str, str] = {}
+    strip = output_path in STRIPPING_PATHS
     for i, (e, c) in enumerate(zip(expected, got)):
         label = f"call {c.index}"
         if c.name != e["name"]:
@@ -84,7 +103,8 @@ def compare_calls(expected: list[dict], got: list[ToolCall]) -> dict[str, str]:
             continue                      # args_not_json: the classifier's
         if not isinstance(args, dict) or e.get("arguments") is None:
             continue                      # args_not_json / args_schema: the classifier's; name-only
-        diff = first_difference(e["arguments"], args)
+        diff = first_difference(_stripped(e["arguments"]), _stripped(args)) if strip else \
+            first_difference(e["arguments"], args)
         if diff:
             out.setdefault(WRONG_ARGS, f"{label} {c.name!r}: {diff}")
     if len(got) < len(expected):
@@ -110,12 +130,12 @@ def named_tool(tool_choice: Optional[ToolChoice]) -> Optional[str]:
 
 
 def check_turn(expected: Optional[list[dict]], tool_choice: Optional[ToolChoice],
-               got: list[ToolCall]) -> dict[str, str]:
+               got: list[ToolCall], output_path: Optional[str] = None) -> dict[str, str]:
     """Known-answer and tool-choice classes of one answered turn: :func:`compare_calls` when the
     turn has a known answer, and for a named ``tool_choice`` a ``wrong_tool`` for any delivered
     call naming another tool (a required choice with no call is the classifier's
-    ``no_tool_call``)."""
-    out = compare_calls(expected, got) if expected is not None else {}
+    ``no_tool_call``); ``output_path`` as :func:`compare_calls`."""
+    out = compare_calls(expected, got, output_path) if expected is not None else {}
     forced = named_tool(tool_choice)
     if forced is not None and WRONG_TOOL not in out:
         for c in got:
@@ -143,16 +163,18 @@ def merge_verdict(v: Verdict, extra: dict[str, str], order: Optional[Iterable[st
 
 def judge(turn: C.TurnResult, *, requires_tool: bool, tools: dict[str, C.ToolSpec],
           expected: Optional[list[dict]] = None, tool_choice: Optional[ToolChoice] = None,
-          thinking_requested: bool = False, expected_script: Optional[str] = None) -> Verdict:
+          thinking_requested: bool = False, expected_script: Optional[str] = None,
+          output_path: Optional[str] = None) -> Verdict:
     """The full verdict on one turn: :func:`.classify.classify` (shape and leaks) merged with
     :func:`check_turn` (known answer and named ``tool_choice``). ``expected`` None: a free-form turn,
     judged by shape only. Argument strings of the known answer may hold markup-like text; what the
     known answer itself contains is allowed in the delivered arguments (``allowed_markup``), and when
     the delivered calls match the known answer (names, count, and arguments where it gives them),
     literal markup inside well-formed JSON arguments is legitimate (``calls_match_known_answer``):
-    schema and duplicate-key checks still apply."""
+    schema and duplicate-key checks still apply. ``output_path``: the answering release's output
+    path (:func:`compare_calls`; None: unknown, compared exactly)."""
     allowed = tuple(_strings(expected)) if expected else ()
-    extra = check_turn(expected, tool_choice, turn.tool_calls)
+    extra = check_turn(expected, tool_choice, turn.tool_calls, output_path)
     v = C.classify(turn, requires_tool=requires_tool, tools=tools, thinking_requested=thinking_requested,
                    allowed_markup=allowed, expected_script=expected_script,
                    calls_match_known_answer=expected is not None and not extra)

@@ -31,6 +31,11 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
     (:mod:`dsv4ctl.check.gateway`; each level's ``gateway``), or None. ``max_duration``: seconds a
     level may run before it issues no new turn (each level's ``capped_by_max_duration``).
 
+    With two URLs each level's comparison has ``paired`` too: the turns paired by session and
+    place, the one-sided exact McNemar test of B against A and the per-class differences with
+    95 % intervals (:func:`dsv4ctl.check.paired.compare_paired`; the upgrade gate of
+    ``deploy --promote`` judges it).
+
     A crashed level (:func:`dsv4ctl.check.driver.run_level`) stops the ramp: with ``--compare`` the
     other URL still runs that level (no comparison is made for it), then no higher level is run
     against any URL; the skipped levels are the document's ``not_run``."""
@@ -55,7 +60,7 @@ async def run_load(urls: list[str], levels: list[int], turns: int, min_requests:
         intr.remove()
         if run.prog is not None:
             run.prog.stop()
-    settings = dict(settings, run_id=run.run_id, models=run.models)
+    settings = dict(settings, run_id=run.run_id, models=run.models, output_paths=run.paths)
     return R.build_doc(run.summaries, max_corruption=max_c, settings=settings, comparisons=run.comparisons,
                        not_run=run.not_run)
 
@@ -112,6 +117,7 @@ class _LoadRun:
     gateway_metrics: Optional[str]
     max_duration: Optional[float]
     models: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, Optional[str]] = field(default_factory=dict)   # each URL's output path (known answers)
     summaries: list[dict] = field(default_factory=list)
     comparisons: list[dict] = field(default_factory=list)
     not_run: list[int] = field(default_factory=list)
@@ -136,21 +142,27 @@ class _LoadRun:
         self.key_accepted = {u: False for u in self.urls}
         for u in self.urls:
             self.models[u] = model or await D.discover_model(http, u)
+            self.paths[u] = await D.discover_output_path(http, u)
         if progress:
             self.prog = progress(sum(self.targets.values()) * len(self.urls))
         for li, c in enumerate(self.levels):
-            pair = []
+            pair, records = [], []
             for i, u in enumerate(self.urls):
-                pair.append(await self.level(http, i, u, c, intr))
+                s, recs = await self.level(http, i, u, c, intr)
+                pair.append(s)
+                records.append(recs)
             if len(pair) == 2 and not any(x["crashed"] for x in pair):
-                self.comparisons.append(R.compare_levels(pair[0], pair[1]))
+                from .paired import compare_paired
+                self.comparisons.append({**R.compare_levels(pair[0], pair[1]),
+                                         "paired": compare_paired(records[0], records[1])})
             if any(x["crashed"] for x in pair):
                 self.not_run = self.levels[li + 1:]     # don't hammer a dead server with more sessions
                 break
 
-    async def level(self, http, i: int, u: str, c: int, intr: _Interrupt) -> dict:
-        """Level ``c`` against URL ``u`` (the ``i``-th), between /metrics and gateway scrapes; its
-        summary (:func:`dsv4ctl.check.report.summarize_level`)."""
+    async def level(self, http, i: int, u: str, c: int, intr: _Interrupt) -> tuple[dict, list]:
+        """Level ``c`` against URL ``u`` (the ``i``-th), between /metrics and gateway scrapes: its
+        summary (:func:`dsv4ctl.check.report.summarize_level`) and its per-turn records (the
+        paired A/B of :mod:`dsv4ctl.check.paired` pairs them)."""
         from . import driver as D
         from . import report as R
         from .gateway import gateway_delta, scrape_gateway
@@ -163,7 +175,8 @@ class _LoadRun:
         lv = await D.run_level(http, u, self.models[u], c, self.turns, self.targets[c], self.stream, self.answer_words,
                                self.on_record, self.run_id, "-" + "ab"[i] if len(self.urls) == 2 else "",
                                stop=lambda: intr.fired, turn_timeout=self.turn_timeout, thinking=self.thinking,
-                               key_accepted=self.key_accepted[u], max_duration=self.max_duration)
+                               key_accepted=self.key_accepted[u], max_duration=self.max_duration,
+                               output_path=self.paths.get(u))
         self.key_accepted[u] = lv.key_accepted
         if intr.fired:
             raise KeyboardInterrupt
@@ -177,7 +190,7 @@ class _LoadRun:
         self.summaries.append(s)
         if lv.crash is not None and self.prog is not None:
             self.prog.update(description=f"{u} c={c} CRASHED")
-        return s
+        return s, lv.records
 
 
 async def _scrape(http, urls: list[str]):

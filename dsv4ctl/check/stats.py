@@ -11,6 +11,16 @@
   hypergeometric probabilities not larger than the observed table's, as R's ``fisher.test`` and
   SciPy's ``fisher_exact`` do).
 * :func:`percentile` — linear interpolation between closest ranks (NumPy's default "linear").
+* :func:`mcnemar_exact` — one-sided exact McNemar test of paired binary outcomes: the discordant
+  pairs are Binomial(b + c, 1/2) under no difference (Q. McNemar, "Note on the sampling error of
+  the difference between correlated proportions or percentages", Psychometrika 12 (1947) 153-157;
+  the exact conditional form as R's ``mcnemar.exact`` / ``binom.test`` on the discordant pairs).
+* :func:`paired_diff_ci` — Agresti-Min interval for the difference of two paired proportions
+  (A. Agresti, Y. Min, "Simple improved confidence intervals for comparing matched proportions",
+  Statistics in Medicine 24 (2005) 729-740: Wald after adding 1/2 to each of the four cells).
+* :func:`paired_sample_size` — pairs a one-sided McNemar test needs to detect a difference
+  (R. G. Connor, "Sample size for testing differences in proportions for the paired-sample
+  design", Biometrics 43 (1987) 207-211, eq. 3).
 
 No library here: SciPy/statsmodels would be heavy imports for a few lines of closed-form math.
 """
@@ -100,3 +110,62 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     i = int(math.floor(pos))
     j = min(i + 1, len(s) - 1)
     return s[i] + (s[j] - s[i]) * (pos - i)
+
+
+def binom_half_sf(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2), exact (log-space sum). 1.0 for k <= 0, 0.0 for k > n.
+    ValueError for n < 0."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    logs = [_log_comb(n, x) - n * math.log(2) for x in range(k, n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """One-sided exact McNemar p-value that the second arm fails more often than the first.
+
+    ``b``: pairs where only the first arm failed; ``c``: pairs where only the second did. Under
+    no difference each discordant pair is equally likely either way, so p = P(X >= c) for
+    X ~ Binomial(b + c, 1/2) (McNemar 1947, exact conditional form). No discordant pair: 1.0.
+    ValueError for negative counts."""
+    if b < 0 or c < 0:
+        raise ValueError("counts must be >= 0")
+    return binom_half_sf(c, b + c)
+
+
+def paired_diff_ci(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(d, lo, hi): d = (c − b)/n, the second arm's failure rate minus the first's over ``n``
+    pairs, and the Agresti-Min (2005) interval: the Wald interval of the matched difference after
+    adding 1/2 to each of the four cells (n + 2 pairs, b + 1/2, c + 1/2), clipped to [−1, 1].
+    ValueError for n <= 0 or b + c > n."""
+    if n <= 0 or b < 0 or c < 0 or b + c > n:
+        raise ValueError(f"need 0 <= b, c and b + c <= n > 0, got b={b}, c={c}, n={n}")
+    z = z_value(confidence)
+    nn, bb, cc = n + 2, b + 0.5, c + 0.5
+    dd = (cc - bb) / nn
+    se = math.sqrt(max(0.0, (bb + cc) / nn - dd * dd) / nn)
+    return (c - b) / n, max(-1.0, dd - z * se), min(1.0, dd + z * se)
+
+
+def paired_sample_size(p_base: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Pairs a one-sided McNemar test at level ``alpha`` needs to detect, with probability
+    ``power``, a failure rate of ``p_base + delta`` on the second arm against ``p_base`` on the
+    first (Connor 1987, eq. 3): n = (z_a·sqrt(psi) + z_b·sqrt(psi − delta²))² / delta², rounded
+    up, where psi = p1(1 − p2) + p2(1 − p1) is the share of discordant pairs when the two arms
+    fail independently of each other (failures that tend to hit the same turns on both arms give
+    fewer discordant pairs, so fewer are needed: this n is the conservative one).
+    Fractions in (0, 1); ValueError otherwise or when p_base + delta >= 1."""
+    for name, v in (("p_base", p_base), ("delta", delta), ("alpha", alpha), ("power", power)):
+        if not 0 < v < 1:
+            raise ValueError(f"{name} must be in (0, 1), got {v}")
+    p1, p2 = p_base, p_base + delta
+    if p2 >= 1:
+        raise ValueError("p_base + delta must be below 1")
+    psi = p1 * (1 - p2) + p2 * (1 - p1)
+    za, zb = NormalDist().inv_cdf(1 - alpha), NormalDist().inv_cdf(power)
+    return math.ceil((za * math.sqrt(psi) + zb * math.sqrt(psi - delta * delta)) ** 2 / (delta * delta))

@@ -11,11 +11,12 @@ CLI (stable; the release launcher starts it)::
         [--seed S] [--ttft-ms 20] [--itl-ms 2] [--stuck-rate 0.0] [--corruption-scale 1.0]
         [--fault KIND ...] [--sglang-version 0.5.23]
 
-``--sglang-version V`` (0.5.18-0.5.23, default 0.5.23) is the release ``/server_info`` reports, so
-a check can be run against a server of each supported release. Only the report changes: the output
-path stays SGLang 0.5.23's deepseek-recipe parser (0.5.18-0.5.22 parse with ``FunctionCallParser``
-and the regex ``DeepSeekV4Detector``, whose module imports pydantic, openai and
-partial_json_parser, which the test environment does not install).
+``--sglang-version V`` (0.5.18-0.5.23, default 0.5.23) is the release ``/server_info`` reports and
+the output path it speaks: 0.5.23 parses on token IDs with deepseek-recipe (above); 0.5.18-0.5.22
+decode to text and run *their own* regex ``DeepSeekV4Detector`` from the release's wheel source
+(:mod:`tests.standin.detector`: markup sampled as text is parsed like the real tags, malformed
+invokes are dropped by 0.5.21/0.5.22 and leak the raw text in 0.5.18-0.5.20, undeclared tools are
+dropped, string arguments stripped), framed as 0.5.22's ``serving_chat`` frames it.
 
 The serve config is a real SGLang ``--config`` YAML (dashed keys, read like SGLang: CLI flags win).
 Keys it honours: ``served-model-name``/``model-path``, ``host``, ``port``, ``tool-call-parser``
@@ -47,7 +48,8 @@ host): the load-back that loses the indexer keys; a prefix from the device tier,
 ``pd_aborts`` answers every other chat request, the first included, with one of SGLang's PD abort
 messages in turn (:data:`PD_ABORT_MESSAGES`: transfer, bootstrap, ``AbortReq``), logs it to stdout
 and counts it in ``sglang:num_transfer_failed_reqs`` or ``sglang:num_bootstrap_failed_reqs``;
-``http_503`` answers every other chat request,
+``--fault-rate P`` makes the ``--fault`` kinds hit a share P of the turns only, never a ``check
+smoke`` probe (a release that corrupts under load); ``http_503`` answers every other chat request,
 the first included, with HTTP 503 before any work: a gateway that retries hides it). ``--stuck-rate`` wedges that fraction
 of requests after the response headers (streaming: after the role chunk), as a decode request
 stuck in a KV transfer (field report P1); they count in ``sglang:num_decode_transfer_queue_reqs``.
@@ -194,13 +196,17 @@ class StandIn:
 
     def __init__(self, args: dict[str, Any], *, seed: int = 0, ttft_ms: float = 20.0, itl_ms: float = 2.0,
                  stuck_rate: float = 0.0, corruption_scale: float = 1.0, launch_command: str = "",
-                 faults: tuple[str, ...] = (), version: str = VERSION):
+                 faults: tuple[str, ...] = (), version: str = VERSION, fault_rate: float = 1.0):
         self.args = args
         self.version = version          # the SGLang release /server_info reports
+        # and its DeepSeek-V4 output path: 0.5.23's deepseek-recipe, else the release's own regex detector
+        self.output_path = "deepseek-recipe" if version == "0.5.23" else "detector"
         self.served = served_path()
         self.faults = tuple(f for f in faults if f in model.KINDS)
         self.server_faults = frozenset(f for f in faults if f not in model.KINDS)
         self._fault_i = 0
+        self.fault_rate = fault_rate    # --fault-rate: the share of load turns the --fault kinds hit
+        self.fault_draw = Diffuser()
         self.chats = 0                # chat requests received (the http_503 fault answers the odd ones)
         self.context_length = int(args.get("context_length") or 1048576)
         # the KV pool in tokens (``max-total-tokens`` caps it, as SGLang's --max-total-tokens does);
@@ -320,9 +326,14 @@ class StandIn:
         return total, cached, host
 
     # --- the model ----------------------------------------------------------------------------
-    def kind_for(self, corrupt: bool) -> Optional[str]:
+    def kind_for(self, corrupt: bool, rid: str = "") -> Optional[str]:
         """The corruption kind of a turn: the forced ``--fault`` kinds in turn, else an incident
-        kind when the HiCache race hit it, else None."""
+        kind when the HiCache race hit it, else None. With ``--fault-rate P`` < 1 the forced kinds
+        hit a share P of the turns (error diffusion) and never a ``check smoke`` probe (``rid``
+        ``dsv4ctl-smoke-…``): a release that corrupts under load only."""
+        if self.faults and self.fault_rate < 1:
+            if rid.startswith("dsv4ctl-smoke-") or not self.fault_draw.draw(self.fault_rate):
+                return model.incident_kind(self.rng) if corrupt else None
         if self.faults:
             k = self.faults[self._fault_i % len(self.faults)]
             self._fault_i += 1
@@ -364,6 +375,47 @@ def _chunk(rid: str, created: int, model: str, delta: dict, finish: Optional[str
     if usage is not None:
         obj["usage"] = usage
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def detector_reply(state: StandIn, resp: Optional[web.StreamResponse], body: dict, ids: list, finish: str,
+                         parse: bool, separate: bool, thinking: bool, usage: dict, rid: str, created: int):
+    """The answer of a 0.5.18-0.5.22 stand-in (``--sglang-version``): the release's own regex
+    detector on the decoded text (:func:`tests.standin.detector.parse`), framed as 0.5.22's
+    ``serving_chat`` frames it: JSON with ``tool_calls`` (``call_<24 hex>`` ids, ``finish_reason``
+    ``tool_calls`` only from ``stop``), or, streaming (``resp``: the role chunk already sent), the
+    reasoning, the content, one chunk per call (id, name and the whole arguments: a complete
+    invoke, as 0.5.21+ stream it; 0.5.18-0.5.20 send the arguments in pieces that add up to the
+    same), the finish chunk, usage on request, ``[DONE]``."""
+    from .detector import parse as detector_parse
+    if ids:
+        await asyncio.sleep(state.itl * len(ids))
+    out = detector_parse(state.version, state.served.tokenizer, ids, body, parse_tools=parse,
+                         separate_reasoning=separate, thinking=thinking)
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "index": i, "type": "function",
+              "function": {"name": n, "arguments": args}} for i, (n, args) in enumerate(out.calls)]
+    if calls and finish == "stop":
+        finish = "tool_calls"
+    if resp is None:
+        return web.json_response({
+            "id": rid, "object": "chat.completion", "created": created, "model": state.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.content,
+                                                 "reasoning_content": out.reasoning or None,
+                                                 "tool_calls": calls or None},
+                         "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+            "usage": usage}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+    parts = []
+    if out.reasoning:
+        parts.append(_chunk(rid, created, state.model, {"reasoning_content": out.reasoning}))
+    if out.content:
+        parts.append(_chunk(rid, created, state.model, {"content": out.content}))
+    parts += [_chunk(rid, created, state.model, {"tool_calls": [c]}) for c in calls]
+    parts.append(_chunk(rid, created, state.model, {}, finish))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        parts.append(b"data: " + json.dumps({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                             "model": state.model, "choices": [], "usage": usage}).encode() + b"\n\n")
+    await resp.write(b"".join(parts) + b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 def make_app(state: StandIn) -> web.Application:
@@ -525,7 +577,7 @@ def make_app(state: StandIn) -> web.Application:
             await asyncio.sleep(state.ttft)
             corrupt = state.corrupt.draw(corruption_probability(state.effective_concurrency(), state.hicache,
                                                                  state.scale))
-            kind = state.kind_for(corrupt)
+            kind = state.kind_for(corrupt, rid)
             if "replay_differs" in state.server_faults and full_hit and kind is None:
                 kind = "wrong_args"     # an answer built on a restored prefix differs (HiCache restore race)
             if "load_back_indexer" in state.server_faults and from_host and kind is None:
@@ -553,6 +605,9 @@ def make_app(state: StandIn) -> web.Application:
             # SGLang's return_cached_tokens_details (protocol.py SglExt.cached_tokens_details)
             sglext = {"cached_tokens_details": {"device": cached - from_host, "host": from_host}} \
                 if body.get("return_cached_tokens_details") else None
+            if state.output_path == "detector":      # 0.5.18-0.5.22: FunctionCallParser + the regex detector
+                return await detector_reply(state, resp if stream else None, body, ids, finish, parse, separate,
+                                            thinking, usage, rid, created)
             if not stream:
                 if ids:
                     await asyncio.sleep(state.itl * len(ids))
@@ -670,6 +725,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--fault", action="append", default=[], metavar="KIND",
                     help="corrupt every turn with KIND (repeat: in turn); model kinds: "
                          + ", ".join(model.KINDS) + "; server kinds: " + ", ".join(SERVER_FAULTS))
+    ap.add_argument("--fault-rate", type=float, default=1.0, metavar="P",
+                    help="with --fault: corrupt only a share P of the turns, never a check smoke probe (default 1)")
     ap.add_argument("--crash-after", type=int, default=None, metavar="N",
                     help="print --fault-log and exit 1 at chat request N+1 (0: at start-up)")
     ap.add_argument("--stall-after", type=int, default=None, metavar="N",
@@ -677,7 +734,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--fault-log", default=None, help="text file written to stdout when a fault fires")
     ap.add_argument("--fault-needs-hicache", action="store_true", help="arm the faults only with HiCache on")
     ap.add_argument("--sglang-version", default=VERSION, choices=VERSIONS,
-                    help="the SGLang release /server_info reports (the output path stays 0.5.23's)")
+                    help="the SGLang release /server_info reports and whose DeepSeek-V4 output path it speaks")
     multinode.add_args(ap)
     ns = ap.parse_args(argv)
     if ns.node_rank > 0:                 # SGLang's node 1..N-1: no HTTP, lives while node 0 does
@@ -713,7 +770,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     async def run() -> None:
         state = StandIn(args, seed=ns.seed, ttft_ms=ns.ttft_ms, itl_ms=ns.itl_ms, stuck_rate=ns.stuck_rate,
-                        corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault),
+                        corruption_scale=ns.corruption_scale, launch_command=launch, faults=tuple(ns.fault), fault_rate=ns.fault_rate,
                         version=ns.sglang_version)
         if armed:
             state.crash_after, state.stall_after, state.fault_log = ns.crash_after, ns.stall_after, fault_log
