@@ -32,7 +32,7 @@ _dsv4ctl_opts() {
     '') echo '--version -h --help' ;;
     'plan') echo '-s --set -g --group --json --markdown --csv --from-log -p --profile -h --help' ;;
     'facts') echo '-g --group --json --timeout --write --dry-run --force -p --profile -h --help' ;;
-    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --force-failed --no-preflight -m --message -g --group --host --allow-mixed-pd --json -v --verbose -q --quiet -p --profile -h --help' ;;
+    'deploy') echo '--tree --base --patch --dry-run --accept-new-host-keys --health-timeout --break-lock --promote --canary --concurrency --max-corruption --turns --min-requests --no-compare --force-failed --no-preflight -m --message -g --group --host --allow-mixed-pd --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'start') echo '-g --group --host --dry-run --accept-new-host-keys --health-timeout --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'stop') echo '-g --group --host --dry-run --accept-new-host-keys --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;
     'restart') echo '-g --group --host --batch --dry-run --accept-new-host-keys --health-timeout --break-lock -m --message --json -v --verbose -q --quiet -p --profile -h --help' ;;

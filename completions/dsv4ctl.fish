@@ -395,6 +395,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l concurrency -r -f -d 'With -
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l max-corruption -r -f -d 'With --promote: gate on the 95 % Wilson upper bound (default: check.max_corru...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l turns -r -f -d 'With --promote: turns per load session (default: check.turns).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l min-requests -r -f -d 'With --promote: turns per load level at least (default: check load\'s).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l no-compare -d 'With --promote: no paired A/B against the running release when the SGLang ver...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l force-failed -d 'Activate a release recorded as failed anyway (audited; it stays active, never...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -l no-preflight -d 'Skip the config lint + plan preflight (audited).'
 complete -c dsv4ctl -n '__dsv4ctl_at \'deploy\'' -s m -l message -r -f -d 'Why this deploy (recorded in every host\'s audit log and the release\'s record;...'

@@ -419,3 +419,82 @@ def test_promote_by_hand_with_a_refused_api_key_is_no_verdict(world):
     for h in ("h0", "h1"):
         assert w.state(h)["releases"][rid].get("state") != "failed"
         assert w.audit(h)[-1]["result"] == "check-not-run"
+
+
+def _patch(tree, name: str, out):
+    """A patch against the world's tree changing ``python/sglang/srt/NAME`` (another patch series)."""
+    from tests.sshd.world import git
+    f = tree / "python" / "sglang" / "srt" / name
+    old = f.read_text()
+    f.write_text(old + "y = 2\n")
+    out.write_text(git(tree, "diff"))
+    f.write_text(old)
+    return out
+
+
+FEW = ("--min-requests", "40")       # the load gate's turns: few (its verdict is not what this test is about)
+
+
+def test_upgrade_gate_compares_only_upgrades_and_refuses_a_regression(live_cluster, tmp_path):
+    # the A/B is kept small by check.compare.pairs (the default is sized: 1,828 pairs)
+    w = PromoteWorld(live_cluster, tmp_path, check={"concurrency": 10, "max_corruption": 0.5, "turns": 2,
+                                                    "stall_timeout_s": 20, "compare": {"pairs": 100}})
+    w.extra = {"context-length": 16384}       # short over-length probes: a quick check smoke
+    w.hicache(False)
+    try:
+        r = cli(w, "deploy", "--promote", *FEW, "--json")           # first deploy: nothing runs yet, no A/B
+        assert r.code == 0, r.err
+        first = r.json()["release"]
+        assert r.json()["promotion"]["upgrade"] == {"running": None, "changes": [], "compare": False}
+
+        # a serve-config change on the same SGLang, series and environment: promoted without an A/B
+        w.extra = {"context-length": 16384, "enable-cache-report": True}
+        w.hicache(False)
+        r = cli(w, "deploy", "--promote", *FEW, "--json")
+        assert r.code == 0, r.err
+        same = r.json()["release"]
+        assert same != first and r.json()["promotion"]["upgrade"]["changes"] == []
+        assert [c["check"] for c in r.json()["promotion"]["checks"]] == ["smoke", "load", "smoke-all"]
+
+        # an upgrade (another patch series) that serves as well as the running release: compared, promoted
+        p1 = _patch(w.tree, "mod001.py", tmp_path / "0001-one.patch")
+        r = cli(w, "deploy", "--promote", *FEW, "--patch", str(p1), "--dry-run")
+        assert r.code == 0, r.err
+        assert "check load --compare" in r.out and "upgrade (patch series (0 -> 1 patch(es)))" in r.out
+        assert "100 pairs (check.compare.pairs)" in r.out and "--concurrency 10 --turns 11 --min-requests 0" in r.out
+        r = cli(w, "deploy", "--promote", *FEW, "--patch", str(p1), "--json")
+        assert r.code == 0, r.err
+        equal = r.json()["release"]
+        pr = r.json()["promotion"]
+        assert pr["upgrade"] == {"running": same, "changes": ["patch series (0 -> 1 patch(es))"], "compare": True}
+        cmp_check = next(c for c in pr["checks"] if c["check"] == "compare")
+        assert cmp_check["passed"] and cmp_check["reason"].startswith("no regression: corrupted: new 0.00 % vs running 0.00 %")
+        doc = json.loads(next((w.state_dir / "evidence" / equal).glob("*/compare.json")).read_text())
+        paired = doc["comparisons"][0]["paired"]
+        assert 100 <= paired["pairs"] <= 110 and paired["b_only"] == paired["a_only"] == 0 and not paired["regression"]
+        assert w.currents() == {"h0": equal, "h1": equal}
+
+        # an upgrade whose release corrupts a quarter of the load turns (smoke and the load gate at
+        # 0.5 still pass): the A/B refuses it, the canary goes back, the release is marked failed
+        p2 = _patch(w.tree, "mod002.py", tmp_path / "0001-two.patch")
+        w.launch_extra = " --fault wrong_args --fault-rate 0.25"
+        w.hicache(False)
+        r = cli(w, "deploy", "--promote", *FEW, "--patch", str(p2), "--no-compare", "--dry-run")
+        assert r.code == 0 and "check load --compare" not in r.out and "check load http" in r.out, r.out
+        assert f"upgrade (patch series (1 -> 1 patch(es))): paired A/B against {equal} skipped (--no-compare)" in r.out
+        r = cli(w, "deploy", "--promote", *FEW, "--patch", str(p2))
+        assert r.code == 1, r.err
+        bad = next(x.name for x in (w.cache / "releases").iterdir()
+                   if x.name.startswith("r") and x.name not in (first, same, equal))
+        assert f"deploy --promote of {bad}: check compare failed: regression against the running release" in r.err
+        assert "McNemar exact one-sided p = " in r.err and "95 % CI +" in r.err
+        assert "wrong_args: " in r.err or "dsml_in_content: " in r.err
+        assert f"rolled back h0 to {equal}; h1 never switched" in r.err
+        assert w.currents() == {"h0": equal, "h1": equal}
+        assert w.state("h0")["releases"][bad]["state"] == "failed"
+        assert w.state("h0")["releases"][bad]["failed_check"] == "check compare"
+        doc = json.loads(next((w.state_dir / "evidence" / bad).glob("*/compare.json")).read_text())
+        paired = doc["comparisons"][0]["paired"]
+        assert paired["regression"] and paired["a_only"] == 0 and paired["b_only"] >= 20   # a quarter of >= 100
+    finally:
+        w.stop_services()

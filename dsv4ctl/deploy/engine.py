@@ -647,6 +647,9 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
         check_base(dep.sglang.image)
     pre = None
     if promote is not None:
+        # what the release is built from, for the upgrade gate (a dry run builds in a throw-away folder)
+        promote.built_from = {"base_commit": resolve_base(tree_p, base_ref),
+                              "patches": [[p.name, sha256_file(p)] for p in pl], "series": ident}
         promote.prepare(dep, opts.log)
     elif opts.preflight:
         from .preflight import preflight

@@ -11,6 +11,12 @@ Pipeline (issue 7, item 1)::
     check smoke `dsv4ctl check smoke --profile P --json`
     check load  `dsv4ctl check load --profile P --json` with the profile's `check:` gate
                 (concurrency, max_corruption, turns; overridable)
+    compare     an upgrade (the SGLang version, the patch series or the environment differs from
+                the running release's: :func:`upgrade_changes`) runs the paired A/B
+                `dsv4ctl check load --compare RUNNING CANARY` (:mod:`dsv4ctl.check.paired`: same
+                known-answer workload on both, one-sided exact McNemar, sized by
+                :func:`compare_sizing`); a significant regression fails the promotion like a
+                failed check (``--no-compare`` skips it)
     rest        switch every other host, health gate
     good        mark the release good (state.json), audit, unlock
 
@@ -41,13 +47,17 @@ CHECKS = ("smoke", "load")
 class PromoteOptions:
     """CLI knobs of the promotion. ``canary``: a group or host name (None: default rule);
     ``concurrency`` (``N`` or ``N,N``), ``max_corruption`` (fraction), ``turns``,
-    ``min_requests``: override the profile's ``check:`` gate (None: the profile's value)."""
+    ``min_requests``: override the profile's ``check:`` gate (None: the profile's value);
+    ``compare``: run the upgrade gate's paired A/B when the release is an upgrade (``--no-compare``:
+    False)."""
 
     canary: str | None = None
     concurrency: str | None = None
     max_corruption: float | None = None
     turns: int | None = None
     min_requests: int | None = None
+    compare: bool = True
+    built_from: dict | None = None       # {base_commit, patches, series} of the release (set by the engine)
     canary_hosts: list[str] = field(default_factory=list)
     preflight: dict | None = None
     stamp: str = ""
@@ -221,6 +231,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     from .steps import (RunSteps, Step, close_step, env_steps, gate_steps, lock_step, next_previous,
                         present_verify_steps, prune_after_switch, push_step, revert_steps, switch_step)
     hosts = site.hosts
+    skipped: list[str] = []      # an upgrade's A/B skipped by --no-compare: said in the notes
     canary = first_deploy_canary([h for h in hosts if h in po.canary_hosts], {h: site.facts[h].current for h in hosts})
     rest = [h for h in hosts if h not in canary]
     url = check_target(site.profile, canary if rest else None)
@@ -242,6 +253,9 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
                        f"corruption rate <= {g['max_corruption']:g}") if kind == "load" else ""
                 steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)}{why}", " ".join(["dsv4ctl", *argv]),
                                   name, extra={"kind": kind, "argv": argv}))
+            ab = compare_steps(site, rid, spec, po, canary, bool(rest))
+            steps += [x for x in ab if not isinstance(x, str)]
+            skipped += [x for x in ab if isinstance(x, str)]
         elif hs and url:
             argv = check_argv("smoke", path, po)
             steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)} (every worker on the release)",
@@ -258,7 +272,170 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
                               "audit deploy rolled-back; unlock") for h in hosts]
     notes = ["first deploy (no host runs a release): every host is the canary"] if canary != [
         h for h in hosts if h in po.canary_hosts] else []
-    return RunSteps(steps, fail, notes)
+    return RunSteps(steps, fail, notes + skipped)
+
+
+# -- the upgrade gate: a paired A/B against the running release ----------------------------------
+
+def upgrade_changes(old: dict, new: dict) -> list[str]:
+    """What makes a release an upgrade of the running one (pure): one line per difference of
+    ``old`` and ``new``, each {sglang (version or None), base_commit, patches [[name, sha256]],
+    series, environments (sorted env digests of launch.json)}. ``SGLang 0.5.22 -> 0.5.23`` (a new
+    base commit of the same version: ``SGLang base commit abc -> def``), ``patch series`` (other
+    patches or series identity) and ``environment`` (another lock digest). Serve configs and launch
+    commands are not an upgrade (the load gate judges them). [] when none differs."""
+    out = []
+    if old.get("sglang") != new.get("sglang") and old.get("sglang") and new.get("sglang"):
+        out.append(f"SGLang {old['sglang']} -> {new['sglang']}")
+    elif old.get("base_commit") != new.get("base_commit"):
+        out.append(f"SGLang base commit {str(old.get('base_commit'))[:12]} -> {str(new.get('base_commit'))[:12]}")
+    if old.get("patches") != new.get("patches") or old.get("series") != new.get("series"):
+        out.append(f"patch series ({len(old.get('patches') or [])} -> {len(new.get('patches') or [])} patch(es))")
+    if old.get("environments") != new.get("environments"):
+        out.append("environment (lock digest)")
+    return out
+
+
+def release_identity(site, rid: str, launch: dict | None, built_from: dict | None = None) -> dict | None:
+    """{sglang, base_commit, patches, series, environments} of release ``rid`` from
+    ``built_from`` ({base_commit, patches [[name, sha256]], series}: what the run builds it from),
+    else its RELEASE.json in the local release cache, and ``launch`` (its launch.json); the SGLang
+    version is the profile tree's at the release's base commit (None when the tree cannot say).
+    None when neither says."""
+    from .release import default_cache
+    if built_from is not None:
+        meta = {"base_commit": built_from["base_commit"], "series_identity": built_from.get("series"),
+                "patches": [{"name": n, "sha256": h} for n, h in built_from.get("patches") or []]}
+    else:
+        try:
+            meta = json.loads((Path(site.opts.cache or default_cache()) / rid / "RELEASE.json").read_text())
+        except (OSError, ValueError):
+            return None
+    version = None
+    tree = site.profile.sglang.tree if hasattr(site.profile, "sglang") else None
+    if tree is not None and Path(tree).is_dir() and meta.get("base_commit"):
+        from ..patches.gitio import Git
+        from ..patches.tree import tree_version
+        try:
+            version = tree_version(Git(str(tree)), meta["base_commit"])
+        except Exception:        # not a checkout, the commit gone: the base commit still tells
+            version = None
+    envs = sorted({s.get("python_env") for s in (launch or {}).values() if isinstance(s, dict) and s.get("python_env")})
+    return {"sglang": version, "base_commit": meta.get("base_commit"),
+            "patches": [[p.get("name"), p.get("sha256")] for p in meta.get("patches") or []],
+            "series": meta.get("series_identity"), "environments": envs}
+
+
+def running_changes(site, rid: str, spec: dict, canary: list[str],
+                    built_from: dict | None = None) -> tuple[str | None, list[str]]:
+    """(the running release of the canary's hosts, :func:`upgrade_changes` against it). None and
+    [] on a first deploy or a redeploy of the running release; a running release the local cache
+    has no record of counts as an upgrade (``not in the local release cache``: compared, never
+    assumed equal)."""
+    old = next((site.facts[h].current for h in canary if site.facts[h].current), None)
+    if old is None or old == rid:
+        return old, []
+    launch = next((site.facts[h].current_launch for h in canary if site.facts[h].current == old), None)
+    a, b = release_identity(site, old, launch), release_identity(site, rid, spec, built_from)
+    if a is None or b is None:
+        return old, [f"the record of {old if a is None else rid} is not in the local release cache"]
+    return old, upgrade_changes(a, b)
+
+
+def compare_urls(profile, canary_hosts: list[str]) -> tuple[str, str] | None:
+    """(running, canary): the URL of a colocated server whose nodes are all off the canary
+    (running the current release) and of one on the canary (the new release), the same group
+    when it has both, else the same role. None when there is no such pair: a PD deployment (a
+    prefill or decode server alone answers no chat) or no server off the canary."""
+    from ..profile.deployment import as_deployment
+    dep = as_deployment(profile)
+    servers = [(g.name, srv, u) for g in dep.servers() if g.group.role == "colocated"
+               for srv, (_, u) in zip(g.group.servers or [g.group.nodes], g.replica_urls)]
+    new = [x for x in servers if any(n.host in canary_hosts for n in x[1])]
+    old = [x for x in servers if all(n.host not in canary_hosts for n in x[1])]
+    if not new or not old:
+        return None
+    same = [(o, n) for n in new for o in old if o[0] == n[0]]
+    o, n = same[0] if same else (old[0], new[0])
+    return o[2], n[2]
+
+
+def compare_sizing(profile, canary_hosts: list[str], po: PromoteOptions) -> dict:
+    """{concurrency, turns, pairs, source}: the A/B's sessions are the load gate's highest
+    concurrency, at most the plan's max-running-requests of the canary's group (the batch a
+    server admits at once); ``pairs``: ``check.compare.pairs``, else
+    :func:`dsv4ctl.check.paired.plan_pairs` of ``check.compare.baseline`` and ``.delta`` (one-sided
+    McNemar, alpha 0.05, power 0.8: 1,828 pairs for 1 % -> 2 %); turns per session to issue them.
+    InputError for a baseline + delta of 1 or more."""
+    from ..check.paired import ALPHA, POWER, plan_pairs, sizing
+    from ..profile.deployment import as_deployment
+    dep = as_deployment(profile)
+    chk = dep.check
+    conc = max(int(x) for x in str(gate_settings(dep, po)["concurrency"]).split(","))
+    mrr = None
+    try:
+        from ..plan.plan import build_plan
+        rep = build_plan(dep)
+        mrr = min((st.sizes.max_running_requests for g in rep.groups for st in g.stages
+                   if g.group.host in canary_hosts), default=None)
+    except Exception:            # the preflight planned it already; a plan that fails here sizes nothing
+        mrr = None
+    if mrr:
+        conc = min(conc, int(mrr))
+    if chk.compare_pairs:
+        pairs, source = int(chk.compare_pairs), "check.compare.pairs"
+    else:
+        try:
+            pairs = plan_pairs(chk.compare_baseline, chk.compare_delta)
+        except ValueError as e:
+            raise InputError(f"{dep.profile.path}: check.compare: {e}") from None
+        source = (f"one-sided exact McNemar, alpha {ALPHA:g}, power {POWER:g}: a rise of "
+                  f"{100 * chk.compare_delta:g} % over {100 * chk.compare_baseline:g} %")
+    return {**sizing(conc, pairs), "source": source, "max_running_requests": mrr}
+
+
+def compare_steps(site, rid: str, spec: dict, po: PromoteOptions, canary: list[str], has_rest: bool) -> list:
+    """The canary's A/B step (a ``check`` of kind ``compare``) when release ``rid`` (launch
+    ``spec``) is an upgrade of the running one (:func:`running_changes`) and ``po.compare``; []
+    otherwise (a first deploy, a redeploy of the same version, series and environment,
+    ``--no-compare``). Without a server to compare against (``has_rest`` False, or
+    :func:`compare_urls` None) the step has no command: it stops the promotion as a check that
+    could not run (exit 2, the canary put back, the release not marked failed). An upgrade with
+    ``--no-compare`` gives the line that says so (a str, a note of the dry run) instead."""
+    from .steps import Step
+    old, changes = running_changes(site, rid, spec, canary, po.built_from)
+    if not changes:
+        return []
+    if not po.compare:
+        return [f"upgrade ({'; '.join(changes)}): paired A/B against {old} skipped (--no-compare)"]
+    what = "; ".join(changes)
+    urls = compare_urls(site.profile, canary) if has_rest else None
+    size = compare_sizing(site.profile, canary, po)
+    argv = (["check", "load", "--compare", urls[0], urls[1], "--concurrency", str(size["concurrency"]),
+             "--turns", str(size["turns"]), "--min-requests", "0", "--max-corruption", "0.999", "--json",
+             "--no-progress"] if urls else [])
+    text = (f"dsv4ctl {' '.join(argv)}; upgrade ({what}): paired A/B of {old} (A, running) and {rid} (B, canary), "
+            f"{size['pairs']} pairs ({size['source']}); fails on a regression (McNemar p < 0.05)" if urls else
+            f"upgrade ({what}): paired A/B of {old} and {rid}: no running colocated server off the canary to "
+            "compare against (one host, or PD): the promotion stops here, use --no-compare")
+    return [Step("check", "local", text, " ".join(["dsv4ctl", *argv]) if argv else "", "canary",
+                 extra={"kind": "compare", "argv": argv, "changes": changes, "sizing": size, "running": old})]
+
+
+def compare_verdict(doc: dict | None, code: int, err: str) -> tuple[bool, str]:
+    """(passed, reason) of the A/B child ``check load --compare``: it passes when its paired
+    comparison shows no regression of B against A (:func:`dsv4ctl.check.paired.compare_paired`);
+    the reason of a regression names the per-class differences with their 95 % intervals. A
+    child that gave no comparison (exit 2, a crash) does not pass: its error line."""
+    from ..check.paired import find_paired, regression_lines
+    cmp = find_paired(doc) if isinstance(doc, dict) else None
+    if cmp is None:
+        msg = err.removeprefix("dsv4ctl: error: ").removeprefix("dsv4ctl: gate failed: ").strip()
+        return False, msg or f"check load --compare exited {code} without a comparison"
+    lines = regression_lines(cmp)
+    if cmp["regression"]:
+        return False, "regression against the running release: " + "; ".join(x.strip() for x in lines)
+    return True, "no regression: " + lines[0]
 
 
 # -- preflight ---------------------------------------------------------------------------------
@@ -300,6 +477,41 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
     log(f"check {kind}: {'pass' if passed else 'FAIL: ' + reason} ({time.monotonic() - t0:.1f} s)")
     return {"check": name, "passed": passed, "reason": reason, "exit_code": p.returncode,
             "target": url or "profile", "evidence": str(edir / f"{name}.json")}
+
+
+def run_compare(step: dict, profile, edir: Path, log) -> dict:
+    """Run the upgrade gate's A/B (``step``: a compare step's extra: argv, changes, sizing) as a
+    ``dsv4ctl check load --compare`` child; its report goes to ``edir/compare.json``. Returns a
+    check result {check: compare, passed, reason, exit_code, evidence}: exit code 1 on a
+    regression (:func:`compare_verdict`), the child's code when it gave no comparison, 2 without
+    a server to compare against."""
+    edir.mkdir(parents=True, exist_ok=True)
+    ev = str(edir / "compare.json")
+    if not step["argv"]:
+        return {"check": "compare", "passed": False, "exit_code": EXIT_USAGE, "target": "none", "evidence": ev,
+                "reason": "no running colocated server off the canary to compare the upgrade against "
+                          "(one host, or PD): use --no-compare to promote without the A/B"}
+    log(f"check compare: dsv4ctl {' '.join(step['argv'])} ({step['sizing']['pairs']} pairs: {step['sizing']['source']})")
+    t0 = time.monotonic()
+    from .site import api_key
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    key = api_key(profile)
+    if key:
+        env["DSV4CTL_API_KEY"] = key
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *step["argv"]], capture_output=True, text=True, env=env)
+    (edir / "compare.json").write_text(p.stdout)
+    (edir / "compare.err").write_text(p.stderr)
+    try:
+        doc = json.loads(p.stdout) if p.stdout.strip() else None
+    except ValueError:
+        doc = None
+    err = next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith("dsv4ctl: error:")), "")
+    passed, reason = compare_verdict(doc, p.returncode, err)
+    has_cmp = isinstance(doc, dict) and bool(doc.get("comparisons"))
+    code = 0 if passed else (1 if has_cmp else (p.returncode if p.returncode not in (0, 1) else 1))
+    log(f"check compare: {'pass' if passed else 'FAIL'}: {reason} ({time.monotonic() - t0:.1f} s)")
+    return {"check": "compare", "passed": passed, "reason": reason, "exit_code": code,
+            "target": " vs ".join(step["argv"][3:5]), "changes": step["changes"], "evidence": ev}
 
 
 def store_evidence(site, hosts: list[str], rid: str, stamp: str, edir: Path, summary: dict) -> str:
@@ -366,9 +578,15 @@ class _Promotion:
         self.reverts = {s.host: s for s in revert_steps(site, site.hosts, rid, spec)}
         self.rec = {"action": "deploy", "release": rid, "promote": True, "canary": self.canary}
         self.results: list[dict] = []
+        running, changes = running_changes(site, rid, spec, self.canary, po.built_from)
+        self.upgrade = {"running": running, "changes": changes,
+                        "compare": bool(changes) and po.compare and bool(run.of("check", "canary") and any(
+                            st.extra.get("kind") == "compare" for st in run.of("check", "canary")))}
+        if changes and not po.compare:
+            site.opts.log(f"upgrade ({'; '.join(changes)}): paired A/B against {running} skipped (--no-compare)")
         report["promotion"] = {"canary": self.canary, "rest": self.rest, "check_target": self.url or "profile",
                                "preflight": po.preflight, "gate": gate_settings(site.profile, po),
-                               "checks": self.results, "evidence": str(self.edir)}
+                               "upgrade": self.upgrade, "checks": self.results, "evidence": str(self.edir)}
         self.switched: list[str] = []
         self.before = {h: site.facts[h].current for h in site.hosts}
         olds = set(self.before.values())
@@ -472,9 +690,12 @@ class _Promotion:
         for st in self.run.of("check", stage):
             E.trace(site, st)
             kind = st.extra["kind"]
-            r = run_check(kind, site.profile, self.cpo if stage == "canary" else self.po, self.edir, site.opts.log,
-                          url if stage == "canary" else None, name=kind if stage == "canary" else "smoke-all",
-                          extra=canary_check_args(site.profile, kind, url, canary) if stage == "canary" else ())
+            if kind == "compare":
+                r = run_compare(st.extra, site.profile, self.edir, site.opts.log)
+            else:
+                r = run_check(kind, site.profile, self.cpo if stage == "canary" else self.po, self.edir, site.opts.log,
+                              url if stage == "canary" else None, name=kind if stage == "canary" else "smoke-all",
+                              extra=canary_check_args(site.profile, kind, url, canary) if stage == "canary" else ())
             out.append(r)
             if not r["passed"]:
                 # a server that died under the check (a node lost mid-load: node 0 stalls, then

@@ -132,6 +132,9 @@ class CheckSettings:
     max_corruption: float = 0.01
     turns: int = 8
     stall_timeout_s: float = 60.0
+    compare_pairs: Optional[int] = None      # check.compare.pairs: None = sized (dsv4ctl.check.paired)
+    compare_baseline: float = 0.01           # check.compare.baseline: the running release's assumed rate
+    compare_delta: float = 0.01              # check.compare.delta: the regression to detect
 
     @property
     def concurrency_arg(self) -> str:
@@ -591,7 +594,10 @@ def resolve(profile: Profile) -> Deployment:
         concurrency=tuple(conc) if isinstance(conc, (list, tuple)) else (int(conc),),
         max_corruption=float(ck.get("max_corruption", CheckSettings.max_corruption)),
         turns=int(ck.get("turns", CheckSettings.turns)),
-        stall_timeout_s=float(ck.get("stall_timeout_s", CheckSettings.stall_timeout_s)))
+        stall_timeout_s=float(ck.get("stall_timeout_s", CheckSettings.stall_timeout_s)),
+        compare_pairs=(ck.get("compare") or {}).get("pairs"),
+        compare_baseline=float((ck.get("compare") or {}).get("baseline", CheckSettings.compare_baseline)),
+        compare_delta=float((ck.get("compare") or {}).get("delta", CheckSettings.compare_delta)))
     dep = Deployment(profile=profile, sglang=sglang, deploy=deploy, check=check)
     dep.groups = {g.name: GroupView(dep, g) for g in profile.groups}
     if "root" in dp:

@@ -134,6 +134,15 @@ PROFILE_SCHEMA: dict = {
                 "max_corruption": {"type": "number", "minimum": 0, "maximum": 1},
                 "turns": _pos_int,
                 "stall_timeout_s": _num,
+                # the upgrade gate's paired A/B (deploy --promote; dsv4ctl/check/paired.py)
+                "compare": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "pairs": _pos_int,
+                        "baseline": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                        "delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                    },
+                },
             },
         },
         "hosts": {

@@ -29,7 +29,8 @@ class PromoteWorld:
     front of the decode group; with ``gateway`` (sglang-router | smg) the REAL gateway of
     .venv-router in PD mode in front of prefill and decode, args from dsv4ctl's launch spec).
     The prefill's bootstrap port is a free one. ``hicache(on)`` rewrites the serve configs (a new release id on
-    the next deploy); ``extra`` adds serve-config keys. With ``nnodes`` N (not with ``pd``): ``a`` is one
+    the next deploy); ``extra`` adds serve-config keys, ``launch_extra`` stand-in flags (both take effect at
+the next ``hicache()``). With ``nnodes`` N (not with ``pd``): ``a`` is one
     server over h0..h(N-1) and ``b`` over the next N hosts (SGLang ``--nnodes N``, TP 8N, node 0 first)."""
 
     def __init__(self, cluster: Cluster, tmp: Path, check: dict | None = None, pd: bool = False,
@@ -40,6 +41,7 @@ class PromoteWorld:
         self.gateway = gateway
         self.nnodes = nnodes
         self.extra: dict = {}
+        self.launch_extra = ""          # stand-in flags appended to the launch command (a release's own)
         self.groups = ("prefill", "decode") if pd else ("a", "b")
         self.hosts = cluster.hosts[:3 if pd else 2 * nnodes]
         self.nodes = {g: self.hosts[i * nnodes:(i + 1) * nnodes] for i, g in enumerate(self.groups)} if not pd else \
@@ -74,7 +76,7 @@ class PromoteWorld:
             "version": 1, "name": "promote-test", "model": "deepseek-v4-flash",
             "sglang": {"version": "0.5.23", "tree": str(self.tree), "base_ref": "v0.5.23", "series": None},
             "deploy": {"root": "/nonexistent", "keep_releases": 5, "service": "launcher", "health_timeout_s": 30,
-                       "python": sys.executable, "launch": {"server": STANDIN}},
+                       "python": sys.executable, "launch": {"server": STANDIN + self.launch_extra}},
             "check": self.check,
             "hosts": [self.c.host_yaml(x, self.roots[x.name]) for x in h],
             "groups": [{"name": g, "role": g if self.pd else "colocated", "host": h[i].name, "gpus": list(range(8)),
