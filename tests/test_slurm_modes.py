@@ -7,8 +7,9 @@ the login host): one-node prefill on h0, decode on h1, the router on h2 as over 
 * replicas: every replica its own job (``GROUP@R``);
 * rank 0 hung (the job RUNNING, ``/health`` never OK): the gate fails by its timeout and the
   previous release's job serves again;
-* an interrupt while ``sbatch`` waits for the controller: exit 130, the old release back;
-* ``--dry-run`` lists exactly the steps a Slurm deploy runs."""
+* an interrupt while the submit step waits for the controller: exit 130, the old release back;
+* ``--dry-run`` lists exactly the steps a Slurm deploy runs (submitting from this machine: a
+  ``local: true`` host as the submit host)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,15 @@ class ModesWorld(World):
 
     def write(self) -> None:
         super().write()
+        if self.submit == "ctl":
+            self.roots["ctl"] = self.tmp / "roots" / "ctl"
         prof = yaml.safe_load(self.profile.read_text())
         prof["deploy"]["backend"] = "slurm"
         prof["deploy"]["slurm"] = {"partition": self.lab.partition, "conf": str(self.lab.conf), "time_limit": "60"}
         if self.submit:
             prof["deploy"]["slurm"]["submit_host"] = self.submit
+        if self.submit == "ctl":          # this machine: a host with local: true
+            prof["hosts"].append({"name": "ctl", "address": "127.0.0.1", "local": True, "root": str(self.roots["ctl"])})
         if self.health_timeout:
             prof["deploy"]["health_timeout_s"] = self.health_timeout
         if self.replicas:
@@ -110,6 +115,12 @@ def test_a_login_host_submits_cancels_and_rolls_back_every_job(make, lab):
         assert f"=== dsv4ctl start {g} release {b}" in (w.roots[node] / "logs" / f"{g}.log").read_text()
     assert "=== dsv4ctl: decode release" in (w.roots["h3"] / "logs" / "decode.log").read_text()
     assert http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200
+    st = run_cli("status", str(w.profile), "--json", env=w.env())
+    assert st.code == 0, st.err + st.out
+    assert [st.json()["hosts"][h]["groups"][g]["state"] for h, g in (("h0", "prefill"), ("h1", "decode"))] == \
+        ["running", "running"] and st.json()["hosts"]["h3"]["groups"] == {}
+    d = run_cli("diagnose", str(w.profile), env=w.env())
+    assert d.code == 0 and "h1/decode: [ok] healthy" in d.out, d.out + d.err
     r = run_cli("stop", str(w.profile), "-g", "decode", env=w.env())
     assert r.code == 0, r.err
     assert jobs(lab, "decode") == [] and running(lab, "prefill") == [("h0", b)]
@@ -166,15 +177,16 @@ SIGNALS = ([signal.SIGINT, signal.SIGTERM, signal.SIGHUP] if os.environ.get("DSV
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
-def test_an_interrupt_while_sbatch_waits_puts_the_old_release_back(make, lab, sig):
-    """The controller stops answering right after the old decode job left the queue (the
-    login host's step goes on to sbatch, which waits); the signal comes then; the controller
-    answers again 2 s later: exit 130, every host on the old release, its jobs running, the
-    new release's job (submitted after the signal) cancelled."""
+def test_an_interrupt_during_the_submit_step_puts_the_old_release_back(make, lab, sig):
+    """The controller stops answering while the login host's switch step cancels the old jobs
+    (the step waits for the queue, its sbatch after that); the signal comes then; the
+    controller answers again 2 s later: the step ends (an interrupt lets a switch finish), then
+    exit 130, every host on the old release, its jobs running, the new release's job
+    (submitted after the signal) cancelled."""
     w = make(submit="h3")
     assert deploy(w).code == 0
     good = w.current("h0")
-    [old] = jobs(lab, "decode")
+    [old] = jobs(lab, "prefill")          # the submit host cancels decode's job, then prefill's, then submits
     w.extra["decode"] = {"watchdog-timeout": 903}
     w.write()
     p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "--tree", str(w.tree),
@@ -184,10 +196,10 @@ def test_an_interrupt_while_sbatch_waits_puts_the_old_release_back(make, lab, si
     stopped = False
     try:
         assert wait_for(lambda: lab.job(old["job"]).get("JobState") not in ("RUNNING", None), timeout=120, step=0.01)
-        assert wait_for(lambda: not jobs(lab, "decode"), timeout=30, step=0.01)
-        os.killpg(ctld.pid, signal.SIGSTOP)
-        stopped, t_stop = True, time.time()
+        os.killpg(ctld.pid, signal.SIGSTOP)       # the step's wait for the queue, then its sbatch, need it
+        stopped = True
         time.sleep(0.5)
+        t_sig = time.time()
         p.send_signal(sig)
         time.sleep(2)
         os.killpg(ctld.pid, signal.SIGCONT)
@@ -203,12 +215,14 @@ def test_an_interrupt_while_sbatch_waits_puts_the_old_release_back(make, lab, si
     for g, node in (("prefill", "h0"), ("decode", "h1")):
         assert wait_for(lambda: running(lab, g) == [(node, good)], timeout=30), (g, jobs(lab, g), err)
     log = (w.roots["h3"] / "logs" / "decode.log").read_text()
-    new_rid = next(x for x in os.listdir(w.roots["h3"] / "releases") if x != good)
-    [new_job] = [ln.split(" slurm job ")[1].split()[0] for ln in log.splitlines() if f"release {new_rid} submitted" in ln]
+    new_rid = next(x for x in os.listdir(w.roots["h3"] / "releases") if x.startswith("r") and x != good)
+    new_jobs = [ln.split(" slurm job ")[1].split()[0] for ln in log.splitlines() if f"release {new_rid} submitted" in ln]
+    assert len(new_jobs) == 1, (os.listdir(w.roots["h3"] / "releases"), log, err)
+    new_job = new_jobs[0]
     rec = lab.job(new_job)
     assert rec["JobState"] == "CANCELLED", rec
     submitted = time.mktime(time.strptime(rec["SubmitTime"], "%Y-%m-%dT%H:%M:%S"))
-    assert submitted >= int(t_stop) + 1, (rec["SubmitTime"], t_stop)      # sbatch was waiting when the signal came
+    assert submitted >= int(t_sig) + 1, (rec["SubmitTime"], t_sig)      # submitted after the signal came
     assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
 
 
@@ -217,8 +231,9 @@ def test_a_slurm_deploys_dry_run_lists_the_steps_it_runs(make, lab, monkeypatch)
     from dsv4ctl.deploy.site import Options
     from dsv4ctl.profile.deployment import load_deployment
     from dsv4ctl.remote.ssh import SSHTransport
+    from dsv4ctl.remote.transport import LocalTransport
     from tests.test_steps_equal import _token, check_equal
-    w = make(submit="h3")
+    w = make(submit="ctl")
     for k, v in w.env().items():
         monkeypatch.setenv(k, v)
     opts = lambda **kw: Options(cache=w.cache, accept_new_host_keys=True, **kw)   # noqa: E731
@@ -227,16 +242,19 @@ def test_a_slurm_deploys_dry_run_lists_the_steps_it_runs(make, lab, monkeypatch)
 
     class Rec:
         raw: dict = {}
-    orig = SSHTransport.run
 
-    def run(t, cmd, **kw):
-        Rec.raw.setdefault(t.name, []).append(cmd)
-        return orig(t, cmd, **kw)
-    monkeypatch.setattr(SSHTransport, "run", run)
+    def recorded(orig):
+        def run(t, cmd, **kw):
+            Rec.raw.setdefault(t.name, []).append(cmd)
+            return orig(t, cmd, **kw)
+        return run
+    for cls in (SSHTransport, LocalTransport):
+        monkeypatch.setattr(cls, "run", recorded(cls.run))
     planned, executed = [], []
     rep = engine.deploy(load_deployment(w.profile), opts(steps=planned.append, trace=executed.append))
     assert rep["result"] == "ok" and rep["release"] == dry["release"]
     check_equal(dry, planned[0], executed, Rec, _token(planned[0]))
     switch = {s.host: s.summary for s in executed if s.phase == "switch"}
-    assert "start decode, prefill (slurm)" in switch["h3"], switch
+    assert "start decode, prefill (slurm)" in switch["ctl"], switch        # this machine submits
+    assert (w.roots["ctl"] / "run" / f"decode-{rep['release']}.sbatch").exists()
     assert running(lab, "decode") == [("h1", rep["release"])]
