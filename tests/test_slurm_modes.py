@@ -258,3 +258,11 @@ def test_a_slurm_deploys_dry_run_lists_the_steps_it_runs(make, lab, monkeypatch)
     assert "start decode, prefill (slurm)" in switch["ctl"], switch        # this machine submits
     assert (w.roots["ctl"] / "run" / f"decode-{rep['release']}.sbatch").exists()
     assert running(lab, "decode") == [("h1", rep["release"])]
+
+
+def test_a_submit_host_that_is_no_host_is_exit_2_naming_the_line(make):
+    w = make(submit="login9")
+    r = run_cli("deploy", str(w.profile), "--tree", str(w.tree), "--dry-run", env=w.env())
+    assert r.code == 2, r.err
+    assert f"{w.profile}:" in r.err and "submit_host 'login9' is no host of hosts: (hosts: h0, h1, h2, h3)" in r.err, r.err
+    assert len(r.err.strip().splitlines()) == 1
