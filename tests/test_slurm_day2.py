@@ -131,6 +131,11 @@ def test_status_shows_each_jobs_release_and_restarts_and_a_forgotten_jobs_record
     dec = r.json()["hosts"]["h2"]["groups"]["decode"]["slurm"]
     assert (dec["job"], dec["state"], dec["source"], dec["release"]) == (nj["job"], "CANCELLED", "record", rid), dec
     assert dec["exit_code"] == "0:15" and dec["restarts"] == 2, dec
+    # diagnose reads the same line: the forgotten job's end is evidence, the JSON has the job
+    d = run_cli("diagnose", str(w.profile), "--json", env=w.env())
+    assert d.json()["groups"]["decode"]["slurm"] == dec, d.out
+    d = run_cli("diagnose", str(w.profile), env=w.env())
+    assert f"h2: slurm job {nj['job']} CANCELLED (exit 0:15; from record)" in d.out, d.out
 
 
 def test_the_gate_fails_when_a_leftover_server_answers_on_the_new_jobs_port(world):

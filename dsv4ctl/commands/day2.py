@@ -109,6 +109,8 @@ def status(profile: Optional[str] = _P,
     server group's Slurm job: id, state, nodes, elapsed time, release and restart count (jobs of
     the release submitted since its deploy), and a job Slurm forgot (MinJobAge) with the final
     state dsv4ctl recorded.
+    With sglang.image each running group's container id and image id (JSON: container, image;
+    its uptime is the container's).
 
     A running server whose serve config differs from the profile's is reported with the command
     that applies the file (a deploy: a restart starts the active release's copy again), not
@@ -150,6 +152,7 @@ def _read_hosts(dep, site) -> dict:
     with deploy.backend slurm a server group's liveness is its Slurm job's, and its job's record
     is read on its node 0 (``scontrol show job -o``)."""
     from ..deploy.drift import verify_command
+    from ..hosts.container import runtime_cmd
     from ..hosts.day2 import parse_status, status_command
     from ..remote import run_parallel
     groups = _groups_by_host(dep)
@@ -157,8 +160,9 @@ def _read_hosts(dep, site) -> dict:
 
     def one(t):
         alive, job_cmd = alive_checks(site, t.name, groups[t.name]), job_query(site, t.name)
+        rt = runtime_cmd(dep.sglang.image, site.paths[t.name].root) if dep.sglang.image is not None else None
         cmd = status_command(site.paths[t.name].root, groups[t.name], dep.deploy.service,
-                             verify=verify_command(site.python[t.name]), alive=alive, job_cmd=job_cmd)
+                             verify=verify_command(site.python[t.name]), alive=alive, job_cmd=job_cmd, runtime=rt)
         return parse_status(t.name, site.paths[t.name].root, t.run(cmd, timeout=600).out)
     return run_parallel(site.transports, one, timeout=600 + 15)
 
@@ -220,25 +224,12 @@ def _host_doc(h: str, st, unhealthy: list[str], verify_hint: str) -> dict:
 
 
 def _slurm_job(st, name: str, proc) -> Optional[dict]:
-    """The group's Slurm job as status shows it, from the line read on its node 0
-    (:func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`, parsed by :func:`dsv4ctl.hosts.slurm.parse_job`),
-    or None: ``job`` id, ``state``, ``nodes``, ``elapsed`` (Slurm's RunTime), ``release`` (its
-    comment's, else dsv4ctl's record's), ``restarts`` (jobs of that release submitted after its
-    deploy or rollback: start/restart), ``exit_code`` and ``reason`` once it ended, and
-    ``source``: ``slurm``, or ``sacct``/``record``/``output`` when Slurm forgot the job
-    (MinJobAge) and its final state came from accounting, dsv4ctl's record or the job's output."""
-    from ..hosts.slurm import release_of
+    """The group's Slurm job as status shows it (:func:`dsv4ctl.hosts.slurmrecord.job_view` of
+    the line read on its node 0), or None when the group has no job recorded there."""
+    from ..hosts.slurmrecord import job_view
     if name not in st.jobs and (proc is None or proc.job is None):
         return None
-    rec = st.jobs.get(name) or {}
-    state = rec.get("JobState", "unknown to Slurm")
-    ended = state not in ("PENDING", "RUNNING", "CONFIGURING", "unknown to Slurm")
-    return {"job": rec.get("JobId") or (proc.job if proc else None), "state": state,
-            "nodes": rec.get("NodeList"), "elapsed": rec.get("RunTime"),
-            "release": release_of(rec.get("Comment", "")) or rec.get("Dsv4Release"),
-            "restarts": int(rec["Dsv4Restarts"]) if rec.get("Dsv4Restarts", "").isdigit() else 0,
-            "exit_code": rec.get("ExitCode") if ended else None, "reason": rec.get("Reason") if ended else None,
-            "source": rec.get("Dsv4Source", "slurm") if rec.get("JobState") else None}
+    return job_view(st.jobs.get(name) or {}, proc.job if proc else None)
 
 
 def _status_doc(dep, res, urls, undeployed, moved, probes) -> tuple[dict, list]:
@@ -293,6 +284,9 @@ def _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unheal
             "exit_status": proc.exit_status if proc is not None and not alive else None}
     if g.group.nnodes > 1 or g.group.replicas > 1:
         gdoc.update(replica=replica, node=rank, nnodes=g.group.nnodes)
+    if dep.sglang.image is not None:          # release images: the group's running container
+        gdoc.update(container=proc.container if proc is not None and alive else None,
+                    image=proc.image if proc is not None and alive else None)
     job = _slurm_job(st, name, proc)
     if job is not None:
         gdoc["slurm"] = job
@@ -334,6 +328,8 @@ def _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unheal
             + (f", release {job['release']}" if job.get("release") and job["release"] != cur else "") \
             + f", {job['restarts']} restart(s)" \
             + (f", from {job['source']}" if job.get("source") not in (None, "slurm") else "") + ")"
+    if gdoc.get("container"):
+        shown += f" (container {gdoc['container'][:12]}, image {(gdoc['image'] or '-')[:12]})"
     health = f"served by node 0 ({url})" if rank > 0 else "-" if state == "stopped" else (err or "ok")
     return gdoc, [h, label, shown, rel, gdoc["pid"] or "-", port, uptime_text(gdoc["uptime_s"]), gdoc["restarts"],
                   health, "; ".join(diffs) or "match" if info is not None else "-", hdoc["lock"] or "-"]

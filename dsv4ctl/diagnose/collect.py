@@ -29,12 +29,13 @@ DEFAULT_LINES = 400
 
 
 def host_command(root: str, groups: list[str], service: str, lines: int = DEFAULT_LINES,
-                 alive: dict[str, str] | None = None) -> str:
+                 alive: dict[str, str] | None = None, job_cmd=None) -> str:
     """One read-only shell command for a host: status, each group's log tail, nvidia-smi.
     ``alive``: {group: alive command} in place of the host's service (a Slurm group's job,
-    :func:`dsv4ctl.deploy.service.alive_checks`)."""
+    :func:`dsv4ctl.deploy.service.alive_checks`); ``job_cmd``: the group's Slurm job line
+    (:func:`dsv4ctl.deploy.service.job_query`: its final state once Slurm forgot it)."""
     p = Paths(root)
-    parts = [f"echo '{MARK} status'", status_command(root, groups, service, alive=alive)]
+    parts = [f"echo '{MARK} status'", status_command(root, groups, service, alive=alive, job_cmd=job_cmd)]
     for g in groups:
         parts += [f"echo '{MARK} log {g}'", log_read_command(p, g, None, lines)]
     parts += [f"echo '{MARK} gpus'", gpus_command()]

@@ -61,7 +61,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     recorded per host (``hosts[H].error``), never raised. Each host's clock is read in the same
     round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's time) is converted to the
     host's time before its log lines are filtered."""
-    from ..deploy.service import alive_checks
+    from ..deploy.service import alive_checks, job_query
     from ..hosts.day2 import stop_record
     from ..deploy.site import Options, open_site
     from ..hosts.clock import host_cutoff, run_clocked, usable
@@ -80,7 +80,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     def collect(t):
         alive = alive_checks(site, t.name, by_host[t.name])
         out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines,
-                                                 alive=alive), timeout=60)
+                                                 alive=alive, job_cmd=job_query(site, t.name)), timeout=60)
         return parse_host(t.name, site.paths[t.name].root, out.out), clock
 
     try:
@@ -143,6 +143,7 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
             bad = res[x.host] if x.host in res else None
             if bad is not None and not bad.ok:
                 x.evidence.append(f"{x.host}: host not read ({bad.error})")
+        job = _slurm_job(res.get(srv[0].host), srv[0].host, g.name, fs)
         found += fs
         ev0, size0 = evs[0]
         groups_doc[srv[0].server] = {
@@ -157,6 +158,8 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
                        "log_source": e.log_source if size >= 0 else None, "log_lines": len(e.log.splitlines()),
                        "gpus": e.gpus or []} for e, size in evs],
             "findings": [x.to_dict() for x in fs]}
+        if job is not None:
+            groups_doc[srv[0].server]["slurm"] = job
     found.sort(key=lambda x: -SEVERITY[x.severity])
     runbooks = []
     for x in found:
@@ -166,6 +169,21 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     return {"schema": SCHEMA, "profile": dep.name, "since": since.isoformat() if since else None, "window_s": window,
             "ok": ok, "hosts": hosts_doc, "groups": groups_doc, "findings": [x.to_dict() for x in found],
             "runbooks": runbooks}
+
+
+def _slurm_job(r, host: str, group: str, findings: list) -> Optional[dict]:
+    """With ``deploy.backend: slurm``: the server's job (:func:`dsv4ctl.hosts.slurmrecord.job_view`)
+    as its node 0 ``host``'s read ``r`` says, its line added to the evidence of each finding (a job that
+    ended says how, from Slurm or, once Slurm forgot it, from dsv4ctl's record); None without a
+    job."""
+    from ..hosts.slurmrecord import job_text, job_view
+    st = r.value[0].status if r is not None and r.ok else None
+    if st is None or group not in st.jobs:
+        return None
+    job = job_view(st.jobs[group])
+    for x in findings:
+        x.evidence.append(f"{host}: {job_text(job)}")
+    return job
 
 
 def diagnosis_lines(doc: dict, profile: str = "PROFILE") -> list[str]:

@@ -90,6 +90,36 @@ def ended_cmd(env: str, timeout: int, jids_expr: str, path: str, out_dir: str) -
             f"printf '{fmt}' \"$_j\" \"$_s\" \"{_now()}\" >> {q(path)} || true; done")
 
 
+def job_view(rec: dict, job_id: str | None = None) -> dict:
+    """A server group's Slurm job as ``status`` and ``diagnose`` show it, from the
+    :func:`job_line_cmd` line parsed by :func:`dsv4ctl.hosts.slurm.parse_job` (``rec``; {} when
+    nothing is known, then ``job_id`` from ``run/<unit>.job``): ``job`` id, ``state``, ``nodes``,
+    ``elapsed`` (Slurm's RunTime), ``release`` (the job's comment's, else the record's),
+    ``restarts`` (jobs of that release submitted after its deploy or rollback: each
+    start/restart), ``exit_code`` and ``reason`` once it ended, and ``source``: ``slurm``, or
+    ``sacct``/``record``/``output`` when Slurm forgot the job (MinJobAge) and its final state came
+    from accounting, dsv4ctl's record or the job's batch output (None: no state known)."""
+    from .slurm import release_of
+    state = rec.get("JobState", "unknown to Slurm")
+    ended = state not in ("PENDING", "RUNNING", "CONFIGURING", "unknown to Slurm")
+    return {"job": rec.get("JobId") or job_id, "state": state,
+            "nodes": rec.get("NodeList"), "elapsed": rec.get("RunTime"),
+            "release": release_of(rec.get("Comment", "")) or rec.get("Dsv4Release"),
+            "restarts": int(rec["Dsv4Restarts"]) if rec.get("Dsv4Restarts", "").isdigit() else 0,
+            "exit_code": rec.get("ExitCode") if ended else None, "reason": rec.get("Reason") if ended else None,
+            "source": rec.get("Dsv4Source", "slurm") if rec.get("JobState") else None}
+
+
+def job_text(view: dict) -> str:
+    """One line of a :func:`job_view`: ``slurm job 7 FAILED (exit 1:0, NonZeroExitCode; from
+    record)``."""
+    detail = [x for x in (f"exit {view['exit_code']}" if view.get("exit_code") else "",
+                          view.get("reason") if view.get("reason") not in (None, "None") else "") if x]
+    src = f"from {view['source']}" if view.get("source") not in (None, "slurm") else ""
+    inner = ", ".join(detail) + ("; " if detail and src else "") + src
+    return f"slurm job {view['job']} {view['state']}" + (f" ({inner})" if inner else "")
+
+
 def parse_records(text: str) -> list[dict]:
     """The records of a ``jobs.jsonl`` text, oldest first (a line that is no JSON object, such
     as one cut by a full disk, is left out)."""
