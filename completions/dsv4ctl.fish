@@ -368,7 +368,7 @@ complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s s -l set -r -f -a '(__dsv4ctl_
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s g -l group -r -f -a '(__dsv4ctl_dyn servers)' -d 'Only these server groups. Repeatable.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l json -d 'Print the dsv4ctl.plan/2 JSON document.'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l markdown -d 'Print Markdown.'
-complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per rank (memory segments in GiB, pool sizes).'
+complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l csv -d 'Print CSV: one row per rank (node and host, GPU, memory segments in GiB, pool...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -l from-log -r -F -d 'Compare a server\'s start-up log (DSV4 pool lines / DSV4_POOL_PLAN) with the p...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s p -l profile -r -f -a '(__dsv4ctl_yaml w2)' -d 'The profile, as an option: the same as PROFILE (or DSV4CTL_PROFILE); give it...'
 complete -c dsv4ctl -n '__dsv4ctl_at \'plan\'' -s h -l help -d 'Show this message and exit.'
