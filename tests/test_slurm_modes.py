@@ -153,6 +153,10 @@ def test_each_replica_is_its_own_job(make, lab):
     r = run_cli("start", str(w.profile), "-g", "decode", env=w.env())
     assert r.code == 0, r.err
     assert running(lab, "decode") == [("h1", rid)] and running(lab, "decode@1") == [("h2", rid)]
+    # each replica's job records on its node 0: the release and one restart (the start) apiece
+    r = run_cli("status", str(w.profile), "--json", env=w.env())
+    rows = {h: r.json()["hosts"][h]["groups"]["decode"]["slurm"] for h in ("h1", "h2")}
+    assert {h: (row["release"], row["restarts"]) for h, row in rows.items()} == {"h1": (rid, 1), "h2": (rid, 1)}, rows
 
 
 def test_rank_0_hung_fails_the_gate_by_its_timeout_and_the_old_job_serves(make, lab):

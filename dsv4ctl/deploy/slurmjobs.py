@@ -129,6 +129,12 @@ class SlurmJobs:
         ``run/<unit>.job`` on a submit host (it acts for every replica)."""
         return f"{p.root}/run/{self.unit(group, replica) if self.submit_host else group}.job"
 
+    def records(self, p: Paths, group: str, replica: int = 0) -> str:
+        """The replica's job records (:func:`dsv4ctl.hosts.slurmrecord.records_path`), named as
+        :meth:`job_file` is: by the group on a node 0 (what ``status`` reads there), by the unit
+        on a submit host."""
+        return records_path(p.root, self.unit(group, replica) if self.submit_host else group)
+
     def job_name(self, group: str, replica: int = 0) -> str:
         """The job name of replica ``replica`` of ``group`` (:func:`dsv4ctl.hosts.slurm.job_name`
         with :meth:`instance`)."""
@@ -166,10 +172,10 @@ class SlurmJobs:
                 f"echo \"=== dsv4ctl: slurm job(s) $jobs of {what} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi; "
                 # the final state of each job cancelled, and of the unit's last job when it ended
                 # on its own, recorded while Slurm still knows it (MinJobAge; hosts/slurmrecord.py)
-                f"{self._record_ended(p, what, '$ids $(cat ' + q(f'{p.root}/run/{what}.job') + ' 2>/dev/null)')}")
+                f"{self._record_ended(p, group, replica, '$ids $(cat ' + q(self.job_file(p, group, replica)) + ' 2>/dev/null)')}")
 
-    def _record_ended(self, p: Paths, unit: str, jids_expr: str) -> str:
-        return ended_cmd(self._env(), SLURM_TIMEOUT_S, jids_expr, records_path(p.root, unit), p.root + "/logs/slurm")
+    def _record_ended(self, p: Paths, group: str, replica: int, jids_expr: str) -> str:
+        return ended_cmd(self._env(), SLURM_TIMEOUT_S, jids_expr, self.records(p, group, replica), p.root + "/logs/slurm")
 
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict) -> str:
         """On the host that acts for each replica of the group (:meth:`acts`): write the
@@ -198,12 +204,12 @@ class SlurmJobs:
                 f"&& mv -f \"$t\" {q(path)} || exit 1; fi; "
                 # the unit's last job, when it ended on its own (no stop ran: a start after a failed
                 # rank), gets its final state recorded before run/<unit>.job names the new one
-                f"{self._record_ended(p, unit, '$(cat ' + jf + ' 2>/dev/null)')}; "
+                f"{self._record_ended(p, group, replica, '$(cat ' + jf + ' 2>/dev/null)')}; "
                 f"jid=$(timeout {SLURM_TIMEOUT_S} sbatch --parsable {q(path)}) || exit 1; jid=${{jid%%;*}}; "
                 f"case \"$jid\" in ''|*[!0-9]*) echo \"sbatch printed no job id: $jid\" >&2; exit 1;; esac; "
                 f"echo \"$jid\" > {jf}.tmp && mv -f {jf}.tmp {jf} || exit 1; "
-                f"{{ {submitted_cmd(records_path(p.root, unit), '$jid', rid, unit)}; }} 2>/dev/null "
-                f"|| echo \"dsv4ctl: job $jid not recorded in {records_path(p.root, unit)}\" >&2; "
+                f"{{ {submitted_cmd(self.records(p, group, replica), '$jid', rid, unit)}; }} 2>/dev/null "
+                f"|| echo \"dsv4ctl: job $jid not recorded in {self.records(p, group, replica)}\" >&2; "
                 f"echo \"=== dsv4ctl: {unit} release {rid} submitted as slurm job $jid "
                 f"at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}")
 
@@ -240,7 +246,7 @@ class SlurmJobs:
         nodes = ",".join(srv[r] if r < len(srv) else [])
         node_part = f"timeout {t} scontrol show node -o {q(nodes)} 2>/dev/null; " if nodes else ""
         return (f"{self._env()}jid=$(cat {jf} 2>/dev/null); echo \"@job $jid\"; [ -n \"$jid\" ] || exit 0; "
-                f"{job_line_cmd('', t, '$jid', records_path(p.root, self.unit(group, r)), p.root + '/logs/slurm')}; "
+                f"{job_line_cmd('', t, '$jid', self.records(p, group, r), p.root + '/logs/slurm')}; "
                 f"echo @nodes; {node_part}"
                 + (f"echo @out; {job_out_cmd(p, '$jid')}" if out else ""))
 
