@@ -50,10 +50,12 @@ class ImageRecord:
     base: str
     base_digest: str
     base_id: str
+    env: str = ""
+    env_image: str = ""
 
     def to_dict(self) -> dict:
         return {"release": self.release, "image": self.image, "base": self.base, "base_digest": self.base_digest,
-                "base_id": self.base_id}
+                "base_id": self.base_id, "env": self.env, "env_image": self.env_image}
 
 
 # -- what a release's launch spec says about its container --------------------------------------
@@ -77,16 +79,35 @@ def local_podman(image, cache: Path) -> list[str]:
 
 
 def _run(argv: list[str], what: str, timeout: float = 3600) -> str:
+    """stdout of ``argv`` run on this machine in a session of its own. On an interrupt (SIGINT,
+    or SIGTERM/SIGHUP raised as KeyboardInterrupt) or a timeout its whole process group gets
+    SIGTERM, then SIGKILL after 5 s, and is waited for: a ``podman build`` takes its ``RUN``
+    step's processes with it (nothing keeps building after dsv4ctl stopped). InputError (exit 2)
+    on a non-zero exit with its last stderr line, or when the program is missing; RemoteError on
+    the timeout."""
+    import signal
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
         raise InputError(f"{what}: {argv[0]} not found on this machine (sglang.image.runtime; apt install podman)")
-    except subprocess.TimeoutExpired:
-        raise RemoteError(f"{what}: no answer in {timeout:g} s")
-    if r.returncode != 0:
-        tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as e:
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(wait)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise RemoteError(f"{what}: no answer in {timeout:g} s") from None
+        raise
+    if proc.returncode != 0:
+        tail = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise InputError(f"{what}: {tail}")
-    return r.stdout.strip()
+    return out.strip()
 
 
 #: podman's image transports a base reference may start with.
@@ -147,6 +168,89 @@ def cached_image(image, cache: Path, rid: str) -> ImageRecord | None:
     return rec if ok and rec.base == image.base else None
 
 
+#: Where the environment build finds the lock, uv and uv's cache: a scratch folder of this
+#: machine mounted over the image's ``/tmp`` for its one RUN step (a mount point made anywhere
+#: else would stay in the layer as an empty file or folder).
+ENV_IN = "/tmp"
+
+ENV_CONTAINERFILE = """FROM {base}
+LABEL dsv4ctl.env={digest}
+RUN ["/bin/sh", "-c", {script}]
+"""
+
+
+def release_env(rel) -> tuple[str, Path] | None:
+    """(digest, lock path) of the environment release ``rel`` runs on (its launch spec's
+    ``python_env``, its ``environment.lock``), None without one."""
+    from .environment import LOCK_NAME
+    try:
+        spec = json.loads((rel.path / "launch.json").read_text())
+    except (OSError, ValueError):
+        return None
+    d = next((s.get("python_env") for s in spec.values() if isinstance(s, dict) and s.get("python_env")), None)
+    return (d, rel.path / LOCK_NAME) if d else None
+
+
+def env_mounts(uv_args) -> list[str]:
+    """``-v P:P`` for each absolute path among ``uv_args`` that exists here (pure but for the
+    existence check): ``--find-links DIR``, ``--cache-dir DIR`` reach the build as they reach uv
+    on a host."""
+    out = []
+    for a in uv_args:
+        for w in (a, a.partition("=")[2]):
+            if w.startswith("/") and os.path.exists(w) and f"{w}:{w}" not in out:
+                out += ["-v", f"{w}:{w}"]
+    return out
+
+
+def env_image(image, env, digest: str, lock: Path, base_id: str, cache: Path, log=lambda s: None) -> str:
+    """The id of the environment image ``localhost/dsv4ctl-env:<digest>-<12 hex of the base id>``:
+    the base plus ONE layer, ``/opt/dsv4ctl/envs/<digest>/`` (:func:`dsv4ctl.hosts.container.image_env`),
+    the release's locked environment. Made once per lock and base; every release on it builds
+    FROM it, so releases of one lock share that layer (same digest) and a new release adds only
+    its own small layers. The layer is one ``RUN`` of the hosts' own builder inside the build
+    (:func:`dsv4ctl.deploy.environment.build_command`: ``uv venv --python IMAGE_PYTHON`` + ``uv
+    pip sync --require-hashes`` of the lock, then read-only), so the environment is made with
+    the image's interpreter and C library; ``env`` (``sglang.environment``) names uv on this
+    machine (mounted with the lock over ``/tmp``, never left in the image) and its arguments
+    (paths among them mounted at the same place). The base needs ``/bin/sh`` and coreutils. InputError
+    when uv is not found here or the build fails."""
+    from .environment import LOCK_NAME, build_command
+    from ..hosts.container import IMAGE_ENVS
+    tag = f"{IMAGE_NAME}-env:{digest}-{base_id.removeprefix('sha256:')[:12]}"
+    pod = local_podman(image, cache)
+    if subprocess.run([*pod, "image", "exists", tag], capture_output=True).returncode == 0:
+        return _run([*pod, "image", "inspect", "--format", "{{.Id}}", tag], f"the environment image {tag}")
+    uv_name, uv_args = (env.uv, env.uv_args) if env is not None else ("uv", ())
+    uv = shutil.which(uv_name)
+    if uv is None:
+        raise InputError(f"{uv_name} not found on this machine: the image's environment layer is built with it "
+                         "(sglang.environment.uv)")
+    st = local_store(cache)
+    ctx = st / f".ctx-env-{digest}-{os.getpid()}"
+    shutil.rmtree(ctx, ignore_errors=True)
+    t0 = time.monotonic()
+    try:
+        (ctx / "in").mkdir(parents=True)
+        (ctx / "ctx").mkdir()
+        shutil.copyfile(lock, ctx / "in" / LOCK_NAME)
+        shutil.copy2(os.path.realpath(uv), ctx / "in" / "uv")
+        script = build_command(IMAGE_ENVS.rsplit("/", 1)[0], digest, f"{ENV_IN}/{LOCK_NAME}", uv=f"{ENV_IN}/uv",
+                               python=image.python, uv_args=uv_args)
+        script = f"export UV_CACHE_DIR={ENV_IN}/uv-cache TMPDIR={ENV_IN}; {script}"
+        (ctx / "Containerfile").write_text(ENV_CONTAINERFILE.format(base=base_id, digest=digest,
+                                                                    script=json.dumps(script)))
+        out = _run([*pod, "build", "-q", "--timestamp", "0", "--isolation", "chroot", "--layers=false", "-t", tag,
+                    "-v", f"{ctx / 'in'}:{ENV_IN}",
+                    *env_mounts(uv_args), "-f", str(ctx / "Containerfile"), str(ctx / "ctx")],
+                   f"building the environment image {tag}")
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    iid = out.splitlines()[-1].strip().removeprefix("sha256:")
+    log(f"built environment layer {digest} (image {iid[:12]}) in {time.monotonic() - t0:.1f} s")
+    return iid
+
+
 CONTAINERFILE = """FROM {base}
 COPY tree {dest}/tree
 COPY meta/ {dest}/
@@ -154,9 +258,11 @@ LABEL dsv4ctl.release={rid}
 """
 
 
-def build_image(image, rel, cache: Path, log=lambda s: None) -> ImageRecord:
+def build_image(image, rel, cache: Path, log=lambda s: None, env=None) -> ImageRecord:
     """Build (or reuse) the image of release ``rel`` (a :class:`~dsv4ctl.deploy.release.Release`
-    in the local cache) on the base of ``image`` (:class:`~dsv4ctl.profile.deployment.ImageSettings`).
+    in the local cache) on the base of ``image`` (:class:`~dsv4ctl.profile.deployment.ImageSettings`),
+    or, when the release runs on a locked environment, on its environment image
+    (:func:`env_image`; ``env``: ``sglang.environment``).
     The build context is a hard-link copy of the release (``tree/``, and ``meta/`` with
     ``configs/`` and the JSON records); ``podman build --timestamp 0 --isolation chroot``. Cost
     measured here: about 1 s for a small tree on a cached base. InputError when the base cannot
@@ -165,6 +271,8 @@ def build_image(image, rel, cache: Path, log=lambda s: None) -> ImageRecord:
     if done is not None:
         return done
     base_id, digest = resolve_base(image, cache)
+    renv = release_env(rel)
+    from_id = env_image(image, env, renv[0], renv[1], base_id, cache, log) if renv else base_id
     st = local_store(cache)
     ctx = st / f".ctx-{rel.id}-{os.getpid()}"
     shutil.rmtree(ctx, ignore_errors=True)
@@ -178,7 +286,7 @@ def build_image(image, rel, cache: Path, log=lambda s: None) -> ImageRecord:
             if (rel.path / f).exists():
                 os.link(rel.path / f, ctx / "meta" / f)
         cf = st / f".Containerfile-{rel.id}-{os.getpid()}"
-        cf.write_text(CONTAINERFILE.format(base=base_id, dest=image_dir(rel.id), rid=rel.id))
+        cf.write_text(CONTAINERFILE.format(base=from_id, dest=image_dir(rel.id), rid=rel.id))
         t0 = time.monotonic()
         try:
             out = _run([*local_podman(image, cache), "build", "-q", "--timestamp", "0", "--isolation", "chroot",
@@ -190,7 +298,8 @@ def build_image(image, rel, cache: Path, log=lambda s: None) -> ImageRecord:
         log(f"built image {iid[:12]} of {rel.id} on {image.base} ({digest}) in {time.monotonic() - t0:.1f} s")
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
-    rec = ImageRecord(rel.id, iid, image.base, digest, base_id)
+    rec = ImageRecord(rel.id, iid, image.base, digest, base_id, renv[0] if renv else "",
+                      from_id if renv else "")
     rp = record_path(cache, rel.id)
     rp.parent.mkdir(parents=True, exist_ok=True)
     tmp = rp.with_suffix(f".{os.getpid()}")
@@ -234,7 +343,7 @@ def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) ->
     """Ship release ``rec.release``'s image to the host behind ``t`` (see the module docstring):
     ``{"present": bool, "bytes_sent": N, "seconds": s}``. RemoteError naming the host on any
     failure (no runtime, no CDI spec for the GPUs, the transfer, a loaded id that differs)."""
-    from .push import _run_rsync
+    from .push import _run_rsync, rsync_user_args
     img = host_image(site, t.name)
     root = site.paths[t.name].root
     t0 = time.monotonic()
@@ -246,7 +355,7 @@ def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) ->
     if not present:
         extra, dest = t.rsync_dest(pool_dir(root) + "/blobs/", bulk=True)
         stats = _run_rsync(t, site, _Named(rec.release),
-                           ["rsync", "-a", "--ignore-existing", "--stats", "--info=progress2", *extra,
+                           ["rsync", "-a", "--ignore-existing", "--stats", "--info=progress2", *rsync_user_args(), *extra,
                             f"{layout}/blobs/", dest])
         sent = int(stats.get("bytes_sent", 0))
     r = t.run(load_cmd(img, root, rec.release, rec.image), input=(layout / "index.json").read_bytes(),
@@ -304,7 +413,7 @@ def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
     trace(site, local)
     t0 = time.monotonic()
     try:
-        rec = build_image(img, rel, cache, site.opts.log)
+        rec = build_image(img, rel, cache, site.opts.log, site.profile.sglang.environment)
         layout = saved_layout(img, cache, rec)
     except (InputError, RemoteError) as e:
         return f"local: {e}"

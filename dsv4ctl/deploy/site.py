@@ -173,15 +173,17 @@ def start_command(site: Site, host: str, rid: str, group: str, s: dict, dist_ini
     """The launch command of ``group`` on ``host`` from its template. ``{node_args}`` is
     :func:`node_args`; a template without it gets them at its end. ``{python}`` is the release's
     own environment's interpreter (``ROOT/envs/<digest>/bin/python``) when its launch spec names
-    one (``python_env``), else the profile's ``deploy.python``."""
+    one (``python_env``), else the profile's ``deploy.python``; in a release image, the image's
+    environment (``/opt/dsv4ctl/envs/<digest>/bin/python``) or ``sglang.image.python``."""
     p = site.paths[host]
     rd = p.release(rid)
     na = node_args(site, s, host, dist_init_port)
     py = f"{p.env(s['python_env'])}/bin/python" if s.get("python_env") else site.python[host]
     c = s.get("container")
     if c is not None:          # a release image: its own paths and interpreter inside the container
-        from ..hosts.container import image_dir
-        rd, py = image_dir(rid), c.get("python") or "python3"
+        from ..hosts.container import image_dir, image_env
+        rd = image_dir(rid)
+        py = f"{image_env(s['python_env'])}/bin/python" if s.get("python_env") else c.get("python") or "python3"
     values = {"python": py, "release": rd, "tree": f"{rd}/tree",
               "config": f"{rd}/configs/{group}.yaml", "port": s["port"], "group": group, "root": p.root,
               "address": site.profile.hosts[host].address,

@@ -292,10 +292,12 @@ def push_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
 
 
 def verify_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
-    """Hash every file of ``rid`` (on ``host`` already) against its manifest before a switch to it
-    (:mod:`dsv4ctl.deploy.drift`; the script and its job on stdin are that one step)."""
-    return Step("verify", host, f"verify {site.paths[host].release(rid)} against its MANIFEST.json (every file "
-                                "hashed; drift stops the run before any switch)", None, stage, extra={"rid": rid})
+    """Check every file of ``rid`` (on ``host`` already) against its manifest before a switch to it,
+    reading a file unless the host's hash cache has its identity (:mod:`dsv4ctl.deploy.drift`;
+    the script and its job on stdin are that one step)."""
+    return Step("verify", host, f"verify {site.paths[host].release(rid)} against its MANIFEST.json (every file's "
+                                "hash; read unless its inode, size, mtime and ctime are in the host's hash cache; "
+                                "drift stops the run before any switch)", None, stage, extra={"rid": rid})
 
 
 def spec_environment(spec: dict | None) -> str | None:
@@ -307,10 +309,12 @@ def env_steps(site: Site, rid: str, spec: dict, hosts: list[str] | None = None, 
     """One step per host building the Python environment release ``rid`` runs on (its launch
     spec ``spec`` names the digest) from the release's own ``environment.lock``, before its
     verify: :func:`dsv4ctl.deploy.environment.build_command` (nothing to do when the host has
-    it: the command checks). No steps for a release without an environment."""
+    it: the command checks). No steps for a release without an environment, nor for a release
+    image (the environment is a layer of the image: :func:`dsv4ctl.deploy.image.env_image`)."""
     from .environment import LOCK_NAME, build_command
+    from .image import spec_image
     digest = spec_environment(spec)
-    if digest is None:
+    if digest is None or spec_image(spec):
         return []
     env = site.profile.sglang.environment
     uv, uv_args = (env.uv, env.uv_args) if env is not None else ("uv", ())

@@ -23,6 +23,8 @@ from .layout import Paths
 
 #: Where a release lives inside its image.
 IMAGE_RELEASES = "/opt/dsv4ctl/releases"
+#: Where a release's locked environment lives inside its image (``<digest>/bin/python``).
+IMAGE_ENVS = "/opt/dsv4ctl/envs"
 #: The local name a release's image carries (``localhost/dsv4ctl:<release>``).
 IMAGE_NAME = "localhost/dsv4ctl"
 
@@ -30,6 +32,12 @@ IMAGE_NAME = "localhost/dsv4ctl"
 def image_dir(rid: str) -> str:
     """The release folder inside its image."""
     return f"{IMAGE_RELEASES}/{rid}"
+
+
+def image_env(digest: str) -> str:
+    """The environment ``digest`` inside an image (beside the releases, as ``ROOT/envs`` on a
+    host, so the drift verify finds it from the release folder)."""
+    return f"{IMAGE_ENVS}/{digest}"
 
 
 def images_root(root: str) -> str:
@@ -156,12 +164,15 @@ def cdi_check_cmd(devices: list[str]) -> str:
 
 def prepare_cmd(image, root: str, devices: list[str], image_id: str) -> str:
     """Before a ship: the runtime is there (exit 4 naming it otherwise), the CDI devices exist,
-    the pool folders are made; prints ``present`` when the image ``image_id`` is in the store
+    the pool folders are made and the temporary files of a transfer cut short are removed
+    (rsync's ``.NAME.XXXXXX``: a blob is in the pool whole, under its digest, or not at all);
+    prints ``present`` when the image ``image_id`` is in the store
     already (nothing to send), else ``absent``."""
     rt = runtime_cmd(image, root)
     return (f"command -v {q(image.runtime)} >/dev/null 2>&1 || {{ echo \"{image.runtime} not found on this host "
             f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices)}; "
             f"mkdir -p {q(pool_dir(root) + '/blobs/sha256')} {q(images_root(root) + '/ids')} && "
+            f"rm -f {q(pool_dir(root) + '/blobs/sha256')}/.[!.]* && "
             f"if {rt} image exists {q(image_id)}; then echo present; else echo absent; fi")
 
 
@@ -195,7 +206,8 @@ def verify_image_cmd(image, root: str, rid: str, python: str, script: str, expec
     return (f"id=$(cat {idf} 2>/dev/null) || {{ echo \"{rid}: no image recorded ({id_file(root, rid)})\" >&2; exit 6; }}; "
             f"{want}{rt} image exists \"$id\" || {{ echo \"{rid}: image $id is not in the host's store\" >&2; exit 6; }}; "
             f"m=$({rt} image mount \"$id\") || exit 6; "
-            f"printf '{{\"verify\": [\"%s\"]}}' \"$m{image_dir(rid)}\" | {q(python)} -S -c {q(script)}; rc=$?; "
+            f"printf '{{\"verify\": [\"%s\"], \"image\": true}}' \"$m{image_dir(rid)}\" | "
+            f"{q(python)} -S -c {q(script)}; rc=$?; "
             f"{rt} image unmount \"$id\" >/dev/null 2>&1; exit $rc")
 
 

@@ -1,6 +1,7 @@
 """A base image for the image-release tests, built FROM scratch from this machine's own files (no
 registry is reachable here): Debian's python3.11 with its standard library and the shared
-libraries ``ldd`` names, ``/bin/sh`` and ``env`` (a launch command runs under ``sh -c``), and the
+libraries ``ldd`` names, ``/bin/sh`` and ``env`` (a launch command runs under ``sh -c``), the
+coreutils the environment layer's build step runs and the libraries uv needs, and the
 packages the stand-in server imports (aiohttp, yaml and their dependencies) copied from the test
 venv. About 60 MB; ``podman build`` takes a few seconds. The repository itself (``tests``) is
 mounted read-only by the test profiles (``sglang.image.mounts``), not baked in."""
@@ -15,7 +16,11 @@ from pathlib import Path
 
 PY = "/usr/bin/python3.11"
 STDLIB = "/usr/lib/python3.11"
-BINARIES = [PY, "/bin/sh", "/usr/bin/env", "/bin/sleep"]
+BINARIES = [PY, "/bin/sh", "/usr/bin/env", "/bin/sleep",
+            # what the environment layer's build step runs (dsv4ctl.deploy.environment.build_command)
+            *[f"/usr/bin/{b}" for b in ("cat", "sha256sum", "cut", "date", "chmod", "mv", "mkdir", "rm", "basename")]]
+#: uv (the test venv's) runs inside the build of the environment layer: its shared libraries
+UV = str(Path(sys.executable).parent / "uv")
 #: top-level packages the stand-in (tests/sshd/standin_sglang.py) imports, with their dependencies
 PACKAGES = ["aiohappyeyeballs", "aiohttp", "aiosignal", "attr", "frozenlist", "idna", "multidict", "propcache",
             "typing_extensions.py", "yaml", "yarl"]
@@ -50,6 +55,7 @@ def rootfs(dest: Path) -> Path:
     for b in BINARIES:
         _copy(b, root)
         libs |= _libs(b)
+    libs |= _libs(UV)
     shutil.copytree(STDLIB, root / STDLIB.lstrip("/"), symlinks=True,
                     ignore=lambda d, names: [n for n in names if d == STDLIB and n in SKIP])
     for so in Path(STDLIB, "lib-dynload").glob("*.so"):
