@@ -264,9 +264,13 @@ def test_a_slurm_deploys_dry_run_lists_the_steps_it_runs(make, lab, monkeypatch)
     assert running(lab, "decode") == [("h1", rep["release"])]
 
 
-def test_a_submit_host_that_is_no_host_is_exit_2_naming_the_line(make):
+def test_a_submit_host_that_is_no_host_or_a_promotion_is_exit_2(make):
     w = make(submit="login9")
     r = run_cli("deploy", str(w.profile), "--tree", str(w.tree), "--dry-run", env=w.env())
     assert r.code == 2, r.err
     assert f"{w.profile}:" in r.err and "submit_host 'login9' is no host of hosts: (hosts: h0, h1, h2, h3)" in r.err, r.err
     assert len(r.err.strip().splitlines()) == 1
+    # a promotion would switch every job from the submit host at once, not the canary's first
+    w = make(submit="h3")
+    r = run_cli("deploy", str(w.profile), "--tree", str(w.tree), "--promote", "--dry-run", env=w.env())
+    assert r.code == 2 and "deploy --promote: not with deploy.slurm.submit_host (h3) yet" in r.err, r.err

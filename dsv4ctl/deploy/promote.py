@@ -65,7 +65,14 @@ class PromoteOptions:
     # The deploy engine runs a promotion through these three methods and never imports this
     # module (imports point one way: promote uses the engine).
     def prepare(self, dep, log) -> None:
-        """Before anything is built or touched: choose the canary, run the preflight."""
+        """Before anything is built or touched: choose the canary, run the preflight. InputError
+        (exit 2) with ``deploy.slurm.submit_host``: its switch would cancel and submit every
+        server's job at once, not the canary's first (docs/slurm.md, what is not there yet)."""
+        st = dep.deploy.slurm
+        if dep.deploy.backend == "slurm" and st is not None and st.submit_host:
+            raise InputError(f"deploy --promote: not with deploy.slurm.submit_host ({st.submit_host}) yet: the submit "
+                             "host would switch every server's job at once, not the canary's first; deploy without "
+                             "--promote, or let each server's node 0 submit (no submit_host)")
         self.canary_hosts = choose_canary(dep, self.canary)
         from .preflight import preflight
         self.preflight = preflight(dep)
