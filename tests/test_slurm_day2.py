@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -22,7 +21,7 @@ from tests.conftest import REPO, run_cli, worker_index
 from tests.slurm.lab import SlurmLab, missing
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.sshd.world import http_status, wait_for
-from tests.test_slurm_deploy import SlurmWorld, deploy, jobs
+from tests.test_slurm_deploy import deploy, jobs, world  # noqa: F401  (world: on this module's lab)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 
@@ -33,16 +32,6 @@ def slurm_lab(sshd_cluster, tmp_path_factory):
                          nodes={h.name: h.address for h in sshd_cluster.hosts}, min_job_age=2)
     yield lab
     lab.stop()
-
-
-@pytest.fixture
-def world(live_cluster, slurm_lab, tmp_path):
-    SlurmWorld.lab = slurm_lab
-    w = SlurmWorld(live_cluster, tmp_path)
-    yield w
-    slurm_lab.run("scancel", "--partition", slurm_lab.partition)
-    w.stop_services()
-    time.sleep(0.5)
 
 
 def records(w, host: str, unit: str) -> list[dict]:
@@ -86,7 +75,7 @@ def test_a_job_pending_past_the_start_timeout_is_cancelled_and_the_previous_rele
     subs = [x["job"] for x in records(w, "h2", "decode") if x["event"] == "submitted" and x["release"] != good]
     assert subs, (r.err, list((w.roots["h2"] / "run").iterdir()))
     new = subs[0]
-    assert f"slurm: waiting for 1 job(s) to start" in r.err
+    assert "slurm: waiting for 1 job(s) to start" in r.err
     assert f"decode job {new} pending (Resources), position 1 of 1 pending in partition gpu" in r.err, r.err
     assert f"host h2 group decode: Slurm: job {new} still PENDING after 3 s (reason Resources" in r.err, r.err
     assert f"rolled back to {good} on all hosts" in r.err
@@ -139,7 +128,7 @@ def test_status_shows_each_jobs_release_and_restarts_and_a_forgotten_jobs_record
 
 
 def test_the_gate_fails_when_a_leftover_server_answers_on_the_new_jobs_port(world):
-    w, lab = world, world.lab
+    w = world
     assert deploy(w).code == 0
     assert run_cli("stop", str(w.profile), "-g", "decode", env=w.env()).code == 0
     addr, port = w.hosts[2].address, w.ports["decode"]
