@@ -68,3 +68,28 @@ def test_a_job_slurm_still_runs_gets_no_ended_line(tmp_path):
     _sh("ids=7; " + R.ended_cmd("", 5, "$ids", rec, str(tmp_path)), b)     # once per job
     assert [r["slurm"] for r in R.parse_records((tmp_path / "run" / "g.jobs.jsonl").read_text())] == \
         ["JobState=CANCELLED Reason=None ExitCode=0:15"]
+
+
+def test_the_process_listening_on_a_port_is_read_with_its_slurm_job_with_and_without_ss():
+    """What the gate's proof of the answering job reads (dsv4ctl/deploy/slurmwait.py): the pid
+    listening on the server's port and the SLURM_JOB_ID of its environment, from ``ss`` or, on a
+    node without it, from /proc/net/tcp and the processes' sockets."""
+    import os
+    import sys
+
+    from dsv4ctl.deploy.slurmwait import listeners_cmd, parse_listeners
+    code = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "SLURM_JOB_ID": "4242"},
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        assert parse_listeners(_sh(listeners_cmd(port), ""), "127.0.0.1") == {str(p.pid): "4242"}
+        out = subprocess.run(["bash", "-c", 'command() { [ "$2" = ss ] && return 1; builtin command "$@"; }; '
+                              + listeners_cmd(port)], capture_output=True, text=True).stdout
+        assert parse_listeners(out, "127.0.0.1") == {str(p.pid): "4242"}
+        assert parse_listeners(out.replace("@pid", "@x"), "10.0.0.9") == {str(p.pid): "-"}   # any address
+        assert parse_listeners(_sh(listeners_cmd(port), ""), "10.0.0.9") == {}                # ss: its address
+    finally:
+        p.kill()
+        p.wait()

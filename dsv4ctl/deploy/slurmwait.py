@@ -128,12 +128,21 @@ def start_wait(site: Site, steps: list, cap: float | None = None, every: float =
 
 
 def listeners_cmd(port: int) -> str:
-    """Shell: ``ss -Hltnp`` lines of the sockets listening on ``port``, then ``@pid PID JOB``
-    for each of their processes (``JOB`` its ``SLURM_JOB_ID``, ``-`` when it has none)."""
-    return (f"l=$(ss -Hltnp {q(f'sport = :{port}')} 2>/dev/null); echo \"$l\"; "
+    """Shell: ``ss -Hltnp`` lines of the sockets listening on ``port`` (without ``ss``: one
+    ``LISTEN 0 0 *:PORT *:* pid=P`` line per process holding a listening socket of that port in
+    ``/proc/net/tcp{,6}``, any address), then ``@pid PID JOB`` for each of their processes
+    (``JOB`` its ``SLURM_JOB_ID``, ``-`` when it has none, ``?`` when its environment cannot be
+    read: another user's process)."""
+    hexport = f"{port:04X}"
+    proc = ("ino=$(awk '$4==\"0A\" && $2 ~ /:" + hexport + "$/ {print $10}' /proc/net/tcp /proc/net/tcp6 2>/dev/null); "
+            "for i in $ino; do find /proc/[0-9]*/fd -maxdepth 1 -lname \"socket:\\[$i\\]\" 2>/dev/null; done "
+            "| cut -d/ -f3 | sort -u | sed 's/^/LISTEN 0 0 *:" + str(port) + " *:* pid=/'")
+    return (f"if command -v ss >/dev/null 2>&1; then l=$(ss -Hltnp {q(f'sport = :{port}')} 2>/dev/null); "
+            f"else l=$({proc}); fi; echo \"$l\"; "
             "for p in $(echo \"$l\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do "
+            "if [ -r /proc/$p/environ ]; then "
             "j=$(tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^SLURM_JOB_ID=//p' | head -n 1); "
-            "echo \"@pid $p ${j:--}\"; done")
+            "else j='?'; fi; echo \"@pid $p ${j:--}\"; done")
 
 
 def parse_listeners(text: str, address: str) -> dict[str, str]:
@@ -176,7 +185,8 @@ def answering_jobs(site: Site, steps: list) -> list:
             fails.append(Failure(s.host, g, f"no process is seen listening on {url.hostname}:{url.port} "
                                             f"(ss -ltnp), so the answer cannot be tied to Slurm job {jid}"))
         elif strangers:
-            who = ", ".join(f"pid {p} ({'Slurm job ' + j if j != '-' else 'no Slurm job'})" for p, j in strangers.items())
+            who = ", ".join(f"pid {p} (" + ("no Slurm job" if j == "-" else "its environment cannot be read" if j == "?"
+                                          else f"Slurm job {j}") + ")" for p, j in strangers.items())
             fails.append(Failure(s.host, g, f"the server answering on {url.hostname}:{url.port} is {who}, not "
                                             f"Slurm job {jid} that this run submitted (a leftover server holds the port)"))
     return fails
