@@ -31,13 +31,17 @@ class GroupProcess:
     None when it does not run), ``restarts`` (start and restart headers in the group's log since
     the active release's first start there: 0 for a server started once), ``exit_status`` (after
     the last header, as the launcher's exit line says; None while it runs or when unknown) and
-    ``job`` (slurm: the group's job id from ``run/<group>.job``)."""
+    ``job`` (slurm: the group's job id from ``run/<group>.job``); on a release-image site
+    ``container`` and ``image`` (64 hex each: the group's running container and its image id,
+    :func:`container_command`), and then ``uptime_s`` is the container's (since its start)."""
 
     pid: int | None = None
     uptime_s: int | None = None
     restarts: int = 0
     exit_status: int | None = None
     job: str | None = None
+    container: str | None = None
+    image: str | None = None
 
 
 #: Bytes at the end of ``audit.jsonl`` that ``status`` reads for the last record; a last line
@@ -71,6 +75,19 @@ def proc_command(p: Paths, group: str) -> str:
             f"echo \"@proc {group} ${{pid:--}} ${{et:--}} ${{lg:-0 -}} ${{job:--}}\"")
 
 
+def container_command(runtime: str, root: str, group: str) -> str:
+    """Shell: ``@ctr G ID IMAGE AGE`` of the running container of group ``group`` under deploy
+    root ``root`` (found by its labels, :func:`dsv4ctl.hosts.container.run_command`), ``AGE`` in
+    seconds since it started; nothing when none runs or ``runtime`` (the runtime and its global
+    arguments, shell words) is missing. Each restart of the group makes a new container (``--rm``):
+    the group's restart count stays the log's (:func:`proc_command`)."""
+    rt_bin = runtime.split()[0]
+    return (f"if command -v {rt_bin} >/dev/null 2>&1; then c=$({runtime} ps --no-trunc "
+            f"--filter {q('label=dsv4ctl.root=' + root)} --filter {q('label=dsv4ctl.group=' + group)} "
+            f"--format '{{{{.ID}}}} {{{{.ImageID}}}} {{{{.StartedAt}}}}' 2>/dev/null | head -n 1); "
+            f"if [ -n \"$c\" ]; then set -- $c; echo \"@ctr {group} $1 $2 $(( $(date +%s) - $3 ))\"; fi; fi")
+
+
 def parse_proc(line: str) -> tuple[str, GroupProcess] | None:
     """(group, :class:`GroupProcess`) from one ``@proc`` line of :func:`proc_command`, or None."""
     parts = line.split()
@@ -85,7 +102,7 @@ def parse_proc(line: str) -> tuple[str, GroupProcess] | None:
 
 def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None,
                    verify: str | None = None, alive: dict[str, str] | None = None,
-                   job_cmd=None) -> str:
+                   job_cmd=None, runtime: str | None = None) -> str:
     """One shell command: the host's facts (:func:`facts_command`), then ``@alive G yes|no`` per
     group (the service backend's alive check: both backends are asked when ``systemd`` is not
     known yet, launcher first), then with ``verify`` (a command that reads a verify job on stdin,
@@ -95,7 +112,9 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
     ``alive``: {group: alive command} in place of the service backend's (a Slurm group's job);
     ``job_cmd(job_id_shell_expr, group)``: with it, ``@job G`` and the first line of that command
     for each group with a ``run/<group>.job`` (``scontrol show job -o``, or dsv4ctl's record of
-    the job once Slurm forgot it: :func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`)."""
+    the job once Slurm forgot it: :func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`). ``runtime``
+    (a release-image site: the container runtime with its global arguments, shell words): per
+    group also ``@ctr`` (:func:`container_command`)."""
     p = Paths(root)
     lines = [facts_command(root)]
     for g in groups:
@@ -104,6 +123,8 @@ def status_command(root: str, groups: list[str], service: str, systemd: bool | N
         test = (alive or {}).get(g) or " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
         lines.append(f"if {test}; then echo {q('@alive ' + g + ' yes')}; else echo {q('@alive ' + g + ' no')}; fi")
         lines.append(proc_command(p, g))
+        if runtime:
+            lines.append(container_command(runtime, root, g))
         if job_cmd is not None:
             jf = q(f"{p.root}/run/{g}.job")
             lines.append(f"if [ -s {jf} ]; then echo {q('@job ' + g)}; jid=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
@@ -150,6 +171,11 @@ def parse_status(host: str, root: str, text: str) -> HostStatus:
             got = parse_proc(ln)
             if got is not None:
                 procs[got[0]] = got[1]
+        elif ln.startswith("@ctr "):
+            w = ln.split()
+            if len(w) == 5 and w[1] in procs:
+                procs[w[1]].container, procs[w[1]].image = w[2], w[3].removeprefix("sha256:")
+                procs[w[1]].uptime_s = max(0, int(w[4])) if w[4].lstrip("-").isdigit() else procs[w[1]].uptime_s
         elif ln.startswith("@job "):
             job_of = ln[5:].strip()
         else:
