@@ -498,3 +498,35 @@ def test_upgrade_gate_compares_only_upgrades_and_refuses_a_regression(live_clust
         assert paired["regression"] and paired["a_only"] == 0 and paired["b_only"] >= 20   # a quarter of >= 100
     finally:
         w.stop_services()
+
+
+def test_upgrade_gate_in_sequence_through_the_router_on_pd(live_cluster, tmp_path):
+    # PD: neither the decode canary nor the prefill answers a chat alone, so the A/B runs the same
+    # workload through the router before the canary switch (arm A, the running release) and after
+    w = PromoteWorld(live_cluster, tmp_path, pd=True, check={"concurrency": 10, "max_corruption": 0.5, "turns": 2,
+                                                             "compare": {"pairs": 60}})
+    try:
+        r = cli(w, "deploy", "--promote", *FEW, "--json")
+        assert r.code == 0, r.err
+        first = r.json()["release"]
+        p1 = _patch(w.tree, "mod001.py", tmp_path / "0001-one.patch")
+        router = f"http://{w.hosts[2].address}:{w.ports['router']}"
+        r = cli(w, "deploy", "--promote", *FEW, "--patch", str(p1), "--dry-run")
+        assert r.code == 0, r.err
+        lines = r.out.splitlines()
+        arm_a = next(i for i, x in enumerate(lines) if "[before] dsv4ctl check load " + router in x)
+        switch = next(i for i, x in enumerate(lines) if "[canary] switch" in x)
+        arm_b = next(i for i, x in enumerate(lines) if "--records compare-b.jsonl; arm B on" in x)
+        assert arm_a < switch < arm_b and f"arm A of the paired A/B on {first} before the canary switch" in lines[arm_a]
+        r = cli(w, "deploy", "--promote", *FEW, "--patch", str(p1), "--json")
+        assert r.code == 0, r.err
+        new = r.json()["release"]
+        pr = r.json()["promotion"]
+        assert [(c["check"], c["passed"]) for c in pr["checks"]] == [
+            ("compare-a", True), ("smoke", True), ("load", True), ("compare", True), ("smoke-all", True)]
+        doc = json.loads(next((w.state_dir / "evidence" / new).glob("*/compare.json")).read_text())
+        paired = doc["comparisons"][0]["paired"]
+        assert doc["sequential"] and 60 <= paired["pairs"] <= 70 and paired["a_only"] == paired["b_only"] == 0
+        assert w.currents() == {"h0": new, "h1": new, "h2": new}
+    finally:
+        w.stop_services()

@@ -235,7 +235,8 @@ def deploy(
 
     Upgrade gate: when --promote ships another SGLang version, patch series or environment than the
     running release, the canary and a server still on the running release get the same
-    known-answer workload (`check load --compare`, paired turn by turn) and a significant rise of
+    known-answer workload (`check load --compare`, paired turn by turn; PD or one host: through the
+    router before and after the canary switch) and a significant rise of
     corrupted or wrong-argument calls (one-sided exact McNemar, p < 0.05) fails the promotion with
     the per-class differences and their 95 % intervals. It is sized to see +1 % over a 1 % baseline
     with power 0.8 (1,828 pairs; check.compare in the profile); --no-compare skips it.
@@ -454,6 +455,9 @@ def releases(
                 checks = what if checks == "-" else f"{what}; {checks}"
             if r.get("message"):
                 checks += f'; "{r["message"][:80]}"'
+            if r.get("slurm_jobs"):     # deploy.backend: slurm (dsv4ctl's job records)
+                from ..hosts.slurmrecord import jobs_text
+                checks += "; slurm jobs: " + jobs_text(r["slurm_jobs"])
 
             rows.append([h, r["id"], r["state"], f"{r['base_ref']} ({(r['base_commit'] or '')[:10]})",
                          len(r["patches"]), r["when"], r["who"] or "-", checks])

@@ -245,10 +245,14 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     cpo = effective_options(site.profile, po, url)
     g = gate_settings(site.profile, po)
     path = str(site.profile.path)
+    ab = compare_steps(site, rid, spec, po, canary, bool(rest), url)
+    skipped += [x for x in ab if isinstance(x, str)]
+    ab = [x for x in ab if not isinstance(x, str)]
     steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
     steps += ([push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec)
               + present_verify_steps(site, rid, spec=spec))
     for name, hs in (("canary", canary), ("rest", rest)):
+        steps += [x for x in ab if x.stage == "before" and name == "canary"]
         steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
                   for h in hs]
         if hs:
@@ -260,9 +264,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
                        f"corruption rate <= {g['max_corruption']:g}") if kind == "load" else ""
                 steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)}{why}", " ".join(["dsv4ctl", *argv]),
                                   name, extra={"kind": kind, "argv": argv}))
-            ab = compare_steps(site, rid, spec, po, canary, bool(rest))
-            steps += [x for x in ab if not isinstance(x, str)]
-            skipped += [x for x in ab if isinstance(x, str)]
+            steps += [x for x in ab if x.stage == "canary"]
         elif hs and url:
             argv = check_argv("smoke", path, po)
             steps.append(Step("check", "local", f"dsv4ctl {' '.join(argv)} (every worker on the release)",
@@ -401,14 +403,20 @@ def compare_sizing(profile, canary_hosts: list[str], po: PromoteOptions) -> dict
     return {**sizing(conc, pairs), "source": source, "max_running_requests": mrr}
 
 
-def compare_steps(site, rid: str, spec: dict, po: PromoteOptions, canary: list[str], has_rest: bool) -> list:
-    """The canary's A/B step (a ``check`` of kind ``compare``) when release ``rid`` (launch
-    ``spec``) is an upgrade of the running one (:func:`running_changes`) and ``po.compare``; []
-    otherwise (a first deploy, a redeploy of the same version, series and environment,
-    ``--no-compare``). Without a server to compare against (``has_rest`` False, or
-    :func:`compare_urls` None) the step has no command: it stops the promotion as a check that
-    could not run (exit 2, the canary put back, the release not marked failed). An upgrade with
-    ``--no-compare`` gives the line that says so (a str, a note of the dry run) instead."""
+def compare_steps(site, rid: str, spec: dict, po: PromoteOptions, canary: list[str], has_rest: bool,
+                  url: str | None = None) -> list:
+    """The A/B steps (``check`` steps of kind ``compare``) when release ``rid`` (launch ``spec``)
+    is an upgrade of the running one (:func:`running_changes`) and ``po.compare``; [] otherwise
+    (a first deploy, a redeploy of the same version, series and environment, ``--no-compare``).
+
+    Side by side when a colocated server off the canary still runs the old release
+    (:func:`compare_urls`): one ``check load --compare RUNNING CANARY`` step of the canary.
+    Otherwise (PD: a decode or prefill server alone answers no chat; one host) in sequence
+    through the canary checks' entry (``url``: the router or the canary's server; else the
+    profile's entry): arm A (kind ``compare-a``, stage ``before``) runs the workload on the
+    running release before the canary is switched, arm B (kind ``compare``) the same workload
+    after; both keep their per-turn records, which are paired. An upgrade with ``--no-compare``
+    gives the line that says so (a str, a note of the dry run) instead."""
     from .steps import Step
     old, changes = running_changes(site, rid, spec, canary, po.built_from)
     if not changes:
@@ -418,15 +426,27 @@ def compare_steps(site, rid: str, spec: dict, po: PromoteOptions, canary: list[s
     what = "; ".join(changes)
     urls = compare_urls(site.profile, canary) if has_rest else None
     size = compare_sizing(site.profile, canary, po)
-    argv = (["check", "load", "--compare", urls[0], urls[1], "--concurrency", str(size["concurrency"]),
-             "--turns", str(size["turns"]), "--min-requests", "0", "--max-corruption", "0.999", "--json",
-             "--no-progress"] if urls else [])
-    text = (f"dsv4ctl {' '.join(argv)}; upgrade ({what}): paired A/B of {old} (A, running) and {rid} (B, canary), "
-            f"{size['pairs']} pairs ({size['source']}); fails on a regression (McNemar p < 0.05)" if urls else
-            f"upgrade ({what}): paired A/B of {old} and {rid}: no running colocated server off the canary to "
-            "compare against (one host, or PD): the promotion stops here, use --no-compare")
-    return [Step("check", "local", text, " ".join(["dsv4ctl", *argv]) if argv else "", "canary",
-                 extra={"kind": "compare", "argv": argv, "changes": changes, "sizing": size, "running": old})]
+    tail = ["--concurrency", str(size["concurrency"]), "--turns", str(size["turns"]), "--min-requests", "0",
+            "--max-corruption", "0.999", "--json", "--no-progress"]
+    extra = {"changes": changes, "sizing": size, "running": old}
+    why = f"{size['pairs']} pairs ({size['source']}); fails on a regression (McNemar p < 0.05)"
+    if urls:
+        argv = ["check", "load", "--compare", urls[0], urls[1], *tail]
+        return [Step("check", "local", f"dsv4ctl {' '.join(argv)}; upgrade ({what}): paired A/B of {old} (A, running) "
+                     f"and {rid} (B, canary), {why}", " ".join(["dsv4ctl", *argv]), "canary",
+                     extra={"kind": "compare", "argv": argv, **extra})]
+    from ..check.targets import from_profile
+    from ..profile.deployment import as_deployment
+    entry = url or from_profile(as_deployment(site.profile)).entry
+    argv = ["check", "load", entry, *tail]
+    return [Step("check", "local", f"dsv4ctl {' '.join(argv)} --records compare-a.jsonl; upgrade ({what}): arm A of "
+                 f"the paired A/B on {old} before the canary switch (no server off the canary serves beside it)",
+                 " ".join(["dsv4ctl", *argv]), "before",
+                 extra={"kind": "compare-a", "argv": argv, "records": "compare-a.jsonl", **extra}),
+            Step("check", "local", f"dsv4ctl {' '.join(argv)} --records compare-b.jsonl; arm B on {rid}, paired "
+                 f"with arm A turn by turn, {why}", " ".join(["dsv4ctl", *argv]), "canary",
+                 extra={"kind": "compare", "argv": argv, "records": "compare-b.jsonl", "arm_a": "compare-a.jsonl",
+                        **extra})]
 
 
 def compare_verdict(doc: dict | None, code: int, err: str) -> tuple[bool, str]:
@@ -486,39 +506,67 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
             "target": url or "profile", "evidence": str(edir / f"{name}.json")}
 
 
-def run_compare(step: dict, profile, edir: Path, log) -> dict:
-    """Run the upgrade gate's A/B (``step``: a compare step's extra: argv, changes, sizing) as a
-    ``dsv4ctl check load --compare`` child; its report goes to ``edir/compare.json``. Returns a
-    check result {check: compare, passed, reason, exit_code, evidence}: exit code 1 on a
-    regression (:func:`compare_verdict`), the child's code when it gave no comparison, 2 without
-    a server to compare against."""
-    edir.mkdir(parents=True, exist_ok=True)
-    ev = str(edir / "compare.json")
-    if not step["argv"]:
-        return {"check": "compare", "passed": False, "exit_code": EXIT_USAGE, "target": "none", "evidence": ev,
-                "reason": "no running colocated server off the canary to compare the upgrade against "
-                          "(one host, or PD): use --no-compare to promote without the A/B"}
-    log(f"check compare: dsv4ctl {' '.join(step['argv'])} ({step['sizing']['pairs']} pairs: {step['sizing']['source']})")
-    t0 = time.monotonic()
+def _arm(step: dict, profile, edir: Path, name: str) -> tuple[int, dict | None, str]:
+    """Run one A/B child (``step["argv"]``, ``--records edir/<records>`` when the step keeps
+    them): (exit code, its JSON document or None, its last error line); stdout and stderr kept
+    as ``edir/<name>.json`` / ``.err``."""
     from .site import api_key
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    key = api_key(profile)
+    key = api_key(profile)          # on the child's environment, never on its argv
     if key:
         env["DSV4CTL_API_KEY"] = key
-    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *step["argv"]], capture_output=True, text=True, env=env)
-    (edir / "compare.json").write_text(p.stdout)
-    (edir / "compare.err").write_text(p.stderr)
+    argv = list(step["argv"]) + (["--records", str(edir / step["records"])] if step.get("records") else [])
+    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True, env=env)
+    (edir / f"{name}.json").write_text(p.stdout)
+    (edir / f"{name}.err").write_text(p.stderr)
     try:
         doc = json.loads(p.stdout) if p.stdout.strip() else None
     except ValueError:
         doc = None
-    err = next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith("dsv4ctl: error:")), "")
-    passed, reason = compare_verdict(doc, p.returncode, err)
+    return p.returncode, doc, next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith("dsv4ctl: error:")), "")
+
+
+def _records(path: Path) -> list[dict]:
+    """The per-turn records of ``check load --records`` (one JSON object a line); [] when absent."""
+    try:
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def run_compare(step: dict, profile, edir: Path, log) -> dict:
+    """Run one step of the upgrade gate's A/B (``step``: its extra: kind, argv, records, arm_a,
+    changes, sizing) as a ``dsv4ctl check load`` child. ``compare-a`` (arm A, in sequence) passes
+    when the child answered (its records kept); ``compare`` judges the paired comparison: the
+    child's own (``--compare``, side by side) or arm A's records paired with this arm's (in
+    sequence, :func:`dsv4ctl.check.paired.compare_paired`; written to ``edir/compare.json``).
+    Returns a check result {check, passed, reason, exit_code, evidence}: exit code 1 on a
+    regression (:func:`compare_verdict`), the child's code (2 when it was 0 or 1) when there was
+    nothing to compare."""
+    from ..check.paired import compare_paired
+    edir.mkdir(parents=True, exist_ok=True)
+    kind = step["kind"]
+    log(f"check {kind}: dsv4ctl {' '.join(step['argv'])} ({step['sizing']['pairs']} pairs: {step['sizing']['source']})")
+    t0 = time.monotonic()
+    code, doc, err = _arm(step, profile, edir, kind)
+    if kind == "compare-a":
+        ok = isinstance(doc, dict) and bool(_records(edir / step["records"]))
+        reason = "arm A answered" if ok else (err.removeprefix("dsv4ctl: error: ") or f"check load exited {code}")
+        log(f"check {kind}: {'done' if ok else 'FAIL: ' + reason} ({time.monotonic() - t0:.1f} s)")
+        return {"check": kind, "passed": ok, "reason": reason, "exit_code": 0 if ok else (code if code > 1 else 2),
+                "target": step["argv"][2], "evidence": str(edir / f"{kind}.json")}
+    if step.get("arm_a") and isinstance(doc, dict):
+        a, b = _records(edir / step["arm_a"]), _records(edir / step["records"])
+        doc = {"schema": "dsv4ctl.promotion.compare/1", "sequential": True, "arm_b": doc,
+               "comparisons": [{"paired": compare_paired(a, b)}] if a and b else []}
+        (edir / "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
+    passed, reason = compare_verdict(doc, code, err)
     has_cmp = isinstance(doc, dict) and bool(doc.get("comparisons"))
-    code = 0 if passed else (1 if has_cmp else (p.returncode if p.returncode not in (0, 1) else 1))
+    code = 0 if passed else (1 if has_cmp else (code if code > 1 else 2))
     log(f"check compare: {'pass' if passed else 'FAIL'}: {reason} ({time.monotonic() - t0:.1f} s)")
-    return {"check": "compare", "passed": passed, "reason": reason, "exit_code": code,
-            "target": " vs ".join(step["argv"][3:5]), "changes": step["changes"], "evidence": ev}
+    target = step["argv"][2] if step.get("arm_a") else " vs ".join(step["argv"][3:5])
+    return {"check": "compare", "passed": passed, "reason": reason, "exit_code": code, "target": target,
+            "changes": step["changes"], "evidence": str(edir / "compare.json")}
 
 
 def store_evidence(site, hosts: list[str], rid: str, stamp: str, edir: Path, summary: dict) -> str:
@@ -548,6 +596,7 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     from . import engine as E
     p = _Promotion(site, rel.id, spec, run, po, report, frm)
     try:
+        p.arm_before()
         p.stage("canary", p.canary, "canary health gate", None)
         if p.rest:
             p.stage("rest", p.rest, "health gate of the rest", "check smoke (all hosts)")
@@ -618,6 +667,14 @@ class _Promotion:
         if bad:
             self.fail(check_what or f"check {bad['check']}", bad["reason"], self.results)
 
+    def arm_before(self) -> None:
+        """The checks before the canary switch (arm A of an A/B in sequence): one that fails is
+        a check that could not run (:meth:`not_run`: nothing was switched, exit 2)."""
+        more, bad = self.checks("before")
+        self.results += more
+        if bad:
+            self.not_run({**bad, "exit_code": EXIT_USAGE}, self.results)
+
     def put_back(self, lost=()) -> str:
         """Switch every switched host back (revert steps) and gate the previous release; the text
         to add to the reason ("" when nothing was switched)."""
@@ -683,10 +740,11 @@ class _Promotion:
         hrel = store_evidence(site, site.hosts, rid, self.stamp, self.edir, summary)
         E.close_all(site, {**self.rec, "result": "check-not-run", "detail": why[:2000], "evidence": hrel},
                     per_host=self.frm)
-        raise DsvError(f"deploy --promote of {rid}: check {bad['check']} could not run: {why}; "
-                       f"rolled back {', '.join(switched)} to "
-                       f"{', '.join(sorted({(self.before[h] or '(none)') for h in switched}))}; the release is not "
-                       f"marked failed (no verdict); evidence in {self.edir}", EXIT_USAGE)
+        back = (f"rolled back {', '.join(switched)} to "
+                f"{', '.join(sorted({(self.before[h] or '(none)') for h in switched}))}" if switched
+                else "no host was switched")
+        raise DsvError(f"deploy --promote of {rid}: check {bad['check']} could not run: {why}; {back}; the release "
+                       f"is not marked failed (no verdict); evidence in {self.edir}", EXIT_USAGE)
 
     def checks(self, stage: str) -> tuple[list[dict], dict | None]:
         """Run the checks of ``stage`` in order until one fails: ``(results, the failed one or
@@ -697,7 +755,7 @@ class _Promotion:
         for st in self.run.of("check", stage):
             E.trace(site, st)
             kind = st.extra["kind"]
-            if kind == "compare":
+            if kind in ("compare", "compare-a"):
                 r = run_compare(st.extra, site.profile, self.edir, site.opts.log)
             else:
                 r = run_check(kind, site.profile, self.cpo if stage == "canary" else self.po, self.edir, site.opts.log,
