@@ -125,6 +125,13 @@ def test_status_shows_each_jobs_release_and_restarts_and_a_forgotten_jobs_record
     assert d.json()["groups"]["decode"]["slurm"] == dec, d.out
     d = run_cli("diagnose", str(w.profile), env=w.env())
     assert f"h2: slurm job {nj['job']} CANCELLED (exit 0:15; from record)" in d.out, d.out
+    # releases lists each release's jobs with their recorded ends
+    rel = run_cli("releases", str(w.profile), "--json", env=w.env()).json()
+    [row] = [x for x in rel["hosts"]["h2"]["releases"] if x["id"] == rid]
+    ends = {j["job"]: j["ended"] for j in row["slurm_jobs"] if j["unit"] == "decode"}
+    assert ends[dj["job"]].startswith("JobState=FAILED") and ends[nj["job"]].startswith("JobState=CANCELLED"), ends
+    table = run_cli("releases", str(w.profile), env=w.env()).out
+    assert f"decode {dj['job']} FAILED, decode {nj['job']} CANCELLED" in table.replace("\n", " "), table
 
 
 def test_the_gate_fails_when_a_leftover_server_answers_on_the_new_jobs_port(world):

@@ -937,13 +937,20 @@ def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start:
 
 def releases(profile, opts: Options) -> dict:
     """Per host: every complete release with base, patches, when, who, state, and for a failed
-    one the check, reason and evidence (a fact). A host that cannot be read is listed with its
-    ``error`` and the others still are."""
+    one the check, reason and evidence (a fact); with ``deploy.backend: slurm`` also
+    ``slurm_jobs``, the jobs this host submitted for it with their recorded final states
+    (:func:`dsv4ctl.hosts.slurmrecord.release_jobs`: they outlive Slurm's MinJobAge). A host
+    that cannot be read is listed with its ``error`` and the others still are."""
     from ..hosts.layout import read_facts
+    from ..hosts.slurmrecord import parse_records, records_cmd, release_jobs
     site = open_site(profile, opts)
+    slurm = site.profile.deploy.backend == "slurm"
     try:
         res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
                            timeout=opts.connect_timeout + 60)
+        recs = run_parallel(site.transports, lambda t: parse_records(t.run(records_cmd(site.paths[t.name].root),
+                                                                           timeout=60).out),
+                            timeout=opts.connect_timeout + 60) if slurm else {}
     finally:
         site.close()
     out = {"schema": "dsv4ctl.releases/1", "hosts": {}}
@@ -966,6 +973,8 @@ def releases(profile, opts: Options) -> dict:
                          "forced_at": st.get("forced_at"), "evidence": st.get("evidence"),
                          "message": st.get("message"), "derived_from": m.get("derived_from"),
                          "change": m.get("change")})
+            if slurm:         # the Slurm jobs submitted for it on this host (hosts/slurmrecord.py)
+                rows[-1]["slurm_jobs"] = release_jobs(recs[h].value if recs[h].ok else [], rid)
         out["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous,
                            "lock": f.lock and holder_text(f.lock), "releases": rows}
     return out

@@ -120,6 +120,31 @@ def job_text(view: dict) -> str:
     return f"slurm job {view['job']} {view['state']}" + (f" ({inner})" if inner else "")
 
 
+def records_cmd(root: str) -> str:
+    """Read-only shell: every job record under deploy root ``root`` (``run/*.jobs.jsonl``)."""
+    return f"cat {q(root)}/run/*.jobs.jsonl 2>/dev/null; true"
+
+
+def release_jobs(records: list[dict], rid: str) -> list[dict]:
+    """The jobs submitted for release ``rid`` in ``records`` (:func:`parse_records`), oldest
+    first: ``unit``, ``job``, ``submitted_at`` and ``ended`` (the recorded final state,
+    ``JobState=... ExitCode=... Reason=...``, or None while none is recorded: running, or
+    ended with no stop or start since)."""
+    ended = {r["job"]: r.get("slurm") for r in records if r.get("event") == "ended"}
+    return [{"unit": r.get("unit"), "job": r["job"], "submitted_at": r.get("at"), "ended": ended.get(r["job"])}
+            for r in records if r.get("event") == "submitted" and r.get("release") == rid]
+
+
+def jobs_text(jobs: list[dict], last: int = 3) -> str:
+    """The last ``last`` of :func:`release_jobs` in one line: ``decode 12 FAILED, decode 15
+    (no end recorded)`` (``+N earlier`` in front when there are more)."""
+    def one(j: dict) -> str:
+        state = next((w.split("=", 1)[1] for w in (j.get("ended") or "").split() if w.startswith("JobState=")), None)
+        return f"{j['unit']} {j['job']} " + (state or "(no end recorded)")
+    more = f"+{len(jobs) - last} earlier, " if len(jobs) > last else ""
+    return more + ", ".join(one(j) for j in jobs[-last:])
+
+
 def parse_records(text: str) -> list[dict]:
     """The records of a ``jobs.jsonl`` text, oldest first (a line that is no JSON object, such
     as one cut by a full disk, is left out)."""
