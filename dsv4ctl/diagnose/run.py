@@ -24,6 +24,7 @@ The document (``dsv4ctl.diagnose/1``, documented in the README)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
@@ -51,6 +52,141 @@ def _metrics_view(before: Optional[dict], after: Optional[dict]) -> Optional[dic
     return out
 
 
+@dataclass
+class _Read:
+    """What the hosts said, for building each node's :class:`.rules.Evidence`: ``res`` (host ->
+    :class:`dsv4ctl.remote.ParallelResult` of ``(HostEvidence, clock)``), the hosts' release roots
+    ``paths`` (host -> :class:`dsv4ctl.hosts.layout.Paths`) and the ``hosts`` part of the
+    document, plus the command's ``since``/``window``."""
+    res: dict
+    paths: dict
+    hosts_doc: dict
+    since: Optional[datetime]
+    window: float
+
+
+def _hosts_of(servers: list) -> dict[str, list[str]]:
+    """host -> the names of the groups with a node on it (first-seen order) of ``servers``
+    (``(group, server nodes)`` pairs)."""
+    by_host: dict[str, list[str]] = {}
+    for g, srv in servers:
+        for node in srv:
+            by_host.setdefault(node.host, [])
+            if g.name not in by_host[node.host]:
+                by_host[node.host].append(g.name)
+    return by_host
+
+
+def _collect(dep, by_host: dict[str, list[str]], lines: int, accept_new_host_keys: bool) -> tuple[dict, dict]:
+    """Read every host of ``by_host`` in one SSH round trip each, in parallel (process, ``lines``
+    of each group's log, GPUs, the release state, the clock): (host -> ParallelResult of
+    ``(HostEvidence, clock)``, host -> Paths). Failures stay in the results, never raised."""
+    from ..deploy.service import alive_checks, job_query
+    from ..deploy.site import Options, open_site
+    from ..hosts.clock import run_clocked
+    from ..remote import run_parallel
+
+    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
+    transports = {h: t for h, t in site.transports.items() if h in by_host}
+
+    def collect(t):
+        alive = alive_checks(site, t.name, by_host[t.name])
+        out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines,
+                                                 alive=alive, job_cmd=job_query(site, t.name)), timeout=60)
+        return parse_host(t.name, site.paths[t.name].root, out.out), clock
+
+    try:
+        return run_parallel(transports, collect, timeout=75), dict(site.paths)
+    finally:
+        site.close()
+
+
+def _host_doc(r) -> dict:
+    """The document's ``hosts[H]`` entry of one host's read ``r``."""
+    from ..hosts.clock import usable
+    if not r.ok:
+        return {"current": None, "state": None, "error": r.error, "gpu_error": None, "last_audit": None,
+                "clock_offset_s": None, "clock_unusable": False}
+    hev, clock = r.value
+    f = hev.status.facts
+    return {"current": f.current, "state": f.recorded(f.current) if f.current else None, "error": None,
+            "gpu_error": hev.gpu_error, "last_audit": hev.status.last_audit,
+            "clock_offset_s": round(clock.offset_s, 1) if clock and usable(clock.offset_s) else None,
+            "clock_unusable": bool(clock) and not usable(clock.offset_s)}
+
+
+def _node_log(g, full: str, since: Optional[datetime], clock) -> tuple[str, Optional[int], int]:
+    """(log lines judged, exit status, process starts) of group ``g``'s log tail ``full``: the
+    current process only, or with ``since`` every line from then (converted to the host's clock)."""
+    from ..hosts.clock import host_cutoff
+    if since is None:       # the current process only; earlier ones with --since
+        exit_status, starts = process_facts(g.name, full)      # restarts count the whole tail read
+        return current_process(full, g.name), exit_status, starts
+    log = since_filter(full, host_cutoff(since, clock.applied) if clock else since)
+    exit_status, starts = process_facts(g.name, log)
+    return log, exit_status, starts
+
+
+def _node_evidence(dep, read: _Read, g, srv, node, pr: Optional[dict]) -> tuple[Evidence, int]:
+    """One node's Evidence (``pr``: the HTTP probes, node 0 only) and its log's size (-1: none)."""
+    from ..hosts.day2 import stop_record
+    h = node.host
+    r = read.res[h]
+    hev, clock = r.value if r.ok else (None, None)
+    size, full = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
+    log, exit_status, starts = _node_log(g, full, read.since, clock)
+    alive = hev.status.alive.get(g.name) if hev else None
+    want = set(node.gpus)
+    gpus = [x for x in (hev.gpus or []) if not want or x["index"] in want] if hev else []
+    info = pr["server_info"] if pr else None
+    hicache = (bool(info.get("enable_hierarchical_cache")) if isinstance(info, dict)
+               and "enable_hierarchical_cache" in info else g.hicache_configured)
+    a0 = dep.hosts[srv[0].host].address
+    dist = f"{f'[{a0}]' if ':' in a0 else a0}:{g.dist_init_port}" if node.nnodes > 1 else None
+    return Evidence(group=node.server, host=h, role=g.role, alive=alive,
+                    exit_status=exit_status if alive is False else None, restarts=starts, log=log,
+                    log_source=f"{h}:{read.paths[h].logfile(g.name)}", health=pr["health"] if pr else None,
+                    server_info=info, metrics_before=pr["metrics_before"] if pr else None,
+                    metrics_after=pr["metrics_after"] if pr else None, window_s=read.window, gpus=gpus or None,
+                    hicache=hicache, node=node.node, nnodes=node.nnodes,
+                    release=read.hosts_doc.get(h, {}).get("current"), dist_init=dist,
+                    clock_offset_s=read.hosts_doc.get(h, {}).get("clock_offset_s"),
+                    stopped=stop_record(hev.status.recent, g.name) if hev and alive is False else None), size
+
+
+def _server_doc(g, srv, evs: list[tuple[Evidence, int]], url: str, pr: dict, fs: list) -> dict:
+    """The document's ``groups[SERVER]`` entry: node 0's view, every node's, the findings ``fs``."""
+    ev0, size0 = evs[0]
+    return {
+        "group": g.name, "replica": srv[0].replica,
+        "host": ev0.host, "role": g.role, "url": url, "alive": ev0.alive,
+        "exit_status": ev0.exit_status, "restarts": ev0.restarts, "health": ev0.health, "hicache": ev0.hicache,
+        "release": ev0.release, "log_source": ev0.log_source if size0 >= 0 else None,
+        "log_lines": len(ev0.log.splitlines()), "gpus": ev0.gpus or [],
+        "metrics_delta": _metrics_view(pr["metrics_before"], pr["metrics_after"]),
+        "nodes": [{"node": e.node, "host": e.host, "alive": e.alive, "exit_status": e.exit_status,
+                   "restarts": e.restarts, "release": e.release,
+                   "log_source": e.log_source if size >= 0 else None, "log_lines": len(e.log.splitlines()),
+                   "gpus": e.gpus or []} for e, size in evs],
+        "findings": [x.to_dict() for x in fs]}
+
+
+def _judge_server(dep, read: _Read, g, srv, url: str, pr: dict) -> tuple[dict, list]:
+    """(``groups[SERVER]`` entry, findings) of one server: every node's evidence judged by
+    :func:`.rules.diagnose_server`, a host that was not read and the Slurm job added as evidence."""
+    evs = [_node_evidence(dep, read, g, srv, node, pr if node.node == 0 else None) for node in srv]
+    fs = diagnose_server([e for e, _ in evs])
+    for x in fs:
+        bad = read.res[x.host] if x.host in read.res else None
+        if bad is not None and not bad.ok:
+            x.evidence.append(f"{x.host}: host not read ({bad.error})")
+    job = _slurm_job(read.res.get(srv[0].host), srv[0].host, g.name, fs)
+    doc = _server_doc(g, srv, evs, url, pr, fs)
+    if job is not None:
+        doc["slurm"] = job
+    return doc, fs
+
+
 def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optional[datetime] = None,
                         window: float = 5.0, lines: int = DEFAULT_LINES, accept_new_host_keys: bool = False,
                         api_key: Optional[str] = None) -> dict:
@@ -61,113 +197,23 @@ def diagnose_deployment(dep, groups: Optional[list[str]] = None, *, since: Optio
     recorded per host (``hosts[H].error``), never raised. Each host's clock is read in the same
     round trip (:mod:`dsv4ctl.hosts.clock`): ``since`` (this machine's time) is converted to the
     host's time before its log lines are filtered."""
-    from ..deploy.service import alive_checks, job_query
-    from ..hosts.day2 import stop_record
-    from ..deploy.site import Options, open_site
-    from ..hosts.clock import host_cutoff, run_clocked, usable
-    from ..remote import run_parallel
-
     chosen = [dep.groups[n] for n in (groups or [g.name for g in dep.servers()])]
     servers = [(g, srv) for g in chosen for srv in g.server_nodes]
-    by_host: dict[str, list[str]] = {}
-    for g, srv in servers:
-        for node in srv:
-            by_host.setdefault(node.host, [])
-            if g.name not in by_host[node.host]:
-                by_host[node.host].append(g.name)
-    site = open_site(dep, Options(accept_new_host_keys=accept_new_host_keys))
-    transports = {h: t for h, t in site.transports.items() if h in by_host}
-    def collect(t):
-        alive = alive_checks(site, t.name, by_host[t.name])
-        out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines,
-                                                 alive=alive, job_cmd=job_query(site, t.name)), timeout=60)
-        return parse_host(t.name, site.paths[t.name].root, out.out), clock
-
-    try:
-        res = run_parallel(transports, collect, timeout=75)
-    finally:
-        site.close()
+    by_host = _hosts_of(servers)
+    res, paths = _collect(dep, by_host, lines, accept_new_host_keys)
     urls = {srv[0].server: url for g in chosen for srv, (_, url) in zip(g.server_nodes, g.replica_urls)}
     probes = probe_groups(urls, window, api_key)
-    hosts_doc: dict[str, dict] = {}
+    read = _Read(res=res, paths=paths, hosts_doc={h: _host_doc(res[h]) for h in by_host}, since=since, window=window)
     groups_doc: dict[str, dict] = {}
     found = []
-    for h in by_host:
-        r = res[h]
-        if not r.ok:
-            hosts_doc[h] = {"current": None, "state": None, "error": r.error, "gpu_error": None, "last_audit": None,
-                            "clock_offset_s": None, "clock_unusable": False}
-            continue
-        hev, clock = r.value
-        f = hev.status.facts
-        hosts_doc[h] = {"current": f.current, "state": f.recorded(f.current) if f.current else None, "error": None,
-                        "gpu_error": hev.gpu_error, "last_audit": hev.status.last_audit,
-                        "clock_offset_s": round(clock.offset_s, 1) if clock and usable(clock.offset_s) else None,
-                        "clock_unusable": bool(clock) and not usable(clock.offset_s)}
-
-    def node_evidence(g, srv, node, pr: Optional[dict]) -> tuple[Evidence, int]:
-        """One node's Evidence (``pr``: the HTTP probes, node 0 only) and its log's size."""
-        h = node.host
-        r = res[h]
-        hev, clock = r.value if r.ok else (None, None)
-        size, full = (hev.logs.get(g.name, (-1, "")) if hev else (-1, ""))
-        if since is None:       # the current process only; earlier ones with --since
-            log = current_process(full, g.name)
-            exit_status, starts = process_facts(g.name, full)      # restarts count the whole tail read
-        else:
-            log = since_filter(full, host_cutoff(since, clock.applied) if clock else since)
-            exit_status, starts = process_facts(g.name, log)
-        alive = hev.status.alive.get(g.name) if hev else None
-        want = set(node.gpus)
-        gpus = [x for x in (hev.gpus or []) if not want or x["index"] in want] if hev else []
-        info = pr["server_info"] if pr else None
-        hicache = (bool(info.get("enable_hierarchical_cache")) if isinstance(info, dict)
-                   and "enable_hierarchical_cache" in info else g.hicache_configured)
-        a0 = dep.hosts[srv[0].host].address
-        dist = f"{f'[{a0}]' if ':' in a0 else a0}:{g.dist_init_port}" if node.nnodes > 1 else None
-        return Evidence(group=node.server, host=h, role=g.role, alive=alive,
-                        exit_status=exit_status if alive is False else None, restarts=starts, log=log,
-                        log_source=f"{h}:{site.paths[h].logfile(g.name)}", health=pr["health"] if pr else None,
-                        server_info=info, metrics_before=pr["metrics_before"] if pr else None,
-                        metrics_after=pr["metrics_after"] if pr else None, window_s=window, gpus=gpus or None,
-                        hicache=hicache, node=node.node, nnodes=node.nnodes,
-                        release=hosts_doc.get(h, {}).get("current"), dist_init=dist,
-                        clock_offset_s=hosts_doc.get(h, {}).get("clock_offset_s"),
-                        stopped=stop_record(hev.status.recent, g.name) if hev and alive is False else None), size
-
     for g, srv in servers:
-        pr = probes[srv[0].server]
-        evs = [node_evidence(g, srv, node, pr if node.node == 0 else None) for node in srv]
-        fs = diagnose_server([e for e, _ in evs])
-        for x in fs:
-            bad = res[x.host] if x.host in res else None
-            if bad is not None and not bad.ok:
-                x.evidence.append(f"{x.host}: host not read ({bad.error})")
-        job = _slurm_job(res.get(srv[0].host), srv[0].host, g.name, fs)
+        groups_doc[srv[0].server], fs = _judge_server(dep, read, g, srv, urls[srv[0].server], probes[srv[0].server])
         found += fs
-        ev0, size0 = evs[0]
-        groups_doc[srv[0].server] = {
-            "group": g.name, "replica": srv[0].replica,
-            "host": ev0.host, "role": g.role, "url": urls[srv[0].server], "alive": ev0.alive,
-            "exit_status": ev0.exit_status, "restarts": ev0.restarts, "health": ev0.health, "hicache": ev0.hicache,
-            "release": ev0.release, "log_source": ev0.log_source if size0 >= 0 else None,
-            "log_lines": len(ev0.log.splitlines()), "gpus": ev0.gpus or [],
-            "metrics_delta": _metrics_view(pr["metrics_before"], pr["metrics_after"]),
-            "nodes": [{"node": e.node, "host": e.host, "alive": e.alive, "exit_status": e.exit_status,
-                       "restarts": e.restarts, "release": e.release,
-                       "log_source": e.log_source if size >= 0 else None, "log_lines": len(e.log.splitlines()),
-                       "gpus": e.gpus or []} for e, size in evs],
-            "findings": [x.to_dict() for x in fs]}
-        if job is not None:
-            groups_doc[srv[0].server]["slurm"] = job
     found.sort(key=lambda x: -SEVERITY[x.severity])
-    runbooks = []
-    for x in found:
-        if x.runbook and x.runbook not in runbooks:
-            runbooks.append(x.runbook)
-    ok = all(x.rule in HEALTHY for x in found) and not any(d["error"] for d in hosts_doc.values())
+    runbooks = list(dict.fromkeys(x.runbook for x in found if x.runbook))
+    ok = all(x.rule in HEALTHY for x in found) and not any(d["error"] for d in read.hosts_doc.values())
     return {"schema": SCHEMA, "profile": dep.name, "since": since.isoformat() if since else None, "window_s": window,
-            "ok": ok, "hosts": hosts_doc, "groups": groups_doc, "findings": [x.to_dict() for x in found],
+            "ok": ok, "hosts": read.hosts_doc, "groups": groups_doc, "findings": [x.to_dict() for x in found],
             "runbooks": runbooks}
 
 
