@@ -419,6 +419,14 @@ def test_assembled_content_over_limit_is_a_protocol_error():
      "function.name is int, not a string"),
     ({"choices": [{"index": 0, "finish_reason": 7}]}, "finish_reason is int, not a string"),
     ({"id": [1], "choices": []}, "id is list, not a string"),
+    # falsy values of the wrong type (feed_chunk's inlined checks must refuse them too)
+    ({"choices": [{"index": 0, "delta": 0}]}, "delta is int, not an object"),
+    ({"choices": [{"index": 0, "delta": []}]}, "delta is list, not an object"),
+    ({"choices": [{"index": 0, "delta": {"content": 0}}]}, "delta.content is int, not a string"),
+    ({"choices": [{"index": 0, "delta": {"reasoning_content": False}}]}, "delta.reasoning_content is bool, not a string"),
+    ({"choices": [{"index": 0, "delta": {"content": "", "tool_calls": {}}}]}, "delta.tool_calls is dict, not a list"),
+    ({"choices": [{"index": 0, "finish_reason": 0}]}, "finish_reason is int, not a string"),
+    ({"choices": {}}, "choices is dict, not a list"),
 ])
 def test_stream_chunks_of_the_wrong_shape_are_protocol_errors(chunk, msg):
     with pytest.raises(C.ProtocolError) as e:
@@ -498,3 +506,21 @@ def test_language_drift_is_judged_against_the_prompts_script():
     assert C.find_language_drift(en, "Latin") is None
     assert C.find_language_drift("好的", "Latin") is None              # under 20 letters: no verdict
     assert C.find_language_drift("Балансировщик распределяет запросы между двумя серверами.", "Latin")[0] == "Cyrillic"
+
+
+def test_language_drift_fast_path_gives_the_full_judgement():
+    """Expecting Latin, a text without a letter of another script is cleared by one scan; on
+    every kind of text the answer is that of the full count (``_drift``), with or without one."""
+    from dsv4ctl.check.classify.language import _drift
+    texts = ["The scheduler admits requests once enough pages are free. " * 8,
+             "Le planificateur accepte les requêtes dès que les pages sont libres, déjà réservées. " * 4,
+             "Straße, Ærø, naïve café: ÀÉÎÕÜ ŁŒŠŽ ḀṩỲ — “quoted” … " * 6,
+             "x" * 30, "12345 6789 ___ ::: //", "",
+             "負載均衡器把請求分給兩台推理服務器。" * 3, "Ελληνικά γράμματα για το φορτίο των διακομιστών. " * 2,
+             "English prose with one word 请求 inside and more English prose around it here. " * 2,
+             "שלום עולם, זהו טקסט בעברית לבדיקה ארוכה מספיק. " * 2, "नमस्ते दुनिया यह एक परीक्षण पाठ है " * 2]
+    for t in texts:
+        for expected in ("Latin", "CJK", "Cyrillic"):
+            assert C.find_language_drift(t, expected) == _drift(t, expected), (t[:40], expected)
+    assert C.find_language_drift(texts[6], "Latin")[0] == "CJK"
+    assert C.find_language_drift(texts[1], "Latin") is None and C.find_language_drift(texts[1], "CJK")[0] == "Latin"

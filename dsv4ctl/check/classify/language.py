@@ -177,7 +177,17 @@ def find_language_drift(text: str, expected: str = "Latin") -> Optional[tuple[st
     (one of the scripts of :func:`find_language_switch`), else None. Judged on the letters left
     after the same cuts as :func:`find_language_switch` (code, URLs, identifiers and paths, quoted
     phrases), so English identifiers in another language's prose and quoted foreign text in an
-    English answer do not count; fewer than :data:`DRIFT_MIN_LETTERS` letters: no verdict."""
+    English answer do not count; fewer than :data:`DRIFT_MIN_LETTERS` letters: no verdict.
+    Expecting Latin, a text with no letter of another script (:data:`_NON_LATIN_RE`, a superset
+    of the other scripts' ranges; the cuts only remove letters) is cleared after one scan: every
+    ``check load`` answer turn asks for Latin, and most are ASCII."""
+    if expected == "Latin" and (text.isascii() or _NON_LATIN_RE.search(text, 0, LOOP_MAX_CHARS) is None):
+        return None
+    return _drift(text, expected)
+
+
+def _drift(text: str, expected: str) -> Optional[tuple[str, float]]:
+    """:func:`find_language_drift` without its fast path: the letters counted by script."""
     text = text[:LOOP_MAX_CHARS]
     ranges = code_ranges(text)
     if ranges:

@@ -204,15 +204,29 @@ class StreamAssembler:
         usage = obj.get("usage")
         if usage:
             self.usage = _opt_dict(usage, "usage")
-        for ch in _opt_list(choices, "choices"):
-            ch = _obj(ch, "choices[]")
+        # per streamed chunk, so the checks of _opt_str/_opt_dict/_opt_list/_obj are inlined for the
+        # exact JSON types (check load's client CPU, benchmarks/check_load.py); any other value
+        # goes through them, which accept or refuse it as before
+        if choices.__class__ is not list:
+            choices = _opt_list(choices, "choices")
+        for ch in choices:
+            if ch.__class__ is not dict:
+                ch = _obj(ch, "choices[]")
             if ch.get("index", 0) != 0:
                 continue
-            delta = _opt_dict(ch.get("delta"), "delta")
+            delta = ch.get("delta")
+            if delta is not None and delta.__class__ is not dict:
+                delta = _opt_dict(delta, "delta")
             if delta:
-                content = _opt_str(delta.get("content"), "delta.content")
-                reasoning = _opt_str(delta.get("reasoning_content"), "delta.reasoning_content")
-                tcs = _opt_list(delta.get("tool_calls"), "delta.tool_calls")
+                content = delta.get("content")
+                if content is not None and content.__class__ is not str:
+                    content = _opt_str(content, "delta.content")
+                reasoning = delta.get("reasoning_content")
+                if reasoning is not None and reasoning.__class__ is not str:
+                    reasoning = _opt_str(reasoning, "delta.reasoning_content")
+                tcs = delta.get("tool_calls")
+                if tcs is not None and tcs.__class__ is not list:
+                    tcs = _opt_list(tcs, "delta.tool_calls")
                 if content or reasoning or tcs:
                     self.pieces += 1
                     if self.pieces > MAX_PIECES:
@@ -225,7 +239,9 @@ class StreamAssembler:
                         self._reasoning.append(reasoning)
                     if tcs:
                         self._feed_tool_calls(tcs)
-            fr = _opt_str(ch.get("finish_reason"), "finish_reason")
+            fr = ch.get("finish_reason")
+            if fr is not None and fr.__class__ is not str:
+                fr = _opt_str(fr, "finish_reason")
             if fr:
                 self.finish_reason = fr
 
