@@ -436,7 +436,7 @@ FEW = ("--min-requests", "40")       # the load gate's turns: few (its verdict i
 
 
 def test_upgrade_gate_compares_only_upgrades_and_refuses_a_regression(live_cluster, tmp_path):
-    # the A/B is kept small by check.compare.pairs (the default is sized: 1,828 pairs)
+    # the A/B is kept small by check.compare.pairs (the default is sized: 1,984 pairs)
     w = PromoteWorld(live_cluster, tmp_path, check={"concurrency": 10, "max_corruption": 0.5, "turns": 2,
                                                     "stall_timeout_s": 20, "compare": {"pairs": 100}})
     w.extra = {"context-length": 16384}       # short over-length probes: a quick check smoke

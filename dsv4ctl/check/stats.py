@@ -152,13 +152,42 @@ def paired_diff_ci(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[fl
     return (c - b) / n, max(-1.0, dd - z * se), min(1.0, dd + z * se)
 
 
+def _binom_logpmf(k: int, n: int, p: float) -> float:
+    return _log_comb(n, k) + k * math.log(p) + (n - k) * math.log1p(-p)
+
+
+def mcnemar_power(n: int, p1: float, p2: float, alpha: float = 0.05) -> float:
+    """Exact power of :func:`mcnemar_exact` at level ``alpha`` over ``n`` pairs whose arms fail
+    independently with rates ``p1`` (first) and ``p2`` (second): the discordant pairs D ~
+    Binomial(n, psi), psi = p1(1 − p2) + p2(1 − p1), and given D the second-arm-only ones
+    C ~ Binomial(D, p2(1 − p1) / psi); power = P(mcnemar_exact(D − C, C) < alpha), summed over D
+    within 10 standard deviations of its mean. Rates in (0, 1)."""
+    psi = p1 * (1 - p2) + p2 * (1 - p1)
+    q = p2 * (1 - p1) / psi
+    mean, sd = n * psi, math.sqrt(n * psi * (1 - psi))
+    total, log_half = 0.0, math.log(0.5)
+    for d in range(max(1, int(mean - 10 * sd)), min(n, int(mean + 10 * sd) + 1) + 1):
+        sf, c_star = 0.0, d + 1          # the smallest c with P(X >= c) < alpha, X ~ Bin(d, 1/2)
+        for c in range(d, -1, -1):
+            sf += math.exp(_log_comb(d, c) + d * log_half)
+            if sf >= alpha:
+                break
+            c_star = c
+        if c_star <= d:
+            tail = sum(math.exp(_binom_logpmf(c, d, q)) for c in range(c_star, d + 1))
+            total += math.exp(_binom_logpmf(d, n, psi)) * tail
+    return min(1.0, total)
+
+
 def paired_sample_size(p_base: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Pairs a one-sided McNemar test at level ``alpha`` needs to detect, with probability
     ``power``, a failure rate of ``p_base + delta`` on the second arm against ``p_base`` on the
-    first (Connor 1987, eq. 3): n = (z_a·sqrt(psi) + z_b·sqrt(psi − delta²))² / delta², rounded
-    up, where psi = p1(1 − p2) + p2(1 − p1) is the share of discordant pairs when the two arms
-    fail independently of each other (failures that tend to hit the same turns on both arms give
-    fewer discordant pairs, so fewer are needed: this n is the conservative one).
+    first. Start: Connor (1987, eq. 3), n = (z_a·sqrt(psi) + z_b·sqrt(psi − delta²))² / delta²,
+    psi = p1(1 − p2) + p2(1 − p1) the share of discordant pairs when the two arms fail
+    independently of each other (failures that tend to hit the same turns on both arms give fewer
+    discordant pairs, so fewer are needed: this n is the conservative one). That normal
+    approximation overstates the power of the exact test (1 % -> 2 %: 1,828 pairs have an exact
+    power of 0.77), so n then grows in steps of 1 % until :func:`mcnemar_power` reaches ``power``.
     Fractions in (0, 1); ValueError otherwise or when p_base + delta >= 1."""
     for name, v in (("p_base", p_base), ("delta", delta), ("alpha", alpha), ("power", power)):
         if not 0 < v < 1:
@@ -168,4 +197,7 @@ def paired_sample_size(p_base: float, delta: float, alpha: float = 0.05, power: 
         raise ValueError("p_base + delta must be below 1")
     psi = p1 * (1 - p2) + p2 * (1 - p1)
     za, zb = NormalDist().inv_cdf(1 - alpha), NormalDist().inv_cdf(power)
-    return math.ceil((za * math.sqrt(psi) + zb * math.sqrt(psi - delta * delta)) ** 2 / (delta * delta))
+    n = math.ceil((za * math.sqrt(psi) + zb * math.sqrt(psi - delta * delta)) ** 2 / (delta * delta))
+    while mcnemar_power(n, p1, p2, alpha) < power:
+        n = math.ceil(n * 1.01)
+    return n

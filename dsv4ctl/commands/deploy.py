@@ -239,7 +239,7 @@ def deploy(
     router before and after the canary switch) and a significant rise of
     corrupted or wrong-argument calls (one-sided exact McNemar, p < 0.05) fails the promotion with
     the per-class differences and their 95 % intervals. It is sized to see +1 % over a 1 % baseline
-    with power 0.8 (1,828 pairs; check.compare in the profile); --no-compare skips it.
+    with power 0.8 (1,984 pairs; check.compare in the profile); --no-compare skips it.
 
     -g GROUP / --host HOST limit the deploy to those hosts: only they are pushed, switched,
     restarted and gated (the others keep their release). A host has one active release, so every

@@ -374,7 +374,7 @@ def compare_sizing(profile, canary_hosts: list[str], po: PromoteOptions) -> dict
     concurrency, at most the plan's max-running-requests of the canary's group (the batch a
     server admits at once); ``pairs``: ``check.compare.pairs``, else
     :func:`dsv4ctl.check.paired.plan_pairs` of ``check.compare.baseline`` and ``.delta`` (one-sided
-    McNemar, alpha 0.05, power 0.8: 1,828 pairs for 1 % -> 2 %); turns per session to issue them.
+    McNemar, alpha 0.05, power 0.8: 1,984 pairs for 1 % -> 2 %); turns per session to issue them.
     InputError for a baseline + delta of 1 or more."""
     from ..check.paired import ALPHA, POWER, plan_pairs, sizing
     from ..profile.deployment import as_deployment
@@ -487,9 +487,21 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
     log(f"check {kind}: dsv4ctl {' '.join(argv)}")
     edir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    code, doc, stderr = _child(argv, profile, edir, name)
+    err = next((ln for ln in reversed(stderr.splitlines()) if ln.startswith(("dsv4ctl: error:", "dsv4ctl: gate failed:"))), "")
+    passed, reason = check_verdict(kind, code, doc, err)
+    log(f"check {kind}: {'pass' if passed else 'FAIL: ' + reason} ({time.monotonic() - t0:.1f} s)")
+    return {"check": name, "passed": passed, "reason": reason, "exit_code": code,
+            "target": url or "profile", "evidence": str(edir / f"{name}.json")}
+
+
+def _child(argv: list[str], profile, edir: Path, name: str) -> tuple[int, dict | None, str]:
+    """Run ``dsv4ctl ARGV`` as a child process (the profile's API key on its environment, never
+    on its argv): (exit code, its JSON document or None, its stderr); stdout and stderr kept as
+    ``edir/<name>.json`` / ``.err``."""
     from .site import api_key
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    key = api_key(profile)          # on the child's environment, never on its argv
+    key = api_key(profile)
     if key:
         env["DSV4CTL_API_KEY"] = key
     p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True, env=env)
@@ -499,31 +511,15 @@ def run_check(kind: str, profile, po: PromoteOptions, edir: Path, log, url: str 
         doc = json.loads(p.stdout) if p.stdout.strip() else None
     except ValueError:
         doc = None
-    err = next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith(("dsv4ctl: error:", "dsv4ctl: gate failed:"))), "")
-    passed, reason = check_verdict(kind, p.returncode, doc, err)
-    log(f"check {kind}: {'pass' if passed else 'FAIL: ' + reason} ({time.monotonic() - t0:.1f} s)")
-    return {"check": name, "passed": passed, "reason": reason, "exit_code": p.returncode,
-            "target": url or "profile", "evidence": str(edir / f"{name}.json")}
+    return p.returncode, doc, p.stderr
 
 
 def _arm(step: dict, profile, edir: Path, name: str) -> tuple[int, dict | None, str]:
     """Run one A/B child (``step["argv"]``, ``--records edir/<records>`` when the step keeps
-    them): (exit code, its JSON document or None, its last error line); stdout and stderr kept
-    as ``edir/<name>.json`` / ``.err``."""
-    from .site import api_key
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    key = api_key(profile)          # on the child's environment, never on its argv
-    if key:
-        env["DSV4CTL_API_KEY"] = key
+    them, :func:`_child`): (exit code, its JSON document or None, its last error line)."""
     argv = list(step["argv"]) + (["--records", str(edir / step["records"])] if step.get("records") else [])
-    p = subprocess.run([sys.executable, "-m", "dsv4ctl.cli", *argv], capture_output=True, text=True, env=env)
-    (edir / f"{name}.json").write_text(p.stdout)
-    (edir / f"{name}.err").write_text(p.stderr)
-    try:
-        doc = json.loads(p.stdout) if p.stdout.strip() else None
-    except ValueError:
-        doc = None
-    return p.returncode, doc, next((ln for ln in reversed(p.stderr.splitlines()) if ln.startswith("dsv4ctl: error:")), "")
+    code, doc, stderr = _child(argv, profile, edir, name)
+    return code, doc, next((ln for ln in reversed(stderr.splitlines()) if ln.startswith("dsv4ctl: error:")), "")
 
 
 def _records(path: Path) -> list[dict]:
