@@ -26,6 +26,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)   # tests/test_report_br
 command -v podman >/dev/null 2>&1 || need+=(podman)     # tests/test_image_deploy.py: release images (rootful, ~25 s apt)
 command -v runc >/dev/null 2>&1 || need+=(runc)         # crun refuses to start containers on this machine kind
 command -v catatonit >/dev/null 2>&1 || need+=(catatonit)   # podman run --init (a Recommends, not installed with --no-install-recommends)
+command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)   # tests/test_image_deploy.py: sglang.image.registry against a real registry (distribution)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)   # tests/test_watch_rules.py runs promtool on the shipped rules (its postinst may try to start a service: harmless without systemd)
 { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null 2>&1 || need+=(prometheus-alertmanager)   # tests/test_watch_alertmanager.py: the shipped Alertmanager example (0.25 on Debian 12; its service is not started without systemd)
 PYV=$(command -v python3.11 || command -v python3)

@@ -27,3 +27,62 @@ def test_a_missing_local_base_is_exit_2_before_anything(tmp_path):
 def test_split_pin():
     assert split_pin("oci:/x@sha256:" + "b" * 64) == ("oci:/x", "sha256:" + "b" * 64)
     assert split_pin("oci:/x") == ("oci:/x", None)
+
+
+# -- docker on the hosts: the command builders (no docker daemon can run here: the live tests are podman's) ----
+
+def _img(**kw):
+    from dsv4ctl.profile.deployment import ImageSettings
+    return ImageSettings(**{"base": "oci:/b", "store": "{root}/containers", **kw})
+
+
+def _sh_ok(cmd: str) -> None:
+    import subprocess
+    r = subprocess.run(["sh", "-n", "-c", cmd], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_docker_command_builders():
+    """runtime: docker: no per-store arguments (the daemon has one store), GPUs by --gpus,
+    image presence by inspect, the pool loaded by docker load of its OCI archive, the verify run
+    in a container of the image (docker has no image mount), the registry pull with a
+    DOCKER_CONFIG folder holding the credentials read from stdin; podman's forms unchanged."""
+    from dsv4ctl.hosts.container import (load_cmd, prepare_cmd, registry_load_cmd, run_command, runtime_argv,
+                                         verify_image_cmd)
+    d, p = _img(runtime="docker", runtime_args=("--host", "unix:///run/d.sock")), _img(runtime="podman")
+    assert runtime_argv(d, "/r") == ["docker", "--host", "unix:///run/d.sock"]
+    assert runtime_argv(p, "/r")[:3] == ["podman", "--root", "/r/containers/storage"]
+    c = {"shm_size": "16g", "mounts": ["/models"]}
+    run_d = run_command(d, "/r", "r1", "decode", 0, c, ["nvidia.com/gpu=2", "nvidia.com/gpu=3"], ["HF_TOKEN"], "serve")
+    assert "--gpus device=2,3" in run_d and "--device" not in run_d and "--root" not in run_d
+    assert "run --init --rm --network host --name dsv4ctl-decode-n0-r1" in run_d and "-e HF_TOKEN" in run_d
+    run_p = run_command(p, "/r", "r1", "decode", 0, c, ["nvidia.com/gpu=2"], [], "serve")
+    assert "--device nvidia.com/gpu=2" in run_p and "--gpus" not in run_p
+    pre = prepare_cmd(d, "/r", ["nvidia.com/gpu=2"], "abc")
+    assert "docker --host unix:///run/d.sock image inspect abc >/dev/null 2>&1" in pre and "nvidia-container-toolkit" in pre and "/etc/cdi" not in pre
+    ld = load_cmd(d, "/r", "r1", "abc")
+    assert "tar -C /r/images/pool -cf - oci-layout index.json blobs | docker --host unix:///run/d.sock load -q" in ld
+    assert "pull" not in ld and "docker --host unix:///run/d.sock tag abc localhost/dsv4ctl:r1" in ld
+    ver = verify_image_cmd(d, "/r", "r1", "/usr/bin/python3", "print(1)", "abc")
+    assert "run --rm -i --network none --entrypoint '' \"$id\" python3 -S -c" in ver and "image mount" not in ver
+    assert '{"verify": ["/opt/dsv4ctl/releases/r1"], "image": true}' in ver
+    reg = registry_load_cmd(d, "/r", "r1", "abc", "reg.example:5000/ml@sha256:" + "f" * 64)
+    assert 'cat > "$A/config.json"' in reg and 'DOCKER_CONFIG="$A"' in reg and "umask 077" in reg
+    reg_p = registry_load_cmd(_img(registry_tls_verify=False), "/r", "r1", "abc", "reg:5000/ml@sha256:" + "f" * 64)
+    assert "--tls-verify=false" in reg_p and '--authfile $A' in reg_p
+    for cmd in (run_d, run_p, pre, ld, ver, reg, reg_p, load_cmd(p, "/r", "r1", "abc"),
+                verify_image_cmd(p, "/r", "r1", "/usr/bin/python3", "print(1)", None)):
+        _sh_ok(cmd)
+
+
+def test_registry_auth_file_is_checked_and_never_shown(tmp_path):
+    from dsv4ctl.deploy.image import auth_bytes
+    f = tmp_path / "auth.json"
+    with pytest.raises(InputError, match=r"registry.auth_file .*auth.json: cannot read"):
+        auth_bytes(_img(registry_auth_file=f))
+    f.write_text("user:Hunter2Secret")
+    with pytest.raises(InputError, match="not a containers auth.json") as e:
+        auth_bytes(_img(registry_auth_file=f))
+    assert "Hunter2Secret" not in str(e.value)
+    f.write_text('{"auths": {}}')
+    assert auth_bytes(_img(registry_auth_file=f)) == b'{"auths": {}}' and auth_bytes(_img()) == b""

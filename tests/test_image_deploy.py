@@ -6,15 +6,27 @@ stand-in, run in containers of the release's image by the launcher."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import run_cli
+from tests.envkit import lock_text, make_wheel
 from tests.images import base as images
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
-from tests.sshd.world import REPO, World, http_status, wait_for
+from tests.sshd.world import REPO, STANDIN, World, git, http_status, wait_for
+
+UV = str(Path(sys.executable).parent / "uv")
+#: the server's launch first runs the release's own environment's interpreter inside the container
+#: ({python}: /opt/dsv4ctl/envs/<digest>/bin/python, the image's environment layer), then the
+#: stand-in on the image's own python3 (which has its dependencies)
+PROBE = "{python} -c 'import dsv4probe; print(\"dsv4probe\", dsv4probe.__version__, flush=True)' && "
 
 pytestmark = pytest.mark.sshd
 
@@ -31,11 +43,14 @@ def base_image(tmp_path_factory):
 
 class ImageWorld(World):
     """The deploy test world with ``sglang.image``: per-host stores ``ROOT/containers``, CPU-only
-    hosts (``gpus: none``), the repository mounted read-only (the stand-in's code)."""
+    hosts (``gpus: none``), the repository mounted read-only (the stand-in's code), and a locked
+    environment (``sglang.environment``: a real wheel, real uv) that becomes the image's
+    environment layer."""
 
     def __init__(self, cluster, tmp, base: str, **kw):
         self.base = base
         self.image_extra = {}
+        self.wheels = tmp / "wheels"
         super().__init__(cluster, tmp, **kw)
 
     def write(self) -> None:
@@ -44,6 +59,15 @@ class ImageWorld(World):
         prof["sglang"]["image"] = {"base": self.base, "gpus": "none", "shm_size": "64m", "store": "{root}/containers",
                                    "runtime_args": images.RUNTIME_ARGS, "run_args": images.RUN_ARGS,
                                    "mounts": [str(REPO)], **self.image_extra}
+        if not (self.cfgdir / "env.lock").exists():
+            (self.cfgdir / "env.lock").write_text(lock_text([make_wheel(self.wheels, "dsv4probe", "1.0")]))
+        prof["deploy"]["health_timeout_s"] = 90       # containers on a loaded 2-core machine (a crash is seen at once)
+        prof["sglang"]["environment"] = {"lock": "env.lock", "uv": UV, "uv_args": [
+            "--no-index", "--find-links", str(self.wheels), "--cache-dir", str(self.tmp / "uv-cache")]}
+        stand = STANDIN.replace("{python}", "python3")         # the image's own interpreter
+        launch = prof["deploy"]["launch"]
+        launch["server"] = PROBE + stand + " --config {config} --host {address} --port {port}"
+        launch["router"] = launch["router"].replace(STANDIN, stand)
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
 
     def podman(self, host: str) -> list[str]:
@@ -84,6 +108,18 @@ def test_deploy_runs_each_server_in_its_release_image(world):
     assert sorted(cs) == sorted([f"dsv4ctl-prefill-n0-{rid}", f"dsv4ctl-decode-n0-{rid}", f"dsv4ctl-router-n0-{rid}"])
     assert {c["ImageID"] for c in cs.values()} == {rec["image"]}
     assert http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200
+    # status: each group's running container and its image; logs: what the container printed
+    r = run_cli("status", str(w.profile), "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    groups = {g: d for h in json.loads(r.out)["hosts"].values() for g, d in h["groups"].items()}
+    assert {g: (d["container"], d["image"]) for g, d in groups.items()} == {
+        c["Labels"]["dsv4ctl.group"]: (c["Id"], rec["image"]) for c in cs.values()}
+    assert all(d["uptime_s"] is not None and d["uptime_s"] < 600 and d["restarts"] == 0 for d in groups.values())
+    r = run_cli("status", str(w.profile), env={**w.env(), "COLUMNS": "400"}, timeout=120)
+    cid = cs[f"dsv4ctl-decode-n0-{rid}"]["Id"]
+    assert f"(container {cid[:12]}, image {rec['image'][:12]})" in r.out, r.out
+    r = run_cli("logs", "decode", str(w.profile), "-n", "50", env=w.env(), timeout=120)
+    assert r.code == 0 and "h1: dsv4probe 1.0" in r.out, r.out + r.err     # printed inside the container
 
 
 def test_switch_rollback_crash_and_tamper_with_images(world):
@@ -95,14 +131,26 @@ def test_switch_rollback_crash_and_tamper_with_images(world):
     assert deploy(w).code == 0
     r1 = w.current("h0")
     rec1 = json.loads((w.cache / "images" / "records" / f"{r1}.json").read_text())
-    w.extra["decode"] = {"max-running-requests": 64}
-    w.write()
+    # the second release differs from the first in one tree file only
+    f = w.tree / "python" / "sglang" / "srt" / "mod001.py"
+    f.write_text(f.read_text() + "y = 2\n")
+    git(w.tree, "commit", "-q", "-am", "one file")
+    git(w.tree, "tag", "-f", "v0.5.23")
     r = deploy(w)
     assert r.code == 0, r.err
     r2 = w.current("h1")
     assert r2 != r1
     sent = [int(x.replace(",", "")) for x in __import__("re").findall(r"loaded, ([\d,]+) bytes sent", r.err)]
-    assert sent and max(sent) < 200_000, r.err          # the 60 MB base is on the hosts already
+    assert sent and max(sent) < 200_000, r.err          # the 60 MB base and the environment are there already
+    # the environment layer is one layer both images share (same digest), under their own layers
+    rec2 = json.loads((w.cache / "images" / "records" / f"{r2}.json").read_text())
+    layers = {rec["release"]: json.loads(subprocess.run(
+        [*images.podman_argv(w.cache / "images"), "image", "inspect", "--format", "{{json .RootFS.Layers}}",
+         rec["image"]], capture_output=True, text=True, check=True).stdout) for rec in (rec1, rec2)}
+    assert rec1["env"] == rec2["env"] and rec1["env_image"] == rec2["env_image"] != ""
+    assert layers[r1][:2] == layers[r2][:2] and layers[r1][2:] != layers[r2][2:], layers
+    assert "built environment layer" not in r.err                   # made once, for the first release
+    assert "dsv4probe 1.0" in (w.roots["h1"] / "logs" / "decode.log").read_text()   # the layer's python ran
     assert [c["Names"][0] for c in w.containers("h1")] == [f"dsv4ctl-decode-n0-{r2}"]
     # rollback: the first image again, nothing built (the control machine's record is untouched)
     before = (w.cache / "images" / "records" / f"{r1}.json").stat().st_mtime_ns
@@ -129,3 +177,190 @@ def test_switch_rollback_crash_and_tamper_with_images(world):
     r = run_cli("verify", str(w.profile), "--json", env=w.env(), timeout=300)
     assert r.code != 0
     assert f"h1: {r1} (current): image: hash tree/python/sglang/srt/mem_cache.py" in json.loads(r.out)["drift"]
+
+
+# -- faults: one world for the module (its first release deployed once) ----------------------------
+
+@pytest.fixture(scope="module")
+def fault_world(sshd_cluster, tmp_path_factory, base_image):
+    """Release r1 serving on three hosts; h1's image store on a tmpfs of its own (sized after r1
+    to leave about 1 MB: the full-disk test)."""
+    tmp = tmp_path_factory.mktemp("image-faults")
+    w = ImageWorld(sshd_cluster, tmp, base_image, nhosts=3)
+    store = w.roots["h1"] / "containers"
+    store.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(store)], check=True)
+    try:
+        r = deploy(w)
+        assert r.code == 0, r.err
+        w.r1 = w.current("h0")
+        yield w
+    finally:
+        w.cleanup()
+        subprocess.run(["umount", "-l", str(store)], capture_output=True)
+
+
+def _deploy_bg(w, extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    err = w.tmp / f"deploy-{time.time_ns()}.err"
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "--no-preflight"],
+                         cwd=REPO, env=dict(os.environ, **w.env(), **(extra_env or {}), COLUMNS="200", NO_COLOR="1"),
+                         stdout=subprocess.DEVNULL, stderr=err.open("w"))
+    return p, err
+
+
+def _interrupt(p: subprocess.Popen, err: Path, sig, ready, what: str) -> str:
+    """Send ``sig`` to the deploy ``p`` once ``ready()``; its stderr after it ended (130 asserted)."""
+    try:
+        assert wait_for(lambda: ready() or p.poll() is not None, 240), f"no {what}: " + err.read_text()
+        assert p.poll() is None, f"the deploy ended before the {what}: " + err.read_text()
+        p.send_signal(sig)
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, (sig, err.read_text())
+    return err.read_text()
+
+
+def _nothing_of(w, rid: str) -> None:
+    """No host records or holds ``rid``'s image; r1 serves on every host."""
+    rec = w.cache / "images" / "records" / f"{rid}.json"
+    iid = json.loads(rec.read_text())["image"] if rec.exists() else None
+    for h in ("h0", "h1", "h2"):
+        assert not (w.roots[h] / "images" / "ids" / rid).exists(), h
+        if iid:
+            assert subprocess.run([*w.podman(h), "image", "exists", iid]).returncode == 1, h
+        assert w.current(h) == w.r1
+    assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)
+
+
+def _release2(w, comment: str) -> None:
+    """The next release: another environment lock (so its image has a new environment layer)."""
+    (w.cfgdir / "env.lock").write_text(lock_text([make_wheel(w.wheels, "dsv4probe", "1.0")], comment))
+    w.write()
+
+
+def test_an_interrupt_during_the_image_build_loads_nothing(fault_world):
+    """SIGINT, SIGTERM, SIGHUP while the environment layer's build step runs (uv hangs): the
+    deploy stops (130) at once, the build's processes end with it, no image is recorded, nothing
+    is shipped, r1 serves."""
+    w = fault_world
+    _release2(w, "r2")
+    mark = f"0.{os.getpid() % 1000:03d}{time.time_ns() % 1000:03d}"
+    hang = w.tmp / "hanging-uv"
+    hang.write_text(f"#!/bin/sh\nexec sleep 3600 {mark}\n")          # runs inside the build's RUN step
+    hang.chmod(0o755)
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["sglang"]["environment"]["uv"] = str(hang)
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    hung = lambda: subprocess.run(["pgrep", "-f", f"^sleep 3600 {mark}$"], capture_output=True).returncode == 0
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        p, err = _deploy_bg(w)
+        _interrupt(p, err, sig, hung, "hanging build")
+        assert wait_for(lambda: not hung(), 10), f"the build still runs after {sig.name}"
+        rid = json.loads(subprocess.run(["tail", "-n", "1", str(w.roots["h0"] / "audit.jsonl")], capture_output=True,
+                                        text=True).stdout)["release"]
+        assert rid != w.r1 and not (w.cache / "images" / "records" / f"{rid}.json").exists()
+        _nothing_of(w, rid)
+        assert w.audit("h0")[-1]["detail"] == "interrupted during image; no host switched", w.audit("h0")[-1]
+    w.write()                                          # the real uv again
+
+
+def test_an_interrupt_during_the_image_transfer_loads_nothing(fault_world):
+    """SIGINT, SIGTERM, SIGHUP while the image's blobs go to the hosts (rsync at 1 kB/s): the
+    deploy stops (130), no host has loaded or recorded the image (a blob cut short is never
+    taken for one), r1 serves; the next ship sweeps the cut blobs' temporary files."""
+    w = fault_world
+    _release2(w, "r2")
+    pools = [w.roots[h] / "images" / "pool" / "blobs" / "sha256" for h in ("h0", "h1", "h2")]
+    temps = lambda: {f.name for d in pools if d.is_dir() for f in d.iterdir() if f.name.startswith(".")}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        old = temps()
+        p, err = _deploy_bg(w, {"DSV4CTL_RSYNC_ARGS": "--bwlimit=1"})
+        _interrupt(p, err, sig, lambda: bool(temps() - old), "blob transfer")
+        rid = json.loads(subprocess.run(["tail", "-n", "1", str(w.roots["h0"] / "audit.jsonl")], capture_output=True,
+                                        text=True).stdout)["release"]
+        _nothing_of(w, rid)
+        assert w.audit("h0")[-1]["detail"] == "interrupted during image; no host switched", w.audit("h0")[-1]
+        assert subprocess.run(["pgrep", "-f", "rsync.*images/pool/blobs"], capture_output=True).returncode == 1
+
+
+def test_a_full_disk_during_the_load_switches_no_host(fault_world):
+    """h1's image store fills up while it loads the next release's image (a 4 MB layer, 1 MB
+    free): the deploy stops before any switch (exit 3) naming h1 and the full disk; h1's store
+    holds no part of the new image (its layer count is what it was), r1 serves everywhere."""
+    w = fault_world
+    store = w.roots["h1"] / "containers"
+    used = int(subprocess.run(["df", "--output=used", "-B1", str(store)], capture_output=True, text=True).stdout.split()[-1])
+    subprocess.run(["mount", "-o", f"remount,size={used + (1 << 20)}", str(store)], check=True)
+    layers = lambda: len(json.loads((store / "storage" / "overlay-layers" / "layers.json").read_text()))
+    before = layers()
+    (w.tree / "python" / "sglang" / "srt" / "weights.bin").write_bytes(os.urandom(4 << 20))
+    git(w.tree, "add", "-A")
+    git(w.tree, "commit", "-q", "-m", "a 4 MB file")
+    git(w.tree, "tag", "-f", "v0.5.23")
+    r = deploy(w)
+    assert r.code == 3, r.err
+    assert "h1: loading the image of" in r.err and "no space left on device" in r.err, r.err
+    assert "stopped before any host was switched" in r.err
+    rid = json.loads(subprocess.run(["tail", "-n", "1", str(w.roots["h0"] / "audit.jsonl")], capture_output=True,
+                                    text=True).stdout)["release"]
+    assert layers() == before
+    assert not (w.roots["h1"] / "images" / "ids" / rid).exists()
+    assert {h: w.current(h) for h in ("h0", "h1", "h2")} == {h: w.r1 for h in ("h0", "h1", "h2")}
+    assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)
+
+
+def test_a_registry_the_profile_names(fault_world):
+    """``sglang.image.registry``: the image is pushed to a real registry (Debian's docker-registry,
+    htpasswd auth, plain HTTP on this test's loopback network) and each host pulls the pushed
+    manifest; the credentials come from the auth file and are never printed (-v included) nor
+    written to the hosts' records; wrong credentials are exit 3 naming the registry, before any
+    host is switched. Runs after the full-disk test: h1's store gets room again, and that release deploys."""
+    import base64
+    import shutil
+    import bcrypt
+    w = fault_world
+    if shutil.which("docker-registry") is None:
+        pytest.skip("docker-registry not installed (scripts/test.sh installs it)")
+    store = w.roots["h1"] / "containers"
+    subprocess.run(["mount", "-o", "remount,size=256m", str(store)], check=True)
+    addr = f"{w.hosts[0].address.rsplit('.', 1)[0]}.9:{5000 + os.getpid() % 1000}"
+    reg = w.tmp / "registry"
+    reg.mkdir(exist_ok=True)
+    (reg / "htpasswd").write_bytes(b"alice:" + bcrypt.hashpw(b"Hunter2Secret", bcrypt.gensalt(5)) + b"\n")
+    (reg / "config.yml").write_text(yaml.safe_dump({
+        "version": 0.1, "log": {"level": "error"}, "storage": {"filesystem": {"rootdirectory": str(reg / "data")}},
+        "http": {"addr": addr}, "auth": {"htpasswd": {"realm": "test", "path": str(reg / "htpasswd")}}}))
+    auth = w.cfgdir / "registry-auth.json"
+    proc = subprocess.Popen(["docker-registry", "serve", str(reg / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: http_status(f"http://{addr}/v2/") == 401, 20), "the registry does not answer"
+        prof = yaml.safe_load(w.profile.read_text())
+        prof["sglang"]["image"]["registry"] = {"repository": f"{addr}/dsv4ctl", "auth_file": "registry-auth.json",
+                                               "tls_verify": False}
+        w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+        secrets = ["Hunter2Secret", "WrongSecret", base64.b64encode(b"alice:Hunter2Secret").decode(),
+                   base64.b64encode(b"alice:WrongSecret").decode()]
+        auth.write_text(json.dumps({"auths": {addr: {"auth": secrets[3]}}}))
+        r = deploy(w, "-v")
+        assert r.code == 3 and "stopped before any host was switched" in r.err, r.err
+        assert f"pushing the image of" in r.err and f"to {addr}/dsv4ctl" in r.err and "nauthorized" in r.err, r.err
+        auth.write_text(json.dumps({"auths": {addr: {"auth": secrets[2]}}}))
+        r = deploy(w, "-v")
+        assert r.code == 0, r.err
+        rid = w.current("h1")
+        rec = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())
+        assert rec["pushed"].startswith(f"{addr}/dsv4ctl@sha256:"), rec
+        # h1 pulls (its store was full before); h0 and h2 have that image from the full-disk test
+        assert f"h1: image {rec['image'][:12]} pulled from {addr}/dsv4ctl" in r.err, r.err
+        for h in ("h0", "h1", "h2"):
+            assert (w.roots[h] / "images" / "ids" / rid).read_text().strip() == rec["image"]
+        assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 30)
+        seen = r.out + r.err + "".join((w.roots[h] / "audit.jsonl").read_text() for h in ("h0", "h1", "h2"))
+        seen += "".join(p.read_text(errors="replace") for p in w.state_dir.rglob("*") if p.is_file())
+        assert not [s for s in secrets if s in seen]
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -52,10 +52,11 @@ class ImageRecord:
     base_id: str
     env: str = ""
     env_image: str = ""
+    pushed: str = ""
 
     def to_dict(self) -> dict:
         return {"release": self.release, "image": self.image, "base": self.base, "base_digest": self.base_digest,
-                "base_id": self.base_id, "env": self.env, "env_image": self.env_image}
+                "base_id": self.base_id, "env": self.env, "env_image": self.env_image, "pushed": self.pushed}
 
 
 # -- what a release's launch spec says about its container --------------------------------------
@@ -73,9 +74,12 @@ def local_store(cache: Path) -> Path:
 
 
 def local_podman(image, cache: Path) -> list[str]:
-    """argv prefix of podman on the control machine, on its own store."""
-    return [image.runtime, *store_args(str(local_store(cache))), *LOCAL_STORE_ARGS[2:],
-            *[a for a in image.runtime_args if a not in LOCAL_STORE_ARGS]]
+    """argv prefix of podman on the control machine, on its own store (podman builds also for
+    docker hosts; their ``runtime_args`` are docker's, not used here)."""
+    from ..hosts.container import is_docker
+    return ["podman" if is_docker(image) else image.runtime, *store_args(str(local_store(cache))),
+            *LOCAL_STORE_ARGS[2:], *([] if is_docker(image) else [a for a in image.runtime_args
+                                                                  if a not in LOCAL_STORE_ARGS])]
 
 
 def _run(argv: list[str], what: str, timeout: float = 3600) -> str:
@@ -300,12 +304,17 @@ def build_image(image, rel, cache: Path, log=lambda s: None, env=None) -> ImageR
         shutil.rmtree(ctx, ignore_errors=True)
     rec = ImageRecord(rel.id, iid, image.base, digest, base_id, renv[0] if renv else "",
                       from_id if renv else "")
-    rp = record_path(cache, rel.id)
+    write_record(cache, rec)
+    return rec
+
+
+def write_record(cache: Path, rec: ImageRecord) -> None:
+    """Write ``CACHE/../images/records/<release>.json`` (atomic)."""
+    rp = record_path(cache, rec.release)
     rp.parent.mkdir(parents=True, exist_ok=True)
     tmp = rp.with_suffix(f".{os.getpid()}")
     tmp.write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
     os.replace(tmp, rp)
-    return rec
 
 
 def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
@@ -327,6 +336,54 @@ def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
     return out
 
 
+def auth_bytes(image) -> bytes:
+    """The bytes of ``sglang.image.registry``'s auth file (b"" without one). InputError (exit 2,
+    naming the file, never its content) when it cannot be read or is not a JSON object."""
+    f = image.registry_auth_file
+    if f is None:
+        return b""
+    try:
+        data = Path(f).read_bytes()
+        ok = isinstance(json.loads(data), dict)
+    except OSError as e:
+        raise InputError(f"sglang.image.registry.auth_file {f}: cannot read ({e.strerror or e})") from None
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InputError(f"sglang.image.registry.auth_file {f}: not a containers auth.json / docker config.json "
+                         "(a JSON object with \"auths\")")
+    return data
+
+
+def push_image(image, cache: Path, rec: ImageRecord, log=lambda s: None) -> str:
+    """Push release ``rec.release``'s image to ``sglang.image.registry`` as ``REPO:<release>``
+    from the control machine's store (``podman push --authfile`` with the profile's auth file:
+    the credentials go to podman as a file, never on a command line or in a log); returns
+    ``REPO@sha256:DIGEST``, the manifest pushed (the hosts pull exactly that). InputError when
+    the push fails (its last line; podman does not print credentials)."""
+    auth = auth_bytes(image)
+    st = local_store(cache)
+    tmp = st / f".push-{rec.release}-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        argv = [*local_podman(image, cache), "push", "-q", "--digestfile", str(tmp / "digest")]
+        if auth:
+            (tmp / "auth.json").touch(0o600)
+            (tmp / "auth.json").write_bytes(auth)
+            argv += ["--authfile", str(tmp / "auth.json")]
+        if not image.registry_tls_verify:
+            argv.append("--tls-verify=false")
+        t0 = time.monotonic()
+        _run([*argv, rec.image, f"docker://{image.registry}:{rec.release}"],
+             f"pushing the image of {rec.release} to {image.registry}")
+        digest = (tmp / "digest").read_text().strip()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"pushed image {rec.image[:12]} of {rec.release} to {image.registry} ({digest}) in "
+        f"{time.monotonic() - t0:.1f} s")
+    return f"{image.registry}@{digest}"
+
+
 # -- hosts -------------------------------------------------------------------------------------
 
 def host_image(site, host: str):
@@ -341,8 +398,10 @@ def host_devices(spec: dict, host: str) -> list[str]:
 
 def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) -> dict:
     """Ship release ``rec.release``'s image to the host behind ``t`` (see the module docstring):
-    ``{"present": bool, "bytes_sent": N, "seconds": s}``. RemoteError naming the host on any
-    failure (no runtime, no CDI spec for the GPUs, the transfer, a loaded id that differs)."""
+    ``{"present": bool, "bytes_sent": N, "seconds": s, "registry": bool}``; with a registry
+    (``rec.pushed``) the host pulls the pushed manifest (:func:`dsv4ctl.hosts.container.registry_load_cmd`,
+    the credentials on stdin). RemoteError naming the host on any failure (no runtime, no CDI
+    spec for the GPUs, the transfer, a loaded id that differs)."""
     from .push import _run_rsync, rsync_user_args
     img = host_image(site, t.name)
     root = site.paths[t.name].root
@@ -352,6 +411,13 @@ def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) ->
         raise RemoteError(f"{t.name}: {r.error_text()}")
     sent = 0
     present = r.out.strip().endswith("present")
+    if rec.pushed:
+        from ..hosts.container import registry_load_cmd
+        r = t.run(registry_load_cmd(img, root, rec.release, rec.image, rec.pushed), input=auth_bytes(img),
+                  timeout=1800, check=False)
+        if r.code != 0:
+            raise RemoteError(f"{t.name}: pulling the image of {rec.release} from {img.registry}: {r.error_text()}")
+        return {"present": present, "bytes_sent": 0, "seconds": round(time.monotonic() - t0, 3), "registry": True}
     if not present:
         extra, dest = t.rsync_dest(pool_dir(root) + "/blobs/", bulk=True)
         stats = _run_rsync(t, site, _Named(rec.release),
@@ -414,7 +480,15 @@ def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
     t0 = time.monotonic()
     try:
         rec = build_image(img, rel, cache, site.opts.log, site.profile.sglang.environment)
-        layout = saved_layout(img, cache, rec)
+        if img.registry:
+            from dataclasses import replace
+            rec = replace(rec, pushed=push_image(img, cache, rec, site.opts.log))
+            write_record(cache, rec)
+            layout = None
+        else:          # a record of an earlier push is not how this run ships
+            from dataclasses import replace
+            rec = replace(rec, pushed="")
+            layout = saved_layout(img, cache, rec)
     except (InputError, RemoteError) as e:
         return f"local: {e}"
     finally:
@@ -438,6 +512,7 @@ def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
     for h, r in res.items():
         if r.ok:
             site.opts.log(f"{h}: image {rec.image[:12]} " + ("present" if r.value["present"] else
+                          f"pulled from {img.registry}" if r.value.get("registry") else
                           f"loaded, {r.value['bytes_sent']:,} bytes sent") + f" in {r.value['seconds']:.1f} s")
-    return "; ".join(f"{h}: {r.error}" for h, r in res.items() if not r.ok)
+    return "; ".join(r.error if r.error.startswith(f"{h}: ") else f"{h}: {r.error}" for h, r in res.items() if not r.ok)
 

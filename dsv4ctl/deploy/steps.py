@@ -337,15 +337,20 @@ def image_steps(site, rid: str, spec: dict, stage: str = "") -> list:
         return []
     img = site.profile.sglang.image
     base = next(s["container"]["base"] for s in spec.values() if "container" in s)
-    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base} (tree layer, serve configs + "
-                                  "launch spec layer; podman build --timestamp 0), save it as an OCI layout", None, stage)]
+    reg = img.registry if img else None
+    env = " on its environment layer (built once per lock)" if any(s.get("python_env") for s in spec.values()) else ""
+    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base}{env} (tree layer, serve configs + "
+                                  "launch spec layer; podman build --timestamp 0), "
+                                  + (f"push it to {reg} (credentials: the auth file)" if reg else
+                                     "save it as an OCI layout"), None, stage)]
     for h in site.hosts:
         root = site.paths[h].root
         devs = host_devices(spec, h)
+        how = (f"pull it from {reg} (credentials on stdin)" if reg else
+               f"send the blobs {pool_dir(root)} lacks (rsync), pull oci:{pool_dir(root)}")
         out.append(Step("image", h, f"ship image of {rid}: check {img.runtime if img else 'podman'}"
                                     + (f" and CDI devices {', '.join(devs)}" if devs else "")
-                                    + f", send the blobs {pool_dir(root)} lacks (rsync), pull oci:{pool_dir(root)}, "
-                                    f"check the image id, record it in {root}/images/ids/{rid}", None, stage,
+                                    + f", {how}, check the image id, record it in {root}/images/ids/{rid}", None, stage,
                         extra={"rid": rid}))
     return out
 

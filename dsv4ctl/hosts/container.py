@@ -66,12 +66,36 @@ def store_args(store: str) -> list[str]:
     return ["--root", f"{store}/storage", "--runroot", runroot(store), "--storage-driver", "overlay"]
 
 
+def is_docker(image) -> bool:
+    """True when the hosts' runtime is docker (``sglang.image.runtime``): no per-store arguments,
+    no ``image exists`` / ``image mount`` / ``pull oci:``, GPUs by ``--gpus``."""
+    return image.runtime.rsplit("/", 1)[-1] == "docker"
+
+
+def exists_cmd(image, rt: str, word: str) -> str:
+    """Shell: exit 0 when the image the shell word ``word`` names (quoted by the caller) is in
+    the runtime's store (pure)."""
+    if is_docker(image):
+        return f"{rt} image inspect {word} >/dev/null 2>&1"
+    return f"{rt} image exists {word}"
+
+
+def gpu_args(image, devices: list[str]) -> list[str]:
+    """The ``run`` arguments giving a container the CDI ``devices`` (``nvidia.com/gpu=N``): one
+    ``--device`` each with podman, one ``--gpus device=N,M`` with docker (pure)."""
+    if not devices:
+        return []
+    if is_docker(image):
+        return ["--gpus", "device=" + ",".join(d.rsplit("=", 1)[-1] for d in devices)]
+    return [w for d in devices for w in ("--device", d)]
+
+
 def runtime_argv(image, root: str) -> list[str]:
     """The runtime and its global arguments on a host whose deploy root is ``root`` (pure):
     ``podman``, with ``store`` (``{root}`` filled) as :func:`store_args`, then ``runtime_args``
-    as given."""
+    as given; docker has one store, its daemon's (``store`` is not used)."""
     argv = [image.runtime]
-    if image.store:
+    if image.store and not is_docker(image):
         argv += store_args(image.store.replace("{root}", root))
     return argv + list(image.runtime_args)
 
@@ -109,7 +133,7 @@ def run_command(image, root: str, rid: str, group: str, rank: int, container: di
     words = ["run", "--init", "--rm", "--network", "host", "--name", name,
              "--label", f"dsv4ctl.root={root}", "--label", f"dsv4ctl.group={group}", "--label", f"dsv4ctl.release={rid}",
              "--shm-size", str(container.get("shm_size") or image.shm_size), *mount_args(container.get("mounts") or ()),
-             *[w for d in devices for w in ("--device", d)], *[w for k in sorted(env_names) for w in ("-e", k)],
+             *gpu_args(image, devices), *[w for k in sorted(env_names) for w in ("-e", k)],
              *image.run_args, "-w", image_dir(rid)]
     return (f"{rt} rm -f {q(name)} >/dev/null 2>&1; "
             f"exec {rt} {' '.join(q(w) for w in words)} \"$(cat {q(id_file(root, rid))})\" sh -c {q(command)}")
@@ -151,12 +175,16 @@ class ContainerService:
 
 # -- the image on a host ----------------------------------------------------------------------
 
-def cdi_check_cmd(devices: list[str]) -> str:
+def cdi_check_cmd(devices: list[str], docker: bool = False) -> str:
     """Exit 0 when the host has a CDI spec naming ``nvidia.com/gpu`` (``/etc/cdi``,
-    ``/var/run/cdi``), else a line naming what is missing and exit 4 (pure; nothing for no
-    devices)."""
+    ``/var/run/cdi``; with ``docker``: the NVIDIA container toolkit, which ``--gpus`` needs),
+    else a line naming what is missing and exit 4 (pure; nothing for no devices)."""
     if not devices:
         return "true"
+    if docker:
+        return ("{ command -v nvidia-container-runtime-hook || command -v nvidia-ctk; } >/dev/null 2>&1 || "
+                "{ echo \"no NVIDIA container toolkit on this host for docker --gpus (" + " ".join(devices)
+                + "): install nvidia-container-toolkit; sglang.image.gpus: none for CPU-only hosts\" >&2; exit 4; }")
     return ("grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json || "
             "{ echo \"no CDI spec names nvidia.com/gpu (/etc/cdi, /var/run/cdi) for " + " ".join(devices)
             + ": nvidia-ctk cdi generate makes one; sglang.image.gpus: none for CPU-only hosts\" >&2; exit 4; }")
@@ -170,27 +198,62 @@ def prepare_cmd(image, root: str, devices: list[str], image_id: str) -> str:
     already (nothing to send), else ``absent``."""
     rt = runtime_cmd(image, root)
     return (f"command -v {q(image.runtime)} >/dev/null 2>&1 || {{ echo \"{image.runtime} not found on this host "
-            f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices)}; "
+            f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices, is_docker(image))}; "
             f"mkdir -p {q(pool_dir(root) + '/blobs/sha256')} {q(images_root(root) + '/ids')} && "
             f"rm -f {q(pool_dir(root) + '/blobs/sha256')}/.[!.]* && "
-            f"if {rt} image exists {q(image_id)}; then echo present; else echo absent; fi")
+            f"if {exists_cmd(image, rt, q(image_id))}; then echo present; else echo absent; fi")
 
 
 def load_cmd(image, root: str, rid: str, image_id: str) -> str:
     """After the blobs were sent: the pool's ``index.json`` (stdin) names release ``rid``'s
     image, ``pull oci:POOL`` loads it, its id must be ``image_id`` (else the pulled image is
     removed and exit 5), it is tagged ``localhost/dsv4ctl:<rid>`` and the id recorded in
-    :func:`id_file` (atomic). With the image present already, only tag and record."""
+    :func:`id_file` (atomic). With the image present already, only tag and record. docker:
+    ``docker load`` of the pool as an OCI archive (a tar stream, Docker 25 or later), then the
+    image ``image_id`` must be there (exit 5 otherwise)."""
     rt = runtime_cmd(image, root)
-    pool, idf = pool_dir(root), id_file(root, rid)
-    return (f"set -e; if ! {rt} image exists {q(image_id)}; then cat > {q(pool + '/index.json.tmp')}; "
+    pool = pool_dir(root)
+    if is_docker(image):
+        load = (f"tar -C {q(pool)} -cf - oci-layout index.json blobs | {rt} load -q >/dev/null; "
+                f"{exists_cmd(image, rt, q(image_id))} || {{ echo \"the image loaded is not the one built ({image_id})\" "
+                ">&2; exit 5; }; ")
+    else:
+        load = (f"got=$({rt} pull -q {q('oci:' + pool)}) || exit 5; got=$(printf '%s\\n' \"$got\" | tail -n 1); "
+                f"if [ \"$got\" != {q(image_id)} ]; then {rt} rmi -f \"$got\" >/dev/null 2>&1 || true; "
+                f"echo \"the image loaded is $got, not the one built ({image_id})\" >&2; exit 5; fi; ")
+    return (f"set -e; if ! {exists_cmd(image, rt, q(image_id))}; then cat > {q(pool + '/index.json.tmp')}; "
             f"mv -f {q(pool + '/index.json.tmp')} {q(pool + '/index.json')}; "
             f"printf '%s' '{{\"imageLayoutVersion\": \"1.0.0\"}}' > {q(pool + '/oci-layout')}; "
-            f"got=$({rt} pull -q {q('oci:' + pool)} | tail -n 1); "
-            f"if [ \"$got\" != {q(image_id)} ]; then {rt} rmi -f \"$got\" >/dev/null 2>&1 || true; "
-            f"echo \"the image loaded is $got, not the one built ({image_id})\" >&2; exit 5; fi; else cat >/dev/null; fi; "
-            f"{rt} tag {q(image_id)} {q(IMAGE_NAME + ':' + rid)}; "
+            f"{load}else cat >/dev/null; fi; {record_cmd(image, root, rid, image_id)}")
+
+
+def record_cmd(image, root: str, rid: str, image_id: str) -> str:
+    """Shell: tag image ``image_id`` ``localhost/dsv4ctl:<rid>`` and record it in :func:`id_file`
+    (atomic; pure)."""
+    rt, idf = runtime_cmd(image, root), id_file(root, rid)
+    return (f"{rt} tag {q(image_id)} {q(IMAGE_NAME + ':' + rid)}; "
             f"printf '%s\\n' {q(image_id)} > {q(idf + '.tmp')} && mv -f {q(idf + '.tmp')} {q(idf)}")
+
+
+def registry_load_cmd(image, root: str, rid: str, image_id: str, ref: str) -> str:
+    """After a push to ``sglang.image.registry``: pull ``ref`` (``REPO@sha256:DIGEST``, the
+    manifest pushed) on a host, the registry's credentials read from stdin (the auth file's
+    bytes; empty: none) into a file only the host's user can read, removed whatever happened
+    (podman ``--authfile``; docker: ``DOCKER_CONFIG`` naming a folder with it as
+    ``config.json``); ``--tls-verify=false`` when the profile says so (podman). The pulled image's
+    id must be ``image_id`` (exit 5 otherwise), then it is tagged and recorded
+    (:func:`record_cmd`). Never prints the credentials."""
+    rt = runtime_cmd(image, root)
+    if is_docker(image):
+        pull = f"DOCKER_CONFIG=\"$A\" {rt} pull -q {q(ref)} >/dev/null"
+        auth = "A=$(mktemp -d); trap 'rm -rf \"$A\"' EXIT; cat > \"$A/config.json\"; "
+    else:
+        tls = "" if image.registry_tls_verify else " --tls-verify=false"
+        pull = f"if [ -s \"$A\" ]; then au=\"--authfile $A\"; else au=; fi; {rt} pull -q{tls} $au {q(ref)} >/dev/null"
+        auth = "A=$(mktemp); trap 'rm -f \"$A\"' EXIT; cat > \"$A\"; "
+    return (f"set -e; umask 077; {auth}if ! {exists_cmd(image, rt, q(image_id))}; then {pull}; "
+            f"{exists_cmd(image, rt, q(image_id))} || {{ echo \"the image pulled from {ref} is not the one built "
+            f"({image_id})\" >&2; exit 5; }}; fi; {record_cmd(image, root, rid, image_id)}")
 
 
 def verify_image_cmd(image, root: str, rid: str, python: str, script: str, expect: str | None) -> str:
@@ -198,17 +261,26 @@ def verify_image_cmd(image, root: str, rid: str, python: str, script: str, expec
     recorded id (:func:`id_file`) is ``expect`` (when given; exit 6 otherwise), the image is in
     the store (exit 6), and the release folder inside it, mounted (``image mount``), hashes as
     its MANIFEST.json says (the drift verify ``script`` run by ``python``; its JSON report is
-    the output). The image is unmounted whatever happened."""
+    the output), the image's environment layer checked against the release's lock. The image
+    is unmounted whatever happened. docker (no image mount): the script runs with the image's
+    ``python`` in a container of the image without network, on ``/opt/dsv4ctl/releases/<rid>``."""
     rt = runtime_cmd(image, root)
     idf = q(id_file(root, rid))
+    job = f"{{\"verify\": [\"{image_dir(rid)}\"], \"image\": true}}"
+    if is_docker(image):        # no image mount: the script runs in a container of the image (no network)
+        check = (f"printf '%s' {q(job)} | {rt} run --rm -i --network none --entrypoint '' \"$id\" "
+                 f"{q(image.python)} -S -c {q(script)}; exit $?")
+    else:
+        check = (f"m=$({rt} image mount \"$id\") || exit 6; "
+                 f"printf '{{\"verify\": [\"%s\"], \"image\": true}}' \"$m{image_dir(rid)}\" | "
+                 f"{q(python)} -S -c {q(script)}; rc=$?; "
+                 f"{rt} image unmount \"$id\" >/dev/null 2>&1; exit $rc")
+    has = exists_cmd(image, rt, '"$id"')
     want = (f"[ \"$id\" = {q(expect)} ] || {{ echo \"{rid}: the host records image $id, the release's image is "
             f"{expect}\" >&2; exit 6; }}; ") if expect else ""
     return (f"id=$(cat {idf} 2>/dev/null) || {{ echo \"{rid}: no image recorded ({id_file(root, rid)})\" >&2; exit 6; }}; "
-            f"{want}{rt} image exists \"$id\" || {{ echo \"{rid}: image $id is not in the host's store\" >&2; exit 6; }}; "
-            f"m=$({rt} image mount \"$id\") || exit 6; "
-            f"printf '{{\"verify\": [\"%s\"], \"image\": true}}' \"$m{image_dir(rid)}\" | "
-            f"{q(python)} -S -c {q(script)}; rc=$?; "
-            f"{rt} image unmount \"$id\" >/dev/null 2>&1; exit $rc")
+            f"{want}{has} || "
+            f"{{ echo \"{rid}: image $id is not in the host's store\" >&2; exit 6; }}; {check}")
 
 
 def gc_images_cmd(image, root: str) -> str:

@@ -70,7 +70,11 @@ class ImageSettings:
     memory); ``python`` the interpreter inside the image; ``store`` podman's storage folder on
     the hosts (``{root}``: the deploy root; None: the runtime's default); ``runtime_args``
     global runtime arguments, ``run_args`` extra ``run`` arguments, ``mounts`` host folders
-    mounted read-only (``/src`` or ``/src:/dst``)."""
+    mounted read-only (``/src`` or ``/src:/dst``); ``registry`` (``HOST[:PORT]/PATH``: releases
+    are pushed there and the hosts pull from it, in place of the registry-free ship),
+    ``registry_auth_file`` (absolute: a containers auth.json / docker config.json with its
+    credentials; never printed, sent to a host on stdin for its pull only) and
+    ``registry_tls_verify`` (False: plain HTTP or a self-signed certificate)."""
 
     base: str
     runtime: str = "podman"
@@ -81,6 +85,9 @@ class ImageSettings:
     runtime_args: tuple[str, ...] = ()
     run_args: tuple[str, ...] = ()
     mounts: tuple[str, ...] = ()
+    registry: Optional[str] = None
+    registry_auth_file: Optional[Path] = None
+    registry_tls_verify: bool = True
 
 
 @dataclass(frozen=True)
@@ -581,6 +588,9 @@ def resolve(profile: Profile) -> Deployment:
             base=sg["image"]["base"], runtime=sg["image"].get("runtime", "podman"),
             gpus=sg["image"].get("gpus", "cdi"), shm_size=str(sg["image"].get("shm_size", "32g")),
             python=sg["image"].get("python", "python3"), store=sg["image"].get("store"),
+            registry=(sg["image"].get("registry") or {}).get("repository"),
+            registry_auth_file=_opt_path(base, (sg["image"].get("registry") or {}).get("auth_file")),
+            registry_tls_verify=bool((sg["image"].get("registry") or {}).get("tls_verify", True)),
             **{k: tuple(sg["image"].get(k) or ()) for k in ("runtime_args", "run_args", "mounts")}))
     deploy = DeploySettings(
         root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),

@@ -73,7 +73,9 @@ PROFILE_SCHEMA: dict = {
                         "base": {"type": "string", "minLength": 1,
                                  "description": "the base image: REF@sha256:HEX (pinned), or a tag resolved to a "
                                                 "digest at deploy (recorded); REF: a name, docker://, oci:DIR"},
-                        "runtime": {"enum": ["podman"], "description": "the container runtime on the hosts"},
+                        "runtime": {"enum": ["podman", "docker"],
+                                    "description": "the container runtime on the hosts (the control machine builds "
+                                                   "with podman)"},
                         "gpus": {"enum": ["cdi", "none"],
                                  "description": "cdi: --device nvidia.com/gpu=N per GPU the group places (a host "
                                                 "without a CDI spec is an error); none: CPU-only hosts"},
@@ -89,6 +91,20 @@ PROFILE_SCHEMA: dict = {
                                      "description": "extra run arguments (--ulimit nofile=N:N ...)"},
                         "mounts": {"type": "array", "items": {"type": "string", "pattern": "^/[^:]*(:/[^:]*)?$"},
                                    "description": "host folders mounted read-only: /src or /src:/dst"},
+                        "registry": {
+                            "type": "object", "additionalProperties": False, "required": ["repository"],
+                            "properties": {
+                                "repository": {"type": "string", "pattern": "^[a-zA-Z0-9][^\\s@:/]*(:[0-9]+)?/[^\\s@:]+$",
+                                               "description": "HOST[:PORT]/PATH releases are pushed to (tag: the "
+                                                              "release id); the hosts pull from it"},
+                                "auth_file": {"type": "string", "minLength": 1,
+                                              "description": "containers auth.json / docker config.json with the "
+                                                             "registry's credentials (relative to the profile); "
+                                                             "never printed"},
+                                "tls_verify": {"type": "boolean",
+                                               "description": "false: plain HTTP or a self-signed certificate"},
+                            },
+                        },
                     },
                 },
             },
