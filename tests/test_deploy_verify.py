@@ -337,3 +337,122 @@ def test_malformed_job_is_a_json_error(job):
     r = subprocess.run([sys.executable, "-S", "-c", SCRIPT], input=job, capture_output=True, text=True, timeout=30)
     v = json.loads(r.stdout)
     assert r.returncode == 2 and not v["ok"] and v["error"].startswith("bad job: ") and r.stderr == "", (r, v)
+
+
+# -- the host's hash cache (issue 48 item 3): a file whose identity (device, inode, size,
+# mtime_ns, ctime_ns) is the cached one is not read again; dsv4ctl verify reads everything --
+
+def verify_only(*rels: Path, cache: Path | None = None, full: bool = False) -> tuple[int, dict]:
+    doc = {"verify": [str(r) for r in rels], **({"cache": str(cache)} if cache else {}),
+           **({"full": True} if full else {})}
+    r = subprocess.run([sys.executable, "-S", "-c", SCRIPT], input=json.dumps(doc), capture_output=True, text=True,
+                       timeout=60)
+    assert r.stderr == "", r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def edit_in_place(f: Path, data: bytes) -> None:
+    """Rewrite ``f``'s inode with same-size content and put its mtime back (a forged mtime: only
+    the ctime, which nobody sets back without the clock, says it changed)."""
+    st = f.stat()
+    assert len(data) == st.st_size
+    f.chmod(0o644)
+    with open(f, "r+b") as fh:
+        fh.write(data)
+    f.chmod(st.st_mode & 0o777)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_mtime_ns == st.st_mtime_ns and f.stat().st_ino == st.st_ino
+
+
+def test_hash_cache_push_reads_only_changed_files_and_a_tampered_file_is_read_again(tmp_path):
+    """Verify fills the cache; the delta push reads only the files it sent (the staged hard links
+    keep size and mtime; cp -al's new ctime is recorded); the verify before the switch reads
+    nothing; an in-place edit of a shared inode with its mtime put back is read again and caught."""
+    rel_dir = tmp_path / "releases"
+    cache = rel_dir / ".verify-cache.json"
+    base = write_release(rel_dir / "rOLD", OLD, {"tree/pkg/alias.py": "mod000.py"}, "rOLD")
+    code, v = verify_only(base, cache=cache)
+    assert code == 0 and v["cache"] == "absent" and v["read"] == len(OLD) and "cached" not in v, v
+    assert cache.is_file() and oct(cache.stat().st_mode & 0o777) == "0o600"
+    code, v = verify_only(base, cache=cache)
+    assert code == 0 and v["cache"] == "used" and v["cached"] == len(OLD) and "read" not in v, v
+    staged = write_release(tmp_path / "build" / "rNEW", new_files(), {"tree/pkg/alias.py": "mod001.py"}, "rNEW")
+    inc, side, final = rel_dir / ".incoming-rNEW", rel_dir / ".incoming-rNEW.delta-1", rel_dir / "rNEW"
+    for p in ("tree/pkg/mod007.py", "tree/pkg/sub/new/added.py", "tree/pkg/was_file/inner.py",
+              "tree/pkg/alias.py", "MANIFEST.json", "RELEASE.json"):
+        (side / p).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(staged / p, side / p, follow_symlinks=False)
+    (rel_dir / ".incoming-rNEW.delta-1.done").touch()
+    code, v = run(inc, side, base, stage={"from": str(base), "gone": ["tree/pkg/gone.py", "tree/pkg/was_file",
+                                                                     "tree/pkg/alias.py"]},
+                  wait={"marker": str(side), "timeout": 30}, cache=str(cache),
+                  place={"final": str(final), "state": str(tmp_path / "state.json"), "doc": "{}\n"})
+    assert code == 0 and v["placed"] and v["hashed"] == v["checked"] == 42, v
+    assert v["read"] == 3 and v["cached"] == 39, v          # mod007, added.py, inner.py: the files sent
+    code, v = verify_only(final, cache=cache)
+    assert code == 0 and v["cached"] == 42 and "read" not in v, v
+    edit_in_place(base / "tree/pkg/mod020.py", b"y = 20\n")  # the inode rOLD and rNEW share
+    code, v = verify_only(final, base, cache=cache)
+    assert code == 1 and v["read"] == 1, v
+    assert v["releases"][str(final)]["bad"] == v["releases"][str(base)]["bad"] == ["hash tree/pkg/mod020.py"]
+    code, v = verify_only(final, cache=cache)                # the cache learnt the new content: still drift
+    assert code == 1 and "read" not in v and v["releases"][str(final)]["bad"] == ["hash tree/pkg/mod020.py"], v
+
+
+def forged_cache(rel: Path, path: str) -> dict:
+    """A cache document that says ``rel/path`` (as it is now) holds its manifest content."""
+    s = (rel / path).stat()
+    sha = json.loads((rel / "MANIFEST.json").read_text())["files"][path][0]
+    return {"schema": "dsv4ctl.hashcache/1",
+            "entries": {f"{s.st_dev}:{s.st_ino}": [s.st_size, s.st_mtime_ns, s.st_ctime_ns, sha, str(rel / path)]}}
+
+
+@pytest.mark.parametrize("how", ["link", "others-write", "other-owner", "folder-others-write"])
+def test_hash_cache_that_is_a_link_or_not_the_deploy_users_is_refused(tmp_path, how):
+    """A cache anyone but the deploy user could have written is not read: the tampered file is
+    read and caught, and the file a link points at is never written."""
+    rel_dir = tmp_path / "releases"
+    base = write_release(rel_dir / "rOLD", OLD, {}, "rOLD")
+    edit_in_place(base / "tree/pkg/mod005.py", b"q = 5\n")
+    cache, evil = rel_dir / ".verify-cache.json", tmp_path / "evil.json"
+    evil.write_text(json.dumps(forged_cache(base, "tree/pkg/mod005.py")))
+    evil.chmod(0o600)
+    before = evil.read_bytes()
+    if how == "link":
+        cache.symlink_to(evil)
+    else:
+        shutil.copy(evil, cache)
+        if how == "others-write":
+            cache.chmod(0o666)
+        elif how == "other-owner":
+            if os.getuid() != 0:
+                pytest.skip("chown to another user needs root")
+            os.chown(cache, 65534, -1)
+        else:
+            rel_dir.chmod(0o777)
+    code, v = verify_only(base, cache=cache)
+    assert v["cache"].startswith("refused"), v
+    assert code == 1 and v["releases"][str(base)]["bad"] == ["hash tree/pkg/mod005.py"] and v["read"] == len(OLD), v
+    assert evil.read_bytes() == before
+    if how == "link":          # replaced by the deploy user's own file, the target untouched
+        assert not cache.is_symlink() and cache.stat().st_uid == os.getuid()
+
+
+def test_full_verify_catches_what_a_forged_identity_hides_from_the_cache(tmp_path):
+    """The cache's limit, and what covers it: content rewritten with its mtime and ctime forged
+    (a cache entry matching the file's identity now: what a clock set back would leave) passes
+    the cached verify; ``full`` (dsv4ctl verify) reads every file and catches it."""
+    rel_dir = tmp_path / "releases"
+    cache = rel_dir / ".verify-cache.json"
+    base = write_release(rel_dir / "rOLD", OLD, {}, "rOLD")
+    assert verify_only(base, cache=cache)[0] == 0
+    edit_in_place(base / "tree/pkg/mod009.py", b"z = 9\n")
+    doc = json.loads(cache.read_text())
+    doc["entries"].update(forged_cache(base, "tree/pkg/mod009.py")["entries"])
+    cache.write_text(json.dumps(doc))
+    code, v = verify_only(base, cache=cache)
+    assert code == 0 and "read" not in v, v                      # the cache's documented blind spot
+    code, v = verify_only(base, cache=cache, full=True)
+    assert code == 1 and v["read"] == len(OLD) and v["releases"][str(base)]["bad"] == ["hash tree/pkg/mod009.py"], v
+    code, v = verify_only(base, cache=cache)                    # the full verify rewrote the cache
+    assert code == 1 and "read" not in v, v

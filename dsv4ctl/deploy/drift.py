@@ -1,11 +1,16 @@
 """Drift: is a release on a host still exactly what its manifest says? A fact (one read-only
 command, :data:`dsv4ctl.deploy.verify.SCRIPT` in verify-only mode, and a pure parser).
 
-Every file's content is hashed, each inode once per run: releases share unchanged files by
-hard link, so an in-place edit of one inode changes every release that holds it without
-changing its size, inode or (if the editor restores it) its mtime; only the content tells.
-Run before every switch (deploy, rollback, an "already active" deploy; a delta push verifies
-its base's files as part of the new release) and by ``dsv4ctl verify`` / ``status``."""
+Every file is checked against its manifest hash, each inode read once per run: releases share
+unchanged files by hard link, so an in-place edit of one inode changes every release that holds
+it without changing its size or inode; only the content, or the inode's ctime, tells. Before
+every switch (deploy, rollback, an "already active" deploy; a delta push verifies its base's
+files as part of the new release) a file whose identity (device, inode, size, mtime_ns,
+ctime_ns) is the one recorded in the host's hash cache (``releases/.verify-cache.json``,
+:data:`dsv4ctl.deploy.verify.CACHE_NAME`, written by the push and by every verify) is not read
+again: any write, chmod, link or ``touch`` changes the ctime. ``dsv4ctl verify`` reads every
+file (``full``): it alone catches a file rewritten with a forged ctime (a changed clock, or raw
+access to the disk)."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import json
 
 from ..errors import RemoteError
 from ..remote import Transport, q
-from .verify import SCRIPT
+from .verify import SCRIPT, cache_path
 
 
 def verify_command(python: str) -> str:
@@ -21,8 +26,15 @@ def verify_command(python: str) -> str:
     return f"{q(python)} -S -c {q(SCRIPT)}"
 
 
-def verify_job(paths: list[str]) -> bytes:
-    return json.dumps({"verify": list(paths)}).encode()
+def verify_job(paths: list[str], full: bool = False) -> bytes:
+    """The verify-only job of release folders ``paths`` (one host's), using the hash cache of
+    their releases folder; ``full``: every file's content is read (the cache is only written)."""
+    job: dict = {"verify": list(paths)}
+    if paths:
+        job["cache"] = cache_path(paths[0])
+    if full:
+        job["full"] = True
+    return json.dumps(job).encode()
 
 
 def bind_seal(path: str, v: dict) -> dict:
@@ -89,11 +101,13 @@ def bind_env(v: dict) -> dict:
     return v
 
 
-def verify_releases(t: Transport, python: str, paths: list[str], timeout: float = 1800) -> dict[str, dict]:
-    """Run the verify-only job on the host behind ``t`` (nothing changes)."""
+def verify_releases(t: Transport, python: str, paths: list[str], timeout: float = 1800,
+                    full: bool = False) -> dict[str, dict]:
+    """Run the verify-only job on the host behind ``t`` (no release changes; the hash cache is
+    updated); ``full``: every file's content read, as ``dsv4ctl verify`` does."""
     if not paths:
         return {}
-    r = t.run(verify_command(python), input=verify_job(paths), timeout=timeout, check=False)
+    r = t.run(verify_command(python), input=verify_job(paths, full), timeout=timeout, check=False)
     return parse_verify(t.name, r.code, r.out, r.err)
 
 
@@ -111,7 +125,8 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
     """``dsv4ctl verify``: every complete release on every host (or only ``releases``) hashed
     against its manifest, hosts in parallel, nothing changed. A ``dsv4ctl.verify/1`` document:
     per host ``{current, previous, releases: {id: {ok, problems, nbad, checked}}}`` or
-    ``{error}``; ``drift``: one line per drifted release (``host: id: problem, ...``)."""
+    ``{error}``; ``drift``: one line per drifted release (``host: id: problem, ...``). Every
+    file's content is read (no hash cache: a forged mtime and ctime is caught here)."""
     import time
 
     from ..hosts.layout import read_facts
@@ -124,7 +139,7 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
         f = read_facts(t, p.root)
         ids = sorted(f.releases) if releases is None else [r for r in releases if r in f.releases]
         t0 = time.monotonic()
-        res = verify_releases(t, site.python[t.name], [p.release(r) for r in ids])
+        res = verify_releases(t, site.python[t.name], [p.release(r) for r in ids], full=True)
         out = {r: res[p.release(r)] for r in ids}
         if site.profile.sglang.image is not None:       # release images: the release inside each image too
             out = verify_images(t, site, out)

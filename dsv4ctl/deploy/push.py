@@ -23,6 +23,7 @@ from .release import Release, manifest_diff
 from .site import Site, link_bases, state_doc
 from .states import transition
 from .verify import SCRIPT as VERIFY_SCRIPT
+from .verify import cache_path
 
 
 def use_rsync(f) -> bool:
@@ -91,7 +92,8 @@ def push_host_once(t: Transport, site: Site, rel: Release, repair: bool = False)
     before = dict(st.get(rel.id, {}))
     st[rel.id] = transition(st.get(rel.id), "pushed", at=now_iso(), by=who())
     job = {"rel": inc, "side": None, "bases": [p.release(b) for b in bases], "stage": None, "wait": None,
-           "place": {"final": p.release(rel.id), "state": p.state, "doc": state_doc(f).decode()}}
+           "place": {"final": p.release(rel.id), "state": p.state, "doc": state_doc(f).decode()},
+           "cache": cache_path(p.release(rel.id))}
     if before:
         st[rel.id] = before
     else:

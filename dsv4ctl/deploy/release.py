@@ -184,13 +184,14 @@ def load_release(path: Path) -> Release:
 BAD_MODE_BITS = 0o222 | 0o7000
 
 
-def check_release(path: Path) -> list[str]:
+def check_release(path: Path, hashes=None) -> list[str]:
     """Problems of the release folder ``path`` against its MANIFEST.json and its id (read-only;
     the same words as the host-side verify, :mod:`dsv4ctl.deploy.verify`): ``seal``/``id``/
     ``unsealed`` (:func:`seal_problems`), ``missing``/``size``/``hash``/``mode``/``link``/``extra
-    PATH``, ``manifest MANIFEST.json``. Every file's content is hashed (an edit in place keeps
-    inode, size and, if restored, mtime). Cost: one read of every byte (about 0.3 s for the
-    sglang 0.5.23 tree, 117 MiB)."""
+    PATH``, ``manifest MANIFEST.json``. Every file's content hash is checked (an edit in place
+    keeps inode, size and, if restored, mtime). Cost: one read of every byte (about 0.3 s for the
+    sglang 0.5.23 tree, 117 MiB), or with ``hashes`` (a :class:`dsv4ctl.deploy.hashcache.HashCache`)
+    only of the files whose identity it does not hold (a build: the patched files)."""
     rid = path.name
     try:
         mbytes = (path / "MANIFEST.json").read_bytes()
@@ -213,7 +214,7 @@ def check_release(path: Path) -> list[str]:
             continue
         if not stat.S_ISREG(st.st_mode) or st.st_size != v[1]:
             bad.append("size " + p_)
-        elif sha256_file(f) != v[0]:
+        elif (hashes.sha256(f, st) if hashes is not None else sha256_file(f)) != v[0]:
             bad.append("hash " + p_)
         elif st.st_mode & BAD_MODE_BITS or bool(st.st_mode & 0o111) != bool(v[2]):
             bad.append("mode " + p_)
@@ -230,18 +231,19 @@ def check_release(path: Path) -> list[str]:
     return bad
 
 
-def cached_release(cache: Path, rid: str, log=None) -> Release | None:
+def cached_release(cache: Path, rid: str, log=None, hashes=None) -> Release | None:
     """Release ``rid`` from the local cache ``cache`` after :func:`check_release`; None when it is
     not there. A cached release that fails the check (edited with or without its manifest) is
     moved aside to ``cache/.tampered-<rid>-<pid>``, never shipped, the export of its base commit
     (whose inodes it shares) is dropped, and None is returned so the caller builds it again from
-    its inputs; ``log`` (default: stderr) gets one line naming the problems. InputError for a
-    cache folder others can write (:func:`trusted_cache`)."""
+    its inputs; ``log`` (default: stderr) gets one line naming the problems; ``hashes``: the
+    build's :class:`~dsv4ctl.deploy.hashcache.HashCache`. InputError for a cache folder others
+    can write (:func:`trusted_cache`)."""
     import sys
     path = trusted_cache(Path(cache)) / rid
     if not (path / "RELEASE.json").is_file():
         return None
-    bad = check_release(path)
+    bad = check_release(path, hashes)
     if not bad:
         return load_release(path)
     try:
@@ -316,13 +318,13 @@ def release_key(rel: Release) -> str:
                      dict(m.get("configs") or {}), launch, m.get("series_identity"))
 
 
-def cached_build(cache: Path, key: str, log=None) -> Release | None:
+def cached_build(cache: Path, key: str, log=None, hashes=None) -> Release | None:
     """The checked release (:func:`cached_release`) an earlier build of the inputs ``key`` placed
     in ``cache``, None when there is none, it was tampered with (moved aside) or it was built
     from other inputs (an index entry pointing at another release: dropped, with a warning)."""
     import sys
     rid = _indexed(cache, key)
-    rel = cached_release(cache, rid, log) if rid else None
+    rel = cached_release(cache, rid, log, hashes) if rid else None
     if rel is None:
         return None
     try:
@@ -359,8 +361,9 @@ def patch_paths(text: str) -> set[str]:
     return out
 
 
-def _scan(root: Path, rels=None) -> tuple[dict, dict]:
-    """(files, links) of ``root`` (or only the paths ``rels``): sha256/size/exec, content mtimes set."""
+def _scan(root: Path, rels=None, hashes=None) -> tuple[dict, dict]:
+    """(files, links) of ``root`` (or only the paths ``rels``): sha256/size/exec, content mtimes
+    set; each file's hash noted in ``hashes`` (a HashCache) under its identity after that."""
     files, links = {}, {}
     if rels is None:
         rels = []
@@ -381,6 +384,8 @@ def _scan(root: Path, rels=None) -> tuple[dict, dict]:
         files[rel] = [digest, st.st_size, bool(st.st_mode & 0o111)]
         m = content_mtime(digest)
         os.utime(full, (m, m))
+        if hashes is not None:
+            hashes.note(full, digest, os.lstat(full))
     return files, links
 
 
@@ -401,9 +406,10 @@ def _place(tmp: Path, final: Path, marker: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def export_base(tree: Path, commit: str, cache: Path) -> Path:
+def export_base(tree: Path, commit: str, cache: Path, hashes=None) -> Path:
     """``git archive`` of ``commit`` once per commit into ``cache/../exports/<commit>/`` with
-    content mtimes and a hash table (``hashes.json``); releases hard-link from it."""
+    content mtimes and a hash table (``hashes.json``); releases hard-link from it. A new export's
+    hashes are noted in ``hashes`` (a HashCache)."""
     exp = cache.parent / "exports" / commit
     if (exp / "hashes.json").is_file():
         return exp
@@ -416,7 +422,7 @@ def export_base(tree: Path, commit: str, cache: Path) -> Path:
         arch.stdout.close()
         if arch.wait() != 0 or tar.returncode != 0:
             raise InputError(f"{tree}: git archive {commit[:12]} failed: {tar.stderr.decode().strip()}")
-        files, links = _scan(tmp / "tree")
+        files, links = _scan(tmp / "tree", hashes=hashes)
         (tmp / "hashes.json").write_text(json.dumps({"files": files, "links": links}))
         _place(tmp, exp, "hashes.json")
     except BaseException:
@@ -453,19 +459,26 @@ def private_files(configs: dict[str, bytes], launch: dict, private: set[str] | f
 def make_read_only(root: Path, private: set[str] = frozenset()) -> None:
     """Drop the write bits of every regular file under ``root`` (other bits kept) and the
     group/other write bits of every folder; the paths in ``private`` become 0400. A release is
-    never edited in place: not in the cache, not on a host."""
-    for dirpath, _dirs, names in os.walk(root):
-        dm = stat.S_IMODE(os.lstat(dirpath).st_mode)
+    never edited in place: not in the cache, not on a host. One ``lstat`` per entry (``scandir``)."""
+    stack = [("", str(root))]
+    while stack:
+        rel_dir, d = stack.pop()
+        dm = stat.S_IMODE(os.lstat(d).st_mode)
         if dm & 0o022:               # a umask of 002: nobody but the owner writes a release folder
-            os.chmod(dirpath, dm & ~0o022)
-        for n in names:
-            f = Path(dirpath) / n
-            if f.is_symlink() or not f.is_file():
-                continue
-            rel = str(f.relative_to(root))
-            mode = 0o400 if rel in private else (f.stat().st_mode & 0o7777 & ~0o222)
-            if f.stat().st_mode & 0o7777 != mode:
-                os.chmod(f, mode)
+            os.chmod(d, dm & ~0o022)
+        with os.scandir(d) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                rel = rel_dir + e.name
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append((rel + "/", e.path))
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                have = st.st_mode & 0o7777
+                mode = 0o400 if rel in private else have & ~0o222
+                if have != mode:
+                    os.chmod(e.path, mode)
 
 
 def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes],
@@ -485,14 +498,19 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
     folder into place (a partial build is never visible). Cost after the first build of a
     base: one hard-link copy plus the patched files, then one read of the release
     (:func:`check_release`): a release shares inodes with the base export, so an edit made
-    through another release would otherwise ship. A build that fails the check is moved aside
+    through another release would otherwise ship — except the files whose identity (device,
+    inode, size, mtime_ns, ctime_ns) the cache folder's hash cache holds
+    (:mod:`dsv4ctl.deploy.hashcache`; an edit changes the ctime). A build that fails the check is moved aside
     (one warning line), the export of its base is dropped and the release built once more from
     git; a reused release is checked the same way (:func:`cached_build`)."""
+    from .hashcache import HashCache
     cache = trusted_cache(Path(cache or default_cache()))
+    hashes = HashCache(cache)
     for attempt in range(2):
         rel, fresh = _build(tree, base_ref, patches, configs, launch, cache, who, series_identity, private,
-                            environment)
-        if not fresh or cached_release(cache, rel.id) is not None:
+                            environment, hashes)
+        if not fresh or cached_release(cache, rel.id, hashes=hashes) is not None:
+            hashes.save()
             return rel
         shutil.rmtree(cache.parent / "exports" / rel.meta["base_commit"], ignore_errors=True)
     raise InputError(f"release {rel.id} built in {cache} fails its own check twice: the cache folder is being "
@@ -500,7 +518,8 @@ def build_release(tree: Path, base_ref: str, patches: list[Path], configs: dict[
 
 
 def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, bytes], launch: dict, cache: Path,
-           who: str, series_identity: str | None, private, environment: bytes | None = None) -> tuple[Release, bool]:
+           who: str, series_identity: str | None, private, environment: bytes | None = None,
+           hashes=None) -> tuple[Release, bool]:
     """(release, built now) of :func:`build_release` (a checked cached build is reused)."""
     from .environment import LOCK_NAME
     want = {s.get("python_env") for s in launch.values()} - {None}
@@ -513,11 +532,13 @@ def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, by
     chash = {g: hashlib.sha256(b).hexdigest() for g, b in configs.items()}
     key = input_key(commit, pinfo, chash, launch, series_identity)
     secret = private_files(configs, launch, private)
-    done = cached_build(cache, key)
+    done = cached_build(cache, key, hashes=hashes)
     if done is not None:
         return done, False
     cache.mkdir(parents=True, exist_ok=True)
-    exp = export_base(tree, commit, cache)
+    exp = export_base(tree, commit, cache, hashes)
+    if hashes is not None:
+        hashes.prime(exp / "tree")      # before cp -al changes the ctime of every inode
     tmp = cache / f".build-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -546,7 +567,7 @@ def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, by
             if r.returncode != 0:
                 msg = (r.stderr.strip().splitlines() or ["does not apply"])[0]
                 raise InputError(f"{p}: patch does not apply to {base_ref} ({commit[:12]}): {msg}")
-        tf, tl = _scan(tmp / "tree", sorted(touched))
+        tf, tl = _scan(tmp / "tree", sorted(touched), hashes)
         for rel in touched:
             files.pop(rel, None)
             links.pop(rel, None)
@@ -563,7 +584,7 @@ def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, by
         if environment is not None:
             _write_new(tmp / LOCK_NAME, environment, False)
             extra.append(LOCK_NAME)
-        xf, _ = _scan(tmp, ["launch.json"] + extra + [f"configs/{g}.yaml" for g in configs])
+        xf, _ = _scan(tmp, ["launch.json"] + extra + [f"configs/{g}.yaml" for g in configs], hashes)
         files.update(xf)
         meta = {"schema": RELEASE_SCHEMA, "base_ref": base_ref, "base_commit": commit,
                 "patches": [{"name": n, "sha256": h} for n, h in pinfo], "series_identity": series_identity,

@@ -292,10 +292,12 @@ def push_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
 
 
 def verify_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
-    """Hash every file of ``rid`` (on ``host`` already) against its manifest before a switch to it
-    (:mod:`dsv4ctl.deploy.drift`; the script and its job on stdin are that one step)."""
-    return Step("verify", host, f"verify {site.paths[host].release(rid)} against its MANIFEST.json (every file "
-                                "hashed; drift stops the run before any switch)", None, stage, extra={"rid": rid})
+    """Check every file of ``rid`` (on ``host`` already) against its manifest before a switch to it,
+    reading a file unless the host's hash cache has its identity (:mod:`dsv4ctl.deploy.drift`;
+    the script and its job on stdin are that one step)."""
+    return Step("verify", host, f"verify {site.paths[host].release(rid)} against its MANIFEST.json (every file's "
+                                "hash; read unless its inode, size, mtime and ctime are in the host's hash cache; "
+                                "drift stops the run before any switch)", None, stage, extra={"rid": rid})
 
 
 def spec_environment(spec: dict | None) -> str | None:

@@ -15,12 +15,22 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
 3. **Merge** ``side``: every file and symlink is renamed into ``rel`` at the same path
    (``rename(2)`` replaces the hard link there, so the release it was linked from is never
    modified), then ``side`` is removed.
-4. **Verify** against ``rel/MANIFEST.json``: the content of **every** file is hashed — a file
+4. **Verify** against ``rel/MANIFEST.json``: every file's content hash is checked — a file
    hard-linked from another release is not trusted for its inode, because an in-place edit of
    that inode (``vi``, ``sed -i`` keeps it for some editors, ``>`` and ``dd conv=notrunc``
    always do) changes every release that holds it without changing size or inode. Each inode
-   is hashed once per run. Extra, missing, resized or rewritten files, wrong symlink targets
-   set-uid/gid or sticky bits and an exec bit other than the manifest's (``mode PATH``), and a
+   is read once per run; with the job's ``"cache"`` (the host's hash cache file,
+   :data:`CACHE_NAME`) not at all when its identity (device, inode, size,
+   mtime_ns, ctime_ns) is the cached one — an edit, chmod, link or ``touch`` changes the
+   ctime, so the inode is read again. The files of the release a delta starts from are looked
+   up before ``cp -al`` (whose new link changes their ctime) and kept while size and mtime stay.
+   The cache is read only when it is a regular file of this user that nobody else can write, in
+   a folder of this user that nobody else can write (``"cache": "refused: ..."`` otherwise:
+   every file is read); it is rewritten atomically (0600 temp file, fsync, rename: a link there
+   is replaced, never followed) with every inode used this run whose size and mtime are those it
+   was hashed with, and the older entries whose file still has their identity. Extra, missing,
+   resized or rewritten files, wrong symlink targets, set-uid/gid or sticky bits and an exec
+   bit other than the manifest's (``mode PATH``), and a
    missing RELEASE.json are problems. Then every file loses its write bits (other bits kept, so
    a 0600 file becomes 0400) and every folder its group/other write bits: nothing edits a file
    inside a release. (Verify-only: a folder others can write is ``mode DIR/``.)
@@ -30,7 +40,9 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
    fsync, the old file's mode, rename; the temp file removed on failure).
 
 Prints one JSON line ``{"ok", "checked", "hashed", "merged", "bad": [...], "nbad", "placed"}``
-(plus ``"aborted"`` or ``"error"``); exit 0 placed, 1 verification failed, 3 aborted, 2 error.
+(plus ``"aborted"`` or ``"error"``; with a cache ``"cache"`` (used, absent or refused: why),
+``"read"`` (inodes read) and ``"cached"`` (inodes the cache gave)); exit 0 placed, 1
+verification failed, 3 aborted, 2 error.
 
 **Verify only** (``{"verify": [RELEASE, ...]}``): check each release folder as in 4., change
 nothing, print ``{"ok", "hashed", "releases": {RELEASE: {"bad", "nbad", "checked", "seal"}}}``
@@ -38,7 +50,20 @@ nothing, print ``{"ok", "hashed", "releases": {RELEASE: {"bad", "nbad", "checked
 RELEASE.json's id fields and the folder's real name, which the control machine binds to the
 release id with :func:`dsv4ctl.deploy.release.seal_problems` — the one copy of the id rule);
 exit 0 all intact, 1 drift. This is what runs before every switch (deploy, rollback, an "already
-active" deploy) and what ``dsv4ctl verify`` runs."""
+active" deploy; with the cache) and what ``dsv4ctl verify`` runs (``"full": true``: every file
+read, the cache only written — what a forged mtime *and* ctime hides from the cache, it
+catches)."""
+
+#: The host's hash cache, in the releases folder: ``{"schema": "dsv4ctl.hashcache/1", "entries":
+#: {"DEV:INO": [size, mtime_ns, ctime_ns, sha256, path]}}``, 0600, replaced atomically; a link,
+#: a file that is not regular, another user's, or in a folder others can write is refused.
+CACHE_NAME = ".verify-cache.json"
+
+
+def cache_path(release_path: str) -> str:
+    """The hash cache of the releases folder holding ``release_path`` (``ROOT/releases/ID``)."""
+    return release_path.rstrip("/").rsplit("/", 1)[0] + "/" + CACHE_NAME
+
 
 SCRIPT = r'''
 import hashlib, json, os, shutil, stat, subprocess, sys, tempfile, time
@@ -63,22 +88,125 @@ def tree(root):
                 else:
                     res[p] = [e.inode(), e.path]
     return res
-HASHES = {}          # (st_dev, st_ino) -> sha256: each inode is hashed once per run
+HASHES = {}          # (st_dev, st_ino) -> [sha256, size, mtime_ns, path, from the cache]: read once per run
 MAN = {}
 SEAL = {}            # release folder -> {"manifest_sha256", "meta", "name"} (the id binding, checked by the caller)
-USED = set()         # inodes a verification needed ("hashed": their number, whenever they were hashed)
+USED = set()         # inodes a verification needed ("hashed": their number; "cached": those the cache gave)
+CACHE = None         # the job's "cache": the hash cache file (None: every file's content is read)
+CACHED = {}          # "dev:ino" -> [size, mtime_ns, ctime_ns, sha256, path] from the cache file
+CACHE_MAX = 64 << 20
+FULL = False         # the job's "full": every file read, the cache only written
 def digest(path, s, count=True):
+    """sha256 of the regular file path (s: its lstat). An inode is read once per run while its
+    size and mtime stay; from the cache when its identity (device, inode, size, mtime_ns,
+    ctime_ns) is exactly the cached one (any write, chmod, link or utime changes ctime)."""
     k = (s.st_dev, s.st_ino)
-    if k not in HASHES:
-        d = hashlib.sha256()
-        with open(path, "rb") as f:
-            for c in iter(lambda: f.read(1 << 20), b""):
-                d.update(c)
-        HASHES[k] = d.hexdigest()
-    if count:
+    h = HASHES.get(k)
+    if h is None or h[1:3] != [s.st_size, s.st_mtime_ns]:
+        c = None if FULL else CACHED.get("%d:%d" % k)
+        if c is not None and c[:3] == [s.st_size, s.st_mtime_ns, s.st_ctime_ns]:
+            h = HASHES[k] = [c[3], s.st_size, s.st_mtime_ns, path, True]
+        else:
+            d = hashlib.sha256()
+            with open(path, "rb") as f:
+                fs = os.fstat(f.fileno())       # the identity the content read belongs to
+                for c in iter(lambda: f.read(1 << 20), b""):
+                    d.update(c)
+            h = HASHES[k] = [d.hexdigest(), fs.st_size, fs.st_mtime_ns, path, False]
+            out["read"] = out.get("read", 0) + 1
+    if count and k not in USED:
+        if h[4]:
+            out["cached"] = out.get("cached", 0) + 1
         USED.add(k)
         out["hashed"] = len(USED)
-    return HASHES[k]
+    return h[0]
+def cache_dir_ok(d):
+    """The folder of the cache is this user's and nobody else can write it (or plant a file)."""
+    s = os.stat(d)
+    return stat.S_ISDIR(s.st_mode) and s.st_uid == os.getuid() and not s.st_mode & 0o022
+def load_cache(path):
+    """CACHED from the cache file: refused (out["cache"] says why; every file is read) when it
+    or its folder is a link, not a regular file / folder, another user's or writable by others."""
+    global CACHE
+    CACHE = path
+    try:
+        if not cache_dir_ok(os.path.dirname(path)):
+            CACHE = None
+            out["cache"] = "refused: folder not the deploy user's or writable by others"
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        out["cache"] = "absent" if e.errno == 2 else "refused: %s" % (os.strerror(e.errno) if e.errno else e)
+        return
+    with os.fdopen(fd, "rb") as f:
+        s = os.fstat(f.fileno())
+        if not stat.S_ISREG(s.st_mode) or s.st_uid != os.getuid() or s.st_mode & 0o022 or s.st_size > CACHE_MAX:
+            out["cache"] = "refused: not a regular file of the deploy user, or writable by others, or too big"
+            return
+        try:
+            doc = json.loads(f.read())
+            ent = doc["entries"] if doc.get("schema") == "dsv4ctl.hashcache/1" else {}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ent = {}
+    for k, v in (ent.items() if isinstance(ent, dict) else ()):
+        if isinstance(v, list) and len(v) == 5 and all(type(x) is int for x in v[:3]) and \
+                isinstance(v[3], str) and len(v[3]) == 64 and isinstance(v[4], str):
+            CACHED[k] = v
+    out["cache"] = "used"
+def prime(root):
+    """Seed this run's hashes from the cache for every file under root (before cp -al links
+    them, which changes their ctime: size and mtime still have to match when they are used)."""
+    if not CACHED or FULL:
+        return
+    for p, (ino, full) in tree(root).items():
+        try:
+            s = os.lstat(full)
+            if stat.S_ISREG(s.st_mode):
+                c = CACHED.get("%d:%d" % (s.st_dev, s.st_ino))
+                if c is not None and c[:3] == [s.st_size, s.st_mtime_ns, s.st_ctime_ns]:
+                    HASHES[(s.st_dev, s.st_ino)] = [c[3], s.st_size, s.st_mtime_ns, full, True]
+        except OSError:
+            pass
+def save_cache(moved=None):
+    """Write the cache atomically (0600 temp file in its folder, fsync, rename; a link there is
+    replaced, never followed): every inode hashed or used this run whose size and mtime are
+    still those it was hashed with, keyed by its identity now, plus the older entries whose file
+    is still there with the same identity. moved: (old folder, new folder) of a renamed release."""
+    if CACHE is None:
+        return
+    ent = {}
+    def keep(k, sha, path, want):
+        if moved and path.startswith(moved[0] + "/"):
+            path = moved[1] + path[len(moved[0]):]
+        try:
+            s = os.lstat(path)
+        except OSError:
+            return
+        if stat.S_ISREG(s.st_mode) and "%d:%d" % (s.st_dev, s.st_ino) == k and want(s):
+            ent[k] = [s.st_size, s.st_mtime_ns, s.st_ctime_ns, sha, path]
+    for (dev, ino), (sha, size, mtime, path, _c) in HASHES.items():
+        keep("%d:%d" % (dev, ino), sha, path, lambda s: [s.st_size, s.st_mtime_ns] == [size, mtime])
+    for k, v in CACHED.items():
+        if k not in ent:
+            keep(k, v[3], v[4], lambda s: [s.st_size, s.st_mtime_ns, s.st_ctime_ns] == v[:3])
+    d = os.path.dirname(CACHE)
+    try:
+        if not cache_dir_ok(d):
+            return
+        fd, tmp = tempfile.mkstemp(prefix=".verify-cache.tmp.", dir=d)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"schema": "dsv4ctl.hashcache/1", "entries": ent}, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, CACHE)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 def check(rel, have=None, placed=True):
     """([problem, ...], extra files not listed) of the release folder rel against its MANIFEST.json.
     Every file's content is hashed (an in-place edit of an inode shared by hard link with
@@ -249,6 +377,9 @@ def readonly(rel, have):
 try:
     try:
         job = json.load(sys.stdin)
+        FULL = bool(job.get("full"))
+        if isinstance(job.get("cache"), str):
+            load_cache(job["cache"])
         if "verify" in job:
             rels = job["verify"]
             ENV_HASH = bool(job.get("env_hash", True))
@@ -266,6 +397,7 @@ try:
                 ev = envcheck(r, bool(job.get("image")))
                 if ev is not None:
                     res[r]["env"] = ev
+            save_cache()
             done(0 if all(not v["nbad"] for v in res.values()) else 1,
                  ok=all(not v["nbad"] for v in res.values()), releases=res)
         rel, side, bases = job["rel"], job.get("side"), job.get("bases") or []
@@ -277,6 +409,7 @@ try:
     st = job.get("stage")
     if st:
         shutil.rmtree(rel, ignore_errors=True)
+        prime(st["from"])
         r = subprocess.run(["cp", "-al", st["from"], rel], capture_output=True, text=True)
         if r.returncode:
             done(2, error="cp -al: " + (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1])
@@ -376,6 +509,7 @@ try:
         except BaseException:
             os.unlink(tmp)
             raise
+    save_cache((rel, pl["final"]) if pl else None)
     done(0)
 except SystemExit:
     raise
