@@ -68,6 +68,9 @@ def test_a_job_pending_past_the_start_timeout_is_cancelled_and_the_previous_rele
     w.extra["decode"] = {"watchdog-timeout": 901}
     w.write()
     set_slurm(w, start_timeout_s=3)
+    dry = deploy(w, "--dry-run")             # the gate step says what the run waits for and proves
+    assert dry.code == 0 and "wait for the Slurm job of decode to leave PENDING (at most 3 s), then GET " in dry.out, dry.out
+    assert "; the process answering is that job's" in dry.out
     r = run_cli("deploy", str(w.profile), "--tree", str(w.tree), "--base", "v0.5.23", "--no-preflight",
                 env={**w.env(), "DSV4CTL_PROGRESS_S": "1"}, timeout=180)
     assert r.code == 1, r.err + r.out

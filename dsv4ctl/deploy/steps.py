@@ -247,7 +247,14 @@ def gate_steps(site: Site, spec: dict, hosts: list[str] | None = None, stage: st
 
     def alive(nodes):
         return f", processes alive on {', '.join(nodes)}" if nodes else ""
-    out = [Step("gate", h, f"wait for GET {u}/health = 200 (group {g}{alive(n)}, timeout {t:g} s)",
+
+    def job(g: str, text: str) -> str:       # a Slurm job: the start wait before, the proof of the job after
+        if site.profile.deploy.backend != "slurm" or spec[g].get("role") == "router":
+            return text
+        from .slurmwait import start_timeout
+        return (f"wait for the Slurm job of {g} to leave PENDING (at most {start_timeout(site):g} s), then "
+                + text[len("wait for "):] + "; the process answering is that job's")
+    out = [Step("gate", h, job(g, f"wait for GET {u}/health = 200 (group {g}{alive(n)}, timeout {t:g} s)"),
                 f"GET {u}/health", stage, extra={"group": g, "url": u, "kind": "health", "nodes": n})
            for h, g, u, n in workers]
     out += [Step("gate", h, f"POST {u}/v1/chat/completions (model {model}, max_tokens 1, group {g}) "
