@@ -365,22 +365,32 @@ def _scan(root: Path, rels=None, hashes=None) -> tuple[dict, dict]:
     """(files, links) of ``root`` (or only the paths ``rels``): sha256/size/exec, content mtimes
     set; each file's hash noted in ``hashes`` (a HashCache) under its identity after that."""
     files, links = {}, {}
-    if rels is None:
-        rels = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            # os.walk lists a symlink to a folder among the folders (and does not enter it): it is
-            # a link of the release all the same
-            for fn in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-                rels.append(str((Path(dirpath) / fn).relative_to(root)))
-    for rel in rels:
-        full = root / rel
-        if full.is_symlink():
+    base = str(root)
+    if rels is None:          # every entry but folders (a link to a folder is a link of the release)
+        found, stack = [], [("", base)]
+        while stack:
+            pre, d = stack.pop()
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append((pre + e.name + "/", e.path))
+                    else:
+                        found.append((pre + e.name, e.path, e.stat(follow_symlinks=False)))
+    else:
+        found = []
+        for rel in rels:
+            full = os.path.join(base, rel)
+            try:
+                found.append((rel, full, os.lstat(full)))
+            except (FileNotFoundError, NotADirectoryError):    # a path the patches removed
+                continue
+    for rel, full, st in found:
+        if stat.S_ISLNK(st.st_mode):
             links[rel] = os.readlink(full)
             continue
-        if not full.is_file():
+        if not stat.S_ISREG(st.st_mode):
             continue
         digest = sha256_file(full)
-        st = full.stat()
         files[rel] = [digest, st.st_size, bool(st.st_mode & 0o111)]
         m = content_mtime(digest)
         os.utime(full, (m, m))
