@@ -180,11 +180,10 @@ def _mode(g: GroupInput, r: Resolved) -> Optional[str]:
     return m
 
 
-def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
-    """DSV4 rules of one group (DSV101-DSV106, DSV108, DSV111-DSV117, DSV120)."""
-    cfg = g.config
-    assert cfg is not None
-    a = r.args
+def _topology_findings(g: GroupInput, r: Resolved) -> list[Finding]:
+    """DSV120 (the serve config's topology disagrees with the profile's), DSV113 (disaggregation
+    mode against the group's role) and DSV115 (hicache-host-memory-fraction out of (0, 1])."""
+    cfg, a = g.config, r.args
     out: list[Finding] = []
     if g.topology_error:      # "FILE:LINE: text" (a key that disagrees) or "FILE: text" (a key left out)
         msg, line = g.topology_error, 1
@@ -192,8 +191,6 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
             head, _, rest = msg[len(cfg.path) + 1:].partition(": ")
             msg, line = (rest, int(head)) if head.isdigit() else (msg[len(cfg.path) + 2:], 1)
         out.append(Finding("DSV120", RULES["DSV120"][1], cfg.path, line, msg, g.name))
-    hk = _key(r, "enable_hierarchical_cache")
-    mode = _mode(g, r)
     file_mode = a.get("disaggregation_mode")
     if g.role in ("prefill", "decode") and file_mode not in (None, "null") and file_mode != g.role:
         out.append(_f("DSV113", cfg, _key(r, "disaggregation_mode"),
@@ -205,27 +202,40 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
     if frac is not None and not 0 < frac <= 1:
         out.append(_f("DSV115", cfg, _key(r, "hicache_host_memory_fraction"),
                       f"hicache-host-memory-fraction {frac} must be in (0, 1]", g.name))
-    if inp.dsv4:
-        page = a.get("page_size")
-        if page is not None and page != 256:
-            out.append(_f("DSV118", cfg, _key(r, "page_size"),
-                          f"page-size {page}: the DeepSeek-V4 pool builder asserts page_size == 256 on CUDA "
-                          "(leave page-size out: DSV4 defaults to 256)", g.name))
-        unset_effect = {
-            "tool_call_parser": "tool calls reach clients as raw DSML text in content",
-            # 0.5.23 without a reasoning parser: the reasoning goes into content, its think tags stripped
-            "reasoning_parser": "the reasoning text goes into content, without its think tags",
-        }
-        for dest, want in (("tool_call_parser", "deepseekv4"), ("reasoning_parser", "deepseek-v4")):
-            have = a.get(dest)
-            name = dest.replace("_", "-")
-            if have is None:
-                out.append(_f("DSV108", cfg, None, f"{name} is not set: {unset_effect[dest]} "
-                                                   f"(set {name}: {want})", g.name))
-            elif have not in (want, "auto"):
-                out.append(_f("DSV108", cfg, _key(r, dest), f"{name} {have}: DeepSeek-V4 needs {want}", g.name))
-    if not _hicache_on(r):
-        return out
+    return out
+
+
+def _dsv4_server_findings(g: GroupInput, r: Resolved) -> list[Finding]:
+    """DeepSeek-V4 servers with or without HiCache: DSV118 (page-size other than 256) and DSV108
+    (tool-call and reasoning parsers)."""
+    cfg, a = g.config, r.args
+    out: list[Finding] = []
+    page = a.get("page_size")
+    if page is not None and page != 256:
+        out.append(_f("DSV118", cfg, _key(r, "page_size"),
+                      f"page-size {page}: the DeepSeek-V4 pool builder asserts page_size == 256 on CUDA "
+                      "(leave page-size out: DSV4 defaults to 256)", g.name))
+    unset_effect = {
+        "tool_call_parser": "tool calls reach clients as raw DSML text in content",
+        # 0.5.23 without a reasoning parser: the reasoning goes into content, its think tags stripped
+        "reasoning_parser": "the reasoning text goes into content, without its think tags",
+    }
+    for dest, want in (("tool_call_parser", "deepseekv4"), ("reasoning_parser", "deepseek-v4")):
+        have = a.get(dest)
+        name = dest.replace("_", "-")
+        if have is None:
+            out.append(_f("DSV108", cfg, None, f"{name} is not set: {unset_effect[dest]} "
+                                               f"(set {name}: {want})", g.name))
+        elif have not in (want, "auto"):
+            out.append(_f("DSV108", cfg, _key(r, dest), f"{name} {have}: DeepSeek-V4 needs {want}", g.name))
+    return out
+
+
+def _hicache_findings(g: GroupInput, r: Resolved, mode: Optional[str]) -> list[Finding]:
+    """HiCache on, any model: DSV101 (mutually exclusive caches) and DSV114 (buffer_only host
+    memory without a storage backend, or on decode)."""
+    cfg, a = g.config, r.args
+    out: list[Finding] = []
     if a.get("enable_lmcache"):
         out.append(_f("DSV101", cfg, _key(r, "enable_lmcache"), "HiCache and enable-lmcache are mutually exclusive", g.name))
     if a.get("enable_unified_cache_external_linker"):
@@ -238,44 +248,77 @@ def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
         if mode == "decode":
             out.append(_f("DSV114", cfg, _key(r, "hicache_host_memory_mode"),
                           "hicache-host-memory-mode buffer_only is not supported on decode", g.name))
+    return out
+
+
+def _dsv4_hicache_findings(g: GroupInput, r: Resolved, mode: Optional[str]) -> list[Finding]:
+    """HiCache on a DeepSeek-V4 server: DSV102 (no hicache-ratio), DSV103 (hicache-size), DSV105
+    (SGLang's layout/io normalisations), DSV104 (a host layout DSV4 pools refuse), DSV119
+    (sglang #31252's combination) and DSV116 (a page_first_direct host pool past the limit)."""
+    cfg, a = g.config, r.args
+    hk = _key(r, "enable_hierarchical_cache")
+    out: list[Finding] = []
+    if a.get("hicache_ratio") is None:
+        out.append(_f("DSV102", cfg, hk, "DeepSeek-V4 HiCache needs an explicit hicache-ratio "
+                                         "(auto-sizing does not support DeepSeekV4TokenToKVPool)", g.name))
+    if (a.get("hicache_size") or 0) > 0:
+        out.append(_f("DSV103", cfg, _key(r, "hicache_size"),
+                      "DeepSeek V4 HiCache does not support hicache-size; use hicache-ratio", g.name))
+    layout, io, notes = normalised_hicache(a)
+    for n in notes:
+        out.append(_f("DSV105", cfg, _key(r, "hicache_mem_layout", "hicache_io_backend") or hk, n, g.name))
+    if layout not in DSV4_HOST_LAYOUTS:
+        out.append(_f("DSV104", cfg, _key(r, "hicache_mem_layout") or hk,
+                      f"hicache-mem-layout {layout}: DeepSeek-V4 host pools accept {', '.join(DSV4_HOST_LAYOUTS)}", g.name))
+    if layout == "page_first_direct" and mode == "prefill" and a.get("speculative_algorithm"):
+        out.append(_f("DSV119", cfg, _key(r, "hicache_mem_layout", "speculative_algorithm") or hk,
+                      f"PD prefill with HiCache, {a.get('speculative_algorithm')} and page_first_direct: the "
+                      "combination of sglang #31252 (use hicache-mem-layout: page_first, or no speculative "
+                      "decoding on this server)", g.name))
+    ratio = a.get("hicache_ratio")
+    if layout == "page_first_direct" and ratio and g.rank_device_gib:
+        worst = max(g.rank_device_gib) * ratio
+        if worst > PAGE_FIRST_DIRECT_LIMIT_GIB:
+            out.append(_f("DSV116", cfg, _key(r, "hicache_mem_layout") or hk,
+                          f"page_first_direct host pool {worst:.1f} GiB per rank > {PAGE_FIRST_DIRECT_LIMIT_GIB:.0f} GiB: "
+                          f"crashes past 256 GiB without the host-registration alignment fix", g.name))
+    return out
+
+
+def _index_k_gating_findings(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
+    """bf16 index-K with HiCache on a DeepSeek-V4 server: DSV112 (no tree to read) or DSV111 (the
+    tree's index-K read is not gated on the HiCache layer transfer, or cannot be read)."""
+    if inp.index_k_dtype != "bf16":
+        return []
+    cfg, hk, v = g.config, _key(r, "enable_hierarchical_cache"), inp.gating
+    if v is None:
+        return [_f("DSV112", cfg, hk, "bf16 index-K with HiCache: cannot check that the index-K read waits "
+                                      "for the HiCache layer transfer (give sglang.tree or --tree)", g.name)]
+    if v.gated is None:
+        return [_f("DSV111", cfg, hk, f"bf16 index-K with HiCache on tree {inp.tree}: {v.summary()}", g.name)]
+    if not v.gated:
+        p = v.problems[0]
+        return [_f("DSV111", cfg, hk, f"bf16 index-K with HiCache on a tree whose index-K read is not gated "
+                                      f"on the HiCache layer transfer: {inp.tree}/{p}"
+                                      f" (turn HiCache off: dsv4ctl hicache off --group {g.name}, "
+                                      f"or restore wait_layer_transfer)", g.name)]
+    return []
+
+
+def check_group(g: GroupInput, r: Resolved, inp: LintInput) -> list[Finding]:
+    """DSV4 rules of one group (DSV101-DSV106, DSV108, DSV111-DSV120), in this order: topology and
+    mode, DeepSeek-V4 server settings, then with HiCache on its exclusions, its DeepSeek-V4 pool
+    rules and the bf16 index-K gating."""
+    assert g.config is not None
+    mode = _mode(g, r)
+    out = _topology_findings(g, r)
     if inp.dsv4:
-        if a.get("hicache_ratio") is None:
-            out.append(_f("DSV102", cfg, hk, "DeepSeek-V4 HiCache needs an explicit hicache-ratio "
-                                             "(auto-sizing does not support DeepSeekV4TokenToKVPool)", g.name))
-        if (a.get("hicache_size") or 0) > 0:
-            out.append(_f("DSV103", cfg, _key(r, "hicache_size"),
-                          "DeepSeek V4 HiCache does not support hicache-size; use hicache-ratio", g.name))
-        layout, io, notes = normalised_hicache(a)
-        for n in notes:
-            out.append(_f("DSV105", cfg, _key(r, "hicache_mem_layout", "hicache_io_backend") or hk, n, g.name))
-        if layout not in DSV4_HOST_LAYOUTS:
-            out.append(_f("DSV104", cfg, _key(r, "hicache_mem_layout") or hk,
-                          f"hicache-mem-layout {layout}: DeepSeek-V4 host pools accept {', '.join(DSV4_HOST_LAYOUTS)}", g.name))
-        if layout == "page_first_direct" and mode == "prefill" and a.get("speculative_algorithm"):
-            out.append(_f("DSV119", cfg, _key(r, "hicache_mem_layout", "speculative_algorithm") or hk,
-                          f"PD prefill with HiCache, {a.get('speculative_algorithm')} and page_first_direct: the "
-                          "combination of sglang #31252 (use hicache-mem-layout: page_first, or no speculative "
-                          "decoding on this server)", g.name))
-        ratio = a.get("hicache_ratio")
-        if layout == "page_first_direct" and ratio and g.rank_device_gib:
-            worst = max(g.rank_device_gib) * ratio
-            if worst > PAGE_FIRST_DIRECT_LIMIT_GIB:
-                out.append(_f("DSV116", cfg, _key(r, "hicache_mem_layout") or hk,
-                              f"page_first_direct host pool {worst:.1f} GiB per rank > {PAGE_FIRST_DIRECT_LIMIT_GIB:.0f} GiB: "
-                              f"crashes past 256 GiB without the host-registration alignment fix", g.name))
-        if inp.index_k_dtype == "bf16":
-            v = inp.gating
-            if v is None:
-                out.append(_f("DSV112", cfg, hk, "bf16 index-K with HiCache: cannot check that the index-K read waits "
-                                                 "for the HiCache layer transfer (give sglang.tree or --tree)", g.name))
-            elif v.gated is None:
-                out.append(_f("DSV111", cfg, hk, f"bf16 index-K with HiCache on tree {inp.tree}: {v.summary()}", g.name))
-            elif not v.gated:
-                p = v.problems[0]
-                out.append(_f("DSV111", cfg, hk, f"bf16 index-K with HiCache on a tree whose index-K read is not gated "
-                                                 f"on the HiCache layer transfer: {inp.tree}/{p}"
-                                                 f" (turn HiCache off: dsv4ctl hicache off --group {g.name}, "
-                                                 f"or restore wait_layer_transfer)", g.name))
+        out += _dsv4_server_findings(g, r)
+    if not _hicache_on(r):
+        return out
+    out += _hicache_findings(g, r, mode)
+    if inp.dsv4:
+        out += _dsv4_hicache_findings(g, r, mode) + _index_k_gating_findings(g, r, inp)
     return out
 
 
