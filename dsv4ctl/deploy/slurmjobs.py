@@ -3,12 +3,15 @@ lifecycle's steps use on a host, in place of the launcher or systemd.
 
 Releases are placed on every node as over SSH (pushed, verified, environment built, switched:
 the hosts of the profile are the Slurm nodes, by their Slurm node names). What differs is how a
-group runs: one Slurm job per server group (every node of a multi-node server is one task of
-it), built by :func:`dsv4ctl.hosts.slurm.batch_script`, stored beside the release on the group's
-node 0 (``ROOT/run/<group>-<release>.sbatch``) and submitted from there. Every verb of a group
-(stop, start) is run by the host that is the group's node 0 only, so the nodes of one server
-never race (one node's stop must not cancel the job another node just submitted); the other
-nodes' steps only switch their ``current`` link. Each node's task writes the server's output to
+group runs: one Slurm job per server (a group's, or each of its replicas': ``GROUP@R`` for
+replica R > 0; every node of a multi-node server is one task of it), built by
+:func:`dsv4ctl.hosts.slurm.batch_script`, stored beside the release on the host that acts for
+the server (``ROOT/run/<unit>-<release>.sbatch``) and submitted from there. That host is the
+server's node 0, or ``deploy.slurm.submit_host`` for every server (a login host, or this machine:
+its switch step stops and starts the groups it runs no node of, :meth:`SlurmJobs.acted_groups`).
+Every verb of a server (stop, start) is run by that one host, so the nodes of one server never
+race (one node's stop must not cancel the job another node just submitted); the nodes' own steps
+only switch their ``current`` link (and stop what ran before Slurm). Each node's task writes the server's output to
 that node's own ``ROOT/logs/<group>.log`` with the launcher's start header and exit line, so
 ``logs``, ``diagnose`` and the gate's log tail read the same files as over SSH.
 
