@@ -76,6 +76,17 @@ class Table:
         """Long options ``key`` abbreviates (argparse ``allow_abbrev``)."""
         return sorted(k for k in self.by_key if k.startswith(key) and k != key)
 
+    @functools.cached_property
+    def by_dest(self) -> dict:
+        """``{dest: Arg}`` (the last Arg of a dest wins), built once per table: plan checks every
+        re-planned fix against it (start-up, benchmarks/startup.py)."""
+        return {a.dest: a for a in self.args}
+
+    @functools.cached_property
+    def defaults(self) -> dict:
+        """``{dest: default}`` (the last Arg of a dest wins), built once per table; copy before changing it."""
+        return {a.dest: a.default for a in self.args}
+
 
 @functools.lru_cache(maxsize=4)
 def load_table(path: Optional[Path] = None, version: Optional[str] = None) -> Table:

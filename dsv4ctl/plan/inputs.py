@@ -155,6 +155,8 @@ SET_KEYS: dict[str, str] = {
 }
 # serve-config dashed names that plan reads (others are ignored by the capacity model).
 SERVE_KEYS = {k.replace("_", "-"): k for k in SET_KEYS if k.islower() and not k.startswith("_")}
+_SERVE_PREFIXES = frozenset(k[:i] for k in SERVE_KEYS for i in range(len(k) + 1))
+"""Every prefix of a SERVE_KEYS key ("" included): ``key in`` it is ``any(k.startswith(key) ...)``."""
 for _k in ("model", "available_bytes", "index_k_dtype", "index_k_accounting", "free_gib_before_load",
            "weights_gib_per_rank", "other_gib", "gpu_memory_mib", "draft_weights_gib_per_rank",
            "checkpoint_format", "min_requests",
@@ -291,16 +293,22 @@ def serve_args(serve: Optional[ServeConfig], version: str = DEFAULT_VERSION) -> 
     args: dict[str, Any] = {}
     where: dict[str, str] = {}
     if serve is not None:
-        from .argnames import AmbiguousOption, option_names, resolve_option
-        known = option_names(version) if version != DEFAULT_VERSION else None   # 0.5.23 has every key plan reads
+        known = None        # 0.5.23 has every key plan reads; the argument names are loaded only when needed
+        if version != DEFAULT_VERSION:
+            from .argnames import option_names
+            known = option_names(version)
+        written: dict[str, str] = {}        # canonical key -> its first spelling in the file
+        for k in serve.data:
+            written.setdefault(canonical(k), k)
         for key, value in serve.args().items():
             if known is not None and key in SERVE_KEYS and key not in known:
                 continue
-            loc = serve.where(next((k for k in serve.data if canonical(k) == key), key))
+            loc = serve.where(written.get(key, key))
             full = key
-            if key not in SERVE_KEYS and any(k.startswith(key) for k in SERVE_KEYS):
+            if key not in SERVE_KEYS and key in _SERVE_PREFIXES:
                 # could abbreviate an argument plan reads: resolve it as argparse does (the table is
                 # only loaded then, for start-up time)
+                from .argnames import AmbiguousOption, option_names, resolve_option
                 try:
                     full = resolve_option(key, option_names(version)) or key
                 except AmbiguousOption as e:
@@ -436,14 +444,15 @@ def _is_ip(x: str) -> bool:
 
 def _given_as(serve: ServeConfig, full: str) -> Optional[str]:
     """The key of ``serve`` that SGLang's parser reads as the argument ``full`` (its name, an
-    alias or an unambiguous abbreviation: :mod:`dsv4ctl.plan.argnames`), None when none does."""
-    from .argnames import AmbiguousOption, resolve_option
+    alias or an unambiguous abbreviation: :mod:`dsv4ctl.plan.argnames`, imported only for a key that
+    could abbreviate it), None when none does."""
     for k in serve.data:
         if not isinstance(k, str) or "_" in k:
             continue
         if canonical(k) == full:
             return k
         if full.startswith(k) or any(a.startswith(k) for a in ("nccl-init-addr",) if full == "dist-init-addr"):
+            from .argnames import AmbiguousOption, resolve_option
             try:
                 if resolve_option(k) == full:
                     return k
@@ -510,9 +519,9 @@ def check_startup(profile: Profile, group: Group, serve: Optional[ServeConfig], 
     ``file:line: KEY: reason (SGLang X refuses it at start-up: FILE)``."""
     from .argtable import load_table
     from .startup import OWN_RULE, first_error, is_sm100, validate
-    newest = {a.dest for a in load_table(version=DEFAULT_VERSION).args}
+    newest = load_table(version=DEFAULT_VERSION).by_dest
     table = load_table(version=rules.version)
-    sets = {k: v for k, v in overrides.items() if k in newest or k in {a.dest for a in table.args}}
+    sets = {k: v for k, v in overrides.items() if k in newest or k in table.by_dest}
     if str(sets.get("speculative_algorithm") or "").upper() == "EAGLE":
         # the what-if "EAGLE" is the published DeepSeek-V4 recipe: top-k 1 with explicit steps
         sets = {"speculative_eagle_topk": 1, "speculative_num_steps": 3, **sets}

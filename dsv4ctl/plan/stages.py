@@ -5,6 +5,7 @@ with :mod:`dsv4ctl.plan.capacity` and :func:`evaluate` gives the group's verdict
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 from . import capacity as cap
@@ -45,6 +46,22 @@ class StagePlan:
     verdict: vd.Verdict = None
 
 
+@lru_cache(maxsize=64)
+def _configurator(model: cap.ModelGeometry, pool: cap.PoolInputs, layers: tuple[int, int]) -> cap.Configurator:
+    return cap.Configurator(model, pool, layers)
+
+
+def configurator(model: cap.ModelGeometry, pool: cap.PoolInputs, layers: tuple[int, int]) -> cap.Configurator:
+    """``cap.Configurator(model, pool, layers)``, built once per distinct (frozen, equal) inputs: a
+    Configurator is not changed after construction, and the fix searches re-plan the same pools at
+    dozens of mem-fraction-static values (start-up, benchmarks/startup.py). Raises CapacityError as
+    the constructor does (never cached); inputs that do not hash are built each time."""
+    try:
+        return _configurator(model, pool, layers)
+    except TypeError:       # an unhashable field (a list where a tuple is expected): no memo
+        return cap.Configurator(model, pool, layers)
+
+
 def _available(gi: GroupInputs, mfs: float) -> int:
     if gi.available_bytes_override is not None:
         return gi.available_bytes_override
@@ -73,7 +90,7 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
     exact_pool = cap.replace(pool, index_k_accounting="exact")
 
     def stage_confs(p: cap.PoolInputs) -> list[cap.Configurator]:
-        return [cap.Configurator(model, p, cap.pp_layer_range(model.num_hidden_layers, gi.pp, r, gi.pp_partition))
+        return [configurator(model, p, cap.pp_layer_range(model.num_hidden_layers, gi.pp, r, gi.pp_partition))
                 for r in range(gi.pp)]
 
     def solve(confs: list[cap.Configurator]) -> list[cap.PoolSizes]:

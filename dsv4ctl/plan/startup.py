@@ -129,7 +129,7 @@ def check_keys(data: Mapping, table: Table) -> tuple[list[Refusal], Resolved]:
     and argparse read it: refusals SGL001/SGL003/SGL004/SGL007 and the notes SGL002 (works only as
     an abbreviation), SGL005 (null), SGL006 (false flag), and the values resolved by dest."""
     out: list[Refusal] = []
-    args = {a.dest: a.default for a in table.args}
+    args = dict(table.defaults)
     given: dict[str, str] = {}
     for raw_key, value in data.items():
         key = str(raw_key)
@@ -282,7 +282,7 @@ def validate(data: Mapping, table: Table, *, sm100: bool = True, role: Optional[
     applied after the file as the command line would; a dest this release lacks is SGL001), then
     the combinations (:func:`combination_refusals`). Pure."""
     out, r = check_keys(data, table)
-    dests = {a.dest: a for a in table.args}
+    dests = table.by_dest
     for dest, value in (overrides or {}).items():
         if dest not in dests:
             out.append(Refusal("SGL001", "error", None, f"--set {dest}: not an SGLang {table.version} server "
