@@ -5,6 +5,8 @@ release's rules (dsv4ctl/plan/versions.py), on a matrix chosen where the release
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dsv4ctl.plan.versions import VERSIONS
@@ -12,7 +14,8 @@ from tests.oracle import twin
 from tests.oracle.matrix import (A_FLASH, A_PRO, B200, FLASH, GB300, H200, ONLINE, PRO, STATE_BF16,
                                  V41_LAYOUT, _pool, _resolve)
 from tests.oracle.matrix import cases as capacity_matrix
-from tests.oracle.runner import ORACLE_PY, VERSIONS_DIR, run_cases
+from tests.oracle.runner import ORACLE_PY, VERSIONS_DIR
+from tests.oracle.versions_answers import STORED, live_answers
 
 DECODE = dict(disaggregation_mode="decode")
 PREFILL = dict(disaggregation_mode="prefill")
@@ -51,35 +54,51 @@ CASES = [
 ]
 
 needs = pytest.mark.skipif(not ORACLE_PY.exists(), reason=f"{ORACLE_PY} missing: run bash scripts/oracle-env.sh")
+OLDER_GENERATION = ("0.5.18", "0.5.19", "0.5.20")   # another configurator: the whole matrix runs too
 
 
 @pytest.fixture(scope="module")
 def answers():
-    out = {}
-    for v in VERSIONS:
-        cases = [{**c, "sglang_version": v} for c in CASES]
-        res = run_cases(cases, version=None if v == "0.5.23" else v, timeout=300)
-        assert res["sglang_version"] == v
-        out[v] = {r["id"]: r for r in res["results"]}
-    return out
+    """Each release's own answers to :data:`CASES`, as stored by ``python -m
+    tests.oracle.versions_answers`` (every release's live run must equal them: the test below)."""
+    return {v: json.loads(STORED.read_text())[v] for v in VERSIONS}
 
 
 @pytest.mark.oracle
 @needs
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("version", list(VERSIONS))
-def test_dsv4ctl_reproduces_each_release(answers, version):
+def test_dsv4ctl_reproduces_each_release(version):
+    """The release's own code, run now, answers :data:`CASES` as stored (so the comparisons
+    between releases below hold for the code, not for a file), and dsv4ctl's model with that
+    release's rules equals every answer. 0.5.18-0.5.20, another configurator generation, also
+    answer all of tests/oracle/matrix.py (106 cases: budgets, SWA ratios and cap mode, PP, DP
+    attention, EAGLE, online c128, bf16 state, V4.1 layout switches, refusals) in the same run
+    (one import of the release): its answers to the switches it does not have
+    (SGLANG_DSV4_KV_LAYOUT) are its own V4 pools, and an argument it does not have
+    (``swa_prefix_tails``; 0.5.18/0.5.19: ``dsv4_attn_backend=trtllm``) is a refusal on both
+    sides, as is (0.5.18) a layer partition that does not match ``pp_size`` 1. 0.5.18/0.5.19
+    price the C4 indexer inline (no function to re-price for the bf16 index-K cases, 8 of 106):
+    their bf16 budget is proven on their patched trees instead (tests/test_patch_versions.py)."""
+    matrix = []
+    if version in OLDER_GENERATION:
+        matrix = [{**c, "sglang_version": version} for c in capacity_matrix()
+                  if not (version in ("0.5.18", "0.5.19") and c.get("index_k") == "bf16")]
+        assert len(matrix) == (106 if version == "0.5.20" else 98)
+    cases = [{**c, "sglang_version": version} for c in CASES]
+    live = live_answers(version, cases + matrix)
+    assert {c["id"]: live[c["id"]] for c in CASES} == json.loads(STORED.read_text())[version]
     bad = []
-    for c in CASES:
-        bad += twin.diff({**c, "sglang_version": version}, answers[version][c["id"]])
+    for c in cases + matrix:
+        bad += twin.diff(c, live[c["id"]])
     assert bad == []
+    if version == "0.5.18":     # the partition is checked with one stage too (get_pp_indices)
+        assert live["flash-cap-eviction-64"]["error"] == "ValueError: len(partitions)=2 does not match pp_size=1."
 
 
-@pytest.mark.oracle
-@needs
-@pytest.mark.timeout(600)
 def test_the_matrix_tells_the_releases_apart(answers):
-    """The cases chosen where the releases differ do differ, in the direction the code says."""
+    """The cases chosen where the releases differ do differ, in the direction the code says
+    (the stored answers: each release's live run equals them, above)."""
     a = {v: answers[v] for v in VERSIONS}
     mfs = lambda v, cid: a[v][cid]["mem_fraction_static"]  # noqa: E731
     assert mfs("0.5.21", "col-mrr32") < mfs("0.5.22", "col-mrr32") == mfs("0.5.23", "col-mrr32")
@@ -127,33 +146,6 @@ def test_the_matrix_tells_the_releases_apart(answers):
     # and the versions' rules are not all the same
     assert len({(r.mrr_floor, r.graph_bs_capped_by_mrr, r.pp_partition_at_pp1, *r.pool_flags().values())
                 for r in VERSIONS.values()}) == len(VERSIONS)
-
-
-@pytest.mark.oracle
-@needs
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("version", ["0.5.18", "0.5.19", "0.5.20"])
-def test_older_releases_reproduce_the_whole_capacity_matrix(version):
-    """All of tests/oracle/matrix.py (106 cases: budgets, SWA ratios and cap mode, PP, DP
-    attention, EAGLE, online c128, bf16 state, V4.1 layout switches, refusals) on the release's
-    own configurator: its answers to the switches it does not have (SGLANG_DSV4_KV_LAYOUT) are its
-    own V4 pools, and an argument it does not have (``swa_prefix_tails``; 0.5.18/0.5.19:
-    ``dsv4_attn_backend=trtllm``) is a refusal on both sides, as is (0.5.18) a layer partition
-    that does not match ``pp_size`` 1. 0.5.18/0.5.19 price the C4 indexer inline (no function to
-    re-price for the bf16 index-K cases, 8 of 106): their bf16 budget is proven on their patched
-    trees instead (tests/test_patch_versions.py)."""
-    cases = [{**c, "sglang_version": version} for c in capacity_matrix()
-             if not (version in ("0.5.18", "0.5.19") and c.get("index_k") == "bf16")]
-    assert len(cases) == (106 if version == "0.5.20" else 98)
-    res = run_cases(cases, version=version, timeout=900)
-    assert res["sglang_version"] == version
-    bad = []
-    for c, r in zip(cases, res["results"]):
-        bad += twin.diff(c, r)
-    assert bad == []
-    if version == "0.5.18":     # the partition is checked with one stage too (get_pp_indices)
-        by = {c["id"]: r for c, r in zip(cases, res["results"])}
-        assert by["flash-cap-eviction-64"]["error"] == "ValueError: len(partitions)=2 does not match pp_size=1."
 
 
 def test_versions_dir_is_where_oracle_env_puts_them():
