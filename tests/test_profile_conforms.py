@@ -67,3 +67,12 @@ def test_conforms_never_accepts_what_jsonschema_rejects(path, op, value):
     doc = mutate(BASE, path, op, value)
     # the same verdict (a needless reject would only cost time: jsonschema then has the last word)
     assert conforms(PROFILE_SCHEMA, doc) == VALIDATOR.is_valid(doc), (path, op, value)
+
+
+@pytest.mark.parametrize("value, ok", [(0, False), (1, False), (0.01, True), (0.999, True), (-0.5, False)])
+def test_exclusive_bounds_as_jsonschema(value, ok):
+    """``check.compare.baseline`` is in (0, 1): ``conforms`` knows exclusiveMinimum/Maximum (a
+    profile setting it was a KeyError traceback) and agrees with jsonschema at the bounds."""
+    doc = copy.deepcopy(BASE)
+    doc.setdefault("check", {})["compare"] = {"baseline": value}
+    assert conforms(PROFILE_SCHEMA, doc) == VALIDATOR.is_valid(doc) == ok
