@@ -98,6 +98,14 @@ class SSEDecoder:
                     out.append("\n".join(data))
                     data.clear()
                     self._data_len = 0
+            elif line.startswith(b"data: "):    # the usual spelling: one slice, one decode
+                self._data_len += len(line) - 5
+                if self._data_len > MAX_SSE_LINE:
+                    raise ProtocolError(f"SSE event data longer than {MAX_SSE_LINE} bytes")
+                try:
+                    data.append(line[6:].decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise ProtocolError("SSE data is not UTF-8") from None
             elif line[:4] == b"data" and (len(line) == 4 or line[4:5] == b":"):
                 v = line[5:]
                 self._data_len += len(v)
