@@ -119,6 +119,10 @@ def test_a_login_host_submits_cancels_and_rolls_back_every_job(make, lab):
     assert st.code == 0, st.err + st.out
     assert [st.json()["hosts"][h]["groups"][g]["state"] for h, g in (("h0", "prefill"), ("h1", "decode"))] == \
         ["running", "running"] and st.json()["hosts"]["h3"]["groups"] == {}
+    # each server's job as the submit host recorded it, shown at its node 0
+    slurm = st.json()["hosts"]["h1"]["groups"]["decode"]["slurm"]
+    assert (slurm["job"], slurm["state"], slurm["nodes"], slurm["release"]) == \
+        (jobs(lab, "decode")[0]["job"], "RUNNING", "h1", b), slurm
     d = run_cli("diagnose", str(w.profile), env=w.env())
     assert d.code == 0 and "h1/decode: [ok] healthy" in d.out, d.out + d.err
     r = run_cli("stop", str(w.profile), "-g", "decode", env=w.env())

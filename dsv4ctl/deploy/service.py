@@ -46,6 +46,18 @@ def job_query(site: Site, host: str):
     return service_for(site, host).show_job_cmd
 
 
+def submit_units(site: Site) -> tuple[str | None, dict[str, tuple[str, str]]]:
+    """With ``deploy.slurm.submit_host``: (that host, {unit: (group, the server's node 0)}) for
+    every server (``GROUP``, ``GROUP@R`` for replica R > 0): the submit host keeps each one's job
+    id and records under the unit's name, so ``status`` reads them there and shows them at the
+    server's node 0. (None, {}) otherwise."""
+    st = site.profile.deploy.slurm
+    if site.profile.deploy.backend != "slurm" or st is None or not st.submit_host:
+        return None, {}
+    return st.submit_host, {(g.name if r == 0 else f"{g.name}@{r}"): (g.name, srv[0].host)
+                            for g in site.profile.servers() for r, srv in enumerate(g.server_nodes)}
+
+
 def check_reachable(site: Site) -> None:
     """Before anything changes: where servers run must answer and can run the groups. With
     ``deploy.backend: slurm``, from every host that runs Slurm's clients for a server
