@@ -142,14 +142,21 @@ def test_eagle_counts_draft_weights_and_pool():
     # the published Flash MTP layer at TP4 (dsv4ctl/plan/weights.py, issue 27): its routed experts,
     # 256 x 3 x (2048x2048 I8 + 2048x128 e8m0) B / 4 = 0.797 GiB, plus attention and replicated parts
     routed = 256 * 3 * (2048 * 2048 + 2048 * 128) / 4 / GIB
-    assert d["memory_inputs"]["draft_weights_gib_per_rank"] == 0.868 > round(routed, 3) == 0.797
+    # + the draft's own embedding and head (DeepseekV4ForCausalLMNextN.__init__, deepseek_v4_nextn.py:67-72,
+    # 275-281), bf16 129,280 x 4,096 each over TP4, held while the pools are built, then freed (issue 44.3)
+    own = 2 * 129_280 * 4096 * 2 / 4 / GIB
+    assert round(own, 3) == 0.493 and d["memory_inputs"]["draft_freed_gib_per_rank"] == 0.493
+    assert d["memory_inputs"]["draft_weights_gib_per_rank"] == 1.362   # 0.868 (MTP layer, unrounded) + 0.493
+    assert 0.868 > round(routed, 3) == 0.797
     r = d["ranks"][0]
     assert r["draft_pool_gib"] == round(vd.segment(-(-(r["swa_max_total_num_tokens"] + 256) // 256) * 149_760) / GIB, 3)
     assert r["draft_pool_gib"] > 0.5 and base["ranks"][0]["draft_pool_gib"] == 0
-    assert any("draft_weights_gib_per_rank=0.868" in w for w in d["warnings"])
+    assert any("draft_weights_gib_per_rank=1.362" in w and "+ 0.493 GiB of the draft's own embedding and head" in w
+               for w in d["warnings"])
     # measured draft weights win
     m = plan_doc("-g", "decode", "--set", "speculative_algorithm=EAGLE", "--set", "draft_weights_gib_per_rank=1.5")
     assert m["groups"][0]["memory_inputs"]["draft_weights_gib_per_rank"] == 1.5
+    assert m["groups"][0]["memory_inputs"]["draft_freed_gib_per_rank"] == 0.0
 
 
 def test_checkpoint_format_fp8_weights_estimate():

@@ -192,6 +192,7 @@ def _gpu_fix(model, gi: GroupInputs, resolve, accept, with_mfs: bool) -> Optiona
         if resolve is None:
             g2 = cap.replace(gi, tp=tp, weights_gib_per_rank=w,
                              draft_weights_gib_per_rank=round(gi.draft_weights_gib_per_rank / mult, 3),
+                             draft_freed_gib_per_rank=round(gi.draft_freed_gib_per_rank / mult, 3),
                              rank_resident_gib=None, free_gib_per_gpu=None, other_gib_per_gpu=None)
         else:
             o = {"tp_size": tp} if gi.weights_fixed_gib is not None else {"tp_size": tp, "weights_gib_per_rank": w}

@@ -263,6 +263,7 @@ class GroupInputs:
     activation_reserve_gib: float = 0.0   # SGLang's reserve outside mfs, 10 GiB floor (memory_hook.py)
     activation_estimate_gib: float = 0.0  # the same estimate without the floor (verdict: fails below)
     draft_weights_gib_per_rank: float = 0.0
+    draft_freed_gib_per_rank: float = 0.0  # of the draft weights: its own embed/head, freed after its pool (plan.weights)
     checkpoint_format: str = "fp4"
     min_requests: int = 1
     min_requests_required: bool = True   # stated (profile plan.min_requests, --set): a shortfall fails, else tight
@@ -731,9 +732,10 @@ def _free_memory(profile: Profile, group: Group, args: dict, overrides: dict, to
 
 
 def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, overrides: dict,
-             spec_algo: Optional[str], pp_partition, estimated: list[str]) -> tuple[float, Optional[float], float, str]:
+             spec_algo: Optional[str], pp_partition, estimated: list[str]) -> tuple[float, Optional[float], float, str, float]:
     """(target GiB per rank, the part that does not shrink with TP or None, draft GiB per rank,
-    checkpoint format): measured when the profile or ``--set`` gives them (a measured figure is
+    checkpoint format, the part of the draft GiB freed after the draft pool: its own embed/head, 0
+    when measured): measured when the profile or ``--set`` gives them (a measured figure is
     dropped by a what-if that changes the topology), else from the checkpoint headers or the shipped
     table, sharded as SGLang does (:mod:`dsv4ctl.plan.weights`)."""
     mem = group.memory
@@ -749,7 +751,7 @@ def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, override
         raise InputError(f"--set checkpoint_format: {fmt!r} not in {'|'.join(CHECKPOINT_FORMATS)}")
     # the EAGLE/MTP draft worker loads its nextn layer after the target (F counts both, reference §3.2)
     dw_gib = args.get("draft_weights_gib_per_rank", getattr(mem, "draft_weights_gib_per_rank", None))
-    w_fixed = None
+    w_fixed, dw_freed = None, 0.0
     if w_gib is None or (spec_algo and dw_gib is None):
         # checkpoint headers or the shipped table, sharded as SGLang does (dsv4ctl.plan.weights;
         # imported here: a plan whose profile gives the figures never loads it, benchmarks/startup.py)
@@ -764,10 +766,10 @@ def _weights(group: Group, model: cap.ModelGeometry, facts, args: dict, override
             w_gib, w_fixed = est.target_gib, est.fixed_gib
             estimated.append(est.note)
         if spec_algo and dw_gib is None:
-            dw_gib = est.draft_gib
+            dw_gib, dw_freed = est.draft_gib, est.draft_freed_gib
             estimated.append(est.draft_note)
     _offload_notes(args, estimated)
-    return w_gib, w_fixed, (float(dw_gib or 0.0) if spec_algo else 0.0), fmt
+    return w_gib, w_fixed, (float(dw_gib or 0.0) if spec_algo else 0.0), fmt, (dw_freed if spec_algo else 0.0)
 
 
 def _offload_notes(args: dict, estimated: list[str]) -> None:
@@ -884,7 +886,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     sm100 = gpu_mib is None or gpu_mib >= 160 * 1024 or "B" in (host.gpu_model or "")
     pool = _pool_inputs(profile, group, model, args, rules, tree_idx or {}, disagg, chunked, draft, spec_algo, sm100)
     free = _free_memory(profile, group, args, overrides, topo_set, gpu_mib, estimated)
-    w_gib, w_fixed, dw_gib, fmt = _weights(group, model, facts, args, overrides, spec_algo, pp_partition, estimated)
+    w_gib, w_fixed, dw_gib, fmt, dw_freed = _weights(group, model, facts, args, overrides, spec_algo, pp_partition, estimated)
     other = args.get("other_gib", group.memory.other_gib)
     rank_resident = frees = None
     if free.per_gpu is not None:
@@ -908,7 +910,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     logits_rows = 0 if disagg == "decode" else (pool.chunked_prefill_size if chunked > 0 else max_prefill)
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
                        activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
-                       draft_weights_gib_per_rank=dw_gib, checkpoint_format=fmt, rank_resident_gib=rank_resident,
+                       draft_weights_gib_per_rank=dw_gib, draft_freed_gib_per_rank=dw_freed, checkpoint_format=fmt, rank_resident_gib=rank_resident,
                        free_gib_per_gpu=frees,
                        other_gib_per_gpu=list(free.per_gpu[1]) if free.per_gpu is not None else None,
                        gpus=() if hypothetical else tuple(g for _, _, g in places),

@@ -91,6 +91,7 @@ class GroupPlan:
                                available_bytes_override=gi.available_bytes_override,
                                estimated=gi.estimated,
                                draft_weights_gib_per_rank=gi.draft_weights_gib_per_rank,
+                               draft_freed_gib_per_rank=gi.draft_freed_gib_per_rank,
                                checkpoint_format=gi.checkpoint_format,
                                rank_resident_gib=gi.rank_resident_gib),
             server_args={k: v for k, v in asdict(gi.pool).items()},

@@ -110,11 +110,12 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
         budget = cap.allocated_bytes(c, s, c.idx_budget)
         real = cap.allocated_bytes(c, s, c.idx_real)
         r2t = s.num_req_slots * gi.context_length * 4
-        memory = vd.rank_memory(c, s, c.idx_real, resident, r2t)
+        memory = vd.rank_memory(c, s, c.idx_real, resident, r2t, int(gi.draft_freed_gib_per_rank * GIB))
         conc = cap.max_concurrent_requests(c, s, gi.context_length)
         verdict = as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
                                           int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests,
-                                          gi.min_requests_required, logits_chunked=gi.logits_chunked))
+                                          gi.min_requests_required, logits_chunked=gi.logits_chunked,
+                                          pools_headroom=memory.pools_headroom))
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
                              exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
                              req_to_token_bytes=r2t,
@@ -130,7 +131,7 @@ def rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) ->
     mem = cap.replace(st.memory, resident=own_resident)
     return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
                           st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required,
-                          logits_chunked=gi.logits_chunked)
+                          logits_chunked=gi.logits_chunked, pools_headroom=mem.pools_headroom)
 
 
 TIGHT_TEXT_GIB = vd.TIGHT_MARGIN_BYTES / GIB
@@ -148,7 +149,9 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
         return (f"the pools ({to_gib(m.pools)} GiB as allocated + {to_gib(m.pools_rounding)} GiB 2 MiB rounding), "
                 f"req_to_token ({to_gib(m.req_to_token)} GiB), SGLang's allocator ({to_gib(m.allocator)} GiB)"
                 + (f" and the draft pool ({to_gib(m.draft_pool)} GiB)" if m.draft_pool else "")
-                + f" exceed the {to_gib(m.resident)} GiB left after weights: headroom {h} GiB")
+                + f" exceed the {to_gib(m.resident)} GiB left after weights: headroom {to_gib(m.pools_headroom)} GiB"
+                + (f" while the draft holds its own embedding and head ({to_gib(m.draft_freed)} GiB, freed after "
+                   "its pool)" if m.draft_freed else ""))
     if v.deciding == "activation":
         return (f"headroom {h} GiB is below 90 % of SGLang's activation/CUDA-graph estimate "
                 f"({gi.activation_estimate_gib} GiB, memory_hook.py, a heuristic SGLang uses only to choose "

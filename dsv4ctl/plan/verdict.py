@@ -158,19 +158,29 @@ class RankMemory:
     req_to_token: int
     allocator: int           # SWATokenToKVPoolAllocator tensors, 2 MiB rounded
     draft_pool: int          # EAGLE draft pool, 2 MiB rounded
+    draft_freed: int = 0     # the draft's own embed/head, held while the pools are built, then freed
 
     @property
     def used(self) -> int:
         return self.pools + self.pools_rounding + self.req_to_token + self.allocator + self.draft_pool
 
     @property
-    def headroom(self) -> int:
+    def pools_headroom(self) -> int:
+        """Bytes left once the pools are built, the draft's own embed/head still held: < 0 fails."""
         return self.resident - self.used
+
+    @property
+    def headroom(self) -> int:
+        """Bytes left before serving: :attr:`pools_headroom` + the draft's embed/head that EAGLE frees
+        after its pool (``set_embed_and_head``: ``del`` + ``empty_cache``, srt/models/deepseek_v4.py
+        l.5650-5656)."""
+        return self.pools_headroom + self.draft_freed
 
 
 def rank_memory(conf: cap.Configurator, sizes: cap.PoolSizes, index_k_bytes: int, resident: int,
-                req_to_token: int) -> RankMemory:
-    """A rank's memory before serving (see module docstring for every term)."""
+                req_to_token: int, draft_freed: int = 0) -> RankMemory:
+    """A rank's memory before serving (see module docstring for every term); ``draft_freed``: bytes
+    of the draft's own embed/head in ``resident``'s weights, freed after the pools (plan.weights)."""
     bufs = pool_buffers(conf, sizes, index_k_bytes)
     exact = sum(b * n for _, b, n in bufs)
     rounded = sum(segment(b) * n for _, b, n in bufs) + segment(req_to_token)
@@ -178,7 +188,7 @@ def rank_memory(conf: cap.Configurator, sizes: cap.PoolSizes, index_k_bytes: int
         sizes.full_max_total_num_tokens, sizes.swa_max_total_num_tokens, conf.inputs.page_size))
     return RankMemory(resident=resident, pools=exact, pools_rounding=rounded - exact - req_to_token,
                       req_to_token=req_to_token, allocator=alloc,
-                      draft_pool=segment(draft_pool_bytes(conf, sizes)))
+                      draft_pool=segment(draft_pool_bytes(conf, sizes)), draft_freed=draft_freed)
 
 
 @dataclass(frozen=True)
@@ -192,7 +202,8 @@ class Verdict:
 
 
 def decide(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int,
-           requests: int, min_requests: int = 1, required: bool = True, logits_chunked: bool = True) -> Verdict:
+           requests: int, min_requests: int = 1, required: bool = True, logits_chunked: bool = True,
+           pools_headroom: Optional[int] = None) -> Verdict:
     """The verdict for a rank's ``headroom`` (bytes) against SGLang's activation estimate and
     floored reserve, the indexer logits transient and the requests that fit at context.
 
@@ -209,9 +220,12 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     ``logits_chunked`` False (SGLang 0.5.18-0.5.20, :class:`dsv4ctl.plan.versions.VersionRules`):
     the release scores a prefill chunk's indexer logits in one fp32 tensor, so headroom below
     ``indexer_logits`` alone fails the first long prefill (field report C2, an OOM in
-    ``fp8_paged_mqa_logits``)."""
-    if headroom < 0:
-        return Verdict("fails", "pools", headroom)
+    ``fp8_paged_mqa_logits``).
+
+    ``pools_headroom``: the bytes left once the pools are built while the EAGLE draft still holds
+    its own embed/head (:attr:`RankMemory.pools_headroom`; default ``headroom``): below 0 fails."""
+    if (headroom if pools_headroom is None else pools_headroom) < 0:
+        return Verdict("fails", "pools", headroom if pools_headroom is None else pools_headroom)
     if not logits_chunked and headroom < indexer_logits:
         return Verdict("fails", "indexer_logits", headroom - indexer_logits)
     if requests < min_requests and required:

@@ -33,9 +33,17 @@ Either inventory is divided over the ranks as SGLang 0.5.23 shards DeepSeek-V4
   stage, the head, final norm and ``hc_head_*`` on the last. The heaviest stage is reported.
 * ``draft`` -- the MTP layer (``mtp.N.*`` in the published naming, or ``layers.N`` with
   ``N >= num_hidden_layers``): loaded by ``DeepseekV4ForCausalLMNextN`` only with speculative
-  decoding, sharded like a target layer; ``e_proj``/``h_proj`` are ReplicatedLinear; its embedding
-  and head are the target's (``load_weights(is_nextn=True)`` skips ``embed_tokens`` and
-  ``shared_head.head``).
+  decoding, sharded like a target layer; ``e_proj``/``h_proj`` are ReplicatedLinear. Its embedding
+  and head are the target's in the end (``load_weights(is_nextn=True)`` skips ``embed_tokens`` and
+  ``shared_head.head``), but ``DeepseekV4ForCausalLMNextN.__init__`` first allocates its own
+  ``VocabParallelEmbedding`` (``enable_tp=not is_dp_attention_enabled()``) and ``ParallelLMHead``
+  (over the attention-TP group with ``--enable-dp-lm-head``), ``srt/models/deepseek_v4_nextn.py``
+  l.67-72 and 275-281, sharded as the target's embed/head. They are held while the pools are sized
+  and built (the scheduler calls ``EAGLEWorkerV2.alloc_memory_pool`` after both models load) and
+  freed by ``init_lm_head`` -> ``set_embed_and_head`` (``del`` + ``empty_cache``,
+  ``srt/speculative/eagle_worker_v2.py`` l.243-258, ``srt/models/deepseek_v4.py`` l.5650-5656)
+  right after the draft pool: ``draft_own`` below, counted in the draft weights at KV sizing and
+  given back to the headroom after the pools (issue 44.3).
 
 Units: bytes in, GiB (2**30 bytes, what SGLang's "GB" log lines mean) out."""
 
@@ -616,6 +624,7 @@ class RankWeights:
     by_kind: dict[str, float] = field(default_factory=dict)
     tensors: int = 0
     checkpoint_bytes: int = 0
+    draft_own: float = 0.0    # the draft's own embed + head copies while the pools are built (module docstring)
 
     @property
     def target_gib(self) -> float:
@@ -624,8 +633,9 @@ class RankWeights:
 
     @property
     def draft_gib(self) -> float:
-        """MTP draft weights per rank in GiB."""
-        return self.draft / GIB
+        """MTP draft weights per rank in GiB as held when SGLang sizes the pools: the MTP layer and
+        the draft's own embedding and head copies (freed after the draft pool is built)."""
+        return (self.draft + self.draft_own) / GIB
 
 
 Classes = tuple[tuple[tuple[str, Optional[int], bool], int], ...]
@@ -684,7 +694,12 @@ def spread(cls: Classes, n: int, total: int, num_hidden_layers: int, sharding: S
         for r in owners:
             per_stage[r][kind] = per_stage[r].get(kind, 0.0) + b
     heavy = max(per_stage, key=lambda d: sum(d.values()))
-    return RankWeights(target=sum(heavy.values()), draft=draft, by_kind=heavy, tensors=n, checkpoint_bytes=total)
+    own = 0.0
+    if draft:   # DeepseekV4ForCausalLMNextN's own VocabParallelEmbedding + ParallelLMHead, target-shaped
+        own = sum(nbytes / sharding.divisor(kind) for (kind, _, is_draft), nbytes in cls
+                  if not is_draft and kind in ("embed", "head"))
+    return RankWeights(target=sum(heavy.values()), draft=draft, by_kind=heavy, tensors=n, checkpoint_bytes=total,
+                       draft_own=own)
 
 
 # --- the published checkpoints -----------------------------------------------------------------
@@ -833,9 +848,10 @@ MEASURED = (
              "mem usage=125.65 GB' (the image update dropped it to ~103-104)", calibrates=False),
 )
 # Measured per-rank MTP draft weights (GiB), compared, not calibrated on: the only log is the older
-# image's, and the draft's "mem usage" also holds its own embedding and head until EAGLE shares the
-# target's (sglang 0.5.23 speculative/eagle_worker_v2.py init_lm_head -> set_embed_and_head frees
-# them: Pro TP8 2 x 1.73 GiB / 8 = 0.43 GiB not counted here).
+# image's (whose target "mem usage" the table is 16.8 % under). The draft's "mem usage" holds its own
+# embedding and head until EAGLE shares the target's (sglang 0.5.23 speculative/eagle_worker_v2.py
+# init_lm_head -> set_embed_and_head frees them after the draft pool): counted since issue 44.3,
+# Pro TP8 1.73 (MTP layer) + 2 x 1.73 / 8 = 0.43 GiB = 2.16 GiB, -29.6 % against 3.07 (was -43.6 %).
 MEASURED_DRAFT = (
     Measured("deepseek-v4-pro", "fp4", 8, 3.07,
              "InferenceX#2128: older deepseek-v4-hopper image, 'DeepseekV4ForCausalLMNextN draft adds mem usage=3.07 GB'",
@@ -859,6 +875,7 @@ class Estimate:
     note: str
     draft_note: str
     fixed_gib: float = 0.0
+    draft_freed_gib: float = 0.0   # of draft_gib: the draft's own embed + head, freed after the draft pool
 
 
 def _fixed_gib(rw: RankWeights, sharding: Sharding) -> float:
@@ -928,12 +945,13 @@ def shipped_estimate(key: str, cfg: dict, expert_format: str, sharding: Sharding
     note = (f"weights_gib_per_rank={w} (published {key} checkpoint, {fmt}: {rw.tensors:,} tensors, "
             f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top} + {LOAD_OVERHEAD_GIB} GiB "
             f"load overhead{vs}; see dsv4ctl.plan.weights.MEASURED)")
-    dw = round(rw.draft_gib, 3)
+    dw, own = round(rw.draft_gib, 3), round(rw.draft_own / GIB, 3)
     dvs = "".join(f"; vs {m.gib} measured (older image): {_pct((dw - m.gib) / m.gib * 100)}" for m in MEASURED_DRAFT
                   if same and m.model == key and m.expert_format == expert_format and m.tp == sharding.tp)
     return Estimate(w, dw, note, f"draft_weights_gib_per_rank={dw} (the MTP layer of the published {key} "
-                                    f"checkpoint, {fmt}, sharded as SGLang 0.5.23 at {top}{dvs})",
-                    round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3))
+                                    f"checkpoint, {fmt}, + {own} GiB of the draft's own embedding and head, "
+                                    f"freed after its pool, sharded as SGLang 0.5.23 at {top}{dvs})",
+                    round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3), own)
 
 
 def _nextn_layers(cfg_path: Path) -> int:
@@ -980,15 +998,16 @@ def checkpoint_estimate(folder: Path, num_hidden_layers: int, sharding: Sharding
         _CHECKED.clear()
         _CHECKED[(id(tensors), num_hidden_layers, nextn)] = tensors
     rw = spread(*_classes_of(tensors, num_hidden_layers), num_hidden_layers, sharding)
-    w, dw = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3)
+    w, dw, own = round(rw.target_gib + LOAD_OVERHEAD_GIB, 3), round(rw.draft_gib, 3), round(rw.draft_own / GIB, 3)
     top = f"tp {sharding.tp}" + (f" attn-dp {sharding.dp}" if sharding.dp_attention else "") + \
         (f" pp {sharding.pp}" if sharding.pp > 1 else "")
     return Estimate(w, dw,
                     f"weights_gib_per_rank={w} (safetensors headers of {where}: {rw.tensors:,} tensors, "
                     f"{rw.checkpoint_bytes / GIB:.2f} GiB, sharded as SGLang 0.5.23 at {top} + {LOAD_OVERHEAD_GIB} "
                     "GiB load overhead, calibrated on measured logs: dsv4ctl.plan.weights.MEASURED)",
-                    f"draft_weights_gib_per_rank={dw} (MTP layer in the safetensors headers of {where}, "
-                    f"sharded as SGLang 0.5.23 at {top})", round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3))
+                    f"draft_weights_gib_per_rank={dw} (MTP layer in the safetensors headers of {where} + {own} GiB "
+                    f"of the draft's own embedding and head, freed after its pool, sharded as SGLang 0.5.23 at {top})",
+                    round(_fixed_gib(rw, sharding) + LOAD_OVERHEAD_GIB, 3), own)
 
 
 def _env_true(v) -> bool:
