@@ -33,10 +33,8 @@ def facts(
     refuses the write (exit 1) unless ``--force``. Shipped profiles are never written (exit 2).
     Exit 0, 1 when the write is refused, 2 on bad input, 3 when a host or nvidia-smi cannot be read
     or the profile cannot be written."""
-    from ..errors import InputError, RemoteError, VerdictError
-    from ..hosts.gpus import GpuFactError, gpus_command, mib_text, parse_gpus
+    from ..errors import InputError
     from ..plan.facts import memory_yaml, server_facts
-    from ..remote import connect, run_parallel
     from .common import load_deployment_arg
     from .options import duration
 
@@ -48,12 +46,51 @@ def facts(
     if write:
         from ..serve.hicache_local import refuse_shipped
         refuse_shipped([prof.path])          # before any host is read: the run would refuse too
-    groups = prof.servers()
-    if group:
-        groups = [prof.group(n) for n in dict.fromkeys(group)]
-        for g in groups:
-            if not g.is_server:
-                raise InputError(f"group {g.name!r} is the router: it has no GPUs")
+    groups = _server_groups(prof, group)
+    parsed = _read_gpus(prof, groups, timeout)
+    out = [server_facts(g.name, _places(g), {h: parsed[h] for h in g.hosts}, tp=_tp(dep, g),
+                        server_size=len(g.server_gpus))
+           for g in groups]
+    result = _write(prof, out, force, dry_run) if write else None
+    if as_json:
+        doc = dict(schema="dsv4ctl.facts/1", profile=prof.name, groups=[f.to_dict() for f in out],
+                   written=result.written if result else [])
+        if result:
+            doc.update(file=str(prof.path), dry_run=dry_run, diff=result.diff, refused=result.problems)
+        print(dump_json(doc))
+    else:
+        _print_facts(out)
+        if result is None:
+            print(memory_yaml(out))
+        elif not result.problems:
+            print(result.diff, end="" if result.diff.endswith("\n") or not result.diff else "\n")
+            verb = "dry run: would write" if dry_run else "wrote"
+            print(f"{verb} {prof.path}: groups[].memory.free_gib_before_load of {', '.join(f.group for f in out)}")
+    if result and result.problems:
+        _refuse(out, result.problems)
+
+
+def _server_groups(prof, group: Optional[list[str]]) -> list:
+    """The profile's server groups, or those named by ``--group`` (in the order given, once
+    each); the router is refused (InputError: it has no GPUs)."""
+    from ..errors import InputError
+    if not group:
+        return prof.servers()
+    groups = [prof.group(n) for n in dict.fromkeys(group)]
+    for g in groups:
+        if not g.is_server:
+            raise InputError(f"group {g.name!r} is the router: it has no GPUs")
+    return groups
+
+
+def _read_gpus(prof, groups: list, timeout: float) -> dict:
+    """host -> parsed nvidia-smi GPUs (:func:`dsv4ctl.hosts.gpus.parse_gpus`) of every node of every
+    group, read over SSH in parallel within ``timeout`` seconds per host; RemoteError (exit 3) when
+    a host or its nvidia-smi cannot be read."""
+    from ..errors import RemoteError
+    from ..hosts.gpus import GpuFactError, gpus_command, parse_gpus
+    from ..remote import connect, run_parallel
+
     hosts = sorted({h for g in groups for h in g.hosts})     # every node of every server
     transports = {h: connect(prof.hosts[h], hosts=prof.hosts) for h in hosts}
     cmd = gpus_command()
@@ -70,42 +107,37 @@ def facts(
             parsed[h] = parse_gpus(r.value)
         except GpuFactError as e:
             raise RemoteError(f"{h}: {e}") from None
-    out = [server_facts(g.name, _places(g), {h: parsed[h] for h in g.hosts}, tp=_tp(dep, g),
-                        server_size=len(g.server_gpus))
-           for g in groups]
-    result = _write(prof, out, force, dry_run) if write else None
-    if as_json:
-        doc = dict(schema="dsv4ctl.facts/1", profile=prof.name, groups=[f.to_dict() for f in out],
-                   written=result.written if result else [])
-        if result:
-            doc.update(file=str(prof.path), dry_run=dry_run, diff=result.diff, refused=result.problems)
-        print(dump_json(doc))
-    else:
-        for f in out:
-            print(f"{f.group} on {', '.join(dict.fromkeys(h for h, _ in f.places))}:")
-            for i, gpu in enumerate(f.gpus):
-                if gpu is None:
-                    print(f"  {f.gpu_name(i)}: not reported")
-                    continue
-                procs = ", ".join(f"{p.name} {mib_text(p.used_mib)}" for p in gpu.processes) or "no processes"
-                free = f.free_gib_before_load[i]
-                print(f"  {f.gpu_name(i)}: {gpu.name}: {gpu.memory_text()} "
-                      f"-> free_gib_before_load {'unknown' if free is None else free} ({procs})")
-            for n in f.notes:
-                print(f"  note: {n}")
-        if result is None:
-            print(memory_yaml(out))
-        elif not result.problems:
-            print(result.diff, end="" if result.diff.endswith("\n") or not result.diff else "\n")
-            verb = "dry run: would write" if dry_run else "wrote"
-            print(f"{verb} {prof.path}: groups[].memory.free_gib_before_load of {', '.join(f.group for f in out)}")
-    if result and result.problems:
-        more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
-        bad = [f.group for f in out if any(p.startswith(f"group {f.group}: ") for p in result.problems)]
-        fine = [f.group for f in out if f.group not in bad]
-        raise VerdictError(f"facts --write: {result.problems[0]}{more}; nothing written (refused: {', '.join(bad)}"
-                           + (f"; writable: {', '.join(fine)}" if fine else "") + "): measure again on idle GPUs, "
-                           "or --force", label="refused")
+    return parsed
+
+
+def _print_facts(out: list) -> None:
+    """The human lines of each group's facts: per GPU its memory, free_gib_before_load and the
+    processes holding memory, then the group's notes."""
+    from ..hosts.gpus import mib_text
+    for f in out:
+        print(f"{f.group} on {', '.join(dict.fromkeys(h for h, _ in f.places))}:")
+        for i, gpu in enumerate(f.gpus):
+            if gpu is None:
+                print(f"  {f.gpu_name(i)}: not reported")
+                continue
+            procs = ", ".join(f"{p.name} {mib_text(p.used_mib)}" for p in gpu.processes) or "no processes"
+            free = f.free_gib_before_load[i]
+            print(f"  {f.gpu_name(i)}: {gpu.name}: {gpu.memory_text()} "
+                  f"-> free_gib_before_load {'unknown' if free is None else free} ({procs})")
+        for n in f.notes:
+            print(f"  note: {n}")
+
+
+def _refuse(out: list, problems: list[str]) -> None:
+    """Raise the refused write's VerdictError (exit 1): the first reason, the groups refused and
+    those that could have been written."""
+    from ..errors import VerdictError
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    bad = [f.group for f in out if any(p.startswith(f"group {f.group}: ") for p in problems)]
+    fine = [f.group for f in out if f.group not in bad]
+    raise VerdictError(f"facts --write: {problems[0]}{more}; nothing written (refused: {', '.join(bad)}"
+                       + (f"; writable: {', '.join(fine)}" if fine else "") + "): measure again on idle GPUs, "
+                       "or --force", label="refused")
 
 
 def _tp(dep, g) -> int:

@@ -127,72 +127,24 @@ def status(profile: Optional[str] = _PROFILE,
     /server_info reports; differences are flagged.
 
     Exit 0 all match, 1 a file and its server differ, 2 bad input, 3 a server could not be queried."""
-    import asyncio
-
     from .options import duration
     duration(timeout, "--timeout", hi=3600)
 
-    from ..profile.serveconfig import parse_serve_config
     from ..serve.argtable import table_for
-    from ..serve.hicache import GroupStatus, compare, file_view
     from ..serve.hicache_local import select_groups
-    from ..serve.lint import check_keys
     from .common import load_deployment_arg
 
     prof = load_deployment_arg(profile, acts_on_hosts=remote)
     groups = select_groups(prof, group, "status")
     table = table_for(prof)
-    rows: list[GroupStatus] = []
-    live: dict[str, object] = {}
-    if remote:
-        from ..serve import hicache_live as hr
-        from ..remote import connect, read_text
-        for h in sorted({g.group.host for g in groups}):
-            t = connect(prof.hosts[h], hosts=prof.hosts)
-            try:
-                for g in groups:
-                    if g.group.host == h:
-                        path = hr.live_config(g.root, g.name)
-                        text = read_text(t, path, default=None)
-                        if text is None:
-                            raise InputError(f"{h}:{path}: no such file on the host (deploy a release first)")
-                        live[g.name] = parse_serve_config(text, f"{h}:{path}")
-            finally:
-                t.close()
-    for g in groups:
-        if g.name in live:
-            cfg = live[g.name]
-        elif g.serve_config_path is None:
-            raise InputError(f"{prof.path}: group {g.name}: no serve_config")
-        else:
-            cfg = g.serve
-        findings, resolved = check_keys(cfg, table, g.name)
-        bad = [f for f in findings if f.severity == "error"]
-        if bad:
-            raise InputError(bad[0].format())
-        rows.append(GroupStatus(g.name, g.role, g.group.host, cfg.path,
-                                None if no_server else g.url_with(cfg), file_view(resolved.args)))
+    rows = _file_rows(prof, groups, table, _live_configs(prof, groups) if remote else {}, no_server)
     if not no_server:
-        got = asyncio.run(_fetch_all({r.group: r.url for r in rows}, timeout))
-        for r in rows:
-            info, err = got[r.group]
-            r.error = err
-            if info is not None:
-                r.server_says = {k: info.get(k) for k in r.file_says}
-                r.differences = compare(r.file_says, r.server_says)
+        _ask_servers(rows, timeout)
     if as_json:
         print(dump_json(dict(schema=SCHEMA_STATUS, profile=prof.name, groups=[r.to_dict() for r in rows])))
     else:
-        def fmt(d):
-            if d is None:
-                return "-"
-            if not d.get("enable_hierarchical_cache"):
-                return "off"
-            return (f"on ratio {d.get('hicache_ratio')} {d.get('hicache_write_policy')} "
-                    f"{d.get('hicache_mem_layout')}/{d.get('hicache_io_backend')}"
-                    + (f" L3 {d['hicache_storage_backend']}" if d.get("hicache_storage_backend") else ""))
         headers = ["group", "role", "host", "file says", "server says", "verdict"]
-        body = [[r.group, r.role, r.host, fmt(r.file_says), r.error or fmt(r.server_says),
+        body = [[r.group, r.role, r.host, _hicache_text(r.file_says), r.error or _hicache_text(r.server_says),
                  "not queried" if no_server else ("ERROR" if r.error else ("DIFFERS: " + "; ".join(r.differences)
                                                                            if r.differences else "match"))]
                 for r in rows]
@@ -207,6 +159,83 @@ def status(profile: Optional[str] = _PROFILE,
     if diffs:
         raise VerdictError(f"hicache status: {len(diffs)} group(s) differ from their file: "
                            f"{diffs[0].group}: {diffs[0].differences[0]}", label="differs")
+
+
+def _live_configs(prof, groups: list) -> dict:
+    """group name -> the running release's serve config of each of ``groups``, read over SSH from
+    ``<root>/current/configs/G.yaml`` on its host (one connection per host); InputError when a
+    host has none (no release deployed)."""
+    from ..profile.serveconfig import parse_serve_config
+    from ..remote import connect, read_text
+    from ..serve import hicache_live as hr
+
+    live: dict[str, object] = {}
+    for h in sorted({g.group.host for g in groups}):
+        t = connect(prof.hosts[h], hosts=prof.hosts)
+        try:
+            for g in groups:
+                if g.group.host == h:
+                    path = hr.live_config(g.root, g.name)
+                    text = read_text(t, path, default=None)
+                    if text is None:
+                        raise InputError(f"{h}:{path}: no such file on the host (deploy a release first)")
+                    live[g.name] = parse_serve_config(text, f"{h}:{path}")
+        finally:
+            t.close()
+    return live
+
+
+def _file_rows(prof, groups: list, table, live: dict, no_server: bool) -> list:
+    """One :class:`dsv4ctl.serve.hicache.GroupStatus` per group: HiCache as its serve config (the
+    live one from ``live``, else the profile's) says after SGLang's resolution (argument ``table``
+    of the release, :func:`dsv4ctl.serve.argtable.table_for`), and the URL to ask
+    (None with ``no_server``). InputError for a group without a serve config or a config whose keys
+    are errors."""
+    from ..serve.hicache import GroupStatus, file_view
+    from ..serve.lint import check_keys
+
+    rows = []
+    for g in groups:
+        if g.name in live:
+            cfg = live[g.name]
+        elif g.serve_config_path is None:
+            raise InputError(f"{prof.path}: group {g.name}: no serve_config")
+        else:
+            cfg = g.serve
+        findings, resolved = check_keys(cfg, table, g.name)
+        bad = [f for f in findings if f.severity == "error"]
+        if bad:
+            raise InputError(bad[0].format())
+        rows.append(GroupStatus(g.name, g.role, g.group.host, cfg.path,
+                                None if no_server else g.url_with(cfg), file_view(resolved.args)))
+    return rows
+
+
+def _ask_servers(rows: list, timeout: float) -> None:
+    """Fill each row's ``server_says`` (the same keys as ``file_says``), ``differences`` or
+    ``error`` from its server's /server_info (all at once, ``timeout`` seconds per request)."""
+    import asyncio
+
+    from ..serve.hicache import compare
+
+    got = asyncio.run(_fetch_all({r.group: r.url for r in rows}, timeout))
+    for r in rows:
+        info, err = got[r.group]
+        r.error = err
+        if info is not None:
+            r.server_says = {k: info.get(k) for k in r.file_says}
+            r.differences = compare(r.file_says, r.server_says)
+
+
+def _hicache_text(d: Optional[dict]) -> str:
+    """A HiCache view in one table cell: ``-`` (none), ``off``, or ``on ratio R POLICY LAYOUT/IO [L3 B]``."""
+    if d is None:
+        return "-"
+    if not d.get("enable_hierarchical_cache"):
+        return "off"
+    return (f"on ratio {d.get('hicache_ratio')} {d.get('hicache_write_policy')} "
+            f"{d.get('hicache_mem_layout')}/{d.get('hicache_io_backend')}"
+            + (f" L3 {d['hicache_storage_backend']}" if d.get("hicache_storage_backend") else ""))
 
 
 def register(app: typer.Typer) -> None:
