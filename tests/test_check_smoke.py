@@ -195,6 +195,25 @@ def test_load_profile_pd_without_a_router_refuses_and_sends_nothing(deployment):
                              "(role: router, prefill: [...], decode: [...]) to the profile, or give the router's URL: "
                              "dsv4ctl check load http://ROUTER:PORT")
     assert chats() == before
+    # check smoke --profile the same (it sent its chats to the prefill: a failed gate, exit 1)
+    r = run_cli("check", "smoke", "--profile", str(d / "pd-no-router.yaml"), "--json")
+    assert r.code == 2 and r.out == ""
+    assert r.err.strip() == (f"dsv4ctl: error: check smoke --profile {d / 'pd-no-router.yaml'}: PD groups (prefill, "
+                             "decode) and no router group: chats sent to the prefill alone never decode; add a router "
+                             "group (role: router, prefill: [...], decode: [...]) to the profile, or give the router's "
+                             "URL: dsv4ctl check smoke http://ROUTER:PORT")
+    assert chats() == before
+    # and promote's canary checks (sent to the first server on the canary host) refuse before any switch
+    from dsv4ctl.deploy.promote import check_target
+    from dsv4ctl.errors import InputError
+    from dsv4ctl.profile.deployment import load_deployment
+    dep = load_deployment(str(d / "pd-no-router.yaml"))
+    for canary in (None, [dep.groups["prefill"].group.host]):
+        with pytest.raises(InputError, match=r"^deploy --promote .*pd-no-router.yaml: PD groups \(prefill, decode\) and "
+                           r"no router group: the gate's chats sent to the prefill or decode alone get no answer; add a "
+                           r"router group \(role: router, prefill: \[\.\.\.\], decode: \[\.\.\.\]\) to the profile$"):
+            check_target(dep, canary)
+    assert check_target(load_deployment(str(d / "pd.yaml")), None) is None
 
 
 def test_api_key_is_sent_and_never_printed(tmp_path):

@@ -26,18 +26,21 @@ class Targets:
     pd_groups: tuple = ()
     profile: str = ""
 
-    def load_entry(self) -> str:
-        """Where ``check load --profile`` sends its traffic: :attr:`entry`. A PD profile (prefill
-        and decode groups, ``pd_groups``) without a router has no entry a client can use: the
-        first server group is a prefill, which never decodes, and SGLang answers a request sent
-        to one PD server without a bootstrap room with HTTP 400 ("Disaggregated request received
-        without bootstrap room id", ``srt/managers/scheduler.py`` 0.5.23): InputError (exit 2)
-        saying what to do instead of a load run that measures nothing."""
+    def load_entry(self, command: str = "check load --profile {profile}",
+                   sent: str = "load sent to the prefill alone never decodes",
+                   url_form: Optional[str] = "dsv4ctl check load http://ROUTER:PORT") -> str:
+        """Where ``check load --profile`` (or ``command``; ``{profile}`` is the profile) sends its
+        traffic: :attr:`entry`. A PD profile (prefill and decode groups, ``pd_groups``) without
+        a router has no entry a client can use: the first server group is a prefill, which never
+        decodes, and SGLang answers a request sent to one PD server without a bootstrap room
+        with HTTP 400 ("Disaggregated request received without bootstrap room id",
+        ``srt/managers/scheduler.py`` 0.5.23): InputError (exit 2) saying what to do instead of
+        a run that measures nothing (``sent``: what would go wrong; ``url_form``: the command
+        given the router's URL, None where the command takes none)."""
         if self.pd_groups and self.gateway_router is None:
-            raise InputError(f"check load --profile {self.profile}: PD groups ({', '.join(self.pd_groups)}) and no router "
-                             "group: load sent to the prefill alone never decodes; add a router group (role: router, "
-                             "prefill: [...], decode: [...]) to the profile, or give the router's URL: "
-                             "dsv4ctl check load http://ROUTER:PORT")
+            raise InputError(f"{command.format(profile=self.profile)}: PD groups ({', '.join(self.pd_groups)}) and no router "
+                             f"group: {sent}; add a router group (role: router, prefill: [...], decode: [...]) to the "
+                             "profile" + (f", or give the router's URL: {url_form}" if url_form else ""))
         return self.entry
 
     def gateway_scope(self) -> Optional[str]:

@@ -192,7 +192,9 @@ def smoke(
     dep = None
     if profile:
         dep, t = _profile_targets(profile)
-        entry, workers = t.entry, t.workers
+        entry = t.load_entry("check smoke --profile {profile}", "chats sent to the prefill alone never decode",
+                             "dsv4ctl check smoke http://ROUTER:PORT")
+        workers = t.workers
         api_key = _profile_key(dep, api_key)
         check_api_key(api_key)
     else:

@@ -149,13 +149,16 @@ def check_target(profile, canary_hosts: list[str] | None) -> str | None:
     every host is switched (``canary_hosts`` None). While only the canary runs the new release,
     ``--profile`` would judge the other hosts' old configs against the new profile, so the
     checks go to one URL: the router (it reaches the decode canary), else the first server
-    group on a canary host (a colocated canary checked directly)."""
-    if canary_hosts is None:
-        return None
+    group on a canary host (a colocated canary checked directly). A PD profile without a router
+    group has no URL a chat can be sent to (prefill or decode alone answers none): InputError
+    (exit 2) before anything is switched."""
     from ..check.targets import from_profile
     from ..profile.deployment import as_deployment
     dep = as_deployment(profile)
     t = from_profile(dep)
+    t.load_entry("deploy --promote {profile}", "the gate's chats sent to the prefill or decode alone get no answer", None)
+    if canary_hosts is None:
+        return None
     if dep.routers():
         return t.entry
     return next((g.url for g in dep.servers() if g.group.host in canary_hosts), t.entry)
