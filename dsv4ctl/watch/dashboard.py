@@ -69,7 +69,7 @@ def dashboard() -> dict:
         _panel(3, "Probes judged and failed", "timeseries", (0, 8, 12, 8), [
             _q(f"sum by (target) (rate({PROBES}{SEL}[{RATE}]))", "{{target}} judged", "A"),
             _q(f"sum by (target, class) (rate({FAILED}{SEL}[{RATE}]))", "{{target}} {{class}}", "B"),
-        ], unit="reqps", description="Probe rate per target and the probes without a judged answer (http_error, pd_transfer_failed, pd_bootstrap_failed, stuck)."),
+        ], unit="reqps", description="Probe rate per target and the probes without a judged answer (http_error, pd_transfer_failed, pd_bootstrap_failed, pd_aborted, stuck, auth_refused, client_error)."),
         _panel(4, "Stuck probes", "timeseries", (12, 8, 12, 8), [
             _q(f"{STUCK_NOW}{SEL}", "{{target}}", "A"),
         ], description="Probes in flight for longer than the stall timeout right now.",

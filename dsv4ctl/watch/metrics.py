@@ -30,9 +30,10 @@ CORRUPTED = PREFIX + "probes_corrupted_total"
 but ``http_error`` and ``stuck``)."""
 FAILED = PREFIX + "probes_failed_total"
 """Counter {target, role, release, class}: probes with no judged answer: ``http_error`` (HTTP or
-protocol error, connection refused or reset), ``pd_transfer_failed`` / ``pd_bootstrap_failed``
-(SGLang's PD abort of a request whose KV transfer or bootstrap failed) and ``stuck`` (no progress
-within the stall timeout)."""
+protocol error, connection refused or reset), ``pd_transfer_failed`` / ``pd_bootstrap_failed`` /
+``pd_aborted`` (SGLang's PD abort of a request whose KV transfer or bootstrap failed, or that an
+``AbortReq`` cancelled), ``stuck`` (no progress within the stall timeout), ``auth_refused`` and
+``client_error`` (this machine's side: :data:`dsv4ctl.watch.model.FAILED_CLASSES`)."""
 STUCK_NOW = PREFIX + "probes_stuck"
 """Gauge {target}: 1 while the target is stuck: a probe in flight longer than the stall timeout,
 or its last finished probe ended ``stuck`` (no progress within the stall timeout) and none has
@@ -149,7 +150,7 @@ class WatchMetrics:
         self.probes = Counter(PROBES[:-6], "Known-answer probes judged.", ["target", "role", "release"], registry=r)
         self.corrupted = Counter(CORRUPTED[:-6], "Probes judged corrupted, by class.",
                                  ["target", "role", "release", "class"], registry=r)
-        self.failed = Counter(FAILED[:-6], "Probes without a judged answer (http_error, pd_transfer_failed, pd_bootstrap_failed, stuck).",
+        self.failed = Counter(FAILED[:-6], "Probes without a judged answer (http_error, pd_transfer_failed, pd_bootstrap_failed, pd_aborted, stuck, auth_refused, client_error).",
                               ["target", "role", "release", "class"], registry=r)
         self.stuck_now = Gauge(STUCK_NOW, "Probes in flight longer than the stall timeout.", ["target"], registry=r)
         self.ttft = Histogram(TTFT, "Time to first token of streaming probes.", ["target", "role", "release"],
