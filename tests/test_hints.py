@@ -2,7 +2,10 @@
 messages, run as printed from the profile's folder, parse (no usage error, exit 2) and reach the
 hosts (here a host that refuses connections: exit 3, the documented "host unreachable"). What they
 do on real hosts is checked where they are printed: the first-hour test runs the undo hint of
-``hicache off --remote`` and the lock's release hint as typed (tests/test_first_hour.py)."""
+``hicache off --remote`` and the lock's release hint as typed (tests/test_first_hour.py). Hints
+that are not whole commands are applied as they say: exec's "put the command after --" line runs
+as typed, plan's tight fixes edited into the serve config re-plan to fits, a limited deploy's
+refusal's alternatives added to its options are accepted."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import shlex
 import pytest
 
 from tests.conftest import run_cli
+from tests.test_limit_core import dep  # noqa: F401  (the limited-deploy rules' profile: h0-h6, no host contacted)
 
 #: A ``dsv4ctl ...`` command inside a message: up to the words that end it.
 COMMAND = re.compile(r"dsv4ctl [^;()\n]*?(?= when | undoes| \(|[;)\n]|$)")
@@ -69,3 +73,67 @@ def test_logs_with_the_profile_only_says_to_give_the_group_and_that_hint_parses(
     (cmd,) = commands_in(r.err.split(": ", 2)[2])
     r = run_cli(*shlex.split(cmd)[1:], cwd=unreachable.parent, env={"DSV4CTL_PROFILE": ""})
     assert r.code == 3 and "cannot connect to 127.0.0.1:9" in r.err, r.err
+
+
+def test_exec_hints_are_the_command_as_given(unreachable):
+    """exec's "put the command after --" hint is the line the user typed with ``--`` in its place
+    (it printed ``dsv4ctl exec GROUP [PROFILE] -- ...``: placeholders for what was given), and it
+    runs as typed; with no command it names the group and profile given."""
+    import yaml
+    host = yaml.safe_load(unreachable.read_text())["hosts"][0]["name"]
+    env = {"DSV4CTL_PROFILE": ""}
+    r = run_cli("exec", "decode", unreachable.name, "--host", host, "echo", "a b", cwd=unreachable.parent, env=env)
+    assert r.code == 2 and r.err.strip() == (f"dsv4ctl: error: exec: put the command after --: dsv4ctl exec decode "
+                                             f"{unreachable.name} --host {host} -- echo 'a b'"), r.err
+    (cmd,) = commands_in(r.err.split("after --: ", 1)[1])
+    r = run_cli(*shlex.split(cmd)[1:], cwd=unreachable.parent, env=env, timeout=60)
+    assert r.code == 3 and "cannot connect to 127.0.0.1:9" in r.err, (cmd, r.code, r.err)
+    r = run_cli("exec", "decode", unreachable.name, cwd=unreachable.parent, env=env)
+    assert r.code == 2 and r.err.strip() == (f"dsv4ctl: error: exec: give the command after --: dsv4ctl exec decode "
+                                             f"{unreachable.name} -- CMD..."), r.err
+
+
+FIX = re.compile(r"(?m)^fix (\S+): (?:or )?set ([a-z-]+): (\S+) \(from (\S+)\) in the serve config")
+
+
+def test_plans_fixes_applied_as_printed_re_plan_to_fits(unreachable, tmp_path):
+    """Every ``fix GROUP: set KEY: VALUE (from OLD) in the serve config`` line plan prints for a
+    tight group (issue 44.4's actionable tight), applied as it says (the serve config's line
+    edited, one fix at a time), re-plans that group to ``fits``."""
+    import shutil
+    r = run_cli("plan", unreachable.name, cwd=unreachable.parent, env={"DSV4CTL_PROFILE": ""})
+    fixes = FIX.findall(r.out)
+    assert r.code == 0 and {g for g, *_ in fixes} == {"prefill", "decode"}, r.out
+    for i, (group, key, new, old) in enumerate(fixes):
+        d = tmp_path / str(i)
+        shutil.copytree(unreachable.parent, d, ignore=shutil.ignore_patterns("nokey*"))
+        cfg = d / unreachable.stem / f"{group}.yaml"
+        text = cfg.read_text()
+        assert len(re.findall(rf"(?m)^{key}: {re.escape(old)}\b", text)) == 1, (key, old)
+        cfg.write_text(re.sub(rf"(?m)^{key}: {re.escape(old)}\b", f"{key}: {new}", text))
+        r = run_cli("plan", unreachable.name, "-g", group, "--json", cwd=d, env={"DSV4CTL_PROFILE": ""})
+        assert r.code == 0 and [g["verdict"]["level"] for g in r.json()["groups"]] == ["fits"], (group, key, new)
+
+
+def _alternatives(message: str) -> list[tuple[list[str], list[str], bool]]:
+    """The ways out a limited deploy's refusal offers (its last clause: ``add -g X, or name the
+    host with --host H``, ``add --host H (or -g G)``, ``add those (-g P), or --allow-mixed-pd``):
+    (groups, hosts, --allow-mixed-pd) to add, one per alternative."""
+    part = re.split(r"; |: ", message)[-1]
+    return [(re.findall(r"-g ([\w.#-]+)", a), re.findall(r"--host ([\w.-]+)", a), "--allow-mixed-pd" in a)
+            for a in re.split(r",? or |\(or ", part)]
+
+
+@pytest.mark.parametrize("groups, hosts", [(["decode"], []), ([], ["h2"]), ([], ["h6"]), (["prefill"], [])])
+def test_a_limited_deploys_refusal_offers_options_that_are_accepted(dep, groups, hosts):
+    """deploy -g/--host refusals (issue 46.9) say what to add: each alternative, added to the
+    options given, is accepted by the same rules (nothing the message offers is refused)."""
+    from dsv4ctl.deploy.limit import limit_deploy
+    from dsv4ctl.errors import InputError
+    with pytest.raises(InputError) as e:
+        limit_deploy(dep, groups, hosts)
+    alts = _alternatives(str(e.value))
+    assert len(alts) == 2 and all(g or h or allow for g, h, allow in alts), (str(e.value), alts)
+    for g, h, allow in alts:
+        lim = limit_deploy(dep, groups + g, hosts + h, allow)
+        assert set(hosts + h) <= set(lim.hosts), (str(e.value), g, h, allow)

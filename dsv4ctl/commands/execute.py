@@ -24,12 +24,24 @@ class AfterDoubleDash(TyperCommand):
         args = list(args)
         cut = args.index("--") if "--" in args else len(args)
         before, after = args[:cut], args[cut + 1:]
-        rest = super().parse_args(ctx, before)
+        rest = super().parse_args(ctx, list(before))     # click consumes the list it is given
         if ctx.params.get("command"):
-            raise InputError(f"exec: put the command after --: dsv4ctl exec GROUP [PROFILE] -- "
-                             f"{' '.join(ctx.params['command'])}")
+            raise InputError(f"exec: put the command after --: {as_typed(before, ctx.params['command'])}")
         ctx.params["command"] = tuple(after)
         return rest
+
+
+def as_typed(before: list[str], command) -> str:
+    """The ``dsv4ctl exec`` line the user meant, to copy: their words ``before`` (group, profile,
+    options, as given) without the ``command`` words click took as positionals (the last ones of
+    each, in order), then ``--`` and those words, each shell-quoted."""
+    import shlex
+    words, want = list(before), list(command)
+    for i in range(len(words) - 1, -1, -1):
+        if want and words[i] == want[-1]:
+            want.pop()
+            del words[i]
+    return " ".join(["dsv4ctl", "exec", *map(shlex.quote, words), "--", *map(shlex.quote, command)])
 
 
 def exec_(group: str = typer.Argument(..., help="Server group (or the router): every host and node it runs on, every replica."),
@@ -64,7 +76,9 @@ def exec_(group: str = typer.Argument(..., help="Server group (or the router): e
     duration(timeout, "--timeout", hi=86400)
     message = check_message(message)
     if not command:
-        raise InputError("exec: give the command after --: dsv4ctl exec GROUP [PROFILE] -- CMD...")
+        import shlex
+        raise InputError(f"exec: give the command after --: dsv4ctl exec {shlex.quote(group)} "
+                         f"{shlex.quote(profile) + ' ' if profile else ''}-- CMD...")
     dep = load_deployment_arg(profile, acts_on_hosts=True)
     targets = exec_targets(dep, group, list(host) or None)
     secrets = deployment_secrets(dep)
