@@ -26,9 +26,10 @@ RELEASE, "state": STATE_JSON, "doc": TEXT}|null}``
    up before ``cp -al`` (whose new link changes their ctime) and kept while size and mtime stay.
    The cache is read only when it is a regular file of this user that nobody else can write, in
    a folder of this user that nobody else can write (``"cache": "refused: ..."`` otherwise:
-   every file is read); it is rewritten atomically (0600 temp file, fsync, rename: a link there
-   is replaced, never followed) with every inode used this run whose size and mtime are those it
-   was hashed with, and the older entries whose file still has their identity. Extra, missing,
+   every file is read); it is rewritten atomically (0600 temp file, rename: a link there
+   is replaced, never followed; a torn file after a crash reads as no cache) with every inode
+   used this run under the identity it was last seen with (a change since then is a new ctime:
+   read next time), and the older entries whose file still has their identity. Extra, missing,
    resized or rewritten files, wrong symlink targets, set-uid/gid or sticky bits and an exec
    bit other than the manifest's (``mode PATH``), and a
    missing RELEASE.json are problems. Then every file loses its write bits (other bits kept, so
@@ -88,7 +89,7 @@ def tree(root):
                 else:
                     res[p] = [e.inode(), e.path]
     return res
-HASHES = {}          # (st_dev, st_ino) -> [sha256, size, mtime_ns, path, from the cache]: read once per run
+HASHES = {}          # (st_dev, st_ino) -> [sha256, size, mtime_ns, path, from the cache, ctime_ns seen]
 MAN = {}
 SEAL = {}            # release folder -> {"manifest_sha256", "meta", "name"} (the id binding, checked by the caller)
 USED = set()         # inodes a verification needed ("hashed": their number; "cached": those the cache gave)
@@ -96,24 +97,35 @@ CACHE = None         # the job's "cache": the hash cache file (None: every file'
 CACHED = {}          # "dev:ino" -> [size, mtime_ns, ctime_ns, sha256, path] from the cache file
 CACHE_MAX = 64 << 20
 FULL = False         # the job's "full": every file read, the cache only written
+PRIMED = set()       # inodes prime() took from the cache that no check has looked at since
+def cached(s):
+    """The cache's sha256 of the file whose lstat is s when its identity is exactly the cached one."""
+    c = CACHED.get("%d:%d" % (s.st_dev, s.st_ino))
+    if type(c) is list and len(c) == 5 and c[:3] == [s.st_size, s.st_mtime_ns, s.st_ctime_ns] \
+            and type(c[3]) is str and len(c[3]) == 64:
+        return c[3]
+    return None
 def digest(path, s, count=True):
     """sha256 of the regular file path (s: its lstat). An inode is read once per run while its
     size and mtime stay; from the cache when its identity (device, inode, size, mtime_ns,
     ctime_ns) is exactly the cached one (any write, chmod, link or utime changes ctime)."""
     k = (s.st_dev, s.st_ino)
+    PRIMED.discard(k)
     h = HASHES.get(k)
     if h is None or h[1:3] != [s.st_size, s.st_mtime_ns]:
-        c = None if FULL else CACHED.get("%d:%d" % k)
-        if c is not None and c[:3] == [s.st_size, s.st_mtime_ns, s.st_ctime_ns]:
-            h = HASHES[k] = [c[3], s.st_size, s.st_mtime_ns, path, True]
+        c = None if FULL else cached(s)
+        if c is not None:
+            h = HASHES[k] = [c, s.st_size, s.st_mtime_ns, path, True, s.st_ctime_ns]
         else:
             d = hashlib.sha256()
             with open(path, "rb") as f:
                 fs = os.fstat(f.fileno())       # the identity the content read belongs to
                 for c in iter(lambda: f.read(1 << 20), b""):
                     d.update(c)
-            h = HASHES[k] = [d.hexdigest(), fs.st_size, fs.st_mtime_ns, path, False]
+            h = HASHES[k] = [d.hexdigest(), fs.st_size, fs.st_mtime_ns, path, False, fs.st_ctime_ns]
             out["read"] = out.get("read", 0) + 1
+    else:
+        h[3], h[5] = path, s.st_ctime_ns      # where and as what it was last seen
     if count and k not in USED:
         if h[4]:
             out["cached"] = out.get("cached", 0) + 1
@@ -127,7 +139,7 @@ def cache_dir_ok(d):
 def load_cache(path):
     """CACHED from the cache file: refused (out["cache"] says why; every file is read) when it
     or its folder is a link, not a regular file / folder, another user's or writable by others."""
-    global CACHE
+    global CACHE, CACHED
     CACHE = path
     try:
         if not cache_dir_ok(os.path.dirname(path)):
@@ -148,10 +160,7 @@ def load_cache(path):
             ent = doc["entries"] if doc.get("schema") == "dsv4ctl.hashcache/1" else {}
         except (ValueError, KeyError, TypeError, AttributeError):
             ent = {}
-    for k, v in (ent.items() if isinstance(ent, dict) else ()):
-        if isinstance(v, list) and len(v) == 5 and all(type(x) is int for x in v[:3]) and \
-                isinstance(v[3], str) and len(v[3]) == 64 and isinstance(v[4], str):
-            CACHED[k] = v
+    CACHED = ent if isinstance(ent, dict) else {}       # entries are checked when used (cached())
     out["cache"] = "used"
 def prime(root):
     """Seed this run's hashes from the cache for every file under root (before cp -al links
@@ -161,34 +170,43 @@ def prime(root):
     for p, (ino, full) in tree(root).items():
         try:
             s = os.lstat(full)
-            if stat.S_ISREG(s.st_mode):
-                c = CACHED.get("%d:%d" % (s.st_dev, s.st_ino))
-                if c is not None and c[:3] == [s.st_size, s.st_mtime_ns, s.st_ctime_ns]:
-                    HASHES[(s.st_dev, s.st_ino)] = [c[3], s.st_size, s.st_mtime_ns, full, True]
+            c = cached(s) if stat.S_ISREG(s.st_mode) else None
+            if c is not None:
+                HASHES[(s.st_dev, s.st_ino)] = [c, s.st_size, s.st_mtime_ns, full, True, s.st_ctime_ns]
+                PRIMED.add((s.st_dev, s.st_ino))
         except OSError:
             pass
 def save_cache(moved=None):
-    """Write the cache atomically (0600 temp file in its folder, fsync, rename; a link there is
-    replaced, never followed): every inode hashed or used this run whose size and mtime are
-    still those it was hashed with, keyed by its identity now, plus the older entries whose file
-    is still there with the same identity. moved: (old folder, new folder) of a renamed release."""
+    """Write the cache atomically (0600 temp file in its folder, rename: a link there is
+    replaced, never followed; a torn file after a crash reads as no cache): every inode used
+    this run under the identity it was last seen with (a file changed since has another ctime:
+    it is read next time), plus the older entries whose file is still there with the same
+    identity. moved: (old folder, new folder) of a renamed release."""
     if CACHE is None:
         return
     ent = {}
-    def keep(k, sha, path, want):
-        if moved and path.startswith(moved[0] + "/"):
+    pre = moved[0] + "/" if moved else None
+    for (dev, ino), (sha, size, mtime, path, _c, ctime) in HASHES.items():
+        if pre and path.startswith(pre):
             path = moved[1] + path[len(moved[0]):]
-        try:
-            s = os.lstat(path)
-        except OSError:
-            return
-        if stat.S_ISREG(s.st_mode) and "%d:%d" % (s.st_dev, s.st_ino) == k and want(s):
-            ent[k] = [s.st_size, s.st_mtime_ns, s.st_ctime_ns, sha, path]
-    for (dev, ino), (sha, size, mtime, path, _c) in HASHES.items():
-        keep("%d:%d" % (dev, ino), sha, path, lambda s: [s.st_size, s.st_mtime_ns] == [size, mtime])
+        if (dev, ino) in PRIMED:        # a base file the new release dropped or replaced: its link
+            try:                        # count (so its ctime) changed; still what was hashed?
+                s = os.lstat(path)
+            except OSError:
+                continue
+            if (s.st_dev, s.st_ino) != (dev, ino) or [s.st_size, s.st_mtime_ns] != [size, mtime]:
+                continue
+            ctime = s.st_ctime_ns
+        ent["%d:%d" % (dev, ino)] = [size, mtime, ctime, sha, path]
     for k, v in CACHED.items():
-        if k not in ent:
-            keep(k, v[3], v[4], lambda s: [s.st_size, s.st_mtime_ns, s.st_ctime_ns] == v[:3])
+        if k in ent or type(v) is not list or len(v) != 5 or type(v[4]) is not str:
+            continue
+        try:
+            s = os.lstat(v[4])
+        except (OSError, TypeError, ValueError):
+            continue
+        if "%d:%d" % (s.st_dev, s.st_ino) == k and cached(s) is not None:
+            ent[k] = v
     d = os.path.dirname(CACHE)
     try:
         if not cache_dir_ok(d):
@@ -198,9 +216,7 @@ def save_cache(moved=None):
         return
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"schema": "dsv4ctl.hashcache/1", "entries": ent}, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
+            f.write(json.dumps({"schema": "dsv4ctl.hashcache/1", "entries": ent}, separators=(",", ":")))
         os.replace(tmp, CACHE)
     except OSError:
         try:
@@ -372,6 +388,11 @@ def readonly(rel, have):
             s = os.lstat(full)
             if stat.S_ISREG(s.st_mode) and s.st_mode & 0o222:
                 os.chmod(full, stat.S_IMODE(s.st_mode) & ~0o222)
+                h = HASHES.get((s.st_dev, s.st_ino))
+                if h is not None:       # the chmod's ctime: still what was hashed if size and mtime stay
+                    s2 = os.lstat(full)
+                    if [s2.st_size, s2.st_mtime_ns] == h[1:3]:
+                        h[5] = s2.st_ctime_ns
         except OSError:
             pass
 try:
