@@ -346,6 +346,50 @@ class PoolSizes:
     index_k_real_bytes: int             # per C4 slot, what the buffer holds
 
 
+def _layer_owners(model: ModelGeometry, start: int, end: int) -> dict[int, list[int]]:
+    """compress ratio -> the layer ids of ``[start, end)`` that own a pool of that ratio (C4 and
+    C128 layers; ratio 1/2 ``kv_source`` layers of V4.1, which raise CapacityError: not modelled)."""
+    owners: dict[int, list[int]] = {}
+    for ratio in (4, 128, 1, 2):
+        if ratio in (1, 2):
+            ls = [l for l in model.kv_source_layer_ids
+                  if start <= l < end and model.compress_ratios[l] == ratio]
+        else:
+            ls = [l for l in range(start, end) if model.compress_ratios[l] == ratio]
+        if ls:
+            owners[ratio] = ls
+    if 1 in owners or 2 in owners:
+        raise CapacityError("V4.1 ratio-1/2 kv_source layers are not modelled by dsv4ctl 0.1")
+    return owners
+
+
+def _kv_layouts(i: PoolInputs) -> tuple[str, Optional[str]]:
+    """(main KV layout ``v4``/``v41``/``v41_new``, compressed-KV option or None) as SGLang selects
+    them (select_dsv4_kv_layout / resolve_compressed_kv_layout; 0.5.20: V4 only); CapacityError for
+    a combination SGLang refuses (trtllm with packed V4.1 layouts, V4.1 without SM100/SM103, the V4
+    main cache with a V4.1 compressed option)."""
+    mode = i.kv_layout if i.v41_layouts else "v4"
+    if i.attention_backend == "flashmla_mega" and mode != "v41_new" and i.v41_layouts:
+        mode = "v41"
+    option = None if i.compressed_kv_layout == "auto" or not i.v41_layouts else i.compressed_kv_layout
+    if i.attention_backend == "trtllm":
+        if mode not in ("auto", "v4") or option not in (None, "fp8"):
+            raise CapacityError("trtllm uses uniform FP8 pools, not the packed V4.1 KV layouts")
+        main, option = "v4", None
+    elif mode == "v4":
+        main = "v4"
+    elif mode == "auto":
+        main = "v41" if i.sm100 else "v4"
+        option = option if i.sm100 else None
+    else:
+        if not i.sm100:
+            raise CapacityError("the V4.1 KV cache layouts need an SM100 / SM103 GPU")
+        main = mode
+    if main == "v4" and option not in (None, "fp8"):
+        raise CapacityError("the V4 main cache only pairs with V4 caches")
+    return main, option
+
+
 class Configurator:
     """Pure twin of ``DSV4PoolConfigurator`` for one rank (one PP stage, one DP rank).
 
@@ -363,18 +407,7 @@ class Configurator:
         self.layers = (start, end)
         self.stage_ratios = model.compress_ratios[start:end]
         self.num_layers_total = len(self.stage_ratios)
-        owners: dict[int, list[int]] = {}
-        for ratio in (4, 128, 1, 2):
-            if ratio in (1, 2):
-                ls = [l for l in model.kv_source_layer_ids
-                      if start <= l < end and model.compress_ratios[l] == ratio]
-            else:
-                ls = [l for l in range(start, end) if model.compress_ratios[l] == ratio]
-            if ls:
-                owners[ratio] = ls
-        if 1 in owners or 2 in owners:
-            raise CapacityError("V4.1 ratio-1/2 kv_source layers are not modelled by dsv4ctl 0.1")
-        self.owners = owners
+        self.owners = owners = _layer_owners(model, start, end)
         self.n4 = len(owners.get(4, ()))
         self.n128 = len(owners.get(128, ()))
 
@@ -391,39 +424,9 @@ class Configurator:
         self.state_size = STATE_DTYPES[i.compress_state_dtype.strip().lower()]
         self.rings = {r: self._ring(r) for r in owners}
         if self.spec:
-            for r, window in ((4, 8), (128, 128)):
-                if r not in owners or (r == 128 and self.online):
-                    continue
-                ring = self.rings[r]
-                pad = ring - window + 2 if ring > window else 0
-                if self.num_draft > pad:
-                    raise CapacityError(
-                        f"speculative_num_draft_tokens={self.num_draft} exceeds what the c{r} compress "
-                        f"state ring can keep resident (ring_size={ring} serves at most {pad} draft tokens)")
-
-        # Layouts (select_dsv4_kv_layout / resolve_compressed_kv_layout; 0.5.20: V4 only).
+            self._check_draft_rings()
         self.trtllm = i.attention_backend == "trtllm"
-        mode = i.kv_layout if i.v41_layouts else "v4"
-        if i.attention_backend == "flashmla_mega" and mode != "v41_new" and i.v41_layouts:
-            mode = "v41"
-        option = None if i.compressed_kv_layout == "auto" or not i.v41_layouts else i.compressed_kv_layout
-        if self.trtllm:
-            if mode not in ("auto", "v4") or option not in (None, "fp8"):
-                raise CapacityError("trtllm uses uniform FP8 pools, not the packed V4.1 KV layouts")
-            main, option = "v4", None
-        elif mode == "v4":
-            main = "v4"
-        elif mode == "auto":
-            main = "v41" if i.sm100 else "v4"
-            option = option if i.sm100 else None
-        else:
-            if not i.sm100:
-                raise CapacityError("the V4.1 KV cache layouts need an SM100 / SM103 GPU")
-            main = mode
-        if main == "v4" and option not in (None, "fp8"):
-            raise CapacityError("the V4 main cache only pairs with V4 caches")
-        self.main_layout = main
-        self.compressed_option = option
+        self.main_layout, self.compressed_option = _kv_layouts(i)
         self.kv_bytes = model.attn_head_dim if self.trtllm else (
             model.qk_nope_head_dim + model.qk_rope_head_dim * 2 + 8)
 
@@ -447,6 +450,19 @@ class Configurator:
             self.bytes_per_swa_token *= infl
 
     # -- pieces ---------------------------------------------------------------------------
+
+    def _check_draft_rings(self) -> None:
+        """CapacityError when the speculative draft tokens exceed what a C4 (window 8) or C128
+        (window 128, not online) compress-state ring keeps resident: ``ring - window + 2``."""
+        for r, window in ((4, 8), (128, 128)):
+            if r not in self.owners or (r == 128 and self.online):
+                continue
+            ring = self.rings[r]
+            pad = ring - window + 2 if ring > window else 0
+            if self.num_draft > pad:
+                raise CapacityError(
+                    f"speculative_num_draft_tokens={self.num_draft} exceeds what the c{r} compress "
+                    f"state ring can keep resident (ring_size={ring} serves at most {pad} draft tokens)")
 
     def _ring(self, ratio: int) -> int:
         """``get_compress_state_ring_size`` (deepseek_v4_memory_pool.py:60)."""
