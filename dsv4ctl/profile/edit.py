@@ -236,12 +236,7 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
             rest = path[depth:]
             if not (_empty(node) and parent and all(isinstance(p, str) for p in rest)):
                 raise InputError(f"{where(node)}: {_dotted(path[:depth])} is null: give it a value by hand")
-            # ``memory:`` with nothing after it (maybe a comment): the block goes under its key's line
-            pmap, pkey = parent
-            step, at = _child_indent(pmap), pkey.start_mark.line + 1
-            nl = line_ending(lines[at - 1]) or newline
-            _insert_block(lines, at, _new_block(rest, rendered, pkey.start_mark.column + step, step, comment, nl),
-                          newline)
+            _insert_under_key(lines, parent, rest, rendered, comment, newline)
             break
         if not isinstance(node, MappingNode):
             raise InputError(f"{where(node)}: {_dotted(path[:depth])} is not a mapping")
@@ -254,11 +249,7 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
             if node.flow_style or not node.value:
                 raise InputError(f"{where(node)}: {_dotted(path[:depth]) or '(root)'} is a flow mapping: "
                                  f"add {_dotted(path)} by hand")
-            last_k, last_v = node.value[-1]
-            at = _last_line(lines, last_k.start_mark.line, last_v) + 1
-            nl = line_ending(lines[at - 1]) or newline
-            _insert_block(lines, at, _new_block(rest, rendered, node.value[0][0].start_mark.column,
-                                                _child_indent(node), comment, nl), newline)
+            _insert_after_last(lines, node, rest, rendered, comment, newline)
             break
         parent = (node, found[0])
         key, node = found
@@ -271,6 +262,35 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
             continue
         _replace(lines, key, node, rendered, None if in_flow else comment, label, _dotted(path))
     out = "".join(lines)
+    _check_result(before, out, path, value, label)
+    return out
+
+
+def _insert_under_key(lines: list[str], parent: tuple, rest: tuple, rendered: str, comment: Optional[str],
+                      newline: str) -> None:
+    """A key written with no value (``memory:``, maybe with a comment; ``parent``: (its mapping
+    node, its key node)): the new block of keys ``rest`` goes under the key's line, one step in."""
+    pmap, pkey = parent
+    step, at = _child_indent(pmap), pkey.start_mark.line + 1
+    nl = line_ending(lines[at - 1]) or newline
+    _insert_block(lines, at, _new_block(rest, rendered, pkey.start_mark.column + step, step, comment, nl), newline)
+
+
+def _insert_after_last(lines: list[str], mapping, rest: tuple, rendered: str, comment: Optional[str],
+                       newline: str) -> None:
+    """The first missing key of the path is in block mapping ``mapping``: the new block of keys
+    ``rest`` goes after the mapping's last entry (its trailing lines of the entry included),
+    indented as the mapping's keys."""
+    last_k, last_v = mapping.value[-1]
+    at = _last_line(lines, last_k.start_mark.line, last_v) + 1
+    nl = line_ending(lines[at - 1]) or newline
+    _insert_block(lines, at, _new_block(rest, rendered, mapping.value[0][0].start_mark.column,
+                                        _child_indent(mapping), comment, nl), newline)
+
+
+def _check_result(before: dict, out: str, path: tuple, value: Any, label: str) -> None:
+    """InputError unless ``out`` parses to exactly ``before`` with ``path`` set to ``value`` (the
+    mappings the edit inserted included)."""
     expected = copy.deepcopy(before)
     cur = expected
     for part in path[:-1]:
@@ -280,7 +300,6 @@ def set_value(text: str, path: Sequence[str | int], value: Any, label: str, comm
     cur[path[-1]] = value
     if _load(out, label) != expected:
         raise InputError(f"{label}: refusing the edit: the result would not parse to the intended values")
-    return out
 
 
 def _replace(lines: list[str], key, node, rendered: str, comment: Optional[str], label: str, name: str) -> None:
