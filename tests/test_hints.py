@@ -5,7 +5,8 @@ do on real hosts is checked where they are printed: the first-hour test runs the
 ``hicache off --remote`` and the lock's release hint as typed (tests/test_first_hour.py). Hints
 that are not whole commands are applied as they say: exec's "put the command after --" line runs
 as typed, plan's tight fixes edited into the serve config re-plan to fits, a limited deploy's
-refusal's alternatives added to its options are accepted."""
+refusal's alternatives added to its options are accepted. The commands ``watch --print rules``
+puts in its alerts' annotations run as typed (a runbook's --resume line too)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,55 @@ def test_a_limited_deploys_refusal_offers_options_that_are_accepted(dep, groups,
     for g, h, allow in alts:
         lim = limit_deploy(dep, groups + g, hosts + h, allow)
         assert set(hosts + h) <= set(lim.hosts), (str(e.value), g, h, allow)
+
+
+def _rule_commands(rules: str, profile: str) -> list[list[str]]:
+    """The ``dsv4ctl`` commands in a printed rule file's annotations that name ``profile`` (argv
+    after ``dsv4ctl``: the words up to the profile and the options that follow it)."""
+    out = []
+    for ln in (x for x in rules.splitlines() if not x.lstrip().startswith("#")):
+        for m in re.finditer(r"dsv4ctl ((?:(?!dsv4ctl ).)*)", ln):
+            words = [w.rstrip(").'") for w in m.group(1).split()]
+            if profile not in words:
+                continue
+            argv = words[:words.index(profile) + 1]
+            rest = words[len(argv):]
+            while rest and rest[0].startswith("--"):
+                argv.append(rest.pop(0))
+                if rest and not rest[0].startswith("--") and argv[-1] != "--print" or argv[-1] == "--print":
+                    argv.append(rest.pop(0))
+            out.append(argv)
+    return out
+
+
+def test_watchs_printed_rules_name_commands_that_run_as_typed(unreachable, tmp_path):
+    """``watch PROFILE --print rules``: every command its alerts' annotations name (runbooks,
+    diagnose, rollback, promote of the alert's release, plan, the rules' own command) parses as
+    typed in the profile's folder and acts on the profile's hosts (exit 3 on this refusing host; a
+    runbook: its steps that read the host fail, exit 1, and the --resume line it prints runs as
+    typed too) or prints what it says (plan, the rule file: exit 0)."""
+    env = {"DSV4CTL_PROFILE": "", "DSV4CTL_STATE_DIR": str(tmp_path / "state")}
+    r = run_cli("watch", unreachable.name, "--print", "rules", cwd=unreachable.parent, env=env)
+    assert r.code == 0, r.err
+    # the rules name the profile by the path it was read from (watch may run elsewhere)
+    cmds = {tuple(c) for c in _rule_commands(r.out.replace("{{ $labels.release }}", "r0123456789ab"),
+                                             str(unreachable.resolve()))}
+    verbs = {c[0] if c[0] != "runbook" else f"runbook {c[2]}" for c in cmds}
+    assert {"diagnose", "rollback", "promote", "plan", "watch", "runbook toolcall-corruption", "runbook bad-release",
+            "runbook scheduler-stall", "runbook transfer-wedge"} <= verbs, cmds
+    resumed = 0
+    for argv in sorted(cmds):
+        r = run_cli(*argv, cwd=unreachable.parent, env=env, timeout=60)
+        if argv[0] in ("plan", "watch"):
+            assert r.code == 0 and r.out, (argv, r.err)
+        elif argv[0] == "runbook":
+            assert r.code in (1, 3) and "cannot connect to 127.0.0.1:9" in r.out + r.err, (argv, r.code, r.err)
+            resume = [c for c in commands_in(r.out + r.err) if "--resume" in c]
+            assert all(shlex.split(c)[1:5] == list(argv) for c in resume), (argv, r.out, r.err)
+            for c in resume[:1] if not resumed else ():          # one resume line run: they are alike
+                resumed += 1
+                r = run_cli(*shlex.split(c)[1:], cwd=unreachable.parent, env=env, timeout=60)
+                assert r.code in (1, 3) and "cannot connect to 127.0.0.1:9" in r.out + r.err, (c, r.code, r.err)
+        else:
+            assert r.code == 3 and "cannot connect to 127.0.0.1:9" in r.err, (argv, r.code, r.err)
+    assert resumed >= 1
