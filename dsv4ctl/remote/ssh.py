@@ -286,14 +286,12 @@ class SSHTransport(Transport):
                 self._active.pop(id(entry), None)
 
     def _run(self, conn, cmd, entry, *, input=None, timeout=None, check=True):
+        """:meth:`run`'s work on connection ``conn``: open an exec channel, run ``cmd`` (after the
+        line that prints its process group, recorded in ``entry["pgid"]``), send ``input``, read
+        to the end (:meth:`_pump`) and turn a lost connection, an interrupt or a timeout into
+        RemoteError; a non-zero exit with ``check`` too (:meth:`fail`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         out, err = bytearray(), bytearray()
-
-        def pgid_seen() -> None:
-            if entry["pgid"] is None:
-                m = _PGID_RE.search(err, 0, 4096)
-                if m:
-                    entry["pgid"] = int(m.group(1))
         chan = None
         try:
             chan = conn.client.get_transport().open_session(timeout=self.connect_timeout)
@@ -305,46 +303,7 @@ class SSHTransport(Transport):
                 chan.sendall(input)
                 chan.settimeout(0.2)
             chan.shutdown_write()
-            exited_at = None
-            while True:
-                got = False
-                while chan.recv_ready():
-                    out += chan.recv(65536); got = True
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536); got = True
-                pgid_seen()
-                # OpenSSH sends exit-status when the command exits, which may be before the last of
-                # its output (still in the pipe) is forwarded: the end is EOF after exit-status. A
-                # command that leaves a child holding its stdout never sends EOF: then at most
-                # EOF_GRACE_S after the exit (seen under load: a `cat` read back empty).
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    exited_at = exited_at or time.monotonic()
-                    if chan.eof_received or time.monotonic() - exited_at > EOF_GRACE_S:
-                        break
-                if chan.closed and not got and chan.eof_received:
-                    break
-                if cancelled():
-                    self._stop_command(chan, entry, err)
-                    raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}")
-                if deadline is not None and time.monotonic() > deadline:
-                    self._stop_command(chan, entry, err)
-                    chan.close()
-                    raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
-                if not got:
-                    try:
-                        data = chan.recv(65536)
-                    except TimeoutError:
-                        continue
-                    except Exception as e:
-                        if "timed out" in str(e).lower() or type(e).__name__ == "timeout":
-                            continue
-                        raise
-                    if data:
-                        out += data
-                    elif chan.exit_status_ready():
-                        continue
-                    elif not conn.client.get_transport().is_active():
-                        raise EOFError("connection closed")
+            self._pump(conn, chan, cmd, entry, out, err, deadline, timeout)
             code = chan.recv_exit_status()
             chan.close()
         except RemoteError:
@@ -368,6 +327,42 @@ class SSHTransport(Transport):
         if check and code != 0:
             raise self.fail(res, cmd.splitlines()[0][:80])
         return res
+
+    def _pump(self, conn, chan, cmd: str, entry: dict, out: bytearray, err: bytearray,
+              deadline: float | None, timeout: float | None) -> None:
+        """Read ``chan``'s stdout into ``out`` and stderr into ``err`` (noting the process group in
+        ``entry``) until the command has ended; on :func:`~.transport.cancel_event` or past
+        ``deadline`` (monotonic s) stop its process group and raise RemoteError."""
+        exited_at = None
+        while True:
+            got = False
+            while chan.recv_ready():
+                out += chan.recv(65536); got = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536); got = True
+            if entry["pgid"] is None:
+                m = _PGID_RE.search(err, 0, 4096)
+                if m:
+                    entry["pgid"] = int(m.group(1))
+            # OpenSSH sends exit-status when the command exits, which may be before the last of
+            # its output (still in the pipe) is forwarded: the end is EOF after exit-status. A
+            # command that leaves a child holding its stdout never sends EOF: then at most
+            # EOF_GRACE_S after the exit (seen under load: a `cat` read back empty).
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                exited_at = exited_at or time.monotonic()
+                if chan.eof_received or time.monotonic() - exited_at > EOF_GRACE_S:
+                    return
+            if chan.closed and not got and chan.eof_received:
+                return
+            if cancelled():
+                self._stop_command(chan, entry, err)
+                raise RemoteError(f"{self.name}: interrupted: {cmd.splitlines()[0][:80]}")
+            if deadline is not None and time.monotonic() > deadline:
+                self._stop_command(chan, entry, err)
+                chan.close()
+                raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
+            if not got:
+                _wait_for_output(conn, chan, out)
 
     def _stop_command(self, chan, entry: dict, err: bytearray, stop: bool = True, wait: float = 2.0) -> None:
         """Read ``chan``'s stderr until the command's process group is known (at most ``wait``
@@ -465,7 +460,6 @@ class SSHTransport(Transport):
 
     def _rsync_serve(self, conn) -> None:
         """Run one bridged command (wire format: :mod:`dsv4ctl.remote.rsync_bridge`)."""
-        import select
         import socket
         import struct
         from .rsync_bridge import EXIT, HEADER, STDERR, STDOUT, _recv_exact
@@ -489,42 +483,9 @@ class SSHTransport(Transport):
                 send(EXIT, struct.pack("!i", 255))
                 return
 
-            def upstream():
-                try:
-                    while True:
-                        b = conn.recv(1 << 16)
-                        if not b:
-                            break
-                        chan.sendall(b)
-                    chan.shutdown_write()
-                except Exception:
-                    pass
-            threading.Thread(target=upstream, daemon=True).start()
-            # one loop, in arrival order, stderr before stdout: rsync stops reading (and kills
-            # the bridge) once its protocol ends on stdout, so an error message must come first
-            ready = chan.fileno()          # readable when either stream has data
-            while True:
-                moved = False
-                while chan.recv_stderr_ready():
-                    send(STDERR, chan.recv_stderr(1 << 16))
-                    moved = True
-                if chan.recv_ready():
-                    b = chan.recv(1 << 16)
-                    if b:
-                        send(STDOUT, b)
-                        moved = True
-                if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
-                if not tr.is_active():
-                    break
-                if not moved:
-                    select.select([ready], [], [], 0.5)
-            status = 255
-            while tr.is_active() or chan.exit_status_ready():
-                if chan.exit_status_ready():
-                    status = chan.recv_exit_status()
-                    break
-                time.sleep(0.02)
+            threading.Thread(target=_bridge_upstream, args=(conn, chan), daemon=True).start()
+            _bridge_downstream(chan, tr, send, STDOUT, STDERR)
+            status = _bridge_exit_status(chan, tr)
             chan.settimeout(5)                 # stderr the server sent after stdout's EOF, until close
             try:
                 while True:
@@ -570,3 +531,71 @@ def _rsync_quote(word: str) -> str:
     if '"' not in word:
         return f'"{word}"'
     raise ValueError(f"cannot pass {word!r} to rsync -e")
+
+
+def _wait_for_output(conn, chan, out: bytearray) -> None:
+    """Nothing was ready: wait up to the channel's timeout (0.2 s) for stdout (appended to
+    ``out``); EOFError when the SSH connection itself is gone."""
+    try:
+        data = chan.recv(65536)
+    except TimeoutError:
+        return
+    except Exception as e:
+        if "timed out" in str(e).lower() or type(e).__name__ == "timeout":
+            return
+        raise
+    if data:
+        out += data
+    elif chan.exit_status_ready():
+        return
+    elif not conn.client.get_transport().is_active():
+        raise EOFError("connection closed")
+
+
+def _bridge_upstream(conn, chan) -> None:
+    """rsync bridge, rsync -> host: copy the bridge socket ``conn``'s bytes to ``chan``'s stdin
+    until its end, then close the channel's write side (errors end it quietly)."""
+    try:
+        while True:
+            b = conn.recv(1 << 16)
+            if not b:
+                break
+            chan.sendall(b)
+        chan.shutdown_write()
+    except Exception:
+        pass
+
+
+def _bridge_downstream(chan, tr, send, stdout_kind: int, stderr_kind: int) -> None:
+    """rsync bridge, host -> rsync: relay ``chan``'s stderr and stdout with ``send(kind, bytes)``
+    until both ended or the SSH transport ``tr`` is gone. One loop, in arrival order, stderr before
+    stdout: rsync stops reading (and kills the bridge) once its protocol ends on stdout, so an error
+    message must come first."""
+    import select
+    ready = chan.fileno()          # readable when either stream has data
+    while True:
+        moved = False
+        while chan.recv_stderr_ready():
+            send(stderr_kind, chan.recv_stderr(1 << 16))
+            moved = True
+        if chan.recv_ready():
+            b = chan.recv(1 << 16)
+            if b:
+                send(stdout_kind, b)
+                moved = True
+        if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if not tr.is_active():
+            break
+        if not moved:
+            select.select([ready], [], [], 0.5)
+
+
+def _bridge_exit_status(chan, tr) -> int:
+    """The bridged command's exit status, waited for while the transport ``tr`` lives; 255 when
+    the connection went first."""
+    while tr.is_active() or chan.exit_status_ready():
+        if chan.exit_status_ready():
+            return chan.recv_exit_status()
+        time.sleep(0.02)
+    return 255
