@@ -201,17 +201,14 @@ def check_release(path: Path, hashes=None) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError):
         return ["manifest MANIFEST.json"]
     bad = seal_problems(rid, meta, hashlib.sha256(mbytes).hexdigest())
-    have: set[str] = set()
-    for dirpath, dirnames, names in os.walk(path):
-        for n in names + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            have.add(os.path.relpath(os.path.join(dirpath, n), path))
+    have, open_dirs = _listing(path)
+    base = str(path)
     for p_, v in sorted(files.items()):
-        f = path / p_
-        try:
-            st = os.lstat(f)
-        except OSError:
+        st = have.get(p_)
+        if st is None:
             bad.append("missing " + p_)
             continue
+        f = os.path.join(base, p_)
         if not stat.S_ISREG(st.st_mode) or st.st_size != v[1]:
             bad.append("size " + p_)
         elif (hashes.sha256(f, st) if hashes is not None else sha256_file(f)) != v[0]:
@@ -220,15 +217,33 @@ def check_release(path: Path, hashes=None) -> list[str]:
             bad.append("mode " + p_)
     for p_, target in sorted(links.items()):
         try:
-            if os.readlink(path / p_) != target:
+            if os.readlink(os.path.join(base, p_)) != target:
                 bad.append("link " + p_)
         except OSError:
             bad.append("link " + p_)
-    bad += ["extra " + p_ for p_ in sorted(have - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})]
-    for d, _dirs, _names in os.walk(path):
-        if os.lstat(d).st_mode & 0o022:
-            bad.append("mode " + (os.path.relpath(d, path) + "/" if Path(d) != path else "./"))
-    return bad
+    bad += ["extra " + p_ for p_ in sorted(set(have) - set(files) - set(links) - {"MANIFEST.json", "RELEASE.json"})]
+    return bad + ["mode " + d for d in open_dirs]
+
+
+def _listing(root: Path) -> tuple[dict[str, os.stat_result], list[str]]:
+    """({relative path: lstat} of every entry under ``root`` but its folders (a link to a folder
+    is listed, not entered), [``./`` and ``DIR/`` of every folder group or others can write])
+    — one ``lstat`` per entry (``scandir``), folders in walk order."""
+    have: dict[str, os.stat_result] = {}
+    open_dirs = ["./"] if os.lstat(root).st_mode & 0o022 else []
+    stack = [("", str(root))]
+    while stack:
+        pre, d = stack.pop(0)
+        with os.scandir(d) as it:
+            for e in sorted(it, key=lambda e: e.name):
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append((pre + e.name + "/", e.path))
+                    if st.st_mode & 0o022:
+                        open_dirs.append(pre + e.name + "/")
+                else:
+                    have[pre + e.name] = st
+    return have, open_dirs
 
 
 def cached_release(cache: Path, rid: str, log=None, hashes=None) -> Release | None:
