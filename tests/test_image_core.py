@@ -86,3 +86,21 @@ def test_registry_auth_file_is_checked_and_never_shown(tmp_path):
     assert "Hunter2Secret" not in str(e.value)
     f.write_text('{"auths": {}}')
     assert auth_bytes(_img(registry_auth_file=f)) == b'{"auths": {}}' and auth_bytes(_img()) == b""
+
+
+def test_status_reads_a_docker_container(tmp_path):
+    """status on a docker host: the group's container found by its labels, then ``inspect`` for
+    its image id and start (a stand-in docker client answers as docker does)."""
+    import subprocess
+    from dsv4ctl.hosts.day2 import container_command, parse_status
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in\n  ps) echo " + "c" * 64 + ";;\n"
+                    "  inspect) echo " + "c" * 64 + " sha256:" + "e" * 64 + " 2026-12-07T20:00:00.5Z;;\nesac\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", "echo '@proc decode 42 - 0 - -'; " + container_command(str(fake), "/r", "decode")],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    import re
+    assert re.fullmatch(r"@proc decode 42 - 0 - -\n@ctr decode c{64} sha256:e{64} \d+\n", out), out
+    st = parse_status("h1", "/r", out)
+    assert (st.procs["decode"].container, st.procs["decode"].image) == ("c" * 64, "e" * 64)
+    assert st.procs["decode"].uptime_s > 0

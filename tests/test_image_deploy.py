@@ -148,7 +148,8 @@ def test_switch_rollback_crash_and_tamper_with_images(world):
         [*images.podman_argv(w.cache / "images"), "image", "inspect", "--format", "{{json .RootFS.Layers}}",
          rec["image"]], capture_output=True, text=True, check=True).stdout) for rec in (rec1, rec2)}
     assert rec1["env"] == rec2["env"] and rec1["env_image"] == rec2["env_image"] != ""
-    assert layers[r1][:2] == layers[r2][:2] and layers[r1][2:] != layers[r2][2:], layers
+    assert len(layers[r1]) == len(layers[r2]) == 4, layers           # base, environment, tree, records
+    assert layers[r1][:2] == layers[r2][:2] and layers[r1][2] != layers[r2][2], layers
     assert "built environment layer" not in r.err                   # made once, for the first release
     assert "dsv4probe 1.0" in (w.roots["h1"] / "logs" / "decode.log").read_text()   # the layer's python ran
     assert [c["Names"][0] for c in w.containers("h1")] == [f"dsv4ctl-decode-n0-{r2}"]
@@ -288,12 +289,13 @@ def test_an_interrupt_during_the_image_transfer_loads_nothing(fault_world):
 def test_a_full_disk_during_the_load_switches_no_host(fault_world):
     """h1's image store fills up while it loads the next release's image (a 4 MB layer, 1 MB
     free): the deploy stops before any switch (exit 3) naming h1 and the full disk; h1's store
-    holds no part of the new image (its layer count is what it was), r1 serves everywhere."""
+    holds no image of it and no half-written layer (whole layers that came in before the disk
+    was full stay, content-addressed, for the next load), r1 serves everywhere."""
     w = fault_world
     store = w.roots["h1"] / "containers"
     used = int(subprocess.run(["df", "--output=used", "-B1", str(store)], capture_output=True, text=True).stdout.split()[-1])
     subprocess.run(["mount", "-o", f"remount,size={used + (1 << 20)}", str(store)], check=True)
-    layers = lambda: len(json.loads((store / "storage" / "overlay-layers" / "layers.json").read_text()))
+    layers = lambda: {x["id"]: x for x in json.loads((store / "storage" / "overlay-layers" / "layers.json").read_text())}
     before = layers()
     (w.tree / "python" / "sglang" / "srt" / "weights.bin").write_bytes(os.urandom(4 << 20))
     git(w.tree, "add", "-A")
@@ -305,7 +307,17 @@ def test_a_full_disk_during_the_load_switches_no_host(fault_world):
     assert "stopped before any host was switched" in r.err
     rid = json.loads(subprocess.run(["tail", "-n", "1", str(w.roots["h0"] / "audit.jsonl")], capture_output=True,
                                     text=True).stdout)["release"]
-    assert layers() == before
+    # h1 holds no image of it and no half layer: at most whole layers of the new image that came
+    # in before the disk was full (content-addressed: the next load reuses them)
+    rec = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())
+    assert subprocess.run([*w.podman("h1"), "image", "exists", rec["image"]]).returncode == 1
+    new_layers = json.loads(subprocess.run([*images.podman_argv(w.cache / "images"), "image", "inspect", "--format",
+                                            "{{json .RootFS.Layers}}", rec["image"]], capture_output=True, text=True,
+                                           check=True).stdout)
+    after = layers()
+    assert not [x for x in after.values() if (x.get("flags") or {}).get("incomplete")], after
+    added = [x.get("diff-digest") for i, x in after.items() if i not in before]
+    assert set(added) <= set(new_layers[:-2]), (added, new_layers)     # never the tree or records layer
     assert not (w.roots["h1"] / "images" / "ids" / rid).exists()
     assert {h: w.current(h) for h in ("h0", "h1", "h2")} == {h: w.r1 for h in ("h0", "h1", "h2")}
     assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)

@@ -268,7 +268,9 @@ def build_image(image, rel, cache: Path, log=lambda s: None, env=None) -> ImageR
     or, when the release runs on a locked environment, on its environment image
     (:func:`env_image`; ``env``: ``sglang.environment``).
     The build context is a hard-link copy of the release (``tree/``, and ``meta/`` with
-    ``configs/`` and the JSON records); ``podman build --timestamp 0 --isolation chroot``. Cost
+    ``configs/`` and the JSON records); ``podman build --timestamp 0 --isolation chroot --layers``:
+    one layer per ``COPY`` (``--layers=false`` would make the tree and the records one layer, and a
+    serve-config change would ship the whole tree again). Cost
     measured here: about 1 s for a small tree on a cached base. InputError when the base cannot
     be had or the build fails; the context is removed whatever happened."""
     done = cached_image(image, cache, rel.id)
@@ -294,7 +296,7 @@ def build_image(image, rel, cache: Path, log=lambda s: None, env=None) -> ImageR
         t0 = time.monotonic()
         try:
             out = _run([*local_podman(image, cache), "build", "-q", "--timestamp", "0", "--isolation", "chroot",
-                        "--layers=false", "-t", f"{IMAGE_NAME}:{rel.id}", "-f", str(cf), str(ctx)],
+                        "--layers", "-t", f"{IMAGE_NAME}:{rel.id}", "-f", str(cf), str(ctx)],
                        f"building the image of {rel.id}")
         finally:
             cf.unlink(missing_ok=True)

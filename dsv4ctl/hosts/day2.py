@@ -80,12 +80,20 @@ def container_command(runtime: str, root: str, group: str) -> str:
     root ``root`` (found by its labels, :func:`dsv4ctl.hosts.container.run_command`), ``AGE`` in
     seconds since it started; nothing when none runs or ``runtime`` (the runtime and its global
     arguments, shell words) is missing. Each restart of the group makes a new container (``--rm``):
-    the group's restart count stays the log's (:func:`proc_command`)."""
+    the group's restart count stays the log's (:func:`proc_command`). docker (its ``ps`` has no
+    image id or start time): ``inspect`` of the container, its RFC 3339 start read by ``date -d``."""
     rt_bin = runtime.split()[0]
-    return (f"if command -v {rt_bin} >/dev/null 2>&1; then c=$({runtime} ps --no-trunc "
-            f"--filter {q('label=dsv4ctl.root=' + root)} --filter {q('label=dsv4ctl.group=' + group)} "
-            f"--format '{{{{.ID}}}} {{{{.ImageID}}}} {{{{.StartedAt}}}}' 2>/dev/null | head -n 1); "
-            f"if [ -n \"$c\" ]; then set -- $c; echo \"@ctr {group} $1 $2 $(( $(date +%s) - $3 ))\"; fi; fi")
+    labels = f"--filter {q('label=dsv4ctl.root=' + root)} --filter {q('label=dsv4ctl.group=' + group)}"
+    if rt_bin.rsplit("/", 1)[-1] == "docker":
+        read = (f"c=$({runtime} ps -q --no-trunc {labels} 2>/dev/null | head -n 1); [ -n \"$c\" ] && "
+                f"c=$({runtime} inspect --format '{{{{.Id}}}} {{{{.Image}}}} {{{{.State.StartedAt}}}}' \"$c\" 2>/dev/null); "
+                "[ -n \"$c\" ] && { set -- $c; c=\"$1 $2 $(date -d \"$3\" +%s 2>/dev/null || echo x)\"; }; ")
+    else:
+        read = (f"c=$({runtime} ps --no-trunc {labels} "
+                f"--format '{{{{.ID}}}} {{{{.ImageID}}}} {{{{.StartedAt}}}}' 2>/dev/null | head -n 1); ")
+    return (f"if command -v {rt_bin} >/dev/null 2>&1; then {read}"
+            f"if [ -n \"$c\" ]; then set -- $c; case $3 in *[!0-9]*|'') a=-;; *) a=$(( $(date +%s) - $3 ));; esac; "
+            f"echo \"@ctr {group} $1 $2 $a\"; fi; fi")
 
 
 def parse_proc(line: str) -> tuple[str, GroupProcess] | None:
