@@ -17,7 +17,8 @@ SCOPE = ("dsv4ctl/check", "dsv4ctl/commands/check.py", "dsv4ctl/cli.py", "dsv4ct
          "dsv4ctl/commands/execute.py", "dsv4ctl/deploy/execute.py", "dsv4ctl/deploy/limit.py", "dsv4ctl/hosts/execute.py",
          "dsv4ctl/diagnose/run.py", "dsv4ctl/serve/lint.py", "dsv4ctl/commands/facts.py",
          "dsv4ctl/commands/hicache.py", "dsv4ctl/plan/capacity.py",
-         "dsv4ctl/profile/edit.py", "dsv4ctl/remote/ssh.py")
+         "dsv4ctl/profile/edit.py", "dsv4ctl/remote/ssh.py",
+         "dsv4ctl/profile/model.py")
 """Files, or folders (every ``*.py`` below them), held to :data:`MAX_LINES`."""
 
 

@@ -683,7 +683,37 @@ def load_profile(path: Path | str) -> Profile:
         raise InputError(f"{path}:1: a profile must be a mapping")
     _validate_schema(data, pos)
     _check_paths(data, pos)
+    hosts = _hosts(data, pos)
+    submit = ((data.get("deploy") or {}).get("slurm") or {}).get("submit_host")
+    if submit is not None and submit not in hosts:
+        raise _fail(pos, ("deploy", "slurm", "submit_host"),
+                    f"submit_host {submit!r} is no host of hosts: (hosts: {', '.join(hosts)})")
 
+    groups: list[Group] = []
+    names: set[str] = set()
+    used: dict[tuple[str, int], str] = {}
+    for i, g in enumerate(data["groups"]):
+        gp = ("groups", i)
+        if g["name"] in names:
+            raise _fail(pos, gp + ("name",), f"duplicate group name {g['name']!r}")
+        names.add(g["name"])
+        grp = _group(g, gp, path, hosts, pos)
+        if grp.is_server:
+            _check_server_group(g, gp, grp, hosts, used, pos)
+        groups.append(grp)
+    for i, g in enumerate(groups):
+        for key in ("prefill", "decode", "workers"):
+            for ref in getattr(g, key):
+                if ref not in names or ref == g.name:
+                    raise _fail(pos, ("groups", i, key), f"unknown group {ref!r}")
+    return Profile(path=path, name=data["name"], model=data["model"], hosts=hosts, groups=groups,
+                   sglang=dict(data.get("sglang", {})), deploy=dict(data.get("deploy", {})),
+                   check=dict(data.get("check", {})), positions=pos, raw=data)
+
+
+def _hosts(data: dict, pos) -> dict[str, Host]:
+    """name -> :class:`Host` of the profile's ``hosts:`` list, in file order; InputError for a
+    duplicate name."""
     hosts: dict[str, Host] = {}
     for i, h in enumerate(data["hosts"]):
         if h["name"] in hosts:
@@ -695,79 +725,77 @@ def load_profile(path: Path | str) -> Profile:
             key=ssh.get("key"), jump=ssh.get("jump"), known_hosts=ssh.get("known_hosts"),
             local=h.get("local", False), gpu_model=gpus.get("model"), gpu_count=gpus.get("count", 0),
             gpu_memory_mib=gpus.get("memory_mib"), ram_gib=h.get("ram_gib"), root=h.get("root"))
+    return hosts
 
-    groups: list[Group] = []
-    names: set[str] = set()
-    used: dict[tuple[str, int], str] = {}
-    for i, g in enumerate(data["groups"]):
-        gp = ("groups", i)
-        if g["name"] in names:
-            raise _fail(pos, gp + ("name",), f"duplicate group name {g['name']!r}")
-        names.add(g["name"])
-        servers = _servers(g, gp, hosts, pos)
-    submit = ((data.get("deploy") or {}).get("slurm") or {}).get("submit_host")
-    if submit is not None and submit not in hosts:
-        raise _fail(pos, ("deploy", "slurm", "submit_host"),
-                    f"submit_host {submit!r} is no host of hosts: (hosts: {', '.join(hosts)})")
 
-        node0 = servers[0][0]
-        grp = Group(
-            name=g["name"], role=g["role"], host=node0.host, gpus=list(node0.gpus), servers=servers,
-            stated=frozenset(k for k in TOPOLOGY_KEYS if k in g), dist_init_port=g.get("dist_init_port"),
-            tp=g.get("tp", 1), dp=g.get("dp", 1), ep=g.get("ep", 1), pp=g.get("pp", 1),
-            dp_attention=g.get("dp_attention", False),
-            serve_config=(path.parent / g["serve_config"]) if g.get("serve_config") else None,
-            port=g.get("port"), env=_env(g.get("env", {}), pos, gp + ("env",)),
-            memory=Memory(**g.get("memory", {})), prefill=list(g.get("prefill", [])),
-            decode=list(g.get("decode", [])), workers=list(g.get("workers", [])),
-            launch=g.get("launch"), gateway=g.get("gateway"), prometheus_host=g.get("prometheus_host"),
-            prometheus_port=g.get("prometheus_port"), line=pos.line(gp))
-        for key in ROUTER_ONLY:
-            if key in g and grp.is_server:
-                raise _fail(pos, gp + (key,), f"{key} is a router group's setting (this group is {grp.role})")
-        if not grp.is_server:
-            for key in ("nodes", "replicas", "dist_init_port"):
-                if key in g:
-                    raise _fail(pos, gp + (key,), f"{key} is a server group's setting (this group is the router)")
-        if grp.prometheus_port is not None and grp.prometheus_port == grp.port:
-            raise _fail(pos, gp + ("prometheus_port",), f"prometheus_port {grp.prometheus_port} is the router's own port")
-        if grp.is_server:
-            _check_server_gpus(g, gp, grp, hosts, used, pos)
-            n_gpus = len(grp.server_gpus)
-            # without a serve config the profile's values are what is planned: they must fit
-            if grp.stated & {"tp", "pp", "dp"} or grp.serve_config is None:
-                need = grp.tp * grp.pp * (1 if grp.dp_attention else grp.dp)
-                if need != n_gpus:
-                    what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
-                    where = "" if grp.nnodes == 1 else f" ({grp.nnodes} nodes x {len(grp.gpus)})"
-                    raise _fail(pos, gp + ("tp" if "tp" in g else "pp" if "pp" in g else "dp",),
-                                f"{what} = {need} does not match the {n_gpus} GPUs of the group{where}")
-            if grp.nnodes > 1 and grp.dp > 1 and not grp.dp_attention:
-                # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
-                raise _fail(pos, gp + ("dp",), "SGLang refuses data-parallel replicas across nodes "
-                            "(multi-node DP is not supported): use attention DP (dp_attention: true) or replicas")
-            lists = {}
-            for key in ("free_gib_before_load", "other_gib"):
-                v = g.get("memory", {}).get(key)
-                total = n_gpus * grp.replicas
-                if isinstance(v, list) and len(v) not in (n_gpus, total):
-                    count = f"{n_gpus}" if total == n_gpus else f"{n_gpus} (one server) or {total} (all replicas)"
-                    raise _fail(pos, gp + ("memory", key),
-                                f"{len(v)} per-GPU values for the group's {count} GPUs")
-                if isinstance(v, list):
-                    lists[key] = len(v)
-            if len(set(lists.values())) > 1:
-                raise _fail(pos, gp + ("memory", "other_gib"),
-                            f"{lists['other_gib']} per-GPU values, but free_gib_before_load has "
-                            f"{lists['free_gib_before_load']}: give both for the same GPUs")
-            if grp.dp_attention and grp.tp % grp.dp:
-                raise _fail(pos, gp + ("dp",), f"dp {grp.dp} must divide tp {grp.tp} with dp_attention")
-        groups.append(grp)
-    for i, g in enumerate(groups):
-        for key in ("prefill", "decode", "workers"):
-            for ref in getattr(g, key):
-                if ref not in names or ref == g.name:
-                    raise _fail(pos, ("groups", i, key), f"unknown group {ref!r}")
-    return Profile(path=path, name=data["name"], model=data["model"], hosts=hosts, groups=groups,
-                   sglang=dict(data.get("sglang", {})), deploy=dict(data.get("deploy", {})),
-                   check=dict(data.get("check", {})), positions=pos, raw=data)
+def _group(g: dict, gp: tuple, path: Path, hosts: dict[str, Host], pos) -> Group:
+    """The :class:`Group` of entry ``g`` (at ``gp`` = ``("groups", i)``) of the profile at ``path``
+    (serve configs relative to it), with its servers placed on ``hosts``; InputError for a setting
+    of the other kind of group (router vs server) or a router's Prometheus port equal to its own."""
+    servers = _servers(g, gp, hosts, pos)
+    node0 = servers[0][0]
+    grp = Group(
+        name=g["name"], role=g["role"], host=node0.host, gpus=list(node0.gpus), servers=servers,
+        stated=frozenset(k for k in TOPOLOGY_KEYS if k in g), dist_init_port=g.get("dist_init_port"),
+        tp=g.get("tp", 1), dp=g.get("dp", 1), ep=g.get("ep", 1), pp=g.get("pp", 1),
+        dp_attention=g.get("dp_attention", False),
+        serve_config=(path.parent / g["serve_config"]) if g.get("serve_config") else None,
+        port=g.get("port"), env=_env(g.get("env", {}), pos, gp + ("env",)),
+        memory=Memory(**g.get("memory", {})), prefill=list(g.get("prefill", [])),
+        decode=list(g.get("decode", [])), workers=list(g.get("workers", [])),
+        launch=g.get("launch"), gateway=g.get("gateway"), prometheus_host=g.get("prometheus_host"),
+        prometheus_port=g.get("prometheus_port"), line=pos.line(gp))
+    for key in ROUTER_ONLY:
+        if key in g and grp.is_server:
+            raise _fail(pos, gp + (key,), f"{key} is a router group's setting (this group is {grp.role})")
+    if not grp.is_server:
+        for key in ("nodes", "replicas", "dist_init_port"):
+            if key in g:
+                raise _fail(pos, gp + (key,), f"{key} is a server group's setting (this group is the router)")
+    if grp.prometheus_port is not None and grp.prometheus_port == grp.port:
+        raise _fail(pos, gp + ("prometheus_port",), f"prometheus_port {grp.prometheus_port} is the router's own port")
+    return grp
+
+
+def _check_server_group(g: dict, gp: tuple, grp: Group, hosts: dict[str, Host], used: dict, pos) -> None:
+    """InputError unless server group ``grp`` (entry ``g`` at ``gp``) holds together: its GPUs
+    (:func:`_check_server_gpus`; ``used``: (host, GPU) -> group, filled), tp*pp(*dp) equal to its
+    GPUs when stated or without a serve config, no plain DP across nodes (SGLang 0.5.23
+    arg_groups/validation_hook.py check_server_args), per-GPU memory lists of one GPU count, and
+    dp dividing tp with dp_attention."""
+    _check_server_gpus(g, gp, grp, hosts, used, pos)
+    n_gpus = len(grp.server_gpus)
+    # without a serve config the profile's values are what is planned: they must fit
+    if grp.stated & {"tp", "pp", "dp"} or grp.serve_config is None:
+        need = grp.tp * grp.pp * (1 if grp.dp_attention else grp.dp)
+        if need != n_gpus:
+            what = "tp*pp" if grp.dp_attention or grp.dp == 1 else "tp*pp*dp"
+            where = "" if grp.nnodes == 1 else f" ({grp.nnodes} nodes x {len(grp.gpus)})"
+            raise _fail(pos, gp + ("tp" if "tp" in g else "pp" if "pp" in g else "dp",),
+                        f"{what} = {need} does not match the {n_gpus} GPUs of the group{where}")
+    if grp.nnodes > 1 and grp.dp > 1 and not grp.dp_attention:
+        # SGLang 0.5.23 arg_groups/validation_hook.py check_server_args
+        raise _fail(pos, gp + ("dp",), "SGLang refuses data-parallel replicas across nodes "
+                    "(multi-node DP is not supported): use attention DP (dp_attention: true) or replicas")
+    _check_memory_lists(g, gp, n_gpus, grp.replicas, pos)
+    if grp.dp_attention and grp.tp % grp.dp:
+        raise _fail(pos, gp + ("dp",), f"dp {grp.dp} must divide tp {grp.tp} with dp_attention")
+
+
+def _check_memory_lists(g: dict, gp: tuple, n_gpus: int, replicas: int, pos) -> None:
+    """InputError unless the group's per-GPU ``memory`` lists (free_gib_before_load, other_gib)
+    have one value per GPU of one server (``n_gpus``) or of all ``replicas``, both the same count."""
+    lists = {}
+    for key in ("free_gib_before_load", "other_gib"):
+        v = g.get("memory", {}).get(key)
+        total = n_gpus * replicas
+        if isinstance(v, list) and len(v) not in (n_gpus, total):
+            count = f"{n_gpus}" if total == n_gpus else f"{n_gpus} (one server) or {total} (all replicas)"
+            raise _fail(pos, gp + ("memory", key),
+                        f"{len(v)} per-GPU values for the group's {count} GPUs")
+        if isinstance(v, list):
+            lists[key] = len(v)
+    if len(set(lists.values())) > 1:
+        raise _fail(pos, gp + ("memory", "other_gib"),
+                    f"{lists['other_gib']} per-GPU values, but free_gib_before_load has "
+                    f"{lists['free_gib_before_load']}: give both for the same GPUs")
