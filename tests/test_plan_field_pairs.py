@@ -6,6 +6,8 @@
   KV memory at 0.78: ``fails``; the published 0.9 does not fail.
 * The EAGLE draft's own embedding and head: counted when the pools are built, given back after
   (``set_embed_and_head``), so a rank whose pools fit only once they are freed fails ``pools``.
+* The decode forward's C4 indexer logits: DeepGEMM's rectangle at the full context, every EAGLE
+  draft token a row (the ``indexer_logits`` need).
 * B300 Pro DEP4 at 0.93 vs 0.90 (SemiAnalysisAI/InferenceX#2226: scheduler OOMs in
   ``deep_gemm.fp8_paged_mqa_logits``, "2.9-4.8 GiB free for 4.2-6.1 GiB allocations"): not yet told
   apart (both ``tight: activation``), held as a strict xfail with the numbers (docs/plan-calibration.md).
@@ -78,3 +80,23 @@ def test_b300_pro_dep4_093_hangs_and_090_serves(tmp_path):
         sides[mfs] = plan(tmp_path / str(mfs), e)
     assert [round(min(r["headroom_gib"] for r in sides[m]["ranks"]), 1) for m in (0.93, 0.90)] == [17.8, 25.9]
     assert sides[0.93]["verdict"]["deciding"] != sides[0.90]["verdict"]["deciding"]
+
+
+def test_decode_indexer_logits_are_deepgemms_rectangle_at_the_full_context():
+    """DeepGEMM fp8_paged_mqa_logits: fp32 [rows, align(max_context_len, 256)], max_context_len = pages x 64
+    of a page table as wide as req_to_token (context_len + 4 + draft tokens; SGLang 0.5.23)."""
+    # 256 rows at Flash's 1,048,576 + 4: 4,097 pages x 64 = 262,208 columns, aligned 262,400
+    assert vd.decode_indexer_logits_bytes(256, 1_048_580) == 256 * 262_400 * 4 == 268_697_600
+    assert vd.decode_indexer_logits_bytes(0, 1_048_580) == vd.decode_indexer_logits_bytes(8, 0) == 0
+    # 1M-context pages: 1,000,004 tokens -> 3,907 pages x 64 = 250,048 -> 250,112 columns: ~1 MB a row
+    assert vd.decode_indexer_logits_bytes(1, 1_000_004) == 250_112 * 4
+
+
+def test_eagle_verify_rows_count_every_draft_token(tmp_path):
+    e = RECIPES["b200-flash-fp4-low-latency-single"]          # EAGLE, 4 draft tokens, 1M context
+    g = plan(tmp_path, e)
+    r = min(g["ranks"], key=lambda r: r["headroom_gib"])
+    rows = r["max_running_requests"] * 4
+    want = vd.decode_indexer_logits_bytes(rows, 1_048_576 + 4 + 4)
+    assert r["decode_logits_gib"] == round(want / GIB, 3) > 0.9
+    assert "decode forward's indexer logits" in g["verdict"]["message"] + (g["verdict"]["short_of"] or "")

@@ -894,6 +894,8 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         # F per GPU; SGLang MIN-reduces P and F across the world (reference §3.2)
         rank_resident = [round(f - w_gib - dw_gib - o, 3) for f, o in zip(frees, free.per_gpu[1])]
         other = max(free.per_gpu[1])
+    elif isinstance(other, list):    # per-GPU lists with a topology --set (GPUs the group lacks): the most
+        other = max((o or 0.0) for o in other) if other else 0.0
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")

@@ -146,6 +146,7 @@ def _stage_numbers(gp: GroupPlan, st: StagePlan, own_resident: Optional[int] = N
         allocator_gib=to_gib(mem.allocator),
         draft_pool_gib=to_gib(mem.draft_pool),
         indexer_logits_gib=to_gib(st.logits_bytes),
+        decode_logits_gib=to_gib(st.decode_logits_bytes),
         verdict=v.level,
         deciding=v.deciding,
         slack=v.slack if v.deciding == "requests" else to_gib(v.slack),

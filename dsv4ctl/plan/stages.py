@@ -42,6 +42,7 @@ class StagePlan:
     headroom_budgeted_bytes: int  # had the index-K buffer held what was budgeted (no rounding terms)
     memory: vd.RankMemory = None
     logits_bytes: int = 0
+    decode_logits_bytes: int = 0  # the decode rectangle of C4 indexer logits (verdict.decode_indexer_logits_bytes)
     concurrent: int = 0
     verdict: vd.Verdict = None
 
@@ -60,6 +61,18 @@ def configurator(model: cap.ModelGeometry, pool: cap.PoolInputs, layers: tuple[i
         return _configurator(model, pool, layers)
     except TypeError:       # an unhashable field (a list where a tuple is expected): no memo
         return cap.Configurator(model, pool, layers)
+
+
+def decode_logits(gi: GroupInputs, sizes: cap.PoolSizes) -> int:
+    """Bytes of the decode forward's C4 indexer logits on a rank (:func:`verdict.decode_indexer_logits_bytes`):
+    ``max_running_requests`` x tokens per request (the EAGLE draft tokens in target verify, else 1) rows at
+    ``req_to_token``'s width, context_length + 4 (+ the draft tokens); 0 on a PD prefill server."""
+    p = gi.pool
+    if p.disaggregation_mode == "prefill":
+        return 0
+    draft = (p.speculative_num_draft_tokens or 1) if p.speculative_algorithm else 0
+    return vd.decode_indexer_logits_bytes(sizes.max_running_requests * max(1, draft),
+                                          gi.context_length + vd.REQ_TO_TOKEN_EXTRA + draft)
 
 
 def _available(gi: GroupInputs, mfs: float) -> int:
@@ -112,16 +125,18 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
         r2t = s.num_req_slots * gi.context_length * 4
         memory = vd.rank_memory(c, s, c.idx_real, resident, r2t, int(gi.draft_freed_gib_per_rank * GIB))
         conc = cap.max_concurrent_requests(c, s, gi.context_length)
+        dec = decode_logits(gi, s)
         verdict = as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
                                           int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests,
                                           gi.min_requests_required, logits_chunked=gi.logits_chunked,
-                                          pools_headroom=memory.pools_headroom))
+                                          pools_headroom=memory.pools_headroom, decode_logits=dec))
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
                              exact_sizes=exact_sizes[r], alloc_budget=budget, alloc_real=real,
                              req_to_token_bytes=r2t,
                              headroom_bytes=memory.headroom,
                              headroom_budgeted_bytes=resident - budget.total - r2t,
-                             memory=memory, logits_bytes=logits, concurrent=conc, verdict=verdict))
+                             memory=memory, logits_bytes=logits, decode_logits_bytes=dec, concurrent=conc,
+                             verdict=verdict))
     return out
 
 
@@ -131,7 +146,8 @@ def rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) ->
     mem = cap.replace(st.memory, resident=own_resident)
     return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
                           st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required,
-                          logits_chunked=gi.logits_chunked, pools_headroom=mem.pools_headroom)
+                          logits_chunked=gi.logits_chunked, pools_headroom=mem.pools_headroom,
+                          decode_logits=st.decode_logits_bytes)
 
 
 TIGHT_TEXT_GIB = vd.TIGHT_MARGIN_BYTES / GIB
@@ -144,7 +160,7 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
     if v.level == "fits":
         return (f"headroom {h} GiB, {to_gib(v.slack)} GiB above the largest need ({v.deciding}: SGLang's "
                 f"activation estimate {gi.activation_estimate_gib} GiB, reserve {gi.activation_reserve_gib} GiB, "
-                f"indexer logits {to_gib(st.logits_bytes)} GiB)")
+                f"indexer logits {to_gib(st.logits_bytes)} GiB" + _decode_text(st) + ")")
     if v.deciding == "pools":
         return (f"the pools ({to_gib(m.pools)} GiB as allocated + {to_gib(m.pools_rounding)} GiB 2 MiB rounding), "
                 f"req_to_token ({to_gib(m.req_to_token)} GiB), SGLang's allocator ({to_gib(m.allocator)} GiB)"
@@ -175,18 +191,28 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
     if v.deciding == "indexer_logits":
         return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.activation_estimate_gib} GiB) plus the "
                 f"indexer logits of one prefill chunk ({to_gib(st.logits_bytes)} GiB at {gi.logits_rows:,} rows x "
-                f"{gi.context_length:,} context): " + ("SGLang chunks the logits under free memory, long prefills slow down"
-                                                       if gi.logits_chunked else
-                                                       "this release scores them in one tensor beside the activations "
-                                                       "(no chunking before 0.5.21): a long prefill may run out of memory"))
+                f"{gi.context_length:,} context)" + _decode_text(st) + ": "
+                + ("SGLang chunks the logits under free memory, long prefills slow down" if gi.logits_chunked else
+                   "this release scores them in one tensor beside the activations (no chunking before 0.5.21): a "
+                   "long prefill may run out of memory"))
     if v.deciding == "margin":
         need = h - to_gib(v.slack)
         return f"headroom {h} GiB is within {TIGHT_TEXT_GIB:g} GiB of what the rank needs ({round(need, 3)} GiB)"
     return f"headroom {h} GiB"
 
 
+def _decode_text(st: StagePlan) -> str:
+    """`` and the decode rectangle (X GiB: R rows)`` when the rank has one, else empty."""
+    if not st.decode_logits_bytes:
+        return ""
+    return (f" and the decode forward's indexer logits ({to_gib(st.decode_logits_bytes)} GiB: "
+            f"{st.sizes.max_running_requests:,} running requests' rows at the full context)")
+
+
 _NEED_TEXT = {"activation_floor": "SGLang's activation reserve ({reserve} GiB, memory_hook.py)",
               "indexer_logits": "SGLang's activation estimate + one prefill chunk's indexer logits ({est} + {logits} GiB)",
+              "indexer_logits_decode": "SGLang's activation estimate + one prefill chunk's + the decode forward's "
+                                       "indexer logits ({est} + {logits} + {dlogits} GiB)",
               "activation": "SGLang's activation/CUDA-graph estimate ({est} GiB, memory_hook.py)"}
 
 
@@ -206,12 +232,14 @@ def shortfall(gi: GroupInputs, stages: Optional[list[StagePlan]], v: vd.Verdict)
     if v.deciding not in ("pools", "activation", "activation_floor", "indexer_logits", "margin"):
         return out
     est, res = int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB)
-    name, need = vd.largest_need(est, res, st.logits_bytes)
-    what = _NEED_TEXT[name].format(reserve=gi.activation_reserve_gib, est=gi.activation_estimate_gib,
-                                   logits=to_gib(st.logits_bytes))
+    dec = st.decode_logits_bytes
+    name, need = vd.largest_need(est, res, st.logits_bytes, dec)
+    what = _NEED_TEXT[name + ("_decode" if name == "indexer_logits" and dec else "")].format(
+        reserve=gi.activation_reserve_gib, est=gi.activation_estimate_gib, logits=to_gib(st.logits_bytes),
+        dlogits=to_gib(dec))
     return dict(out, short_of=f"{what} + {TIGHT_TEXT_GIB:g} GiB margin = {to_gib(need + vd.TIGHT_MARGIN_BYTES)} GiB "
                               "of headroom", shortfall_gib=to_gib(vd.shortfall_bytes(st.memory.headroom, est, res,
-                                                                                      st.logits_bytes)))
+                                                                                      st.logits_bytes, dec)))
 
 
 def evaluate(model, gi: GroupInputs) -> tuple[Optional[list[StagePlan]], vd.Verdict, str]:

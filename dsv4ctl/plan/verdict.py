@@ -34,6 +34,16 @@ computes (which are exact, see ``tests/test_capacity_oracle.py``):
   columns, and above 8,000,000 elements chunked by rows under ``min(0.3 * total, 0.2 * (1 - mfs)
   * total)`` (and 0.2 of the free memory at run time). A prefill chunk of ``chunked_prefill_size``
   rows at ``context_length // 4`` columns therefore takes ``min(rows * row_bytes, budget)``.
+* **Decode indexer logits.** A decode (or EAGLE target-verify) forward scores every running
+  request's rows against the whole page table: ``make_forward_metadata_from_raw_decode`` builds it
+  at ``MAX_SEQ_LEN_FOR_CAPTURE = req_to_token.shape[1]`` = context_len + 4 (+ draft tokens)
+  (``srt/layers/attention/deepseek_v4_backend.py:1296, 2344-2359``; ``kv_cache_configurator.py:
+  883-886``), the indexer passes ``max_compressed_seq_len = pages x 64`` (``dsv4/metadata.py:
+  319-324``) and never chunks decode (``dsv4/indexer.py:1059-1065``), and DeepGEMM's
+  ``fp8_paged_mqa_logits`` allocates ``[rows, align(max_context_len, 256)]`` fp32 (its
+  ``paged_mqa_logits`` host code): :func:`decode_indexer_logits_bytes`. The decode graphs hold
+  the rectangle of their largest captured batch in their pool; batches above it run eagerly at the
+  same width, so the plan counts ``max_running_requests`` x tokens per request rows.
 
 Verdict (first match wins; README "plan verdicts"):
 
@@ -48,7 +58,8 @@ activation      tight   headroom < 0.9 x SGLang's activation estimate (``reserve
 requests        tight   not one request fits at context_length, no ``min_requests`` asked: SGLang
                         starts and refuses only longer requests (``tp_worker.py:556-571``)
 activation_floor tight  headroom < SGLang's reserve (the estimate, floored at 10 GiB above 60 GiB GPUs)
-indexer_logits  tight   headroom < activation estimate + indexer logits transient
+indexer_logits  tight   headroom < activation estimate + indexer logits transient (one prefill chunk's +
+                        the decode rectangle)
 indexer_logits  fails   headroom < the whole logits transient, on a release that does not chunk it (0.5.18-0.5.20)
 margin          tight   headroom < the largest of the above + ``TIGHT_MARGIN_BYTES``
 headroom        fits    otherwise
@@ -127,6 +138,25 @@ def draft_pool_bytes(conf: cap.Configurator, sizes: cap.PoolSizes) -> int:
     return -(-(sizes.swa_max_total_num_tokens + P) // P) * per_page
 
 
+DECODE_PAGE_SIZE = 256                      # the DSV4 attention page (dsv4/metadata.py: asserted)
+DECODE_INDEX_PAGE = 64                      # C4 indexer rows per page (page_size // 4)
+DEEPGEMM_LOGITS_ALIGN = 256                 # DeepGEMM paged_mqa_logits: align(max_context_len, split_kv=256)
+REQ_TO_TOKEN_EXTRA = 4                      # kv_cache_configurator.py:884 extra_max_context_len
+
+
+def decode_indexer_logits_bytes(rows: int, context_width: int) -> int:
+    """fp32 C4 indexer logits of one decode / target-verify forward, per layer (SGLang 0.5.23 and
+    DeepGEMM's ``fp8_paged_mqa_logits``, module docstring): ``rows x align256(ceil(context_width /
+    256) x 64) x 4`` bytes, ``rows`` = running requests x tokens per request (1, or the EAGLE draft
+    tokens in target verify), ``context_width`` = ``req_to_token``'s width (context_len + 4 + draft
+    tokens). About ``rows x context_width`` bytes: 256 rows at 1,048,580 tokens = 256 x 1,048,576 B =
+    0.25 GiB. 0 when ``rows`` or ``context_width`` <= 0."""
+    if rows <= 0 or context_width <= 0:
+        return 0
+    cols = -(-context_width // DECODE_PAGE_SIZE) * DECODE_INDEX_PAGE
+    return rows * (-(-cols // DEEPGEMM_LOGITS_ALIGN) * DEEPGEMM_LOGITS_ALIGN) * 4
+
+
 def indexer_logits_bytes(rows: int, context_length: int, total_gpu_bytes: Optional[int],
                          mem_fraction_static: float) -> int:
     """Peak fp32 indexer logits of one prefill chunk: ``rows`` query rows against
@@ -203,7 +233,7 @@ class Verdict:
 
 def decide(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int,
            requests: int, min_requests: int = 1, required: bool = True, logits_chunked: bool = True,
-           pools_headroom: Optional[int] = None) -> Verdict:
+           pools_headroom: Optional[int] = None, decode_logits: int = 0) -> Verdict:
     """The verdict for a rank's ``headroom`` (bytes) against SGLang's activation estimate and
     floored reserve, the indexer logits transient and the requests that fit at context.
 
@@ -223,7 +253,9 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     ``fp8_paged_mqa_logits``).
 
     ``pools_headroom``: the bytes left once the pools are built while the EAGLE draft still holds
-    its own embed/head (:attr:`RankMemory.pools_headroom`; default ``headroom``): below 0 fails."""
+    its own embed/head (:attr:`RankMemory.pools_headroom`; default ``headroom``): below 0 fails.
+    ``decode_logits``: the decode rectangle (:func:`decode_indexer_logits_bytes`), part of the
+    ``indexer_logits`` need beside one prefill chunk's."""
     if (headroom if pools_headroom is None else pools_headroom) < 0:
         return Verdict("fails", "pools", headroom if pools_headroom is None else pools_headroom)
     if not logits_chunked and headroom < indexer_logits:
@@ -235,7 +267,7 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
         return Verdict("tight", "activation", headroom - activation_estimate)
     if requests < min_requests:
         return Verdict("tight", "requests", requests - min_requests)
-    name, need = largest_need(activation_estimate, activation_reserve, indexer_logits)
+    name, need = largest_need(activation_estimate, activation_reserve, indexer_logits, decode_logits)
     if headroom < need:
         return Verdict("tight", name, headroom - need)
     if headroom < need + TIGHT_MARGIN_BYTES:
@@ -243,21 +275,24 @@ def decide(headroom: int, activation_estimate: int, activation_reserve: int, ind
     return Verdict("fits", name, headroom - need)
 
 
-def largest_need(activation_estimate: int, activation_reserve: int, indexer_logits: int) -> tuple[str, int]:
+def largest_need(activation_estimate: int, activation_reserve: int, indexer_logits: int,
+                 decode_logits: int = 0) -> tuple[str, int]:
     """``(deciding term, bytes)`` of the largest need a rank's headroom is judged against (module
     table): SGLang's floored reserve, its activation estimate plus one prefill chunk's indexer
-    logits, or the estimate alone. A rank ``fits`` at this + :data:`TIGHT_MARGIN_BYTES`."""
+    logits and the decode rectangle, or the estimate alone. A rank ``fits`` at this +
+    :data:`TIGHT_MARGIN_BYTES`."""
     needs = [("activation_floor", activation_reserve),
-             ("indexer_logits", activation_estimate + indexer_logits),
+             ("indexer_logits", activation_estimate + indexer_logits + decode_logits),
              ("activation", activation_estimate)]
     return max(needs, key=lambda x: x[1])
 
 
-def shortfall_bytes(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int) -> int:
+def shortfall_bytes(headroom: int, activation_estimate: int, activation_reserve: int, indexer_logits: int,
+                    decode_logits: int = 0) -> int:
     """Bytes of headroom a rank lacks to plan ``fits`` (issue 44.4): the largest need (:func:`largest_need`)
     + :data:`TIGHT_MARGIN_BYTES` - ``headroom``; 0 when it has them."""
-    return max(0, largest_need(activation_estimate, activation_reserve, indexer_logits)[1] + TIGHT_MARGIN_BYTES
-               - headroom)
+    return max(0, largest_need(activation_estimate, activation_reserve, indexer_logits, decode_logits)[1]
+               + TIGHT_MARGIN_BYTES - headroom)
 
 
 def unbalanced(frees_gib: list[float]) -> Optional[str]:
