@@ -94,10 +94,9 @@ def watch(ctx: typer.Context,
           accept_new: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys (accept-new).")) -> None:
     """Probe the deployment continuously with known-answer tool calls (the gate's classifier)
     through each router and to each colocated server, scrape SGLang's and the routers' /metrics,
-    and serve watch's own Prometheus /metrics (probes and corruption by class, target and release:
-    corrupted answers by the classes of docs/check.md, language_mix among them; probes with no
-    judged answer: http_error, pd_transfer_failed, pd_bootstrap_failed, pd_aborted, stuck,
-    auth_refused, client_error; probe latency; stuck probes; the active release). It never changes the deployment unless
+    and serve watch's own Prometheus /metrics (probes by class, target and release: corrupted by the
+    classes of docs/check.md, language_mix among them; failed: http_error, pd_transfer_failed,
+    pd_bootstrap_failed, pd_aborted, stuck, auth_refused, client_error; latency; the release). It never changes the deployment unless
     --on-alert ... --auto says so, and then only on evidence about the release the hosts run:
     the corruption burn is per release, and before a run watch takes the deploy lock and reads
     what every host runs (not another release since, not within --settle of a deploy it did not
