@@ -18,7 +18,8 @@ SCOPE = ("dsv4ctl/check", "dsv4ctl/commands/check.py", "dsv4ctl/cli.py", "dsv4ct
          "dsv4ctl/diagnose/run.py", "dsv4ctl/serve/lint.py", "dsv4ctl/commands/facts.py",
          "dsv4ctl/commands/hicache.py", "dsv4ctl/plan/capacity.py",
          "dsv4ctl/profile/edit.py", "dsv4ctl/remote/ssh.py",
-         "dsv4ctl/profile/model.py")
+         "dsv4ctl/profile/model.py", "dsv4ctl/deploy/hashcache.py", "dsv4ctl/deploy/release.py",
+         "dsv4ctl/deploy/drift.py", "dsv4ctl/deploy/verify.py", "dsv4ctl/deploy/push.py")
 """Files, or folders (every ``*.py`` below them), held to :data:`MAX_LINES`."""
 
 

@@ -433,10 +433,13 @@ def _place(tmp: Path, final: Path, marker: str) -> None:
 
 def export_base(tree: Path, commit: str, cache: Path, hashes=None) -> Path:
     """``git archive`` of ``commit`` once per commit into ``cache/../exports/<commit>/`` with
-    content mtimes and a hash table (``hashes.json``); releases hard-link from it. A new export's
-    hashes are noted in ``hashes`` (a HashCache)."""
+    content mtimes and a hash table (``hashes.json``); releases hard-link from it. ``hashes`` (a
+    HashCache) gets the export's files: a new export's as hashed, an existing one's from the
+    cache when their identity is the cached one (before ``cp -al`` changes their ctime)."""
     exp = cache.parent / "exports" / commit
     if (exp / "hashes.json").is_file():
+        if hashes is not None:
+            hashes.prime(exp / "tree")
         return exp
     tmp = exp.parent / f".tmp-{commit}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -562,8 +565,6 @@ def _build(tree: Path, base_ref: str, patches: list[Path], configs: dict[str, by
         return done, False
     cache.mkdir(parents=True, exist_ok=True)
     exp = export_base(tree, commit, cache, hashes)
-    if hashes is not None:
-        hashes.prime(exp / "tree")      # before cp -al changes the ctime of every inode
     tmp = cache / f".build-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
