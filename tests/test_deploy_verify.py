@@ -456,3 +456,12 @@ def test_full_verify_catches_what_a_forged_identity_hides_from_the_cache(tmp_pat
     assert code == 1 and v["read"] == len(OLD) and v["releases"][str(base)]["bad"] == ["hash tree/pkg/mod009.py"], v
     code, v = verify_only(base, cache=cache)                    # the full verify rewrote the cache
     assert code == 1 and "read" not in v, v
+
+
+def test_the_verify_before_a_switch_uses_the_cache_and_dsv4ctl_verify_reads_everything():
+    """drift.verify_job: the job the engine's verify step sends names the releases folder's cache;
+    verify_fleet's (``full``) reads every file."""
+    from dsv4ctl.deploy.drift import verify_job
+    assert json.loads(verify_job(["/srv/d/releases/rA", "/srv/d/releases/rB"])) == {
+        "verify": ["/srv/d/releases/rA", "/srv/d/releases/rB"], "cache": "/srv/d/releases/.verify-cache.json"}
+    assert json.loads(verify_job(["/srv/d/releases/rA"], full=True))["full"] is True
