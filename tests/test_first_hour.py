@@ -2,7 +2,8 @@
 operator through, in order, each with the exit code the README and ``--help`` document.
 
     profile init -> plan -> (edit the profile for the real hosts) -> facts --write -> deploy
-    -> check load -> promote -> hicache off --remote -> rollback -> report
+    -> check load -> promote -> hicache off --remote -> rollback -> lock -> exec, limited deploys
+    -> stop/status/start -> report
 
 Real parts: one real OpenSSH sshd host (127.0.W.2, throwaway keys, known_hosts verified), real
 rsync and git, the release launcher, real HTTP. Stand-ins, for what cannot run here (no GPU):
@@ -177,6 +178,25 @@ def test_first_hour(tmp_path, host):
         assert r.code == 2 and f"host {name} also runs prefill, router" in r.err, r.err
         r = cli("deploy", str(prof), "--host", name, "--dry-run")
         assert r.code == 0 and f"only (--host {name}) (nothing changed)" in r.out.splitlines()[0], r.out + r.err
+
+        # 9d. the decode group stopped on purpose is "stopped" (by whom, when, why: from the audit),
+        #     not a crash; started again it is "running" with its pid, port, uptime and restarts
+        r = cli("stop", str(prof), "-g", "decode", "-m", "disk swap")
+        assert r.code == 0, r.err
+        r = cli("status", str(prof), "--json")
+        g = r.json()["hosts"][name]["groups"]["decode"]
+        assert (g["state"], g["alive"], g["pid"], g["stopped"]["message"]) == ("stopped", False, None, "disk swap"), g
+        assert g["state_detail"].startswith("stopped by ") and "crashed" not in r.err, r.err
+        r = cli("status", str(prof))
+        assert f"{name}/decode: stopped: stopped by " in r.out and '("disk swap")' in r.out, r.out
+        r = cli("start", str(prof), "-g", "decode", "-m", "swap done")
+        assert r.code == 0, r.err
+        r = cli("status", str(prof), "--json")
+        assert r.code == 0, r.err
+        g = r.json()["hosts"][name]["groups"]["decode"]
+        pid = int((root / "run" / "decode.pid").read_text())
+        assert (g["state"], g["pid"], g["port"], g["stopped"]) == ("running", pid, ports["decode"], None), g
+        assert g["restarts"] >= 1 and 0 <= g["uptime_s"] < 300, g
 
         # 10. one HTML report of the plan and the load check
         out = tmp_path / "report.html"
