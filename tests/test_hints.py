@@ -190,3 +190,17 @@ def test_watchs_printed_rules_name_commands_that_run_as_typed(unreachable, tmp_p
         else:
             assert r.code == 3 and "cannot connect to 127.0.0.1:9" in r.err, (argv, r.code, r.err)
     assert resumed >= 1
+
+
+def test_profile_inits_next_line_runs_as_typed(tmp_path):
+    """``profile init``'s "next:" line names the profile as a shell reads it (a folder with a
+    space in its name: it printed the path bare, and the plan it names then read two words)."""
+    d = tmp_path / "my ops"
+    d.mkdir()
+    r = run_cli("profile", "init", str(d / "prod.yaml"))
+    (nxt,) = [ln for ln in r.out.splitlines() if ln.startswith("next: ")]
+    cmd = nxt.split("then: ", 1)[1]
+    argv = shlex.split(cmd)
+    assert r.code == 0 and argv == ["dsv4ctl", "plan", str(d / "prod.yaml")], nxt
+    r = run_cli(*argv[1:], "--json")
+    assert r.code == 0 and r.json()["ok"] is True and len(r.json()["groups"]) == 2, r.err

@@ -5,6 +5,7 @@ imported from an NVIDIA srt-slurm SGLang recipe."""
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -243,7 +244,7 @@ def init(path: str = typer.Argument(..., metavar="PATH", help="The new profile f
         return
     for f in files:
         print(f"wrote {f}")
-    print(f"next: edit hosts and sglang.tree, then: dsv4ctl plan {dest}")
+    print(f"next: edit hosts and sglang.tree, then: dsv4ctl plan {shlex.quote(str(dest))}")
 
 
 import_app = typer.Typer(help="Import another tool's deployment description as a profile and serve configs.",
@@ -325,7 +326,8 @@ def import_srt_slurm(
         print(f"warning: {w}")
     for n in rec.notes:
         print(f"note: {n}")
-    print(f"next: set the hosts' addresses, then: dsv4ctl plan {dest}   dsv4ctl config lint {dest}")
+    q = shlex.quote(str(dest))
+    print(f"next: set the hosts' addresses, then: dsv4ctl plan {q}   dsv4ctl config lint {q}")
 
 
 def _same_file(a, b) -> bool:
