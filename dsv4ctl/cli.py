@@ -59,8 +59,9 @@ def conventions_error(args: list[str]) -> str | None:
     return None
 
 
-def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
-    """The typer app with the commands of ``modules`` (default: all of them)."""
+def build_app(modules: tuple[str, ...] = COMMAND_MODULES, listing_only: bool = False) -> typer.Typer:
+    """The typer app with the commands of ``modules`` (default: all of them); ``listing_only``: for
+    the top-level help alone, the commands without their parameters (:func:`_listing_only`)."""
     import importlib
     import importlib.util
 
@@ -89,7 +90,33 @@ def build_app(modules: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
     add_examples(application)
     add_profile_option(application)
     whole_help(application)     # whole first sentences in command lists, telling metavars
+    if listing_only:
+        _listing_only(application)
     return application
+
+
+def _no_parameters() -> None:
+    """Stand-in callback of a command that is only listed (:func:`_listing_only`)."""
+
+
+def _listing_only(application: typer.Typer) -> None:
+    """For ``dsv4ctl --help`` (the command list only): every command's callback, recursively,
+    replaced by one without parameters, its name, help and short help kept. The list shows names
+    and short help (:mod:`.commands.helptext` set them), and typer's conversion of the 41
+    commands' parameters to click options was most of the list's CPU (benchmarks/startup.py)."""
+    import inspect
+
+    from typer.main import get_command_name
+    for info in application.registered_commands:
+        if info.callback is None:
+            continue
+        info.name = info.name or get_command_name(info.callback.__name__)
+        if info.help is None:
+            info.help = inspect.getdoc(info.callback)
+        info.callback = _no_parameters
+    for grp in application.registered_groups:
+        if grp.typer_instance is not None:
+            _listing_only(grp.typer_instance)
 
 
 def modules_for(argv: list[str]) -> tuple[str, ...]:
@@ -193,7 +220,8 @@ def _run(argv: list[str] | None) -> int:
             from .render import dump_json
             print(dump_json(version_doc()))
             return 0
-        result = build_app(modules_for(args))(args=args, standalone_mode=False, prog_name="dsv4ctl")
+        result = build_app(modules_for(args), listing_only=args in (["--help"], ["-h"]))(
+            args=args, standalone_mode=False, prog_name="dsv4ctl")
         if isinstance(result, int) and not isinstance(result, bool) and result:
             # typer turns Ctrl-C into a returned 130 in non-standalone mode
             if result == EXIT_INTERRUPTED:

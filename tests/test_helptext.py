@@ -81,3 +81,15 @@ def test_the_root_help_as_a_user_reads_it():
     assert "--base REF " in r.out and "--canary GROUP|HOST " in r.out and "<str>" not in r.out and "<int>" not in r.out
     r = run_cli("patch", "check", "--help")
     assert "--base PACKAGE==VERSION " in r.out
+
+
+def test_the_top_level_list_is_that_of_the_full_app():
+    """``dsv4ctl --help`` / ``-h`` converts the commands without their parameters (start-up,
+    issue 48.1): the list must be exactly the full app's (``--help --help`` builds the full app),
+    every command and group, in order."""
+    full = run_cli("--help", "--help")
+    assert full.code == 0 and "\nCommands:\n" in full.out
+    assert "plan" in _listed(full.out) and "check" in _listed(full.out)
+    for flag in ("--help", "-h"):
+        r = run_cli(flag)
+        assert (r.code, r.out, r.err) == (0, full.out, full.err), flag
