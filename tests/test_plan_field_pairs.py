@@ -9,8 +9,9 @@
 * The decode forward's C4 indexer logits: DeepGEMM's rectangle at the full context, every EAGLE
   draft token a row (the ``indexer_logits`` need).
 * B300 Pro DEP4 at 0.93 vs 0.90 (SemiAnalysisAI/InferenceX#2226: scheduler OOMs in
-  ``deep_gemm.fp8_paged_mqa_logits``, "2.9-4.8 GiB free for 4.2-6.1 GiB allocations"): not yet told
-  apart (both ``tight: activation``), held as a strict xfail with the numbers (docs/plan-calibration.md).
+  ``deep_gemm.fp8_paged_mqa_logits``, "2.9-4.8 GiB free for 4.2-6.1 GiB allocations"): with the
+  activation at the chunk a DP-attention rank runs, 0.93 is ``tight`` short of the indexer need,
+  0.90 ``fits`` (docs/plan-calibration.md).
 """
 
 from __future__ import annotations
@@ -67,19 +68,26 @@ B300_DEP4 = dict(id="b300-pro-dep4-inferencex-2226", hw="b300", model="deepseek-
                         "cuda-graph-max-bs-decode": 128, "context-length": 1000000})
 
 
-@pytest.mark.xfail(strict=True, reason="issue 44.3 open: no decode-graph / runtime transient need calibrated yet "
-                                       "(docs/plan-calibration.md); both sides plan 'tight: activation'")
-def test_b300_pro_dep4_093_hangs_and_090_serves(tmp_path):
-    """InferenceX#2226 (and #2145 for the launch): B300, V4-Pro FP4, DEP4, megamoe, chunk 32768, decode
-    graph 128, 1M context. Planned on 0.5.20 (no free-memory chunking of the logits, like the July 2026
-    image): headroom 17.80 / 25.94 GiB; the report's free 2.9-4.8 GiB at the OOM puts what the rank held
-    at run time at 13.0-14.9 GiB beyond the pools."""
+@pytest.mark.parametrize("version,heads,short", [("0.5.20", (17.803, 25.942), 5.639), ("0.5.23", (18.141, 26.112), 1.428)])
+def test_b300_pro_dep4_093_hangs_and_090_serves(tmp_path, version, heads, short):
+    """InferenceX#2226 (launch flags from #2145): B300, V4-Pro FP4, DEP4, megamoe, chunk 32,768, decode
+    graph 128, 1M context; 0.93 hung on OOMs in fp8_paged_mqa_logits with 2.9-4.8 GiB free, 0.90 served.
+    A DP-attention rank prefills 32,768 / 4 = 8,192 tokens (parallel_hook.py): SGLang's own formula at
+    that chunk, 14.75 GiB (its memory_hook.py sizes 50.75 GiB from the undivided chunk), is what the
+    report's rank held at run time (18.14 - 4.8 .. 18.14 - 2.9 = 13.3-15.2 GiB). 0.5.20 scores the
+    prefill logits whole (the July 2026 image did: 4.2-6.1 GiB allocations above 0.5.23's cap)."""
     sides = {}
     for mfs in (0.93, 0.90):
-        e = dict(B300_DEP4, sglang={"version": "0.5.20"}, serve=dict(B300_DEP4["serve"], **{"mem-fraction-static": mfs}))
+        e = dict(B300_DEP4, sglang={"version": version}, serve=dict(B300_DEP4["serve"], **{"mem-fraction-static": mfs}))
         sides[mfs] = plan(tmp_path / str(mfs), e)
-    assert [round(min(r["headroom_gib"] for r in sides[m]["ranks"]), 1) for m in (0.93, 0.90)] == [17.8, 25.9]
-    assert sides[0.93]["verdict"]["deciding"] != sides[0.90]["verdict"]["deciding"]
+    bad, fix = sides[0.93], sides[0.90]
+    assert tuple(min(r["headroom_gib"] for r in g["ranks"]) for g in (bad, fix)) == heads
+    for g in (bad, fix):
+        assert (g["activation_estimate_gib"], g["activation_rank_gib"]) == (50.75, 14.75)
+    v = bad["verdict"]
+    assert (v["level"], v["deciding"], v["shortfall_gib"]) == ("tight", "indexer_logits", short)
+    assert "14.75 GiB at the rank's prefill chunk of 8,192 tokens" in v["message"] and bad["fixes"]
+    assert (fix["verdict"]["level"], fix["verdict"]["shortfall_gib"], fix["fixes"]) == ("fits", None, [])
 
 
 def test_decode_indexer_logits_are_deepgemms_rectangle_at_the_full_context():

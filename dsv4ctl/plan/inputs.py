@@ -273,6 +273,19 @@ class GroupInputs:
     graph_max_bs: int = 0                 # the decode CUDA graph's largest batch (0: no decode graph; memory_hook.py)
     replica: Optional[int] = None         # with replicas: the one planned (the tightest)
     weights_fixed_gib: Optional[float] = None   # estimated weights that do not shrink with TP (plan.weights)
+    # SGLang's estimate / reserve at the prefill chunk a DP-attention rank runs (None: the same as SGLang's)
+    rank_estimate_gib: Optional[float] = None
+    rank_reserve_gib: Optional[float] = None
+
+    @property
+    def need_estimate_gib(self) -> float:
+        """The activation estimate the verdict judges a rank against (:func:`rank_activation`)."""
+        return self.activation_estimate_gib if self.rank_estimate_gib is None else self.rank_estimate_gib
+
+    @property
+    def need_reserve_gib(self) -> float:
+        """The floored reserve the verdict judges a rank against (:func:`rank_activation`)."""
+        return self.activation_reserve_gib if self.rank_reserve_gib is None else self.rank_reserve_gib
 
     def gpu_name(self, rank: int) -> str:
         """``GPU 3``, or ``GPU 3 of host h1 (node 1)`` for a multi-node server; ``GPU #5`` when the
@@ -848,6 +861,25 @@ def _memory_args(group: Group, args: dict, gpu_mib: Optional[int], disagg: Optio
     return mem_args, mfs
 
 
+def rank_activation(mem_args: cap.MemoryArgs, dpa: bool, dp: int, disagg: Optional[str]) -> tuple[Optional[float], Optional[float]]:
+    """``(estimate, reserve)`` GiB of SGLang's activation formula (:func:`capacity.reserved_mb`) at the
+    prefill chunk a DP-attention rank runs, or ``(None, None)`` when that is SGLang's own chunk.
+
+    SGLang 0.5.23 sizes its reserve in ``memory_hook.py`` before ``parallel_hook.py`` (l.326-336)
+    divides ``chunked_prefill_size`` by ``attn_dp_size``: the reserve counts ``1.5 MB x`` the
+    undivided chunk, a rank prefills chunk / attn-dp tokens. Calibrated on SemiAnalysisAI/InferenceX
+    #2226 (B300, V4-Pro, DEP4, chunk 32,768, decode graph 128): SGLang's estimate 50.75 GiB, at the
+    rank's 8,192 tokens 14.75 GiB; the report's free 2.9-4.8 GiB at its OOM puts what the rank held at
+    run time at 13.0-15.2 GiB (docs/plan-calibration.md)."""
+    if not dpa or dp <= 1 or disagg == "decode":
+        return None, None
+    chunk = mem_args.chunked_prefill_size or cap.default_chunked_prefill_size(mem_args.gpu_memory_mib)
+    if chunk <= 0:
+        return None, None
+    ranked = cap.replace(mem_args, chunked_prefill_size=max(1, chunk // dp))
+    return round(cap.reserved_mb(ranked, floor=False) / 1024, 3), round(cap.reserved_mb(ranked) / 1024, 3)
+
+
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
                   overrides: dict[str, Any], tree_idx: Optional[dict] = None,
                   serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
@@ -910,7 +942,9 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     places = free.places
     # one prefill chunk of query rows scores the C4 indexer (decode rows are graph-captured: no budget)
     logits_rows = 0 if disagg == "decode" else (pool.chunked_prefill_size if chunked > 0 else max_prefill)
+    rank_est, rank_res = rank_activation(mem_args, dpa, dp, disagg)
     return GroupInputs(activation_reserve_gib=round(cap.reserved_mb(mem_args) / 1024, 3),
+                       rank_estimate_gib=rank_est, rank_reserve_gib=rank_res,
                        activation_estimate_gib=round(cap.reserved_mb(mem_args, floor=False) / 1024, 3),
                        draft_weights_gib_per_rank=dw_gib, draft_freed_gib_per_rank=dw_freed, checkpoint_format=fmt, rank_resident_gib=rank_resident,
                        free_gib_per_gpu=frees,

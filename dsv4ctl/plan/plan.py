@@ -98,6 +98,7 @@ class GroupPlan:
             ranks=self.ranks(), warnings=self.warnings, errors=self.errors, fixes=self.fixes,
             index_k_source=self.index_k_source,
             activation_estimate_gib=gi.activation_estimate_gib,
+            activation_rank_gib=gi.rank_estimate_gib,
             verdict=self.verdict)
 
 

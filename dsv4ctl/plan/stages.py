@@ -126,8 +126,8 @@ def plan_stages(model: cap.ModelGeometry, gi: GroupInputs, mfs: Optional[float] 
         memory = vd.rank_memory(c, s, c.idx_real, resident, r2t, int(gi.draft_freed_gib_per_rank * GIB))
         conc = cap.max_concurrent_requests(c, s, gi.context_length)
         dec = decode_logits(gi, s)
-        verdict = as_given(gi, vd.decide(memory.headroom, int(gi.activation_estimate_gib * GIB),
-                                          int(gi.activation_reserve_gib * GIB), logits, conc, gi.min_requests,
+        verdict = as_given(gi, vd.decide(memory.headroom, int(gi.need_estimate_gib * GIB),
+                                          int(gi.need_reserve_gib * GIB), logits, conc, gi.min_requests,
                                           gi.min_requests_required, logits_chunked=gi.logits_chunked,
                                           pools_headroom=memory.pools_headroom, decode_logits=dec))
         out.append(StagePlan(pp_rank=r, conf=c, sizes=s, exact_conf=exact_confs[r],
@@ -144,7 +144,7 @@ def rank_verdict(gi: GroupInputs, st: StagePlan, own_resident: Optional[int]) ->
     if own_resident is None:
         return st.memory, st.verdict
     mem = cap.replace(st.memory, resident=own_resident)
-    return mem, vd.decide(mem.headroom, int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB),
+    return mem, vd.decide(mem.headroom, int(gi.need_estimate_gib * GIB), int(gi.need_reserve_gib * GIB),
                           st.logits_bytes, st.concurrent, gi.min_requests, gi.min_requests_required,
                           logits_chunked=gi.logits_chunked, pools_headroom=mem.pools_headroom,
                           decode_logits=st.decode_logits_bytes)
@@ -159,7 +159,7 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
     h = to_gib(m.headroom)
     if v.level == "fits":
         return (f"headroom {h} GiB, {to_gib(v.slack)} GiB above the largest need ({v.deciding}: SGLang's "
-                f"activation estimate {gi.activation_estimate_gib} GiB, reserve {gi.activation_reserve_gib} GiB, "
+                f"activation estimate {gi.need_estimate_gib} GiB, reserve {gi.need_reserve_gib} GiB{_rank_text(gi)}, "
                 f"indexer logits {to_gib(st.logits_bytes)} GiB" + _decode_text(st) + ")")
     if v.deciding == "pools":
         return (f"the pools ({to_gib(m.pools)} GiB as allocated + {to_gib(m.pools_rounding)} GiB 2 MiB rounding), "
@@ -170,7 +170,7 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
                    "its pool)" if m.draft_freed else ""))
     if v.deciding == "activation":
         return (f"headroom {h} GiB is below 90 % of SGLang's activation/CUDA-graph estimate "
-                f"({gi.activation_estimate_gib} GiB, memory_hook.py, a heuristic SGLang uses only to choose "
+                f"({gi.need_estimate_gib} GiB{_rank_text(gi)}, memory_hook.py, a heuristic SGLang uses only to choose "
                 "mem_fraction_static when none is set): CUDA-graph capture or a large prefill chunk may run out "
                 "of memory; published recipes run below it, so measure under load (dsv4ctl check load)")
     if v.deciding == "requests":
@@ -181,15 +181,15 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
                 "SGLang starts and refuses the requests longer than its pool (tp_worker.py: 'Not an error'), so "
                 f"measure the lengths served; plan: {{min_requests: {gi.min_requests}}} in the profile requires them"))
     if v.deciding == "activation_floor":
-        return (f"headroom {h} GiB is under SGLang's {gi.activation_reserve_gib} GiB activation reserve "
-                f"(its estimate without the floor: {gi.activation_estimate_gib} GiB)")
+        return (f"headroom {h} GiB is under SGLang's {gi.need_reserve_gib} GiB activation reserve "
+                f"(its estimate without the floor: {gi.need_estimate_gib} GiB{_rank_text(gi)})")
     if v.deciding == "indexer_logits" and v.level == "fails":
         return (f"headroom {h} GiB is under the indexer logits of one prefill chunk ({to_gib(st.logits_bytes)} GiB, "
                 f"fp32, {gi.logits_rows:,} rows x {gi.context_length:,} context / 4): this SGLang release scores a "
                 "chunk's rows in one tensor (no free-memory chunking before 0.5.21), so the first long prefill runs "
                 "out of memory (field report C2)")
     if v.deciding == "indexer_logits":
-        return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.activation_estimate_gib} GiB) plus the "
+        return (f"headroom {h} GiB is under SGLang's activation estimate ({gi.need_estimate_gib} GiB{_rank_text(gi)}) plus the "
                 f"indexer logits of one prefill chunk ({to_gib(st.logits_bytes)} GiB at {gi.logits_rows:,} rows x "
                 f"{gi.context_length:,} context)" + _decode_text(st) + ": "
                 + ("SGLang chunks the logits under free memory, long prefills slow down" if gi.logits_chunked else
@@ -199,6 +199,15 @@ def _message(gi: GroupInputs, st: StagePlan, v: vd.Verdict) -> str:
         need = h - to_gib(v.slack)
         return f"headroom {h} GiB is within {TIGHT_TEXT_GIB:g} GiB of what the rank needs ({round(need, 3)} GiB)"
     return f"headroom {h} GiB"
+
+
+def _rank_text(gi: GroupInputs) -> str:
+    """`` at the rank's chunk of N tokens (SGLang sizes X GiB from the undivided M)`` for a DP-attention
+    rank (:func:`dsv4ctl.plan.inputs.rank_activation`), else empty."""
+    if gi.rank_estimate_gib is None:
+        return ""
+    return (f" at the rank's prefill chunk of {gi.pool.chunked_prefill_size:,} tokens; SGLang's memory_hook.py "
+            f"sizes {gi.activation_estimate_gib} GiB from the chunk before the DP-attention division")
 
 
 def _decode_text(st: StagePlan) -> str:
@@ -231,11 +240,11 @@ def shortfall(gi: GroupInputs, stages: Optional[list[StagePlan]], v: vd.Verdict)
                     shortfall_requests=max(1, gi.min_requests) - st.concurrent)
     if v.deciding not in ("pools", "activation", "activation_floor", "indexer_logits", "margin"):
         return out
-    est, res = int(gi.activation_estimate_gib * GIB), int(gi.activation_reserve_gib * GIB)
+    est, res = int(gi.need_estimate_gib * GIB), int(gi.need_reserve_gib * GIB)
     dec = st.decode_logits_bytes
     name, need = vd.largest_need(est, res, st.logits_bytes, dec)
     what = _NEED_TEXT[name + ("_decode" if name == "indexer_logits" and dec else "")].format(
-        reserve=gi.activation_reserve_gib, est=gi.activation_estimate_gib, logits=to_gib(st.logits_bytes),
+        reserve=gi.need_reserve_gib, est=gi.need_estimate_gib, logits=to_gib(st.logits_bytes),
         dlogits=to_gib(dec))
     return dict(out, short_of=f"{what} + {TIGHT_TEXT_GIB:g} GiB margin = {to_gib(need + vd.TIGHT_MARGIN_BYTES)} GiB "
                               "of headroom", shortfall_gib=to_gib(vd.shortfall_bytes(st.memory.headroom, est, res,

@@ -29,6 +29,8 @@ computes (which are exact, see ``tests/test_capacity_oracle.py``):
 * **Activation estimate.** SGLang's own activation/CUDA-graph estimate ``reserved_mb``
   (``srt/arg_groups/memory_hook.py:47-355``) without the 10 GiB floor is what the rank needs
   free to run a prefill chunk and capture its graphs; the floored value is SGLang's safety margin.
+  SGLang computes it from the chunk before DP attention divides it; a DP-attention rank is judged
+  at the chunk it runs (:func:`dsv4ctl.plan.inputs.rank_activation`, issue 44.3).
 * **Indexer logits transient.** The C4 indexer scores ``[query rows, compressed columns]`` fp32
   logits per layer (``srt/layers/attention/mqa_logits_utils.py:20-101``): row stride padded to 256
   columns, and above 8,000,000 elements chunked by rows under ``min(0.3 * total, 0.2 * (1 - mfs)
