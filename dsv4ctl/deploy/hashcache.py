@@ -104,7 +104,11 @@ class HashCache:
             if k not in out:
                 keep(k, e[3], e[4], lambda st: [st.st_size, st.st_mtime_ns, st.st_ctime_ns] == e[:3])
         import tempfile
+        import time
         try:
+            for n in os.listdir(self.folder):    # a run killed between its temp file and the rename
+                if n.startswith(NAME + ".tmp.") and os.lstat(self.folder / n).st_mtime < time.time() - 3600:
+                    os.unlink(self.folder / n)
             fd, tmp = tempfile.mkstemp(prefix=NAME + ".tmp.", dir=self.folder)
         except OSError:
             return

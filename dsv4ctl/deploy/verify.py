@@ -211,6 +211,9 @@ def save_cache(moved=None):
     try:
         if not cache_dir_ok(d):
             return
+        for n in os.listdir(d):         # a run killed between its temp file and the rename
+            if n.startswith(".verify-cache.tmp.") and os.lstat(os.path.join(d, n)).st_mtime < time.time() - 3600:
+                os.unlink(os.path.join(d, n))
         fd, tmp = tempfile.mkstemp(prefix=".verify-cache.tmp.", dir=d)
     except OSError:
         return
