@@ -203,7 +203,10 @@ def test_promote_runs_exactly_its_dry_run(promote_world, monkeypatch):
             if s[k]:
                 s[k] = s[k].replace(dstamp, stamp)
     check_equal(dry, planned[0], executed, rec, _token(planned[0]))
-    assert [s.stage for s in executed if s.phase == "check"] == ["canary", "canary", "rest"]
+    # the patch changes the series: the upgrade gate's A/B in sequence ('before' the canary's
+    # switch, then after it beside the canary's own checks) is in the dry run as it runs
+    assert [s.stage for s in executed if s.phase == "check"] == ["before", "canary", "canary", "canary", "rest"], \
+        [(s.stage, s.summary) for s in executed if s.phase == "check"]
 
 
 @needs_rsync
