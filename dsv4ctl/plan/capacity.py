@@ -160,13 +160,39 @@ def pp_layer_range(num_hidden_layers: int, pp_size: int, pp_rank: int,
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PoolInputs:
-    """Resolved SGLang 0.5.23 server arguments and env switches for one worker (a rank).
+@dataclass(frozen=True, kw_only=True)
+class ReleaseFlags:
+    """What the SGLang release changes in the configurator's arithmetic: declared once, for
+    :class:`dsv4ctl.plan.versions.VersionRules` (one per release) and :class:`PoolInputs` (one
+    rank's inputs, ``VersionRules.pool_flags()`` copied in). Defaults: 0.5.21+ (0.5.23 for
+    ``mrr_floor`` and ``v41_new_layout``). Keyword-only: a subclass's own fields keep their
+    positions."""
 
-    Defaults are 0.5.23's resolved defaults for DeepSeek-V4 on CUDA (reference §1.2):
-    page_size 256, max_running_requests 256, SWA ratio 0.1 in ratio mode, flashmla, layout v4,
-    fp32 compress state, fp8 index-K with stock accounting."""
+    # requests per attention-DP worker floored at 1 (0.5.23: ``max(1, max_running_requests //
+    # attn_dp_size)``); 0.5.20-0.5.22 divide without the floor (dsv4ctl.plan.versions)
+    mrr_floor: bool = True
+    # The configurator generation (dsv4ctl.plan.versions; defaults: 0.5.21+). 0.5.20's
+    # DSV4PoolConfigurator (pool_configurator.py l.926-1346) has no SWA cap mode
+    # (``swa_cap_mode``), no V4.1 page layouts (``v41_layouts``: SGLANG_DSV4_KV_LAYOUT does not
+    # exist, every pool is V4), prices a latent slot at 584 bytes instead of the padded page's
+    # bytes per slot (``paged_kv_budget``) and addresses the C4 compress-state ring per sliding
+    # window instead of per page (``c4_state_per_window``).
+    swa_cap_mode: bool = True
+    v41_layouts: bool = True
+    paged_kv_budget: bool = True
+    c4_state_per_window: bool = False
+    # 0.5.20+ refuse a ratio-sized SWA pool that cannot admit one request
+    # (``validate_swa_pool_size``); 0.5.19 has no such check
+    swa_floor_check: bool = True
+    # SGLANG_DSV4_KV_LAYOUT=v41_new exists from 0.5.23 (select_dsv4_kv_layout); 0.5.21 and 0.5.22
+    # assert ``mode in ("v41", "auto")`` after "v4"
+    v41_new_layout: bool = True
+
+
+@dataclass(frozen=True)
+class PoolArgs:
+    """The server arguments and env switches of :class:`PoolInputs` (its fields before the
+    release's :class:`ReleaseFlags`, in this order: ``plan --json``'s ``server_args`` keys)."""
 
     page_size: int = 256
     max_running_requests: int = 256          # --max-running-requests (whole server, all DP ranks)
@@ -194,25 +220,16 @@ class PoolInputs:
     index_k_accounting: str = "fp8"          # what the deployed tree budgets
     fp4_indexer: bool = False                # --enable-deepseek-v4-fp4-indexer
     sm100: bool = True                       # Blackwell (SM100/SM103): v41 layouts allowed
-    # requests per attention-DP worker floored at 1 (0.5.23: ``max(1, max_running_requests //
-    # attn_dp_size)``); 0.5.20-0.5.22 divide without the floor (dsv4ctl.plan.versions)
-    mrr_floor: bool = True
-    # The configurator generation (dsv4ctl.plan.versions; defaults: 0.5.21+). 0.5.20's
-    # DSV4PoolConfigurator (pool_configurator.py l.926-1346) has no SWA cap mode
-    # (``swa_cap_mode``), no V4.1 page layouts (``v41_layouts``: SGLANG_DSV4_KV_LAYOUT does not
-    # exist, every pool is V4), prices a latent slot at 584 bytes instead of the padded page's
-    # bytes per slot (``paged_kv_budget``) and addresses the C4 compress-state ring per sliding
-    # window instead of per page (``c4_state_per_window``).
-    swa_cap_mode: bool = True
-    v41_layouts: bool = True
-    paged_kv_budget: bool = True
-    c4_state_per_window: bool = False
-    # 0.5.20+ refuse a ratio-sized SWA pool that cannot admit one request
-    # (``validate_swa_pool_size``); 0.5.19 has no such check
-    swa_floor_check: bool = True
-    # SGLANG_DSV4_KV_LAYOUT=v41_new exists from 0.5.23 (select_dsv4_kv_layout); 0.5.21 and 0.5.22
-    # assert ``mode in ("v41", "auto")`` after "v4"
-    v41_new_layout: bool = True
+
+
+@dataclass(frozen=True)
+class PoolInputs(ReleaseFlags, PoolArgs):
+    """Resolved SGLang 0.5.23 server arguments and env switches for one worker (a rank):
+    :class:`PoolArgs` then the release's :class:`ReleaseFlags` (fields in that order).
+
+    Defaults are 0.5.23's resolved defaults for DeepSeek-V4 on CUDA (reference §1.2):
+    page_size 256, max_running_requests 256, SWA ratio 0.1 in ratio mode, flashmla, layout v4,
+    fp32 compress state, fp8 index-K with stock accounting."""
 
     def per_worker_requests(self) -> int:
         """``max_running_requests // attn_dp_size``, at least 1 with :attr:`mrr_floor`

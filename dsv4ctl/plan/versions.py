@@ -54,13 +54,13 @@ from dataclasses import dataclass, fields
 from typing import Optional
 
 from ..errors import InputError
-from .capacity import PoolInputs
+from .capacity import ReleaseFlags
 
 DEFAULT_VERSION = "0.5.23"
 
 
 @dataclass(frozen=True)
-class VersionRules:
+class VersionRules(ReleaseFlags):
     """What dsv4ctl's models need to know of one SGLang release.
 
     ``mrr_floor``: requests per attention-DP worker floored at 1; ``graph_bs_capped_by_mrr``: the
@@ -86,32 +86,26 @@ class VersionRules:
     ``srt/utils/server_args_config_parser.py``; 0.5.18-0.5.22 only under its dest)."""
 
     version: str
-    mrr_floor: bool
     graph_bs_capped_by_mrr: bool
     output_path: str
     resolved_attn_backend: Optional[str] = "flashmla"
-    swa_cap_mode: bool = True
-    v41_layouts: bool = True
-    paged_kv_budget: bool = True
-    c4_state_per_window: bool = False
-    swa_floor_check: bool = True
     pp_partition_at_pp1: bool = False
     logits_chunked: bool = True
-    v41_new_layout: bool = True
     config_all_spellings: bool = False
+    # and the configurator's flags, declared once in dsv4ctl.plan.capacity.ReleaseFlags (keyword
+    # arguments): mrr_floor, swa_cap_mode, v41_layouts, paged_kv_budget, c4_state_per_window,
+    # swa_floor_check, v41_new_layout
 
     def pool_flags(self) -> dict:
-        """This release's fields of :class:`dsv4ctl.plan.capacity.PoolInputs` (every field the two
-        dataclasses share, by name): ``{name: value}``."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _POOL_FIELDS}
+        """This release's :class:`dsv4ctl.plan.capacity.ReleaseFlags`, the fields it shares with
+        :class:`dsv4ctl.plan.capacity.PoolInputs`: ``{name: value}`` in their declared order."""
+        return {f.name: getattr(self, f.name) for f in fields(ReleaseFlags)}
 
     @property
     def server_args_file(self) -> str:
         """The shipped argument table of this release (``dsv4ctl/data/``)."""
         return f"server_args-{self.version}.json"
 
-
-_POOL_FIELDS = frozenset(f.name for f in fields(PoolInputs))
 
 VERSIONS: dict[str, VersionRules] = {
     "0.5.18": VersionRules("0.5.18", mrr_floor=False, graph_bs_capped_by_mrr=False, output_path="detector",
