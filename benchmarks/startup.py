@@ -29,6 +29,7 @@ is written into the checkout).
     .venv/bin/python benchmarks/startup.py              # 15 pairs per row; exit 1 when a ratio misses its target
     .venv/bin/python benchmarks/startup.py --report-only  # always exit 0 (just the numbers)
     .venv/bin/python benchmarks/startup.py --imports    # + what the plan run imports (-X importtime)
+    .venv/bin/python benchmarks/startup.py --before DIR  # + each row run from the checkout DIR, same pairs
 
 The CLI is run the way a user runs it: the ``dsv4ctl`` console script next to the interpreter
 (``python -m dsv4ctl.cli`` when there is none)."""
@@ -100,23 +101,36 @@ def environment(kind: str, tmp: Path, i: int) -> dict:
     return env
 
 
-def measure(python: str, runs: int, tmp: Path) -> dict[str, list[tuple[float, float, float, float]]]:
+def measure(python: str, runs: int, tmp: Path, before: Path | None = None) -> dict[str, list[tuple[float, float, float, float]]]:
     """Interleaved pairs (one warm-up pair per row, not counted): label -> per pair (baseline wall,
-    baseline CPU, command wall, command CPU) seconds."""
+    baseline CPU, command wall, command CPU) seconds. ``before``: a checkout whose dsv4ctl runs
+    each row too, right after this tree's, against the same baseline run (label + " [before]")."""
     cli = cli_argv(python)
     base = [python, "-c", "import typer"]
 
-    def argv(args: list[str], kind: str) -> list[str]:
+    def argv(args: list[str], kind: str, tree: Path | None = None) -> list[str]:
+        if tree is not None:        # the checkout's dsv4ctl first on sys.path
+            prefix = f"import sys; sys.path.insert(0, {str(tree)!r}); "
+            code = NO_CODE_CACHE if kind == "no-code-cache" else "from dsv4ctl.cli import main; sys.argv[0] = 'dsv4ctl'; sys.exit(main())"
+            return [python, "-c", prefix + code] + args
         return [python, "-c", NO_CODE_CACHE] + args if kind == "no-code-cache" else cli + args
     for label, (args, kind, _) in ROWS.items():
-        run_once(argv(args, kind), environment(kind, tmp, -1))
-    times: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in ROWS}
+        run_once(argv(args, kind, REPO if before is not None else None), environment(kind, tmp, -1))
+        if before is not None:
+            run_once(argv(args, kind, before), environment(kind, tmp, -1))
+    times: dict[str, list[tuple[float, float, float, float]]] = {}
     for i in range(runs):
         for label, (args, kind, _) in ROWS.items():
             env = environment(kind, tmp, i)
             bw, bc = run_once(base, env)
-            cw, cc = run_once(argv(args, kind), env)
-            times[label].append((bw, bc, cw, cc))
+            # beside a checkout, both run the same way (python -c, their tree first on sys.path)
+            cw, cc = run_once(argv(args, kind, REPO if before is not None else None), env)
+            times.setdefault(label, []).append((bw, bc, cw, cc))
+            if before is not None:
+                if kind in ("cold", "new-profile"):
+                    env = environment(kind, tmp, runs + i)     # its own empty folders
+                cw, cc = run_once(argv(args, kind, before), env)
+                times.setdefault(f"{label} [before]", []).append((bw, bc, cw, cc))
     return times
 
 
@@ -144,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="(the default) exit 1 when a ratio misses its target")
     ap.add_argument("--report-only", action="store_true", help="print the numbers; exit 0 even when a target is missed")
     ap.add_argument("--imports", action="store_true", help="also print import costs of the plan run")
+    ap.add_argument("--before", type=Path, metavar="DIR",
+                    help="also run every row with the dsv4ctl of the checkout DIR (the code before a change), "
+                         "against the same baseline runs; its rows are marked [before] and have no target")
     a = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="dsv4ctl-startup-") as tmp:
@@ -153,20 +170,21 @@ def main(argv: list[str] | None = None) -> int:
 def report(a: argparse.Namespace, tmp: Path) -> int:
     """Measure, print the table and the verdict; exit code 1 when a target is missed (unless
     ``--report-only``)."""
-    times = measure(a.python, a.runs, tmp)
+    times = measure(a.python, a.runs, tmp, getattr(a, "before", None))
     med = statistics.median
     print(f"start-up, {a.runs} interleaved pairs per row ({a.python}); load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs; ratio = median over pairs of command CPU / baseline CPU "
           f"({BASELINE}, same conditions, run just before)")
-    print(f"{'command':40} {'base CPU ms':>11} {'CPU ms':>7} {'CPU ratio':>10} {'target':>7} {'wall ratio':>11}")
+    print(f"{'command':49} {'base CPU ms':>11} {'CPU ms':>7} {'CPU ratio':>10} {'target':>7} {'wall ratio':>11}")
     missed = []
     for label, pairs in times.items():
         ratio = med([cc / bc for _, bc, _, cc in pairs])
         wall = med([cw / bw for bw, _, cw, _ in pairs])
-        if TARGETS[label] is not None and ratio > TARGETS[label]:
+        goal = TARGETS.get(label)
+        if goal is not None and ratio > goal:
             missed.append(label)
-        target = "-" if TARGETS[label] is None else f"{TARGETS[label]:.1f}"
-        print(f"{label:40} {med([p[1] for p in pairs]) * 1000:11.1f} {med([p[3] for p in pairs]) * 1000:7.1f} "
+        target = "-" if goal is None else f"{goal:.1f}"
+        print(f"{label:49} {med([p[1] for p in pairs]) * 1000:11.1f} {med([p[3] for p in pairs]) * 1000:7.1f} "
               f"{ratio:10.2f} {target:>7} {wall:11.2f}")
     print("targets (CPU ratio): " + ("ok" if not missed else "MISSED " + ", ".join(missed)))
     if a.imports:
