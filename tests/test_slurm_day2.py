@@ -63,7 +63,8 @@ def test_a_job_pending_past_the_start_timeout_is_cancelled_and_the_previous_rele
     good = w.current("h0")
     [old] = jobs(lab, "decode")
     # another job waits for decode's nodes: once the deploy cancels decode's job it takes them
-    blocker = lab.run("sbatch", "--parsable", "-N2", "--nodelist=h2,h3", "--exclusive", "--wrap", "sleep 600").stdout.strip()
+    blocker = lab.run("sbatch", "--parsable", "-N2", "--nodelist=h2,h3", "--exclusive", "--output=/dev/null",
+                      "--wrap", "sleep 600").stdout.strip()
     assert blocker.isdigit()
     w.extra["decode"] = {"watchdog-timeout": 901}
     w.write()
