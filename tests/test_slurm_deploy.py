@@ -20,6 +20,7 @@ from dsv4ctl.hosts.slurm import parse_squeue, release_of
 from tests.conftest import run_cli, worker_index
 from tests.slurm.lab import SlurmLab, missing
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.promote_world import PromoteWorld
 from tests.sshd.world import http_status, wait_for
 from tests.test_multinode_deploy import TwoNodeWorld
 
@@ -298,3 +299,98 @@ def test_a_copy_of_the_profile_on_other_roots_never_cancels_the_first_ones_jobs(
     [still] = jobs(lab, "decode")
     assert still["job"] == a["job"] and still["state"] == "RUNNING"
     assert [j["state"] for j in jobs(lab, "prefill")] == ["RUNNING"]
+
+
+class SlurmPromoteWorld(PromoteWorld):
+    """PromoteWorld (``nnodes=2``: ``a`` over h0+h1, ``b`` over h2+h3, the tool-calling stand-in of
+    tests/standin with metrics) with ``deploy.backend: slurm`` on ``lab``."""
+
+    lab: SlurmLab | None = None
+
+    def hicache(self, on: bool, groups: tuple[str, ...] | None = None) -> None:
+        super().hicache(on, groups)
+        prof = yaml.safe_load(self.profile.read_text())
+        prof["deploy"]["backend"] = "slurm"
+        prof["deploy"]["slurm"] = {"partition": self.lab.partition, "conf": str(self.lab.conf), "time_limit": "60"}
+        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+
+@pytest.fixture
+def pworld(live_cluster, slurm_lab, tmp_path):
+    SlurmPromoteWorld.lab = slurm_lab
+    w = SlurmPromoteWorld(live_cluster, tmp_path, nnodes=2,
+                          check={"concurrency": 4, "max_corruption": 0.01, "turns": 2, "stall_timeout_s": 20})
+    w.lab = slurm_lab
+    yield w
+    slurm_lab.run("scancel", "--partition", slurm_lab.partition)
+    w.stop_services()
+    time.sleep(0.5)
+
+
+def job_of(w, g: str) -> tuple[str, str | None]:
+    """(job id, release) of group ``g``'s one live job."""
+    [j] = jobs(w.lab, g, profile="promote-test")
+    assert j["state"] in ("RUNNING", "PENDING", "CONFIGURING"), j
+    return j["job"], release_of(j["comment"])
+
+
+def test_promote_remote_changes_and_every_day2_command_on_a_slurm_profile(pworld):
+    """Issue 43.1: deploy --promote (each server's node 0 submits), hicache/config set --remote
+    (a release; only the changed group's job is resubmitted, with it), verify, audit, lock
+    status, logs, check smoke --profile, watch --once and a runbook on a Slurm profile."""
+    w = pworld
+    p = str(w.profile)
+    r = run_cli("deploy", p, "--json", env=w.env(), timeout=180)
+    assert r.code == 0, r.err
+    r1 = r.json()["release"]
+    a1, b1 = job_of(w, "a"), job_of(w, "b")
+    assert a1[1] == b1[1] == r1
+    # hicache on --remote: a release, a's job resubmitted with it, b's job untouched
+    r = run_cli("hicache", "on", p, "-g", "a", "--remote", "--json", env=w.env(), timeout=180)
+    assert r.code == 0, r.err
+    r2 = r.json()["release"]
+    a2 = job_of(w, "a")
+    assert r2 != r1 and a2[1] == r2 and a2[0] != a1[0] and job_of(w, "b") == b1
+    assert set(w.currents().values()) == {r2}
+    live = yaml.safe_load((w.roots["h1"] / "current" / "configs" / "a.yaml").read_text())
+    assert live["enable-hierarchical-cache"] is True
+    # config set --remote on b: the same, for b only
+    r = run_cli("config", "set", p, "-g", "b", "watchdog-timeout=901", "--remote", "--json", env=w.env(), timeout=180)
+    assert r.code == 0, r.err + r.out
+    r3 = r.json()["release"]
+    b3 = job_of(w, "b")
+    assert r3 != r2 and b3[1] == r3 and b3[0] != b1[0] and job_of(w, "a") == a2
+    # deploy --promote: the canary server's job is replaced first and gated, then the rest
+    w.extra = {"max-running-requests": 256}
+    w.hicache(False)
+    r = run_cli("deploy", "--promote", p, env=w.env(), timeout=300)
+    assert r.code == 0, r.err + r.out
+    r4 = w.current("h0")
+    assert r4 not in (r1, r2, r3) and set(w.currents().values()) == {r4}
+    assert job_of(w, "a")[1] == r4 and job_of(w, "b")[1] == r4
+    assert "canary: switching h0, h1 to " + r4 in r.err, r.err
+    assert w.state("h0")["releases"][r4]["state"] == "good"          # promoted
+    # day 2 reads the same facts as over SSH
+    r = run_cli("verify", p, "--json", env=w.env())
+    assert r.code == 0, r.err
+    r = run_cli("audit", p, "--json", env=w.env())
+    assert r.code == 0, r.err
+    acts = {(x["host"], x["action"]) for x in r.json()["records"]}
+    assert {("h0", "deploy"), ("h3", "deploy")} <= acts, acts
+    r = run_cli("lock", "status", p, "--json", env=w.env())
+    assert r.code == 0, r.err
+    r = run_cli("logs", "a", p, "-n", "50", env=w.env())
+    assert r.code == 0 and f"h1: === dsv4ctl start a release {r4}" in r.out, r.out + r.err
+    r = run_cli("check", "smoke", "--profile", p, "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.out + r.err
+    r = run_cli("watch", p, "--once", "--no-releases", "--json", env=w.env(), timeout=120)
+    assert r.code == 0, r.out + r.err
+    # a runbook's service.restart resubmits the group's job from the active release
+    book = w.cfgdir / "restart.yaml"
+    book.write_text(yaml.safe_dump({"name": "restart-a", "description": "restart a whole server",
+                                    "steps": [{"id": "restart", "action": "service.restart", "args": {"groups": ["a"]}}]}))
+    before = job_of(w, "a")
+    r = run_cli("runbook", "run", str(book), p, "--yes", env=w.env(), timeout=240)
+    assert r.code == 0, r.out + r.err
+    after = job_of(w, "a")
+    assert after[1] == r4 and after[0] != before[0]
