@@ -63,20 +63,10 @@ class Pin:
     hashes: tuple[str, ...]
 
 
-def parse_lock(text: str, where: str = "environment lock", env: dict | None = None) -> dict[str, Pin]:
-    """{normalized name: Pin} of a hashed requirements lock for one host (pure): the pins whose
-    environment marker (after ``;``, as ``uv pip compile --universal`` writes them) holds for
-    ``env`` (:func:`marker_env`; default Linux x86_64, Python 3.11). Comments (``#`` after
-    whitespace), blank lines, CRLF, a UTF-8 BOM and line continuations (``\\``) are understood.
-
-    Raises InputError (one line naming ``where`` and the line) for anything that is not an
-    exact pin with at least one full-length hash: a range, a URL or path, ``-e``, an option line
-    (``--index-url``: how hosts reach packages belongs to ``sglang.environment.uv_args``), a bad
-    marker or version, a continuation at the end, a distribution locked twice for one host, or a
-    lock that pins nothing."""
-    from packaging.markers import InvalidMarker, Marker
-    from packaging.version import InvalidVersion, Version
-    env = env or marker_env()
+def _logical_lines(text: str, where: str) -> list[tuple[int, str]]:
+    """(first physical line number, text) of every non-empty logical line of a lock: a UTF-8 BOM
+    and CRLF dropped, comments (a line starting ``#``, or ``#`` after whitespace) cut, line
+    continuations (``\\``) joined. InputError for a continuation with nothing after it."""
     text = text.lstrip("\ufeff")
     logical, cur, start = [], "", 0
     lines = text.split("\n")
@@ -94,58 +84,89 @@ def parse_lock(text: str, where: str = "environment lock", env: dict | None = No
         if cur.strip():
             logical.append((start, cur.strip()))
         cur = ""
+    return logical
+
+
+def _split_hashes(line: str, where: str, n: int) -> tuple[str, list[str]]:
+    """(requirement text, raw ``--hash`` values) of one logical line (``--hash X`` and
+    ``--hash=X`` both). InputError for a word after the hashes (two requirements in one entry)."""
+    words = line.split()
+    req, hashes = [], []
+    k = 0
+    while k < len(words):
+        w = words[k]
+        if w == "--hash" and k + 1 < len(words):
+            hashes.append(words[k + 1])
+            k += 2
+            continue
+        if w.startswith("--hash="):
+            hashes.append(w[len("--hash="):])
+        elif hashes:
+            raise InputError(f"{where}:{n}: '{w}' after the hashes: one requirement per entry")
+        else:
+            req.append(w)
+        k += 1
+    return " ".join(req), hashes
+
+
+def _parse_entry(line: str, where: str, n: int) -> tuple[Pin, str]:
+    """(Pin, environment marker text or "") of one logical lock line, checked in this order: the
+    hashes' place, an option line, an exact ``NAME==VERSION`` pin, a PEP 440 version, full-length
+    hashes, at least one hash (each a one-line InputError naming ``where`` and line ``n``)."""
+    from packaging.version import InvalidVersion, Version
+    req_text, hashes = _split_hashes(line, where, n)
+    if not req_text or req_text.startswith("-"):
+        raise InputError(f"{where}:{n}: '{line[:60]}': options are not part of a lock (put index settings "
+                         "in sglang.environment.uv_args)")
+    m = _NAME.match(req_text)
+    if m is None:
+        raise InputError(f"{where}:{n}: '{req_text[:60]}' is not an exact pin (NAME==VERSION); write the lock "
+                         "with uv pip compile --generate-hashes")
+    try:
+        Version(m.group(3))
+    except InvalidVersion:
+        raise InputError(f"{where}:{n}: '{m.group(3)}' is not a version (PEP 440)") from None
+    hs = []
+    for h in hashes:
+        hm = _HASH.match(h)
+        if hm is None or len(hm.group(2)) != _HASH_HEX[hm.group(1)]:
+            raise InputError(f"{where}:{n}: '--hash={h[:80]}' is not a full --hash=sha256:HEX")
+        hs.append(f"{hm.group(1)}:{hm.group(2).lower()}")
+    name = normalize(m.group(1))
+    if not hs:
+        raise InputError(f"{where}:{n}: {name}=={m.group(3)} has no --hash: a lock pins content, not only "
+                         "versions (uv pip compile --generate-hashes)")
+    return Pin(name, m.group(3), tuple(hs)), (m.group(4) or "").strip()
+
+
+def parse_lock(text: str, where: str = "environment lock", env: dict | None = None) -> dict[str, Pin]:
+    """{normalized name: Pin} of a hashed requirements lock for one host (pure): the pins whose
+    environment marker (after ``;``, as ``uv pip compile --universal`` writes them) holds for
+    ``env`` (:func:`marker_env`; default Linux x86_64, Python 3.11). Comments (``#`` after
+    whitespace), blank lines, CRLF, a UTF-8 BOM and line continuations (``\\``) are understood.
+
+    Raises InputError (one line naming ``where`` and the line) for anything that is not an
+    exact pin with at least one full-length hash: a range, a URL or path, ``-e``, an option line
+    (``--index-url``: how hosts reach packages belongs to ``sglang.environment.uv_args``), a bad
+    marker or version, a continuation at the end, a distribution locked twice for one host, or a
+    lock that pins nothing."""
+    from packaging.markers import InvalidMarker, Marker
+    env = env or marker_env()
     pins: dict[str, Pin] = {}
     seen = 0
-    for n, line in logical:
-        words = line.split()
-        req, hashes = [], []
-        k = 0
-        while k < len(words):
-            w = words[k]
-            if w == "--hash" and k + 1 < len(words):
-                hashes.append(words[k + 1])
-                k += 2
-                continue
-            if w.startswith("--hash="):
-                hashes.append(w[len("--hash="):])
-            elif hashes:
-                raise InputError(f"{where}:{n}: '{w}' after the hashes: one requirement per entry")
-            else:
-                req.append(w)
-            k += 1
-        req_text = " ".join(req)
-        if not req_text or req_text.startswith("-"):
-            raise InputError(f"{where}:{n}: '{line[:60]}': options are not part of a lock (put index settings "
-                             "in sglang.environment.uv_args)")
-        m = _NAME.match(req_text)
-        if m is None:
-            raise InputError(f"{where}:{n}: '{req_text[:60]}' is not an exact pin (NAME==VERSION); write the lock "
-                             "with uv pip compile --generate-hashes")
-        try:
-            Version(m.group(3))
-        except InvalidVersion:
-            raise InputError(f"{where}:{n}: '{m.group(3)}' is not a version (PEP 440)") from None
-        hs = []
-        for h in hashes:
-            hm = _HASH.match(h)
-            if hm is None or len(hm.group(2)) != _HASH_HEX[hm.group(1)]:
-                raise InputError(f"{where}:{n}: '--hash={h[:80]}' is not a full --hash=sha256:HEX")
-            hs.append(f"{hm.group(1)}:{hm.group(2).lower()}")
-        name = normalize(m.group(1))
-        if not hs:
-            raise InputError(f"{where}:{n}: {name}=={m.group(3)} has no --hash: a lock pins content, not only "
-                             "versions (uv pip compile --generate-hashes)")
+    for n, line in _logical_lines(text, where):
+        pin, marker = _parse_entry(line, where, n)
         seen += 1
-        if m.group(4) and m.group(4).strip():
+        if marker:
             try:
-                applies = Marker(m.group(4).strip()).evaluate(env)
+                applies = Marker(marker).evaluate(env)
             except InvalidMarker as e:
                 raise InputError(f"{where}:{n}: bad environment marker: {str(e).splitlines()[0][:120]}") from None
             if not applies:
                 continue
-        if name in pins:
-            raise InputError(f"{where}:{n}: {name} is locked twice for the same host")
-        pins[name] = Pin(name, m.group(3), tuple(hs))
+        if pin.name in pins:
+            raise InputError(f"{where}:{n}: {pin.name} is locked twice for the same host")
+        pins[pin.name] = pin
     if not seen:
         raise InputError(f"{where}: the lock pins no distribution")
     return pins
