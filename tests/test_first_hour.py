@@ -14,10 +14,20 @@ the real patch series, so the operator's edit sets ``series: null`` and, as a st
 the index-K in fp8, ``index_k_dtype: fp8``: with bf16 and HiCache on, ``config lint`` asks the tree
 whether its index-K reads wait for HiCache's layer loads, and this tree has no SGLang sources). The operator's edits are
 the ones the README asks for (hosts, tree, deploy root) plus the launch commands of the stand-ins
-and free ports, made as text edits that keep every comment, as in an editor."""
+and free ports, made as text edits that keep every comment, as in an editor.
+
+Part 2 (:func:`test_first_hour_part_2_a_two_node_server`): the first time with a server over two
+nodes (SGLang ``--nnodes 2``), on the four session sshd hosts of tests/test_multinode_deploy.py's
+world (prefill over h0+h1, decode over h2+h3, the router on h0; each host its own root): plan's
+ranks per node, the deploy (every node switched, node 0 gated), status per node, ``logs --host``
+of node 1, ``exec`` over both nodes, stop/status/start of the whole server, and ``diagnose`` naming
+node 1, lost, with node 1's own log path. A second test rather than a second host in the first:
+the one-host first hour runs the shipped profile's groups on one host, a two-node server needs
+other hosts, and the session cluster already has them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -29,9 +39,11 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
+from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.sshd.gpuhost import idle_gpus, start_gpu_cluster
 from tests.sshd.harness import free_port
-from tests.sshd.world import REPO, STANDIN as ROUTER_STANDIN, http_status, make_tree
+from tests.sshd.world import REPO, STANDIN as ROUTER_STANDIN, http_status, kill_server, make_tree
+from tests.test_multinode_deploy import TwoNodeWorld
 
 pytestmark = pytest.mark.sshd
 
@@ -210,3 +222,150 @@ def test_first_hour(tmp_path, host):
                 os.killpg(int(pf.read_text()), signal.SIGKILL)
             except (ProcessLookupError, ValueError, PermissionError):
                 pass
+
+
+@pytest.fixture
+def two_node(live_cluster, tmp_path):
+    w = TwoNodeWorld(live_cluster, tmp_path)
+    yield w
+    w.stop_services()
+
+
+def status_rows(out: str) -> dict:
+    """``status``'s table as {(host, group): (state, pid, port, restarts)} (the cells as printed)."""
+    rows = {}
+    for ln in out.splitlines():
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if ln.startswith("| h") and len(cells) > 7:
+            rows[(cells[0], cells[1])] = (cells[2], cells[4], cells[5], cells[7])
+    return rows
+
+
+def names(w) -> tuple:
+    """The two-node world's host names (h0..h3), {host: address}, {host: root}, prefill's HTTP port
+    and its dist-init port."""
+    h = [x.name for x in w.hosts]
+    return h, {x.name: x.address for x in w.hosts}, dict(w.roots), w.ports["prefill"], w.dist["prefill"]
+
+
+def plan_and_deploy_two_nodes(w) -> str:
+    """Part 2, steps 1-2: plan's ranks per node, then the deploy; returns the release."""
+    h, addr, root, pre_port, dist = names(w)
+    cli = functools.partial(run_cli, env=w.env(), timeout=240)
+
+    # 1. plan: each server's ranks and the host (node) each rank runs on
+    r = cli("plan", str(w.profile), "--json")
+    assert r.code == 0, r.err
+    ranks = {g["name"]: [(k["rank"], k["node"], k["host"], k["gpu"]) for k in g["ranks"]] for g in r.json()["groups"]}
+    assert ranks == {"prefill": [(0, 0, h[0], 0), (1, 1, h[1], 0)], "decode": [(0, 0, h[2], 0), (1, 1, h[3], 0)]}
+    r = cli("plan", str(w.profile))
+    head, gpus = (next(ln for ln in r.out.splitlines() if ln.startswith(f"| {k} ")) for k in ("per rank", "GPUs"))
+    assert [c.strip() for c in head.strip("|").split("|")][1:] == ["prefill ranks 0-1", "decode ranks 0-1"], r.out
+    assert f"{h[0]}: 0 · {h[1]}: 0" in gpus and f"{h[2]}: 0 · {h[3]}: 0" in gpus, r.out
+
+    # 2. deploy: the dry run shows node 1's own command line and the gate on node 0 with node 1 alive;
+    #    the deploy switches every node, node 0 serves once node 1 has joined
+    r = cli("deploy", str(w.profile), "--dry-run", "-v")
+    assert r.code == 0, r.err
+    assert f"--nnodes 2 --node-rank 1 --dist-init-addr {addr[h[0]]}:{dist}" in r.out
+    assert f"/health = 200 (group prefill, processes alive on {h[1]}," in r.out
+    assert f"http://{addr[h[1]]}:{pre_port}/health" not in r.out              # node 1 serves no HTTP
+    r = cli("deploy", str(w.profile), "--json")
+    assert r.code == 0, r.err
+    rel = r.json()["release"]
+    assert w.currents() == {x: rel for x in h} and w.starts(h[1], "prefill") == [rel]
+    assert "health: waiting for 2 worker(s)" in r.err                        # the two node 0s, not four nodes
+    assert "node 1 joined" in w.log(h[0], "prefill")
+    assert http_status(f"http://{addr[h[0]]}:{w.ports['router']}/health") == 200
+    return rel
+
+
+def look_at_two_nodes(w, rel: str) -> None:
+    """Part 2, steps 3-5: status per node, node 1's log, exec over both nodes."""
+    h, addr, root, pre_port, dist = names(w)
+    cli = functools.partial(run_cli, env=w.env(), timeout=240)
+
+    # 3. status: one row per node, node 1 "served by node 0"
+    r = cli("status", str(w.profile))
+    assert r.code == 0, r.err
+    rows = status_rows(r.out)
+    pid1 = (root[h[1]] / "run" / "prefill.pid").read_text().strip()
+    assert rows[(h[0], "prefill node 0")][0] == "running", r.out
+    assert rows[(h[1], "prefill node 1")] == ("running", pid1, str(pre_port), "0"), r.out
+    assert rows[(h[3], "decode node 1")][0] == "running", r.out
+    assert f"served by node 0 (http://{addr[h[0]]}:{pre_port})" in r.out
+
+    # 4. node 1's log, on its own host
+    r = cli("logs", "prefill", str(w.profile), "--host", h[1], "-n", "5")
+    assert r.code == 0, r.err
+    assert r.out.strip() and all(ln.startswith(f"{h[1]}: ") for ln in r.out.splitlines()), r.out
+    assert f"{h[1]}: [node 1] joined node 0 at {addr[h[0]]}:{dist} (nnodes 2)" in r.out
+
+    # 5. one command on every node of the server, each line prefixed with its host and node
+    r = cli("exec", "prefill", str(w.profile), "--", 'echo "rank $DSV4CTL_NODE_RANK"; pwd -P')
+    assert r.code == 0, r.err
+    assert sorted(r.out.splitlines()) == sorted([
+        f"{h[0]}/node0: rank 0", f"{h[0]}/node0: {root[h[0]].resolve()}/releases/{rel}",
+        f"{h[1]}/node1: rank 1", f"{h[1]}/node1: {root[h[1]].resolve()}/releases/{rel}"]), r.out
+    assert f"{h[1]}/node1: exit 0 (release {rel})" in r.err
+
+
+def stop_start_lose_node_1(w, rel: str) -> None:
+    """Part 2, steps 6-8: the server stopped, started, then node 1 lost and diagnosed."""
+    h, addr, root, pre_port, dist = names(w)
+    cli = functools.partial(run_cli, env=w.env(), timeout=240)
+    pid1 = (root[h[1]] / "run" / "prefill.pid").read_text().strip()
+
+    # 6. node 1's host taken out for a cable swap: the whole server stops (node 0 too, a server
+    #    cannot run without a node), both nodes "stopped" by whom and why, decode untouched, exit 0
+    r = cli("stop", str(w.profile), "--host", h[1], "-m", "cable swap")
+    assert r.code == 0, r.err
+    r = cli("status", str(w.profile), "--json")
+    assert r.code == 0 and r.json()["unhealthy"] == [], r.out + r.err
+    hosts = r.json()["hosts"]
+    got = {(x, n["node"]): (n["state"], n["alive"], n["pid"], (n["stopped"] or {}).get("message"))
+           for x in h for g, n in hosts[x]["groups"].items() if g != "router"}
+    assert got == {(h[0], 0): ("stopped", False, None, "cable swap"), (h[1], 1): ("stopped", False, None, "cable swap"),
+                   (h[2], 0): ("running", True, hosts[h[2]]["groups"]["decode"]["pid"], None),
+                   (h[3], 1): ("running", True, hosts[h[3]]["groups"]["decode"]["pid"], None)}, got
+    r = cli("status", str(w.profile))
+    rows = status_rows(r.out)
+    assert (rows[(h[0], "prefill node 0")][0], rows[(h[1], "prefill node 1")][0]) == ("stopped", "stopped"), r.out
+    assert f'{h[1]}/prefill: stopped: stopped by ' in r.out and '("cable swap")' in r.out, r.out
+
+    # 7. started again: every node running, a new process on each, one restart
+    r = cli("start", str(w.profile), "-g", "prefill", "-m", "swap done")
+    assert r.code == 0, r.err
+    r = cli("status", str(w.profile), "--json")
+    assert r.code == 0, r.err
+    hosts = r.json()["hosts"]
+    for x, node in ((h[0], 0), (h[1], 1)):
+        n = hosts[x]["groups"]["prefill"]
+        pid = int((root[x] / "run" / "prefill.pid").read_text())
+        assert (n["node"], n["state"], n["pid"], n["port"], n["restarts"], n["stopped"]) == \
+            (node, "running", pid, pre_port, 1, None), n
+    assert int(pid1) != hosts[h[1]]["groups"]["prefill"]["pid"]
+    assert w.starts(h[1], "prefill") == [rel, rel]
+
+    # 8. node 1's process killed: diagnose names node 1 on its host, lost, citing its own log
+    kill_server(root[h[1]] / "run" / "prefill.pid")
+    log1 = f"{h[1]}:{root[h[1]]}/logs/prefill.log"
+    r = cli("diagnose", str(w.profile), "-g", "prefill", "--window", "0", "--json")
+    assert r.code == 1, r.err
+    pre = r.json()["groups"]["prefill"]
+    assert [(n["node"], n["host"], n["log_source"]) for n in pre["nodes"]] == \
+        [(0, h[0], f"{h[0]}:{root[h[0]]}/logs/prefill.log"), (1, h[1], log1)]
+    assert pre["nodes"][1]["alive"] is False
+    lost = pre["findings"][0]
+    assert (lost["rule"], lost["host"], lost["severity"], lost["detail"]["node"]) == ("lost_node", h[1], "crash", 1)
+    assert lost["cause"].startswith("node 1 of 2 is dead") and f"{h[1]}: node 1 process not running" in lost["evidence"]
+    assert any(e.startswith(f"{log1}:") and "[node 1] joined node 0" in e for e in lost["evidence"]), lost["evidence"]
+    r = cli("diagnose", str(w.profile), "-g", "prefill", "--window", "0")
+    assert r.code == 1 and r.out.startswith(f"{h[1]}/prefill: [crash] node 1 of 2 is dead"), r.out + r.err
+    assert f"    {log1}:" in r.out, r.out
+
+
+def test_first_hour_part_2_a_two_node_server(two_node):
+    rel = plan_and_deploy_two_nodes(two_node)
+    look_at_two_nodes(two_node, rel)
+    stop_start_lose_node_1(two_node, rel)
