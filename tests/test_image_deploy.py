@@ -376,3 +376,102 @@ def test_a_registry_the_profile_names(fault_world):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_day2_and_pruning_on_image_releases(fault_world):
+    """On the image site (after the faults above): ``diagnose`` reads the containers' logs and
+    finds every group healthy; ``stop`` removes the group's container, ``diagnose`` says stopped,
+    ``start`` runs the current image again, ``restart`` a new container of the same image; a
+    deploy with ``keep_releases: 1`` prunes the first release and, with it, its image from every
+    host's store (the kept releases' images stay)."""
+    w = fault_world
+    store = w.roots["h1"] / "containers"
+    subprocess.run(["mount", "-o", "remount,size=256m", str(store)], check=True)   # the full-disk test's tmpfs
+    w.keep = 1
+    w.write()                               # no registry (the registry test's profile), keep_releases: 1
+    f = w.tree / "python" / "sglang" / "srt" / "mod002.py"
+    if w.current("h1") == w.r1:             # run alone: a second release first (r1 is then prunable)
+        f.write_text(f.read_text() + "z0 = 3\n")
+        git(w.tree, "commit", "-q", "-am", "second")
+        git(w.tree, "tag", "-f", "v0.5.23")
+        assert deploy(w).code == 0
+    f.write_text(f.read_text() + "z = 3\n")
+    git(w.tree, "commit", "-q", "-am", "prune")
+    git(w.tree, "tag", "-f", "v0.5.23")
+    prev = w.current("h1")
+    recs = {p.stem: json.loads(p.read_text())["image"] for p in (w.cache / "images" / "records").glob("*.json")}
+    r = deploy(w)
+    assert r.code == 0, r.err
+    rid = w.current("h1")
+    assert rid not in (prev, w.r1)
+    recs[rid] = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())["image"]
+    for h in ("h0", "h1", "h2"):
+        kept = {x.name for x in (w.roots[h] / "releases").iterdir() if not x.name.startswith(".")}
+        assert w.r1 not in kept and {rid, prev} <= kept, (h, kept)
+        assert sorted(x.name for x in (w.roots[h] / "images" / "ids").iterdir()) == sorted({rid, prev}), h
+        exists = lambda i: subprocess.run([*w.podman(h), "image", "exists", i]).returncode == 0
+        assert not exists(recs[w.r1]), f"{h}: the pruned release's image is still in the store"
+        assert exists(recs[rid]) and exists(recs[prev]), h
+    # diagnose: the container's log and process, every group healthy
+    r = run_cli("diagnose", str(w.profile), "--json", "--window", "0", env=w.env(), timeout=120)
+    assert r.code == 0, r.out + r.err
+    doc = json.loads(r.out)
+    assert doc["ok"] and {g: d["release"] for g, d in doc["groups"].items()} == dict.fromkeys(
+        ("prefill", "decode"), rid), doc["groups"]            # the servers (a router is no server)
+    assert "dsv4probe 1.0" in (w.roots["h1"] / "logs" / "decode.log").read_text()
+    # stop / start / restart act on the group's container
+    r = run_cli("stop", str(w.profile), "-g", "decode", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    assert w.containers("h1") == []
+    r = run_cli("diagnose", str(w.profile), "--json", "--window", "0", "-g", "decode", env=w.env(), timeout=120)
+    assert r.code == 0 and [x["rule"] for x in json.loads(r.out)["groups"]["decode"]["findings"]] == ["stopped"], r.out
+    r = run_cli("start", str(w.profile), "-g", "decode", env=w.env(), timeout=180)
+    assert r.code == 0, r.err
+    [c1] = w.containers("h1")
+    assert (c1["Names"][0], c1["ImageID"]) == (f"dsv4ctl-decode-n0-{rid}", recs[rid])
+    r = run_cli("restart", str(w.profile), "-g", "decode", env=w.env(), timeout=180)
+    assert r.code == 0, r.err
+    [c2] = w.containers("h1")
+    assert (c2["Names"][0], c2["ImageID"]) == (f"dsv4ctl-decode-n0-{rid}", recs[rid]) and c2["Id"] != c1["Id"]
+    assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)
+
+
+def test_a_two_node_server_in_containers(fault_world):
+    """decode as one server over h1 (node 0) and h2 (node 1), SGLang's ``--nnodes 2``: each node
+    runs in a container of the release's image named for its rank; node 0 serves once node 1
+    joined over the hosts' network; ``stop`` removes both nodes' containers."""
+    from tests.sshd.harness import free_port
+    w = fault_world
+    before = w.currents()
+    # first: GPUs by CDI on hosts without a CDI spec: an error naming it before any host switched
+    w.image_extra = {"gpus": "cdi"}
+    w.write()
+    r = deploy(w)
+    assert r.code == 3 and "stopped before any host was switched" in r.err, r.err
+    assert "no CDI spec names nvidia.com/gpu (/etc/cdi, /var/run/cdi) for nvidia.com/gpu=0" in r.err, r.err
+    assert w.currents() == before
+    w.image_extra = {}
+    w.write()
+    h = w.hosts
+    f = w.cfgdir / "decode.yaml"
+    f.write_text(yaml.safe_dump({**yaml.safe_load(f.read_text()), "tp-size": 2, "nnodes": 2}, sort_keys=False))
+    prof = yaml.safe_load(w.profile.read_text())
+    dist = free_port(h[1].address)
+    for grp in prof["groups"]:
+        if grp["name"] == "decode":
+            del grp["host"], grp["tp"]
+            grp.update(nodes=[h[1].name, h[2].name], dist_init_port=dist)
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = deploy(w)
+    assert r.code == 0, r.err
+    rid = w.current("h2")
+    iid = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())["image"]
+    names = lambda host: {c["Names"][0]: c["ImageID"] for c in w.containers(host)}
+    assert names("h1") == {f"dsv4ctl-decode-n0-{rid}": iid}
+    assert names("h2") == {f"dsv4ctl-decode-n1-{rid}": iid, f"dsv4ctl-router-n0-{rid}": iid}
+    assert "all 2 nodes joined" in (w.roots["h1"] / "logs" / "decode.log").read_text()
+    assert f"joined node 0 at {h[1].address}:{dist}" in (w.roots["h2"] / "logs" / "decode.log").read_text()
+    assert wait_for(lambda: http_status(f"http://{h[2].address}:{w.ports['router']}/health") == 200, 20)
+    r = run_cli("stop", str(w.profile), "-g", "decode", env=w.env(), timeout=120)
+    assert r.code == 0, r.err
+    assert names("h1") == {} and names("h2") == {f"dsv4ctl-router-n0-{rid}": iid}
