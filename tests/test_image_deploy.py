@@ -41,6 +41,26 @@ def base_image(tmp_path_factory):
     images.clean_store(d / "store")
 
 
+def test_an_unpinned_base_is_resolved_to_its_digest(base_image, tmp_path):
+    """``sglang.image.base`` without ``@sha256``: the control machine pulls it and the manifest
+    digest it resolved to (what build_image records as ``base_digest``); a pin that is
+    not the image's digest is exit 2."""
+    from dsv4ctl.deploy.image import resolve_base
+    from dsv4ctl.errors import InputError
+    from dsv4ctl.profile.deployment import ImageSettings
+    ref, pin = base_image.rsplit("@", 1)
+    cache = tmp_path / "cache"
+    try:
+        iid, digest = resolve_base(ImageSettings(base=ref, runtime_args=tuple(images.RUNTIME_ARGS)), cache)
+        assert digest == pin and len(iid) == 64
+        wrong = "sha256:" + "0" * 64
+        with pytest.raises(InputError, match=f"the image is {pin}, not the pinned {wrong}") as e:
+            resolve_base(ImageSettings(base=f"{ref}@{wrong}", runtime_args=tuple(images.RUNTIME_ARGS)), cache)
+        assert e.value.exit_code == 2
+    finally:
+        images.clean_store(tmp_path / "images")
+
+
 class ImageWorld(World):
     """The deploy test world with ``sglang.image``: per-host stores ``ROOT/containers``, CPU-only
     hosts (``gpus: none``), the repository mounted read-only (the stand-in's code), and a locked
