@@ -108,6 +108,65 @@ def undo_hint(profile, rid: str) -> str:
     return f"dsv4ctl rollback {shlex.quote(str(profile))} --to {rid}"
 
 
+def _deploy_options(dry_run: bool, health_timeout, verbose: bool, message: Optional[str], log):
+    """The deploy options of a ``--remote`` change: ``log`` for progress, no --break-lock offer,
+    with ``verbose`` (not in a dry run) every step and its seconds traced."""
+    from ..deploy.site import Options as DeployOptions
+    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log, offers_break_lock=False,
+                      message=message)
+    if verbose and not dry_run:
+        o.trace = lambda st: log("step " + st.line(True))
+        o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
+    return o
+
+
+def _remote_json(prof, schema: str, doc: dict, dry_run: bool, redits: list, local_edits: list, rid, frm,
+                 wrote_local: bool, err) -> str:
+    """The ``--json`` document of a ``--remote`` change: each host's edit (written only when the
+    release deployed) and each local copy's, the release made (None when nothing changed) and
+    the error, if any."""
+    changed = [e for e in redits if e.new != e.old]
+    return dump_json(dict(schema=schema, **doc, profile=prof.name, dry_run=dry_run, remote=True,
+                          release=rid if changed else None, previous=frm,
+                          groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
+                                       written=(e.new != e.old) and not dry_run and err is None, release=rid,
+                                       diff=e.diff, findings=[f.to_dict() for f in e.findings]) for e in redits],
+                          local=[dict(group=e.group, file=str(e.path), changed=e.new != e.old, diff=e.diff,
+                                      written=wrote_local and e.new != e.old) for e in local_edits],
+                          error=str(err) if err is not None else None))
+
+
+def _print_remote(out, secrets, prof, redits: list, rep: dict, unchanged: str, dry_run: bool, err,
+                  changed_local: list, wrote_local: bool) -> None:
+    """The text of a ``--remote`` change: each host's diff and findings; a dry run's release and
+    steps (and those run instead on a failure); after a deploy the release and the command that
+    undoes it; the local copies written."""
+    from ..deploy.steps import Step, mask_secrets
+    changed = [e for e in redits if e.new != e.old]
+    rid, frm = rep.get("release"), rep.get("from")
+    for e in redits:
+        if e.new == e.old:
+            out(f"{e.group}: {e.host}:{e.path}: {unchanged}, unchanged")
+        else:
+            out(e.diff, end="")
+            for f in e.findings:
+                out(f.format())
+    if dry_run and changed:
+        out(f"dry run: release {rid} = {frm} with the new serve config of {', '.join(e.group for e in changed)}; "
+            "steps (nothing changed):")
+        for st in rep.get("steps", []):
+            out("  " + mask_secrets(Step(**st).line(False), secrets))
+        if rep.get("on_failure"):
+            out("  on a failed gate or an interrupt, instead:")
+            for st in rep["on_failure"]:
+                out("    " + mask_secrets(Step(**st).line(False), secrets))
+    if not dry_run and err is None and changed:
+        out(f"released {rid} (from {frm}): restarted {', '.join(f'{e.group} on {e.host}' for e in changed)}; "
+            f"healthy; {undo_hint(prof.path, frm)} undoes it")
+    if wrote_local:
+        out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
+
+
 def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_edits, health_timeout, verbose,
             schema, doc, unchanged, extra_secrets=frozenset(), quiet: bool = False,
             message: Optional[str] = None) -> None:
@@ -116,8 +175,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     (:mod:`dsv4ctl.deploy.change`), then the profile's local copies get the same edit (so the
     next deploy keeps it)."""
     from ..deploy.change import change_configs
-    from ..deploy.site import Options as DeployOptions
-    from ..deploy.steps import Step, deployment_secrets, mask_secrets
+    from ..deploy.steps import deployment_secrets, mask_secrets
     from ..serve import hicache_live as hr
     from ..serve.hicache_local import write_all
     from ..signals import terminate_as_interrupt
@@ -141,11 +199,7 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
     def log(s: str) -> None:
         if not as_json and not quiet:
             print(f"dsv4ctl: {mask_secrets(scrub_all(s), secrets)}", file=sys.stderr, flush=True)
-    o = DeployOptions(dry_run=dry_run, health_timeout=health_timeout, log=log, offers_break_lock=False,
-                      message=message)
-    if verbose and not dry_run:
-        o.trace = lambda st: log("step " + st.line(True))
-        o.done = lambda st, sec: log(f"done {st.host}: {st.phase} in {sec:.2f} s")
+    o = _deploy_options(dry_run, health_timeout, verbose, message, log)
     if not dry_run:
         terminate_as_interrupt()
     err = None
@@ -171,36 +225,9 @@ def _remote(prof, groups, what, action, changes, tree, dry_run, as_json, local_e
         for e in changed:
             e.diff = new_side(e.diff, frm, rid)
     if as_json:
-        out(dump_json(dict(schema=schema, **doc, profile=prof.name, dry_run=dry_run, remote=True,
-                           release=rid if changed else None, previous=frm,
-                           groups=[dict(group=e.group, host=e.host, file=e.path, changed=e.new != e.old,
-                                        written=(e.new != e.old) and not dry_run and err is None, release=rid,
-                                        diff=e.diff, findings=[f.to_dict() for f in e.findings]) for e in redits],
-                           local=[dict(group=e.group, file=str(e.path), changed=e.new != e.old, diff=e.diff,
-                                       written=wrote_local and e.new != e.old) for e in local_edits],
-                           error=str(err) if err is not None else None)))
+        out(_remote_json(prof, schema, doc, dry_run, redits, local_edits, rid, frm, wrote_local, err))
     else:
-        for e in redits:
-            if e.new == e.old:
-                out(f"{e.group}: {e.host}:{e.path}: {unchanged}, unchanged")
-            else:
-                out(e.diff, end="")
-                for f in e.findings:
-                    out(f.format())
-        if dry_run and changed:
-            out(f"dry run: release {rid} = {frm} with the new serve config of {', '.join(e.group for e in changed)}; "
-                "steps (nothing changed):")
-            for st in rep.get("steps", []):
-                out("  " + mask_secrets(Step(**st).line(False), secrets))
-            if rep.get("on_failure"):
-                out("  on a failed gate or an interrupt, instead:")
-                for st in rep["on_failure"]:
-                    out("    " + mask_secrets(Step(**st).line(False), secrets))
-        if not dry_run and err is None and changed:
-            out(f"released {rid} (from {frm}): restarted {', '.join(f'{e.group} on {e.host}' for e in changed)}; "
-                f"healthy; {undo_hint(prof.path, frm)} undoes it")
-        if wrote_local:
-            out(f"wrote {len(changed_local)} local file(s): {', '.join(str(e.path) for e in changed_local)}")
+        _print_remote(out, secrets, prof, redits, rep, unchanged, dry_run, err, changed_local, wrote_local)
     if err is not None:
         err.args = (mask_secrets(scrub_all(str(err)), secrets),) + tuple(err.args[1:])
         raise err
