@@ -58,6 +58,8 @@ def test_docker_command_builders():
     assert "run --init --rm --network host --name dsv4ctl-decode-n0-r1" in run_d and "-e HF_TOKEN" in run_d
     run_p = run_command(p, "/r", "r1", "decode", 0, c, ["nvidia.com/gpu=2"], [], "serve")
     assert "--device nvidia.com/gpu=2" in run_p and "--gpus" not in run_p
+    for run in (run_d, run_p):     # the shared memory SGLang needs; the model path read-only (both runtimes)
+        assert "--shm-size 16g -v /models:/models:ro" in run, run
     pre = prepare_cmd(d, "/r", ["nvidia.com/gpu=2"], "abc")
     assert "docker --host unix:///run/d.sock image inspect abc >/dev/null 2>&1" in pre and "nvidia-container-toolkit" in pre and "/etc/cdi" not in pre
     ld = load_cmd(d, "/r", "r1", "abc")
