@@ -388,10 +388,6 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
     in the same round trip, as audit and diagnose do).
 
     Exit 0 · 2 bad input (unknown group or host, bad --grep) · 3 a host unreachable."""
-    from ..hosts.day2 import follow_offset, log_read_command, parse_log_read
-    from ..hosts.service import LOG_LINE_MAX
-    from ..remote import run_parallel
-
     from .options import duration, integer, since as parse_since
     integer(lines, "-n/--lines", 1, 100_000)
     duration(interval, "--interval", lo=0.05, hi=3600)
@@ -403,61 +399,11 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
     _group_before_profile(group, profile)
     dep, site = _site(profile, accept_new)
     try:
-        g = dep.group(group)
-        hs = g.group.hosts                  # every node of every server of the group
-        if host is not None:
-            if host not in dep.hosts:
-                raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")
-            if host not in hs:
-                raise InputError(f"--host {host!r}: group {group} does not run there ({', '.join(hs)})")
-            hs = [host]
+        hs = _log_hosts(dep, group, host)
         sel = {h: site.transports[h] for h in hs}
         offsets: dict[str, Optional[int]] = {h: None for h in hs}
-        rank = re.compile(r"\b(?:TP|tp|DP|dp|PP|pp)(\d+)\b")
-
-        def show(h: str, text: str) -> None:
-            for ln in text.splitlines():
-                if rx is None or rx.search(ln):
-                    m = rank.search(ln)
-                    print(f"{h}{'/' + m.group(0) if m else ''}: {printable(ln[:LOG_LINE_MAX])}")
-            sys.stdout.flush()
-
-        def read(t):
-            cmd = log_read_command(site.paths[t.name], group, offsets[t.name], lines)
-            if when is not None and offsets[t.name] is None:     # the first read: the host's clock too
-                from ..hosts.clock import run_clocked
-                out, clock = run_clocked(t, cmd, timeout=60)
-                return parse_log_read(out.out), clock
-            return parse_log_read(t.run(cmd, timeout=60).out), None
-
         while True:
-            res = run_parallel(sel, read, timeout=75)
-            for h, r in res.items():
-                if not r.ok:
-                    raise DsvError(f"logs: {r.error}", EXIT_REMOTE)
-                (size, text), clock = r.value
-                if when is not None and offsets[h] is None:
-                    from ..diagnose.collect import since_filter
-                    from ..hosts.clock import host_cutoff, skew_warning
-                    warn = skew_warning(h, clock.offset_s if clock else None)
-                    if warn:
-                        print(warn, file=sys.stderr)
-                    text = since_filter(text, host_cutoff(when, clock.applied) if clock else when)
-                if size < 0:
-                    if offsets[h] is None:
-                        print(f"{h}: no log for group {group} yet ({site.paths[h].logfile(group)})", file=sys.stderr)
-                    offsets[h] = 0
-                    continue
-                if offsets[h] is not None and size < offsets[h]:     # rotated or truncated: from the start
-                    offsets[h] = 0
-                    continue
-                if offsets[h] is None:
-                    show(h, text)
-                    offsets[h] = size
-                    continue
-                offsets[h], whole = follow_offset(offsets[h], text.encode("utf-8", "surrogateescape"))
-                if whole:
-                    show(h, whole.decode("utf-8", "surrogateescape"))
+            _log_round(site, sel, group, offsets, lines, when, rx)
             if not follow:
                 return
             time.sleep(interval)
@@ -465,6 +411,81 @@ def logs(group: str = typer.Argument(..., help="Server group (or the router)."),
         return
     finally:
         site.close()
+
+
+def _log_hosts(dep, group: str, host: Optional[str]) -> list[str]:
+    """The hosts whose log of ``group`` ``logs`` reads: every node of every server of the group,
+    or only ``host``. InputError (exit 2) for an unknown group, a host not in the profile or
+    one the group does not run on."""
+    hs = dep.group(group).group.hosts
+    if host is not None:
+        if host not in dep.hosts:
+            raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")
+        if host not in hs:
+            raise InputError(f"--host {host!r}: group {group} does not run there ({', '.join(hs)})")
+        hs = [host]
+    return hs
+
+
+_RANK = re.compile(r"\b(?:TP|tp|DP|dp|PP|pp)(\d+)\b")
+"""A parallel rank in a server's log line (``TP3``, ``dp0``): printed after the host."""
+
+
+def _show_log(h: str, text: str, rx) -> None:
+    """Print the lines of ``text`` (those matching ``rx``, if any) prefixed with host ``h`` and the
+    line's rank, each cut to the service's longest log line and made printable."""
+    from ..hosts.service import LOG_LINE_MAX
+    for ln in text.splitlines():
+        if rx is None or rx.search(ln):
+            m = _RANK.search(ln)
+            print(f"{h}{'/' + m.group(0) if m else ''}: {printable(ln[:LOG_LINE_MAX])}")
+    sys.stdout.flush()
+
+
+def _log_round(site, sel: dict, group: str, offsets: dict[str, Optional[int]], lines: int, when, rx) -> None:
+    """One read of every host's log (in parallel) and what is new printed. ``offsets`` (per host:
+    None before the first read, then the byte offset read up to) is updated: the first read
+    prints the last ``lines`` lines (with ``when``, those from that time on in the host's clock,
+    warning of a skewed clock), later reads the whole lines added since; a log rotated or
+    truncated is read from its start. DsvError (exit 3) for a host that does not answer."""
+    from ..hosts.day2 import follow_offset, log_read_command, parse_log_read
+    from ..remote import run_parallel
+
+    def read(t):
+        cmd = log_read_command(site.paths[t.name], group, offsets[t.name], lines)
+        if when is not None and offsets[t.name] is None:     # the first read: the host's clock too
+            from ..hosts.clock import run_clocked
+            out, clock = run_clocked(t, cmd, timeout=60)
+            return parse_log_read(out.out), clock
+        return parse_log_read(t.run(cmd, timeout=60).out), None
+
+    res = run_parallel(sel, read, timeout=75)
+    for h, r in res.items():
+        if not r.ok:
+            raise DsvError(f"logs: {r.error}", EXIT_REMOTE)
+        (size, text), clock = r.value
+        if when is not None and offsets[h] is None:
+            from ..diagnose.collect import since_filter
+            from ..hosts.clock import host_cutoff, skew_warning
+            warn = skew_warning(h, clock.offset_s if clock else None)
+            if warn:
+                print(warn, file=sys.stderr)
+            text = since_filter(text, host_cutoff(when, clock.applied) if clock else when)
+        if size < 0:
+            if offsets[h] is None:
+                print(f"{h}: no log for group {group} yet ({site.paths[h].logfile(group)})", file=sys.stderr)
+            offsets[h] = 0
+            continue
+        if offsets[h] is not None and size < offsets[h]:     # rotated or truncated: from the start
+            offsets[h] = 0
+            continue
+        if offsets[h] is None:
+            _show_log(h, text, rx)
+            offsets[h] = size
+            continue
+        offsets[h], whole = follow_offset(offsets[h], text.encode("utf-8", "surrogateescape"))
+        if whole:
+            _show_log(h, whole.decode("utf-8", "surrogateescape"), rx)
 
 
 def _group_before_profile(group: str, profile: Optional[str]) -> None:
