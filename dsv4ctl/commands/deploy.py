@@ -255,13 +255,8 @@ def deploy(
     where each host is, the locks left and the command that finishes the job) · 130 interrupted
     (hosts rolled back)."""
     from ..deploy import engine
-    check_health_timeout(health_timeout)
-    po = _promote_opts(promote, canary, concurrency, max_corruption, turns, min_requests, no_compare)
-    from .options import message as check_message
-    message = check_message(message)
-    if po is not None and no_preflight:
-        from ..errors import InputError
-        raise InputError("--no-preflight cannot go with --promote: the promotion pipeline always runs its preflight")
+    po, message = _checked_args(health_timeout, message, no_preflight,
+                                promote, canary, concurrency, max_corruption, turns, min_requests, no_compare)
     p = _profile(profile)
     lim = _limit(p, group, host, allow_mixed_pd, po)
     from ..deploy.steps import deployment_secrets
@@ -277,6 +272,26 @@ def deploy(
     if lim:
         rep["limited"] = {"hosts": list(lim.hosts), "groups": list(lim.groups), "selection": lim.words,
                           "mixed_pd": lim.mixed_pd}
+    _print_deploy(rep, lim, po, as_json, dry_run, quiet, verbose, secrets)
+
+
+def _checked_args(health_timeout, message, no_preflight, *promote_args):
+    """(promotion options or None, the checked --message) of ``deploy``'s arguments, checked in
+    this order: --health-timeout, the --promote options (:func:`_promote_opts`), --message,
+    --no-preflight with --promote. InputError (exit 2) for the first bad one."""
+    from ..errors import InputError
+    from .options import message as check_message
+    check_health_timeout(health_timeout)
+    po = _promote_opts(*promote_args)
+    message = check_message(message)
+    if po is not None and no_preflight:
+        raise InputError("--no-preflight cannot go with --promote: the promotion pipeline always runs its preflight")
+    return po, message
+
+
+def _print_deploy(rep: dict, lim, po, as_json: bool, dry_run: bool, quiet: bool, verbose: bool, secrets) -> None:
+    """Print a deploy's report: the JSON document, a dry run's actions, one line (--quiet), or the
+    per-host table (from, to, bytes sent, pruned) and, with --promote, the promotion's checks."""
     if as_json:
         print(_out(rep, secrets))
     elif dry_run:
