@@ -3,6 +3,8 @@ anything is built or pushed (follower's finding: a missing base was found after 
 
 from __future__ import annotations
 
+import os
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -106,3 +108,99 @@ def test_status_reads_a_docker_container(tmp_path):
     st = parse_status("h1", "/r", out)
     assert (st.procs["decode"].container, st.procs["decode"].image) == ("c" * 64, "e" * 64)
     assert st.procs["decode"].uptime_s > 0
+
+
+# -- progress of the build and of the transfer (issue 47 audit: a build printed nothing until it ended) --------
+
+def test_a_build_shows_its_steps_and_elapsed_lines_while_it_runs(monkeypatch):
+    """``_run(..., log=)`` (what build_image and env_image use, ``podman build`` without ``-q``):
+    each ``STEP n/m`` line is shown as it comes, a silent step gets an elapsed line every
+    ``DSV4CTL_PROGRESS_S`` s, and the result is still the last stdout line (the image id)."""
+    import time
+    from dsv4ctl.deploy.image import _run
+    monkeypatch.setenv("DSV4CTL_PROGRESS_S", "0.3")
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    script = ("echo 'STEP 1/3: FROM base'; echo 'STEP 2/3: RUN [\"/bin/sh\"]'; echo uv output; sleep 1.1; "
+              "echo 'STEP 3/3: COPY tree /opt/x'; echo 'COMMIT x'; echo " + "f" * 64)
+    out = _run(["sh", "-c", script], "building the image of r1", log=lambda s: seen.append((time.monotonic() - t0, s)))
+    assert out.splitlines()[-1] == "f" * 64
+    lines = [s for _t, s in seen]
+    assert lines[:2] == ["building the image of r1: STEP 1/3: FROM base (0 s)",
+                         'building the image of r1: STEP 2/3: RUN ["/bin/sh"] (0 s)']
+    ticks = [s for s in lines if s.startswith("building the image of r1: STEP 2/3, ")]
+    assert 2 <= len(ticks) <= 4, lines                            # about 1.1 s / 0.3 s while step 2 ran
+    assert lines[-1] == "building the image of r1: STEP 3/3: COPY tree /opt/x (1 s)"
+    assert seen[0][0] < 0.9                                        # shown while the build ran, not at its end
+
+
+def test_a_failed_build_with_progress_is_exit_2_with_its_last_stderr_line():
+    from dsv4ctl.deploy.image import _run
+    with pytest.raises(InputError, match=r"^building the image of r1: Error: no such base$"):
+        _run(["sh", "-c", "echo 'STEP 1/2: FROM x'; echo 'Error: no such base' >&2; exit 125"],
+             "building the image of r1", log=lambda s: None)
+
+
+def test_the_image_transfer_has_its_own_progress_key(tmp_path):
+    """The blobs' rsync reports under ``HOST image``, not the tree push's ``HOST`` (which has
+    already ended: off a terminal its line was printed and nothing more prints under it)."""
+    from types import SimpleNamespace as NS
+    from dsv4ctl.deploy.image import transfer_key
+    from dsv4ctl.deploy.push import _run_rsync
+    src = tmp_path / "blobs"
+    src.mkdir()
+    (src / "sha256-a").write_bytes(b"x" * 200_000)
+    calls = []
+    site = NS(opts=NS(progress=lambda k, d, t: calls.append((k, d, t))))
+    stats = _run_rsync(NS(name="h0"), site, NS(id="r1"), ["rsync", "-a", "--stats", "--info=progress2",
+                                                          f"{src}/", str(tmp_path / "dst")], key=transfer_key("h0"))
+    assert transfer_key("h0") == "h0 image"
+    assert calls and {k for k, _d, _t in calls} == {"h0 image"} and calls[-1] == ("h0 image", 100, 100)
+    assert int(stats["bytes_sent"]) > 200_000
+
+
+# -- the GPUs a host must give its containers: a preflight check, before anything is built or shipped ----------
+
+def _gpu_site(runtime: str):
+    from types import SimpleNamespace as NS
+    from dsv4ctl.remote.transport import LocalTransport
+    hosts = ["h0", "h1", "h2"]
+    return NS(profile=NS(sglang=NS(image=_img(runtime=runtime))), hosts=hosts,
+              transports={h: LocalTransport(h) for h in hosts}, opts=NS(connect_timeout=10))
+
+
+GPU_SPEC = {"decode": {"container": {"devices": {"h0": ["nvidia.com/gpu=0", "nvidia.com/gpu=1"],
+                                                 "h1": ["nvidia.com/gpu=0"]}}},
+            "router": {"container": {"devices": {}}}}
+
+
+@pytest.mark.skipif(any(os.path.exists(d) for d in ("/etc/cdi", "/var/run/cdi")), reason="this machine has CDI specs")
+def test_a_host_without_the_gpus_is_a_preflight_error():
+    """This machine as the hosts (LocalTransport): podman is here, no CDI spec is. Every host the
+    plan places GPUs on is named with the ship step's own words, exit 3; a host without GPUs
+    (h2) is not checked; docker missing is named; a dry run lists the check per host."""
+    from dsv4ctl.deploy.image import gpu_preflight, gpu_preflight_lines
+    from dsv4ctl.errors import RemoteError
+    if not shutil.which("podman"):
+        pytest.skip("podman is not installed")
+    with pytest.raises(RemoteError) as e:
+        gpu_preflight(_gpu_site("podman"), GPU_SPEC)
+    why = "no CDI spec names nvidia.com/gpu (/etc/cdi, /var/run/cdi) for {}: nvidia-ctk cdi generate makes one; " \
+          "sglang.image.gpus: none for CPU-only hosts"
+    assert str(e.value) == (f"preflight: h0: {why.format('nvidia.com/gpu=0 nvidia.com/gpu=1')}; "
+                            f"h1: {why.format('nvidia.com/gpu=0')}: nothing was built or shipped")
+    assert e.value.exit_code == 3
+    gpu_preflight(_gpu_site("podman"), {"decode": {"container": {"devices": {}}}})       # no GPUs: nothing to check
+    gpu_preflight(_gpu_site("podman"), {"decode": {"host": "h0"}})                       # no containers
+    if not shutil.which("docker"):
+        with pytest.raises(RemoteError, match=r"^preflight: h0: docker not found on this host \(sglang.image.runtime\); "
+                                              r"h1: docker not found"):
+            gpu_preflight(_gpu_site("docker"), GPU_SPEC)
+    assert gpu_preflight_lines(_gpu_site("podman"), GPU_SPEC) == [
+        "preflight: h0: podman and a CDI spec naming nvidia.com/gpu (/etc/cdi, /var/run/cdi) for nvidia.com/gpu=0, "
+        "nvidia.com/gpu=1, before anything is built or shipped",
+        "preflight: h1: podman and a CDI spec naming nvidia.com/gpu (/etc/cdi, /var/run/cdi) for nvidia.com/gpu=0, "
+        "before anything is built or shipped"]
+    assert gpu_preflight_lines(_gpu_site("docker"), GPU_SPEC)[1] == (
+        "preflight: h1: docker and the NVIDIA container toolkit (docker --gpus) for nvidia.com/gpu=0, before anything "
+        "is built or shipped")

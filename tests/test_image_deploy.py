@@ -122,6 +122,9 @@ def test_deploy_runs_each_server_in_its_release_image(world):
     assert r.code == 0, r.err + r.out
     rid = w.current("h0")
     rec = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())
+    # the build shows its steps as they come (podman build's STEP lines), then its end
+    assert f"building the image of {rid}: STEP 1/4: FROM " in r.err and f"building the image of {rid}: STEP 4/4: " \
+        in r.err and f"built image {rec['image'][:12]} of {rid}" in r.err, r.err
     for h in ("h0", "h1", "h2"):
         assert (w.roots[h] / "images" / "ids" / rid).read_text().strip() == rec["image"]
     cs = {c["Names"][0]: c for h in ("h0", "h1", "h2") for c in w.containers(h)}
@@ -463,13 +466,18 @@ def test_a_two_node_server_in_containers(fault_world):
     from tests.sshd.harness import free_port
     w = fault_world
     before = w.currents()
-    # first: GPUs by CDI on hosts without a CDI spec: an error naming it before any host switched
+    # first: GPUs by CDI on hosts without a CDI spec: a preflight error naming each host, before
+    # anything is built or shipped (its dry run too: it runs the same check)
     w.image_extra = {"gpus": "cdi"}
     w.write()
-    r = deploy(w)
-    assert r.code == 3 and "stopped before any host was switched" in r.err, r.err
-    assert "no CDI spec names nvidia.com/gpu (/etc/cdi, /var/run/cdi) for nvidia.com/gpu=0" in r.err, r.err
+    images_before = sorted(p.name for p in (w.cache / "images" / "records").glob("*.json"))
+    for args in (("--dry-run",), ()):
+        r = deploy(w, *args)
+        assert r.code == 3 and "preflight: h" in r.err and "nothing was built or shipped" in r.err, r.err
+        assert "no CDI spec names nvidia.com/gpu (/etc/cdi, /var/run/cdi) for nvidia.com/gpu=0" in r.err, r.err
+        assert "building the image" not in r.err and "pushed" not in r.err, r.err
     assert w.currents() == before
+    assert sorted(p.name for p in (w.cache / "images" / "records").glob("*.json")) == images_before
     w.image_extra = {}
     w.write()
     h = w.hosts

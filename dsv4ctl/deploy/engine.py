@@ -37,8 +37,8 @@ from .release import (Release, build_release, private_groups, launch_spec, relea
 from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
                       probe, where_now, with_break_lock)
 from .service import check_reachable, service_for
-from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, raise_failed, read_spec,
-                   state_doc)
+from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, progress_interval, raise_failed,
+                   read_spec, state_doc)
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
                     rollback_steps)
 
@@ -354,20 +354,6 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
             step_done(site, s, max(0.0, ended.get(k, time.monotonic()) - start))
 
 
-def progress_interval() -> float:
-    """Seconds between health-wait progress lines: ``DSV4CTL_PROGRESS_S`` when set (> 0), else 5 s
-    on a terminal and 30 s otherwise (a CI log gets a line per half minute of a 900-s wait)."""
-    import os
-    import sys
-    try:
-        v = float(os.environ.get("DSV4CTL_PROGRESS_S", ""))
-        if v > 0:
-            return v
-    except ValueError:
-        pass
-    return 5.0 if sys.stderr.isatty() else 30.0
-
-
 class _GateProgress:
     """While a health gate waits: every :func:`progress_interval` s one line through
     ``site.opts.log`` (nothing with ``-q``) — N/M workers ready, elapsed / timeout, and for each
@@ -661,6 +647,9 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             # a held lock refuses before anything is built (the lock step below takes it for real)
             gather_facts(site)
             refuse_held_locks(site)
+        if dep.sglang.image is not None:       # the hosts can give the containers their GPUs
+            from .image import gpu_preflight
+            gpu_preflight(site, spec)
         if opts.dry_run:
             rid = _trial_build(tree_p, base_ref, pl, configs, spec, ident, opts, release_environment(dep))
             refuse(site, rid, promote is not None)
@@ -677,7 +666,9 @@ def deploy(profile, opts: Options, *, tree=None, base_ref=None, patches=None, pr
             if promote is not None:
                 doc["promote"] = True
                 pre = promote.preflight
-            doc["actions"] = [f"preflight: {pre['summary'] if pre else 'skipped (--no-preflight)'}"] + doc["actions"]
+            from .image import gpu_preflight_lines
+            doc["actions"] = ([f"preflight: {pre['summary'] if pre else 'skipped (--no-preflight)'}"]
+                              + gpu_preflight_lines(site, spec) + doc["actions"])
             return doc
         t_build = time.monotonic()
         rel = build_release(tree_p, base_ref, pl, configs, spec, cache=opts.cache, who=who(), series_identity=ident,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -82,8 +83,55 @@ def local_podman(image, cache: Path) -> list[str]:
                                                                   if a not in LOCAL_STORE_ARGS])]
 
 
-def _run(argv: list[str], what: str, timeout: float = 3600) -> str:
-    """stdout of ``argv`` run on this machine in a session of its own. On an interrupt (SIGINT,
+#: a step line of ``podman build``'s output (buildah's ``STEP n/m: INSTRUCTION``).
+STEP_LINE = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
+
+
+def _follow(proc, timeout: float, what: str, log) -> tuple[str, str]:
+    """(stdout, stderr) of ``proc`` while it runs, as ``communicate`` gives them, showing its
+    progress through ``log``: each ``STEP n/m: ...`` line of a ``podman build`` as it comes
+    (``WHAT: STEP n/m: ... (S s)``), and while no line comes, every
+    :func:`dsv4ctl.deploy.site.progress_interval` s (``DSV4CTL_PROGRESS_S``; 5 s on a
+    terminal, 30 s off one) one ``WHAT: STEP n/m, S s`` line, so a long RUN step shows it is
+    alive. subprocess.TimeoutExpired after ``timeout`` s."""
+    import threading
+    from .site import progress_interval
+    t0, every = time.monotonic(), progress_interval()
+    out: list[str] = []
+    err: list[str] = []
+    state = {"step": "starting", "at": t0}
+
+    def read_out():
+        for line in proc.stdout:
+            out.append(line)
+            m = STEP_LINE.match(line.rstrip("\n"))
+            if m:
+                state.update(step=f"STEP {m.group(1)}/{m.group(2)}", at=time.monotonic())
+                log(f"{what}: {m.group(0)[:160]} ({state['at'] - t0:.0f} s)")
+    threads = [threading.Thread(target=read_out, daemon=True),
+               threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)]
+    for th in threads:
+        th.start()
+    while True:
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            proc.wait(min(every, left))
+            break
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if now - state["at"] >= every * 0.99:
+                state["at"] = now
+                log(f"{what}: {state['step']}, {now - t0:.0f} s")
+    for th in threads:
+        th.join(10)
+    return "".join(out), "".join(err)
+
+
+def _run(argv: list[str], what: str, timeout: float = 3600, log=None) -> str:
+    """stdout of ``argv`` run on this machine in a session of its own; with ``log``, its
+    progress (:func:`_follow`) is shown while it runs. On an interrupt (SIGINT,
     or SIGTERM/SIGHUP raised as KeyboardInterrupt) or a timeout its whole process group gets
     SIGTERM, then SIGKILL after 5 s, and is waited for: a ``podman build`` takes its ``RUN``
     step's processes with it (nothing keeps building after dsv4ctl stopped). InputError (exit 2)
@@ -96,7 +144,7 @@ def _run(argv: list[str], what: str, timeout: float = 3600) -> str:
     except FileNotFoundError:
         raise InputError(f"{what}: {argv[0]} not found on this machine (sglang.image.runtime; apt install podman)")
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout) if log is None else _follow(proc, timeout, what, log)
     except BaseException as e:
         for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
             try:
@@ -244,10 +292,10 @@ def env_image(image, env, digest: str, lock: Path, base_id: str, cache: Path, lo
         script = f"export UV_CACHE_DIR={ENV_IN}/uv-cache TMPDIR={ENV_IN}; {script}"
         (ctx / "Containerfile").write_text(ENV_CONTAINERFILE.format(base=base_id, digest=digest,
                                                                     script=json.dumps(script)))
-        out = _run([*pod, "build", "-q", "--timestamp", "0", "--isolation", "chroot", "--layers=false", "-t", tag,
+        out = _run([*pod, "build", "--timestamp", "0", "--isolation", "chroot", "--layers=false", "-t", tag,
                     "-v", f"{ctx / 'in'}:{ENV_IN}",
                     *env_mounts(uv_args), "-f", str(ctx / "Containerfile"), str(ctx / "ctx")],
-                   f"building the environment image {tag}")
+                   f"building the environment image {tag}", log=log)
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
     iid = out.splitlines()[-1].strip().removeprefix("sha256:")
@@ -295,9 +343,9 @@ def build_image(image, rel, cache: Path, log=lambda s: None, env=None) -> ImageR
         cf.write_text(CONTAINERFILE.format(base=from_id, dest=image_dir(rel.id), rid=rel.id))
         t0 = time.monotonic()
         try:
-            out = _run([*local_podman(image, cache), "build", "-q", "--timestamp", "0", "--isolation", "chroot",
+            out = _run([*local_podman(image, cache), "build", "--timestamp", "0", "--isolation", "chroot",
                         "--layers", "-t", f"{IMAGE_NAME}:{rel.id}", "-f", str(cf), str(ctx)],
-                       f"building the image of {rel.id}")
+                       f"building the image of {rel.id}", log=log)
         finally:
             cf.unlink(missing_ok=True)
         iid = out.splitlines()[-1].strip().removeprefix("sha256:")
@@ -398,6 +446,51 @@ def host_devices(spec: dict, host: str) -> list[str]:
     return sorted({d for s in spec.values() for d in (s.get("container") or {}).get("devices", {}).get(host, [])})
 
 
+def gpu_check_cmd(image, devices: list[str]) -> str:
+    """The host check of the preflight (pure): the runtime is on the host, and it can give the
+    containers the GPUs ``devices`` (:func:`dsv4ctl.hosts.container.cdi_check_cmd`: a CDI spec
+    naming ``nvidia.com/gpu``, or for docker the NVIDIA container toolkit); exit 4 with the same
+    line the ship step prints otherwise."""
+    from ..hosts.container import cdi_check_cmd, is_docker
+    return (f"command -v {q(image.runtime)} >/dev/null 2>&1 || {{ echo \"{image.runtime} not found on this host "
+            f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices, is_docker(image))}")
+
+
+def gpu_preflight_lines(site, spec: dict) -> list[str]:
+    """What :func:`gpu_preflight` checks, one line per host the launch spec ``spec`` places GPUs
+    on (a dry run lists them under ``preflight:``); [] without containers or GPUs."""
+    from ..hosts.container import is_docker
+    img = site.profile.sglang.image
+    if img is None or not spec_image(spec):
+        return []
+    what = "the NVIDIA container toolkit (docker --gpus)" if is_docker(img) else \
+        "a CDI spec naming nvidia.com/gpu (/etc/cdi, /var/run/cdi)"
+    return [f"preflight: {h}: {img.runtime} and {what} for {', '.join(d)}, before anything is built or shipped"
+            for h in site.hosts if (d := host_devices(spec, h))]
+
+
+def gpu_preflight(site, spec: dict) -> None:
+    """Before anything is built or shipped (dry runs too: it only reads): every host the launch
+    spec ``spec`` places GPUs on can give them to its containers (:func:`gpu_check_cmd`), all
+    hosts in parallel. RemoteError (exit 3) ``preflight: HOST: <the check's line>; ...``
+    naming every host that cannot: nothing was built, pushed or switched."""
+    from ..remote import run_parallel
+    img = site.profile.sglang.image
+    need = {h: host_devices(spec, h) for h in site.hosts} if img is not None and spec_image(spec) else {}
+    need = {h: d for h, d in need.items() if d}
+    if not need:
+        return
+
+    def one(t):
+        r = t.run(gpu_check_cmd(img, need[t.name]), timeout=60, check=False)
+        if r.code != 0:
+            raise RemoteError(r.error_text())
+    res = run_parallel({h: site.transports[h] for h in need}, one, timeout=site.opts.connect_timeout + 60)
+    bad = [f"{h}: {r.error.removeprefix(h + ': ')}" for h, r in res.items() if not r.ok]
+    if bad:
+        raise RemoteError("preflight: " + "; ".join(bad) + ": nothing was built or shipped")
+
+
 def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) -> dict:
     """Ship release ``rec.release``'s image to the host behind ``t`` (see the module docstring):
     ``{"present": bool, "bytes_sent": N, "seconds": s, "registry": bool}``; with a registry
@@ -424,13 +517,19 @@ def ship_host(t: Transport, site, rec: ImageRecord, layout: Path, spec: dict) ->
         extra, dest = t.rsync_dest(pool_dir(root) + "/blobs/", bulk=True)
         stats = _run_rsync(t, site, _Named(rec.release),
                            ["rsync", "-a", "--ignore-existing", "--stats", "--info=progress2", *rsync_user_args(), *extra,
-                            f"{layout}/blobs/", dest])
+                            f"{layout}/blobs/", dest], key=transfer_key(t.name))
         sent = int(stats.get("bytes_sent", 0))
     r = t.run(load_cmd(img, root, rec.release, rec.image), input=(layout / "index.json").read_bytes(),
               timeout=1800, check=False)
     if r.code != 0:
         raise RemoteError(f"{t.name}: loading the image of {rec.release}: {r.error_text()}")
     return {"present": present, "bytes_sent": sent, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def transfer_key(host: str) -> str:
+    """The progress key of the image transfer to ``host`` (``HOST image``: the tree push's key
+    is the host's name, and it has ended when the image transfer starts)."""
+    return f"{host} image"
 
 
 @dataclass

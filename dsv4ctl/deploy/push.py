@@ -241,7 +241,11 @@ def _push_rsync(t: Transport, site: Site, rel: Release, inc: str, bases: list[st
             return stats, r
 
 
-def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:
+def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str], key: str = "") -> dict:
+    """Run one rsync of a push (``argv``), its percentages to ``site.opts.progress`` under
+    ``key`` (default: the host's name; an image transfer uses ``HOST image``): its ``--stats``
+    as a dict. RemoteError naming the host on a non-zero exit (a full disk named first)."""
+    key = key or t.name
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     with _RSYNC_LOCK:
         _RSYNC_PROCS.add(proc)
@@ -260,7 +264,7 @@ def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:
             if site.opts.progress:
                 m = list(re.finditer(rb"\s(\d{1,3})%\s", buf))
                 if m:
-                    site.opts.progress(t.name, int(m[-1].group(1)), 100)
+                    site.opts.progress(key, int(m[-1].group(1)), 100)
         code = proc.wait()
         et.join(5)
     finally:
@@ -273,7 +277,7 @@ def _run_rsync(t: Transport, site: Site, rel: Release, argv: list[str]) -> dict:
         msg = next((ln for ln in err if "No space left" in ln), None) or (err[0] if err else f"exit {code}")
         raise RemoteError(f"{t.name}: pushing release {rel.id} with rsync failed (exit {code}): {msg.strip()}")
     if site.opts.progress:
-        site.opts.progress(t.name, 100, 100)
+        site.opts.progress(key, 100, 100)
     stats = parse_rsync_stats(out.decode("utf-8", "replace"))
     stats["method"] = "rsync"
     return stats

@@ -106,6 +106,20 @@ def gather_facts(site: Site) -> dict[str, HostFacts]:
 
 
 
+def progress_interval() -> float:
+    """Seconds between health-wait progress lines: ``DSV4CTL_PROGRESS_S`` when set (> 0), else 5 s
+    on a terminal and 30 s otherwise (a CI log gets a line per half minute of a 900-s wait)."""
+    import os
+    import sys
+    try:
+        v = float(os.environ.get("DSV4CTL_PROGRESS_S", ""))
+        if v > 0:
+            return v
+    except ValueError:
+        pass
+    return 5.0 if sys.stderr.isatty() else 30.0
+
+
 def health_timeout(site: Site) -> float:
     if site.opts.health_timeout is not None:
         return site.opts.health_timeout
