@@ -394,3 +394,21 @@ def test_promote_remote_changes_and_every_day2_command_on_a_slurm_profile(pworld
     assert r.code == 0, r.out + r.err
     after = job_of(w, "a")
     assert after[1] == r4 and after[0] != before[0]
+
+
+def test_nodes_that_share_one_deploy_root_are_refused_with_the_reason(world):
+    """A deploy root every node sees (a shared filesystem; here: every host's root is one folder
+    of this machine) is not supported yet (docs/slurm.md): the second host's lock is this run's
+    own. Exit 3 naming the shared root, not "that run is still going: try again"; no lock left."""
+    w = world
+    shared = w.cfgdir.parent / "shared-root"
+    prof = yaml.safe_load(w.profile.read_text())
+    for h in prof["hosts"]:
+        h["root"] = str(shared)
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = deploy(w, "--no-preflight")
+    assert r.code == 3, r.err + r.out
+    assert "that is this run's own lock, taken through another host: this host's deploy root is the same folder" in r.err
+    assert "try again when it is done" not in r.err and "Traceback" not in r.err
+    assert not (shared / ".lock").exists() and not (shared / "current").exists()
+    assert jobs(w.lab, "prefill") == [] and jobs(w.lab, "decode") == []

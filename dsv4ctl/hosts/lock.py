@@ -165,7 +165,9 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
     """The one error for a held lock: the holder (who, what — a manual lock's message —, pid,
     since), its age, and what to do: a run's process that still runs is waited for; one that is
     gone (:func:`holder_liveness`) is named dead with the command that frees its lock
-    (``profile`` as the user gave it); one that cannot be checked says so."""
+    (``profile`` as the user gave it); one that cannot be checked says so. A holder that is this
+    very process took the lock through another host whose deploy root is the same folder (a
+    shared filesystem): said so, since waiting would never free it."""
     h = parse_holder(holder_json)
     hint = ("wait for it, or break a stale lock with --break-lock" if can_break else "try again when it is done")
     if is_manual(h):
@@ -174,6 +176,10 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
         state, why = holder_liveness(h)
         if state == "dead":
             hint = f"that run is dead ({why}): free the lock with {release_hint(profile)}"
+        elif state == "alive" and h.get("pid") == os.getpid():
+            hint = ("that is this run's own lock, taken through another host: this host's deploy root is the "
+                    "same folder as that host's (a shared filesystem, or one machine); each host needs its own "
+                    "deploy root (a shared deploy.root is not supported yet: docs/slurm.md)")
         elif state == "alive":
             hint = f"that run is still going ({why}): try again when it is done"
         else:
