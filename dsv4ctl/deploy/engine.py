@@ -739,6 +739,10 @@ def _announce(site: Site, run: RunSteps) -> None:
 
 def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, action: str = "deploy",
                    restart: frozenset | None = None, record: dict | None = None) -> dict:
+    """A deploy (or ``action``) of built release ``rel`` under the locks: the run's steps announced,
+    then either the converging run (``rel`` already active everywhere: verify, start what does not
+    run) or ship (:func:`_ship`) and then the promotion pipeline or activation (:func:`_activate`).
+    The ``dsv4ctl.deploy/1`` report; errors as :func:`deploy`."""
     opts = site.opts
     report = {"schema": "dsv4ctl.deploy/1", "release": rel.id, "base_ref": rel.meta["base_ref"],
               "base_commit": rel.meta["base_commit"], "files": len(rel.files), "bytes": rel.bytes,
@@ -758,52 +762,79 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         deploy_steps(site, rel.id, spec, extra=extra, action=action, restart=restart, servers=servers)
     _announce(site, run)
     if converge:
-        env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
-        drift = run_verify(site, run.of("verify"))
-        if drift:
-            close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
-            raise drift_error(rel.id, drift)
-        if started:
-            _start_active(site, rel.id, run, started, base_rec, frm)
-        else:
-            opts.log(f"{rel.id} is already the active release on every host, matches its manifest and every "
-                     "server runs: nothing to do")
-        run_close(site, run.of("close"))
-        raise_close_errors(site, rel.id)
-        report.update(result="ok", unchanged=not started, started=[a.server for a in started],
-                      steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
-        for h in site.hosts:
-            report["hosts"][h].update(push={"skipped": True, "bytes_sent": 0, "files_transferred": 0}, pruned=[])
-        return report
-    # push
+        return _converge(site, rel.id, run, started, base_rec, frm, report, t_start)
+    _ship(site, rel, run, base_rec, frm, report)
+    if promote is not None:
+        return promote.run_locked(site, rel, spec, run, report, frm, t_start)
+    return _activate(site, rel.id, spec, run, action, restart, base_rec, frm, old_current, report, t_start)
+
+
+def _converge(site: Site, rid: str, run: RunSteps, started: list, base_rec: dict, frm: dict, report: dict,
+              t_start: float) -> dict:
+    """``rid`` is already the active release on every host: its environments checked, the hosts
+    verified against its manifest (drift: the audits closed ``failed``, exit 3), the servers that
+    do not run started (``started``), the audits closed. The report: nothing pushed or pruned."""
+    env_error(site, rid, run_envs(site, run.of("env")), base_rec, frm)
+    drift = run_verify(site, run.of("verify"))
+    if drift:
+        close_all(site, {**base_rec, "result": "failed", "detail": "verify: " + drift[:1500]}, per_host=frm)
+        raise drift_error(rid, drift)
+    if started:
+        _start_active(site, rid, run, started, base_rec, frm)
+    else:
+        site.opts.log(f"{rid} is already the active release on every host, matches its manifest and every "
+                      "server runs: nothing to do")
+    run_close(site, run.of("close"))
+    raise_close_errors(site, rid)
+    report.update(result="ok", unchanged=not started, started=[a.server for a in started],
+                  steps=step_results(site), seconds=round(time.monotonic() - t_start, 3))
+    for h in site.hosts:
+        report["hosts"][h].update(push={"skipped": True, "bytes_sent": 0, "files_transferred": 0}, pruned=[])
+    return report
+
+
+def _push_all(site: Site, rel: Release, run: RunSteps, base_rec: dict, frm: dict, report: dict) -> None:
+    """Push ``rel`` to every host in parallel (each push step traced and timed; an interrupt stops
+    the rsyncs and waits for every push thread). A failed push: the audits closed ``failed``,
+    the pushed release cleaned up, RemoteError (exit 3, no host switched). Adds each host's push
+    result and ``push_seconds`` to ``report``."""
+    opts = site.opts
     pushes = {s.host: s for s in run.of("push")}
+    t0 = time.monotonic()
+
+    def push(t):
+        trace(site, pushes[t.name])
+        t1 = time.monotonic()
+        try:
+            return push_host(t, site, rel)
+        finally:
+            step_done(site, pushes[t.name], time.monotonic() - t1)
+    with _stop_pushes_on_interrupt():
+        # an interrupt stops the rsyncs at once, then waits for every push thread to end
+        # (each tells its host-side script to give up): the close-out must not race them
+        res = run_parallel(site.transports, push, timeout=opts.host_timeout, finish_on_interrupt=True)
+    report["push_seconds"] = round(time.monotonic() - t0, 3)
+    bad = [r for r in res.values() if not r.ok]
+    if bad:
+        why = "; ".join(r.error for r in bad)
+        close_all(site, {**base_rec, "result": "failed", "detail": "push: " + why[:1500]}, cleanup=rel.id,
+                  per_host=frm)
+        raise RemoteError(f"deploy of {rel.id} stopped before any host was switched: push failed on {why}")
+    for h, r in res.items():
+        report["hosts"][h]["push"] = r.value
+        opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
+                             f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
+                             f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+
+
+def _ship(site: Site, rel: Release, run: RunSteps, base_rec: dict, frm: dict, report: dict) -> None:
+    """Everything before the switch, in order: push (:func:`_push_all`), the environments, the
+    images, verify against the manifest. A failure closes the audits ``failed`` and raises (exit
+    3, no host switched); an interrupt kills the rsyncs, closes them ``interrupted`` naming the
+    phase, cleans up the release and raises again."""
     phase = "push"
     try:
-        t0 = time.monotonic()
-
-        def push(t):
-            trace(site, pushes[t.name])
-            t1 = time.monotonic()
-            try:
-                return push_host(t, site, rel)
-            finally:
-                step_done(site, pushes[t.name], time.monotonic() - t1)
-        with _stop_pushes_on_interrupt():
-            # an interrupt stops the rsyncs at once, then waits for every push thread to end
-            # (each tells its host-side script to give up): the close-out must not race them
-            res = run_parallel(site.transports, push, timeout=opts.host_timeout, finish_on_interrupt=True)
-        report["push_seconds"] = round(time.monotonic() - t0, 3)
-        bad = [r for r in res.values() if not r.ok]
-        if bad:
-            why = "; ".join(r.error for r in bad)
-            close_all(site, {**base_rec, "result": "failed", "detail": "push: " + why[:1500]}, cleanup=rel.id,
-                      per_host=frm)
-            raise RemoteError(f"deploy of {rel.id} stopped before any host was switched: push failed on {why}")
-        for h, r in res.items():
-            report["hosts"][h]["push"] = r.value
-            opts.log(f"{h}: " + ("release already present" if r.value["skipped"] else
-                                 f"pushed {r.value['files_transferred']} files, {r.value['bytes_sent']:,} bytes sent, "
-                                 f"verified ({r.value['hashed']} hashed) in {r.value['seconds']:.1f} s"))
+        _push_all(site, rel, run, base_rec, frm, report)
         phase = "environment build"
         env_error(site, rel.id, run_envs(site, run.of("env")), base_rec, frm)
         phase = "image"
@@ -822,29 +853,35 @@ def _deploy_locked(site: Site, rel: Release, t_start: float, promote=None, *, ac
         close_all(site, {**base_rec, "result": "interrupted", "detail": f"interrupted during {phase}; no host switched"},
                   cleanup=rel.id, per_host=frm)
         raise
-    if promote is not None:
-        return promote.run_locked(site, rel, spec, run, report, frm, t_start)
+
+
+def _activate(site: Site, rid: str, spec: dict, run: RunSteps, action: str, restart: frozenset | None,
+              base_rec: dict, frm: dict, old_current: dict, report: dict, t_start: float) -> dict:
+    """Switch every host to ``rid`` and gate on health, rolling back on a failed gate or an
+    interrupt (audits closed ``rolled-back`` / ``interrupted``, the release's event recorded). A
+    lost host: RemoteError (exit 3) naming the command that finishes; an unhealthy server:
+    GateFailed (exit 1). Then the release is marked active and the audits closed (the report)."""
     t_act = time.monotonic()
     try:
         act = switch_with_gate(site, run.of("switch"), run.of("gate"),
-                               revert_steps(site, site.hosts, rel.id, spec, restart=restart))
+                               revert_steps(site, site.hosts, rid, spec, restart=restart))
     except KeyboardInterrupt:
         close_all(site, {**base_rec, "result": "interrupted", "detail": "interrupted during activation; rolled back"
                          + (f"; {site.restored}" if site.restored else "")},
-                  event=(rel.id, "interrupted", {"interrupted_during": "activation"}),
+                  event=(rid, "interrupted", {"interrupted_during": "activation"}),
                   per_host=frm)
         raise
     if not act.ok:
         olds = {o for o in old_current.values()}
         finish = finish_command(site, action, next(iter(olds)) if len(olds) == 1 else None)
-        raise_lost(site, act, f"{action} of {rel.id} stopped", rel.id, base_rec, finish, frm)
+        raise_lost(site, act, f"{action} of {rid} stopped", rid, base_rec, finish, frm)
         close_all(site, {**base_rec, "result": "rolled-back", "detail": act.why[:2000]},
-                  event=(rel.id, "failed", {"failed_check": "health gate", "failure": act.why[:1000]}), per_host=frm)
+                  event=(rid, "failed", {"failed_check": "health gate", "failure": act.why[:1000]}), per_host=frm)
         back = sorted({o or "(none)" for o in olds})
-        raise_gate_failed(site, act, f"{action} of {rel.id}",
+        raise_gate_failed(site, act, f"{action} of {rid}",
                           f" rolled back to {', '.join(back)} on all hosts ({', '.join(site.hosts)})", finish)
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
-    return finish_good(site, rel.id, run.of("close"), report, t_start, f"run the same {action} again")
+    return finish_good(site, rid, run.of("close"), report, t_start, f"run the same {action} again")
 
 
 def _start_active(site: Site, rid: str, run: RunSteps, started: list, base_rec: dict, frm: dict) -> None:
