@@ -35,6 +35,14 @@ def slurm_lab(sshd_cluster, tmp_path_factory):
     lab.stop()
 
 
+def on_slurm(profile, lab: SlurmLab) -> None:
+    """Rewrite the profile file ``profile`` to ``deploy.backend: slurm`` on ``lab``'s partition."""
+    prof = yaml.safe_load(profile.read_text())
+    prof["deploy"]["backend"] = "slurm"
+    prof["deploy"]["slurm"] = {"partition": lab.partition, "conf": str(lab.conf), "time_limit": "60"}
+    profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+
 class SlurmWorld(TwoNodeWorld):
     """TwoNodeWorld with ``deploy.backend: slurm`` on ``lab``."""
 
@@ -42,10 +50,7 @@ class SlurmWorld(TwoNodeWorld):
 
     def write(self) -> None:
         super().write()
-        prof = yaml.safe_load(self.profile.read_text())
-        prof["deploy"]["backend"] = "slurm"
-        prof["deploy"]["slurm"] = {"partition": self.lab.partition, "conf": str(self.lab.conf), "time_limit": "60"}
-        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+        on_slurm(self.profile, self.lab)
 
 
 @pytest.fixture
@@ -309,10 +314,7 @@ class SlurmPromoteWorld(PromoteWorld):
 
     def hicache(self, on: bool, groups: tuple[str, ...] | None = None) -> None:
         super().hicache(on, groups)
-        prof = yaml.safe_load(self.profile.read_text())
-        prof["deploy"]["backend"] = "slurm"
-        prof["deploy"]["slurm"] = {"partition": self.lab.partition, "conf": str(self.lab.conf), "time_limit": "60"}
-        self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+        on_slurm(self.profile, self.lab)
 
 
 @pytest.fixture
