@@ -480,6 +480,16 @@ def test_a_two_node_server_in_containers(fault_world):
     assert sorted(p.name for p in (w.cache / "images" / "records").glob("*.json")) == images_before
     w.image_extra = {}
     w.write()
+    # deploy --promote of an image release builds, ships and verifies the image before the canary
+    # switches (its dry run: the pipeline's steps; a promotion's checks are tests/test_promote's)
+    t0 = time.monotonic()
+    r = run_cli("deploy", str(w.profile), "--accept-new-host-keys", "--promote", "--dry-run", env=w.env(), timeout=120)
+    acts = r.out.splitlines()
+    assert r.code == 0, r.err
+    at = lambda word: next(i for i, a in enumerate(acts) if word in a)
+    assert at("local: build image localhost/dsv4ctl:") < at("h1: ship image of ") < at("h1: verify the image of ") \
+        < at("h1: [canary] switch "), r.out
+    print(f"deploy --promote --dry-run: {time.monotonic() - t0:.1f} s")
     h = w.hosts
     f = w.cfgdir / "decode.yaml"
     f.write_text(yaml.safe_dump({**yaml.safe_load(f.read_text()), "tp-size": 2, "nnodes": 2}, sort_keys=False))

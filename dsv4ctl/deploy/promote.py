@@ -235,11 +235,12 @@ def check_verdict(kind: str, code: int, doc: dict | None, err: str) -> tuple[boo
 
 
 def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *, locked: bool = True):
-    """Every step of ``deploy --promote`` of ``rid``: lock, push, the canary's switch and gate,
-    the checks (``dsv4ctl check`` children), the rest's switch and gate (and a smoke of the whole
-    deployment), the evidence, the close-out. Returns a :class:`~dsv4ctl.deploy.steps.RunSteps`."""
-    from .steps import (RunSteps, Step, close_step, env_steps, gate_steps, lock_step, next_previous,
-                        present_verify_steps, prune_after_switch, push_step, revert_steps, switch_step)
+    """Every step of ``deploy --promote`` of ``rid``: lock, push (for an image release also its
+    build, ship and verify), the canary's switch and gate, the checks (``dsv4ctl check``
+    children), the rest's switch and gate (and a smoke of the whole deployment), the evidence,
+    the close-out. Returns a :class:`~dsv4ctl.deploy.steps.RunSteps`."""
+    from .steps import (RunSteps, Step, close_step, env_steps, gate_steps, image_steps, image_verify_steps, lock_step,
+                        next_previous, present_verify_steps, prune_after_switch, push_step, revert_steps, switch_step)
     hosts = site.hosts
     skipped: list[str] = []      # an upgrade's A/B skipped by --no-compare: said in the notes
     canary = first_deploy_canary([h for h in hosts if h in po.canary_hosts], {h: site.facts[h].current for h in hosts})
@@ -252,8 +253,8 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
     skipped += [x for x in ab if isinstance(x, str)]
     ab = [x for x in ab if not isinstance(x, str)]
     steps = [] if locked else [lock_step(site, h, f"deploy {rid}") for h in hosts]
-    steps += ([push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec)
-              + present_verify_steps(site, rid, spec=spec))
+    steps += ([push_step(site, h, rid) for h in hosts] + env_steps(site, rid, spec) + image_steps(site, rid, spec)
+              + present_verify_steps(site, rid, spec=spec) + image_verify_steps(site, rid, spec))
     for name, hs in (("canary", canary), ("rest", rest)):
         steps += [x for x in ab if x.stage == "before" and name == "canary"]
         steps += [switch_step(site, h, rid, next_previous(site.facts[h], rid), spec, site.facts[h].current_launch, name)
