@@ -446,16 +446,6 @@ def host_devices(spec: dict, host: str) -> list[str]:
     return sorted({d for s in spec.values() for d in (s.get("container") or {}).get("devices", {}).get(host, [])})
 
 
-def gpu_check_cmd(image, devices: list[str]) -> str:
-    """The host check of the preflight (pure): the runtime is on the host, and it can give the
-    containers the GPUs ``devices`` (:func:`dsv4ctl.hosts.container.cdi_check_cmd`: a CDI spec
-    naming ``nvidia.com/gpu``, or for docker the NVIDIA container toolkit); exit 4 with the same
-    line the ship step prints otherwise."""
-    from ..hosts.container import cdi_check_cmd, is_docker
-    return (f"command -v {q(image.runtime)} >/dev/null 2>&1 || {{ echo \"{image.runtime} not found on this host "
-            f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices, is_docker(image))}")
-
-
 def gpu_preflight_lines(site, spec: dict) -> list[str]:
     """What :func:`gpu_preflight` checks, one line per host the launch spec ``spec`` places GPUs
     on (a dry run lists them under ``preflight:``); [] without containers or GPUs."""
@@ -471,9 +461,11 @@ def gpu_preflight_lines(site, spec: dict) -> list[str]:
 
 def gpu_preflight(site, spec: dict) -> None:
     """Before anything is built or shipped (dry runs too: it only reads): every host the launch
-    spec ``spec`` places GPUs on can give them to its containers (:func:`gpu_check_cmd`), all
+    spec ``spec`` places GPUs on can give them to its containers
+    (:func:`dsv4ctl.hosts.container.host_check_cmd`), all
     hosts in parallel. RemoteError (exit 3) ``preflight: HOST: <the check's line>; ...``
     naming every host that cannot: nothing was built, pushed or switched."""
+    from ..hosts.container import host_check_cmd
     from ..remote import run_parallel
     img = site.profile.sglang.image
     need = {h: host_devices(spec, h) for h in site.hosts} if img is not None and spec_image(spec) else {}
@@ -482,7 +474,7 @@ def gpu_preflight(site, spec: dict) -> None:
         return
 
     def one(t):
-        r = t.run(gpu_check_cmd(img, need[t.name]), timeout=60, check=False)
+        r = t.run(host_check_cmd(img, need[t.name]), timeout=60, check=False)
         if r.code != 0:
             raise RemoteError(r.error_text())
     res = run_parallel({h: site.transports[h] for h in need}, one, timeout=site.opts.connect_timeout + 60)

@@ -190,6 +190,14 @@ def cdi_check_cmd(devices: list[str], docker: bool = False) -> str:
             + ": nvidia-ctk cdi generate makes one; sglang.image.gpus: none for CPU-only hosts\" >&2; exit 4; }")
 
 
+def host_check_cmd(image, devices: list[str]) -> str:
+    """The runtime is on the host, and it can give the containers the GPUs ``devices``
+    (:func:`cdi_check_cmd`); exit 4 with a line naming what is missing otherwise (pure). The
+    deploy's preflight and the ship step (:func:`prepare_cmd`) run it, with the same words."""
+    return (f"command -v {q(image.runtime)} >/dev/null 2>&1 || {{ echo \"{image.runtime} not found on this host "
+            f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices, is_docker(image))}")
+
+
 def prepare_cmd(image, root: str, devices: list[str], image_id: str) -> str:
     """Before a ship: the runtime is there (exit 4 naming it otherwise), the CDI devices exist,
     the pool folders are made and the temporary files of a transfer cut short are removed
@@ -197,8 +205,7 @@ def prepare_cmd(image, root: str, devices: list[str], image_id: str) -> str:
     prints ``present`` when the image ``image_id`` is in the store
     already (nothing to send), else ``absent``."""
     rt = runtime_cmd(image, root)
-    return (f"command -v {q(image.runtime)} >/dev/null 2>&1 || {{ echo \"{image.runtime} not found on this host "
-            f"(sglang.image.runtime)\" >&2; exit 4; }}; {cdi_check_cmd(devices, is_docker(image))}; "
+    return (f"{host_check_cmd(image, devices)}; "
             f"mkdir -p {q(pool_dir(root) + '/blobs/sha256')} {q(images_root(root) + '/ids')} && "
             f"rm -f {q(pool_dir(root) + '/blobs/sha256')}/.[!.]* && "
             f"if {exists_cmd(image, rt, q(image_id))}; then echo present; else echo absent; fi")
