@@ -1,0 +1,85 @@
+"""Resolve once (issue 42 item 1): every command reads the profile once, each serve config once
+and resolves the SGLang release at most once; nothing below ``commands/`` reads them again.
+
+The rule, per command run in one process:
+
+- the profile file: one load (``profile/model.py load_profile``, counted at its YAML read);
+- each serve config the command touches: one read (``profile/serveconfig.py read_serve_config``,
+  the one reader, counting in ``serveconfig.READS``);
+- the SGLang release: at most one resolution (``plan/sglang_version.py RESOLUTIONS``), exactly
+  one for a command that builds, judges or sizes a release (deploy, a serve-config change, plan).
+  A serve-config change judges its edit on ``Deployment.with_serve_texts(texts)``: the changed
+  text is parsed from memory (no second read), every other config is the one already read and the
+  release resolved for the command is kept, so the change's one resolution is the command's one.
+- a runbook step runs inside the runbook's command: the run resolves the profile once
+  (``RunContext.deployment``) and its in-process steps (service.restart here) ask that
+  Deployment; steps that run a dsv4ctl child are a command of their own (counted as above).
+
+One LocalWorld (three ``local: true`` hosts, stand-in servers): a real deploy so that the
+lifecycle, rollback and serve-change dry runs have a release to act on (about 8 s)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dsv4ctl.plan import sglang_version
+from dsv4ctl.profile import model, serveconfig
+from tests.test_golden import LocalWorld, needs_rsync, run
+
+PLAYBOOK = {"name": "restart-once", "description": "one in-process step: restart decode in place",
+            "steps": [{"id": "restart", "action": "service.restart", "args": {"groups": ["decode"]}}]}
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """``count(*argv, env=...) -> (exit code, profile loads, {serve config: reads}, resolutions)``
+    of one command run in this process (tests/test_golden.py ``run``)."""
+    loads: list[str] = []
+    read_yaml = model.load_yaml
+
+    def counting(path, *a, **k):
+        loads.append(str(path))
+        return read_yaml(path, *a, **k)
+    monkeypatch.setattr(model, "load_yaml", counting)
+
+    def count(*argv: str, env=None):
+        loads.clear()
+        serveconfig.READS.clear()
+        sglang_version.RESOLUTIONS.clear()
+        r = run(*argv, env=env)
+        assert r.code == 0, (argv, r.err[-400:])
+        return loads.copy(), dict(serveconfig.READS), len(sglang_version.RESOLUTIONS)
+    return count
+
+
+@needs_rsync
+def test_each_command_reads_the_profile_and_its_serve_configs_once(tmp_path, counted):
+    w = LocalWorld(tmp_path)
+    prof = w.prof
+    for h in prof["hosts"]:
+        h["ram_gib"] = 4096                 # room for prefill's HiCache host pool (DSV109)
+    p = str(w.write_profile("profile.yaml", prof))
+    cfgs = {str(w.cfgdir / "prefill.yaml"): 1, str(w.cfgdir / "decode.yaml"): 1}
+    book = tmp_path / "restart-once.yaml"
+    book.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+    # (argv, resolutions): one for what builds, judges or sizes a release, none for the rest
+    commands = [(("deploy", p), 1),
+                (("deploy", p, "--dry-run", "--json"), 1),
+                (("config", "set", p, "-g", "decode", "kv-canary=log", "--remote"), 1),
+                (("hicache", "on", p, "-g", "prefill", "--remote", "--dry-run"), 1),
+                (("config", "set", p, "-g", "decode", "kv-canary=none", "--remote", "--dry-run"), 1),
+                (("plan", p, "--json"), 1),
+                (("restart", p, "--dry-run"), 0),
+                (("rollback", p, "--dry-run"), 0),
+                (("status", p), 0),
+                (("runbook", "run", str(book), p, "--yes", "-q"), 0)]
+    touched = {"runbook": {str(w.cfgdir / "decode.yaml"): 1}}     # the step restarts decode only
+    try:
+        for argv, versions in commands:
+            loads, reads, resolved = counted(*argv, env=w.env)
+            assert loads.count(p) == 1, (argv, loads)
+            assert reads == touched.get(argv[0], cfgs), (argv, reads)
+            assert resolved == versions, (argv, resolved)
+    finally:
+        run("stop", p, env=w.env)
