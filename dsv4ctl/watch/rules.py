@@ -268,15 +268,18 @@ def runbook_url(alert: str, base: str = DEFAULT_RUNBOOK_URL) -> str:
 
 
 _JOB = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
-_URL = re.compile(r"https?://[^\s#\"'{}<>\\`]+")
+# no control characters (C0, DEL, C1: YAML refuses them, the rule file would not load) and 2,000 at most
+_URL = re.compile(r"https?://[^\s#\"'{}<>\\`\x00-\x1f\x7f-\x9f]{1,1992}")
 
 
 def _check_names(runbook_url: str, job: str) -> None:
-    """ValueError for a runbook page that is not an http(s) URL without a fragment, quotes,
-    braces or white space, or a job name outside letters, digits and ``_.:/-``."""
+    """ValueError for a runbook page that is not an http(s) URL of at most 2,000 characters without
+    a fragment, quotes, braces, white space or control characters, or a job name outside
+    letters, digits and ``_.:/-``."""
     if not isinstance(runbook_url, str) or not _URL.fullmatch(runbook_url):
-        raise ValueError(f"runbook URL {runbook_url!r}: expected an http:// or https:// URL without '#', quotes, "
-                         f"braces or spaces (each alert adds #its-name), e.g. {DEFAULT_RUNBOOK_URL}")
+        raise ValueError(f"runbook URL {runbook_url!r}: expected an http:// or https:// URL (2,000 characters "
+                         f"at most) without '#', quotes, braces, spaces or control characters (each alert adds "
+                         f"#its-name), e.g. {DEFAULT_RUNBOOK_URL}")
     if not isinstance(job, str) or not _JOB.fullmatch(job):
         raise ValueError(f"scrape job {job!r}: expected 1-200 letters, digits or _ . : / - "
                          f"(the job_name of Prometheus' scrape config for watch, e.g. {DEFAULT_JOB})")
