@@ -25,3 +25,40 @@ def test_runbook_url_control_character_cli_one_line_exit_2():
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, r
     assert "control characters" in r.stderr
+
+
+def _report(tmp_path, *args):
+    plan = tmp_path / "plan.json"
+    if not plan.exists():
+        r = subprocess.run([sys.executable, "-m", "dsv4ctl", "plan", "--json"], capture_output=True, text=True,
+                           cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        plan.write_text(r.stdout)
+    return subprocess.run([sys.executable, "-m", "dsv4ctl", "report", str(plan), "-o", str(tmp_path / "r.html"),
+                           *args], capture_output=True, text=True, cwd=tmp_path)
+
+
+def test_report_svg_bad_folders_fail_before_the_page_is_written(tmp_path):
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "file").write_text("x")
+    for bad, words in (("dangling", "a link to nothing"), ("", "expected a folder name"),
+                       ("file/sub", "Not a directory"), ("file", "not a folder")):
+        r = _report(tmp_path, "--svg", bad)
+        # dangling/'': the page was written, then exit 2 ('File exists'); '' wrote the charts into the cwd
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and words in r.stderr, (bad, r)
+        assert not (tmp_path / "r.html").exists(), bad
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "file", "plan.json"]
+
+
+def test_report_temporary_names_never_write_through_a_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "svgs").mkdir()
+    r = _report(tmp_path, "--svg", "svgs")
+    name = next((tmp_path / "svgs").iterdir()).name
+    (tmp_path / "svgs" / f".{name}.tmp").symlink_to(victim)
+    (tmp_path / ".r.html.tmp").symlink_to(victim)
+    r = _report(tmp_path, "--svg", "svgs")
+    assert r.returncode == 0, r
+    assert victim.read_text() == "keep"
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE") and not (tmp_path / "r.html").is_symlink()

@@ -50,6 +50,8 @@ def report(
     files = None
     if svg is not None:                 # refused before anything is written
         from ..report.export import prepare
+        if not svg:
+            raise InputError("--svg '': expected a folder name (--svg . for this folder)")
         files = prepare(Path(svg).expanduser(), html)
     if output == "-":
         if files is not None:
@@ -58,7 +60,9 @@ def report(
         return
     tmp = out.with_name(f".{out.name}.tmp")
     try:
-        tmp.write_text(html, encoding="utf-8")
+        tmp.unlink(missing_ok=True)     # 'x': never through a link left at the temporary name
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(html)
         tmp.replace(out)
     except OSError as e:
         try:

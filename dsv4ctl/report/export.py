@@ -4,6 +4,7 @@ white background; the page's CSS only places it), as a standalone XML document."
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from xml.etree import ElementTree
@@ -43,14 +44,21 @@ def chart_svgs(html: str) -> list[tuple[str, str]]:
 
 def prepare(folder: Path, html: str) -> list[tuple[str, str]]:
     """The chart files of ``html`` (:func:`chart_svgs`) for ``folder``, checked before anything is
-    written: InputError (exit 2) when ``folder`` exists and is not a folder, or a chart is not
-    well-formed XML."""
+    written, and the folder made when missing: InputError (exit 2) when ``folder`` exists and is not
+    a folder, is a link to nothing or cannot be made, or a chart is not well-formed XML."""
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--svg {folder}: not a folder")
+    if folder.is_symlink() and not folder.exists():
+        raise InputError(f"--svg {folder}: a link to nothing ({os.readlink(folder)})")
     try:
-        return chart_svgs(html)
+        files = chart_svgs(html)
     except ValueError as e:
         raise InputError(f"--svg {folder}: a chart is not well-formed SVG ({e})") from None
+    try:                                # made now: a folder that cannot be made fails before the page is written
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--svg {folder}: {e.strerror or e}") from None
+    return files
 
 
 def write_chart_files(folder: Path, files: list[tuple[str, str]]) -> list[Path]:
@@ -63,7 +71,9 @@ def write_chart_files(folder: Path, files: list[tuple[str, str]]) -> list[Path]:
         for name, text in files:
             p = folder / name
             tmp = folder / f".{name}.tmp"
-            tmp.write_text(text, encoding="utf-8")
+            tmp.unlink(missing_ok=True)     # 'x': never through a link left at the temporary name
+            with open(tmp, "x", encoding="utf-8") as f:
+                f.write(text)
             tmp.replace(p)
             paths.append(p)
         return paths
