@@ -434,7 +434,7 @@ _RANK = re.compile(r"\b(?:TP|tp|DP|dp|PP|pp)(\d+)\b")
 def _show_log(h: str, text: str, rx) -> None:
     """Print the lines of ``text`` (those matching ``rx``, if any) prefixed with host ``h`` and the
     line's rank, each cut to the service's longest log line and made printable."""
-    from ..hosts.service import LOG_LINE_MAX
+    from ..deploy.service import LOG_LINE_MAX
     for ln in text.splitlines():
         if rx is None or rx.search(ln):
             m = _RANK.search(ln)

@@ -27,7 +27,6 @@ from ..hosts import health
 from ..hosts.audit import now_iso
 from ..hosts.layout import HostFacts, choose_rollback_target, owner_conflict, parse_facts
 from ..hosts.lock import LOCK_HELD_CODE, held_error, holder_text, release_cmd
-from ..hosts.service import log_tail_cmd
 from ..profile.deployment import as_deployment
 from ..remote import run_parallel, who
 from ..remote.ops import framed
@@ -36,7 +35,7 @@ from .release import (Release, build_release, private_groups, launch_spec, relea
                       resolve_base, sha256_file)
 from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
                       probe, where_now, with_break_lock)
-from .service import check_reachable, service_for
+from .service import check_reachable, log_tail_cmd, service_for
 from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, progress_interval, raise_failed,
                    read_spec, state_doc)
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,

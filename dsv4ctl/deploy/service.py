@@ -1,13 +1,20 @@
 """Where servers run: the one place that decides how a host's groups are started, stopped and
-watched (issue 42's seam). Deploy, rollback, lifecycle and the gate ask :func:`service_for`."""
+watched (issue 42's seam). Deploy, rollback, lifecycle and the gate ask :func:`service_for`; a
+runbook's in-place restart asks :func:`restart_in_place`, the gate's failure text and ``logs``
+read the server log through :func:`log_tail_cmd` and :data:`LOG_LINE_MAX`. Nothing above
+``hosts/`` imports ``hosts/service.py`` but this module and the Slurm implementation
+(tests/test_service_seam.py)."""
 
 from __future__ import annotations
 
 from ..errors import InputError, RemoteError
-from ..hosts.service import backend
+from ..hosts.service import LOG_LINE_MAX, backend, log_tail_cmd, run_restart
 from ..remote import q, run_parallel
 from .site import Site
 from .slurmjobs import SlurmJobs
+
+__all__ = ["LOG_LINE_MAX", "alive_checks", "check_reachable", "job_query", "log_tail_cmd", "restart_in_place",
+           "service_for", "submit_units", "test_submissions", "unusable_nodes"]
 
 
 def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict | None = None):
@@ -26,6 +33,16 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
         from .site import site_image
         return ContainerService(svc, site_image(site, boxed[0] if boxed else None))
     return svc
+
+
+def restart_in_place(t, python: str, root: str, group: str, stop_timeout: float = 30.0) -> dict:
+    """Restart ``group`` in place on the host behind transport ``t`` (deploy root ``root``, the
+    host's ``python`` runs the restart script): the launcher's process group stopped and the same
+    command line started again, or ``systemctl restart`` of its unit
+    (:func:`dsv4ctl.hosts.service.run_restart`). Returns ``{"how", "old_pid", "new_pid"}`` (and
+    ``unit`` under systemd); RemoteError (exit 3) naming the host when the group does not run
+    under dsv4ctl there (a Slurm job is restarted by stopping and starting it instead)."""
+    return run_restart(t, python, root, group, stop_timeout)
 
 
 def alive_checks(site: Site, host: str, groups: list[str]) -> dict[str, str] | None:

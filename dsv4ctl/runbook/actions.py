@@ -459,7 +459,7 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     from ..hosts.audit import audit_record
     from ..hosts.health import wait_health
     from ..hosts.lock import check_unlocked
-    from ..hosts.service import run_restart
+    from ..deploy.service import restart_in_place
     from ..remote import append_jsonl, connect
     dep = ctx.deployment
     groups = ctx.groups(args)
@@ -487,7 +487,7 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
                 else:
                     t, root = ends[0]
                     check_unlocked(t, root, profile=str(dep.path))
-                    run_restart(t, py, root, g.name)
+                    restart_in_place(t, py, root, g.name)
                     done[name] = (ends, "service-restart")
                 ctx.touched_hosts.update(hosts)
         health = wait_health(urls, timeout)
