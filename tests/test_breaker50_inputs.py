@@ -76,3 +76,20 @@ def test_mask_secrets_is_linear_on_long_words():
     # the same masks as before: the scheme's first letter, after digits or inside a word
     assert mask_secrets("1git+https://tok:pw1@h x://u:p@h 12://u:keep@h") == \
         "1git+https://tok:***@h x://u:***@h 12://u:keep@h"
+
+
+def test_registry_auth_file_fifo_device_folder_huge_are_refused(tmp_path):
+    # a FIFO blocked the deploy forever (open waited for a writer); /dev/zero was read to memory's end
+    import os
+    from dsv4ctl.deploy.image import auth_bytes
+    from dsv4ctl.errors import InputError
+    from tests.test_image_core import _img
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "big.json").write_text('{"auths": {}, "x": "' + "a" * (1 << 20) + '"}')
+    (tmp_path / "link.json").symlink_to(tmp_path / "fifo")
+    for f in ("fifo", "link.json", "big.json", "/dev/zero", str(tmp_path)):
+        with pytest.raises(InputError, match="not a regular file of at most 1024 KiB"):
+            auth_bytes(_img(registry_auth_file=tmp_path / f))
+    (tmp_path / "ok.json").write_text('{"auths": {}}')
+    (tmp_path / "ok-link.json").symlink_to(tmp_path / "ok.json")
+    assert auth_bytes(_img(registry_auth_file=tmp_path / "ok-link.json")) == b'{"auths": {}}'

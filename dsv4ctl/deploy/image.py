@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -386,15 +387,28 @@ def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
     return out
 
 
+#: The largest registry auth file read (bytes): a containers auth.json is a few hundred.
+AUTH_MAX = 1 << 20
+
+
 def auth_bytes(image) -> bytes:
     """The bytes of ``sglang.image.registry``'s auth file (b"" without one). InputError (exit 2,
-    naming the file, never its content) when it cannot be read or is not a JSON object."""
+    naming the file, never its content) when it cannot be read, is not a regular file of at most
+    :data:`AUTH_MAX` bytes (a FIFO, a folder, a device) or is not a JSON object."""
     f = image.registry_auth_file
     if f is None:
         return b""
     try:
-        data = Path(f).read_bytes()
-        ok = isinstance(json.loads(data), dict)
+        fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK)    # a FIFO must not block the deploy forever
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > AUTH_MAX:
+                raise InputError(f"sglang.image.registry.auth_file {f}: not a regular file of at most "
+                                 f"{AUTH_MAX // 1024} KiB (a containers auth.json / docker config.json)")
+            data = os.read(fd, AUTH_MAX + 1)
+        finally:
+            os.close(fd)
+        ok = len(data) <= AUTH_MAX and isinstance(json.loads(data), dict)
     except OSError as e:
         raise InputError(f"sglang.image.registry.auth_file {f}: cannot read ({e.strerror or e})") from None
     except ValueError:
