@@ -93,3 +93,31 @@ def test_registry_auth_file_fifo_device_folder_huge_are_refused(tmp_path):
     (tmp_path / "ok.json").write_text('{"auths": {}}')
     (tmp_path / "ok-link.json").symlink_to(tmp_path / "ok.json")
     assert auth_bytes(_img(registry_auth_file=tmp_path / "ok-link.json")) == b'{"auths": {}}'
+
+
+def test_upgrade_gate_sizing_refuses_what_it_cannot_run(tmp_path):
+    # delta 0.0001 over 1 % sized for hours (deploy --promote --dry-run never ended); pairs 10**23
+    # was accepted and gave check load a --turns it refuses (after the canary's switch)
+    import time
+    from pathlib import Path
+    from dsv4ctl.check.paired import plan_pairs
+    from dsv4ctl.commands.options import MAX_TURNS
+    from dsv4ctl.deploy.promote import MAX_AB_TURNS, PromoteOptions, compare_sizing
+    from dsv4ctl.errors import InputError
+    from dsv4ctl.profile.model import load_profile
+    assert MAX_AB_TURNS == MAX_TURNS
+    t = time.monotonic()
+    with pytest.raises(ValueError, match="needs more than 200,000 pairs"):
+        plan_pairs(0.01, 0.0001)
+    assert time.monotonic() - t < 5
+    assert plan_pairs() == 1984
+    src = Path(__file__).parent.parent / "profiles"
+    text = (src / "dsv4-flash-8xb200-pd.yaml").read_text().replace("series: ../patches", f"series: {src.parent}/patches")
+    import shutil
+    shutil.copytree(src / "dsv4-flash-8xb200-pd", tmp_path / "dsv4-flash-8xb200-pd")
+    for compare, words in (("{delta: 0.0001}", "needs more than 200,000 pairs"),
+                           ("{pairs: 100000000000000000000000}", "check load runs at most 10,000")):
+        p = tmp_path / "p.yaml"
+        p.write_text(text.replace("  max_corruption: 0.01\n", f"  max_corruption: 0.01\n  compare: {compare}\n"))
+        with pytest.raises(InputError, match=words):
+            compare_sizing(load_profile(p), ["b200-0"], PromoteOptions())

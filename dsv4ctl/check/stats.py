@@ -179,6 +179,10 @@ def mcnemar_power(n: int, p1: float, p2: float, alpha: float = 0.05) -> float:
     return min(1.0, total)
 
 
+#: The most pairs :func:`paired_sample_size` sizes (a smaller rise is refused, not sized for hours).
+MAX_PAIRS = 200_000
+
+
 def paired_sample_size(p_base: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Pairs a one-sided McNemar test at level ``alpha`` needs to detect, with probability
     ``power``, a failure rate of ``p_base + delta`` on the second arm against ``p_base`` on the
@@ -188,7 +192,8 @@ def paired_sample_size(p_base: float, delta: float, alpha: float = 0.05, power: 
     discordant pairs, so fewer are needed: this n is the conservative one). That normal
     approximation overstates the power of the exact test (1 % -> 2 %: 1,828 pairs have an exact
     power of 0.77), so n then grows in steps of 1 % until :func:`mcnemar_power` reaches ``power``.
-    Fractions in (0, 1); ValueError otherwise or when p_base + delta >= 1."""
+    Fractions in (0, 1); ValueError otherwise, when p_base + delta >= 1 or when more than
+    :data:`MAX_PAIRS` pairs would be needed."""
     for name, v in (("p_base", p_base), ("delta", delta), ("alpha", alpha), ("power", power)):
         if not 0 < v < 1:
             raise ValueError(f"{name} must be in (0, 1), got {v}")
@@ -198,6 +203,9 @@ def paired_sample_size(p_base: float, delta: float, alpha: float = 0.05, power: 
     psi = p1 * (1 - p2) + p2 * (1 - p1)
     za, zb = NormalDist().inv_cdf(1 - alpha), NormalDist().inv_cdf(power)
     n = math.ceil((za * math.sqrt(psi) + zb * math.sqrt(psi - delta * delta)) ** 2 / (delta * delta))
-    while mcnemar_power(n, p1, p2, alpha) < power:
+    while n <= MAX_PAIRS and mcnemar_power(n, p1, p2, alpha) < power:
         n = math.ceil(n * 1.01)
+    if n > MAX_PAIRS:      # the exact power's sum grows with n (131,055 pairs: 13 s; 0.01 % over 1 %: hours)
+        raise ValueError(f"a rise of {delta:g} over {p_base:g} needs more than {MAX_PAIRS:,} pairs: "
+                         "detect a larger rise (delta) or give the pairs")
     return n

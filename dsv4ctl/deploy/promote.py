@@ -373,13 +373,18 @@ def compare_urls(profile, canary_hosts: list[str]) -> tuple[str, str] | None:
     return o[2], n[2]
 
 
+#: check load's --turns maximum (commands.options.MAX_TURNS): the A/B's turns per session.
+MAX_AB_TURNS = 10_000
+
+
 def compare_sizing(profile, canary_hosts: list[str], po: PromoteOptions) -> dict:
     """{concurrency, turns, pairs, source}: the A/B's sessions are the load gate's highest
     concurrency, at most the plan's max-running-requests of the canary's group (the batch a
     server admits at once); ``pairs``: ``check.compare.pairs``, else
     :func:`dsv4ctl.check.paired.plan_pairs` of ``check.compare.baseline`` and ``.delta`` (one-sided
     McNemar, alpha 0.05, power 0.8: 1,984 pairs for 1 % -> 2 %); turns per session to issue them.
-    InputError for a baseline + delta of 1 or more."""
+    InputError for a baseline + delta of 1 or more, a rise too small to size
+    (:data:`dsv4ctl.check.stats.MAX_PAIRS`) or pairs needing more than :data:`MAX_AB_TURNS` turns."""
     from ..check.paired import ALPHA, POWER, plan_pairs, sizing
     from ..profile.deployment import as_deployment
     dep = as_deployment(profile)
@@ -404,7 +409,11 @@ def compare_sizing(profile, canary_hosts: list[str], po: PromoteOptions) -> dict
             raise InputError(f"{dep.profile.path}: check.compare: {e}") from None
         source = (f"one-sided exact McNemar, alpha {ALPHA:g}, power {POWER:g}: a rise of "
                   f"{100 * chk.compare_delta:g} % over {100 * chk.compare_baseline:g} %")
-    return {**sizing(conc, pairs), "source": source, "max_running_requests": mrr}
+    out = sizing(conc, pairs)
+    if out["turns"] > MAX_AB_TURNS:       # check load --turns takes at most 10,000: refused now, not after a switch
+        raise InputError(f"{dep.profile.path}: check.compare.pairs {pairs:,}: {out['turns']:,} turns per session over "
+                         f"{out['concurrency']} session(s); check load runs at most {MAX_AB_TURNS:,}: give fewer pairs")
+    return {**out, "source": source, "max_running_requests": mrr}
 
 
 def compare_steps(site, rid: str, spec: dict, po: PromoteOptions, canary: list[str], has_rest: bool,
