@@ -121,3 +121,11 @@ def test_upgrade_gate_sizing_refuses_what_it_cannot_run(tmp_path):
         p.write_text(text.replace("  max_corruption: 0.01\n", f"  max_corruption: 0.01\n  compare: {compare}\n"))
         with pytest.raises(InputError, match=words):
             compare_sizing(load_profile(p), ["b200-0"], PromoteOptions())
+
+
+@pytest.mark.parametrize("words", [[""], ["  ", "\t"]])
+def test_exec_empty_command_is_usage(words):
+    # -- '' ran sh -c '' on every host (exit 0, an audit line of nothing); no host is reached now
+    from tests.conftest import REPO, run_cli
+    r = run_cli("exec", "decode", str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml"), "--dry-run", "--", *words)
+    assert r.code == 2 and "give the command after --" in r.err and r.out == "", r

@@ -75,7 +75,7 @@ def exec_(group: str = typer.Argument(..., help="Server group (or the router): e
     from .options import duration, message as check_message
     duration(timeout, "--timeout", hi=86400)
     message = check_message(message)
-    if not command:
+    if not command or not "".join(command).strip():     # -- '' would run sh -c '' and report exit 0
         import shlex
         raise InputError(f"exec: give the command after --: dsv4ctl exec {shlex.quote(group)} "
                          f"{shlex.quote(profile) + ' ' if profile else ''}-- CMD...")
