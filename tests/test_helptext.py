@@ -93,3 +93,13 @@ def test_the_top_level_list_is_that_of_the_full_app():
     for flag in ("--help", "-h"):
         r = run_cli(flag)
         assert (r.code, r.out, r.err) == (0, full.out, full.err), flag
+
+
+def test_an_abbreviation_does_not_end_the_first_sentence():
+    """``config set``'s summary was cut at "serve configs, e.g." (README follower's finding)."""
+    assert first_sentence("Set keys in serve configs, e.g.\n``kv-canary=log``: checked.\n\nMore.") == \
+        "Set keys in serve configs, e.g. ``kv-canary=log``: checked."
+    assert first_sentence("One. Two.") == "One."
+    r = run_cli("config", "--help", env={"COLUMNS": "400"})
+    line = next(ln for ln in r.out.splitlines() if ln.strip().lstrip("│ ").startswith("set "))
+    assert not line.rstrip().endswith("e.g."), line

@@ -30,14 +30,20 @@ COMMAND_METAVARS: dict[tuple[str, str], str] = {
 }
 
 
+_ABBREVIATIONS = frozenset({"e.g.", "i.e.", "vs.", "cf."})
+
+
 def first_sentence(text: str | None) -> str:
     """The first sentence of a help text's first paragraph, whitespace collapsed (click 8's own
     rule, ``click.utils.make_default_short_help``, without its length limit): up to the first
-    word ending in ``.``, else the whole paragraph; a leading ``\\b`` (no-rewrap) marker skipped."""
+    word ending in ``.`` that is not an abbreviation (``e.g.``, ``i.e.``, ``vs.``, ``cf.``; click
+    cut "Set ... serve configs, e.g." there), else the whole paragraph; a leading ``\\b``
+    (no-rewrap) marker skipped."""
     words = inspect.cleandoc(text or "").split("\n\n", 1)[0].split()
     if words[:1] == ["\b"]:
         words = words[1:]
-    end = next((i for i, w in enumerate(words) if w.endswith(".")), len(words) - 1)
+    end = next((i for i, w in enumerate(words) if w.endswith(".") and w.lower() not in _ABBREVIATIONS),
+               len(words) - 1)
     return " ".join(words[:end + 1])
 
 
