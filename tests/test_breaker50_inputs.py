@@ -129,3 +129,10 @@ def test_exec_empty_command_is_usage(words):
     from tests.conftest import REPO, run_cli
     r = run_cli("exec", "decode", str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml"), "--dry-run", "--", *words)
     assert r.code == 2 and "give the command after --" in r.err and r.out == "", r
+
+
+def test_csv_text_cells_never_start_a_formula():
+    # a host named =cmd|x was written as is: a spreadsheet opening plan --csv runs it
+    from dsv4ctl.report.csvout import to_csv
+    text = to_csv(["host", "n", "x"], [["=cmd|' /C calc'!A0", -1.5, "+1"], ["@SUM(1)", 0, "-x"], ["ok", 2, "a=b"]])
+    assert text.splitlines() == ["host,n,x", "'=cmd|' /C calc'!A0,-1.5,'+1", "'@SUM(1),0,'-x", "ok,2,a=b"]

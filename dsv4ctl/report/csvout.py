@@ -3,7 +3,8 @@ level) and ``check load --turns-csv FILE`` (one row per turn). Pure text builder
 that turns check load's per-turn JSON records into CSV rows as they arrive.
 
 Numbers are written as the JSON has them (GiB with 3 decimals, seconds, fractions 0..1);
-booleans as ``true``/``false``; missing values as empty cells."""
+booleans as ``true``/``false``; missing values as empty cells; a text cell a spreadsheet would
+read as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first) with a leading ``'``."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ from typing import Any, Iterable, Optional, Sequence
 from .memory import SEGMENTS, rank_segments
 
 
+#: A text cell starting with one of these is a formula to a spreadsheet (CSV injection): it gets a
+#: leading ``'`` (OWASP's advice), so ``=cmd|...`` in a host name or an answer shows as text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(v: Any) -> Any:
+    if isinstance(v, str):
+        return "'" + v if v.startswith(_FORMULA_START) else v
     if v is None:
         return ""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (list, tuple)):
-        return ";".join(str(x) for x in v)
+        return _cell(";".join(str(x) for x in v))
     return v
 
 
