@@ -180,6 +180,9 @@ class FlakyServer:
                     if not self.health_dead:
                         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                     return
+                if not head.startswith(b"POST /v1/chat/completions"):   # /server_info, /v1/models: not served
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    return
                 n, self.n = self.n, self.n + 1
                 if self.drop(n):
                     return                              # close without answering
