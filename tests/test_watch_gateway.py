@@ -166,6 +166,9 @@ def _kill_gateway(pd: PD) -> None:
             return False
         except ConnectionRefusedError:
             return True
+        except ConnectionResetError:
+            # the SYN reached the listen queue of the dying process and was reset with it: ask again
+            return False
     poll(refused, 30, f"{pd.kind} port {_port(pd.url)} to refuse connections")
 
 
