@@ -91,6 +91,7 @@ def test_registry_auth_file_fifo_device_folder_huge_are_refused(tmp_path):
         with pytest.raises(InputError, match="not a regular file of at most 1024 KiB"):
             auth_bytes(_img(registry_auth_file=tmp_path / f))
     (tmp_path / "ok.json").write_text('{"auths": {}}')
+    (tmp_path / "ok.json").chmod(0o600)
     (tmp_path / "ok-link.json").symlink_to(tmp_path / "ok.json")
     assert auth_bytes(_img(registry_auth_file=tmp_path / "ok-link.json")) == b'{"auths": {}}'
 

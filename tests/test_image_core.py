@@ -84,6 +84,7 @@ def test_registry_auth_file_is_checked_and_never_shown(tmp_path):
     f = tmp_path / "auth.json"
     with pytest.raises(InputError, match=r"registry.auth_file .*auth.json: cannot read"):
         auth_bytes(_img(registry_auth_file=f))
+    f.touch(0o600)               # others may not read it (tests/test_image_more.py)
     f.write_text("user:Hunter2Secret")
     with pytest.raises(InputError, match="not a containers auth.json") as e:
         auth_bytes(_img(registry_auth_file=f))

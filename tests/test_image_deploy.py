@@ -368,6 +368,7 @@ def test_a_registry_the_profile_names(fault_world):
         "version": 0.1, "log": {"level": "error"}, "storage": {"filesystem": {"rootdirectory": str(reg / "data")}},
         "http": {"addr": addr}, "auth": {"htpasswd": {"realm": "test", "path": str(reg / "htpasswd")}}}))
     auth = w.cfgdir / "registry-auth.json"
+    auth.touch(0o600)                # others may not read it (tests/test_image_more.py)
     proc = subprocess.Popen(["docker-registry", "serve", str(reg / "config.yml")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

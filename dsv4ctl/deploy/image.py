@@ -180,8 +180,11 @@ def split_pin(base: str) -> tuple[str, str | None]:
 
 def check_base(image) -> None:
     """Before anything is built or pushed (dry runs too): a base in a local OCI layout
-    (``oci:DIR[:TAG]``) must be there. InputError (exit 2) naming it; other transports are
-    checked when the base is pulled."""
+    (``oci:DIR[:TAG]``) must be there, and the registry's auth file must pass :func:`auth_bytes`
+    (readable, a JSON object, not readable by others). InputError (exit 2) naming it; other
+    transports are checked when the base is pulled."""
+    if getattr(image, "registry_auth_file", None) is not None:
+        auth_bytes(image)
     ref, _pin = split_pin(image.base)
     if ref.startswith("oci:"):
         path = Path(ref[4:].split(":", 1)[0])
@@ -391,10 +394,16 @@ def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
 AUTH_MAX = 1 << 20
 
 
+#: Mode bits an auth file must not have (:func:`auth_bytes`): any access by others, a write by
+#: its group (as ssh refuses a private key others can read).
+AUTH_LOOSE = 0o027
+
+
 def auth_bytes(image) -> bytes:
     """The bytes of ``sglang.image.registry``'s auth file (b"" without one). InputError (exit 2,
     naming the file, never its content) when it cannot be read, is not a regular file of at most
-    :data:`AUTH_MAX` bytes (a FIFO, a folder, a device) or is not a JSON object."""
+    :data:`AUTH_MAX` bytes (a FIFO, a folder, a device), has a mode in :data:`AUTH_LOOSE` (others
+    may read it or its group write it: ``chmod 600``) or is not a JSON object."""
     f = image.registry_auth_file
     if f is None:
         return b""
@@ -405,6 +414,10 @@ def auth_bytes(image) -> bytes:
             if not stat.S_ISREG(st.st_mode) or st.st_size > AUTH_MAX:
                 raise InputError(f"sglang.image.registry.auth_file {f}: not a regular file of at most "
                                  f"{AUTH_MAX // 1024} KiB (a containers auth.json / docker config.json)")
+            if st.st_mode & AUTH_LOOSE:
+                raise InputError(f"sglang.image.registry.auth_file {f}: mode {stat.S_IMODE(st.st_mode):04o} lets "
+                                 f"{'others read' if st.st_mode & 0o007 else 'its group write'} the registry "
+                                 f"credentials: chmod 600 {f}")
             data = os.read(fd, AUTH_MAX + 1)
         finally:
             os.close(fd)
