@@ -63,6 +63,10 @@ class ModelGeometry:
     sliding_window: int
     context_len: int
     kv_source_layer_ids: tuple[int, ...] = ()
+    #: attention projection shapes the attention-TP split must divide (0: not in the config)
+    num_attention_heads: int = 0
+    o_groups: int = 0
+    o_lora_rank: int = 0
 
     @property
     def attn_head_dim(self) -> int:
@@ -128,7 +132,22 @@ class ModelGeometry:
             sliding_window=whole("sliding_window", cfg["sliding_window"], 1, 1 << 30),
             context_len=whole("max_position_embeddings", cfg["max_position_embeddings"], 1, 1 << 40),
             kv_source_layer_ids=kv_ids,
+            **{k: whole(k, cfg[k], 1, 1 << 20) for k in ("num_attention_heads", "o_groups", "o_lora_rank")
+               if cfg.get(k) is not None},
         )
+
+    def attn_tp_refusal(self, attn_tp: int) -> Optional[str]:
+        """SGLang's refusal of an attention-TP size that does not divide the attention
+        projections, or None. ``wq_b`` (``n_heads * head_dim`` outputs) and ``wo_a``
+        (``o_groups * o_lora_rank`` outputs) are ``ColumnParallelLinear`` over the attention-TP group
+        (sglang 0.5.18-0.5.23 ``srt/models/deepseek_v4.py``); ``divide`` asserts
+        ``"{n} is not divisible by {tp}"`` (``srt/distributed/utils.py ensure_divisibility``) when
+        the model is built, after the arguments resolved. Fields missing from a custom config: no check."""
+        for what, n in (("num_attention_heads x head_dim (wq_b)", self.num_attention_heads * self.attn_head_dim),
+                        ("o_groups x o_lora_rank (wo_a)", self.o_groups * self.o_lora_rank)):
+            if n and n % attn_tp:
+                return f"{n} is not divisible by {attn_tp}: {what} split over attention TP {attn_tp}"
+        return None
 
 
 def pp_layer_range(num_hidden_layers: int, pp_size: int, pp_rank: int,

@@ -597,6 +597,11 @@ def _check_parallel(profile: Profile, group: Group, model: cap.ModelGeometry, ar
                          f"num_hidden_layers {model.num_hidden_layers}")
     if dpa and tp % dp:
         raise InputError(f"group {group.name}: dp_size {dp} must divide tp_size {tp} with enable_dp_attention")
+    refused = model.attn_tp_refusal(tp // dp if dpa else tp)
+    if refused:
+        raise InputError(f"group {group.name}: tp_size {tp}{f' / dp_size {dp}' if dpa else ''}: SGLang refuses it "
+                         f"when it builds the model: {refused} (srt/models/deepseek_v4.py, "
+                         "srt/distributed/utils.py)")
     return n_ranks
 
 

@@ -1,0 +1,95 @@
+"""An attention-TP size that does not divide DeepSeek-V4's attention projections: SGLang builds
+``wq_b``/``wo_a`` as ``ColumnParallelLinear`` over the attention-TP group and its ``divide``
+asserts when the model is built (after the arguments resolved, so the start-up rule set of
+:mod:`dsv4ctl.plan.startup` does not see it). ``plan`` (and so ``config lint`` and the deploy
+preflight, which run it) refuses it with SGLang's words; each release's own ``divide`` decides
+the same, run from that release's source."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dsv4ctl.plan.capacity import ModelGeometry
+from dsv4ctl.plan.versions import VERSIONS
+from tests.oracle.runner import VERSIONS_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+SITE = REPO / ".venv-oracle" / "lib" / "python3.11" / "site-packages"
+MODELS = {name: json.loads((REPO / "dsv4ctl" / "data" / "models" / f"{name}.json").read_text())
+          for name in ("deepseek-v4-flash", "deepseek-v4-pro")}
+
+
+def _source(version: str) -> Path:
+    """The release's ``sglang`` package folder in the oracle environment (0.5.23 is the venv's own)."""
+    own = VERSIONS_DIR / version / "sglang"
+    return own if own.is_dir() else SITE / "sglang"
+
+
+def _release_divide(version: str):
+    """The release's own ``divide`` and ``ensure_divisibility`` (``srt/distributed/utils.py``),
+    compiled from its source without the module's torch imports."""
+    tree = ast.parse((_source(version) / "srt" / "distributed" / "utils.py").read_text())
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("divide", "ensure_divisibility")]
+    assert {f.name for f in funcs} == {"divide", "ensure_divisibility"}, version
+    ns: dict = {}
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), f"sglang-{version}/utils.py", "exec"), ns)
+    return ns["divide"]
+
+
+def _sglang_says(divide, n: int, tp: int):
+    try:
+        divide(n, tp)
+        return None
+    except AssertionError as e:
+        return str(e)
+
+
+pytestmark = pytest.mark.skipif(not (SITE / "sglang").is_dir(), reason="run bash scripts/oracle-env.sh")
+
+
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+def test_each_release_builds_the_projections_over_attention_tp_and_refuses_as_planned(version):
+    src = (_source(version) / "srt" / "models" / "deepseek_v4.py").read_text()
+    # the two projections dsv4ctl checks are column-parallel over the attention-TP group in this release
+    for name, out in (("wq_b", r"self\.n_heads \* self\.head_dim"), ("wo_a", r"self\.n_groups \* self\.o_lora_rank")):
+        m = re.search(rf"self\.{name} = ColumnParallelLinear\(\s*[^,]+,\s*{out},(.*?)\n        \)", src, re.S)
+        assert m, (version, name)
+        assert 'parallel_group="attn_tp"' in m.group(1) or "tp_size=self.attn_tp_size" in m.group(1), (version, name)
+    divide = _release_divide(version)
+    for name, cfg in MODELS.items():
+        geo = ModelGeometry.from_config(cfg, name)
+        for tp in range(1, 33):
+            ours = geo.attn_tp_refusal(tp)
+            theirs = (_sglang_says(divide, geo.num_attention_heads * geo.attn_head_dim, tp)
+                      or _sglang_says(divide, geo.o_groups * geo.o_lora_rank, tp))
+            assert (ours is None) == (theirs is None), (version, name, tp, ours, theirs)
+            if ours:
+                assert ours.startswith(theirs + ":"), (ours, theirs)
+
+
+def test_plan_refuses_tp3_and_plans_tp4_and_dp_attention_divides_first(cli):
+    r = cli("plan", "--set", "tp_size=3", timeout=60)
+    assert r.code == 2, (r.code, r.err)
+    assert r.err.count("\n") == 1
+    assert r.err.startswith("dsv4ctl: error: group prefill: tp_size 3: SGLang refuses it when it builds the model: "
+                            "32768 is not divisible by 3: num_attention_heads x head_dim (wq_b)"), r.err
+    assert cli("plan", "--set", "tp_size=4", "--json", timeout=60).code in (0, 1)
+    # with DP attention the split is tp / dp: TP 6 over 2 attention-DP ranks is attention TP 3
+    r = cli("plan", "--set", "tp_size=6", "--set", "dp_size=2", "--set", "enable_dp_attention=true", timeout=60)
+    assert r.code == 2 and "tp_size 6 / dp_size 2: SGLang refuses it" in r.err and "divisible by 3:" in r.err, r.err
+    r = cli("plan", "--set", "tp_size=6", "--set", "dp_size=6", "--set", "enable_dp_attention=true", "--json",
+            timeout=60)
+    assert r.code in (0, 1) and "divisible" not in r.err, r.err
+
+
+def test_a_custom_config_without_the_projection_fields_is_not_checked():
+    cfg = {k: v for k, v in MODELS["deepseek-v4-flash"].items() if k not in ("num_attention_heads", "o_groups")}
+    geo = ModelGeometry.from_config(cfg, "custom")
+    assert geo.num_attention_heads == 0 and geo.attn_tp_refusal(3) is None
+    assert ModelGeometry.from_config(MODELS["deepseek-v4-pro"], "pro").attn_tp_refusal(3) == (
+        "65536 is not divisible by 3: num_attention_heads x head_dim (wq_b) split over attention TP 3")
