@@ -297,7 +297,7 @@ def test_profile_given_by_shipped_name_and_path_agree(default_doc):
 
 # ------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("args,expected", [
-    (["--set", "mem-fraction-static=0.9"], "--set mem-fraction-static: unknown key (did you mean mem_fraction_static?); known: "),
+    (["--set", "index-k-dtype=bf16"], "--set index-k-dtype: unknown key (did you mean index_k_dtype?); known: "),
     (["--set", "nokey"], "--set 'nokey': expected KEY=VALUE"),
     (["--set", "tp_size=four"], "--set tp_size: expected an integer, got 'four'"),
     (["--set", "page_size=-256"], "--set page_size: must be >= 0, got -256"),
@@ -321,6 +321,15 @@ def test_bad_set_or_group_is_one_line_exit_2(args, expected):
     assert r.code == 2 and r.out == "" and "Traceback" not in r.err
     lines = r.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("dsv4ctl: error: " + expected), lines
+
+
+def test_a_server_argument_set_as_sglangs_option_is_the_same_what_if(default_doc):
+    # SGLang's own spelling (as in the serve config and on the command line) plans as the underscore key;
+    # dsv4ctl's own inputs (index-k-dtype above) keep one spelling
+    want = plan_json("--set", "mem_fraction_static=0.8")
+    assert want["groups"] != default_doc["groups"]
+    assert plan_json("--set", "mem-fraction-static=0.8") == want
+    assert plan_json("--set", "--mem-fraction-static=0.8") == want
 
 
 def test_unknown_command_is_a_one_line_usage_error():

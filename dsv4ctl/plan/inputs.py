@@ -166,13 +166,18 @@ ENV_KEYS = [k for k in SET_KEYS if k.startswith("SGLANG_")]
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    """Parse ``KEY=VALUE`` what-if overrides into typed values. InputError names the bad item."""
+    """Parse ``KEY=VALUE`` what-if overrides into typed values. A server argument may be spelled
+    as SGLang's option (``mem-fraction-static``, ``--mem-fraction-static``) or with underscores;
+    the result is keyed by the underscore name. InputError names the bad item."""
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise InputError(f"--set {item!r}: expected KEY=VALUE")
         key, value = item.split("=", 1)
         key = key.strip()
+        option = key.lstrip("-").replace("-", "_")
+        if key not in SET_KEYS and option.islower() and option in SET_KEYS and option.replace("_", "-") in SERVE_KEYS:
+            key = option
         if key not in SET_KEYS:
             hint = key.replace("-", "_")
             more = f" (did you mean {hint}?)" if hint in SET_KEYS else ""
