@@ -186,17 +186,37 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["__complete"]:
         from .commands.complete import run as complete
         return complete(list(args[1:]))
+    if (args or ["--help"]) in (["--help"], ["-h"]):
+        return _run(argv)             # the command list: no dataclass is built (often it is kept text)
     from .codecache import dataclass_code_cache
     with dataclass_code_cache():      # dataclass methods compiled once, not on every start (codecache)
         return _run(argv)
 
 
+def _print_kept_listing() -> bool:
+    """``dsv4ctl --help``: print the command list kept in the cache (:mod:`.commands.listing`);
+    False when there is none for this width and code."""
+    from .commands.listing import cached_listing, help_width
+    text = cached_listing(help_width())
+    if text is None:
+        return False
+    sys.stdout.write(text)
+    return True
+
+
+def _keep_listing(application: typer.Typer) -> None:
+    """Keep the command list just printed (drawn again from ``application``, as click's help option
+    draws it) for the next ``dsv4ctl --help``."""
+    from .commands.listing import help_width, keep_listing, listing_text
+    try:
+        keep_listing(help_width(), listing_text(application))
+    except Exception:       # best effort: the list is printed already; the next run draws it again
+        pass
+
+
 def _run(argv: list[str] | None) -> int:
     """:func:`main` past the completion fast path: the command run, DsvError / OSError / usage
     errors mapped to one line and an exit code."""
-    import typer
-
-    from .render import error_line
     import os
     for name in ("stdout", "stderr"):          # started with the descriptor closed (>&-): write nowhere
         if getattr(sys, name) is None:
@@ -208,10 +228,14 @@ def _run(argv: list[str] | None) -> int:
         sys.stdout = _QuietPipe(sys.stdout)
     if argv is None and not isinstance(sys.stderr, _QuietPipe):
         sys.stderr = _QuietPipe(sys.stderr)
+    args = (sys.argv[1:] if argv is None else argv) or ["--help"]   # bare `dsv4ctl`: the help, not a usage error
+    listing = args in (["--help"], ["-h"])
+    if listing and _print_kept_listing():
+        return 0
+    import typer
+
+    from .render import error_line
     try:
-        args = sys.argv[1:] if argv is None else argv
-        if not args:
-            args = ["--help"]       # bare `dsv4ctl`: the help, not a usage error
         bad = conventions_error(args)
         if bad:
             error_line(bad)
@@ -220,8 +244,10 @@ def _run(argv: list[str] | None) -> int:
             from .render import dump_json
             print(dump_json(version_doc()))
             return 0
-        result = build_app(modules_for(args), listing_only=args in (["--help"], ["-h"]))(
-            args=args, standalone_mode=False, prog_name="dsv4ctl")
+        application = build_app(modules_for(args), listing_only=listing)
+        result = application(args=args, standalone_mode=False, prog_name="dsv4ctl")
+        if listing and result in (None, 0):
+            _keep_listing(application)
         if isinstance(result, int) and not isinstance(result, bool) and result:
             # typer turns Ctrl-C into a returned 130 in non-standalone mode
             if result == EXIT_INTERRUPTED:

@@ -196,6 +196,10 @@ PLAN_MODULES = {
 # used, or list it here with the reason (benchmarks/startup.py measures what it costs).
 ALLOWED = {
     "import dsv4ctl.cli": {"dsv4ctl", "dsv4ctl.cli", "dsv4ctl.errors"},
+    # the command list kept in the cache by the first --help (commands/listing.py): printed without
+    # typer, a command module or a dataclass
+    "--help": {"dsv4ctl", "dsv4ctl.cli", "dsv4ctl.errors", "dsv4ctl.commands", "dsv4ctl.commands.listing",
+               "dsv4ctl.resources"},
     "plan --json": PLAN_MODULES,
     "plan": PLAN_MODULES | {"dsv4ctl.report", "dsv4ctl.report.memory", "dsv4ctl.report.terminal"},
     # the shipped Pro model has no measured weights in its profile: the published inventory is read
@@ -221,3 +225,5 @@ def test_each_start_up_path_imports_only_its_allowed_modules(tmp_path, path):
     assert rc in (None, 0)
     extra = sorted(mods - typer_modules() - ALLOWED[path])
     assert extra == [], f"`{path}` imports modules it does not need: {extra}"
+    if path in ("import dsv4ctl.cli", "--help"):
+        assert loaded(mods, ("typer", "dataclasses")) == []     # (json: the probe's own)
