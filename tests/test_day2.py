@@ -28,7 +28,9 @@ def test_parse_status_and_audit_with_data():
     b = parse_audit("h1", '{"ts": "2026-12-01T00:00:01Z", "action": "y"}\n')
     assert [r["action"] for r in merge_audit({"h0": a, "h1": b})] == ["?", "y", "x"]
     assert [r["host"] for r in merge_audit({"h0": a, "h1": b}, since="2026-12-01T00:00:02")] == ["h0"]
-    assert "@alive g yes" in status_command("/srv", ["g"], "launcher", False)
+    from dsv4ctl.hosts.layout import Paths
+    from dsv4ctl.hosts.service import Launcher
+    assert "@alive g yes" in status_command("/srv", {"g": Launcher().process_cmd(Paths("/srv"), "g")})
 
 
 def test_a_torn_audit_line_does_not_swallow_the_next_record():
@@ -260,7 +262,7 @@ def test_status_reads_a_bounded_last_audit_line(tmp_path):
 
     def status_of(audit: bytes):
         (tmp_path / "audit.jsonl").write_bytes(audit)
-        out = subprocess.run(["/bin/sh", "-c", status_command(str(tmp_path), [], "launcher", False)],
+        out = subprocess.run(["/bin/sh", "-c", status_command(str(tmp_path), {})],
                              capture_output=True, timeout=60).stdout
         return len(out), parse_status("h0", str(tmp_path), out.decode("utf-8", "replace")).last_audit
 

@@ -15,7 +15,10 @@ from dsv4ctl.runbook.actions import summarize_diagnosis
 
 
 def test_host_command_is_one_read_only_round_with_markers():
-    cmd = host_command("/srv/d", ["prefill", "decode"], "launcher", lines=50)
+    from dsv4ctl.hosts.layout import Paths
+    from dsv4ctl.hosts.service import Launcher
+    cmd = host_command("/srv/d", {g: Launcher().process_cmd(Paths("/srv/d"), g) for g in ("prefill", "decode")},
+                       lines=50)
     assert cmd.count(MARK) == 4 and "tail -n 50 /srv/d/logs/prefill.log" in cmd and "nvidia-smi --query-gpu" in cmd
     for word in ("rm ", "mv ", "kill -TERM", "kill -KILL", "> /", "systemctl restart"):
         assert word not in cmd

@@ -149,23 +149,20 @@ def _groups_by_host(dep) -> dict[str, list[str]]:
 
 def _read_hosts(dep, site) -> dict:
     """{host: Result of HostStatus}: one round trip per host (:func:`dsv4ctl.hosts.day2.status_command`);
-    with deploy.backend slurm a server group's liveness is its Slurm job's, and its job's record
-    is read on its node 0 (``scontrol show job -o``), or on the submit host that keeps it
-    (:func:`dsv4ctl.deploy.service.submit_units`)."""
+    whether each group runs is where servers run's answer (:func:`dsv4ctl.deploy.service.process_reads`:
+    with deploy.backend slurm its Slurm job's, whose record is read on its node 0 with
+    ``scontrol show job -o``, or on the submit host that keeps it,
+    :func:`dsv4ctl.deploy.service.submit_units`)."""
     from ..deploy.drift import verify_command
-    from ..hosts.container import runtime_cmd
+    from ..deploy.service import process_reads, submit_units
     from ..hosts.day2 import parse_status, status_command
     from ..remote import run_parallel
     groups = _groups_by_host(dep)
-    from ..deploy.service import alive_checks, job_query, submit_units
     sub, units = submit_units(site)      # a Slurm submit host keeps every server's job record
 
     def one(t):
-        alive, job_cmd = alive_checks(site, t.name, groups[t.name]), job_query(site, t.name)
-        rt = runtime_cmd(dep.sglang.image, site.paths[t.name].root) if dep.sglang.image is not None else None
-        gs = list(dict.fromkeys(groups[t.name] + (list(units) if t.name == sub else [])))
-        cmd = status_command(site.paths[t.name].root, gs, dep.deploy.service,
-                             verify=verify_command(site.python[t.name]), alive=alive, job_cmd=job_cmd, runtime=rt)
+        probes = process_reads(site, t.name, groups[t.name], kept=list(units) if t.name == sub else [])
+        cmd = status_command(site.paths[t.name].root, probes, verify=verify_command(site.python[t.name]))
         return parse_status(t.name, site.paths[t.name].root, t.run(cmd, timeout=600).out)
     res = run_parallel(site.transports, one, timeout=600 + 15)
     for unit, (g, h0) in units.items():       # shown at the server's node 0, as without a submit host

@@ -13,7 +13,7 @@ from ..remote import q, run_parallel
 from .site import Site
 from .slurmjobs import SlurmJobs
 
-__all__ = ["LOG_LINE_MAX", "alive_checks", "check_reachable", "job_query", "log_tail_cmd", "restart_in_place",
+__all__ = ["LOG_LINE_MAX", "check_reachable", "log_tail_cmd", "process_reads", "restart_in_place",
            "service_for", "submit_units", "test_submissions", "unusable_nodes"]
 
 
@@ -45,22 +45,21 @@ def restart_in_place(t, python: str, root: str, group: str, stop_timeout: float 
     return run_restart(t, python, root, group, stop_timeout)
 
 
-def alive_checks(site: Site, host: str, groups: list[str]) -> dict[str, str] | None:
-    """{group: the command that exits 0 while it runs} for status and diagnose on ``host`` when
-    where servers run is not the host's own service (a Slurm job: pending, configuring or
-    running); None over SSH (the host's launcher/systemd are asked as they always were)."""
-    if site.profile.deploy.backend != "slurm":
-        return None
-    svc = service_for(site, host)
-    return {g: svc.alive_cmd(site.paths[host], g) for g in groups}
-
-
-def job_query(site: Site, host: str):
-    """``jid_expr -> command`` printing ``scontrol show job -o`` of a job id given as a shell
-    expression (``$jid``), for status; None when groups are no Slurm jobs."""
-    if site.profile.deploy.backend != "slurm":
-        return None
-    return service_for(site, host).show_job_cmd
+def process_reads(site: Site, host: str, groups: list[str], kept: list[str] = (),
+                  containers: bool = True) -> dict[str, str]:
+    """{group: one read-only shell command} answering, for status and diagnose on ``host``, "is
+    it running, which process, how often restarted": where servers run answers it
+    (``service_for(site, host).process_cmd``: the launcher's pid file or systemd's unit, a Slurm
+    group's job, a release image's container), each printing ``@alive G yes|no`` and ``@proc``
+    (then ``@ctr`` with ``containers`` on a release-image site, ``@job`` for a Slurm job) that
+    :func:`dsv4ctl.hosts.day2.parse_status` reads. ``kept``: the units a Slurm submit host keeps
+    the job records of (:func:`submit_units`), read after ``groups`` for their ``@job`` lines."""
+    svc, p = service_for(site, host), site.paths[host]
+    out = {g: svc.process_cmd(p, g, containers) for g in groups}
+    for u in kept:
+        if u not in out:
+            out[u] = svc.process_cmd(p, u, containers, kept=True)
+    return out
 
 
 def submit_units(site: Site) -> tuple[str | None, dict[str, tuple[str, str]]]:

@@ -225,6 +225,25 @@ class SlurmJobs:
         name = q(self.job_name(group, self.replica_of(group)))
         return f"{self._env()}timeout {SLURM_TIMEOUT_S} squeue -h -n {name} -t PD,CF,R -o %i | grep -q ."
 
+    def process_cmd(self, p: Paths, group: str, containers: bool = True, kept: bool = False) -> str:
+        """Status's and diagnose's read of ``group`` on this host: ``@alive`` (its job pending,
+        configuring or running, :meth:`alive_cmd`; ``kept``: a server's job the submit host keeps
+        the record of, named ``GROUP@R`` for replica R > 0, whose liveness the host's own service
+        answers), ``@proc`` (:func:`dsv4ctl.hosts.service.proc_command`: the job id from
+        ``run/<group>.job``, the log's start headers), ``@ctr`` on a release-image site
+        (``containers``), then ``@job G`` and the job's line (:meth:`show_job_cmd`) when this
+        host keeps its job id."""
+        from ..hosts.service import process_cmd
+        lines = [process_cmd(p, group, None if kept else self.alive_cmd(p, group))]
+        image = self.site.profile.sglang.image
+        if containers and image is not None:
+            from ..hosts.container import container_command, runtime_cmd
+            lines.append(container_command(runtime_cmd(image, p.root), p.root, group))
+        jf = q(f"{p.root}/run/{group}.job")
+        lines.append(f"if [ -s {jf} ]; then echo {q('@job ' + group)}; jid=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
+                     f"{self.show_job_cmd('$jid', group)} | head -n 1; fi")
+        return "\n".join(lines)
+
     def show_job_cmd(self, jid_expr: str, unit: str | None = None) -> str:
         """``scontrol show job -o`` of the job whose id the shell expression ``jid_expr`` gives
         (``$jid``), bounded; Slurm's error text on stdout when it no longer knows the job. With

@@ -2,7 +2,7 @@
 
 Per host, one read-only shell command (:func:`host_command`) prints, between marker lines, the
 day-2 status fact (:func:`dsv4ctl.hosts.day2.status_command`: active release, process alive per
-group, last audit record), the tail of each group's server log (:func:`dsv4ctl.hosts.day2.log_read_command`;
+group as where servers run answers it, last audit record), the tail of each group's server log (:func:`dsv4ctl.hosts.day2.log_read_command`;
 both service backends append to ``logs/<group>.log``) and the GPU fact
 (:func:`dsv4ctl.hosts.gpus.gpus_command`). :func:`parse_host` splits it back (pure).
 
@@ -28,15 +28,13 @@ MARK = "@@dsv4ctl-diagnose"
 DEFAULT_LINES = 400
 
 
-def host_command(root: str, groups: list[str], service: str, lines: int = DEFAULT_LINES,
-                 alive: dict[str, str] | None = None, job_cmd=None) -> str:
-    """One read-only shell command for a host: status, each group's log tail, nvidia-smi.
-    ``alive``: {group: alive command} in place of the host's service (a Slurm group's job,
-    :func:`dsv4ctl.deploy.service.alive_checks`); ``job_cmd``: the group's Slurm job line
-    (:func:`dsv4ctl.deploy.service.job_query`: its final state once Slurm forgot it)."""
+def host_command(root: str, probes: dict[str, str], lines: int = DEFAULT_LINES) -> str:
+    """One read-only shell command for a host: status with each group's process read ``probes``
+    ({group: command}, where servers run answers it: :func:`dsv4ctl.deploy.service.process_reads`),
+    each group's log tail (``lines`` lines), nvidia-smi."""
     p = Paths(root)
-    parts = [f"echo '{MARK} status'", status_command(root, groups, service, alive=alive, job_cmd=job_cmd)]
-    for g in groups:
+    parts = [f"echo '{MARK} status'", status_command(root, probes)]
+    for g in probes:
         parts += [f"echo '{MARK} log {g}'", log_read_command(p, g, None, lines)]
     parts += [f"echo '{MARK} gpus'", gpus_command()]
     return "\n".join(parts)

@@ -81,7 +81,7 @@ def _collect(dep, by_host: dict[str, list[str]], lines: int, accept_new_host_key
     """Read every host of ``by_host`` in one SSH round trip each, in parallel (process, ``lines``
     of each group's log, GPUs, the release state, the clock): (host -> ParallelResult of
     ``(HostEvidence, clock)``, host -> Paths). Failures stay in the results, never raised."""
-    from ..deploy.service import alive_checks, job_query
+    from ..deploy.service import process_reads
     from ..deploy.site import Options, open_site
     from ..hosts.clock import run_clocked
     from ..remote import run_parallel
@@ -90,9 +90,8 @@ def _collect(dep, by_host: dict[str, list[str]], lines: int, accept_new_host_key
     transports = {h: t for h, t in site.transports.items() if h in by_host}
 
     def collect(t):
-        alive = alive_checks(site, t.name, by_host[t.name])
-        out, clock = run_clocked(t, host_command(site.paths[t.name].root, by_host[t.name], dep.deploy.service, lines,
-                                                 alive=alive, job_cmd=job_query(site, t.name)), timeout=60)
+        probes = process_reads(site, t.name, by_host[t.name], containers=False)
+        out, clock = run_clocked(t, host_command(site.paths[t.name].root, probes, lines), timeout=60)
         return parse_host(t.name, site.paths[t.name].root, out.out), clock
 
     try:

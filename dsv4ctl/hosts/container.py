@@ -172,6 +172,33 @@ class ContainerService:
     def alive_cmd(self, p: Paths, group: str) -> str:
         return self.inner.alive_cmd(p, group)
 
+    def process_cmd(self, p: Paths, group: str, containers: bool = True) -> str:
+        """The inner service's ``@alive``/``@proc`` lines, then (``containers``) ``@ctr`` of the
+        group's running container (:func:`container_command`)."""
+        cmd = self.inner.process_cmd(p, group)
+        return f"{cmd}\n{container_command(runtime_cmd(self.image, p.root), p.root, group)}" if containers else cmd
+
+
+def container_command(runtime: str, root: str, group: str) -> str:
+    """Shell: ``@ctr G ID IMAGE AGE`` of the running container of group ``group`` under deploy
+    root ``root`` (found by its labels, :func:`run_command`), ``AGE`` in seconds since it started;
+    nothing when none runs or ``runtime`` (the runtime and its global arguments, shell words) is
+    missing. Each restart of the group makes a new container (``--rm``): the group's restart count
+    stays the log's (:func:`dsv4ctl.hosts.service.proc_command`). docker (its ``ps`` has no image
+    id or start time): ``inspect`` of the container, its RFC 3339 start read by ``date -d``."""
+    rt_bin = runtime.split()[0]
+    labels = f"--filter {q('label=dsv4ctl.root=' + root)} --filter {q('label=dsv4ctl.group=' + group)}"
+    if rt_bin.rsplit("/", 1)[-1] == "docker":
+        read = (f"c=$({runtime} ps -q --no-trunc {labels} 2>/dev/null | head -n 1); [ -n \"$c\" ] && "
+                f"c=$({runtime} inspect --format '{{{{.Id}}}} {{{{.Image}}}} {{{{.State.StartedAt}}}}' \"$c\" 2>/dev/null); "
+                "[ -n \"$c\" ] && { set -- $c; c=\"$1 $2 $(date -d \"$3\" +%s 2>/dev/null || echo x)\"; }; ")
+    else:
+        read = (f"c=$({runtime} ps --no-trunc {labels} "
+                f"--format '{{{{.ID}}}} {{{{.ImageID}}}} {{{{.StartedAt}}}}' 2>/dev/null | head -n 1); ")
+    return (f"if command -v {rt_bin} >/dev/null 2>&1; then {read}"
+            f"if [ -n \"$c\" ]; then set -- $c; case $3 in *[!0-9]*|'') a=-;; *) a=$(( $(date +%s) - $3 ));; esac; "
+            f"echo \"@ctr {group} $1 $2 $a\"; fi; fi")
+
 
 # -- the image on a host ----------------------------------------------------------------------
 

@@ -1,5 +1,10 @@
 """Day-2 facts of a host, each one read-only command and a pure parser: what runs (``status``),
-the server logs (``logs``) and the audit log (``audit``)."""
+the server logs (``logs``) and the audit log (``audit``).
+
+Whether a group runs, which process and how often it restarted is not read here: where servers
+run answers it (``dsv4ctl/deploy/service.py: process_reads``, each service's ``process_cmd``
+printing the ``@alive``/``@proc``/``@ctr``/``@job`` lines this module parses), so the launcher,
+systemd, Slurm jobs and containers answer the same question (tests/test_service_seam.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ from dataclasses import dataclass, field
 
 from ..remote import q
 from .layout import HostFacts, Paths, facts_command, parse_facts
-from .service import backend
+
+#: The container's process read lives with the container runtime (``hosts/container.py``); the
+#: name stays importable here for tests/test_image_core.py, which reads a stand-in docker with it.
+from .container import container_command  # noqa: E402,F401
 
 
 @dataclass
@@ -33,7 +41,8 @@ class GroupProcess:
     the last header, as the launcher's exit line says; None while it runs or when unknown) and
     ``job`` (slurm: the group's job id from ``run/<group>.job``); on a release-image site
     ``container`` and ``image`` (64 hex each: the group's running container and its image id,
-    :func:`container_command`), and then ``uptime_s`` is the container's (since its start)."""
+    :func:`dsv4ctl.hosts.container.container_command`), and then ``uptime_s`` is the container's
+    (since its start)."""
 
     pid: int | None = None
     uptime_s: int | None = None
@@ -49,55 +58,9 @@ class GroupProcess:
 AUDIT_TAIL_MAX = 65536
 
 
-#: awk over the dsv4ctl header lines of a group's log (``grep '^=== dsv4ctl'``): ``RESTARTS EXIT``
-#: — start/restart headers of group ``g`` since release ``r`` was last started after another
-#: release (a stop + start of the same release counts), and the exit status after the last one.
-_PROC_AWK = ('$2=="dsv4ctl" && $3=="start" && $4==g { if ($6==r && cur==r) n++; else n=0; cur=$6; ex="-"; next } '
-             '$2=="dsv4ctl" && $3=="restart" && $4==g { n++; ex="-"; next } '
-             '$2=="dsv4ctl:" && $3==g && $4=="exited" { ex=$7 } '
-             'END { printf "%d %s\\n", n, (ex == "" ? "-" : ex) }')
-
-
-def proc_command(p: Paths, group: str) -> str:
-    """Shell: ``@proc G PID UPTIME RESTARTS EXIT JOB`` (``-`` for unknown) of one group
-    (:class:`GroupProcess`): the pid from the launcher's pid file, else the systemd unit's
-    MainPID; its age from ``ps -o etimes``; the header counts from the log; a Slurm group's job
-    id from ``run/<group>.job``."""
-    from .service import Systemd
-    pf, lf, jf = q(p.pidfile(group)), q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
-    unit = q(Systemd().unit_name(group))
-    return (f"pid=$(cat {pf} 2>/dev/null || systemctl show -p MainPID --value {unit} 2>/dev/null); "
-            f"pid=$(printf %s \"$pid\" | head -n 1 | tr -dc 0-9); [ \"$pid\" = 0 ] && pid=; et=; "
-            f"[ -n \"$pid\" ] && et=$(ps -o etimes= -p \"$pid\" 2>/dev/null | tr -dc 0-9); "
-            f"rid=$(readlink {q(p.current)} 2>/dev/null); rid=${{rid##*/}}; "
-            f"lg=$( {{ grep -a '^=== dsv4ctl' {lf} 2>/dev/null || true; }} | awk -v g={q(group)} -v r=\"$rid\" "
-            f"{q(_PROC_AWK)}); job=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
-            f"echo \"@proc {group} ${{pid:--}} ${{et:--}} ${{lg:-0 -}} ${{job:--}}\"")
-
-
-def container_command(runtime: str, root: str, group: str) -> str:
-    """Shell: ``@ctr G ID IMAGE AGE`` of the running container of group ``group`` under deploy
-    root ``root`` (found by its labels, :func:`dsv4ctl.hosts.container.run_command`), ``AGE`` in
-    seconds since it started; nothing when none runs or ``runtime`` (the runtime and its global
-    arguments, shell words) is missing. Each restart of the group makes a new container (``--rm``):
-    the group's restart count stays the log's (:func:`proc_command`). docker (its ``ps`` has no
-    image id or start time): ``inspect`` of the container, its RFC 3339 start read by ``date -d``."""
-    rt_bin = runtime.split()[0]
-    labels = f"--filter {q('label=dsv4ctl.root=' + root)} --filter {q('label=dsv4ctl.group=' + group)}"
-    if rt_bin.rsplit("/", 1)[-1] == "docker":
-        read = (f"c=$({runtime} ps -q --no-trunc {labels} 2>/dev/null | head -n 1); [ -n \"$c\" ] && "
-                f"c=$({runtime} inspect --format '{{{{.Id}}}} {{{{.Image}}}} {{{{.State.StartedAt}}}}' \"$c\" 2>/dev/null); "
-                "[ -n \"$c\" ] && { set -- $c; c=\"$1 $2 $(date -d \"$3\" +%s 2>/dev/null || echo x)\"; }; ")
-    else:
-        read = (f"c=$({runtime} ps --no-trunc {labels} "
-                f"--format '{{{{.ID}}}} {{{{.ImageID}}}} {{{{.StartedAt}}}}' 2>/dev/null | head -n 1); ")
-    return (f"if command -v {rt_bin} >/dev/null 2>&1; then {read}"
-            f"if [ -n \"$c\" ]; then set -- $c; case $3 in *[!0-9]*|'') a=-;; *) a=$(( $(date +%s) - $3 ));; esac; "
-            f"echo \"@ctr {group} $1 $2 $a\"; fi; fi")
-
-
 def parse_proc(line: str) -> tuple[str, GroupProcess] | None:
-    """(group, :class:`GroupProcess`) from one ``@proc`` line of :func:`proc_command`, or None."""
+    """(group, :class:`GroupProcess`) from one ``@proc`` line
+    (:func:`dsv4ctl.hosts.service.proc_command`), or None."""
     parts = line.split()
     if len(parts) != 7 or parts[0] != "@proc":
         return None
@@ -108,35 +71,16 @@ def parse_proc(line: str) -> tuple[str, GroupProcess] | None:
                                   exit_status=num(parts[5]), job=parts[6] if parts[6].isdigit() else None)
 
 
-def status_command(root: str, groups: list[str], service: str, systemd: bool | None = None,
-                   verify: str | None = None, alive: dict[str, str] | None = None,
-                   job_cmd=None, runtime: str | None = None) -> str:
-    """One shell command: the host's facts (:func:`facts_command`), then ``@alive G yes|no`` per
-    group (the service backend's alive check: both backends are asked when ``systemd`` is not
-    known yet, launcher first), then with ``verify`` (a command that reads a verify job on stdin,
+def status_command(root: str, probes: dict[str, str], verify: str | None = None) -> str:
+    """One shell command: the host's facts (:func:`facts_command`), then each group's process
+    read ``probes`` ({group: shell printing ``@alive G yes|no``, ``@proc``, and ``@ctr`` / ``@job``
+    where they apply}: where servers run answers them, ``dsv4ctl/deploy/service.py:
+    process_reads``), then with ``verify`` (a command that reads a verify job on stdin,
     :func:`dsv4ctl.deploy.drift.verify_command`) ``@verify`` and its report on the current release,
     then ``@audit`` and the last :data:`AUDIT_TAIL_MAX` bytes of ``audit.jsonl`` (a huge last line
-    costs neither the host nor this machine more). Per group also ``@proc`` (:func:`proc_command`).
-    ``alive``: {group: alive command} in place of the service backend's (a Slurm group's job);
-    ``job_cmd(job_id_shell_expr, group)``: with it, ``@job G`` and the first line of that command
-    for each group with a ``run/<group>.job`` (``scontrol show job -o``, or dsv4ctl's record of
-    the job once Slurm forgot it: :func:`dsv4ctl.hosts.slurmrecord.job_line_cmd`). ``runtime``
-    (a release-image site: the container runtime with its global arguments, shell words): per
-    group also ``@ctr`` (:func:`container_command`)."""
+    costs neither the host nor this machine more)."""
     p = Paths(root)
-    lines = [facts_command(root)]
-    for g in groups:
-        kinds = [backend(service, systemd)] if systemd is not None else [backend("launcher", False),
-                                                                          backend("systemd", True)]
-        test = (alive or {}).get(g) or " || ".join(f"( {k.alive_cmd(p, g)} )" for k in kinds)
-        lines.append(f"if {test}; then echo {q('@alive ' + g + ' yes')}; else echo {q('@alive ' + g + ' no')}; fi")
-        lines.append(proc_command(p, g))
-        if runtime:
-            lines.append(container_command(runtime, root, g))
-        if job_cmd is not None:
-            jf = q(f"{p.root}/run/{g}.job")
-            lines.append(f"if [ -s {jf} ]; then echo {q('@job ' + g)}; jid=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
-                         f"{job_cmd('$jid', g)} | head -n 1; fi")
+    lines = [facts_command(root), *probes.values()]
     if verify:
         # environment files by RECORD size here (a multi-GB torch environment hashed on every
         # status would make it slow); verify and every switch hash them
@@ -221,16 +165,21 @@ def last_audit_text(rec: dict) -> str:
     return " ".join(clip(show(w), 120) for w in words if w not in ("", None))
 
 
+#: Bytes of one server log line that reach dsv4ctl (the host cuts longer lines): a runaway line
+#: of hundreds of MB must cost neither the host's awk nor this machine its memory. Every reader
+#: of ``logs/<group>.log`` cuts there (``logs``, ``diagnose``, the gate's tail:
+#: :func:`dsv4ctl.hosts.service.log_tail_cmd`).
+LOG_LINE_MAX = 16384
+
 #: Bytes one follow read (``logs -f``) takes at most; the rest comes with the next reads.
 LOG_CHUNK_MAX = 4 << 20
 
 
 def log_read_command(p: Paths, group: str, offset: int | None, lines: int) -> str:
     """Shell: print the size S of the group's log, then its last ``lines`` lines (``offset``
-    None; each cut to :data:`dsv4ctl.hosts.service.LOG_LINE_MAX` bytes on the host), or the bytes
+    None; each cut to :data:`LOG_LINE_MAX` bytes on the host), or the bytes
     [offset, min(S, offset + LOG_CHUNK_MAX)) — bytes not read now are read next time, never
     twice (:func:`follow_offset`). Both service backends append to ``logs/<group>.log``."""
-    from .service import LOG_LINE_MAX
     lf = q(p.logfile(group))
     off = int(offset or 0)
     body = (f"tail -n {int(lines)} {lf} | cut -b1-{LOG_LINE_MAX}" if offset is None else

@@ -25,9 +25,8 @@ import json
 from ..errors import RemoteError
 from ..remote import q
 from ..remote.transport import GROUP_RUNNING_FN  # noqa: F401 — its home is the remote layer
+from .day2 import LOG_LINE_MAX
 from .layout import Paths
-
-
 
 
 def group_script(group: str, command: str) -> str:
@@ -107,6 +106,10 @@ class Launcher:
                 f"{{ [ ! -r /proc/self/stat ] || {{ st=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -c1); "
                 f"[ -n \"$st\" ] && [ \"$st\" != Z ]; }}; }}")
 
+    def process_cmd(self, p: Paths, group: str, containers: bool = True) -> str:
+        """Status's read of the group (:func:`process_cmd`: the pid file or a unit)."""
+        return process_cmd(p, group)
+
 
 class Systemd:
     """One systemd unit per group (hosts running systemd)."""
@@ -157,6 +160,10 @@ class Systemd:
     def alive_cmd(self, p: Paths, group: str) -> str:
         return f"systemctl is-active --quiet {q(self.unit_name(group))}"
 
+    def process_cmd(self, p: Paths, group: str, containers: bool = True) -> str:
+        """Status's read of the group (:func:`process_cmd`: the unit or a launcher pid file)."""
+        return process_cmd(p, group)
+
 
 def backend(kind: str, has_systemd: bool, stop_timeout: float = 10.0):
     """``auto`` → systemd when the host runs it, else the launcher."""
@@ -165,9 +172,42 @@ def backend(kind: str, has_systemd: bool, stop_timeout: float = 10.0):
     return Launcher(stop_timeout)
 
 
-#: Bytes of one server log line that reach dsv4ctl (the host cuts longer lines): a runaway line
-#: of hundreds of MB must cost neither the host's awk nor this machine its memory.
-LOG_LINE_MAX = 16384
+# -- is it running, which process, how often restarted (status, diagnose) --------------------
+
+#: awk over the dsv4ctl header lines of a group's log (``grep '^=== dsv4ctl'``): ``RESTARTS EXIT``
+#: — start/restart headers of group ``g`` since release ``r`` was last started after another
+#: release (a stop + start of the same release counts), and the exit status after the last one.
+_PROC_AWK = ('$2=="dsv4ctl" && $3=="start" && $4==g { if ($6==r && cur==r) n++; else n=0; cur=$6; ex="-"; next } '
+             '$2=="dsv4ctl" && $3=="restart" && $4==g { n++; ex="-"; next } '
+             '$2=="dsv4ctl:" && $3==g && $4=="exited" { ex=$7 } '
+             'END { printf "%d %s\\n", n, (ex == "" ? "-" : ex) }')
+
+
+def proc_command(p: Paths, group: str) -> str:
+    """Shell: ``@proc G PID UPTIME RESTARTS EXIT JOB`` (``-`` for unknown) of one group
+    (:class:`dsv4ctl.hosts.day2.GroupProcess`): the pid from the launcher's pid file, else the systemd unit's
+    MainPID; its age from ``ps -o etimes``; the header counts from the log; a Slurm group's job
+    id from ``run/<group>.job``."""
+    pf, lf, jf = q(p.pidfile(group)), q(p.logfile(group)), q(f"{p.root}/run/{group}.job")
+    unit = q(Systemd().unit_name(group))
+    return (f"pid=$(cat {pf} 2>/dev/null || systemctl show -p MainPID --value {unit} 2>/dev/null); "
+            f"pid=$(printf %s \"$pid\" | head -n 1 | tr -dc 0-9); [ \"$pid\" = 0 ] && pid=; et=; "
+            f"[ -n \"$pid\" ] && et=$(ps -o etimes= -p \"$pid\" 2>/dev/null | tr -dc 0-9); "
+            f"rid=$(readlink {q(p.current)} 2>/dev/null); rid=${{rid##*/}}; "
+            f"lg=$( {{ grep -a '^=== dsv4ctl' {lf} 2>/dev/null || true; }} | awk -v g={q(group)} -v r=\"$rid\" "
+            f"{q(_PROC_AWK)}); job=$( {{ tr -dc 0-9 < {jf}; }} 2>/dev/null); "
+            f"echo \"@proc {group} ${{pid:--}} ${{et:--}} ${{lg:-0 -}} ${{job:--}}\"")
+
+
+def process_cmd(p: Paths, group: str, alive: str | None = None) -> str:
+    """Shell printing ``@alive G yes|no`` and ``@proc`` (:func:`proc_command`) of one group: the
+    launcher's and systemd's answer to "is it running, which process, how often restarted"
+    (``Launcher.process_cmd``, ``Systemd.process_cmd``). ``alive``: the test that exits 0 while it
+    runs; default the launcher's, then systemd's (a group started under the other backend before
+    the profile's ``service`` changed still counts)."""
+    test = alive or " || ".join(f"( {k.alive_cmd(p, group)} )" for k in (Launcher(), Systemd()))
+    return "\n".join([f"if {test}; then echo {q('@alive ' + group + ' yes')}; else echo {q('@alive ' + group + ' no')}; fi",
+                      proc_command(p, group)])
 
 
 def log_tail_cmd(p: Paths, group: str, n: int = 10) -> str:
