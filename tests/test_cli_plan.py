@@ -377,17 +377,20 @@ def test_free_memory_above_the_gpu_is_bad_input(sets, said):
     assert r.code == 2 and said in r.err and r.err.count("\n") == 1
 
 
+LONGER = ("--set", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")   # past the model's 1M: SGLang's env switch
+
+
 def test_a_context_or_token_cap_failure_offers_a_fix_that_passes():
     """--set context_length=10^9: req_to_token alone is 480 GiB; the fix is the largest context
     length (to 1,024 tokens) that re-plans without failing. --set max_total_tokens=1: no KV
     memory; the fix removes the cap."""
-    r = run_cli("plan", "-g", "decode", "--json", "--set", "context_length=1000000000")
+    r = run_cli("plan", "-g", "decode", "--json", "--set", "context_length=1000000000", *LONGER)
     assert r.code == 1
     (fix,) = json.loads(r.out)["groups"][0]["fixes"]
     assert fix.startswith("set context-length: 12119040 (from 1000000000) in the serve config (re-planned: ")
-    ok = json.loads(run_cli("plan", "-g", "decode", "--json", "--set", "context_length=12119040").out)["groups"][0]
+    ok = json.loads(run_cli("plan", "-g", "decode", "--json", "--set", "context_length=12119040", *LONGER).out)["groups"][0]
     assert ok["verdict"]["level"] != "fails" and ok["verdict"]["deciding"] != "activation"
-    over = run_cli("plan", "-g", "decode", "--json", "--set", "context_length=12120064")
+    over = run_cli("plan", "-g", "decode", "--json", "--set", "context_length=12120064", *LONGER)
     v = json.loads(over.out)["groups"][0]["verdict"]
     assert (over.code, v["level"], v["deciding"]) == (0, "tight", "activation")     # past the fix: a warning
     r = run_cli("plan", "-g", "decode", "--json", "--set", "max_total_tokens=1")

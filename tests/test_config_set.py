@@ -169,9 +169,19 @@ def test_topology_keys_belong_to_the_profile(prof, setting):
     assert r.code == 2 and "part of the group's topology in the profile" in r.err and r.err.count("\n") == 1, r.err
 
 
+def _allow_longer_context(prof):
+    """The prefill group's server runs with SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1: a context
+    past the model's 1M is then planned (SGLang refuses it at start-up without the switch)."""
+    text = prof.read_text()
+    anchor = "    serve_config: dsv4-flash-8xb200-pd/prefill.yaml\n"
+    assert anchor in text
+    prof.write_text(text.replace(anchor, anchor + "    env: {SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN: '1'}\n", 1))
+
+
 @pytest.mark.parametrize("setting,deciding", [("max-total-tokens=1", "no_kv_memory"), ("mem-fraction-static=0.99", "pools"),
                                               ("context-length=20000000", "pools")])
 def test_an_edit_that_makes_the_plan_fail_is_refused(prof, setting, deciding):
+    _allow_longer_context(prof)
     f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
     before = f.read_text()
     r = run_cli("config", "set", str(prof), setting, "-g", "prefill")
@@ -183,6 +193,9 @@ def test_an_edit_under_sglangs_activation_heuristic_is_written(prof):
     """Headroom under 90 % of SGLang's activation estimate is tight (a heuristic, not a proven
     failure): the edit is written, exit 0."""
     f = prof.parent / "dsv4-flash-8xb200-pd" / "prefill.yaml"
+    r = run_cli("config", "set", str(prof), "context-length=5000000", "-g", "prefill")
+    assert r.code == 2 and "SGLang refuses it at start-up unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in r.err
+    _allow_longer_context(prof)
     r = run_cli("config", "set", str(prof), "context-length=5000000", "-g", "prefill")
     assert r.code == 0, r.err
     assert "context-length: 5000000" in f.read_text()

@@ -30,15 +30,21 @@ def _source(version: str) -> Path:
     return own if own.is_dir() else SITE / "sglang"
 
 
-def _release_divide(version: str):
-    """The release's own ``divide`` and ``ensure_divisibility`` (``srt/distributed/utils.py``),
-    compiled from its source without the module's torch imports."""
-    tree = ast.parse((_source(version) / "srt" / "distributed" / "utils.py").read_text())
-    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("divide", "ensure_divisibility")]
-    assert {f.name for f in funcs} == {"divide", "ensure_divisibility"}, version
+def _release_code(version: str, rel: str, names: tuple[str, ...]) -> dict:
+    """The named top-level functions and assignments of a release's source file ``rel``, compiled
+    from its source without the module's imports (torch)."""
+    tree = ast.parse((_source(version) / rel).read_text())
+    body = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in names) or (
+        isinstance(n, ast.Assign) and any(getattr(t, "id", None) in names for t in n.targets))]
     ns: dict = {}
-    exec(compile(ast.Module(body=funcs, type_ignores=[]), f"sglang-{version}/utils.py", "exec"), ns)
-    return ns["divide"]
+    exec(compile(ast.Module(body=body, type_ignores=[]), f"sglang-{version}/{rel}", "exec"), ns)
+    assert set(names) <= set(ns), (version, rel, names)
+    return ns
+
+
+def _release_divide(version: str):
+    """The release's own ``divide`` (``srt/distributed/utils.py``)."""
+    return _release_code(version, "srt/distributed/utils.py", ("divide", "ensure_divisibility"))["divide"]
 
 
 def _sglang_says(divide, n: int, tp: int):
@@ -72,6 +78,23 @@ def test_each_release_builds_the_projections_over_attention_tp_and_refuses_as_pl
                 assert ours.startswith(theirs + ":"), (ours, theirs)
 
 
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+def test_the_derived_context_length_is_each_releases_own(version):
+    from types import SimpleNamespace
+    get = _release_code(version, "srt/utils/hf_transformers/common.py",
+                        ("get_context_length", "CONTEXT_LENGTH_KEYS"))["get_context_length"]
+    flash = MODELS["deepseek-v4-flash"]
+    yarn = flash["rope_scaling"]
+    variants = {"flash": flash, "pro": MODELS["deepseek-v4-pro"],
+                "no-original": {**flash, "rope_scaling": {k: v for k, v in yarn.items()
+                                                          if k != "original_max_position_embeddings"}},
+                "llama3": {**flash, "rope_scaling": {"rope_type": "llama3", "factor": 8}},
+                "none": {**flash, "rope_scaling": None}}
+    got = {k: ModelGeometry.from_config(cfg, k).context_len for k, cfg in variants.items()}
+    assert got == {k: get(SimpleNamespace(**cfg)) for k, cfg in variants.items()}
+    assert got["flash"] == 1048576 and got["no-original"] == 16 * 1048576
+
+
 def test_plan_refuses_tp3_and_plans_tp4_and_dp_attention_divides_first(cli):
     r = cli("plan", "--set", "tp_size=3", timeout=60)
     assert r.code == 2, (r.code, r.err)
@@ -85,6 +108,15 @@ def test_plan_refuses_tp3_and_plans_tp4_and_dp_attention_divides_first(cli):
     r = cli("plan", "--set", "tp_size=6", "--set", "dp_size=6", "--set", "enable_dp_attention=true", "--json",
             timeout=60)
     assert r.code in (0, 1) and "divisible" not in r.err, r.err
+    # a context longer than the model's: refused unless the server's env allows it, as SGLang does
+    r = cli("plan", "--set", "context_length=1048577", timeout=60)
+    assert r.code == 2 and r.err == (
+        "dsv4ctl: error: group prefill: context_length 1048577 is greater than the derived context_length (1048576): "
+        "SGLang refuses it at start-up unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 "
+        "(srt/configs/model_config.py)\n"), r.err
+    r = cli("plan", "--set", "context_length=1048577", "--set", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+            "--json", timeout=60)
+    assert r.code in (0, 1) and r.json()["groups"][0]["context_length"] == 1048577, r.err
 
 
 def test_a_custom_config_without_the_projection_fields_is_not_checked():

@@ -29,7 +29,7 @@ def test_pro_on_tp4_b200_does_not_fit_and_says_why(cli):
 
 @pytest.mark.parametrize("sets,gib", [
     (["index_k_accounting=exact", "max_running_requests=4096", "mem_fraction_static=0.95"], "-7.449"),
-    (["index_k_dtype=fp8", "context_length=100000000"], "-28.152"),
+    (["index_k_dtype=fp8", "context_length=100000000", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"], "-28.152"),
 ])
 def test_negative_headroom_without_index_k_overshoot_does_not_fit(cli, sets, gib):
     args = ["plan", "-g", "decode"]

@@ -130,7 +130,8 @@ class ModelGeometry:
             qk_rope_head_dim=rope,
             index_head_dim=whole("index_head_dim", cfg["index_head_dim"], 1, 1 << 20),
             sliding_window=whole("sliding_window", cfg["sliding_window"], 1, 1 << 30),
-            context_len=whole("max_position_embeddings", cfg["max_position_embeddings"], 1, 1 << 40),
+            context_len=_derived_context_len(cfg, whole("max_position_embeddings", cfg["max_position_embeddings"],
+                                                        1, 1 << 40)),
             kv_source_layer_ids=kv_ids,
             **{k: whole(k, cfg[k], 1, 1 << 20) for k in ("num_attention_heads", "o_groups", "o_lora_rank")
                if cfg.get(k) is not None},
@@ -148,6 +149,21 @@ class ModelGeometry:
             if n and n % attn_tp:
                 return f"{n} is not divisible by {attn_tp}: {what} split over attention TP {attn_tp}"
         return None
+
+
+def _derived_context_len(cfg: dict, max_positions: int) -> int:
+    """SGLang's derived context length (sglang 0.5.23 ``srt/utils/hf_transformers/common.py``
+    ``get_context_length``): ``max_position_embeddings`` times the rope-scaling ``factor``, except
+    when ``rope_scaling`` names ``original_max_position_embeddings`` (DeepSeek-V4's YaRN) or is
+    llama3. Its default ``context_length``, and the most it accepts without
+    ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``."""
+    rs = cfg.get("rope_scaling")
+    if not isinstance(rs, dict) or "original_max_position_embeddings" in rs or rs.get("rope_type") == "llama3":
+        return max_positions
+    factor = rs.get("factor", 1)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1 << 20:
+        return max_positions
+    return int(factor * max_positions)
 
 
 def pp_layer_range(num_hidden_layers: int, pp_size: int, pp_rank: int,

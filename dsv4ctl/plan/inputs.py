@@ -147,6 +147,7 @@ SET_KEYS: dict[str, str] = {
     "SGLANG_DSV4_KV_LAYOUT": "str", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "str",
     "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP": "envbool", "SGLANG_PP_LAYER_PARTITION": "str",
     "SGLANG_SWA_EVICTION_INTERVAL": "int", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "envbool",
+    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "envbool",
     # issue 44.2: every key SGLang reads for DSV4 memory (dsv4ctl/data/memory_keys.json)
     "enable_dp_lm_head": "bool", "disable_decode_cuda_graph": "bool", "cuda_graph_backend_decode": "optstr",
     "cuda_graph_bs_decode": "intlist", "cuda_graph_config": "graphcfg", "enable_symm_mem": "bool",
@@ -941,6 +942,11 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
+    if ctx > model.context_len and not args.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        # sglang 0.5.18-0.5.23 srt/configs/model_config.py ModelConfig._derive_context_length
+        raise InputError(f"group {group.name}: context_length {ctx} is greater than the derived context_length "
+                         f"({model.context_len}): SGLang refuses it at start-up unless "
+                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (srt/configs/model_config.py)")
     plan_section = profile.raw.get("plan") or {}
     min_req = args.get("min_requests", plan_section.get("min_requests", 1))
     if min_req < 1:
