@@ -19,7 +19,7 @@ import yaml
 from tests.conftest import run_cli
 from tests.envkit import lock_text, make_wheel
 from tests.images import base as images
-from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
+from tests.sshd.fixtures import sshd_cluster  # noqa: F401
 from tests.sshd.world import REPO, STANDIN, World, git, http_status, wait_for
 
 UV = str(Path(sys.executable).parent / "uv")
@@ -104,23 +104,38 @@ class ImageWorld(World):
         images.clean_store(self.cache / "images")
 
 
-@pytest.fixture
-def world(live_cluster, tmp_path, base_image):
-    w = ImageWorld(live_cluster, tmp_path, base_image, nhosts=3)
-    yield w
-    w.cleanup()
-
-
 def deploy(w, *args):
     return run_cli("deploy", str(w.profile), "--accept-new-host-keys", "--no-preflight", *args, env=w.env(),
                    timeout=300)
 
 
-def test_deploy_runs_each_server_in_its_release_image(world):
-    w = world
-    r = deploy(w)
-    assert r.code == 0, r.err + r.out
-    rid = w.current("h0")
+# -- one world for the module: its first release deployed once --------------------------------------
+
+@pytest.fixture(scope="module")
+def fault_world(sshd_cluster, tmp_path_factory, base_image):
+    """Release r1 serving on three hosts (``w.first``: its deploy's result); h1's image store on a
+    tmpfs of its own (sized after r1 to leave about 1 MB: the full-disk test). The tests below
+    run in the file's order on it, each leaving r1's world serving (the first release's deploy,
+    its environment layer and the 60 MB base shipped to each host are made once for all)."""
+    tmp = tmp_path_factory.mktemp("image-faults")
+    w = ImageWorld(sshd_cluster, tmp, base_image, nhosts=3)
+    store = w.roots["h1"] / "containers"
+    store.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(store)], check=True)
+    try:
+        w.first = deploy(w)
+        assert w.first.code == 0, w.first.err + w.first.out
+        w.r1 = w.current("h0")
+        yield w
+    finally:
+        w.cleanup()
+        subprocess.run(["umount", "-l", str(store)], capture_output=True)
+        images.unmount_under(tmp)
+
+
+def test_deploy_runs_each_server_in_its_release_image(fault_world):
+    w = fault_world
+    r, rid = w.first, w.r1
     rec = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())
     # the build shows its steps as they come (podman build's STEP lines), then its end
     assert f"building the image of {rid}: STEP 1/4: FROM " in r.err and f"building the image of {rid}: STEP 4/4: " \
@@ -145,14 +160,13 @@ def test_deploy_runs_each_server_in_its_release_image(world):
     assert r.code == 0 and "h1: dsv4probe 1.0" in r.out, r.out + r.err     # printed inside the container
 
 
-def test_switch_rollback_crash_and_tamper_with_images(world):
+def test_switch_rollback_crash_and_tamper_with_images(fault_world):
     """Two releases: the second ships only its own layers (the base's blobs are on the hosts),
     a rollback runs the first image again without building, a release whose container exits at
     start fails its gate and the previous image serves again, and an image edited in a host's
-    store is found by verify."""
-    w = world
-    assert deploy(w).code == 0
-    r1 = w.current("h0")
+    store is found by verify (the file is put back after: r1 serves the tests below)."""
+    w = fault_world
+    r1 = w.r1
     rec1 = json.loads((w.cache / "images" / "records" / f"{r1}.json").read_text())
     # the second release differs from the first in one tree file only
     f = w.tree / "python" / "sglang" / "srt" / "mod001.py"
@@ -191,37 +205,24 @@ def test_switch_rollback_crash_and_tamper_with_images(world):
     assert [c["Names"][0] for c in w.containers("h1")] == [f"dsv4ctl-decode-n0-{r1}"]
     assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)
     assert "CUDA error: out of memory" in (w.roots["h1"] / "logs" / "decode.log").read_text()
+    w.extra["decode"] = {}
+    w.write()
     # verify finds an image edited in a host's store
     assert run_cli("verify", str(w.profile), env=w.env(), timeout=300).code == 0
     rel = f"opt/dsv4ctl/releases/{r1}/tree/python/sglang/srt/mem_cache.py"
     [f] = (w.roots["h1"] / "containers" / "storage" / "overlay").glob(f"*/diff/{rel}")   # the tree layer's file
+    good = f.read_bytes()
     f.chmod(0o644)
     f.write_text("INDEX_K_BYTES = 999\n")
     f.chmod(0o444)
-    r = run_cli("verify", str(w.profile), "--json", env=w.env(), timeout=300)
-    assert r.code != 0
-    assert f"h1: {r1} (current): image: hash tree/python/sglang/srt/mem_cache.py" in json.loads(r.out)["drift"]
-
-
-# -- faults: one world for the module (its first release deployed once) ----------------------------
-
-@pytest.fixture(scope="module")
-def fault_world(sshd_cluster, tmp_path_factory, base_image):
-    """Release r1 serving on three hosts; h1's image store on a tmpfs of its own (sized after r1
-    to leave about 1 MB: the full-disk test)."""
-    tmp = tmp_path_factory.mktemp("image-faults")
-    w = ImageWorld(sshd_cluster, tmp, base_image, nhosts=3)
-    store = w.roots["h1"] / "containers"
-    store.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(store)], check=True)
     try:
-        r = deploy(w)
-        assert r.code == 0, r.err
-        w.r1 = w.current("h0")
-        yield w
+        r = run_cli("verify", str(w.profile), "--json", env=w.env(), timeout=300)
+        assert r.code != 0
+        assert f"h1: {r1} (current): image: hash tree/python/sglang/srt/mem_cache.py" in json.loads(r.out)["drift"]
     finally:
-        w.cleanup()
-        subprocess.run(["umount", "-l", str(store)], capture_output=True)
+        f.chmod(0o644)
+        f.write_bytes(good)
+        f.chmod(0o444)
 
 
 def _deploy_bg(w, extra_env: dict | None = None) -> tuple[subprocess.Popen, Path]:
@@ -379,6 +380,7 @@ def test_a_registry_the_profile_names(fault_world):
         w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
         secrets = ["Hunter2Secret", "WrongSecret", base64.b64encode(b"alice:Hunter2Secret").decode(),
                    base64.b64encode(b"alice:WrongSecret").decode()]
+        auth.touch(mode=0o600)                     # only its owner reads it (image.auth_bytes refuses looser)
         auth.write_text(json.dumps({"auths": {addr: {"auth": secrets[3]}}}))
         r = deploy(w, "-v")
         assert r.code == 3 and "stopped before any host was switched" in r.err, r.err
@@ -424,10 +426,18 @@ def test_day2_and_pruning_on_image_releases(fault_world):
     git(w.tree, "tag", "-f", "v0.5.23")
     prev = w.current("h1")
     recs = {p.stem: json.loads(p.read_text())["image"] for p in (w.cache / "images" / "records").glob("*.json")}
+    r = deploy(w, "--dry-run")          # the control machine's copies of r1 are pruned too
+    assert r.code == 0 and [ln for ln in r.out.splitlines() if w.r1 in ln and ln.strip().startswith(
+        "local: prune this machine's copies of ")], r.out
     r = deploy(w)
     assert r.code == 0, r.err
     rid = w.current("h1")
     assert rid not in (prev, w.r1)
+    local = w.cache / "images"        # its OCI layout, image and record; the kept releases' stay
+    assert [ln for ln in r.err.splitlines() if w.r1 in ln and "local: pruned the image copies of " in ln], r.err
+    assert not (local / "oci" / w.r1).exists() and not (local / "records" / f"{w.r1}.json").exists()
+    assert subprocess.run([*images.podman_argv(local), "image", "exists", f"localhost/dsv4ctl:{w.r1}"]).returncode == 1
+    assert (local / "oci" / rid / "index.json").is_file() and (local / "records" / f"{prev}.json").is_file()
     recs[rid] = json.loads((w.cache / "images" / "records" / f"{rid}.json").read_text())["image"]
     for h in ("h0", "h1", "h2"):
         kept = {x.name for x in (w.roots[h] / "releases").iterdir() if not x.name.startswith(".")}

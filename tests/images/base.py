@@ -119,16 +119,37 @@ def base_reference(dest: Path) -> str:
 
 
 def clean_store(store: Path) -> None:
-    """Remove every container of a host store and unmount its images (a test's tmp folder can
-    then be deleted: overlay mounts would keep it busy)."""
-    if not (store / "storage").exists():
-        return
-    pod = podman_argv(store)
-    ids = subprocess.run([*pod, "ps", "-aq"], capture_output=True, text=True).stdout.split()
-    if ids:
-        subprocess.run([*pod, "rm", "-f", "-t", "1", *ids], capture_output=True)
-    subprocess.run([*pod, "image", "unmount", "-a", "-f"], capture_output=True)
-    subprocess.run(["umount", "-R", "-l", f"{store}/storage/overlay"], capture_output=True)
+    """Remove every container of a host store (the build's working containers too: an
+    interrupted ``podman build`` leaves its own, which ``ps -a`` does not list) and unmount
+    everything under it (a test's tmp folder can then be deleted: overlay and shm mounts would
+    keep it busy, and pytest warns at each later run that it cannot remove them)."""
+    if (store / "storage").exists():
+        pod = podman_argv(store)
+        ids = subprocess.run([*pod, "ps", "-aq", "--external"], capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run([*pod, "rm", "-f", "-t", "0", *ids], capture_output=True)
+        subprocess.run([*pod, "image", "unmount", "-a", "-f"], capture_output=True)
+    unmount_under(store)
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """The mount points at or under ``folder`` (this process's mount table), deepest first."""
+    top = os.path.realpath(folder)
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            p = line.split()[4].replace("\\040", " ")
+            if p == top or p.startswith(top + "/"):
+                points.append(p)
+    return sorted(set(points), key=lambda p: -p.count("/"))
+
+
+def unmount_under(folder: Path) -> None:
+    """Unmount (lazily, deepest first) every mount under ``folder`` but ``folder`` itself."""
+    top = os.path.realpath(folder)
+    for p in mounts_under(folder):
+        if p != top:
+            subprocess.run(["umount", "-l", p], capture_output=True)
 
 
 def available() -> str | None:
