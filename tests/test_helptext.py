@@ -56,6 +56,16 @@ def test_every_command_list_shows_whole_first_sentences():
     assert groups >= 8
 
 
+def test_no_help_shows_restructuredtext_literals():
+    # the module docs write ``x``; --help prints `x` as in the rest of the help (a user read ``git am -3``)
+    seen = 0
+    for path, cmd, ctx in _tree():
+        text = cmd.get_help(ctx)
+        seen += "`" in text
+        assert "``" not in text, (path, [line for line in text.splitlines() if "``" in line])
+    assert seen > 10
+
+
 def test_no_option_shows_a_generic_metavar():
     seen = 0
     for path, cmd, ctx in _tree():

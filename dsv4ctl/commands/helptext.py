@@ -47,6 +47,12 @@ def first_sentence(text: str | None) -> str:
     return " ".join(words[:end + 1])
 
 
+def plain(text: str | None) -> str | None:
+    """A docstring as ``--help`` prints it: reStructuredText literals (double backquotes, as the
+    module docs write them) become the single backquotes the rest of the help uses."""
+    return text.replace("``", "`") if text else text
+
+
 def metavar_for(command: str, name: str) -> str:
     """The metavar of option ``name`` (its Python parameter) of ``command`` (``"patch check"``)."""
     return COMMAND_METAVARS.get((command, name)) or METAVARS.get(name) or name.upper().replace("_", "-")
@@ -79,13 +85,18 @@ def apply(app, prefix: str = "") -> None:
         if info.callback is None:
             continue
         name = info.name or info.callback.__name__.replace("_", "-")
+        info.help = plain(_help_of(info, inspect.getdoc(info.callback)))
         if info.short_help is None or isinstance(info.short_help, DefaultPlaceholder):
-            info.short_help = first_sentence(_help_of(info, inspect.getdoc(info.callback)))
+            info.short_help = first_sentence(info.help)
         _name_metavars(info.callback, f"{prefix}{name}")
     for grp in app.registered_groups:
         sub = grp.typer_instance
         if sub is None:
             continue
+        if not isinstance(grp.help, DefaultPlaceholder) and grp.help is not None:
+            grp.help = plain(grp.help)
+        if not isinstance(sub.info.help, DefaultPlaceholder) and sub.info.help is not None:
+            sub.info.help = plain(sub.info.help)
         if grp.short_help is None or isinstance(grp.short_help, DefaultPlaceholder):
             grp.short_help = first_sentence(_help_of(grp, _help_of(sub.info, None)))
         apply(sub, f"{prefix}{grp.name} ")
