@@ -471,3 +471,14 @@ def test_the_shells_complete_groups_hosts_releases_and_runbooks_from_the_profile
         # bash keeps the helper's order (releases newest first); fish and zsh sort what they show
         have = got[(line, var)]
         assert (have if shell == "bash" else sorted(have)) == (want if shell == "bash" else sorted(want)), (line, var)
+
+
+def test_each_install_hint_works_as_typed_on_a_fresh_home(tmp_path):
+    # the hint `completion` prints on stderr, run by bash in a home without the folders (issue 46: hints work as typed)
+    from dsv4ctl.commands.completion import FILES, INSTALL
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    for shell, line in INSTALL.items():
+        r = subprocess.run(["bash", "-c", line.split("   #", 1)[0]], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (shell, r.stderr)
+        target = Path(line.split(" > ", 1)[1].split()[0].replace("~", str(tmp_path), 1))
+        assert target.read_text() == (REPO / "completions" / FILES[shell]).read_text(), shell

@@ -9,9 +9,11 @@ import typer
 
 FILES = {"bash": "dsv4ctl.bash", "zsh": "_dsv4ctl", "fish": "dsv4ctl.fish"}
 INSTALL = {
-    "bash": "dsv4ctl completion bash > ~/.local/share/bash-completion/completions/dsv4ctl   # or: source <(dsv4ctl completion bash)",
-    "zsh": "dsv4ctl completion zsh > ~/.zfunc/_dsv4ctl   # with fpath+=(~/.zfunc) before compinit in ~/.zshrc",
-    "fish": "dsv4ctl completion fish > ~/.config/fish/completions/dsv4ctl.fish",
+    "bash": "mkdir -p ~/.local/share/bash-completion/completions && dsv4ctl completion bash > "
+            "~/.local/share/bash-completion/completions/dsv4ctl   # or: source <(dsv4ctl completion bash)",
+    "zsh": "mkdir -p ~/.zfunc && dsv4ctl completion zsh > ~/.zfunc/_dsv4ctl   "
+           "# with fpath+=(~/.zfunc) before compinit in ~/.zshrc",
+    "fish": "mkdir -p ~/.config/fish/completions && dsv4ctl completion fish > ~/.config/fish/completions/dsv4ctl.fish",
 }
 
 
