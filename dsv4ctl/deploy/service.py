@@ -14,7 +14,7 @@ from .site import Site
 from .slurmjobs import SlurmJobs
 
 __all__ = ["LOG_LINE_MAX", "check_reachable", "log_tail_cmd", "process_reads", "restart_in_place",
-           "service_for", "submit_units", "test_submissions", "unusable_nodes"]
+           "restarts_in_place", "service_for", "submit_units", "test_submissions", "unusable_nodes"]
 
 
 def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict | None = None):
@@ -35,13 +35,29 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
     return svc
 
 
+def restarts_in_place(profile) -> bool:
+    """Whether where ``profile``'s servers run restarts a running one-node server in place (its
+    process stopped and the same command line started again on the same host, no new placement):
+    True over SSH (the launcher, systemd, and release images, whose container is the launcher's or
+    the unit's command). False on Slurm: the server is the job's one ``srun`` step, and the batch
+    script ends when that step ends, so no server can be restarted inside its allocation
+    (``scontrol requeue`` would only put the same script back in the queue, without dsv4ctl's job
+    record). There a restart is the lifecycle's: the group's job cancelled (waited for until Slurm
+    lists it no more) and the active release's batch script submitted again from the host that
+    acts for it (:class:`dsv4ctl.deploy.slurmjobs.SlurmJobs` through :func:`service_for`): a new
+    job id, its nodes asked of Slurm again, ``status``'s restart count one more."""
+    return profile.deploy.backend != "slurm"
+
+
 def restart_in_place(t, python: str, root: str, group: str, stop_timeout: float = 30.0) -> dict:
     """Restart ``group`` in place on the host behind transport ``t`` (deploy root ``root``, the
     host's ``python`` runs the restart script): the launcher's process group stopped and the same
     command line started again, or ``systemctl restart`` of its unit
     (:func:`dsv4ctl.hosts.service.run_restart`). Returns ``{"how", "old_pid", "new_pid"}`` (and
     ``unit`` under systemd); RemoteError (exit 3) naming the host when the group does not run
-    under dsv4ctl there (a Slurm job is restarted by stopping and starting it instead)."""
+    under dsv4ctl there. Only where :func:`restarts_in_place` holds: a Slurm job is restarted by
+    cancelling it and submitting the active release's script again (the runbook's
+    ``service.restart`` asks :func:`restarts_in_place` first)."""
     return run_restart(t, python, root, group, stop_timeout)
 
 

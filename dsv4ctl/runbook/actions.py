@@ -430,17 +430,26 @@ def _patch(verb: str):
     return run, describe
 
 
+#: What a restart is on Slurm (``deploy.backend: slurm``): no server restarts inside its job.
+_RESUBMIT = "cancel its Slurm job, submit the active release's batch script again (a new job)"
+
+
 def _restart_describe(ctx: RunContext, args: dict) -> list[str]:
+    from ..deploy.service import restarts_in_place
     from ..hosts.layout import Paths
-    if groups_line(ctx, args):
-        return [f"restart {groups_line(ctx, args)} in place (started from the active release when the "
-                "process is gone; a multi-node server: every node stopped, then started together), wait for "
-                "/health, audit"]
     dep = ctx.deployment
+    in_place = restarts_in_place(dep)
+    if groups_line(ctx, args):
+        how = ("in place (started from the active release when the process is gone; a multi-node server: every "
+               "node stopped, then started together)" if in_place else f"as Slurm jobs: {_RESUBMIT}")
+        return [f"restart {groups_line(ctx, args)} {how}, wait for /health, audit"]
     out = []
     for g in ctx.groups(args):
         for srv in dep.groups[g.name].server_nodes:
-            if len(srv) == 1:
+            if not in_place and dep.groups[g.name].role != "router":      # a router runs over SSH
+                out.append(f"{', '.join(n.host for n in srv)}: restart {srv[0].server}: {_RESUBMIT}, wait for "
+                           "node 0's /health, audit")
+            elif len(srv) == 1:
                 out.append(f"{srv[0].host}: restart group {g.name} in place "
                            f"({Paths(dep.host_root(srv[0].host)).pidfile(g.name)}), wait for /health, audit")
             else:
@@ -455,11 +464,13 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     /health at each server's node 0, and append an audit record on every host restarted. A
     one-host server restarts in place; a server over several nodes cannot take a node back, so
     every node is stopped and all are started together from the active release
-    (:func:`start_dead_groups` with ``restart``)."""
+    (:func:`start_dead_groups` with ``restart``). On Slurm no server restarts in place
+    (:func:`dsv4ctl.deploy.service.restarts_in_place`): each server's job is cancelled and the
+    active release's batch script submitted again, as ``dsv4ctl restart`` does."""
     from ..hosts.audit import audit_record
     from ..hosts.health import wait_health
     from ..hosts.lock import check_unlocked
-    from ..deploy.service import restart_in_place
+    from ..deploy.service import restart_in_place, restarts_in_place
     from ..remote import append_jsonl, connect
     dep = ctx.deployment
     groups = ctx.groups(args)
@@ -470,7 +481,9 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     # release's launch spec instead (the server-down case); so is every multi-node server
     from ..hosts.audit import now_iso
     ctx.extra["last_start"] = now_iso()
-    dead = start_dead_groups(ctx, groups, restart_multi_node=True)
+    # ... and on Slurm every server: a job is restarted by cancelling it and submitting the
+    # active release's script again (dsv4ctl/deploy/service.py restarts_in_place)
+    dead = start_dead_groups(ctx, groups, restart_multi_node=True, restart_all=not restarts_in_place(dep))
     transports = {}
     try:
         done: dict[str, tuple[list, str]] = {}      # server -> ([(transport, root)], how)
@@ -568,13 +581,14 @@ def audit_touched(ctx: RunContext, record: dict) -> list[str]:
 
 
 def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False, *,
-                      restart_multi_node: bool = False) -> dict[str, dict]:
+                      restart_multi_node: bool = False, restart_all: bool = False) -> dict[str, dict]:
     """Start each server of ``groups`` whose process is not running, from the active release
     (``current/launch.json``, the same start command a deploy uses, each node its own
     ``--node-rank``; launcher or systemd as the host runs). Running servers are left alone. A
     server over several nodes with any node down is started whole: the nodes still running are
     stopped first (node 0 is stuck in a collective and cannot take a node back); with
-    ``restart_multi_node`` every multi-node server is (a restart). Returns {server: {"how":
+    ``restart_multi_node`` every multi-node server is (a restart), with ``restart_all`` every
+    server but routers (Slurm: :func:`dsv4ctl.deploy.service.restarts_in_place`). Returns {server: {"how":
     "start" | "restart", "release": RID, "hosts": [...]}} for the servers started (``G``, ``G#R``
     for replica R; with ``dry_run``: would start, nothing run). RemoteError naming the host when
     a node has no active release or launch spec, or the nodes of one server run different
@@ -596,10 +610,11 @@ def start_dead_groups(ctx: RunContext, groups: list, dry_run: bool = False, *,
         gather_facts(site)
         alive = read_alive(site, topo, sorted({h for t in topo.values() for srv in t["servers"] for h in srv}))
         actions = plan_servers(topo, alive, "start", names)
-        if restart_multi_node:
+        if restart_multi_node or restart_all:
             started = {a.server for a in actions}
             actions += [a for a in plan_servers(topo, alive, "restart", names)
-                        if len(a.start) > 1 and a.server not in started]
+                        if (len(a.start) > 1 or restart_all and topo[a.group]["role"] != "router")
+                        and a.server not in started]
         rid_of, spec_of = {}, {}
         for a in actions:
             for h in a.start:
