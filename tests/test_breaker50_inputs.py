@@ -137,3 +137,13 @@ def test_csv_text_cells_never_start_a_formula():
     from dsv4ctl.report.csvout import to_csv
     text = to_csv(["host", "n", "x"], [["=cmd|' /C calc'!A0", -1.5, "+1"], ["@SUM(1)", 0, "-x"], ["ok", 2, "a=b"]])
     assert text.splitlines() == ["host,n,x", "'=cmd|' /C calc'!A0,-1.5,'+1", "'@SUM(1),0,'-x", "ok,2,a=b"]
+
+
+def test_exec_dry_run_shows_control_characters_escaped():
+    # ESC/BEL in the command went raw to the operator's terminal in the dry run (recolour, retitle)
+    from tests.conftest import REPO, run_cli
+    r = run_cli("exec", "decode", str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml"), "--dry-run", "--",
+                "echo", "a\x1b[31mred\x07")
+    assert r.code == 0, r.err
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert "as group decode: echo a\\x1b[31mred\\x07" in r.out, r.out

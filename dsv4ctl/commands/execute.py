@@ -93,8 +93,8 @@ def exec_(group: str = typer.Argument(..., help="Server group (or the router): e
                 print(mask_secrets(dump_json(doc), secrets))
                 return
             print(f"dry run: exec on group {group} ({len(steps)} host(s); nothing run)")
-            for s in steps:
-                print(mask_secrets(f"  {s.line()}\n    $ {doc['hosts'][s.host]['ssh']}", secrets))
+            for s in steps:    # the command as typed may carry ESC/BEL...: shown as \x1b, never sent to the terminal
+                print(printable(mask_secrets(f"  {s.line()}\n    $ {doc['hosts'][s.host]['ssh']}", secrets)))
             return
         hosts = run_exec(site, steps, timeout)
     finally:
