@@ -444,7 +444,8 @@ def releases(
     as_json: bool = typer.Option(False, "--json", help="Print the dsv4ctl.releases/1 JSON document."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown."),
 ) -> None:
-    """Per host: release id, base, patches, when, who, state (active / previous / good / failed / pushed),
+    """Per host: release id, base, patches, when, who, state (active / previous / good / failed / pushed /
+    ran: it passed its health gate once and is neither current nor previous now, never promoted),
     checks (promoted, or the check that failed with its reason and evidence).
 
     Exit 0 · 2 bad input · 3 a host could not be read (the others are still listed)."""
