@@ -968,6 +968,9 @@ def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start:
     raise_close_errors(site, rid, again)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])
+    from .image import prune_local
+    if (local := prune_local(site, rid, pruned)):
+        report["local_pruned"] = local
     report["steps"] = step_results(site)
     report["result"] = "ok"
     report["state"] = site.facts[site.hosts[0]].recorded(rid)

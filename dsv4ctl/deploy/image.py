@@ -636,3 +636,71 @@ def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
                           f"loaded, {r.value['bytes_sent']:,} bytes sent") + f" in {r.value['seconds']:.1f} s")
     return "; ".join(r.error if r.error.startswith(f"{h}: ") else f"{h}: {r.error}" for h, r in res.items() if not r.ok)
 
+
+
+# -- the control machine's copies ----------------------------------------------------------------
+
+def local_prune_ids(site, rid: str, prunes: dict[str, list[str]]) -> list[str]:
+    """The releases whose copies on the control machine go with this run's pruning (pure over
+    the site's facts): those ``prunes`` (host -> release ids its close prunes) names that no
+    host of the run keeps after it (its releases less its prunes, and ``rid``, the release the
+    run deploys). [] for a limited run (``--limit``: hosts outside it may keep them)."""
+    if site.opts.only is not None:
+        return []
+    gone = {r for ids in prunes.values() for r in ids}
+    kept = {rid} | {r for h, f in site.facts.items() for r in f.releases if r not in prunes.get(h, ())}
+    return sorted(gone - kept)
+
+
+def local_prune_steps(site, rid: str, spec: dict, closes: list) -> list:
+    """The dry run's line of :func:`prune_local` after the close steps ``closes`` (each with its
+    ``prune`` list): one ``local`` step naming the releases whose copies go; [] without
+    containers in ``spec`` or when none goes."""
+    from .release import default_cache
+    from .steps import Step
+    ids = local_prune_ids(site, rid, {s.host: s.extra.get("prune", []) for s in closes}) if spec_image(spec) else []
+    if not ids:
+        return []
+    st = local_store(Path(site.opts.cache or default_cache()))
+    return [Step("image-prune", "local", f"prune this machine's copies of {', '.join(ids)} (no host keeps them): "
+                                         f"their OCI layouts {st}/oci/<release>, images and records, and "
+                                         "environment images no kept release is built on", extra={"ids": ids})]
+
+
+def prune_local(site, rid: str, pruned: dict[str, list[str]]) -> list[str]:
+    """After a good close (``pruned``: host -> the release ids its close pruned): remove the
+    control machine's copies of the releases :func:`local_prune_ids` names: the OCI layout
+    (``CACHE/../images/oci/<release>``, a whole copy of the image, made to ship it), the image
+    ``localhost/dsv4ctl:<release>`` in the local store (its own layers; the base's and the
+    environment's stay while an image is built on them), the record, then each environment
+    image no remaining record is built on. Returns the ids pruned; a failure is a warning in
+    the log (the hosts' pruning is done; the next prune tries again), never an error. Nothing
+    without ``sglang.image``."""
+    from .release import default_cache
+    img = site.profile.sglang.image
+    ids = local_prune_ids(site, rid, pruned) if img is not None else []
+    if not ids:
+        return []
+    cache = Path(site.opts.cache or default_cache())
+    st, pod = local_store(cache), local_podman(img, cache)
+    envs = set()
+    for r in ids:
+        try:
+            envs.add(json.loads(record_path(cache, r).read_text()).get("env_image") or "")
+        except (OSError, ValueError, AttributeError):
+            pass
+        shutil.rmtree(st / "oci" / r, ignore_errors=True)
+        rm = subprocess.run([*pod, "rmi", "--ignore", f"{IMAGE_NAME}:{r}"], capture_output=True, text=True)
+        if rm.returncode != 0:
+            site.opts.log(f"warning: removing the local image of {r}: {(rm.stderr.strip().splitlines() or ['?'])[-1]}")
+        record_path(cache, r).unlink(missing_ok=True)
+    used = set()
+    for p in (st / "records").glob("*.json"):
+        try:
+            used.add(json.loads(p.read_text()).get("env_image") or "")
+        except (OSError, ValueError, AttributeError):
+            continue
+    for e in sorted(envs - used - {""}):
+        subprocess.run([*pod, "rmi", "--ignore", e], capture_output=True)
+    site.opts.log(f"local: pruned the image copies of {', '.join(ids)}")
+    return ids

@@ -280,6 +280,8 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
            "evidence": hrel}
     steps += [close_step(site, h, {**rec, "from": site.facts[h].current}, event=(rid, "gate_passed", {"evidence": hrel}),
                          prune=prune_after_switch(site.facts[h], rid, keep)) for h in hosts]
+    from .image import local_prune_steps
+    steps += local_prune_steps(site, rid, spec, [s for s in steps if s.phase == "close"])
     fail = revert_steps(site, hosts, rid, spec)
     fail += [Step("close", h, f"close: mark {rid} failed with the failing check; keep the reports as evidence; "
                               "audit deploy rolled-back; unlock") for h in hosts]

@@ -539,6 +539,8 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
                          event=(rid, "healthy", {"message": extra["message"]} if extra.get("message") else {}),
                          prune=prune_after_switch(site.facts[h], rid, keep))
               for h in hosts]
+    from .image import local_prune_steps
+    steps += local_prune_steps(site, rid, spec, [s for s in steps if s.phase == "close"])
     fail = revert_steps(site, hosts, rid, spec, restart=restart)
     fail += [Step("close", h, f"close: mark {rid} failed with the reason; audit {action} rolled-back (or "
                               "interrupted); unlock") for h in hosts]
