@@ -253,6 +253,15 @@ def test_connection_refused_speaks_operator(cmd):
     assert (r.code, r.err) == (2, f"dsv4ctl: error: check {cmd}: cannot connect to 127.0.0.1:{port} (connection refused)\n")
 
 
+def test_a_load_that_cannot_connect_leaves_no_empty_records(tmp_path):
+    # an empty --records file and a header-only --turns-csv were left behind, as if a run had been recorded
+    port = closed_port()
+    rec, csv_ = tmp_path / "r.jsonl", tmp_path / "t.csv"
+    r = run_cli("check", "load", f"http://127.0.0.1:{port}", *LOAD, "--records", str(rec), "--turns-csv", str(csv_))
+    assert r.code == 2 and "cannot connect" in r.err, r.err
+    assert not rec.exists() and not csv_.exists()
+
+
 def _no_dns(monkeypatch, name: str) -> None:
     """Name resolution of ``name`` fails as for a name that does not exist (no resolver traffic)."""
     import socket

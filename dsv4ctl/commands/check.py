@@ -305,6 +305,9 @@ def load(
                                    _Progress if progress and not quiet and sys.stderr.isatty() else None, settings,
                                    a.api_key, turn_timeout, thinking, a.gateway_metrics, max_duration))
     except (ConnectError, BadResponse) as e:
+        if rec_file:
+            rec_file.close()
+        _drop_unwritten(records, turns_csv)   # no turn ran: no empty records file left to mistake for a run
         raise _connect_error(masked(str(e), secrets), "check load") from None
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
@@ -398,6 +401,22 @@ def _load_args(url, profile, compare, concurrency, turns, min_requests, max_corr
         integer(min_requests, "--min-requests", 0, MAX_MIN_REQUESTS)
     return _LoadArgs(urls, dep, metric_urls, gateway_metrics, gateway_scope, levels, turns, max_c, stall,
                      min_requests, api_key)
+
+
+def _drop_unwritten(records: Optional[Path], turns_csv: Optional[Path]) -> None:
+    """Remove the ``--records`` file when empty and the ``--turns-csv`` file when it holds only its
+    header: files opened for a run that never sent a turn. Anything else is left as it is."""
+    import os
+    import stat
+    from ..report.csvout import TURN_FIELDS
+    for p, unwritten in ((records, ""), (turns_csv, ",".join(TURN_FIELDS))):
+        try:
+            if p is None or not stat.S_ISREG(os.stat(p).st_mode) or os.stat(p).st_size > len(unwritten) + 2:
+                continue
+            if Path(p).read_text(encoding="utf-8").strip() == unwritten:
+                os.unlink(p)
+        except (OSError, UnicodeDecodeError):
+            pass
 
 
 def _record_sinks(records: Optional[Path], turns_csv: Optional[Path], verbose: bool, secrets: set[str]):
