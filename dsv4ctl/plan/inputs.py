@@ -891,6 +891,21 @@ def rank_activation(mem_args: cap.MemoryArgs, dpa: bool, dp: int, disagg: Option
     return round(cap.reserved_mb(ranked, floor=False) / 1024, 3), round(cap.reserved_mb(ranked) / 1024, 3)
 
 
+def _context_length(group: Group, model: cap.ModelGeometry, args: dict) -> int:
+    """The group's context length (default: the model's derived one). InputError for one SGLang
+    refuses at start-up: not positive, or past the derived length without
+    ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`` (sglang 0.5.18-0.5.23
+    ``srt/configs/model_config.py`` ``ModelConfig._derive_context_length``)."""
+    ctx = args.get("context_length", model.context_len)
+    if ctx <= 0:
+        raise InputError(f"context_length must be > 0, got {ctx}")
+    if ctx > model.context_len and not args.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        raise InputError(f"group {group.name}: context_length {ctx} is greater than the derived context_length "
+                         f"({model.context_len}): SGLang refuses it at start-up unless "
+                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (srt/configs/model_config.py)")
+    return ctx
+
+
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,
                   overrides: dict[str, Any], tree_idx: Optional[dict] = None,
                   serve: Optional[ServeConfig] = None, rules: Optional[VersionRules] = None) -> GroupInputs:
@@ -939,14 +954,7 @@ def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, fact
         other = max(free.per_gpu[1])
     elif isinstance(other, list):    # per-GPU lists with a topology --set (GPUs the group lacks): the most
         other = max((o or 0.0) for o in other) if other else 0.0
-    ctx = args.get("context_length", model.context_len)
-    if ctx <= 0:
-        raise InputError(f"context_length must be > 0, got {ctx}")
-    if ctx > model.context_len and not args.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
-        # sglang 0.5.18-0.5.23 srt/configs/model_config.py ModelConfig._derive_context_length
-        raise InputError(f"group {group.name}: context_length {ctx} is greater than the derived context_length "
-                         f"({model.context_len}): SGLang refuses it at start-up unless "
-                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (srt/configs/model_config.py)")
+    ctx = _context_length(group, model, args)
     plan_section = profile.raw.get("plan") or {}
     min_req = args.get("min_requests", plan_section.get("min_requests", 1))
     if min_req < 1:
