@@ -5,7 +5,9 @@
 Rows and targets (issue 48.1; the ratio is the median over interleaved pairs of one baseline run
 and one command run, each pair under the same conditions):
 
-* ``dsv4ctl --help`` <= 1.3;
+* ``dsv4ctl --help`` <= 1.3 (warm: the command list kept in the cache by an earlier ``--help``,
+  :mod:`dsv4ctl.commands.listing`); the same with an empty cache every run (the list drawn by
+  typer and kept): no target, it says what the kept list buys;
 * ``dsv4ctl plan`` (the embedded default profile), warm: bytecode cached, the profile's parsed YAML
   and the dataclass code in dsv4ctl's cache (an operator's second ``plan``) <= 1.3;
 * the same, cold: no bytecode at all for either side of the pair (an empty ``PYTHONPYCACHEPREFIX``
@@ -51,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 # label -> (arguments after the CLI, conditions, target CPU ratio)
 ROWS = {
     "dsv4ctl --help": (["--help"], "warm", 1.3),
+    "dsv4ctl --help, list not kept": (["--help"], "new-profile", None),
     "dsv4ctl plan": (["plan"], "warm", 1.3),
     "dsv4ctl plan, cold (no bytecode)": (["plan"], "cold", 1.6),
     "dsv4ctl plan dsv4-pro-4xh200-pd": (["plan", "dsv4-pro-4xh200-pd"], "warm", 1.6),
