@@ -50,3 +50,112 @@ def test_a_registry_auth_file_others_can_read_is_refused(sshd_cluster, tmp_path)
         auth.chmod(mode)
         r = run("--dry-run")
         assert r.code == 2 and "no OCI image layout at" in r.err and "registry.auth_file" not in r.err, r.err
+
+
+# -- 3. the systemd service backend with images -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def image_base(tmp_path_factory):
+    """``oci:DIR@sha256:HEX``: tests/test_image_deploy.py's base image, reused when its session
+    fixture built it in this process already (building it costs seconds of CPU), else built."""
+    from tests.images import base as images
+    why = images.available()
+    if why:
+        pytest.skip(why)
+    for d in sorted(tmp_path_factory.getbasetemp().glob("base-image*")):
+        if (d / "base-oci" / "index.json").is_file():
+            yield images.base_reference(d)
+            return
+    d = tmp_path_factory.mktemp("base-image")
+    yield images.base_reference(d)
+    images.clean_store(d / "store")
+
+
+@pytest.fixture(scope="module")
+def sysd(tmp_path_factory):
+    """One booted systemd namespace (tests/test_systemd.py's) for the module; always torn down:
+    its processes (the containers too) and its mounts (the stores' overlays) end with it."""
+    from tests.systemd.namespace import Refused, booted
+    base = tmp_path_factory.mktemp("systemd")
+    try:
+        cm = booted(base)
+        b = cm.__enter__()
+    except Refused as e:
+        pytest.skip(f"systemd in a namespace: {e}")
+    try:
+        yield b
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def _sys_image_world(sysd, name: str, base: str):
+    """tests/test_systemd.py's world (host ``s0`` under the namespace's systemd, ``deploy.service:
+    systemd``) with ``sglang.image``: prefill and decode run in containers of the release's image
+    (the image's python3 runs the stand-in; the repository mounted read-only)."""
+    from tests.images import base as images
+    from tests.sshd.world import REPO, STANDIN
+    from tests.test_systemd import SysWorld
+
+    class SysImageWorld(SysWorld):
+        def write(self) -> None:
+            super().write()
+            prof = yaml.safe_load(self.profile.read_text())
+            prof["sglang"]["image"] = {"base": base, "gpus": "none", "shm_size": "64m", "store": "{root}/containers",
+                                       "runtime_args": images.RUNTIME_ARGS, "mounts": [str(REPO)],
+                                       # the namespace's cgroup2 has no controllers (this machine's are
+                                       # cgroup v1's): no pids.max to write (docs/images.md, traps)
+                                       "run_args": [*images.RUN_ARGS, "--pids-limit=-1"]}
+            prof["deploy"]["health_timeout_s"] = 90
+            launch = prof["deploy"]["launch"]
+            launch["server"] = launch["server"].replace(STANDIN, STANDIN.replace("{python}", "python3"))
+            self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+
+        def podman(self, *args) -> str:
+            return self.b.run("podman", *images.podman_argv(self.root / "containers")[1:], *args).stdout
+
+        def containers(self) -> dict[str, str]:
+            """{name: image id} of the running containers (read inside the namespace: its /run)."""
+            return {c["Names"][0]: c["ImageID"] for c in json.loads(self.podman("ps", "--format", "json") or "[]")}
+
+    w = SysImageWorld(sysd, sysd.cluster.base / name)
+    w.groups = ("prefill", "decode")
+    w.write()
+    return w
+
+
+@pytest.mark.systemd
+def test_systemd_units_run_the_release_image(sysd, image_base):
+    """``deploy.service: systemd`` with ``sglang.image`` under a real systemd: each group's unit
+    runs its container (``podman run --init`` in the foreground, a process of the unit's
+    cgroup), status names the container and its image; a release
+    whose decode container exits at start fails its gate and the units run the first image
+    again."""
+    w = _sys_image_world(sysd, "systemd-image", image_base)
+    try:
+        r1 = w.deploy_ok("--no-preflight")
+        iid = lambda rid: json.loads((w.base / "cache" / "images" / "records" / f"{rid}.json").read_text())["image"]
+        assert w.containers() == {f"dsv4ctl-{g}-n0-{r1}": iid(r1) for g in w.groups}
+        for g in w.groups:
+            assert w.unit(g, "ActiveState") == "active", w.systemctl("status", f"dsv4ctl-{g}.service")
+            procs = w.b.run("cat", f"/sys/fs/cgroup/system.slice/dsv4ctl-{g}.service/cgroup.procs").stdout.split()
+            cmds = [w.b.path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") for p in procs]
+            assert any(c[0].endswith(b"podman") and b"run" in c and b"--init" in c for c in cmds), cmds
+        assert w.serving()
+        st = w.cli("status", "--json")
+        assert st.code == 0, st.err
+        groups = st.json()["hosts"]["s0"]["groups"]
+        assert {g: (d["alive"], d["health"], d["image"]) for g, d in groups.items()} == {
+            g: (True, "ok", iid(r1)) for g in w.groups}, groups
+        # decode's container exits at start: the switch stops r1's containers, the gate fails,
+        # the units run r1's image again
+        w.extra["decode"] = {"standin-crash": "CUDA error: out of memory"}
+        w.write()
+        r = w.cli("deploy", "--no-preflight")
+        assert r.code == 1 and f"rolled back to {r1} on all hosts" in r.err, r.err + w.console()
+        assert w.current() == r1 and w.containers() == {f"dsv4ctl-{g}-n0-{r1}": iid(r1) for g in w.groups}
+        assert all(w.unit(g, "ActiveState") == "active" for g in w.groups)
+        assert "CUDA error: out of memory" in (w.root / "logs" / "decode.log").read_text()
+        assert w.serving()
+    finally:
+        w.stop_all()
+        w.podman("rm", "-f", "-a", "-t", "1")
