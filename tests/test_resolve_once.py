@@ -83,3 +83,31 @@ def test_each_command_reads_the_profile_and_its_serve_configs_once(tmp_path, cou
             assert resolved == versions, (argv, resolved)
     finally:
         run("stop", p, env=w.env)
+
+
+def test_a_deploy_reads_its_environment_lock_and_derives_its_launch_spec_once(tmp_path, monkeypatch, counted):
+    """The launch spec (each group's command, ports, each server's nodes, ``python_env``) and the
+    environment lock's bytes and digest are derived once per Deployment and asked of it after
+    (``Deployment.once``): a deploy's preflight, launch spec, trial build and build read the lock
+    file once and digest it once (before: the lock read by the preflight, the launch spec and the
+    build, and digested by the preflight and once per group); a dry run (no host is changed)."""
+    from dsv4ctl.deploy import environment, release
+    reads, digests, specs = [], [], []
+
+    def counting(orig, log):
+        def f(*a, **k):
+            log.append(a[:1])
+            return orig(*a, **k)
+        return f
+    monkeypatch.setattr(environment, "read_lock_file", counting(environment.read_lock_file, reads))
+    monkeypatch.setattr(environment, "env_digest", counting(environment.env_digest, digests))
+    monkeypatch.setattr(release, "_launch_spec", counting(release._launch_spec, specs))
+    w = LocalWorld(tmp_path)
+    (w.cfgdir / "env.lock").write_text("dsv4probe==1.0 --hash=sha256:" + "a" * 64 + "\n")
+    w.prof["sglang"]["environment"] = {"lock": "env.lock"}
+    p = str(w.write_profile("profile.yaml", w.prof))
+    for argv in (("deploy", p, "--dry-run", "--json"), ("deploy", p, "--dry-run", "--no-preflight")):
+        reads.clear(), digests.clear(), specs.clear()
+        loads, _, _ = counted(*argv, env=w.env)
+        assert loads.count(p) == 1, (argv, loads)
+        assert (len(reads), len(digests), len(specs)) == (1, 1, 1), (argv, reads, digests, specs)

@@ -59,15 +59,15 @@ def environment_preflight(dep) -> dict | None:
     touched) naming each contradiction with both versions: ``torch: the lock has 2.9.0, SGLang
     0.5.23 pins ==2.14.1``."""
     import subprocess
-    from .environment import env_digest, parse_lock, pin_conflicts, requirement_pins, sglang_requirements
-    from .release import release_environment
+    from .environment import parse_lock, pin_conflicts, requirement_pins, sglang_requirements
+    from .release import environment_digest, release_environment
     data = release_environment(dep)
     if data is None:
         return None
     lock = parse_lock(data.decode("utf-8"), str(dep.sglang.environment.lock))
     tree, ref = dep.tree(required=True), dep.sglang.base_ref or "HEAD"
     r = subprocess.run(["git", "-C", str(tree), "show", f"{ref}:python/pyproject.toml"], capture_output=True, text=True)
-    doc = {"digest": env_digest(data, dep.deploy.python), "packages": len(lock), "sglang": None, "compared": 0}
+    doc = {"digest": environment_digest(dep), "packages": len(lock), "sglang": None, "compared": 0}
     if r.returncode != 0:
         doc["summary"] = (f"{doc['digest']} ({len(lock)} packages; the tree has no python/pyproject.toml at {ref}: "
                           "not compared with SGLang's pins)")

@@ -659,17 +659,22 @@ def launch_spec(profile) -> dict:
     server, in node-rank order) and, with several nodes, ``dist_init_port`` (node 0's
     ``--dist-init-addr`` port): :func:`dsv4ctl.deploy.site.node_of` reads them. A one-host group
     has neither, so its launch spec (and release id) is what it was before multi-node servers.
-    ``profile``: a Deployment (a Profile is resolved first)."""
+    ``profile``: a Deployment (a Profile is resolved first). Derived once per Deployment
+    (:meth:`dsv4ctl.profile.deployment.Deployment.once`); each call returns its own copy."""
+    import copy
     dep = as_deployment(profile)
-    env = release_environment(dep)
+    return copy.deepcopy(dep.once("launch_spec", lambda: _launch_spec(dep)))
+
+
+def _launch_spec(dep) -> dict:
+    """:func:`launch_spec`, derived."""
+    digest = environment_digest(dep)
     spec = {}
     for g in dep.groups.values():
         s = {"role": g.role, "host": g.group.host, "port": g.port, "cmd": g.launch_template, "env": g.env,
              "model": g.served_model}
-        if env is not None:
-            from .environment import env_digest
-            # in an image the environment is made with the image's interpreter (sglang.image.python)
-            s["python_env"] = env_digest(env, dep.sglang.image.python if dep.sglang.image else dep.deploy.python)
+        if digest is not None:
+            s["python_env"] = digest
         if dep.sglang.image is not None:      # the group runs in a container of the release's image
             s["container"] = container_spec(dep, g)
         if g.is_server and (g.group.nnodes > 1 or g.group.replicas > 1):
@@ -719,11 +724,34 @@ def container_spec(dep, g) -> dict | None:
 
 def release_environment(profile) -> bytes | None:
     """The bytes of the profile's environment lock (``sglang.environment.lock``), None without
-    one. InputError (exit 2) when it cannot be read, is no regular file or larger than 8 MiB
-    (:func:`dsv4ctl.deploy.environment.read_lock_file`) or is not a lock of exact pins with
-    hashes (:func:`dsv4ctl.deploy.environment.parse_lock`)."""
+    one; read once per Deployment (:meth:`dsv4ctl.profile.deployment.Deployment.once`: the
+    preflight, the launch spec and the build ask it). InputError (exit 2) when it cannot be read,
+    is no regular file or larger than 8 MiB (:func:`dsv4ctl.deploy.environment.read_lock_file`) or
+    is not a lock of exact pins with hashes (:func:`dsv4ctl.deploy.environment.parse_lock`)."""
+    dep = as_deployment(profile)
+    return dep.once("environment", lambda: _read_environment(dep))
+
+
+def environment_digest(profile) -> str | None:
+    """The digest of the profile's environment (:func:`dsv4ctl.deploy.environment.env_digest`
+    of the lock's bytes and the interpreter that makes it: ``sglang.image.python`` in a release
+    image, else ``deploy.python``): the ``python_env`` of every group's launch spec, the folder
+    ``ENVS/<digest>`` on the hosts. None without a lock; computed once per Deployment."""
+    dep = as_deployment(profile)
+
+    def make():
+        from .environment import env_digest
+        data = release_environment(dep)
+        if data is None:
+            return None
+        return env_digest(data, dep.sglang.image.python if dep.sglang.image else dep.deploy.python)
+    return dep.once("environment_digest", make)
+
+
+def _read_environment(dep) -> bytes | None:
+    """:func:`release_environment`, read from the lock file."""
     from .environment import decode_lock, parse_lock, read_lock_file
-    env = as_deployment(profile).sglang.environment
+    env = dep.sglang.environment
     if env is None:
         return None
     data = read_lock_file(env.lock, f"{env.lock}: sglang.environment.lock")

@@ -474,6 +474,11 @@ class GroupView:
         return dict(self.group.env)
 
 
+#: :meth:`Deployment.once` keys whose value does not depend on the serve configs (kept by
+#: :meth:`Deployment.with_serve_texts`): the environment lock's bytes and its digest.
+SERVE_FREE = frozenset({"environment", "environment_digest"})
+
+
 @dataclass
 class Deployment:
     """A resolved profile. ``groups``: name → :class:`GroupView` in profile order."""
@@ -516,7 +521,21 @@ class Deployment:
         kept = getattr(self, "_version_choice", None)
         if kept is not None:
             new._version_choice = kept
+        for key, value in getattr(self, "_derived", {}).items():
+            if key in SERVE_FREE:        # the environment does not depend on serve configs: not read again
+                new.__dict__.setdefault("_derived", {})[key] = value
         return new
+
+    def once(self, key: str, make):
+        """The value ``make()`` gives, computed once for this Deployment and kept under ``key``:
+        what higher floors derive from the resolved profile (``deploy/release.py``: the launch
+        spec with each server's nodes, the environment lock's bytes and digest), so a command
+        asks the Deployment again instead of deriving (or reading) it again. A Deployment from
+        :meth:`with_serve_texts` keeps the values of :data:`SERVE_FREE` keys and derives the rest."""
+        kept = self.__dict__.setdefault("_derived", {})
+        if key not in kept:
+            kept[key] = make()
+        return kept[key]
 
     def servers(self) -> list[GroupView]:
         """Groups that run an SGLang server (not the router), in profile order."""
