@@ -2,14 +2,13 @@
 identity (device, inode, size, mtime_ns, ctime_ns), so the check of a release built from the
 base export (:func:`dsv4ctl.deploy.release.check_release`) does not read again the files it
 shares with the export by hard link. The control-machine twin of the host's cache in
-:mod:`dsv4ctl.deploy.verify`, with the same rules:
+:mod:`dsv4ctl.deploy.verify`: both are the rules of :mod:`dsv4ctl.deploy.hashrules` (the host
+script carries that module's text), plus, here:
 
-* an entry is used only when the file's identity now is exactly the recorded one: a write, a
-  chmod, a new link or ``touch`` changes the ctime, and the file is read again;
 * within one build, a file hashed (or found in the cache) keeps its hash while its size and
   mtime stay — the build's own ``cp -al`` of the export and its chmods change the ctime;
-* the file ``<cache>/.hashes.json`` is read only when it is a regular file of this user, not a
-  link (:func:`dsv4ctl.resources.open_cache_file`), in the trusted cache folder
+* the file ``<cache>/.hashes.json`` is opened without following a link
+  (:func:`dsv4ctl.resources.open_cache_file`) in the trusted cache folder
   (:func:`dsv4ctl.deploy.release.trusted_cache`); it is replaced atomically (0600 temp file,
   fsync, rename) and holds only inodes whose file is still there with that identity.
 
@@ -18,14 +17,13 @@ full ``dsv4ctl verify`` reads every byte."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 
+from .hashrules import cached_sha256, file_sha256, read_entries, still_there, valid_entry, write_entries
+
 NAME = ".hashes.json"
-SCHEMA = "dsv4ctl.hashcache/1"
-MAX_BYTES = 64 << 20
 
 
 class HashCache:
@@ -53,10 +51,9 @@ class HashCache:
                     st = os.lstat(full)
                 except OSError:
                     continue
-                e = self.entries.get(f"{st.st_dev}:{st.st_ino}")
-                if stat.S_ISREG(st.st_mode) and e is not None and e[:3] == [st.st_size, st.st_mtime_ns,
-                                                                              st.st_ctime_ns]:
-                    self.known[(st.st_dev, st.st_ino)] = [e[3], st.st_size, st.st_mtime_ns, full]
+                sha = cached_sha256(self.entries, st) if stat.S_ISREG(st.st_mode) else None
+                if sha is not None:
+                    self.known[(st.st_dev, st.st_ino)] = [sha, st.st_size, st.st_mtime_ns, full]
 
     def note(self, path: Path | str, sha256: str, st: os.stat_result) -> None:
         """Record that the file ``path`` (status ``st``, taken before its content was read) holds
@@ -71,64 +68,35 @@ class HashCache:
         if h is not None and h[1:3] == [st.st_size, st.st_mtime_ns]:
             h[3] = str(path)            # where it is now (an export renamed into place, a release)
             return h[0]
-        e = self.entries.get(f"{st.st_dev}:{st.st_ino}")
-        if e is not None and e[:3] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns]:
-            self.known[k] = [e[3], st.st_size, st.st_mtime_ns, str(path)]
-            return e[3]
-        import hashlib
-        d = hashlib.sha256()
-        with open(path, "rb") as f:
-            fs = os.fstat(f.fileno())
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                d.update(chunk)
+        sha = cached_sha256(self.entries, st)
+        if sha is not None:
+            self.known[k] = [sha, st.st_size, st.st_mtime_ns, str(path)]
+            return sha
+        sha, fs = file_sha256(path)
         self.read += 1
-        self.note(path, d.hexdigest(), fs)
-        return d.hexdigest()
+        self.note(path, sha, fs)
+        return sha
 
     def save(self) -> None:
         """Write ``folder/.hashes.json`` (see the module docstring); OSError is ignored (a cache)."""
         if self.folder is None:
             return
         out: dict[str, list] = {}
-
-        def keep(k: str, sha: str, path: str, same) -> None:
-            try:
-                st = os.lstat(path)
-            except OSError:
-                return
-            if stat.S_ISREG(st.st_mode) and f"{st.st_dev}:{st.st_ino}" == k and same(st):
-                out[k] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha, path]
         for (dev, ino), (sha, size, mtime, path) in self.known.items():
-            keep(f"{dev}:{ino}", sha, path, lambda st: [st.st_size, st.st_mtime_ns] == [size, mtime])
+            k = f"{dev}:{ino}"
+            st = still_there(k, path, lambda st: [st.st_size, st.st_mtime_ns] == [size, mtime])
+            if st is not None:
+                out[k] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha, path]
         for k, e in self.entries.items():
-            if k not in out:
-                keep(k, e[3], e[4], lambda st: [st.st_size, st.st_mtime_ns, st.st_ctime_ns] == e[:3])
-        import tempfile
-        import time
-        try:
-            for n in os.listdir(self.folder):    # a run killed between its temp file and the rename
-                if n.startswith(NAME + ".tmp.") and os.lstat(self.folder / n).st_mtime < time.time() - 3600:
-                    os.unlink(self.folder / n)
-            fd, tmp = tempfile.mkstemp(prefix=NAME + ".tmp.", dir=self.folder)
-        except OSError:
-            return
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"schema": SCHEMA, "entries": out}, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.folder / NAME)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            if k not in out and still_there(k, e[4], lambda st: cached_sha256(self.entries, st) is not None):
+                out[k] = e
+        write_entries(str(self.folder), NAME, out, fsync=True)
 
 
 def load_entries(folder: Path) -> dict[str, list]:
     """The well-formed entries of ``folder/.hashes.json``; {} when it is absent, a link, not a
     regular file of this user (:func:`dsv4ctl.resources.open_cache_file`), bigger than
-    :data:`MAX_BYTES` or not a cache document."""
+    :data:`dsv4ctl.deploy.hashrules.MAX_BYTES` or not a cache document."""
     from ..resources import open_cache_file
     try:
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -141,16 +109,5 @@ def load_entries(folder: Path) -> dict[str, list]:
     finally:
         os.close(dfd)
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_mode & 0o022 or st.st_size > MAX_BYTES:
-            return {}
-        try:
-            doc = json.loads(f.read())
-            ent = doc["entries"] if doc.get("schema") == SCHEMA else {}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return {}
-    if not isinstance(ent, dict):
-        return {}
-    return {k: v for k, v in ent.items()
-            if isinstance(v, list) and len(v) == 5 and all(type(x) is int for x in v[:3])
-            and isinstance(v[3], str) and len(v[3]) == 64 and isinstance(v[4], str)}
+        ent, _why = read_entries(f)
+    return {k: v for k, v in ent.items() if valid_entry(v)}

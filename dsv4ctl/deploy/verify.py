@@ -55,9 +55,9 @@ active" deploy; with the cache) and what ``dsv4ctl verify`` runs (``"full": true
 read, the cache only written — what a forged mtime *and* ctime hides from the cache, it
 catches)."""
 
-#: The host's hash cache, in the releases folder: ``{"schema": "dsv4ctl.hashcache/1", "entries":
-#: {"DEV:INO": [size, mtime_ns, ctime_ns, sha256, path]}}``, 0600, replaced atomically; a link,
-#: a file that is not regular, another user's, or in a folder others can write is refused.
+#: The host's hash cache, in the releases folder: the document of :mod:`dsv4ctl.deploy.hashrules`
+#: (whose text the script carries), 0600, replaced atomically; a link, a file that is not regular,
+#: another user's, or in a folder others can write is refused.
 CACHE_NAME = ".verify-cache.json"
 
 
@@ -66,7 +66,14 @@ def cache_path(release_path: str) -> str:
     return release_path.rstrip("/").rsplit("/", 1)[0] + "/" + CACHE_NAME
 
 
-SCRIPT = r'''
+def _host_rules() -> str:
+    """The text of :mod:`dsv4ctl.deploy.hashrules`, the hash cache's rules, which the script
+    carries (one copy of them for the control machine's cache and the host's)."""
+    from pathlib import Path
+    return Path(__file__).with_name("hashrules.py").read_text(encoding="utf-8")
+
+
+SCRIPT = _host_rules() + r'''
 import hashlib, json, os, shutil, stat, subprocess, sys, tempfile, time
 out = {"ok": False, "checked": 0, "hashed": 0, "merged": 0, "bad": [], "nbad": 0, "placed": False}
 def done(code, **kw):
@@ -95,16 +102,11 @@ SEAL = {}            # release folder -> {"manifest_sha256", "meta", "name"} (th
 USED = set()         # inodes a verification needed ("hashed": their number; "cached": those the cache gave)
 CACHE = None         # the job's "cache": the hash cache file (None: every file's content is read)
 CACHED = {}          # "dev:ino" -> [size, mtime_ns, ctime_ns, sha256, path] from the cache file
-CACHE_MAX = 64 << 20
 FULL = False         # the job's "full": every file read, the cache only written
 PRIMED = set()       # inodes prime() took from the cache that no check has looked at since
 def cached(s):
     """The cache's sha256 of the file whose lstat is s when its identity is exactly the cached one."""
-    c = CACHED.get("%d:%d" % (s.st_dev, s.st_ino))
-    if type(c) is list and len(c) == 5 and c[:3] == [s.st_size, s.st_mtime_ns, s.st_ctime_ns] \
-            and type(c[3]) is str and len(c[3]) == 64:
-        return c[3]
-    return None
+    return cached_sha256(CACHED, s)
 def digest(path, s, count=True):
     """sha256 of the regular file path (s: its lstat). An inode is read once per run while its
     size and mtime stay; from the cache when its identity (device, inode, size, mtime_ns,
@@ -117,12 +119,8 @@ def digest(path, s, count=True):
         if c is not None:
             h = HASHES[k] = [c, s.st_size, s.st_mtime_ns, path, True, s.st_ctime_ns]
         else:
-            d = hashlib.sha256()
-            with open(path, "rb") as f:
-                fs = os.fstat(f.fileno())       # the identity the content read belongs to
-                for c in iter(lambda: f.read(1 << 20), b""):
-                    d.update(c)
-            h = HASHES[k] = [d.hexdigest(), fs.st_size, fs.st_mtime_ns, path, False, fs.st_ctime_ns]
+            sha, fs = file_sha256(path)         # fs: the identity the content read belongs to
+            h = HASHES[k] = [sha, fs.st_size, fs.st_mtime_ns, path, False, fs.st_ctime_ns]
             out["read"] = out.get("read", 0) + 1
     else:
         h[3], h[5] = path, s.st_ctime_ns      # where and as what it was last seen
@@ -132,17 +130,13 @@ def digest(path, s, count=True):
         USED.add(k)
         out["hashed"] = len(USED)
     return h[0]
-def cache_dir_ok(d):
-    """The folder of the cache is this user's and nobody else can write it (or plant a file)."""
-    s = os.stat(d)
-    return stat.S_ISDIR(s.st_mode) and s.st_uid == os.getuid() and not s.st_mode & 0o022
 def load_cache(path):
     """CACHED from the cache file: refused (out["cache"] says why; every file is read) when it
     or its folder is a link, not a regular file / folder, another user's or writable by others."""
     global CACHE, CACHED
     CACHE = path
     try:
-        if not cache_dir_ok(os.path.dirname(path)):
+        if not folder_trusted(os.path.dirname(path)):
             CACHE = None
             out["cache"] = "refused: folder not the deploy user's or writable by others"
             return
@@ -151,17 +145,8 @@ def load_cache(path):
         out["cache"] = "absent" if e.errno == 2 else "refused: %s" % (os.strerror(e.errno) if e.errno else e)
         return
     with os.fdopen(fd, "rb") as f:
-        s = os.fstat(f.fileno())
-        if not stat.S_ISREG(s.st_mode) or s.st_uid != os.getuid() or s.st_mode & 0o022 or s.st_size > CACHE_MAX:
-            out["cache"] = "refused: not a regular file of the deploy user, or writable by others, or too big"
-            return
-        try:
-            doc = json.loads(f.read())
-            ent = doc["entries"] if doc.get("schema") == "dsv4ctl.hashcache/1" else {}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            ent = {}
-    CACHED = ent if isinstance(ent, dict) else {}       # entries are checked when used (cached())
-    out["cache"] = "used"
+        CACHED, why = read_entries(f)                   # entries are checked when used (cached())
+    out["cache"] = why or "used"
 def prime(root):
     """Seed this run's hashes from the cache for every file under root (before cp -al links
     them, which changes their ctime: size and mtime still have to match when they are used)."""
@@ -199,33 +184,9 @@ def save_cache(moved=None):
             ctime = s.st_ctime_ns
         ent["%d:%d" % (dev, ino)] = [size, mtime, ctime, sha, path]
     for k, v in CACHED.items():
-        if k in ent or type(v) is not list or len(v) != 5 or type(v[4]) is not str:
-            continue
-        try:
-            s = os.lstat(v[4])
-        except (OSError, TypeError, ValueError):
-            continue
-        if "%d:%d" % (s.st_dev, s.st_ino) == k and cached(s) is not None:
+        if k not in ent and valid_entry(v) and still_there(k, v[4], cached) is not None:
             ent[k] = v
-    d = os.path.dirname(CACHE)
-    try:
-        if not cache_dir_ok(d):
-            return
-        for n in os.listdir(d):         # a run killed between its temp file and the rename
-            if n.startswith(".verify-cache.tmp.") and os.lstat(os.path.join(d, n)).st_mtime < time.time() - 3600:
-                os.unlink(os.path.join(d, n))
-        fd, tmp = tempfile.mkstemp(prefix=".verify-cache.tmp.", dir=d)
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"schema": "dsv4ctl.hashcache/1", "entries": ent}, separators=(",", ":")))
-        os.replace(tmp, CACHE)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    write_entries(os.path.dirname(CACHE), os.path.basename(CACHE), ent)
 def check(rel, have=None, placed=True):
     """([problem, ...], extra files not listed) of the release folder rel against its MANIFEST.json.
     Every file's content is hashed (an in-place edit of an inode shared by hard link with
