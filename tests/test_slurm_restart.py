@@ -14,24 +14,16 @@ import pytest
 import yaml
 
 from dsv4ctl.hosts.slurm import release_of
-from tests.conftest import run_cli, worker_index
+from tests.conftest import run_cli
 from tests.slurm.lab import SlurmLab, missing
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.sshd.world import World
-from tests.test_slurm_deploy import deploy, jobs, on_slurm
+from tests.test_slurm_deploy import deploy, jobs, on_slurm, slurm_lab  # noqa: F401  (slurm_lab: this module's lab)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 
 BOOK = {"name": "restart-decode", "description": "restart the decode server",
         "steps": [{"id": "restart", "action": "service.restart", "args": {"groups": ["decode"]}}]}
-
-
-@pytest.fixture(scope="module")
-def slurm_lab(sshd_cluster, tmp_path_factory):
-    lab = SlurmLab.start(tmp_path_factory.mktemp("slurm"), net=worker_index(),
-                         nodes={h.name: h.address for h in sshd_cluster.hosts})
-    yield lab
-    lab.stop()
 
 
 class OneNodeSlurmWorld(World):
