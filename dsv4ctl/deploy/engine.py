@@ -880,7 +880,8 @@ def _activate(site: Site, rid: str, spec: dict, run: RunSteps, action: str, rest
         raise_gate_failed(site, act, f"{action} of {rid}",
                           f" rolled back to {', '.join(back)} on all hosts ({', '.join(site.hosts)})", finish)
     report["activate_seconds"] = round(time.monotonic() - t_act, 3)
-    return finish_good(site, rid, run.of("close"), report, t_start, f"run the same {action} again")
+    return finish_good(site, rid, run.of("close"), report, t_start, f"run the same {action} again",
+                       run.of("image-prune"))
 
 
 def _start_active(site: Site, rid: str, run: RunSteps, started: list, base_rec: dict, frm: dict) -> None:
@@ -960,17 +961,23 @@ def _record_extras(site: Site, rid: str, promote) -> dict:
 
 
 def finish_good(site: Site, rid: str, closes: list[Step], report: dict, t_start: float,
-                again: str = "run the same command again") -> dict:
+                again: str = "run the same command again", prunes: list[Step] = ()) -> dict:
     """Run the success close-out (the release event of the steps: ``healthy`` -> active, or
-    ``gate_passed`` -> good), prune, audit, unlock. Returns ``report`` completed (pruned ids per
-    host, result ok, the release's state, seconds). ``again``: :func:`raise_close_errors`."""
+    ``gate_passed`` -> good), prune, audit, unlock; then the ``image-prune`` steps ``prunes``
+    (:func:`dsv4ctl.deploy.image.prune_local`: the control machine's copies of the releases
+    pruned). Returns ``report`` completed (pruned ids per host, ``local_pruned``, result ok,
+    the release's state, seconds). ``again``: :func:`raise_close_errors`."""
     pruned = run_close(site, closes)
     raise_close_errors(site, rid, again)
     for h in site.hosts:
         report["hosts"][h]["pruned"] = pruned.get(h, [])
-    from .image import prune_local
-    if (local := prune_local(site, rid, pruned)):
-        report["local_pruned"] = local
+    for st in prunes:
+        from .image import prune_local
+        trace(site, st)
+        t0 = time.monotonic()
+        if (local := prune_local(site, rid, pruned)):
+            report["local_pruned"] = local
+        step_done(site, st, time.monotonic() - t0)
     report["steps"] = step_results(site)
     report["result"] = "ok"
     report["state"] = site.facts[site.hosts[0]].recorded(rid)

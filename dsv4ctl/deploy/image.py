@@ -652,21 +652,6 @@ def local_prune_ids(site, rid: str, prunes: dict[str, list[str]]) -> list[str]:
     return sorted(gone - kept)
 
 
-def local_prune_steps(site, rid: str, spec: dict, closes: list) -> list:
-    """The dry run's line of :func:`prune_local` after the close steps ``closes`` (each with its
-    ``prune`` list): one ``local`` step naming the releases whose copies go; [] without
-    containers in ``spec`` or when none goes."""
-    from .release import default_cache
-    from .steps import Step
-    ids = local_prune_ids(site, rid, {s.host: s.extra.get("prune", []) for s in closes}) if spec_image(spec) else []
-    if not ids:
-        return []
-    st = local_store(Path(site.opts.cache or default_cache()))
-    return [Step("image-prune", "local", f"prune this machine's copies of {', '.join(ids)} (no host keeps them): "
-                                         f"their OCI layouts {st}/oci/<release>, images and records, and "
-                                         "environment images no kept release is built on", extra={"ids": ids})]
-
-
 def prune_local(site, rid: str, pruned: dict[str, list[str]]) -> list[str]:
     """After a good close (``pruned``: host -> the release ids its close pruned): remove the
     control machine's copies of the releases :func:`local_prune_ids` names: the OCI layout

@@ -280,7 +280,7 @@ def promote_steps(site, rid: str, spec: dict, po: PromoteOptions, stamp: str, *,
            "evidence": hrel}
     steps += [close_step(site, h, {**rec, "from": site.facts[h].current}, event=(rid, "gate_passed", {"evidence": hrel}),
                          prune=prune_after_switch(site.facts[h], rid, keep)) for h in hosts]
-    from .image import local_prune_steps
+    from .steps import local_prune_steps
     steps += local_prune_steps(site, rid, spec, [s for s in steps if s.phase == "close"])
     fail = revert_steps(site, hosts, rid, spec)
     fail += [Step("close", h, f"close: mark {rid} failed with the failing check; keep the reports as evidence; "
@@ -621,7 +621,7 @@ def promote_locked(site, rel, spec: dict, run, po: PromoteOptions, report: dict,
     for st in run.of("evidence"):
         E.trace(site, st)
     store_evidence(site, site.hosts, p.rid, p.stamp, p.edir, summary)
-    return E.finish_good(site, p.rid, run.of("close"), report, t_start)
+    return E.finish_good(site, p.rid, run.of("close"), report, t_start, prunes=run.of("image-prune"))
 
 
 class _Promotion:

@@ -368,6 +368,23 @@ def image_steps(site, rid: str, spec: dict, stage: str = "") -> list:
     return out
 
 
+def local_prune_steps(site, rid: str, spec: dict, closes: list) -> list:
+    """The ``image-prune`` step after the close steps ``closes`` (each with its ``prune`` list):
+    one ``local`` step naming the releases whose copies on the control machine go
+    (:func:`dsv4ctl.deploy.image.prune_local` runs it); [] without containers in ``spec`` or
+    when none goes."""
+    from pathlib import Path
+    from .image import local_prune_ids, local_store, spec_image
+    from .release import default_cache
+    ids = local_prune_ids(site, rid, {s.host: s.extra.get("prune", []) for s in closes}) if spec_image(spec) else []
+    if not ids:
+        return []
+    st = local_store(Path(site.opts.cache or default_cache()))
+    return [Step("image-prune", "local", f"prune this machine's copies of {', '.join(ids)} (no host keeps them): "
+                                         f"their OCI layouts {st}/oci/<release>, images and records, and "
+                                         "environment images no kept release is built on", extra={"ids": ids})]
+
+
 def image_verify_steps(site, rid: str, spec: dict, stage: str = "") -> list:
     """One verify step per host of release ``rid``'s image (nothing without containers)."""
     from .image import spec_image
@@ -539,7 +556,6 @@ def deploy_steps(site: Site, rid: str, spec: dict, *, locked: bool = True, extra
                          event=(rid, "healthy", {"message": extra["message"]} if extra.get("message") else {}),
                          prune=prune_after_switch(site.facts[h], rid, keep))
               for h in hosts]
-    from .image import local_prune_steps
     steps += local_prune_steps(site, rid, spec, [s for s in steps if s.phase == "close"])
     fail = revert_steps(site, hosts, rid, spec, restart=restart)
     fail += [Step("close", h, f"close: mark {rid} failed with the reason; audit {action} rolled-back (or "
