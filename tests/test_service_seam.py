@@ -7,9 +7,14 @@ implementations and host-side readers only."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 
-from tests.test_import_direction import PKG, import_graph, module_name
+from tests.test_import_direction import PKG, module_name
+from tests.test_import_direction import import_graph as _import_graph
+
+#: one scan of the package for every test of this module
+import_graph = functools.lru_cache(maxsize=1)(_import_graph)
 
 BUILDERS = "dsv4ctl.hosts.service"
 ALLOWED = {
@@ -65,7 +70,7 @@ def test_status_and_diagnose_read_processes_only_through_the_seam():
     ``deploy/service.py: process_reads``; hosts/day2.py only assembles and parses what the service
     answers (it imports no service builder), and the modules that send status's host command ask
     the seam for its probes."""
-    offenders, senders = {}, {}
+    offenders, senders, graph = {}, {}, import_graph()
     for path in sorted(PKG.rglob("*.py")):
         mod, tree = module_name(path), ast.parse(path.read_text())
         used = _uses(tree)
@@ -73,10 +78,9 @@ def test_status_and_diagnose_read_processes_only_through_the_seam():
             offenders[mod] = sorted(used)
         calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         if calls & {"status_command", "host_command"} and mod not in ("dsv4ctl.hosts.day2", "dsv4ctl.diagnose.collect"):
-            senders[mod] = "dsv4ctl.deploy.service" in import_graph()[mod]
+            senders[mod] = "dsv4ctl.deploy.service" in graph[mod]
     assert not offenders, f"{offenders} read a server's process directly: ask dsv4ctl/deploy/service.py process_reads"
     assert senders == {"dsv4ctl.commands.day2": True, "dsv4ctl.diagnose.run": True}, senders
-    graph = import_graph()
     assert not graph["dsv4ctl.hosts.day2"] & {BUILDERS, "dsv4ctl.deploy.service"}, graph["dsv4ctl.hosts.day2"]
 
 
