@@ -14,6 +14,7 @@ import yaml
 from tests.conftest import run_cli
 from tests.sshd.fixtures import sshd_cluster  # noqa: F401
 from tests.test_image_deploy import ImageWorld
+from tests.test_systemd import sysd  # noqa: F401  (one booted systemd namespace for the module)
 
 pytestmark = pytest.mark.sshd
 
@@ -69,23 +70,6 @@ def image_base(tmp_path_factory):
     d = tmp_path_factory.mktemp("base-image")
     yield images.base_reference(d)
     images.clean_store(d / "store")
-
-
-@pytest.fixture(scope="module")
-def sysd(tmp_path_factory):
-    """One booted systemd namespace (tests/test_systemd.py's) for the module; always torn down:
-    its processes (the containers too) and its mounts (the stores' overlays) end with it."""
-    from tests.systemd.namespace import Refused, booted
-    base = tmp_path_factory.mktemp("systemd")
-    try:
-        cm = booted(base)
-        b = cm.__enter__()
-    except Refused as e:
-        pytest.skip(f"systemd in a namespace: {e}")
-    try:
-        yield b
-    finally:
-        cm.__exit__(None, None, None)
 
 
 def _sys_image_world(sysd, name: str, base: str):
