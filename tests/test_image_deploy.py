@@ -429,18 +429,10 @@ def test_day2_and_pruning_on_image_releases(fault_world):
     r = deploy(w, "--dry-run")          # the control machine's copies of r1 are pruned too
     assert r.code == 0 and [ln for ln in r.out.splitlines() if w.r1 in ln and ln.strip().startswith(
         "local: prune this machine's copies of ")], r.out
-    r = deploy(w, "--dry-run")          # the control machine's copies of r1 are pruned too
-    assert r.code == 0 and [ln for ln in r.out.splitlines() if w.r1 in ln and ln.strip().startswith(
-        "local: prune this machine's copies of ")], r.out
     r = deploy(w)
     assert r.code == 0, r.err
     rid = w.current("h1")
     assert rid not in (prev, w.r1)
-    local = w.cache / "images"        # its OCI layout, image and record; the kept releases' stay
-    assert [ln for ln in r.err.splitlines() if w.r1 in ln and "local: pruned the image copies of " in ln], r.err
-    assert not (local / "oci" / w.r1).exists() and not (local / "records" / f"{w.r1}.json").exists()
-    assert subprocess.run([*images.podman_argv(local), "image", "exists", f"localhost/dsv4ctl:{w.r1}"]).returncode == 1
-    assert (local / "oci" / rid / "index.json").is_file() and (local / "records" / f"{prev}.json").is_file()
     local = w.cache / "images"        # its OCI layout, image and record; the kept releases' stay
     assert [ln for ln in r.err.splitlines() if w.r1 in ln and "local: pruned the image copies of " in ln], r.err
     assert not (local / "oci" / w.r1).exists() and not (local / "records" / f"{w.r1}.json").exists()
