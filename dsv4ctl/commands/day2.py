@@ -547,7 +547,8 @@ def audit(profile: Optional[str] = _P,
     if host is not None and host not in dep.hosts:
         site.close()
         raise InputError(f"--host {host!r}: not a host of {dep.path} ({', '.join(dep.hosts)})")
-    sel = {h: t for h, t in site.transports.items() if host in (None, h)}
+    # a shared root (deploy.slurm.shared_root) holds one audit log: read once, at its owner
+    sel = {h: t for h, t in site.root_transports.items() if host in (None, h) or dep.root_owner(host) == h}
 
     def read(t):
         out, clock = run_clocked(t, audit_command(site.paths[t.name]), timeout=60)
@@ -622,9 +623,10 @@ def verify(profile: Optional[str] = _P,
                 continue
             if not hd["releases"]:
                 rows.append([h, "-", "", "", "no releases"])
+            name = f"{h} (shared root of {', '.join(hd['shared_by'])})" if hd.get("shared_by") else h
             for rid, v in hd["releases"].items():
                 role = "current" if rid == hd["current"] else "previous" if rid == hd["previous"] else ""
-                rows.append([h, rid, role, v["checked"], "ok" if v["ok"] else
+                rows.append([name, rid, role, v["checked"], "ok" if v["ok"] else
                              "DRIFT: " + ", ".join(v["problems"][:3]) + (f" (+{v['nbad'] - 3} more)" if v["nbad"] > 3 else "")])
         if markdown:
             print(markdown_table(headers, rows))

@@ -125,7 +125,8 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
     """``dsv4ctl verify``: every complete release on every host (or only ``releases``) hashed
     against its manifest, hosts in parallel, nothing changed. A ``dsv4ctl.verify/1`` document:
     per host ``{current, previous, releases: {id: {ok, problems, nbad, checked}}}`` or
-    ``{error}``; ``drift``: one line per drifted release (``host: id: problem, ...``). Every
+    ``{error}`` (a shared root, ``deploy.slurm.shared_root``: once, at its owner, with
+    ``shared_by`` the hosts that see it); ``drift``: one line per drifted release (``host: id: problem, ...``). Every
     file's content is read (no hash cache: a forged mtime and ctime is caught here)."""
     import time
 
@@ -145,7 +146,7 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
             out = verify_images(t, site, out)
         return f, out, time.monotonic() - t0
     try:
-        out = run_parallel(site.transports, body, timeout=(opts.host_timeout or 3600) + opts.connect_timeout)
+        out = run_parallel(site.root_transports, body, timeout=(opts.host_timeout or 3600) + opts.connect_timeout)
     finally:
         site.close()
     doc = {"schema": "dsv4ctl.verify/1", "hosts": {}, "drift": [], "unreachable": []}
@@ -178,7 +179,7 @@ def verify_fleet(profile, opts, releases: list[str] | None = None) -> dict:
             doc["drift"].append(f"{h}: {x}: not on the host")
         doc["hosts"][h] = {"root": f.root, "current": f.current, "previous": f.previous, "releases": rels,
                            "foreign": dict(f.foreign),
-                           "seconds": round(secs, 3)}
+                           "seconds": round(secs, 3), **({"shared_by": site.sharing(h)} if site.sharing(h) else {})}
     doc["ok"] = not doc["drift"] and not doc["unreachable"]
     return doc
 

@@ -66,7 +66,7 @@ def step_results(site: Site) -> list[dict]:
     first: dict = {}
     for s, _ in site.durations:
         first.setdefault((s.stage, s.phase), len(first))
-    order = {h: i for i, h in enumerate(site.hosts)}
+    order = {h: i for i, h in enumerate(site.nodes)}
     timed = sorted(site.durations, key=lambda x: (first[(x[0].stage, x[0].phase)], order.get(x[0].host, len(order))))
     return [{"phase": s.phase, "host": s.host, "stage": s.stage, "summary": s.summary, "duration_s": round(d, 3)}
             for s, d in timed]
@@ -147,12 +147,13 @@ def acquire_locks(site: Site, what: str) -> dict[str, HostFacts]:
         return parse_facts(t.name, p.root, r.out)
 
     # an interrupt lets every lock command finish (the caller's release_locks then sees them all)
-    res = run_parallel(site.transports, lock, timeout=site.opts.connect_timeout + 120, finish_on_interrupt=True)
+    res = run_parallel(site.root_transports, lock, timeout=site.opts.connect_timeout + 120, finish_on_interrupt=True)
     site.locked_steps = list(steps.values())
     if not all(r.ok for r in res.values()):
         release_locks(site, [h for h, r in res.items() if r.ok])
         raise_failed(res, "locking")
     site.facts = {h: r.value for h, r in res.items()}
+    site.share_facts()
     conflict = owner_conflict(site.facts, site.profile.name)
     if conflict is not None:            # another profile's root: give the locks back, change nothing
         release_locks(site)
@@ -811,7 +812,7 @@ def _push_all(site: Site, rel: Release, run: RunSteps, base_rec: dict, frm: dict
     with _stop_pushes_on_interrupt():
         # an interrupt stops the rsyncs at once, then waits for every push thread to end
         # (each tells its host-side script to give up): the close-out must not race them
-        res = run_parallel(site.transports, push, timeout=opts.host_timeout, finish_on_interrupt=True)
+        res = run_parallel(site.root_transports, push, timeout=opts.host_timeout, finish_on_interrupt=True)
     report["push_seconds"] = round(time.monotonic() - t0, 3)
     bad = [r for r in res.values() if not r.ok]
     if bad:
@@ -998,9 +999,9 @@ def releases(profile, opts: Options) -> dict:
     site = open_site(profile, opts)
     slurm = site.profile.deploy.backend == "slurm"
     try:
-        res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
+        res = run_parallel(site.root_transports, lambda t: read_facts(t, site.paths[t.name].root),
                            timeout=opts.connect_timeout + 60)
-        recs = run_parallel(site.transports, lambda t: parse_records(t.run(records_cmd(site.paths[t.name].root),
+        recs = run_parallel(site.root_transports, lambda t: parse_records(t.run(records_cmd(site.paths[t.name].root),
                                                                            timeout=60).out),
                             timeout=opts.connect_timeout + 60) if slurm else {}
     finally:
@@ -1034,7 +1035,7 @@ def releases(profile, opts: Options) -> dict:
 
 def target_spec(site: Site, target: str) -> dict:
     """The launch spec of release ``target`` (its ``launch.json`` on the first host: a fact)."""
-    res = run_parallel(site.transports, lambda t: read_spec(t, site, target), timeout=120)
+    res = run_parallel(site.root_transports, lambda t: read_spec(t, site, target), timeout=120)
     raise_failed(res, "reading launch specs")
     return next(iter(res.values())).value
 

@@ -37,7 +37,7 @@ def parse_read(text: str) -> dict | None:
 def _read(site: Site, partial: bool = False):
     """{host: holder dict or None (free)}; RemoteError naming the hosts that could not be read,
     or with ``partial`` ``({host: ...} of the hosts read, {host: why} of the others)``."""
-    res = run_parallel(site.transports, lambda t: parse_read(t.run(read_cmd(site.paths[t.name].lock), timeout=60).out),
+    res = run_parallel(site.root_transports, lambda t: parse_read(t.run(read_cmd(site.paths[t.name].lock), timeout=60).out),
                        timeout=site.opts.connect_timeout + 60)
     if partial:
         return ({h: res[h].value for h in site.hosts if res[h].ok},
@@ -92,7 +92,7 @@ def acquire(profile, opts, message: str) -> dict:
         return True
     try:
         try:
-            res = run_parallel(site.transports, take, timeout=site.opts.connect_timeout + 60, finish_on_interrupt=True)
+            res = run_parallel(site.root_transports, take, timeout=site.opts.connect_timeout + 60, finish_on_interrupt=True)
         except KeyboardInterrupt:
             from ..remote.transport import signals_held
             with signals_held():            # all or none: what was taken goes back

@@ -12,7 +12,7 @@ def _active_spec(site: Site) -> tuple[dict, dict[str, str], dict[str, dict]]:
     the first host (profile order) whose active release launches it."""
     spec: dict = {}
     rid_of, spec_of = {}, {}
-    for h in site.hosts:
+    for h in site.nodes:                # a node of a shared root: its owner's facts
         f = site.facts[h]
         if f.current and f.current_launch:
             rid_of[h], spec_of[h] = f.current, f.current_launch
@@ -29,8 +29,8 @@ def select(site: Site, spec: dict, groups: list[str] | None, hosts: list[str] | 
         if g not in spec:
             raise InputError(f"no group {g!r} in the active release (groups: {', '.join(sorted(spec)) or 'none: deploy first'})")
     for h in hosts or []:
-        if h not in site.hosts:
-            raise InputError(f"no host {h!r} in the profile (hosts: {', '.join(site.hosts)})")
+        if h not in site.nodes:
+            raise InputError(f"no host {h!r} in the profile (hosts: {', '.join(site.nodes)})")
 
 
 def batches(actions: list[ServerAction], size: int | None) -> list[list[ServerAction]]:
@@ -184,7 +184,7 @@ def _locked(site: Site, opts, how: str, groups, hosts, batch) -> dict:
     from .steps import close_step
     spec, rid_of, spec_of = _active_spec(site)
     select(site, spec, groups, hosts)
-    alive = read_alive(site, spec, [h for h in site.hosts if h in rid_of])
+    alive = read_alive(site, spec, [h for h in site.nodes if h in rid_of])
     actions = plan_servers(spec, alive, how, groups, hosts)
     _one_release_each(actions, rid_of)
     steps, stages = _stages(site, how, spec, rid_of, spec_of, actions, batch)

@@ -62,7 +62,41 @@ class Site:
 
     @property
     def hosts(self) -> list[str]:
+        """The hosts whose deploy root this run locks, pushes to, switches and closes: every host,
+        but of the hosts that share one root (``deploy.slurm.shared_root``) only its owner
+        (:meth:`Deployment.root_owner`, the submit host)."""
+        return [h for h in self.transports if self.profile.root_owner(h) == h
+                or self.profile.root_owner(h) not in self.transports]
+
+    @property
+    def nodes(self) -> list[str]:
+        """Every host of the run (the nodes a gate, a log or a process check reaches)."""
         return list(self.transports)
+
+    @property
+    def root_transports(self) -> dict[str, Transport]:
+        """The transports of :attr:`hosts` (one per deploy root)."""
+        return {h: self.transports[h] for h in self.hosts}
+
+    def sharing(self, host: str) -> list[str]:
+        """The hosts whose deploy root is ``host``'s shared root (``deploy.slurm.shared_root``:
+        ``host`` is its owner), [] when ``host`` owns no shared root."""
+        if host not in self.profile.shared_hosts or self.profile.root_owner(host) != host:
+            return []
+        return [h for h in self.transports if h in self.profile.shared_hosts]
+
+    def shared_note(self, host: str) -> str:
+        """`` (the shared root of h0, h1, ...)`` for a step on the owner of a shared root, else ''."""
+        hs = self.sharing(host)
+        return f" (the shared root of {', '.join(hs)})" if hs else ""
+
+    def share_facts(self) -> None:
+        """Give each host that shares its root with its owner the owner's facts (one object: a
+        switch of the owner is the followers' too)."""
+        for h in self.transports:
+            o = self.profile.root_owner(h)
+            if o != h and o in self.facts:
+                self.facts[h] = self.facts[o]
 
     def close(self):
         for t in self.transports.values():
@@ -80,7 +114,7 @@ def open_site(profile, opts: Options) -> Site:
         s.transports[name] = connect(h, accept_new_host_keys=opts.accept_new_host_keys,
                                      connect_timeout=opts.connect_timeout, hosts=dep.hosts,
                                      record_host_keys=not opts.dry_run)
-        s.paths[name] = Paths(dep.host_root(name))
+        s.paths[name] = Paths(dep.host_root(name), node=dep.node_tag(name))
         s.python[name] = dep.deploy.python
     return s
 
@@ -95,10 +129,11 @@ def gather_facts(site: Site) -> dict[str, HostFacts]:
     """Read every host's facts in parallel; RemoteError naming each failing host. A deploy root
     that belongs to another profile is refused (:func:`~dsv4ctl.hosts.layout.owner_conflict`,
     exit 2): every command that reads facts this way changes hosts, or is its dry run."""
-    res = run_parallel(site.transports, lambda t: read_facts(t, site.paths[t.name].root),
+    res = run_parallel(site.root_transports, lambda t: read_facts(t, site.paths[t.name].root),
                        timeout=site.opts.connect_timeout + 60)
     raise_failed(res, "reading host state")
     site.facts = {h: r.value for h, r in res.items()}
+    site.share_facts()
     conflict = owner_conflict(site.facts, site.profile.name)
     if conflict is not None:
         raise conflict

@@ -171,7 +171,7 @@ class SlurmJobs:
                 f"end=$(( $(date +%s) + {STOP_WAIT_S} )); "
                 f"while [ -n \"$(timeout {t} squeue -h -n {name} -o %i || echo ?)\" ]; do "
                 f"if [ $(date +%s) -gt $end ]; then echo \"slurm job(s) $jobs of {what} still listed after {STOP_WAIT_S} s\" >&2; exit 1; fi; "
-                f"sleep 0.1; done; mkdir -p {q(p.root + '/logs')}; "
+                f"sleep 0.1; done; mkdir -p {q(p.logdir)}; "
                 f"echo \"=== dsv4ctl: slurm job(s) $jobs of {what} cancelled at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; fi; "
                 # the final state of each job cancelled, and of the unit's last job when it ended
                 # on its own, recorded while Slurm still knows it (MinJobAge; hosts/slurmrecord.py)
@@ -202,7 +202,7 @@ class SlurmJobs:
         # the release's script is written once and submitted as stored (a rollback submits what
         # ran before, not a script rendered again from today's profile); a failed sbatch or an
         # answer that is no job id fails the step (set -e does not hold inside an && chain)
-        return (f"{self._env()}mkdir -p {q(p.root + '/run')} {q(p.root + '/logs/slurm')} || exit 1; "
+        return (f"{self._env()}mkdir -p {q(p.root + '/run')} {q(p.root + '/logs/slurm')} {q(p.logdir)} || exit 1; "
                 f"if [ ! -s {q(path)} ]; then t=$(mktemp {q(path)}.XXXXXX) && printf %s {q(script)} > \"$t\" "
                 f"&& mv -f \"$t\" {q(path)} || exit 1; fi; "
                 # the unit's last job, when it ended on its own (no stop ran: a start after a failed
@@ -303,7 +303,7 @@ class SlurmJobs:
         cmd = start_command(self.site, host, rid, group, s, dist_init_port="$DSV4_DIST_INIT_PORT")
         envs = " ".join(q(f"{k}={v}") for k, v in sorted((s.get("env") or {}).items()))
         lf = q(p.logfile(group))
-        return (f"mkdir -p {q(p.root + '/logs')}; exec >>{lf} 2>&1; "
+        return (f"mkdir -p {q(p.logdir)}; exec >>{lf} 2>&1; "
                 f"echo \"=== dsv4ctl start {group} release {rid} at $(date -u +%Y-%m-%dT%H:%M:%SZ) "
                 f"(slurm job $SLURM_JOB_ID, node $SLURMD_NODENAME)\"; cd {q(p.release(rid))}; "
                 f"env {envs} sh -c {q(group_script(group, cmd))}")

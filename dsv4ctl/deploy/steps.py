@@ -209,7 +209,8 @@ def switch_step(site: Site, host: str, rid: str | None, prev: str | None, spec: 
     frm = f.current if frm == "" else frm
     svc = service_for(site, host, spec, stop_spec)
     stops, starts, _ = _acts(svc, spec, stop_spec, host, rid, restart)
-    summary = (f"switch {p.current}: {frm or '(none)'} -> {rid or '(none)'} (previous -> {prev or '(none)'})"
+    summary = (f"switch {p.current}{site.shared_note(host)}: {frm or '(none)'} -> {rid or '(none)'} "
+               f"(previous -> {prev or '(none)'})"
                + (f"; stop {', '.join(stops)}" if stops else "")
                + (f"; start {', '.join(starts)} ({svc.name})" if starts else ""))
     if restart is not None and not stops and not starts:
@@ -229,7 +230,7 @@ def gate_targets(site: Site, spec: dict, hosts: list[str] | None = None) -> tupl
     it or none, :func:`dsv4ctl.deploy.promote.choose_canary`); always only those of the site's
     hosts (a limited deploy: :mod:`dsv4ctl.deploy.limit`)."""
     workers, routers = [], []
-    order = {h: i for i, h in enumerate(site.hosts)}
+    order = {h: i for i, h in enumerate(site.nodes)}
     rows = [(srv[0], g, r, srv[1:]) for g, s in spec.items()
             for r, srv in enumerate(spec_servers(s))]
     for h, g, _r, nodes in sorted(rows, key=lambda x: (order.get(x[0], len(order)), x[1], x[2])):
@@ -276,7 +277,7 @@ def lock_step(site: Site, host: str, what: str) -> Step:
     the facts read before it say)."""
     p, f = site.paths[host], site.facts.get(host)
     pre = ""
-    summary = f"lock {p.lock}"
+    summary = f"lock {p.lock}{site.shared_note(host)}"
     if site.opts.break_lock:
         old = holder_text(f.lock) if f is not None and f.lock else "unknown holder"
         rec = record_fields(host, "break-lock", "ok", f"removed lock held by {old}")
@@ -297,7 +298,7 @@ def push_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
         return Step("push", host, f"release {rid} already present: no push", None, stage)
     bases = link_bases(f, rid)
     how = "rsync" if use_rsync(f) else "hard-link copy + changed files (tar)"
-    return Step("push", host, f"push {rid} to {p.incoming(rid)} with {how}"
+    return Step("push", host, f"push {rid} to {p.incoming(rid)}{site.shared_note(host)} with {how}"
                               + (f", reusing {', '.join(bases)}" if bases else "")
                               + f"; verify the manifest on the host, rename to {p.release(rid)}", None, stage)
 
@@ -306,7 +307,8 @@ def verify_step(site: Site, host: str, rid: str, stage: str = "") -> Step:
     """Check every file of ``rid`` (on ``host`` already) against its manifest before a switch to it,
     reading a file unless the host's hash cache has its identity (:mod:`dsv4ctl.deploy.drift`;
     the script and its job on stdin are that one step)."""
-    return Step("verify", host, f"verify {site.paths[host].release(rid)} against its MANIFEST.json (every file's "
+    return Step("verify", host, f"verify {site.paths[host].release(rid)}{site.shared_note(host)} against its "
+                                "MANIFEST.json (every file's "
                                 "hash; read unless its inode, size, mtime and ctime are in the host's hash cache; "
                                 "drift stops the run before any switch)", None, stage, extra={"rid": rid})
 

@@ -28,12 +28,13 @@ MARK = "@@dsv4ctl-diagnose"
 DEFAULT_LINES = 400
 
 
-def host_command(root: str, probes: dict[str, str], lines: int = DEFAULT_LINES) -> str:
+def host_command(root: "str | Paths", probes: dict[str, str], lines: int = DEFAULT_LINES) -> str:
     """One read-only shell command for a host: status with each group's process read ``probes``
     ({group: command}, where servers run answers it: :func:`dsv4ctl.deploy.service.process_reads`),
-    each group's log tail (``lines`` lines), nvidia-smi."""
-    p = Paths(root)
-    parts = [f"echo '{MARK} status'", status_command(root, probes)]
+    each group's log tail (``lines`` lines), nvidia-smi. ``root``: the host's deploy root, or its
+    :class:`Paths` (a node of a shared root reads its own ``logs/<node>/``)."""
+    p = root if isinstance(root, Paths) else Paths(root)
+    parts = [f"echo '{MARK} status'", status_command(p.root, probes)]
     for g in probes:
         parts += [f"echo '{MARK} log {g}'", log_read_command(p, g, None, lines)]
     parts += [f"echo '{MARK} gpus'", gpus_command()]

@@ -91,7 +91,7 @@ def _collect(dep, by_host: dict[str, list[str]], lines: int, accept_new_host_key
 
     def collect(t):
         probes = process_reads(site, t.name, by_host[t.name], containers=False)
-        out, clock = run_clocked(t, host_command(site.paths[t.name].root, probes, lines), timeout=60)
+        out, clock = run_clocked(t, host_command(site.paths[t.name], probes, lines), timeout=60)
         return parse_host(t.name, site.paths[t.name].root, out.out), clock
 
     try:

@@ -14,9 +14,13 @@ STATE_SCHEMA = "dsv4ctl.deploy-state/1"
 
 @dataclass
 class Paths:
-    """Absolute paths of one host's deploy root."""
+    """Absolute paths of one host's deploy root. ``node``: the host's name when the root is one
+    folder several nodes share (``deploy.slurm.shared_root``): what each node writes on its own
+    (its logs, its pid files) is under ``logs/<node>/`` and ``run/<node>/`` so nodes never write
+    each other's files; None: the root is the host's own."""
 
     root: str
+    node: str | None = None
 
     @property
     def releases(self) -> str: return f"{self.root}/releases"
@@ -35,8 +39,12 @@ class Paths:
     def lock(self) -> str: return f"{self.root}/.lock"
     @property
     def owner(self) -> str: return f"{self.root}/owner.json"
-    def pidfile(self, group: str) -> str: return f"{self.root}/run/{group}.pid"
-    def logfile(self, group: str) -> str: return f"{self.root}/logs/{group}.log"
+    @property
+    def logdir(self) -> str: return f"{self.root}/logs" + (f"/{self.node}" if self.node else "")
+    @property
+    def rundir(self) -> str: return f"{self.root}/run" + (f"/{self.node}" if self.node else "")
+    def pidfile(self, group: str) -> str: return f"{self.rundir}/{group}.pid"
+    def logfile(self, group: str) -> str: return f"{self.logdir}/{group}.log"
 
 
 @dataclass

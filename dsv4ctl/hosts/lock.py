@@ -179,7 +179,7 @@ def held_error(host: str, lock: str, holder_json: str | None, *, can_break: bool
         elif state == "alive" and h.get("pid") == os.getpid():
             hint = ("that is this run's own lock, taken through another host: this host's deploy root is the "
                     "same folder as that host's (a shared filesystem, or one machine); each host needs its own "
-                    "deploy root (a shared deploy.root is not supported yet: docs/slurm.md)")
+                    "deploy root, or, on a Slurm cluster's shared filesystem, deploy.slurm.shared_root: true (docs/slurm.md)")
         elif state == "alive":
             hint = f"that run is still going ({why}): try again when it is done"
         else:

@@ -91,7 +91,7 @@ class Launcher:
         pf, lf = q(p.pidfile(group)), q(p.logfile(group))
         envs = " ".join(q(f"{k}={v}") for k, v in sorted(env.items()))
         wrapped = group_script(group, command)
-        return (f"set -e; mkdir -p {q(p.root + '/run')} {q(p.root + '/logs')}; "
+        return (f"set -e; mkdir -p {q(p.rundir)} {q(p.logdir)}; "
                 f"echo \"=== dsv4ctl start {group} release {rid} at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {lf}; "
                 f"cd {q(p.release(rid))}; "
                 f"setsid env {envs} sh -c {q(wrapped)} </dev/null >>{lf} 2>&1 & "
@@ -152,7 +152,7 @@ class Systemd:
     def start_cmd(self, p: Paths, group: str, rid: str, command: str, env: dict[str, str]) -> str:
         unit = f"/etc/systemd/system/{self.unit_name(group)}"
         text = self.unit_text(p, group, rid, command, env)
-        return (f"set -e; mkdir -p {q(p.root + '/logs')}; t=$(mktemp {q(unit)}.XXXXXX); "
+        return (f"set -e; mkdir -p {q(p.logdir)}; t=$(mktemp {q(unit)}.XXXXXX); "
                 f"printf %s {q(text)} > \"$t\"; mv -f \"$t\" {q(unit)}; "
                 f"echo \"=== dsv4ctl start {group} release {rid} at $(date -u +%Y-%m-%dT%H:%M:%SZ)\" >> {q(p.logfile(group))}; "
                 f"systemctl daemon-reload; systemctl restart {q(self.unit_name(group))}")

@@ -115,6 +115,7 @@ class SlurmSettings:
     conf: Optional[str] = None
     submit_host: Optional[str] = None     # the host (of hosts:) that runs sbatch/scancel/squeue/scontrol; None: each server's node 0
     start_timeout_s: Optional[float] = None   # how long a new job may stay PENDING (None: 600 s; deploy/slurmwait.py)
+    shared_root: bool = False             # every node's root is one folder of a shared filesystem (docs/slurm.md)
 
 
 @dataclass(frozen=True)
@@ -488,6 +489,7 @@ class Deployment:
     deploy: DeploySettings
     check: CheckSettings
     groups: dict[str, GroupView] = field(default_factory=dict)
+    shared_hosts: tuple = ()        # deploy.slurm.shared_root: the hosts whose deploy root is that one folder
 
     @property
     def path(self) -> Path:
@@ -555,6 +557,19 @@ class Deployment:
             i = list(self.profile.hosts).index(host)
             return _abs_root(h.root, f"{self.profile.positions.where(('hosts', i, 'root'))}: hosts[{i}].root")
         return _abs_root(self.deploy.root, f"{self.profile.positions.where(('deploy', 'root'))}: deploy.root")
+
+    def root_owner(self, host: str) -> str:
+        """The host that takes the lock, pushes, switches and writes state for ``host``'s deploy
+        root: the submit host when ``host`` shares the root (``deploy.slurm.shared_root``), else
+        ``host`` itself."""
+        if host in self.shared_hosts:
+            return self.deploy.slurm.submit_host
+        return host
+
+    def node_tag(self, host: str) -> Optional[str]:
+        """The per-node name of ``host``'s own files in a shared root (its logs and pid files:
+        ``logs/<host>/``, ``run/<host>/``), None when its root is its own."""
+        return host if host in self.shared_hosts else None
 
     def tree(self, override: Optional[str] = None, *, required: bool = False) -> Optional[Path]:
         """The SGLang tree: ``--tree`` (relative to the working directory) else ``sglang.tree``
@@ -634,7 +649,43 @@ def resolve(profile: Profile) -> Deployment:
     for i, h in enumerate(profile.hosts.values()):
         if h.root is not None:
             _abs_root(h.root, f"{profile.positions.where(('hosts', i, 'root'))}: hosts[{i}].root")
+    if sglang.image is not None and deploy.backend == "slurm":
+        raise InputError(f"{profile.positions.where(('sglang', 'image'))}: sglang.image with deploy.backend: slurm is "
+                         "not supported yet: a container runs under conmon, outside its Slurm job (the gate cannot "
+                         "tie the server to the job, and a cancelled job may leave it running); use the ssh backend "
+                         "for image releases, or srun the image by hand (docs/images.md, Slurm and Kubernetes)")
+    if deploy.slurm is not None and deploy.slurm.shared_root:
+        _resolve_shared_root(dep)
     return dep
+
+
+def _resolve_shared_root(dep: "Deployment") -> None:
+    """``deploy.slurm.shared_root``: every server node's deploy root must be one folder (else
+    InputError, exit 2, naming the first host that differs); the hosts with that root are
+    :attr:`Deployment.shared_hosts`, and the submit host is the first of them (in ``hosts:``
+    order) unless ``submit_host`` names one (which must see that root too)."""
+    import dataclasses
+    where = dep.profile.positions.where(("deploy", "slurm", "shared_root"))
+    if dep.deploy.backend != "slurm":
+        raise InputError(f"{where}: deploy.slurm.shared_root needs deploy.backend: slurm")
+    nodes = [n.host for g in dep.servers() for srv in g.server_nodes for n in srv]
+    if not nodes:
+        return
+    root = dep.host_root(nodes[0])
+    for h in nodes[1:] + ([dep.deploy.slurm.submit_host] if dep.deploy.slurm.submit_host else []):
+        if dep.host_root(h) != root:
+            raise InputError(f"{where}: deploy.slurm.shared_root: host {h}'s deploy root {dep.host_root(h)} is not "
+                             f"the shared root {root} of {nodes[0]} (every node and the submit host must see one folder)")
+    dep.shared_hosts = tuple(h for h in dep.hosts if dep.host_root(h) == root)
+    if not dep.deploy.slurm.submit_host:
+        slurm = dataclasses.replace(dep.deploy.slurm, submit_host=dep.shared_hosts[0])
+        dep.deploy = dataclasses.replace(dep.deploy, slurm=slurm)
+    owner = dep.deploy.slurm.submit_host
+    for r in dep.routers():      # a router is switched with the root by its owner, or has a root of its own
+        if r.group.host in dep.shared_hosts and r.group.host != owner:
+            raise InputError(f"{where}: deploy.slurm.shared_root: router group {r.name} runs on {r.group.host}, which "
+                             f"shares the root of {owner} (the host that switches it): run the router on {owner}, "
+                             "or on a host with a deploy root of its own")
 
 
 def load_deployment(path: Path | str) -> Deployment:

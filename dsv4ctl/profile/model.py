@@ -131,6 +131,8 @@ PROFILE_SCHEMA: dict = {
                                             "description": "seconds a server's new job may stay PENDING before the deploy fails and resubmits the previous release (default 600)"},
                         "submit_host": {"type": "string", "minLength": 1,
                                         "description": "the host of hosts: (a login host, or local: true for this machine) that runs sbatch/scancel/squeue/scontrol; default: each server's node 0"},
+                        "shared_root": {"type": "boolean",
+                                        "description": "every node's deploy root is one folder of a shared filesystem: one lock, one push, one current switch, per-node logs and pid files (logs/NODE/, run/NODE/); the submit host defaults to the first node (docs/slurm.md)"},
                     },
                 },
                 "health_timeout_s": _num,
