@@ -53,6 +53,33 @@ def test_a_registry_auth_file_others_can_read_is_refused(sshd_cluster, tmp_path)
         assert r.code == 2 and "no OCI image layout at" in r.err and "registry.auth_file" not in r.err, r.err
 
 
+
+# -- 4. the Slurm backend with images: refused ----------------------------------------------------
+
+def test_images_on_the_slurm_backend_are_refused(sshd_cluster, tmp_path):
+    """``sglang.image`` with ``deploy.backend: slurm`` is exit 2 with one line naming the profile
+    line and why, before anything is built or a host reached (``config lint``, ``deploy
+    --dry-run``, ``deploy``). Before, a deploy built and shipped the image, the servers came up
+    in their containers, and the gate failed on 'the server answering on ... is pid N (no Slurm
+    job), not Slurm job J' (conmon runs the container outside the job's processes): a
+    misleading rollback after the whole build and ship."""
+    w = ImageWorld(sshd_cluster, tmp_path, "oci:" + str(tmp_path / "no-base"), nhosts=3)
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["deploy"].update(backend="slurm", slurm={"partition": "gpu"})
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    line = next(i for i, ln in enumerate(w.profile.read_text().splitlines(), 1) if ln.strip() == "image:")
+    for args in (("config", "lint", str(w.profile)), ("deploy", str(w.profile), "--dry-run", "--no-preflight"),
+                 ("deploy", str(w.profile), "--no-preflight")):
+        r = run_cli(*args, env=w.env(), timeout=120)
+        assert r.code == 2, (args, r.out, r.err)
+        assert r.err.strip().splitlines() == [
+            f"dsv4ctl: error: {w.profile}:{line}: sglang.image with deploy.backend: slurm is not supported yet: a "
+            "container runs under conmon, outside its Slurm job (the gate cannot tie the server to the job, and a "
+            "cancelled job may leave it running); use the ssh backend for image releases, or srun the image by "
+            "hand (docs/images.md, Slurm and Kubernetes)"], (args, r.err)
+    assert not any((w.roots[h] / "releases").exists() for h in w.roots)
+
+
 # -- 3. the systemd service backend with images -------------------------------------------------
 
 @pytest.fixture(scope="session")

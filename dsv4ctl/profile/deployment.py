@@ -654,6 +654,11 @@ def resolve(profile: Profile) -> Deployment:
                          "not supported yet: a container runs under conmon, outside its Slurm job (the gate cannot "
                          "tie the server to the job, and a cancelled job may leave it running); use the ssh backend "
                          "for image releases, or srun the image by hand (docs/images.md, Slurm and Kubernetes)")
+    if sglang.image is not None and deploy.backend == "slurm":
+        raise InputError(f"{profile.positions.where(('sglang', 'image'))}: sglang.image with deploy.backend: slurm is "
+                         "not supported yet: a container runs under conmon, outside its Slurm job (the gate cannot "
+                         "tie the server to the job, and a cancelled job may leave it running); use the ssh backend "
+                         "for image releases, or srun the image by hand (docs/images.md, Slurm and Kubernetes)")
     if deploy.slurm is not None and deploy.slurm.shared_root:
         _resolve_shared_root(dep)
     return dep
