@@ -142,6 +142,12 @@ def test_a_shared_root_is_locked_pushed_switched_and_closed_once(world):
     assert list(vd["hosts"]) == ["h0"] and vd["hosts"]["h0"]["shared_by"] == ["h0", "h1", "h2", "h3"]
     assert vd["hosts"]["h0"]["releases"][rid]["ok"]
 
+    # restart: the owner cancels and resubmits the job; one close, one audit line
+    r = cli(w, "restart", str(w.profile), "-g", "decode")
+    assert r.code == 0, r.err + r.out
+    [again] = jobs(lab, "decode")
+    assert again["job"] != doc["hosts"]["h2"]["groups"]["decode"]["slurm"]["job"] and again["state"] == "RUNNING"
+
     # a second release, then rollback: one switch back, the previous release's jobs resubmitted
     w.extra["decode"] = {"watchdog-timeout": 901}
     w.write()
@@ -159,7 +165,8 @@ def test_a_shared_root_is_locked_pushed_switched_and_closed_once(world):
     [job] = jobs(lab, "decode")
     assert release_of(job["comment"]) == rid and job["state"] == "RUNNING"
     audit = [json.loads(ln) for ln in (w.shared / "audit.jsonl").read_text().splitlines()]
-    assert [(a["action"], a["host"]) for a in audit] == [("deploy", "h0"), ("deploy", "h0"), ("rollback", "h0")]
+    assert [(a["action"], a["host"]) for a in audit] == [("deploy", "h0"), ("restart", "h0"), ("deploy", "h0"),
+                                                         ("rollback", "h0")], audit
 
 
 def test_shared_root_refusals_are_exit_2_with_the_line(world):
@@ -175,3 +182,5 @@ def test_shared_root_refusals_are_exit_2_with_the_line(world):
     p.write_text(yaml.safe_dump(prof, sort_keys=False))
     r = cli(w, "deploy", str(p), "--dry-run")
     assert r.code == 2 and "router group router runs on h2, which shares the root of h0" in r.err, r.err
+    r = cli(w, "deploy", str(w.profile), "--tree", str(w.tree), "--base", "v0.5.23", "--promote", "--dry-run")
+    assert r.code == 2 and "deploy --promote: not with deploy.slurm.shared_root yet" in r.err, r.err

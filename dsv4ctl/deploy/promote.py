@@ -69,6 +69,10 @@ class PromoteOptions:
         (exit 2) with ``deploy.slurm.submit_host``: its switch would cancel and submit every
         server's job at once, not the canary's first (docs/slurm.md, what is not there yet)."""
         st = dep.deploy.slurm
+        if dep.deploy.backend == "slurm" and st is not None and st.shared_root:
+            raise InputError(f"deploy --promote: not with deploy.slurm.shared_root yet: its one switch (on "
+                             f"{st.submit_host}) would switch every server's job at once, not the canary's first; "
+                             "deploy without --promote")
         if dep.deploy.backend == "slurm" and st is not None and st.submit_host:
             raise InputError(f"deploy --promote: not with deploy.slurm.submit_host ({st.submit_host}) yet: the submit "
                              "host would switch every server's job at once, not the canary's first; deploy without "
