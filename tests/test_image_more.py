@@ -7,6 +7,7 @@ as PID 1 of a private namespace (tests/test_systemd.py's)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -52,6 +53,26 @@ def test_a_registry_auth_file_others_can_read_is_refused(sshd_cluster, tmp_path)
         r = run("--dry-run")
         assert r.code == 2 and "no OCI image layout at" in r.err and "registry.auth_file" not in r.err, r.err
 
+
+
+def test_release_layouts_share_their_common_blobs(tmp_path):
+    """share_blobs: a blob another release's layout holds (same sha256 name and size) becomes a
+    hard link to it; one of another size, or only in this layout, stays its own file."""
+    from dsv4ctl.deploy.image import share_blobs
+    oci = tmp_path / "oci"
+    for rid, blobs in (("r1", {"a" * 64: b"base" * 1000, "b" * 64: b"tree1", "c" * 64: b"x"}),
+                       (".r2-1", {"a" * 64: b"base" * 1000, "d" * 64: b"tree2", "c" * 64: b"xy"})):
+        d = oci / rid / "blobs" / "sha256"
+        d.mkdir(parents=True)
+        for n, data in blobs.items():
+            (d / n).write_bytes(data)
+    new = oci / ".r2-1" / "blobs" / "sha256"
+    assert share_blobs(oci / ".r2-1", oci) == 4000
+    assert os.path.samefile(new / ("a" * 64), oci / "r1" / "blobs" / "sha256" / ("a" * 64))
+    assert not os.path.samefile(new / ("c" * 64), oci / "r1" / "blobs" / "sha256" / ("c" * 64))
+    assert (new / ("c" * 64)).read_bytes() == b"xy" and (new / ("d" * 64)).read_bytes() == b"tree2"
+    assert sorted(p.name for p in new.iterdir()) == ["a" * 64, "c" * 64, "d" * 64]      # no temporary left
+    assert share_blobs(oci / ".r2-1", oci) == 0                                         # once is enough
 
 
 # -- 4. the Slurm backend with images: refused ----------------------------------------------------
@@ -167,6 +188,14 @@ def test_systemd_units_run_the_release_image(sysd, image_base):
         assert all(w.unit(g, "ActiveState") == "active" for g in w.groups)
         assert "CUDA error: out of memory" in (w.root / "logs" / "decode.log").read_text()
         assert w.serving()
+        # the two releases' OCI layouts on the control machine hold their common blobs (the
+        # 60 MB base) once: hard links
+        oci = w.base / "cache" / "images" / "oci"
+        bad = r.err.split("deploy of ")[1].split()[0]
+        ino = lambda rid: {b.name: (b.stat().st_ino, b.stat().st_size) for b in (oci / rid / "blobs" / "sha256").iterdir()}
+        one, two = ino(r1), ino(bad)
+        common = set(one) & set(two)
+        assert sum(one[n][1] for n in common) > 10 << 20 and all(one[n] == two[n] for n in common), (one, two)
     finally:
         w.stop_all()
         w.podman("rm", "-f", "-a", "-t", "1")

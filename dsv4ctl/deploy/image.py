@@ -371,9 +371,30 @@ def write_record(cache: Path, rec: ImageRecord) -> None:
     os.replace(tmp, rp)
 
 
+def share_blobs(layout: Path, others: Path) -> int:
+    """Replace each blob of the OCI layout ``layout`` that another layout under ``others``
+    (``CACHE/../images/oci``) holds under the same ``sha256`` name and size by a hard link to
+    that file (atomic rename over it). Returns the bytes now shared. Every release's layout is a
+    whole copy of its image, base included: the kept releases' layouts then hold the base's (and
+    the environment's) blobs once, not once per release."""
+    shared = 0
+    for b in (layout / "blobs" / "sha256").iterdir():
+        size = b.stat().st_size
+        for o in others.glob(f"*/blobs/sha256/{b.name}"):
+            if o.parent.parent.parent == layout or o.stat().st_size != size or os.path.samefile(o, b):
+                continue
+            tmp = b.with_name(f".{b.name}.link")
+            os.link(o, tmp)
+            os.replace(tmp, b)
+            shared += size
+            break
+    return shared
+
+
 def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
     """The release's image as an OCI layout (``podman save --format oci-dir``), made once:
-    ``CACHE/../images/oci/<release>`` (a partial save is never used: saved aside, renamed)."""
+    ``CACHE/../images/oci/<release>`` (a partial save is never used: saved aside, renamed), its
+    blobs that other releases' layouts hold already hard links to theirs (:func:`share_blobs`)."""
     out = local_store(cache) / "oci" / rec.release
     if (out / "index.json").is_file():
         return out
@@ -383,6 +404,7 @@ def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
     try:
         _run([*local_podman(image, cache), "save", "--format", "oci-dir", "-o", str(tmp), rec.image],
              f"saving the image of {rec.release}")
+        share_blobs(tmp, out.parent)
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
