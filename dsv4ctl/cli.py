@@ -243,12 +243,17 @@ def _no_collection_at_exit() -> None:
 
 def _print_kept_listing() -> bool:
     """``dsv4ctl --help``: print the command list kept in the cache (:mod:`.commands.listing`);
-    False when there is none for this width and code."""
+    False when there is none for this width and code, or when standard output cannot encode it
+    (``PYTHONIOENCODING=ascii``: the text is encoded whole before a byte is written, so nothing
+    was printed; click's echo, which draws it then, writes such a stream as UTF-8)."""
     from .commands.listing import cached_listing, help_width
     text = cached_listing(help_width())
     if text is None:
         return False
-    sys.stdout.write(text)
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        return False
     return True
 
 

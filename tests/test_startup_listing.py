@@ -35,7 +35,10 @@ def test_kept_list_is_the_drawn_list_at_every_width_and_imports_no_typer(tmp_pat
     assert help_run(tmp_path / "c", 200, "--help")[0] != help_run(tmp_path / "c", 64, "--help")[0]
 
 
-def test_a_changed_module_or_another_install_is_a_miss(tmp_path):
+def test_a_changed_module_or_another_install_is_a_miss(tmp_path, monkeypatch):
+    import io
+
+    from dsv4ctl import cli
     from dsv4ctl.commands import listing
     drawn, _ = help_run(tmp_path, 200, "--help")
     entry = tmp_path / "help" / "listing-w78"
@@ -58,5 +61,24 @@ def test_a_changed_module_or_another_install_is_a_miss(tmp_path):
         assert listing.cached_listing(78) is None
         (tmp_path / "help").chmod(0o700)
         assert listing.cached_listing(78) == drawn
+        head, body = raw.split("\n\n", 1)
+        for cut in (1, 3000, len(body.encode()) - 1):    # an entry cut short: never a shorter list
+            entry.write_bytes(raw.encode()[:-cut])
+            assert listing.cached_listing(78) is None
+        entry.write_text(raw + "more\n")                   # grown since it was kept
+        assert listing.cached_listing(78) is None
+        entry.write_text(head.split("\n")[0] + "\n\n" + body)   # names no module it was drawn from
+        assert listing.cached_listing(78) is None
+        entry.write_text(raw)
+        monkeypatch.setenv("COLUMNS", "200")
+        out = io.BytesIO()      # PYTHONIOENCODING=ascii: the list has an em dash; drawn by click instead
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="ascii"))
+        assert "\u2014" in drawn and cli._print_kept_listing() is False
+        sys.stdout.flush()
+        assert out.getvalue() == b""
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8"))
+        assert cli._print_kept_listing() is True
+        sys.stdout.flush()
+        assert out.getvalue() == drawn.encode()
     finally:
         del os.environ["DSV4CTL_CACHE"]

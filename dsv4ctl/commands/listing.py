@@ -10,7 +10,8 @@ An entry, ``<cache>/help/listing-w<width>``, holds the text and the identity (pa
 ``st_mtime_ns``) of every dsv4ctl and typer module that was loaded when the text was drawn and of
 their folders, with the interpreter's prefix and dsv4ctl's own path: a changed or removed module,
 a module added to one of those folders, another install or another venv is a miss, and the list
-is drawn again and kept.
+is drawn again and kept. The header also holds the text's length in bytes: an entry cut short (or
+grown) since it was kept, or one that names none of the modules (this one among them), is a miss.
 It is read under the cache folders' trust rules (:func:`dsv4ctl.resources.read_cache_entry`)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-FORMAT = "dsv4ctl-listing/1"
+FORMAT = "dsv4ctl-listing/2"
 MAX_ENTRY_BYTES = 1 << 20
 FOLDER = "help"
 
@@ -57,8 +58,8 @@ def _identity(path: str) -> str | None:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-def _header() -> str:
-    return f"{FORMAT}\t{sys.prefix}\t{os.path.dirname(os.path.abspath(__file__))}"
+def _header(size: int) -> str:
+    return f"{FORMAT}\t{sys.prefix}\t{os.path.dirname(os.path.abspath(__file__))}\t{size}"
 
 
 def cached_listing(width: int) -> str | None:
@@ -68,13 +69,15 @@ def cached_listing(width: int) -> str | None:
     raw = read_cache_entry(FOLDER, _name(width), MAX_ENTRY_BYTES, planted="help text")
     if raw is None:
         return None
+    head, _, body = raw.partition(b"\n\n")
     try:
-        head, _, text = raw.decode().partition("\n\n")
+        lines, text = head.decode().split("\n"), body.decode()
     except UnicodeDecodeError:
         return None
-    lines = head.split("\n")
-    if not text or lines[0] != _header():
-        return None
+    if not text or lines[0] != _header(len(body)):
+        return None                                 # another venv or install, or cut short / grown
+    if not any(line.startswith(os.path.abspath(__file__) + "\t") for line in lines[1:]):
+        return None                                 # names no module it was drawn from
     for line in lines[1:]:
         path, _, ident = line.rpartition("\t")
         if not path or _identity(path) != ident:
@@ -90,14 +93,15 @@ def keep_listing(width: int, text: str) -> bool:
     files = {os.path.abspath(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
              if f and os.path.abspath(f).startswith(roots)}
     files = sorted(files | {os.path.dirname(f) for f in files})     # a folder's mtime: a module added
-    rows = [_header()]
+    body = text.encode()
+    rows = [_header(len(body))]
     for path in files:
         ident = _identity(path)
         if ident is None or "\n" in path or "\t" in path:
             return False
         rows.append(f"{path}\t{ident}")
     from ..resources import write_cache_entry
-    data = ("\n".join(rows) + "\n\n" + text).encode()
+    data = ("\n".join(rows) + "\n\n").encode() + body
     return len(data) <= MAX_ENTRY_BYTES and write_cache_entry(FOLDER, _name(width), data, planted="help text")
 
 
