@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, run_cli
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
-from tests.sshd.promote_world import PromoteWorld
+from tests.sshd.promote_world import SHORT_CONTEXT, PromoteWorld
 
 pytestmark = pytest.mark.sshd
 
@@ -27,7 +27,7 @@ HOSTS = ("h0", "h1", "h2", "h3")
 
 @pytest.fixture
 def world(live_cluster, tmp_path):
-    w = PromoteWorld(live_cluster, tmp_path, nnodes=2)
+    w = PromoteWorld(live_cluster, tmp_path, nnodes=2, extra=SHORT_CONTEXT)
     yield w
     w.stop_services()
 
@@ -71,7 +71,7 @@ def test_hicache_off_as_a_release_then_node_1_killed_during_the_promotion_gate(w
     # 3. a release through the promotion gate; the canary is the whole server a (h0 and h1); node
     #    1 of a is killed while check load runs: node 0 stalls, then exits on its watchdog; the
     #    gate fails and both nodes of a go back to r2; b's nodes were never switched
-    w.extra = {"max-running-requests": 256}
+    w.extra = {**SHORT_CONTEXT, "max-running-requests": 256}
     w.hicache(False)
     proc = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", "--promote", "--json", "--turns", "400",
                              "--concurrency", "4", prof], cwd=REPO, stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 
 import pytest
+import yaml
 
 from dsv4ctl.deploy import engine
 from dsv4ctl.deploy.promote import PromoteOptions, promote_by_hand
@@ -83,9 +84,16 @@ def world(tmp_path):
 def promote_world(tmp_path):
     """LocalWorld whose servers are the DSV4 stand-in of tests/standin (real tool calls, so the
     promotion's checks pass), behind the tests/sshd stand-in router."""
-    from tests.sshd.promote_world import STANDIN
+    from tests.sshd.promote_world import SHORT_CONTEXT, STANDIN
     w = LocalWorld(tmp_path, keep=2)
     w.prof["deploy"]["launch"]["server"] = STANDIN
+    # the steps are what is tested, not the checks' sizes: a short context keeps check smoke's
+    # over-length probe small (the stand-in tokenizes it), a few pairs keep the upgrade gate's A/B
+    # short (its default is sized for a 1 % -> 2 % rise: 1,984 pairs per arm)
+    for g in ("prefill", "decode"):
+        cfg = w.cfgdir / f"{g}.yaml"
+        cfg.write_text(cfg.read_text() + yaml.safe_dump(SHORT_CONTEXT))
+    w.prof["check"]["compare"] = {"pairs": 16}
     w.profile = w.write_profile("profile.yaml", w.prof)
     yield w
     w.stop_services()
