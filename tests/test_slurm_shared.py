@@ -148,6 +148,16 @@ def test_a_shared_root_is_locked_pushed_switched_and_closed_once(world):
     [again] = jobs(lab, "decode")
     assert again["job"] != doc["hosts"]["h2"]["groups"]["decode"]["slurm"]["job"] and again["state"] == "RUNNING"
 
+    # a runbook restarts the router (a launcher process on the owner) in place: its own pid file
+    pidfile = w.shared / "run" / "h0" / "router.pid"
+    before = pidfile.read_text().strip()
+    book = w.tmp / "restart-router.yaml"
+    book.write_text(yaml.safe_dump({"name": "restart-router", "description": "restart the router", "steps": [
+        {"id": "restart", "action": "service.restart", "args": {"groups": ["router"]}}]}, sort_keys=False))
+    r = cli(w, "runbook", "run", str(book), str(w.profile), "--yes")
+    assert r.code == 0, r.out + r.err
+    assert pidfile.read_text().strip() != before
+
     # a second release, then rollback: one switch back, the previous release's jobs resubmitted
     w.extra["decode"] = {"watchdog-timeout": 901}
     w.write()
@@ -165,8 +175,9 @@ def test_a_shared_root_is_locked_pushed_switched_and_closed_once(world):
     [job] = jobs(lab, "decode")
     assert release_of(job["comment"]) == rid and job["state"] == "RUNNING"
     audit = [json.loads(ln) for ln in (w.shared / "audit.jsonl").read_text().splitlines()]
-    assert [(a["action"], a["host"]) for a in audit] == [("deploy", "h0"), ("restart", "h0"), ("deploy", "h0"),
-                                                         ("rollback", "h0")], audit
+    assert [(a["action"], a["host"]) for a in audit] == [
+        ("deploy", "h0"), ("restart", "h0"), ("service-restart", "h0"), ("runbook-restart-router", "h0"),
+        ("deploy", "h0"), ("rollback", "h0")], audit
 
 
 def test_shared_root_refusals_are_exit_2_with_the_line(world):

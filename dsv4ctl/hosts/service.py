@@ -297,11 +297,13 @@ else:
 '''
 
 
-def restart_cmd(python: str, root: str, group: str, stop_timeout: float) -> str:
+def restart_cmd(python: str, root: "str | Paths", group: str, stop_timeout: float) -> str:
     """The host command (script on stdin: :data:`RESTART_SCRIPT`) that restarts ``group`` in place:
     the launcher's process group is stopped (TERM, then KILL after ``stop_timeout`` s) and the same
-    command line is started again with the same folder and environment; or ``systemctl restart``."""
-    p = Paths(root)
+    command line is started again with the same folder and environment; or ``systemctl restart``.
+    ``root``: the deploy root, or the host's :class:`Paths` (a node of a shared root: its own
+    ``run/<node>/`` and ``logs/<node>/``)."""
+    p = root if isinstance(root, Paths) else Paths(root)
     return (f"{q(python)} - {q(p.pidfile(group))} {q(p.logfile(group))} {q(group)} "
             f"{q(Systemd().unit_name(group))} {stop_timeout:g}")
 

@@ -451,7 +451,8 @@ def _restart_describe(ctx: RunContext, args: dict) -> list[str]:
                            "node 0's /health, audit")
             elif len(srv) == 1:
                 out.append(f"{srv[0].host}: restart group {g.name} in place "
-                           f"({Paths(dep.host_root(srv[0].host)).pidfile(g.name)}), wait for /health, audit")
+                           f"({Paths(dep.host_root(srv[0].host), node=dep.node_tag(srv[0].host)).pidfile(g.name)}), "
+                           "wait for /health, audit")
             else:
                 out.append(f"{', '.join(n.host for n in srv)}: restart {srv[0].server} (one server over "
                            f"{len(srv)} nodes): stop every node, start every node from the active release "
@@ -471,6 +472,7 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
     from ..hosts.health import wait_health
     from ..hosts.lock import check_unlocked
     from ..deploy.service import restart_in_place, restarts_in_place
+    from ..hosts.layout import Paths
     from ..remote import append_jsonl, connect
     dep = ctx.deployment
     groups = ctx.groups(args)
@@ -500,7 +502,7 @@ def _restart_run(ctx: RunContext, args: dict) -> dict:
                 else:
                     t, root = ends[0]
                     check_unlocked(t, root, profile=str(dep.path))
-                    restart_in_place(t, py, root, g.name)
+                    restart_in_place(t, py, Paths(root, node=dep.node_tag(hosts[0])), g.name)
                     done[name] = (ends, "service-restart")
                 ctx.touched_hosts.update(hosts)
         health = wait_health(urls, timeout)
