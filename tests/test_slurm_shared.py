@@ -174,10 +174,17 @@ def test_a_shared_root_is_locked_pushed_switched_and_closed_once(world):
     assert w.current("h0") == rid
     [job] = jobs(lab, "decode")
     assert release_of(job["comment"]) == rid and job["state"] == "RUNNING"
+    # the active release deployed again: every node's job is read as running, none is resubmitted
+    w.extra["decode"] = {}
+    w.write()
+    r = deploy(w)
+    assert r.code == 0 and w.current("h0") == rid, r.err + r.out
+    assert jobs(lab, "decode") == [job]
     audit = [json.loads(ln) for ln in (w.shared / "audit.jsonl").read_text().splitlines()]
     assert [(a["action"], a["host"]) for a in audit] == [
         ("deploy", "h0"), ("restart", "h0"), ("service-restart", "h0"), ("runbook-restart-router", "h0"),
-        ("deploy", "h0"), ("rollback", "h0")], audit
+        ("deploy", "h0"), ("rollback", "h0"), ("deploy", "h0")], audit
+    assert audit[-1]["detail"] == "already active", audit[-1]
 
 
 def test_shared_root_refusals_are_exit_2_with_the_line(world):

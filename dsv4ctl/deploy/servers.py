@@ -47,7 +47,7 @@ def read_alive(site: Site, spec: dict, hosts: list[str] | None = None) -> dict[s
     """{host: {group: running}} for every server node and router of launch spec ``spec`` (hosts
     in parallel, one round trip each). RemoteError naming the hosts that could not be read."""
     want = {h: sorted(g for g, s in spec.items() if h in {x for srv in spec_servers(s) for x in srv})
-            for h in (hosts or site.hosts)}
+            for h in (hosts or site.nodes)}
     want = {h: gs for h, gs in want.items() if gs}
 
     def one(t):
@@ -177,8 +177,9 @@ def converge_steps(site: Site, rid: str, spec: dict) -> tuple[list[ServerAction]
     """A deploy of ``rid`` when it is already active on every host: the servers of its launch
     spec ``spec`` that are not running (read now) and the steps that start them ([] when all
     run). A deploy converges: it never says "nothing to do" over a dead server."""
-    actions = plan_servers(spec, read_alive(site, spec), "start", hosts=site.hosts)
-    return actions, server_steps(site, {h: rid for h in site.hosts}, {h: spec for h in site.hosts}, actions)
+    nodes = site.nodes          # every node's process (a node of a shared root is none of site.hosts)
+    actions = plan_servers(spec, read_alive(site, spec, nodes), "start", hosts=nodes)
+    return actions, server_steps(site, {h: rid for h in nodes}, {h: spec for h in nodes}, actions)
 
 
 def changed_groups(cur_manifest: dict, tgt_manifest: dict, cur_spec: dict, tgt_spec: dict) -> frozenset | None:
