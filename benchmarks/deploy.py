@@ -10,7 +10,11 @@ fleet size N (``--sizes``, default 16,4,1) runs, back to back: ``rsync -a`` of t
 one-file change, and a one-file-change deploy (a patch in the series). Printed (medians over the
 rounds, with the range), each ratio with its target and PASS/FAIL:
 
-  1. first deploy / ``rsync -a`` of the same tree to the same N hosts (target <= 1.5);
+  1. first deploy / ``rsync -a`` of the same tree to the same N hosts (target <= 1.0, issue 48.3),
+     and after a one-file change, the deploy / ``rsync -a``'s own resync (target <= 1.5, issue
+     48.3): each twice, to healthy (the deploy's whole wall time, what the operator waits for)
+     and to switched (without the server's restart: the stand-in's stop + start on its host and
+     the health gate, item 4's "server restart", which no transfer tool pays);
   2. N-host / 1-host wall time of dsv4ctl divided by ``rsync -a``'s own N-host / 1-host ratio on
      this machine (target <= 1.1: the simulated hosts share this machine's cores, so the cores,
      not dsv4ctl, must be what limits the fan-out), for the first deploy and the one-file change;
@@ -374,8 +378,11 @@ def main() -> int:
         for n in sizes:
             if n == 1:
                 continue
-            res[f"first_vs_rsync_{n}"] = show(f"first deploy / rsync -a, {n} hosts",
-                                              lambda x: x[f"first{n}"] / x[f"rsync{n}"], target=("<=", 1.5))
+            res[f"first_vs_rsync_{n}"] = show(f"first deploy to healthy / rsync -a, {n} hosts",
+                                              lambda x: x[f"first{n}"] / x[f"rsync{n}"], target=("<=", 1.0))
+            res[f"first_switched_vs_rsync_{n}"] = show(
+                f"first deploy to switched (no restart) / rsync -a, {n} hosts",
+                lambda x: (x[f"first{n}"] - x[f"bd_first{n}"]["restart"]) / x[f"rsync{n}"], target=("<=", 1.0))
         for n in sizes:
             if n == 1:
                 continue
@@ -396,8 +403,15 @@ def main() -> int:
                                               lambda x: x[f"sent{n}"] / x["tree_bytes"], "{:.3%}", ("<", 0.01))
             res[f"delta_vs_first_{n}"] = show(f"one-file change / first deploy, {n} hosts",
                                               lambda x: x[f"delta{n}"] / x[f"first{n}"], "{:.1%}", ("<", 0.15))
-            res[f"delta_vs_rsync_{n}"] = show(f"one-file change / rsync -a after it, {n} hosts",
-                                              lambda x: x[f"delta{n}"] / x[f"rsync_delta{n}"])
+            # issue 48.3: <= 1.5, as the operator waits (to healthy) and without the server's restart
+            # (to switched: the stand-in's stop + start and the health gate taken out; see "server restart")
+            res[f"delta_vs_rsync_{n}"] = show(f"one-file change to healthy / rsync -a after it, {n} hosts",
+                                              lambda x: x[f"delta{n}"] / x[f"rsync_delta{n}"], target=("<=", 1.5))
+            res[f"delta_switched_vs_rsync_{n}"] = show(
+                f"one-file change to switched (no restart) / rsync -a after it, {n} hosts",
+                lambda x: (x[f"delta{n}"] - x[f"bd_delta{n}"]["restart"]) / x[f"rsync_delta{n}"], target=("<=", 1.5))
+            show(f"  its server restart (stop + start + health gate), {n} hosts (s)",
+                 lambda x: x[f"bd_delta{n}"]["restart"])
         for n in sizes:
             show(f"dsv4ctl's part of the first deploy, {n} host(s) (s)", lambda x: x[f"bd_first{n}"]["added_total"])
             show(f"dsv4ctl's part of the one-file change, {n} host(s) (s)",
