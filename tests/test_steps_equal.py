@@ -80,12 +80,13 @@ def world(tmp_path):
     w.stop_services()
 
 
-@pytest.fixture
-def promote_world(tmp_path):
+@pytest.fixture(scope="module")
+def promote_world(tmp_path_factory):
     """LocalWorld whose servers are the DSV4 stand-in of tests/standin (real tool calls, so the
-    promotion's checks pass), behind the tests/sshd stand-in router."""
+    promotion's checks pass), behind the tests/sshd stand-in router; deployed once (a plain
+    deploy), for the promote tests of this module (each promotes what it finds running)."""
     from tests.sshd.promote_world import SHORT_CONTEXT, STANDIN
-    w = LocalWorld(tmp_path, keep=2)
+    w = LocalWorld(tmp_path_factory.mktemp("promote-world"), keep=2)
     w.prof["deploy"]["launch"]["server"] = STANDIN
     # the steps are what is tested, not the checks' sizes: a short context keeps check smoke's
     # over-length probe small (the stand-in tokenizes it), a few pairs keep the upgrade gate's A/B
@@ -95,8 +96,11 @@ def promote_world(tmp_path):
         cfg.write_text(cfg.read_text() + yaml.safe_dump(SHORT_CONTEXT))
     w.prof["check"]["compare"] = {"pairs": 16}
     w.profile = w.write_profile("profile.yaml", w.prof)
-    yield w
-    w.stop_services()
+    try:
+        assert engine.deploy(load_deployment(w.profile), _opts(w))["result"] == "ok"
+        yield w
+    finally:
+        w.stop_services()
 
 
 def _run(fn, w: LocalWorld, *args, **kw):
@@ -194,7 +198,6 @@ def test_rollback_runs_exactly_its_dry_run(world, monkeypatch):
 def test_promote_runs_exactly_its_dry_run(promote_world, monkeypatch):
     """``deploy --promote``: canary (decode host), checks against the router, the rest, smoke."""
     w = promote_world
-    assert engine.deploy(load_deployment(w.profile), _opts(w))["result"] == "ok"
     time.sleep(1.05 - time.time() % 1)
     po = lambda: PromoteOptions(concurrency="4", turns=1, min_requests=4, max_corruption=0.6)  # noqa: E731
     dry = engine.deploy(load_deployment(w.profile), _opts(w, dry_run=True), patches=[str(w.patch1)], promote=po())
@@ -220,7 +223,7 @@ def test_promote_runs_exactly_its_dry_run(promote_world, monkeypatch):
 @needs_rsync
 def test_promote_by_hand_runs_exactly_its_dry_run(promote_world, monkeypatch):
     w = promote_world
-    rid = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
+    rid = (w.roots["h0"] / "current").resolve().name         # the release the hosts run
     po = PromoteOptions(concurrency="4", turns=1, min_requests=4, max_corruption=0.6)
     dry = promote_by_hand(load_deployment(w.profile), _opts(w, dry_run=True), rid, po)
     rec = Recorder(monkeypatch)
