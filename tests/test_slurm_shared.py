@@ -6,7 +6,7 @@ and audit) at the root's owner (the submit host: h0); each node's own files get 
 (``logs/<node>/<group>.log``), the batch output is per job and node (``logs/slurm``). Deploy, gate,
 rollback, status, logs per node, verify once; the dry run lists the steps the run takes.
 
-One Slurm lab for the module (tests/slurm/lab.py: slurmctld + a slurmd per sshd host)."""
+One Slurm lab for the module (test_slurm_deploy's fixture: slurmctld + a slurmd per sshd host)."""
 
 from __future__ import annotations
 
@@ -16,21 +16,14 @@ import time
 import pytest
 import yaml
 
-from dsv4ctl.hosts.slurm import parse_squeue, release_of
-from tests.conftest import run_cli, worker_index
+from dsv4ctl.hosts.slurm import release_of
+from tests.conftest import run_cli
 from tests.slurm.lab import SlurmLab, missing
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.test_multinode_deploy import TwoNodeWorld
+from tests.test_slurm_deploy import jobs, slurm_lab  # noqa: F401  (slurm_lab: this module's lab)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
-
-
-@pytest.fixture(scope="module")
-def slurm_lab(sshd_cluster, tmp_path_factory):
-    lab = SlurmLab.start(tmp_path_factory.mktemp("slurm"), net=worker_index(),
-                         nodes={h.name: h.address for h in sshd_cluster.hosts})
-    yield lab
-    lab.stop()
 
 
 class SharedWorld(TwoNodeWorld):
@@ -65,13 +58,6 @@ def world(live_cluster, slurm_lab, tmp_path):
     slurm_lab.run("scancel", "--partition", slurm_lab.partition)
     w.stop_services()
     time.sleep(0.5)
-
-
-def jobs(lab: SlurmLab, group: str) -> list[dict]:
-    r = lab.run("squeue", "-h", "-o", "%i|%T|%r|%k|%N|%j")
-    keep = [ln.rsplit("|", 1)[0] for ln in r.stdout.splitlines()
-            if ln.rsplit("|", 1)[-1].startswith(f"dsv4ctl:deploy-test:{group}:")]
-    return parse_squeue("\n".join(keep))
 
 
 def cli(w, *args, timeout=180):
