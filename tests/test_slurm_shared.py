@@ -186,5 +186,10 @@ def test_shared_root_refusals_are_exit_2_with_the_line(world):
     p.write_text(yaml.safe_dump(prof, sort_keys=False))
     r = cli(w, "deploy", str(p), "--dry-run")
     assert r.code == 2 and "router group router runs on h2, which shares the root of h0" in r.err, r.err
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["deploy"]["backend"] = "ssh"
+    p.write_text(yaml.safe_dump(prof, sort_keys=False))
+    r = cli(w, "deploy", str(p), "--dry-run")
+    assert r.code == 2 and "deploy.slurm.shared_root needs deploy.backend: slurm" in r.err, r.err
     r = cli(w, "deploy", str(w.profile), "--tree", str(w.tree), "--base", "v0.5.23", "--promote", "--dry-run")
     assert r.code == 2 and "deploy --promote: not with deploy.slurm.shared_root yet" in r.err, r.err
