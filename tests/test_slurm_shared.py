@@ -11,6 +11,8 @@ One Slurm lab for the module (test_slurm_deploy's fixture: slurmctld + a slurmd 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -31,7 +33,6 @@ class SharedWorld(TwoNodeWorld):
     host's ``root`` is ``shared`` and the profile says ``deploy.slurm.shared_root: true``."""
 
     lab: SlurmLab | None = None
-    shared_root = True
 
     def write(self) -> None:
         super().write()
@@ -40,7 +41,7 @@ class SharedWorld(TwoNodeWorld):
         prof = yaml.safe_load(self.profile.read_text())
         prof["deploy"]["backend"] = "slurm"
         prof["deploy"]["slurm"] = {"partition": self.lab.partition, "conf": str(self.lab.conf), "time_limit": "60",
-                                   **({"shared_root": True} if self.shared_root else {})}
+                                   "shared_root": True}
         for h in prof["hosts"]:
             h["root"] = str(self.shared)
         self.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
@@ -48,6 +49,14 @@ class SharedWorld(TwoNodeWorld):
     def log(self, host: str, group: str) -> str:
         p = self.shared / "logs" / host / f"{group}.log"
         return p.read_text() if p.exists() else ""
+
+    def stop_services(self) -> None:
+        """Kill what the launcher started (the router), by each node's pid file (``run/<node>/``)."""
+        for pf in (self.shared / "run").glob("*/*.pid"):
+            try:
+                os.killpg(int(pf.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError, PermissionError):
+                pass
 
 
 @pytest.fixture
