@@ -22,7 +22,6 @@ configs (the stub of the capacity reference §5.2 is only needed for ``sglang.sr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -95,7 +94,7 @@ def use_version(version: str) -> None:
             # --tool-call-parser choices are FunctionCallParser's own names); 0.5.18/0.5.19
             # register configs the environment's transformers already has (tolerated).
             tv_stub.install(tv_stub.roots_for_sglang(
-                () if importlib.util.find_spec("torchvision") else ("torchvision",)))
+                ("torchvision",) if tv_stub.missing("torchvision") else ()))
             tv_stub.tolerate_config_reregistration()
 
 

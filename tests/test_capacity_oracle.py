@@ -18,6 +18,7 @@ import pytest
 
 from dsv4ctl.plan import capacity as cap
 from tests.conftest import ORACLE_PY, REPO
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 from tests.oracle import matrix, twin
 from tests.oracle.runner import DEFAULT_SERVER_ARGS, batch_key, run_cases
 
@@ -244,7 +245,7 @@ needs_oracle = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def live():
+def live(forked_oracle):
     """One oracle run: the random cases plus the stored matrix cases in the same environments
     (one subprocess per environment, in parallel)."""
     envs = {batch_key(c) for c in RANDOM}

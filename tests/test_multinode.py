@@ -16,6 +16,7 @@ from dsv4ctl.errors import InputError
 from dsv4ctl.plan.plan import node_placement, placement
 from dsv4ctl.profile.model import load_profile
 from tests.conftest import REPO, run_cli
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 from tests.standin.served import DEFAULT_SGLANG_SRC
 
 PRO = REPO / "profiles" / "dsv4-pro-4xh200-pd.yaml"
@@ -380,6 +381,7 @@ def _pool_case(g: dict, rank: dict) -> dict:
 
 @pytest.mark.oracle
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("forked_oracle")
 def test_pro_two_node_plan_is_sglangs_own_numbers(tmp_path):
     from tests.conftest import ORACLE_PY
     from tests.oracle.runner import run_cases

@@ -12,6 +12,7 @@ from dsv4ctl.plan.models import load_model
 from dsv4ctl.plan.poollog import parse_log
 from tests.patchoracle.fixtures import (BYTES_CASES, FLASH_BYTES, drive, model_config,  # noqa: F401
                                         oracle_runs, patched_tree)
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 from tests.patchoracle.trees import ORACLE_PY, REPO
 
 pytestmark = [pytest.mark.oracle,
@@ -97,6 +98,7 @@ def test_pool_plan_line_carries_the_final_sizes(patched_results):
         assert stock and stock[-1].endswith("c128_state=0")
 
 
+@pytest.mark.usefixtures("forked_oracle")
 def test_pristine_sglang_ignores_the_switch():
     """Without the series the switch does not exist: the installed (pristine) 0.5.23 budgets fp8."""
     (got,) = drive(str(REPO), [dict(config=model_config("deepseek-v4-flash"), available_bytes=FLASH_BYTES,

@@ -13,6 +13,7 @@ import pytest
 from dsv4ctl.patches.ops import load_series
 from dsv4ctl.plan.versions import VERSIONS
 from tests.conftest import run_cli
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 from tests.patchoracle.fixtures import BF16, FLASH_BYTES, drive, model_config
 from tests.patchoracle.trees import ENV, ORACLE_PY, REPO
 from tests.test_patch_oracle import as_pools, predicted
@@ -35,6 +36,7 @@ def test_every_supported_release_has_a_series_cut_against_it():
 @pytest.mark.oracle
 @pytest.mark.skipif(not ORACLE_PY.exists(), reason="needs .venv-oracle (bash scripts/oracle-env.sh)")
 @pytest.mark.parametrize("version", OLDER)
+@pytest.mark.usefixtures("forked_oracle")
 def test_series_proven_on_its_release_and_its_configurator_budgets_bf16(version, tmp_path):
     keep = tmp_path / "k"
     r = run_cli("patch", "check", "--base", f"sglang=={version}", "--keep", str(keep), "--json", env=ENV, timeout=300)
@@ -95,7 +97,7 @@ def test_two_checks_at_once_share_one_pristine_build(tmp_path):
     wheel = next((REPO / ".cache" / "wheels").glob("sglang-0.5.22-*.whl"), None)
     if wheel is None:
         pytest.skip("the 0.5.22 wheel is fetched by scripts/oracle-env.sh")
-    env = {**os.environ, "DSV4CTL_CACHE": str(cache)}
+    env = {**os.environ, **ENV, "DSV4CTL_CACHE": str(cache)}
     argv = [sys.executable, "-m", "dsv4ctl", "patch", "check", "--base", "sglang==0.5.22", "--json"]
     runs = [subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]

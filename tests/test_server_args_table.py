@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.conftest import ORACLE_PY, REPO, oracle_available
+from tests.conftest import REPO, oracle_available
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 
 TABLE = REPO / "dsv4ctl" / "data" / "server_args-0.5.23.json"
 GEN = REPO / "scripts" / "gen_server_args.py"
@@ -31,8 +31,18 @@ print(json.dumps(runs))
 """
 
 
+def oracle_python(args: list[str], version: str):
+    """``.venv-oracle/bin/python ARGS`` from the repository root, as ``subprocess.run`` gives it: a
+    child of the oracle's fork server (tests/oracle/zygote.py) with the modules the generator
+    stubs for ``version`` (scripts/gen_server_args.py ``use_version``: none for 0.5.21+)."""
+    import os
+    from tests.oracle import tv_stub, zygote
+    stubs = ("torchvision", *tv_stub.FUNCTION_CALL_DEPS) if version in ("0.5.18", "0.5.19", "0.5.20") else ()
+    return zygote.run(args, dict(os.environ), REPO, None, 300, stubs=stubs)
+
+
 @pytest.fixture(scope="module")
-def generator_runs(tmp_path_factory):
+def generator_runs(tmp_path_factory, forked_oracle):
     """{"stdout": run, "check": run} of ``gen_server_args.py --stdout`` and of ``--check --out``
     a table missing ``hicache-ratio``; a run is {code, stdout, stderr}."""
     if not oracle_available():
@@ -41,8 +51,7 @@ def generator_runs(tmp_path_factory):
     doc = json.loads(TABLE.read_text())
     doc["arguments"] = [a for a in doc["arguments"] if a["name"] != "hicache-ratio"]
     stale.write_text(json.dumps(doc))
-    p = subprocess.run([str(ORACLE_PY), "-W", "ignore", "-c", _BOTH, str(GEN), str(stale)], capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+    p = oracle_python(["-W", "ignore", "-c", _BOTH, str(GEN), str(stale)], "0.5.23")
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -93,12 +102,12 @@ def test_shipped_table_facts():
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("version", ["0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22"])
+@pytest.mark.usefixtures("forked_oracle")
 def test_other_releases_tables_are_their_parsers(version):
     """The shipped table of each other supported release is what that release's own parser
     gives (its sources from .venv-oracle/versions, scripts/oracle-env.sh)."""
     if not oracle_available() or not (REPO / ".venv-oracle" / "versions" / version / "sglang").is_dir():
         pytest.skip("needs .venv-oracle with the other releases (bash scripts/oracle-env.sh)")
-    p = subprocess.run([str(ORACLE_PY), "-W", "ignore", str(GEN), "--check", "--version", version],
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    p = oracle_python(["-W", "ignore", str(GEN), "--check", "--version", version], version)
     assert p.returncode == 0, p.stderr
     assert f"server_args-{version}.json matches" in p.stdout

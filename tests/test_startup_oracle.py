@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.oracle import startup
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 from tests.oracle.runner import ORACLE_PY, VERSIONS_DIR
 
 STORED = Path(__file__).parent / "data" / "startup_matrix.json"
@@ -62,6 +63,7 @@ needs = pytest.mark.skipif(not ORACLE_PY.exists() or not VERSIONS_DIR.is_dir(),
 
 @pytest.mark.oracle
 @needs
+@pytest.mark.usefixtures("forked_oracle")
 def test_live_releases_answer_as_stored():
     """24 seeded configs on the newest release, in the oracle environment the suite builds (an
     older release is its wheel unpacked and imported again: about 60 s of the suite's wall each

@@ -11,6 +11,7 @@ import pytest
 
 from dsv4ctl.plan.versions import VERSIONS
 from tests.oracle import twin
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - the oracle's fork servers
 from tests.oracle.matrix import (A_FLASH, A_PRO, B200, FLASH, GB300, H200, ONLINE, PRO, STATE_BF16,
                                  V41_LAYOUT, _pool, _resolve)
 from tests.oracle.matrix import cases as capacity_matrix
@@ -68,6 +69,7 @@ def answers():
 @needs
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.usefixtures("forked_oracle")
 def test_dsv4ctl_reproduces_each_release(version):
     """The release's own code, run now, answers :data:`CASES` as stored (so the comparisons
     between releases below hold for the code, not for a file), and dsv4ctl's model with that

@@ -75,8 +75,12 @@ def _driver(python: Path, key: tuple, doc: dict, timeout: float, what: str, vers
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     env.update(dict(key))
     env.update(PYTHONPATH=version_path(version), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run([str(python), "-m", "tests.oracle.driver"], cwd=REPO, env=env,
-                       input=json.dumps(doc), capture_output=True, text=True, timeout=timeout)
+    if python == ORACLE_PY:      # a child of the oracle's fork server (tests/oracle/zygote.py)
+        from tests.oracle import zygote
+        p = zygote.run(["-m", "tests.oracle.driver"], env, REPO, json.dumps(doc), timeout)
+    else:
+        p = subprocess.run([str(python), "-m", "tests.oracle.driver"], cwd=REPO, env=env,
+                           input=json.dumps(doc), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         tail = "\n".join(p.stderr.strip().splitlines()[-15:])
         raise OracleError(f"oracle {what} exited {p.returncode}:\n{tail}")

@@ -94,7 +94,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-_installed = False
+_installed: tuple | bool = False
 
 # What 0.5.20's server_args.py imports at module level through FunctionCallParser (0.5.21+ import
 # the parser lazily, for the --tool-call-parser choices) and the oracle environment, built for
@@ -117,14 +117,24 @@ def roots_for_sglang(base=("torchvision",)) -> tuple:
     """``base`` plus, for a release that imports FunctionCallParser eagerly, whichever of
     :data:`FUNCTION_CALL_DEPS` is not installed."""
     extra = FUNCTION_CALL_DEPS if eager_function_call_parser() else ()
-    return tuple(base) + tuple(m for m in extra if importlib.util.find_spec(m) is None)
+    return tuple(base) + tuple(m for m in extra if missing(m))
+
+
+def missing(name: str) -> bool:
+    """Whether the top-level module ``name`` is not installed: a module these stubs answer counts
+    as not installed (what a new process finds before :func:`install`)."""
+    return name in (_installed or ()) or importlib.util.find_spec(name) is None
 
 
 def install(roots=("torchvision",)) -> None:
     """Answer imports of ``roots`` with stub modules and publish a fake ``<root>-0.0.0.dist-info``
-    (transformers' ``is_torchvision_greater_or_equal`` reads the version). Idempotent."""
+    (transformers' ``is_torchvision_greater_or_equal`` reads the version). Idempotent;
+    RuntimeError when already installed for other ``roots`` (a forked child of the oracle's
+    fork server, :mod:`tests.oracle.zygote`, must stub what a new process would)."""
     global _installed
     if _installed:
+        if set(roots) != set(_installed):
+            raise RuntimeError(f"stubs installed for {sorted(_installed)}, this run wants {sorted(roots)}")
         return
     sys.meta_path.insert(0, _Finder(roots))
     site = pathlib.Path(tempfile.mkdtemp(prefix="dsv4ctl-fake-dist-"))
@@ -134,7 +144,7 @@ def install(roots=("torchvision",)) -> None:
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {root}\nVersion: 0.0.0\n")
     sys.path.append(str(site))
     atexit.register(shutil.rmtree, site, True)
-    _installed = True
+    _installed = tuple(roots)
 
 
 def tolerate_config_reregistration() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - oracle_runs uses it
 
 from .trees import ENV, ORACLE_PY, REPO, fresh_tree
 
@@ -31,8 +31,8 @@ def drive(pythonpath: str, cases: list[dict]) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONWARNINGS": "ignore"}
     env.pop("SGLANG_DSV4_INDEX_K_DTYPE", None)
-    p = subprocess.run([str(ORACLE_PY), "-m", "tests.patchoracle.driver"], cwd=REPO, env=env,
-                       input=json.dumps(cases), capture_output=True, text=True, timeout=600)
+    from tests.oracle import zygote      # a child of the oracle's fork server
+    p = zygote.run(["-m", "tests.patchoracle.driver"], env, REPO, json.dumps(cases), 600)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -71,7 +71,7 @@ def patched_tree(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def oracle_runs(patched_tree, tmp_path_factory):
+def oracle_runs(patched_tree, tmp_path_factory, forked_oracle):
     """``{(model, available_bytes, switch): result}`` from the patched tree's real configurator,
     run once per test run (:func:`shared_once`); ``switch`` is "bf16", "off" or "int8" (the
     last: Flash only, an invalid value)."""
