@@ -159,10 +159,11 @@ def test_unwritable_records_fail_before_the_load(root, tmp_path):
     assert r.code == 2 and r.err.strip() == "dsv4ctl: error: --records /dev/full: not writable: No space left on device"
     r = run_cli("check", "load", root + "/good", *LOAD, "--records", str(tmp_path / "no" / "dir.jsonl"))
     assert r.code == 2 and "No such file or directory" in r.err and "Traceback" not in r.err
-    # a writable path starts empty (the write probe is taken back)
+    # a writable path holds this run's records alone (the write probe is taken back; an earlier run's go)
     ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"earlier": "run"}\n' * 10)
     run_cli("check", "load", root + "/nullchoice", *LOAD, "--records", str(ok))
-    assert ok.read_text().startswith("{") and len(ok.read_text().splitlines()) == 4
+    assert ok.read_text().startswith('{"') and "earlier" not in ok.read_text() and len(ok.read_text().splitlines()) == 4
 
 
 def test_load_rejects_a_model_id_that_is_not_a_string(root):
@@ -253,13 +254,16 @@ def test_connection_refused_speaks_operator(cmd):
     assert (r.code, r.err) == (2, f"dsv4ctl: error: check {cmd}: cannot connect to 127.0.0.1:{port} (connection refused)\n")
 
 
-def test_a_load_that_cannot_connect_leaves_no_empty_records(tmp_path):
-    # an empty --records file and a header-only --turns-csv were left behind, as if a run had been recorded
+def test_a_load_that_cannot_connect_leaves_the_records_files_as_they_were(tmp_path):
+    # a header-only --turns-csv was left behind, as if a run had been recorded; and an earlier run's
+    # --records file was emptied (then removed): a run that sent no turn destroyed the last one's records
     port = closed_port()
     rec, csv_ = tmp_path / "r.jsonl", tmp_path / "t.csv"
+    earlier = '{"turn": 1, "class": "ok"}\n' * 3
+    rec.write_text(earlier)
     r = run_cli("check", "load", f"http://127.0.0.1:{port}", *LOAD, "--records", str(rec), "--turns-csv", str(csv_))
     assert r.code == 2 and "cannot connect" in r.err, r.err
-    assert not rec.exists() and not csv_.exists()
+    assert rec.read_text() == earlier and not csv_.exists()
 
 
 def _no_dns(monkeypatch, name: str) -> None:
@@ -291,7 +295,7 @@ def test_dns_failure_is_client_side_exit_2_not_corruption(monkeypatch, capsys, t
     assert (code, err) == (2, f"dsv4ctl: error: check {cmd}: cannot resolve dsv4ctl-nxdomain.test "
                               "(name or service not known)\n")
     if cmd == "load":
-        assert out == "" and rec.read_text() == ""       # no turn recorded, no report
+        assert out == "" and not rec.exists()       # no turn recorded (no file left), no report
 
 
 _EMFILE_CHILD = r'''
@@ -383,7 +387,7 @@ def test_a_refused_api_key_is_exit_2_not_a_verdict(root, mode, status, cmd, tmp_
     assert err.endswith(f"): {AUTH_HINT}") and "wrong-key-1234" not in r.err + r.out
     assert r.out == ""          # no report: nothing was judged
     if cmd[0] == "load":
-        assert recs.read_text() == ""
+        assert not recs.exists()    # no turn recorded: the file the run made is gone
     r = run_cli("check", *cmd, base, *extra, timeout=60)
     assert r.code == 2 and f"{hp} needs an API key (HTTP {status} for " in r.err
 

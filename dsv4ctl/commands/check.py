@@ -101,25 +101,84 @@ def check_api_key(key: Optional[str], where: str = "--api-key / DSV4CTL_API_KEY"
                          "(a trailing newline from a YAML '|' block?; key not shown)")
 
 
-def _open_records(records: Path):
-    """Open ``records`` for line-buffered writing and prove a write goes through (a full disk or
-    /dev/full fails here, before any load is sent). InputError if not writable."""
-    import os
-    import stat
-    try:
-        f = open(records, "w", encoding="utf-8", buffering=1)   # line-buffered: records survive a crash
-    except OSError as e:
-        raise InputError(f"--records {records}: {e.strerror or e}") from None
-    try:
-        fd = f.fileno()
-        os.write(fd, b"\n")
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-    except OSError as e:
-        f.close()
-        raise InputError(f"--records {records}: not writable: {e.strerror or e}") from None
-    return f
+class _RecordsFile:
+    """A ``--records`` / ``--turns-csv`` file opened for a run, its content left as it was until
+    the run's first turn record (:meth:`start` empties a regular file then): a run that never sends
+    a turn (cannot connect, the key refused, Ctrl-C before the first answer) leaves an operator's
+    earlier records as they were, and removes a file it made (:meth:`abandon`). Writability is
+    proved when it is opened (a full disk or /dev/full fails here, before any load is sent):
+    a regular file gets one "\n" past its end and is cut back to its size; a pipe gets the "\n".
+    InputError if it cannot be opened or written."""
+
+    def __init__(self, path: Path):
+        import os
+        import stat
+        made = not os.path.lexists(path)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise InputError(f"--records {path}: {e.strerror or e}") from None
+        try:
+            st = os.fstat(fd)
+            self.regular = stat.S_ISREG(st.st_mode)
+            if self.regular:
+                os.pwrite(fd, b"\n", st.st_size)
+                os.ftruncate(fd, st.st_size)
+            else:
+                os.write(fd, b"\n")
+        except OSError as e:
+            os.close(fd)
+            if made:
+                self._unlink(path)
+            raise InputError(f"--records {path}: not writable: {e.strerror or e}") from None
+        self.path, self.made = path, made and self.regular
+        self.f = os.fdopen(fd, "w", encoding="utf-8", buffering=1)   # line-buffered: records survive a crash
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        import os
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def start(self) -> None:
+        """The first record comes: empty a regular file (an earlier run's records go now)."""
+        if self.regular:
+            self.f.truncate(0)
+
+    def abandon(self) -> None:
+        """No record came: close, and remove the file when this run made it."""
+        self.f.close()
+        if self.made:
+            self._unlink(self.path)
+
+
+class _OnFirstRecord:
+    """The per-turn sink chain (:func:`_record_sinks`), built when the first turn record is
+    written: each :class:`_RecordsFile` is emptied then, the --turns-csv header written then.
+    Closed before any record, every file is abandoned as it was found."""
+
+    def __init__(self, files: list, build):
+        self.files, self.build, self.sink, self.closed = files, build, None, False
+
+    def write(self, text: str) -> int:
+        if self.sink is None:
+            for f in self.files:
+                f.start()
+            self.sink = self.build()
+        return self.sink.write(text)
+
+    def close(self) -> None:
+        """Close the chain (or abandon the files when nothing was written); once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.sink is not None:
+            self.sink.close()
+        else:
+            for f in self.files:
+                f.abandon()
 
 
 def _connect_error(message: str, what: str) -> DsvError:
@@ -306,13 +365,13 @@ def load(
                                    a.api_key, turn_timeout, thinking, a.gateway_metrics, max_duration))
     except (ConnectError, BadResponse) as e:
         if rec_file:
-            rec_file.close()
-        _drop_unwritten(records, turns_csv)   # no turn ran: no empty records file left to mistake for a run
+            rec_file.close()    # no turn ran: an earlier run's records stay, a file this run made goes
         raise _connect_error(masked(str(e), secrets), "check load") from None
     except KeyboardInterrupt:
         # raised here as a DsvError: typer turns a KeyboardInterrupt into a return value of 130 in
         # non-standalone mode, which the CLI entry point does not pass on
-        raise DsvError("interrupted" + (f" (records so far in {records})" if records else ""),
+        wrote = rec_file is not None and rec_file.sink is not None     # else the file is as it was
+        raise DsvError("interrupted" + (f" (records so far in {records})" if records and wrote else ""),
                        exit_code=EXIT_INTERRUPTED) from None
     except OSError as e:        # writing --records failed mid-run (disk full)
         raise InputError(f"--records {records}: write failed: {e.strerror or e}") from None
@@ -403,36 +462,31 @@ def _load_args(url, profile, compare, concurrency, turns, min_requests, max_corr
                      min_requests, api_key)
 
 
-def _drop_unwritten(records: Optional[Path], turns_csv: Optional[Path]) -> None:
-    """Remove the ``--records`` file when empty and the ``--turns-csv`` file when it holds only its
-    header: files opened for a run that never sent a turn. Anything else is left as it is."""
-    import os
-    import stat
-    from ..report.csvout import TURN_FIELDS
-    for p, unwritten in ((records, ""), (turns_csv, ",".join(TURN_FIELDS))):
-        try:
-            if p is None or not stat.S_ISREG(os.stat(p).st_mode) or os.stat(p).st_size > len(unwritten) + 2:
-                continue
-            if Path(p).read_text(encoding="utf-8").strip() == unwritten:
-                os.unlink(p)
-        except (OSError, UnicodeDecodeError):
-            pass
-
-
 def _record_sinks(records: Optional[Path], turns_csv: Optional[Path], verbose: bool, secrets: set[str]):
     """The per-turn sink: --records (JSONL), --turns-csv, -v's stderr lines, chained and masked
-    (records are masked as logs are: the key, echoed headers); None when nothing wants them."""
-    rec_file = None
-    if records is not None:
-        rec_file = _open_records(records)
-    if turns_csv is not None:
-        from ..report.csvout import TurnsCsvWriter
-        rec_file = TurnsCsvWriter(_open_records(turns_csv), also=rec_file)
-    if verbose:
-        rec_file = TurnLines(rec_file)
-    if rec_file is not None:
-        rec_file = MaskedRecords(rec_file, secrets)
-    return rec_file
+    (records are masked as logs are: the key, echoed headers); None when nothing wants them. The
+    files are opened (and proved writable) now, emptied at the first turn record
+    (:class:`_OnFirstRecord`)."""
+    rec = _RecordsFile(records) if records is not None else None
+    try:
+        tcsv = _RecordsFile(turns_csv) if turns_csv is not None else None
+    except InputError:
+        if rec is not None:
+            rec.abandon()
+        raise
+    if rec is None and tcsv is None and not verbose:
+        return None
+    from ..report.csvout import TurnsCsvWriter
+    masked("", secrets)     # imported now: at the first record, out of descriptors, it could not be
+
+    def build():
+        sink = rec.f if rec is not None else None
+        if tcsv is not None:
+            sink = TurnsCsvWriter(tcsv.f, also=sink)
+        if verbose:
+            sink = TurnLines(sink)
+        return MaskedRecords(sink, secrets)
+    return _OnFirstRecord([f for f in (rec, tcsv) if f is not None], build)
 
 
 def _load_gate(doc: dict, max_c: float, records: Optional[Path]) -> None:
