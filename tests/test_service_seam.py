@@ -132,3 +132,52 @@ def test_every_backend_answers_is_it_running_through_one_interface(tmp_path):
         sleeper.wait()
     st = parse_status("h1", str(root), out)
     assert st.alive == {"decode": True} and st.procs["decode"].pid == sleeper.pid, out[-500:]
+
+
+#: Where a backend may be named (issue 42 item 2): the seam, the Slurm implementation, and the
+#: layers below it (hosts/ runs things on a host, profile/ reads and checks ``deploy.backend``).
+BRANCH_OK = ("deploy/service.py", "deploy/slurmjobs.py", "deploy/slurmwait.py", "hosts/", "profile/")
+
+
+def _backend_branches(path, tree: ast.AST) -> list[str]:
+    """``path:line`` of each comparison against ``X.backend`` or the literal ``"slurm"`` and each
+    ``hasattr(..., "job_state_cmd")`` (asking the service object what it is) in ``tree``."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare):
+            parts = [n.left, *n.comparators]
+            if any(isinstance(x, ast.Attribute) and x.attr == "backend" for x in parts) or \
+                    any(isinstance(x, ast.Constant) and x.value == "slurm" for x in parts):
+                out.append(f"{path}:{n.lineno}")
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "hasattr":
+            if any(isinstance(a, ast.Constant) and a.value == "job_state_cmd" for a in n.args):
+                out.append(f"{path}:{n.lineno}")
+    return out
+
+
+def test_no_backend_branch_outside_the_seam():
+    """Commands, deploy, rollback, lifecycle, promote and the gate ask ``deploy/service.py``
+    what where servers run can do (``limits_supported``, ``canary_first_refusal``, ``gate_alive``,
+    ``gate_start_wait``, ``gate_answering``, ``keeps_job_records``, ``submit_host``,
+    ``runs_in_containers``, ``restarts_in_place``): no module outside the seam and the Slurm
+    implementation compares ``deploy.backend`` or ``"slurm"``, nor asks ``hasattr(svc,
+    "job_state_cmd")``. (Image branches on the release format, build/ship/verify, are allowed by
+    docs/architecture.md: they do not compare a backend.)"""
+    found, scanned = [], 0
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        if rel.startswith(BRANCH_OK):
+            continue
+        scanned += 1
+        found += _backend_branches(rel, ast.parse(path.read_text()))
+    assert scanned > 100, f"the scan read {scanned} modules: it no longer reads the package"
+    assert not found, f"backend branches outside dsv4ctl/deploy/service.py: {found} (ask the seam)"
+
+
+def test_the_branch_scan_sees_each_kind_of_branch():
+    """The scan itself: each form it must catch is caught, a field of the same name elsewhere is not."""
+    src = ('if dep.deploy.backend == "slurm": pass\n'
+           'if "slurm" != kind: pass\n'
+           'if hasattr(svc, "job_state_cmd"): pass\n'
+           'x = opts.io_backend == "direct"\n')
+    assert _backend_branches("m.py", ast.parse(src)) == ["m.py:1", "m.py:2", "m.py:3"]

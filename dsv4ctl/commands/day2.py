@@ -288,7 +288,8 @@ def _group_entry(dep, h, st, hdoc, name, urls, undeployed, moved, probes, unheal
             "exit_status": proc.exit_status if proc is not None and not alive else None}
     if g.group.nnodes > 1 or g.group.replicas > 1:
         gdoc.update(replica=replica, node=rank, nnodes=g.group.nnodes)
-    if dep.sglang.image is not None:          # release images: the group's running container
+    from ..deploy.service import runs_in_containers
+    if runs_in_containers(dep):          # release images: the group's running container
         gdoc.update(container=proc.container if proc is not None and alive else None,
                     image=proc.image if proc is not None and alive else None)
     job = _slurm_job(st, name, proc)

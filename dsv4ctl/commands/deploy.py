@@ -327,7 +327,8 @@ def _limit(dep, group, host, allow_mixed_pd, po):
         return None
     if po is not None:
         raise InputError("-g/--host cannot go with --promote: its canary is the limited first step (--canary)")
-    if dep.deploy.backend == "slurm":
+    from ..deploy.service import limits_supported
+    if not limits_supported(dep):
         raise InputError("-g/--host: a limited deploy is not supported with deploy.backend slurm (deploy every group)")
     from ..deploy.limit import limit_deploy
     return limit_deploy(dep, list(group), list(host), allow_mixed_pd)

@@ -35,7 +35,8 @@ from .release import (Release, build_release, private_groups, launch_spec, relea
                       resolve_base, sha256_file)
 from .netloss import (UNREACHABLE, Activation, finish_command, locks_left, locks_text, lost_in_gate, lost_message,
                       probe, where_now, with_break_lock)
-from .service import check_reachable, log_tail_cmd, service_for
+from .service import (check_reachable, gate_alive, gate_answering, gate_start_wait, keeps_job_records, log_tail_cmd,
+                      service_for)
 from .site import (Options, Site, api_key, gather_facts, health_timeout, open_site, progress_interval, raise_failed,
                    read_spec, state_doc)
 from .steps import (DRY_RUN_TOKEN, RunSteps, Step, close_step, deploy_steps, lock_step, nothing_to_do, revert_steps,
@@ -302,45 +303,9 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
         trace(site, s)
     workers, chat = [], []
     model = "default"
-
-    def job_alive(h: str, g: str, svc):
-        from .slurmjobs import job_state, parse_job_state
-
-        def alive():
-            try:
-                up, why, node = parse_job_state(job_state(site, h, g))   # asked where Slurm's clients run
-            except RemoteError as e:               # the host is lost: no verdict (netloss)
-                return h, f"{UNREACHABLE}: {e}"
-            return True if up else (node if node in site.transports else h, why)
-        return alive
-
-    def alive_on(h: str, g: str):
-        t, p = site.transports[h], site.paths[h]
-        cmd = service_for(site, h).alive_cmd(p, g)
-        return lambda: t.run(cmd, check=False, timeout=30).code == 0
-
-    def alive_nodes(h: str, g: str, nodes: list[str]):
-        svc = service_for(site, h)
-        if hasattr(svc, "job_state_cmd"):          # a Slurm job: its state says for every node
-            return job_alive(h, g, svc)
-        checks = [(x, alive_on(x, g)) for x in [h, *nodes]]
-
-        def alive():
-            for rank, (x, check) in enumerate(checks):
-                try:
-                    up = check()
-                except RemoteError as e:        # the host is lost: no verdict (netloss)
-                    return x, f"{UNREACHABLE}: {e}"
-                if not up:
-                    if not nodes:
-                        return False
-                    return x, f"the server process of node {rank} (of {len(checks)}) exited"
-            return True
-        return alive
-
     for s in steps:
         h, g = s.host, s.extra["group"]
-        alive = alive_nodes(h, g, s.extra.get("nodes", []))
+        alive = gate_alive(site, h, g, s.extra.get("nodes", []))
         tgt = health.Target(h, g, s.extra["url"], alive,
                             api_key(site.profile, g) if s.extra["kind"] == "chat" else None)
         if s.extra["kind"] == "health":
@@ -349,8 +314,7 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
             chat.append(tgt)
             model = s.extra["model"]
     wait = health_timeout(site) if timeout is None else timeout
-    from .slurmwait import answering_jobs, start_wait
-    pending = start_wait(site, steps, timeout, progress_interval())    # queue time is not start time
+    pending = gate_start_wait(site, steps, timeout, progress_interval())    # queue time is not start time
     if pending:
         return pending
     site.opts.log(f"health: waiting for {len(workers)} worker(s) and {len(chat)} chat target(s) "
@@ -360,7 +324,7 @@ def run_gate(site: Site, steps: list[Step], timeout: float | None = None) -> lis
     try:
         with ticker:
             fails = health.gate(workers, chat, wait, model, ended=ended, status=status)
-        return fails or answering_jobs(site, steps)      # with Slurm: the new job answers, not a leftover
+        return fails or gate_answering(site, steps)      # with Slurm: the new job answers, not a leftover
     finally:
         t1 = max([ended[k] for k in ended if k[0] == "health"], default=t0)
         for s in steps:
@@ -997,7 +961,7 @@ def releases(profile, opts: Options) -> dict:
     from ..hosts.layout import read_facts
     from ..hosts.slurmrecord import parse_records, records_cmd, release_jobs
     site = open_site(profile, opts)
-    slurm = site.profile.deploy.backend == "slurm"
+    slurm = keeps_job_records(site.profile)
     try:
         res = run_parallel(site.root_transports, lambda t: read_facts(t, site.paths[t.name].root),
                            timeout=opts.connect_timeout + 60)

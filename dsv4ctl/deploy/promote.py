@@ -68,15 +68,10 @@ class PromoteOptions:
         """Before anything is built or touched: choose the canary, run the preflight. InputError
         (exit 2) with ``deploy.slurm.submit_host``: its switch would cancel and submit every
         server's job at once, not the canary's first (docs/slurm.md, what is not there yet)."""
-        st = dep.deploy.slurm
-        if dep.deploy.backend == "slurm" and st is not None and st.shared_root:
-            raise InputError(f"deploy --promote: not with deploy.slurm.shared_root yet: its one switch (on "
-                             f"{st.submit_host}) would switch every server's job at once, not the canary's first; "
-                             "deploy without --promote")
-        if dep.deploy.backend == "slurm" and st is not None and st.submit_host:
-            raise InputError(f"deploy --promote: not with deploy.slurm.submit_host ({st.submit_host}) yet: the submit "
-                             "host would switch every server's job at once, not the canary's first; deploy without "
-                             "--promote, or let each server's node 0 submit (no submit_host)")
+        from .service import canary_first_refusal
+        refused = canary_first_refusal(dep)
+        if refused:
+            raise InputError(refused)
         self.canary_hosts = choose_canary(dep, self.canary)
         from .preflight import preflight
         self.preflight = preflight(dep)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..remote import q, run_parallel
-from .service import service_for
+from .service import service_for, submit_host
 from .site import Site, raise_failed, spec_servers, start_command
 from .steps import Step
 
@@ -155,8 +155,7 @@ def _submit_actions(site: Site, spec_of: dict, actions: list[ServerAction], stop
     server groups of ``actions`` to the submit host's stops and starts (it cancels and submits
     their jobs; the nodes' own steps stop only what ran before Slurm and make log folders).
     Returns (the submit host or None, {group: the replicas it acts for})."""
-    st = site.profile.deploy.slurm
-    sub = st.submit_host if site.profile.deploy.backend == "slurm" and st else None
+    sub = submit_host(site)
     only: dict[str, set[int]] = {}
     if sub is None or sub not in site.transports:
         return None, only

@@ -13,8 +13,10 @@ from ..remote import q, run_parallel
 from .site import Site
 from .slurmjobs import SlurmJobs
 
-__all__ = ["LOG_LINE_MAX", "check_reachable", "log_tail_cmd", "process_reads", "restart_in_place",
-           "restarts_in_place", "service_for", "submit_units", "test_submissions", "unusable_nodes"]
+__all__ = ["LOG_LINE_MAX", "canary_first_refusal", "check_reachable", "gate_alive", "gate_answering",
+           "gate_start_wait", "gate_step_text", "keeps_job_records", "limits_supported", "log_tail_cmd",
+           "process_reads", "restart_in_place", "restarts_in_place", "runs_in_containers", "service_for",
+           "submit_host", "submit_units", "test_submissions", "unusable_nodes"]
 
 
 def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict | None = None):
@@ -28,11 +30,130 @@ def service_for(site: Site, host: str, spec: dict | None = None, stop_spec: dict
     f = site.facts.get(host)
     svc = backend(site.profile.deploy.service, bool(f and f.systemd))
     boxed = [s for sp in (spec, stop_spec) for s in (sp or {}).values() if "container" in s]
-    if site.profile.sglang.image is not None or boxed:     # release images: the groups run in containers
+    if runs_in_containers(site.profile) or boxed:     # release images: the groups run in containers
         from ..hosts.container import ContainerService
         from .site import site_image
         return ContainerService(svc, site_image(site, boxed[0] if boxed else None))
     return svc
+
+
+def runs_in_containers(profile) -> bool:
+    """Whether ``profile``'s groups run in containers of release images (``sglang.image`` set):
+    then ``status`` shows each group's container and image, and :func:`service_for` wraps the
+    launcher/systemd command in :class:`dsv4ctl.hosts.container.ContainerService`."""
+    return profile.sglang.image is not None
+
+
+def limits_supported(profile) -> bool:
+    """Whether where ``profile``'s servers run can take a limited deploy (``-g``/``--host``: some
+    groups or hosts switched, the others left on their release). True over SSH; False on Slurm,
+    where a switch cancels and resubmits each server's job from the host that acts for it."""
+    return profile.deploy.backend != "slurm"
+
+
+def canary_first_refusal(profile) -> str:
+    """Why ``deploy --promote`` cannot switch its canary first where ``profile``'s servers run
+    (the whole InputError text, exit 2), "" when it can. On Slurm with ``deploy.slurm.shared_root``
+    or ``deploy.slurm.submit_host`` one host's switch cancels and submits every server's job at
+    once (docs/slurm.md, what is not there yet)."""
+    st = profile.deploy.slurm
+    if profile.deploy.backend != "slurm" or st is None:
+        return ""
+    if st.shared_root:
+        return (f"deploy --promote: not with deploy.slurm.shared_root yet: its one switch (on "
+                f"{st.submit_host}) would switch every server's job at once, not the canary's first; "
+                "deploy without --promote")
+    if st.submit_host:
+        return (f"deploy --promote: not with deploy.slurm.submit_host ({st.submit_host}) yet: the submit "
+                "host would switch every server's job at once, not the canary's first; deploy without "
+                "--promote, or let each server's node 0 submit (no submit_host)")
+    return ""
+
+
+def keeps_job_records(profile) -> bool:
+    """Whether where ``profile``'s servers run keeps records of the jobs submitted for each
+    release on the hosts (Slurm: ``run/*.job`` lines, :mod:`dsv4ctl.hosts.slurmrecord`, which
+    outlive Slurm's MinJobAge): ``releases`` then lists each release's ``slurm_jobs``."""
+    return profile.deploy.backend == "slurm"
+
+
+def submit_host(site: Site) -> str | None:
+    """The one host that submits and cancels every server's Slurm job
+    (``deploy.slurm.submit_host``), else None (each server's node 0 acts for it, or SSH)."""
+    st = site.profile.deploy.slurm
+    return st.submit_host if site.profile.deploy.backend == "slurm" and st else None
+
+
+def gate_step_text(site: Site, spec: dict, group: str, text: str) -> str:
+    """The words of ``group``'s gate step ``text`` (``wait for GET .../health = 200 ...``) where
+    its server runs: unchanged over SSH and for a router; for a Slurm job the start wait before
+    (at most :func:`dsv4ctl.deploy.slurmwait.start_timeout` s) and the proof after that the
+    process answering is that job's."""
+    if site.profile.deploy.backend != "slurm" or spec[group].get("role") == "router":
+        return text
+    from .slurmwait import start_timeout
+    return (f"wait for the Slurm job of {group} to leave PENDING (at most {start_timeout(site):g} s), then "
+            + text[len("wait for "):] + "; the process answering is that job's")
+
+
+def gate_alive(site: Site, host: str, group: str, nodes: list[str]):
+    """The gate's liveness check of ``group``'s server whose node 0 is ``host`` (``nodes``: its
+    other nodes): a callable answering True while it may still come up, False when its one
+    process has exited, or (host, why) naming the node whose process exited or the host that
+    cannot be reached (:data:`dsv4ctl.deploy.netloss.UNREACHABLE`, no verdict). Over SSH each
+    node's service alive command (:func:`service_for`); for a Slurm job its state, which says for
+    every node (:func:`dsv4ctl.deploy.slurmjobs.job_state`, asked where Slurm's clients run)."""
+    from .netloss import UNREACHABLE
+    if isinstance(service_for(site, host), SlurmJobs):
+        from .slurmjobs import job_state, parse_job_state
+
+        def job_alive():
+            try:
+                up, why, node = parse_job_state(job_state(site, host, group))
+            except RemoteError as e:               # the host is lost: no verdict (netloss)
+                return host, f"{UNREACHABLE}: {e}"
+            return True if up else (node if node in site.transports else host, why)
+        return job_alive
+    checks = [(x, _alive_on(site, x, group)) for x in [host, *nodes]]
+
+    def alive():
+        for rank, (x, check) in enumerate(checks):
+            try:
+                up = check()
+            except RemoteError as e:        # the host is lost: no verdict (netloss)
+                return x, f"{UNREACHABLE}: {e}"
+            if not up:
+                if not nodes:
+                    return False
+                return x, f"the server process of node {rank} (of {len(checks)}) exited"
+        return True
+    return alive
+
+
+def _alive_on(site: Site, host: str, group: str):
+    """A callable: does ``group``'s process run on ``host`` (its service's alive command)."""
+    t, p = site.transports[host], site.paths[host]
+    cmd = service_for(site, host).alive_cmd(p, group)
+    return lambda: t.run(cmd, check=False, timeout=30).code == 0
+
+
+def gate_start_wait(site: Site, steps: list, cap: float | None, every: float) -> list:
+    """Before the gate's health wait: wait while a server that must be scheduled first has not
+    started (a Slurm job PENDING: queue time is not start time,
+    :func:`dsv4ctl.deploy.slurmwait.start_wait`). [] at once over SSH; else one
+    :class:`~dsv4ctl.hosts.health.Failure` per server still waiting after its limit (``cap``
+    s at most when given), progress lines every ``every`` s."""
+    from .slurmwait import start_wait
+    return start_wait(site, steps, cap, every)
+
+
+def gate_answering(site: Site, steps: list) -> list:
+    """After a health wait that passed: proof that each server answering is the one the run
+    started. Over SSH nothing more to prove ([]); for a Slurm job, the process listening on its
+    port on node 0 must be of the job just submitted
+    (:func:`dsv4ctl.deploy.slurmwait.answering_jobs`): one Failure per server it is not."""
+    from .slurmwait import answering_jobs
+    return answering_jobs(site, steps)
 
 
 def restarts_in_place(profile) -> bool:
@@ -83,11 +204,11 @@ def submit_units(site: Site) -> tuple[str | None, dict[str, tuple[str, str]]]:
     every server (``GROUP``, ``GROUP@R`` for replica R > 0): the submit host keeps each one's job
     id and records under the unit's name, so ``status`` reads them there and shows them at the
     server's node 0. (None, {}) otherwise."""
-    st = site.profile.deploy.slurm
-    if site.profile.deploy.backend != "slurm" or st is None or not st.submit_host:
+    sub = submit_host(site)
+    if not sub:
         return None, {}
-    return st.submit_host, {(g.name if r == 0 else f"{g.name}@{r}"): (g.name, srv[0].host)
-                            for g in site.profile.servers() for r, srv in enumerate(g.server_nodes)}
+    return sub, {(g.name if r == 0 else f"{g.name}@{r}"): (g.name, srv[0].host)
+                 for g in site.profile.servers() for r, srv in enumerate(g.server_nodes)}
 
 
 def check_reachable(site: Site) -> None:

@@ -29,7 +29,7 @@ from ..hosts.layout import HostFacts, Paths, claim_cmd, facts_command, kept_afte
 from ..hosts.lock import holder, holder_text, release_cmd, take_cmd
 from ..profile.deployment import http_url
 from ..remote import atomic_write_cmd, q
-from .service import service_for
+from .service import gate_step_text, service_for
 from .site import Site, health_timeout, host_groups, link_bases, spec_servers, start_command
 
 
@@ -253,13 +253,8 @@ def gate_steps(site: Site, spec: dict, hosts: list[str] | None = None, stage: st
     def alive(nodes):
         return f", processes alive on {', '.join(nodes)}" if nodes else ""
 
-    def job(g: str, text: str) -> str:       # a Slurm job: the start wait before, the proof of the job after
-        if site.profile.deploy.backend != "slurm" or spec[g].get("role") == "router":
-            return text
-        from .slurmwait import start_timeout
-        return (f"wait for the Slurm job of {g} to leave PENDING (at most {start_timeout(site):g} s), then "
-                + text[len("wait for "):] + "; the process answering is that job's")
-    out = [Step("gate", h, job(g, f"wait for GET {u}/health = 200 (group {g}{alive(n)}, timeout {t:g} s)"),
+    out = [Step("gate", h, gate_step_text(site, spec, g, f"wait for GET {u}/health = 200 (group {g}{alive(n)}, "
+                                                          f"timeout {t:g} s)"),
                 f"GET {u}/health", stage, extra={"group": g, "url": u, "kind": "health", "nodes": n})
            for h, g, u, n in workers]
     out += [Step("gate", h, f"POST {u}/v1/chat/completions (model {model}, max_tokens 1, group {g}) "
