@@ -34,17 +34,11 @@ def git(tree: Path, *args: str, input: str | None = None) -> str:
 
 def fresh_tree(dest: Path) -> Path:
     """A new clone of the pristine sglang 0.5.23 tree at ``dest``."""
+    from unittest import mock
+
     from dsv4ctl.patches.pristine import pristine_tree
-    saved = {k: os.environ.get(k) for k in NO_AUTO_GC}
-    os.environ.update(NO_AUTO_GC)         # the build's git runs with this process's environment
-    try:
+    with mock.patch.dict(os.environ, NO_AUTO_GC):     # the build's git runs with this environment
         return pristine_tree("sglang", "0.5.23", dest, cache=CACHE)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def snapshot(tree: Path) -> dict:
