@@ -189,12 +189,16 @@ def error_line(message: str, label: str = "error") -> None:
 
 _CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x00, 0x09)) + list(range(0x0b, 0x20)) + [0x7f]}
 _CONTROL.update({c: f"\\u{c:04x}" for c in [*range(0x80, 0xa0), *range(0x202a, 0x202f), *range(0x2066, 0x206a)]})
+# a byte that is not UTF-8 in an argument or file name (Python's surrogateescape, U+DC80-DCFF): the
+# byte, escaped (raw, 0x9b is an 8-bit CSI; a strict UTF-8 stdout could not write it at all)
+_CONTROL.update({0xdc00 + b: f"\\x{b:02x}" for b in range(0x80, 0x100)})
 
 
 def printable(text: str) -> str:
     """``text`` with C0/C1 control characters (ESC, CSI, OSC, BEL, backspace, carriage return …;
-    tab and newline kept) and the bidirectional overrides/isolates (U+202A-202E, U+2066-2069)
-    written as ``\\xNN`` / ``\\uNNNN``, so text a server or host sent cannot move the cursor,
+    tab and newline kept), the bidirectional overrides/isolates (U+202A-202E, U+2066-2069) and the
+    bytes that were not UTF-8 (surrogateescape's U+DC80-DCFF, as the byte) written as ``\\xNN`` /
+    ``\\uNNNN``, so text a server or host sent cannot move the cursor,
     recolour or retitle the operator's terminal, nor reorder what it shows."""
     return text.translate(_CONTROL)
 

@@ -142,8 +142,12 @@ def test_csv_text_cells_never_start_a_formula():
 def test_exec_dry_run_shows_control_characters_escaped():
     # ESC/BEL in the command went raw to the operator's terminal in the dry run (recolour, retitle)
     from tests.conftest import REPO, run_cli
+    # a byte that is not UTF-8 (0x9b, an 8-bit CSI) went raw too, or, on a strict UTF-8 stdout
+    # (PYTHONIOENCODING=utf-8), was a UnicodeEncodeError traceback (exit 1)
+    from dsv4ctl.render import printable
+    assert printable("a\udc9bb\udcff") == "a\\x9bb\\xff"
     r = run_cli("exec", "decode", str(REPO / "profiles/dsv4-flash-8xb200-pd.yaml"), "--dry-run", "--",
-                "echo", "a\x1b[31mred\x07")
+                "echo", "a\x1b[31mred\x07", "\udc9b", env={"PYTHONIOENCODING": "utf-8"})
     assert r.code == 0, r.err
     assert "\x1b" not in r.out and "\x07" not in r.out
-    assert "as group decode: echo a\\x1b[31mred\\x07" in r.out, r.out
+    assert "as group decode: echo a\\x1b[31mred\\x07 \\x9b" in r.out, r.out
