@@ -14,21 +14,47 @@ The rule, per command run in one process:
 - a runbook step runs inside the runbook's command: the run resolves the profile once
   (``RunContext.deployment``) and its in-process steps (service.restart here) ask that
   Deployment; steps that run a dsv4ctl child are a command of their own (counted as above).
+- the patch series (``sglang.series``) and the tree: one series load (``patches/ops.py
+  load_series``), one tree read (``patches/tree.py read_tree``) and one version read
+  (``tree_version``, at ``sglang.base_ref``; ``read_tree`` is given it) per command that builds,
+  judges or sizes a release: the release inputs, the lint input (DSV123) and the plan's index-K
+  facts ask the Deployment (``Deployment.once``; ``patches/resolved.py``), and a serve-config
+  change's ``with_serve_texts`` keeps them (they do not depend on serve configs).
+- the lint input (``serve/lintinput.py build_input``): one per serve texts linted; a command that
+  lints the same texts twice (``hicache on --remote``: the profile's files, then the running
+  release's) asks the Deployment for the one it built.
 
-One LocalWorld (three ``local: true`` hosts, stand-in servers): a real deploy so that the
-lifecycle, rollback and serve-change dry runs have a release to act on (about 8 s)."""
+One LocalWorld (three ``local: true`` hosts, stand-in servers) whose profile ships a one-patch
+series: a real deploy so that the lifecycle, rollback and serve-change dry runs have a release to
+act on (about 8 s)."""
 
 from __future__ import annotations
+
+import shutil
+import sys
 
 import pytest
 import yaml
 
+from dsv4ctl.patches import ops, tree
 from dsv4ctl.plan import sglang_version
 from dsv4ctl.profile import model, serveconfig
+from dsv4ctl.serve import lintinput
 from tests.test_golden import LocalWorld, needs_rsync, run
 
 PLAYBOOK = {"name": "restart-once", "description": "one in-process step: restart decode in place",
             "steps": [{"id": "restart", "action": "service.restart", "args": {"groups": ["decode"]}}]}
+
+
+def count_calls(monkeypatch, func, log: list) -> None:
+    """Count every call of ``func`` in ``log``, wherever a ``dsv4ctl`` module holds it by name
+    (``from .ops import load_series`` at import time included)."""
+    def counting(*a, **k):
+        log.append(a[:1])
+        return func(*a, **k)
+    for name, mod in list(sys.modules.items()):
+        if (name == "dsv4ctl" or name.startswith("dsv4ctl.")) and getattr(mod, func.__name__, None) is func:
+            monkeypatch.setattr(mod, func.__name__, counting)
 
 
 @pytest.fixture
@@ -54,33 +80,51 @@ def counted(monkeypatch):
 
 
 @needs_rsync
-def test_each_command_reads_the_profile_and_its_serve_configs_once(tmp_path, counted):
+def test_each_command_reads_the_profile_and_its_serve_configs_once(tmp_path, monkeypatch, counted):
+    import dsv4ctl.patches.planfacts  # noqa: F401 -- loaded, so its names are counted too
     w = LocalWorld(tmp_path)
+    series = tmp_path / "series-dir"            # a one-patch series cut against the world's tree
+    series.mkdir()
+    shutil.copy2(w.patch1, series / w.patch1.name)
+    (series / "series").write_text(f"base sglang==0.5.23\n{w.patch1.name}\n")
     prof = w.prof
+    prof["sglang"]["series"] = str(series)
+    loaded, trees, versions_read = [], [], []
+    count_calls(monkeypatch, ops.load_series, loaded)
+    count_calls(monkeypatch, tree.read_tree, trees)
+    count_calls(monkeypatch, tree.tree_version, versions_read)
+    built = []                                  # lint inputs assembled (serve/lintinput.py build_input)
+    count_calls(monkeypatch, lintinput.LintInput, built)
     for h in prof["hosts"]:
         h["ram_gib"] = 4096                 # room for prefill's HiCache host pool (DSV109)
     p = str(w.write_profile("profile.yaml", prof))
     cfgs = {str(w.cfgdir / "prefill.yaml"): 1, str(w.cfgdir / "decode.yaml"): 1}
     book = tmp_path / "restart-once.yaml"
     book.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
-    # (argv, resolutions): one for what builds, judges or sizes a release, none for the rest
-    commands = [(("deploy", p), 1),
-                (("deploy", p, "--dry-run", "--json"), 1),
-                (("config", "set", p, "-g", "decode", "kv-canary=log", "--remote"), 1),
-                (("hicache", "on", p, "-g", "prefill", "--remote", "--dry-run"), 1),
-                (("config", "set", p, "-g", "decode", "kv-canary=none", "--remote", "--dry-run"), 1),
-                (("plan", p, "--json"), 1),
-                (("restart", p, "--dry-run"), 0),
-                (("rollback", p, "--dry-run"), 0),
-                (("status", p), 0),
-                (("runbook", "run", str(book), p, "--yes", "-q"), 0)]
+    # (argv, resolutions, lint inputs): one resolution for what builds, judges or sizes a release,
+    # none for the rest; one lint input per serve texts linted (a change lints the edited and the
+    # unedited texts; hicache --remote the profile's files and the running release's, the same texts)
+    commands = [(("deploy", p), 1, 1),
+                (("deploy", p, "--dry-run", "--json"), 1, 1),
+                (("config", "set", p, "-g", "decode", "kv-canary=log", "--remote"), 1, 2),
+                (("hicache", "on", p, "-g", "prefill", "--remote", "--dry-run"), 1, 2),
+                (("config", "set", p, "-g", "decode", "kv-canary=none", "--remote", "--dry-run"), 1, 2),
+                (("plan", p, "--json"), 1, 0),
+                (("restart", p, "--dry-run"), 0, 0),
+                (("rollback", p, "--dry-run"), 0, 0),
+                (("status", p), 0, 0),
+                (("runbook", "run", str(book), p, "--yes", "-q"), 0, 0)]
     touched = {"runbook": {str(w.cfgdir / "decode.yaml"): 1}}     # the step restarts decode only
     try:
-        for argv, versions in commands:
+        for argv, versions, lint_inputs in commands:
+            loaded.clear(), trees.clear(), versions_read.clear(), built.clear()
             loads, reads, resolved = counted(*argv, env=w.env)
             assert loads.count(p) == 1, (argv, loads)
             assert reads == touched.get(argv[0], cfgs), (argv, reads)
             assert resolved == versions, (argv, resolved)
+            # the series and the tree: once for what builds, judges or sizes a release, never again
+            assert (len(loaded), len(trees), len(versions_read), len(built)) == (versions,) * 3 + (lint_inputs,), \
+                (argv, len(loaded), len(trees), len(versions_read), len(built))
     finally:
         run("stop", p, env=w.env)
 

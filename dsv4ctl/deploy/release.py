@@ -107,12 +107,14 @@ def manifest_diff(old: dict, new: dict) -> dict[str, list[str]]:
 
 # -- inputs ------------------------------------------------------------------------------------
 
-def series_patches(series: Path | None, patches: list[Path] | None = None) -> tuple[list[Path], str | None]:
+def series_patches(series: Path | None, patches: list[Path] | None = None, dep=None) -> tuple[list[Path], str | None]:
     """(patch files in order, series identity) of what a release applies: explicit ``patches``
     win (no identity); else a folder with a ``series`` file, read and validated by
     :func:`dsv4ctl.patches.ops.load_series` (the one series reader; its identity goes into the
-    release id); else the folder's ``*.patch`` sorted; none for no folder. InputError for a
-    missing file or folder, and the series file's own errors."""
+    release id) — with ``dep`` (the Deployment whose ``sglang.series`` is ``series``) the one it
+    keeps (:func:`dsv4ctl.patches.resolved.loaded_series`, read once per Deployment); else the
+    folder's ``*.patch`` sorted; none for no folder. InputError for a missing file or folder, and
+    the series file's own errors."""
     if patches:
         from ..patches.ops import read_patch_text
         for p in patches:
@@ -127,7 +129,8 @@ def series_patches(series: Path | None, patches: list[Path] | None = None) -> tu
         raise InputError(f"{series}: patch series folder not found")
     if (series / "series").is_file():
         from ..patches.ops import load_series
-        ls = load_series(series)
+        from ..patches.resolved import loaded_series
+        ls = load_series(series) if dep is None else loaded_series(dep)
         return [ls.path(e) for e in ls.series.entries], ls.identity
     return sorted(series.glob("*.patch")), None
 
@@ -767,7 +770,8 @@ def release_inputs(profile, tree: str | None, base_ref: str | None, patches: lis
     dep = as_deployment(profile)
     tree_p = dep.tree(tree, required=True)
     base_ref = base_ref or dep.sglang.base_ref or "HEAD"
-    pl, ident = series_patches(dep.sglang.series if not patches else None, [Path(p) for p in patches] if patches else None)
+    pl, ident = series_patches(dep.sglang.series if not patches else None, [Path(p) for p in patches] if patches else None,
+                               dep=dep)
     configs = {g.name: g.serve.raw for g in dep.servers() if g.serve_config_path is not None}
     return tree_p, base_ref, pl, configs, launch_spec(dep), ident
 

@@ -207,8 +207,14 @@ def tree_version(git: Git, rev: str = "HEAD") -> Optional[str]:
     return None
 
 
-def read_tree(git: Git, base: Optional[str] = None) -> TreeState:
-    """Read a tree's state. ``base``: the pristine ref (default ``v<version>``).
+_UNREAD = object()
+
+
+def read_tree(git: Git, base: Optional[str] = None, version=_UNREAD) -> TreeState:
+    """Read a tree's state. ``base``: the pristine ref (default ``v<version>``). ``version``: the
+    tree's SGLang version when the caller has read it already (:func:`tree_version`; a resolved
+    Deployment's, :func:`dsv4ctl.patches.resolved.tree_version_at`, at its base ref when the
+    caller reads only the commits), not read again.
 
     Raises InputError when the path is not a git work tree, has no commit, or the base cannot be
     found or is not an ancestor of HEAD."""
@@ -220,7 +226,8 @@ def read_tree(git: Git, base: Optional[str] = None) -> TreeState:
         raise InputError(f"{git.where}: the repository has no commit")
     head = r.out.strip()
     branch = git.run("symbolic-ref", "-q", "--short", "HEAD", check=False).out.strip() or None
-    version = tree_version(git)
+    if version is _UNREAD:
+        version = tree_version(git)
     base_ref = base or (f"v{version}" if version else None)
     if base_ref is None:
         raise InputError(f"{git.where}: cannot tell the SGLang version (no python/sglang/_version.py, "

@@ -309,8 +309,8 @@ def build_plan(deployment: "Deployment | Profile", overrides: Optional[dict] = N
     choice = resolve_version(dep)
     tree = None
     if dep.sglang.tree is not None and dep.sglang.series is not None:  # imported only when needed: start-up
-        from ..patches.planfacts import tree_facts
-        tree = tree_facts(dep.sglang)
+        from ..patches.planfacts import deployment_tree_facts
+        tree = deployment_tree_facts(dep)       # once per Deployment (kept by with_serve_texts)
     return PlanReport(profile=profile, model=model, sglang=choice,
                       groups=[plan_group(profile, g, model, facts, overrides, tree, dep.groups[g.name].serve,
                                          choice.rules)

@@ -57,11 +57,9 @@ def _resolve_version(dep) -> VersionChoice:
     tree_v, tree_src = None, ""
     tree = dep.sglang.tree
     if tree is not None and tree.is_dir():
-        from ..patches.gitio import Git
-        from ..patches.tree import tree_version
         ref = dep.sglang.base_ref or "HEAD"
         try:
-            tree_v = tree_version(Git(str(tree)), ref)
+            tree_v = _tree_version(dep, tree, ref)
         except InputError:       # version files that disagree or are no Python: said, never guessed
             raise
         except Exception:        # not a git checkout, a bad ref: the profile's value is all there is
@@ -73,6 +71,18 @@ def _resolve_version(dep) -> VersionChoice:
     rules = rules_for(prof, where)
     # the release's own spelling ("v0.5.23" and " 0.5.23" are 0.5.23): file names and titles use it
     return VersionChoice(rules.version, rules, "profile sglang.version", rules.version, None)
+
+
+def _tree_version(dep, tree, ref: str):
+    """The tree's version at ``ref``, read once per Deployment (shared with the plan's tree facts:
+    :func:`dsv4ctl.patches.resolved.tree_version_at`); read directly for a stand-in without
+    ``Deployment.once``."""
+    if hasattr(dep, "once"):
+        from ..patches.resolved import tree_version_at
+        return tree_version_at(dep, tree, ref)
+    from ..patches.gitio import Git
+    from ..patches.tree import tree_version
+    return tree_version(Git(str(tree)), ref)
 
 
 def _canonical(version) -> str:

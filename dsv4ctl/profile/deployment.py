@@ -476,8 +476,9 @@ class GroupView:
 
 
 #: :meth:`Deployment.once` keys whose value does not depend on the serve configs (kept by
-#: :meth:`Deployment.with_serve_texts`): the environment lock's bytes and its digest.
-SERVE_FREE = frozenset({"environment", "environment_digest"})
+#: :meth:`Deployment.with_serve_texts`): the environment lock's bytes and its digest, the patch
+#: series, the tree's versions and its index-K facts (:mod:`dsv4ctl.patches.resolved`).
+SERVE_FREE = frozenset({"environment", "environment_digest", "series", "tree_versions", "tree_facts"})
 
 
 @dataclass

@@ -4,6 +4,8 @@ gating of the SGLang tree). The rules themselves are pure, in :mod:`dsv4ctl.serv
 
 from __future__ import annotations
 
+import copy
+
 from ..plan.startup import is_sm100
 
 from typing import Optional
@@ -16,7 +18,14 @@ from .lint import GroupInput, LintInput
 
 def device_pool_gib(dep: Deployment) -> tuple[dict[str, list[float]], Optional[str]]:
     """Per server group, each rank's device KV pool GiB as allocated (``dsv4ctl plan``'s
-    ``allocated_gib``). Returns ({}, reason) when the plan cannot be built."""
+    ``allocated_gib``). Returns ({}, reason) when the plan cannot be built. Planned once per
+    Deployment (:meth:`Deployment.once`: the lint inputs of several texts share it); the answer
+    is shared, never written."""
+    return dep.once("device_pool_gib", lambda: _device_pool_gib(dep))
+
+
+def _device_pool_gib(dep: Deployment) -> tuple[dict[str, list[float]], Optional[str]]:
+    """:func:`device_pool_gib`, planned."""
     from ..plan.plan import build_plan
     try:
         report = build_plan(dep)
@@ -72,8 +81,25 @@ def build_input(deployment, groups: Optional[list] = None, tree: Optional[str] =
     deployment (a Profile is resolved first).
 
     ``texts`` maps group names to serve-config text to lint instead of the file (an edit not yet
-    written). Raises InputError for a missing file of a selected group, or a YAML error."""
+    written). Raises InputError for a missing file of a selected group, or a YAML error.
+
+    Built once per Deployment and arguments (:meth:`Deployment.once`): a command that lints the
+    same texts twice (``hicache on --remote``: the profile's files, then the running release's,
+    each edited and unedited) builds, plans and reads the tree's gating once per text. Each call
+    gets its own :class:`LintInput` and :class:`GroupInput` objects (a caller may set a group's
+    ``config``, as :mod:`dsv4ctl.serve.hicache_live` does); what they hold is shared, never written."""
     dep = as_deployment(deployment)
+    names = None if not groups else tuple(sorted({getattr(g, "name", g) for g in groups}))
+    key = ("lint_input", names, tree, tuple(sorted((texts or {}).items())), with_plan)
+    kept = dep.once(key, lambda: _build_input(dep, groups, tree, texts, with_plan))
+    out = copy.copy(kept)
+    out.groups = [copy.copy(gi) for gi in kept.groups]
+    return out
+
+
+def _build_input(dep: Deployment, groups: Optional[list], tree: Optional[str],
+                 texts: Optional[dict[str, str]], with_plan: bool) -> LintInput:
+    """:func:`build_input`, built."""
     texts = texts or {}
     servers = dep.servers()
     selected = {getattr(g, "name", g) for g in groups} if groups else {g.name for g in servers}
@@ -130,9 +156,9 @@ def series_mismatch(dep, version: str) -> Optional[tuple[str, int, str]]:
     if dep.sglang.series is None:
         return None
     from ..errors import DsvError
-    from ..patches.ops import load_series
+    from ..patches.resolved import loaded_series
     try:
-        ls = load_series(dep.sglang.series)
+        ls = loaded_series(dep)             # once per Deployment, shared with the release inputs and the plan
     except (DsvError, OSError):
         return None
     if ls.series.package != "sglang" or ls.series.version == version:
