@@ -11,13 +11,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import yaml
 
 from dsv4ctl.hosts.slurm import parse_squeue, release_of
-from tests.conftest import run_cli, worker_index
+from tests.conftest import REPO, run_cli, worker_index
 from tests.slurm.lab import SlurmLab, missing
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.sshd.promote_world import SHORT_CONTEXT, PromoteWorld
@@ -122,7 +123,15 @@ def test_a_release_runs_as_one_slurm_job_per_server_group_and_a_killed_rank_ends
     assert "h0/prefill: [ok] healthy" in d.out
 
 
-def test_a_release_whose_rank_fails_is_rolled_back_to_the_previous_job(world):
+SIGNALS = ([signal.SIGINT, signal.SIGTERM, signal.SIGHUP] if os.environ.get("DSV4CTL_SLURM_SIGNALS") == "all"
+           else [signal.SIGTERM])       # the three take one path (deploy's interrupt handling); docs/testing.md
+
+
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_a_failed_rank_and_an_interrupt_each_put_the_previous_release_back(world, sig):
+    """A release whose rank fails is rolled back to the previous job. Then a signal while the
+    next release's jobs start (the gate's wait): exit 130, every host on the old release, its
+    jobs running again, no job of the new release left in the queue."""
     w, lab = world, world.lab
     assert deploy(w).code == 0
     good = w.current("h0")
@@ -144,6 +153,34 @@ def test_a_release_whose_rank_fails_is_rolled_back_to_the_previous_job(world):
     assert "host h1 group prefill: Slurm: job" in r.err and ("(FAILED, exit" in r.err or "(COMPLETING, exit" in r.err), r.err
     assert "srun: error: h1: task 1: Exited with exit code 1" in r.err
     assert "uncorrectable ECC error" in r.err           # node 1's own log tail, where the cause is
+    # then a signal while the new release's jobs start
+    w.node_env.clear()
+    w.extra["decode"] = {"standin-startup-s": 30}     # the new decode answers 503 for 30 s
+    w.write()
+    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "--tree", str(w.tree),
+                          "--base", "v0.5.23", "--no-preflight"], cwd=REPO, env={**os.environ, **w.env(), "NO_COLOR": "1"},
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = []
+        while True:
+            line = p.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+            if "health: waiting" in line:
+                break
+        assert wait_for(lambda: any(j["state"] == "RUNNING" and release_of(j["comment"]) != good
+                                    for j in jobs(lab, "decode")), timeout=20)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, "".join(lines) + err
+    assert set(w.currents().values()) == {good}
+    for g in ("prefill", "decode"):
+        assert wait_for(lambda: [(j["state"], release_of(j["comment"])) for j in jobs(lab, g)] == [("RUNNING", good)],
+                        timeout=30), (g, jobs(lab, g), err)
+    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
 
 
 def test_status_stop_start_restart_cancel_and_resubmit_the_groups_job(world):
@@ -251,47 +288,6 @@ def test_refused_deploys_change_nothing_and_a_copy_never_cancels_the_first_ones_
     [still] = jobs(lab, "decode")
     assert still["job"] == a["job"] and still["state"] == "RUNNING"
     assert [j["state"] for j in jobs(lab, "prefill")] == ["RUNNING"]
-
-
-SIGNALS = ([signal.SIGINT, signal.SIGTERM, signal.SIGHUP] if os.environ.get("DSV4CTL_SLURM_SIGNALS") == "all"
-           else [signal.SIGTERM])       # the three take one path (deploy's interrupt handling); docs/testing.md
-
-
-@pytest.mark.parametrize("sig", SIGNALS)
-def test_an_interrupt_while_the_new_job_starts_puts_the_old_release_back(world, sig):
-    """A signal while the new release's jobs start (the gate's wait): exit 130, every host on the
-    old release, its jobs running again, no job of the new release left in the queue."""
-    import sys
-    from tests.conftest import REPO
-    w, lab = world, world.lab
-    assert deploy(w).code == 0
-    good = w.current("h0")
-    w.extra["decode"] = {"standin-startup-s": 30}     # the new decode answers 503 for 30 s
-    w.write()
-    p = subprocess.Popen([sys.executable, "-m", "dsv4ctl.cli", "deploy", str(w.profile), "--tree", str(w.tree),
-                          "--base", "v0.5.23", "--no-preflight"], cwd=REPO, env={**os.environ, **w.env(), "NO_COLOR": "1"},
-                         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        lines = []
-        while True:
-            line = p.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-            if "health: waiting" in line:
-                break
-        assert wait_for(lambda: any(j["state"] == "RUNNING" and release_of(j["comment"]) != good
-                                    for j in jobs(lab, "decode")), timeout=20)
-        p.send_signal(sig)
-        _, err = p.communicate(timeout=180)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130, "".join(lines) + err
-    assert set(w.currents().values()) == {good}
-    for g in ("prefill", "decode"):
-        assert wait_for(lambda: [(j["state"], release_of(j["comment"])) for j in jobs(lab, g)] == [("RUNNING", good)],
-                        timeout=30), (g, jobs(lab, g), err)
-    assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
 
 
 class SlurmPromoteWorld(PromoteWorld):
