@@ -7,6 +7,8 @@ as PID 1 of a private namespace (tests/test_systemd.py's)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import os
 
 import pytest
@@ -199,3 +201,133 @@ def test_systemd_units_run_the_release_image(sysd, image_base):
     finally:
         w.stop_all()
         w.podman("rm", "-f", "-a", "-t", "1")
+
+
+# -- 2. a named build host (issue 47 item 2) --------------------------------------------------------
+
+def test_a_build_host_without_podman_is_a_preflight_error(monkeypatch, tmp_path):
+    """``build_host_preflight`` on a host whose PATH has no podman (a real shell, here with a
+    PATH folder holding bash alone): exit 3, one line naming the build host and what to install, before
+    anything is built or shipped."""
+    from types import SimpleNamespace
+    from dsv4ctl.deploy.image import build_host_preflight
+    from dsv4ctl.errors import RemoteError
+    from dsv4ctl.profile.deployment import ImageSettings
+    from dsv4ctl.remote import LocalTransport
+    empty = tmp_path / "bin"              # a PATH with bash (the transport's shell) and no podman
+    empty.mkdir()
+    (empty / "bash").symlink_to("/bin/bash")
+    site = SimpleNamespace(profile=SimpleNamespace(sglang=SimpleNamespace(image=ImageSettings(base="x",
+                                                                                              build_host="b0"))),
+                           transports={"b0": LocalTransport("b0")})
+    build_host_preflight(site)                       # podman is on this machine's PATH
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(RemoteError) as e:
+        build_host_preflight(site)
+    assert e.value.exit_code == 3
+    assert str(e.value) == ("preflight: build host b0: podman not found on the build host (sglang.image.build_host "
+                            "builds the images with it: apt install podman): nothing was built or shipped")
+
+
+def test_a_build_host_that_is_no_host_of_the_profile_is_refused(sshd_cluster, tmp_path):
+    """``sglang.image.build_host`` must name a host of ``hosts:``: exit 2, one line at its profile
+    line, ``config lint`` and ``deploy --dry-run`` alike."""
+    w = ImageWorld(sshd_cluster, tmp_path, "oci:" + str(tmp_path / "no-base"), nhosts=3)
+    w.image_extra = {"build_host": "builder9"}
+    w.write()
+    line = next(i for i, ln in enumerate(w.profile.read_text().splitlines(), 1) if "build_host:" in ln)
+    for args in (("config", "lint", str(w.profile)), ("deploy", str(w.profile), "--dry-run", "--no-preflight")):
+        r = run_cli(*args, env=w.env(), timeout=120)
+        assert r.code == 2 and r.err.strip().splitlines() == [
+            f"dsv4ctl: error: {w.profile}:{line}: sglang.image.build_host: builder9 is not a host of hosts: "
+            "(h0, h1, h2)"], (args, r.err)
+
+
+def test_images_built_on_a_build_host(sshd_cluster, tmp_path, image_base, monkeypatch):
+    """``sglang.image.build_host: h0`` (one of the world's sshd hosts, rootful podman): the
+    deploy sends the build
+    context there, builds with h0's podman (its store ``ROOT/images/build``; this machine's
+    store holds no image), shows the build's STEP lines, brings the OCI layout back and ships
+    it; every host runs the image. A one-file change then brings back and ships only its own
+    small layers (its dry run lists the build on h0, the build host's preflight and the very
+    steps the run executes: tests/test_steps_equal.py's check),
+    and the same release built on this machine gives the same image id (the environment layer
+    too: it is reproducible)."""
+    from dsv4ctl.deploy import engine
+    from dsv4ctl.deploy.image import build_image
+    from dsv4ctl.deploy.release import cached_release
+    from dsv4ctl.deploy.site import Options
+    from dsv4ctl.deploy.steps import DRY_RUN_TOKEN
+    from dsv4ctl.profile.deployment import load_deployment
+    from tests.images import base as images
+    from tests.sshd.world import git, http_status, wait_for
+    from tests.test_image_deploy import deploy
+    w = ImageWorld(sshd_cluster, tmp_path, image_base, nhosts=3)
+    w.image_extra = {"build_host": "h0"}
+    w.write()
+    bstore = w.roots["h0"] / "images" / "build"
+    local_cache = tmp_path / "local-build"
+    try:
+        r = deploy(w)
+        assert r.code == 0, r.err + r.out
+        r1 = w.current("h1")
+        rec1 = json.loads((w.cache / "images" / "records" / f"{r1}.json").read_text())
+        assert rec1["build_host"] == "h0"
+        assert f"building the image of {r1} on h0: STEP 1/4: FROM " in r.err and \
+            f"built image {rec1['image'][:12]} of {r1} on h0" in r.err, r.err
+        assert f"brought the image layout of {r1} from h0: " in r.err, r.err
+        exists = lambda store, iid: subprocess.run([*images.podman_argv(store), "image", "exists", iid]).returncode == 0
+        assert exists(bstore, rec1["image"])                               # built in h0's build store
+        assert not (w.cache / "images" / "storage").exists()               # not on this machine
+        assert (w.cache / "images" / "oci" / r1 / "index.json").is_file()
+        for h in ("h0", "h1", "h2"):
+            assert (w.roots[h] / "images" / "ids" / r1).read_text().strip() == rec1["image"]
+        # a one-file change, built on h0
+        f = w.tree / "python" / "sglang" / "srt" / "mod001.py"
+        f.write_text(f.read_text() + "y = 2\n")
+        git(w.tree, "commit", "-q", "-am", "one file")
+        git(w.tree, "tag", "-f", "v0.5.23")
+        # in this process: its dry run lists exactly the steps the run executes
+        lines, planned, executed = [], [], []
+        opts = lambda **kw: Options(cache=w.cache / "releases", accept_new_host_keys=True, preflight=False,
+                                    log=lines.append, **kw)
+        monkeypatch.setenv("DSV4CTL_STATE_DIR", str(w.state_dir))
+        dry = engine.deploy(load_deployment(w.profile), opts(dry_run=True))
+        rep = engine.deploy(load_deployment(w.profile), opts(steps=planned.append, trace=executed.append))
+        err = "\n".join(lines)
+        assert rep["result"] == "ok", err
+        assert "preflight: build host h0: podman (sglang.image.build_host), before anything is built or shipped" \
+            in dry["actions"], dry["actions"]
+        [step] = [x["summary"] for x in dry["steps"] if x["phase"] == "image" and x["host"] == "local"]
+        assert f"on build host h0 (the build context sent with rsync to {w.roots['h0']}/images/build)" in step \
+            and "bring its OCI layout back from h0" in step, step
+        r2 = rep["release"]
+        assert r2 != r1 and w.current("h1") == r2
+        key = lambda d: (d["phase"], d["host"], d["stage"], d["summary"], d["cmd"])
+        token = next(x for x in planned[0].steps if x.phase == "lock").cmd.split('"token":"')[1].split('"')[0]
+        assert [key(x) for x in dry["steps"]] == [tuple(v.replace(token, DRY_RUN_TOKEN) if isinstance(v, str) else v
+                                                        for v in key(x.to_dict())) for x in planned[0].steps]
+        assert sorted(key(x.to_dict()) for x in executed) == sorted(key(x.to_dict()) for x in planned[0].steps)
+        # both verify steps of each host ran (before, the release folder's was dropped on image sites)
+        assert sorted(x.host for x in executed if x.phase == "verify") == ["h0", "h0", "h1", "h1", "h2", "h2"]
+        assert [s.summary for s in executed if s.phase == "image" and s.host == "local"] == [
+            next(s["summary"] for s in dry["steps"] if s["phase"] == "image" and s["host"] == "local")]
+        rec2 = json.loads((w.cache / "images" / "records" / f"{r2}.json").read_text())
+        got = int(re.search(rf"brought the image layout of {r2} from h0: ([\d,]+) bytes", err)[1].replace(",", ""))
+        sent = [int(x.replace(",", "")) for x in re.findall(r"loaded, ([\d,]+) bytes sent", err)]
+        assert got < 300_000 and sent and max(sent) < 200_000, err      # the 60 MB base stays where it is
+        assert "built environment layer" not in err
+        assert f"building the image of {r2} on h0: STEP 4/4: " in err, err
+        cs = {c["Names"][0]: c["ImageID"] for h in ("h0", "h1", "h2") for c in w.containers(h)}
+        assert cs == {f"dsv4ctl-{g}-n0-{r2}": rec2["image"] for g in ("prefill", "decode", "router")}, cs
+        assert wait_for(lambda: http_status(f"http://{w.hosts[2].address}:{w.ports['router']}/health") == 200, 20)
+        # the same release built on this machine: the same image id
+        dep = load_deployment(w.profile)
+        rel = cached_release(w.cache / "releases", r2)
+        local = build_image(dep.sglang.image, rel, local_cache / "releases", env=dep.sglang.environment)
+        assert (local.image, local.base_id, local.env_image, local.build_host) == (
+            rec2["image"], rec2["base_id"], rec2["env_image"], ""), (local, rec2)
+    finally:
+        w.cleanup()
+        images.clean_store(bstore)
+        images.clean_store(local_cache / "images")

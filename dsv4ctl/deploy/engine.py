@@ -184,10 +184,22 @@ def release_locks(site: Site, hosts: list[str] | None = None) -> None:
 
 def run_verify(site: Site, steps: list[Step]) -> str:
     """Run verify steps (hosts in parallel; read only: an interrupt stops them at once). Returns
-    "" when every target is intact, else the drift (or the error) per host, one line."""
+    "" when every target is intact, else the drift (or the error) per host, one line. A host
+    with several steps (an image site: the release folder, then the release inside its image)
+    runs them in rounds, one step per host each: every listed step runs."""
+    rounds: list[list[Step]] = []
+    seen: dict[str, int] = {}
+    for s in steps:
+        i = seen[s.host] = seen.get(s.host, -1) + 1
+        if i == len(rounds):
+            rounds.append([])
+        rounds[i].append(s)
+    return "; ".join(d for d in (_verify_round(site, r) for r in rounds) if d)
+
+
+def _verify_round(site: Site, steps: list[Step]) -> str:
+    """:func:`run_verify` of at most one step per host."""
     from .drift import drift_text, verify_releases
-    if not steps:
-        return ""
     by_host = {s.host: s for s in steps}
 
     def body(t):

@@ -45,7 +45,8 @@ LOCAL_STORE_ARGS = ("--storage-driver", "overlay", "--cgroup-manager", "cgroupfs
 @dataclass(frozen=True)
 class ImageRecord:
     """The image of one release: ``image`` (its id, 64 hex), ``base`` (as the profile wrote it),
-    ``base_digest`` (the manifest digest the base resolved to), ``base_id``."""
+    ``base_digest`` (the manifest digest the base resolved to), ``base_id``; ``build_host`` the
+    host that built it ("" for this machine)."""
 
     release: str
     image: str
@@ -55,10 +56,12 @@ class ImageRecord:
     env: str = ""
     env_image: str = ""
     pushed: str = ""
+    build_host: str = ""
 
     def to_dict(self) -> dict:
         return {"release": self.release, "image": self.image, "base": self.base, "base_digest": self.base_digest,
-                "base_id": self.base_id, "env": self.env, "env_image": self.env_image, "pushed": self.pushed}
+                "base_id": self.base_id, "env": self.env, "env_image": self.env_image, "pushed": self.pushed,
+                "build_host": self.build_host}
 
 
 # -- what a release's launch spec says about its container --------------------------------------
@@ -88,43 +91,64 @@ def local_podman(image, cache: Path) -> list[str]:
 STEP_LINE = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
 
 
+class _Progress:
+    """The progress of a ``podman build`` shown through ``log``: each ``STEP n/m: ...`` line as it
+    comes (``WHAT: STEP n/m: ... (S s)``, :meth:`line`, or :meth:`feed` with pieces of output),
+    and, while no line comes, one ``WHAT: STEP n/m, S s`` line per interval (:meth:`tick`), so a
+    long RUN step shows it is alive. The same lines for a build here and on a build host."""
+
+    def __init__(self, what: str, log):
+        self.what, self.log = what, log
+        self.t0 = self.at = time.monotonic()
+        self.step, self.buf = "starting", ""
+
+    def line(self, line: str) -> None:
+        m = STEP_LINE.match(line.rstrip("\n"))
+        if m:
+            self.step, self.at = f"STEP {m.group(1)}/{m.group(2)}", time.monotonic()
+            self.log(f"{self.what}: {m.group(0)[:160]} ({self.at - self.t0:.0f} s)")
+
+    def feed(self, data: bytes) -> None:
+        *lines, self.buf = (self.buf + data.decode("utf-8", "replace")).split("\n")
+        for ln in lines:
+            self.line(ln)
+
+    def tick(self, every: float) -> None:
+        now = time.monotonic()
+        if now - self.at >= every * 0.99:
+            self.at = now
+            self.log(f"{self.what}: {self.step}, {now - self.t0:.0f} s")
+
+
 def _follow(proc, timeout: float, what: str, log) -> tuple[str, str]:
     """(stdout, stderr) of ``proc`` while it runs, as ``communicate`` gives them, showing its
-    progress through ``log``: each ``STEP n/m: ...`` line of a ``podman build`` as it comes
-    (``WHAT: STEP n/m: ... (S s)``), and while no line comes, every
-    :func:`dsv4ctl.deploy.site.progress_interval` s (``DSV4CTL_PROGRESS_S``; 5 s on a
-    terminal, 30 s off one) one ``WHAT: STEP n/m, S s`` line, so a long RUN step shows it is
-    alive. subprocess.TimeoutExpired after ``timeout`` s."""
+    progress through ``log`` (:class:`_Progress`; its interval is
+    :func:`dsv4ctl.deploy.site.progress_interval`: ``DSV4CTL_PROGRESS_S``; 5 s on a terminal,
+    30 s off one). subprocess.TimeoutExpired after ``timeout`` s."""
     import threading
     from .site import progress_interval
-    t0, every = time.monotonic(), progress_interval()
+    every = progress_interval()
+    prog = _Progress(what, log)
     out: list[str] = []
     err: list[str] = []
-    state = {"step": "starting", "at": t0}
 
     def read_out():
         for line in proc.stdout:
             out.append(line)
-            m = STEP_LINE.match(line.rstrip("\n"))
-            if m:
-                state.update(step=f"STEP {m.group(1)}/{m.group(2)}", at=time.monotonic())
-                log(f"{what}: {m.group(0)[:160]} ({state['at'] - t0:.0f} s)")
+            prog.line(line)
     threads = [threading.Thread(target=read_out, daemon=True),
                threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)]
     for th in threads:
         th.start()
     while True:
-        left = timeout - (time.monotonic() - t0)
+        left = timeout - (time.monotonic() - prog.t0)
         if left <= 0:
             raise subprocess.TimeoutExpired(proc.args, timeout)
         try:
             proc.wait(min(every, left))
             break
         except subprocess.TimeoutExpired:
-            now = time.monotonic()
-            if now - state["at"] >= every * 0.99:
-                state["at"] = now
-                log(f"{what}: {state['step']}, {now - t0:.0f} s")
+            prog.tick(every)
     for th in threads:
         th.join(10)
     return "".join(out), "".join(err)
@@ -163,6 +187,112 @@ def _run(argv: list[str], what: str, timeout: float = 3600, log=None) -> str:
     return out.strip()
 
 
+class LocalBuilder:
+    """Where an image is built when ``sglang.image.build_host`` is unset: this machine, podman
+    on its own store (:func:`local_podman`). :class:`RemoteBuilder` is the same interface on a
+    build host; :func:`build_image` and its helpers run through either, so both build the same
+    Containerfiles from the same contexts (the same image id where the build is reproducible)."""
+
+    where = host = ""
+
+    def __init__(self, image, cache: Path):
+        self.image, self.cache, self.pod = image, cache, local_podman(image, cache)
+
+    def run(self, argv: list[str], what: str, log=None, timeout: float = 3600) -> str:
+        """stdout of ``argv`` (:func:`_run`: InputError on a failure)."""
+        return _run(argv, what, timeout, log)
+
+    def ok(self, argv: list[str]) -> bool:
+        return subprocess.run(argv, capture_output=True).returncode == 0
+
+    def existing(self, paths: list[str]) -> set[str]:
+        return {p for p in paths if os.path.exists(p)}
+
+    def stage(self, bundle: Path, kind: str) -> str:
+        """The builder's path of the local folder ``bundle`` (here: itself)."""
+        return str(bundle)
+
+    def unstage(self, path: str, kind: str) -> None:
+        pass
+
+    def cached(self, rec: "ImageRecord") -> bool:
+        """True when the image of an earlier build is still where the ship takes it from."""
+        return self.ok([*self.pod, "image", "exists", rec.image])
+
+
+class RemoteBuilder(LocalBuilder):
+    """The build host ``sglang.image.build_host`` (``t``: its SSH transport, ``root`` its deploy
+    root): podman on the store ``ROOT/images/build`` there; the build contexts are sent with
+    rsync (``rsync(argv, key)`` runs one: :func:`dsv4ctl.deploy.push._run_rsync`) into
+    ``ROOT/images/build/ctx/`` (seeded by hard links from the previous context of its kind, so
+    only changed files go), the build's output is read as it comes (the same progress lines as
+    here). A failure is RemoteError (exit 3) naming the host."""
+
+    def __init__(self, image, cache: Path, t: Transport, root: str, rsync):
+        self.image, self.cache, self.t, self.rsync = image, cache, t, rsync
+        self.dir = f"{root}/images/build"
+        self.host, self.where = t.name, f" on {t.name}"
+        self.pod = ["podman", *store_args(self.dir), *LOCAL_STORE_ARGS[2:],
+                    *([] if image.runtime.rsplit("/", 1)[-1] == "docker" else
+                      [a for a in image.runtime_args if a not in LOCAL_STORE_ARGS])]
+
+    def sh(self, cmd: str, what: str, *, input: bytes | None = None, timeout: float = 3600, log=None) -> str:
+        """stdout of the shell command ``cmd`` on the build host (``log``: the build's progress
+        lines as its output comes). RemoteError ``HOST: WHAT: <last line>`` on a failure."""
+        import threading
+        from .site import progress_interval
+        prog, stop, every = (_Progress(what, log) if log else None), threading.Event(), progress_interval()
+
+        def ticks():                    # a silent step (the environment's RUN) shows it is alive
+            while not stop.wait(every):
+                prog.tick(every)
+        if prog is not None:
+            threading.Thread(target=ticks, daemon=True).start()
+        try:
+            r = self.t.run(cmd, input=input, timeout=timeout, check=False, on_out=prog.feed if prog else None)
+        finally:
+            stop.set()
+        if r.code != 0:
+            raise RemoteError(f"{self.t.name}: {what}: {r.error_text()}")
+        return r.out.strip()
+
+    def run(self, argv: list[str], what: str, log=None, timeout: float = 3600) -> str:
+        return self.sh(" ".join(q(a) for a in argv), what, timeout=timeout, log=log)
+
+    def ok(self, argv: list[str]) -> bool:
+        return self.t.run(" ".join(q(a) for a in argv), timeout=600, check=False).code == 0
+
+    def existing(self, paths: list[str]) -> set[str]:
+        if not paths:
+            return set()
+        out = self.sh("for p in " + " ".join(q(p) for p in paths) + "; do [ -e \"$p\" ] && echo \"$p\"; done; true",
+                      "looking for the uv_args paths")
+        return set(out.splitlines())
+
+    def stage(self, bundle: Path, kind: str) -> str:
+        """Send the local folder ``bundle`` to ``ROOT/images/build/ctx/<kind>-<pid>`` (rsync
+        ``--delete`` into a hard-link copy of ``.seed-<kind>``, the previous one); its path."""
+        from .push import rsync_user_args
+        ctx = f"{self.dir}/ctx"
+        dst, seed = f"{ctx}/{kind}-{os.getpid()}", f"{ctx}/.seed-{kind}"
+        self.sh(f"mkdir -p {q(ctx)} && rm -rf {q(dst)} && if [ -d {q(seed)} ]; then cp -al {q(seed)} {q(dst)}; fi",
+                "preparing the build context")
+        extra, dest = self.t.rsync_dest(dst + "/", bulk=True)
+        self.rsync(["rsync", "-a", "--delete", "--stats", "--info=progress2", *rsync_user_args(), *extra,
+                    f"{bundle}/", dest], f"{self.t.name} build context")
+        return dst
+
+    def unstage(self, path: str, kind: str) -> None:
+        """Keep the context sent as the seed of the next one of its kind (never fails)."""
+        seed = f"{self.dir}/ctx/.seed-{kind}"
+        self.t.run(f"rm -rf {q(seed)} && mv {q(path)} {q(seed)}", timeout=300, check=False)
+
+    def cached(self, rec: "ImageRecord") -> bool:
+        """The layout brought back is here (registry-free); with a registry, never (the push
+        runs from the build host's store: build there again, from its cached layers)."""
+        return not self.image.registry and (local_store(self.cache) / "oci" / rec.release / "index.json").is_file()
+
+
 #: podman's image transports a base reference may start with.
 TRANSPORTS = ("oci", "oci-archive", "docker-archive", "dir", "containers-storage", "docker")
 
@@ -186,24 +316,26 @@ def check_base(image) -> None:
     if getattr(image, "registry_auth_file", None) is not None:
         auth_bytes(image)
     ref, _pin = split_pin(image.base)
-    if ref.startswith("oci:"):
+    if ref.startswith("oci:") and not getattr(image, "build_host", None):     # else a folder of the build host
         path = Path(ref[4:].split(":", 1)[0])
         if not (path / "index.json").is_file():
             raise InputError(f"sglang.image.base {image.base}: no OCI image layout at {path} (its index.json is "
                              "missing): nothing was built or pushed")
 
 
-def resolve_base(image, cache: Path) -> tuple[str, str]:
-    """(image id, manifest digest) of the base in the control machine's store, pulled when it is
-    not there. InputError (exit 2) when it cannot be pulled or a pinned digest differs."""
-    pod = local_podman(image, cache)
+def resolve_base(image, cache: Path, b=None) -> tuple[str, str]:
+    """(image id, manifest digest) of the base in the builder's store (``b``: a
+    :class:`LocalBuilder`, by default this machine's, or a :class:`RemoteBuilder`), pulled when
+    it is not there. InputError (exit 2) when it cannot be pulled or a pinned digest differs."""
+    b = b or LocalBuilder(image, cache)
+    pod = b.pod
     ref, pin = split_pin(image.base)
     local = ":" not in ref.split("/", 1)[0] or ref.split(":", 1)[0] not in TRANSPORTS
-    if local and subprocess.run([*pod, "image", "exists", ref], capture_output=True).returncode == 0:
+    if local and b.ok([*pod, "image", "exists", ref]):
         iid = ref
     else:                 # a transport (oci:DIR, docker://...) or a name not here yet: pull prints the id
-        iid = _run([*pod, "pull", "-q", ref], f"sglang.image.base {image.base}: pull").splitlines()[-1].strip()
-    out = _run([*pod, "image", "inspect", "--format", "{{.Id}} {{.Digest}}", iid], f"sglang.image.base {image.base}")
+        iid = b.run([*pod, "pull", "-q", ref], f"sglang.image.base {image.base}: pull{b.where}").splitlines()[-1].strip()
+    out = b.run([*pod, "image", "inspect", "--format", "{{.Id}} {{.Digest}}", iid], f"sglang.image.base {image.base}")
     iid, _, digest = out.splitlines()[-1].partition(" ")
     if pin and digest != pin:
         raise InputError(f"sglang.image.base {image.base}: the image is {digest}, not the pinned {pin}")
@@ -212,16 +344,6 @@ def resolve_base(image, cache: Path) -> tuple[str, str]:
 
 def record_path(cache: Path, rid: str) -> Path:
     return local_store(cache) / "records" / f"{rid}.json"
-
-
-def cached_image(image, cache: Path, rid: str) -> ImageRecord | None:
-    """The record of an earlier build of ``rid`` whose image is still in the local store."""
-    try:
-        rec = ImageRecord(**json.loads(record_path(cache, rid).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-    ok = subprocess.run([*local_podman(image, cache), "image", "exists", rec.image], capture_output=True).returncode == 0
-    return rec if ok and rec.base == image.base else None
 
 
 #: Where the environment build finds the lock, uv and uv's cache: a scratch folder of this
@@ -247,19 +369,20 @@ def release_env(rel) -> tuple[str, Path] | None:
     return (d, rel.path / LOCK_NAME) if d else None
 
 
-def env_mounts(uv_args) -> list[str]:
-    """``-v P:P`` for each absolute path among ``uv_args`` that exists here (pure but for the
-    existence check): ``--find-links DIR``, ``--cache-dir DIR`` reach the build as they reach uv
-    on a host."""
-    out = []
+def env_mounts(uv_args, existing=None) -> list[str]:
+    """``-v P:P`` for each absolute path among ``uv_args`` that exists where the build runs
+    (``existing``: paths -> the set of those there, :meth:`LocalBuilder.existing`; default this
+    machine): ``--find-links DIR``, ``--cache-dir DIR`` reach the build as they reach uv on a host."""
+    cands = []
     for a in uv_args:
         for w in (a, a.partition("=")[2]):
-            if w.startswith("/") and os.path.exists(w) and f"{w}:{w}" not in out:
-                out += ["-v", f"{w}:{w}"]
-    return out
+            if w.startswith("/") and w not in cands:
+                cands.append(w)
+    there = (existing or (lambda ps: {p for p in ps if os.path.exists(p)}))(cands)
+    return [x for w in cands if w in there for x in ("-v", f"{w}:{w}")]
 
 
-def env_image(image, env, digest: str, lock: Path, base_id: str, cache: Path, log=lambda s: None) -> str:
+def env_image(image, env, digest: str, lock: Path, base_id: str, cache: Path, log=lambda s: None, b=None) -> str:
     """The id of the environment image ``localhost/dsv4ctl-env:<digest>-<12 hex of the base id>``:
     the base plus ONE layer, ``/opt/dsv4ctl/envs/<digest>/`` (:func:`dsv4ctl.hosts.container.image_env`),
     the release's locked environment. Made once per lock and base; every release on it builds
@@ -269,14 +392,17 @@ def env_image(image, env, digest: str, lock: Path, base_id: str, cache: Path, lo
     pip sync --require-hashes`` of the lock, then read-only), so the environment is made with
     the image's interpreter and C library; ``env`` (``sglang.environment``) names uv on this
     machine (mounted with the lock over ``/tmp``, never left in the image) and its arguments
-    (paths among them mounted at the same place). The base needs ``/bin/sh`` and coreutils. InputError
-    when uv is not found here or the build fails."""
+    (paths among them mounted at the same place, where they exist on the builder). The base
+    needs ``/bin/sh`` and coreutils. ``b``: where it is built (:class:`LocalBuilder`, the
+    default, or the build host's :class:`RemoteBuilder`: uv and the lock are sent there with the
+    context). InputError when uv is not found here or the build fails."""
     from .environment import LOCK_NAME, build_command
     from ..hosts.container import IMAGE_ENVS
+    b = b or LocalBuilder(image, cache)
     tag = f"{IMAGE_NAME}-env:{digest}-{base_id.removeprefix('sha256:')[:12]}"
-    pod = local_podman(image, cache)
-    if subprocess.run([*pod, "image", "exists", tag], capture_output=True).returncode == 0:
-        return _run([*pod, "image", "inspect", "--format", "{{.Id}}", tag], f"the environment image {tag}")
+    pod = b.pod
+    if b.ok([*pod, "image", "exists", tag]):
+        return b.run([*pod, "image", "inspect", "--format", "{{.Id}}", tag], f"the environment image {tag}")
     uv_name, uv_args = (env.uv, env.uv_args) if env is not None else ("uv", ())
     uv = shutil.which(uv_name)
     if uv is None:
@@ -293,17 +419,26 @@ def env_image(image, env, digest: str, lock: Path, base_id: str, cache: Path, lo
         shutil.copy2(os.path.realpath(uv), ctx / "in" / "uv")
         script = build_command(IMAGE_ENVS.rsplit("/", 1)[0], digest, f"{ENV_IN}/{LOCK_NAME}", uv=f"{ENV_IN}/uv",
                                python=image.python, uv_args=uv_args)
-        script = f"export UV_CACHE_DIR={ENV_IN}/uv-cache TMPDIR={ENV_IN}; {script}"
+        # the same layer wherever and whenever it is built (this machine or a build host):
+        # ENV.json's built_at is the build's --timestamp 0, not the wall clock, and the staging
+        # folder (named in the venv's activate scripts) is .tmp-<digest>-0, not the shell's pid
+        # (one build per container: no other builder to keep apart)
+        script = (f"export UV_CACHE_DIR={ENV_IN}/uv-cache TMPDIR={ENV_IN}; "
+                  f"date() {{ command date -d @0 \"$@\"; }}; {script.replace('-$$', '-0')}")
         (ctx / "Containerfile").write_text(ENV_CONTAINERFILE.format(base=base_id, digest=digest,
                                                                     script=json.dumps(script)))
-        out = _run([*pod, "build", "--timestamp", "0", "--isolation", "chroot", "--layers=false", "-t", tag,
-                    "-v", f"{ctx / 'in'}:{ENV_IN}",
-                    *env_mounts(uv_args), "-f", str(ctx / "Containerfile"), str(ctx / "ctx")],
-                   f"building the environment image {tag}", log=log)
+        at = b.stage(ctx, "env")
+        try:
+            out = b.run([*pod, "build", "--timestamp", "0", "--isolation", "chroot", "--layers=false", "-t", tag,
+                         "-v", f"{at}/in:{ENV_IN}", *env_mounts(uv_args, b.existing),
+                         "-f", f"{at}/Containerfile", f"{at}/ctx"], f"building the environment image {tag}{b.where}",
+                        log=log)
+        finally:
+            b.unstage(at, "env")
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
     iid = out.splitlines()[-1].strip().removeprefix("sha256:")
-    log(f"built environment layer {digest} (image {iid[:12]}) in {time.monotonic() - t0:.1f} s")
+    log(f"built environment layer {digest} (image {iid[:12]}){b.where} in {time.monotonic() - t0:.1f} s")
     return iid
 
 
@@ -314,52 +449,72 @@ LABEL dsv4ctl.release={rid}
 """
 
 
-def build_image(image, rel, cache: Path, log=lambda s: None, env=None) -> ImageRecord:
+def build_image(image, rel, cache: Path, log=lambda s: None, env=None, b=None) -> ImageRecord:
     """Build (or reuse) the image of release ``rel`` (a :class:`~dsv4ctl.deploy.release.Release`
     in the local cache) on the base of ``image`` (:class:`~dsv4ctl.profile.deployment.ImageSettings`),
     or, when the release runs on a locked environment, on its environment image
-    (:func:`env_image`; ``env``: ``sglang.environment``).
-    The build context is a hard-link copy of the release (``tree/``, and ``meta/`` with
-    ``configs/`` and the JSON records); ``podman build --timestamp 0 --isolation chroot --layers``:
+    (:func:`env_image`; ``env``: ``sglang.environment``), where ``b`` builds
+    (:class:`LocalBuilder`, the default: this machine; :class:`RemoteBuilder`: the build host).
+    The build context is a hard-link copy of the release (``ctx/tree/``, and ``ctx/meta/`` with
+    ``configs/`` and the JSON records) beside its Containerfile (sent to a build host with
+    rsync); ``podman build --timestamp 0 --isolation chroot --layers``:
     one layer per ``COPY`` (``--layers=false`` would make the tree and the records one layer, and a
     serve-config change would ship the whole tree again). Cost
-    measured here: about 1 s for a small tree on a cached base. InputError when the base cannot
-    be had or the build fails; the context is removed whatever happened."""
-    done = cached_image(image, cache, rel.id)
+    measured here: about 1 s for a small tree on a cached base. The record is written once the
+    image is built (an interrupted build records nothing). InputError (RemoteError on a build
+    host) when the base cannot be had or the build fails; the context is removed whatever happened."""
+    b = b or LocalBuilder(image, cache)
+    done = _cached_record(image, cache, rel.id, b)
     if done is not None:
         return done
-    base_id, digest = resolve_base(image, cache)
+    base_id, digest = resolve_base(image, cache, b)
     renv = release_env(rel)
-    from_id = env_image(image, env, renv[0], renv[1], base_id, cache, log) if renv else base_id
-    st = local_store(cache)
-    ctx = st / f".ctx-{rel.id}-{os.getpid()}"
+    from_id = env_image(image, env, renv[0], renv[1], base_id, cache, log, b) if renv else base_id
+    ctx = local_store(cache) / f".ctx-{rel.id}-{os.getpid()}"
     shutil.rmtree(ctx, ignore_errors=True)
     try:
-        (ctx / "meta").mkdir(parents=True)
-        subprocess.run(["cp", "-al", str(rel.path / "tree"), str(ctx / "tree")], check=True, capture_output=True)
-        if (rel.path / "configs").is_dir():
-            subprocess.run(["cp", "-al", str(rel.path / "configs"), str(ctx / "meta" / "configs")], check=True,
-                           capture_output=True)
-        for f in ("launch.json", "MANIFEST.json", "RELEASE.json", "environment.lock"):
-            if (rel.path / f).exists():
-                os.link(rel.path / f, ctx / "meta" / f)
-        cf = st / f".Containerfile-{rel.id}-{os.getpid()}"
-        cf.write_text(CONTAINERFILE.format(base=from_id, dest=image_dir(rel.id), rid=rel.id))
+        _release_context(rel, ctx)
+        (ctx / "Containerfile").write_text(CONTAINERFILE.format(base=from_id, dest=image_dir(rel.id), rid=rel.id))
+        at = b.stage(ctx, "release")
         t0 = time.monotonic()
         try:
-            out = _run([*local_podman(image, cache), "build", "--timestamp", "0", "--isolation", "chroot",
-                        "--layers", "-t", f"{IMAGE_NAME}:{rel.id}", "-f", str(cf), str(ctx)],
-                       f"building the image of {rel.id}", log=log)
+            out = b.run([*b.pod, "build", "--timestamp", "0", "--isolation", "chroot", "--layers",
+                         "-t", f"{IMAGE_NAME}:{rel.id}", "-f", f"{at}/Containerfile", f"{at}/ctx"],
+                        f"building the image of {rel.id}{b.where}", log=log)
         finally:
-            cf.unlink(missing_ok=True)
+            b.unstage(at, "release")
         iid = out.splitlines()[-1].strip().removeprefix("sha256:")
-        log(f"built image {iid[:12]} of {rel.id} on {image.base} ({digest}) in {time.monotonic() - t0:.1f} s")
+        log(f"built image {iid[:12]} of {rel.id}" + (f" on {b.host} from " if b.host else " on ")
+            + f"{image.base} ({digest}) in {time.monotonic() - t0:.1f} s")
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
     rec = ImageRecord(rel.id, iid, image.base, digest, base_id, renv[0] if renv else "",
-                      from_id if renv else "")
+                      from_id if renv else "", build_host=b.host)
     write_record(cache, rec)
     return rec
+
+
+def _cached_record(image, cache: Path, rid: str, b) -> ImageRecord | None:
+    """The record of an earlier build of ``rid`` on the same base whose image the ship can
+    still take (:meth:`LocalBuilder.cached`), else None."""
+    try:
+        rec = ImageRecord(**json.loads(record_path(cache, rid).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return rec if rec.base == image.base and b.cached(rec) else None
+
+
+def _release_context(rel, ctx: Path) -> None:
+    """Fill the build context ``ctx/ctx/``: ``tree/`` and ``meta/`` (``configs/``, the JSON
+    records, the lock), hard links to the release's files."""
+    meta = ctx / "ctx" / "meta"
+    meta.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(rel.path / "tree"), str(ctx / "ctx" / "tree")], check=True, capture_output=True)
+    if (rel.path / "configs").is_dir():
+        subprocess.run(["cp", "-al", str(rel.path / "configs"), str(meta / "configs")], check=True, capture_output=True)
+    for f in ("launch.json", "MANIFEST.json", "RELEASE.json", "environment.lock"):
+        if (rel.path / f).exists():
+            os.link(rel.path / f, meta / f)
 
 
 def write_record(cache: Path, rec: ImageRecord) -> None:
@@ -410,6 +565,61 @@ def saved_layout(image, cache: Path, rec: ImageRecord) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def fetched_layout(b: RemoteBuilder, cache: Path, rec: ImageRecord, log=lambda s: None) -> Path:
+    """The release's image as an OCI layout here (``CACHE/../images/oci/<release>``, as
+    :func:`saved_layout` makes it), brought from the build host ``b``: ``podman save --format
+    oci-dir`` there (into ``ROOT/images/build/oci/.<release>-<pid>``, removed after), then rsync
+    into a new folder here that already holds, as hard links, every blob the other layouts here
+    have (``--ignore-existing``: only the blobs this machine lacks are sent; ``--delete``: the
+    ones the image does not use go), renamed into place once whole. RemoteError on a failure;
+    nothing half-made is left here."""
+    out = local_store(cache) / "oci" / rec.release
+    if (out / "index.json").is_file():
+        return out
+    from .push import rsync_user_args
+    rtmp = f"{b.dir}/oci/.{rec.release}-{os.getpid()}"
+    tmp = out.parent / f".{rec.release}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "blobs" / "sha256").mkdir(parents=True)
+    t0 = time.monotonic()
+    try:
+        for o in out.parent.glob("[!.]*/blobs/sha256/[!.]*"):
+            if not (tmp / "blobs" / "sha256" / o.name).exists():
+                os.link(o, tmp / "blobs" / "sha256" / o.name)
+        b.sh(f"rm -rf {q(rtmp)} && mkdir -p {q(b.dir + '/oci')}", "preparing the image's layout")
+        b.run([*b.pod, "save", "--format", "oci-dir", "-o", rtmp, rec.image], f"saving the image of {rec.release}{b.where}")
+        extra, src = b.t.rsync_dest(rtmp + "/", bulk=True)
+        stats = b.rsync(["rsync", "-a", "--ignore-existing", "--delete", "--stats", "--info=progress2",
+                         *rsync_user_args(), *extra, src, f"{tmp}/"], f"{b.host} image layout")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        b.t.run(f"rm -rf {q(rtmp)}", timeout=120, check=False)
+    log(f"brought the image layout of {rec.release} from {b.host}: {int(stats.get('bytes_received', 0)):,} bytes "
+        f"received in {time.monotonic() - t0:.1f} s")
+    return out
+
+
+def push_remote(b: RemoteBuilder, image, rec: ImageRecord, log=lambda s: None) -> str:
+    """:func:`push_image` from the build host ``b``'s store: the auth file's bytes go on stdin
+    into a file only its user reads (removed whatever happened), ``podman push --authfile
+    --digestfile`` there; returns ``REPO@sha256:DIGEST``. RemoteError naming the host and the
+    registry on a failure; the credentials are never on a command line or printed."""
+    tls = "" if image.registry_tls_verify else " --tls-verify=false"
+    pod = " ".join(q(a) for a in b.pod)
+    t0 = time.monotonic()
+    digest = b.sh("umask 077; A=$(mktemp) && D=$(mktemp) || exit 1; trap 'rm -f \"$A\" \"$D\"' EXIT; cat > \"$A\"; "
+                  "if [ -s \"$A\" ]; then au=\"--authfile $A\"; else au=; fi; "
+                  f"{pod} push -q{tls} --digestfile \"$D\" $au {q(rec.image)} "
+                  f"{q(f'docker://{image.registry}:{rec.release}')} >&2 && cat \"$D\"",
+                  f"pushing the image of {rec.release} to {image.registry}", input=auth_bytes(image))
+    log(f"pushed image {rec.image[:12]} of {rec.release} to {image.registry} from {b.host} ({digest}) in "
+        f"{time.monotonic() - t0:.1f} s")
+    return f"{image.registry}@{digest}"
 
 
 #: The largest registry auth file read (bytes): a containers auth.json is a few hundred.
@@ -504,18 +714,47 @@ def gpu_preflight_lines(site, spec: dict) -> list[str]:
         return []
     what = "the NVIDIA container toolkit (docker --gpus)" if is_docker(img) else \
         "a CDI spec naming nvidia.com/gpu (/etc/cdi, /var/run/cdi)"
-    return [f"preflight: {h}: {img.runtime} and {what} for {', '.join(d)}, before anything is built or shipped"
-            for h in site.hosts if (d := host_devices(spec, h))]
+    build = [f"preflight: build host {img.build_host}: podman (sglang.image.build_host), before anything is built "
+             "or shipped"] if img.build_host else []
+    return build + [f"preflight: {h}: {img.runtime} and {what} for {', '.join(d)}, before anything is built or "
+                    "shipped" for h in site.hosts if (d := host_devices(spec, h))]
+
+
+#: The build host's check (:func:`build_host_preflight`): podman is there (exit 4 otherwise).
+BUILD_HOST_CHECK = ("command -v podman >/dev/null 2>&1 || { echo \"podman not found on the build host "
+                    "(sglang.image.build_host builds the images with it: apt install podman)\" >&2; exit 4; }")
+
+
+def build_host_preflight(site) -> None:
+    """With ``sglang.image.build_host``: podman is on the build host (dry runs too: it only
+    reads). RemoteError (exit 3) ``preflight: build host HOST: <why>: nothing was built or
+    shipped`` otherwise, a host that cannot be reached too."""
+    img = site.profile.sglang.image
+    if img is None or not img.build_host:
+        return
+    try:
+        r = build_transport(site).run(BUILD_HOST_CHECK, timeout=60, check=False)
+        why = "" if r.code == 0 else r.error_text()
+    except RemoteError as e:
+        why = str(e).removeprefix(f"{img.build_host}: ")
+    finally:
+        if getattr(site, "build_transport", None) is not None:
+            site.build_transport.close()
+            site.build_transport = None
+    if why:
+        raise RemoteError(f"preflight: build host {img.build_host}: {why}: nothing was built or shipped")
 
 
 def gpu_preflight(site, spec: dict) -> None:
-    """Before anything is built or shipped (dry runs too: it only reads): every host the launch
+    """Before anything is built or shipped (dry runs too: it only reads): the build host has
+    podman (:func:`build_host_preflight`), and every host the launch
     spec ``spec`` places GPUs on can give them to its containers
     (:func:`dsv4ctl.hosts.container.host_check_cmd`), all
     hosts in parallel. RemoteError (exit 3) ``preflight: HOST: <the check's line>; ...``
     naming every host that cannot: nothing was built, pushed or switched."""
     from ..hosts.container import host_check_cmd
     from ..remote import run_parallel
+    build_host_preflight(site)
     img = site.profile.sglang.image
     need = {h: host_devices(spec, h) for h in site.hosts} if img is not None and spec_image(spec) else {}
     need = {h: d for h, d in need.items() if d}
@@ -606,6 +845,60 @@ def expected_image(site, rid: str) -> str | None:
         return None
 
 
+def build_transport(site) -> Transport:
+    """The transport of ``sglang.image.build_host``: the run's own when the host is one of its
+    hosts, else a new connection (``site.build_transport``; the same host-key checks)."""
+    name = site.profile.sglang.image.build_host
+    t = site.transports.get(name) or getattr(site, "build_transport", None)
+    if t is None:
+        from ..remote import connect
+        dep = site.profile
+        t = site.build_transport = connect(dep.hosts[name], accept_new_host_keys=site.opts.accept_new_host_keys,
+                                           connect_timeout=site.opts.connect_timeout, hosts=dep.hosts,
+                                           record_host_keys=not site.opts.dry_run)
+    return t
+
+
+def builder(site, rid: str = "", cache: Path | None = None):
+    """Where this run builds images: :class:`LocalBuilder` (this machine), or with
+    ``sglang.image.build_host`` a :class:`RemoteBuilder` on that host's transport (the run's own
+    when the host is one of its hosts, else a new connection with the same host-key checks;
+    ``site.build_transport``, closed with the site's)."""
+    from .release import default_cache
+    img = site.profile.sglang.image
+    cache = cache or Path(site.opts.cache or default_cache())
+    name = img.build_host
+    if not name:
+        return LocalBuilder(img, cache)
+    t = build_transport(site)
+    from .push import _run_rsync
+    return RemoteBuilder(img, cache, t, site.profile.host_root(name),
+                         lambda argv, key: _run_rsync(t, site, _Named(rid), argv, key=key))
+
+
+def _build_and_keep(site, img, rel, cache: Path):
+    """(record, OCI layout or None) of release ``rel``'s image: built (or reused) where
+    :func:`builder` says, then pushed to the registry (from where it was built) or kept as an
+    OCI layout here (saved here, or brought from the build host)."""
+    from dataclasses import replace
+    b = builder(site, rel.id, cache)
+    remote = isinstance(b, RemoteBuilder)
+    try:
+        rec = build_image(img, rel, cache, site.opts.log, site.profile.sglang.environment, b)
+        if img.registry:
+            rec = replace(rec, pushed=push_remote(b, img, rec, site.opts.log) if remote else
+                          push_image(img, cache, rec, site.opts.log))
+            write_record(cache, rec)
+            return rec, None
+        rec = replace(rec, pushed="")      # a record of an earlier push is not how this run ships
+        return rec, (fetched_layout(b, cache, rec, site.opts.log) if remote else saved_layout(img, cache, rec))
+    finally:
+        t = getattr(site, "build_transport", None)
+        if t is not None:
+            t.close()
+            site.build_transport = None
+
+
 def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
     """Run a deploy's image steps: build (or reuse) and save the image, then ship it to every
     host in parallel (``trace``/``step_done``: the engine's step hooks; ``guard``: the context
@@ -621,16 +914,7 @@ def run_images(site, rel, steps: list, trace, step_done, guard) -> str:
     trace(site, local)
     t0 = time.monotonic()
     try:
-        rec = build_image(img, rel, cache, site.opts.log, site.profile.sglang.environment)
-        if img.registry:
-            from dataclasses import replace
-            rec = replace(rec, pushed=push_image(img, cache, rec, site.opts.log))
-            write_record(cache, rec)
-            layout = None
-        else:          # a record of an earlier push is not how this run ships
-            from dataclasses import replace
-            rec = replace(rec, pushed="")
-            layout = saved_layout(img, cache, rec)
+        rec, layout = _build_and_keep(site, img, rel, cache)
     except (InputError, RemoteError) as e:
         return f"local: {e}"
     finally:
@@ -682,14 +966,16 @@ def prune_local(site, rid: str, pruned: dict[str, list[str]]) -> list[str]:
     environment's stay while an image is built on them), the record, then each environment
     image no remaining record is built on. Returns the ids pruned; a failure is a warning in
     the log (the hosts' pruning is done; the next prune tries again), never an error. Nothing
-    without ``sglang.image``."""
+    without ``sglang.image``. With ``sglang.image.build_host`` the images are the build host's
+    (its store ``ROOT/images/build``), removed there."""
     from .release import default_cache
     img = site.profile.sglang.image
     ids = local_prune_ids(site, rid, pruned) if img is not None else []
     if not ids:
         return []
     cache = Path(site.opts.cache or default_cache())
-    st, pod = local_store(cache), local_podman(img, cache)
+    st, b = local_store(cache), builder(site, rid, cache)
+    pod = b.pod
     envs = set()
     for r in ids:
         try:
@@ -697,9 +983,10 @@ def prune_local(site, rid: str, pruned: dict[str, list[str]]) -> list[str]:
         except (OSError, ValueError, AttributeError):
             pass
         shutil.rmtree(st / "oci" / r, ignore_errors=True)
-        rm = subprocess.run([*pod, "rmi", "--ignore", f"{IMAGE_NAME}:{r}"], capture_output=True, text=True)
-        if rm.returncode != 0:
-            site.opts.log(f"warning: removing the local image of {r}: {(rm.stderr.strip().splitlines() or ['?'])[-1]}")
+        try:
+            b.run([*pod, "rmi", "--ignore", f"{IMAGE_NAME}:{r}"], f"removing the image of {r}{b.where}", timeout=600)
+        except (InputError, RemoteError) as e:
+            site.opts.log(f"warning: {e}")
         record_path(cache, r).unlink(missing_ok=True)
     used = set()
     for p in (st / "records").glob("*.json"):
@@ -708,6 +995,12 @@ def prune_local(site, rid: str, pruned: dict[str, list[str]]) -> list[str]:
         except (OSError, ValueError, AttributeError):
             continue
     for e in sorted(envs - used - {""}):
-        subprocess.run([*pod, "rmi", "--ignore", e], capture_output=True)
-    site.opts.log(f"local: pruned the image copies of {', '.join(ids)}")
+        try:
+            b.ok([*pod, "rmi", "--ignore", e])
+        except RemoteError as err:
+            site.opts.log(f"warning: removing the environment image {e[:12]}{b.where}: {err}")
+    if getattr(site, "build_transport", None) is not None:
+        site.build_transport.close()
+        site.build_transport = None
+    site.opts.log(f"local: pruned the image copies of {', '.join(ids)}" + (f" (images on {b.host})" if b.host else ""))
     return ids

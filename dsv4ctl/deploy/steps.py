@@ -349,10 +349,14 @@ def image_steps(site, rid: str, spec: dict, stage: str = "") -> list:
     base = next(s["container"]["base"] for s in spec.values() if "container" in s)
     reg = img.registry if img else None
     env = " on its environment layer (built once per lock)" if any(s.get("python_env") for s in spec.values()) else ""
-    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base}{env} (tree layer, serve configs + "
-                                  "launch spec layer; podman build --timestamp 0), "
-                                  + (f"push it to {reg} (credentials: the auth file)" if reg else
-                                     "save it as an OCI layout"), None, stage)]
+    bh = img.build_host if img else None
+    where = (f" on build host {bh} (the build context sent with rsync to {site.profile.host_root(bh)}/images/build)"
+             if bh else "")
+    out = [Step("image", "local", f"build image {IMAGE_NAME}:{rid} FROM {base}{env}{where} (tree layer, serve "
+                                  "configs + launch spec layer; podman build --timestamp 0), "
+                                  + (f"push it to {reg}{' from ' + bh if bh else ''} (credentials: the auth file)"
+                                     if reg else f"bring its OCI layout back from {bh} (the blobs this machine lacks)"
+                                     if bh else "save it as an OCI layout"), None, stage)]
     for h in site.hosts:
         root = site.paths[h].root
         devs = host_devices(spec, h)

@@ -74,7 +74,9 @@ class ImageSettings:
     are pushed there and the hosts pull from it, in place of the registry-free ship),
     ``registry_auth_file`` (absolute: a containers auth.json / docker config.json with its
     credentials; never printed, sent to a host on stdin for its pull only) and
-    ``registry_tls_verify`` (False: plain HTTP or a self-signed certificate)."""
+    ``registry_tls_verify`` (False: plain HTTP or a self-signed certificate); ``build_host`` the
+    host of ``hosts:`` (over SSH) that builds the images with its podman (None: the control
+    machine builds; docs/images.md, "A build host")."""
 
     base: str
     runtime: str = "podman"
@@ -88,6 +90,7 @@ class ImageSettings:
     registry: Optional[str] = None
     registry_auth_file: Optional[Path] = None
     registry_tls_verify: bool = True
+    build_host: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -626,6 +629,7 @@ def resolve(profile: Profile) -> Deployment:
             registry=(sg["image"].get("registry") or {}).get("repository"),
             registry_auth_file=_opt_path(base, (sg["image"].get("registry") or {}).get("auth_file")),
             registry_tls_verify=bool((sg["image"].get("registry") or {}).get("tls_verify", True)),
+            build_host=sg["image"].get("build_host") or None,
             **{k: tuple(sg["image"].get(k) or ()) for k in ("runtime_args", "run_args", "mounts")}))
     deploy = DeploySettings(
         root=dp.get("root", DeploySettings.root), keep_releases=int(dp.get("keep_releases", DeploySettings.keep_releases)),
@@ -655,14 +659,23 @@ def resolve(profile: Profile) -> Deployment:
                          "not supported yet: a container runs under conmon, outside its Slurm job (the gate cannot "
                          "tie the server to the job, and a cancelled job may leave it running); use the ssh backend "
                          "for image releases, or srun the image by hand (docs/images.md, Slurm and Kubernetes)")
-    if sglang.image is not None and deploy.backend == "slurm":
-        raise InputError(f"{profile.positions.where(('sglang', 'image'))}: sglang.image with deploy.backend: slurm is "
-                         "not supported yet: a container runs under conmon, outside its Slurm job (the gate cannot "
-                         "tie the server to the job, and a cancelled job may leave it running); use the ssh backend "
-                         "for image releases, or srun the image by hand (docs/images.md, Slurm and Kubernetes)")
+    if sglang.image is not None and sglang.image.build_host is not None:
+        _check_build_host(profile, sglang.image.build_host)
     if deploy.slurm is not None and deploy.slurm.shared_root:
         _resolve_shared_root(dep)
     return dep
+
+
+def _check_build_host(profile: Profile, name: str) -> None:
+    """``sglang.image.build_host`` names a host of ``hosts:`` reached over SSH; InputError (exit 2,
+    at its line) otherwise (the control machine builds when it is unset)."""
+    where = profile.positions.where(("sglang", "image", "build_host"))
+    if name not in profile.hosts:
+        raise InputError(f"{where}: sglang.image.build_host: {name} is not a host of hosts: "
+                         f"({', '.join(profile.hosts)})")
+    if profile.hosts[name].local:
+        raise InputError(f"{where}: sglang.image.build_host: {name} is this machine (local: true): leave "
+                         "build_host unset to build here")
 
 
 def _resolve_shared_root(dep: "Deployment") -> None:

@@ -91,6 +91,11 @@ PROFILE_SCHEMA: dict = {
                                      "description": "extra run arguments (--ulimit nofile=N:N ...)"},
                         "mounts": {"type": "array", "items": {"type": "string", "pattern": "^/[^:]*(:/[^:]*)?$"},
                                    "description": "host folders mounted read-only: /src or /src:/dst"},
+                        "build_host": {"type": "string", "minLength": 1,
+                                       "description": "a host of hosts: (over SSH) that builds the images with its "
+                                                      "podman; the build context goes there with rsync, the OCI "
+                                                      "layout comes back (or is pushed to the registry from there); "
+                                                      "default: this machine builds"},
                         "registry": {
                             "type": "object", "additionalProperties": False, "required": ["repository"],
                             "properties": {

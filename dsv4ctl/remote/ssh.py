@@ -264,17 +264,19 @@ class SSHTransport(Transport):
             return False
 
     # -- commands ---------------------------------------------------------------------------
-    def run(self, cmd, *, input=None, timeout=None, check=True):
+    def run(self, cmd, *, input=None, timeout=None, check=True, on_out=None):
         """As :meth:`Transport.run`. The command runs in its own process group on the host; an
         interrupt (KeyboardInterrupt while this waits), this thread's
         :func:`~.transport.cancel_event`, a timeout or :meth:`close` stop that group before the
-        error goes on, so no command keeps running on the host after dsv4ctl has given up on it."""
+        error goes on, so no command keeps running on the host after dsv4ctl has given up on it.
+        ``on_out`` (bytes -> None) is given each piece of stdout as it comes (a remote image
+        build's progress, :mod:`dsv4ctl.deploy.image`); the result still holds all of it."""
         conn = self.open()
         entry = {"pgid": None, "done": False}
         with self._alock:
             self._active[id(entry)] = entry
         try:
-            return self._run(conn, cmd, entry, input=input, timeout=timeout, check=check)
+            return self._run(conn, cmd, entry, input=input, timeout=timeout, check=check, on_out=on_out)
         except BaseException as e:
             if entry["pgid"] is not None and not entry["done"] and not isinstance(e, Exception):
                 with signals_held():     # KeyboardInterrupt (SIGINT, or SIGTERM made one)
@@ -285,7 +287,7 @@ class SSHTransport(Transport):
             with self._alock:
                 self._active.pop(id(entry), None)
 
-    def _run(self, conn, cmd, entry, *, input=None, timeout=None, check=True):
+    def _run(self, conn, cmd, entry, *, input=None, timeout=None, check=True, on_out=None):
         """:meth:`run`'s work on connection ``conn``: open an exec channel, run ``cmd`` (after the
         line that prints its process group, recorded in ``entry["pgid"]``), send ``input``, read
         to the end (:meth:`_pump`) and turn a lost connection, an interrupt or a timeout into
@@ -303,7 +305,7 @@ class SSHTransport(Transport):
                 chan.sendall(input)
                 chan.settimeout(0.2)
             chan.shutdown_write()
-            self._pump(conn, chan, cmd, entry, out, err, deadline, timeout)
+            self._pump(conn, chan, cmd, entry, out, err, deadline, timeout, on_out)
             code = chan.recv_exit_status()
             chan.close()
         except RemoteError:
@@ -329,15 +331,18 @@ class SSHTransport(Transport):
         return res
 
     def _pump(self, conn, chan, cmd: str, entry: dict, out: bytearray, err: bytearray,
-              deadline: float | None, timeout: float | None) -> None:
+              deadline: float | None, timeout: float | None, on_out=None) -> None:
         """Read ``chan``'s stdout into ``out`` and stderr into ``err`` (noting the process group in
-        ``entry``) until the command has ended; on :func:`~.transport.cancel_event` or past
-        ``deadline`` (monotonic s) stop its process group and raise RemoteError."""
+        ``entry``; each piece of stdout also to ``on_out``) until the command has ended; on
+        :func:`~.transport.cancel_event` or past ``deadline`` (monotonic s) stop its process
+        group and raise RemoteError."""
         exited_at = None
         while True:
             got = False
             while chan.recv_ready():
-                out += chan.recv(65536); got = True
+                piece = chan.recv(65536); out += piece; got = True
+                if on_out is not None:
+                    on_out(piece)
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536); got = True
             if entry["pgid"] is None:
@@ -362,7 +367,7 @@ class SSHTransport(Transport):
                 chan.close()
                 raise RemoteError(f"{self.name}: timed out after {timeout:g} s: {cmd.splitlines()[0][:80]}")
             if not got:
-                _wait_for_output(conn, chan, out)
+                _wait_for_output(conn, chan, out, on_out)
 
     def _stop_command(self, chan, entry: dict, err: bytearray, stop: bool = True, wait: float = 2.0) -> None:
         """Read ``chan``'s stderr until the command's process group is known (at most ``wait``
@@ -533,9 +538,9 @@ def _rsync_quote(word: str) -> str:
     raise ValueError(f"cannot pass {word!r} to rsync -e")
 
 
-def _wait_for_output(conn, chan, out: bytearray) -> None:
+def _wait_for_output(conn, chan, out: bytearray, on_out=None) -> None:
     """Nothing was ready: wait up to the channel's timeout (0.2 s) for stdout (appended to
-    ``out``); EOFError when the SSH connection itself is gone."""
+    ``out``, and given to ``on_out``); EOFError when the SSH connection itself is gone."""
     try:
         data = chan.recv(65536)
     except TimeoutError:
@@ -546,6 +551,8 @@ def _wait_for_output(conn, chan, out: bytearray) -> None:
         raise
     if data:
         out += data
+        if on_out is not None:
+            on_out(data)
     elif chan.exit_status_ready():
         return
     elif not conn.client.get_transport().is_active():
