@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests.conftest import DEFAULT_PROFILE, run_cli
+from tests.oracle.fixtures import forked_oracle  # noqa: F401 - oracle_runs uses it (the oracle's fork servers)
 from tests.patchoracle.fixtures import FLASH_BYTES, oracle_runs, patched_tree  # noqa: F401
 from tests.patchoracle.trees import ENV, SERIES, fresh_tree
 
