@@ -78,7 +78,9 @@ def deploy(w, *args, **kw):
                    "--accept-new-host-keys", *args, env=w.env(), timeout=kw.get("timeout", 180))
 
 
-def test_a_release_runs_as_one_slurm_job_per_server_group_and_a_killed_rank_ends_it(world):
+def test_a_release_runs_as_one_slurm_job_per_server_group_and_its_day2_jobs(world):
+    """A release as one Slurm job per server group; status shows each group's job, stop/start/
+    restart cancel and resubmit it; a rank killed under the running release ends its job."""
     w, lab = world, world.lab
     dry = deploy(w, "--dry-run")
     assert dry.code == 0, dry.err
@@ -102,6 +104,32 @@ def test_a_release_runs_as_one_slurm_job_per_server_group_and_a_killed_rank_ends
     assert r.code == 0 and sorted(r.out.splitlines()) == [f"h0/node0: 0 {rid}", f"h1/node1: 1 {rid}"], r.out + r.err
     r = deploy(w, "-g", "prefill", "-g", "decode", "--dry-run")
     assert r.code == 2 and "not supported with deploy.backend slurm" in r.err, r.err
+    # status shows each group's job; stop (on purpose: not unhealthy) cancels it, start submits
+    # it again, restart replaces it
+    r = run_cli("status", str(w.profile), "--json", env=w.env())
+    assert r.code == 0, r.err
+    doc = r.json()
+    for host, g, nodes in (("h0", "prefill", "h[0-1]"), ("h2", "decode", "h[2-3]")):
+        row = doc["hosts"][host]["groups"][g]
+        job = (w.roots[host] / "run" / f"{g}.job").read_text().strip()
+        assert (row["state"], row["slurm"]["job"], row["slurm"]["state"], row["slurm"]["nodes"]) == \
+            ("running", job, "RUNNING", nodes), row
+    [first] = jobs(lab, "decode")
+    r = run_cli("stop", str(w.profile), "-g", "decode", "-m", "maintenance", env=w.env())
+    assert r.code == 0, r.err
+    assert jobs(lab, "decode") == [] and lab.job(first["job"]).get("JobState") == "CANCELLED"
+    r = run_cli("status", str(w.profile), "--json", env=w.env())
+    assert r.code == 0, r.err                      # stopped on purpose: not unhealthy
+    assert r.json()["hosts"]["h2"]["groups"]["decode"]["state"] == "stopped"
+    assert f"slurm job(s) {first['job']} (RUNNING) of decode cancelled" in w.log("h2", "decode")
+    r = run_cli("start", str(w.profile), "-g", "decode", env=w.env())
+    assert r.code == 0, r.err
+    [second] = jobs(lab, "decode")
+    assert second["state"] == "RUNNING" and release_of(second["comment"]) == rid and second["job"] != first["job"]
+    r = run_cli("restart", str(w.profile), "-g", "decode", env=w.env())
+    assert r.code == 0, r.err
+    [third] = jobs(lab, "decode")
+    assert third["job"] not in (first["job"], second["job"]) and lab.job(second["job"]).get("JobState") == "CANCELLED"
     # a rank killed under the running release ends its job
     [job] = jobs(lab, "decode")
     pids = subprocess.run(["pgrep", "-f", r"standin_sglang.*--node-rank.*1"], capture_output=True, text=True).stdout.split()
@@ -181,38 +209,6 @@ def test_a_failed_rank_and_an_interrupt_each_put_the_previous_release_back(world
         assert wait_for(lambda: [(j["state"], release_of(j["comment"])) for j in jobs(lab, g)] == [("RUNNING", good)],
                         timeout=30), (g, jobs(lab, g), err)
     assert not any((w.roots[h] / ".lock").exists() for h in w.roots)
-
-
-def test_status_stop_start_restart_cancel_and_resubmit_the_groups_job(world):
-    """status shows each group's job; stop (on purpose: not unhealthy) cancels it, start
-    submits it again, restart replaces it."""
-    w, lab = world, world.lab
-    assert deploy(w).code == 0
-    rid = w.current("h0")
-    r = run_cli("status", str(w.profile), "--json", env=w.env())
-    assert r.code == 0, r.err
-    doc = r.json()
-    for host, g, nodes in (("h0", "prefill", "h[0-1]"), ("h2", "decode", "h[2-3]")):
-        row = doc["hosts"][host]["groups"][g]
-        job = (w.roots[host] / "run" / f"{g}.job").read_text().strip()
-        assert (row["state"], row["slurm"]["job"], row["slurm"]["state"], row["slurm"]["nodes"]) == \
-            ("running", job, "RUNNING", nodes), row
-    [first] = jobs(lab, "decode")
-    r = run_cli("stop", str(w.profile), "-g", "decode", "-m", "maintenance", env=w.env())
-    assert r.code == 0, r.err
-    assert jobs(lab, "decode") == [] and lab.job(first["job"]).get("JobState") == "CANCELLED"
-    r = run_cli("status", str(w.profile), "--json", env=w.env())
-    assert r.code == 0, r.err                      # stopped on purpose: not unhealthy
-    assert r.json()["hosts"]["h2"]["groups"]["decode"]["state"] == "stopped"
-    assert f"slurm job(s) {first['job']} (RUNNING) of decode cancelled" in w.log("h2", "decode")
-    r = run_cli("start", str(w.profile), "-g", "decode", env=w.env())
-    assert r.code == 0, r.err
-    [second] = jobs(lab, "decode")
-    assert second["state"] == "RUNNING" and release_of(second["comment"]) == rid and second["job"] != first["job"]
-    r = run_cli("restart", str(w.profile), "-g", "decode", env=w.env())
-    assert r.code == 0, r.err
-    [third] = jobs(lab, "decode")
-    assert third["job"] not in (first["job"], second["job"]) and lab.job(second["job"]).get("JobState") == "CANCELLED"
 
 
 def test_refused_deploys_change_nothing_and_a_copy_never_cancels_the_first_ones_jobs(world, tmp_path):
