@@ -484,6 +484,10 @@ def test_releases_after_two_deploys(deployed):
     ("rollback_dry_run_to_active", ("rollback", "--dry-run", "--json", "--to", "B")),
     ("promote_dry_run", ("promote", "B", "--dry-run", "--json")),
     ("promote_dry_run_not_active", ("promote", "A", "--dry-run", "--json")),
+    # the lifecycle's step lists (issue 42 item 4): what start, stop and restart run on the active release
+    ("start_dry_run", ("start", "--dry-run", "--json")),
+    ("stop_dry_run", ("stop", "--dry-run", "--json")),
+    ("restart_dry_run", ("restart", "--dry-run", "--json")),
 ])
 def test_dry_runs_after_deploys(deployed, name, args):
     w = deployed

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from dsv4ctl.deploy import engine
+from dsv4ctl.deploy.lifecycle import lifecycle
 from dsv4ctl.deploy.promote import PromoteOptions, promote_by_hand
 from dsv4ctl.deploy.site import Options
 from dsv4ctl.deploy.steps import DRY_RUN_TOKEN
@@ -165,7 +166,8 @@ def test_second_and_third_deploy_stop_removed_groups_and_prune(world, monkeypatc
 @needs_rsync
 def test_converging_deploy_runs_exactly_its_dry_run(world, monkeypatch):
     """The active release deployed again with decode's process killed: the dry run lists the
-    start on h1 and the gate, and the run executes exactly that (h1: lock, start, gate, close)."""
+    start on h1 and the gate, and the run executes exactly that (h1: lock, start, gate, close).
+    Then ``restart -g decode`` on the same world runs exactly its dry run's steps."""
     w = world
     rid = engine.deploy(load_deployment(w.profile), _opts(w))["release"]
     kill_server(w.roots["h1"] / "run" / "decode.pid")
@@ -178,6 +180,13 @@ def test_converging_deploy_runs_exactly_its_dry_run(world, monkeypatch):
     assert [s.phase for s in executed if s.host == "h1"] == ["lock", "verify", "start", "gate", "close"]
     start = next(s for s in executed if s.phase == "start")
     assert start.cmd in rec.raw["h1"] and start.summary == f"start decode (not running) from {rid} (launcher)"
+    # and the lifecycle on the same world (issue 42 item 4): ``restart -g decode`` runs exactly its
+    # dry run's steps (one server restarted: the lifecycle's step list is the same for each)
+    dry = lifecycle(load_deployment(w.profile), _opts(w, dry_run=True), "restart", groups=["decode"])
+    rep, planned, executed = _run(lifecycle, w, "restart", groups=["decode"])
+    assert rep["result"] == "ok", rep
+    check_equal(dry, planned, executed, rec, _token(planned))
+    assert [s.phase for s in executed if s.host == "h1"] == ["lock", "stop", "start", "gate", "close"]
 
 
 @needs_rsync
