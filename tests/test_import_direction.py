@@ -1,5 +1,6 @@
-"""Imports point one way (``../shared/design/architecture.md``): a module may import its own layer or
-the layers below it, never above, and the module graph has no cycle. Function-local imports count.
+"""Imports point one way (``docs/architecture.md``: its floors, and the seam where servers run): a
+module may import its own layer or the layers below it, never above, and the module graph has no
+cycle. Function-local imports count.
 
 Layers, lowest first: errors/render/resources/codecache <- profile <- remote <- hosts <- patches <- plan <-
 check <- serve <- deploy <- diagnose <- runbook <- report <- watch <- commands <- cli."""
