@@ -2,8 +2,9 @@
 
 One asyncio task per concurrent session; each sends its turns back to back (no think time), reads
 the answer (SSE or JSON), classifies it with :mod:`.classify` and hands a per-turn record to a
-callback. "No progress within the stall timeout" is aiohttp's ``sock_read`` timeout: no byte of
-the response (headers or body) for ``stall_timeout`` seconds → the turn is ``stuck``; so is a turn
+callback. "No progress within the stall timeout" is the session's ``sock_read`` timeout, kept per
+turn by :class:`_Stall`: no byte of the response (headers or body) for ``stall_timeout`` seconds →
+the turn is ``stuck``; so is a turn
 whose complete answer has not arrived within ``turn_timeout`` seconds (a server dripping bytes).
 Bodies are read with the size limits of :mod:`.classify` (``MAX_JSON_BODY``, ``MAX_SSE_LINE``,
 ``MAX_CONTENT``, ``MAX_PIECES``); a response over a limit is a protocol error, never a MemoryError.
@@ -206,16 +207,60 @@ class BadResponse(Exception):
     """The target answered, but with a body over :data:`classify.MAX_JSON_BODY` bytes."""
 
 
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_capped(resp: aiohttp.ClientResponse, limit: int, stall: Optional["_Stall"] = None) -> bytes:
     """The whole body of ``resp``, or C.ProtocolError as soon as it exceeds ``limit`` bytes
-    (nothing past the limit is kept in memory)."""
+    (nothing past the limit is kept in memory); each read is progress for ``stall``."""
     parts, n = [], 0
     async for data in resp.content.iter_any():
+        if stall is not None:
+            stall.last = stall.loop.time()
         n += len(data)
         if n > limit:
             raise C.ProtocolError(f"response body larger than {limit} bytes")
         parts.append(data)
     return b"".join(parts)
+
+
+class _Stall:
+    """A turn's stall timeout: no byte of the answer (headers or body) for ``after`` seconds ends
+    the turn, through its ``asyncio.timeout`` ``deadline``. aiohttp's ``sock_read`` does the same by cancelling and re-creating a timer
+    on every read (~40 per streamed answer, a tenth of ``check load``'s client CPU per request,
+    benchmarks/check_load.py); here a read only records the time (:attr:`last`), and one timer,
+    armed for ``last + after``, arms itself again when there was progress meanwhile."""
+
+    __slots__ = ("loop", "deadline", "after", "last", "handle")
+
+    def __init__(self, deadline: asyncio.Timeout, after: float):
+        self.loop = asyncio.get_running_loop()
+        self.deadline, self.after = deadline, after
+        self.last = self.loop.time()
+        self.handle = self.loop.call_at(self.last + after, self._check)
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.deadline.expired():          # the turn timeout is ending it already
+            return
+        if now - self.last >= self.after:
+            self.deadline.reschedule(now)
+        else:
+            self.handle = self.loop.call_at(self.last + self.after, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+
+
+_NO_READ_TIMEOUT: dict[Optional[float], aiohttp.ClientTimeout] = {}
+
+
+def _turn_timeout(http: aiohttp.ClientSession) -> aiohttp.ClientTimeout:
+    """The session's timeouts without ``sock_read`` (a turn's :class:`_Stall` keeps it)."""
+    t = http.timeout
+    key = (t.total, t.connect, t.sock_connect, t.ceil_threshold)
+    got = _NO_READ_TIMEOUT.get(key)
+    if got is None:
+        got = _NO_READ_TIMEOUT[key] = aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_connect=t.sock_connect,
+                                                            sock_read=None, ceil_threshold=t.ceil_threshold)
+    return got
 
 
 @dataclass
@@ -370,48 +415,16 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
     rid = body.get("rid")
     headers = {**JSON_HEADERS, "X-Request-Id": rid} if isinstance(rid, str) and rid else JSON_HEADERS
     try:
-        async with asyncio.timeout(turn_timeout), http.post(url, data=body_bytes(body), headers=headers) as resp:
-            timing["echoed_request_id"] = resp.headers.get("X-Request-Id")
-            if resp.status != 200:
-                text = (await resp.content.read(4096)).decode("utf-8", "replace")
-                timing["e2e_s"] = time.perf_counter() - t0
-                return C.TurnResult(http_status=resp.status,
-                                    error=f"HTTP {resp.status}: {clip_abort(' '.join(text.split()), ERROR_TEXT)}"), timing
-            if not stream:
-                try:
-                    raw = await read_capped(resp, C.MAX_JSON_BODY)
-                except C.ProtocolError as e:
-                    timing["e2e_s"] = time.perf_counter() - t0
-                    return C.TurnResult(http_status=200, error=f"protocol: {e}"), timing
-                timing["e2e_s"] = time.perf_counter() - t0     # no first token to time without SSE
-                try:
-                    return C.parse_completion(json.loads(raw)), timing
-                except (ValueError, RecursionError) as e:     # ProtocolError and JSON/UTF-8 errors are ValueErrors
-                    return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
-            dec, asm = C.SSEDecoder(), C.StreamAssembler()
-            last = None
-            seen = 0
+        async with asyncio.timeout(turn_timeout) as deadline:
+            stall = _Stall(deadline, sock_read) if sock_read else None
             try:
-                async for data in resp.content.iter_any():
-                    asm.feed_payloads(dec.feed(data))
-                    if asm.pieces > seen:
-                        now = time.perf_counter()
-                        if timing["ttft_s"] is None:
-                            timing["ttft_s"] = now - t0
-                        elif last is not None:
-                            timing["gaps"].append(now - last)
-                        last = now
-                        seen = asm.pieces
-                asm.feed_payloads(dec.close())
-                timing["chunks"] = asm.chunks
-                timing["e2e_s"] = time.perf_counter() - t0
-                return asm.result(), timing
-            except (ValueError, RecursionError) as e:     # ProtocolError, UnicodeDecodeError
-                timing["e2e_s"] = time.perf_counter() - t0
-                return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
+                return await _answer(http, url, body, headers, stream, t0, timing, stall)
+            finally:
+                if stall is not None:
+                    stall.cancel()
     except asyncio.TimeoutError:
-        timing["e2e_s"] = e2e = time.perf_counter() - t0
-        why = (f"no complete answer within {turn_timeout:g} s" if e2e >= turn_timeout * 0.999
+        timing["e2e_s"] = time.perf_counter() - t0
+        why = (f"no complete answer within {turn_timeout:g} s" if timing["e2e_s"] >= turn_timeout * 0.999
                or sock_read is None else f"no progress for {sock_read:g} s")
         return C.TurnResult(http_status=None, stalled=True, error=why), timing
     except aiohttp.ClientError as e:
@@ -421,6 +434,56 @@ async def run_turn(http: aiohttp.ClientSession, url: str, body: dict, stream: bo
         timing["e2e_s"] = time.perf_counter() - t0
         timing["connection_error"] = isinstance(e, CONNECTION_ERRORS)
         return C.TurnResult(http_status=None, error=f"{type(e).__name__}: {clip(e, ERROR_TEXT)}"), timing
+
+
+async def _answer(http: aiohttp.ClientSession, url: str, body: dict, headers: dict, stream: bool, t0: float,
+                  timing: dict, stall: Optional[_Stall]) -> tuple[C.TurnResult, dict]:
+    """:func:`run_turn`'s request and the reading of its answer (``stall``: the turn's stall
+    timeout, told of every read)."""
+    async with http.post(url, data=body_bytes(body), headers=headers, timeout=_turn_timeout(http)) as resp:
+        if stall is not None:
+            stall.last = stall.loop.time()
+        timing["echoed_request_id"] = resp.headers.get("X-Request-Id")
+        if resp.status != 200:
+            text = (await resp.content.read(4096)).decode("utf-8", "replace")
+            timing["e2e_s"] = time.perf_counter() - t0
+            return C.TurnResult(http_status=resp.status,
+                                error=f"HTTP {resp.status}: {clip_abort(' '.join(text.split()), ERROR_TEXT)}"), timing
+        if not stream:
+            try:
+                raw = await read_capped(resp, C.MAX_JSON_BODY, stall)
+            except C.ProtocolError as e:
+                timing["e2e_s"] = time.perf_counter() - t0
+                return C.TurnResult(http_status=200, error=f"protocol: {e}"), timing
+            timing["e2e_s"] = time.perf_counter() - t0     # no first token to time without SSE
+            try:
+                return C.parse_completion(json.loads(raw)), timing
+            except (ValueError, RecursionError) as e:     # ProtocolError and JSON/UTF-8 errors are ValueErrors
+                return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
+        dec, asm = C.SSEDecoder(), C.StreamAssembler()
+        last = None
+        seen = 0
+        clock = stall.loop.time if stall is not None else None
+        try:
+            async for data in resp.content.iter_any():
+                if clock is not None:
+                    stall.last = clock()
+                asm.feed_payloads(dec.feed(data))
+                if asm.pieces > seen:
+                    now = time.perf_counter()
+                    if timing["ttft_s"] is None:
+                        timing["ttft_s"] = now - t0
+                    elif last is not None:
+                        timing["gaps"].append(now - last)
+                    last = now
+                    seen = asm.pieces
+            asm.feed_payloads(dec.close())
+            timing["chunks"] = asm.chunks
+            timing["e2e_s"] = time.perf_counter() - t0
+            return asm.result(), timing
+        except (ValueError, RecursionError) as e:     # ProtocolError, UnicodeDecodeError
+            timing["e2e_s"] = time.perf_counter() - t0
+            return C.TurnResult(http_status=200, error=f"protocol: {clip(e, ERROR_TEXT)}"), timing
 
 
 async def probe_health(http: aiohttp.ClientSession, base: str, timeout: float = 5.0,
