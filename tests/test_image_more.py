@@ -331,3 +331,43 @@ def test_images_built_on_a_build_host(sshd_cluster, tmp_path, image_base, monkey
         w.cleanup()
         images.clean_store(bstore)
         images.clean_store(local_cache / "images")
+
+
+def test_an_interrupt_during_a_remote_build_records_nothing(sshd_cluster, tmp_path, image_base):
+    """SIGINT while the build host builds (the environment layer's RUN hangs there, in uv):
+    the deploy stops (130), the build's processes on the build host end with it, no image is
+    recorded here (the next deploy builds again) and none is in the build host's store, no host
+    records or runs anything of it."""
+    import signal
+    import time
+    from tests.images import base as images
+    from tests.sshd.world import wait_for
+    from tests.test_image_deploy import _deploy_bg, _interrupt
+    w = ImageWorld(sshd_cluster, tmp_path, image_base, nhosts=3)
+    w.image_extra = {"build_host": "h0"}
+    w.write()
+    mark = f"0.{os.getpid() % 1000:03d}{time.time_ns() % 1000:03d}"
+    hang = tmp_path / "hanging-uv"
+    hang.write_text(f"#!/bin/sh\nexec sleep 3600 {mark}\n")          # sent to h0, runs in the build's RUN step
+    hang.chmod(0o755)
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["sglang"]["environment"]["uv"] = str(hang)
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    hung = lambda: subprocess.run(["pgrep", "-f", f"^sleep 3600 {mark}$"], capture_output=True).returncode == 0
+    bstore = w.roots["h0"] / "images" / "build"
+    try:
+        p, err = _deploy_bg(w)
+        text = _interrupt(p, err, signal.SIGINT, hung, "hanging remote build")
+        assert wait_for(lambda: not hung(), 15), "the build still runs on h0 after SIGINT"
+        assert "building the environment image" in text and " on h0" in text, text
+        recs = w.cache / "images" / "records"
+        assert not recs.exists() or not list(recs.glob("*.json")), list(recs.iterdir())
+        out = subprocess.run([*images.podman_argv(bstore), "images", "-q", "--filter", "reference=localhost/dsv4ctl*"],
+                             capture_output=True, text=True).stdout
+        assert out.strip() == "", out
+        for h in ("h0", "h1", "h2"):
+            assert not (w.roots[h] / "images" / "ids").exists() or not list((w.roots[h] / "images" / "ids").iterdir())
+            assert w.current(h) is None and w.containers(h) == []
+    finally:
+        w.cleanup()
+        images.clean_store(bstore)
