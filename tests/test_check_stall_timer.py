@@ -66,8 +66,8 @@ def test_a_streamed_answer_arms_a_few_timers_not_one_per_read():
 
 
 def test_progress_resets_the_stall_clock_and_silence_ends_the_turn():
-    result, _, _ = asyncio.run(_turn(events=6, gap=0.25, stall=0.6))        # 1.5 s, never 0.6 s silent
+    result, _, _ = asyncio.run(_turn(events=5, gap=0.2, stall=0.5))         # 1 s, never 0.5 s silent
     assert result.error is None and not result.stalled
-    result, timing, _ = asyncio.run(_turn(events=2, gap=0.01, stall=0.4, then_silent=1.5))
-    assert result.stalled and result.error == "no progress for 0.4 s"
-    assert 0.4 <= timing["e2e_s"] < 1.2
+    result, timing, _ = asyncio.run(_turn(events=2, gap=0.01, stall=0.3, then_silent=0.8))
+    assert result.stalled and result.error == "no progress for 0.3 s"
+    assert 0.3 <= timing["e2e_s"] < 0.8
