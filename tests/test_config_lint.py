@@ -50,10 +50,11 @@ def edit(text: str, **kv) -> str:
 
 
 def run(prefill=PREFILL, decode=DECODE, *, ram=2048.0, pools=(120.0,) * 4, dkv=("bf16"), gating=None,
-        env_p=None, env_d=None, raw_prefill=None, topo_p=None, ports=(30000, 30001), version_mismatch=None, series_mismatch=None):
+        env_p=None, env_d=None, raw_prefill=None, topo_p=None, ports=(30000, 30001), version_mismatch=None, series_mismatch=None,
+        model_p=None):
     pc = parse_config_text(prefill, "prefill.yaml") if raw_prefill is None else raw_prefill
     groups = [GroupInput("prefill", "prefill", "h0", pc, env=env_p or {}, rank_device_gib=list(pools),
-                         topology_error=topo_p, binds=[("h0", ports[0], ports[0], "HTTP port", "prefill.yaml:3", 0),
+                         topology_error=topo_p, model_error=model_p, binds=[("h0", ports[0], ports[0], "HTTP port", "prefill.yaml:3", 0),
                                                        ("h0", 8998, 8998, "KV bootstrap port", "prefill.yaml:9", 0)]),
               GroupInput("decode", "decode", "h0", parse_config_text(decode, "decode.yaml"), env=env_d or {},
                          rank_device_gib=list(pools), binds=[("h0", ports[1], ports[1], "HTTP port", "decode.yaml:3", 0)])]
@@ -139,6 +140,9 @@ CASES = [
     # issue 25: the profile's topology is not what the serve config runs (dsv4ctl.plan.plan.topology's words)
     ("DSV120", dict(topo_p="prefill.yaml:2: tp-size: 8 disagrees with the profile's group 'prefill' (tp: 4)"), dict()),
     ("DSV120", dict(topo_p="prefill.yaml: no tp-size: SGLang runs tp-size 1 (its default), but ..."), dict()),
+    # SGLang refuses it when it builds the model (dsv4ctl.plan.inputs.model_refusal's words)
+    ("DSV124", dict(model_p="group prefill: context_length 2097152 is greater than the derived context_length "
+                            "(1048576): SGLang refuses it at start-up unless ..."), dict()),
     # issue 25: two listeners on one host and port (here decode's HTTP port on prefill's KV bootstrap port)
     ("DSV121", dict(ports=(30000, 8998)), dict(ports=(30000, 8999))),
     ("DSV121", dict(ports=(30000, 30000)), dict()),

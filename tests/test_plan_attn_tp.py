@@ -1,9 +1,11 @@
-"""An attention-TP size that does not divide DeepSeek-V4's attention projections: SGLang builds
-``wq_b``/``wo_a`` as ``ColumnParallelLinear`` over the attention-TP group and its ``divide``
-asserts when the model is built (after the arguments resolved, so the start-up rule set of
-:mod:`dsv4ctl.plan.startup` does not see it). ``plan`` (and so ``config lint`` and the deploy
-preflight, which run it) refuses it with SGLang's words; each release's own ``divide`` decides
-the same, run from that release's source."""
+"""What SGLang refuses only when it builds the model (after the arguments resolved, so the
+start-up rule set of :mod:`dsv4ctl.plan.startup` does not see it): an attention-TP size that does
+not divide DeepSeek-V4's attention projections (``wq_b``/``wo_a`` are ``ColumnParallelLinear``
+over the attention-TP group; its ``divide`` asserts) or leaves a rank no output group, and a
+context past the model's derived one. ``plan`` (exit 2, so the deploy preflight) and ``config
+lint`` (DSV124) refuse them by one rule (:func:`dsv4ctl.plan.inputs.model_refusal`); each
+release's own ``divide`` and ``get_context_length``, run from that release's source, decide
+the same."""
 
 from __future__ import annotations
 
@@ -73,9 +75,14 @@ def test_each_release_builds_the_projections_over_attention_tp_and_refuses_as_pl
             ours = geo.attn_tp_refusal(tp)
             theirs = (_sglang_says(divide, geo.num_attention_heads * geo.attn_head_dim, tp)
                       or _sglang_says(divide, geo.o_groups * geo.o_lora_rank, tp))
-            assert (ours is None) == (theirs is None), (version, name, tp, ours, theirs)
-            if ours:
-                assert ours.startswith(theirs + ":"), (ours, theirs)
+            if theirs:
+                assert ours is not None and ours.startswith(theirs + ":"), (version, name, tp, ours, theirs)
+            elif tp > geo.o_groups:      # divide passes; n_local_groups = o_groups // attn_tp is 0
+                assert ours == (f"o_groups {geo.o_groups} // attention TP {tp} = 0 per rank: the model builds and "
+                                "its first forward fails (dsv4ctl refuses it)"), (version, name, tp)
+                assert "self.n_local_groups = self.n_groups // self.attn_tp_size" in src
+            else:
+                assert ours is None, (version, name, tp, ours)
 
 
 @pytest.mark.parametrize("version", sorted(VERSIONS))
@@ -125,3 +132,23 @@ def test_a_custom_config_without_the_projection_fields_is_not_checked():
     assert geo.num_attention_heads == 0 and geo.attn_tp_refusal(3) is None
     assert ModelGeometry.from_config(MODELS["deepseek-v4-pro"], "pro").attn_tp_refusal(3) == (
         "65536 is not divisible by 3: num_attention_heads x head_dim (wq_b) split over attention TP 3")
+
+
+def test_config_lint_refuses_them_as_dsv124(cli, tmp_path):
+    import shutil
+    src = REPO / "profiles"
+    shutil.copytree(src / "dsv4-flash-8xb200-pd", tmp_path / "dsv4-flash-8xb200-pd")
+    prof = tmp_path / "p.yaml"
+    text = (src / "dsv4-flash-8xb200-pd.yaml").read_text().replace("series: ../patches", f"series: {src.parent}/patches")
+    prof.write_text(text)
+    decode = tmp_path / "dsv4-flash-8xb200-pd" / "decode.yaml"
+    decode.write_text(decode.read_text() + "context-length: 2097152\n")
+    r = cli("config", "lint", str(prof), "--json", timeout=120)
+    found = [f for f in r.json()["findings"] if f["rule"] == "DSV124"]
+    assert r.code != 0 and [(f["group"], f["line"]) for f in found] == [("decode", len(decode.read_text().splitlines()))]
+    assert found[0]["message"].startswith("context_length 2097152 is greater than the derived context_length (1048576)")
+    # the server's env switch allows it, as in SGLang
+    anchor = "    serve_config: dsv4-flash-8xb200-pd/decode.yaml\n"
+    prof.write_text(text.replace(anchor, anchor + "    env: {SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN: 'true'}\n", 1))
+    r = cli("config", "lint", str(prof), "--json", timeout=120)
+    assert not [f for f in r.json()["findings"] if f["rule"] == "DSV124"], r.out

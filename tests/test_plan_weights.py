@@ -30,7 +30,7 @@ SIZES = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I64": 8}
 # A tiny DeepSeek-V4: 4 layers (ratios 0, 4, 128, 4) + 1 MTP layer, 8 heads, 4 experts.
 TINY = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 256,
         "vocab_size": 1024, "num_attention_heads": 8, "head_dim": 128, "qk_rope_head_dim": 64,
-        "q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 128, "n_routed_experts": 4,
+        "q_lora_rank": 128, "o_groups": 8, "o_lora_rank": 128, "n_routed_experts": 4,
         "moe_intermediate_size": 128, "n_shared_experts": 1, "num_experts_per_tok": 2, "hc_mult": 4,
         "num_hidden_layers": 4, "num_hash_layers": 1, "index_head_dim": 128, "index_n_heads": 4,
         "index_topk": 64, "sliding_window": 128, "max_position_embeddings": 4096,

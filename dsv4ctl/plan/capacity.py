@@ -131,7 +131,7 @@ class ModelGeometry:
             index_head_dim=whole("index_head_dim", cfg["index_head_dim"], 1, 1 << 20),
             sliding_window=whole("sliding_window", cfg["sliding_window"], 1, 1 << 30),
             context_len=_derived_context_len(cfg, whole("max_position_embeddings", cfg["max_position_embeddings"],
-                                                        1, 1 << 40)),
+                                                        1, 1 << 40), name),
             kv_source_layer_ids=kv_ids,
             **{k: whole(k, cfg[k], 1, 1 << 20) for k in ("num_attention_heads", "o_groups", "o_lora_rank")
                if cfg.get(k) is not None},
@@ -148,21 +148,34 @@ class ModelGeometry:
                         ("o_groups x o_lora_rank (wo_a)", self.o_groups * self.o_lora_rank)):
             if n and n % attn_tp:
                 return f"{n} is not divisible by {attn_tp}: {what} split over attention TP {attn_tp}"
+        # the model builds, but each rank holds n // attn_tp heads / output groups (the same file,
+        # DeepseekV4Attention.__init__): none left fails the first forward (wo_a's per-rank outputs are
+        # n_local_groups x o_lora_rank)
+        for what, n in (("num_attention_heads", self.num_attention_heads), ("o_groups", self.o_groups)):
+            if n and n < attn_tp:
+                return (f"{what} {n} // attention TP {attn_tp} = 0 per rank: the model builds and its first "
+                        "forward fails (dsv4ctl refuses it)")
         return None
 
 
-def _derived_context_len(cfg: dict, max_positions: int) -> int:
+def _derived_context_len(cfg: dict, max_positions: int, name: str) -> int:
     """SGLang's derived context length (sglang 0.5.23 ``srt/utils/hf_transformers/common.py``
     ``get_context_length``): ``max_position_embeddings`` times the rope-scaling ``factor``, except
     when ``rope_scaling`` names ``original_max_position_embeddings`` (DeepSeek-V4's YaRN) or is
     llama3. Its default ``context_length``, and the most it accepts without
-    ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``."""
+    ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``. CapacityError for a ``rope_scaling`` SGLang
+    cannot read (not a mapping; a factor that is not a positive number up to 2**20)."""
     rs = cfg.get("rope_scaling")
-    if not isinstance(rs, dict) or "original_max_position_embeddings" in rs or rs.get("rope_type") == "llama3":
+    if rs is None:
+        return max_positions
+    if not isinstance(rs, dict):
+        raise CapacityError(f"model config {name}: rope_scaling: expected a mapping or null, got {str(rs)[:60]!r} (SGLang reads "
+                            "rope_scaling.get(...))")
+    if "original_max_position_embeddings" in rs or rs.get("rope_type") == "llama3":
         return max_positions
     factor = rs.get("factor", 1)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1 << 20:
-        return max_positions
+        raise CapacityError(f"model config {name}: rope_scaling.factor: expected a number in (0, {1 << 20}], got {str(factor)[:60]!r}")
     return int(factor * max_positions)
 
 

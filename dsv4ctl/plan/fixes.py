@@ -351,8 +351,9 @@ def _mrr_fix(model, gi: GroupInputs) -> Optional[tuple[tuple, str, tuple]]:
 def why_no_fix(model, gi: GroupInputs, v: vd.Verdict, resolve=None) -> str:
     """Why no candidate change plans (issue 44.5), as a clause for a ``fails`` without fixes: for
     ``requests``, the full pool at mem-fraction-static 0.99 against ``min_requests`` x 4,096 tokens
-    (the shortest context-length tried); otherwise what the largest GPU count tried (8 x tp-size)
-    still plans, in its own words. "" when neither can be said."""
+    (the shortest context-length tried); otherwise what the largest GPU count tried (8, 4 or 2 x
+    tp-size: the largest the model's attention split takes) still plans, in its own words; when
+    none is taken, why the largest is refused. "" when neither can be said."""
     if v.deciding == "requests":
         g = cap.replace(gi, mem_fraction_static=0.99, context_length=4096)
         stages, _, msg = evaluate(model, g)
@@ -363,13 +364,17 @@ def why_no_fix(model, gi: GroupInputs, v: vd.Verdict, resolve=None) -> str:
                 f"requests of even 4,096 tokens need {gi.min_requests * 4096:,}"
                 + (f" (with max-running-requests >= {gi.min_requests:,}, now {gi.pool.max_running_requests:,})"
                    if gi.pool.max_running_requests < gi.min_requests else ""))
-    tp = gi.tp * 8
-    if resolve is None or tp > MAX_PARALLEL:
+    if resolve is None or gi.tp * 2 > MAX_PARALLEL:
         return ""
-    try:
-        g = resolve({"tp_size": tp})
-    except InputError as e:
-        return f"; why: tp-size {tp} is refused ({str(e)[:160]})"
+    refused = None
+    for tp in (gi.tp * 8, gi.tp * 4, gi.tp * 2):    # the largest GPU count SGLang takes (a TP past the
+        try:                                        # model's heads / output groups is refused)
+            g = resolve({"tp_size": tp})
+            break
+        except InputError as e:
+            refused = refused or f"; why: tp-size {tp} is refused ({str(e)[:160]})"
+    else:
+        return refused or ""
     _, v2, msg = evaluate(model, g)
     return f"; why: at {tp * gi.pp} GPUs (tp-size {tp}, weights ~{round(g.weights_gib_per_rank, 3)} GiB per rank) it is " \
         f"still {v2.level} ({v2.deciding}): {msg}"

@@ -603,11 +603,9 @@ def _check_parallel(profile: Profile, group: Group, model: cap.ModelGeometry, ar
                          f"num_hidden_layers {model.num_hidden_layers}")
     if dpa and tp % dp:
         raise InputError(f"group {group.name}: dp_size {dp} must divide tp_size {tp} with enable_dp_attention")
-    refused = model.attn_tp_refusal(tp // dp if dpa else tp)
+    refused = model_refusal(group.name, model, args)
     if refused:
-        raise InputError(f"group {group.name}: tp_size {tp}{f' / dp_size {dp}' if dpa else ''}: SGLang refuses it "
-                         f"when it builds the model: {refused} (srt/models/deepseek_v4.py, "
-                         "srt/distributed/utils.py)")
+        raise InputError(refused)
     return n_ranks
 
 
@@ -899,11 +897,35 @@ def _context_length(group: Group, model: cap.ModelGeometry, args: dict) -> int:
     ctx = args.get("context_length", model.context_len)
     if ctx <= 0:
         raise InputError(f"context_length must be > 0, got {ctx}")
-    if ctx > model.context_len and not args.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
-        raise InputError(f"group {group.name}: context_length {ctx} is greater than the derived context_length "
-                         f"({model.context_len}): SGLang refuses it at start-up unless "
-                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (srt/configs/model_config.py)")
     return ctx
+
+
+def model_refusal(group_name: str, model: cap.ModelGeometry, args: dict) -> Optional[str]:
+    """Why SGLang cannot serve the model with the group's resolved arguments ``args`` (``tp_size``,
+    ``dp_size``, ``enable_dp_attention``, ``context_length``, the server's env switches), found
+    only when it builds the model, not by its argument resolution (:mod:`dsv4ctl.plan.startup`);
+    None when it can. One rule for ``plan`` (an InputError, exit 2) and ``config lint`` (DSV124):
+    the attention-TP split of the attention projections (:meth:`ModelGeometry.attn_tp_refusal`)
+    and a context past the derived one without ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``
+    (sglang 0.5.18-0.5.23 ``srt/configs/model_config.py`` ``ModelConfig._derive_context_length``)."""
+    tp, dp, dpa = args["tp_size"], args["dp_size"], args["enable_dp_attention"]
+    refused = model.attn_tp_refusal(tp // dp if dpa and dp else tp)
+    if refused:
+        how = "" if refused.endswith("(dsv4ctl refuses it)") else "SGLang refuses it when it builds the model: "
+        where = "" if not how else " (srt/models/deepseek_v4.py, srt/distributed/utils.py)"
+        return f"group {group_name}: tp_size {tp}{f' / dp_size {dp}' if dpa else ''}: {how}{refused}{where}"
+    ctx = args.get("context_length", model.context_len)
+    if ctx > model.context_len and not args.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        return (f"group {group_name}: context_length {ctx} is greater than the derived context_length "
+                f"({model.context_len}): SGLang refuses it at start-up unless "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (srt/configs/model_config.py)")
+    return None
+
+
+def merged_args(profile: Profile, group: Group, serve: Optional[ServeConfig], rules: VersionRules) -> dict[str, Any]:
+    """The group's resolved arguments as ``plan`` reads them without ``--set`` (serve config <
+    topology < env switches). InputError for what ``plan`` refuses on the way."""
+    return _merged_args(profile, group, serve, {}, rules)[0]
 
 
 def resolve_group(profile: Profile, group: Group, model: cap.ModelGeometry, facts,

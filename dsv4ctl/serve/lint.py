@@ -55,6 +55,7 @@ RULES: dict[str, tuple[str, str, str, str]] = {
     "DSV120": ("topology-mismatch", "error", "the serve config runs the topology the profile says (tp/dp/pp/attention DP, nnodes, GPU placement, dist-init host; SGLang's defaults when a key is left out)", "server_args.py; engine.py _calculate_rank_ranges; dsv4ctl.plan.plan.topology"),
     "DSV122": ("sglang-version-mismatch", "error", "the profile's sglang.version is the version of the SGLang tree it ships", "dsv4ctl.plan.sglang_version"),
     "DSV123": ("series-version-mismatch", "error", "the patch series (sglang.series) is cut against the SGLang release the deployment runs (its `base` line or folder name)", "dsv4ctl.patches.series; patches/sglang-VERSION"),
+    "DSV124": ("model-build", "error", "SGLang can build and serve the model with the group's arguments: the attention-TP split divides the attention projections and leaves each rank heads and output groups; context-length is at most the model's derived one unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "models/deepseek_v4.py; distributed/utils.py divide; configs/model_config.py _derive_context_length; dsv4ctl.plan.inputs.model_refusal"),
     "DSV121": ("port-clash", "error", "no two listeners on one host share a port: HTTP, KV bootstrap, dist-init and attention-DP ZMQ ports, router and Prometheus ports (replicas included)", "server_args.py PortArgs; disaggregation bootstrap"),
 }
 
@@ -96,6 +97,7 @@ class GroupInput:
     env: dict[str, str] = field(default_factory=dict)
     rank_device_gib: Optional[list[float]] = None
     topology_error: Optional[str] = None     # :func:`dsv4ctl.plan.plan.topology`'s refusal, if any
+    model_error: Optional[str] = None        # :func:`dsv4ctl.plan.inputs.model_refusal`, if any: DSV124
     rank_hosts: Optional[list[str]] = None   # host of every GPU of every server (replica, node order)
     binds: list = field(default_factory=list)   # (host, first, last, what, file:line): GroupView.binds
     sm100: bool = True                          # the host's GPUs are SM100 (dsv4ctl.plan.startup.is_sm100)
@@ -191,6 +193,9 @@ def _topology_findings(g: GroupInput, r: Resolved) -> list[Finding]:
             head, _, rest = msg[len(cfg.path) + 1:].partition(": ")
             msg, line = (rest, int(head)) if head.isdigit() else (msg[len(cfg.path) + 2:], 1)
         out.append(Finding("DSV120", RULES["DSV120"][1], cfg.path, line, msg, g.name))
+    if g.model_error:
+        key = "context_length" if "context_length" in g.model_error.split(":", 2)[1] else "tp_size"
+        out.append(_f("DSV124", cfg, _key(r, key), g.model_error.split(": ", 1)[1], g.name))
     file_mode = a.get("disaggregation_mode")
     if g.role in ("prefill", "decode") and file_mode not in (None, "null") and file_mode != g.role:
         out.append(_f("DSV113", cfg, _key(r, "disaggregation_mode"),

@@ -52,6 +52,24 @@ def topology_error(dep: Deployment, group, cfg) -> Optional[str]:
     return None
 
 
+def model_error(dep: Deployment, group, cfg) -> Optional[str]:
+    """Why SGLang cannot build or serve the model with the group's resolved arguments
+    (:func:`dsv4ctl.plan.inputs.model_refusal`, the rule ``plan`` refuses with), None when it can or
+    when the file or the model has other errors (other rules and ``plan`` report those)."""
+    if cfg is None or not is_dsv4(dep):
+        return None
+    from ..plan.inputs import merged_args, model_refusal
+    from ..plan.models import load_model
+    from ..plan.sglang_version import resolve_version
+    from ..plan.versions import rules_for
+    try:
+        model = dep.once("model_geometry", lambda: load_model(dep.profile.model, dep.profile.base_dir)[0])
+        args = merged_args(dep.profile, group, cfg, rules_for(resolve_version(dep).version))
+    except (InputError, KeyError, ValueError):
+        return None
+    return model_refusal(group.name, model, args)
+
+
 def _binds(g) -> list:
     """The group's listeners (:meth:`GroupView.binds`, with its attention-DP size); none when its
     serve config cannot be read (the SGL rules report that file)."""
@@ -117,6 +135,7 @@ def _build_input(dep: Deployment, groups: Optional[list], tree: Optional[str],
         ginputs.append(GroupInput(name=g.name, role=g.role, host=g.group.host, config=cfg, env=g.env,
                                   sm100=is_sm100(getattr(host, "gpu_model", None), getattr(host, "gpu_memory_mib", None)),
                                   topology_error=topology_error(dep, g.group, cfg),
+                                  model_error=model_error(dep, g.group, cfg),
                                   rank_hosts=[n.host for srv in g.group.servers for n in srv for _ in n.gpus],
                                   binds=_binds(g)))
     # routers have no serve config to lint, only ports (DSV121)
