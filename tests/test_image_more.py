@@ -337,7 +337,8 @@ def test_an_interrupt_during_a_remote_build_records_nothing(sshd_cluster, tmp_pa
     """SIGINT while the build host builds (the environment layer's RUN hangs there, in uv):
     the deploy stops (130), the build's processes on the build host end with it, no image is
     recorded here (the next deploy builds again) and none is in the build host's store, no host
-    records or runs anything of it."""
+    records or runs anything of it. Then, on the base the build pulled there, a push from the
+    build host to a registry (:func:`_push_from_the_build_host`)."""
     import signal
     import time
     from tests.images import base as images
@@ -368,6 +369,71 @@ def test_an_interrupt_during_a_remote_build_records_nothing(sshd_cluster, tmp_pa
         for h in ("h0", "h1", "h2"):
             assert not (w.roots[h] / "images" / "ids").exists() or not list((w.roots[h] / "images" / "ids").iterdir())
             assert w.current(h) is None and w.containers(h) == []
+        _push_from_the_build_host(w, bstore)
     finally:
         w.cleanup()
         images.clean_store(bstore)
+
+
+def _push_from_the_build_host(w, bstore) -> None:
+    """``push_remote``: an image of the build host's store (the base, pulled there by the build
+    above) pushed from h0 to a real registry (Debian's docker-registry, htpasswd, plain HTTP):
+    the manifest digest returned is the registry's, the credentials reach h0 on stdin only (no
+    file of them is left there, none is in the log), wrong ones are exit 3 naming the registry."""
+    import base64
+    import shutil
+    import urllib.request
+    import bcrypt
+    from dsv4ctl.deploy.image import ImageRecord, RemoteBuilder, push_remote
+    from dsv4ctl.errors import RemoteError
+    from dsv4ctl.profile.deployment import load_deployment
+    from dsv4ctl.remote import connect
+    from tests.images import base as images
+    from tests.sshd.world import http_status, wait_for
+    if shutil.which("docker-registry") is None:
+        pytest.skip("docker-registry not installed (scripts/test.sh installs it)")
+    addr = f"{w.hosts[0].address.rsplit('.', 1)[0]}.9:{6000 + os.getpid() % 1000}"
+    reg = w.tmp / "registry"
+    reg.mkdir()
+    (reg / "htpasswd").write_bytes(b"alice:" + bcrypt.hashpw(b"Hunter2Secret", bcrypt.gensalt(5)) + b"\n")
+    (reg / "config.yml").write_text(yaml.safe_dump({
+        "version": 0.1, "log": {"level": "error"}, "storage": {"filesystem": {"rootdirectory": str(reg / "data")}},
+        "http": {"addr": addr}, "auth": {"htpasswd": {"realm": "test", "path": str(reg / "htpasswd")}}}))
+    good = base64.b64encode(b"alice:Hunter2Secret").decode()
+    auth = w.cfgdir / "registry-auth.json"
+    auth.touch(0o600)
+    prof = yaml.safe_load(w.profile.read_text())
+    prof["sglang"]["image"]["registry"] = {"repository": f"{addr}/dsv4ctl", "auth_file": "registry-auth.json",
+                                           "tls_verify": False}
+    w.profile.write_text(yaml.safe_dump(prof, sort_keys=False))
+    dep = load_deployment(w.profile)
+    base_id = subprocess.run([*images.podman_argv(bstore), "images", "-q", "--no-trunc"], capture_output=True,
+                             text=True).stdout.split()[0].removeprefix("sha256:")
+    rec = ImageRecord("rpush0001", base_id, dep.sglang.image.base, "", base_id)
+    t = connect(dep.hosts["h0"], hosts=dep.hosts)
+    proc = subprocess.Popen(["docker-registry", "serve", str(reg / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: http_status(f"http://{addr}/v2/") == 401, 20), "the registry does not answer"
+        b = RemoteBuilder(dep.sglang.image, w.cache / "releases", t, str(w.roots["h0"]), None)
+        logs: list[str] = []
+        auth.write_text(json.dumps({"auths": {addr: {"auth": base64.b64encode(b"alice:WrongSecret").decode()}}}))
+        with pytest.raises(RemoteError) as e:
+            push_remote(b, dep.sglang.image, rec, logs.append)
+        assert e.value.exit_code == 3 and str(e.value).startswith(
+            f"h0: pushing the image of rpush0001 to {addr}/dsv4ctl: ") and "nauthorized" in str(e.value), str(e.value)
+        auth.write_text(json.dumps({"auths": {addr: {"auth": good}}}))
+        ref = push_remote(b, dep.sglang.image, rec, logs.append)
+        req = urllib.request.Request(f"http://{addr}/v2/dsv4ctl/manifests/rpush0001", method="HEAD", headers={
+            "Authorization": f"Basic {good}", "Accept": "application/vnd.oci.image.manifest.v1+json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert ref == f"{addr}/dsv4ctl@{resp.headers['Docker-Content-Digest']}", (ref, dict(resp.headers))
+        assert logs == [ln for ln in logs if "Hunter2Secret" not in ln and good not in ln]
+        assert f"pushed image {base_id[:12]} of rpush0001 to {addr}/dsv4ctl from h0 (" in logs[-1], logs
+        import glob                     # h0's mktemp files (its TMPDIR is /tmp) are gone with their content
+        left = [f for f in glob.glob("/tmp/tmp.*") if os.path.isfile(f) and good.encode() in open(f, "rb").read()]
+        assert left == [], left
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        t.close()
