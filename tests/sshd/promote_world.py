@@ -70,8 +70,8 @@ the next ``hicache()``; ``extra`` may be given at construction too, e.g. :data:`
     def hicache(self, on: bool, groups: tuple[str, ...] | None = None) -> None:
         for g in self.groups:
             cfg = dict(SERVE, port=self.ports[g], **self.extra)
-            if self.nnodes > 1:
-                cfg.update({"tp-size": 8 * self.nnodes, "nnodes": self.nnodes})
+            if self.nnodes > 1:   # DP attention: Flash's 8 output groups take attention TP 8 at most
+                cfg.update({"tp-size": 8 * self.nnodes, "nnodes": self.nnodes, "attn-dp-size": self.nnodes})
             if self.pd:
                 cfg.update({"disaggregation-mode": g, "disaggregation-bootstrap-port": self.ports["bootstrap"]})
             if on and (groups is None or g in groups):
