@@ -72,6 +72,8 @@ def test_existing_key_edited_in_place_and_unset_removes_it():
     ([("kv-canary", "bogus")], [], "prefill.yaml: kv-canary: invalid choice: 'bogus' (choose from 'none', 'log', 'raise')"),
     ([("kv-canry", "log")], [], "kv-canry: not an SGLang 0.5.23 server argument"),
     ([("tp", 4)], [], "tp: not an SGLang 0.5.23 server argument (did you mean "),
+    ([("mem_fraction_static", 0.8)], [], "mem_fraction_static: not an SGLang 0.5.23 server argument (serve-config keys "
+                                         "are dashed, as SGLang's --config reads them: mem-fraction-static)"),
     ([("max-running-requests", "abc")], [], "prefill.yaml: max-running-requests: invalid int value: 'abc'"),
     ([("enable-metrics", "yes")], [], "prefill.yaml: enable-metrics: is a flag: use true (or leave it out), not 'yes'"),
     ([("enable-hierarchical-cache", False)], [], "enable-hierarchical-cache: set it with dsv4ctl hicache on|off"),

@@ -49,7 +49,10 @@ def _arg(table: Table, key: str):
     arg = table.get(key)
     if arg is None:
         pref = table.prefix_matches(key)
-        hint = f" (did you mean {', '.join(pref[:4])}?)" if pref else ""
+        dashed = key.replace("_", "-")
+        hint = (f" (serve-config keys are dashed, as SGLang's --config reads them: {dashed})"
+                if dashed != key and table.get(dashed) is not None else
+                f" (did you mean {', '.join(pref[:4])}?)" if pref else "")
         raise InputError(f"{key}: not an SGLang {table.version} server argument{hint}")
     if key in OWNED or arg.name in OWNED:
         raise InputError(f"{key}: set it with {OWNED.get(key) or OWNED[arg.name]}")
