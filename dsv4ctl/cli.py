@@ -179,11 +179,26 @@ class _QuietPipe:
         return getattr(self._s, name)
 
 
+def _encodable_output() -> None:
+    """On a stdout/stderr whose encoding cannot write every character (a latin-1 or ASCII locale,
+    PYTHONIOENCODING=ascii), what it cannot encode is written as ``\\uXXXX`` instead of a
+    UnicodeEncodeError traceback (the help's dashes, a host's text)."""
+    for stream in (sys.stdout, sys.stderr):
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
+        if enc not in ("utf-8", "utf8") and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the typer app and maps DsvError to a one-line error + exit code.
     ``__complete KIND [PROFILE]`` (the shell completions' helper) is answered before typer is
     imported (:mod:`dsv4ctl.commands.complete`)."""
     args = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        _encodable_output()
     if args[:1] == ["__complete"]:
         from .commands.complete import run as complete
         return complete(list(args[1:]))

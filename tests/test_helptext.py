@@ -113,3 +113,15 @@ def test_an_abbreviation_does_not_end_the_first_sentence():
     r = run_cli("config", "--help", env={"COLUMNS": "400"})
     line = next(ln for ln in r.out.splitlines() if ln.strip().lstrip("│ ").startswith("set "))
     assert not line.rstrip().endswith("e.g."), line
+
+
+def test_help_on_a_latin1_or_ascii_terminal_is_written_not_a_traceback():
+    # PYTHONIOENCODING=latin-1 dsv4ctl status --help: UnicodeEncodeError on the help's em dash (breaker)
+    import os
+    import subprocess
+    from tests.conftest import REPO
+    for enc, args in (("latin-1", ["status", "--help"]), ("ascii", ["plan", "--help"])):
+        p = subprocess.run([str(REPO / ".venv" / "bin" / "dsv4ctl"), *args], capture_output=True, timeout=60,
+                           env={**os.environ, "PYTHONIOENCODING": enc})
+        assert p.returncode == 0 and b"Traceback" not in p.stderr, (enc, p.stderr[-300:])
+        assert b"Usage: dsv4ctl " in p.stdout and (b"\\u2014" in p.stdout or enc == "ascii"), (enc, p.stdout[:200])
