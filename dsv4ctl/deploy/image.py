@@ -1,5 +1,5 @@
-"""Releases as OCI images (``sglang.image``; docs/images.md): built on the control machine with
-podman, shipped to hosts without a registry, verified on every host.
+"""Releases as OCI images (``sglang.image``; docs/images.md): built on the control machine (or a
+named build host) with podman, shipped to hosts without a registry, verified on every host.
 
 **Build** (:func:`build_image`): the base image is pulled into the control machine's own store
 (``CACHE/images/storage``; a pinned ``REF@sha256:HEX`` must give that manifest digest, a tag is
@@ -10,6 +10,12 @@ configs, ``launch.json``, ``MANIFEST.json`` and ``RELEASE.json``, both at
 release on the same base gives the same image id. The record ``CACHE/images/<release>.json``
 holds the image id, the base as written, its digest and id; a later run reuses it when the
 image is still in the store.
+
+**A build host** (``sglang.image.build_host``; :class:`RemoteBuilder`): the same build runs
+there over SSH (the context sent with rsync, podman on ``ROOT/images/build``), then the OCI
+layout comes back (:func:`fetched_layout`, only the blobs the cache lacks) or the image is
+pushed from there (:func:`push_remote`). The environment layer is reproducible too
+(:func:`env_image`), so the image id does not depend on where it was built.
 
 **Ship** (:func:`ship_host`): ``podman save --format oci-dir`` once per release; per host the
 runtime and the CDI GPUs are checked, then only the blobs the host's pool lacks are sent
@@ -232,9 +238,9 @@ class RemoteBuilder(LocalBuilder):
         self.image, self.cache, self.t, self.rsync = image, cache, t, rsync
         self.dir = f"{root}/images/build"
         self.host, self.where = t.name, f" on {t.name}"
-        self.pod = ["podman", *store_args(self.dir), *LOCAL_STORE_ARGS[2:],
-                    *([] if image.runtime.rsplit("/", 1)[-1] == "docker" else
-                      [a for a in image.runtime_args if a not in LOCAL_STORE_ARGS])]
+        from ..hosts.container import is_docker
+        self.pod = ["podman", *store_args(self.dir), *LOCAL_STORE_ARGS[2:],      # podman builds, as here
+                    *([] if is_docker(image) else [a for a in image.runtime_args if a not in LOCAL_STORE_ARGS])]
 
     def sh(self, cmd: str, what: str, *, input: bytes | None = None, timeout: float = 3600, log=None) -> str:
         """stdout of the shell command ``cmd`` on the build host (``log``: the build's progress
