@@ -17,7 +17,15 @@ from dsv4ctl.deploy.states import Refused, next_state, transition
 from dsv4ctl.errors import InputError, VerdictError
 from dsv4ctl.profile.deployment import load_deployment
 from tests.test_golden import needs_rsync
-from tests.test_steps_equal import promote_world  # noqa: F401  (fixture)
+from tests.test_steps_equal import standin_world
+
+
+@pytest.fixture
+def promote_world(tmp_path):
+    """A stand-in world with nothing deployed (each test starts from its first deploy)."""
+    w = standin_world(tmp_path)
+    yield w
+    w.stop_services()
 
 TABLE = {  # from-state -> {event: to-state}; an interrupt is not a verdict: it keeps the state
     None:     {"pushed": "pushed", "healthy": "active", "gate_passed": "good", "failed": "failed", "interrupted": "pushed"},

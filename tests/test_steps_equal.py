@@ -81,13 +81,11 @@ def world(tmp_path):
     w.stop_services()
 
 
-@pytest.fixture(scope="module")
-def promote_world(tmp_path_factory):
+def standin_world(path) -> LocalWorld:
     """LocalWorld whose servers are the DSV4 stand-in of tests/standin (real tool calls, so the
-    promotion's checks pass), behind the tests/sshd stand-in router; deployed once (a plain
-    deploy), for the promote tests of this module (each promotes what it finds running)."""
+    promotion's checks pass), behind the tests/sshd stand-in router; nothing deployed yet."""
     from tests.sshd.promote_world import SHORT_CONTEXT, STANDIN
-    w = LocalWorld(tmp_path_factory.mktemp("promote-world"), keep=2)
+    w = LocalWorld(path, keep=2)
     w.prof["deploy"]["launch"]["server"] = STANDIN
     # the steps are what is tested, not the checks' sizes: a short context keeps check smoke's
     # over-length probe small (the stand-in tokenizes it), a few pairs keep the upgrade gate's A/B
@@ -97,6 +95,14 @@ def promote_world(tmp_path_factory):
         cfg.write_text(cfg.read_text() + yaml.safe_dump(SHORT_CONTEXT))
     w.prof["check"]["compare"] = {"pairs": 16}
     w.profile = w.write_profile("profile.yaml", w.prof)
+    return w
+
+
+@pytest.fixture(scope="module")
+def promote_world(tmp_path_factory):
+    """:func:`standin_world` deployed once (a plain deploy), for the promote tests of this module
+    (each promotes what it finds running)."""
+    w = standin_world(tmp_path_factory.mktemp("promote-world"))
     try:
         assert engine.deploy(load_deployment(w.profile), _opts(w))["result"] == "ok"
         yield w
