@@ -54,14 +54,20 @@ class SlurmWorld(TwoNodeWorld):
         on_slurm(self.profile, self.lab)
 
 
-@pytest.fixture
-def world(live_cluster, slurm_lab, tmp_path):
-    SlurmWorld.lab = slurm_lab
-    w = SlurmWorld(live_cluster, tmp_path)
+def lab_world(cls, live_cluster, slurm_lab, tmp_path):
+    """A world of class ``cls`` on ``slurm_lab`` (fixture body): the lab's jobs cancelled and the
+    world's services stopped after the test."""
+    cls.lab = slurm_lab
+    w = cls(live_cluster, tmp_path)
     yield w
     slurm_lab.run("scancel", "--partition", slurm_lab.partition)
     w.stop_services()
     time.sleep(0.5)
+
+
+@pytest.fixture
+def world(live_cluster, slurm_lab, tmp_path):
+    yield from lab_world(SlurmWorld, live_cluster, slurm_lab, tmp_path)
 
 
 def jobs(lab: SlurmLab, group: str, profile: str = "deploy-test") -> list[dict]:

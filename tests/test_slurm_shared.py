@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 import yaml
@@ -23,7 +22,7 @@ from tests.conftest import run_cli
 from tests.slurm.lab import SlurmLab, missing
 from tests.sshd.fixtures import live_cluster, sshd_cluster  # noqa: F401
 from tests.test_multinode_deploy import TwoNodeWorld
-from tests.test_slurm_deploy import jobs, slurm_lab  # noqa: F401  (slurm_lab: this module's lab)
+from tests.test_slurm_deploy import jobs, lab_world, slurm_lab  # noqa: F401  (slurm_lab: this module's lab)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 
@@ -61,12 +60,7 @@ class SharedWorld(TwoNodeWorld):
 
 @pytest.fixture
 def world(live_cluster, slurm_lab, tmp_path):
-    SharedWorld.lab = slurm_lab
-    w = SharedWorld(live_cluster, tmp_path)
-    yield w
-    slurm_lab.run("scancel", "--partition", slurm_lab.partition)
-    w.stop_services()
-    time.sleep(0.5)
+    yield from lab_world(SharedWorld, live_cluster, slurm_lab, tmp_path)
 
 
 def cli(w, *args, timeout=180):
