@@ -94,6 +94,11 @@ def test_registry_auth_file_fifo_device_folder_huge_are_refused(tmp_path):
     (tmp_path / "ok.json").chmod(0o600)
     (tmp_path / "ok-link.json").symlink_to(tmp_path / "ok.json")
     assert auth_bytes(_img(registry_auth_file=tmp_path / "ok-link.json")) == b'{"auths": {}}'
+    deep = tmp_path / "deep.json"        # nested past json's recursion limit: RecursionError escaped (breaker)
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    deep.chmod(0o600)
+    with pytest.raises(InputError, match="not a containers auth.json"):
+        auth_bytes(_img(registry_auth_file=deep))
 
 
 def test_upgrade_gate_sizing_refuses_what_it_cannot_run(tmp_path):

@@ -662,7 +662,7 @@ def auth_bytes(image) -> bytes:
         ok = len(data) <= AUTH_MAX and isinstance(json.loads(data), dict)
     except OSError as e:
         raise InputError(f"sglang.image.registry.auth_file {f}: cannot read ({e.strerror or e})") from None
-    except ValueError:
+    except (ValueError, RecursionError):     # not JSON, or nested past the parser's depth
         ok = False
     if not ok:
         raise InputError(f"sglang.image.registry.auth_file {f}: not a containers auth.json / docker config.json "
