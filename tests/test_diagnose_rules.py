@@ -153,6 +153,10 @@ def test_healthy_and_unknown():
     assert (f.rule, f.runbook, f.severity) == ("healthy", None, "ok")
     (u,) = diagnose(_ev("healthy.log", alive=True, health="GET /health: no answer within 5 s"))
     assert u.rule == "unknown" and "no answer" in u.cause
+    assert u.evidence == ["/health: GET /health: no answer within 5 s; process alive: yes"]
+    # a host that could not be read: not "process alive: None"
+    (n,) = diagnose(_ev("healthy.log", alive=None, health="cannot connect"))
+    assert n.evidence == ["/health: cannot connect; process alive: unknown (host not read)"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.log")

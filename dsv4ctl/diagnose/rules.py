@@ -455,7 +455,8 @@ def diagnose(ev: Evidence) -> list[Finding]:
         return [_mk(ev, "healthy", "healthy: /health answers, no failure signature in the log or metrics", "ok",
                     [f"/health: ok; {len(ev.lines())} log lines read"], "-", None)]
     return [_mk(ev, "unknown", f"not serving ({ev.health or 'not probed'}) and no known signature", "degraded",
-                [f"/health: {ev.health or 'not probed'}; process alive: {ev.alive}"], "-", None)]
+                [f"/health: {ev.health or 'not probed'}; process alive: "
+                 f"{ {True: 'yes', False: 'no', None: 'unknown (host not read)'}[ev.alive] }"], "-", None)]
 
 
 # -- servers over several nodes (--nnodes) -------------------------------------------------------
