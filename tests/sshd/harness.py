@@ -31,8 +31,38 @@ def available() -> str | None:
     return None
 
 
+#: ports this process handed out (a world asks for several before anything binds them)
+_GIVEN: set[int] = set()
+
+
+def _ephemeral() -> tuple[int, int]:
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(addr: str) -> int:
-    with socket.socket() as s:
+    """A port free on ``addr`` now, in 20000-29899: below the kernel's ephemeral range, above the
+    Slurm labs' (16800-17400) and under the fixed 30000/30001 of the local worlds. A port the
+    kernel picks for ``bind(0)`` is ephemeral, and an outgoing connection from ``addr`` (a Slurm
+    node's RPCs) could take it as its local port before the server binds it (a router's bind
+    failed "address already in use" in a CI run). Never the same port twice in one process."""
+    import random
+    hi = min(_ephemeral()[0], 29900)
+    for _ in range(500):
+        port = random.randrange(20000, hi)
+        if port in _GIVEN:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind((addr, port))
+        except OSError:
+            continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket() as s:      # the range is full: the kernel's pick
         s.bind((addr, 0))
         return s.getsockname()[1]
 
